@@ -1,0 +1,42 @@
+"""Typed errors of the engine.
+
+Every failure a user can cause (a bad model name, a corrupt file, a plan for another
+model, a budget the grid cannot reach) raises a subclass of ``GapError`` with a
+one-line message. The CLI prints that line and exits non-zero; the app shows it.
+"""
+
+
+class GapError(Exception):
+    """Base class: a problem the user can fix, described in one line."""
+
+
+class ModelLoadError(GapError):
+    """A model name, path, hub id or weight file could not be loaded."""
+
+
+class UnsupportedArchitectureError(GapError):
+    """The model's architecture has no adapter."""
+
+
+class DataError(GapError):
+    """A text source is unknown, unreadable, empty or too short."""
+
+
+class PlanError(GapError):
+    """A rate plan is malformed, out of range, or made for another model."""
+
+
+class TableError(GapError):
+    """A loss table is malformed or made for another model."""
+
+
+class BudgetError(GapError):
+    """A budget the planner cannot reach, or contradictory constraints."""
+
+
+class CacheError(GapError):
+    """A cache entry is missing, locked or corrupt."""
+
+
+class CancelledError(GapError):
+    """Long work was cancelled by its caller."""

