@@ -1,0 +1,217 @@
+"""Quick evaluation of a (pruned) model, side by side with its dense original.
+
+Measures, on held-out windows that never overlap the calibration text: perplexity on each
+requested source, KL(dense || pruned) per token and top-1 agreement on the same tokens,
+parameter count and size, prefill and decode throughput timed against the dense model in
+the same run (interleaved, so machine noise hits both alike), and greedy generations from
+a few fixed prompts. An optional bridge to lm-evaluation-harness is offered for machines
+that have its datasets.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .data import heldout_windows
+from .errors import GapError
+from .models import LoadedModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROMPTS = (
+    "The capital of France is",
+    "Photosynthesis is the process by which",
+    "In 1969, the first astronauts",
+)
+
+
+@dataclass
+class EvalSettings:
+    data: tuple[str, ...] = ("wiki-sample",)  # held-out sources for perplexity
+    n_samples: int = 16  # windows per source
+    seq_len: int = 256  # tokens per window
+    seed: int = 0  # window sampling seed
+    batch_size: int = 4  # windows per forward
+    throughput: bool = True  # time prefill/decode
+    generations: int = 3  # greedy generations (0 = none)
+    max_new_tokens: int = 24  # per generation
+
+
+@dataclass
+class EvalReport:
+    model: str
+    params: int
+    size_bytes: int
+    perplexity: dict[str, float]  # source -> held-out perplexity
+    dense: dict | None = None  # the same numbers for the dense model, when one was given
+    kl_to_dense: dict[str, float] = field(default_factory=dict)  # source -> mean KL(dense || model) per token
+    top1_agreement: dict[str, float] = field(default_factory=dict)  # source -> share of tokens with the same argmax
+    throughput: dict | None = None  # prefill/decode tokens per second, model and dense, and ratios
+    generations: list[dict] = field(default_factory=list)  # prompt, model text, dense text
+    settings: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _batches(windows: torch.Tensor, batch_size: int):
+    for start in range(0, windows.shape[0], batch_size):
+        yield windows[start : start + batch_size]
+
+
+@torch.inference_mode()
+def mean_nll(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> float:
+    """Mean next-token negative log-likelihood over all windows (nats per token)."""
+    total, count = 0.0, 0
+    for batch in _batches(windows, batch_size):
+        logits = lm.model(input_ids=batch, use_cache=False).logits[:, :-1]  # (B, T-1, V)
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1), reduction="sum")
+        total += nll.item()
+        count += batch[:, 1:].numel()
+    return total / count
+
+
+def perplexity(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> float:
+    return math.exp(mean_nll(lm, windows, batch_size))
+
+
+@torch.inference_mode()
+def compare_logits(lm: LoadedModel, dense: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> tuple[float, float, float, float]:
+    """(model NLL, dense NLL, mean KL(dense || model) per token, top-1 agreement) on the same tokens."""
+    nll_m = nll_d = kl = agree = 0.0
+    count = 0
+    for batch in _batches(windows, batch_size):
+        logp_m = F.log_softmax(lm.model(input_ids=batch, use_cache=False).logits.float(), -1)  # (B, T, V)
+        logp_d = F.log_softmax(dense.model(input_ids=batch, use_cache=False).logits.float(), -1)
+        targets = batch[:, 1:]
+        nll_m -= logp_m[:, :-1].gather(-1, targets[..., None]).sum().item()
+        nll_d -= logp_d[:, :-1].gather(-1, targets[..., None]).sum().item()
+        kl += (logp_d.exp() * (logp_d - logp_m)).sum(-1)[:, :-1].sum().item()
+        agree += (logp_m.argmax(-1) == logp_d.argmax(-1))[:, :-1].sum().item()
+        count += targets.numel()
+    return nll_m / count, nll_d / count, kl / count, agree / count
+
+
+@torch.inference_mode()
+def _time_prefill(lm: LoadedModel, ids: torch.Tensor) -> float:
+    start = time.perf_counter()
+    lm.model(input_ids=ids, use_cache=False)
+    return time.perf_counter() - start
+
+
+@torch.inference_mode()
+def _time_decode(lm: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
+    start = time.perf_counter()
+    lm.model.generate(
+        ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id
+    )
+    return time.perf_counter() - start
+
+
+def measure_throughput(
+    lm: LoadedModel, dense: LoadedModel | None, prompt_len: int = 128, batch: int = 4, new_tokens: int = 16, repeats: int = 3
+) -> dict:
+    """Prefill and decode tokens/s of the model (and of dense, interleaved), best of ``repeats``."""
+    vocab = min(lm.tokenizer.vocab_size, 1000)
+    ids = torch.randint(10, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
+    models = {"model": lm} if dense is None else {"model": lm, "dense": dense}
+    best = {k: {"prefill": math.inf, "decode": math.inf} for k in models}
+    for name, m in models.items():  # warm-up
+        _time_prefill(m, ids[:, :16])
+    for _ in range(repeats):
+        for name, m in models.items():
+            best[name]["prefill"] = min(best[name]["prefill"], _time_prefill(m, ids))
+            best[name]["decode"] = min(best[name]["decode"], _time_decode(m, ids[:1, :16], new_tokens))
+    out = {
+        f"{name}_{kind}_tokens_per_s": (batch * prompt_len if kind == "prefill" else new_tokens) / t
+        for name, times in best.items()
+        for kind, t in times.items()
+    }
+    if dense is not None:
+        out["prefill_speedup"] = out["model_prefill_tokens_per_s"] / out["dense_prefill_tokens_per_s"]
+        out["decode_speedup"] = out["model_decode_tokens_per_s"] / out["dense_decode_tokens_per_s"]
+    out["settings"] = {"prompt_len": prompt_len, "batch": batch, "new_tokens": new_tokens, "repeats": repeats}
+    return out
+
+
+@torch.inference_mode()
+def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 24) -> str:
+    ids = lm.tokenizer(prompt, return_tensors="pt").input_ids
+    out = lm.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)
+    return lm.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def evaluate(
+    lm: LoadedModel,
+    dense: LoadedModel | None = None,
+    settings: EvalSettings | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> EvalReport:
+    """Evaluate ``lm`` (and compare with ``dense`` when given) on held-out text.
+
+    Args:
+        lm: the model to evaluate, usually pruned.
+        dense: its dense original, for KL, agreement, throughput ratios and generations side by side.
+        settings: what to measure; defaults to EvalSettings().
+        progress: called with a short description of each step.
+    Returns:
+        EvalReport (``to_dict()`` is JSON-ready).
+    """
+    settings = settings or EvalSettings()
+    if settings.n_samples < 1 or settings.seq_len < 2:
+        raise GapError("evaluation needs at least 1 window of at least 2 tokens")
+    say = progress or (lambda msg: log.info(msg))
+    started = time.perf_counter()
+    report = EvalReport(model=lm.name, params=lm.param_count(), size_bytes=lm.size_bytes(), perplexity={})
+    if dense is not None:
+        report.dense = {"model": dense.name, "params": dense.param_count(), "size_bytes": dense.size_bytes(), "perplexity": {}}
+    for source in settings.data:
+        say(f"perplexity on {source}")
+        windows = heldout_windows(lm.tokenizer, source, settings.n_samples, settings.seq_len, settings.seed)
+        if dense is None:
+            report.perplexity[source] = perplexity(lm, windows, settings.batch_size)
+            continue
+        nll_m, nll_d, kl, agree = compare_logits(lm, dense, windows, settings.batch_size)
+        report.perplexity[source] = math.exp(nll_m)
+        report.dense["perplexity"][source] = math.exp(nll_d)
+        report.kl_to_dense[source] = kl
+        report.top1_agreement[source] = agree
+    if settings.throughput:
+        say("throughput")
+        report.throughput = measure_throughput(lm, dense)
+    for prompt in DEFAULT_PROMPTS[: settings.generations]:
+        say(f"generating: {prompt!r}")
+        row = {"prompt": prompt, "model": generate(lm, prompt, settings.max_new_tokens)}
+        if dense is not None:
+            row["dense"] = generate(dense, prompt, settings.max_new_tokens)
+        report.generations.append(row)
+    report.settings = asdict(settings)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def lm_eval_harness(lm: LoadedModel, tasks: list[str], limit: int | None = None, batch_size: int = 4) -> dict:
+    """Run lm-evaluation-harness tasks on the in-memory model (needs `lm-eval` and its datasets).
+
+    Raises:
+        GapError: lm-eval is not installed, or a task's dataset cannot be reached.
+    """
+    try:
+        from lm_eval import simple_evaluate
+        from lm_eval.models.huggingface import HFLM
+    except ImportError:
+        raise GapError("lm-evaluation-harness is not installed: pip install lm-eval") from None
+    try:
+        wrapped = HFLM(pretrained=lm.model, tokenizer=lm.tokenizer, batch_size=batch_size)
+        results = simple_evaluate(model=wrapped, tasks=list(tasks), limit=limit)
+    except Exception as exc:  # dataset downloads fail offline in many ways
+        raise GapError(f"lm-eval could not run {','.join(tasks)}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
+    return results.get("results", {})

@@ -1,0 +1,69 @@
+"""Shared pytest fixtures: the real built-in model, its tokenizer, and tiny models from configs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+TINY_VOCAB = 49152  # the SmolLM2 tokenizer's, so tiny models read real tokenised text
+
+
+@pytest.fixture(scope="session")
+def smol():
+    """The real SmolLM2-135M as a LoadedModel (converted once into the cache). Do not mutate:
+    tests that prune load their own copy with ``load_model``."""
+    from gap_engine.models import load_model
+
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smol):
+    """The real SmolLM2-135M tokenizer."""
+    return smol.tokenizer
+
+
+def tiny_config(model_type: str, **overrides):
+    """A two-layer config of the given family, hidden 32/64: fast, randomly initialised."""
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    common.update(overrides)
+    classes = {
+        "llama": LlamaConfig,
+        "mistral": MistralConfig,
+        "qwen2": Qwen2Config,
+        "qwen3": Qwen3Config,
+        "gemma3_text": Gemma3TextConfig,
+    }
+    if model_type == "gemma3_text":
+        common.setdefault("sliding_window", 16)
+        common.setdefault("layer_types", ["sliding_attention", "full_attention"][: common["num_hidden_layers"]])
+    return classes[model_type](**common)
+
+
+def tiny_lm(model_type: str, tokenizer, seed: int = 0, **overrides):
+    """A LoadedModel wrapping a tiny randomly initialised model of the given family."""
+    from transformers import AutoModelForCausalLM
+
+    from gap_engine.models import _finish
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), dtype=torch.float32)
+    return _finish(model, tokenizer, f"tiny-{model_type}", "config")
+
+
+@pytest.fixture
+def make_tiny(smol_tokenizer):
+    """Factory fixture: make_tiny('qwen3') -> LoadedModel."""
+    return lambda model_type, **kw: tiny_lm(model_type, smol_tokenizer, **kw)

@@ -1,0 +1,66 @@
+"""Rate plans: validation and JSON/YAML round trips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gap_engine.errors import PlanError
+from gap_engine.plan import RatePlan, make_plan, uniform_plan
+
+
+def test_plan_round_trips_through_json_and_yaml(make_tiny, tmp_path):
+    lm = make_tiny("llama")
+    plan = make_plan(lm, [0.25, 0.0], [0.5, 0.125], "wanda", method="dp", budget=0.2, predicted_loss=0.31)
+    for name in ("plan.json", "plan.yaml"):
+        path = plan.save(tmp_path / name)
+        again = RatePlan.load(path)
+        assert again.to_dict() == plan.to_dict()
+    assert json.loads((tmp_path / "plan.json").read_text())["format_version"] == 1
+    assert plan.params["pruned_total"] < plan.params["dense_total"]
+    assert 0 < plan.params["removed_fraction_of_prunable"] < 1
+
+
+def test_uniform_plan_removes_about_its_rate(smol):
+    plan = uniform_plan(smol, 0.2, "wanda")
+    assert plan.params["dense_prunable"] == 106_168_320  # 30 x (attention 884,736 + MLP 2,654,208)
+    assert 0.18 < plan.params["removed_fraction_of_prunable"] < 0.24
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"attention_rates": [0.1]}, "must list 2 rates"),
+        ({"mlp_rates": [0.1, 1.0]}, r"mlp_rates\[1\] = 1.0 is outside"),
+        ({"mlp_rates": [0.1, -0.1]}, "outside"),
+        ({"criterion": "psychic"}, "criterion 'psychic' is unknown"),
+        ({"format_version": 99}, "format version 99"),
+        ({"surprise": 1}, "unknown field"),
+    ],
+)
+def test_malformed_plans_are_rejected(make_tiny, change, message):
+    data = make_plan(make_tiny("llama"), [0.0, 0.0], [0.0, 0.0], "wanda").to_dict()
+    data.update(change)
+    with pytest.raises(PlanError, match=message):
+        RatePlan.from_dict(data)
+
+
+def test_plan_for_another_model_is_rejected(make_tiny):
+    plan = make_plan(make_tiny("llama", seed=1), [0.0, 0.0], [0.0, 0.0], "wanda")
+    with pytest.raises(PlanError, match="was made for model"):
+        plan.check_model(make_tiny("llama", seed=2))
+    with pytest.raises(PlanError, match="2 layers, but tiny-llama has 3"):
+        plan.check_model(make_tiny("llama", num_hidden_layers=3))
+
+
+def test_unreadable_plan_files(tmp_path):
+    with pytest.raises(PlanError, match="cannot read plan"):
+        RatePlan.load(tmp_path / "absent.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not: [valid")
+    with pytest.raises(PlanError, match="neither valid JSON nor YAML"):
+        RatePlan.load(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(PlanError, match="must be a JSON/YAML object"):
+        RatePlan.load(bad)
