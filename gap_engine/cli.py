@@ -176,15 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extra_commands():
     """Subcommand groups that live beside the stages they drive."""
-    import importlib
+    from . import cli_planning, cli_tables
 
-    out = []
-    for name in ("cli_tables", "cli_planning"):
-        try:
-            out.append(importlib.import_module(f".{name}", __package__).register)
-        except ModuleNotFoundError:  # TEMP until both command groups land
-            pass
-    return out
+    return [cli_tables.register, cli_planning.register]
 
 
 def main(argv: list[str] | None = None) -> int:
