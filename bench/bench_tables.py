@@ -1,0 +1,320 @@
+"""Benchmark of the loss-table stage on SmolLM2-135M with wiki-sample (CPU).
+
+Three questions, one run:
+
+1. Speed: the fast exact build (stored block inputs, suffix-only forwards, masking,
+   one measurement per distinct cut) against the naive build (a full forward of a sliced
+   copy per cell), on the same windows; and how far the default 16-rate grid gets.
+2. Estimates: the first-order (taylor) and second-order (fisher) tables: time, speed-up
+   over the exact table, Spearman rank correlation with it, and what the planner makes of
+   each at a 20% budget (the plan's loss read off the exact table).
+3. Noise: one exact build that keeps every window's value apart (``tables.window_cells``);
+   tables from disjoint window groups play the part of two seeds. Reported: the share of
+   negative cells, the group-to-group agreement, and how isotonic smoothing, more tokens
+   and the KL objective change it.
+
+Usage: python bench/bench_tables.py [--samples 2 --seq-len 64 --noise-samples 16 --noise-seq-len 32]
+Prints a markdown report on stdout (progress on stderr).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Other processes share this machine's two cores: spinning OpenMP workers then make every
+# small op wait for a time slice (25x slower blocks were seen). Passive waiting avoids it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
+
+from gap_engine.data import calibration_windows  # noqa: E402
+from gap_engine.models import load_model  # noqa: E402
+from gap_engine.planner import solve_budget  # noqa: E402
+from gap_engine.tables import (  # noqa: E402
+    DEFAULT_RATE_GRID,
+    TableSpec,
+    isotonic_smooth,
+    measure_table,
+    naive_build_table,
+    window_cells,
+)
+from gap_engine.units import block_geometries  # noqa: E402
+
+GRID4 = (0.0, 0.25, 0.5, 0.75)
+BUDGET = 0.20
+
+
+def note(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class Clock:
+    """Wall and CPU seconds of one step (CPU time of this process, all threads).
+
+    Other processes share this machine, so wall time swings with their load from minute to
+    minute; this process's CPU time is what the work itself cost and compares two builds
+    run minutes apart much more fairly. Speed-ups are given on both.
+    """
+
+    def __init__(self, wall: float, cpu: float):
+        self.wall, self.cpu = wall, cpu
+
+    def __str__(self) -> str:
+        return f"{self.wall:.1f} s ({self.cpu:.1f} s CPU)"
+
+    def ratio(self, other: "Clock") -> str:
+        """self / other as 'wall x (CPU x)'."""
+        return f"{self.wall / other.wall:.2f}x ({self.cpu / other.cpu:.2f}x CPU)"
+
+
+def timed(label: str, fn):
+    note(f"{label} ...")
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    clock = Clock(time.perf_counter() - wall, time.process_time() - cpu)
+    note(f"{label}: {clock}")
+    return result, clock
+
+
+def nonzero_cells(table_or_mask) -> np.ndarray:
+    """Cells with rate > 0 that remove something (the ones a table measures)."""
+    removed = table_or_mask.removed if hasattr(table_or_mask, "removed") else table_or_mask
+    mask = removed > 0
+    mask[:, 0] = False
+    return mask
+
+
+def spearman(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
+    return float(spearmanr(a[mask], b[mask])[0])
+
+
+def plan_for(removed: np.ndarray, losses: np.ndarray, budget_params: float) -> np.ndarray:
+    return solve_budget(removed, losses, removed_params=budget_params)
+
+
+def plan_loss(choice: np.ndarray, losses: np.ndarray) -> float:
+    return float(losses[np.arange(len(choice)), choice].sum())
+
+
+# ---- 1 + 2: speed and estimates ------------------------------------------------------------------
+def speed_and_estimates(lm, args) -> list[str]:
+    windows = calibration_windows(lm.tokenizer, "wiki-sample", args.samples, args.seq_len, 0)
+    tokens = args.samples * args.seq_len
+    base = dict(n_samples=args.samples, seq_len=args.seq_len, batch_size=args.batch_size)
+    out = [f"## 1. Exact build vs naive build ({args.samples} windows x {args.seq_len} tokens = {tokens} tokens, split mode)", ""]
+    out += [
+        "| grid | cells (rate > 0) | distinct cells measured | naive build | exact build | speed-up | exact cells/s | max abs diff |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    spec4 = TableSpec(rate_grid=GRID4, **base)
+    exact4, t_exact4 = timed("exact, 4-rate grid", lambda: measure_table(lm, spec4, windows))
+    naive4, t_naive4 = timed("naive, 4-rate grid", lambda: naive_build_table(lm, spec4, windows=windows))
+    cells4 = exact4.delta.shape[0] * (len(GRID4) - 1)
+    diff4 = float(np.abs(exact4.cell_objective - naive4.cell_objective).max())
+    out.append(
+        f"| 0, 1/4, 1/2, 3/4 | {cells4} | {exact4.extras['distinct_cells']} | {t_naive4} | {t_exact4} "
+        f"| **{t_naive4.ratio(t_exact4)}** | {cells4 / t_exact4.wall:.2f} | {diff4:.1e} |"
+    )
+    spec16 = TableSpec(rate_grid=DEFAULT_RATE_GRID, **base)
+    exact16, t_exact16 = timed("exact, 16-rate grid", lambda: measure_table(lm, spec16, windows))
+    # Every naive cell is one full forward, so the naive 16-rate build is estimated from the
+    # naive 4-rate build's time per forward (its cells plus the dense reference).
+    cells16 = exact16.delta.shape[0] * (len(DEFAULT_RATE_GRID) - 1)
+    scale = (cells16 + 1) / (cells4 + 1)
+    naive16 = Clock(t_naive4.wall * scale, t_naive4.cpu * scale)
+    _, t_forwards = timed(f"{args.calibration_forwards} full forwards", lambda: full_forwards(lm, windows, args))
+    out.append(
+        f"| 0, 1/16, ..., 15/16 (default) | {cells16} | {exact16.extras['distinct_cells']} | {naive16} est. "
+        f"| {t_exact16} | **{naive16.ratio(t_exact16)}** est. | {cells16 / t_exact16.wall:.2f} | - |"
+    )
+    per_forward = Clock(t_forwards.wall / args.calibration_forwards, t_forwards.cpu / args.calibration_forwards)
+    out += [
+        "",
+        f"Times are wall seconds and, in brackets, this process's CPU seconds (other processes shared the two "
+        f"cores, see the load average; CPU time is the fairer comparison). Every naive cell is one full forward "
+        f"over the windows, so the naive 16-rate time is the naive 4-rate time scaled by (cells + 1); "
+        f"a plain full forward timed right after the 16-rate build took {per_forward} "
+        f"(the naive 4-rate build: {Clock(t_naive4.wall / (cells4 + 1), t_naive4.cpu / (cells4 + 1))} per cell). "
+        f"Exact cells/s counts all table cells (rate > 0) per wall second of build, importance scores and the "
+        f"dense pass included.",
+        "",
+    ]
+
+    out += ["## 2. Gradient estimates vs the exact table (same windows, 16-rate grid)", ""]
+    out += [
+        "| method | time | speed-up over exact | Spearman vs exact (raw) | Spearman (smoothed) | "
+        f"plan at {BUDGET:.0%}: predicted loss on exact smoothed table | on exact raw table |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    mask = nonzero_cells(exact16)
+    budget = BUDGET * exact16.dense_prunable
+    smooth_truth, raw_truth = exact16.losses(), exact16.losses(smoothed=False)
+    exact_plan = plan_for(exact16.removed, smooth_truth, budget)
+    out.append(
+        f"| exact | {t_exact16} | 1x | 1 | 1 | {plan_loss(exact_plan, smooth_truth):.4f} | "
+        f"{plan_loss(exact_plan, raw_truth):.4f} |"
+    )
+    for method in ("taylor", "fisher"):
+        spec = TableSpec(method=method, rate_grid=DEFAULT_RATE_GRID, **base)
+        approx, seconds = timed(f"{method} estimate", lambda: measure_table(lm, spec, windows))
+        rho = spearman(exact16.delta, approx.delta, mask)
+        rho_s = spearman(exact16.smoothed, approx.smoothed, mask)
+        plan = plan_for(approx.removed, approx.losses(), budget)
+        out.append(
+            f"| {method} | {seconds} | {t_exact16.ratio(seconds)} | {rho:.3f} | {rho_s:.3f} | "
+            f"{plan_loss(plan, smooth_truth):.4f} | {plan_loss(plan, raw_truth):.4f} |"
+        )
+    out += [
+        "",
+        f"Plans come from planner.solve_budget on each table's smoothed losses with a budget of {BUDGET:.0%} of the "
+        f"prunable parameters ({budget:,.0f}); the last two columns are the plan's summed loss (nats per token) read "
+        f"off the exact table, i.e. what the measured table predicts for each plan. Held-out perplexity of the plans "
+        f"is measured elsewhere.",
+        "",
+    ]
+    return out
+
+
+def full_forwards(lm, windows, args) -> None:
+    with torch.inference_mode():
+        for _ in range(args.calibration_forwards):
+            for start in range(0, windows.shape[0], args.batch_size):
+                batch = windows[start : start + args.batch_size]
+                logits = lm.model(input_ids=batch, use_cache=False).logits
+                torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+# ---- 3: noise -----------------------------------------------------------------------------------------
+def _group_stats(values: np.ndarray, mask: np.ndarray, removed: np.ndarray, groups, budget: float, smoothed: bool) -> dict:
+    """Agreement between tables of disjoint window groups (pairs of index arrays)."""
+    rhos, rel, negative, same_rate, regret = [], [], [], [], []
+    for a_idx, b_idx in groups:
+        table_a, table_b = values[..., a_idx].mean(-1), values[..., b_idx].mean(-1)
+        negative += [float((table_a[mask] < 0).mean()), float((table_b[mask] < 0).mean())]
+        if smoothed:
+            table_a, table_b = isotonic_smooth(table_a), isotonic_smooth(table_b)
+        rhos.append(spearman(table_a, table_b, mask))
+        rel.append(float(np.linalg.norm((table_a - table_b)[mask]) / np.linalg.norm(((table_a + table_b) / 2)[mask])))
+        plan_a = plan_for(removed, table_a, budget)
+        plan_b = plan_for(removed, table_b, budget)
+        same_rate.append(float((plan_a == plan_b).mean()))
+        regret.append(plan_loss(plan_a, table_b) - plan_loss(plan_b, table_b))
+    return {
+        "negative": np.mean(negative),
+        "spearman": np.mean(rhos),
+        "rel_diff": np.mean(rel),
+        "same_rate": np.mean(same_rate),
+        "regret": np.mean(regret),
+    }
+
+
+def noise(lm, args) -> list[str]:
+    n, t = args.noise_samples, args.noise_seq_len
+    windows = calibration_windows(lm.tokenizer, "wiki-sample", n, t, 1)
+    spec = TableSpec(n_samples=n, seq_len=t, rate_grid=GRID4, batch_size=args.batch_size)
+    cells, seconds = timed("per-window exact cells (noise)", lambda: window_cells(lm, spec, windows))
+    mask = cells.distinct.copy()
+    prunable = sum(g.params_at("attn", 0.0) + g.params_at("mlp", 0.0) for g in block_geometries(lm))
+    budget = BUDGET * prunable
+    rng = np.random.default_rng(0)
+    out = [
+        f"## 3. Noise: tables from disjoint groups of windows ({n} windows x {t} tokens, seed 1, 4-rate grid, split mode)",
+        "",
+        f"One exact build kept every window's cell values ({seconds}); a group's table is the mean over "
+        f"its windows, so two disjoint groups are two independent draws of calibration text (like two seeds) of "
+        f"the same size. Each row averages {args.noise_splits} random splits. Columns: share of measured cells "
+        f"with a negative raw value; Spearman and relative L2 difference between the two groups' tables over the "
+        f"{int(mask.sum())} measured cells; and for the DP plans at {BUDGET:.0%} on each group's table, the share of "
+        f"components given the same rate and the regret of group A's plan judged by group B's table (B's summed "
+        f"loss of A's plan minus that of B's own optimum, in nats per token of the row's objective).",
+        "",
+        "| objective | windows per group (tokens) | table | negative cells | Spearman A vs B | rel. L2 diff | same rate in plans | regret of A's plan on B (nats) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    sizes = [k for k in (1, 2, 4, 8, 16, 32) if 2 * k <= n]
+    for objective in ("nll", "kl"):
+        values = getattr(cells, objective)  # (C, R, N)
+        for k in sizes:
+            groups = []
+            for _ in range(args.noise_splits):
+                perm = rng.permutation(n)
+                groups.append((perm[:k], perm[k : 2 * k]))
+            for smoothed in (False, True):
+                s = _group_stats(values, mask, cells.removed, groups, budget, smoothed)
+                out.append(
+                    f"| {objective} | {k} ({k * t}) | {'smoothed' if smoothed else 'raw'} | {s['negative']:.1%} | "
+                    f"{s['spearman']:.3f} | {s['rel_diff']:.3f} | {s['same_rate']:.0%} | {s['regret']:.4f} |"
+                )
+    # How strongly the two objectives agree on the full set of windows, and the estimates on these windows.
+    full = {"nll": cells.nll.mean(-1), "kl": cells.kl.mean(-1)}
+    out += [
+        "",
+        f"On all {n} windows ({n * t} tokens), the NLL and KL tables rank the measured cells with Spearman "
+        f"{spearman(full['nll'], full['kl'], mask):.3f}; {float((full['nll'][mask] < 0).mean()):.1%} of NLL cells are "
+        f"negative (KL cells cannot be). Gradient estimates on the same {n} windows against these exact tables "
+        f"(Spearman over the measured cells):",
+        "",
+        "| objective | method | time | Spearman vs exact |",
+        "|---|---|---:|---:|",
+    ]
+    for objective, method in (("nll", "taylor"), ("nll", "fisher"), ("kl", "fisher")):
+        est_spec = TableSpec(
+            n_samples=n, seq_len=t, rate_grid=GRID4, batch_size=args.batch_size, objective=objective, method=method
+        )
+        approx, est_seconds = timed(f"{method} estimate of {objective}", lambda: measure_table(lm, est_spec, windows))
+        out.append(f"| {objective} | {method} | {est_seconds} | {spearman(full[objective], approx.delta, mask):.3f} |")
+    out.append("")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=2, help="windows for the speed and estimate parts")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens per window for the speed and estimate parts")
+    parser.add_argument("--noise-samples", type=int, default=16, help="windows for the noise part (split into groups)")
+    parser.add_argument("--noise-seq-len", type=int, default=32, help="tokens per window for the noise part")
+    parser.add_argument("--noise-splits", type=int, default=6, help="random group splits averaged per row")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--calibration-forwards", type=int, default=20, help="full forwards timed after the 16-rate build")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: speed, noise")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    started, cpu_started = time.perf_counter(), time.process_time()
+    load_before = os.getloadavg()
+    lm, load_clock = timed("load smollm2-135m", lambda: load_model("smollm2-135m"))
+    report = [
+        "# Loss-table benchmark",
+        "",
+        f"- command: `python bench/bench_tables.py {' '.join(sys.argv[1:])}`".rstrip(),
+        f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+        f"with {torch.get_num_threads()} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}",
+        f"- model: smollm2-135m (30 blocks, 9 heads / 3 KV heads, MLP 1536, vocab 49152), loaded in {load_clock.wall:.1f} s; "
+        f"data: wiki-sample calibration windows; criterion wanda; objective nll unless stated",
+        f"- load average at start (1/5/15 min): {load_before[0]:.1f} / {load_before[1]:.1f} / {load_before[2]:.1f}",
+        "",
+    ]
+    if "speed" not in skip:
+        report += speed_and_estimates(lm, args)
+    if "noise" not in skip:
+        report += noise(lm, args)
+    load_after = os.getloadavg()
+    report += [
+        f"Total bench time {time.perf_counter() - started:.0f} s ({time.process_time() - cpu_started:.0f} s CPU); load average at the end "
+        f"{load_after[0]:.1f} / {load_after[1]:.1f} / {load_after[2]:.1f}.",
+    ]
+    print("\n".join(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

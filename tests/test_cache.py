@@ -1,0 +1,232 @@
+"""Tests of gap_engine.cache and the table commands: hits, corruption, cancel/resume, locking, CLI.
+
+Every test builds through ``build_table`` on a tiny model with real tokenised text, in a
+cache folder of its own (GAP_CACHE_DIR points at tmp_path; the real model is never loaded
+here, so the shared model cache is not needed).
+"""
+
+import argparse
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from gap_engine import cache
+from gap_engine.cli_tables import register
+from gap_engine.errors import CacheError, CancelledError, TableError
+from gap_engine.tables import TableSpec, build_table, table_key
+
+SPEC = TableSpec(n_samples=2, seq_len=16, rate_grid=(0.0, 0.25, 0.5, 0.75), batch_size=2)
+
+
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def tiny(make_tiny):
+    return make_tiny("llama", initializer_range=0.2)
+
+
+class Counter:
+    """A progress callback that counts the cells it is told about (one call per measured cell)."""
+
+    def __init__(self, cancel_after: int | None = None, event: threading.Event | None = None):
+        self.calls = []
+        self.cancel_after = cancel_after
+        self.event = event
+
+    def __call__(self, done, total, eta):
+        self.calls.append((done, total, eta))
+        if self.cancel_after is not None and done >= self.cancel_after:
+            self.event.set()
+
+    @property
+    def measured(self) -> int:
+        return max(0, len(self.calls) - 1)  # the first call reports the starting point
+
+
+def assert_same_table(a, b):
+    assert a.key == b.key and a.components == b.components
+    for name in ("delta", "smoothed", "cell_objective", "removed"):
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-9, atol=1e-12)
+
+
+def test_second_build_is_a_cache_hit(tmp_cache, tiny):
+    first_progress, second_progress = Counter(), Counter()
+    first = build_table(tiny, SPEC, progress=first_progress)
+    assert first_progress.measured == first.extras["distinct_cells"] > 0
+    second = build_table(tiny, SPEC, progress=second_progress)
+    assert second_progress.calls == []
+    assert_same_table(first, second)
+    entry = tmp_cache / "tables" / first.key
+    assert sorted(p.name for p in entry.iterdir()) == ["meta.json", "table.json"]
+    meta = json.loads((entry / "meta.json").read_text())
+    assert meta["key"] == first.key and meta["model"] == "tiny-llama" and meta["spec"]["n_samples"] == 2
+    rows = cache.list_tables()
+    assert [r["key"] for r in rows] == [first.key] and rows[0]["size"] > 0
+
+
+def test_no_cache_neither_reads_nor_writes(tmp_cache, tiny):
+    build_table(tiny, SPEC, use_cache=False)
+    assert cache.list_tables() == []
+    build_table(tiny, SPEC)
+    counter = Counter()
+    build_table(tiny, SPEC, progress=counter, use_cache=False)
+    assert counter.measured > 0
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "bad_meta", "no_table"])
+def test_a_corrupt_entry_is_detected_removed_and_rebuilt(tmp_cache, tiny, damage, caplog):
+    table = build_table(tiny, SPEC)
+    entry = tmp_cache / "tables" / table.key
+    data = (entry / "table.json").read_bytes()
+    if damage == "flip":
+        pos = data.index(b'"delta":') + 12
+        (entry / "table.json").write_bytes(data[:pos] + bytes([data[pos] ^ 0x01]) + data[pos + 1 :])
+    elif damage == "truncate":
+        (entry / "table.json").write_bytes(data[: len(data) // 2])
+    elif damage == "bad_meta":
+        (entry / "meta.json").write_text("{")
+    else:
+        (entry / "table.json").unlink()
+    with caplog.at_level("WARNING", logger="gap_engine.cache"):
+        assert cache.get_table(table.key) is None
+    assert "corrupt" in caplog.text
+    assert not (entry / "table.json").exists() and not (entry / "meta.json").exists()
+    counter = Counter()
+    rebuilt = build_table(tiny, SPEC, progress=counter)
+    assert counter.measured == rebuilt.extras["distinct_cells"]
+    assert_same_table(table, rebuilt)
+    assert cache.get_table(table.key) is not None
+
+
+def test_an_unfinished_entry_is_not_a_table(tmp_cache, tiny):
+    key = table_key(tiny, SPEC)
+    cache.PartialCells(key).save({(0, 1): 1.0})
+    assert cache.get_table(key) is None
+    assert cache.list_tables() == []
+
+
+def test_cancel_then_resume_gives_the_uninterrupted_table(tmp_cache, tiny):
+    reference = build_table(tiny, SPEC, use_cache=False)
+    total = reference.extras["distinct_cells"]
+    event = threading.Event()
+    first = Counter(cancel_after=3, event=event)
+    with pytest.raises(CancelledError, match="3 of"):
+        build_table(tiny, SPEC, progress=first, cancel=event)
+    assert first.measured == 3
+    assert cache.get_table(reference.key) is None
+    assert len(cache.PartialCells(reference.key).load()) == 3
+    second = Counter()
+    resumed = build_table(tiny, SPEC, progress=second)
+    assert second.calls[0][0] == 3  # starts from the saved cells
+    assert first.measured + second.measured == total
+    assert resumed.extras == {"cells_measured": total - 3, "cells_resumed": 3, "distinct_cells": total}
+    assert_same_table(reference, resumed)
+    assert not cache.PartialCells(reference.key).path.exists()
+
+
+def test_unreadable_partial_cells_are_ignored(tmp_cache, tiny, caplog):
+    key = table_key(tiny, SPEC)
+    partial = cache.PartialCells(key)
+    partial.path.parent.mkdir(parents=True)
+    partial.path.write_text("[1, 2")
+    with caplog.at_level("WARNING", logger="gap_engine.cache"):
+        assert partial.load() == {}
+    assert "ignoring" in caplog.text
+    counter = Counter()
+    table = build_table(tiny, SPEC, progress=counter)
+    assert counter.measured == table.extras["distinct_cells"]
+
+
+def test_two_concurrent_builds_measure_the_table_once(tmp_cache, tiny):
+    counters, results, errors = [Counter(), Counter()], [None, None], []
+
+    def build(i):
+        try:
+            results[i] = build_table(tiny, SPEC, progress=counters[i])
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sum(c.measured for c in counters) == results[0].extras["distinct_cells"]
+    assert_same_table(results[0], results[1])
+
+
+def test_remove_table(tmp_cache, tiny):
+    table = build_table(tiny, SPEC)
+    cache.remove_table(table.key)
+    assert cache.list_tables() == [] and cache.get_table(table.key) is None
+    with pytest.raises(CacheError, match="no cached loss table"):
+        cache.remove_table(table.key)
+    for bad in ("../outside", "", "a/b"):
+        with pytest.raises(CacheError):
+            cache.get_table(bad)
+
+
+# ---- the CLI handlers -----------------------------------------------------------------------------
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="gap")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
+    from gap_engine.tables import LossTable
+
+    folder = tmp_path / "tiny-model"
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    out = tmp_path / "out" / "table.json"
+    argv = ["table", "--model", str(folder), "--samples", "2", "--seq-len", "16", "--rates", "0,0.5", "--out", str(out)]
+    args = parse(argv)
+    assert args.func(args) == 0
+    table = LossTable.from_json(out.read_text())
+    assert table.delta.shape == (4, 2) and table.spec.rate_grid == (0.0, 0.5)
+    stdout = capsys.readouterr()
+    assert table.key in stdout.out and "table cells: " in stdout.err
+
+    csv_args = parse(argv[:-1] + [str(tmp_path / "table.csv")])
+    assert csv_args.func(csv_args) == 0
+    assert (tmp_path / "table.csv").read_text().startswith("layer,component,rate,delta,smoothed,removed\n")
+
+    ls = parse(["cache", "ls"])
+    assert ls.func(ls) == 0
+    assert table.key in capsys.readouterr().out
+    ls_json = parse(["cache", "ls", "--json"])
+    ls_json.func(ls_json)
+    assert [row["key"] for row in json.loads(capsys.readouterr().out)] == [table.key]
+
+    rm = parse(["cache", "rm", table.key])
+    assert rm.func(rm) == 0
+    assert cache.list_tables() == []
+    with pytest.raises(CacheError):
+        rm.func(rm)
+
+
+@pytest.mark.parametrize(
+    "extra, error",
+    [
+        (["--rates", "0.5,0.25"], TableError),
+        (["--rates", "0,x"], TableError),
+        (["--rates", "0.25,0.5"], TableError),
+        (["--samples", "0"], TableError),
+        (["--objective", "kl", "--approx", "taylor"], TableError),
+        (["--out", "table.txt"], TableError),
+    ],
+)
+def test_cli_table_rejects_bad_input_before_loading_a_model(tmp_cache, tmp_path, extra, error):
+    argv = ["table", "--model", "no-such-model", "--out", str(tmp_path / "t.json"), *extra]
+    args = parse(argv)
+    with pytest.raises(error) as info:
+        args.func(args)
+    assert "\n" not in str(info.value)
