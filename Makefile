@@ -38,6 +38,7 @@ bench: setup
 	$(PY) bench/bench_planner.py
 	$(PY) bench/bench_tables.py
 	$(PY) bench/bench_quality.py
+	$(PY) bench/bench_app.py
 
 clean-cache:
 	rm -rf cache/tables cache/runs

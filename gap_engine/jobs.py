@@ -1,0 +1,570 @@
+"""Background jobs: long engine work (table builds, prune-and-evaluate) off the caller's thread.
+
+A web page is re-executed from the top on every interaction, and a user may switch pages
+while a table is being measured. The work therefore runs in a thread owned by a
+process-wide :class:`JobManager` (the module-level ``MANAGER``), and a page only keeps a
+job id: on every rerun it reads the job's status and progress, and it may cancel it.
+
+Rules:
+
+* one job per ``(kind, key)`` at a time: asking again for the same key (for example the
+  same table key) while a job for it is queued or running returns that job instead of
+  starting a second one;
+* at most ``max_running`` jobs run at once; the others wait in status ``queued``;
+* a work function receives a :class:`JobContext`: ``ctx.cancel`` is a ``threading.Event``
+  it should poll (engine functions take it as ``cancel=``), and ``ctx.progress(done,
+  total, eta)`` / ``ctx.say(message)`` report progress;
+* a :class:`~gap_engine.errors.GapError` ends the job as ``failed`` with its one-line
+  message (``CancelledError``, or any failure after a cancel request, as ``cancelled``);
+  any other exception ends it as ``failed`` with a one-line summary, and the traceback goes
+  to the log, never to the user;
+* a failed or cancelled job never replaces the result of an earlier successful job with the
+  same kind and key (see :meth:`JobManager.last_result`).
+
+This module has no dependency on any UI toolkit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from .errors import CancelledError, GapError
+
+log = logging.getLogger(__name__)
+
+QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
+ACTIVE_STATUSES = (QUEUED, RUNNING)
+FINAL_STATUSES = (DONE, FAILED, CANCELLED)
+
+
+@dataclass
+class JobProgress:
+    """The latest progress a job reported."""
+
+    done: int = 0  # steps finished (cells, batches, stages)
+    total: int = 0  # steps in all; 0 while unknown
+    eta: float | None = None  # seconds left, as estimated by the work function (None: unknown)
+    message: str = ""  # what the job is doing now, in a few words
+    updated: float = 0.0  # time.time() of the report
+
+    @property
+    def fraction(self) -> float:
+        """done / total in [0, 1]; 0 while the total is unknown."""
+        if self.total <= 0:
+            return 0.0
+        return min(1.0, max(0.0, self.done / self.total))
+
+
+class JobContext:
+    """What a work function gets: the cancel event and the progress callbacks of its job."""
+
+    def __init__(self, job: "Job"):
+        self._job = job
+        self.cancel: threading.Event = job.cancel_event  # set when the user asks to cancel
+
+    def progress(self, done: int, total: int, eta: float | None = None, message: str | None = None) -> None:
+        """Report ``done`` of ``total`` steps (the engine's (done, total, eta) callback shape)."""
+        self._job._set_progress(done=done, total=total, eta=eta, message=message)
+
+    def say(self, message: str) -> None:
+        """Report what the job is doing now, keeping the step counts (evaluate's callback shape)."""
+        self._job._set_progress(message=message)
+
+    def stage(self, message: str, done: int, total: int) -> None:
+        """Report a stage by name with its position among the job's stages (no ETA)."""
+        self._job._set_progress(done=done, total=total, eta=None, message=message)
+
+    def check_cancelled(self) -> None:
+        """Raise CancelledError when a cancel was requested (for work between engine calls)."""
+        if self.cancel.is_set():
+            raise CancelledError(f"{self._job.kind} job cancelled")
+
+
+WorkFn = Callable[[JobContext], Any]
+
+
+@dataclass
+class Job:
+    """One unit of background work and everything a page shows about it."""
+
+    id: str  # unique within the process, e.g. "table-3"
+    kind: str  # what sort of work: "table", "prune_eval", ...
+    key: str  # identity of the work (e.g. a table key); one active job per (kind, key)
+    label: str  # a short human description for listings
+    fn: WorkFn = field(repr=False)
+    status: str = QUEUED
+    progress: JobProgress = field(default_factory=JobProgress)
+    result: Any = field(default=None, repr=False)  # what fn returned, once done
+    error: str | None = None  # one line: the GapError text or a summary of the exception
+    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+    created: float = field(default_factory=time.time)
+    started: float | None = None
+    finished: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _finished_event: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    # ---- read side ---------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds the job has been running (or ran); 0 while queued."""
+        if self.started is None:
+            return 0.0
+        return (self.finished or time.time()) - self.started
+
+    def snapshot(self) -> dict:
+        """A consistent, JSON-ready copy of the job's state."""
+        with self._lock:
+            p = self.progress
+            return {
+                "id": self.id,
+                "kind": self.kind,
+                "key": self.key,
+                "label": self.label,
+                "status": self.status,
+                "done": p.done,
+                "total": p.total,
+                "fraction": p.fraction,
+                "eta": p.eta,
+                "message": p.message,
+                "error": self.error,
+                "created": self.created,
+                "started": self.started,
+                "finished": self.finished,
+                "elapsed": self.elapsed,
+            }
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the job ends (for scripts and tests); True when it has ended."""
+        return self._finished_event.wait(timeout)
+
+    def cancel(self) -> None:
+        """Ask the job to stop; a queued job is cancelled at once, a running one at its next poll."""
+        self.cancel_event.set()
+        with self._lock:
+            if self.status == QUEUED:
+                self._finish_locked(CANCELLED, error="cancelled before it started")
+
+    # ---- write side (the worker thread) -------------------------------------------
+    def _set_progress(self, done=None, total=None, eta=None, message=None) -> None:
+        with self._lock:
+            p = self.progress
+            if done is not None:
+                p.done = int(done)
+            if total is not None:
+                p.total = int(total)
+                p.eta = None if eta is None else max(0.0, float(eta))
+            if message is not None:
+                p.message = str(message)
+            p.updated = time.time()
+
+    def _finish_locked(self, status: str, result: Any = None, error: str | None = None) -> None:
+        self.status = status
+        self.result = result
+        self.error = error
+        self.finished = time.time()
+        if status == DONE:
+            self.progress.eta = 0.0
+            if self.progress.total:
+                self.progress.done = self.progress.total
+        self._finished_event.set()
+
+
+def one_line(exc: BaseException) -> str:
+    """The message a user sees for an exception: a GapError's own text, else type and first line."""
+    if isinstance(exc, GapError):
+        return str(exc) or type(exc).__name__
+    text = str(exc).strip().splitlines()
+    first = text[0][:300] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+class JobManager:
+    """Runs jobs in daemon threads; thread-safe; one instance per process (``MANAGER``)."""
+
+    def __init__(self, max_running: int = 2, keep_finished: int = 50):
+        """
+        Args:
+            max_running: jobs allowed to run at once; more wait as ``queued``.
+            keep_finished: finished jobs kept for listings (oldest dropped first).
+        """
+        self.max_running = max_running
+        self.keep_finished = keep_finished
+        self._jobs: dict[str, Job] = {}
+        self._last_done: dict[tuple[str, str], Job] = {}
+        self._lock = threading.Lock()
+        self._slots = threading.Semaphore(max_running)
+        self._ids = itertools.count(1)
+
+    def submit(self, kind: str, fn: WorkFn, key: str | None = None, label: str | None = None) -> Job:
+        """Start ``fn(ctx)`` in the background, or attach to the active job with the same kind and key.
+
+        Args:
+            kind: the sort of work ("table", "prune_eval", ...).
+            fn: the work; gets a JobContext, returns the job's result.
+            key: identity of the work; None makes a fresh key (never shared).
+            label: a short description; defaults to "kind key".
+        Returns:
+            The new job, or the queued/running one it attached to.
+        """
+        with self._lock:
+            job_id = f"{kind}-{next(self._ids)}"
+            key = job_id if key is None else str(key)
+            for existing in self._jobs.values():
+                if existing.kind == kind and existing.key == key and existing.active:
+                    return existing
+            job = Job(id=job_id, kind=kind, key=key, label=label or f"{kind} {key}", fn=fn)
+            self._jobs[job.id] = job
+            self._prune_finished_locked()
+        thread = threading.Thread(target=self._run, args=(job,), name=f"gap-job-{job.id}", daemon=True)
+        thread.start()
+        return job
+
+    def _run(self, job: Job) -> None:
+        self._slots.acquire()
+        try:
+            with job._lock:
+                if job.status != QUEUED:  # cancelled while waiting for a slot
+                    return
+                job.status = RUNNING
+                job.started = time.time()
+            ctx = JobContext(job)
+            try:
+                if job.cancel_event.is_set():
+                    raise CancelledError(f"{job.kind} job cancelled")
+                result = job.fn(ctx)
+            except CancelledError as exc:
+                with job._lock:
+                    job._finish_locked(CANCELLED, error=one_line(exc))
+            except BaseException as exc:  # noqa: BLE001 - a worker thread must record every failure
+                if not isinstance(exc, GapError):
+                    log.exception("job %s (%s) failed", job.id, job.label)
+                status = CANCELLED if job.cancel_event.is_set() else FAILED
+                with job._lock:
+                    job._finish_locked(status, error=one_line(exc))
+            else:
+                with self._lock:  # lock order: manager, then job
+                    with job._lock:
+                        job._finish_locked(DONE, result=result)
+                    self._last_done[(job.kind, job.key)] = job
+        finally:
+            self._slots.release()
+
+    # ---- queries -----------------------------------------------------------------
+    def get(self, job_id: str | None) -> Job | None:
+        """The job with this id, or None (unknown id, or dropped from the listing)."""
+        if job_id is None:
+            return None
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def jobs(self, kind: str | None = None, key: str | None = None, active_only: bool = False) -> list[Job]:
+        """Jobs, oldest first, filtered by kind, key and activity."""
+        with self._lock:
+            found = list(self._jobs.values())
+        return [
+            j
+            for j in found
+            if (kind is None or j.kind == kind) and (key is None or j.key == key) and (not active_only or j.active)
+        ]
+
+    def active(self, kind: str | None = None, key: str | None = None) -> Job | None:
+        """The queued or running job of this kind (and key), if any; the newest when several."""
+        running = self.jobs(kind, key, active_only=True)
+        return running[-1] if running else None
+
+    def last_result(self, kind: str, key: str) -> Any:
+        """The result of the newest successful job with this kind and key (failed ones never replace it)."""
+        with self._lock:
+            job = self._last_done.get((kind, key))
+        return None if job is None else job.result
+
+    def cancel(self, job_id: str) -> bool:
+        """Ask one job to stop; False when there is no such active job."""
+        job = self.get(job_id)
+        if job is None or not job.active:
+            return False
+        job.cancel()
+        return True
+
+    def cancel_all(self) -> None:
+        for job in self.jobs(active_only=True):
+            job.cancel()
+
+    def wait_all(self, timeout: float | None = None) -> bool:
+        """Wait for every current job to end; True when all did within ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for job in self.jobs():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not job.wait(left):
+                return False
+        return True
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job from the listing (an active one stays)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None and not job.active:
+                del self._jobs[job_id]
+
+    def _prune_finished_locked(self) -> None:
+        finished = [j for j in self._jobs.values() if not j.active]
+        for job in finished[: max(0, len(finished) - self.keep_finished)]:
+            del self._jobs[job.id]
+
+
+MANAGER = JobManager()
+
+
+def manager() -> JobManager:
+    """The process-wide job manager (survives page reruns and page switches)."""
+    return MANAGER
+
+
+# ---- models shared by the jobs and the pages ---------------------------------------------
+# Loading a model takes seconds and tokenising a text source takes longer; the data module
+# keeps token streams per tokenizer object. So the process keeps one dense model per name
+# (`shared_model`), used only for plain forward passes and for its geometry, and work that
+# registers hooks, masks weights in place (exact table cells, evo) or slices them (surgery)
+# runs on `private_copy`, a deep copy of the weights that shares the tokenizer.
+MAX_SHARED_MODELS = 2
+_shared: "dict[str, object]" = {}
+_shared_lock = threading.Lock()
+
+
+def shared_model(name: str):
+    """The dense LoadedModel for ``name``, loaded once per process. Never modify it.
+
+    Raises:
+        GapError: from models.load_model (unknown name, unreadable weights, ...).
+    """
+    from .models import load_model
+
+    with _shared_lock:
+        lm = _shared.pop(name, None)
+        if lm is None:
+            lm = load_model(name)
+        _shared[name] = lm  # most recently used last
+        while len(_shared) > MAX_SHARED_MODELS:
+            _shared.pop(next(iter(_shared)))
+        return lm
+
+
+def private_copy(lm):
+    """A LoadedModel with its own copy of the weights (safe to hook, mask or prune), same tokenizer."""
+    import copy
+
+    out = copy.copy(lm)
+    out.model = copy.deepcopy(lm.model)
+    out.extras = dict(lm.extras)
+    return out
+
+
+# ---- the tasks the app runs --------------------------------------------------------------
+# Each returns a work function for `JobManager.submit`.
+
+
+def table_task(model_name: str, spec) -> WorkFn:
+    """Build (or read from the cache) the loss table of ``model_name`` under ``spec``.
+
+    Returns a work function whose result is the LossTable.
+    """
+
+    def work(ctx: JobContext):
+        from .tables import build_table
+
+        ctx.stage("loading the model", 0, 0)
+        lm = private_copy(shared_model(model_name))  # an exact build masks weights cell by cell
+        ctx.check_cancelled()
+        ctx.stage("reading calibration text, scoring units, dense pass", 0, 0)
+        unit = "cells" if spec.method == "exact" else "calibration batches"
+
+        def progress(done: int, total: int, eta: float | None = None) -> None:
+            ctx.progress(done, total, eta, message=f"{spec.method} table: {done} of {total} {unit}")
+
+        return build_table(lm, spec, progress=progress, cancel=ctx.cancel)
+
+    return work
+
+
+def baselines_task(model_name: str, table, budgets, methods, constraints=None) -> WorkFn:
+    """Plans of the baseline allocation methods at a few budgets, for overlaying on the front.
+
+    Returns a work function whose result is a list of rows: method, budget, removed
+    fraction of prunable parameters, predicted loss, attention and MLP rates; a budget a
+    method cannot reach gives a row with ``error`` instead.
+    """
+
+    def work(ctx: JobContext):
+        from .allocation import Constraints, calibration_for, plan_from_table
+        from .data import calibration_windows
+        from .errors import BudgetError
+        from .importance import compute_importance
+
+        ctx.stage("loading the model", 0, 0)
+        lm = private_copy(shared_model(model_name))  # FLAP and OWL hook the model
+        table.check_model(lm)
+        calib = calibration_for(table)
+        scores = None
+        if "flap" in methods:
+            ctx.stage("importance scores for FLAP", 0, 0)
+            windows = calibration_windows(lm.tokenizer, calib.data, calib.n_samples, calib.seq_len, calib.seed)
+            scores = compute_importance(lm, windows, table.spec.criterion, calib.batch_size)
+        rows = []
+        total = len(budgets) * len(methods)
+        for i, (method, budget) in enumerate((m, b) for m in methods for b in budgets):
+            ctx.check_cancelled()
+            ctx.progress(i, total, None, message=f"{method} at {budget:.0%}")
+            try:
+                plan = plan_from_table(lm, table, float(budget), method, constraints or Constraints(), scores, calib)
+            except BudgetError as exc:
+                rows.append({"method": method, "budget": float(budget), "error": str(exc)})
+                continue
+            rows.append(
+                {
+                    "method": method,
+                    "budget": float(budget),
+                    "removed_fraction": float(plan.params["removed_fraction_of_prunable"]),
+                    "predicted_loss": plan.predicted_loss,
+                    "attention_rates": plan.attention_rates,
+                    "mlp_rates": plan.mlp_rates,
+                }
+            )
+        ctx.progress(total, total, 0.0, message="done")
+        return rows
+
+    return work
+
+
+def prune_eval_task(
+    model_name: str,
+    eval_settings,
+    *,
+    table=None,
+    budget: float | None = None,
+    method: str = "dp",
+    constraints=None,
+    plan=None,
+    checkpoint_dir=None,
+    history_path=None,
+) -> WorkFn:
+    """Plan (or take ``plan``), prune a fresh copy of the model, evaluate it against the dense
+    model, optionally save the checkpoint, and record the run in the history.
+
+    Args:
+        model_name: the dense model (built-in name, folder or hub id).
+        eval_settings: evaluate.EvalSettings.
+        table: the loss table (needed unless ``plan`` is given); its calibration windows
+            score the units and give the measured ("actual") loss increase.
+        budget, method, constraints: what `allocation.plan_from_table` gets.
+        plan: a ready RatePlan (e.g. an uploaded one) instead of planning.
+        checkpoint_dir: where to save the pruned checkpoint; None: not saved.
+        history_path: the history database; None: the default under the cache root.
+    Returns:
+        A work function whose result is a dict: run_id, plan (dict), report (dict),
+        predicted_loss, actual_loss, objective, checkpoint, seconds.
+    """
+
+    def work(ctx: JobContext):
+        import math
+
+        from . import history
+        from .allocation import Constraints, calibration_for, plan_from_table
+        from .data import calibration_windows
+        from .evaluate import compare_logits, evaluate, mean_nll
+        from .export import save_pruned
+        from .pipeline import CalibrationSettings, prune_with_plan
+
+        stages = 6
+        started = time.perf_counter()
+        ctx.stage("loading the dense model", 0, stages)
+        dense = shared_model(model_name)  # forward passes only
+        ctx.check_cancelled()
+        ctx.stage("planning", 1, stages)
+        if plan is None:
+            if table is None or budget is None:
+                raise GapError("a run needs either a plan or a loss table and a budget")
+            # dp and uniform read the geometry only; flap, owl and evo hook or mask the model
+            planner_lm = dense if method in ("dp", "uniform") else private_copy(dense)
+            chosen = plan_from_table(planner_lm, table, budget, method, constraints or Constraints())
+            del planner_lm
+        else:
+            chosen = plan
+            chosen.check_model(dense)
+        calib = calibration_for(table) if table is not None else CalibrationSettings()
+        ctx.check_cancelled()
+        ctx.stage("pruning a copy (importance scores, surgery)", 2, stages)
+        pruned = private_copy(dense)
+        result = prune_with_plan(pruned, chosen, calib)
+        ctx.check_cancelled()
+        ctx.stage("measuring the loss increase on the calibration windows", 3, stages)
+        objective = table.spec.objective if table is not None else "nll"
+        windows = calibration_windows(dense.tokenizer, calib.data, calib.n_samples, calib.seq_len, calib.seed)
+        if objective == "kl":
+            actual = compare_logits(pruned, dense, windows, calib.batch_size)[2]
+        else:
+            actual = mean_nll(pruned, windows, calib.batch_size) - mean_nll(dense, windows, calib.batch_size)
+        ctx.check_cancelled()
+        ctx.stage("evaluating", 4, stages)
+
+        def say(message: str) -> None:
+            ctx.check_cancelled()
+            ctx.stage(f"evaluating: {message}", 4, stages)
+
+        report = evaluate(pruned, dense, eval_settings, progress=say).to_dict()
+        checkpoint = None
+        if checkpoint_dir is not None:
+            ctx.stage("saving the checkpoint", 5, stages)
+            checkpoint = str(save_pruned(pruned, result, checkpoint_dir))
+        seconds = time.perf_counter() - started
+        plan_dict = chosen.to_dict()
+        record = history.RunRecord.from_report(
+            plan_dict,
+            report,
+            method=chosen.method,
+            table_key=chosen.table_key or (table.key if table is not None else None),
+            budget=chosen.budget,
+            params={
+                "calibration": asdict(calib),
+                "eval": report.get("settings", {}),
+                "objective": objective,
+                "constraints": None if constraints is None else _constraints_dict(constraints),
+            },
+            predicted_loss=chosen.predicted_loss,
+            actual_loss=None if actual is None or not math.isfinite(actual) else float(actual),
+            checkpoint=checkpoint,
+            seconds=seconds,
+        )
+        run_id = history.record_run(record, history_path)
+        ctx.stage("done", stages, stages)
+        return {
+            "run_id": run_id,
+            "plan": plan_dict,
+            "report": report,
+            "predicted_loss": chosen.predicted_loss,
+            "actual_loss": record.actual_loss,
+            "objective": objective,
+            "checkpoint": checkpoint,
+            "seconds": seconds,
+            "params_before": result.params_before,
+            "params_after": result.params_after,
+        }
+
+    return work
+
+
+def _constraints_dict(constraints) -> dict:
+    return {
+        "locked": {str(k): float(v) for k, v in dict(constraints.locked).items()},
+        "min_rate": constraints.min_rate,
+        "max_rate": constraints.max_rate,
+        "coupled": constraints.coupled,
+    }

@@ -1,0 +1,219 @@
+"""Prune & evaluate: prune a copy of the model with the chosen plan, measure it, keep the run."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from gap_engine import history
+from gap_engine.allocation import METHODS
+from gap_engine.data import BUILTIN_SOURCES
+from gap_engine.errors import GapError
+from gap_engine.evaluate import EvalSettings
+from gap_engine.jobs import manager, prune_eval_task
+from gap_engine.plan import RatePlan
+from pages import common, figures
+
+UPLOADED = "uploaded plan"
+METHOD_HELP = {
+    "dp": "GAP: the exact DP on the loss table",
+    "uniform": "same rate everywhere",
+    "flap": "FLAP adaptive structure search",
+    "owl": "OWL outlier-weighted layer rates",
+    "evo": "EvoPress-style search seeded with the DP (slow: runs the model per candidate)",
+    UPLOADED: "the plan uploaded on the Export page",
+}
+DEFAULTS = {
+    "eval_method": "dp",
+    "eval_sources": ["wiki-sample"],
+    "eval_samples": 8,
+    "eval_seq_len": 128,
+    "eval_throughput": True,
+    "eval_generations": 3,
+    "eval_max_new_tokens": 24,
+    "eval_save_checkpoint": True,
+    "eval_metric": None,
+}
+common.init_page("eval_", DEFAULTS)
+ss = st.session_state
+
+st.title("Prune & evaluate")
+table = common.require_table()
+budget = float(ss["app_budget"])
+uploaded = ss.get("app_uploaded_plan")
+methods = list(METHODS) + ([UPLOADED] if uploaded else [])
+if ss["eval_method"] not in methods:
+    ss["eval_method"] = "dp"
+
+
+def start_run() -> None:
+    common.clear_message("eval")
+    settings = EvalSettings(
+        data=tuple(ss["eval_sources"]) or ("wiki-sample",),
+        n_samples=int(ss["eval_samples"]),
+        seq_len=int(ss["eval_seq_len"]),
+        throughput=bool(ss["eval_throughput"]),
+        generations=int(ss["eval_generations"]),
+        max_new_tokens=int(ss["eval_max_new_tokens"]),
+    )
+    method = ss["eval_method"]
+    plan = None
+    if method == UPLOADED:
+        try:
+            plan = RatePlan.from_dict(dict(uploaded))
+        except GapError as exc:
+            common.set_message("eval", "error", common.error_text(exc))
+            return
+    checkpoint_dir = history.new_checkpoint_dir(plan.method if plan else method, plan.budget if plan else budget) if ss["eval_save_checkpoint"] else None
+    task = prune_eval_task(
+        table.model,
+        settings,
+        table=table,
+        budget=budget,
+        method=method if plan is None else plan.method,
+        constraints=common.constraints_from_state(),
+        plan=plan,
+        checkpoint_dir=checkpoint_dir,
+    )
+    key = f"{table.key}|{method}|{budget:.4f}|{common.constraints_json(ss['app_constraints'])}|{settings}"
+    job = manager().submit("prune_eval", task, key=key, label=f"{method} at {budget:.1%}")
+    common.remember_job("prune_eval", job)
+
+
+def delete_run(run_id: int) -> None:
+    try:
+        history.delete_run(int(run_id), remove_checkpoint=True)
+    except GapError as exc:
+        common.set_message("eval_history", "error", common.error_text(exc))
+    else:
+        common.set_message("eval_history", "success", f"Deleted run {run_id} and its checkpoint.")
+
+
+# ---- what to run ---------------------------------------------------------------------------------
+left, right = st.columns([1, 1], gap="large")
+with left:
+    st.subheader("Plan")
+    st.selectbox("Allocation method", methods, key="eval_method", format_func=lambda m: f"{m} — {METHOD_HELP[m]}")
+    if ss["eval_method"] == UPLOADED:
+        st.caption(f"Uploaded plan for {uploaded['model']}: method {uploaded.get('method')}, budget {uploaded.get('budget')}.")
+    else:
+        st.metric("Budget from the planner (of prunable parameters)", f"{budget:.1%}")
+        locked = ss["app_constraints"].get("locked") or {}
+        if locked:
+            st.caption(f"Locked layers: {', '.join(sorted(locked, key=int))}")
+        st.page_link(common.PLANNER_PAGE, label="Change the budget on the planner", icon=":material/tune:")
+with right:
+    st.subheader("Evaluation")
+    st.multiselect("Held-out text", list(BUILTIN_SOURCES) + ([table.spec.data] if table.spec.data not in BUILTIN_SOURCES else []), key="eval_sources")
+    c1, c2 = st.columns(2)
+    c1.number_input("Held-out samples", min_value=1, max_value=256, step=1, key="eval_samples")
+    c2.number_input("Tokens per sample", min_value=8, max_value=2048, step=8, key="eval_seq_len")
+    c1, c2 = st.columns(2)
+    c1.number_input("Generations", min_value=0, max_value=3, step=1, key="eval_generations")
+    c2.number_input("New tokens per generation", min_value=1, max_value=128, step=1, key="eval_max_new_tokens")
+    c1, c2 = st.columns(2)
+    c1.toggle("Time throughput", key="eval_throughput")
+    c2.toggle("Save checkpoint", key="eval_save_checkpoint", help="Saves the pruned model under the cache; needed to download it on the Export page")
+
+running = common.session_job("prune_eval")
+st.button(
+    "Prune and evaluate",
+    key="eval_run",
+    type="primary",
+    on_click=start_run,
+    disabled=running is not None and running.active,
+    icon=":material/play_arrow:",
+)
+common.job_progress("prune_eval", "Prune & evaluate")
+common.show_message("eval")
+
+# ---- the latest run ------------------------------------------------------------------------------
+result = ss.get("app_last_run")
+if result:
+    report = result["report"]
+    dense = report.get("dense") or {}
+    st.subheader(f"Run {result['run_id']}: {result['plan']['method']} at {(result['plan'].get('budget') or 0):.1%}")
+    c = st.columns(3)
+    c[0].metric("Parameters", f"{report['params'] / 1e6:.1f}M", f"{(report['params'] - dense.get('params', report['params'])) / 1e6:+.1f}M vs dense", delta_color="off", delta_arrow="off")
+    source = next(iter(report["perplexity"]), None)
+    if source:
+        c[1].metric(f"Perplexity ({source})", f"{report['perplexity'][source]:.2f}", f"dense {dense.get('perplexity', {}).get(source, float('nan')):.2f}", delta_color="off", delta_arrow="off")
+        c[2].metric(f"KL to dense ({source})", f"{report.get('kl_to_dense', {}).get(source, float('nan')):.4f}")
+    c = st.columns(3)
+    predicted, actual = result.get("predicted_loss"), result.get("actual_loss")
+    objective = result.get("objective", "nll")
+    c[0].metric(f"Predicted {objective} increase (table)", "—" if predicted is None else f"{predicted:.4f}")
+    c[1].metric(
+        f"Actual {objective} increase (calibration)",
+        "—" if actual is None else f"{actual:.4f}",
+        None if actual is None or predicted is None else f"{actual - predicted:+.4f} vs predicted",
+        delta_color="off",
+        delta_arrow="off",
+    )
+    throughput = report.get("throughput") or {}
+    if throughput:
+        c[2].metric(
+            "Prefill speed vs dense",
+            f"{throughput.get('prefill_speedup', float('nan')):.2f}x",
+            f"decode {throughput.get('decode_speedup', float('nan')):.2f}x",
+            delta_color="off",
+            delta_arrow="off",
+        )
+    else:
+        c[2].metric("Throughput", "not timed")
+    if len(report["perplexity"]) > 1:
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "source": list(report["perplexity"]),
+                    "pruned perplexity": list(report["perplexity"].values()),
+                    "dense perplexity": [dense.get("perplexity", {}).get(s) for s in report["perplexity"]],
+                    "KL to dense": [report.get("kl_to_dense", {}).get(s) for s in report["perplexity"]],
+                    "top-1 agreement": [report.get("top1_agreement", {}).get(s) for s in report["perplexity"]],
+                }
+            ),
+            hide_index=True,
+            key="eval_sources_table",
+        )
+    if report.get("generations"):
+        st.markdown("**Greedy generations**")
+        st.dataframe(
+            pd.DataFrame([{"prompt": g["prompt"], "dense": g.get("dense", ""), "pruned": g["model"]} for g in report["generations"]]),
+            hide_index=True,
+            width="stretch",
+            key="eval_generations_table",
+        )
+    if result.get("checkpoint"):
+        st.caption(f"Checkpoint saved to `{result['checkpoint']}`")
+
+# ---- history -------------------------------------------------------------------------------------
+st.divider()
+st.subheader("Run history")
+try:
+    frame = history.list_runs()
+except GapError as exc:
+    st.error(common.error_text(exc))
+    frame = pd.DataFrame()
+common.show_message("eval_history")
+if frame.empty:
+    st.caption("No runs yet: every prune-and-evaluate run is recorded here, across sessions.")
+else:
+    st.dataframe(frame.sort_values("id", ascending=False), hide_index=True, width="stretch", key="eval_history_table")
+    metrics = [c for c in frame.columns if c.startswith(("ppl:", "kl:", "top1:"))] + ["actual_loss", "prefill_speedup", "decode_speedup"]
+    metrics = [m for m in metrics if m in frame.columns and frame[m].notna().any()]
+    if metrics:
+        if ss["eval_metric"] not in metrics:
+            ss["eval_metric"] = metrics[0]
+        c1, c2 = st.columns(2)
+        with c1:
+            st.selectbox("Compare runs by", metrics, key="eval_metric")
+            st.plotly_chart(figures.history_figure(frame, ss["eval_metric"]), key="eval_history_chart", width="stretch")
+        with c2:
+            st.markdown("**Predicted vs actual loss increase**")
+            st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch")
+    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+    run_ids = [int(i) for i in frame["id"]]
+    if ss.get("eval_delete_id") not in run_ids:
+        ss["eval_delete_id"] = run_ids[-1]
+    c1.selectbox("Run", run_ids[::-1], key="eval_delete_id", format_func=lambda i: f"run {i}")
+    c2.button("Delete run", key="eval_delete", on_click=delete_run, args=(ss["eval_delete_id"],), icon=":material/delete:")

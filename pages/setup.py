@@ -1,0 +1,288 @@
+"""Setup: pick the model and the calibration text, then build (or load) a loss table."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import pandas as pd
+import streamlit as st
+
+from gap_engine import cache
+from gap_engine.data import BUILTIN_SOURCES, load_corpus
+from gap_engine.errors import GapError
+from gap_engine.fsutil import atomic_write_bytes, cache_root
+from gap_engine.importance import CRITERIA
+from gap_engine.jobs import manager, table_task
+from gap_engine.models import BUILTIN_MODELS, DEFAULT_MODEL
+from gap_engine.tables import OBJECTIVES, TableSpec, parse_rate_grid
+from pages import common
+
+MODEL_KINDS = ("Built-in", "Local folder", "Hub id")
+DATA_KINDS = ("Built-in sample", "Uploaded file")
+TABLE_METHODS = {
+    "fisher": "fast: second-order estimate (one forward and backward pass)",
+    "taylor": "fast: first-order estimate (one forward and backward pass)",
+    "exact": "exact: measured cell by cell (slow: minutes to hours)",
+}
+DEFAULTS = {
+    "setup_model_kind": "Built-in",
+    "setup_builtin": DEFAULT_MODEL,
+    "setup_local_path": "",
+    "setup_hub_id": "",
+    "setup_data_kind": "Built-in sample",
+    "setup_builtin_data": "wiki-sample",
+    "setup_uploaded_path": "",
+    "setup_criterion": "wanda",
+    "setup_objective": "nll",
+    "setup_mode": "split",
+    "setup_method": "fisher",
+    "setup_rate_grid": "0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875",
+    "setup_samples": 8,
+    "setup_seq_len": 128,
+    "setup_seed": 0,
+    "setup_batch": 4,
+    "setup_channel_multiple": 8,
+}
+common.init_page("setup_", DEFAULTS)
+ss = st.session_state
+
+
+def model_name() -> str:
+    kind = ss["setup_model_kind"]
+    if kind == "Built-in":
+        return ss["setup_builtin"]
+    return (ss["setup_local_path"] if kind == "Local folder" else ss["setup_hub_id"]).strip()
+
+
+def data_source() -> str:
+    if ss["setup_data_kind"] == "Built-in sample":
+        return ss["setup_builtin_data"]
+    return ss["setup_uploaded_path"]
+
+
+def save_upload(uploaded) -> str:
+    """Store an uploaded text file under the cache (named by content) and return its path."""
+    data = uploaded.getvalue()
+    suffix = ".jsonl" if uploaded.name.lower().endswith(".jsonl") else ".txt"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", uploaded.name.rsplit(".", 1)[0])[:40] or "upload"
+    path = cache_root() / "uploads" / f"{hashlib.sha256(data).hexdigest()[:12]}-{stem}{suffix}"
+    if not path.is_file():
+        atomic_write_bytes(path, data)
+    return str(path)
+
+
+def spec_from_widgets() -> TableSpec:
+    """The TableSpec the form describes; TableError (one line) when a value is unusable."""
+    return TableSpec(
+        data=data_source(),
+        n_samples=int(ss["setup_samples"]),
+        seq_len=int(ss["setup_seq_len"]),
+        seed=int(ss["setup_seed"]),
+        criterion=ss["setup_criterion"],
+        rate_grid=parse_rate_grid(ss["setup_rate_grid"]),
+        objective=ss["setup_objective"],
+        mode=ss["setup_mode"],
+        method=ss["setup_method"],
+        channel_multiple=int(ss["setup_channel_multiple"]),
+        batch_size=int(ss["setup_batch"]),
+    ).validate()
+
+
+def start_build() -> None:
+    """Button callback: validate the form and start (or attach to) the table job."""
+    common.clear_message("setup")
+    name = model_name()
+    if not name:
+        common.set_message("setup", "error", "Enter a model: a local folder path or a hub id like 'org/name'.")
+        return
+    if ss["setup_data_kind"] == "Uploaded file" and not ss["setup_uploaded_path"]:
+        common.set_message("setup", "error", "Upload a .txt or .jsonl calibration file first (or pick a built-in sample).")
+        return
+    try:
+        spec = spec_from_widgets()
+    except GapError as exc:
+        common.set_message("setup", "error", common.error_text(exc))
+        return
+    job_key = name + "|" + json.dumps(spec.summary(), sort_keys=True)
+    job = manager().submit("table", table_task(name, spec), key=job_key, label=f"loss table for {name}")
+    common.remember_job("table", job)
+
+
+def load_cached(key: str) -> None:
+    """Callback: make a cached table the current one."""
+    common.clear_message("setup")
+    try:
+        table = cache.get_table(key)
+    except GapError as exc:
+        common.set_message("setup", "error", common.error_text(exc))
+        return
+    if table is None:
+        common.set_message("setup", "error", f"The cached table {key} is gone or was corrupt; build it again.")
+        return
+    common.set_table(table)
+    common.set_message("setup", "success", f"Loaded cached table {key}.")
+
+
+def delete_cached(key: str) -> None:
+    common.clear_message("setup")
+    try:
+        cache.remove_table(key)
+    except GapError as exc:
+        common.set_message("setup", "error", common.error_text(exc))
+        return
+    current = common.current_table()
+    if current is not None and current.key == key:
+        common.set_message("setup", "warning", f"Deleted {key} from the cache; it stays loaded in this session.")
+    else:
+        common.set_message("setup", "success", f"Deleted {key} from the cache.")
+
+
+def cached_frame(rows: list[dict]) -> pd.DataFrame:
+    records = []
+    for row in rows:
+        spec = row.get("spec") or {}
+        grid = spec.get("rate_grid") or []
+        records.append(
+            {
+                "key": row["key"],
+                "model": row.get("model"),
+                "data": spec.get("data"),
+                "method": spec.get("method"),
+                "objective": spec.get("objective"),
+                "mode": spec.get("mode"),
+                "criterion": spec.get("criterion"),
+                "samples x tokens": f"{spec.get('n_samples')} x {spec.get('seq_len')}",
+                "rates": len(grid),
+                "max rate": max(grid) if grid else None,
+                "built in (s)": row.get("build_seconds"),
+                "created": row.get("created"),
+            }
+        )
+    return pd.DataFrame(records)
+
+
+# ---- page ----------------------------------------------------------------------------------
+st.title("Setup")
+st.caption(
+    "Pick a model and calibration text, then measure the per-layer sensitivity table that the budget planner uses. "
+    "Tables are cached: a table built once loads instantly afterwards."
+)
+
+try:
+    cached_rows = cache.list_tables()
+except GapError as exc:
+    cached_rows = []
+    st.error(common.error_text(exc))
+
+left, right = st.columns(2, gap="large")
+with left:
+    st.subheader("Model")
+    st.radio("Model source", MODEL_KINDS, key="setup_model_kind", horizontal=True)
+    if ss["setup_model_kind"] == "Built-in":
+        st.selectbox(
+            "Built-in model",
+            list(BUILTIN_MODELS),
+            key="setup_builtin",
+            format_func=lambda n: f"{n} — {BUILTIN_MODELS[n].description.split('(')[0].strip()}",
+        )
+        st.caption(BUILTIN_MODELS[ss["setup_builtin"]].description)
+    elif ss["setup_model_kind"] == "Local folder":
+        st.text_input("Model folder (with config.json, or a gap checkpoint)", key="setup_local_path", placeholder="/path/to/model")
+    else:
+        st.text_input("Hugging Face hub id", key="setup_hub_id", placeholder="HuggingFaceTB/SmolLM2-135M")
+        st.caption("Hub ids need the model in the local Hugging Face cache or network access.")
+
+    st.subheader("Calibration text")
+    st.radio("Source", DATA_KINDS, key="setup_data_kind", horizontal=True)
+    if ss["setup_data_kind"] == "Built-in sample":
+        st.selectbox("Sample", list(BUILTIN_SOURCES), key="setup_builtin_data", format_func=lambda n: n)
+        st.caption(BUILTIN_SOURCES[ss["setup_builtin_data"]])
+    else:
+        uploaded = st.file_uploader(
+            "A .txt file (documents separated by blank lines) or .jsonl (one {\"text\": ...} per line)",
+            type=["txt", "jsonl"],
+            key="setup_upload",
+        )
+        if uploaded is not None:
+            try:
+                path = save_upload(uploaded)
+                corpus = load_corpus(path)
+            except GapError as exc:
+                ss["setup_uploaded_path"] = ""
+                st.error(common.error_text(exc))
+            else:
+                ss["setup_uploaded_path"] = path
+                st.success(
+                    f"{uploaded.name}: {len(corpus.calibration)} calibration and {len(corpus.heldout)} held-out documents."
+                )
+        elif ss["setup_uploaded_path"]:
+            st.caption(f"Using the earlier upload {ss['setup_uploaded_path']}")
+
+with right:
+    st.subheader("Loss table")
+    st.radio(
+        "Table method",
+        list(TABLE_METHODS),
+        key="setup_method",
+        format_func=lambda m: f"{m} — {TABLE_METHODS[m]}",
+    )
+    c1, c2, c3 = st.columns(3)
+    c1.selectbox("Criterion (which units go)", CRITERIA, key="setup_criterion")
+    c2.selectbox("Objective", OBJECTIVES, key="setup_objective", help="nll: next-token loss; kl: KL to the dense model")
+    c3.selectbox("Components", ("split", "block"), key="setup_mode", help="split: attention and MLP get their own rates")
+    st.text_input("Rate grid (comma-separated, starting at 0)", key="setup_rate_grid")
+    c1, c2, c3 = st.columns(3)
+    c1.number_input("Calibration samples", min_value=1, max_value=512, step=1, key="setup_samples")
+    c2.number_input("Tokens per sample", min_value=8, max_value=4096, step=8, key="setup_seq_len")
+    c3.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1, key="setup_seed")
+    with st.expander("Advanced"):
+        c1, c2 = st.columns(2)
+        c1.number_input("Batch size (memory only)", min_value=1, max_value=64, step=1, key="setup_batch")
+        c2.number_input("MLP channels kept in multiples of", min_value=1, max_value=256, step=1, key="setup_channel_multiple")
+
+    running = common.session_job("table")
+    busy = running is not None and running.active
+    st.button(
+        "Build table",
+        key="setup_build",
+        type="primary",
+        on_click=start_build,
+        disabled=busy,
+        icon=":material/play_arrow:",
+        help="Reads the cache first: an identical table loads at once.",
+    )
+    common.job_progress("table", "Building the loss table")
+    common.show_message("setup")
+
+st.divider()
+st.subheader("Current table")
+table = common.current_table()
+if table is None:
+    st.info("No table loaded yet. Build one above, or load a cached one below.")
+else:
+    spec = table.spec
+    c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
+    c1.metric("Model", table.model)
+    c2.metric("Components x rates", f"{table.delta.shape[0]} x {table.delta.shape[1]}")
+    c3.metric("Dense objective", f"{table.dense_objective:.4f}")
+    c4.metric("Build time", f"{table.build_seconds:.0f} s")
+    st.caption(
+        f"`{table.key}` · {spec.method} · {spec.objective} · {spec.mode} · criterion {spec.criterion} · "
+        f"{spec.data} · {spec.n_samples} x {spec.seq_len} tokens · rates {', '.join(f'{r:g}' for r in table.rate_grid)}"
+    )
+
+st.subheader("Cached tables")
+if not cached_rows:
+    st.caption("The cache holds no finished table yet.")
+else:
+    frame = cached_frame(cached_rows)
+    st.dataframe(frame, hide_index=True, width="stretch", key="setup_cached_table")
+    keys = list(frame["key"])
+    if ss.get("setup_cached_key") not in keys:
+        ss["setup_cached_key"] = keys[-1]
+    c1, c2, c3 = st.columns([4, 1, 1], vertical_alignment="bottom")
+    c1.selectbox("Cached table", keys, key="setup_cached_key")
+    c2.button("Load", key="setup_load", on_click=load_cached, args=(ss["setup_cached_key"],), icon=":material/upload:")
+    c3.button("Delete", key="setup_delete", on_click=delete_cached, args=(ss["setup_cached_key"],), icon=":material/delete:")

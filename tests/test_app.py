@@ -1,0 +1,386 @@
+"""The app's page logic through streamlit's AppTest: widgets -> session state -> engine calls.
+
+Tables and runs go to a fresh cache per test (GAP_CACHE_DIR); the converted built-in model
+is linked in from the default cache so nothing is converted again. The loss table used by
+most tests is a tiny real one: SmolLM2-135M, news-sample, 2 windows of 16 tokens, taylor,
+rates 0 / 0.25 / 0.5 / 0.75.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from gap_engine import cache, history
+from gap_engine.jobs import manager
+from gap_engine.plan import RatePlan
+from gap_engine.tables import TableSpec, build_table
+
+pytestmark = pytest.mark.slow  # the real built-in model behind every page
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "app.py")
+TINY_SPEC = TableSpec(data="news-sample", n_samples=2, seq_len=16, method="taylor", rate_grid=(0.0, 0.25, 0.5, 0.75))
+
+
+def link_models(cache_dir: Path) -> None:
+    from gap_engine.fsutil import cache_root
+
+    models = cache_root() / "models"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    if models.is_dir() and not (cache_dir / "models").exists():
+        (cache_dir / "models").symlink_to(models, target_is_directory=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_table(smol):
+    return build_table(smol, TINY_SPEC, use_cache=False)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty cache for tables and runs, with the built-in model linked in."""
+    link_models(tmp_path / "cache")
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    yield tmp_path / "cache"
+    manager().cancel_all()
+    manager().wait_all(timeout=60)
+
+
+@pytest.fixture
+def cached_table(fresh_cache, tiny_table, smol):
+    """The tiny table stored in the fresh cache (the key is what build_table would give it)."""
+    from gap_engine.tables import table_key
+
+    assert tiny_table.key == table_key(smol, TINY_SPEC)
+    cache.put_table(tiny_table)
+    return tiny_table
+
+
+def start(page: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    if page:
+        at.switch_page(page)
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def job_of(at: AppTest, kind: str):
+    return manager().get(at.session_state["app_jobs"][kind])
+
+
+def texts(elements) -> list[str]:
+    return [str(e.value) for e in elements]
+
+
+def plotly_specs(at: AppTest) -> list[dict]:
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def values(v) -> np.ndarray:
+    """A Plotly JSON array: a plain list, or plotly's base64 typed array {"dtype", "bdata", "shape"}."""
+    if isinstance(v, dict) and "bdata" in v:
+        out = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        shape = v.get("shape")
+        if shape:
+            out = out.reshape([int(n) for n in str(shape).split(",")])
+        return out
+    return np.asarray(v, dtype=float)
+
+
+def planner_spec(at: AppTest) -> dict:
+    specs = [s for s in plotly_specs(at) if s["layout"].get("sliders")]
+    assert len(specs) == 1
+    return specs[0]
+
+
+# ---- Setup ---------------------------------------------------------------------------------------
+def test_setup_defaults_keep_a_first_build_short(fresh_cache):
+    at = start()
+    assert at.session_state["app_table"] is None
+    assert any("No table loaded yet" in t for t in texts(at.info))
+    # The defaults: the fast second-order table on 8 x 128 tokens and rates in eighths.
+    assert at.radio(key="setup_method").value == "fisher"
+    assert at.number_input(key="setup_samples").value == 8
+    assert at.number_input(key="setup_seq_len").value == 128
+    assert at.text_input(key="setup_rate_grid").value == "0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875"
+    assert at.selectbox(key="setup_builtin").value == "smollm2-135m"
+    assert at.selectbox(key="setup_builtin_data").value == "wiki-sample"
+
+
+def test_setup_bad_inputs_give_messages_not_tracebacks(fresh_cache):
+    at = start()
+    at.text_input(key="setup_rate_grid").set_value("0, 0.5, 0.25")
+    at.button(key="setup_build").click().run()
+    assert not at.exception
+    assert any("strictly increasing" in t for t in texts(at.error))
+    assert "table" not in at.session_state["app_jobs"]
+
+    at.text_input(key="setup_rate_grid").set_value("0, 0.5")
+    at.radio(key="setup_data_kind").set_value("Uploaded file").run()
+    at.button(key="setup_build").click().run()
+    assert any("Upload a .txt or .jsonl" in t for t in texts(at.error))
+
+    at.radio(key="setup_data_kind").set_value("Built-in sample").run()
+    at.radio(key="setup_model_kind").set_value("Local folder").run()
+    at.text_input(key="setup_local_path").set_value("/no/such/model/folder").run()
+    at.button(key="setup_build").click().run()
+    job = job_of(at, "table")
+    assert job.wait(120)
+    at.run()
+    assert not at.exception
+    errors = texts(at.error)
+    assert any("The loss table build failed" in t and "/no/such/model/folder" in t for t in errors), errors
+    assert all("Traceback" not in t for t in errors)
+    assert at.session_state["app_table"] is None
+
+
+def test_setup_builds_in_the_background_then_loads_from_the_cache(fresh_cache):
+    at = start()
+    at.selectbox(key="setup_builtin_data").set_value("news-sample")
+    at.radio(key="setup_method").set_value("taylor")
+    at.number_input(key="setup_samples").set_value(2)
+    at.number_input(key="setup_seq_len").set_value(16)
+    at.text_input(key="setup_rate_grid").set_value("0, 0.25, 0.5, 0.75")
+    at.button(key="setup_build").click().run()
+    job = job_of(at, "table")
+    assert job.kind == "table"
+    assert job.wait(300), job.snapshot()
+    at.run()
+    assert not at.exception
+    table = at.session_state["app_table"]
+    assert table is not None and table.delta.shape == (60, 4)
+    assert any("Loss table ready" in t for t in texts(at.success))
+    assert [row["key"] for row in cache.list_tables()] == [table.key]
+
+    # A new session (a later visit) starts from the cached table at once, without a job.
+    again = start()
+    assert again.session_state["app_table"].key == table.key
+    assert "table" not in again.session_state["app_jobs"]
+    assert any("most recent cached table" in t for t in texts(again.info))
+
+
+def test_setup_cancel_stops_the_job_with_a_warning(fresh_cache):
+    at = start()
+    at.radio(key="setup_method").set_value("exact")
+    at.selectbox(key="setup_builtin_data").set_value("news-sample")
+    at.number_input(key="setup_samples").set_value(4)
+    at.number_input(key="setup_seq_len").set_value(64)
+    at.button(key="setup_build").click().run()
+    job = job_of(at, "table")
+    assert job.active
+    at.button(key="app_cancel_table").click().run()
+    assert job.wait(120)
+    at.run()
+    assert job.status == "cancelled"
+    assert any("was cancelled" in t for t in texts(at.warning))
+    assert at.session_state["app_table"] is None
+    assert not at.exception
+
+
+def test_cached_tables_are_listed_loaded_and_deleted(cached_table):
+    at = start()
+    assert at.session_state["app_table"].key == cached_table.key  # loaded at once on a new session
+    at.session_state["app_table"] = None
+    at.run()
+    assert at.selectbox(key="setup_cached_key").value == cached_table.key
+    at.button(key="setup_load").click().run()
+    assert at.session_state["app_table"].key == cached_table.key
+    assert any("Loaded cached table" in t for t in texts(at.success))
+    at.button(key="setup_delete").click().run()
+    assert cache.list_tables() == []
+    assert any("Deleted" in t for t in texts(at.warning) + texts(at.success))
+
+
+# ---- Sensitivity ---------------------------------------------------------------------------------
+def test_sensitivity_draws_curves_and_heatmap(cached_table):
+    at = start("pages/sensitivity.py")
+    curves, heatmap = plotly_specs(at)
+    lines = [t for t in curves["data"] if t["type"] == "scatter"]
+    assert len(lines) == 60  # one line per layer, attention and MLP panels
+    assert {t["type"] for t in heatmap["data"]} == {"heatmap"}
+    assert np.allclose(values(heatmap["data"][0]["z"]), cached_table.smoothed[0::2])
+    at.radio(key="sens_log_y").set_value(True).run()
+    curves = plotly_specs(at)[0]
+    assert curves["layout"]["yaxis"]["type"] == "log"
+    assert all((values(t["y"]) > 0).all() for t in curves["data"])
+    at.multiselect(key="sens_kinds").set_value(["mlp"]).run()
+    assert len(plotly_specs(at)[0]["data"]) == 30
+    assert not at.exception
+
+
+def test_pages_without_a_table_point_to_setup(fresh_cache):
+    for page in ("pages/sensitivity.py", "pages/planner.py", "pages/evaluate.py"):
+        at = start(page)
+        assert any("No loss table yet" in t for t in texts(at.info)), page
+
+
+# ---- Budget planner ------------------------------------------------------------------------------
+def frame_rates(spec: dict) -> list[tuple[np.ndarray, np.ndarray, str]]:
+    """(attention rates, MLP rates, readout) of every slider step, in step order."""
+    frames = {frame["name"]: frame for frame in spec["frames"]}
+    out = []
+    for step in spec["layout"]["sliders"][0]["steps"]:
+        assert step["method"] == "animate"
+        assert step["args"][1]["frame"]["redraw"] is False  # only the driven traces change
+        data = frames[step["args"][0][0]]["data"]
+        out.append((values(data[0]["y"]), values(data[1]["y"]), data[3]["text"][0]))
+    return out
+
+
+def test_planner_figure_carries_the_front_in_its_slider(cached_table, smol):
+    at = start("pages/planner.py")
+    spec = planner_spec(at)
+    slider = spec["layout"]["sliders"][0]
+    assert len(slider["steps"]) == 101 and len(spec["frames"]) == 101
+    removed = []
+    for attention, mlp, readout in frame_rates(spec):
+        assert len(attention) == len(mlp) == smol.num_layers
+        assert set(attention) | set(mlp) <= {0.0, 0.25, 0.5, 0.75}
+        assert "Budget" in readout and "predicted nll" in readout
+        removed.append(attention.sum() + mlp.sum())
+    assert removed[0] == 0 and removed[-1] > removed[50] > 0
+    assert len({(a.tobytes(), m.tobytes()) for a, m, _ in frame_rates(spec)}) > 20  # the bars really change
+    assert abs(float(slider["steps"][slider["active"]]["value"]) - 0.2) < 0.01
+    # the chosen plan removes at least the budget
+    plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
+    plan.check_model(smol)
+    assert plan.method == "dp" and plan.params["removed_fraction_of_prunable"] >= 0.2
+
+    at.slider(key="planner_budget_pct").set_value(35.0).run()
+    assert at.session_state["app_budget"] == pytest.approx(0.35)
+    plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
+    assert plan.budget == pytest.approx(0.35) and plan.params["removed_fraction_of_prunable"] >= 0.35
+    slider = planner_spec(at)["layout"]["sliders"][0]
+    assert abs(float(slider["steps"][slider["active"]]["value"]) - 0.35) < 0.01
+    assert not at.exception
+
+
+def test_planner_locks_recompute_the_front(cached_table):
+    at = start("pages/planner.py")
+    at.multiselect(key="planner_locked").set_value([0, 29]).run()
+    assert at.session_state["app_constraints"]["locked"] == {"0": 0.0, "29": 0.0}
+    for attention, mlp, _ in frame_rates(planner_spec(at)):
+        assert attention[0] == mlp[0] == attention[29] == mlp[29] == 0.0
+    plan = at.session_state["app_plan"]
+    assert plan["attention_rates"][0] == plan["mlp_rates"][29] == 0.0
+    # Locking every layer leaves no budget to choose: a warning, no crash.
+    at.multiselect(key="planner_locked").set_value(list(range(30))).run()
+    assert not at.exception
+    assert any("unlock layers" in t for t in texts(at.warning))
+
+
+def test_planner_baselines_job_adds_markers(cached_table):
+    at = start("pages/planner.py")
+    at.multiselect(key="planner_baseline_methods").set_value(["uniform"]).run()
+    at.button(key="planner_compute_baselines").click().run()
+    job = job_of(at, "baselines")
+    assert job.wait(240), job.snapshot()
+    at.run()
+    assert job.status == "done", job.error
+    names = [t.get("name") for t in planner_spec(at)["data"]]
+    assert "uniform plan" in names
+    assert not at.exception
+
+
+# ---- Prune & evaluate ----------------------------------------------------------------------------
+def tiny_eval(at: AppTest, save: bool = False) -> None:
+    at.number_input(key="eval_samples").set_value(2)
+    at.number_input(key="eval_seq_len").set_value(16)
+    at.number_input(key="eval_generations").set_value(1)
+    at.number_input(key="eval_max_new_tokens").set_value(2)
+    at.toggle(key="eval_throughput").set_value(False)
+    at.toggle(key="eval_save_checkpoint").set_value(save)
+    at.multiselect(key="eval_sources").set_value(["news-sample"])
+
+
+def test_prune_and_evaluate_records_a_run(cached_table, smol):
+    at = start("pages/evaluate.py")
+    assert any("No runs yet" in str(c.value) for c in at.caption)
+    tiny_eval(at, save=True)
+    at.button(key="eval_run").click().run()
+    job = job_of(at, "prune_eval")
+    assert job.wait(400), job.snapshot()
+    at.run()
+    assert job.status == "done", job.error
+    assert any("Run 1 finished" in t for t in texts(at.success))
+    result = at.session_state["app_last_run"]
+    assert result["plan"]["method"] == "dp" and result["plan"]["budget"] == pytest.approx(0.2)
+    assert result["params_after"] < result["params_before"]
+    assert result["actual_loss"] is not None
+    runs = history.list_runs()
+    assert list(runs["id"]) == [result["run_id"]]
+    assert runs.loc[0, "ppl:news-sample"] > 0 and runs.loc[0, "kl:news-sample"] >= 0
+    assert Path(result["checkpoint"]).is_dir()
+    assert len(plotly_specs(at)) == 2  # history chart, predicted vs actual
+
+    # Export offers the plan, table, history and the checkpoint.
+    at.switch_page("pages/export.py")
+    at.run()
+    assert not at.exception
+    labels = {b.proto.label for b in at.get("download_button")}
+    assert {"Plan (JSON)", "Plan (YAML)", "Loss table (CSV)", "Run history (CSV)", "Checkpoint (zip)"} <= labels
+    assert at.selectbox(key="export_plan_source").value == "planner" or at.selectbox(key="export_plan_source").value.startswith("run-")
+    zipped = history.checkpoint_zip(result["checkpoint"])
+    assert zipped[:2] == b"PK" and len(zipped) > 1_000_000
+
+    # Deleting the run removes its checkpoint too.
+    at.switch_page("pages/evaluate.py")
+    at.run()
+    at.button(key="eval_delete").click().run()
+    assert history.list_runs().empty
+    assert not Path(result["checkpoint"]).exists()
+
+
+def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):
+    at = start("pages/evaluate.py")
+    tiny_eval(at)
+    at.button(key="eval_run").click().run()
+    job = job_of(at, "prune_eval")
+    job.cancel()
+    assert job.wait(120)
+    at.run()
+    assert job.status == "cancelled"
+    assert any("Prune and evaluate was cancelled" in t for t in texts(at.warning))
+    assert history.list_runs().empty
+
+    # A plan accepted on Export shows up as a method here.
+    from gap_engine.plan import uniform_plan
+
+    at.session_state["app_uploaded_plan"] = uniform_plan(smol, 0.25, "wanda").to_dict()
+    at.run()
+    assert any(o.startswith("uploaded plan") for o in at.selectbox(key="eval_method").options)
+    assert not at.exception
+
+
+def test_export_without_runs_still_offers_the_plan_and_table(cached_table):
+    at = start("pages/planner.py")
+    at.switch_page("pages/export.py")
+    at.run()
+    assert not at.exception
+    labels = {b.proto.label for b in at.get("download_button")}
+    assert {"Plan (JSON)", "Plan (YAML)", "Loss table (CSV)", "Loss table (JSON)", "Run history (CSV)"} <= labels
+    assert "Checkpoint (zip)" not in labels
+    assert any(label.endswith("(HTML)") for label in labels)
+    assert RatePlan.from_dict(dict(at.session_state["app_plan"])).method == "dp"
+
+
+def test_export_renders_png_with_the_local_chromium(cached_table):
+    at = start("pages/sensitivity.py")
+    at.switch_page("pages/export.py")
+    at.run()
+    at.button(key="export_render_png").click().run(timeout=240)
+    assert not at.exception
+    assert at.session_state["export_png_error"] == "", at.session_state["export_png_error"]
+    pngs = at.session_state["export_png"]
+    assert {"sensitivity", "heatmap", "planner"} <= set(pngs)
+    assert all(data[:8] == b"\x89PNG\r\n\x1a\n" for data in pngs.values())
+    labels = {b.proto.label for b in at.get("download_button")}
+    assert "planner (PNG)" in labels

@@ -1,0 +1,275 @@
+"""End to end in a real headless Chromium: the user's path through all five pages.
+
+Starts ``streamlit run app.py`` on a free loopback port with its own cache (the converted
+built-in model is linked in), then: builds a tiny table through the Setup form, drags the
+planner's budget slider with the mouse and reads the bars from the Plotly graph between
+moves (before the button is released), prunes and evaluates with tiny settings, downloads
+the plan and checks it against the model, and uploads a plan for another model. Every page
+is saved as a screenshot under artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SCREENSHOTS = ROOT / "artifacts" / "screenshots"
+
+# JS: the planner's graph div (the one Plotly figure with a slider) and what the slider drives.
+PLANNER_STATE_JS = """() => {
+  const gd = [...document.querySelectorAll('.js-plotly-plot')]
+      .find(g => g.layout && g.layout.sliders && g.layout.sliders.length);
+  if (!gd) return null;
+  return {attn: Array.from(gd.data[0].y), mlp: Array.from(gd.data[1].y),
+          active: gd.layout.sliders[0].active, readout: gd.data[3].text[0],
+          steps: gd.layout.sliders[0].steps.length};
+}"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def link_models(cache_dir: Path) -> None:
+    """Give a test cache the already-converted built-in models (converting again takes minutes)."""
+    from gap_engine.fsutil import cache_root
+
+    models = cache_root() / "models"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    if models.is_dir() and not (cache_dir / "models").exists():
+        (cache_dir / "models").symlink_to(models, target_is_directory=True)
+
+
+def start_app(cache_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """`streamlit run app.py` on a free loopback port; returns (process, base url) once healthy."""
+    port = free_port()
+    env = dict(os.environ, GAP_CACHE_DIR=str(cache_dir), PYTHONUNBUFFERED="1")
+    command = [
+        sys.executable, "-m", "streamlit", "run", "app.py",
+        "--server.port", str(port), "--server.address", "127.0.0.1", "--server.headless", "true",
+        "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+        "--client.toolbarMode", "minimal",
+    ]  # fmt: skip
+    log = open(log_path, "w")
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.read().strip() == b"ok":
+                    return process, url
+        except OSError:
+            time.sleep(0.3)
+    stop_app(process)
+    raise RuntimeError(f"streamlit did not become healthy in 90 s:\n{log_path.read_text()[-3000:]}")
+
+
+def stop_app(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory):
+    cache_dir = tmp_path_factory.mktemp("browser-cache")
+    link_models(cache_dir)
+    log_path = cache_dir / "streamlit.log"
+    process, url = start_app(cache_dir, log_path)
+    try:
+        yield {"url": url, "cache": cache_dir, "log": log_path}
+    finally:
+        stop_app(process)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing: run scripts/ensure_chromium.sh (make test does)"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def shot(page, name: str, grow: bool = True) -> None:
+    """Screenshot of the whole page: Streamlit scrolls inside its main area, so grow the viewport to it."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(400)
+    if not grow:
+        page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+        return
+    size = page.viewport_size
+    height = page.evaluate("() => (document.querySelector('[data-testid=\"stMain\"]') || document.body).scrollHeight")
+    page.set_viewport_size({"width": size["width"], "height": int(min(max(height, size["height"]), 6000))})
+    page.wait_for_timeout(600)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    page.set_viewport_size(size)
+    page.wait_for_timeout(300)
+
+
+def go_to(page, title: str) -> None:
+    page.locator('[data-testid="stSidebarNav"] a', has_text=title).click()
+    page.get_by_role("heading", name=title).first.wait_for(timeout=60_000)
+
+
+def set_number(page, label: str, value) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(str(value))
+    box.press("Enter")
+    page.wait_for_timeout(300)
+
+
+def test_user_path(app_server, browser, smol, tmp_path):
+    from gap_engine.plan import RatePlan
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    page.set_default_timeout(30_000)
+    try:
+        _user_path(page, app_server, smol, tmp_path, RatePlan)
+    except BaseException:
+        shot(page, "failure", grow=False)
+        print("---- streamlit log ----\n" + app_server["log"].read_text()[-4000:])
+        raise
+    finally:
+        page.close()
+
+
+def _user_path(page, app_server, smol, tmp_path, RatePlan):
+    started = time.monotonic()
+
+    def phase(name: str) -> None:
+        print(f"[browser] {name}: {time.monotonic() - started:.1f} s", flush=True)
+
+    page.goto(app_server["url"])
+    page.get_by_role("heading", name="Setup").first.wait_for(timeout=60_000)
+    phase("page loaded")
+
+    # ---- Setup: tiny settings through the form, then build --------------------------------
+    page.get_by_text("taylor — fast: first-order", exact=False).click()
+    set_number(page, "Calibration samples", 2)
+    set_number(page, "Tokens per sample", 32)
+    grid = page.get_by_label("Rate grid (comma-separated, starting at 0)")
+    grid.fill("0, 0.25, 0.5, 0.75")
+    grid.press("Enter")
+    page.wait_for_timeout(500)
+    phase("form filled")
+    page.get_by_role("button", name="Build table").click()
+    # the job runs in the background: a progress bar with a Cancel button, the page stays live
+    page.locator('[data-testid="stProgress"]', has_text="Building the loss table").first.wait_for(timeout=30_000)
+    assert page.get_by_role("button", name="Cancel").count() == 1
+    shot(page, "1-setup-building", grow=False)
+    page.get_by_text("Loss table ready", exact=False).wait_for(timeout=240_000)
+    page.get_by_text("60 components x 4 rates", exact=False).wait_for()  # 30 layers x (attn, mlp) by 4 rates
+    shot(page, "1-setup")
+    phase("setup")
+
+    # ---- Sensitivity -----------------------------------------------------------------------
+    go_to(page, "Sensitivity")
+    page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)
+    shot(page, "2-sensitivity")
+    phase("sensitivity")
+
+    # ---- Budget planner: drag the Plotly slider, read the bars between moves ---------------
+    go_to(page, "Budget planner")
+    page.locator(".js-plotly-plot .slider-grip-rect").wait_for(timeout=120_000)
+    page.wait_for_timeout(1000)
+    before = page.evaluate(PLANNER_STATE_JS)
+    assert before is not None and before["steps"] == 101
+    grip = page.locator(".js-plotly-plot .slider-grip-rect").bounding_box()
+    rail = page.locator(".js-plotly-plot .slider-rail-touch-rect").bounding_box()
+    y = grip["y"] + grip["height"] / 2
+    page.mouse.move(grip["x"] + grip["width"] / 2, y)
+    page.mouse.down()
+    during = []
+    for fraction in (0.3, 0.45, 0.6, 0.75, 0.9):
+        page.mouse.move(rail["x"] + rail["width"] * fraction, y, steps=4)
+        page.wait_for_timeout(120)
+        during.append(page.evaluate(PLANNER_STATE_JS))
+    shot(page, "3-planner-dragging", grow=False)
+    page.mouse.up()
+    states = {json.dumps([s["attn"], s["mlp"]]) for s in during}
+    actives = [s["active"] for s in during]
+    assert actives == sorted(actives) and actives[-1] > before["active"], actives
+    assert len(states) >= 3, "the bars did not follow the pointer during the drag"
+    assert json.dumps([during[0]["attn"], during[0]["mlp"]]) != json.dumps([before["attn"], before["mlp"]])
+    assert sum(during[-1]["attn"]) + sum(during[-1]["mlp"]) > sum(before["attn"]) + sum(before["mlp"])
+    assert len({s["readout"] for s in during}) >= 3  # the readouts follow the slider too
+    shown = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot g.textpoint text')]
+        .map(t => t.textContent).join(' ')""")
+    assert during[-1]["readout"].replace("<b>", "").replace("</b>", "") in shown  # drawn, not only in .data
+    page.mouse.move(10, 10)
+    page.get_by_text("Choose the budget to prune with").scroll_into_view_if_needed()
+    shot(page, "3-planner")
+    phase("planner")
+
+    # ---- Prune & evaluate with tiny settings ------------------------------------------------
+    go_to(page, "Prune & evaluate")
+    set_number(page, "Held-out samples", 2)
+    set_number(page, "Tokens per sample", 32)
+    set_number(page, "Generations", 1)
+    set_number(page, "New tokens per generation", 4)
+    page.get_by_text("Time throughput").click()
+    page.wait_for_timeout(500)
+    page.get_by_role("button", name="Prune and evaluate").click()
+    page.get_by_text("Run 1 finished", exact=False).wait_for(timeout=300_000)
+    page.get_by_text("Greedy generations").wait_for()
+    page.get_by_role("heading", name="Run history").wait_for()
+    shot(page, "4-evaluate")
+    phase("evaluate")
+
+    # ---- Export: download the plan and check it against the model ---------------------------
+    go_to(page, "Export")
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Plan (JSON)").click()
+    plan_text = Path(download.value.path()).read_text()
+    plan = RatePlan.from_text(plan_text)
+    plan.check_model(smol)
+    assert plan.method == "dp" and plan.num_layers == smol.num_layers
+    assert 0.15 <= plan.params["removed_fraction_of_prunable"] <= 0.3
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Run history (CSV)").click()
+    assert "predicted_loss" in Path(download.value.path()).read_text().splitlines()[0]
+
+    # a plan made for another model is refused with a clear message
+    foreign = json.loads(plan_text) | {"model": "some-other-model", "model_fingerprint": "0123456789abcdef"}
+    foreign_path = tmp_path / "foreign-plan.json"
+    foreign_path.write_text(json.dumps(foreign))
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(foreign_path))
+    page.get_by_text("This plan does not fit the current model", exact=False).wait_for(timeout=60_000)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    shot(page, "5-export")
+    phase("export")
