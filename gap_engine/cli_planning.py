@@ -101,15 +101,32 @@ def csv_text(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
+def budget_for_kept_params(dense_total: int, dense_prunable: int, keep: int) -> float:
+    """The budget (fraction of prunable parameters to remove) that leaves ``keep`` parameters in all."""
+    fixed = dense_total - dense_prunable  # embeddings, norms, LM head: never pruned
+    if keep >= dense_total:
+        return 0.0
+    if keep <= fixed:
+        raise BudgetError(
+            f"cannot keep only {keep:,} parameters: embeddings, norms and the LM head alone hold {fixed:,} "
+            f"(the model has {dense_total:,})"
+        )
+    return (dense_total - keep) / dense_prunable
+
+
 # ---- subcommands -----------------------------------------------------------------------------
 def cmd_plan(args) -> int:
     from .allocation import EvoSettings, check_budget, planning_problem, plan_from_table
 
     constraints = constraints_from(args)
-    budget = parse_fraction(args.budget, "budget")
+    if (args.budget is None) == (args.keep_params is None):
+        raise BudgetError("give exactly one of --budget FRACTION or --keep-params N")
+    budget = parse_fraction(args.budget, "budget") if args.budget is not None else None
     table = read_table(args.table)
     planning_problem(table, constraints)  # contradictory locks fail here, before the model loads
     lm = _load_for_table(args.model, table)
+    if budget is None:
+        budget = budget_for_kept_params(lm.param_count(), table.dense_prunable, args.keep_params)
     check_budget(lm, table, budget, args.method, constraints)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
     plan = plan_from_table(lm, table, budget, args.method, constraints, evo=evo)
@@ -215,7 +232,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("plan", help="choose per-layer rates for a budget from a loss table")
     p.add_argument("--table", required=True, help="a loss table JSON file")
-    p.add_argument("--budget", required=True, help="fraction of prunable parameters to remove, in [0, 1)")
+    p.add_argument("--budget", help="fraction of prunable parameters to remove, in [0, 1)")
+    p.add_argument("--keep-params", type=int, help="instead of --budget: total parameters the pruned model may keep")
     p.add_argument("--method", default="dp", choices=METHODS)
     p.add_argument("--model", help="the model (default: the one the table names); its fingerprint must match the table")
     p.add_argument("--out", required=True, help="plan file: .json, or .yaml/.yml")

@@ -362,6 +362,22 @@ def test_cli_plan_uniform_with_explicit_model(tiny_saved, tmp_path):
     assert plan.method == "uniform" and plan.attention_rates == plan.mlp_rates
 
 
+def test_cli_plan_keep_params_sets_the_budget_from_a_parameter_count(tiny_saved, tmp_path, capsys):
+    lm, table, table_path = tiny_saved
+    keep = lm.param_count() - int(0.3 * table.dense_prunable)
+    out = tmp_path / "plan.json"
+    assert cli.main(["plan", "--table", str(table_path), "--keep-params", str(keep), "--out", str(out)]) == 0
+    plan = RatePlan.load(out)
+    assert plan.budget == pytest.approx(0.3, abs=1e-6)
+    assert plan.params["pruned_total"] <= keep
+    capsys.readouterr()
+    too_few = tmp_path / "too-few.json"
+    assert cli.main(["plan", "--table", str(table_path), "--keep-params", "10", "--out", str(too_few)]) == 2
+    assert "cannot keep only 10 parameters" in capsys.readouterr().err and not too_few.exists()
+    assert cli.main(["plan", "--table", str(table_path), "--out", str(too_few)]) == 2
+    assert "exactly one of --budget" in capsys.readouterr().err
+
+
 def test_cli_compare_prunes_and_measures_every_method(tiny_saved, calib, tmp_path, capsys):
     _, table, table_path = tiny_saved
     out = tmp_path / "results.csv"
