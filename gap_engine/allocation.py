@@ -476,6 +476,17 @@ def _rungs_at_rates(geoms, slots, ladders, rates, multiple) -> np.ndarray:
 
 
 # ---- baselines ---------------------------------------------------------------------------
+def _smallest_meeting(meets, low: float, high: float, steps: int = 60) -> float:
+    """Bisection: the smallest x in (low, high] with meets(x), given meets(high) and not meets(low)."""
+    for _ in range(steps):
+        mid = 0.5 * (low + high)
+        if meets(mid):
+            high = mid
+        else:
+            low = mid
+    return high
+
+
 def _uniform_rates(geoms, slots, ladders, locked, constraints, target, multiple) -> tuple[np.ndarray, float]:
     """The smallest common rate (bisection) whose unit-rounded plan removes the target."""
 
@@ -488,12 +499,7 @@ def _uniform_rates(geoms, slots, ladders, locked, constraints, target, multiple)
         return rungs_at(high), high
     if _ladder_removed(ladders, rungs_at(low)) >= target:
         return rungs_at(low), low
-    for _ in range(60):
-        mid = 0.5 * (low + high)
-        if _ladder_removed(ladders, rungs_at(mid)) >= target:
-            high = mid
-        else:
-            low = mid
+    high = _smallest_meeting(lambda rate: _ladder_removed(ladders, rungs_at(rate)) >= target, low, high)
     return rungs_at(high), high
 
 
@@ -623,13 +629,7 @@ def _owl_rates(geoms, slots, ladders, locked, constraints, offsets, target, mult
     low, high = constraints.min_rate - offsets.max() - 1e-6, constraints.max_rate - offsets.min() + 1e-6
     if _ladder_removed(ladders, rungs_at(low)) >= target:
         return rungs_at(low)
-    for _ in range(60):
-        mid = 0.5 * (low + high)
-        if _ladder_removed(ladders, rungs_at(mid)) >= target:
-            high = mid
-        else:
-            low = mid
-    return rungs_at(high)
+    return rungs_at(_smallest_meeting(lambda shift: _ladder_removed(ladders, rungs_at(shift)) >= target, low, high))
 
 
 # ---- evaluation by masking (for evo) ---------------------------------------------------------
