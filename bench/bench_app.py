@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_browser import CHROMIUM, CHROMIUM_ARGS, link_models, start_app, stop_app  # noqa: E402
 
 TARGET_MS = 100.0
-BENCH_SPEC = dict(data="wiki-sample", n_samples=2, seq_len=32, method="taylor", rate_grid=tuple(i / 8 for i in range(8)))
+BENCH_SPEC = dict(data="wiki-sample", n_samples=2, seq_len=32, estimator="taylor", rate_grid=tuple(i / 8 for i in range(8)))
 
 INSTALL_JS = """() => {
   const gd = [...document.querySelectorAll('.js-plotly-plot')]
@@ -54,10 +54,10 @@ INSTALL_JS = """() => {
 def build_table(cache_dir: Path) -> str:
     os.environ["GAP_CACHE_DIR"] = str(cache_dir)
     from gap_engine.models import load_model
+    from gap_engine.pipeline import loss_table
     from gap_engine.tables import TableSpec
-    from gap_engine.tables import build_table as build
 
-    table = build(load_model("smollm2-135m"), TableSpec(**BENCH_SPEC))
+    table = loss_table(load_model("smollm2-135m"), TableSpec.from_dict(BENCH_SPEC))
     return table.key
 
 

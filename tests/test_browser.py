@@ -258,7 +258,7 @@ def _user_path(page, app_server, smol, tmp_path, RatePlan):
     plan_text = Path(download.value.path()).read_text()
     plan = RatePlan.from_text(plan_text)
     plan.check_model(smol)
-    assert plan.method == "dp" and plan.num_layers == smol.num_layers
+    assert plan.allocator == "dp" and plan.num_layers == smol.num_layers
     assert 0.15 <= plan.params["removed_fraction_of_prunable"] <= 0.3
     with page.expect_download() as download:
         page.get_by_role("button", name="Run history (CSV)").click()
