@@ -7,7 +7,7 @@ from pathlib import Path
 import streamlit as st
 
 from gap_engine import history
-from gap_engine.errors import GapError
+from gap_engine.errors import GapError, one_line
 from gap_engine.plan import RatePlan
 from pages import common, figures
 
@@ -47,7 +47,7 @@ def render_pngs(names_and_figs: dict) -> None:
         ss["export_png"] = common.render_png(names_and_figs)
     except Exception as exc:  # kaleido raises many kinds when no browser can start
         ss["export_png"] = {}
-        ss["export_png_error"] = common.error_text(exc)
+        ss["export_png_error"] = one_line(exc)
 
 
 def check_uploaded_plan(uploaded) -> None:
@@ -59,7 +59,7 @@ def check_uploaded_plan(uploaded) -> None:
     try:
         plan = RatePlan.from_text(text, hint=uploaded.name)
     except GapError as exc:
-        st.error(f"Cannot read the plan: {common.error_text(exc)}")
+        st.error(f"Cannot read the plan: {one_line(exc)}")
         return
     model = table.model if table is not None else ss.get("app_model")
     if model is None:
@@ -69,11 +69,11 @@ def check_uploaded_plan(uploaded) -> None:
         plan.check_model(common.reference_model(model))
     except GapError as exc:
         ss["app_uploaded_plan"] = None
-        st.error(f"This plan does not fit the current model: {common.error_text(exc)}")
+        st.error(f"This plan does not fit the current model: {one_line(exc)}")
         return
     ss["app_uploaded_plan"] = plan.to_dict()
     st.success(
-        f"Plan for {plan.model} accepted ({plan.method}, removes {plan.params.get('removed_fraction_of_prunable', 0):.1%} of prunable "
+        f"Plan for {plan.model} accepted ({plan.allocator}, removes {plan.params.get('removed_fraction_of_prunable', 0):.1%} of prunable "
         "parameters). Pick 'uploaded plan' on Prune & evaluate to run it."
     )
 
@@ -85,14 +85,14 @@ st.subheader("Rate plan")
 try:
     runs = history.runs()
 except GapError as exc:
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
     runs = []
 sources = {}
 if ss.get("app_plan"):
     plan = ss["app_plan"]
     sources["planner"] = f"Planner selection: dp at {plan.get('budget', 0):.1%}"
 for record in runs[::-1]:
-    sources[f"run-{record.id}"] = f"Run {record.id}: {record.method} at {(record.budget or 0):.1%} ({record.created})"
+    sources[f"run-{record.id}"] = f"Run {record.id}: {record.allocator} at {(record.budget or 0):.1%} ({record.created})"
 if not sources:
     st.caption("No plan yet: choose a budget on the Budget planner, or run Prune & evaluate.")
 else:
@@ -102,7 +102,7 @@ else:
     chosen = ss["export_plan_source"]
     plan_dict = ss["app_plan"] if chosen == "planner" else next(r.plan for r in runs if f"run-{r.id}" == chosen)
     plan = RatePlan.from_dict(dict(plan_dict))
-    stem = f"plan-{plan.method}-{(plan.budget or 0) * 100:.1f}pct"
+    stem = f"plan-{plan.allocator}-{(plan.budget or 0) * 100:.1f}pct"
     c1, c2 = st.columns(2)
     c1.download_button("Plan (JSON)", plan.to_json(), file_name=f"{stem}.json", mime="application/json", key="export_plan_json", icon=":material/download:")
     c2.download_button("Plan (YAML)", plan.to_yaml(), file_name=f"{stem}.yaml", mime="application/x-yaml", key="export_plan_yaml", icon=":material/download:")
@@ -119,7 +119,7 @@ try:
     history_csv = history.to_csv()
 except GapError as exc:
     history_csv = None
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
 if history_csv is not None:
     c3.download_button("Run history (CSV)", history_csv, file_name="gap-run-history.csv", mime="text/csv", key="export_history_csv", icon=":material/history:")
 
@@ -138,7 +138,7 @@ else:
         "Run",
         ids,
         key="export_checkpoint_run",
-        format_func=lambda i: f"Run {i}: {by_id[i].method} at {(by_id[i].budget or 0):.1%} — {Path(by_id[i].checkpoint).name}",
+        format_func=lambda i: f"Run {i}: {by_id[i].allocator} at {(by_id[i].budget or 0):.1%} — {Path(by_id[i].checkpoint).name}",
     )
     folder = by_id[ss["export_checkpoint_run"]].checkpoint
     c2.download_button(
@@ -149,7 +149,7 @@ else:
         key="export_checkpoint_zip",
         icon=":material/folder_zip:",
     )
-    st.caption(f"`{folder}` — load it again with `gap eval --model {folder}` or `gap_engine.export.load_pruned`.")
+    st.caption(f"`{folder}` — load it again with `gap eval --model {folder}` or `gap_engine.models.load_model`.")
 
 # ---- charts --------------------------------------------------------------------------------------
 st.subheader("Charts")

@@ -13,6 +13,8 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
+from gap_engine.allocate.front import front_at_budgets, uniform_curve
+
 KIND_LABEL = {"attn": "attention", "mlp": "MLP", "block": "block"}
 ATTN_COLOR = "#4C78A8"
 MLP_COLOR = "#F58518"
@@ -111,31 +113,6 @@ def heatmap_figure(table, smoothed: bool = True, log_color: bool = False) -> go.
     return fig
 
 
-def uniform_curve(table, n_points: int = 120, smoothed: bool = True) -> dict:
-    """The uniform baseline read off the table: every component at one common rate u.
-
-    Each row's removed parameters and loss are read linearly between grid rates, so this
-    is a display curve (the exact, unit-rounded uniform plan is `allocation`'s ``uniform``).
-    Returns arrays: rate u, budget (fraction of prunable), predicted loss.
-    """
-    grid = np.asarray(table.rate_grid, dtype=float)
-    losses = np.asarray(table.losses(smoothed), dtype=float)
-    removed = np.asarray(table.removed, dtype=float)
-    u = np.linspace(0.0, grid[-1], n_points)
-    rem = np.array([[np.interp(x, grid, removed[c]) for x in u] for c in range(len(removed))]).sum(axis=0)
-    loss = np.array([[np.interp(x, grid, losses[c]) for x in u] for c in range(len(losses))]).sum(axis=0)
-    return {"rate": u, "budget": rem / table.dense_prunable, "loss": loss}
-
-
-def slider_rows(front: list[dict], steps: int = SLIDER_STEPS) -> tuple[np.ndarray, list[dict]]:
-    """``steps`` budgets evenly from 0 to the front's largest, each with its optimum row."""
-    top = front[-1]["budget"] if front else 0.0
-    budgets = np.linspace(0.0, top, steps)
-    row_budgets = np.array([row["budget"] for row in front])
-    picks = [front[min(int(np.searchsorted(row_budgets, b - 1e-12)), len(front) - 1)] for b in budgets]
-    return budgets, picks
-
-
 def step_title(budget: float, row: dict, dense_total: int, objective: str) -> str:
     removed = int(row["removed"])
     pruned = dense_total - removed
@@ -165,17 +142,17 @@ def planner_figure(
 
     Args:
         table: the LossTable.
-        front: allocation.front_rows of the DP front (by increasing budget).
+        front: allocate.front_rows of the DP front (by increasing budget).
         dense_total: all parameters of the dense model (for the readouts).
         active_budget: where the slider starts.
         locked: layer -> locked rate, marked on the bars.
-        baselines: rows of jobs.baselines_task (method, budget, removed_fraction, predicted_loss).
+        baselines: rows of pipeline.baseline_rows (allocator, budget, removed_fraction, predicted_loss).
         steps: slider steps from 0 to the largest reachable budget.
     Returns:
         The figure, with ``frames`` (one per step, named ``b<i>``) and ``layout.sliders[0]``.
     """
     layers = list(range(table.num_layers))
-    budgets, picks = slider_rows(front, steps)
+    budgets, picks = front_at_budgets(front, steps)
     active = int(np.argmin(np.abs(budgets - active_budget))) if len(budgets) else 0
     curve = uniform_curve(table)
     objective = table.spec.objective
@@ -239,12 +216,12 @@ def planner_figure(
                    hovertemplate="budget %{x:.2f}%<br>predicted +%{y:.5f}<extra>uniform</extra>"),
         row=2, col=2,
     )
-    for method in sorted({row["method"] for row in baselines or [] if "error" not in row}):
-        rows = [row for row in baselines if row["method"] == method and "error" not in row]
+    for allocator in sorted({row["allocator"] for row in baselines or [] if "error" not in row}):
+        rows = [row for row in baselines if row["allocator"] == allocator and "error" not in row]
         fig.add_trace(
             go.Scatter(x=[r["removed_fraction"] * 100 for r in rows], y=[r["predicted_loss"] for r in rows],
-                       mode="markers", name=f"{method} plan", marker=dict(size=9, symbol=BASELINE_SYMBOLS.get(method, "circle")),
-                       hovertemplate="budget %{x:.2f}%<br>predicted +%{y:.5f}<extra>" + method + "</extra>"),
+                       mode="markers", name=f"{allocator} plan", marker=dict(size=9, symbol=BASELINE_SYMBOLS.get(allocator, "circle")),
+                       hovertemplate="budget %{x:.2f}%<br>predicted +%{y:.5f}<extra>" + allocator + "</extra>"),
             row=2, col=2,
         )
     marker_index = len(fig.data)
@@ -314,21 +291,21 @@ def planner_figure(
 
 
 def history_figure(frame, metric: str) -> go.Figure:
-    """One point per run: budget against ``metric``, coloured by method, hover with the run id."""
+    """One point per run: budget against ``metric``, coloured by allocator, hover with the run id."""
     fig = go.Figure()
-    for method, part in frame.groupby("method"):
+    for allocator, part in frame.groupby("allocator"):
         fig.add_trace(
             go.Scatter(
                 x=part["budget"] * 100,
                 y=part[metric],
                 mode="markers+lines",
-                name=str(method),
-                marker=dict(size=10, symbol=BASELINE_SYMBOLS.get(str(method), "circle")),
+                name=str(allocator),
+                marker=dict(size=10, symbol=BASELINE_SYMBOLS.get(str(allocator), "circle")),
                 customdata=np.stack([part["id"], part["created"]], axis=-1),
                 hovertemplate="run %{customdata[0]} (%{customdata[1]})<br>budget %{x:.1f}%<br>"
                 + metric
                 + " %{y:.5g}<extra>"
-                + str(method)
+                + str(allocator)
                 + "</extra>",
             )
         )
@@ -348,14 +325,14 @@ def predicted_vs_actual_figure(frame) -> go.Figure:
     if len(part):
         top = float(max(part["predicted_loss"].max(), part["actual_loss"].max())) * 1.05
         fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="predicted = actual", line=dict(dash="dot", color="#999")))
-    for method, rows in part.groupby("method"):
+    for allocator, rows in part.groupby("allocator"):
         fig.add_trace(
             go.Scatter(
                 x=rows["predicted_loss"],
                 y=rows["actual_loss"],
                 mode="markers",
-                name=str(method),
-                marker=dict(size=10, symbol=BASELINE_SYMBOLS.get(str(method), "circle")),
+                name=str(allocator),
+                marker=dict(size=10, symbol=BASELINE_SYMBOLS.get(str(allocator), "circle")),
                 customdata=np.stack([rows["id"], rows["budget"] * 100], axis=-1),
                 hovertemplate="run %{customdata[0]}, budget %{customdata[1]:.1f}%<br>predicted %{x:.5f}<br>actual %{y:.5f}<extra></extra>",
             )

@@ -11,27 +11,26 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gap_engine.allocation import plan_from_table
-from gap_engine.errors import GapError
+from gap_engine.allocate import plan_from_table
+from gap_engine.allocate.front import baseline_budgets, front_row_at
+from gap_engine.config import DEFAULT_BUDGET, DEFAULT_MAX_RATE
+from gap_engine.errors import GapError, one_line
 from gap_engine.jobs import baselines_task, manager
 from pages import common, figures
 
-BASELINE_METHODS = ("uniform", "flap", "owl")
+BASELINE_ALLOCATORS = ("uniform", "flap", "owl")
 DEFAULTS = {
     "planner_table_key": None,
     "planner_locked": [],
     "planner_lock_rate": 0.0,
-    "planner_max_rate": 0.95,
+    "planner_max_rate": DEFAULT_MAX_RATE,
     "planner_coupled": False,
-    "planner_budget_pct": 20.0,
-    "planner_baseline_methods": ["uniform", "flap"],
+    "planner_budget_pct": DEFAULT_BUDGET * 100,
+    "planner_baseline_allocators": ["uniform", "flap"],
 }
-common.init_page("planner_", DEFAULTS)
+table = common.table_page("planner_", DEFAULTS, "Budget planner")
 ss = st.session_state
 
-
-st.title("Budget planner")
-table = common.require_table()
 if ss["planner_table_key"] != table.key:  # a new table: its own locks, a budget it can reach
     ss["planner_table_key"] = table.key
     ss["planner_locked"] = [layer for layer in ss["planner_locked"] if layer < table.num_layers]
@@ -42,7 +41,7 @@ try:
     lm = common.reference_model(table.model)
     table.check_model(lm)
 except GapError as exc:
-    st.error(f"Cannot plan with this table: {common.error_text(exc)}")
+    st.error(f"Cannot plan with this table: {one_line(exc)}")
     st.stop()
 
 st.caption(
@@ -57,7 +56,7 @@ with st.expander("Constraints", expanded=bool(ss["planner_locked"])):
         help="Locked layers keep the rate on the right; the front is recomputed.",
     )
     c2.selectbox("at rate", [float(r) for r in table.rate_grid], key="planner_lock_rate", format_func=lambda r: f"{r:g}")
-    c3.number_input("Max rate", min_value=0.05, max_value=0.95, step=0.05, key="planner_max_rate")
+    c3.number_input("Max rate", min_value=0.05, max_value=DEFAULT_MAX_RATE, step=0.05, key="planner_max_rate")
     c4.toggle("Couple attn + MLP", key="planner_coupled", help="One rate per layer for both components")
 
 raw_constraints = {
@@ -70,7 +69,7 @@ constraints = common.constraints_from_state()
 try:
     rows = common.pareto_rows(table.key, common.constraints_json(raw_constraints), table)
 except GapError as exc:
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
     st.stop()
 if not rows:
     st.error("No plan satisfies these constraints.")
@@ -117,7 +116,7 @@ try:
     plan = plan_from_table(lm, table, budget, "dp", constraints)
 except GapError as exc:
     ss["app_plan"] = None
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
 else:
     ss["app_plan"] = plan.to_dict()
     params = plan.params
@@ -141,53 +140,40 @@ st.caption(
     "FLAP and OWL read the model's activations, so this runs in the background."
 )
 c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
-c1.multiselect("Methods", BASELINE_METHODS, key="planner_baseline_methods")
+c1.multiselect("Allocators", BASELINE_ALLOCATORS, key="planner_baseline_allocators")
 
 
 def start_baselines() -> None:
-    methods = list(ss["planner_baseline_methods"])
-    if not methods:
-        common.set_message("planner", "warning", "Pick at least one baseline method.")
+    allocators = list(ss["planner_baseline_allocators"])
+    if not allocators:
+        common.set_message("planner", "warning", "Pick at least one baseline allocator.")
         return
-    top = rows[-1]["budget"]
-    budgets = [round(b, 3) for b in np.linspace(0.1, min(0.6, top * 0.95), 5) if b <= top]
     job = manager().submit(
         "baselines",
-        baselines_task(table.model, table, budgets, methods, constraints),
-        key=baseline_key + "|" + ",".join(methods),
+        baselines_task(table.model, table, baseline_budgets(rows[-1]["budget"]), allocators, constraints),
+        key=baseline_key + "|" + ",".join(allocators),
         label="baseline plans",
     )
     common.remember_job("baselines", job)
     common.clear_message("planner")
 
 
-running = common.session_job("baselines")
-c2.button(
-    "Compute baselines",
-    key="planner_compute_baselines",
-    on_click=start_baselines,
-    disabled=running is not None and running.active,
-    icon=":material/calculate:",
+common.job_controls(
+    "baselines", "Compute baselines", "planner_compute_baselines", start_baselines, ":material/calculate:", "Baseline plans", "planner", where=c2
 )
-common.job_progress("baselines", "Baseline plans")
-common.show_message("planner")
 if baselines:
-    frame = pd.DataFrame(
-        [
+    records = []
+    for r in baselines:
+        dp_row = front_row_at(rows, r["budget"])
+        records.append(
             {
-                "method": r["method"],
+                "allocator": r["allocator"],
                 "budget": f"{r['budget']:.0%}",
                 "removed (of prunable)": r.get("removed_fraction"),
                 "predicted loss": r.get("predicted_loss"),
+                "GAP DP at that budget": None if dp_row is None else dp_row["predicted_loss"],
                 "note": r.get("error", ""),
             }
-            for r in baselines
-        ]
-    )
-    dp_at = {f"{r['budget']:.0%}": None for r in baselines}
-    for label in dp_at:
-        b = float(label.rstrip("%")) / 100
-        match = next((row for row in rows if row["budget"] >= b - 1e-12), None)
-        dp_at[label] = None if match is None else match["predicted_loss"]
-    frame["GAP DP at that budget"] = frame["budget"].map(dp_at)
+        )
+    frame = pd.DataFrame(records)
     st.dataframe(frame, hide_index=True, width="stretch", key="planner_baselines_table")

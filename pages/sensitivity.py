@@ -14,18 +14,15 @@ DEFAULTS = {
     "sens_smoothed": True,
     "sens_log_color": False,
 }
-common.init_page("sens_", DEFAULTS)
+table = common.table_page("sens_", DEFAULTS, "Sensitivity")
 ss = st.session_state
-
-st.title("Sensitivity")
-table = common.require_table()
 kinds = [k for k in ("attn", "mlp", "block") if any(kind == k for _, kind in table.components)]
 if not set(ss["sens_kinds"]) & set(kinds):
     ss["sens_kinds"] = kinds
 
 st.caption(
     f"Each curve is one layer: the increase of the {table.spec.objective} objective when only that component is pruned "
-    f"at a rate and everything else stays dense ({table.spec.method} table, dense objective {table.dense_objective:.4f})."
+    f"at a rate and everything else stays dense ({table.spec.estimator} table, dense objective {table.dense_objective:.4f})."
 )
 c1, c2, c3, c4 = st.columns([2, 1, 1, 1], vertical_alignment="bottom")
 c1.multiselect("Components", kinds, key="sens_kinds", format_func=lambda k: figures.KIND_LABEL[k])
