@@ -15,15 +15,18 @@ from ..pipeline import dense_reference, prune_with_plan
 from ..plan import RatePlan, uniform_plan
 from .arguments import windows_from
 from .output import StderrProgress
+from .table_commands import read_sources
 
 
 def run_models(args: argparse.Namespace) -> int:
-    rows = list_models()
+    rows = list_models(verify=args.verify)
     if args.json:
         print(json.dumps({"builtin": rows, "supported_model_types": supported_model_types()}))
         return 0
     for row in rows:
         state = "converted" if row["converted"] else "converts on first use"
+        if row["problem"]:
+            state = f"damaged: {row['problem']}; converted again on next use"
         print(f"{row['name']:<14} {row['description']}  [{state}]")
     print(f"\nAlso: a local model folder, a .gguf file, or a hub id. Architectures: {', '.join(supported_model_types())}")
     return 0
@@ -33,6 +36,8 @@ def run_prune(args: argparse.Namespace) -> int:
     if (args.plan is None) == (args.uniform is None):
         raise PlanError("give exactly one of --plan P.json or --uniform R")
     plan = RatePlan.load(args.plan) if args.plan else None  # validate before the slow model load
+    if (plan.criterion if plan else args.criterion) != "magnitude":
+        read_sources(args.data)
     lm = load_model(args.model)
     if plan is None:
         plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple)
@@ -50,6 +55,7 @@ def run_prune(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    read_sources(args.data)
     lm = load_model(args.model)
     dense = None if args.no_dense else dense_reference(lm)
     settings = EvalSettings(windows=windows_from(args), throughput=not args.no_throughput, generations=args.generations)

@@ -24,6 +24,7 @@ import numpy as np
 from ..config import CLI_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, ESTIMATORS, MODES, OBJECTIVES, WindowSpec
 from ..errors import DataError, TableError, first_line
 from ..units import block_geometries
+from ..validate import check_table_document, parse_json
 
 TABLE_FORMAT_VERSION = 1
 # Spec fields that are not the windows' own, in their summary order.
@@ -183,10 +184,8 @@ class LossTable:
     @classmethod
     def from_json(cls, text: str) -> "LossTable":
         """Parse and check a table; TableError (one line) on anything malformed."""
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
-            raise TableError(f"loss table is not valid JSON: {first_line(exc)}") from None
+        data = parse_json(text, "loss table", TableError)
+        check_table_document(data)  # types, ranges, sizes: refuses tables no build can produce
         try:
             return cls._from_dict(data)
         except TableError:
