@@ -60,7 +60,7 @@ def forced() -> bool:
     return os.environ.get(FORCE_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def check_at_most(value: int, limit: int, what: str, force: bool = False, advice: str = "") -> None:
+def check_at_most(value: int, limit: int, what: str, force: bool = False, advice: str = "", from_file: bool = False) -> None:
     """SizeLimitError unless ``value <= limit`` (or the ceilings are lifted).
 
     Args:
@@ -69,9 +69,11 @@ def check_at_most(value: int, limit: int, what: str, force: bool = False, advice
         what: how the user names it, e.g. "--seq-len 100000 (tokens per window)".
         force: True when the caller's own --force-size flag was given.
         advice: what else the user can do, e.g. "lower --batch-size".
+        from_file: the size was read from a file, which only the environment variable lifts.
     """
     if value > limit and not (force or forced()):
-        raise SizeLimitError(f"{what} is above the limit of {limit:,}; {advice + ', or ' if advice else ''}{FORCE_HINT}")
+        hint = f"set {FORCE_ENV}=1 to read it anyway" if from_file else FORCE_HINT
+        raise SizeLimitError(f"{what} is above the limit of {limit:,}; {advice + ', or ' if advice else ''}{hint}")
 
 
 def check_windows(

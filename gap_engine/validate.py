@@ -294,7 +294,7 @@ def _check_table_spec(spec: dict) -> None:
     for name, low, high in sizes:
         if name in spec:
             check_int(spec[name], f"{what} {name}", TableError, low)
-            check_at_most(spec[name], high, f"{what} {name} {spec[name]:,}")
+            check_at_most(spec[name], high, f"{what} {name} {spec[name]:,}", from_file=True)
     if "seed" in spec:
         check_int(spec["seed"], f"{what} seed", TableError, 0, LIMITS.seed)
     if "channel_multiple" in spec:

@@ -505,6 +505,31 @@ def test_stale_temporaries_of_a_killed_writer_are_removed(front_run, tmp_path):
     assert out.is_file() and not stale_dir.exists() and live.exists()
 
 
+def test_a_disk_that_fills_up_half_way_is_one_line_and_leaves_nothing(front_run, tmp_path, monkeypatch):
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)  # the write itself fails, after the checks passed
+    result, out = front_run(json.dumps(table_dict()))
+    assert_refused(result, "No space left on device", out, set())
+
+
+def test_a_checkpoint_save_that_fills_the_disk_leaves_no_folder(tmp_path):
+    import errno
+
+    from gap_engine.errors import OutputError
+    from gap_engine.fsutil import atomic_directory
+
+    target = tmp_path / "ckpt"
+    with pytest.raises(OutputError, match="No space left"):
+        with atomic_directory(target) as tmp:
+            (tmp / "model.safetensors").write_bytes(b"x" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_outputs_follow_the_umask(tmp_path):
     code = textwrap.dedent(
         f"""
