@@ -192,8 +192,9 @@ def list_models(verify: bool = False) -> list[dict]:
         verify: also compare every converted file with the SHA-256 its marker recorded
             (reads the whole model: about a second per GB); otherwise sizes and structure only.
     Returns:
-        Rows of name, description, package, ``converted`` (a usable copy is cached) and
-        ``problem`` (why a cached copy is not usable, or None).
+        Rows of name, description, package, ``converted`` (a usable copy is cached),
+        ``problem`` (why a cached copy is not usable, or None) and ``checksummed`` (its
+        marker records SHA-256s; copies converted by older versions record none).
     """
     rows = []
     for m in BUILTIN_MODELS.values():
@@ -201,7 +202,14 @@ def list_models(verify: bool = False) -> list[dict]:
         present = (folder / CONVERTED_MARKER).is_file()
         problem = converted_problem(folder, full=verify) if present else None
         rows.append(
-            {"name": m.name, "description": m.description, "package": m.package, "converted": present and problem is None, "problem": problem}
+            {
+                "name": m.name,
+                "description": m.description,
+                "package": m.package,
+                "converted": present and problem is None,
+                "problem": problem,
+                "checksummed": present and '"sha256"' in (folder / CONVERTED_MARKER).read_text(errors="replace"),
+            }
         )
     return rows
 

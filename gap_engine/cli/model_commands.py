@@ -27,6 +27,8 @@ def run_models(args: argparse.Namespace) -> int:
         state = "converted" if row["converted"] else "converts on first use"
         if row["problem"]:
             state = f"damaged: {row['problem']}; converted again on next use"
+        elif args.verify and row["converted"]:
+            state += ", SHA-256 checked" if row["checksummed"] else ", structure checked (no SHA-256 recorded by the older converter)"
         print(f"{row['name']:<14} {row['description']}  [{state}]")
     print(f"\nAlso: a local model folder, a .gguf file, or a hub id. Architectures: {', '.join(supported_model_types())}")
     return 0
