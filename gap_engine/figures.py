@@ -36,8 +36,17 @@ BASELINE_COLORS = {"uniform": UNIFORM_COLOR, "flap": "#B279A2", "owl": "#9D755D"
 BYTES_PER_PARAM = 4  # the engine keeps weights in float32
 SLIDER_STEPS = 101  # steps of an exported planner figure's own slider
 DEPTH_SCALE = "Viridis"  # layer depth, shallow (dark) to deep (yellow)
+
+
+def _off_placeholder(color: str) -> str:
+    """Streamlit's front end rewrites the colours #000001..#0000ff (its theme placeholders)
+    wherever they occur, even with ``theme=None``: Magma's darkest, #000004, became a light
+    pink in the app while the PNG export drew it black. Nudge such colours off the range."""
+    return "#010005" if color.lower().startswith("#0000") and len(color) == 7 else color
+
+
 # High loss dark, as in a printed heat map; an explicit list, so no theme can flip it.
-HEAT_SCALE = [[i / (len(sequential.Magma_r) - 1), c] for i, c in enumerate(sequential.Magma_r)]
+HEAT_SCALE = [[i / (len(sequential.Magma_r) - 1), _off_placeholder(c)] for i, c in enumerate(sequential.Magma_r)]
 OBJECTIVE_NAME = {"nll": "NLL", "kl": "KL"}
 
 # The run history's columns as a reader should see them (one place: table, charts, report).
