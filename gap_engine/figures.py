@@ -517,6 +517,51 @@ def planner_figure(
     return fig
 
 
+def plan_figure(
+    table,
+    front: list[dict],
+    row: dict,
+    dense_total: int | None = None,
+    locked: dict | None = None,
+    uniform: list[dict] | None = None,
+    baselines: list[dict] | None = None,
+) -> go.Figure:
+    """One plan beside the DP front: its per-layer rates, and its point on loss-vs-budget (static).
+
+    ``row`` is a front row or any plan in the same shape (``budget`` = removed fraction of
+    prunable, ``removed``, ``predicted_loss`` (None: no point), ``attention_rates``,
+    ``mlp_rates``): a plan that is not the DP's shows where it sits against the front.
+    """
+    objective = table.spec.objective
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.58, 0.42],
+        horizontal_spacing=0.1,
+        subplot_titles=("Pruning rate per layer", f"Predicted {OBJECTIVE_NAME.get(objective, objective)} increase vs budget"),
+    )
+    for trace in rate_traces(table.num_layers, row, locked):
+        fig.add_trace(trace, row=1, col=1)
+    y_top = front_y_top(front + ([row] if row.get("predicted_loss") is not None else []))
+    for trace in front_traces(front, row, uniform, baselines, y_top):
+        fig.add_trace(trace, row=1, col=2)
+    fig.update_layout(
+        template=TEMPLATE,
+        barmode="group",
+        bargap=0.15,
+        height=470,
+        title=dict(text=step_readout(row, dense_total, objective) if row.get("predicted_loss") is not None else None, font=dict(size=13)),
+        margin=dict(t=80, b=40, l=60, r=20),
+        legend=dict(orientation="h", y=-0.2, x=0.0),
+    )
+    fig.update_xaxes(title_text="layer", range=[-0.6, table.num_layers - 0.4], row=1, col=1)
+    fig.update_yaxes(title_text="rate (fraction removed)", range=[0, 1.06], row=1, col=1)
+    top_budget = max([r["budget"] for r in front] + [row["budget"]]) * 100
+    fig.update_xaxes(title_text="budget (% of prunable parameters removed)", range=[0, max(1.0, top_budget) * 1.02], row=1, col=2)
+    fig.update_yaxes(title_text=loss_label(objective), range=[0, y_top], row=1, col=2)
+    return fig
+
+
 # ---- the run history ------------------------------------------------------------------------
 def history_figure(frame, metric: str) -> go.Figure:
     """One point per run: budget against ``metric``, coloured by allocation, hover with the run id."""
