@@ -385,7 +385,7 @@ def front_figure(table, front: list[dict], row: dict, uniform=None, baselines=No
         height=height,
         margin=dict(t=10, b=45, l=60, r=10),
         showlegend=False,
-        xaxis=dict(title_text="budget (% of prunable removed)", range=[0, max(1.0, top_budget) * 1.02]),
+        xaxis=dict(title_text="budget (% of prunable removed)", range=[-max(1.0, top_budget) * 0.03, max(1.0, top_budget) * 1.02]),
         yaxis=dict(title_text=loss_label(table.spec.objective), range=[0, y_top]),
     )
     return fig
@@ -512,7 +512,7 @@ def planner_figure(
     fig.update_xaxes(title_text="layer", range=[-0.6, table.num_layers - 0.4], row=2, col=1)
     fig.update_yaxes(title_text="rate (fraction removed)", range=[0, 1.06], row=2, col=1)
     top_budget = front[-1]["budget"] * 100
-    fig.update_xaxes(title_text="budget (% of prunable parameters removed)", range=[0, max(1.0, top_budget) * 1.02], row=2, col=2)
+    fig.update_xaxes(title_text="budget (% of prunable parameters removed)", range=[-max(1.0, top_budget) * 0.03, max(1.0, top_budget) * 1.02], row=2, col=2)
     fig.update_yaxes(title_text=loss_label(objective), range=[0, y_top], row=2, col=2)
     return fig
 
@@ -557,7 +557,7 @@ def plan_figure(
     fig.update_xaxes(title_text="layer", range=[-0.6, table.num_layers - 0.4], row=1, col=1)
     fig.update_yaxes(title_text="rate (fraction removed)", range=[0, 1.06], row=1, col=1)
     top_budget = max([r["budget"] for r in front] + [row["budget"]]) * 100
-    fig.update_xaxes(title_text="budget (% of prunable parameters removed)", range=[0, max(1.0, top_budget) * 1.02], row=1, col=2)
+    fig.update_xaxes(title_text="budget (% of prunable parameters removed)", range=[-max(1.0, top_budget) * 0.03, max(1.0, top_budget) * 1.02], row=1, col=2)
     fig.update_yaxes(title_text=loss_label(objective), range=[0, y_top], row=1, col=2)
     return fig
 
