@@ -236,23 +236,18 @@ def rate_traces(num_layers: int, row: dict, locked: dict | None = None) -> list:
     """
     layers = list(range(num_layers))
     budget = float(row["budget"])
+    method = row.get("method", "GAP DP")  # a front row is the DP's; a reported plan names its own
     traces = [
         go.Bar(
             x=layers,
-            y=row["attention_rates"],
-            name="attention (GAP DP)",
-            marker_color=ATTN_COLOR,
-            legendgroup="attn",
-            hovertemplate="layer %{x}<br>attention rate %{y:.3f}<extra></extra>",
-        ),
-        go.Bar(
-            x=layers,
-            y=row["mlp_rates"],
-            name="MLP (GAP DP)",
-            marker_color=MLP_COLOR,
-            legendgroup="mlp",
-            hovertemplate="layer %{x}<br>MLP rate %{y:.3f}<extra></extra>",
-        ),
+            y=row[key],
+            name=f"{part} ({method})",
+            marker_color=color,
+            legendgroup=part,
+            hovertemplate=f"layer %{{x}}<br>{part} rate %{{y:.3f}}<extra></extra>",
+        )
+        for key, part, color in (("attention_rates", "attention", ATTN_COLOR), ("mlp_rates", "MLP", MLP_COLOR))
+    ] + [
         go.Scatter(
             x=[-0.5, num_layers - 0.5],
             y=[budget, budget],

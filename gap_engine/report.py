@@ -104,6 +104,7 @@ def _plan_row(table, plan: RatePlan) -> dict:
         "predicted_loss": plan.predicted_loss,
         "attention_rates": list(plan.attention_rates),
         "mlp_rates": list(plan.mlp_rates),
+        "method": "GAP DP" if plan.method == "dp" else f"{plan.method} plan",
     }
 
 

@@ -104,8 +104,13 @@ class BudgetChart {
     this.keyTimer = null;
     const { slider } = this.ui;
     slider.addEventListener("pointerdown", () => { this.dragging = true; });
-    slider.addEventListener("input", () => this.request(nearestStep(this.data.budgets, Number(slider.value))));
-    slider.addEventListener("change", () => this.release());
+    // A press that does not move the thumb fires no "change": end the drag on any pointer up.
+    this.onPointerUp = () => setTimeout(() => this.endDrag(), 50);
+    window.addEventListener("pointerup", this.onPointerUp);
+    slider.addEventListener("input", () => {
+      if (this.data) this.request(nearestStep(this.data.budgets, Number(slider.value)));
+    });
+    slider.addEventListener("change", () => { if (this.data) this.release(); });
     slider.addEventListener("keydown", (event) => this.key(event));
     const resize = new ResizeObserver(() => {
       if (!window.Plotly) return;
@@ -187,7 +192,21 @@ class BudgetChart {
     ]);
   }
 
+  endDrag() {
+    if (!this.dragging) return;
+    this.dragging = false;
+    this.applyDeferred();
+  }
+
+  applyDeferred() {
+    if (!this.deferred) return;
+    const next = this.deferred;
+    this.deferred = null;
+    this.update(next);
+  }
+
   key(event) {
+    if (!this.data) return;
     const moves = { ArrowLeft: -1, ArrowDown: -1, ArrowRight: 1, ArrowUp: 1, PageDown: -10, PageUp: 10 };
     const last = this.data.budgets.length - 1;
     let step = this.wanted ?? this.data.active;
@@ -209,7 +228,7 @@ class BudgetChart {
     this.request(step);
     this.ui.slider.value = String(d.budgets[step] * 100); // the thumb sits on the row's own budget
     if (step === d.active) {
-      if (this.deferred) { const next = this.deferred; this.deferred = null; this.update(next); }
+      this.applyDeferred(); // data that arrived during the drag
       return;
     }
     this.ui.root.classList.add("gap-budget-pending");
@@ -241,6 +260,7 @@ export default function (component) {
     setTimeout(() => {
       if (parentElement.isConnected) return;
       chart.resizeObserver.disconnect();
+      window.removeEventListener("pointerup", chart.onPointerUp);
       delete parentElement.__gapBudgetChart;
     }, 0);
   };

@@ -37,7 +37,8 @@ def _plotly_component():
     import plotly
 
     source = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
-    # A classic script, so the UMD bundle sets window.Plotly (module code would not).
+    # Run as a classic script (the bundle is written for one, not for a module's strict scope);
+    # it sets window.Plotly.
     js = (
         f"const SOURCE = {json.dumps(source)};\n"
         "export default function () {\n"
