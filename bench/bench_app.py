@@ -51,6 +51,21 @@ INSTALL_JS = """() => {
   });
   return root.querySelector('.gap-budget-rates').data.length;
 }"""
+# The previous design, for a side-by-side ratio: one Plotly figure whose own slider steps are
+# zero-duration animation frames (the engine's planner_figure, as Export writes it).
+PLOTLY_SLIDER_JS = """() => {
+  const gd = [...document.querySelectorAll('.js-plotly-plot')]
+      .find(g => g.layout && g.layout.sliders && g.layout.sliders.length);
+  const bench = window.__gapBench = {records: [], pending: null};
+  gd.on('plotly_sliderchange', () => { bench.pending = {change: performance.now()}; });
+  gd.on('plotly_animated', () => {
+    const rec = bench.pending; bench.pending = null;
+    if (!rec) return;
+    rec.update = performance.now();
+    requestAnimationFrame(() => { rec.frame = performance.now(); bench.records.push(rec); });
+  });
+  return gd.layout.sliders[0].steps.length;
+}"""
 READ_METRIC = "() => document.querySelector('[data-testid=\"stMetricValue\"]').textContent"
 
 
@@ -84,6 +99,37 @@ def client_steps(page, sweeps: int, positions: int) -> list[dict]:
     page.mouse.up()  # one release at the end: one rerun, after the timed moves
     page.wait_for_timeout(300)
     return page.evaluate("() => window.__gapBench.records")
+
+
+def plotly_slider_steps(page, sweeps: int) -> list[dict]:
+    """Drag a Plotly figure's own slider over every step, ``sweeps`` times (the previous design)."""
+    n_steps = page.evaluate(PLOTLY_SLIDER_JS)
+    grip = page.locator(".js-plotly-plot .slider-grip-rect").bounding_box()
+    rail = page.locator(".js-plotly-plot .slider-rail-touch-rect").bounding_box()
+    y = grip["y"] + grip["height"] / 2
+    page.mouse.move(grip["x"] + grip["width"] / 2, y)
+    page.mouse.down()
+    xs = [rail["x"] + rail["width"] * i / (n_steps - 1) for i in range(n_steps)]
+    for sweep in range(sweeps):
+        path = xs if sweep % 2 == 0 else xs[::-1]
+        for x in path:
+            page.mouse.move(x, y)
+            two_frames(page)
+    page.mouse.up()
+    page.wait_for_timeout(300)
+    return page.evaluate("() => window.__gapBench.records")
+
+
+def exported_planner(cache_dir: Path, key: str, path: Path) -> Path:
+    """The same front as the engine's planner figure with its own Plotly slider, in an HTML file."""
+    from gap_engine import cache
+    from gap_engine.allocation import dp_front, front_rows
+    from gap_engine.figures import planner_figure
+
+    table = cache.get_table(key)
+    rows = front_rows(table, dp_front(table))
+    path.write_text(planner_figure(table, rows, None, active_budget=0.2).to_html(include_plotlyjs=True, full_html=True))
+    return path
 
 
 def server_steps(page, steps: int) -> list[float]:
@@ -137,6 +183,11 @@ def main() -> int:
                 load_before = os.getloadavg()
                 records = client_steps(page, args.sweeps, args.positions)
                 server = server_steps(page, args.server_steps) if args.server_steps else []
+                figure_page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                figure_page.goto(exported_planner(cache_dir, key, Path(tmp) / "planner.html").as_uri())
+                figure_page.locator(".js-plotly-plot .slider-grip-rect").wait_for(timeout=60_000)
+                figure_page.wait_for_timeout(1000)
+                previous = plotly_slider_steps(figure_page, args.sweeps)
                 version = browser.version
                 browser.close()
         finally:
@@ -160,12 +211,21 @@ def main() -> int:
         f"| chart redrawn (`gap-budget-drawn`: bars, uniform line, marker, readout) | {statistics.median(to_update):.1f} | {_p90(to_update):.1f} | {max(to_update):.1f} |",
         f"| next frame shown | {statistics.median(to_frame):.1f} | {_p90(to_frame):.1f} | {max(to_frame):.1f} |",
     ]
+    before_frame = [r["frame"] - r["change"] for r in previous]
+    lines.append(
+        f"| side by side, the previous design (one Plotly figure, its own slider, animation frames; {len(previous)} steps): "
+        f"next frame shown | {statistics.median(before_frame):.1f} | {_p90(before_frame):.1f} | {max(before_frame):.1f} |"
+    )
     if server:
         lines.append(
             f"| for contrast: release one step further -> plan readouts updated (full rerun) | {statistics.median(server):.0f} | "
             f"{_p90(server):.0f} | {max(server):.0f} |"
         )
-    lines += ["", f"- target median < {TARGET_MS:.0f} ms: {'met' if met else 'NOT met'} ({statistics.median(to_frame):.1f} ms to the next frame)"]
+    lines += [
+        "",
+        f"- target median < {TARGET_MS:.0f} ms: {'met' if met else 'NOT met'} ({statistics.median(to_frame):.1f} ms to the next frame)",
+        f"- budget chart / previous design, median to the next frame: {statistics.median(to_frame) / statistics.median(before_frame):.2f}x",
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

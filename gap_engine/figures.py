@@ -273,10 +273,10 @@ def rate_traces(num_layers: int, row: dict, locked: dict | None = None) -> list:
     return traces
 
 
-def front_traces(front: list[dict], row: dict, uniform: list[dict] | None, baselines: list[dict] | None, y_top: float) -> list:
+def front_traces(front: list[dict], row: dict | None, uniform: list[dict] | None, baselines: list[dict] | None, y_top: float) -> list:
     """DP front, exact uniform plans, baseline plans and the current point, all in % of prunable.
 
-    The current point is always the last trace. Baseline plans above ``y_top`` are drawn
+    The current point (when ``row`` is given) is the last trace. Baseline plans above ``y_top`` are drawn
     at the top edge as open triangles (their hover gives the true value), so the axis fits
     the DP front.
     """
@@ -336,6 +336,8 @@ def front_traces(front: list[dict], row: dict, uniform: list[dict] | None, basel
                     hovertemplate="budget %{x:.2f}%<br>predicted +%{customdata[0]:.4f} (above the axis)<extra>" + method + "</extra>",
                 )
             )
+    if row is None:
+        return traces
     traces.append(
         go.Scatter(
             x=[row["budget"] * 100],
@@ -370,8 +372,9 @@ def rates_figure(table, row: dict, locked: dict | None = None, height: int = 340
     return fig
 
 
-def front_figure(table, front: list[dict], row: dict, uniform=None, baselines=None, height: int = 340) -> go.Figure:
-    """Predicted loss against budget with the current row marked (the budget chart's right panel)."""
+def front_figure(table, front: list[dict], row: dict | None = None, uniform=None, baselines=None, height: int = 340) -> go.Figure:
+    """Predicted loss against budget, with ``row`` marked when given (the budget chart's right
+    panel, which draws its moving point itself)."""
     y_top = front_y_top(front)
     fig = go.Figure(front_traces(front, row, uniform, baselines, y_top))
     top_budget = front[-1]["budget"] * 100 if front else 100.0

@@ -59,8 +59,11 @@ function build(parent) {
   const rates = element("div", "gap-budget-plot gap-budget-rates", ratesPanel);
   const frontPanel = element("figure", "gap-budget-panel", panels);
   const frontCaption = element("figcaption", null, frontPanel, "Predicted loss increase vs budget");
-  const front = element("div", "gap-budget-plot gap-budget-front", frontPanel);
-  return { root, slider, value, removed, left, loss, status, legend, rates, front, frontCaption };
+  const frontArea = element("div", "gap-budget-area", frontPanel);
+  const front = element("div", "gap-budget-plot gap-budget-front", frontArea);
+  // The chosen point is a positioned dot, not a trace: moving it costs no plotly.js call.
+  const dot = element("div", "gap-budget-dot", frontArea);
+  return { root, slider, readout, value, removed, left, loss, status, legend, rates, front, dot, frontCaption };
 }
 
 function drawLegend(node, items) {
@@ -142,7 +145,12 @@ class BudgetChart {
     if (!previous || previous.front_figure !== data.front_figure) {
       const fig = JSON.parse(data.front_figure);
       await Plotly.react(front, fig.data, fig.layout, PLOT_CONFIG);
+      if (!front.__gapDotHook) {
+        front.on("plotly_afterplot", () => this.placeDot()); // resizes and redraws move the axes
+        front.__gapDotHook = true;
+      }
     }
+    this.ui.dot.style.setProperty("--dot", data.marker_color);
     this.shown = null; // the figures were built at the active step; the readout is not yet
     this.request(data.active);
   }
@@ -179,17 +187,29 @@ class BudgetChart {
     removed.textContent = `removes ${formatCount(cut)} parameters (${((100 * cut) / d.dense_total).toFixed(1)}% of all)`;
     left.textContent = `${(kept / 1e6).toFixed(1)}M left · ${Math.round((kept * 4) / 2 ** 20)} MiB fp32`;
     loss.textContent = `predicted ${d.objective} +${d.loss[step].toFixed(4)} nats/token`;
-    this.ui.root.dataset.step = String(step);
-    this.ui.root.dataset.row = String(d.rows[step]);
+    if (!this.ui.root.classList.contains("gap-budget-pending")) {
+      this.ui.status.textContent = this.dragging && step !== d.active ? "release to use this budget" : "";
+    }
+    this.ui.readout.dataset.step = String(step); // on the readout: an attribute change on the root
+    this.ui.readout.dataset.row = String(d.rows[step]); // would restyle the whole chart
     const grid = d.grid;
     const attn = d.attn[step].map((k) => grid[k]);
     const mlp = d.mlp[step].map((k) => grid[k]);
-    const Plotly = window.Plotly;
+    this.point = [budget * 100, d.loss[step]];
+    this.placeDot();
     const ignoreInterrupted = () => {}; // a newer step replaced this one
-    await Promise.all([
-      Plotly.animate(rates, { data: [{ y: attn }, { y: mlp }, { y: [budget, budget] }], traces: [0, 1, 2] }, NO_REDRAW).catch(ignoreInterrupted),
-      Plotly.animate(front, { data: [{ x: [budget * 100], y: [d.loss[step]] }], traces: [d.marker_trace] }, NO_REDRAW).catch(ignoreInterrupted),
-    ]);
+    await window.Plotly.animate(rates, { data: [{ y: attn }, { y: mlp }, { y: [budget, budget] }], traces: [0, 1, 2] }, NO_REDRAW)
+      .catch(ignoreInterrupted);
+  }
+
+  placeDot() {
+    const layout = this.ui.front._fullLayout;
+    if (!layout || !this.point) return;
+    const x = layout._size.l + layout.xaxis.l2p(this.point[0]);
+    const y = layout._size.t + layout.yaxis.l2p(this.point[1]);
+    this.ui.dot.style.transform = `translate(${x}px, ${y}px)`;
+    this.ui.dot.dataset.x = String(this.point[0]);
+    this.ui.dot.dataset.y = String(this.point[1]);
   }
 
   endDrag() {

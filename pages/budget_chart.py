@@ -123,7 +123,7 @@ def _chart_base(front_id: str, extras: str, _table, _front, dense_total, _locked
     steps = budget_steps(front)
     first = front[steps[0]]
     rates = figures.rates_figure(table, first, _locked)
-    front_fig = figures.front_figure(table, front, first, _uniform, _baselines)
+    front_fig = figures.front_figure(table, front, None, _uniform, _baselines)  # the browser draws the moving point
     data = {
         "front_id": front_id,
         "objective": figures.OBJECTIVE_NAME.get(table.spec.objective, table.spec.objective),
@@ -136,7 +136,7 @@ def _chart_base(front_id: str, extras: str, _table, _front, dense_total, _locked
         "loss": [float(front[i]["predicted_loss"]) for i in steps],
         "attn": [grid_indices(table.rate_grid, front[i]["attention_rates"]) for i in steps],
         "mlp": [grid_indices(table.rate_grid, front[i]["mlp_rates"]) for i in steps],
-        "marker_trace": len(front_fig.data) - 1,  # front_traces puts the current point last
+        "marker_color": figures.CURRENT_COLOR,
         "rates_figure": rates.to_json(),
         "front_figure": front_fig.to_json(),
         "legend": _legend(_locked, _uniform, _baselines),

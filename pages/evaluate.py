@@ -149,7 +149,7 @@ result = ss.get("app_last_run")
 if result:
     report = result["report"]
     dense = report.get("dense") or {}
-    st.subheader(f"Run {result['run_id']}: {result['plan']['method']} at {(result['plan'].get('budget') or 0):.1%}")
+    st.subheader(f"Run {result['run_id']}: {result['plan']['method']} at {(result['plan'].get('budget') or 0):.2%}")
     c = st.columns(3)
     c[0].metric("Parameters", f"{report['params'] / 1e6:.1f}M", f"{(report['params'] - dense.get('params', report['params'])) / 1e6:+.1f}M vs dense", delta_color="off", delta_arrow="off")
     source = next(iter(report["perplexity"]), None)

@@ -108,13 +108,14 @@ else:
     c1.download_button("Plan (JSON)", plan.to_json(), file_name=f"{stem}.json", mime="application/json", key="export_plan_json", icon=":material/download:")
     c2.download_button("Plan (YAML)", plan.to_yaml(), file_name=f"{stem}.yaml", mime="application/x-yaml", key="export_plan_yaml", icon=":material/download:")
     problem = report_export.report_problem(table, plan_dict)
-    run_id = None if chosen == "planner" else int(chosen.split("-", 1)[1])
+    run_id = report_export.run_of_plan(plan_dict) if chosen == "planner" else int(chosen.split("-", 1)[1])
     c3.download_button(
         "Download report (HTML)",
         data=lambda: report_export.report_html(table, plan_dict, run_id),  # built only when clicked
         file_name=f"gap-report-{stem}.html",
         mime="text/html",
         key="export_report_html",
+        on_click="ignore",  # a rerun while the file is being built would drop it
         icon=":material/summarize:",
         disabled=problem is not None,
         help=problem or "One self-contained HTML file: table settings, sensitivity, the plan against the DP front, "

@@ -91,6 +91,24 @@ def report_html(table, plan_dict: dict, run_id: int | None) -> str:
     )
 
 
+def run_of_plan(plan_dict: dict) -> int | None:
+    """The newest run that pruned exactly this plan (same table and rates), if any: its numbers
+    belong in the plan's report."""
+    try:
+        records = history.runs()
+    except GapError:
+        return None
+    for record in records[::-1]:
+        plan = record.plan or {}
+        if (plan.get("table_key"), plan.get("attention_rates"), plan.get("mlp_rates")) == (
+            plan_dict.get("table_key"),
+            plan_dict.get("attention_rates"),
+            plan_dict.get("mlp_rates"),
+        ):
+            return record.id
+    return None
+
+
 def report_problem(table, plan_dict: dict) -> str | None:
     """Why no report can be made for this plan and table (None: it can)."""
     if table is None:

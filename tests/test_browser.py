@@ -45,8 +45,9 @@ PLANNER_STATE_JS = """() => {
   if (!gd || !gd.data) return null;
   const slider = root.querySelector('.gap-budget-slider');
   return {attn: Array.from(gd.data[0].y), mlp: Array.from(gd.data[1].y),
-          step: Number(root.dataset.step), row: Number(root.dataset.row),
+          step: Number(root.querySelector('.gap-budget-readout').dataset.step), row: Number(root.querySelector('.gap-budget-readout').dataset.row),
           value: root.querySelector('.gap-budget-value').textContent,
+          dot: Number(root.querySelector('.gap-budget-dot').dataset.x),
           removed: root.querySelector('[data-k="removed"]').textContent,
           readout: root.querySelector('.gap-budget-readout').textContent,
           slider: {value: Number(slider.value), min: Number(slider.min), max: Number(slider.max)},
@@ -279,6 +280,7 @@ def _user_path(page, app_server, smol, tmp_path, RatePlan):
     assert len({json.dumps([s["attn"], s["mlp"]]) for s in during}) >= 3, "the bars did not follow the pointer"
     assert sum(during[-1]["attn"]) + sum(during[-1]["mlp"]) > sum(before["attn"]) + sum(before["mlp"])
     assert len({s["readout"] for s in during}) >= 3  # the readout follows the slider too
+    assert all(abs(s["dot"] - float(s["value"].rstrip("%"))) < 0.005 for s in during)  # and the point on the front
     assert not any(s["pending"] for s in during)  # nothing went to the server while the button was down
     released = release_budget(page, 0.45)
     removed = removed_count(released["removed"])
@@ -334,7 +336,8 @@ def _user_path(page, app_server, smol, tmp_path, RatePlan):
     with page.expect_download() as download:
         page.get_by_role("button", name="Run history (CSV)").click()
     assert "predicted_loss" in Path(download.value.path()).read_text().splitlines()[0]
-    with page.expect_download() as download:
+    page.wait_for_timeout(1500)  # the rerun after the last download settles
+    with page.expect_download(timeout=120_000) as download:
         page.get_by_role("button", name="Download report (HTML)").click()
     report_path = tmp_path / "report.html"
     download.value.save_as(report_path)
