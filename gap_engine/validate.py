@@ -359,3 +359,53 @@ def check_per_layer_config(per_layer, num_layers, where: str) -> list[dict]:
             raise ModelLoadError(f"{what}[{i}]: {heads} heads do not split into {kv} KV groups")
         widths.append(entry)
     return widths
+
+
+GENERATION_CHARS = 100_000  # one generated text of an evaluation report (64 greedy tokens are ~500 characters)
+
+
+def _check_scores(value, what: str, error: type[GapError], low: float | None = None) -> dict:
+    """An object of source name -> finite number (a perplexity, KL or agreement per source)."""
+    check_keys(value, what, error)
+    for name, number in value.items():
+        check_text(name, f"{what} source name", error)
+        check_number(number, f"{what}[{name!r}]", error, low=low)
+    return value
+
+
+def check_evaluation_report(data, what: str, error: type[GapError]) -> dict:
+    """``data`` unless it is not what ``gap eval --json`` prints (``EvalReport.to_dict()``).
+
+    Only the fields a report shows are checked, each where it is present: per-source scores
+    are finite numbers under short names, parameter counts whole numbers, generations short
+    lists of texts.
+    """
+    check_keys(data, what, error)
+    if not isinstance(data.get("perplexity"), dict) or not data["perplexity"]:
+        raise error(f"{what} is not an evaluation report (no 'perplexity' object): make it with `gap eval --json`")
+    _check_scores(data["perplexity"], f"{what} perplexity", error, low=0.0)
+    for name in ("kl_to_dense", "top1_agreement"):
+        if data.get(name) is not None:
+            _check_scores(data[name], f"{what} {name}", error)
+    if data.get("params") is not None:
+        check_int(data["params"], f"{what} params", error, 1, MAX_PARAMS)
+    if data.get("dense") is not None:
+        dense = check_keys(data["dense"], f"{what} dense", error)
+        if dense.get("params") is not None:
+            check_int(dense["params"], f"{what} dense params", error, 1, MAX_PARAMS)
+        if dense.get("perplexity") is not None:
+            _check_scores(dense["perplexity"], f"{what} dense perplexity", error, low=0.0)
+    if data.get("throughput") is not None:
+        throughput = check_keys(data["throughput"], f"{what} throughput", error)
+        for name in ("prefill_speedup", "decode_speedup"):
+            if throughput.get(name) is not None:
+                check_number(throughput[name], f"{what} throughput {name}", error, low=0.0)
+    generations = data.get("generations") or []
+    if not isinstance(generations, list) or len(generations) > LIMITS.generations:
+        raise error(f"{what} generations must be a list of at most {LIMITS.generations} entries")
+    for i, entry in enumerate(generations):
+        check_keys(entry, f"{what} generations[{i}]", error)
+        for name in ("prompt", "model", "dense"):
+            if entry.get(name) is not None and (not isinstance(entry[name], str) or len(entry[name]) > GENERATION_CHARS):
+                raise error(f"{what} generations[{i}] {name} must be a text of at most {GENERATION_CHARS:,} characters")
+    return data

@@ -30,7 +30,8 @@ import pytest
 from gap_engine.cli import main
 from gap_engine.limits import LIMITS, SizeLimits
 # fresh_cache: an empty GAP_CACHE_DIR with the built-in model linked in; start: AppTest on a page.
-from test_app import fresh_cache, start  # noqa: F401 - a fixture and a helper shared with the app tests
+# cached_table: the app tests' tiny table of the built-in model, stored in fresh_cache.
+from test_app import cached_table, fresh_cache, start, tiny_table  # noqa: F401 - fixtures and a helper shared with the app tests
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -341,6 +342,61 @@ def test_a_table_file_past_its_size_limit_is_refused_unread(cli, tmp_path):
     assert peak < BOMB_PEAK_BYTES, peak  # refused from its size, not read
 
 
+# ---- gap report's inputs ------------------------------------------------------------------------------
+def eval_report_dict() -> dict:
+    """What `gap eval --json` prints, trimmed to the fields a report shows."""
+    return {
+        "model": "tiny-pruned",
+        "params": 30_000,
+        "perplexity": {"news-sample": 12.5},
+        "dense": {"params": 40_000, "perplexity": {"news-sample": 10.0}},
+        "kl_to_dense": {"news-sample": 0.1},
+        "top1_agreement": {"news-sample": 0.8},
+        "throughput": {"prefill_speedup": 1.2, "decode_speedup": 1.1},
+        "generations": [{"prompt": "The", "model": "The end", "dense": "The start"}],
+    }
+
+
+REPORT_EVAL_CASES = {
+    "nested-200k": (lambda d: "[" * DEEP + "]" * DEEP, "deeper than"),
+    "truncated": (lambda d: json.dumps(d)[:-20], "not valid json"),
+    "not-an-evaluation": (lambda d: json.dumps(table_dict()), "not an evaluation report"),
+    "perplexity-a-list": (lambda d: json.dumps(d | {"perplexity": {"news-sample": [1]}}), "must be a number"),
+    "perplexity-infinite": (lambda d: json.dumps(d).replace("12.5", "1e999"), "finite"),
+    "dense-a-list": (lambda d: json.dumps(d | {"dense": []}), "dense must be an object"),
+    "params-text": (lambda d: json.dumps(d | {"params": "many"}), "params must be an integer"),
+    "generations-a-number": (lambda d: json.dumps(d | {"generations": 5}), "generations must be a list"),
+    "generation-text-a-list": (lambda d: json.dumps(d | {"generations": [{"prompt": ["x"]}]}), "prompt must be a text"),
+    "above-size-limit": (lambda d: json.dumps(d | {"pad": "x" * (2 * MiB)}), "above the limit"),
+}
+
+
+@pytest.fixture
+def report_run(cli, tmp_path):
+    """``gap report`` of the synthetic table with a plan for it and the given evaluation file."""
+
+    def run(eval_text):
+        table = write_input(tmp_path, "table.json", json.dumps(table_dict()))
+        plan = write_input(tmp_path, "plan.json", json.dumps(plan_dict() | {"model": "tiny-llama"}))
+        evaluation, out = write_input(tmp_path, "eval.json", eval_text), work_out(tmp_path, "report.html")
+        return cli(["report", "--table", table, "--plan", plan, "--eval", evaluation, "--out", out]), out
+
+    return run
+
+
+def test_a_valid_evaluation_makes_a_report(report_run):
+    (code, err, _), out = report_run(json.dumps(eval_report_dict()))
+    assert code == 0, err
+    assert "12.5" in out.read_text()
+
+
+@pytest.mark.parametrize("name", list(REPORT_EVAL_CASES))
+def test_hostile_evaluation_files_for_a_report_are_one_line_refusals(report_run, name):
+    mutate, message = REPORT_EVAL_CASES[name]
+    result, out = report_run(mutate(eval_report_dict()))
+    assert_refused(result, message, out, set())
+
+
 # ---- resource-sized arguments ---------------------------------------------------------------------
 SIZE_CASES = {
     "eval-seq-len-100000": (["eval", "--model", "smollm2-135m", "--seq-len", "100000"], "--seq-len 100,000"),
@@ -462,8 +518,13 @@ def test_prune_out_onto_an_existing_file_is_refused_and_the_file_kept(cli, tmp_p
         ("table", lambda t: Path("/dev/null"), "not a regular file"),
         ("prune", lambda t: t / "full-folder", "neither empty nor a gap checkpoint"),
         ("front", lambda t: Path(" "), "is empty"),
+        ("report", lambda t: t / "afile" / "report.html", "is a file, not a folder"),
+        ("report", lambda t: t / "full-folder", "is a folder"),
     ],
-    ids=["prune-under-a-file", "table-under-a-file", "front-read-only", "front-onto-a-folder", "table-onto-a-device", "prune-onto-a-foreign-folder", "front-blank-path"],
+    ids=[
+        "prune-under-a-file", "table-under-a-file", "front-read-only", "front-onto-a-folder", "table-onto-a-device",
+        "prune-onto-a-foreign-folder", "front-blank-path", "report-under-a-file", "report-onto-a-folder",
+    ],
 )
 def test_unwritable_outputs_are_found_before_the_work(cli, tmp_path, command, out_of, message):
     (tmp_path / "afile").write_text("x")
@@ -475,19 +536,39 @@ def test_unwritable_outputs_are_found_before_the_work(cli, tmp_path, command, ou
         "prune": ["prune", "--model", "smollm2-135m", "--uniform", "0.1"],
         "table": ["table", "--samples", "2", "--seq-len", "16"],
         "front": ["front", "--table", tmp_path / "absent.json"],
+        "report": ["report", "--table", tmp_path / "absent.json"],
     }[command]
     assert_refused(cli(args + ["--out", out]), message)
     assert set(tmp_path.iterdir()) == before
     assert (tmp_path / "full-folder" / "thesis.tex").read_text() == "precious"
 
 
+CACHE_USERS = {
+    "cache-ls": lambda t: ["cache", "ls"],
+    "models": lambda t: ["models"],
+    "table": lambda t: ["table", "--samples", "2", "--seq-len", "16", "--out", t / "work" / "t.json"],
+    "eval-builtin": lambda t: ["eval", "--model", "smollm2-135m", "--samples", "2", "--seq-len", "16"],
+    "report-run": lambda t: ["report", "--table", t / "absent.json", "--run", "1", "--out", t / "work" / "r.html"],
+}
+
+
+@pytest.mark.parametrize("command", list(CACHE_USERS))
 @pytest.mark.parametrize("where", ["a-file", "under-a-file"])
-def test_gap_cache_dir_that_is_not_a_folder_is_one_line(cli, tmp_path, monkeypatch, where):
+def test_gap_cache_dir_that_is_not_a_folder_is_one_line(cli, tmp_path, monkeypatch, where, command):
+    """Refused before anything else is done (no text source read, no log line first)."""
     afile = tmp_path / "cachefile"
     afile.write_text("x")
+    (tmp_path / "work").mkdir()
     monkeypatch.setenv("GAP_CACHE_DIR", str(afile if where == "a-file" else afile / "sub"))
-    code, err, _ = cli(["cache", "ls"])
-    assert code == 2 and len(err) == 1 and "cache root" in err[0] and afile.read_text() == "x", err
+    assert_refused(cli(CACHE_USERS[command](tmp_path)), "cache root")
+    assert afile.read_text() == "x" and list((tmp_path / "work").iterdir()) == []
+
+
+def test_the_preflight_knows_every_builtin_model():
+    from gap_engine.cli.preflight import BUILTIN_NAMES
+    from gap_engine.models import BUILTIN_MODELS
+
+    assert set(BUILTIN_NAMES) == set(BUILTIN_MODELS)
 
 
 def test_stale_temporaries_of_a_killed_writer_are_removed(front_run, tmp_path):
@@ -503,6 +584,19 @@ def test_stale_temporaries_of_a_killed_writer_are_removed(front_run, tmp_path):
     (code, err, _), out = front_run(json.dumps(table_dict()))
     assert code == 0, err
     assert out.is_file() and not stale_dir.exists() and live.exists()
+
+
+def test_a_killed_prune_leaves_a_temporary_checkpoint_the_next_prune_removes(cli, tmp_path, tiny_model_dir):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    work = tmp_path / "work"
+    stale = work / f".pruned.{dead.pid}-k1ll3d.tmp"  # what atomic_directory leaves when kill -9 hits a save
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"\0" * 100_000)
+    code, err, _ = cli(["prune", "--model", tiny_model_dir, "--uniform", "0.5", "--criterion", "magnitude", "--out", work / "pruned"])
+    assert code == 0, err
+    assert sorted(p.name for p in work.iterdir()) == ["pruned"]
+    assert (work / "pruned" / "gap_pruned.json").is_file()
 
 
 def test_a_disk_that_fills_up_half_way_is_one_line_and_leaves_nothing(front_run, tmp_path, monkeypatch):
@@ -801,6 +895,19 @@ def test_app_setup_refuses_sizes_past_the_ceilings(samples, seq_len, batch, mess
     assert "table" not in at.session_state["app_jobs"]
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("cached_table")
+def test_app_evaluate_refuses_held_out_sizes_past_the_ceilings():
+    at = start("pages/evaluate.py")
+    at.number_input(key="eval_samples").set_value(256)
+    at.number_input(key="eval_seq_len").set_value(2048)  # 524,288 tokens: the widgets' maxima, 4x the ceiling
+    at.button(key="eval_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [str(e.value) for e in at.error]
+    assert len(errors) == 1 and "Held-out samples x Tokens per sample = 524,288 tokens" in errors[0] and "\n" not in errors[0], errors
+    assert "prune_eval" not in at.session_state["app_jobs"]
+
+
 @pytest.mark.usefixtures("fresh_cache")
 def test_app_survives_corrupt_cache_entries():
     from gap_engine import cache
@@ -834,6 +941,7 @@ def test_the_explorer_listens_on_loopback_by_default():
     config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
     assert config["server"]["address"] == "127.0.0.1"
     makefile = (ROOT / "Makefile").read_text()
+    assert config["server"]["maxUploadSize"] * MiB == LIMITS.upload_bytes  # the server refuses bigger uploads itself
     assert "HOST ?= 127.0.0.1" in makefile and "--server.address $(HOST)" in makefile
     dry = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True)
     assert "--server.address 127.0.0.1" in dry.stdout, dry.stdout + dry.stderr

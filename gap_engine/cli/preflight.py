@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import DataError, OutputError
-from ..fsutil import check_output
+from ..fsutil import cache_root, check_output
 from ..limits import LIMITS, check_at_most, check_windows
 
 # option dest -> (flag, floor, ceiling field of LIMITS or None, what one unit is)
@@ -33,6 +33,10 @@ SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
 }
 # Commands whose --out is a folder; every other --out is a file.
 FOLDER_OUTPUTS = ("prune",)
+# Commands that always use the on-disk cache (tables, converted models, the run history).
+CACHE_COMMANDS = ("table", "compare", "models", "cache")
+# The built-in model names (models.BUILTIN_MODELS; not imported: it needs torch). Loading one uses the cache.
+BUILTIN_NAMES = ("smollm2-135m", "gemma3-270m")
 # The file a gap checkpoint folder holds (checkpoint.PRUNED_MARKER; not imported: it needs torch).
 CHECKPOINT_MARKER = "gap_pruned.json"
 
@@ -83,8 +87,20 @@ def check_out(args: argparse.Namespace) -> None:
         raise OutputError(f"--out {path} is a folder that is neither empty nor a gap checkpoint; refusing to replace it")
 
 
+def check_cache(args: argparse.Namespace) -> None:
+    """CacheError now, not after a text source was read, when the command needs a cache root it cannot have."""
+    uses_cache = (
+        args.command in CACHE_COMMANDS
+        or getattr(args, "model", None) in BUILTIN_NAMES
+        or getattr(args, "run", None) is not None  # `gap report --run`: the run history
+    )
+    if uses_cache:
+        cache_root()
+
+
 def preflight(args: argparse.Namespace) -> None:
-    """Every check above, in the order a user fixes them: sizes, sources, output."""
+    """Every check above, in the order a user fixes them: sizes, sources, output, cache."""
     check_sizes(args)
     check_sources(args)
     check_out(args)
+    check_cache(args)
