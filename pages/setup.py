@@ -15,7 +15,7 @@ from gap_engine.errors import DataError, GapError, one_line
 from gap_engine.fsutil import atomic_write_bytes, cache_root
 from gap_engine.config import APP_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, DEFAULT_MODEL, OBJECTIVES, WindowSpec
 from gap_engine.jobs import manager, table_task
-from gap_engine.limits import LIMITS, check_file_size, check_windows
+from gap_engine.limits import LIMITS, check_at_most, check_file_size, check_windows
 from gap_engine.models import BUILTIN_MODELS
 from gap_engine.tables import TableSpec, parse_rate_grid
 from pages import common
@@ -85,10 +85,12 @@ def spec_from_widgets() -> TableSpec:
         batch_size=int(ss["setup_batch"]),
     )
     check_windows(windows.n_samples, windows.seq_len, windows.batch_size, ("Calibration samples", "Tokens per sample", "Batch size"))
+    rate_grid = parse_rate_grid(ss["setup_rate_grid"])
+    check_at_most(len(rate_grid), LIMITS.rates, f"Rates lists {len(rate_grid):,} rates, which")  # each is a column of cells to measure
     return TableSpec(
         windows=windows,
         criterion=ss["setup_criterion"],
-        rate_grid=parse_rate_grid(ss["setup_rate_grid"]),
+        rate_grid=rate_grid,
         objective=ss["setup_objective"],
         mode=ss["setup_mode"],
         estimator=ss["setup_estimator"],

@@ -895,6 +895,17 @@ def test_app_setup_refuses_sizes_past_the_ceilings(samples, seq_len, batch, mess
     assert "table" not in at.session_state["app_jobs"]
 
 
+@pytest.mark.usefixtures("fresh_cache")
+def test_app_setup_refuses_a_rate_grid_past_the_ceiling():
+    at = start()
+    at.text_input(key="setup_rate_grid").set_value(",".join(f"{i / 1000:.3f}" for i in range(LIMITS.rates + 1)))
+    at.button(key="setup_build").click().run()
+    assert not at.exception
+    errors = [str(e.value) for e in at.error]
+    assert any(f"Rates lists {LIMITS.rates + 1} rates, which is above the limit of {LIMITS.rates}" in e for e in errors), errors
+    assert "table" not in at.session_state["app_jobs"]
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("cached_table")
 def test_app_evaluate_refuses_held_out_sizes_past_the_ceilings():
