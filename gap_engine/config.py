@@ -4,8 +4,9 @@ Three choices of the method have three distinct nouns, used the same way in code
 app labels and the README:
 
 - the **criterion** decides *which* heads and channels of a layer go (``importance``);
-- the **estimator** decides *how a loss table is filled*: measured cell by cell (``exact``)
-  or estimated from one gradient pass (``fisher``, ``taylor``) (``tables``);
+- the **estimator** decides *how a loss table is filled*: measured cell by cell (``exact``),
+  estimated from one gradient pass (``fisher``, ``taylor``), or estimated and then measured
+  exactly where the plans go (``refine``) (``tables``);
 - the **allocator** decides *how much* each layer loses under one global budget: GAP's
   exact DP or a baseline (``allocate``).
 
@@ -23,7 +24,7 @@ from .errors import DataError
 # ---- the three choices ------------------------------------------------------------------
 CRITERIA = ("magnitude", "wanda", "flap", "taylor")  # within-layer importance
 DEFAULT_CRITERION = "wanda"
-ESTIMATORS = ("exact", "fisher", "taylor")  # how a loss table is filled
+ESTIMATORS = ("exact", "fisher", "taylor", "refine")  # how a loss table is filled (refine: fisher, then exact cells where plans go)
 OBJECTIVES = ("nll", "kl")  # what a table cell measures
 MODES = ("split", "block")  # split: attention and MLP are separate components
 ALLOCATORS = ("dp", "uniform", "flap", "owl", "evo")  # how the budget is spread over layers
@@ -74,6 +75,10 @@ class WindowSpec:
 # ---- loss tables -------------------------------------------------------------------------
 FULL_RATE_GRID = tuple(i / 16 for i in range(16))  # 0, 1/16, ..., 15/16
 QUICK_RATE_GRID = tuple(i / 8 for i in range(8))  # 0, 1/8, ..., 7/8
+# A refined table measures exactly the cells the DP's plans use at these budgets (fractions
+# of the prunable parameters), with their grid neighbours, until every chosen cell is measured.
+REFINE_BUDGETS = (0.1, 0.2, 0.3, 0.4)
+REFINE_ATTENTION = ("chosen", "all")  # "all": also every attention cell from the start
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,7 @@ def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
     assert table.key in stdout.out and "table cells: " in stdout.err
 
     assert main(argv[:-1] + [str(tmp_path / "table.csv")]) == 0
-    assert (tmp_path / "table.csv").read_text().startswith("layer,component,rate,delta,smoothed,removed\n")
+    assert (tmp_path / "table.csv").read_text().startswith("layer,component,rate,delta,smoothed,removed,measured,tokens\n")
 
     assert main(["cache", "ls"]) == 0
     assert table.key in capsys.readouterr().out

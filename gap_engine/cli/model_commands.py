@@ -8,6 +8,7 @@ import sys
 
 from ..adapters import supported_model_types
 from ..checkpoint import save_pruned
+from ..data import bos_token_id
 from ..errors import PlanError
 from ..evaluate import EvalSettings, evaluate
 from ..models import list_models, load_model
@@ -49,6 +50,14 @@ def run_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def window_convention_text(tokenizer) -> str:
+    """One line saying how every evaluation window starts (issue: Gemma needs its BOS token)."""
+    bos = bos_token_id(tokenizer)
+    if bos is None:
+        return "start with text (this model's tokenizer adds no BOS token)"
+    return f"start with {tokenizer.convert_ids_to_tokens(bos)!s} (the model's BOS token: context only, not scored)"
+
+
 def run_eval(args: argparse.Namespace) -> int:
     lm = load_model(args.model)
     dense = None if args.no_dense else dense_reference(lm)
@@ -58,6 +67,7 @@ def run_eval(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict()))
         return 0
     print(f"model: {report.model}  params: {report.params:,}  size: {report.size_bytes / 2**20:.1f} MiB")
+    print(f"windows: {window_convention_text(lm.tokenizer)}")
     for source, ppl in report.perplexity.items():
         line = f"perplexity[{source}]: {ppl:.3f}"
         if report.dense:

@@ -23,6 +23,8 @@ from ..config import (
     EVAL_WINDOWS,
     MODES,
     OBJECTIVES,
+    REFINE_ATTENTION,
+    REFINE_BUDGETS,
 )
 from .arguments import DeprecatedAlias, add_window_args, rate_arg
 
@@ -70,7 +72,19 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> 
         "--estimator",
         choices=ESTIMATORS,
         default=estimator_default,
-        help="exact: measure every cell; fisher/taylor: estimate from one gradient pass (default: %(default)s)",
+        help="exact: measure every cell; fisher/taylor: estimate from one gradient pass; refine: fisher, then "
+        "measure exactly the cells the DP's plans use (default: %(default)s)",
+    )
+    p.add_argument(
+        "--refine-budgets",
+        default=",".join(f"{b:g}" for b in REFINE_BUDGETS),
+        help="refine: budgets whose plans' cells are measured exactly (default: %(default)s)",
+    )
+    p.add_argument(
+        "--refine-attention",
+        choices=REFINE_ATTENTION,
+        default="chosen",
+        help="refine: measure the chosen attention cells only, or every attention cell (default: %(default)s)",
     )
     p.add_argument("--approx", dest="estimator", choices=ESTIMATORS[1:], action=DeprecatedAlias, new_name="--estimator", help=argparse.SUPPRESS)
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE, help="MLP width granularity")
