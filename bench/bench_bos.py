@@ -19,7 +19,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -27,13 +26,12 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from report import machine_line, write_report  # noqa: E402
+
 from gap_engine.config import WindowSpec  # noqa: E402
 from gap_engine.data import batches, bos_token_id, heldout_windows, window_start  # noqa: E402
-from gap_engine.fsutil import atomic_write_text  # noqa: E402
 from gap_engine.models import load_model  # noqa: E402
 from gap_engine.tables.cells import objective_per_window, objective_positions  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def perplexity(lm, windows: torch.Tensor, start: int, batch_size: int = 4) -> float:
@@ -58,8 +56,9 @@ def measure(name: str, sources: list[str], args) -> list[str]:
         started = time.perf_counter()
         before, forced = perplexity(lm, text, 0), perplexity(lm, with_bos, 1)
         after = forced if window_start(tokenizer) == "bos" else before
+        token = tokenizer.convert_ids_to_tokens(bos).replace("|", "\\|")  # a bare | would end the table cell
         rows.append(
-            f"| {name} | {source} | {window_start(tokenizer)} (`{tokenizer.convert_ids_to_tokens(bos)}`) | ".replace("|>", "\\|>").replace("<|", "<\\|")
+            f"| {name} | {source} | {window_start(tokenizer)} (`{token}`) | "
             f"{before:.2f} | {forced:.2f} | **{after:.2f}** | {time.perf_counter() - started:.0f} s |"
         )
         print(rows[-1], file=sys.stderr, flush=True)
@@ -74,7 +73,7 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--name", default="bos", help="output: bench/results/<name>.md")
     args = parser.parse_args()
-    load = os.getloadavg()
+    load, started = os.getloadavg(), time.perf_counter()
     sources = [s for s in args.data.split(",") if s]
     lines = [
         "# Dense perplexity with and without the BOS token (issue 14)",
@@ -83,10 +82,8 @@ def main() -> int:
         "python bench/bench_bos.py " + " ".join(sys.argv[1:]),
         "```",
         "",
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, shared CPU; load average "
-        f"at start {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. Held-out windows: {args.samples} x {args.seq_len} "
-        "text tokens per source (seed 0), never overlapping calibration text. Every column counts the same "
-        "tokens: the text tokens after the first of each window.",
+        f"Held-out windows: {args.samples} x {args.seq_len} text tokens per source (seed 0), never overlapping "
+        "calibration text. Every column counts the same tokens: the text tokens after the first of each window.",
         "",
         "| model | held-out text | the model's convention (BOS token) | before: windows start with text | "
         "with BOS in front | **after: as the model expects** | time |",
@@ -94,11 +91,8 @@ def main() -> int:
     ]
     for name in [m for m in args.models.split(",") if m]:
         lines += measure(name, sources, args)
-    load = os.getloadavg()
-    lines += ["", f"Load average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}.", ""]
-    RESULTS.mkdir(exist_ok=True)
-    atomic_write_text(RESULTS / f"{args.name}.md", "\n".join(lines))
-    print("\n".join(lines))
+    lines += ["", machine_line(load, started), ""]
+    write_report(args.name, lines)
     return 0
 
 

@@ -20,27 +20,25 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from report import add_eval_args, machine_line, write_report  # noqa: E402
+
 from gap_engine.allocate import plan_from_table  # noqa: E402
 from gap_engine.config import QUICK_RATE_GRID, WindowSpec  # noqa: E402
 from gap_engine.data import calibration_windows  # noqa: E402
 from gap_engine.evaluate import mean_nll  # noqa: E402
-from gap_engine.fsutil import atomic_write_text  # noqa: E402
 from gap_engine.importance import compute_importance  # noqa: E402
 from gap_engine.models import load_model  # noqa: E402
 from gap_engine.pipeline import heldout_sets, loss_table, pruned_copy  # noqa: E402
 from gap_engine.tables import TableSpec, parse_rate_grid  # noqa: E402
 
 log = logging.getLogger("bench_defaults")
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -52,9 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in QUICK_RATE_GRID))
     p.add_argument("--budgets", default="0.1,0.2,0.3")
-    p.add_argument("--eval-data", default="wiki-sample,news-sample")
-    p.add_argument("--eval-samples", type=int, default=8)
-    p.add_argument("--eval-seq-len", type=int, default=256)
+    add_eval_args(p)
     p.add_argument("--name", default="defaults", help="output: bench/results/<name>.md")
     return p.parse_args(argv)
 
@@ -111,7 +107,6 @@ def main(argv=None) -> int:
         wall, cpu, load = (float(np.mean(x)) for x in zip(*builds))
         cells = " | ".join(f"{np.mean(ppl[b, s]):.2f}" for b in budgets for s in sources)
         rows.append(f"| {objective} | {n} x {t} = {n * t} | {wall:.0f} s | {cpu:.0f} s | {load:.1f} | {cells} |")
-    load_end = os.getloadavg()
     lines = [
         f"# Table defaults from evidence: {args.model}",
         "",
@@ -119,9 +114,7 @@ def main(argv=None) -> int:
         command,
         "```",
         "",
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, 2 CPU cores shared with other sessions, "
-        f"no GPU. Load average at start {load_start[0]:.1f} / {load_start[1]:.1f} / {load_start[2]:.1f}, at the end "
-        f"{load_end[0]:.1f} / {load_end[1]:.1f} / {load_end[2]:.1f}; the run took {time.perf_counter() - started:.0f} s.",
+        machine_line(load_start, started),
         "",
         f"Every table: {args.estimator} estimate, {args.data} calibration, rates {args.rates}, criterion wanda, split mode. "
         f"Plans: GAP's DP on the table at each budget, pruned for real (the table's own windows score the units). "
@@ -144,9 +137,7 @@ def main(argv=None) -> int:
         *per_seed,
         "",
     ]
-    RESULTS.mkdir(exist_ok=True)
-    atomic_write_text(RESULTS / f"{args.name}.md", "\n".join(lines))
-    print("\n".join(lines))
+    write_report(args.name, lines)
     return 0
 
 

@@ -23,28 +23,25 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
-import math  # noqa: E402
-import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from report import add_eval_args, machine_line, write_report  # noqa: E402
+
 from gap_engine.allocate import plan_from_table  # noqa: E402
 from gap_engine.config import QUICK_RATE_GRID, WindowSpec  # noqa: E402
 from gap_engine.data import calibration_windows  # noqa: E402
-from gap_engine.fsutil import atomic_write_text  # noqa: E402
 from gap_engine.importance import compute_importance  # noqa: E402
 from gap_engine.models import load_model  # noqa: E402
 from gap_engine.pipeline import heldout_sets, loss_table, measure_plan, reference_numbers  # noqa: E402
 from gap_engine.tables import TableSpec, parse_rate_grid  # noqa: E402
 
 log = logging.getLogger("bench_refine")
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,9 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--objective", default="kl")
     p.add_argument("--budgets", default="0.1,0.2,0.3,0.4")
     p.add_argument("--all-attention-seeds", default="0", help="seeds that also get refine with every attention cell")
-    p.add_argument("--eval-data", default="wiki-sample,news-sample")
-    p.add_argument("--eval-samples", type=int, default=8)
-    p.add_argument("--eval-seq-len", type=int, default=256)
+    add_eval_args(p)
     p.add_argument("--name", default="refine", help="output: bench/results/<name>.md")
     return p.parse_args(argv)
 
@@ -137,7 +132,7 @@ def seed_section(lm, args, seed: int, heldout, sources) -> tuple[list[str], dict
                 f"| {budget:.0%} | {label} | {plan.predicted_loss:.4f} | {outcome.calib_objective_increase:.4f} | "
                 f"{on_exact - optimum:.4f} | {ppl} |"
             )
-    lines += ["", f"Dense: " + ", ".join(f"{s} {reference.perplexity[s]:.3f}" for s in sources) + ".", ""]
+    lines += ["", "Dense: " + ", ".join(f"{s} {reference.perplexity[s]:.3f}" for s in sources) + ".", ""]
     lines += pricing(exact, tables["fisher"])
     return lines, {"tables": tables, "results": results}
 
@@ -201,7 +196,6 @@ def main(argv=None) -> int:
     for seed in [int(s) for s in args.seeds.split(",") if s]:
         lines, per_seed[seed] = seed_section(lm, args, seed, heldout, sources)
         sections += lines
-    load_end = os.getloadavg()
     header = [
         f"# Refined tables against the full exact table: {args.model}",
         "",
@@ -209,10 +203,8 @@ def main(argv=None) -> int:
         command,
         "```",
         "",
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, shared CPU, no GPU; torch {torch.__version__}. "
-        f"Load average at start {load_start[0]:.1f} / {load_start[1]:.1f} / {load_start[2]:.1f}, at the end "
-        f"{load_end[0]:.1f} / {load_end[1]:.1f} / {load_end[2]:.1f}; the run took {time.perf_counter() - started:.0f} s "
-        f"wall ({time.process_time() - cpu_started:.0f} s CPU). Tables read from the cache keep the times of their build.",
+        machine_line(load_start, started) + f" CPU time of the run: {time.process_time() - cpu_started:.0f} s. "
+        "Tables read from the cache keep the times of their build.",
         "",
         f"Tables: objective {args.objective}, {args.data} calibration, {args.samples} x {args.seq_len} tokens, rates "
         f"{args.rates}, criterion wanda, split mode; refine measures the cells of the DP plans at {args.budgets} and "
@@ -220,10 +212,7 @@ def main(argv=None) -> int:
         f"{', '.join(sources)}.",
         "",
     ]
-    text = "\n".join(header + summary(args, per_seed, sources) + ["## Per seed", ""] + sections) + "\n"
-    RESULTS.mkdir(exist_ok=True)
-    atomic_write_text(RESULTS / f"{args.name}.md", text)
-    print(text)
+    write_report(args.name, header + summary(args, per_seed, sources) + ["## Per seed", ""] + sections)
     return 0
 
 

@@ -72,11 +72,29 @@ def sensitivity_figure(table, kinds=None, log_y: bool = False, smoothed: bool = 
     return fig
 
 
+def cell_notes(table) -> np.ndarray:
+    """(C, R) text per cell: measured exactly or estimated, and on how many token positions."""
+    measured = table.measured_cells()
+    tokens = table.cell_tokens
+    notes = np.empty(measured.shape, dtype=object)
+    for c in range(measured.shape[0]):
+        for r in range(measured.shape[1]):
+            how = "removes nothing" if table.removed[c, r] == 0 else ("measured exactly" if measured[c, r] else "estimated (gradient)")
+            notes[c, r] = how if tokens is None or table.removed[c, r] == 0 else f"{how} on {int(tokens[c, r]):,} tokens"
+    return notes
+
+
 def heatmap_figure(table, smoothed: bool = True, log_color: bool = False) -> go.Figure:
-    """Layers x rates, one heatmap per component kind; hover gives the exact numbers."""
+    """Layers x rates, one heatmap per component kind; hover gives the exact numbers and how
+    each cell was filled. When a table mixes measured and estimated cells (``refine``), a
+    ring marks every measured one."""
     kinds = _kinds(table)
     losses = table.losses(smoothed)
     rates = [f"{r:.3g}" for r in table.rate_grid]
+    notes = cell_notes(table)
+    cutting = table.removed > 0
+    marked = table.measured_cells() & cutting
+    mixed = bool(marked.any()) and not bool(marked[cutting].all())
     fig = make_subplots(rows=1, cols=len(kinds), shared_yaxes=True, subplot_titles=[KIND_LABEL[k] for k in kinds])
     zmax = float(np.max(losses)) if losses.size else 1.0
     for col, kind in enumerate(kinds, start=1):
@@ -90,13 +108,25 @@ def heatmap_figure(table, smoothed: bool = True, log_color: bool = False) -> go.
                 x=rates,
                 y=layers,
                 customdata=np.stack([z, table.removed[rows]], axis=-1),
+                text=notes[rows],
                 coloraxis="coloraxis",
                 hovertemplate=f"layer %{{y}} {KIND_LABEL[kind]}<br>rate %{{x}}<br>loss increase %{{customdata[0]:.6g}}"
-                "<br>removes %{customdata[1]:,} params<extra></extra>",
+                "<br>removes %{customdata[1]:,} params<br>%{text}<extra></extra>",
             ),
             row=1,
             col=col,
         )
+        if mixed:
+            cells = [(rates[r], table.components[c][0]) for c in rows for r in range(len(rates)) if marked[c, r]]
+            fig.add_trace(
+                go.Scatter(
+                    x=[x for x, _ in cells], y=[y for _, y in cells], mode="markers", name="measured exactly",
+                    marker=dict(symbol="circle-open", size=7, color="#00B5E2", line=dict(width=2)),
+                    showlegend=col == 1, hoverinfo="skip",
+                ),
+                row=1,
+                col=col,
+            )
         fig.update_xaxes(title_text="pruning rate", row=1, col=col)
     fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
     fig.update_layout(
@@ -113,14 +143,23 @@ def heatmap_figure(table, smoothed: bool = True, log_color: bool = False) -> go.
     return fig
 
 
-def step_title(budget: float, row: dict, dense_total: int, objective: str) -> str:
+BASIS_TEXT = {"measured": "sum of measured cells", "estimated": "sum of estimated cells", "mixed": "sum of measured and estimated cells"}
+
+
+def step_title(budget: float, row: dict, dense_total: int, objective: str, basis: str | None = None) -> str:
     removed = int(row["removed"])
     pruned = dense_total - removed
     return (
         f"<b>Budget {budget:.1%}</b> of prunable params · removes {removed / 1e6:.2f}M "
         f"({removed / dense_total:.1%} of all) · {pruned / 1e6:.1f}M params left, "
         f"{pruned * BYTES_PER_PARAM / 2**20:.0f} MiB fp32 · predicted {objective} +{row['predicted_loss']:.4f}"
+        + (f" ({BASIS_TEXT[basis]})" if basis else "")
     )
+
+
+def row_basis(table, row: dict) -> str:
+    """What a front row's prediction sums: "measured", "estimated" or "mixed" cells."""
+    return table.basis(table.cells_for(row["attention_rates"], row["mlp_rates"]))
 
 
 def planner_figure(
@@ -131,6 +170,7 @@ def planner_figure(
     locked: dict | None = None,
     baselines: list[dict] | None = None,
     steps: int = SLIDER_STEPS,
+    measured: list[dict] | None = None,
 ) -> go.Figure:
     """Per-layer rates (bars) beside predicted loss vs budget, both driven by one Plotly slider.
 
@@ -148,6 +188,8 @@ def planner_figure(
         locked: layer -> locked rate, marked on the bars.
         baselines: rows of pipeline.baseline_rows (allocator, budget, removed_fraction, predicted_loss).
         steps: slider steps from 0 to the largest reachable budget.
+        measured: runs of this table that were pruned and measured (id, allocator, budget,
+            predicted_loss, actual_loss): drawn beside the predicted front.
     Returns:
         The figure, with ``frames`` (one per step, named ``b<i>``) and ``layout.sliders[0]``.
     """
@@ -168,7 +210,7 @@ def planner_figure(
         horizontal_spacing=0.08,
         vertical_spacing=0.09,
         specs=[[{"colspan": 2}, None], [{}, {}]],
-        subplot_titles=("", "Pruning rate per layer", f"Predicted {objective} increase vs budget"),
+        subplot_titles=("", "Pruning rate per layer", f"{objective} increase vs budget: predicted (line), measured (x)"),
     )
     start = picks[active]
     b0 = float(budgets[active])
@@ -190,8 +232,8 @@ def planner_figure(
     )
     readout_index = len(fig.data)
     fig.add_trace(
-        go.Scatter(x=[0.0], y=[0.5], mode="text", text=[step_title(b0, start, dense_total, objective)],
-                   textposition="middle right", textfont=dict(size=14, color="#31333F"),
+        go.Scatter(x=[0.0], y=[0.5], mode="text", text=[step_title(b0, start, dense_total, objective, row_basis(table, start))],
+                   textposition="middle right", textfont=dict(size=13, color="#31333F"),
                    showlegend=False, hoverinfo="skip", cliponaxis=False),
         row=1, col=1,
     )
@@ -224,6 +266,16 @@ def planner_figure(
                        hovertemplate="budget %{x:.2f}%<br>predicted +%{y:.5f}<extra>" + allocator + "</extra>"),
             row=2, col=2,
         )
+    for allocator in sorted({str(run["allocator"]) for run in measured or []}):
+        runs = [run for run in measured if str(run["allocator"]) == allocator]
+        fig.add_trace(
+            go.Scatter(x=[run["budget"] * 100 for run in runs], y=[run["actual_loss"] for run in runs], mode="markers",
+                       name=f"{allocator}: measured", marker=dict(size=10, symbol="x", color="#E45756" if allocator == "dp" else "#72B7B2"),
+                       customdata=[[run["id"], run["predicted_loss"]] for run in runs],
+                       hovertemplate="run %{customdata[0]}, budget %{x:.2f}%<br>measured +%{y:.5f}<br>predicted +%{customdata[1]:.5f}"
+                       "<extra>" + allocator + " measured</extra>"),
+            row=2, col=2,
+        )
     marker_index = len(fig.data)
     fig.add_trace(
         go.Scatter(x=[start["budget"] * 100], y=[start["predicted_loss"]], mode="markers", name="current budget",
@@ -242,7 +294,7 @@ def planner_figure(
                     go.Bar(y=row["attention_rates"]),
                     go.Bar(y=row["mlp_rates"]),
                     go.Scatter(y=[u, u]),
-                    go.Scatter(text=[step_title(float(b), row, dense_total, objective)]),
+                    go.Scatter(text=[step_title(float(b), row, dense_total, objective, row_basis(table, row))]),
                     go.Scatter(x=[row["budget"] * 100], y=[row["predicted_loss"]]),
                 ],
             )
@@ -257,6 +309,7 @@ def planner_figure(
         )
     fig.frames = frames
     top_loss = max([r["predicted_loss"] for r in front] + [float(np.max(curve["loss"]))]) if front else 1.0
+    top_loss = max([top_loss] + [float(run["actual_loss"]) for run in measured or []])
     fig.update_layout(
         template="plotly_white",
         barmode="group",

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from gap_engine import history
 from gap_engine.allocate import plan_from_table
 from gap_engine.allocate.front import baseline_budgets, front_row_at
 from gap_engine.config import DEFAULT_BUDGET, DEFAULT_MAX_RATE
@@ -83,6 +84,19 @@ baseline_key = table.key + "|" + common.constraints_json(raw_constraints)
 stored = ss.get("app_baselines")
 baselines = stored["rows"] if stored and stored.get("key", "").startswith(baseline_key + "|") else None
 
+
+def measured_runs() -> list[dict]:
+    """Prune & evaluate runs of this table: where the predicted front meets measurement."""
+    try:
+        frame = history.list_runs()
+    except GapError:
+        return []
+    if frame.empty:
+        return []
+    frame = frame[(frame["table_key"] == table.key) & frame["actual_loss"].notna() & frame["budget"].notna()]
+    return frame[["id", "allocator", "budget", "predicted_loss", "actual_loss"]].to_dict("records")
+
+
 fig = figures.planner_figure(
     table,
     rows,
@@ -90,6 +104,7 @@ fig = figures.planner_figure(
     active_budget=ss["planner_budget_pct"] / 100,
     locked={int(k): v for k, v in raw_constraints["locked"].items()},
     baselines=baselines,
+    measured=measured_runs(),
 )
 # theme=None: Streamlit's theme rewrites the title on every redraw, which would fight the slider's title updates.
 st.plotly_chart(fig, key="planner_chart", width="stretch", theme=None, config={"displaylogo": False})
@@ -124,7 +139,12 @@ else:
     c1.metric("Removed", f"{params['removed'] / 1e6:.2f}M", f"{params['removed_fraction_of_total']:.1%} of all", delta_color="off", delta_arrow="off")
     c2.metric("Parameters left", f"{params['pruned_total'] / 1e6:.1f}M", f"of {params['dense_total'] / 1e6:.1f}M", delta_color="off", delta_arrow="off")
     c3.metric("Size (fp32)", f"{params['pruned_total'] * figures.BYTES_PER_PARAM / 2**20:.0f} MiB")
-    c4.metric(f"Predicted {table.spec.objective} increase", f"{plan.predicted_loss:.4f}")
+    basis = table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates))
+    c4.metric(
+        f"Predicted {table.spec.objective} increase", f"{plan.predicted_loss:.4f}", figures.BASIS_TEXT[basis], delta_color="off", delta_arrow="off",
+        help="The table's single-component increases added up; components interact, so the measured increase "
+        "(Prune & evaluate) is usually larger. Measured runs of this table appear as x marks on the right panel.",
+    )
     with st.expander("Per-layer rates of this plan"):
         st.dataframe(
             pd.DataFrame({"layer": range(table.num_layers), "attention rate": plan.attention_rates, "MLP rate": plan.mlp_rates}),

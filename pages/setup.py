@@ -24,6 +24,7 @@ DATA_KINDS = ("Built-in sample", "Uploaded file")
 ESTIMATORS = {
     "fisher": "fast: second-order estimate (one forward and backward pass)",
     "taylor": "fast: first-order estimate (one forward and backward pass)",
+    "refine": "trusted: the fisher estimate, then every cell the plans use measured exactly (minutes)",
     "exact": "exact: measured cell by cell (slow: minutes to hours)",
 }
 DEFAULTS = {
