@@ -84,3 +84,31 @@ def test_rounds_remove_the_budget_planned_on_the_pruned_model(tmp_cache, tiny):
     widths = [result.model.adapter.geometry(layer).intermediate_size for layer in layers]
     dense_width = tiny.adapter.geometry(tiny.adapter.layers(tiny.model)[0]).intermediate_size
     np.testing.assert_allclose(result.mlp_rates, [1 - w / dense_width for w in widths])
+
+
+def test_cli_prune_in_rounds_saves_a_checkpoint_that_loads(tmp_cache, tiny, tmp_path, capsys):
+    import json
+
+    from gap_engine.cli import main
+    from gap_engine.models import load_model
+
+    folder = tmp_path / "tiny-model"
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    out = tmp_path / "pruned"
+    argv = [
+        "prune", "--model", str(folder), "--budget", "0.3", "--rounds", "2", "--estimator", "fisher", "--objective", "kl",
+        "--rates", "0,0.25,0.5,0.75", "--samples", "3", "--seq-len", "24", "--out", str(out), "--json",
+    ]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(summary["rounds"]) == 2 and summary["removed_fraction_of_prunable"] >= 0.3
+    assert all(r["measured"] > 0 for r in summary["rounds"])
+    pruned = load_model(str(out))
+    assert pruned.param_count() == summary["params_after"] < summary["params_before"]
+    assert pruned.pruned_from["plan"]["allocator"] == "dp-iterative"
+    kept = json.loads((out / "kept_indices.json").read_text())
+    widths = [pruned.adapter.geometry(layer).intermediate_size for layer in pruned.adapter.layers(pruned.model)]
+    assert [len(c) for c in kept["kept_channels"]] == widths
+    assert main(["prune", "--model", str(folder), "--budget", "0.3", "--uniform", "0.2", "--out", str(out)]) == 2
+    assert "exactly one of" in capsys.readouterr().err

@@ -10,8 +10,10 @@ physically (``surgery``), and its table is built like any other (cached under th
 model's own fingerprint, resumable, cancellable).
 
 The result is a pruned model, not a plan for the dense model: the units each round removes
-are chosen by importance scores of the model at that round. The per-layer rates it reports
-(the share of each component's dense parameters gone) describe the widths only.
+are chosen by importance scores of the model at that round. Its plan (the share of each
+component's dense parameters gone, on the dense model's fingerprint) records the widths, and
+its kept indices (composed over the rounds, into the dense model's heads and channels) say
+which units survived, so it saves as an ordinary pruned checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..allocate import Constraints
 from ..data import calibration_windows
 from ..importance import compute_importance
 from ..models import LoadedModel
+from ..plan import RatePlan, make_plan
 from ..progress import CancelToken, ProgressFn, StageFn, check_cancelled
 from ..tables import TableSpec
 from ..units import block_geometries
@@ -54,6 +57,8 @@ class IterativeResult:
     attention_rates: list[float]  # per layer: share of the dense attention parameters gone
     mlp_rates: list[float]  # per layer: share of the dense MLP parameters gone
     rounds: list[PlanRound] = field(default_factory=list)
+    plan: RatePlan | None = None  # the widths as a plan for the dense model (allocator "dp-iterative")
+    kept: dict = field(default_factory=dict)  # kept_kv_heads, kept_heads, kept_channels per layer, in dense indices
 
     @property
     def predicted_loss(self) -> float:
@@ -67,6 +72,11 @@ def prunable_params(lm: LoadedModel, channel_multiple: int) -> tuple[int, list[i
     attention = [g.params_at("attn", 0.0) for g in geoms]
     mlp = [g.params_at("mlp", 0.0, channel_multiple) for g in geoms]
     return sum(attention) + sum(mlp), attention, mlp
+
+
+def compose_kept(kept: dict, round_kept: dict) -> dict:
+    """Kept indices into the dense model after one more round (``round_kept`` indexes the round's model)."""
+    return {name: [[layer[i] for i in chosen] for layer, chosen in zip(kept[name], round_kept[name])] for name in kept}
 
 
 def iterative_prune(
@@ -99,6 +109,12 @@ def iterative_prune(
     current = dense.copy()
     total, dense_attention, dense_mlp = prunable_params(dense, spec.channel_multiple)
     out = IterativeResult(current, budget, 0, 0.0, [], [])
+    geoms = [dense.adapter.geometry(layer) for layer in dense.adapter.layers(dense.model)]
+    out.kept = {
+        "kept_kv_heads": [list(range(g.n_kv_heads)) for g in geoms],
+        "kept_heads": [list(range(g.n_heads)) for g in geoms],
+        "kept_channels": [list(range(g.intermediate_size)) for g in geoms],
+    }
     for index in range(1, rounds + 1):
         check_cancelled(cancel, f"iterative planning cancelled before round {index} of {rounds}")
         if stage:
@@ -110,7 +126,7 @@ def iterative_prune(
         windows = calibration_windows(current.tokenizer, spec.windows)
         scores = compute_importance(current, windows, spec.criterion, spec.windows.batch_size, cancel=cancel)
         before = current.copy() if measure else None
-        prune_with_plan(current, plan, spec.windows, scores=scores)
+        out.kept = compose_kept(out.kept, prune_with_plan(current, plan, spec.windows, scores=scores).kept_indices())
         measured = None
         if before is not None:
             measured = objective_increase(current, before, windows, spec.objective, spec.windows.batch_size)
@@ -122,5 +138,11 @@ def iterative_prune(
     out.removed_fraction = out.removed / total
     out.attention_rates = [1.0 - a / d for a, d in zip(attention, dense_attention)]
     out.mlp_rates = [1.0 - m / d for m, d in zip(mlp, dense_mlp)]
-    current.pruned_from = {"model": dense.name, "fingerprint": dense.fingerprint, "plan": None}
+    out.plan = make_plan(
+        dense, out.attention_rates, out.mlp_rates, spec.criterion, spec.channel_multiple,
+        allocator="dp-iterative", budget=budget, predicted_loss=out.predicted_loss,
+    )
+    if out.plan.params["pruned_total"] != current.param_count():
+        raise AssertionError(f"the rounds left {current.param_count()} parameters, their widths say {out.plan.params['pruned_total']}")
+    current.pruned_from = {"model": dense.name, "fingerprint": dense.fingerprint, "plan": out.plan.to_dict()}
     return out
