@@ -176,3 +176,26 @@ def test_cancel_then_resume_gives_the_uninterrupted_refined_table(tmp_cache, tin
     assert resumed.extras["cells_resumed"] + resumed.extras["cells_measured"] == tables["refine"].extras["refined_cells"]
     np.testing.assert_array_equal(resumed.measured, tables["refine"].measured)
     np.testing.assert_allclose(resumed.delta, tables["refine"].delta, rtol=1e-6, atol=1e-9)
+
+
+def test_the_rounds_replayed_on_the_exact_table_choose_what_the_build_measured(tiny, tables):
+    from gap_engine.importance import compute_importance
+    from gap_engine.tables.cells import unit_cuts
+    from gap_engine.tables.exact import distinct_cuts
+    from gap_engine.tables.refine import RefineProblem, refinement_rounds
+
+    exact, refine = tables["exact"], tables["refine"]
+    windows = calibration_windows(tiny.tokenizer, WINDOWS)
+    scores = compute_importance(tiny, windows, exact.spec.criterion, 3)
+    _, owner = distinct_cuts(unit_cuts(tiny, scores, exact.components, GRID8, 8))
+    problem = RefineProblem(refine.estimate, owner, exact.removed, exact.dense_prunable, tuple(k for _, k in exact.components), 0.0)
+    asked = []
+
+    def measure(todo, measured):
+        asked.append(list(todo))
+        measured.update({cell: float(exact.cell_objective[cell]) for cell in todo})
+
+    measured, rounds = refinement_rounds(problem, spec("refine"), measure)
+    assert rounds == refine.extras["refine_rounds"] == len(asked) and len(measured) == refine.extras["refined_cells"]
+    replayed = np.array([[owner[c, r] is None or owner[c, r] in measured for r in range(8)] for c in range(len(owner) // 8)])
+    np.testing.assert_array_equal(replayed, refine.measured)

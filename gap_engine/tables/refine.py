@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -100,6 +101,47 @@ def current_objective(dense: float, estimate: np.ndarray, owner: dict, measured:
     return objective
 
 
+@dataclass(frozen=True)
+class RefineProblem:
+    """What the rounds of a refinement decide on (no model: the measuring is a callback)."""
+
+    estimate: np.ndarray  # (C, R) estimated increase over dense
+    owner: dict  # cell -> the cell that measures its cut (None: removes nothing)
+    removed: np.ndarray  # (C, R) parameters each cell removes
+    dense_prunable: int  # prunable parameters of the dense model
+    kinds: tuple[str, ...]  # component kind per row ("attn", "mlp", "block")
+    dense: float  # the dense objective measured cells are compared with
+
+
+def refinement_rounds(problem: RefineProblem, spec: TableSpec, measure: Callable[[list[tuple[int, int]], dict], None]) -> tuple[dict, int]:
+    """Run the rounds (steps 2-4 of the module docstring) until every chosen cell is measured.
+
+    Args:
+        problem: the estimate and the table's geometry.
+        spec: budgets in view, neighbours, attention and the rate grid.
+        measure: called with the cells to measure this round (sorted) and the dict of
+            measured values, which it fills (cell -> objective per counted position).
+    Returns:
+        (cell -> measured objective, rounds run).
+    """
+    measured: dict[tuple[int, int], float] = {}
+    cells = {source for source in problem.owner.values() if source is not None}
+    first = {cell for cell in cells if problem.kinds[cell[0]] == "attn"} if spec.refine_attention == "all" else set()
+    rounds = 0
+    while True:
+        losses = isotonic_smooth(current_objective(problem.dense, problem.estimate, problem.owner, measured) - problem.dense)
+        chosen = chosen_cells(problem.removed, losses, spec.refine_budgets, problem.dense_prunable, rate_grid=spec.rate_grid)
+        missing = {problem.owner[cell] for cell in chosen if problem.owner[cell] is not None} - measured.keys()
+        wanted = missing | (first if rounds == 0 else set())
+        if not wanted - measured.keys():
+            return measured, rounds
+        wanted |= neighbour_cells(chosen, problem.owner, len(spec.rate_grid), spec.refine_neighbours)
+        rounds += 1
+        todo = sorted(wanted - measured.keys())
+        log.info("refine round %d: %d chosen cells unmeasured, measuring %d cells", rounds, len(missing), len(todo))
+        measure(todo, measured)
+
+
 def refine_cells(
     lm,
     spec: TableSpec,
@@ -129,32 +171,24 @@ def refine_cells(
     jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple))
     job_of = {(c, r): (c, r, cut) for c, r, cut in jobs}
     removed, dense_prunable = removed_table(lm, components, spec.rate_grid, spec.channel_multiple)
-    # A resumed build replays the rounds: a round's cells come from ``stored`` when the
-    # cancelled build had measured them, so the same choices follow as without the break.
-    stored = partial.load() if partial is not None else {}
-    measured: dict[tuple[int, int], float] = {}
-    resumed = 0
     state = dense_pass(lm, windows, spec.windows.batch_size, (spec.objective,))
     positions = objective_positions(windows, spec.objective, state.start)
     dense = state.objective_sum / positions if spec.objective == "nll" else 0.0
-    first = {cell for cell in job_of if components[cell[0]][1] == "attn"} if spec.refine_attention == "all" else set()
-    rounds = 0
-    while True:
-        losses = isotonic_smooth(current_objective(dense, estimate, owner, measured) - dense)
-        chosen = chosen_cells(removed, losses, spec.refine_budgets, dense_prunable, rate_grid=spec.rate_grid)
-        missing = {owner[cell] for cell in chosen if owner[cell] is not None} - measured.keys()
-        wanted = missing | (first if rounds == 0 else set())
-        if not wanted - measured.keys():
-            break
-        wanted |= neighbour_cells(chosen, owner, len(spec.rate_grid), spec.refine_neighbours)
-        todo = [job_of[cell] for cell in sorted(wanted - measured.keys())]
-        reused = {job[:2]: stored[job[:2]] for job in todo if job[:2] in stored}
+    # A resumed build replays the rounds: a round's cells come from ``stored`` when the
+    # cancelled build had measured them, so the same choices follow as without the break.
+    stored = partial.load() if partial is not None else {}
+    resumed = 0
+
+    def measure(todo: list[tuple[int, int]], measured: dict) -> None:
+        nonlocal resumed
+        reused = {cell: stored[cell] for cell in todo if cell in stored}
         measured.update(reused)
         resumed += len(reused)
-        todo = [job for job in todo if job[:2] not in reused]
-        rounds += 1
-        log.info("refine round %d: %d chosen cells unmeasured, measuring %d cells", rounds, len(missing), len(todo))
-        measure_cells(lm, state, todo, spec.objective, positions, measured, len(measured) + len(todo), partial, progress, cancel)
+        jobs_left = [job_of[cell] for cell in todo if cell not in reused]
+        measure_cells(lm, state, jobs_left, spec.objective, positions, measured, len(measured) + len(jobs_left), partial, progress, cancel)
+
+    problem = RefineProblem(estimate, owner, removed, dense_prunable, tuple(kind for _, kind in components), dense)
+    measured, rounds = refinement_rounds(problem, spec, measure)
     objective = current_objective(dense, estimate, owner, measured)
     is_measured = np.array([[owner[c, r] is None or owner[c, r] in measured for r in range(len(spec.rate_grid))] for c in range(len(components))])
     stats = {
