@@ -86,14 +86,7 @@ def _run_params(calib: WindowSpec, report: dict, objective: str, constraints: Co
         "calibration": asdict(calib),
         "eval": report.get("settings", {}),
         "objective": objective,
-        "constraints": None
-        if constraints is None
-        else {
-            "locked": {str(k): float(v) for k, v in dict(constraints.locked).items()},
-            "min_rate": constraints.min_rate,
-            "max_rate": constraints.max_rate,
-            "coupled": constraints.coupled,
-        },
+        "constraints": None if constraints is None else constraints.to_dict(),
     }
 
 
@@ -136,12 +129,10 @@ def prune_and_evaluate(
         step: told (message, stage index, stages) as each stage starts.
         cancel: polled between stages and by evaluation.
     Returns:
-        A JSON-ready dict: run_id, plan, report, predicted_loss, predicted_basis (what the
-        prediction sums: "measured", "estimated" or "mixed" table cells; None without a
-        table), actual_loss, objective, checkpoint, seconds, params_before, params_after.
+        A JSON-ready dict: run_id, plan, report, predicted_loss, predicted_basis (table.basis; None
+        without a table), actual_loss, objective, checkpoint, seconds, params_before, params_after.
     """
-    stages = 6
-    started = time.perf_counter()
+    stages, started = 6, time.perf_counter()
 
     def at(message: str, index: int) -> None:
         check_cancelled(cancel, f"prune and evaluate cancelled while {message}")
