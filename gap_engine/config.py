@@ -91,13 +91,21 @@ class TableDefaults:
     rate_grid: tuple[float, ...]  # candidate rates, ascending from 0
 
 
-# `gap table` and `gap compare`: the measured table on 16 x 256 tokens and a fine grid.
-CLI_TABLE = TableDefaults(estimator="exact", objective="nll", windows=WindowSpec(), rate_grid=FULL_RATE_GRID)
-# The explorer: an estimate on 8 x 128 tokens that is ready in one to two minutes on two
-# CPU cores (an exact table at these sizes takes about 45 minutes there).
-APP_TABLE = TableDefaults(
-    estimator="fisher", objective="nll", windows=WindowSpec(n_samples=8, seq_len=128), rate_grid=QUICK_RATE_GRID
-)
+# The defaults of every table, from evidence (bench/results/tables.md, bench/results/defaults.md):
+# KL to the dense model, because NLL tables are noise (seed-to-seed Spearman 0.15-0.48 against
+# 0.83-0.95 for KL); the gradient estimate, because an exact table takes about an hour on two
+# CPU cores; and the calibration size whose plans were best on held-out text among the sizes
+# that build in about 2-3 minutes there for the default model.
+DEFAULT_ESTIMATOR = "fisher"
+DEFAULT_OBJECTIVE = "kl"
+DEFAULT_TABLE_WINDOWS = WindowSpec(n_samples=16, seq_len=256)
+# What a TableSpec built in code with no settings describes: the measured reference table
+# (exact cells of NLL). Surfaces never use it as their default; they use the two below.
+REFERENCE_TABLE = TableDefaults(estimator="exact", objective="nll", windows=WindowSpec(), rate_grid=FULL_RATE_GRID)
+# `gap table`, `gap compare`, `gap prune --budget` and the benchmarks: a fine grid.
+CLI_TABLE = TableDefaults(estimator=DEFAULT_ESTIMATOR, objective=DEFAULT_OBJECTIVE, windows=DEFAULT_TABLE_WINDOWS, rate_grid=FULL_RATE_GRID)
+# The explorer: the same table on rates in eighths.
+APP_TABLE = TableDefaults(estimator=DEFAULT_ESTIMATOR, objective=DEFAULT_OBJECTIVE, windows=DEFAULT_TABLE_WINDOWS, rate_grid=QUICK_RATE_GRID)
 
 # ---- evaluation --------------------------------------------------------------------------
 EVAL_WINDOWS = WindowSpec(n_samples=16, seq_len=256)  # `gap eval`, `gap compare`

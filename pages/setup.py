@@ -224,6 +224,14 @@ with left:
         elif ss["setup_uploaded_path"]:
             st.caption(f"Using the earlier upload {ss['setup_uploaded_path']}")
 
+
+
+def _objective_for_estimator() -> None:
+    # The first-order (taylor) estimate of KL is identically zero: taylor tables measure NLL.
+    if ss["setup_estimator"] == "taylor" and ss["setup_objective"] == "kl":
+        ss["setup_objective"] = "nll"
+
+
 with right:
     st.subheader("Loss table")
     st.radio(
@@ -231,6 +239,8 @@ with right:
         list(ESTIMATORS),
         key="setup_estimator",
         format_func=lambda m: f"{m} — {ESTIMATORS[m]}",
+        on_change=_objective_for_estimator,
+        help="taylor estimates the NLL objective only (its KL estimate is zero); choosing it sets the objective to nll.",
     )
     c1, c2, c3 = st.columns(3)
     c1.selectbox("Criterion (which units go)", CRITERIA, key="setup_criterion")

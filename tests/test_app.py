@@ -106,10 +106,12 @@ def test_setup_defaults_keep_a_first_build_short(fresh_cache):
     at = start()
     assert at.session_state["app_table"] is None
     assert any("No table loaded yet" in t for t in texts(at.info))
-    # The defaults: the fast second-order table on 8 x 128 tokens and rates in eighths.
+    # The defaults (config.APP_TABLE, from bench/results/defaults.md): the fast second-order
+    # table of KL to the dense model on 16 x 256 tokens and rates in eighths.
     assert at.radio(key="setup_estimator").value == "fisher"
-    assert at.number_input(key="setup_samples").value == 8
-    assert at.number_input(key="setup_seq_len").value == 128
+    assert at.selectbox(key="setup_objective").value == "kl"
+    assert at.number_input(key="setup_samples").value == 16
+    assert at.number_input(key="setup_seq_len").value == 256
     assert at.text_input(key="setup_rate_grid").value == "0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875"
     assert at.selectbox(key="setup_builtin").value == "smollm2-135m"
     assert at.selectbox(key="setup_builtin_data").value == "wiki-sample"

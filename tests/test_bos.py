@@ -154,3 +154,21 @@ def test_builtin_windows_start_like_the_tokenizers_own_encoding(name, expected, 
     else:
         assert encoded == plain and windows.shape == (2, 64)
         assert encoded[0] == plain[0] and windows[:, 0].tolist() != [lm.tokenizer.bos_token_id] * 2
+
+
+def test_gap_eval_prints_the_window_convention(smol_tokenizer, bos_tokenizer, make_tiny, tmp_path, capsys):
+    from gap_engine.cli import main
+    from gap_engine.cli.model_commands import window_convention_text
+
+    assert window_convention_text(bos_tokenizer) == "start with <|im_start|> (the model's BOS token: context only, not scored)"
+    assert window_convention_text(smol_tokenizer) == "start with text (this model's tokenizer adds no BOS token)"
+    tiny = make_tiny("llama")
+    folder = tmp_path / "tiny-model"
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    argv = ["eval", "--model", str(folder), "--samples", "2", "--seq-len", "16", "--generations", "0", "--no-throughput"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "windows: start with text (this model's tokenizer adds no BOS token)" in out.splitlines()
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["window_start"] == "text"

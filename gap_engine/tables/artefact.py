@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from ..config import CLI_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, ESTIMATORS, MODES, OBJECTIVES, REFINE_ATTENTION, REFINE_BUDGETS, WindowSpec
+from ..config import CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, ESTIMATORS, MODES, OBJECTIVES, REFERENCE_TABLE, REFINE_ATTENTION, REFINE_BUDGETS, WindowSpec
 from ..data import WINDOW_STARTS, window_start
 from ..errors import DataError, TableError, first_line
 from ..units import block_geometries
@@ -43,12 +43,12 @@ _REFINE_FIELDS = ("refine_budgets", "refine_attention", "refine_neighbours")
 class TableSpec:
     """How to measure a loss table (everything that changes its numbers, plus batch size)."""
 
-    windows: WindowSpec = CLI_TABLE.windows  # calibration windows (text source, count, length, seed, batch size)
+    windows: WindowSpec = REFERENCE_TABLE.windows  # calibration windows (text source, count, length, seed, batch size)
     criterion: str = DEFAULT_CRITERION  # within-layer importance: which heads/channels a rate removes
-    rate_grid: tuple[float, ...] = CLI_TABLE.rate_grid  # candidate rates, ascending, starting at 0
-    objective: str = CLI_TABLE.objective  # "nll": mean next-token NLL; "kl": mean KL(dense || pruned) per position
+    rate_grid: tuple[float, ...] = REFERENCE_TABLE.rate_grid  # candidate rates, ascending, starting at 0
+    objective: str = REFERENCE_TABLE.objective  # "nll": mean next-token NLL; "kl": mean KL(dense || pruned) per position
     mode: str = "split"  # "split": attention and MLP are separate components; "block": one per layer, same rate
-    estimator: str = CLI_TABLE.estimator  # "exact" (measured) | "taylor" (first order) | "fisher" (second order, diagonal Fisher) | "refine" (fisher, then exact cells where plans go)
+    estimator: str = REFERENCE_TABLE.estimator  # "exact" (measured) | "taylor" (first order) | "fisher" (second order, diagonal Fisher) | "refine" (fisher, then exact cells where plans go)
     channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE  # MLP widths are kept in multiples of this
     refine_budgets: tuple[float, ...] = REFINE_BUDGETS  # refine: budgets whose DP plans' cells are measured exactly
     refine_attention: str = "chosen"  # refine: "chosen" attention cells only, or "all" attention cells from the start
