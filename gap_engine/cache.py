@@ -150,6 +150,8 @@ def list_tables() -> list[dict]:
             size = (folder / TABLE_FILE).stat().st_size
         except (OSError, CacheError):
             continue  # reported as corrupt, and removed, when someone asks for it
+        if not isinstance(meta, dict) or meta.get("format_version") != TABLE_FORMAT_VERSION:
+            continue  # an older format is never offered (it is rebuilt under a new key)
         rows.append(
             {
                 "key": folder.name,

@@ -162,9 +162,17 @@ if result:
     c = st.columns(3)
     predicted, actual = result.get("predicted_loss"), result.get("actual_loss")
     objective = result.get("objective", "nll")
-    c[0].metric(f"Predicted {objective} increase (table)", "—" if predicted is None else f"{predicted:.4f}")
+    basis = result.get("predicted_basis")
+    c[0].metric(
+        f"Predicted {objective} increase ({'estimate' if basis != 'measured' else 'table'})",
+        "—" if predicted is None else f"{predicted:.4f}",
+        figures.BASIS_TEXT.get(basis, "table cells, summed"),
+        delta_color="off",
+        delta_arrow="off",
+        help="The loss table's single-component increases added up: an estimate of the plan's loss, never a measurement of it.",
+    )
     c[1].metric(
-        f"Actual {objective} increase (calibration)",
+        f"Measured {objective} increase (calibration)",
         "—" if actual is None else f"{actual:.4f}",
         None if actual is None or predicted is None else f"{actual - predicted:+.4f} vs predicted",
         delta_color="off",

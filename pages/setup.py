@@ -25,6 +25,7 @@ DATA_KINDS = ("Built-in sample", "Uploaded file")
 ESTIMATORS = {
     "fisher": "fast: second-order estimate (one forward and backward pass)",
     "taylor": "fast: first-order estimate (one forward and backward pass)",
+    "refine": "trusted: the fisher estimate, then every cell the plans use measured exactly (minutes)",
     "exact": "exact: measured cell by cell (slow: minutes to hours)",
 }
 DEFAULTS = {
@@ -228,6 +229,14 @@ with left:
         elif ss["setup_uploaded_path"]:
             st.caption(f"Using the earlier upload {ss['setup_uploaded_path']}")
 
+
+
+def _objective_for_estimator() -> None:
+    # The first-order (taylor) estimate of KL is identically zero: taylor tables measure NLL.
+    if ss["setup_estimator"] == "taylor" and ss["setup_objective"] == "kl":
+        ss["setup_objective"] = "nll"
+
+
 with right:
     st.subheader("Loss table")
     st.radio(
@@ -235,6 +244,8 @@ with right:
         list(ESTIMATORS),
         key="setup_estimator",
         format_func=lambda m: f"{m} — {ESTIMATORS[m]}",
+        on_change=_objective_for_estimator,
+        help="taylor estimates the NLL objective only (its KL estimate is zero); choosing it sets the objective to nll.",
     )
     c1, c2, c3 = st.columns(3)
     c1.selectbox("Criterion (which units go)", CRITERIA, key="setup_criterion")

@@ -24,6 +24,8 @@ from ..config import (
     EVAL_WINDOWS,
     MODES,
     OBJECTIVES,
+    REFINE_ATTENTION,
+    REFINE_BUDGETS,
 )
 from .arguments import DeprecatedAlias, add_window_args, rate_arg
 
@@ -40,10 +42,20 @@ def _add_models(sub) -> None:
 
 
 def _add_prune(sub) -> None:
-    p = sub.add_parser("prune", help="prune a model with a plan (or a uniform rate) and save a checkpoint")
+    p = sub.add_parser("prune", help="prune a model with a plan (or a uniform rate, or GAP's DP in rounds) and save a checkpoint")
     p.add_argument("--model", required=True, help="built-in name, local folder, .gguf file or hub id")
     p.add_argument("--plan", help="a plan JSON/YAML file")
     p.add_argument("--uniform", type=rate_arg, help="every layer and component at this rate, in [0, 1)")
+    p.add_argument(
+        "--budget",
+        type=rate_arg,
+        help="GAP's DP at this fraction of the prunable parameters, planned in --rounds rounds, each on a loss "
+        "table of the model as the rounds before left it",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="with --budget: rounds of table -> DP -> surgery (default: %(default)s)")
+    p.add_argument("--estimator", choices=ESTIMATORS, default=CLI_TABLE.estimator, help="with --budget: how each round's table is filled")
+    p.add_argument("--objective", choices=OBJECTIVES, default=CLI_TABLE.objective, help="with --budget: the tables' objective")
+    p.add_argument("--rates", default=_grid_text(CLI_TABLE.rate_grid), help="with --budget: the tables' rate grid")
     p.add_argument("--criterion", default=DEFAULT_CRITERION, choices=CRITERIA, help="which heads and channels go")
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE)
     p.add_argument("--out", required=True, help="output folder (replaced atomically)")
@@ -72,7 +84,19 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> 
         "--estimator",
         choices=ESTIMATORS,
         default=estimator_default,
-        help="exact: measure every cell; fisher/taylor: estimate from one gradient pass (default: %(default)s)",
+        help="exact: measure every cell; fisher/taylor: estimate from one gradient pass; refine: fisher, then "
+        "measure exactly the cells the DP's plans use (default: %(default)s)",
+    )
+    p.add_argument(
+        "--refine-budgets",
+        default=",".join(f"{b:g}" for b in REFINE_BUDGETS),
+        help="refine: budgets whose plans' cells are measured exactly (default: %(default)s)",
+    )
+    p.add_argument(
+        "--refine-attention",
+        choices=REFINE_ATTENTION,
+        default="chosen",
+        help="refine: measure the chosen attention cells only, or every attention cell (default: %(default)s)",
     )
     p.add_argument("--approx", dest="estimator", choices=ESTIMATORS[1:], action=DeprecatedAlias, new_name="--estimator", help=argparse.SUPPRESS)
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE, help="MLP width granularity")

@@ -80,6 +80,7 @@ def run_plan(args: argparse.Namespace) -> int:
         "removed": plan.params["removed"],
         "removed_fraction_of_prunable": plan.params["removed_fraction_of_prunable"],
         "predicted_loss": plan.predicted_loss,
+        "predicted_from": f"{table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates))} cells ({table.spec.objective}, summed)",
     }
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
@@ -126,15 +127,22 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def _print_outcomes(outcomes, sources: list[str]) -> None:
-    header = f"{'allocator':<9} {'budget':>6} {'removed':>11} {'pred. loss':>10} {'calib +loss':>11} " + " ".join(
-        f"{'ppl ' + s:>16}" for s in sources
+    objective = outcomes[0].objective if outcomes else "nll"
+    header = (
+        f"{'allocator':<9} {'budget':>6} {'removed':>11} {'predicted':>10} {'from cells':>10} {'measured':>10} "
+        f"{'calib +nll':>10} " + " ".join(f"{'ppl ' + s:>16}" for s in sources)
+    )
+    print(
+        f"predicted: the table's sum of single-component {objective} increases; measured: the {objective} "
+        "increase of the whole pruned model on the same calibration windows"
     )
     print(header)
     dense = outcomes[0].dense_perplexity if outcomes else {}
-    print(f"{'dense':<9} {0:>6.0%} {0:>11,} {'':>10} {'':>11} " + " ".join(f"{dense[s]:>16.3f}" for s in sources))
+    print(f"{'dense':<9} {0:>6.0%} {0:>11,} {'':>10} {'':>10} {'':>10} {'':>10} " + " ".join(f"{dense[s]:>16.3f}" for s in sources))
     for o in outcomes:
         predicted = f"{o.predicted_loss:.4f}" if o.predicted_loss is not None else "-"
+        measured = f"{o.calib_objective_increase:.4f}" if o.calib_objective_increase is not None else "-"
         print(
-            f"{o.allocator:<9} {o.budget:>6.0%} {o.removed:>11,} {predicted:>10} {o.calib_loss_increase:>11.4f} "
-            + " ".join(f"{o.perplexity[s]:>16.3f}" for s in sources)
+            f"{o.allocator:<9} {o.budget:>6.0%} {o.removed:>11,} {predicted:>10} {o.predicted_basis or '-':>10} {measured:>10} "
+            f"{o.calib_loss_increase:>10.4f} " + " ".join(f"{o.perplexity[s]:>16.3f}" for s in sources)
         )
