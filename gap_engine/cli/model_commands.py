@@ -72,6 +72,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
         estimator=args.estimator,
         channel_multiple=args.channel_multiple,
     ).validate()
+    read_sources(args.data)  # a bad text source fails before the model loads
     lm = load_model(args.model)
     progress = StderrProgress("round table")
     result = iterative_prune(lm, spec, args.budget, args.rounds, progress=progress, stage=progress.stage)
