@@ -176,9 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extra_commands():
     """Subcommand groups that live beside the stages they drive."""
-    from . import cli_planning, cli_tables
+    from . import cli_planning, cli_recover, cli_tables
 
-    return [cli_tables.register, cli_planning.register]
+    return [cli_tables.register, cli_planning.register, cli_recover.register]
 
 
 def main(argv: list[str] | None = None) -> int:
