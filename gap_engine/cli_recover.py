@@ -8,7 +8,6 @@ summary (or with ``--json`` one JSON object) to stdout.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -34,7 +33,7 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int, required=True, help="training steps")
     p.add_argument("--out", required=True, help="output checkpoint folder (written atomically; work goes to OUT.partial)")
     p.add_argument("--resume", action="store_true", help="continue the run saved in OUT.partial")
-    p.add_argument("--lr", type=float, help="peak learning rate (default: lora 1e-3, mazo 3e-5, mezo 3e-6)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: lora 3e-3, mazo 3e-4, mezo 1e-4)")
     p.add_argument("--schedule", default=_DEFAULTS.schedule, choices=SCHEDULES)
     p.add_argument("--warmup", type=int, default=_DEFAULTS.warmup_steps, help="warm-up steps")
     p.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size, help="windows per task per step")
@@ -106,7 +105,7 @@ def _stderr_progress():
                 print(f"\rrecover: {message}", file=sys.stderr, flush=True)
                 state["stage"] = message
             return
-        minutes, seconds = divmod(int(round(eta)), 60)
+        minutes, seconds = divmod(round(eta), 60)
         print(f"\rrecover: {message}, ETA {minutes}m{seconds:02d}s   ", end="", file=sys.stderr, flush=True)
         if done >= total:
             print(file=sys.stderr)

@@ -37,10 +37,16 @@ def current_rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def release_free_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``), so
-    a phase measured next does not inherit the resident leftovers of the one before."""
-    gc.collect()
+def release_free_memory(collect_garbage: bool = True) -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``), so a phase measured next
+    does not inherit the resident leftovers of the one before.
+
+    Args:
+        collect_garbage: run ``gc.collect()`` first (seconds in a process holding a large
+            Python heap; needed only when something with reference cycles was just dropped).
+    """
+    if collect_garbage:
+        gc.collect()
     libc_name = ctypes.util.find_library("c")
     if not libc_name:
         return

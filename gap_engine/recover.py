@@ -19,18 +19,15 @@ top-1 agreement, generations; ``evaluate.evaluate``). The recovered model is wri
 ordinary pruned checkpoint (``export.save_pruned``'s format, so ``load_model`` reloads it) with
 ``recovery.json`` and ``losses.csv`` beside the weights, LoRA's unmerged adapter in ``adapter/``;
 the run goes into the run history. Progress can be saved, cancelled and resumed
-(``recover_state``); peak resident memory of training and of plain inference is measured the
+(``recover_io``); peak resident memory of training and of plain inference is measured the
 same way in the same process (``memory``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -42,14 +39,33 @@ import torch
 from .errors import CancelledError, DataError, ModelLoadError
 from .memory import PeakRSS, release_free_memory
 from .models import LoadedModel, weights_fingerprint
-from .recover_state import RecoveryError, RunState, check_resumable, discard, load_state, partial_dir, save_state
-from .recover_train import PROJECTIONS, LoraRun, TaskData, ZORun, multitask_loss, projection_modules
+from .recover_io import (
+    RecoveryError,
+    RunState,
+    check_output_dir,
+    check_resumable,
+    checkpoint_plan,
+    discard,
+    load_state,
+    partial_dir,
+    record_in_history,
+    save_state,
+    write_checkpoint,
+)
+from .recover_train import (
+    PROJECTIONS,
+    LoraRun,
+    TaskData,
+    ZORun,
+    multitask_loss,
+    projection_modules,
+)
 
 log = logging.getLogger(__name__)
 
 METHODS = ("lora", "mazo", "mezo")
 SCHEDULES = ("constant", "linear", "cosine")
-DEFAULT_LR = {"lora": 1e-3, "mazo": 3e-5, "mezo": 3e-6}  # see bench/results/recovery.md
+DEFAULT_LR = {"lora": 3e-3, "mazo": 3e-4, "mezo": 1e-4}  # for SmolLM2-135M; see bench/results/recovery.md
 MAX_STEPS = 1_000_000
 MAX_RANK = 1024
 ProgressFn = Callable[[int, int, "float | None", str], None]  # (done, total, eta_s, message), as JobContext.progress
@@ -319,7 +335,7 @@ def recover(
         log.info("resuming %s recovery at step %d of %d", settings.method, state.step, settings.steps)
     resumed_from = state.step
 
-    release_free_memory()
+    release_free_memory(collect_garbage=False)
     with PeakRSS() as meter:  # plain inference of the same model at the training batch
         with torch.no_grad():
             multitask_loss(lm.model, data.batch(0).to(device), len(settings.tasks), settings.bf16)
@@ -370,7 +386,7 @@ def recover(
     result.total_seconds = time.perf_counter() - started
     write_checkpoint(lm, plan, kept, out_dir, result, adapter_dir)
     if settings.record_history:
-        result.run_id = _record(lm, plan, result, history_path)
+        result.run_id = record_in_history(lm, plan, result, history_path)
     discard(work)
     reporter.step(state.step, 0.0, "done")
     return result
@@ -468,121 +484,6 @@ def _evaluate(lm: LoadedModel, settings: RecoverySettings, label: str, reporter:
         return evaluate(lm, dense, eval_settings, progress=say).to_dict()
     finally:
         lm.model.to(device)
-        del dense
-        release_free_memory()
-
-
-# ---- output --------------------------------------------------------------------------------
-def check_output_dir(out_dir: str | Path, model_source: str | None = None) -> None:
-    """RecoveryError unless ``out_dir`` can be written and is not the model's own folder.
-
-    Args:
-        model_source: the folder the model is read from (``LoadedModel.source``), if any.
-    """
-    out_dir = Path(out_dir).expanduser()
-    if out_dir.exists() and not out_dir.is_dir():
-        raise RecoveryError(f"output {out_dir} exists and is not a folder")
-    source = Path(model_source).expanduser() if model_source else None
-    if source is not None and source.is_dir() and out_dir.resolve() == source.resolve():
-        raise RecoveryError(f"output {out_dir} is the folder the model is read from; choose another --out")
-    ancestor = out_dir.absolute().parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise RecoveryError(f"cannot write {out_dir}: {ancestor} is not a folder")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".gap-write-test-", dir=ancestor)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise RecoveryError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
-
-
-def checkpoint_plan(lm: LoadedModel):
-    """(plan, kept indices) to write with the recovered weights: the checkpoint's own, or for a
-    dense model a plan with every rate 0 (so ``gap eval`` compares it with the original)."""
-    from .plan import RatePlan, make_plan
-
-    if lm.pruned_from is None:
-        plan = make_plan(lm, [0.0] * lm.num_layers, [0.0] * lm.num_layers, "magnitude", method="dense")
-        geometries = [lm.adapter.geometry(layer) for layer in lm.adapter.layers(lm.model)]
-        kept = {
-            "kept_kv_heads": [list(range(g.n_kv_heads)) for g in geometries],
-            "kept_heads": [list(range(g.n_heads)) for g in geometries],
-            "kept_channels": [list(range(g.intermediate_size)) for g in geometries],
-        }
-        return plan, kept
-    if not lm.pruned_from.get("plan"):
-        raise RecoveryError(f"{lm.source} is a gap checkpoint without its plan.json; cannot write a recovered checkpoint")
-    plan = RatePlan.from_dict(dict(lm.pruned_from["plan"]))
-    kept_file = Path(lm.source) / "kept_indices.json"
-    if kept_file.is_file():
-        kept = json.loads(kept_file.read_text())
-    else:
-        log.warning("%s has no kept_indices.json; the recovered checkpoint records none", lm.source)
-        kept = {"kept_kv_heads": [], "kept_heads": [], "kept_channels": []}
-    return plan, kept
-
-
-def _curve_csv(curve: list[dict]) -> str:
-    lines = ["step,seconds,loss,lr"]
-    lines += [f"{row['step']},{row['seconds']:.3f},{row['loss']:.6f},{row['lr']:.6g}" for row in curve]
-    return "\n".join(lines) + "\n"
-
-
-def write_checkpoint(lm: LoadedModel, plan, kept: dict, out_dir: Path, result: RecoveryResult, adapter_dir: Path | None) -> None:
-    """The recovered model as a pruned checkpoint (``export.save_pruned``), plus ``recovery.json``,
-    ``losses.csv`` and the unmerged ``adapter/``, all renamed into place together."""
-    from .export import save_pruned
-    from .fsutil import atomic_directory
-    from .surgery import PruneResult
-
-    prune_result = PruneResult(
-        plan=plan,
-        kept_kv_heads=kept["kept_kv_heads"],
-        kept_heads=kept["kept_heads"],
-        kept_channels=kept["kept_channels"],
-        params_before=int(plan.params.get("dense_total", lm.param_count())),
-        params_after=lm.param_count(),
-    )
-    with atomic_directory(out_dir) as tmp:
-        save_pruned(lm, prune_result, tmp)
-        (tmp / "recovery.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
-        (tmp / "losses.csv").write_text(_curve_csv(result.curve))
-        if adapter_dir is not None:
-            shutil.copytree(adapter_dir, tmp / "adapter")
-
-
-def _record(lm: LoadedModel, plan, result: RecoveryResult, history_path: Path | None) -> int:
-    from . import history
-
-    before = result.before or {}
-    recovery = {
-        key: getattr(result, key)
-        for key in ("method", "tasks", "steps_requested", "steps_done", "stopped", "lr", "train_seconds",
-                    "trainable_params", "peak_rss", "inference_rss", "rss_method", "calib_loss_before",
-                    "calib_loss_after", "dense_input")
-    }
-    recovery.update(
-        rss_ratio=result.rss_ratio,
-        source=lm.source,
-        before={k: before.get(k) for k in ("perplexity", "kl_to_dense", "top1_agreement")},
-        settings=result.settings,
-    )
-    record = history.RunRecord.from_report(
-        plan.to_dict(),
-        result.after,
-        method=f"{plan.method}+{result.method}",
-        table_key=plan.table_key,
-        budget=plan.budget,
-        params={"recovery": recovery, "eval": result.after.get("settings", {})},
-        predicted_loss=plan.predicted_loss,
-        checkpoint=result.checkpoint,
-        seconds=result.total_seconds,
-    )
-    kind = "dense model" if result.dense_input else "pruned checkpoint"
-    record.note = (
-        f"recovered {kind} {lm.source} with {result.method}: {result.steps_done} steps, {result.train_seconds:.0f} s, "
-        f"peak RSS {result.peak_rss / 2**20:.0f} MiB ({result.rss_ratio:.2f}x inference)"
-    )
-    return history.record_run(record, history_path)
+        if dense is not None:
+            del dense
+            release_free_memory()

@@ -25,7 +25,7 @@ from gap_engine.cli import main
 from gap_engine.errors import CancelledError, DataError, GapError
 from gap_engine.models import load_model
 from gap_engine.recover import RecoverySettings, lr_at, recover
-from gap_engine.recover_state import RecoveryError, partial_dir
+from gap_engine.recover_io import RecoveryError, partial_dir
 from gap_engine.recover_train import TaskData, ZORun, multitask_loss
 
 WORDS = (
