@@ -194,7 +194,8 @@ def markdown(bench: Bench, untuned: dict, runs: dict, seconds: float) -> str:
         "",
         "## Settings",
         "",
-        f"- Model {a.model}; both plans remove {a.budget} of the prunable parameters (same fisher KL table, criterion wanda).",
+        f"- Model {a.model}; both plans come from the same fisher KL table with criterion wanda: "
+        + "; ".join(_plan_line(bench.work / f"{plan}.json", plan) for plan in PLANS) + ".",
         f"- Training: tasks {', '.join(SOURCES)} (calibration parts only), every step {a.batch_size} window(s) x "
         f"{a.seq_len} tokens from each task, constant learning rate. LoRA and MaZO train for a wall-clock budget of "
         f"{a.budget_s:g} s each; MeZO trains for exactly as many steps as MaZO did on the same plan.",
@@ -289,6 +290,14 @@ def markdown(bench: Bench, untuned: dict, runs: dict, seconds: float) -> str:
         for method in METHODS:
             lines.append(f"  - {plan} + {method}: {runs[(plan, method)]['after']['generations'][0]['model']!r}")
     return "\n".join(lines) + "\n"
+
+
+def _plan_line(path: Path, label: str) -> str:
+    params = json.loads(path.read_text())["params"]
+    return (
+        f"{label} removes {params['removed']:,} of {params['dense_prunable']:,} prunable parameters "
+        f"({params['removed_fraction_of_prunable']:.2%}; {params['pruned_total']:,} left)"
+    )
 
 
 def targets(untuned: dict, runs: dict, dense: dict) -> list[str]:
