@@ -246,8 +246,6 @@ class RecoveryResult:
         return out
 
 
-
-
 # ---- the entry point -----------------------------------------------------------------------
 class _Reporter:
     """Forwards progress as ``(done, total, eta, message)``, the shape of ``JobContext.progress``."""

@@ -64,10 +64,14 @@ class ZOTarget:
         return weight.numel() if self.columns is None else self.columns.numel()
 
     def trainable_values(self) -> torch.Tensor:
-        """The values the step changes: (rows, k) for a mask, the whole weight otherwise."""
+        """The values the step changes: (rows, k) for a mask, the whole weight otherwise.
+
+        Unmasked, this is the weight itself (no copy: a snapshot of every projection would
+        double MeZO's memory for a moment); read it before the next step changes it.
+        """
         weight = self.linear.weight.detach()
         if self.columns is None:
-            return weight.clone()
+            return weight
         return weight.gather(1, self.columns.long())  # (rows, k)
 
     def load_values(self, values: torch.Tensor) -> None:
