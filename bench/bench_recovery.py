@@ -101,10 +101,10 @@ class Bench:
 def prepare(bench: Bench) -> dict[str, Path]:
     a, w = bench.args, bench.work
     rates = ",".join(f"{i / 8:g}" for i in range(8))
-    bench.once(w / "t.json", ["table", "--model", a.model, "--approx", "fisher", "--objective", "kl", "--samples", "16",
+    bench.once(w / "t.json", ["table", "--model", a.model, "--estimator", "fisher", "--objective", "kl", "--samples", "16",
                               "--seq-len", "256", "--rates", rates, "--out", str(w / "t.json")], "table")
     bench.once(w / "dp.json", ["plan", "--table", str(w / "t.json"), "--budget", a.budget, "--out", str(w / "dp.json")], "plan-dp")
-    bench.once(w / "uniform.json", ["plan", "--table", str(w / "t.json"), "--budget", a.budget, "--method", "uniform",
+    bench.once(w / "uniform.json", ["plan", "--table", str(w / "t.json"), "--budget", a.budget, "--allocator", "uniform",
                                     "--out", str(w / "uniform.json")], "plan-uniform")
     checkpoints = {"dp": w / "dp20", "uniform": w / "u20"}
     for plan, folder in checkpoints.items():

@@ -16,7 +16,7 @@ minimises the mean over tasks of each task's mean next-token NLL. Training reads
 source's calibration part (``data.calibration_windows``); the held-out part, which never
 overlaps it, is kept for the evaluation before and after (perplexity, KL to the dense model,
 top-1 agreement, generations; ``evaluate.evaluate``). The recovered model is written as an
-ordinary pruned checkpoint (``export.save_pruned``'s format, so ``load_model`` reloads it) with
+ordinary pruned checkpoint (``checkpoint.save_pruned``'s format, so ``load_model`` reloads it) with
 ``recovery.json`` and ``losses.csv`` beside the weights, LoRA's unmerged adapter in ``adapter/``;
 the run goes into the run history. Progress can be saved, cancelled and resumed
 (``recover_io``); peak resident memory of training and of plain inference is measured the
@@ -25,6 +25,8 @@ same way in the same process (``memory``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import shutil
@@ -36,6 +38,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .config import RECOVERY_METHODS, RECOVERY_SCHEDULES
 from .errors import CancelledError, DataError, ModelLoadError
 from .memory import PeakRSS, release_free_memory
 from .models import LoadedModel, weights_fingerprint
@@ -63,8 +66,8 @@ from .recover_train import (
 
 log = logging.getLogger(__name__)
 
-METHODS = ("lora", "mazo", "mezo")
-SCHEDULES = ("constant", "linear", "cosine")
+METHODS = RECOVERY_METHODS
+SCHEDULES = RECOVERY_SCHEDULES
 DEFAULT_LR = {"lora": 3e-3, "mazo": 3e-4, "mezo": 1e-4}  # for SmolLM2-135M; see bench/results/recovery.md
 MAX_STEPS = 1_000_000
 MAX_RANK = 1024
@@ -180,6 +183,17 @@ def parse_task(spec: str) -> str:
     if not spec:
         raise DataError("an empty text source was given")
     return spec
+
+
+def app_output_dir(checkpoint: str | Path, settings: RecoverySettings) -> Path:
+    """Where the explorer writes the recovery of ``checkpoint``: a folder under the checkpoints
+    root named by the checkpoint and a digest of the training settings, so the same request
+    after a cancel or a crash finds its ``.partial`` run again and resumes it."""
+    from .history import checkpoints_root
+
+    settings = settings.validate()
+    digest = hashlib.sha256(json.dumps(settings.trajectory(), sort_keys=True).encode()).hexdigest()[:10]
+    return checkpoints_root() / f"{Path(checkpoint).name}-{settings.method}-{digest}"
 
 
 def _check_int(name: str, value, low: int, high: int) -> None:
@@ -299,11 +313,7 @@ def recover(
     out_dir = Path(out_dir).expanduser()
     check_output_dir(out_dir, lm.source)
     reporter = _Reporter(progress, settings.steps)
-    if settings.device:
-        lm.model.to(settings.device)
-    device = next(lm.model.parameters()).device
-    if settings.bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise RecoveryError(f"bf16 is not supported on {torch.cuda.get_device_name(device)}")
+    device = _place(lm, settings)
     dense_input = lm.pruned_from is None
     if dense_input:
         log.warning("%s is not a pruned gap checkpoint: recovering a dense model", lm.name)
@@ -313,32 +323,10 @@ def recover(
         _check_rank(lm, settings)
     reporter.stage("reading the calibration text")
     data = TaskData(lm, settings)  # every input error surfaces before anything is written
-
     work = partial_dir(out_dir)
-    saved = load_state(work) if resume else None
-    if saved is not None:
-        check_resumable(saved[0], settings.trajectory(), start_fingerprint, work)
-    elif work.exists():
-        log.info("discarding the earlier partial run in %s", work)
-        discard(work)
-
-    if saved is None:
-        state = RunState(trajectory=settings.trajectory(), start_fingerprint=start_fingerprint)
-        reporter.stage("calibration loss before training")
-        state.calib_before = _calib_losses(lm, data, settings)
-        if settings.evaluate_before:
-            state.before = _evaluate(lm, settings, "before", reporter, cancel, start_fingerprint)
-    else:
-        state = saved[0]
-        log.info("resuming %s recovery at step %d of %d", settings.method, state.step, settings.steps)
+    state, saved = _start_state(lm, settings, data, work, resume, reporter, cancel)
     resumed_from = state.step
-
-    release_free_memory(collect_garbage=False)
-    with PeakRSS() as meter:  # plain inference of the same model at the training batch
-        with torch.no_grad():
-            multitask_loss(lm.model, data.batch(0).to(device), len(settings.tasks), settings.bf16)
-        state.inference_rss = max(state.inference_rss, meter.peak())
-        state.rss_method = meter.method
+    _measure_inference(lm, data, settings, state, device)
 
     run = LoraRun(lm, settings) if settings.method == "lora" else ZORun(lm, settings)
     if saved is None:
@@ -356,7 +344,60 @@ def recover(
     reporter.stage("calibration loss after training")
     calib_after = _calib_losses(lm, data, settings)
     after = _evaluate(lm, settings, "after", reporter, cancel, start_fingerprint)
-    result = RecoveryResult(
+    result = _result(settings, state, run, out_dir, adapter_dir, dense_input, resumed_from, stopped, calib_after, after)
+    reporter.stage(f"writing {out_dir}")
+    result.total_seconds = time.perf_counter() - started
+    write_checkpoint(lm, plan, kept, out_dir, result, adapter_dir)
+    if settings.record_history:
+        result.run_id = record_in_history(lm, plan, result, history_path)
+    discard(work)
+    reporter.step(state.step, 0.0, "done")
+    return result
+
+
+def _place(lm: LoadedModel, settings: RecoverySettings) -> torch.device:
+    """Move the model to ``settings.device`` (when given); RecoveryError where bf16 is asked of a GPU without it."""
+    if settings.device:
+        lm.model.to(settings.device)
+    device = next(lm.model.parameters()).device
+    if settings.bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise RecoveryError(f"bf16 is not supported on {torch.cuda.get_device_name(device)}")
+    return device
+
+
+def _start_state(lm: LoadedModel, settings: RecoverySettings, data: TaskData, work: Path, resume: bool, reporter: _Reporter, cancel):
+    """(run state, saved snapshot or None): the saved run in ``work`` when resuming, else a fresh
+    state with the losses and evaluation before training (an earlier partial run is discarded)."""
+    saved = load_state(work) if resume else None
+    if saved is not None:
+        check_resumable(saved[0], settings.trajectory(), lm.fingerprint, work)
+        log.info("resuming %s recovery at step %d of %d", settings.method, saved[0].step, settings.steps)
+        return saved[0], saved
+    if work.exists():
+        log.info("discarding the earlier partial run in %s", work)
+        discard(work)
+    state = RunState(trajectory=settings.trajectory(), start_fingerprint=lm.fingerprint)
+    reporter.stage("calibration loss before training")
+    state.calib_before = _calib_losses(lm, data, settings)
+    if settings.evaluate_before:
+        state.before = _evaluate(lm, settings, "before", reporter, cancel, lm.fingerprint)
+    return state, None
+
+
+def _measure_inference(lm: LoadedModel, data: TaskData, settings: RecoverySettings, state: RunState, device) -> None:
+    """Peak resident memory of plain inference of the same model at the training batch, into ``state``."""
+    release_free_memory(collect_garbage=False)
+    with PeakRSS() as meter:
+        with torch.no_grad():
+            multitask_loss(lm.model, data.batch(0).to(device), len(settings.tasks), settings.bf16)
+        state.inference_rss = max(state.inference_rss, meter.peak())
+        state.rss_method = meter.method
+
+
+def _result(settings, state: RunState, run, out_dir: Path, adapter_dir, dense_input: bool, resumed_from: int, stopped: str,
+            calib_after: list[float], after: dict) -> RecoveryResult:
+    """The RecoveryResult of a finished run."""
+    return RecoveryResult(
         method=settings.method,
         tasks=list(settings.tasks),
         checkpoint=str(out_dir),
@@ -380,14 +421,6 @@ def recover(
         curve=state.curve,
         settings=asdict(settings),
     )
-    reporter.stage(f"writing {out_dir}")
-    result.total_seconds = time.perf_counter() - started
-    write_checkpoint(lm, plan, kept, out_dir, result, adapter_dir)
-    if settings.record_history:
-        result.run_id = record_in_history(lm, plan, result, history_path)
-    discard(work)
-    reporter.step(state.step, 0.0, "done")
-    return result
 
 
 def _train(run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: _Reporter, cancel, device) -> str:
@@ -460,6 +493,7 @@ def _dense_reference(lm: LoadedModel, start_fingerprint: str) -> LoadedModel | N
 
 def _evaluate(lm: LoadedModel, settings: RecoverySettings, label: str, reporter: _Reporter, cancel, start_fingerprint: str) -> dict:
     """evaluate.evaluate on every task's held-out text (on the CPU, where evaluate's windows are)."""
+    from .config import WindowSpec
     from .evaluate import EvalSettings, evaluate
 
     def say(message: str) -> None:
@@ -473,9 +507,7 @@ def _evaluate(lm: LoadedModel, settings: RecoverySettings, label: str, reporter:
     lm.model.to("cpu")
     try:
         eval_settings = EvalSettings(
-            data=tuple(settings.tasks),
-            n_samples=settings.eval_samples,
-            seq_len=settings.eval_seq_len,
+            windows=WindowSpec(data=",".join(settings.tasks), n_samples=settings.eval_samples, seq_len=settings.eval_seq_len),
             throughput=False,
             generations=settings.eval_generations,
         )

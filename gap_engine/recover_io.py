@@ -15,7 +15,7 @@ Nothing else is needed to continue exactly: every random draw of step ``t`` is d
 ``(seed, t)``. A kill loses at most the steps since the last snapshot.
 
 At the end, :func:`write_checkpoint` writes the recovered model as an ordinary pruned
-checkpoint (``export.save_pruned``) with ``recovery.json``, ``losses.csv`` and LoRA's
+checkpoint (``checkpoint.save_pruned``) with ``recovery.json``, ``losses.csv`` and LoRA's
 unmerged ``adapter/`` beside it, all renamed into place together; :func:`record_in_history`
 adds the run to the run history.
 """
@@ -108,6 +108,15 @@ def load_state(work_dir: Path) -> tuple[RunState, dict[str, torch.Tensor], dict 
     return state, tensors, optimizer_state
 
 
+def saved_step(out_dir: str | Path) -> int | None:
+    """The step a cancelled or killed run that writes ``out_dir`` reached, or None when none is saved."""
+    state_file = partial_dir(Path(out_dir)) / _STATE / _JSON
+    try:
+        return int(json.loads(state_file.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def check_resumable(state: RunState, trajectory: dict, start_fingerprint: str, work_dir: Path) -> None:
     """RecoveryError unless the saved run can continue with these settings and this model."""
     if state.start_fingerprint != start_fingerprint:
@@ -160,7 +169,7 @@ def checkpoint_plan(lm):
     from .plan import RatePlan, make_plan
 
     if lm.pruned_from is None:
-        plan = make_plan(lm, [0.0] * lm.num_layers, [0.0] * lm.num_layers, "magnitude", method="dense")
+        plan = make_plan(lm, [0.0] * lm.num_layers, [0.0] * lm.num_layers, "magnitude", allocator="dense")
         geometries = [lm.adapter.geometry(layer) for layer in lm.adapter.layers(lm.model)]
         kept = {
             "kept_kv_heads": [list(range(g.n_kv_heads)) for g in geometries],
@@ -187,22 +196,12 @@ def _curve_csv(curve: list[dict]) -> str:
 
 
 def write_checkpoint(lm, plan, kept: dict, out_dir: Path, result, adapter_dir: Path | None) -> None:
-    """The recovered model as a pruned checkpoint (``export.save_pruned``), plus ``recovery.json``,
+    """The recovered model as a pruned checkpoint (``checkpoint.save_pruned``), plus ``recovery.json``,
     ``losses.csv`` and the unmerged ``adapter/``, all renamed into place together."""
-    from .export import save_pruned
-    from .fsutil import atomic_directory
-    from .surgery import PruneResult
+    from .checkpoint import save_pruned
 
-    prune_result = PruneResult(
-        plan=plan,
-        kept_kv_heads=kept["kept_kv_heads"],
-        kept_heads=kept["kept_heads"],
-        kept_channels=kept["kept_channels"],
-        params_before=int(plan.params.get("dense_total", lm.param_count())),
-        params_after=lm.param_count(),
-    )
     with atomic_directory(out_dir) as tmp:
-        save_pruned(lm, prune_result, tmp)
+        save_pruned(lm, plan, kept, tmp)
         (tmp / "recovery.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
         (tmp / "losses.csv").write_text(_curve_csv(result.curve))
         if adapter_dir is not None:
@@ -229,7 +228,7 @@ def record_in_history(lm, plan, result, history_path: Path | None) -> int:
     record = history.RunRecord.from_report(
         plan.to_dict(),
         result.after,
-        method=f"{plan.method}+{result.method}",
+        allocator=f"{plan.allocator}+{result.method}",
         table_key=plan.table_key,
         budget=plan.budget,
         params={"recovery": recovery, "eval": result.after.get("settings", {})},

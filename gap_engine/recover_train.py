@@ -20,13 +20,14 @@ import torch
 import torch.nn.functional as F
 
 from . import recover_lora, recover_zo
+from .config import RECOVERY_PROJECTIONS, WindowSpec
 from .data import calibration_windows, load_corpus
 from .errors import DataError
 from .models import LoadedModel
 
 log = logging.getLogger(__name__)
 
-PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # short names of the trainable projections
+PROJECTIONS = RECOVERY_PROJECTIONS  # short names of the trainable projections
 
 
 # ---- data ----------------------------------------------------------------------------------
@@ -47,7 +48,7 @@ class TaskData:
                     f"text source '{spec}' is too short for one batch: its calibration part has {tokens} tokens, "
                     f"a batch needs {settings.batch_size} x {settings.seq_len} = {settings.batch_size * settings.seq_len}"
                 )
-            self.pools.append(calibration_windows(lm.tokenizer, spec, n_pool, settings.seq_len, settings.seed))
+            self.pools.append(calibration_windows(lm.tokenizer, WindowSpec(data=spec, n_samples=n_pool, seq_len=settings.seq_len, seed=settings.seed)))
 
     def batch(self, step: int) -> torch.Tensor:
         """The windows of one step, task-major: (n_tasks * batch_size, T)."""

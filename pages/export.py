@@ -7,9 +7,10 @@ from pathlib import Path
 import streamlit as st
 
 from gap_engine import history
-from gap_engine.errors import GapError
+from gap_engine.errors import GapError, one_line
 from gap_engine.plan import RatePlan
-from pages import common, figures
+from gap_engine import figures
+from pages import common, report_export
 
 DEFAULTS = {
     "export_plan_source": "planner",
@@ -29,12 +30,13 @@ def chart_figures() -> dict:
         out["sensitivity"] = figures.sensitivity_figure(table)
         out["heatmap"] = figures.heatmap_figure(table)
         try:
-            out["planner"] = common.planner_figure_for(table, common.reference_model(table.model))
+            out["planner"] = report_export.planner_export_figure(table)
         except GapError:
             pass  # the planner page says why; the other charts still export
     runs = history.list_runs()
-    if not runs.empty and "ppl:wiki-sample" in runs.columns:
-        out["history"] = figures.history_figure(runs, "ppl:wiki-sample")
+    perplexities = [c for c in runs.columns if c.startswith("ppl:")]
+    if not runs.empty and perplexities:
+        out["history"] = figures.history_figure(runs, perplexities[0])
     if not runs.empty:
         out["pred_vs_actual"] = figures.predicted_vs_actual_figure(runs)
     return out
@@ -47,7 +49,7 @@ def render_pngs(names_and_figs: dict) -> None:
         ss["export_png"] = common.render_png(names_and_figs)
     except Exception as exc:  # kaleido raises many kinds when no browser can start
         ss["export_png"] = {}
-        ss["export_png_error"] = common.error_text(exc)
+        ss["export_png_error"] = one_line(exc)
 
 
 def check_uploaded_plan(uploaded) -> None:
@@ -59,7 +61,7 @@ def check_uploaded_plan(uploaded) -> None:
     try:
         plan = RatePlan.from_text(text, hint=uploaded.name)
     except GapError as exc:
-        st.error(f"Cannot read the plan: {common.error_text(exc)}")
+        st.error(f"Cannot read the plan: {one_line(exc)}")
         return
     model = table.model if table is not None else ss.get("app_model")
     if model is None:
@@ -69,11 +71,11 @@ def check_uploaded_plan(uploaded) -> None:
         plan.check_model(common.reference_model(model))
     except GapError as exc:
         ss["app_uploaded_plan"] = None
-        st.error(f"This plan does not fit the current model: {common.error_text(exc)}")
+        st.error(f"This plan does not fit the current model: {one_line(exc)}")
         return
     ss["app_uploaded_plan"] = plan.to_dict()
     st.success(
-        f"Plan for {plan.model} accepted ({plan.method}, removes {plan.params.get('removed_fraction_of_prunable', 0):.1%} of prunable "
+        f"Plan for {plan.model} accepted ({plan.allocator}, removes {plan.params.get('removed_fraction_of_prunable', 0):.1%} of prunable "
         "parameters). Pick 'uploaded plan' on Prune & evaluate to run it."
     )
 
@@ -85,14 +87,14 @@ st.subheader("Rate plan")
 try:
     runs = history.runs()
 except GapError as exc:
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
     runs = []
 sources = {}
 if ss.get("app_plan"):
     plan = ss["app_plan"]
     sources["planner"] = f"Planner selection: dp at {plan.get('budget', 0):.1%}"
 for record in runs[::-1]:
-    sources[f"run-{record.id}"] = f"Run {record.id}: {record.method} at {(record.budget or 0):.1%} ({record.created})"
+    sources[f"run-{record.id}"] = f"Run {record.id}: {record.allocator} at {(record.budget or 0):.1%} ({record.created})"
 if not sources:
     st.caption("No plan yet: choose a budget on the Budget planner, or run Prune & evaluate.")
 else:
@@ -102,10 +104,24 @@ else:
     chosen = ss["export_plan_source"]
     plan_dict = ss["app_plan"] if chosen == "planner" else next(r.plan for r in runs if f"run-{r.id}" == chosen)
     plan = RatePlan.from_dict(dict(plan_dict))
-    stem = f"plan-{plan.method}-{(plan.budget or 0) * 100:.1f}pct"
-    c1, c2 = st.columns(2)
+    stem = f"plan-{plan.allocator}-{(plan.budget or 0) * 100:.1f}pct"
+    c1, c2, c3 = st.columns(3)
     c1.download_button("Plan (JSON)", plan.to_json(), file_name=f"{stem}.json", mime="application/json", key="export_plan_json", icon=":material/download:")
     c2.download_button("Plan (YAML)", plan.to_yaml(), file_name=f"{stem}.yaml", mime="application/x-yaml", key="export_plan_yaml", icon=":material/download:")
+    problem = report_export.report_problem(table, plan_dict)
+    run_id = report_export.run_of_plan(plan_dict) if chosen == "planner" else int(chosen.split("-", 1)[1])
+    c3.download_button(
+        "Download report (HTML)",
+        data=lambda: report_export.report_html(table, plan_dict, run_id),  # built only when clicked
+        file_name=f"gap-report-{stem}.html",
+        mime="text/html",
+        key="export_report_html",
+        on_click="ignore",  # a rerun while the file is being built would drop it
+        icon=":material/summarize:",
+        disabled=problem is not None,
+        help=problem or "One self-contained HTML file: table settings, sensitivity, the plan against the DP front, "
+        "and the run's numbers and generations. Opens offline.",
+    )
 
 # ---- table and history ---------------------------------------------------------------------------
 st.subheader("Loss table and run history")
@@ -119,7 +135,7 @@ try:
     history_csv = history.to_csv()
 except GapError as exc:
     history_csv = None
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
 if history_csv is not None:
     c3.download_button("Run history (CSV)", history_csv, file_name="gap-run-history.csv", mime="text/csv", key="export_history_csv", icon=":material/history:")
 
@@ -127,7 +143,7 @@ if history_csv is not None:
 st.subheader("Pruned checkpoint")
 with_checkpoint = [r for r in runs if r.checkpoint and Path(r.checkpoint).is_dir()]
 if not with_checkpoint:
-    st.caption("No saved checkpoint: run Prune & evaluate with 'Save the pruned checkpoint' on.")
+    st.caption("No saved checkpoint: run Prune & evaluate with 'Save checkpoint' on.")
 else:
     ids = [r.id for r in with_checkpoint][::-1]
     if ss["export_checkpoint_run"] not in ids:
@@ -138,7 +154,7 @@ else:
         "Run",
         ids,
         key="export_checkpoint_run",
-        format_func=lambda i: f"Run {i}: {by_id[i].method} at {(by_id[i].budget or 0):.1%} — {Path(by_id[i].checkpoint).name}",
+        format_func=lambda i: f"Run {i}: {by_id[i].allocator} at {(by_id[i].budget or 0):.1%} — {Path(by_id[i].checkpoint).name}",
     )
     folder = by_id[ss["export_checkpoint_run"]].checkpoint
     c2.download_button(
@@ -149,7 +165,7 @@ else:
         key="export_checkpoint_zip",
         icon=":material/folder_zip:",
     )
-    st.caption(f"`{folder}` — load it again with `gap eval --model {folder}` or `gap_engine.export.load_pruned`.")
+    st.caption(f"`{folder}` — load it again with `gap eval --model {folder}` or `gap_engine.models.load_model`.")
 
 # ---- charts --------------------------------------------------------------------------------------
 st.subheader("Charts")

@@ -48,15 +48,16 @@ def pruned_dir(smol_tokenizer, text_file, tmp_path_factory) -> Path:
     """A tiny Llama pruned to other widths in each block (heads and channels), saved by save_pruned."""
     from conftest import tiny_lm
 
-    from gap_engine.export import save_pruned
-    from gap_engine.pipeline import CalibrationSettings, prune_with_plan
+    from gap_engine.checkpoint import save_pruned
+    from gap_engine.config import WindowSpec
+    from gap_engine.pipeline import prune_with_plan
     from gap_engine.plan import make_plan
 
     lm = tiny_lm("llama", smol_tokenizer)
     plan = make_plan(lm, [0.5, 0.0], [0.25, 0.5], "wanda")
-    result = prune_with_plan(lm, plan, CalibrationSettings(data=text_file, n_samples=2, seq_len=32, batch_size=2))
+    result = prune_with_plan(lm, plan, WindowSpec(data=text_file, n_samples=2, seq_len=32, batch_size=2))
     folder = tmp_path_factory.mktemp("pruned") / "tiny"
-    save_pruned(lm, result, folder)
+    save_pruned(lm, plan, result.kept_indices(), folder)
     return folder
 
 
@@ -335,7 +336,7 @@ def test_time_budget_stops_early_and_the_run_is_recorded(pruned_dir, text_file, 
     result = recover(load_model(str(pruned_dir)), settings, out_dir=tmp_path / "out")
     assert result.stopped == "time budget" and result.steps_done == 1
     record = history.get_run(result.run_id)
-    assert record.method == "manual+mezo" and record.checkpoint == str(tmp_path / "out")
+    assert record.allocator == "manual+mezo" and record.checkpoint == str(tmp_path / "out")
     assert record.params["recovery"]["steps_done"] == 1 and record.params["recovery"]["peak_rss"] > 0
     assert set(record.perplexity) == {"news-sample", settings.tasks[1]}
     assert set(result.before["perplexity"]) == set(record.perplexity)
