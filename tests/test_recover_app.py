@@ -112,7 +112,8 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Recovery finished" in str(s.value) for s in at.success)
-    table = at.dataframe(key="recover_comparison").value
+    [frame] = [d for d in at.dataframe if "recovered perplexity" in d.value.columns]
+    table = frame.value
     assert list(table["held-out text"]) == ["news-sample"]
     before, after = table["unrecovered perplexity"][0], table["recovered perplexity"][0]
     assert before > 0 and after > 0 and before != after
