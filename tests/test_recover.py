@@ -348,7 +348,7 @@ def test_a_dense_model_is_recovered_and_saved_as_a_checkpoint(make_tiny, text_fi
     result = recover(lm, tiny_settings(text_file, method="mazo", lr=0.1, steps=2), out_dir=tmp_path / "dense")
     assert result.dense_input
     reloaded = load_model(str(tmp_path / "dense"))
-    assert reloaded.pruned_from["plan"]["method"] == "dense"
+    assert reloaded.pruned_from["plan"]["allocator"] == "dense"
     changed = [k for k in original if not torch.equal(original[k], reloaded.model.state_dict()[k])]
     assert changed and all(k.endswith("proj.weight") for k in changed)
 
