@@ -416,7 +416,7 @@ def test_cli_bad_inputs_exit_2_with_one_line_and_write_nothing(pruned_dir, text_
         (["--steps", "3", "--split", "heldout"], "calibration split only"),
         (["--steps", "3", "--data", "news-sample@heldout"], "calibration split only"),
         (["--steps", "3", "--data", short_text], "too short for one batch"),
-        (["--steps", "3", "--out", str(blocker / "out")], "cannot write"),
+        (["--steps", "3", "--out", str(blocker / "out")], "is a file, not a folder"),  # the CLI's --out check
     ]
     for extra, message in cases:
         code, stdout, stderr = _cli(base + extra, capsys)
