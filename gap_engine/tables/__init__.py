@@ -14,11 +14,14 @@ import time
 import numpy as np
 import torch
 
+from ..device import CPU_FP32, is_streamed, placement_of, resolve
+from ..errors import TableError
 from ..importance import compute_importance
 from ..progress import CancelToken, ProgressFn
 from .artefact import TABLE_FORMAT_VERSION, LossTable, TableSpec, isotonic_smooth, parse_rate_grid, removed_table, table_components, table_key
 from .estimate import estimate_cells
 from .exact import PartialStore, WindowCells, measure_exact, window_cells
+from .streaming import measure_exact_streamed
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ def measure_table(
     partial: PartialStore | None = None,
     key: str = "",
     data_fingerprint: str = "",
+    cells=None,
 ) -> LossTable:
     """Build a table on given windows, with no cache (``pipeline.loss_table`` adds it).
 
@@ -85,15 +89,23 @@ def measure_table(
             CancelledError is raised.
         partial: where measured cells are saved every few cells and read back on resume.
         key, data_fingerprint: recorded in the table.
+        cells: who measures exact cells, with ``exact.measure_exact``'s signature (e.g.
+            ``tables.distributed.RayCells``); default: this process, resident or streamed
+            as the model is placed.
     """
     spec.validate()
+    if is_streamed(lm) and spec.estimator != "exact":
+        raise TableError(f"estimator '{spec.estimator}' needs gradients through the whole model at once; with --stream use --estimator exact")
     started = time.perf_counter()
     components = table_components(lm.num_layers, spec.mode)
     scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size, cancel=cancel)
     if spec.estimator == "exact":
-        objective, dense, stats = measure_exact(lm, spec, windows, scores, components, progress, cancel, partial)
+        measure = cells or (measure_exact_streamed if is_streamed(lm) else measure_exact)
+        objective, dense, stats = measure(lm, spec, windows, scores, components, progress, cancel, partial)
     else:
         objective, dense, stats = estimate_cells(lm, spec, windows, scores, components, progress, cancel)
+    if placement_of(lm) != resolve(CPU_FP32):  # tables built the old way keep their exact extras
+        stats = stats | {"placement": placement_of(lm).describe()}
     table = assemble_table(lm, spec, key, data_fingerprint, components, objective, dense, time.perf_counter() - started, stats)
     log.info("loss table %s: %d x %d cells in %.1f s", key or "(uncached)", *table.delta.shape, table.build_seconds)
     return table

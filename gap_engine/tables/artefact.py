@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from ..device import SHORT_DTYPE_NAMES, dtype_name, placement_of
 from ..config import CLI_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, ESTIMATORS, MODES, OBJECTIVES, WindowSpec
 from ..errors import DataError, TableError, first_line
 from ..units import block_geometries
@@ -299,7 +300,8 @@ def table_key(lm, spec: TableSpec, data_fingerprint: str) -> str:
     """Cache key: a readable prefix and a hash of everything that changes the numbers.
 
     Args:
-        lm: the model (its name gives the prefix, its fingerprint enters the hash).
+        lm: the model (its name gives the prefix, its fingerprint enters the hash, and so does
+            the dtype it computes in when that is not float32: ``name.bf16-...``).
         spec: the table's settings.
         data_fingerprint: the content hash of the calibration text source.
     """
@@ -309,8 +311,12 @@ def table_key(lm, spec: TableSpec, data_fingerprint: str) -> str:
         "data_fingerprint": data_fingerprint,
         **spec.summary(),
     }
+    dtype = dtype_name(placement_of(lm).dtype)
+    if dtype != "float32":  # float32 keys stay what they always were
+        content["dtype"] = dtype
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(lm.name))[-40:].strip("._-") or "model"
+    slug += "" if dtype == "float32" else f".{SHORT_DTYPE_NAMES.get(dtype, dtype)}"
     return f"{slug}-{spec.objective}-{spec.mode}-{spec.estimator}-{digest}"
 
 

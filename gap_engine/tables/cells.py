@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..device import wide
 from ..importance import ImportanceScores
 from ..surgery import removed_units
 
@@ -54,20 +55,22 @@ def unit_cuts(lm, scores: ImportanceScores, components, rate_grid, channel_multi
 def objective_per_window(
     logits: torch.Tensor, input_ids: torch.Tensor, objective: str, dense_logprobs: torch.Tensor | None
 ) -> torch.Tensor:
-    """Objective summed over each window's positions: (B,) float64.
+    """Objective summed over each window's positions: (B,) float64 (float32 on MPS).
 
     nll: next-token cross entropy over the T-1 predicted positions of each window.
     kl: KL(dense || pruned) of the next-token distributions at all T positions.
+    Logits of a bf16/fp16 model are taken to float32 first, whatever the model's dtype.
     """
+    logits = logits.float()  # no copy when they already are
     batch, vocab = logits.shape[0], logits.shape[-1]
     if objective == "nll":
         per_token = F.cross_entropy(
             logits[:, :-1].reshape(-1, vocab), input_ids[:, 1:].reshape(-1), reduction="none"
         )  # (B*(T-1),)
-        return per_token.view(batch, -1).double().sum(1)
+        return wide(per_token.view(batch, -1)).sum(1)
     logq = F.log_softmax(logits, dim=-1)  # (B, T, V)
     per_token = F.kl_div(logq, dense_logprobs, log_target=True, reduction="none").sum(-1)  # (B, T)
-    return per_token.double().sum(1)
+    return wide(per_token).sum(1)
 
 
 def objective_sum(logits: torch.Tensor, input_ids: torch.Tensor, objective: str, dense_logprobs) -> float:
