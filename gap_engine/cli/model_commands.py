@@ -13,7 +13,7 @@ from ..evaluate import EvalSettings, evaluate
 from ..models import list_models, load_model
 from ..pipeline import dense_reference, prune_with_plan
 from ..plan import RatePlan, uniform_plan
-from .arguments import windows_from
+from .arguments import device_from, windows_from
 from .output import StderrProgress
 
 
@@ -33,7 +33,7 @@ def run_prune(args: argparse.Namespace) -> int:
     if (args.plan is None) == (args.uniform is None):
         raise PlanError("give exactly one of --plan P.json or --uniform R")
     plan = RatePlan.load(args.plan) if args.plan else None  # validate before the slow model load
-    lm = load_model(args.model)
+    lm = load_model(args.model, device_from(args))
     if plan is None:
         plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple)
     result = prune_with_plan(lm, plan, windows_from(args), StderrProgress("importance"))
@@ -50,8 +50,8 @@ def run_prune(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    lm = load_model(args.model)
-    dense = None if args.no_dense else dense_reference(lm)
+    lm = load_model(args.model, device_from(args))
+    dense = None if args.no_dense else dense_reference(lm, device_from(args))
     settings = EvalSettings(windows=windows_from(args), throughput=not args.no_throughput, generations=args.generations)
     report = evaluate(lm, dense, settings, progress=lambda msg: print(f"eval: {msg}", file=sys.stderr))
     if args.json:

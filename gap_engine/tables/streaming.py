@@ -10,10 +10,12 @@ through it. A cell entering its own block has its units masked there
 masks them, so both builders do the same arithmetic on the same inputs and produce the
 same table (``tests/test_streaming.py``).
 
-What waits on the host: the dense inputs of every block (like the resident build, which
-keeps them on the device) and the hidden states of the cells in flight, which bound the
-group size (``STREAM_GROUP_BYTES``). Measured cells land in the same partial file as the
-resident build's, so a streamed build resumes a resident one and the other way round.
+What waits on the host: the dense inputs of every block (the resident build keeps them on
+the device). The hidden states of the cells in flight stay on the device from the cell's
+first block to its LM head, so only blocks and one input per cell cross the bus; they bound
+the group size (half the free device memory on CUDA, ``STREAM_GROUP_BYTES`` elsewhere).
+Measured cells land in the same partial file as the resident build's, so a streamed build
+resumes a resident one and the other way round.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from .cells import Cut, objective_per_window, objective_positions, unit_cuts
 from .exact import MAX_STORED_LOGPROB_BYTES, DenseState, PartialStore, dense_logprobs, distinct_cuts
 from .ledger import CellLedger
 
-# Host memory for the hidden states of the cells measured together (one (N, T, d) tensor each).
+# Memory for the hidden states of the cells measured together (one (N, T, d) tensor each)
+# where the free device memory is not known (CPU, MPS); CUDA uses half of what is free.
 STREAM_GROUP_BYTES = 4 << 30
 
 
@@ -77,27 +80,27 @@ def streamed_cells(lm, state: DenseState, cuts: list[Cut], objectives: tuple[str
     """
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)
-    in_flight: dict[int, list[torch.Tensor]] = {}  # cut index -> [b] (B, T, d) host states
+    in_flight: dict[int, list[torch.Tensor]] = {}  # cut index -> [b] (B, T, d) states on the device
     with torch.inference_mode():
         for j in range(min(cut.layer for cut in cuts), len(layers)):
             check_cancelled(cancel, f"streamed cells cancelled at block {j} of {len(layers)}")
             for k, cut in enumerate(cuts):
                 if cut.layer == j:
-                    in_flight[k] = [inputs[j] for inputs in state.block_inputs]
+                    in_flight[k] = [inputs[j].to(device) for inputs in state.block_inputs]
             with block_on(layers[j], device) as layer:
                 for k, hidden in in_flight.items():
                     cut = cuts[k]
                     masked = zeroed_units(lm.adapter, layer, cut.heads, cut.channels) if cut.layer == j else contextlib.nullcontext()
                     with masked:
                         in_flight[k] = [
-                            to_host(layer_output(layer(states.to(device), *state.block_calls[b][j][0], **state.block_calls[b][j][1])))
+                            layer_output(layer(states, *state.block_calls[b][j][0], **state.block_calls[b][j][1]))
                             for b, states in enumerate(hidden)
                         ]
         out = []
         for k in range(len(cuts)):
             sums: dict[str, list[torch.Tensor]] = {name: [] for name in objectives}
             for b, (batch, states) in enumerate(zip(state.batches, in_flight[k])):
-                logits = lm.adapter.logits_from_hidden(lm.model, states.to(device))  # (B, T, V)
+                logits = lm.adapter.logits_from_hidden(lm.model, states)  # (B, T, V)
                 for name in objectives:
                     dense = dense_logprobs(lm, state, b) if name == "kl" else None
                     sums[name].append(objective_per_window(logits, batch, name, dense))
@@ -111,9 +114,16 @@ def cell_groups(jobs, todo: list[int], per_group: int) -> list[list[int]]:
     return [ordered[i : i + per_group] for i in range(0, len(ordered), per_group)]
 
 
-def group_size(windows: torch.Tensor, lm, budget_bytes: int = STREAM_GROUP_BYTES) -> int:
-    """Cells measured together: as many (N, T, d) host states as fit ``budget_bytes``, at least one."""
+def group_size(windows: torch.Tensor, lm, budget_bytes: int | None = None) -> int:
+    """Cells measured together: as many (N, T, d) states as fit the budget, at least one.
+
+    The budget: ``budget_bytes`` when given, else half the free memory of a CUDA device, else
+    ``STREAM_GROUP_BYTES``.
+    """
     embed = lm.model.get_input_embeddings().weight
+    if budget_bytes is None:
+        device = placement_of(lm).device
+        budget_bytes = torch.cuda.mem_get_info(device)[0] // 2 if device.type == "cuda" else STREAM_GROUP_BYTES
     per_cell = windows.numel() * embed.shape[1] * embed.element_size()
     return max(1, int(budget_bytes // max(per_cell, 1)))
 
