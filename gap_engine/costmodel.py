@@ -133,6 +133,7 @@ class DeviceProfile:
     host_link: float  # host -> device bytes/s (streamed blocks, block inputs)
     memory: float  # device memory bytes (0: unknown/host)
     basis: str  # where the numbers come from
+    kind: str = "cuda"  # device type: on "cpu" attention materialises its T x T scores, CUDA kernels do not
 
 
 # H200 SXM: 989 TFLOP/s dense bf16 (1979 with sparsity), 141 GB HBM3e at 4.8 TB/s, PCIe Gen5 x16
@@ -177,7 +178,9 @@ def _profile_path(key: dict):
     return cache_root() / "costmodel" / f"profile-{digest}.json"
 
 
-def measured_profile(placement, shape: ModelShape, seq_len: int = 256, batch: int = 2, refresh: bool = False) -> DeviceProfile:
+def measured_profile(
+    placement, shape: ModelShape, seq_len: int = 256, batch: int = 2, refresh: bool = False, measure: bool = True
+) -> DeviceProfile | None:
     """This machine's speed on a one-layer model of ``shape`` (narrowed), measured once and cached.
 
     Args:
@@ -185,6 +188,7 @@ def measured_profile(placement, shape: ModelShape, seq_len: int = 256, batch: in
         shape: the target model's shape.
         seq_len, batch: tokens per window and windows per call of the measurement.
         refresh: measure again even when a cached profile exists.
+        measure: False returns None instead of measuring when nothing is cached.
     """
     import torch
 
@@ -200,6 +204,8 @@ def measured_profile(placement, shape: ModelShape, seq_len: int = 256, batch: in
             return DeviceProfile(**json.loads(path.read_text())["profile"])
         except (OSError, ValueError, TypeError, KeyError):
             log.warning("ignoring an unreadable cost-model profile %s", path)
+    if not measure:
+        return None
     profile = _measure(placement, calib, seq_len, batch)
     atomic_write_json(path, {"key": key, "profile": asdict(profile)})
     return profile
@@ -250,6 +256,7 @@ def _measure(placement, calib: ModelShape, seq_len: int, batch: int) -> DevicePr
         bandwidth=2 * big.numel() * 4 / copy_seconds,
         host_link=host.numel() * 4 / link_seconds,
         memory=float(memory),
+        kind=device.type,
         basis=f"measured on this machine {time.strftime('%Y-%m-%d %H:%M')} (one {calib.hidden}-wide layer, {batch} x {seq_len} tokens)",
     )
 
@@ -360,7 +367,7 @@ def estimate_build(shape: ModelShape, spec, profile: DeviceProfile, dtype_bytes:
     block_bytes = shape.block_params * dtype_bytes
     per_group = 0
     if stream:
-        free = profile.memory - (shape.total_params - (L - 1) * shape.block_params) * dtype_bytes - _working_bytes(shape, spec, dtype_bytes)
+        free = profile.memory - (shape.total_params - (L - 1) * shape.block_params) * dtype_bytes - _working_bytes(shape, spec, dtype_bytes, profile.kind)
         budget = free / 2 if profile.memory else STREAM_GROUP_BYTES
         moves, per_group = _stream_moves(per_layer if spec.estimator == "exact" else [0] * L, L, state_bytes, budget)
         passes = (criterion_passes > 0) + ("dense pass" in parts)
@@ -375,7 +382,9 @@ def estimate_build(shape: ModelShape, spec, profile: DeviceProfile, dtype_bytes:
         parts["shipping"] = shipped / OBJECT_STORE_BYTES_PER_S
         notes.append(f"Ray objects move at {OBJECT_STORE_BYTES_PER_S / 1e9:.0f} GB/s (one node; a network between nodes is slower)")
     in_flight = per_group * state_bytes if stream and cells else 0
-    device_bytes, host_bytes = _memory(shape, spec, dtype_bytes, stream, workers, ranges, in_flight)
+    device_bytes, host_bytes = _memory(shape, spec, dtype_bytes, stream, workers, ranges, in_flight, profile.kind)
+    if stream and spec.estimator in ("fisher", "taylor", "refine"):
+        notes.append("the gradient pass cannot stream: it needs the whole model on the device")
     return BuildEstimate(
         model=shape.name, estimator=spec.estimator, device=profile.name, basis=profile.basis, workers=max(1, len(ranges)) if workers > 1 else 1,
         stream=stream, cells=cells, seconds=sum(parts.values()), parts=parts, device_bytes=device_bytes, host_bytes=host_bytes,
@@ -390,40 +399,43 @@ def _stream_moves(per_layer: list[int], layers: int, state_bytes: int, budget: f
     return sum(layers - ordered[g] for g in range(0, len(ordered), per_group)), per_group
 
 
-def _working_bytes(shape: ModelShape, spec, dtype_bytes: int) -> float:
-    """One batch's working set: the widest activations and the float32 logits (all blocks' for gradients)."""
+def _working_bytes(shape: ModelShape, spec, dtype_bytes: int, kind: str, gradients: bool = False) -> float:
+    """One batch's working set: the widest activations and the float32 logits (every block's
+    activations when a backward pass follows)."""
     b, t, d = spec.windows.batch_size, spec.windows.seq_len, shape.hidden
     logits = b * t * shape.vocab * (dtype_bytes + 8)  # model-dtype logits, their float32 copy and log-probabilities
-    activations = b * t * (2 * shape.intermediate + 4 * d) * dtype_bytes + b * shape.heads * t * t * dtype_bytes
-    if spec.estimator in ("fisher", "taylor", "refine"):  # every block's activations are kept for the backward pass
-        return logits + shape.layers * activations
-    return logits + activations
+    activations = b * t * (2 * shape.intermediate + 4 * d) * dtype_bytes
+    if kind == "cpu":  # the CPU's attention kernels hold the T x T scores; flash kernels on CUDA do not
+        activations += b * shape.heads * t * t * dtype_bytes
+    return logits + (shape.layers if gradients else 1) * activations
 
 
-def _memory(shape: ModelShape, spec, dtype_bytes: int, stream: bool, workers: int, ranges, in_flight: float) -> tuple[float, float]:
+def _memory(shape: ModelShape, spec, dtype_bytes: int, stream: bool, workers: int, ranges, in_flight: float, kind: str) -> tuple[float, float]:
     """(peak device bytes of the busiest process, peak host bytes of the driver); ``in_flight``:
     the streamed cells' states held on the device."""
-    n, t, b = spec.windows.n_samples, spec.windows.seq_len, spec.windows.batch_size
+    n, t = spec.windows.n_samples, spec.windows.seq_len
     L, d = shape.layers, shape.hidden
     weights = shape.total_params * dtype_bytes
-    blocks = L * shape.block_params * dtype_bytes
+    block = shape.block_params * dtype_bytes
     state = n * t * d * dtype_bytes
-    working = _working_bytes(shape, spec, dtype_bytes)
-    exact = spec.estimator in ("exact", "refine")
-    stored = (L + 1) * state if exact else 0  # dense block inputs and final states
-    if exact and spec.objective == "kl" and n * t * shape.vocab * 4 <= MAX_STORED_LOGPROB_BYTES:
+    working = _working_bytes(shape, spec, dtype_bytes, kind)
+    # A gradient pass (fisher, taylor, the first half of refine) needs the whole model on the device.
+    gradient_pass = weights + _working_bytes(shape, spec, dtype_bytes, kind, gradients=True) if spec.estimator != "exact" else 0.0
+    if spec.estimator not in ("exact", "refine"):
+        return float(gradient_pass), 0.0
+    stored = (L + 1) * state  # dense block inputs and final states
+    if spec.objective == "kl" and n * t * shape.vocab * 4 <= MAX_STORED_LOGPROB_BYTES:
         stored += n * t * shape.vocab * 4
+    non_block = weights - L * block
     if stream:
-        device = weights - blocks + shape.block_params * dtype_bytes + working + in_flight + state
-        host = weights + stored
+        device, host = non_block + block + working + in_flight + state, weights + stored
     else:
         device, host = weights + stored + working, 0.0
     if workers > 1 and ranges:
         first = min(run[0] for run in ranges)
-        worker_blocks = (L - first) * shape.block_params * dtype_bytes
-        per_worker = weights - blocks + working + (shape.block_params * dtype_bytes + in_flight if stream else worker_blocks + (len(ranges[0]) + 1) * state)
-        device = max(device if not stream else 0.0, per_worker)
-    return float(device), float(host)
+        own_inputs = (len(ranges[0]) + 1) * state
+        device = non_block + working + (block + in_flight + state if stream else (L - first) * block + own_inputs)
+    return float(max(device, gradient_pass)), float(host)
 
 
 def model_shape(name_or_path: str) -> ModelShape:

@@ -195,3 +195,15 @@ def synchronize(device: "torch.device") -> None:
 def dtype_name(dtype: "torch.dtype") -> str:
     """torch.bfloat16 -> 'bfloat16'."""
     return str(dtype).removeprefix("torch.")
+
+
+def available_devices() -> list[str]:
+    """The device names this machine can resolve: auto, cpu, every visible cuda:N, mps."""
+    import torch
+
+    names = ["auto", "cpu"]
+    if cuda_ok():
+        names += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if mps_ok():
+        names.append("mps")
+    return names

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..device import DeviceSpec, dtype_name, is_streamed, placement_of
-from ..errors import CancelledError, GapError
+from ..errors import CancelledError, GapError, one_line
 from ..layerwise import tree_to
 from ..progress import CancelToken, ProgressFn
 from .artefact import TableSpec
@@ -232,6 +232,9 @@ WORKERS: dict[str, list] = {}
 def worker_pool(ray, count: int, options: dict, args: tuple) -> list:
     """``count`` live CellWorker actors with these options, reusing the ones from earlier builds."""
     key = repr((sorted(options.items()), args))
+    for other in [k for k in WORKERS if k != key]:  # one pool at a time: idle actors still hold their CPUs/GPUs
+        for actor in WORKERS.pop(other):
+            ray.kill(actor)
     pool = []
     for actor in WORKERS.get(key, []):
         try:
@@ -363,7 +366,9 @@ class RayCells:
                 w, layer = pending.pop(ref)
                 try:
                     pid, values = ray.get(ref)
-                except ray.exceptions.RayActorError as exc:
+                except ray.exceptions.RayTaskError as exc:  # the worker raised: a real error, not a lost process
+                    raise RayError(f"a Ray worker failed on layer {layer}: {one_line(exc.cause or exc)}") from None
+                except ray.exceptions.RayError as exc:  # the process was lost (killed, out of memory, node gone)
                     alive.discard(w)
                     if not alive:
                         raise RayError(f"every Ray worker was lost ({type(exc).__name__}); measured cells are saved, run again to resume") from None
