@@ -207,18 +207,9 @@ def require_table():
     return table
 
 
-def constraints_from_raw(raw: dict) -> Constraints:
-    """A constraints dict as the planner stores it (JSON-ready) as an allocate.Constraints."""
-    return Constraints(
-        locked={int(k): float(v) for k, v in (raw.get("locked") or {}).items()},
-        max_rate=float(raw.get("max_rate", DEFAULT_MAX_RATE)),
-        coupled=bool(raw.get("coupled", False)),
-    )
-
-
 def constraints_from_state() -> Constraints:
     """The planner's constraints of this session."""
-    return constraints_from_raw(st.session_state.get("app_constraints") or {})
+    return Constraints.from_dict(st.session_state.get("app_constraints"))
 
 
 def constraints_json(raw: dict) -> str:
@@ -229,25 +220,7 @@ def constraints_json(raw: dict) -> str:
 @st.cache_data(max_entries=32, show_spinner=False)
 def pareto_rows(table_key: str, constraints_text: str, _table) -> list[dict]:
     """allocate.front_rows of the DP front for one table and constraints (cached per process)."""
-    return front_rows(_table, dp_front(_table, constraints_from_raw(json.loads(constraints_text))))
-
-
-def planner_figure_for(table, lm):
-    """The planner figure at the session's budget and constraints (for the planner and Export pages)."""
-    from pages import figures
-
-    raw = st.session_state.get("app_constraints") or SHARED_DEFAULTS["app_constraints"]
-    rows = pareto_rows(table.key, constraints_json(raw), table)
-    stored = st.session_state.get("app_baselines")
-    key = table.key + "|" + constraints_json(raw)
-    return figures.planner_figure(
-        table,
-        rows,
-        dense_total=lm.param_count(),
-        active_budget=float(st.session_state.get("app_budget") or 0.2),
-        locked={int(k): v for k, v in raw["locked"].items()},
-        baselines=stored["rows"] if stored and stored.get("key", "").startswith(key + "|") else None,
-    )
+    return front_rows(_table, dp_front(_table, Constraints.from_dict(json.loads(constraints_text))))
 
 
 # ---- jobs ----------------------------------------------------------------------------------

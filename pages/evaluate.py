@@ -12,7 +12,8 @@ from gap_engine.errors import GapError, one_line
 from gap_engine.evaluate import EvalSettings
 from gap_engine.jobs import manager, prune_eval_task
 from gap_engine.plan import RatePlan
-from pages import common, figures
+from gap_engine import figures
+from pages import common
 
 UPLOADED = "uploaded plan"
 ALLOCATOR_HELP = {
@@ -57,7 +58,7 @@ def start_run() -> None:
         max_new_tokens=int(ss["eval_max_new_tokens"]),
     )
     allocator = ss["eval_allocator"]
-    plan = None
+    plan = planner_plan() if allocator == "dp" else None  # prune exactly what the planner shows
     if allocator == UPLOADED:
         try:
             plan = RatePlan.from_dict(dict(uploaded))
@@ -82,6 +83,17 @@ def start_run() -> None:
     common.remember_job("prune_eval", job)
 
 
+def planner_plan():
+    """The planner's DP plan (its released front row) when it belongs to this table and budget."""
+    stored = ss.get("app_plan")
+    if not stored or stored.get("table_key") != table.key or stored.get("budget") != budget:
+        return None
+    try:
+        return RatePlan.from_dict(dict(stored))
+    except GapError:
+        return None
+
+
 def delete_run(run_id: int) -> None:
     try:
         history.delete_run(int(run_id), remove_checkpoint=True)
@@ -99,7 +111,13 @@ with left:
     if ss["eval_allocator"] == UPLOADED:
         st.caption(f"Uploaded plan for {uploaded['model']}: allocator {uploaded.get('allocator')}, budget {uploaded.get('budget')}.")
     else:
-        st.metric("Budget from the planner (of prunable parameters)", f"{budget:.1%}")
+        st.metric("Budget from the planner (of prunable parameters)", f"{budget:.2%}")
+        chosen = planner_plan() if ss["eval_allocator"] == "dp" else None
+        if chosen is not None:
+            st.caption(
+                f"The planner's DP plan: removes {chosen.params['removed']:,} parameters, "
+                f"predicted {figures.loss_label(table.spec.objective)} +{chosen.predicted_loss:.4f}."
+            )
         locked = ss["app_constraints"].get("locked") or {}
         if locked:
             st.caption(f"Locked layers: {', '.join(sorted(locked, key=int))}")
@@ -126,7 +144,7 @@ result = ss.get("app_last_run")
 if result:
     report = result["report"]
     dense = report.get("dense") or {}
-    st.subheader(f"Run {result['run_id']}: {result['plan']['allocator']} at {(result['plan'].get('budget') or 0):.1%}")
+    st.subheader(f"Run {result['run_id']}: {result['plan']['allocator']} at {(result['plan'].get('budget') or 0):.2%}")
     c = st.columns(3)
     c[0].metric("Parameters", f"{report['params'] / 1e6:.1f}M", f"{(report['params'] - dense.get('params', report['params'])) / 1e6:+.1f}M vs dense", delta_color="off", delta_arrow="off")
     source = next(iter(report["perplexity"]), None)
@@ -171,11 +189,9 @@ if result:
         )
     if report.get("generations"):
         st.markdown("**Greedy generations**")
-        st.dataframe(
+        st.table(  # a static table wraps long text (a dataframe cuts it off)
             pd.DataFrame([{"prompt": g["prompt"], "dense": g.get("dense", ""), "pruned": g["model"]} for g in report["generations"]]),
             hide_index=True,
-            width="stretch",
-            key="eval_generations_table",
         )
     if result.get("checkpoint"):
         st.caption(f"Checkpoint saved to `{result['checkpoint']}`")
@@ -192,7 +208,13 @@ common.show_message("eval_history")
 if frame.empty:
     st.caption("No runs yet: every prune-and-evaluate run is recorded here, across sessions.")
 else:
-    st.dataframe(frame.sort_values("id", ascending=False), hide_index=True, width="stretch", key="eval_history_table")
+    st.dataframe(
+        frame.sort_values("id", ascending=False).rename(columns=figures.column_label),
+        hide_index=True,
+        width="stretch",
+        key="eval_history_table",
+        column_config={figures.column_label("budget"): st.column_config.NumberColumn(format="percent")},
+    )
     metrics = [c for c in frame.columns if c.startswith(("ppl:", "kl:", "top1:"))] + ["actual_loss", "prefill_speedup", "decode_speedup"]
     metrics = [m for m in metrics if m in frame.columns and frame[m].notna().any()]
     if metrics:
@@ -200,11 +222,11 @@ else:
             ss["eval_metric"] = metrics[0]
         c1, c2 = st.columns(2)
         with c1:
-            st.selectbox("Compare runs by", metrics, key="eval_metric")
-            st.plotly_chart(figures.history_figure(frame, ss["eval_metric"]), key="eval_history_chart", width="stretch")
+            st.selectbox("Compare runs by", metrics, key="eval_metric", format_func=figures.column_label)
+            st.plotly_chart(figures.history_figure(frame, ss["eval_metric"]), key="eval_history_chart", width="stretch", theme=None)
         with c2:
             st.markdown("**Predicted vs actual loss increase**")
-            st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch")
+            st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch", theme=None)
     c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
     run_ids = [int(i) for i in frame["id"]]
     if ss.get("eval_delete_id") not in run_ids:

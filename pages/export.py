@@ -9,7 +9,8 @@ import streamlit as st
 from gap_engine import history
 from gap_engine.errors import GapError, one_line
 from gap_engine.plan import RatePlan
-from pages import common, figures
+from gap_engine import figures
+from pages import common, report_export
 
 DEFAULTS = {
     "export_plan_source": "planner",
@@ -29,12 +30,13 @@ def chart_figures() -> dict:
         out["sensitivity"] = figures.sensitivity_figure(table)
         out["heatmap"] = figures.heatmap_figure(table)
         try:
-            out["planner"] = common.planner_figure_for(table, common.reference_model(table.model))
+            out["planner"] = report_export.planner_export_figure(table)
         except GapError:
             pass  # the planner page says why; the other charts still export
     runs = history.list_runs()
-    if not runs.empty and "ppl:wiki-sample" in runs.columns:
-        out["history"] = figures.history_figure(runs, "ppl:wiki-sample")
+    perplexities = [c for c in runs.columns if c.startswith("ppl:")]
+    if not runs.empty and perplexities:
+        out["history"] = figures.history_figure(runs, perplexities[0])
     if not runs.empty:
         out["pred_vs_actual"] = figures.predicted_vs_actual_figure(runs)
     return out
@@ -103,9 +105,23 @@ else:
     plan_dict = ss["app_plan"] if chosen == "planner" else next(r.plan for r in runs if f"run-{r.id}" == chosen)
     plan = RatePlan.from_dict(dict(plan_dict))
     stem = f"plan-{plan.allocator}-{(plan.budget or 0) * 100:.1f}pct"
-    c1, c2 = st.columns(2)
+    c1, c2, c3 = st.columns(3)
     c1.download_button("Plan (JSON)", plan.to_json(), file_name=f"{stem}.json", mime="application/json", key="export_plan_json", icon=":material/download:")
     c2.download_button("Plan (YAML)", plan.to_yaml(), file_name=f"{stem}.yaml", mime="application/x-yaml", key="export_plan_yaml", icon=":material/download:")
+    problem = report_export.report_problem(table, plan_dict)
+    run_id = report_export.run_of_plan(plan_dict) if chosen == "planner" else int(chosen.split("-", 1)[1])
+    c3.download_button(
+        "Download report (HTML)",
+        data=lambda: report_export.report_html(table, plan_dict, run_id),  # built only when clicked
+        file_name=f"gap-report-{stem}.html",
+        mime="text/html",
+        key="export_report_html",
+        on_click="ignore",  # a rerun while the file is being built would drop it
+        icon=":material/summarize:",
+        disabled=problem is not None,
+        help=problem or "One self-contained HTML file: table settings, sensitivity, the plan against the DP front, "
+        "and the run's numbers and generations. Opens offline.",
+    )
 
 # ---- table and history ---------------------------------------------------------------------------
 st.subheader("Loss table and run history")
@@ -127,7 +143,7 @@ if history_csv is not None:
 st.subheader("Pruned checkpoint")
 with_checkpoint = [r for r in runs if r.checkpoint and Path(r.checkpoint).is_dir()]
 if not with_checkpoint:
-    st.caption("No saved checkpoint: run Prune & evaluate with 'Save the pruned checkpoint' on.")
+    st.caption("No saved checkpoint: run Prune & evaluate with 'Save checkpoint' on.")
 else:
     ids = [r.id for r in with_checkpoint][::-1]
     if ss["export_checkpoint_run"] not in ids:

@@ -6,11 +6,12 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from pages import common, figures
+from gap_engine import figures
+from pages import common
 
 DEFAULTS = {
     "sens_kinds": ["attn", "mlp"],
-    "sens_log_y": False,
+    "sens_log_y": True,  # one steep curve flattens the rest on a linear axis
     "sens_smoothed": True,
     "sens_log_color": False,
 }
@@ -35,9 +36,10 @@ st.plotly_chart(
     figures.sensitivity_figure(table, shown, log_y=ss["sens_log_y"], smoothed=ss["sens_smoothed"]),
     key="sens_curves",
     width="stretch",
+    theme=None,  # the figure's own template and colours, as in its HTML/PNG export
 )
 st.subheader("Layers x rates")
-st.plotly_chart(figures.heatmap_figure(table, smoothed=ss["sens_smoothed"], log_color=ss["sens_log_color"]), key="sens_heatmap", width="stretch")
+st.plotly_chart(figures.heatmap_figure(table, smoothed=ss["sens_smoothed"], log_color=ss["sens_log_color"]), key="sens_heatmap", width="stretch", theme=None)
 
 with st.expander("Most and least sensitive components at the middle rate"):
     middle = len(table.rate_grid) // 2

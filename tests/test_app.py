@@ -98,12 +98,6 @@ def values(v) -> np.ndarray:
     return np.asarray(v, dtype=float)
 
 
-def planner_spec(at: AppTest) -> dict:
-    specs = [s for s in plotly_specs(at) if s["layout"].get("sliders")]
-    assert len(specs) == 1
-    return specs[0]
-
-
 # ---- Setup ---------------------------------------------------------------------------------------
 def test_setup_defaults_keep_a_first_build_short(fresh_cache):
     at = start()
@@ -225,72 +219,7 @@ def test_pages_without_a_table_point_to_setup(fresh_cache):
         assert any("No loss table yet" in t for t in texts(at.info)), page
 
 
-# ---- Budget planner ------------------------------------------------------------------------------
-def frame_rates(spec: dict) -> list[tuple[np.ndarray, np.ndarray, str]]:
-    """(attention rates, MLP rates, readout) of every slider step, in step order."""
-    frames = {frame["name"]: frame for frame in spec["frames"]}
-    out = []
-    for step in spec["layout"]["sliders"][0]["steps"]:
-        assert step["method"] == "animate"
-        assert step["args"][1]["frame"]["redraw"] is False  # only the driven traces change
-        data = frames[step["args"][0][0]]["data"]
-        out.append((values(data[0]["y"]), values(data[1]["y"]), data[3]["text"][0]))
-    return out
-
-
-def test_planner_figure_carries_the_front_in_its_slider(cached_table, smol):
-    at = start("pages/planner.py")
-    spec = planner_spec(at)
-    slider = spec["layout"]["sliders"][0]
-    assert len(slider["steps"]) == 101 and len(spec["frames"]) == 101
-    removed = []
-    for attention, mlp, readout in frame_rates(spec):
-        assert len(attention) == len(mlp) == smol.num_layers
-        assert set(attention) | set(mlp) <= {0.0, 0.25, 0.5, 0.75}
-        assert "Budget" in readout and "predicted nll" in readout
-        removed.append(attention.sum() + mlp.sum())
-    assert removed[0] == 0 and removed[-1] > removed[50] > 0
-    assert len({(a.tobytes(), m.tobytes()) for a, m, _ in frame_rates(spec)}) > 20  # the bars really change
-    assert abs(float(slider["steps"][slider["active"]]["value"]) - 0.2) < 0.01
-    # the chosen plan removes at least the budget
-    plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
-    plan.check_model(smol)
-    assert plan.allocator == "dp" and plan.params["removed_fraction_of_prunable"] >= 0.2
-
-    at.slider(key="planner_budget_pct").set_value(35.0).run()
-    assert at.session_state["app_budget"] == pytest.approx(0.35)
-    plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
-    assert plan.budget == pytest.approx(0.35) and plan.params["removed_fraction_of_prunable"] >= 0.35
-    slider = planner_spec(at)["layout"]["sliders"][0]
-    assert abs(float(slider["steps"][slider["active"]]["value"]) - 0.35) < 0.01
-    assert not at.exception
-
-
-def test_planner_locks_recompute_the_front(cached_table):
-    at = start("pages/planner.py")
-    at.multiselect(key="planner_locked").set_value([0, 29]).run()
-    assert at.session_state["app_constraints"]["locked"] == {"0": 0.0, "29": 0.0}
-    for attention, mlp, _ in frame_rates(planner_spec(at)):
-        assert attention[0] == mlp[0] == attention[29] == mlp[29] == 0.0
-    plan = at.session_state["app_plan"]
-    assert plan["attention_rates"][0] == plan["mlp_rates"][29] == 0.0
-    # Locking every layer leaves no budget to choose: a warning, no crash.
-    at.multiselect(key="planner_locked").set_value(list(range(30))).run()
-    assert not at.exception
-    assert any("unlock layers" in t for t in texts(at.warning))
-
-
-def test_planner_baselines_job_adds_markers(cached_table):
-    at = start("pages/planner.py")
-    at.multiselect(key="planner_baseline_allocators").set_value(["uniform"]).run()
-    at.button(key="planner_compute_baselines").click().run()
-    job = job_of(at, "baselines")
-    assert job.wait(240), job.snapshot()
-    at.run()
-    assert job.status == "done", job.error
-    names = [t.get("name") for t in planner_spec(at)["data"]]
-    assert "uniform plan" in names
-    assert not at.exception
+# ---- Budget planner: tests/test_app_budget.py (the budget chart, a release, the pages after it) ----
 
 
 # ---- Prune & evaluate ----------------------------------------------------------------------------

@@ -3,8 +3,7 @@
 `dp_front` solves the whole Pareto front of removed parameters against summed table loss
 in one pass (``planner.solve_front``); `front_rows` turns it into rows the explorer's
 budget chart carries to the browser; `dp_choice` solves one budget on a finer grid
-(``planner.solve_budget``). The display helpers at the end (`uniform_curve`,
-`budget_steps`, `baseline_budgets`) are the planning maths the explorer draws.
+(``planner.solve_budget``); ``front_view`` turns the front into what the explorer shows.
 """
 
 from __future__ import annotations
@@ -119,39 +118,3 @@ def grid_plan(lm, table: LossTable, problem: PlanningProblem, choice: Sequence[i
         predicted_loss=problem.loss(choice),
         table_key=table.key,
     )
-
-
-# ---- what the explorer draws ---------------------------------------------------------------
-def uniform_curve(table: LossTable, n_points: int = 120, smoothed: bool = True) -> dict:
-    """The uniform baseline read off the table: every component at one common rate u.
-
-    Each row's removed parameters and loss are read linearly between grid rates, so this
-    is a display curve (the exact, unit-rounded uniform plan is the ``uniform`` allocator).
-
-    Returns:
-        Arrays ``rate`` (u), ``budget`` (fraction of prunable removed), ``loss`` (predicted), each (n_points,).
-    """
-    grid = np.asarray(table.rate_grid, dtype=float)
-    losses = np.asarray(table.losses(smoothed), dtype=float)
-    removed = np.asarray(table.removed, dtype=float)
-    u = np.linspace(0.0, grid[-1], n_points)
-    rem = np.array([[np.interp(x, grid, removed[c]) for x in u] for c in range(len(removed))]).sum(axis=0)
-    loss = np.array([[np.interp(x, grid, losses[c]) for x in u] for c in range(len(losses))]).sum(axis=0)
-    return {"rate": u, "budget": rem / table.dense_prunable, "loss": loss}
-
-
-def front_row_at(rows: list[dict], budget: float) -> dict | None:
-    """The optimum of `front_rows` for a budget: the first row removing at least it (None past the top)."""
-    index = int(np.searchsorted(np.array([row["budget"] for row in rows]), budget - 1e-12))
-    return rows[index] if index < len(rows) else None
-
-
-def front_at_budgets(rows: list[dict], n_steps: int) -> tuple[np.ndarray, list[dict]]:
-    """``n_steps`` budgets evenly from 0 to the front's largest, each with its optimum row of `front_rows`."""
-    budgets = np.linspace(0.0, rows[-1]["budget"] if rows else 0.0, n_steps)
-    return budgets, [front_row_at(rows, b) or rows[-1] for b in budgets]
-
-
-def baseline_budgets(top_budget: float, n: int = 5, low: float = 0.1, high: float = 0.6) -> list[float]:
-    """A few budgets at which to compute baseline plans: ``n`` from ``low`` to ``high`` (or 95% of the reachable top)."""
-    return [round(float(b), 3) for b in np.linspace(low, min(high, top_budget * 0.95), n) if b <= top_budget]

@@ -35,6 +35,26 @@ class Constraints:
     max_rate: float = DEFAULT_MAX_RATE  # highest rate of every unlocked component
     coupled: bool = False  # a layer's attention and MLP share one rate (always so with a block-mode table)
 
+    @classmethod
+    def from_dict(cls, raw: Mapping | None) -> "Constraints":
+        """Constraints from their JSON form (layer keys as strings), as the app and the history store them."""
+        raw = raw or {}
+        return cls(
+            locked={int(k): float(v) for k, v in (raw.get("locked") or {}).items()},
+            min_rate=float(raw.get("min_rate", 0.0)),
+            max_rate=float(raw.get("max_rate", DEFAULT_MAX_RATE)),
+            coupled=bool(raw.get("coupled", False)),
+        )
+
+    def to_dict(self) -> dict:
+        """The JSON form read by `from_dict`."""
+        return {
+            "locked": {str(k): float(v) for k, v in dict(self.locked).items()},
+            "min_rate": self.min_rate,
+            "max_rate": self.max_rate,
+            "coupled": self.coupled,
+        }
+
     def resolved_locks(self, num_layers: int) -> dict[int, float]:
         """Locks with layer indices in 0..L-1.
 

@@ -8,6 +8,7 @@ when the command runs.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .. import __version__
 from ..config import (
@@ -169,12 +170,25 @@ def _add_compare(sub) -> None:
     p.set_defaults(handler="plan_commands:run_compare")
 
 
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML report: table settings, sensitivity, front, plan, evaluation")
+    p.add_argument("--table", required=True, help="a loss table JSON file")
+    p.add_argument("--plan", help="the chosen plan (JSON or YAML); default: the run's plan, else the DP front row at --budget")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--run", type=int, help="a run id of the history (its plan, numbers and generations)")
+    source.add_argument("--eval", help="a `gap eval --json` output file of the pruned model (needs --plan)")
+    p.add_argument("--budget", help="without a plan or run: report the DP front row at this fraction of prunable parameters (default 0.2)")
+    p.add_argument("--out", required=True, type=Path, help="the HTML file to write")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler="report_commands:run_report")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``gap`` parser; each subcommand sets ``handler`` to "module:function" under gap_engine.cli."""
     parser = argparse.ArgumentParser(prog="gap", description="Layer-adaptive structured pruning of LLMs (GAP)")
     parser.add_argument("--version", action="version", version=f"gap_engine {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_models, _add_prune, _add_eval, _add_table, _add_plan, _add_compare):
+    for add in (_add_models, _add_prune, _add_eval, _add_table, _add_plan, _add_compare, _add_report):
         add(sub)
     return parser

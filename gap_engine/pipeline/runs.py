@@ -86,14 +86,7 @@ def _run_params(calib: WindowSpec, report: dict, objective: str, constraints: Co
         "calibration": asdict(calib),
         "eval": report.get("settings", {}),
         "objective": objective,
-        "constraints": None
-        if constraints is None
-        else {
-            "locked": {str(k): float(v) for k, v in dict(constraints.locked).items()},
-            "min_rate": constraints.min_rate,
-            "max_rate": constraints.max_rate,
-            "coupled": constraints.coupled,
-        },
+        "constraints": None if constraints is None else constraints.to_dict(),
     }
 
 
