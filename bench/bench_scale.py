@@ -12,8 +12,12 @@ the cost model), wiki-sample calibration windows, exact tables:
    whether the tables are identical.
 4. The cost model against measured builds: predicted vs measured seconds, for both built-in
    models, exact and fisher, with this machine's measured (cached) profile.
+5. Before and after: the same exact and fisher tables and a perplexity with the code of the
+   commit this work started from (``--base``, exported with ``git archive``) and with this
+   checkout, each in its own process, alternated, so "nothing got slower on the CPU" is a
+   side-by-side measurement and not a recollection.
 
-Usage: python bench/bench_scale.py [--samples 4 --seq-len 64 --rates 0,0.25,0.5,0.75] [--skip ray,...]
+Usage: python bench/bench_scale.py [--samples 4 --seq-len 64 --rates 0,0.25,0.5,0.75] [--skip ray,...] [--base COMMIT]
 Prints a markdown report on stdout (progress on stderr).
 """
 
@@ -218,6 +222,65 @@ def cost_model(args) -> list[str]:
     return out
 
 
+# ---- 5. before and after ----------------------------------------------------------------------------
+# Runs unchanged against the base commit's package (which has no devices): only APIs both have.
+BEFORE_AFTER_CHILD = """
+import json, sys, time, os
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
+from gap_engine.config import WindowSpec
+from gap_engine.data import calibration_windows, heldout_windows
+from gap_engine.evaluate import perplexity
+from gap_engine.models import load_model
+from gap_engine.tables import TableSpec, measure_table, parse_rate_grid
+samples, seq_len, rates, batch = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+lm = load_model("smollm2-135m")
+out = {}
+for estimator in ("exact", "fisher"):
+    spec = TableSpec(windows=WindowSpec("wiki-sample", samples, seq_len, 0, batch), rate_grid=parse_rate_grid(rates), estimator=estimator)
+    windows = calibration_windows(lm.tokenizer, spec.windows)
+    wall, cpu = time.perf_counter(), time.process_time()
+    table = measure_table(lm, spec, windows)
+    out[estimator] = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "cells": table.cell_objective.tolist()}
+held = heldout_windows(lm.tokenizer, WindowSpec("wiki-sample", 8, 128))
+wall, cpu = time.perf_counter(), time.process_time()
+ppl = perplexity(lm, held, batch)
+out["perplexity"] = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "value": ppl}
+print(json.dumps(out))
+"""
+
+
+def before_after(args) -> list[str]:
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    base_dir = Path(tempfile.mkdtemp(prefix="gap_base_"))
+    archive = subprocess.run(["git", "-C", str(root), "archive", args.base, "gap_engine"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(base_dir)], input=archive, check=True)
+    env = dict(os.environ, GAP_CACHE_DIR=os.environ.get("GAP_CACHE_DIR", str(root / "cache")))
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    for repeat in range(args.repeats):
+        for label, path in (("before", base_dir), ("after", root)):
+            note(f"{label} ({repeat + 1}/{args.repeats}): exact + fisher tables and a perplexity")
+            done = subprocess.run([sys.executable, "-c", BEFORE_AFTER_CHILD, str(args.samples), str(args.seq_len), args.rates, str(args.batch_size)],
+                                  capture_output=True, text=True, check=True, env=env | {"PYTHONPATH": str(path)}, cwd=str(path))
+            runs[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    out = [
+        f"## 5. Before and after on the CPU (float32): base `{args.base}` vs this checkout, {args.repeats} alternated runs each",
+        "",
+        "| step | before (best CPU s) | after (best CPU s) | after / before (CPU) | before (best wall s) | after (best wall s) | same values |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for step in ("exact", "fisher", "perplexity"):
+        b = min(r[step]["cpu"] for r in runs["before"]), min(r[step]["wall"] for r in runs["before"])
+        a = min(r[step]["cpu"] for r in runs["after"]), min(r[step]["wall"] for r in runs["after"])
+        key = "cells" if step != "perplexity" else "value"
+        same = runs["before"][0][step][key] == runs["after"][0][step][key]
+        out.append(f"| {step} table | {b[0]:.1f} | {a[0]:.1f} | {a[0] / b[0]:.2f}x | {b[1]:.1f} | {a[1]:.1f} | {same} |".replace("perplexity table", "held-out perplexity"))
+    out += ["", "Best of the alternated runs: the load of other sessions only ever adds time, so the minimum is the fairest estimate of each.", ""]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=4)
@@ -226,7 +289,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--eval-samples", type=int, default=8)
     parser.add_argument("--eval-seq-len", type=int, default=128)
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: precision, streaming, ray, cost")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: precision, streaming, ray, cost, before-after")
+    parser.add_argument("--base", default="0018aa2", help="the commit to compare with in part 5 (where this work started)")
+    parser.add_argument("--repeats", type=int, default=2, help="alternated runs of each side in part 5")
     parser.add_argument("--child", choices=("resident", "streamed"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -244,13 +309,12 @@ def main() -> int:
         f"- load average at start (1/5/15 min): {load_avg()}",
         "",
     ]
-    for name, part in (("precision", precision), ("streaming", streaming), ("ray", ray_workers), ("cost", cost_model)):
+    print("\n".join(report), flush=True)  # each part as it completes: a failure later keeps the earlier ones
+    for name, part in (("precision", precision), ("streaming", streaming), ("ray", ray_workers), ("cost", cost_model), ("before-after", before_after)):
         if name not in skip:
-            report += part(args)
-            report.append(f"(load average after this part: {load_avg()})")
-            report.append("")
-    report.append(f"Total {time.perf_counter() - started:.0f} s; load average at the end {load_avg()}.")
-    print("\n".join(report))
+            lines = part(args) + [f"(load average after this part: {load_avg()})", ""]
+            print("\n".join(lines), flush=True)
+    print(f"Total {time.perf_counter() - started:.0f} s; load average at the end {load_avg()}.")
     return 0
 
 
