@@ -152,7 +152,10 @@ def show_prediction() -> None:
     name = model_name()
     if not name:
         return
-    calibrate = st.button("Estimate time and memory", key="setup_estimate", help="Measures this machine once (a few seconds)")
+    # A callback, not the button's return value: a rerun of the app before this line would drop the click.
+    st.button("Estimate time and memory", key="setup_estimate", help="Measures this machine once (a few seconds)",
+              on_click=lambda: ss.update(setup_calibrate=True))
+    calibrate = bool(ss.pop("setup_calibrate", False))
     if ss["setup_model_kind"] == "Hub id" and not calibrate:
         return  # reading a hub config may wait on the network: only when asked
     try:
