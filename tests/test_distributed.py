@@ -96,7 +96,7 @@ def test_a_killed_worker_is_restarted_and_the_table_completes_identically(local_
     assert len(cells.result_pids - set(cells.worker_pids)) == 1  # the restarted process measured its cells again
 
 
-def test_a_cancelled_ray_build_resumes_from_the_cache(local_ray, tiny4, tmp_path, monkeypatch):
+def test_a_cancelled_ray_build_resumes_from_the_cache_through_a_lost_worker(local_ray, tiny4, tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
     spec = TableSpec(windows=WindowSpec(n_samples=4, seq_len=32, batch_size=2), rate_grid=(0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75))
     reference = loss_table(tiny4, spec, use_cache=False)
@@ -110,10 +110,16 @@ def test_a_cancelled_ray_build_resumes_from_the_cache(local_ray, tiny4, tmp_path
         loss_table(tiny4, spec, progress=progress, cancel=event, cells=RayCells(RaySettings(workers=2)))
     saved = cache.PartialCells(reference.key).load()
     assert 5 <= len(saved) < reference.extras["distinct_cells"]
-    resumed = loss_table(tiny4, spec, cells=RayCells(RaySettings(workers=2)))
+    # The resumed build also loses a worker: its layers are measured again by the restarted process.
+    killed = []
+    cells = RayCells(RaySettings(workers=2), on_submitted=lambda pids: killed.append(os.kill(pids[1], signal.SIGKILL) or pids[1]))
+    resumed = loss_table(tiny4, spec, cells=cells)
+    assert killed and killed[0] not in cells.result_pids
     assert resumed.extras["cells_resumed"] == len(saved)
+    assert resumed.extras["cells_measured"] == reference.extras["distinct_cells"] - len(saved)
     np.testing.assert_array_equal(resumed.cell_objective, reference.cell_objective)
-    assert cache.get_table(reference.key) is not None
+    assert cache.get_table(reference.key) is not None  # stored with its checksum (cache.get_table verifies it)
+    assert not cache.PartialCells(reference.key).path.exists()
 
 
 def test_when_restarts_run_out_a_live_worker_takes_the_layers(local_ray, tiny4):

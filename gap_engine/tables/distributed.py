@@ -240,7 +240,8 @@ def worker_pool(ray, count: int, options: dict, args: tuple) -> list:
         try:
             ray.get(actor.pid.remote(), timeout=60)
             pool.append(actor)
-        except Exception:  # a dead or unreachable actor (killed, or Ray restarted): replaced below
+        except Exception:  # dead, or too busy to answer: killed, since a live one keeps its CPUs/GPUs, and replaced below
+            ray.kill(actor)
             continue
     worker_class = ray.remote(CellWorker)
     while len(pool) < count:
@@ -360,6 +361,8 @@ class RayCells:
         alive = set(range(len(actors)))
         while pending:
             if cancel is not None and cancel.is_set():
+                for ref in pending:  # queued layers would hold up the workers' next build; a running one finishes
+                    ray.cancel(ref)
                 raise CancelledError(f"loss table build cancelled after {ledger.done_message()}")
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
             for ref in ready:
