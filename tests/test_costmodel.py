@@ -66,7 +66,7 @@ def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch):
 
 def test_cli_dry_run_prints_a_prediction_and_builds_nothing(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
-    argv = ["table", "--model", "llama-3.1-70b", "--dry-run", "--profile", "h200", "--samples", "32", "--seq-len", "2048"]
+    argv = ["table", "--model", "llama-3.1-70b", "--dry-run", "--profile", "h200", "--estimator", "exact", "--samples", "32", "--seq-len", "2048", "--batch-size", "2"]
     assert main([*argv, "--stream", "--ray", "--ray-workers", "8"]) == 0
     out = capsys.readouterr().out
     assert "predicted exact table of llama-3.1-70b" in out and "8 Ray workers" in out and "basis: spec sheet" in out

@@ -213,7 +213,7 @@ class CellWorker:
         inputs = tree_to(ray.get(refs["inputs"]), self.placement.device)  # [b] (B, T, d)
         n_layers = len(self.lm.adapter.layers(self.lm.model))
         block_inputs = [[inputs[b] if i == layer else None for i in range(n_layers)] for b in range(len(batches))]
-        state = DenseState(batches, block_inputs, calls, final, None, [])
+        state = DenseState(batches, block_inputs, calls, final, None, [], refs["start"])
         objective, positions = refs["objective"], refs["positions"]
         if self.placement.stream:
             sums = streamed_cells(self.lm, state, [cut for _, cut in jobs], (objective,))
@@ -282,7 +282,7 @@ class RayCells:
             state = streamed_dense_state(lm, windows, spec.windows.batch_size, objectives, cancel)
         else:
             state = dense_pass(lm, windows, spec.windows.batch_size, objectives)
-        positions = objective_positions(windows, spec.objective)
+        positions = objective_positions(windows, spec.objective, state.start)
         dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
         started = time.perf_counter()
         try:
@@ -344,6 +344,7 @@ class RayCells:
             "layer_inputs": {},
             "objective": spec.objective,
             "positions": positions,
+            "start": state.start,  # leading non-text positions (BOS), never counted
         }
 
     @staticmethod
@@ -352,7 +353,7 @@ class RayCells:
 
         if layer not in refs["layer_inputs"]:
             refs["layer_inputs"][layer] = ray.put([inputs[layer].cpu() for inputs in state.block_inputs])
-        unit_refs = {key: refs[key] for key in ("build", "shell", "blocks", "calls", "batches", "final", "objective", "positions")}
+        unit_refs = {key: refs[key] for key in ("build", "shell", "blocks", "calls", "batches", "final", "objective", "positions", "start")}
         unit_refs["inputs"] = refs["layer_inputs"][layer]
         return actor.measure.remote(layer, [(k, jobs[k][2]) for k in ks], unit_refs)
 

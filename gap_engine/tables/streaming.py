@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..data import text_start
 from ..device import placement_of
 from ..layerwise import block_on, forward_blocks, layer_output, to_host
 from ..progress import CancelToken, ProgressFn, check_cancelled
@@ -51,7 +52,7 @@ def streamed_dense_state(lm, windows: torch.Tensor, batch_size: int, objectives:
     done = forward_blocks(lm, windows, batch_size, on_input=lambda i, hidden: by_block.append(hidden), cancel=cancel)
     n_batches = len(done.batches)
     block_inputs = [[by_block[i][b] for i in range(len(by_block))] for b in range(n_batches)]  # [b][i]
-    state = DenseState(done.batches, block_inputs, done.calls, done.final_hidden, None, [])
+    state = DenseState(done.batches, block_inputs, done.calls, done.final_hidden, None, [], text_start(lm.tokenizer, windows))
     vocab = lm.adapter.lm_head(lm.model).out_features
     if "kl" in objectives and windows.numel() * vocab * 4 <= MAX_STORED_LOGPROB_BYTES:
         state.dense_logprobs = []
@@ -61,7 +62,7 @@ def streamed_dense_state(lm, windows: torch.Tensor, batch_size: int, objectives:
             logits = lm.adapter.logits_from_hidden(lm.model, final.to(device)).float()  # (B, T, V)
             if state.dense_logprobs is not None:
                 state.dense_logprobs.append(to_host(F.log_softmax(logits, dim=-1)))
-            state.dense_nll.append(objective_per_window(logits, batch, "nll", None))
+            state.dense_nll.append(objective_per_window(logits, batch, "nll", None, state.start))
     return state
 
 
@@ -103,7 +104,7 @@ def streamed_cells(lm, state: DenseState, cuts: list[Cut], objectives: tuple[str
                 logits = lm.adapter.logits_from_hidden(lm.model, states)  # (B, T, V)
                 for name in objectives:
                     dense = dense_logprobs(lm, state, b) if name == "kl" else None
-                    sums[name].append(objective_per_window(logits, batch, name, dense))
+                    sums[name].append(objective_per_window(logits, batch, name, dense, state.start))
             out.append({name: torch.cat(parts) for name, parts in sums.items()})
     return out
 
@@ -148,7 +149,7 @@ def measure_exact_streamed(
     jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple))
     ledger = CellLedger(lm, jobs, partial, progress)
     state = streamed_dense_state(lm, windows, spec.windows.batch_size, (spec.objective,), cancel)
-    positions = objective_positions(windows, spec.objective)
+    positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
     try:
         for group in cell_groups(jobs, ledger.todo, per_group or group_size(windows, lm)):
