@@ -32,7 +32,6 @@ import bz2
 import functools
 import hashlib
 import importlib.util
-import json
 import logging
 import re
 import threading
@@ -48,6 +47,8 @@ import torch
 from .bos import WINDOW_STARTS, bos_token_id, text_start, window_start, with_bos  # noqa: F401 - the window convention, re-exported
 from .config import WindowSpec
 from .errors import DataError, first_line
+from .limits import LIMITS, check_file_size
+from .validate import parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -253,6 +254,7 @@ def _load_local_file(spec: str) -> TextCorpus:
         raise DataError(f"text file not found: {path}")
     if not path.is_file():
         raise DataError(f"text source is not a file: {path}")
+    check_file_size(path.stat().st_size, LIMITS.text_bytes, f"text file {path}", DataError)
     content = _read_text_file(path)
     if path.suffix.lower() == ".jsonl":
         docs = _jsonl_documents(content, path)
@@ -287,10 +289,7 @@ def _jsonl_documents(content: str, path: Path) -> list[str]:
     for line_number, line in enumerate(content.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path} line {line_number}: not valid JSON ({exc.msg})") from exc
+        record = parse_json(line, f"{path} line {line_number}", DataError)  # nesting bounded
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataError(f"{path} line {line_number}: expected an object with a string 'text' field")
         if record["text"].strip():

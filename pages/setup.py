@@ -11,10 +11,11 @@ import streamlit as st
 
 from gap_engine import cache
 from gap_engine.data import BUILTIN_SOURCES, load_corpus
-from gap_engine.errors import GapError, one_line
+from gap_engine.errors import DataError, GapError, one_line
 from gap_engine.fsutil import atomic_write_bytes, cache_root
 from gap_engine.config import APP_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, DEFAULT_MODEL, OBJECTIVES, WindowSpec
 from gap_engine.jobs import manager, table_task
+from gap_engine.limits import LIMITS, check_at_most, check_file_size, check_windows
 from gap_engine.models import BUILTIN_MODELS
 from gap_engine.tables import TableSpec, parse_rate_grid
 from pages import common
@@ -65,6 +66,7 @@ def data_source() -> str:
 
 def save_upload(uploaded) -> str:
     """Store an uploaded text file under the cache (named by content) and return its path."""
+    check_file_size(uploaded.size, LIMITS.upload_bytes, uploaded.name, DataError)  # before reading it
     data = uploaded.getvalue()
     suffix = ".jsonl" if uploaded.name.lower().endswith(".jsonl") else ".txt"
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", uploaded.name.rsplit(".", 1)[0])[:40] or "upload"
@@ -83,10 +85,13 @@ def spec_from_widgets() -> TableSpec:
         seed=int(ss["setup_seed"]),
         batch_size=int(ss["setup_batch"]),
     )
+    check_windows(windows.n_samples, windows.seq_len, windows.batch_size, ("Calibration samples", "Tokens per sample", "Batch size"))
+    rate_grid = parse_rate_grid(ss["setup_rate_grid"])
+    check_at_most(len(rate_grid), LIMITS.rates, f"Rates lists {len(rate_grid):,} rates, which")  # each is a column of cells to measure
     return TableSpec(
         windows=windows,
         criterion=ss["setup_criterion"],
-        rate_grid=parse_rate_grid(ss["setup_rate_grid"]),
+        rate_grid=rate_grid,
         objective=ss["setup_objective"],
         mode=ss["setup_mode"],
         estimator=ss["setup_estimator"],

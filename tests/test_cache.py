@@ -216,7 +216,7 @@ def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
         (["--rates", "0.5,0.25"], "strictly increasing"),
         (["--rates", "0,x"], "comma-separated numbers"),
         (["--rates", "0.25,0.5"], "must start at 0"),
-        (["--samples", "0"], "n_samples must be an integer >= 1"),
+        (["--samples", "0"], "--samples must be at least 1"),
         (["--objective", "kl", "--estimator", "taylor"], "identically zero"),
         (["--out", "table.txt"], "must end in .json or .csv"),
     ],

@@ -17,15 +17,20 @@ from ..plan import RatePlan, uniform_plan
 from ..tables import TableSpec, parse_rate_grid
 from .arguments import windows_from
 from .output import StderrProgress
+from .table_commands import read_sources
 
 
 def run_models(args: argparse.Namespace) -> int:
-    rows = list_models()
+    rows = list_models(verify=args.verify)
     if args.json:
         print(json.dumps({"builtin": rows, "supported_model_types": supported_model_types()}))
         return 0
     for row in rows:
         state = "converted" if row["converted"] else "converts on first use"
+        if row["problem"]:
+            state = f"damaged: {row['problem']}; converted again on next use"
+        elif args.verify and row["converted"]:
+            state += ", SHA-256 checked" if row["checksummed"] else ", structure checked (no SHA-256 recorded by the older converter)"
         print(f"{row['name']:<14} {row['description']}  [{state}]")
     print(f"\nAlso: a local model folder, a .gguf file, or a hub id. Architectures: {', '.join(supported_model_types())}")
     return 0
@@ -37,6 +42,8 @@ def run_prune(args: argparse.Namespace) -> int:
     if args.budget is not None:
         return run_prune_rounds(args)
     plan = RatePlan.load(args.plan) if args.plan else None  # validate before the slow model load
+    if (plan.criterion if plan else args.criterion) != "magnitude":
+        read_sources(args.data)
     lm = load_model(args.model)
     if plan is None:
         plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple)
@@ -98,6 +105,7 @@ def window_convention_text(tokenizer) -> str:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    read_sources(args.data)
     lm = load_model(args.model)
     dense = None if args.no_dense else dense_reference(lm)
     settings = EvalSettings(windows=windows_from(args), throughput=not args.no_throughput, generations=args.generations)

@@ -37,6 +37,7 @@ def _grid_text(grid) -> str:
 def _add_models(sub) -> None:
     p = sub.add_parser("models", help="list the built-in models and supported architectures")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true", help="also check every converted file against its recorded SHA-256")
     p.set_defaults(handler="model_commands:run_models")
 
 
@@ -184,6 +185,22 @@ def _add_compare(sub) -> None:
     p.set_defaults(handler="plan_commands:run_compare")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a usage error as one line on stderr (exit status 2), like every other error.
+
+    Subparsers inherit the class, so ``gap prune --uniform 2`` says what is wrong in one line
+    and where to look, instead of a usage block.
+    """
+
+    def error(self, message: str):
+        message = " ".join("".join(ch if ch.isprintable() else " " for ch in message).split())
+        self.exit(2, f"{self.prog}: error: {message[:1000]} (see '{self.prog} --help')\n")
+
+
+# Subcommands with resource-sized options (checked by cli.preflight against limits.LIMITS).
+SIZED_COMMANDS = ("prune", "eval", "table", "plan", "front", "compare")
+
+
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="one self-contained HTML report: table settings, sensitivity, front, plan, evaluation")
     p.add_argument("--table", required=True, help="a loss table JSON file")
@@ -199,10 +216,16 @@ def _add_report(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``gap`` parser; each subcommand sets ``handler`` to "module:function" under gap_engine.cli."""
-    parser = argparse.ArgumentParser(prog="gap", description="Layer-adaptive structured pruning of LLMs (GAP)")
+    parser = OneLineParser(prog="gap", description="Layer-adaptive structured pruning of LLMs (GAP)")
     parser.add_argument("--version", action="version", version=f"gap_engine {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_models, _add_prune, _add_eval, _add_table, _add_plan, _add_compare, _add_report):
         add(sub)
+    for name in SIZED_COMMANDS:
+        sub.choices[name].add_argument(
+            "--force-size",
+            action="store_true",
+            help="accept sizes past the ceilings that protect this machine (also: GAP_FORCE_SIZE=1; see README)",
+        )
     return parser

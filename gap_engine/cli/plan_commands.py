@@ -11,19 +11,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ..allocate import ALLOCATORS, Constraints, EvoSettings, check_reach, dp_front, front_csv, front_rows
 from ..allocate.problem import planning_problem
 from ..config import WindowSpec
-from ..errors import BudgetError, TableError, first_line
+from ..errors import BudgetError, TableError
 from ..fsutil import atomic_write_text
+from ..limits import LIMITS
 from ..models import load_model
 from ..pipeline import compare, heldout_sets, loss_table, plan_for
 from ..tables import LossTable
+from ..validate import decode_text, read_bounded
 from .arguments import parse_fraction, parse_list, parse_locks
 from .output import StderrProgress, csv_text
-from .table_commands import spec_from_args
+from .table_commands import read_sources, spec_from_args
 
 
 def constraints_from(args: argparse.Namespace) -> Constraints:
@@ -34,12 +35,8 @@ def constraints_from(args: argparse.Namespace) -> Constraints:
 
 def read_table(path: str) -> LossTable:
     """The loss table in a JSON file; TableError (one line) when missing or malformed."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
-        raise TableError(f"cannot read loss table {path}: {reason}") from None
-    return LossTable.from_json(text)
+    what = f"loss table {path}"
+    return LossTable.from_json(decode_text(read_bounded(path, LIMITS.table_bytes, what, TableError), what, TableError))
 
 
 def _load_for_table(model_arg: str | None, table: LossTable):
@@ -107,6 +104,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if unknown:
         raise BudgetError(f"unknown allocator '{unknown[0]}'; choose from {', '.join(ALLOCATORS)}")
     constraints = constraints_from(args)
+    read_sources(args.eval_data, *(() if args.table else (args.data,)))  # before the model loads
     if args.table:
         table = read_table(args.table)
         lm = _load_for_table(args.model, table)

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from ..cache import list_tables, remove_table
+from ..config import WindowSpec
+from ..data import load_corpus
 from ..errors import TableError
 from ..fsutil import atomic_write_text
 from ..models import load_model
@@ -31,6 +33,17 @@ def spec_from_args(args: argparse.Namespace) -> TableSpec:
     ).validate()
 
 
+def read_sources(*specs: str) -> None:
+    """Read every text source named in ``specs`` now, so a bad one fails before a model loads.
+
+    Reading is cheap next to a model load, and the corpus of a built-in source is kept for
+    the stage that cuts its windows.
+    """
+    for spec in specs:
+        for source in WindowSpec(data=spec).sources():
+            load_corpus(source)
+
+
 def run_table(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     out = Path(args.out)
@@ -38,6 +51,7 @@ def run_table(args: argparse.Namespace) -> int:
         raise TableError(f"--out must end in .json or .csv, got '{out.name}'")
     if out.is_dir():
         raise TableError(f"--out {out} is a folder; give a file name")
+    read_sources(spec.windows.data)
     lm = load_model(args.model)
     unit = {"exact": "cells", "refine": "batches, then cells"}.get(spec.estimator, "batches")
     progress = StderrProgress(f"table {unit}")

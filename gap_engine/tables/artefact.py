@@ -28,6 +28,7 @@ from ..config import CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, ESTI
 from ..data import WINDOW_STARTS, window_start
 from ..errors import DataError, TableError, first_line
 from ..units import block_geometries
+from ..validate import check_table_document, parse_json
 
 # 2: windows start as the model expects (its BOS token, never counted), and every cell
 # records whether it was measured and on how many positions. Tables of version 1 were
@@ -267,10 +268,8 @@ class LossTable:
     @classmethod
     def from_json(cls, text: str) -> "LossTable":
         """Parse and check a table; TableError (one line) on anything malformed."""
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
-            raise TableError(f"loss table is not valid JSON: {first_line(exc)}") from None
+        data = parse_json(text, "loss table", TableError)
+        check_table_document(data)  # types, ranges, sizes: refuses tables no build can produce
         try:
             return cls._from_dict(data)
         except TableError:
