@@ -111,3 +111,8 @@ APP_TABLE = TableDefaults(estimator=DEFAULT_ESTIMATOR, objective=DEFAULT_OBJECTI
 EVAL_WINDOWS = WindowSpec(n_samples=16, seq_len=256)  # `gap eval`, `gap compare`
 APP_EVAL_WINDOWS = WindowSpec(n_samples=8, seq_len=128)  # the explorer's Prune & evaluate
 
+# ---- recovery after pruning (recover.py) -------------------------------------------------
+RECOVERY_METHODS = ("lora", "mazo", "mezo")  # LoRA (peft), masked zeroth-order, plain zeroth-order
+RECOVERY_SCHEDULES = ("constant", "linear", "cosine")  # learning-rate decay after the warm-up
+RECOVERY_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # short names of the trainable projections
+
