@@ -422,6 +422,7 @@ SIZE_CASES = {
     "prune-rounds-1000": (["prune", "--model", "smollm2-135m", "--budget", "0.2", "--rounds", "1000"], "--rounds 1,000"),
     "prune-rounds-0": (["prune", "--model", "smollm2-135m", "--budget", "0.2", "--rounds", "0"], "--rounds must be at least 1"),
     "refine-budgets-100": (["table", "--estimator", "refine", "--refine-budgets", ",".join(["0.1"] * 100)], "--refine-budgets lists 100 budgets"),
+    "ray-workers-10000": (["table", "--ray", "--ray-workers", "10000"], "--ray-workers 10,000"),
     "seq-len-1": (["eval", "--model", "smollm2-135m", "--seq-len", "1"], "--seq-len must be at least 2"),
     "samples-0": (["table", "--samples", "0"], "--samples must be at least 1"),
     "seed-negative": (["eval", "--model", "smollm2-135m", "--seed", "-1"], "--seed must be at least 0"),

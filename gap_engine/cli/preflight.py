@@ -29,6 +29,7 @@ SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
     "evo_offspring": ("--evo-offspring", 1, "evo_offspring", "candidates per round"),
     "channel_multiple": ("--channel-multiple", 1, "channel_multiple", "channels"),
     "rounds": ("--rounds", 1, "rounds", "rounds, each a loss table of the whole model"),
+    "ray_workers": ("--ray-workers", 1, "ray_workers", "worker processes, each holding the model"),
     "seed": ("--seed", 0, "seed", ""),
     "keep_params": ("--keep-params", 1, None, "parameters"),
 }
