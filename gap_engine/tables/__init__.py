@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..importance import compute_importance
-from ..progress import CancelToken, ProgressFn
+from ..progress import CELLS, DENSE_PASS, GRADIENT_PASS, SCORE_UNITS, CancelToken, ProgressFn, StageFn
 from .artefact import TABLE_FORMAT_VERSION, LossTable, TableSpec, isotonic_smooth, parse_rate_grid, removed_table, table_components, table_key
 from .estimate import estimate_cells
 from .exact import PartialStore, WindowCells, measure_exact, window_cells
@@ -72,6 +72,7 @@ def measure_table(
     partial: PartialStore | None = None,
     key: str = "",
     data_fingerprint: str = "",
+    stage: StageFn | None = None,
 ) -> LossTable:
     """Build a table on given windows, with no cache (``pipeline.loss_table`` adds it).
 
@@ -85,15 +86,36 @@ def measure_table(
             CancelledError is raised.
         partial: where measured cells are saved every few cells and read back on resume.
         key, data_fingerprint: recorded in the table.
+        stage: told each stage as it starts (``progress``'s names: score units, then the
+            dense pass and the cells, or the gradient pass).
     """
     spec.validate()
     started = time.perf_counter()
     components = table_components(lm.num_layers, spec.mode)
+    stage = stage or (lambda name: None)
+    stage(SCORE_UNITS)
     scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size, cancel=cancel)
     if spec.estimator == "exact":
-        objective, dense, stats = measure_exact(lm, spec, windows, scores, components, progress, cancel, partial)
+        stage(DENSE_PASS)
+        objective, dense, stats = measure_exact(lm, spec, windows, scores, components, _cells_start(progress, stage), cancel, partial)
     else:
+        stage(GRADIENT_PASS)
         objective, dense, stats = estimate_cells(lm, spec, windows, scores, components, progress, cancel)
     table = assemble_table(lm, spec, key, data_fingerprint, components, objective, dense, time.perf_counter() - started, stats)
     log.info("loss table %s: %d x %d cells in %.1f s", key or "(uncached)", *table.delta.shape, table.build_seconds)
     return table
+
+
+def _cells_start(progress: ProgressFn | None, stage: StageFn) -> ProgressFn:
+    """``progress`` that announces the cells stage at its first call: ``measure_exact``
+    reports (cells already measured, cells, None) once, as its dense pass ends."""
+    started = []
+
+    def report(done: int, total: int, eta: float | None = None) -> None:
+        if not started:
+            started.append(True)
+            stage(CELLS)
+        if progress is not None:
+            progress(done, total, eta)
+
+    return report
