@@ -14,7 +14,9 @@ from gap_engine.data import BUILTIN_SOURCES, load_corpus
 from gap_engine.errors import GapError, one_line
 from gap_engine.fsutil import atomic_write_bytes, cache_root
 from gap_engine.config import APP_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, DEFAULT_MODEL, OBJECTIVES, WindowSpec
-from gap_engine.jobs import manager, table_task
+from gap_engine.buildtime import Expectation, table_expectation
+from gap_engine.jobs import manager, model_load_seconds, table_task
+from gap_engine.pipeline import table_stages
 from gap_engine.models import BUILTIN_MODELS
 from gap_engine.tables import TableSpec, parse_rate_grid
 from pages import common
@@ -109,8 +111,53 @@ def start_build() -> None:
         common.set_message("setup", "error", one_line(exc))
         return
     job_key = name + "|" + json.dumps(spec.summary(), sort_keys=True)
-    job = manager().submit("table", table_task(name, spec), key=job_key, label=f"loss table for {name}")
+    expected = expected_build(name, spec)
+    job = manager().submit(
+        "table",
+        table_task(name, spec, expected.known, expected.basis),
+        key=job_key,
+        label=f"{spec.estimator} table of {name}",
+        params={"model": name, "spec": spec.to_dict()},
+    )
     common.remember_job("table", job)
+
+
+def expected_build(name: str, spec: TableSpec) -> Expectation:
+    """What building ``spec`` for ``name`` is expected to take here, stage by stage.
+
+    From this machine's earlier builds (the stage times in the table cache) and whether the
+    model is in memory. This is the hook for a cost model: when one can price the work from
+    the model's shape and the device (issue 12's ``gap_engine.costmodel.estimate_build``),
+    fill the stages this returns as unknown from it and name it in ``basis``.
+    """
+    try:
+        rows = cache.list_tables()
+    except GapError:
+        rows = []
+    return table_expectation(name, spec.summary(), rows, table_stages(spec), model_load_seconds(name))
+
+
+def show_expected_time() -> None:
+    """The expected time of the build the form describes, shown before Build is pressed."""
+    name = model_name()
+    try:
+        spec = spec_from_widgets()
+    except GapError:
+        return  # the Build button says what is wrong
+    if not name:
+        return
+    expected = expected_build(name, spec)
+    total, known = expected.total, expected.known
+    if total is not None:
+        st.caption(f"Expected time: about {common.duration_text(total)} ({expected.basis}).")
+    elif known:
+        missing = ", ".join(expected.unknown())
+        st.caption(
+            f"Expected time: about {common.duration_text(sum(known.values()))} for the stages measured before "
+            f"({expected.basis}), plus {missing}."
+        )
+    else:
+        st.caption("Expected time: no earlier build of this model on this machine; the time left shows as the build runs.")
 
 
 def load_cached(key: str) -> None:
@@ -245,6 +292,7 @@ with right:
         c1.number_input("Batch size (memory only)", min_value=1, max_value=64, step=1, key="setup_batch")
         c2.number_input("MLP channels kept in multiples of", min_value=1, max_value=256, step=1, key="setup_channel_multiple")
 
+    show_expected_time()
     common.job_controls(
         "table",
         "Build table",
