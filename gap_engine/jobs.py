@@ -27,6 +27,7 @@ This module has no dependency on any UI toolkit.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 import time
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import CancelledError, GapError, one_line
+from .fsutil import atomic_write_json, cache_root
 from .interrupt import run_unless_cancelled
 from .models import LoadedModel, load_model
 from .pipeline import baseline_rows, loss_table, prune_and_evaluate, prune_eval_stages, table_stages
@@ -466,6 +468,7 @@ def shared_model(name: str, cancel: CancelToken | None = None) -> LoadedModel:
                 started = time.perf_counter()
                 lm = load_model(name)
                 _load_seconds[name] = time.perf_counter() - started
+                _remember_load_seconds(name, _load_seconds[name])
             _shared[name] = lm  # most recently used last
             while len(_shared) > MAX_SHARED_MODELS:
                 _shared.pop(next(iter(_shared)))
@@ -476,10 +479,32 @@ def shared_model(name: str, cancel: CancelToken | None = None) -> LoadedModel:
     return run_unless_cancelled(load, cancel, f"cancelled while loading {name} (the load finishes in the background)", "gap-load-model")
 
 
+LOAD_TIMES_FILE = "model_load_seconds.json"  # under the cache root: name -> seconds of its last load
+
+
+def _stored_load_seconds() -> dict:
+    try:
+        stored = json.loads((cache_root() / LOAD_TIMES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def _remember_load_seconds(name: str, seconds: float) -> None:
+    """Keep a load's time on disk: a restarted server still knows what a first job costs."""
+    try:
+        atomic_write_json(cache_root() / LOAD_TIMES_FILE, _stored_load_seconds() | {name: round(seconds, 3)})
+    except OSError as exc:
+        log.warning("could not record the load time of %s: %s", name, one_line(exc))
+
+
 def model_load_seconds(name: str) -> float | None:
-    """What loading ``name`` costs a job now: 0 when it is in memory, else the last load's
-    seconds in this process, or None when it was never loaded here."""
-    return 0.0 if name in _shared else _load_seconds.get(name)
+    """What loading ``name`` costs a job now: 0 when it is in memory, else its last load's
+    seconds (this process, else the cache's record), or None when it was never loaded here."""
+    if name in _shared:
+        return 0.0
+    seconds = _load_seconds.get(name, _stored_load_seconds().get(name))
+    return float(seconds) if isinstance(seconds, (int, float)) else None
 
 
 # ---- the tasks the app runs --------------------------------------------------------------

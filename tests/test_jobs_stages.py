@@ -233,3 +233,15 @@ def _until(predicate, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.005)
     return False
+
+
+def test_a_model_load_time_is_kept_for_the_next_server(pool, make_tiny, monkeypatch):
+    lm = make_tiny("llama")
+    monkeypatch.setattr(jobs, "load_model", lambda name: lm)
+    assert jobs.model_load_seconds("some-model") is None
+    assert jobs.shared_model("some-model") is lm
+    assert jobs.model_load_seconds("some-model") == 0.0  # in memory: loading costs nothing
+    pool.clear()
+    jobs._load_seconds.clear()  # a restarted server: only the cache's record is left
+    stored = jobs.model_load_seconds("some-model")
+    assert stored is not None and stored >= 0.0
