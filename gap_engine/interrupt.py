@@ -24,6 +24,8 @@ import contextlib
 import threading
 from typing import Callable, Iterator, TypeVar
 
+import torch
+
 from .errors import CancelledError
 from .progress import CancelToken, check_cancelled
 
@@ -60,7 +62,17 @@ def cancel_checks(lm, cancel: CancelToken | None, message: str) -> Iterator[None
             hidden.register_hook(check)  # fires when the backward pass has gone through this block
         return None
 
-    handles = [layer.register_forward_pre_hook(before_block, with_kwargs=True) for layer in lm.adapter.layers(lm.model)]
+    def after_last_block(module, args, output):
+        # The head and the loss run after the last block with no block hook of their own:
+        # a check as the backward pass reaches the last block's output ends the wait there.
+        hidden = output[0] if isinstance(output, tuple) else output
+        if threading.get_ident() == owner and isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+            hidden.register_hook(check)
+        return None
+
+    layers = list(lm.adapter.layers(lm.model))
+    handles = [layer.register_forward_pre_hook(before_block, with_kwargs=True) for layer in layers]
+    handles.append(layers[-1].register_forward_hook(after_last_block))
     try:
         yield
     finally:
