@@ -21,7 +21,7 @@ from .front_figures import (
     rates_figure,
     step_readout,
 )
-from .run_figures import history_figure, predicted_vs_actual_figure
+from .run_figures import history_figure, predicted_vs_actual_figure, runs_rates_figure
 from .style import (
     ATTN_COLOR,
     BASELINE_COLORS,
@@ -77,6 +77,7 @@ __all__ = [
     "predicted_vs_actual_figure",
     "rate_traces",
     "rates_figure",
+    "runs_rates_figure",
     "sensitivity_figure",
     "step_readout",
 ]
