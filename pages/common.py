@@ -265,13 +265,12 @@ def sidebar_jobs() -> None:
         st.caption("Running jobs (all tabs)")
         mine_ids = {job.id for job in mine if job is not None}
         for job in running:
-            title, page = JOB_KINDS.get(job.kind, (job.kind, None))
+            title, _page = JOB_KINDS.get(job.kind, (job.kind, None))
             snap = job.snapshot()
             st.progress(snap["overall"], text=progress_text(snap, f"{title}, {job.label}"))
             c1, c2 = st.columns(2)
             if job.id in mine_ids:
-                if page:
-                    c1.page_link(page, label="Open", icon=":material/open_in_new:")
+                c1.caption("this tab's")  # its page shows it (a page link cannot be drawn before navigation)
             else:
                 c1.button(
                     "Watch", key=f"app_watch_{job.id}", on_click=_watch, args=(job,), icon=":material/visibility:",
@@ -338,6 +337,23 @@ def expected_text(snap: dict) -> str | None:
     if total is None:
         return None
     return f"Expected about {duration_text(total)} in all ({snap['expected_basis']})."
+
+
+def expected_caption(expected, what: str) -> None:
+    """What a job the form describes is expected to take, before it is started.
+
+    Args:
+        expected: a ``buildtime.Expectation``.
+        what: the job in one word ("build", "run").
+    """
+    total, known = expected.total, expected.known
+    if total is not None:
+        st.caption(f"Expected time: about {duration_text(total)} ({expected.basis}).")
+    elif known:
+        missing = ", ".join(expected.unknown())
+        st.caption(f"Expected time: about {duration_text(sum(known.values()))} for the stages measured before ({expected.basis}), plus {missing}.")
+    else:
+        st.caption(f"Expected time: {expected.basis}; the time left shows as the {what} runs.")
 
 
 def job_panel(job, title: str, key: str) -> None:

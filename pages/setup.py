@@ -146,18 +146,7 @@ def show_expected_time() -> None:
         return  # the Build button says what is wrong
     if not name:
         return
-    expected = expected_build(name, spec)
-    total, known = expected.total, expected.known
-    if total is not None:
-        st.caption(f"Expected time: about {common.duration_text(total)} ({expected.basis}).")
-    elif known:
-        missing = ", ".join(expected.unknown())
-        st.caption(
-            f"Expected time: about {common.duration_text(sum(known.values()))} for the stages measured before "
-            f"({expected.basis}), plus {missing}."
-        )
-    else:
-        st.caption("Expected time: no earlier build of this model on this machine; the time left shows as the build runs.")
+    common.expected_caption(expected_build(name, spec), "build")
 
 
 def load_cached(key: str) -> None:

@@ -8,6 +8,7 @@ sidebar, can watch it and can cancel it. The real SmolLM2-135M runs every job.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -82,6 +83,7 @@ def test_a_reload_and_a_second_tab_see_the_running_build_and_can_cancel_it(fresh
     assert again.session_state["app_jobs"]["table"] == job.id
     assert again.radio(key="setup_estimator").value == "exact"
     assert again.number_input(key="setup_seq_len").value == 64
+    assert any(t == "this tab's" for t in texts(again.caption))  # the sidebar lists it as this tab's job
     assert any(t.startswith("Building the loss table: stage") and "elapsed" in t for t in progress_texts(again)), progress_texts(again)
 
     # A second tab with no link: the sidebar lists the job; Watch attaches to it.
@@ -105,3 +107,35 @@ def test_a_reload_and_a_second_tab_see_the_running_build_and_can_cancel_it(fresh
     assert any("was cancelled during" in t and "after the request" in t for t in warnings), warnings
     assert "jobs" not in again.query_params  # nothing runs any more
     manager().forget(job.id)
+
+
+def test_runs_compared_side_by_side_with_changes_and_kept_in_the_url(cached_table, smol):
+    from gap_engine import history
+    from gap_engine.allocate import plan_from_table
+
+    ids = []
+    for allocator, budget, ppl, ratios in (("dp", 0.2, 12.0, [1.1, 1.3, 1.2]), ("uniform", 0.2, 15.0, None)):
+        plan = plan_from_table(smol, cached_table, budget, allocator)
+        throughput = {"prefill_speedup_repeats": ratios, "prefill_speedup_range": [min(ratios), max(ratios)]} if ratios else None
+        record = history.RunRecord(
+            model=smol.name, allocator=allocator, plan=plan.to_dict(), table_key=cached_table.key, budget=budget,
+            params={"throughput": throughput}, dense_params=100, pruned_params=80,
+            perplexity={"wiki-sample": ppl}, dense_perplexity={"wiki-sample": 10.0}, kl={"wiki-sample": 0.1},
+            prefill_speedup=1.2 if ratios else None, seconds=30.0,
+        )  # fmt: skip
+        ids.append(history.record_run(record))
+    at = start("pages/evaluate.py")
+    at.multiselect(key="eval_compare").set_value(ids).run()
+    assert not at.exception
+    frame = next(df.value for df in at.dataframe if "measure" in df.value.columns)
+    row = frame.set_index("measure").loc["perplexity (wiki-sample)"]
+    assert row["dense"] == "10.000"
+    assert row[f"run {ids[0]}"] == "12.000 (+20.0% vs dense)"
+    assert row[f"run {ids[1]}"] == f"15.000 (+50.0% vs dense, +25.0% vs run {ids[0]})"
+    speed = frame.set_index("measure").loc["prefill speed vs dense"]
+    assert speed[f"run {ids[0]}"] == "1.20x (1.10–1.30x over 3 repeats)"
+    rates = [json.loads(el.proto.spec) for el in at.get("plotly_chart") if "run " in el.proto.spec and "attention" in el.proto.spec]
+    assert rates and len(rates[0]["data"]) == 4  # two runs x (attention, MLP)
+    assert at.query_params["runs"] == f"{ids[0]},{ids[1]}"
+    again = reload(at, "pages/evaluate.py")
+    assert again.multiselect(key="eval_compare").value == ids
