@@ -276,13 +276,7 @@ def sidebar_jobs() -> None:
                     "Watch", key=f"app_watch_{job.id}", on_click=_watch, args=(job,), icon=":material/visibility:",
                     help="Show its progress here and get its result",
                 )  # fmt: skip
-            c2.button(
-                "Cancelling…" if snap["cancelling"] else "Cancel",
-                key=f"app_sidebar_cancel_{job.id}",
-                on_click=job.cancel,
-                disabled=snap["cancelling"],
-                icon=":material/cancel:",
-            )
+            cancel_button(c2, job, snap, f"app_sidebar_cancel_{job.id}")
 
     with st.sidebar:
         panel()
@@ -366,13 +360,14 @@ def job_panel(job, title: str, key: str) -> None:
             st.caption("Stopping at the next model block; a model load in progress finishes in the background.")
         elif note:
             st.caption(note)
-        st.button(
-            "Cancelling…" if snap["cancelling"] else "Cancel",
-            key=f"app_cancel_{key}",
-            on_click=job.cancel,
-            disabled=snap["cancelling"],
-            icon=":material/cancel:",
-        )
+        cancel_button(st, job, snap, f"app_cancel_{key}")
+
+
+def cancel_button(where, job, snap: dict, key: str) -> None:
+    """Cancel, or a disabled "Cancelling…" once the job was asked to stop."""
+    where.button(
+        "Cancelling…" if snap["cancelling"] else "Cancel", key=key, on_click=job.cancel, disabled=snap["cancelling"], icon=":material/cancel:"
+    )
 
 
 def job_progress(kind: str, title: str) -> None:

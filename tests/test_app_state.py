@@ -17,7 +17,7 @@ from gap_engine.config import WindowSpec
 from gap_engine.jobs import manager
 from gap_engine.pipeline import loss_table
 from gap_engine.tables import TableSpec
-from test_app import cached_table, fresh_cache, job_of, link_models, start, texts, tiny_table  # noqa: F401
+from test_app import cached_table, fresh_cache, start, start_exact_build, texts, tiny_table  # noqa: F401
 from streamlit.testing.v1 import AppTest
 
 pytestmark = pytest.mark.slow  # the real built-in model behind every job
@@ -27,14 +27,7 @@ OTHER_SPEC = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=8)
 
 def reload(at: AppTest, page: str | None = None) -> AppTest:
     """A new session opened at the URL ``at`` shows (a reload, or the link pasted in a second tab)."""
-    again = AppTest.from_file(at._script_path, default_timeout=240)
-    again.query_params.update(at.query_params)
-    again.run()
-    if page:
-        again.switch_page(page)
-        again.run()
-    assert not again.exception, [e.value for e in again.exception]
-    return again
+    return start(page, query=at.query_params)
 
 
 def progress_texts(at: AppTest) -> list[str]:
@@ -65,12 +58,7 @@ def test_the_url_keeps_the_table_and_budget_the_user_had(cached_table, smol):
 
 def test_a_reload_and_a_second_tab_see_the_running_build_and_can_cancel_it(fresh_cache):
     at = start()
-    at.radio(key="setup_estimator").set_value("exact")
-    at.selectbox(key="setup_builtin_data").set_value("news-sample")
-    at.number_input(key="setup_samples").set_value(4)
-    at.number_input(key="setup_seq_len").set_value(64)
-    at.button(key="setup_build").click().run()
-    job = job_of(at, "table")
+    job = start_exact_build(at)
     assert job.active and at.query_params["jobs"] == job.id
 
     # From the first second: the stage it is in, out of all of them, before any cell is measured.

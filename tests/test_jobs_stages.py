@@ -16,9 +16,10 @@ from gap_engine.config import WindowSpec
 from gap_engine.errors import CancelledError
 from gap_engine.interrupt import cancel_checks, run_unless_cancelled
 from gap_engine.jobs import CANCELLED, DONE, JobManager, JobProgress
-from gap_engine.pipeline import loss_table, table_stages
+from gap_engine.pipeline import table_stages
 from gap_engine.progress import CELLS, DENSE_PASS, GRADIENT_PASS, LOAD_MODEL, READ_TEXT, SCORE_UNITS, StageTimer
 from gap_engine.tables import TableSpec
+from test_jobs import wait_for
 
 EXACT = TableSpec(windows=WindowSpec("news-sample", n_samples=4, seq_len=16, batch_size=1), estimator="exact", rate_grid=(0.0, 0.5))
 FISHER = TableSpec(windows=WindowSpec("news-sample", n_samples=4, seq_len=16, batch_size=1), estimator="fisher", rate_grid=(0.0, 0.5))
@@ -63,7 +64,7 @@ def test_a_job_reports_its_stages_and_their_times():
 
     job = m.submit("table", work, params={"model": "m"})
     try:
-        assert _until(lambda: job.snapshot()["stage"] == "cells" and job.snapshot()["done"] == 1)
+        assert wait_for(lambda: job.snapshot()["stage"] == "cells" and job.snapshot()["done"] == 1, timeout=10)
         snap = job.snapshot()
         assert snap["stages"] == ["load model", "cells"] and snap["stage_index"] == 1
         assert snap["expected_total"] == 60.0 and snap["expected_basis"] == "from 1 earlier build"
@@ -222,17 +223,6 @@ def test_stage_timer_adds_up_a_stage_entered_twice():
     seconds = timer.finish()
     assert seen == ["a", "b", "a"] and list(seconds) == ["a", "b"] and all(v >= 0 for v in seconds.values())
     assert timer.finish() == seconds
-
-
-def _until(predicate, timeout: float = 10.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return False
 
 
 def test_a_model_load_time_is_kept_for_the_next_server(pool, make_tiny, monkeypatch):
