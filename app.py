@@ -1,8 +1,8 @@
 """GAP explorer: `streamlit run app.py`.
 
-Five pages in the order of the method: Setup (model, calibration, loss table) ->
-Sensitivity -> Budget planner -> Prune & evaluate -> Export. Long work (table builds,
-baseline plans, prune-and-evaluate) runs as background jobs (gap_engine.jobs), so it
+Six pages in the order of the method: Setup (model, calibration, loss table) ->
+Sensitivity -> Budget planner -> Prune & evaluate -> Recover -> Export. Long work (table builds,
+baseline plans, prune-and-evaluate, recovery) runs as background jobs (gap_engine.jobs), so it
 survives reruns, page switches and reloads; this file applies finished jobs' results to the
 session whatever page is open, lists every running job in the sidebar, and keeps the view
 in the URL (pages/url_state.py) so a reload or a shared link opens it again.
@@ -47,6 +47,10 @@ def apply_finished_jobs() -> None:
         common.set_message(
             "eval", "success", f"Run {job.result['run_id']} finished in {common.duration_text(job.elapsed)} and was added to the history."
         )
+    job = common.unseen_finished("recover")
+    if job is not None and common.report_finished(job, "Recovery", "recover"):
+        st.session_state["app_last_recovery"] = job.result
+        common.set_message("recover", "success", f"Recovery finished in {job.result['total_seconds']:.0f} s and was added to the history.")
 
 
 apply_finished_jobs()
@@ -67,6 +71,7 @@ pages = [
     st.Page(common.SENSITIVITY_PAGE, title="Sensitivity", icon=":material/show_chart:", url_path="sensitivity"),
     st.Page(common.PLANNER_PAGE, title="Budget planner", icon=":material/tune:", url_path="planner"),
     st.Page(common.EVALUATE_PAGE, title="Prune & evaluate", icon=":material/science:", url_path="evaluate"),
+    st.Page(common.RECOVER_PAGE, title="Recover", icon=":material/healing:", url_path="recover"),
     st.Page(common.EXPORT_PAGE, title="Export", icon=":material/download:", url_path="export"),
 ]
 try:

@@ -58,6 +58,7 @@ SHARED_DEFAULTS = {
     "app_messages": {},
     "app_baselines": None,
     "app_last_run": None,
+    "app_last_recovery": None,
 }
 _PERSIST = "_app_widget_keys"
 POLL_SECONDS = 1.0  # a page's own job panel
@@ -432,6 +433,7 @@ SENSITIVITY_PAGE = "pages/sensitivity.py"
 PLANNER_PAGE = "pages/planner.py"
 EVALUATE_PAGE = "pages/evaluate.py"
 EXPORT_PAGE = "pages/export.py"
+RECOVER_PAGE = "pages/recover.py"
 
 # Job kind -> (what a reader calls it, the page that shows its result). A page that runs a
 # new kind of job (a recovery stage, say) adds its entry, and the sidebar lists its jobs.
@@ -439,4 +441,5 @@ JOB_KINDS = {
     "table": ("Loss table build", SETUP_PAGE),
     "baselines": ("Baseline plans", PLANNER_PAGE),
     "prune_eval": ("Prune & evaluate", EVALUATE_PAGE),
+    "recover": ("Recovery", RECOVER_PAGE),
 }

@@ -17,6 +17,7 @@ from ..config import (
     CRITERIA,
     DEFAULT_CHANNEL_MULTIPLE,
     DEFAULT_CRITERION,
+    DEFAULT_DATA,
     DEFAULT_MAX_RATE,
     DEFAULT_MODEL,
     DEFAULT_N_BUCKETS,
@@ -24,6 +25,11 @@ from ..config import (
     EVAL_WINDOWS,
     MODES,
     OBJECTIVES,
+    RECOVERY_METHODS,
+    RECOVERY_PROJECTIONS,
+    RECOVERY_SCHEDULES,
+    REFINE_ATTENTION,
+    REFINE_BUDGETS,
 )
 from .arguments import DeprecatedAlias, add_window_args, rate_arg
 
@@ -35,14 +41,25 @@ def _grid_text(grid) -> str:
 def _add_models(sub) -> None:
     p = sub.add_parser("models", help="list the built-in models and supported architectures")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true", help="also check every converted file against its recorded SHA-256")
     p.set_defaults(handler="model_commands:run_models")
 
 
 def _add_prune(sub) -> None:
-    p = sub.add_parser("prune", help="prune a model with a plan (or a uniform rate) and save a checkpoint")
+    p = sub.add_parser("prune", help="prune a model with a plan (or a uniform rate, or GAP's DP in rounds) and save a checkpoint")
     p.add_argument("--model", required=True, help="built-in name, local folder, .gguf file or hub id")
     p.add_argument("--plan", help="a plan JSON/YAML file")
     p.add_argument("--uniform", type=rate_arg, help="every layer and component at this rate, in [0, 1)")
+    p.add_argument(
+        "--budget",
+        type=rate_arg,
+        help="GAP's DP at this fraction of the prunable parameters, planned in --rounds rounds, each on a loss "
+        "table of the model as the rounds before left it",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="with --budget: rounds of table -> DP -> surgery (default: %(default)s)")
+    p.add_argument("--estimator", choices=ESTIMATORS, default=CLI_TABLE.estimator, help="with --budget: how each round's table is filled")
+    p.add_argument("--objective", choices=OBJECTIVES, default=CLI_TABLE.objective, help="with --budget: the tables' objective")
+    p.add_argument("--rates", default=_grid_text(CLI_TABLE.rate_grid), help="with --budget: the tables' rate grid")
     p.add_argument("--criterion", default=DEFAULT_CRITERION, choices=CRITERIA, help="which heads and channels go")
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE)
     p.add_argument("--out", required=True, help="output folder (replaced atomically)")
@@ -55,7 +72,7 @@ def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="held-out perplexity, KL to dense, throughput and generations")
     p.add_argument("--model", required=True)
     add_window_args(p, EVAL_WINDOWS, what="held-out (comma-separated sources)")
-    p.add_argument("--generations", type=int, default=3)
+    p.add_argument("--generations", type=int)
     p.add_argument("--no-dense", action="store_true", help="do not compare with the dense original")
     p.add_argument("--no-throughput", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -71,7 +88,19 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> 
         "--estimator",
         choices=ESTIMATORS,
         default=estimator_default,
-        help="exact: measure every cell; fisher/taylor: estimate from one gradient pass (default: %(default)s)",
+        help="exact: measure every cell; fisher/taylor: estimate from one gradient pass; refine: fisher, then "
+        "measure exactly the cells the DP's plans use (default: %(default)s)",
+    )
+    p.add_argument(
+        "--refine-budgets",
+        default=",".join(f"{b:g}" for b in REFINE_BUDGETS),
+        help="refine: budgets whose plans' cells are measured exactly (default: %(default)s)",
+    )
+    p.add_argument(
+        "--refine-attention",
+        choices=REFINE_ATTENTION,
+        default="chosen",
+        help="refine: measure the chosen attention cells only, or every attention cell (default: %(default)s)",
     )
     p.add_argument("--approx", dest="estimator", choices=ESTIMATORS[1:], action=DeprecatedAlias, new_name="--estimator", help=argparse.SUPPRESS)
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE, help="MLP width granularity")
@@ -160,6 +189,22 @@ def _add_compare(sub) -> None:
     p.set_defaults(handler="plan_commands:run_compare")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a usage error as one line on stderr (exit status 2), like every other error.
+
+    Subparsers inherit the class, so ``gap prune --uniform 2`` says what is wrong in one line
+    and where to look, instead of a usage block.
+    """
+
+    def error(self, message: str):
+        message = " ".join("".join(ch if ch.isprintable() else " " for ch in message).split())
+        self.exit(2, f"{self.prog}: error: {message[:1000]} (see '{self.prog} --help')\n")
+
+
+# Subcommands with resource-sized options (checked by cli.preflight against limits.LIMITS).
+SIZED_COMMANDS = ("prune", "eval", "table", "plan", "front", "compare")
+
+
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="one self-contained HTML report: table settings, sensitivity, front, plan, evaluation")
     p.add_argument("--table", required=True, help="a loss table JSON file")
@@ -173,12 +218,62 @@ def _add_report(sub) -> None:
     p.set_defaults(handler="report_commands:run_report")
 
 
+def _add_recover(sub) -> None:
+    # Tunables default to None: the handler then keeps recover.RecoverySettings' default (one home for them).
+    p = sub.add_parser(
+        "recover",
+        help="recover a pruned model with a short fine-tune (LoRA, MaZO or MeZO)",
+        description="Fine-tune a pruned checkpoint on the calibration part of one or more text sources "
+        "(each source is one task), evaluate it before and after on their held-out parts, and save it "
+        "as a pruned checkpoint that loads like any other.",
+    )
+    p.add_argument("--model", required=True, help="a `gap prune` folder (a dense model is allowed too)")
+    p.add_argument("--method", required=True, choices=RECOVERY_METHODS, help="lora (peft), mazo (masked zeroth-order) or mezo (zeroth-order)")
+    p.add_argument("--data", default=DEFAULT_DATA, help="comma-separated text sources, one task each (calibration part only)")
+    p.add_argument("--split", default="calibration", help="the part of the text to train on: only 'calibration' is allowed")
+    p.add_argument("--steps", type=int, required=True, help="training steps")
+    p.add_argument("--out", required=True, help="output checkpoint folder (written atomically; work goes to OUT.partial)")
+    p.add_argument("--resume", action="store_true", help="continue the run saved in OUT.partial")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: lora 3e-3, mazo 3e-4, mezo 1e-4)")
+    p.add_argument("--schedule", choices=RECOVERY_SCHEDULES)
+    p.add_argument("--warmup", type=int, help="warm-up steps")
+    p.add_argument("--batch-size", type=int, help="windows per task per step")
+    p.add_argument("--seq-len", type=int, help="tokens per training window")
+    p.add_argument("--pool-windows", type=int, help="calibration windows cut per task")
+    p.add_argument("--targets", help="comma-separated projections that train (default: all of " + ",".join(RECOVERY_PROJECTIONS) + ")")
+    p.add_argument("--rank", type=int, help="LoRA rank")
+    p.add_argument("--alpha", type=float, help="LoRA alpha")
+    p.add_argument("--dropout", type=float, help="LoRA dropout")
+    p.add_argument("--eps", type=float, help="ZO perturbation scale")
+    p.add_argument("--mask-fraction", type=float, help="MaZO: share of each row that trains")
+    p.add_argument("--magnitude-weight", type=float, help="MaZO: weight of |W| in the importance")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--save-every", type=int, help="steps between saved snapshots")
+    p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
+    p.add_argument("--device", help="train on this device (e.g. cuda); default: where the model loads")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the training forward passes")
+    p.add_argument("--eval-samples", type=int, help="held-out windows per task")
+    p.add_argument("--eval-seq-len", type=int)
+    p.add_argument("--generations", type=int)
+    p.add_argument("--no-eval-before", action="store_true", help="skip the evaluation before training")
+    p.add_argument("--no-dense", action="store_true", help="do not load the dense model for KL and agreement")
+    p.add_argument("--no-history", action="store_true", help="do not add the run to the run history")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler="recover_commands:run_recover")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``gap`` parser; each subcommand sets ``handler`` to "module:function" under gap_engine.cli."""
-    parser = argparse.ArgumentParser(prog="gap", description="Layer-adaptive structured pruning of LLMs (GAP)")
+    parser = OneLineParser(prog="gap", description="Layer-adaptive structured pruning of LLMs (GAP)")
     parser.add_argument("--version", action="version", version=f"gap_engine {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_models, _add_prune, _add_eval, _add_table, _add_plan, _add_compare, _add_report):
+    for add in (_add_models, _add_prune, _add_eval, _add_table, _add_plan, _add_compare, _add_report, _add_recover):
         add(sub)
+    for name in SIZED_COMMANDS:
+        sub.choices[name].add_argument(
+            "--force-size",
+            action="store_true",
+            help="accept sizes past the ceilings that protect this machine (also: GAP_FORCE_SIZE=1; see README)",
+        )
     return parser

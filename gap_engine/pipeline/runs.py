@@ -156,8 +156,9 @@ def prune_and_evaluate(
         stage: told each stage's name as it starts (`prune_eval_stages`, after loading).
         cancel: polled at every decoder block of both models (``interrupt``) and between stages.
     Returns:
-        A JSON-ready dict: run_id, plan, report, predicted_loss, actual_loss, objective,
-        checkpoint, seconds, stage_seconds (wall seconds per stage), params_before, params_after.
+        A JSON-ready dict: run_id, plan, report, predicted_loss, predicted_basis (table.basis; None
+        without a table), actual_loss, objective, checkpoint, seconds, stage_seconds (wall
+        seconds per stage), params_before, params_after.
     """
     started = time.perf_counter()
     timer = StageTimer(stage)
@@ -199,6 +200,7 @@ def prune_and_evaluate(
         "plan": plan.to_dict(),
         "report": report,
         "predicted_loss": plan.predicted_loss,
+        "predicted_basis": None if table is None else table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates)),
         "actual_loss": record.actual_loss,
         "objective": objective,
         "checkpoint": checkpoint,
