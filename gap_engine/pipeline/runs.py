@@ -153,15 +153,13 @@ def prune_and_evaluate(
         plan: a ready RatePlan (e.g. an uploaded one) instead of planning.
         checkpoint_dir: where to save the pruned checkpoint; None: not saved.
         history_path: the history database; None: the default under the cache root.
-        stage: told each stage's name as it starts (`prune_eval_stages`, after loading).
-        cancel: polled at every decoder block of both models (``interrupt``) and between stages.
+        stage: told each stage's name as it starts (`prune_eval_stages`, after loading); cancel:
+            polled at every decoder block of both models (``interrupt``) and between stages.
     Returns:
         A JSON-ready dict: run_id, plan, report, predicted_loss, predicted_basis (table.basis; None
-        without a table), actual_loss, objective, checkpoint, seconds, stage_seconds (wall
-        seconds per stage), params_before, params_after.
+        without a table), actual_loss, objective, checkpoint, seconds, stage_seconds, params_before/after.
     """
-    started = time.perf_counter()
-    timer = StageTimer(stage)
+    started, timer = time.perf_counter(), StageTimer(stage)
 
     def at(name: str) -> None:
         check_cancelled(cancel, f"prune and evaluate cancelled before the {name} stage")
