@@ -3,15 +3,17 @@
 Six pages in the order of the method: Setup (model, calibration, loss table) ->
 Sensitivity -> Budget planner -> Prune & evaluate -> Recover -> Export. Long work (table builds,
 baseline plans, prune-and-evaluate, recovery) runs as background jobs (gap_engine.jobs), so it
-survives reruns and page switches; this file applies finished jobs' results to the
-session whatever page is open, and shows running jobs in the sidebar.
+survives reruns, page switches and reloads; this file applies finished jobs' results to the
+session whatever page is open, lists every running job in the sidebar, and keeps the view
+in the URL (pages/url_state.py) so a reload or a shared link opens it again.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from gap_engine.progress import SCORE_UNITS
+from pages import common, url_state
 
 st.set_page_config(page_title="GAP explorer", page_icon="✂️", layout="wide")
 
@@ -25,12 +27,16 @@ def apply_finished_jobs() -> None:
     if job is not None and common.report_finished(job, "The loss table build", "setup"):
         table = job.result
         common.set_table(table)
-        common.set_message(
-            "setup",
-            "success",
-            f"Loss table ready: {table.delta.shape[0]} components x {len(table.rate_grid)} rates "
-            f"in {table.build_seconds:.0f} s ({table.key}).",
-        )
+        snap = job.snapshot()
+        shape = f"{table.delta.shape[0]} components x {len(table.rate_grid)} rates"
+        if SCORE_UNITS not in snap["stage_seconds"]:  # nothing was measured: the cache had it
+            text = f"Loss table loaded from the cache in {common.duration_text(snap['elapsed'])}: {shape} ({table.key})."
+        else:
+            text = (
+                f"Loss table ready in {common.duration_text(snap['elapsed'])} ({common.stage_times_text(snap)}): "
+                f"{shape} ({table.key})."
+            )
+        common.set_message("setup", "success", text)
     job = common.unseen_finished("baselines")
     if job is not None and common.report_finished(job, "Computing the baseline plans", "planner"):
         st.session_state["app_baselines"] = {"key": job.key, "rows": job.result}
@@ -38,36 +44,19 @@ def apply_finished_jobs() -> None:
     job = common.unseen_finished("prune_eval")
     if job is not None and common.report_finished(job, "Prune and evaluate", "eval"):
         st.session_state["app_last_run"] = job.result
-        common.set_message("eval", "success", f"Run {job.result['run_id']} finished in {job.result['seconds']:.0f} s and was added to the history.")
+        common.set_message(
+            "eval", "success", f"Run {job.result['run_id']} finished in {common.duration_text(job.elapsed)} and was added to the history."
+        )
     job = common.unseen_finished("recover")
     if job is not None and common.report_finished(job, "Recovery", "recover"):
         st.session_state["app_last_recovery"] = job.result
         common.set_message("recover", "success", f"Recovery finished in {job.result['total_seconds']:.0f} s and was added to the history.")
 
 
-def sidebar_jobs() -> None:
-    """Running jobs of this session, whatever the page (polls while any runs)."""
-    kinds = {"table": "Loss table", "baselines": "Baseline plans", "prune_eval": "Prune & evaluate", "recover": "Recovery"}
-    running = [(kind, common.session_job(kind)) for kind in kinds]
-    running = [(kind, job) for kind, job in running if job is not None and job.active]
-    if not running:
-        return
-
-    @st.fragment(run_every=common.POLL_SECONDS)
-    def panel():
-        st.caption("Background jobs")
-        for kind, job in running:
-            snap = job.snapshot()
-            if not job.active:
-                st.rerun()
-            st.progress(snap["fraction"], text=f"{kinds[kind]}: {snap['status']} {snap['done']}/{snap['total'] or '?'}")
-
-    with st.sidebar:
-        panel()
-
-
 apply_finished_jobs()
-common.autoload_latest()
+if not url_state.restore():
+    common.autoload_latest()
+apply_finished_jobs()  # a job the URL attached to may have ended already
 
 table = common.current_table()
 with st.sidebar:
@@ -75,7 +64,7 @@ with st.sidebar:
         st.caption(f"Model **{table.model}** · table `{table.key}`")
     else:
         st.caption("No loss table loaded yet.")
-sidebar_jobs()
+common.sidebar_jobs()
 
 pages = [
     st.Page(common.SETUP_PAGE, title="Setup", icon=":material/settings:", url_path="setup", default=True),
@@ -85,4 +74,7 @@ pages = [
     st.Page(common.RECOVER_PAGE, title="Recover", icon=":material/healing:", url_path="recover"),
     st.Page(common.EXPORT_PAGE, title="Export", icon=":material/download:", url_path="export"),
 ]
-st.navigation(pages).run()
+try:
+    st.navigation(pages).run()
+finally:
+    url_state.sync()  # also after a page stops early (st.stop): the URL shows what the page showed

@@ -4,7 +4,8 @@ The folder layout is the schema::
 
     <cache root>/tables/<key>/table.json     the LossTable (tables.LossTable.to_json)
                               meta.json      key, sha256 of table.json, format version,
-                                             created, model, spec summary; written last
+                                             created, model, spec summary, build and stage
+                                             seconds; written last
                               partial.json   measured cells of a build in progress, with
                                              their own sha256 (checked before a resume)
     <cache root>/tables/<key>.lock           inter-process lock of that entry
@@ -111,8 +112,13 @@ def get_table(key: str) -> LossTable | None:
     return table
 
 
-def put_table(table: LossTable) -> Path:
-    """Store a finished table (table.json, then meta.json) and drop its partial cells."""
+def put_table(table: LossTable, stage_seconds: dict | None = None) -> Path:
+    """Store a finished table (table.json, then meta.json) and drop its partial cells.
+
+    Args:
+        stage_seconds: wall seconds of the build's stages (``progress.StageTimer``), kept in
+            meta.json: what this machine's next builds are expected to take.
+    """
     if not table.key:
         raise CacheError("a loss table without a key cannot be cached")
     folder = entry_dir(table.key)
@@ -129,6 +135,7 @@ def put_table(table: LossTable) -> Path:
         "spec": table.spec.summary(),
         "shape": list(table.delta.shape),
         "build_seconds": round(table.build_seconds, 3),
+        "stage_seconds": stage_seconds or {},
     }
     atomic_write_json(folder / META_FILE, meta)
     (folder / PARTIAL_FILE).unlink(missing_ok=True)
@@ -136,7 +143,7 @@ def put_table(table: LossTable) -> Path:
 
 
 def list_tables() -> list[dict]:
-    """Finished entries: key, model, spec summary, created, size (bytes), build seconds."""
+    """Finished entries: key, model, spec summary, created, size (bytes), build seconds, stage seconds."""
     root = tables_root()
     rows = []
     if not root.is_dir():
@@ -160,6 +167,7 @@ def list_tables() -> list[dict]:
                 "created": meta.get("created"),
                 "size": size,
                 "build_seconds": meta.get("build_seconds"),
+                "stage_seconds": meta.get("stage_seconds") or {},
             }
         )
     return rows

@@ -3,7 +3,7 @@
 Measures, on held-out windows that never overlap the calibration text: perplexity on each
 requested source, KL(dense || pruned) per token and top-1 agreement on the same tokens,
 parameter count and size, prefill and decode throughput timed against the dense model in
-the same run (interleaved, so machine noise hits both alike), and greedy generations from
+the same run (interleaved, repeated: a median ratio and its spread), and greedy generations from
 a few fixed prompts.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -26,6 +27,8 @@ from .layerwise import logits_batches
 from .models import LoadedModel
 
 log = logging.getLogger(__name__)
+
+THROUGHPUT_REPEATS = 5  # timed repeats per model; the speedup is their median ratio
 
 DEFAULT_PROMPTS = (
     "The capital of France is",
@@ -125,27 +128,43 @@ def _time_decode(lm: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
 
 
 def measure_throughput(
-    lm: LoadedModel, dense: LoadedModel | None, prompt_len: int = 128, batch: int = 4, new_tokens: int = 16, repeats: int = 3
+    lm: LoadedModel, dense: LoadedModel | None, prompt_len: int = 128, batch: int = 4, new_tokens: int = 16, repeats: int = THROUGHPUT_REPEATS
 ) -> dict:
-    """Prefill and decode tokens/s of the model (and of dense, interleaved), best of ``repeats``."""
+    """Prefill and decode tokens/s of the model and, interleaved with it, of dense.
+
+    Each repeat times both models back to back (the order alternates between repeats, so a
+    slow drift of the machine hits both alike) and gives one pruned/dense speed ratio; the
+    ratios' median is the speedup and their range its spread. On a shared machine one
+    repeat can be off by tens of percent; the spread says how far to trust the median.
+
+    Returns:
+        ``{model,dense}_{prefill,decode}_tokens_per_s`` (medians), ``prefill_speedup`` and
+        ``decode_speedup`` (median ratios), ``*_speedup_range`` ([lowest, highest] ratio),
+        ``*_speedup_repeats`` (every ratio) and the settings.
+    """
     vocab = min(lm.tokenizer.vocab_size, 1000)
     ids = torch.randint(10, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
     models = {"model": lm} if dense is None else {"model": lm, "dense": dense}
-    best = {k: {"prefill": math.inf, "decode": math.inf} for k in models}
-    for name, m in models.items():  # warm-up
+    times = {name: {"prefill": [], "decode": []} for name in models}
+    for m in models.values():  # warm-up
         _time_prefill(m, ids[:, :16])
-    for _ in range(repeats):
-        for name, m in models.items():
-            best[name]["prefill"] = min(best[name]["prefill"], _time_prefill(m, ids))
-            best[name]["decode"] = min(best[name]["decode"], _time_decode(m, ids[:1, :16], new_tokens))
+    for repeat in range(repeats):
+        order = list(models.items())
+        for name, m in order if repeat % 2 == 0 else order[::-1]:
+            times[name]["prefill"].append(_time_prefill(m, ids))
+            times[name]["decode"].append(_time_decode(m, ids[:1, :16], new_tokens))
+    tokens = {"prefill": batch * prompt_len, "decode": new_tokens}
     out = {
-        f"{name}_{kind}_tokens_per_s": (batch * prompt_len if kind == "prefill" else new_tokens) / t
-        for name, times in best.items()
-        for kind, t in times.items()
+        f"{name}_{kind}_tokens_per_s": tokens[kind] / statistics.median(seconds)
+        for name, kinds in times.items()
+        for kind, seconds in kinds.items()
     }
     if dense is not None:
-        out["prefill_speedup"] = out["model_prefill_tokens_per_s"] / out["dense_prefill_tokens_per_s"]
-        out["decode_speedup"] = out["model_decode_tokens_per_s"] / out["dense_decode_tokens_per_s"]
+        for kind in ("prefill", "decode"):
+            ratios = [d / m for m, d in zip(times["model"][kind], times["dense"][kind])]  # pruned speed / dense speed
+            out[f"{kind}_speedup"] = statistics.median(ratios)
+            out[f"{kind}_speedup_range"] = [min(ratios), max(ratios)]
+            out[f"{kind}_speedup_repeats"] = ratios
     out["settings"] = {"prompt_len": prompt_len, "batch": batch, "new_tokens": new_tokens, "repeats": repeats}
     return out
 

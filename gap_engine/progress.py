@@ -8,7 +8,8 @@ the same two optional hooks, so the CLI, background jobs and benchmarks drive it
 - ``cancel``: any object with ``is_set()`` (a ``threading.Event``), polled between steps;
   when set, the work stops with ``CancelledError``.
 
-The pipeline also names its stages through ``stage(message)``.
+The pipeline also names its stages through ``stage(name)`` (the names below), and
+`StageTimer` records how long each took.
 """
 
 from __future__ import annotations
@@ -50,3 +51,49 @@ class EtaClock:
         self.weight_left = max(0.0, self.weight_left - weight)
         elapsed = time.perf_counter() - self.started
         return elapsed / self.weight_done * self.weight_left if self.weight_done > 0 else 0.0
+
+
+# ---- stages -----------------------------------------------------------------------------
+# The names long work announces through ``stage(name)``: what a progress bar shows, and the
+# keys under which stage times are recorded (cache metadata, run history) and predicted.
+LOAD_MODEL = "load model"
+READ_TEXT = "read text"
+SCORE_UNITS = "score units"
+DENSE_PASS = "dense pass"  # exact tables: the block inputs every cell starts from
+GRADIENT_PASS = "gradient pass"  # fisher/taylor tables: one forward and backward per calibration batch
+CELLS = "cells"
+PLAN = "plan"
+PRUNE = "prune"
+MEASURE = "measure"  # the loss increase on the calibration windows
+HELD_OUT = "held-out text"  # perplexity, KL and agreement against dense
+THROUGHPUT = "throughput"
+GENERATE = "generate"
+SAVE = "save"
+
+
+class StageTimer:
+    """A ``stage(name)`` callback that records the wall time of each stage and passes the
+    names on; a stage ends when the next one starts or at `finish`."""
+
+    def __init__(self, forward: StageFn | None = None):
+        self.forward = forward
+        self.seconds: dict[str, float] = {}
+        self._current: str | None = None
+        self._since = 0.0
+
+    def __call__(self, name: str) -> None:
+        self._close()
+        self._current, self._since = name, time.perf_counter()
+        if self.forward is not None:
+            self.forward(name)
+
+    def _close(self) -> None:
+        if self._current is not None:
+            spent = time.perf_counter() - self._since
+            self.seconds[self._current] = round(self.seconds.get(self._current, 0.0) + spent, 3)
+            self._current = None
+
+    def finish(self) -> dict[str, float]:
+        """End the current stage; seconds per stage name, in the order they ran."""
+        self._close()
+        return dict(self.seconds)

@@ -18,6 +18,14 @@ each other lives under ``app_``:
 Streamlit forgets the value of a widget that a run does not draw (the user is on another
 page); `keep_widget_values` (called by app.py at the top of every run) re-assigns the
 registered keys so they survive page switches.
+
+Jobs
+----
+Jobs belong to the server, not to a tab (``gap_engine.jobs.manager()``). A session keeps
+the ids of the jobs whose results it wants (``app_jobs``): the ones it started, and the
+ones it attached to from the sidebar's list of every running job or from its URL
+(``pages/url_state.py``). `job_controls` draws a page's start button and the progress of
+its job; a page that runs a new kind of job adds it to `JOB_KINDS`.
 """
 
 from __future__ import annotations
@@ -53,7 +61,8 @@ SHARED_DEFAULTS = {
     "app_last_recovery": None,
 }
 _PERSIST = "_app_widget_keys"
-POLL_SECONDS = 1.0
+POLL_SECONDS = 1.0  # a page's own job panel
+SIDEBAR_POLL_SECONDS = 2.0  # the sidebar's list of every running job
 
 
 def init_shared() -> None:
@@ -231,7 +240,53 @@ def session_job(kind: str):
 
 
 def remember_job(kind: str, job) -> None:
+    """Make ``job`` this session's job of ``kind``: its progress shows here and its result
+    is applied here when it ends (a job started in another tab can be attached this way)."""
     st.session_state["app_jobs"][kind] = job.id
+
+
+def sidebar_jobs() -> None:
+    """Every running job of this server, whichever tab started it: progress, Watch, Cancel.
+
+    Polls every SIDEBAR_POLL_SECONDS (a fragment), so a job started in another tab shows up
+    by itself; when a job of this session ends, the whole app reruns to apply its result.
+    """
+
+    @st.fragment(run_every=SIDEBAR_POLL_SECONDS)
+    def panel():
+        if st.session_state.pop("app_watch_started", False):
+            st.rerun()  # the whole app: the watched job's page draws its progress
+        seen = st.session_state["app_seen_jobs"]
+        mine = [manager().get(job_id) for job_id in st.session_state["app_jobs"].values()]
+        if any(job is not None and not job.active and job.id not in seen for job in mine):
+            st.rerun()
+        running = manager().jobs(active_only=True)
+        if not running:
+            return
+        st.caption("Running jobs (all tabs)")
+        mine_ids = {job.id for job in mine if job is not None}
+        for job in running:
+            title, _page = JOB_KINDS.get(job.kind, (job.kind, None))
+            snap = job.snapshot()
+            st.progress(snap["overall"], text=progress_text(snap, f"{title}, {job.label}"))
+            c1, c2 = st.columns(2)
+            if job.id in mine_ids:
+                c1.caption("this tab's")  # its page shows it (a page link cannot be drawn before navigation)
+            else:
+                c1.button(
+                    "Watch", key=f"app_watch_{job.id}", on_click=_watch, args=(job,), icon=":material/visibility:",
+                    help="Show its progress here and get its result",
+                )  # fmt: skip
+            cancel_button(c2, job, snap, f"app_sidebar_cancel_{job.id}")
+
+    with st.sidebar:
+        panel()
+
+
+def _watch(job) -> None:
+    """Callback of a sidebar Watch button: the job becomes this tab's (see `remember_job`)."""
+    remember_job(job.kind, job)
+    st.session_state["app_watch_started"] = True
 
 
 def unseen_finished(kind: str):
@@ -243,15 +298,81 @@ def unseen_finished(kind: str):
     return job
 
 
-def _eta_text(seconds) -> str:
-    if seconds is None:
-        return "estimating time left"
-    seconds = int(round(seconds))
-    return f"about {seconds // 60} min {seconds % 60:02d} s left" if seconds >= 60 else f"about {seconds} s left"
+def duration_text(seconds: float) -> str:
+    """'42 s', '2 min 05 s' or '1 h 02 min'."""
+    seconds = int(round(max(0.0, seconds)))
+    if seconds >= 3600:
+        return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+def progress_text(snap: dict, title: str) -> str:
+    """One line for a running job: its stage, the stage's steps, the time left and the time so far."""
+    if snap["status"] == "queued":
+        return f"{title}: waiting for another job to finish"
+    where = snap["message"] or "starting"
+    if snap["stages"] and snap["stage_index"] >= 0:
+        stage = snap["stage"]
+        detail = f": {snap['message']}" if snap["message"] and snap["message"] != stage else ""
+        where = f"stage {snap['stage_index'] + 1} of {len(snap['stages'])}, {stage}{detail}"
+    parts = [f"{title}: {where}"]
+    if snap["cancelling"]:
+        parts.append("cancelling…")
+    elif snap["seconds_left"] is not None:
+        parts.append(f"about {duration_text(snap['seconds_left'])} left")
+    elif snap["eta"] is not None:
+        parts.append(f"this stage about {duration_text(snap['eta'])} left")
+    parts.append(f"{duration_text(snap['elapsed'])} elapsed")
+    return " · ".join(parts)
+
+
+def expected_text(snap: dict) -> str | None:
+    """What earlier jobs of this kind say the whole job takes, when they say it."""
+    total = snap.get("expected_total")
+    if total is None:
+        return None
+    return f"Expected about {duration_text(total)} in all ({snap['expected_basis']})."
+
+
+def expected_caption(expected, what: str) -> None:
+    """What a job the form describes is expected to take, before it is started.
+
+    Args:
+        expected: a ``buildtime.Expectation``.
+        what: the job in one word ("build", "run").
+    """
+    total, known = expected.total, expected.known
+    if total is not None:
+        st.caption(f"Expected time: about {duration_text(total)} ({expected.basis}).")
+    elif known:
+        missing = ", ".join(expected.unknown())
+        st.caption(f"Expected time: about {duration_text(sum(known.values()))} for the stages measured before ({expected.basis}), plus {missing}.")
+    else:
+        st.caption(f"Expected time: {expected.basis}; the time left shows as the {what} runs.")
+
+
+def job_panel(job, title: str, key: str) -> None:
+    """A job's progress bar, its expected time and its Cancel button ("Cancelling…" once pressed)."""
+    snap = job.snapshot()
+    with st.container(border=True, key=f"app_job_{key}"):
+        st.progress(snap["overall"], text=progress_text(snap, title))
+        note = expected_text(snap)
+        if snap["cancelling"]:
+            st.caption("Stopping at the next model block; a model load in progress finishes in the background.")
+        elif note:
+            st.caption(note)
+        cancel_button(st, job, snap, f"app_cancel_{key}")
+
+
+def cancel_button(where, job, snap: dict, key: str) -> None:
+    """Cancel, or a disabled "Cancelling…" once the job was asked to stop."""
+    where.button(
+        "Cancelling…" if snap["cancelling"] else "Cancel", key=key, on_click=job.cancel, disabled=snap["cancelling"], icon=":material/cancel:"
+    )
 
 
 def job_progress(kind: str, title: str) -> None:
-    """Progress bar, ETA and Cancel button of this session's running job of ``kind``.
+    """Progress of this session's running job of ``kind`` (see `job_panel`).
 
     Redraws itself every second while the job runs (a fragment, so the rest of the page
     stays usable) and reruns the whole app once the job has ended.
@@ -262,19 +383,9 @@ def job_progress(kind: str, title: str) -> None:
 
     @st.fragment(run_every=POLL_SECONDS)
     def panel():
-        snap = job.snapshot()
         if not job.active:
             st.rerun()
-        with st.container(border=True, key=f"app_job_{kind}"):
-            if snap["status"] == "queued":
-                st.progress(0.0, text=f"{title}: waiting for another job to finish")
-            else:
-                left = f" · {_eta_text(snap['eta'])}" if snap["total"] else ""  # no ETA before the steps are known
-                st.progress(
-                    snap["fraction"],
-                    text=f"{title}: {snap['message'] or 'starting'}{left} · {snap['elapsed']:.0f} s elapsed",
-                )
-            st.button("Cancel", key=f"app_cancel_{kind}", on_click=job.cancel, icon=":material/cancel:")
+        job_panel(job, title, kind)
 
     panel()
 
@@ -290,12 +401,21 @@ def job_controls(kind: str, label: str, key: str, on_click, icon: str, title: st
     show_message(slot)
 
 
+def stage_times_text(snap: dict) -> str:
+    """'load model 3 s, read text 1 s, ...' of a job's finished stages."""
+    return ", ".join(f"{name} {duration_text(seconds)}" for name, seconds in snap["stage_seconds"].items())
+
+
 def report_finished(job, what: str, slot: str) -> bool:
-    """Turn an ended job into a page message; True when it succeeded."""
+    """Turn an ended job into a page message in the page's words; True when it succeeded."""
     if job.status == DONE:
         return True
+    snap = job.snapshot()
     if job.status == CANCELLED:
-        set_message(slot, "warning", f"{what} was cancelled: {job.error}")
+        during = f" during {snap['stage']}" if snap["stage"] else ""
+        latency = snap["cancel_latency"]
+        stopped = f"; it stopped {latency:.1f} s after the request" if latency is not None else ""
+        set_message(slot, "warning", f"{what} was cancelled{during}, after {duration_text(snap['elapsed'])}{stopped}.")
     elif job.status == FAILED:
         set_message(slot, "error", f"{what} failed: {job.error}")
     return False
@@ -314,3 +434,12 @@ PLANNER_PAGE = "pages/planner.py"
 EVALUATE_PAGE = "pages/evaluate.py"
 EXPORT_PAGE = "pages/export.py"
 RECOVER_PAGE = "pages/recover.py"
+
+# Job kind -> (what a reader calls it, the page that shows its result). A page that runs a
+# new kind of job (a recovery stage, say) adds its entry, and the sidebar lists its jobs.
+JOB_KINDS = {
+    "table": ("Loss table build", SETUP_PAGE),
+    "baselines": ("Baseline plans", PLANNER_PAGE),
+    "prune_eval": ("Prune & evaluate", EVALUATE_PAGE),
+    "recover": ("Recovery", RECOVER_PAGE),
+}

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pandas as pd
 import streamlit as st
 
-from gap_engine import history
+from gap_engine import history, runcompare
+from gap_engine.buildtime import Expectation, run_expectation, run_settings
 from gap_engine.config import ALLOCATORS, APP_EVAL_WINDOWS, WindowSpec
 from gap_engine.data import BUILTIN_SOURCES
 from gap_engine.errors import GapError, one_line
 from gap_engine.evaluate import EvalSettings
-from gap_engine.jobs import manager, prune_eval_task
+from gap_engine.jobs import manager, model_load_seconds, prune_eval_task
 from gap_engine.limits import LIMITS, check_windows
+from gap_engine.pipeline import prune_eval_stages
 from gap_engine.plan import RatePlan
 from gap_engine import figures
 from pages import common
@@ -35,6 +39,7 @@ DEFAULTS = {
     "eval_max_new_tokens": 24,
     "eval_save_checkpoint": True,
     "eval_metric": None,
+    "eval_compare": [],
 }
 table = common.table_page("eval_", DEFAULTS, "Prune & evaluate")
 ss = st.session_state
@@ -45,8 +50,8 @@ if ss["eval_allocator"] not in allocators:
     ss["eval_allocator"] = "dp"
 
 
-def start_run() -> None:
-    common.clear_message("eval")
+def eval_settings() -> EvalSettings:
+    """The evaluation the form describes."""
     windows = WindowSpec(
         data=",".join(ss["eval_sources"]) or APP_EVAL_WINDOWS.data,
         n_samples=int(ss["eval_samples"]),
@@ -54,17 +59,37 @@ def start_run() -> None:
         # The batch never changes a number; long windows go fewer at a time to stay within memory.
         batch_size=max(1, min(APP_EVAL_WINDOWS.batch_size, LIMITS.batch_tokens // int(ss["eval_seq_len"]))),
     )
-    try:
-        check_windows(windows.n_samples, windows.seq_len, windows.batch_size, ("Held-out samples", "Tokens per sample", "Batch size"))
-    except GapError as exc:
-        common.set_message("eval", "error", one_line(exc))
-        return
-    settings = EvalSettings(
+    return EvalSettings(
         windows=windows,
         throughput=bool(ss["eval_throughput"]),
         generations=int(ss["eval_generations"]),
         max_new_tokens=int(ss["eval_max_new_tokens"]),
     )
+
+
+def expected_run(settings: EvalSettings) -> Expectation:
+    """What the run the form describes is expected to take here, stage by stage (earlier runs
+    of this model in the history, and whether the model is in memory)."""
+    try:
+        records = history.runs()
+    except GapError:
+        records = []
+    allocator = ss["eval_allocator"] if ss["eval_allocator"] in ALLOCATORS else "manual"
+    mine = run_settings(asdict(table.spec.windows), asdict(settings), allocator)
+    stages = prune_eval_stages(settings, bool(ss["eval_save_checkpoint"]))
+    return run_expectation(table.model, mine, records, stages, model_load_seconds(table.model))
+
+
+def start_run() -> None:
+    common.clear_message("eval")
+    settings = eval_settings()
+    windows = settings.windows
+    try:
+        check_windows(windows.n_samples, windows.seq_len, windows.batch_size, ("Held-out samples", "Tokens per sample", "Batch size"))
+    except GapError as exc:
+        common.set_message("eval", "error", one_line(exc))
+        return
+    expected = expected_run(settings)
     allocator = ss["eval_allocator"]
     plan = planner_plan() if allocator == "dp" else None  # prune exactly what the planner shows
     if allocator == UPLOADED:
@@ -79,6 +104,8 @@ def start_run() -> None:
     task = prune_eval_task(
         table.model,
         settings,
+        expected.known,
+        expected.basis,
         table=table,
         budget=budget,
         allocator=allocator if plan is None else plan.allocator,
@@ -87,7 +114,8 @@ def start_run() -> None:
         checkpoint_dir=checkpoint_dir,
     )
     key = f"{table.key}|{allocator}|{budget:.4f}|{common.constraints_json(ss['app_constraints'])}|{settings}"
-    job = manager().submit("prune_eval", task, key=key, label=f"{allocator} at {budget:.1%}")
+    params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": budget}
+    job = manager().submit("prune_eval", task, key=key, label=f"{allocator} at {budget:.1%} of {table.model}", params=params)
     common.remember_job("prune_eval", job)
 
 
@@ -109,6 +137,39 @@ def delete_run(run_id: int) -> None:
         common.set_message("eval_history", "error", one_line(exc))
     else:
         common.set_message("eval_history", "success", f"Deleted run {run_id} and its checkpoint.")
+
+
+def speed_spread(throughput: dict) -> str | None:
+    """'prefill 1.31-1.55x, decode 1.02-1.20x over 5 repeats' when the repeats were kept."""
+    parts = [
+        f"{kind} {low:.2f}–{high:.2f}x" for kind in ("prefill", "decode") if (span := throughput.get(f"{kind}_speedup_range")) for low, high in [span]
+    ]  # fmt: skip
+    repeats = len(throughput.get("prefill_speedup_repeats") or [])
+    return f"Median of {repeats} interleaved repeats; range {', '.join(parts)}." if parts else None
+
+
+def compare_runs(run_ids: list[int]) -> None:
+    """Picked runs side by side with their changes against dense and against the first picked,
+    and their per-layer rates overlaid."""
+    ss["eval_compare"] = [i for i in ss["eval_compare"] if i in run_ids]
+    st.markdown("**Compare runs**")
+    st.multiselect(
+        "Runs to compare (the first one picked is the reference)", run_ids[::-1], key="eval_compare", format_func=lambda i: f"run {i}"
+    )
+    if not ss["eval_compare"]:
+        st.caption("Pick two or more runs to see them side by side.")
+        return
+    try:
+        by_id = {record.id: record for record in history.runs()}
+    except GapError as exc:
+        st.error(one_line(exc))
+        return
+    records = [by_id[i] for i in ss["eval_compare"] if i in by_id]
+    st.dataframe(runcompare.comparison_frame(records), hide_index=True, width="stretch", key="eval_compare_table")
+    rates = [
+        (runcompare.run_label(r), r.plan.get("attention_rates") or [], r.plan.get("mlp_rates") or []) for r in records if isinstance(r.plan, dict)
+    ]  # fmt: skip
+    st.plotly_chart(figures.runs_rates_figure(rates), key="eval_compare_rates", width="stretch", theme=None)
 
 
 # ---- what to run ---------------------------------------------------------------------------------
@@ -145,6 +206,7 @@ with right:
     c1.toggle("Time throughput", key="eval_throughput")
     c2.toggle("Save checkpoint", key="eval_save_checkpoint", help="Saves the pruned model under the cache; needed to download it on the Export page")
 
+common.expected_caption(expected_run(eval_settings()), "run")
 common.job_controls("prune_eval", "Prune and evaluate", "eval_run", start_run, ":material/play_arrow:", "Prune & evaluate", "eval", type="primary")
 
 # ---- the latest run ------------------------------------------------------------------------------
@@ -184,6 +246,7 @@ if result:
             "Prefill speed vs dense",
             f"{throughput.get('prefill_speedup', float('nan')):.2f}x",
             f"decode {throughput.get('decode_speedup', float('nan')):.2f}x",
+            help=speed_spread(throughput),
             delta_color="off",
             delta_arrow="off",
         )
@@ -243,8 +306,9 @@ else:
         with c2:
             st.markdown("**Predicted vs actual loss increase**")
             st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch", theme=None)
-    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
     run_ids = [int(i) for i in frame["id"]]
+    compare_runs(run_ids)
+    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
     if ss.get("eval_delete_id") not in run_ids:
         ss["eval_delete_id"] = run_ids[-1]
     c1.selectbox("Run", run_ids[::-1], key="eval_delete_id", format_func=lambda i: f"run {i}")

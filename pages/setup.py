@@ -16,8 +16,10 @@ from gap_engine.device import DTYPE_CHOICES, DeviceSpec, available_devices
 from gap_engine.errors import DataError, GapError, one_line
 from gap_engine.fsutil import atomic_write_bytes, cache_root
 from gap_engine.config import APP_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, DEFAULT_MODEL, OBJECTIVES, WindowSpec
-from gap_engine.jobs import manager, table_task
+from gap_engine.buildtime import Expectation, table_expectation
+from gap_engine.jobs import manager, model_load_seconds, table_task
 from gap_engine.limits import LIMITS, check_at_most, check_file_size, check_windows
+from gap_engine.pipeline import table_stages
 from gap_engine.models import BUILTIN_MODELS
 from gap_engine.tables import TableSpec, parse_rate_grid
 from pages import common
@@ -129,7 +131,14 @@ def start_build() -> None:
         address = os.environ[RAY_ADDRESS_ENV]
         cells = RayCells(RaySettings(address=None if address == "local" else address))
     job_key = name + "|" + json.dumps(spec.summary(), sort_keys=True) + f"|{device}"
-    job = manager().submit("table", table_task(name, spec, device, cells), key=job_key, label=f"loss table for {name}")
+    expected = expected_build(name, spec)
+    job = manager().submit(
+        "table",
+        table_task(name, spec, device, cells, expected.known, expected.basis),
+        key=job_key,
+        label=f"{spec.estimator} table of {name}",
+        params={"model": name, "spec": spec.to_dict(), "device": str(device)},
+    )
     common.remember_job("table", job)
 
 
@@ -172,6 +181,33 @@ def show_prediction() -> None:
         return
     if lines is not None:
         st.caption("  \n".join(lines[:2]), help="\n\n".join(lines[2:]))
+
+
+def expected_build(name: str, spec: TableSpec) -> Expectation:
+    """What building ``spec`` for ``name`` is expected to take here, stage by stage.
+
+    From this machine's earlier builds (the stage times in the table cache) and whether the
+    model is in memory. This is the hook for a cost model: when one can price the work from
+    the model's shape and the device (issue 12's ``gap_engine.costmodel.estimate_build``),
+    fill the stages this returns as unknown from it and name it in ``basis``.
+    """
+    try:
+        rows = cache.list_tables()
+    except GapError:
+        rows = []
+    return table_expectation(name, spec.summary(), rows, table_stages(spec), model_load_seconds(name))
+
+
+def show_expected_time() -> None:
+    """The expected time of the build the form describes, shown before Build is pressed."""
+    name = model_name()
+    try:
+        spec = spec_from_widgets()
+    except GapError:
+        return  # the Build button says what is wrong
+    if not name:
+        return
+    common.expected_caption(expected_build(name, spec), "build")
 
 
 def load_cached(key: str) -> None:
@@ -324,6 +360,7 @@ with right:
 
     show_prediction()
 
+    show_expected_time()
     common.job_controls(
         "table",
         "Build table",

@@ -444,7 +444,7 @@ def write_table(tmp_path, text) -> str:
     "args, table_kind, message",
     [
         (["--budget", "0.2"], "malformed", "not valid JSON"),
-        (["--budget", "0.2"], "truncated", "malformed loss table"),
+        (["--budget", "0.2"], "truncated", "loss table num_layers must be an integer"),
         (["--budget", "0.2"], "missing", "cannot read loss table"),
         (["--budget", "0.2"], "other-model", "fingerprint"),
         (["--budget", "0.75"], "good", "out of reach for dp"),

@@ -68,8 +68,10 @@ def cached_table(fresh_cache, tiny_table, smol):
     return tiny_table
 
 
-def start(page: str | None = None) -> AppTest:
+def start(page: str | None = None, query: dict | None = None) -> AppTest:
+    """A new session of the app (opened at a URL with the query string ``query``), on ``page``."""
     at = AppTest.from_file(APP, default_timeout=240)
+    at.query_params.update(query or {})
     at.run()
     if page:
         at.switch_page(page)
@@ -182,14 +184,19 @@ def test_setup_builds_in_the_background_then_loads_from_the_cache(fresh_cache):
     assert any("most recent cached table" in t for t in texts(again.info))
 
 
-def test_setup_cancel_stops_the_job_with_a_warning(fresh_cache):
-    at = start()
+def start_exact_build(at: AppTest):
+    """Press Build for an exact table on 4 x 64 tokens (long enough to act on while it runs); its job."""
     at.radio(key="setup_estimator").set_value("exact")
     at.selectbox(key="setup_builtin_data").set_value("news-sample")
     at.number_input(key="setup_samples").set_value(4)
     at.number_input(key="setup_seq_len").set_value(64)
     at.button(key="setup_build").click().run()
-    job = job_of(at, "table")
+    return job_of(at, "table")
+
+
+def test_setup_cancel_stops_the_job_with_a_warning(fresh_cache):
+    at = start()
+    job = start_exact_build(at)
     assert job.active
     at.button(key="app_cancel_table").click().run()
     assert job.wait(120)

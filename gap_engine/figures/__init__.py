@@ -24,7 +24,7 @@ from .front_figures import (
     row_basis,
     step_readout,
 )
-from .run_figures import history_figure, predicted_vs_actual_figure
+from .run_figures import history_figure, predicted_vs_actual_figure, runs_rates_figure
 from .style import (
     ATTN_COLOR,
     BASELINE_COLORS,
@@ -84,6 +84,7 @@ __all__ = [
     "rate_traces",
     "rates_figure",
     "row_basis",
+    "runs_rates_figure",
     "sensitivity_figure",
     "step_readout",
 ]

@@ -66,3 +66,45 @@ def predicted_vs_actual_figure(frame) -> go.Figure:
         yaxis_title="measured increase, calibration (nats/token)",
     )
     return fig
+
+
+RUN_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#9D755D", "#333333")
+
+
+def runs_rates_figure(runs: list[tuple[str, list[float], list[float]]]) -> go.Figure:
+    """The per-layer rates of several runs overlaid: attention on the left, MLP on the right.
+
+    Args:
+        runs: (label, attention rates, MLP rates) per run, one colour each.
+    """
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06, subplot_titles=("attention", "MLP"))
+    for i, (label, attention, mlp) in enumerate(runs):
+        color = RUN_COLORS[i % len(RUN_COLORS)]
+        for col, rates in ((1, attention), (2, mlp)):
+            fig.add_trace(
+                go.Scatter(
+                    x=list(range(len(rates))),
+                    y=[100 * r for r in rates],
+                    mode="lines+markers",
+                    name=label,
+                    legendgroup=label,
+                    showlegend=col == 1,
+                    line=dict(color=color, width=2, shape="hvh"),
+                    marker=dict(size=6, color=color),
+                    hovertemplate=f"{label}<br>layer %{{x}}: %{{y:.1f}}%<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_layout(
+        template=TEMPLATE,
+        height=360,
+        margin=dict(t=40, b=50, l=60, r=20),
+        legend=dict(orientation="h", yanchor="bottom", y=-0.35, x=0),
+    )
+    fig.update_xaxes(title_text="layer", dtick=5)
+    fig.update_yaxes(title_text="rate (% of the component removed)", range=[0, 100], row=1, col=1)
+    fig.update_yaxes(range=[0, 100], row=1, col=2)
+    return fig

@@ -8,7 +8,7 @@ background jobs do. The CLI, the jobs and the benchmarks call these.
 
 from .compare import Outcome, Reference, compare, heldout_sets, measure_plan, reference_numbers
 from .iterative import IterativeResult, PlanRound, iterative_prune
-from .runs import baseline_rows, prune_and_evaluate
+from .runs import baseline_rows, prune_and_evaluate, prune_eval_stages
 from .stages import (
     dense_reference,
     importance_for,
@@ -17,6 +17,7 @@ from .stages import (
     plan_for,
     prune_with_plan,
     pruned_copy,
+    table_stages,
 )
 
 __all__ = [
@@ -35,7 +36,9 @@ __all__ = [
     "objective_increase",
     "plan_for",
     "prune_and_evaluate",
+    "prune_eval_stages",
     "prune_with_plan",
     "pruned_copy",
     "reference_numbers",
+    "table_stages",
 ]

@@ -22,9 +22,10 @@ from ..evaluate import EvalSettings, evaluate
 from ..importance import compute_importance
 from ..models import LoadedModel
 from ..plan import RatePlan
-from ..progress import CancelToken, check_cancelled
+from ..interrupt import cancel_checks, run_unless_cancelled
+from ..progress import GENERATE, HELD_OUT, LOAD_MODEL, MEASURE, PLAN, PRUNE, SAVE, THROUGHPUT, CancelToken, StageFn, StageTimer, check_cancelled
 from ..tables import LossTable
-from .stages import objective_increase, plan_for, pruned_copy
+from .stages import objective_increase, plan_for, prune_with_plan
 
 StepFn = Callable[[str, int, int], None]  # (message, steps done, steps total)
 
@@ -87,7 +88,16 @@ def _run_params(calib: WindowSpec, report: dict, objective: str, constraints: Co
         "eval": report.get("settings", {}),
         "objective": objective,
         "constraints": None if constraints is None else constraints.to_dict(),
+        "throughput": report.get("throughput"),  # with every repeat, for the spread
     }
+
+
+def prune_eval_stages(eval_settings: EvalSettings, checkpoint: bool) -> tuple[str, ...]:
+    """The stages of a prune-and-evaluate job in order, from loading the dense model."""
+    stages = [LOAD_MODEL, PLAN, PRUNE, MEASURE, HELD_OUT]
+    stages += [THROUGHPUT] if eval_settings.throughput else []
+    stages += [GENERATE] if eval_settings.generations else []
+    return tuple(stages + ([SAVE] if checkpoint else []))
 
 
 def _chosen_plan(dense, table, budget, allocator, constraints, plan) -> RatePlan:
@@ -101,6 +111,23 @@ def _chosen_plan(dense, table, budget, allocator, constraints, plan) -> RatePlan
     return plan_for(planner_lm, table, budget, allocator, constraints or Constraints())
 
 
+_STOPPED = "prune and evaluate cancelled"
+
+
+def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at) -> tuple[float, dict]:
+    """The measured objective increase on the calibration windows, then the held-out report;
+    evaluate's own progress lines become stages through ``at``."""
+
+    def evaluation_step(message: str) -> None:
+        at(THROUGHPUT if message.startswith("throughput") else GENERATE if message.startswith("generating") else HELD_OUT)
+
+    with cancel_checks(dense, cancel, _STOPPED), cancel_checks(pruned, cancel, _STOPPED):
+        windows = run_unless_cancelled(lambda: calibration_windows(dense.tokenizer, calib), cancel, f"{_STOPPED} while reading the text")
+        actual = objective_increase(pruned, dense, windows, objective, calib.batch_size)
+        report = evaluate(pruned, dense, eval_settings, progress=evaluation_step).to_dict()
+    return actual, report
+
+
 def prune_and_evaluate(
     dense: LoadedModel,
     eval_settings: EvalSettings,
@@ -112,7 +139,7 @@ def prune_and_evaluate(
     plan: RatePlan | None = None,
     checkpoint_dir: str | Path | None = None,
     history_path: str | Path | None = None,
-    step: StepFn | None = None,
+    stage: StageFn | None = None,
     cancel: CancelToken | None = None,
 ) -> dict:
     """Plan (or take ``plan``), prune a copy of ``dense``, measure it, save it, record the run.
@@ -126,48 +153,46 @@ def prune_and_evaluate(
         plan: a ready RatePlan (e.g. an uploaded one) instead of planning.
         checkpoint_dir: where to save the pruned checkpoint; None: not saved.
         history_path: the history database; None: the default under the cache root.
-        step: told (message, stage index, stages) as each stage starts.
-        cancel: polled between stages and by evaluation.
+        stage: told each stage's name as it starts (`prune_eval_stages`, after loading); cancel:
+            polled at every decoder block of both models (``interrupt``) and between stages.
     Returns:
         A JSON-ready dict: run_id, plan, report, predicted_loss, predicted_basis (table.basis; None
-        without a table), actual_loss, objective, checkpoint, seconds, params_before, params_after.
+        without a table), actual_loss, objective, checkpoint, seconds, stage_seconds, params_before/after.
     """
-    stages, started = 6, time.perf_counter()
+    started, timer = time.perf_counter(), StageTimer(stage)
 
-    def at(message: str, index: int) -> None:
-        check_cancelled(cancel, f"prune and evaluate cancelled while {message}")
-        if step:
-            step(message, index, stages)
+    def at(name: str) -> None:
+        check_cancelled(cancel, f"prune and evaluate cancelled before the {name} stage")
+        timer(name)
 
-    at("planning", 1)
+    at(PLAN)
     plan = _chosen_plan(dense, table, budget, allocator, constraints, plan)
     calib = table.spec.windows if table is not None else WindowSpec()
-    at("pruning a copy (importance scores, surgery)", 2)
-    pruned, result = pruned_copy(dense, plan, calib, cancel=cancel)
-    at("measuring the loss increase on the calibration windows", 3)
+    at(PRUNE)
+    pruned = run_unless_cancelled(dense.copy, cancel, f"{_STOPPED} while copying the model")
+    with cancel_checks(pruned, cancel, f"{_STOPPED} while pruning"):
+        result = prune_with_plan(pruned, plan, calib, cancel=cancel)
+    at(MEASURE)
     objective = table.spec.objective if table is not None else "nll"
-    actual = objective_increase(pruned, dense, calibration_windows(dense.tokenizer, calib), objective, calib.batch_size)
-    at("evaluating", 4)
-    report = evaluate(pruned, dense, eval_settings, progress=lambda message: at(f"evaluating: {message}", 4)).to_dict()
+    actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at)
     checkpoint = None
     if checkpoint_dir is not None:
-        at("saving the checkpoint", 5)
+        at(SAVE)
         checkpoint = str(save_pruned(pruned, plan, result.kept_indices(), checkpoint_dir))
+    stage_seconds = timer.finish()
     record = history.RunRecord.from_report(
         plan.to_dict(),
         report,
         allocator=plan.allocator,
         table_key=plan.table_key or (table.key if table is not None else None),
         budget=plan.budget,
-        params=_run_params(calib, report, objective, constraints),
+        params=_run_params(calib, report, objective, constraints) | {"stage_seconds": stage_seconds},
         predicted_loss=plan.predicted_loss,
         actual_loss=float(actual) if actual is not None and math.isfinite(actual) else None,
         checkpoint=checkpoint,
         seconds=time.perf_counter() - started,
     )
     run_id = history.record_run(record, history_path)
-    if step:
-        step("done", stages, stages)
     return {
         "run_id": run_id,
         "plan": plan.to_dict(),
@@ -178,6 +203,7 @@ def prune_and_evaluate(
         "objective": objective,
         "checkpoint": checkpoint,
         "seconds": record.seconds,
+        "stage_seconds": stage_seconds,
         "params_before": result.params_before,
         "params_after": result.params_after,
     }

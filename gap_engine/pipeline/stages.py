@@ -21,18 +21,13 @@ from ..errors import ModelLoadError
 from ..importance import ImportanceScores, compute_importance
 from ..models import LoadedModel, load_model
 from ..plan import RatePlan
-from ..progress import CancelToken, ProgressFn, StageFn
+from ..interrupt import cancel_checks, run_unless_cancelled
+from ..progress import GRADIENT_PASS, CELLS, DENSE_PASS, LOAD_MODEL, READ_TEXT, SCORE_UNITS, CancelToken, ProgressFn, StageFn, StageTimer
 from ..surgery import PruneResult, apply_plan
 from ..tables import LossTable, TableSpec, measure_table, table_key
 from ..tables.cells import objective_positions, objective_sum
 
 log = logging.getLogger(__name__)
-
-
-def _say(stage: StageFn | None, message: str) -> None:
-    if stage is not None:
-        stage(message)
-    log.info(message)
 
 
 # ---- windows and scores ------------------------------------------------------------------
@@ -69,22 +64,30 @@ def loss_table(
         lm: the dense model (an exact build masks its weights cell by cell, restoring them).
         spec: what to measure.
         progress: (done, total, eta_seconds) after every cell or batch; never called on a cache hit.
-        cancel: an object with ``is_set()``, polled between cells and batches.
+        cancel: an object with ``is_set()``, polled at every decoder block (``interrupt``);
+            reading the text stops being waited for at once.
         use_cache: False neither reads nor writes the cache (nor partial cells).
-        stage: told the name of each stage as it starts.
+        stage: told the name of each stage as it starts (``table_stages``, after loading);
+            their times go into the cache entry's metadata.
         cells: who measures exact cells (``tables.distributed.RayCells``); default: this process.
     Raises:
         TableError: a bad spec. CancelledError: cancelled. DataError: unusable text source.
     """
     spec.validate()
-    _say(stage, f"reading the calibration text {spec.windows.data}")
-    data_fingerprint = load_corpus(spec.windows.data).fingerprint
+    timer = StageTimer(stage)
+    timer(READ_TEXT)
+    log.info("reading the calibration text %s", spec.windows.data)
+    data_fingerprint = run_unless_cancelled(
+        lambda: load_corpus(spec.windows.data).fingerprint, cancel, "loss table build cancelled while reading the text", "gap-read-text"
+    )
     key = table_key(lm, spec, data_fingerprint)
 
     def measure(partial):
-        windows = calibration_windows(lm.tokenizer, spec.windows)
-        _say(stage, f"{spec.estimator} table: scoring units and measuring cells")
-        return measure_table(lm, spec, windows, progress, cancel, partial, key, data_fingerprint, cells=cells)
+        windows = run_unless_cancelled(
+            lambda: calibration_windows(lm.tokenizer, spec.windows), cancel, "loss table build cancelled while reading the text"
+        )
+        with cancel_checks(lm, cancel, f"loss table build cancelled during the {spec.estimator} measurement"):
+            return measure_table(lm, spec, windows, progress, cancel, partial, key, data_fingerprint, stage=timer, cells=cells)
 
     if not use_cache:
         return measure(None)
@@ -94,8 +97,14 @@ def loss_table(
             log.info("loss table %s read from the cache", key)
             return cached
         table = measure(PartialCells(key))
-        put_table(table)
+        put_table(table, stage_seconds=timer.finish())
         return table
+
+
+def table_stages(spec: TableSpec) -> tuple[str, ...]:
+    """The stages of a table job in order, from loading the model (``progress`` names)."""
+    measured = (DENSE_PASS, CELLS) if spec.estimator == "exact" else (GRADIENT_PASS,)
+    return (LOAD_MODEL, READ_TEXT, SCORE_UNITS) + measured
 
 
 # ---- the plan ------------------------------------------------------------------------------

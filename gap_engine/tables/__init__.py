@@ -19,7 +19,7 @@ from ..data import text_start
 from ..device import CPU_FP32, is_streamed, placement_of, resolve
 from ..errors import TableError
 from ..importance import compute_importance
-from ..progress import CancelToken, ProgressFn
+from ..progress import CELLS, DENSE_PASS, GRADIENT_PASS, SCORE_UNITS, CancelToken, ProgressFn, StageFn
 from .artefact import TABLE_FORMAT_VERSION, Filled, LossTable, TableSpec, isotonic_smooth, parse_rate_grid, removed_table, table_components, table_key
 from .cells import objective_positions
 from .estimate import estimate_cells
@@ -94,6 +94,7 @@ def measure_table(
     key: str = "",
     data_fingerprint: str = "",
     cells=None,
+    stage: StageFn | None = None,
 ) -> LossTable:
     """Build a table on given windows, with no cache (``pipeline.loss_table`` adds it).
 
@@ -112,12 +113,16 @@ def measure_table(
         cells: who measures exact cells, with ``exact.measure_exact``'s signature (e.g.
             ``tables.distributed.RayCells``); default: this process, resident or streamed
             as the model is placed.
+        stage: told each stage as it starts (``progress``'s names: score units, then the
+            dense pass and the cells, or the gradient pass; refine's cells count within it).
     """
     spec.validate()
     if is_streamed(lm) and spec.estimator != "exact":
         raise TableError(f"estimator '{spec.estimator}' needs gradients through the whole model at once; with --stream use --estimator exact")
     started, cpu_started = time.perf_counter(), time.process_time()
     components = table_components(lm.num_layers, spec.mode)
+    stage = stage or (lambda name: None)
+    stage(SCORE_UNITS)
     scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size, cancel=cancel)
     start = text_start(lm.tokenizer, windows)
     tokens = np.full((len(components), len(spec.rate_grid)), objective_positions(windows, spec.objective, start), dtype=np.int64)
@@ -125,11 +130,14 @@ def measure_table(
     estimate = None
     if spec.estimator == "exact":
         measure = cells or (measure_exact_streamed if is_streamed(lm) else measure_exact)
-        objective, dense, stats = measure(lm, spec, windows, scores, components, progress, cancel, partial)
+        stage(DENSE_PASS)
+        objective, dense, stats = measure(lm, spec, windows, scores, components, _cells_start(progress, stage), cancel, partial)
         measured = np.ones(tokens.shape, dtype=bool)
     elif spec.estimator == "refine":
+        stage(GRADIENT_PASS)  # its estimate's batches, then the cells it measures (one stage: its total grows)
         objective, dense, stats, measured, estimate = refine_cells(lm, spec, windows, scores, components, progress, cancel, partial)
     else:
+        stage(GRADIENT_PASS)
         objective, dense, stats = estimate_cells(lm, spec, windows, scores, components, progress, cancel)
         measured = np.zeros(tokens.shape, dtype=bool)
     if placement_of(lm) != resolve(CPU_FP32):  # tables built the old way keep their exact extras
@@ -141,3 +149,18 @@ def measure_table(
     )
     log.info("loss table %s: %d x %d cells in %.1f s", key or "(uncached)", *table.delta.shape, table.build_seconds)
     return table
+
+
+def _cells_start(progress: ProgressFn | None, stage: StageFn) -> ProgressFn:
+    """``progress`` that announces the cells stage at its first call: ``measure_exact``
+    reports (cells already measured, cells, None) once, as its dense pass ends."""
+    started = []
+
+    def report(done: int, total: int, eta: float | None = None) -> None:
+        if not started:
+            started.append(True)
+            stage(CELLS)
+        if progress is not None:
+            progress(done, total, eta)
+
+    return report

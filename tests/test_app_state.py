@@ -1,0 +1,129 @@
+"""The explorer's state across reloads and tabs, and the progress of its jobs (Streamlit's AppTest).
+
+A reload is a new session given the URL the old one left (``AppTest.query_params``): it opens
+the table the user had, not the newest cached one, and attaches to a running build with its
+form filled in. Jobs belong to the server: a tab that did not start a job lists it in the
+sidebar, can watch it and can cancel it. The real SmolLM2-135M runs every job.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from gap_engine.config import WindowSpec
+from gap_engine.jobs import manager
+from gap_engine.pipeline import loss_table
+from gap_engine.tables import TableSpec
+from test_app import cached_table, fresh_cache, start, start_exact_build, texts, tiny_table  # noqa: F401
+from streamlit.testing.v1 import AppTest
+
+pytestmark = pytest.mark.slow  # the real built-in model behind every job
+
+OTHER_SPEC = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=8), estimator="taylor", rate_grid=(0.0, 0.5))
+
+
+def reload(at: AppTest, page: str | None = None) -> AppTest:
+    """A new session opened at the URL ``at`` shows (a reload, or the link pasted in a second tab)."""
+    return start(page, query=at.query_params)
+
+
+def progress_texts(at: AppTest) -> list[str]:
+    return [el.proto.text for el in at.get("progress")]
+
+
+def test_the_url_keeps_the_table_and_budget_the_user_had(cached_table, smol):
+    newer = loss_table(smol, OTHER_SPEC)  # now the newest table in the cache
+    at = start()
+    assert at.session_state["app_table"].key == newer.key  # no URL: the newest cached table
+    at.selectbox(key="setup_cached_key").set_value(cached_table.key).run()
+    at.button(key="setup_load").click().run()
+    assert at.session_state["app_table"].key == cached_table.key
+    assert at.query_params["table"] == cached_table.key
+    budget = float(at.query_params["budget"])
+    assert budget == at.session_state["app_budget"]
+
+    again = reload(at)
+    assert again.session_state["app_table"].key == cached_table.key  # the user's table, not the newest
+    assert again.session_state["app_budget"] == budget
+    assert not any("most recent cached table" in t for t in texts(again.info))
+
+    at.query_params.update(table="no-such-table")
+    broken = reload(at)
+    assert any("no-such-table from the link is not in the cache" in t for t in texts(broken.warning)), texts(broken.warning)
+    assert broken.session_state["app_table"] is None  # not silently another table
+
+
+def test_a_reload_and_a_second_tab_see_the_running_build_and_can_cancel_it(fresh_cache):
+    at = start()
+    job = start_exact_build(at)
+    assert job.active and at.query_params["jobs"] == job.id
+
+    # From the first second: the stage it is in, out of all of them, before any cell is measured.
+    shown = progress_texts(at)
+    assert any("stage 1 of 5, load model" in t or "stage 2 of 5, read text" in t for t in shown), shown
+    assert job.snapshot()["stages"] == ["load model", "read text", "score units", "dense pass", "cells"]
+
+    # A reload: the same job is watched again and the form shows its settings.
+    again = reload(at)
+    assert again.session_state["app_jobs"]["table"] == job.id
+    assert again.radio(key="setup_estimator").value == "exact"
+    assert again.number_input(key="setup_seq_len").value == 64
+    assert any(t == "this tab's" for t in texts(again.caption))  # the sidebar lists it as this tab's job
+    assert any(t.startswith("Building the loss table: stage") and "elapsed" in t for t in progress_texts(again)), progress_texts(again)
+
+    # A second tab with no link: the sidebar lists the job; Watch attaches to it.
+    other = start()
+    assert "table" not in other.session_state["app_jobs"]
+    assert any("Running jobs (all tabs)" in t for t in texts(other.caption))
+    other.button(key=f"app_watch_{job.id}").click().run()
+    assert other.session_state["app_jobs"]["table"] == job.id
+
+    # Cancel from the second tab, once the build is past loading the model.
+    deadline = time.monotonic() + 240
+    while job.active and job.snapshot()["stage_index"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job.active, job.snapshot()
+    other.button(key="app_cancel_table").click().run()
+    assert job.snapshot()["cancelling"] or not job.active
+    assert job.wait(120)
+    again.run()
+    assert job.status == "cancelled"
+    warnings = texts(again.warning)
+    assert any("was cancelled during" in t and "after the request" in t for t in warnings), warnings
+    assert "jobs" not in again.query_params  # nothing runs any more
+    manager().forget(job.id)
+
+
+def test_runs_compared_side_by_side_with_changes_and_kept_in_the_url(cached_table, smol):
+    from gap_engine import history
+    from gap_engine.allocate import plan_from_table
+
+    ids = []
+    for allocator, budget, ppl, ratios in (("dp", 0.2, 12.0, [1.1, 1.3, 1.2]), ("uniform", 0.2, 15.0, None)):
+        plan = plan_from_table(smol, cached_table, budget, allocator)
+        throughput = {"prefill_speedup_repeats": ratios, "prefill_speedup_range": [min(ratios), max(ratios)]} if ratios else None
+        record = history.RunRecord(
+            model=smol.name, allocator=allocator, plan=plan.to_dict(), table_key=cached_table.key, budget=budget,
+            params={"throughput": throughput}, dense_params=100, pruned_params=80,
+            perplexity={"wiki-sample": ppl}, dense_perplexity={"wiki-sample": 10.0}, kl={"wiki-sample": 0.1},
+            prefill_speedup=1.2 if ratios else None, seconds=30.0,
+        )  # fmt: skip
+        ids.append(history.record_run(record))
+    at = start("pages/evaluate.py")
+    at.multiselect(key="eval_compare").set_value(ids).run()
+    assert not at.exception
+    frame = next(df.value for df in at.dataframe if "measure" in df.value.columns)
+    row = frame.set_index("measure").loc["perplexity (wiki-sample)"]
+    assert row["dense"] == "10.000"
+    assert row[f"run {ids[0]}"] == "12.000 (+20.0% vs dense)"
+    assert row[f"run {ids[1]}"] == f"15.000 (+50.0% vs dense, +25.0% vs run {ids[0]})"
+    speed = frame.set_index("measure").loc["prefill speed vs dense"]
+    assert speed[f"run {ids[0]}"] == "1.20x (1.10–1.30x over 3 repeats)"
+    rates = [json.loads(el.proto.spec) for el in at.get("plotly_chart") if "run " in el.proto.spec and "attention" in el.proto.spec]
+    assert rates and len(rates[0]["data"]) == 4  # two runs x (attention, MLP)
+    assert at.query_params["runs"] == f"{ids[0]},{ids[1]}"
+    again = reload(at, "pages/evaluate.py")
+    assert again.multiselect(key="eval_compare").value == ids
