@@ -92,7 +92,7 @@ def cmd_prune(args) -> int:
     if plan is None:
         plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple)
     result = prune_with_plan(lm, plan, calibration_from(args), stderr_progress("importance"))
-    save_pruned(lm, result, args.out)
+    save_pruned(lm, result, args.out, dtype=args.dtype)
     summary = {
         "out": str(args.out),
         "params_before": result.params_before,
@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--criterion", default="wanda", choices=["magnitude", "wanda", "flap", "taylor"])
     p.add_argument("--channel-multiple", type=int, default=8)
     p.add_argument("--out", required=True, help="output folder (replaced atomically)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="storage precision of the weights")
     p.add_argument("--json", action="store_true")
     add_calibration_args(p)
     p.set_defaults(func=cmd_prune)

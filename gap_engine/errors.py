@@ -40,3 +40,7 @@ class CacheError(GapError):
 
 class CancelledError(GapError):
     """Long work was cancelled by its caller."""
+
+
+class ExportError(GapError):
+    """A checkpoint or model cannot be written in the requested deployment format."""

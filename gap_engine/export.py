@@ -40,12 +40,22 @@ def save_plan(plan: RatePlan, path: str | Path) -> Path:
     return plan.save(path)
 
 
-def save_pruned(lm: LoadedModel, result: PruneResult, out_dir: str | Path) -> Path:
-    """Write the pruned model, its plan and kept indices to ``out_dir`` (replaced atomically)."""
+def save_pruned(
+    lm: LoadedModel, result: PruneResult, out_dir: str | Path, dtype: str = "bfloat16", eval_report: dict | None = None
+) -> Path:
+    """Write the pruned model, its plan and kept indices to ``out_dir`` (replaced atomically).
+
+    ``dtype`` is the storage precision (see ``deploy``); ``eval_report`` goes into the model card.
+    """
+    from .deploy import cast_state_dict, dtype_name, finish_checkpoint, parse_dtype, set_config_dtype, stored_fingerprint
+
     out_dir = Path(out_dir)
     widths = current_widths(lm)
+    state = cast_state_dict(lm.model, dtype)
+    fingerprint = stored_fingerprint(state)
     with atomic_directory(out_dir) as tmp:
-        lm.model.save_pretrained(tmp)
+        lm.model.save_pretrained(tmp, state_dict=dict(state))  # a copy: saving pops the dict's entries
+        set_config_dtype(tmp, dtype)
         lm.tokenizer.save_pretrained(tmp)
         config_path = tmp / "config.json"
         config = json.loads(config_path.read_text())
@@ -58,11 +68,13 @@ def save_pruned(lm: LoadedModel, result: PruneResult, out_dir: str | Path) -> Pa
             "format_version": CHECKPOINT_FORMAT_VERSION,
             "base_model": result.plan.model,
             "base_fingerprint": result.plan.model_fingerprint,
-            "fingerprint": lm.fingerprint,
+            "fingerprint": fingerprint,
             "param_count": lm.param_count(),
             "widths": widths,
+            "dtype": dtype_name(parse_dtype(dtype)),
         }
         (tmp / PRUNED_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        finish_checkpoint(tmp, result.plan, marker, eval_report, out_dir.name)
     log.info("saved pruned checkpoint to %s", out_dir)
     return out_dir
 
@@ -85,9 +97,13 @@ def _narrow_to_widths(lm_adapter, model, widths: list[dict]) -> None:
             prune_mlp_(lm_adapter, layer, list(range(channels)))
 
 
-def load_pruned(folder: str | Path) -> LoadedModel:
+def load_pruned(folder: str | Path, dtype: str | None = None) -> LoadedModel:
     """Rebuild a checkpoint written by ``save_pruned``.
 
+    Args:
+        folder: the checkpoint folder.
+        dtype: None (default) builds float32 whatever the storage precision, because the
+            engine computes in float32; "auto" keeps the stored precision; or a dtype name.
     Raises:
         ModelLoadError: missing or inconsistent files, or tensors that do not match.
     """
@@ -97,6 +113,7 @@ def load_pruned(folder: str | Path) -> LoadedModel:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from .adapters import adapter_for
+    from .deploy import dtype_name, stored_fingerprint
 
     folder = Path(folder)
     try:
@@ -106,6 +123,8 @@ def load_pruned(folder: str | Path) -> LoadedModel:
         raise ModelLoadError(f"{folder} is not a readable gap checkpoint: {exc}") from None
     if marker.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         raise ModelLoadError(f"{folder}: checkpoint format {marker.get('format_version')} is not supported")
+    # auto_map points transformers at the folder's remote code; gap narrows the blocks itself.
+    config_dict.pop("auto_map", None)
     per_layer = config_dict.pop("per_layer_config", None)
     if not per_layer:
         raise ModelLoadError(f"{folder}/config.json has no per_layer_config")
@@ -116,7 +135,7 @@ def load_pruned(folder: str | Path) -> LoadedModel:
     config = CONFIG_MAPPING[model_type].from_dict(config_dict)
     adapter = adapter_for(config)
     with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=_load_dtype(dtype, marker))
     _narrow_to_widths(adapter, model, widths)
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
@@ -145,9 +164,21 @@ def load_pruned(folder: str | Path) -> LoadedModel:
         "plan": plan.to_dict() if plan else None,
     }
     lm = _finish(model, tokenizer, str(folder), str(folder), pruned_from=pruned_from)
-    if marker.get("fingerprint") and marker["fingerprint"] != lm.fingerprint:
-        raise ModelLoadError(f"{folder}: weights fingerprint {lm.fingerprint} differs from the recorded {marker['fingerprint']}")
+    # Recorded as the float32 view of the stored weights (deploy.stored_fingerprint); a model
+    # built in a narrower dtype than stored has rounded them, so there is nothing to compare.
+    if model.dtype == torch.float32 or dtype_name(model.dtype) == marker.get("dtype", "float32"):
+        loaded = lm.fingerprint if model.dtype == torch.float32 else stored_fingerprint(model.state_dict())
+        if marker.get("fingerprint") and marker["fingerprint"] != loaded:
+            raise ModelLoadError(f"{folder}: weights fingerprint {loaded} differs from the recorded {marker['fingerprint']}")
     return lm
+
+
+def _load_dtype(dtype: str | None, marker: dict) -> torch.dtype:
+    from .deploy import parse_dtype
+
+    if dtype is None:
+        return torch.float32
+    return parse_dtype(marker.get("dtype", "float32") if dtype == "auto" else dtype)
 
 
 def write_kept_indices(result: PruneResult, path: str | Path) -> Path:

@@ -162,8 +162,13 @@ def weights_fingerprint(model: nn.Module) -> str:
     Hashing all 500 MB of a model's bytes costs seconds; a sample of ~4k values per tensor plus
     its shape tells any two real checkpoints apart and takes milliseconds.
     """
+    return state_fingerprint(model.state_dict())
+
+
+def state_fingerprint(state: dict[str, torch.Tensor]) -> str:
+    """``weights_fingerprint`` of a state dict (e.g. the weights as a checkpoint stores them)."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(state.items()):
         flat = tensor.detach().reshape(-1)
         stride = max(1, flat.numel() // 4096)
         sample = flat[::stride].to(torch.float32).contiguous()
