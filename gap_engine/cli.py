@@ -177,9 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extra_commands():
     """Subcommand groups that live beside the stages they drive."""
-    from . import cli_planning, cli_tables
+    from . import cli_export, cli_planning, cli_tables
 
-    return [cli_tables.register, cli_planning.register]
+    return [cli_tables.register, cli_planning.register, cli_export.register]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -523,7 +523,7 @@ def prune_eval_task(
         checkpoint = None
         if checkpoint_dir is not None:
             ctx.stage("saving the checkpoint", 5, stages)
-            checkpoint = str(save_pruned(pruned, result, checkpoint_dir))
+            checkpoint = str(save_pruned(pruned, result, checkpoint_dir, eval_report=report))
         seconds = time.perf_counter() - started
         plan_dict = chosen.to_dict()
         record = history.RunRecord.from_report(

@@ -50,14 +50,14 @@ def _fmt(value, digits: int = 3) -> str:
 
 def _plan_table(plan, widths: list[dict], dense: dict) -> list[str]:
     rows = [
-        "| layer | attention removed | heads kept (query / KV) | MLP removed | MLP channels kept |",
-        "|---:|---:|---:|---:|---:|",
+        "| layer | attention removed | query heads | KV heads | MLP removed | MLP channels |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for i, w in enumerate(widths):
         rows.append(
-            f"| {i} | {plan.attention_rates[i]:.3f} "
-            f"| {w['num_attention_heads']}/{dense['heads']} / {w['num_key_value_heads']}/{dense['kv_heads']} "
-            f"| {plan.mlp_rates[i]:.3f} | {w['intermediate_size']}/{dense['channels']} |"
+            f"| {i} | {plan.attention_rates[i]:.3f} | {w['num_attention_heads']}/{dense['heads']} "
+            f"| {w['num_key_value_heads']}/{dense['kv_heads']} | {plan.mlp_rates[i]:.3f} "
+            f"| {w['intermediate_size']}/{dense['channels']} |"
         )
     return rows
 
@@ -174,7 +174,7 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         f'model = AutoModelForCausalLM.from_pretrained("{folder_name}", trust_remote_code=True, dtype="auto")',
-        f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}", trust_remote_code=True)',
         "```",
         "",
         "llama.cpp (Llama-family and Qwen2 checkpoints; written as llama.cpp's `deci` architecture, "
@@ -191,7 +191,7 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
         "## Limits",
         "",
         "- Pruned without any retraining or distillation: expect higher perplexity than the base model, "
-        "growing with the budget; the numbers above are from small held-out samples.",
+        "growing with the budget" + ("; the numbers above come from small held-out samples." if eval_report else "."),
         "- The calibration text (for the importance scores and the loss table) was small and English; "
         "other domains and languages may lose more.",
         "- Loading with transformers needs `trust_remote_code=True` and transformers >= 5.24 "
