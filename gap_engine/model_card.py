@@ -28,14 +28,15 @@ def table_settings(table_key: str | None) -> dict | None:
     if not table_key:
         return None
     from .cache import META_FILE, entry_dir
+    from .errors import GapError
 
     try:
         meta = json.loads((entry_dir(table_key) / META_FILE).read_text())
-        spec = meta.get("spec")
-        if isinstance(spec, dict):
-            return {"key": table_key, **spec}
-    except Exception:  # a table evicted from (or never in) this machine's cache
-        pass
+    except (OSError, ValueError, GapError):
+        meta = {}  # a table evicted from (or never in) this machine's cache
+    spec = meta.get("spec") if isinstance(meta, dict) else None
+    if isinstance(spec, dict):
+        return {"key": table_key, **spec}
     parts = table_key.rsplit("-", 4)
     if len(parts) == 5:
         return {"key": table_key, "objective": parts[1], "mode": parts[2], "method": parts[3]}

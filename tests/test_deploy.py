@@ -42,7 +42,7 @@ def _ids(n=2, t=24, seed=0):
 
 def _pruned_tiny(make_tiny, family, **overrides):
     """A tiny model with one pruned block (fewer heads, KV heads, channels) and one kept whole."""
-    widths = dict(num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
+    widths = {"num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 128}
     widths.update(overrides)
     lm = make_tiny(family, **widths)
     plan = make_plan(lm, [0.5, 0.0], [0.25, 0.0], "wanda")
@@ -113,7 +113,7 @@ def _run_without_gap_engine(script: str, args: list[str], tmp_path: Path) -> dic
     bootstrap = f"import sys; sys.path.append({site_packages!r}); sys.argv = ['remote'] + {args!r}; exec({script!r})"
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", bootstrap], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600
+        [sys.executable, "-I", "-S", "-c", bootstrap], check=False, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -201,7 +201,7 @@ def test_model_card_names_the_plan(make_tiny, tmp_path):
     assert meta["library_name"] == "transformers" and "pruned" in meta["tags"]
     plan = result.plan
     assert plan.model_fingerprint in body and "tiny-qwen2" in body
-    rows = [line for line in body.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
+    rows = [line for line in body.splitlines() if line.startswith(("| 0 |", "| 1 |"))]
     assert len(rows) == 2
     assert f"{plan.attention_rates[0]:.3f}" in rows[0] and f"{plan.mlp_rates[0]:.3f}" in rows[0]
     kept = result.kept_heads[0], result.kept_kv_heads[0]

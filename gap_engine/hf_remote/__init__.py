@@ -30,7 +30,7 @@ REMOTE_CLASSES: dict[str, tuple[str, str]] = {
     "mistral": ("GapPrunedMistralConfig", "GapPrunedMistralForCausalLM"),
     "qwen2": ("GapPrunedQwen2Config", "GapPrunedQwen2ForCausalLM"),
     "qwen3": ("GapPrunedQwen3Config", "GapPrunedQwen3ForCausalLM"),
-    "gemma3_text": ("GapPrunedGemma3TextConfig", "GapPrunedGemma3ForCausalLM"),
+    "gemma3_text": ("GapPrunedGemma3TextConfig", "GapPrunedGemma3TextForCausalLM"),
 }
 
 

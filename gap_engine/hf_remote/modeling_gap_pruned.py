@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import logging
 
-import torch
 from torch import nn
 from transformers import (
     Gemma3ForCausalLM,
@@ -128,41 +127,17 @@ class _NarrowedCausalLM:
         narrow_layers(self)
 
 
-class GapPrunedLlamaConfig(_PerLayerWidthsConfig, LlamaConfig):
-    pass
+def _family(name: str, config_base: type, model_base: type) -> tuple[type, type]:
+    """The config and causal-LM classes of one family, as module-level names auto_map can find."""
+    config_class = type(f"GapPruned{name}Config", (_PerLayerWidthsConfig, config_base), {"__module__": __name__})
+    model_class = type(
+        f"GapPruned{name}ForCausalLM", (_NarrowedCausalLM, model_base), {"__module__": __name__, "config_class": config_class}
+    )
+    return config_class, model_class
 
 
-class GapPrunedLlamaForCausalLM(_NarrowedCausalLM, LlamaForCausalLM):
-    config_class = GapPrunedLlamaConfig
-
-
-class GapPrunedMistralConfig(_PerLayerWidthsConfig, MistralConfig):
-    pass
-
-
-class GapPrunedMistralForCausalLM(_NarrowedCausalLM, MistralForCausalLM):
-    config_class = GapPrunedMistralConfig
-
-
-class GapPrunedQwen2Config(_PerLayerWidthsConfig, Qwen2Config):
-    pass
-
-
-class GapPrunedQwen2ForCausalLM(_NarrowedCausalLM, Qwen2ForCausalLM):
-    config_class = GapPrunedQwen2Config
-
-
-class GapPrunedQwen3Config(_PerLayerWidthsConfig, Qwen3Config):
-    pass
-
-
-class GapPrunedQwen3ForCausalLM(_NarrowedCausalLM, Qwen3ForCausalLM):
-    config_class = GapPrunedQwen3Config
-
-
-class GapPrunedGemma3TextConfig(_PerLayerWidthsConfig, Gemma3TextConfig):
-    pass
-
-
-class GapPrunedGemma3ForCausalLM(_NarrowedCausalLM, Gemma3ForCausalLM):
-    config_class = GapPrunedGemma3TextConfig
+GapPrunedLlamaConfig, GapPrunedLlamaForCausalLM = _family("Llama", LlamaConfig, LlamaForCausalLM)
+GapPrunedMistralConfig, GapPrunedMistralForCausalLM = _family("Mistral", MistralConfig, MistralForCausalLM)
+GapPrunedQwen2Config, GapPrunedQwen2ForCausalLM = _family("Qwen2", Qwen2Config, Qwen2ForCausalLM)
+GapPrunedQwen3Config, GapPrunedQwen3ForCausalLM = _family("Qwen3", Qwen3Config, Qwen3ForCausalLM)
+GapPrunedGemma3TextConfig, GapPrunedGemma3TextForCausalLM = _family("Gemma3Text", Gemma3TextConfig, Gemma3ForCausalLM)
