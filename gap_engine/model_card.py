@@ -183,8 +183,8 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
         "",
         "```bash",
         f"gap export {folder_name} --format gguf --outtype q8_0 --out {folder_name}.gguf",
-        f'llama-cli -m {folder_name}.gguf -p "The capital of France is" -n 32',
-        f"python -c \"from llama_cpp import Llama; print(Llama('{folder_name}.gguf')('The capital of France is', max_tokens=32))\"",
+        f'llama-cli -m {folder_name}.gguf -fa on -p "The capital of France is" -n 32',
+        f"python -c \"from llama_cpp import Llama; print(Llama('{folder_name}.gguf', flash_attn=True)('The capital of France is', max_tokens=32))\"",
         "```",
         "",
         "gap_engine itself: `gap eval --model " + folder_name + "` or `gap_engine.export.load_pruned`.",
@@ -199,7 +199,8 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
         "(its heterogeneous `per_layer_config`).",
         "- GGUF export covers the Llama family (Llama, SmolLM2, Mistral) and Qwen2; Qwen3 (q/k norms) and "
         "Gemma 3 do not fit llama.cpp's per-layer `deci` architecture. In q8_0, MLP tensors whose width "
-        "is not a multiple of 32 stay f16.",
+        "is not a multiple of 32 stay f16. Run llama.cpp with flash attention (as above): without it, "
+        "llama.cpp pads every layer's V cache to the widest layer's.",
         "- Safety, bias and licence terms are those of the base model.",
         "",
     ]
