@@ -13,7 +13,7 @@ import streamlit as st
 
 from pages import common
 
-st.set_page_config(page_title="GAP explorer", page_icon=":material/content_cut:", layout="wide")
+st.set_page_config(page_title="GAP explorer", page_icon="✂️", layout="wide")
 
 common.init_shared()
 common.keep_widget_values()

@@ -39,12 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gap_engine.cli import main as gap  # noqa: E402
 from gap_engine.data import heldout_windows  # noqa: E402
 from gap_engine.fsutil import atomic_write_text  # noqa: E402
-from gap_engine.models import load_model, load_tokenizer  # noqa: E402
+from gap_engine.config import WindowSpec  # noqa: E402
+from gap_engine.models import load_model  # noqa: E402
 
 log = logging.getLogger("bench_deploy")
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m"
-TABLE_ARGS = ["--approx", "fisher", "--objective", "kl", "--samples", "16", "--seq-len", "256",
+TABLE_ARGS = ["--estimator", "fisher", "--objective", "kl", "--samples", "16", "--seq-len", "256",
               "--rates", "0,0.125,0.25,0.375,0.5,0.625,0.75,0.875"]
 PRUNE_ARGS = ["--samples", "16", "--seq-len", "256"]
 METRICS = ("prefill_cpu", "decode_cpu", "prefill_wall", "decode_wall")
@@ -165,8 +166,8 @@ def main(argv=None) -> int:
 
     # GGUF files, PyTorch references and the weights a decode step reads
     files, reference, bounds, removed = {}, {}, {}, {}
-    tokenizer = load_tokenizer(MODEL)  # every pruned model keeps the dense model's tokenizer
-    windows = heldout_windows(tokenizer, args.eval_data, args.eval_samples, args.eval_seq_len)
+    tokenizer = load_model(MODEL).tokenizer  # every pruned model keeps the dense model's tokenizer
+    windows = heldout_windows(tokenizer, WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len))
     for budget, model in models.items():
         for outtype in outtypes:
             path = work / f"smol-{budget:g}-{outtype}.gguf"
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
     # speed: every repeat times every model in turn
     prompt = windows[0].tolist()[: args.prompt_tokens]
     if len(prompt) < args.prompt_tokens:
-        prompt = heldout_windows(tokenizer, args.eval_data, 1, args.prompt_tokens, seed=1)[0].tolist()
+        prompt = heldout_windows(tokenizer, WindowSpec(data=args.eval_data, n_samples=1, seq_len=args.prompt_tokens, seed=1))[0].tolist()
     n_ctx = args.prompt_tokens + args.decode_tokens + 8
     engines = {key: llama(path, args.threads, logits_all=False, n_ctx=n_ctx) for key, path in files.items()}
     for llm in engines.values():  # warm-up: page the weights in

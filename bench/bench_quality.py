@@ -1,16 +1,16 @@
-"""Quality benchmark of the allocation methods at equal budget, on a real model.
+"""Quality benchmark of the allocators at equal budget, on a real model.
 
 Builds (or reads from the cache) an exact loss table of the model, then for every budget
-and method makes a plan, prunes a copy of the model with it (same within-layer criterion
-and calibration windows for every method) and measures: parameters removed, the table's
-predicted loss, the true calibration loss increase, and held-out perplexity on each
-source. Optionally runs the evolutionary refinement of the DP plan at one budget. Writes
-a CSV (rewritten after every plan, so a killed run keeps what it measured) and a markdown
-report. The headline number is, at 20%, (DP perplexity - dense) / (uniform perplexity -
-dense); the target is <= 0.6.
+and allocator makes a plan, prunes a copy of the model with it (same within-layer
+criterion and calibration windows for every allocator) and measures, through
+``pipeline.compare``: parameters removed, the table's predicted loss, the true calibration
+loss increase, and held-out perplexity on each source. Optionally runs the evolutionary
+refinement of the DP plan at one budget. Writes a CSV and a markdown report. The headline
+number is, at 20%, (DP perplexity - dense) / (uniform perplexity - dense); the target is
+<= 0.6.
 
     python bench/bench_quality.py [--samples 8 --seq-len 128 --rates 0,0.125,...]
-        [--budgets 0.1,0.2,0.3,0.4,0.5] [--methods dp,uniform,flap,owl] [--evo-budget 0.2]
+        [--budgets 0.1,0.2,0.3,0.4,0.5] [--allocators dp,uniform,flap,owl] [--evo-budget 0.2]
 """
 
 from __future__ import annotations
@@ -19,29 +19,18 @@ import argparse
 import logging
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gap_engine.allocation import (  # noqa: E402
-    Constraints,
-    EvoSettings,
-    Outcome,
-    calibration_for,
-    evolve,
-    heldout_sets,
-    plan_from_table,
-    predicted_vs_actual,
-    reference_numbers,
-)
-from gap_engine.cli_planning import csv_text  # noqa: E402
-from gap_engine.data import calibration_windows  # noqa: E402
+from gap_engine.allocate import Constraints, EvoSettings  # noqa: E402
+from gap_engine.cli.output import csv_text  # noqa: E402
+from gap_engine.config import WindowSpec  # noqa: E402
 from gap_engine.fsutil import atomic_write_text  # noqa: E402
-from gap_engine.importance import compute_importance  # noqa: E402
 from gap_engine.models import load_model  # noqa: E402
-from gap_engine.tables import TableSpec, build_table, parse_rate_grid  # noqa: E402
+from gap_engine.pipeline import Outcome, compare, heldout_sets, loss_table  # noqa: E402
+from gap_engine.tables import TableSpec, parse_rate_grid  # noqa: E402
 
 log = logging.getLogger("bench_quality")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -57,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rates", default=",".join(f"{i / 8:g}" for i in range(8)), help="the table's rate grid")
     p.add_argument("--criterion", default="wanda")
     p.add_argument("--budgets", default="0.1,0.2,0.3,0.4,0.5")
-    p.add_argument("--methods", default="dp,uniform,flap,owl")
+    p.add_argument("--allocators", default="dp,uniform,flap,owl")
     p.add_argument("--evo-budget", type=float, default=0.2, help="budget for the evo refinement; negative: skip")
     p.add_argument("--evo-generations", type=int, default=4)
     p.add_argument("--evo-offspring", type=int, default=4)
@@ -78,7 +67,7 @@ def ratio(dp: Outcome, uniform: Outcome, source: str) -> float:
     return (dp.perplexity[source] - dense) / (uniform.perplexity[source] - dense)
 
 
-def markdown(args, command, table, outcomes, evo_result, timings, sources) -> str:
+def markdown(args, command, table, outcomes, evo, sources) -> str:
     dense = outcomes[0]
     lines = [
         f"# Allocation quality at equal budget: {args.model}",
@@ -95,11 +84,11 @@ def markdown(args, command, table, outcomes, evo_result, timings, sources) -> st
         "## Settings",
         "",
         f"- Loss table: exact (measured), objective mean next-token NLL, split attention/MLP, "
-        f"{args.data} calibration, {table.spec.n_samples} windows x {table.spec.seq_len} tokens, "
+        f"{args.data} calibration, {table.spec.windows.n_samples} windows x {table.spec.windows.seq_len} tokens, "
         f"criterion {table.spec.criterion}, rate grid {', '.join(f'{r:g}' for r in table.rate_grid)} "
         f"({len(table.components)} components x {len(table.rate_grid)} rates); its build took "
         f"{table.build_seconds:.0f} s ({table.extras.get('distinct_cells', '?')} distinct cells measured).",
-        f"- Every method prunes the same units inside a layer (the table's criterion on the same "
+        f"- Every allocator prunes the same units inside a layer (the table's criterion on the same "
         f"calibration windows); only the per-layer rates differ. Budgets are fractions of the "
         f"{table.dense_prunable:,} prunable parameters (all attention and MLP projections).",
         f"- Calibration loss: mean NLL increase on the table's own calibration windows. Held-out "
@@ -111,7 +100,7 @@ def markdown(args, command, table, outcomes, evo_result, timings, sources) -> st
         "",
         "## Results",
         "",
-        "| budget | method | removed (of prunable) | predicted loss | actual calib. loss | "
+        "| budget | allocator | removed (of prunable) | predicted loss | actual calib. loss | "
         + " | ".join(f"ppl {s}" for s in sources)
         + " |",
         "|---:|---|---:|---:|---:|" + "---:|" * len(sources),
@@ -120,10 +109,10 @@ def markdown(args, command, table, outcomes, evo_result, timings, sources) -> st
         predicted = f"{o.predicted_loss:.4f}" if o.predicted_loss is not None else "-"
         ppl = " | ".join(f"{o.perplexity[s]:.3f}" for s in sources)
         lines.append(
-            f"| {o.budget:.0%} | {o.method} | {o.removed:,} ({o.removed_fraction:.2%}) | {predicted} | "
+            f"| {o.budget:.0%} | {o.allocator} | {o.removed:,} ({o.removed_fraction:.2%}) | {predicted} | "
             f"{o.calib_loss_increase:.4f} | {ppl} |"
         )
-    by_key = {(round(o.budget, 6), o.method): o for o in outcomes}
+    by_key = {(round(o.budget, 6), o.allocator): o for o in outcomes}
     lines += ["", "## DP against uniform", ""]
     lines.append("Ratio = (DP perplexity - dense) / (uniform perplexity - dense); target <= 0.6 at 20%.")
     lines.append("")
@@ -141,36 +130,37 @@ def markdown(args, command, table, outcomes, evo_result, timings, sources) -> st
         if dp is None:
             continue
         for o in outcomes:
-            if round(o.budget, 6) != budget or o.method in ("dp", "evo"):
+            if round(o.budget, 6) != budget or o.allocator in ("dp", "evo"):
                 continue
             worse = [s for s in sources if o.perplexity[s] < dp.perplexity[s]]
             if worse:
                 losses.append(
-                    f"- {budget:.0%}: {o.method} beats dp on "
+                    f"- {budget:.0%}: {o.allocator} beats dp on "
                     + ", ".join(f"{s} ({o.perplexity[s]:.3f} vs {dp.perplexity[s]:.3f})" for s in worse)
                 )
     lines += ["", "## Where DP loses to a baseline (held-out perplexity)", ""]
     lines += losses or ["- nowhere in this run."]
-    if evo_result is not None:
-        r = evo_result
+    if evo is not None:
+        x = evo.extras
+        gap = x["dp_actual"] - x["dp_predicted"]
         lines += [
             "",
             f"## Evolutionary refinement at {args.evo_budget:.0%}",
             "",
             f"{args.evo_generations} generations x {args.evo_offspring} offspring, scored by the true calibration "
-            f"loss (units zero-masked on the dense model, equal to slicing); {r.evaluations} plans scored in "
-            f"{timings.get('evo', 0):.0f} s.",
+            f"loss (units zero-masked on the dense model, equal to slicing); {x['evo_evaluations']} plans scored in "
+            f"{x['seconds']:.0f} s.",
             "",
             "| | calibration loss increase |",
             "|---|---:|",
-            f"| DP plan, predicted by the table (sum of cells) | {r.seed_predicted:.4f} |",
-            f"| DP plan, actual | {r.seed_actual:.4f} |",
-            f"| evo plan, actual | {r.actual:.4f} |",
-            f"| evo plan, predicted by the table | {r.predicted:.4f} |",
+            f"| DP plan, predicted by the table (sum of cells) | {x['dp_predicted']:.4f} |",
+            f"| DP plan, actual | {x['dp_actual']:.4f} |",
+            f"| evo plan, actual | {x['evo_actual']:.4f} |",
+            f"| evo plan, predicted by the table | {evo.predicted_loss:.4f} |",
             "",
-            f"The summed-loss assumption missed the DP plan's true loss by {r.assumption_gap:+.4f} nats"
-            + (f" ({r.assumption_gap / r.seed_predicted:+.0%})" if r.seed_predicted > 1e-6 else "")
-            + f"; the search found a plan {r.gain:.4f} nats better than the DP plan on the calibration windows.",
+            f"The summed-loss assumption missed the DP plan's true loss by {gap:+.4f} nats"
+            + (f" ({gap / x['dp_predicted']:+.0%})" if x["dp_predicted"] > 1e-6 else "")
+            + f"; the search found a plan {x['dp_actual'] - x['evo_actual']:.4f} nats better than the DP plan on the calibration windows.",
         ]
     return "\n".join(lines) + "\n"
 
@@ -180,56 +170,26 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     command = " ".join(["python bench/bench_quality.py", *(sys.argv[1:] if argv is None else argv)])
     budgets = [float(b) for b in args.budgets.split(",") if b]
-    methods = [m for m in args.methods.split(",") if m]
-    sources = [s for s in args.eval_data.split(",") if s]
+    allocators = [m for m in args.allocators.split(",") if m]
     locked = {int(x): 0.0 for x in args.lock.split(",") if x}
     constraints = Constraints(locked=locked)
     csv_path, md_path = RESULTS / f"{args.name}.csv", RESULTS / f"{args.name}.md"
-    timings = {}
 
     lm = load_model(args.model)
-    spec = TableSpec(
-        data=args.data, n_samples=args.samples, seq_len=args.seq_len, criterion=args.criterion,
-        rate_grid=parse_rate_grid(args.rates), batch_size=8,
-    )
-    table = build_table(lm, spec, progress=lambda d, t, eta: log.info("table cell %d/%d", d, t) if d % 20 == 0 else None)
-    calib = calibration_for(table)
-    windows = calibration_windows(lm.tokenizer, calib.data, calib.n_samples, calib.seq_len, calib.seed)
-    scores = compute_importance(lm, windows, table.spec.criterion, calib.batch_size)
-    heldout = heldout_sets(lm.tokenizer, sources, args.eval_samples, args.eval_seq_len)
-    reference = reference_numbers(lm, windows, heldout, calib.batch_size)
-    log.info("dense: calib %.4f, ppl %s", reference.calib_loss, reference.perplexity)
-
-    outcomes: list[Outcome] = []
-    evo_result = None
-    for budget in budgets:
-        for method in methods:
-            started = time.perf_counter()
-            plan = plan_from_table(lm, table, budget, method, constraints, scores=scores, calib=calib)
-            outcome = predicted_vs_actual(lm, plan, calib, heldout, scores, reference)
-            outcome.extras = {"seconds": round(time.perf_counter() - started, 1)}
-            outcomes.append(outcome)
-            write_csv(outcomes, csv_path)
-            log.info(
-                "%s %.0f%%: removed %.2f%%, predicted %.4f, calib +%.4f, ppl %s",
-                method, 100 * budget, 100 * outcome.removed_fraction, outcome.predicted_loss,
-                outcome.calib_loss_increase, {s: round(p, 3) for s, p in outcome.perplexity.items()},
-            )
-        if args.evo_budget >= 0 and abs(budget - args.evo_budget) < 1e-9:
-            started = time.perf_counter()
-            settings = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
-            evo_result = evolve(lm, table, budget, constraints, calib, scores, settings)
-            timings["evo"] = time.perf_counter() - started
-            outcome = predicted_vs_actual(lm, evo_result.plan, calib, heldout, scores, reference)
-            outcome.extras = {
-                "seconds": round(time.perf_counter() - started, 1),
-                "dp_predicted": evo_result.seed_predicted,
-                "dp_actual": evo_result.seed_actual,
-                "evo_actual": evo_result.actual,
-            }
-            outcomes.append(outcome)
-            write_csv(outcomes, csv_path)
-    atomic_write_text(md_path, markdown(args, command, table, outcomes, evo_result, timings, sources))
+    windows = WindowSpec(data=args.data, n_samples=args.samples, seq_len=args.seq_len, batch_size=8)
+    spec = TableSpec(windows=windows, criterion=args.criterion, rate_grid=parse_rate_grid(args.rates))
+    table = loss_table(lm, spec, progress=lambda d, t, eta: log.info("table cell %d/%d", d, t) if d % 20 == 0 else None)
+    eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len)
+    heldout = heldout_sets(lm.tokenizer, eval_windows)
+    outcomes: list[Outcome] = compare(lm, table, budgets, allocators, heldout, constraints, progress=log.info)
+    write_csv(outcomes, csv_path)
+    evo = None
+    if args.evo_budget >= 0:
+        settings = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
+        evo = compare(lm, table, [args.evo_budget], ["evo"], heldout, constraints, settings, progress=log.info)[0]
+        outcomes.append(evo)
+        write_csv(outcomes, csv_path)
+    atomic_write_text(md_path, markdown(args, command, table, outcomes, evo, eval_windows.sources()))
     log.info("wrote %s and %s", md_path, csv_path)
     return 0
 

@@ -34,15 +34,19 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
+# The naive build is a test reference (tests/reference.py), not part of the package.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from reference import naive_build_table  # noqa: E402
+
+from gap_engine.config import FULL_RATE_GRID as DEFAULT_RATE_GRID  # noqa: E402
+from gap_engine.config import WindowSpec  # noqa: E402
 from gap_engine.data import calibration_windows  # noqa: E402
 from gap_engine.models import load_model  # noqa: E402
 from gap_engine.planner import solve_budget  # noqa: E402
 from gap_engine.tables import (  # noqa: E402
-    DEFAULT_RATE_GRID,
     TableSpec,
     isotonic_smooth,
     measure_table,
-    naive_build_table,
     window_cells,
 )
 from gap_engine.units import block_geometries  # noqa: E402
@@ -105,9 +109,10 @@ def plan_loss(choice: np.ndarray, losses: np.ndarray) -> float:
 
 # ---- 1 + 2: speed and estimates ------------------------------------------------------------------
 def speed_and_estimates(lm, args) -> list[str]:
-    windows = calibration_windows(lm.tokenizer, "wiki-sample", args.samples, args.seq_len, 0)
+    base_windows = WindowSpec("wiki-sample", args.samples, args.seq_len, 0, args.batch_size)
+    windows = calibration_windows(lm.tokenizer, base_windows)
     tokens = args.samples * args.seq_len
-    base = dict(n_samples=args.samples, seq_len=args.seq_len, batch_size=args.batch_size)
+    base = dict(windows=base_windows)
     out = [f"## 1. Exact build vs naive build ({args.samples} windows x {args.seq_len} tokens = {tokens} tokens, split mode)", ""]
     out += [
         "| grid | cells (rate > 0) | distinct cells measured | naive build | exact build | speed-up | exact cells/s | max abs diff |",
@@ -149,7 +154,7 @@ def speed_and_estimates(lm, args) -> list[str]:
 
     out += ["## 2. Gradient estimates vs the exact table (same windows, 16-rate grid)", ""]
     out += [
-        "| method | time | speed-up over exact | Spearman vs exact (raw) | Spearman (smoothed) | "
+        "| estimator | time | speed-up over exact | Spearman vs exact (raw) | Spearman (smoothed) | "
         f"plan at {BUDGET:.0%}: predicted loss on exact smoothed table | on exact raw table |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -162,7 +167,7 @@ def speed_and_estimates(lm, args) -> list[str]:
         f"{plan_loss(exact_plan, raw_truth):.4f} |"
     )
     for method in ("taylor", "fisher"):
-        spec = TableSpec(method=method, rate_grid=DEFAULT_RATE_GRID, **base)
+        spec = TableSpec(estimator=method, rate_grid=DEFAULT_RATE_GRID, **base)
         approx, seconds = timed(f"{method} estimate", lambda: measure_table(lm, spec, windows))
         rho = spearman(exact16.delta, approx.delta, mask)
         rho_s = spearman(exact16.smoothed, approx.smoothed, mask)
@@ -217,8 +222,9 @@ def _group_stats(values: np.ndarray, mask: np.ndarray, removed: np.ndarray, grou
 
 def noise(lm, args) -> list[str]:
     n, t = args.noise_samples, args.noise_seq_len
-    windows = calibration_windows(lm.tokenizer, "wiki-sample", n, t, 1)
-    spec = TableSpec(n_samples=n, seq_len=t, rate_grid=GRID4, batch_size=args.batch_size)
+    window_spec = WindowSpec("wiki-sample", n, t, 1, args.batch_size)
+    windows = calibration_windows(lm.tokenizer, window_spec)
+    spec = TableSpec(windows=window_spec, rate_grid=GRID4)
     cells, seconds = timed("per-window exact cells (noise)", lambda: window_cells(lm, spec, windows))
     mask = cells.distinct.copy()
     prunable = sum(g.params_at("attn", 0.0) + g.params_at("mlp", 0.0) for g in block_geometries(lm))
@@ -261,13 +267,11 @@ def noise(lm, args) -> list[str]:
         f"negative (KL cells cannot be). Gradient estimates on the same {n} windows against these exact tables "
         f"(Spearman over the measured cells):",
         "",
-        "| objective | method | time | Spearman vs exact |",
+        "| objective | estimator | time | Spearman vs exact |",
         "|---|---|---:|---:|",
     ]
     for objective, method in (("nll", "taylor"), ("nll", "fisher"), ("kl", "fisher")):
-        est_spec = TableSpec(
-            n_samples=n, seq_len=t, rate_grid=GRID4, batch_size=args.batch_size, objective=objective, method=method
-        )
+        est_spec = TableSpec(windows=window_spec, rate_grid=GRID4, objective=objective, estimator=method)
         approx, est_seconds = timed(f"{method} estimate of {objective}", lambda: measure_table(lm, est_spec, windows))
         out.append(f"| {objective} | {method} | {est_seconds} | {spearman(full[objective], approx.delta, mask):.3f} |")
     out.append("")

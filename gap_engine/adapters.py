@@ -51,7 +51,6 @@ class ArchitectureAdapter:
     gate_name: str = "gate_proj"
     up_name: str = "up_proj"
     down_name: str = "down_proj"
-    norm_names: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
 
     # ---- where things are -------------------------------------------------------------
     def decoder(self, model: nn.Module) -> nn.Module:
@@ -104,12 +103,6 @@ class ArchitectureAdapter:
             intermediate_size=gate.out_features,
         )
 
-    def attention_param_count(self, layer: nn.Module) -> int:
-        return sum(p.numel() for lin in self.attention_projections(layer) for p in lin.parameters())
-
-    def mlp_param_count(self, layer: nn.Module) -> int:
-        return sum(p.numel() for lin in self.mlp_projections(layer) for p in lin.parameters())
-
     def set_head_counts(self, layer: nn.Module, n_heads: int, n_kv_heads: int) -> None:
         """Update the attention module's bookkeeping after its projections were sliced.
 
@@ -125,12 +118,7 @@ class ArchitectureAdapter:
 
 LLAMA = ArchitectureAdapter(family="Llama (Llama 2/3, SmolLM2, Mistral)", model_types=("llama", "mistral"))
 QWEN = ArchitectureAdapter(family="Qwen2/Qwen3", model_types=("qwen2", "qwen3"))
-GEMMA3 = ArchitectureAdapter(
-    family="Gemma3 text",
-    model_types=("gemma3_text",),
-    norm_names=("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"),
-
-)
+GEMMA3 = ArchitectureAdapter(family="Gemma3 text", model_types=("gemma3_text",))
 
 ADAPTERS: dict[str, ArchitectureAdapter] = {t: a for a in (LLAMA, QWEN, GEMMA3) for t in a.model_types}
 

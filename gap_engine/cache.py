@@ -8,7 +8,7 @@ The folder layout is the schema::
                               partial.json   measured cells of a build in progress
     <cache root>/tables/<key>.lock           inter-process lock of that entry
 
-``<key>`` is ``tables.table_key``: a readable prefix (model, objective, mode, method) and a
+``<key>`` is ``tables.table_key``: a readable prefix (model, objective, mode, estimator) and a
 hash of everything that changes the numbers. An entry counts only once its meta.json
 exists and the checksum in it matches table.json, so a build killed half-way never looks
 finished; an entry that fails those checks is logged, removed and rebuilt, never used.
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from .errors import CacheError, TableError
+from .errors import CacheError, TableError, first_line
 from .fsutil import atomic_write_json, atomic_write_text, cache_root, lock_for
-from .tables import TABLE_FORMAT_VERSION, LossTable
+from .tables.artefact import TABLE_FORMAT_VERSION, LossTable
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def get_table(key: str) -> LossTable | None:
         if not isinstance(meta, dict):
             raise ValueError("meta.json is not an object")
     except (OSError, ValueError) as exc:
-        _discard(folder, f"unreadable meta.json: {str(exc).splitlines()[0]}")
+        _discard(folder, f"unreadable meta.json: {first_line(exc)}")
         return None
     if meta.get("format_version") != TABLE_FORMAT_VERSION or meta.get("key") != key:
         _discard(folder, f"meta.json is for format {meta.get('format_version')!r}, key {meta.get('key')!r}")
@@ -99,10 +99,6 @@ def get_table(key: str) -> LossTable | None:
     return table
 
 
-def _spec_summary(table: LossTable) -> dict:
-    return table.spec.summary()
-
-
 def put_table(table: LossTable) -> Path:
     """Store a finished table (table.json, then meta.json) and drop its partial cells."""
     if not table.key:
@@ -118,7 +114,7 @@ def put_table(table: LossTable) -> Path:
         "model": table.model,
         "model_fingerprint": table.model_fingerprint,
         "num_layers": table.num_layers,
-        "spec": _spec_summary(table),
+        "spec": table.spec.summary(),
         "shape": list(table.delta.shape),
         "build_seconds": round(table.build_seconds, 3),
     }
@@ -183,7 +179,7 @@ class PartialCells:
                 raise ValueError("it belongs to another key or format")
             return {(int(c), int(r)): float(v) for c, r, v in data["cells"]}
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            log.warning("ignoring unreadable partial cells %s (%s)", self.path, str(exc).splitlines()[0])
+            log.warning("ignoring unreadable partial cells %s (%s)", self.path, first_line(exc))
             self.path.unlink(missing_ok=True)
             return {}
 

@@ -43,7 +43,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gap_engine.errors import DataError
+from .config import WindowSpec
+from .errors import DataError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ def _read_wiki_articles(path: Path) -> list[tuple[str, str]]:
                 if len(prose) >= _MIN_ARTICLE_CHARS:
                     articles.append((title, prose))
     except (OSError, EOFError, ET.ParseError) as exc:
-        raise DataError(f"could not read the Wikipedia sample {path}: {_one_line(exc)}") from exc
+        raise DataError(f"could not read the Wikipedia sample {path}: {first_line(exc)}") from exc
     return articles
 
 
@@ -238,9 +239,9 @@ def _read_text_file(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise DataError(f"text file is not UTF-8: {path} ({_one_line(exc)})") from exc
+        raise DataError(f"text file is not UTF-8: {path} ({first_line(exc)})") from exc
     except OSError as exc:
-        raise DataError(f"could not read text file {path}: {_one_line(exc)}") from exc
+        raise DataError(f"could not read text file {path}: {first_line(exc)}") from exc
 
 
 def _load_local_file(spec: str) -> TextCorpus:
@@ -303,7 +304,7 @@ def _load_hf_dataset(spec: str) -> TextCorpus:
         dataset = datasets.load_dataset(name, config or None, split=split)
     except Exception as exc:  # noqa: BLE001 - any failure here means "cannot get the data"
         raise DataError(
-            f"Hugging Face dataset {spec!r} could not be loaded (no network or not cached): {_one_line(exc)}"
+            f"Hugging Face dataset {spec!r} could not be loaded (no network or not cached): {first_line(exc)}"
         ) from exc
     column = "text" if "text" in dataset.column_names else None
     if column is None:
@@ -389,11 +390,6 @@ def _fingerprint(calibration: Sequence[str], heldout: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
 # --------------------------------------------------------------------------- windows
 
 
@@ -425,26 +421,27 @@ def make_windows(
     return _cut_windows(_tokenize(tokenizer, texts), n_samples, seq_len, seed)
 
 
-def calibration_windows(
-    tokenizer, spec: str, n_samples: int, seq_len: int, seed: int = 0
-) -> torch.LongTensor:
-    """Windows from the calibration part of a text source (see :func:`make_windows`).
+def calibration_windows(tokenizer, windows: WindowSpec) -> torch.LongTensor:
+    """Windows from the calibration part of ``windows.data`` (see :func:`make_windows`).
 
     Returns:
         Token ids, shape (n_samples, seq_len), dtype int64.
     """
-    return _corpus_windows(tokenizer, spec, "calibration", n_samples, seq_len, seed)
+    return _corpus_windows(tokenizer, windows, "calibration")
 
 
-def heldout_windows(
-    tokenizer, spec: str, n_samples: int, seq_len: int, seed: int = 0
-) -> torch.LongTensor:
-    """Windows from the held-out part of a text source (see :func:`make_windows`).
+def heldout_windows(tokenizer, windows: WindowSpec) -> torch.LongTensor:
+    """Windows from the held-out part of ``windows.data`` (see :func:`make_windows`).
 
     Returns:
         Token ids, shape (n_samples, seq_len), dtype int64.
     """
-    return _corpus_windows(tokenizer, spec, "heldout", n_samples, seq_len, seed)
+    return _corpus_windows(tokenizer, windows, "heldout")
+
+
+def batches(windows: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """Consecutive slices of at most ``batch_size`` windows: [(B, T), ...]."""
+    return [windows[start : start + batch_size] for start in range(0, windows.shape[0], batch_size)]
 
 
 # Per-tokenizer-object memo of token streams, keyed by (corpus fingerprint, part). Keyed
@@ -457,9 +454,8 @@ _token_cache_lock = threading.Lock()
 _MAX_STREAMS_PER_TOKENIZER = 8
 
 
-def _corpus_windows(
-    tokenizer, spec: str, part: str, n_samples: int, seq_len: int, seed: int
-) -> torch.LongTensor:
+def _corpus_windows(tokenizer, windows: WindowSpec, part: str) -> torch.LongTensor:
+    spec, n_samples, seq_len, seed = windows.data, windows.n_samples, windows.seq_len, windows.seed
     _check_window_sizes(n_samples, seq_len)
     corpus = load_corpus(spec)
     texts = corpus.calibration if part == "calibration" else corpus.heldout

@@ -42,5 +42,27 @@ class CancelledError(GapError):
     """Long work was cancelled by its caller."""
 
 
+class HistoryError(GapError):
+    """The run history cannot be read or written."""
+
+
 class ExportError(GapError):
     """A checkpoint or model cannot be written in the requested deployment format."""
+
+
+def one_line(exc: BaseException) -> str:
+    """What a user sees for an exception: a GapError's own text, else its type and first line.
+
+    Every surface (CLI, jobs, pages) shows failures through this one function, so a
+    library's multi-line message never reaches a user as a traceback-like block.
+    """
+    if isinstance(exc, GapError):
+        return str(exc) or type(exc).__name__
+    first = first_line(exc)
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first non-empty line of an exception's message (cut to ``limit`` characters), or ''."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:limit] if lines else ""

@@ -4,8 +4,7 @@ Measures, on held-out windows that never overlap the calibration text: perplexit
 requested source, KL(dense || pruned) per token and top-1 agreement on the same tokens,
 parameter count and size, prefill and decode throughput timed against the dense model in
 the same run (interleaved, so machine noise hits both alike), and greedy generations from
-a few fixed prompts. An optional bridge to lm-evaluation-harness is offered for machines
-that have its datasets.
+a few fixed prompts.
 """
 
 from __future__ import annotations
@@ -19,8 +18,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .data import heldout_windows
-from .errors import GapError
+from .config import EVAL_WINDOWS, WindowSpec
+from .data import batches, heldout_windows
+from .errors import DataError, GapError
 from .models import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -34,11 +34,7 @@ DEFAULT_PROMPTS = (
 
 @dataclass
 class EvalSettings:
-    data: tuple[str, ...] = ("wiki-sample",)  # held-out sources for perplexity
-    n_samples: int = 16  # windows per source
-    seq_len: int = 256  # tokens per window
-    seed: int = 0  # window sampling seed
-    batch_size: int = 4  # windows per forward
+    windows: WindowSpec = EVAL_WINDOWS  # held-out windows; ``data`` may name several sources, comma-separated
     throughput: bool = True  # time prefill/decode
     generations: int = 3  # greedy generations (0 = none)
     max_new_tokens: int = 24  # per generation
@@ -62,16 +58,11 @@ class EvalReport:
         return asdict(self)
 
 
-def _batches(windows: torch.Tensor, batch_size: int):
-    for start in range(0, windows.shape[0], batch_size):
-        yield windows[start : start + batch_size]
-
-
 @torch.inference_mode()
 def mean_nll(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> float:
     """Mean next-token negative log-likelihood over all windows (nats per token)."""
     total, count = 0.0, 0
-    for batch in _batches(windows, batch_size):
+    for batch in batches(windows, batch_size):
         logits = lm.model(input_ids=batch, use_cache=False).logits[:, :-1]  # (B, T-1, V)
         nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1), reduction="sum")
         total += nll.item()
@@ -88,7 +79,7 @@ def compare_logits(lm: LoadedModel, dense: LoadedModel, windows: torch.Tensor, b
     """(model NLL, dense NLL, mean KL(dense || model) per token, top-1 agreement) on the same tokens."""
     nll_m = nll_d = kl = agree = 0.0
     count = 0
-    for batch in _batches(windows, batch_size):
+    for batch in batches(windows, batch_size):
         logp_m = F.log_softmax(lm.model(input_ids=batch, use_cache=False).logits.float(), -1)  # (B, T, V)
         logp_d = F.log_softmax(dense.model(input_ids=batch, use_cache=False).logits.float(), -1)
         targets = batch[:, 1:]
@@ -166,20 +157,23 @@ def evaluate(
         EvalReport (``to_dict()`` is JSON-ready).
     """
     settings = settings or EvalSettings()
-    if settings.n_samples < 1 or settings.seq_len < 2:
-        raise GapError("evaluation needs at least 1 window of at least 2 tokens")
+    try:
+        settings.windows.validate()
+    except DataError as exc:
+        raise GapError(f"evaluation: {exc}") from None
     say = progress or (lambda msg: log.info(msg))
     started = time.perf_counter()
     report = EvalReport(model=lm.name, params=lm.param_count(), size_bytes=lm.size_bytes(), perplexity={})
     if dense is not None:
         report.dense = {"model": dense.name, "params": dense.param_count(), "size_bytes": dense.size_bytes(), "perplexity": {}}
-    for source in settings.data:
+    batch_size = settings.windows.batch_size
+    for source in settings.windows.sources():
         say(f"perplexity on {source}")
-        windows = heldout_windows(lm.tokenizer, source, settings.n_samples, settings.seq_len, settings.seed)
+        windows = heldout_windows(lm.tokenizer, settings.windows.for_source(source))
         if dense is None:
-            report.perplexity[source] = perplexity(lm, windows, settings.batch_size)
+            report.perplexity[source] = perplexity(lm, windows, batch_size)
             continue
-        nll_m, nll_d, kl, agree = compare_logits(lm, dense, windows, settings.batch_size)
+        nll_m, nll_d, kl, agree = compare_logits(lm, dense, windows, batch_size)
         report.perplexity[source] = math.exp(nll_m)
         report.dense["perplexity"][source] = math.exp(nll_d)
         report.kl_to_dense[source] = kl
@@ -196,22 +190,3 @@ def evaluate(
     report.settings = asdict(settings)
     report.seconds = time.perf_counter() - started
     return report
-
-
-def lm_eval_harness(lm: LoadedModel, tasks: list[str], limit: int | None = None, batch_size: int = 4) -> dict:
-    """Run lm-evaluation-harness tasks on the in-memory model (needs `lm-eval` and its datasets).
-
-    Raises:
-        GapError: lm-eval is not installed, or a task's dataset cannot be reached.
-    """
-    try:
-        from lm_eval import simple_evaluate
-        from lm_eval.models.huggingface import HFLM
-    except ImportError:
-        raise GapError("lm-evaluation-harness is not installed: pip install lm-eval") from None
-    try:
-        wrapped = HFLM(pretrained=lm.model, tokenizer=lm.tokenizer, batch_size=batch_size)
-        results = simple_evaluate(model=wrapped, tasks=list(tasks), limit=limit)
-    except Exception as exc:  # dataset downloads fail offline in many ways
-        raise GapError(f"lm-eval could not run {','.join(tasks)}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
-    return results.get("results", {})

@@ -1,7 +1,7 @@
 """Run history: every prune-and-evaluate run, kept in SQLite across sessions.
 
 One row per run in ``<cache root>/runs/history.sqlite`` (table ``runs``): when it ran, the
-model and loss table, the allocation method and budget, the plan itself (JSON), the
+model and loss table, the allocator and budget, the plan itself (JSON), the
 settings used, the predicted loss increase and the measured one on the calibration
 windows, held-out perplexities, KL to the dense model, throughput ratios, greedy
 generations and where the pruned checkpoint was saved. Dict-valued fields are stored as
@@ -21,17 +21,18 @@ import json
 import shutil
 import sqlite3
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
 
 import pandas as pd
 
-from .errors import GapError
+from .errors import HistoryError
 from .fsutil import cache_root
 
 HISTORY_FILE = "history.sqlite"
-SCHEMA_VERSION = 1
+# Version 2 renamed the column "method" to "allocator" (migrated in place on open).
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -39,7 +40,7 @@ CREATE TABLE IF NOT EXISTS runs (
     created TEXT NOT NULL,
     model TEXT NOT NULL,
     table_key TEXT,
-    method TEXT NOT NULL,
+    allocator TEXT NOT NULL,
     budget REAL,
     plan_json TEXT NOT NULL,
     params_json TEXT NOT NULL,
@@ -66,7 +67,7 @@ BASE_COLUMNS = [
     "created",
     "model",
     "table_key",
-    "method",
+    "allocator",
     "budget",
     "dense_params",
     "pruned_params",
@@ -80,16 +81,12 @@ BASE_COLUMNS = [
 ]
 
 
-class HistoryError(GapError):
-    """The run history cannot be read or written."""
-
-
 @dataclass
 class RunRecord:
     """One prune-and-evaluate run, as stored."""
 
     model: str  # dense model name
-    method: str  # allocation method (dp, uniform, flap, owl, evo, manual)
+    allocator: str  # how the budget was spread (dp, uniform, flap, owl, evo, manual)
     plan: dict  # RatePlan.to_dict()
     table_key: str | None = None  # loss table behind the plan, if any
     budget: float | None = None  # requested fraction of prunable parameters removed
@@ -117,7 +114,7 @@ class RunRecord:
         plan: dict,
         report: dict,
         *,
-        method: str,
+        allocator: str,
         table_key: str | None = None,
         budget: float | None = None,
         params: dict | None = None,
@@ -132,7 +129,7 @@ class RunRecord:
         plan_params = plan.get("params") or {}
         return cls(
             model=str(plan.get("model", report.get("model", "?"))),
-            method=method,
+            allocator=allocator,
             plan=plan,
             table_key=table_key,
             budget=budget,
@@ -169,7 +166,7 @@ def _connect(path: Path | None = None) -> Iterator[sqlite3.Connection]:
     try:
         conn.row_factory = sqlite3.Row
         conn.executescript(_SCHEMA)
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        _migrate(conn)
         with conn:  # one transaction, committed on success
             yield conn
     except sqlite3.DatabaseError as exc:
@@ -178,35 +175,28 @@ def _connect(path: Path | None = None) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
-def _json(value) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a history written by an older version to this schema, in place."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    if "method" in columns and "allocator" not in columns:
+        conn.execute("ALTER TABLE runs RENAME COLUMN method TO allocator")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+# RunRecord fields stored as JSON text, in a column named "<field>_json".
+_JSON_FIELDS = frozenset({"plan", "params", "perplexity", "dense_perplexity", "kl", "top1", "generations"})
+
+
+def _column(name: str) -> str:
+    return f"{name}_json" if name in _JSON_FIELDS else name
 
 
 def record_run(record: RunRecord, path: Path | None = None) -> int:
     """Store one run; returns its id."""
-    row = asdict(record)
     values = {
-        "created": row["created"],
-        "model": row["model"],
-        "table_key": row["table_key"],
-        "method": row["method"],
-        "budget": row["budget"],
-        "plan_json": _json(row["plan"]),
-        "params_json": _json(row["params"]),
-        "dense_params": row["dense_params"],
-        "pruned_params": row["pruned_params"],
-        "predicted_loss": row["predicted_loss"],
-        "actual_loss": row["actual_loss"],
-        "perplexity_json": _json(row["perplexity"]),
-        "dense_perplexity_json": _json(row["dense_perplexity"]),
-        "kl_json": _json(row["kl"]),
-        "top1_json": _json(row["top1"]),
-        "prefill_speedup": row["prefill_speedup"],
-        "decode_speedup": row["decode_speedup"],
-        "generations_json": _json(row["generations"]),
-        "checkpoint": row["checkpoint"],
-        "seconds": row["seconds"],
-        "note": row["note"],
+        _column(name): json.dumps(value, sort_keys=True, default=str) if name in _JSON_FIELDS else value
+        for name, value in asdict(record).items()
+        if name != "id"
     }
     columns = ", ".join(values)
     marks = ", ".join(f":{name}" for name in values)
@@ -216,30 +206,12 @@ def record_run(record: RunRecord, path: Path | None = None) -> int:
 
 
 def _record_from_row(row: sqlite3.Row) -> RunRecord:
-    return RunRecord(
-        id=row["id"],
-        created=row["created"],
-        model=row["model"],
-        table_key=row["table_key"],
-        method=row["method"],
-        budget=row["budget"],
-        plan=json.loads(row["plan_json"]),
-        params=json.loads(row["params_json"]),
-        dense_params=row["dense_params"],
-        pruned_params=row["pruned_params"],
-        predicted_loss=row["predicted_loss"],
-        actual_loss=row["actual_loss"],
-        perplexity=json.loads(row["perplexity_json"]),
-        dense_perplexity=json.loads(row["dense_perplexity_json"]),
-        kl=json.loads(row["kl_json"]),
-        top1=json.loads(row["top1_json"]),
-        prefill_speedup=row["prefill_speedup"],
-        decode_speedup=row["decode_speedup"],
-        generations=json.loads(row["generations_json"]),
-        checkpoint=row["checkpoint"],
-        seconds=row["seconds"],
-        note=row["note"] or "",
-    )
+    values = {}
+    for spec in fields(RunRecord):
+        raw = row[_column(spec.name)]
+        values[spec.name] = json.loads(raw) if spec.name in _JSON_FIELDS else raw
+    values["note"] = values["note"] or ""
+    return RunRecord(**values)
 
 
 def get_run(run_id: int, path: Path | None = None) -> RunRecord:
@@ -311,10 +283,10 @@ def checkpoints_root() -> Path:
     return cache_root() / "runs" / "checkpoints"
 
 
-def new_checkpoint_dir(method: str, budget: float | None) -> Path:
+def new_checkpoint_dir(allocator: str, budget: float | None) -> Path:
     """A fresh, not yet existing folder under `checkpoints_root` for one run's checkpoint."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    tag = f"{method}-{budget:.3f}" if budget is not None else method
+    tag = f"{allocator}-{budget:.3f}" if budget is not None else allocator
     base = checkpoints_root() / f"run-{stamp}-{tag}"
     candidate, n = base, 1
     while candidate.exists():

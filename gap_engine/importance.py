@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Hashable
 
 import torch
+from torch import nn
 
+from .config import CRITERIA, DEFAULT_CRITERION
+from .data import batches
 from .errors import GapError
 from .models import LoadedModel
+from .progress import CancelToken, check_cancelled
 
 log = logging.getLogger(__name__)
-
-CRITERIA = ("magnitude", "wanda", "flap", "taylor")
-DEFAULT_CRITERION = "wanda"
 
 
 @dataclass
@@ -46,8 +47,8 @@ class ImportanceScores:
     layers: list[LayerScores]
 
 
-class _InputStats:
-    """Running sum and sum of squares of a linear layer's input, per input feature."""
+class InputStats:
+    """Running sum and sum of squares of a linear layer's input, per input feature (float64)."""
 
     def __init__(self, width: int):
         self.total = torch.zeros(width, dtype=torch.float64)
@@ -90,33 +91,52 @@ def _magnitude(lm: LoadedModel) -> list[LayerScores]:
     return out
 
 
-def _batches(windows: torch.Tensor, batch_size: int):
-    for start in range(0, windows.shape[0], batch_size):
-        yield windows[start : start + batch_size]
+def input_statistics(
+    lm: LoadedModel,
+    windows: torch.Tensor,
+    linears: dict[Hashable, nn.Linear],
+    batch_size: int = 4,
+    progress: Callable[[int, int], None] | None = None,
+    cancel: CancelToken | None = None,
+) -> dict[Hashable, InputStats]:
+    """Per-feature statistics of the inputs of the given linear layers over the windows.
 
-
-def _activation_scores(lm, windows, criterion, batch_size, progress) -> list[LayerScores]:
-    layers = list(lm.adapter.layers(lm.model))
-    o_stats, down_stats, handles = [], [], []
-    for layer in layers:
-        _, _, _, o = lm.adapter.attention_projections(layer)
-        _, _, down = lm.adapter.mlp_projections(layer)
-        o_stats.append(_InputStats(o.in_features))
-        down_stats.append(_InputStats(down.in_features))
-        handles.append(o.register_forward_pre_hook(o_stats[-1]))
-        handles.append(down.register_forward_pre_hook(down_stats[-1]))
-    n_batches = -(-windows.shape[0] // batch_size)
+    Args:
+        lm: the model (run forward only; hooks are removed afterwards).
+        windows: (N, T) token ids.
+        linears: key -> a linear layer of ``lm.model``.
+        batch_size: windows per forward pass.
+        progress: called with (batches done, batches total).
+        cancel: polled before every batch.
+    Returns:
+        key -> InputStats of that layer's input.
+    """
+    stats = {key: InputStats(linear.in_features) for key, linear in linears.items()}
+    handles = [linear.register_forward_pre_hook(stats[key]) for key, linear in linears.items()]
+    parts = batches(windows, batch_size)
     try:
         with torch.no_grad():
-            for i, batch in enumerate(_batches(windows, batch_size)):
+            for i, batch in enumerate(parts):
+                check_cancelled(cancel, f"activation statistics cancelled after {i} of {len(parts)} batches")
                 lm.model(input_ids=batch, use_cache=False)
                 if progress:
-                    progress(i + 1, n_batches)
+                    progress(i + 1, len(parts))
     finally:
         for h in handles:
             h.remove()
+    return stats
+
+
+def _activation_scores(lm, windows, criterion, batch_size, progress, cancel) -> list[LayerScores]:
+    layers = list(lm.adapter.layers(lm.model))
+    linears = {}
+    for i, layer in enumerate(layers):
+        linears[i, "o"] = lm.adapter.attention_projections(layer)[3]
+        linears[i, "down"] = lm.adapter.mlp_projections(layer)[2]
+    stats = input_statistics(lm, windows, linears, batch_size, progress, cancel)
     out = []
-    for layer, o_in, down_in in zip(layers, o_stats, down_stats):
+    for i, layer in enumerate(layers):
+        o_in, down_in = stats[i, "o"], stats[i, "down"]
         geom = lm.adapter.geometry(layer)
         _, _, _, o = lm.adapter.attention_projections(layer)
         _, _, down = lm.adapter.mlp_projections(layer)
@@ -130,7 +150,7 @@ def _activation_scores(lm, windows, criterion, batch_size, progress) -> list[Lay
     return out
 
 
-def _taylor(lm, windows, batch_size, progress) -> list[LayerScores]:
+def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
     layers = list(lm.adapter.layers(lm.model))
     weights = []
     for layer in layers:
@@ -141,15 +161,16 @@ def _taylor(lm, windows, batch_size, progress) -> list[LayerScores]:
     saliency = [torch.zeros_like(w, dtype=torch.float64) for w in params]  # accumulated W * grad
     for w in params:
         w.requires_grad_(True)
-    n_batches = -(-windows.shape[0] // batch_size)
+    parts = batches(windows, batch_size)
     try:
-        for i, batch in enumerate(_batches(windows, batch_size)):
+        for i, batch in enumerate(parts):
+            check_cancelled(cancel, f"taylor importance scores cancelled after {i} of {len(parts)} batches")
             loss = lm.model(input_ids=batch, labels=batch, use_cache=False).loss
             grads = torch.autograd.grad(loss, params)
             for acc, w, g in zip(saliency, params, grads):
                 acc += (w.detach() * g).double()
             if progress:
-                progress(i + 1, n_batches)
+                progress(i + 1, len(parts))
     finally:
         for w in params:
             w.requires_grad_(False)
@@ -172,6 +193,7 @@ def compute_importance(
     criterion: str = DEFAULT_CRITERION,
     batch_size: int = 4,
     progress: Callable[[int, int], None] | None = None,
+    cancel: CancelToken | None = None,
 ) -> ImportanceScores:
     """Score every head and MLP channel of every block.
 
@@ -181,6 +203,7 @@ def compute_importance(
         criterion: one of CRITERIA.
         batch_size: windows per forward pass.
         progress: called with (batches done, batches total).
+        cancel: polled before every batch (CancelledError when set).
     Returns:
         ImportanceScores with one LayerScores per block.
     """
@@ -191,7 +214,7 @@ def compute_importance(
     elif windows is None:
         raise GapError(f"criterion '{criterion}' needs calibration windows")
     elif criterion == "taylor":
-        layers = _taylor(lm, windows, batch_size, progress)
+        layers = _taylor(lm, windows, batch_size, progress, cancel)
     else:
-        layers = _activation_scores(lm, windows, criterion, batch_size, progress)
+        layers = _activation_scores(lm, windows, criterion, batch_size, progress, cancel)
     return ImportanceScores(criterion=criterion, layers=layers)

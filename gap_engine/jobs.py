@@ -30,16 +30,17 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .errors import CancelledError, GapError
+from .errors import CancelledError, GapError, one_line
+from .models import LoadedModel, load_model
+from .pipeline import baseline_rows, loss_table, prune_and_evaluate
 
 log = logging.getLogger(__name__)
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
 ACTIVE_STATUSES = (QUEUED, RUNNING)
-FINAL_STATUSES = (DONE, FAILED, CANCELLED)
 
 
 @dataclass
@@ -176,15 +177,6 @@ class Job:
             if self.progress.total:
                 self.progress.done = self.progress.total
         self._finished_event.set()
-
-
-def one_line(exc: BaseException) -> str:
-    """The message a user sees for an exception: a GapError's own text, else type and first line."""
-    if isinstance(exc, GapError):
-        return str(exc) or type(exc).__name__
-    text = str(exc).strip().splitlines()
-    first = text[0][:300] if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 class JobManager:
@@ -334,20 +326,18 @@ def manager() -> JobManager:
 # keeps token streams per tokenizer object. So the process keeps one dense model per name
 # (`shared_model`), used only for plain forward passes and for its geometry, and work that
 # registers hooks, masks weights in place (exact table cells, evo) or slices them (surgery)
-# runs on `private_copy`, a deep copy of the weights that shares the tokenizer.
+# runs on `LoadedModel.copy()`, a deep copy of the weights that shares the tokenizer.
 MAX_SHARED_MODELS = 2
-_shared: "dict[str, object]" = {}
+_shared: dict[str, LoadedModel] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_model(name: str):
+def shared_model(name: str) -> LoadedModel:
     """The dense LoadedModel for ``name``, loaded once per process. Never modify it.
 
     Raises:
         GapError: from models.load_model (unknown name, unreadable weights, ...).
     """
-    from .models import load_model
-
     with _shared_lock:
         lm = _shared.pop(name, None)
         if lm is None:
@@ -358,213 +348,51 @@ def shared_model(name: str):
         return lm
 
 
-def private_copy(lm):
-    """A LoadedModel with its own copy of the weights (safe to hook, mask or prune), same tokenizer."""
-    import copy
-
-    out = copy.copy(lm)
-    out.model = copy.deepcopy(lm.model)
-    out.extras = dict(lm.extras)
-    return out
-
-
 # ---- the tasks the app runs --------------------------------------------------------------
-# Each returns a work function for `JobManager.submit`.
+# Each returns a work function for `JobManager.submit`; the work itself is the pipeline's.
 
 
 def table_task(model_name: str, spec) -> WorkFn:
-    """Build (or read from the cache) the loss table of ``model_name`` under ``spec``.
-
-    Returns a work function whose result is the LossTable.
-    """
+    """Build (or read from the cache) the loss table of ``model_name`` under ``spec``; the result is the LossTable."""
 
     def work(ctx: JobContext):
-        from .tables import build_table
-
         ctx.stage("loading the model", 0, 0)
-        lm = private_copy(shared_model(model_name))  # an exact build masks weights cell by cell
+        lm = shared_model(model_name).copy()  # an exact build masks weights cell by cell
         ctx.check_cancelled()
-        ctx.stage("reading calibration text, scoring units, dense pass", 0, 0)
-        unit = "cells" if spec.method == "exact" else "calibration batches"
+        unit = "cells" if spec.estimator == "exact" else "calibration batches"
 
         def progress(done: int, total: int, eta: float | None = None) -> None:
-            ctx.progress(done, total, eta, message=f"{spec.method} table: {done} of {total} {unit}")
+            ctx.progress(done, total, eta, message=f"{spec.estimator} table: {done} of {total} {unit}")
 
-        return build_table(lm, spec, progress=progress, cancel=ctx.cancel)
+        return loss_table(lm, spec, progress=progress, cancel=ctx.cancel, stage=ctx.say)
 
     return work
 
 
-def baselines_task(model_name: str, table, budgets, methods, constraints=None) -> WorkFn:
-    """Plans of the baseline allocation methods at a few budgets, for overlaying on the front.
-
-    Returns a work function whose result is a list of rows: method, budget, removed
-    fraction of prunable parameters, predicted loss, attention and MLP rates; a budget a
-    method cannot reach gives a row with ``error`` instead.
-    """
+def baselines_task(model_name: str, table, budgets, allocators, constraints) -> WorkFn:
+    """Baseline plans at a few budgets (`pipeline.baseline_rows`); the result is its rows."""
 
     def work(ctx: JobContext):
-        from .allocation import Constraints, calibration_for, plan_from_table
-        from .data import calibration_windows
-        from .errors import BudgetError
-        from .importance import compute_importance
-
         ctx.stage("loading the model", 0, 0)
-        lm = private_copy(shared_model(model_name))  # FLAP and OWL hook the model
-        table.check_model(lm)
-        calib = calibration_for(table)
-        scores = None
-        if "flap" in methods:
-            ctx.stage("importance scores for FLAP", 0, 0)
-            windows = calibration_windows(lm.tokenizer, calib.data, calib.n_samples, calib.seq_len, calib.seed)
-            scores = compute_importance(lm, windows, table.spec.criterion, calib.batch_size)
-        rows = []
-        total = len(budgets) * len(methods)
-        for i, (method, budget) in enumerate((m, b) for m in methods for b in budgets):
-            ctx.check_cancelled()
-            ctx.progress(i, total, None, message=f"{method} at {budget:.0%}")
-            try:
-                plan = plan_from_table(lm, table, float(budget), method, constraints or Constraints(), scores, calib)
-            except BudgetError as exc:
-                rows.append({"method": method, "budget": float(budget), "error": str(exc)})
-                continue
-            rows.append(
-                {
-                    "method": method,
-                    "budget": float(budget),
-                    "removed_fraction": float(plan.params["removed_fraction_of_prunable"]),
-                    "predicted_loss": plan.predicted_loss,
-                    "attention_rates": plan.attention_rates,
-                    "mlp_rates": plan.mlp_rates,
-                }
-            )
-        ctx.progress(total, total, 0.0, message="done")
-        return rows
+        lm = shared_model(model_name).copy()  # FLAP and OWL hook the model
+        return baseline_rows(lm, table, budgets, allocators, constraints, step=ctx.stage, cancel=ctx.cancel)
 
     return work
 
 
-def prune_eval_task(
-    model_name: str,
-    eval_settings,
-    *,
-    table=None,
-    budget: float | None = None,
-    method: str = "dp",
-    constraints=None,
-    plan=None,
-    checkpoint_dir=None,
-    history_path=None,
-) -> WorkFn:
-    """Plan (or take ``plan``), prune a fresh copy of the model, evaluate it against the dense
-    model, optionally save the checkpoint, and record the run in the history.
+def prune_eval_task(model_name: str, eval_settings, **run) -> WorkFn:
+    """Prune a copy, measure, evaluate and record (`pipeline.prune_and_evaluate`); the result is its dict.
 
     Args:
         model_name: the dense model (built-in name, folder or hub id).
         eval_settings: evaluate.EvalSettings.
-        table: the loss table (needed unless ``plan`` is given); its calibration windows
-            score the units and give the measured ("actual") loss increase.
-        budget, method, constraints: what `allocation.plan_from_table` gets.
-        plan: a ready RatePlan (e.g. an uploaded one) instead of planning.
-        checkpoint_dir: where to save the pruned checkpoint; None: not saved.
-        history_path: the history database; None: the default under the cache root.
-    Returns:
-        A work function whose result is a dict: run_id, plan (dict), report (dict),
-        predicted_loss, actual_loss, objective, checkpoint, seconds.
+        run: the keyword arguments of `pipeline.prune_and_evaluate` (table, budget,
+            allocator, constraints, plan, checkpoint_dir, history_path).
     """
 
     def work(ctx: JobContext):
-        import math
-
-        from . import history
-        from .allocation import Constraints, calibration_for, plan_from_table
-        from .data import calibration_windows
-        from .evaluate import compare_logits, evaluate, mean_nll
-        from .export import save_pruned
-        from .pipeline import CalibrationSettings, prune_with_plan
-
-        stages = 6
-        started = time.perf_counter()
-        ctx.stage("loading the dense model", 0, stages)
+        ctx.stage("loading the dense model", 0, 6)
         dense = shared_model(model_name)  # forward passes only
-        ctx.check_cancelled()
-        ctx.stage("planning", 1, stages)
-        if plan is None:
-            if table is None or budget is None:
-                raise GapError("a run needs either a plan or a loss table and a budget")
-            # dp and uniform read the geometry only; flap, owl and evo hook or mask the model
-            planner_lm = dense if method in ("dp", "uniform") else private_copy(dense)
-            chosen = plan_from_table(planner_lm, table, budget, method, constraints or Constraints())
-            del planner_lm
-        else:
-            chosen = plan
-            chosen.check_model(dense)
-        calib = calibration_for(table) if table is not None else CalibrationSettings()
-        ctx.check_cancelled()
-        ctx.stage("pruning a copy (importance scores, surgery)", 2, stages)
-        pruned = private_copy(dense)
-        result = prune_with_plan(pruned, chosen, calib)
-        ctx.check_cancelled()
-        ctx.stage("measuring the loss increase on the calibration windows", 3, stages)
-        objective = table.spec.objective if table is not None else "nll"
-        windows = calibration_windows(dense.tokenizer, calib.data, calib.n_samples, calib.seq_len, calib.seed)
-        if objective == "kl":
-            actual = compare_logits(pruned, dense, windows, calib.batch_size)[2]
-        else:
-            actual = mean_nll(pruned, windows, calib.batch_size) - mean_nll(dense, windows, calib.batch_size)
-        ctx.check_cancelled()
-        ctx.stage("evaluating", 4, stages)
-
-        def say(message: str) -> None:
-            ctx.check_cancelled()
-            ctx.stage(f"evaluating: {message}", 4, stages)
-
-        report = evaluate(pruned, dense, eval_settings, progress=say).to_dict()
-        checkpoint = None
-        if checkpoint_dir is not None:
-            ctx.stage("saving the checkpoint", 5, stages)
-            checkpoint = str(save_pruned(pruned, result, checkpoint_dir, eval_report=report))
-        seconds = time.perf_counter() - started
-        plan_dict = chosen.to_dict()
-        record = history.RunRecord.from_report(
-            plan_dict,
-            report,
-            method=chosen.method,
-            table_key=chosen.table_key or (table.key if table is not None else None),
-            budget=chosen.budget,
-            params={
-                "calibration": asdict(calib),
-                "eval": report.get("settings", {}),
-                "objective": objective,
-                "constraints": None if constraints is None else _constraints_dict(constraints),
-            },
-            predicted_loss=chosen.predicted_loss,
-            actual_loss=None if actual is None or not math.isfinite(actual) else float(actual),
-            checkpoint=checkpoint,
-            seconds=seconds,
-        )
-        run_id = history.record_run(record, history_path)
-        ctx.stage("done", stages, stages)
-        return {
-            "run_id": run_id,
-            "plan": plan_dict,
-            "report": report,
-            "predicted_loss": chosen.predicted_loss,
-            "actual_loss": record.actual_loss,
-            "objective": objective,
-            "checkpoint": checkpoint,
-            "seconds": seconds,
-            "params_before": result.params_before,
-            "params_after": result.params_after,
-        }
+        return prune_and_evaluate(dense, eval_settings, step=ctx.stage, cancel=ctx.cancel, **run)
 
     return work
-
-
-def _constraints_dict(constraints) -> dict:
-    return {
-        "locked": {str(k): float(v) for k, v in dict(constraints.locked).items()},
-        "min_rate": constraints.min_rate,
-        "max_rate": constraints.max_rate,
-        "coupled": constraints.coupled,
-    }

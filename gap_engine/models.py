@@ -6,12 +6,13 @@ four packages plus a SHA-256). transformers de-quantizes GGUF to float32, which 
 seconds, so the first load converts once to safetensors under ``cache/models/<name>/`` and
 every later load reads that folder (about a second).
 
-A folder written by ``gap prune`` (it holds ``gap_pruned.json``) is rebuilt by
-``gap_engine.export.load_pruned`` with its per-layer widths.
+A folder written by ``gap prune`` (it holds ``gap_pruned.json``) is rebuilt with its
+per-layer widths by ``checkpoint.read_pruned`` and wrapped here like any other model.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -25,13 +26,14 @@ import torch
 from torch import nn
 
 from .adapters import ArchitectureAdapter, adapter_for
-from .errors import ModelLoadError
+from .checkpoint import is_pruned_checkpoint, read_pruned
+from .errors import ModelLoadError, first_line
+from .fingerprint import state_fingerprint
 from .fsutil import atomic_directory, atomic_write_bytes, cache_root, lock_for
 
 log = logging.getLogger(__name__)
 
 CONVERTED_MARKER = "gap_converted.json"  # written last into a converted built-in folder
-PRUNED_MARKER = "gap_pruned.json"  # written by export.save_pruned
 
 
 @dataclass
@@ -57,6 +59,43 @@ class LoadedModel:
 
     def size_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in {id(p): p for p in self.model.parameters()}.values())
+
+    @classmethod
+    def from_transformers(
+        cls, model: nn.Module, tokenizer, name: str, source: str, pruned_from: dict | None = None
+    ) -> "LoadedModel":
+        """Wrap a transformers *ForCausalLM and its tokenizer: eval mode, no gradients, a pad
+        token, the family adapter and the weights fingerprint.
+
+        Raises:
+            UnsupportedArchitectureError: a model family without an adapter.
+        """
+        adapter = adapter_for(model)
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return cls(
+            name=name,
+            model=model,
+            tokenizer=tokenizer,
+            adapter=adapter,
+            fingerprint=weights_fingerprint(model),
+            source=source,
+            pruned_from=pruned_from,
+        )
+
+    def refresh_fingerprint(self) -> None:
+        """Recompute the fingerprint after the weights changed (surgery, recovery)."""
+        self.fingerprint = weights_fingerprint(self.model)
+
+    def copy(self) -> "LoadedModel":
+        """A LoadedModel with its own copy of the weights (safe to hook, mask or prune), same tokenizer."""
+        out = copy.copy(self)
+        out.model = copy.deepcopy(self.model)
+        out.extras = dict(self.extras)
+        return out
 
 
 # ---- built-in models ------------------------------------------------------------------
@@ -143,7 +182,6 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         ),
     )
 }
-DEFAULT_MODEL = "smollm2-135m"
 
 
 def list_models() -> list[dict]:
@@ -157,42 +195,8 @@ def list_models() -> list[dict]:
 
 # ---- loading --------------------------------------------------------------------------
 def weights_fingerprint(model: nn.Module) -> str:
-    """A stable hash of the weights: names, shapes and a strided sample of every tensor.
-
-    Hashing all 500 MB of a model's bytes costs seconds; a sample of ~4k values per tensor plus
-    its shape tells any two real checkpoints apart and takes milliseconds.
-    """
+    """A stable hash of the weights (``fingerprint.state_fingerprint`` of the state dict)."""
     return state_fingerprint(model.state_dict())
-
-
-def state_fingerprint(state: dict[str, torch.Tensor]) -> str:
-    """``weights_fingerprint`` of a state dict (e.g. the weights as a checkpoint stores them)."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(state.items()):
-        flat = tensor.detach().reshape(-1)
-        stride = max(1, flat.numel() // 4096)
-        sample = flat[::stride].to(torch.float32).contiguous()
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(sample.numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def _finish(model: nn.Module, tokenizer, name: str, source: str, pruned_from: dict | None = None) -> LoadedModel:
-    adapter = adapter_for(model)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return LoadedModel(
-        name=name,
-        model=model,
-        tokenizer=tokenizer,
-        adapter=adapter,
-        fingerprint=weights_fingerprint(model),
-        source=source,
-        pruned_from=pruned_from,
-    )
 
 
 def _from_gguf(gguf: Path):
@@ -202,7 +206,7 @@ def _from_gguf(gguf: Path):
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     except Exception as exc:  # transformers raises many kinds on a bad file
-        raise ModelLoadError(f"cannot read GGUF file {gguf}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
+        raise ModelLoadError(f"cannot read GGUF file {gguf}: {type(exc).__name__}: {first_line(exc, 200)}") from exc
     # The de-quantized model still carries a gguf quantization_config, which blocks save_pretrained.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -233,9 +237,9 @@ def _load_builtin(spec: BuiltinModel) -> LoadedModel:
                 tokenizer.save_pretrained(tmp)
                 meta = {"builtin": spec.name, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size}
                 (tmp / CONVERTED_MARKER).write_text(json.dumps(meta, indent=2))
-            return _finish(model, tokenizer, spec.name, str(gguf))
+            return LoadedModel.from_transformers(model, tokenizer, spec.name, str(gguf))
     model, tokenizer = _from_folder(str(folder), local_only=True)
-    return _finish(model, tokenizer, spec.name, str(folder))
+    return LoadedModel.from_transformers(model, tokenizer, spec.name, str(folder))
 
 
 def load_model(name_or_path: str) -> LoadedModel:
@@ -249,46 +253,43 @@ def load_model(name_or_path: str) -> LoadedModel:
         return _load_builtin(BUILTIN_MODELS[name_or_path])
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        if (path / PRUNED_MARKER).is_file():
-            from .export import load_pruned
-
-            return load_pruned(path)
+        if is_pruned_checkpoint(path):
+            return _load_pruned(path)
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is a folder without config.json, not a model checkpoint")
         try:
             model, tokenizer = _from_folder(str(path), local_only=True)
         except Exception as exc:
-            raise ModelLoadError(f"cannot load the model in {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
-        return _finish(model, tokenizer, name_or_path, str(path))
+            raise ModelLoadError(f"cannot load the model in {path}: {type(exc).__name__}: {first_line(exc, 200)}") from exc
+        return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file {path} does not exist")
         model, tokenizer = _from_gguf(path.resolve())
-        return _finish(model, tokenizer, name_or_path, str(path))
+        return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
     if name_or_path.count("/") == 1 and not path.exists() and not name_or_path.startswith((".", "/", "~")):
         try:
             model, tokenizer = _from_folder(name_or_path, local_only=os.environ.get("HF_HUB_OFFLINE") == "1")
         except Exception as exc:
             raise ModelLoadError(
                 f"cannot load '{name_or_path}' from the Hugging Face hub (no network, or not cached): "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+                f"{type(exc).__name__}: {first_line(exc, 160)}"
             ) from exc
-        return _finish(model, tokenizer, name_or_path, "hub")
+        return LoadedModel.from_transformers(model, tokenizer, name_or_path, "hub")
     raise ModelLoadError(
         f"unknown model '{name_or_path}': not a built-in ({', '.join(BUILTIN_MODELS)}), "
         "a local model folder, a .gguf file, or a hub id 'org/name'"
     )
 
 
-def load_tokenizer(name_or_path: str):
-    """The tokenizer alone (cheap once the built-in model was converted)."""
-    return load_model(name_or_path).tokenizer if name_or_path not in BUILTIN_MODELS else _builtin_tokenizer(name_or_path)
-
-
-def _builtin_tokenizer(name: str):
-    from transformers import AutoTokenizer
-
-    folder = cache_root() / "models" / name
-    if not (folder / CONVERTED_MARKER).is_file():
-        return _load_builtin(BUILTIN_MODELS[name]).tokenizer
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+def _load_pruned(folder: Path) -> LoadedModel:
+    parts = read_pruned(folder)
+    pruned_from = {
+        "model": parts.base_model,
+        "fingerprint": parts.base_fingerprint,
+        "plan": parts.plan.to_dict() if parts.plan else None,
+    }
+    lm = LoadedModel.from_transformers(parts.model, parts.tokenizer, str(folder), str(folder), pruned_from=pruned_from)
+    if parts.fingerprint and parts.fingerprint != lm.fingerprint:
+        raise ModelLoadError(f"{folder}: weights fingerprint {lm.fingerprint} differs from the recorded {parts.fingerprint}")
+    return lm

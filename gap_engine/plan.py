@@ -16,12 +16,13 @@ from pathlib import Path
 
 import yaml
 
-from .errors import PlanError
+from .config import CRITERIA, DEFAULT_CHANNEL_MULTIPLE
+from .errors import PlanError, first_line
 from .fsutil import atomic_write_text
-from .importance import CRITERIA
-from .units import DEFAULT_CHANNEL_MULTIPLE, block_geometries
+from .units import block_geometries
 
-PLAN_FORMAT_VERSION = 1
+# Version 2 renamed the field "method" to "allocator"; version-1 plans are read and upgraded.
+PLAN_FORMAT_VERSION = 2
 
 
 @dataclass
@@ -34,7 +35,7 @@ class RatePlan:
     mlp_rates: list[float]  # per block: fraction of MLP parameters to remove, in [0, 1)
     channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE  # MLP widths are kept in multiples of this
     params: dict = field(default_factory=dict)  # dense/pruned totals as predicted from the geometry
-    method: str = "manual"  # how the rates were chosen (dp, uniform, flap, owl, evo, manual)
+    allocator: str = "manual"  # how the rates were chosen (dp, uniform, flap, owl, evo, manual)
     budget: float | None = None  # requested fraction of prunable parameters to remove
     predicted_loss: float | None = None  # the table's predicted summed loss increase
     table_key: str | None = None  # cache key of the loss table behind a dp plan
@@ -80,6 +81,8 @@ class RatePlan:
     def from_dict(cls, data) -> "RatePlan":
         if not isinstance(data, dict):
             raise PlanError("a plan must be a JSON/YAML object")
+        if data.get("format_version") == 1:
+            data = {("allocator" if k == "method" else k): v for k, v in data.items()} | {"format_version": PLAN_FORMAT_VERSION}
         known = set(cls.__dataclass_fields__)
         missing = [k for k in ("model", "num_layers", "criterion", "attention_rates", "mlp_rates") if k not in data]
         if missing:
@@ -103,7 +106,7 @@ class RatePlan:
             try:
                 data = yaml.safe_load(text)
             except yaml.YAMLError as exc:
-                raise PlanError(f"{hint} is neither valid JSON nor YAML: {str(exc).splitlines()[0]}") from None
+                raise PlanError(f"{hint} is neither valid JSON nor YAML: {first_line(exc)}") from None
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> Path:
@@ -172,4 +175,4 @@ def uniform_plan(lm, rate: float, criterion: str, channel_multiple: int = DEFAUL
     if not (0.0 <= rate < 1.0):
         raise PlanError(f"rate {rate} is outside [0, 1)")
     n = lm.num_layers
-    return make_plan(lm, [rate] * n, [rate] * n, criterion, channel_multiple, method="uniform", budget=rate)
+    return make_plan(lm, [rate] * n, [rate] * n, criterion, channel_multiple, allocator="uniform", budget=rate)

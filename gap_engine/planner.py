@@ -54,13 +54,13 @@ cost, rounded up, which always finds a plan for any budget <= W.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from gap_engine.errors import BudgetError
+from .config import DEFAULT_N_BUCKETS
+from .errors import BudgetError
 
 # Rates closer than this are the same grid point (grids come from linspace and JSON).
 _RATE_ATOL = 1e-9
@@ -123,7 +123,7 @@ class ParetoFront:
         return int(self.removed[reachable].max())
 
 
-def _check_inputs(
+def check_inputs(
     costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Validate and normalise the tables: int64 costs, float64 losses, bool mask, all (C, R)."""
@@ -209,7 +209,7 @@ def _dp_tables(
     return prev, pointers
 
 
-def _read_back(bucketed: np.ndarray, pointers: np.ndarray, rows: np.ndarray, at_least: bool) -> np.ndarray:
+def _read_back(bucketed: np.ndarray, pointers: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Choices (len(rows), C) for the given budget rows, following the pointers back."""
     n_comp = bucketed.shape[0]
     choices = np.empty((len(rows), n_comp), dtype=pointers.dtype)
@@ -233,7 +233,7 @@ def _front(
     bucketed = np.minimum((costs + bucket_size // 2) // bucket_size, n_budget)  # (C, R)
     values, pointers = _dp_tables(bucketed, losses, allowed, width, at_least=True)
     reachable = np.isfinite(values)
-    choices = _read_back(bucketed, pointers, np.arange(width), at_least=True)  # (B+1, C)
+    choices = _read_back(bucketed, pointers, np.arange(width))  # (B+1, C)
     choices[~reachable] = -1
     removed = costs[np.arange(n_comp), choices].sum(axis=1)  # (B+1,)
     removed[~reachable] = -1
@@ -249,7 +249,7 @@ def solve_front(
     costs: np.ndarray,
     losses: np.ndarray,
     allowed: np.ndarray | None = None,
-    n_buckets: int = 4096,
+    n_buckets: int = DEFAULT_N_BUCKETS,
 ) -> ParetoFront:
     """Least-loss choice for every global budget, in one DP pass.
 
@@ -267,7 +267,7 @@ def solve_front(
     """
     if n_buckets < 1:
         raise BudgetError(f"n_buckets must be at least 1, got {n_buckets}")
-    costs_int, losses_arr, mask = _check_inputs(costs, losses, allowed)
+    costs_int, losses_arr, mask = check_inputs(costs, losses, allowed)
     max_removable = _max_removable(costs_int, mask)
     bucket_size = max(1, -(-max_removable // n_buckets))
     n_budget = -(-max_removable // bucket_size)
@@ -285,7 +285,6 @@ def _solve_from_top(
     the all-largest plan (slack 0) always fits: this never fails for request <= W. It is
     exact when K <= n_buckets, and far finer than the covering grid near the top.
     """
-    n_comp = costs.shape[0]
     largest = np.where(allowed, costs, -1).max(axis=1, keepdims=True)  # (C, 1)
     slack = np.where(allowed, largest - costs, 0)  # (C, R) >= 0 where allowed
     capacity = int(largest.sum()) - math.ceil(removed_params)
@@ -294,7 +293,7 @@ def _solve_from_top(
     bucketed = -(-slack // bucket_size)  # ceil: bucketed fit implies exact fit
     values, pointers = _dp_tables(bucketed, losses, allowed, width, at_least=False)
     assert np.isfinite(values[-1]), "the all-largest plan always fits"
-    return _read_back(bucketed, pointers, np.array([width - 1]), at_least=False)[0].astype(np.intp)
+    return _read_back(bucketed, pointers, np.array([width - 1]))[0].astype(np.intp)
 
 
 def solve_budget(
@@ -303,7 +302,7 @@ def solve_budget(
     allowed: np.ndarray | None = None,
     *,
     removed_params: float,
-    n_buckets: int = 4096,
+    n_buckets: int = DEFAULT_N_BUCKETS,
 ) -> np.ndarray:
     """Least-loss choice for one budget.
 
@@ -326,7 +325,7 @@ def solve_budget(
         raise BudgetError(f"n_buckets must be at least 1, got {n_buckets}")
     if not math.isfinite(removed_params):
         raise BudgetError(f"budget must be a finite number of parameters, got {removed_params!r}")
-    costs_int, losses_arr, mask = _check_inputs(costs, losses, allowed)
+    costs_int, losses_arr, mask = check_inputs(costs, losses, allowed)
     max_removable = _max_removable(costs_int, mask)
     if removed_params > max_removable:
         raise BudgetError(
@@ -343,38 +342,6 @@ def solve_budget(
         except BudgetError:
             pass  # rounding at the top of this grid; the slack form below cannot fail
     return _solve_from_top(costs_int, losses_arr, mask, removed_params, n_buckets)
-
-
-def brute_force(
-    costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray | None, min_removed: float
-) -> tuple[float, np.ndarray]:
-    """Exhaustive reference for tests: enumerate every choice (small C and R only).
-
-    Args:
-        costs, losses, allowed: as in `solve_front`.
-        min_removed: parameters that must be removed (at least), exact costs.
-    Returns:
-        (least summed loss, (C,) intp choice), the lexicographically first on ties;
-        (inf, all -1) when no choice removes enough.
-    Raises:
-        BudgetError: malformed tables, or more than a million choices to enumerate.
-    """
-    costs_int, losses_arr, mask = _check_inputs(costs, losses, allowed)
-    n_comp = costs_int.shape[0]
-    options = [np.flatnonzero(mask[c]) for c in range(n_comp)]
-    n_choices = math.prod(len(o) for o in options)
-    if n_choices > 1_000_000:
-        raise BudgetError(f"brute force would enumerate {n_choices:,} choices; it is for tiny instances")
-    every = np.array(list(itertools.product(*options)), dtype=np.intp).reshape(n_choices, n_comp)  # (N, C)
-    removed = costs_int[np.arange(n_comp), every].sum(axis=1)  # (N,)
-    total_loss = np.zeros(n_choices)
-    for c in range(n_comp):  # summed in component order, like the DP
-        total_loss += losses_arr[c, every[:, c]]
-    total_loss[removed < min_removed] = np.inf
-    best = int(np.argmin(total_loss))  # first minimum: lexicographic order of product()
-    if not np.isfinite(total_loss[best]):
-        return math.inf, np.full(n_comp, -1, dtype=np.intp)
-    return float(total_loss[best]), every[best]
 
 
 def constraint_mask(
@@ -439,32 +406,3 @@ def constraint_mask(
         c = int(np.argmax(empty))
         raise BudgetError(f"component {c} has no grid rate within [{lo[c]:g}, {hi[c]:g}]")
     return mask
-
-
-def uniform_choice(costs: np.ndarray, rate_grid: np.ndarray, removed_params: float) -> np.ndarray:
-    """Baseline: the same grid rate for every component, the smallest that meets the budget.
-
-    Args:
-        costs: (C, R) int >= 0, parameters removed by option r of component c.
-        rate_grid: (R,) the rates of the options.
-        removed_params: parameters that must be removed (at least).
-    Returns:
-        (C,) intp, the same option index for every component.
-    Raises:
-        BudgetError: no single grid rate removes enough.
-    """
-    costs_arr = np.asarray(costs, dtype=np.int64)
-    grid = np.asarray(rate_grid, dtype=np.float64)
-    if costs_arr.ndim != 2 or grid.shape != (costs_arr.shape[1],):
-        raise BudgetError(f"rate_grid shape {grid.shape} does not match costs shape {costs_arr.shape}")
-    if not math.isfinite(removed_params):
-        raise BudgetError(f"budget must be a finite number of parameters, got {removed_params!r}")
-    totals = costs_arr.sum(axis=0)  # (R,)
-    for r in np.argsort(grid, kind="stable"):
-        if totals[r] >= removed_params:
-            return np.full(costs_arr.shape[0], r, dtype=np.intp)
-    top = int(np.argmax(totals))
-    raise BudgetError(
-        f"uniform pruning cannot remove {removed_params:,.0f} parameters: "
-        f"at most {int(totals[top]):,} (rate {grid[top]:g})"
-    )

@@ -11,8 +11,10 @@ final parameter count must equal the plan's prediction.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -20,32 +22,10 @@ from torch import nn
 from .adapters import ArchitectureAdapter
 from .importance import ImportanceScores, LayerScores
 from .plan import RatePlan, predicted_params
-from .units import AttentionShape, attention_shape_for_rate, block_geometries, channels_for_rate
+from .slicing import slice_attention_, slice_mlp_, zeroed_units
+from .units import AttentionShape, attention_shape_for_rate, channels_for_rate
 
 log = logging.getLogger(__name__)
-
-
-def _slice_linear(linear: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> nn.Linear:
-    weight = linear.weight.detach()  # (out, in)
-    if rows is not None:
-        weight = weight.index_select(0, rows)
-    if cols is not None:
-        weight = weight.index_select(1, cols)
-    bias = linear.bias.detach() if linear.bias is not None else None
-    if bias is not None and rows is not None:
-        bias = bias.index_select(0, rows)
-    out = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        out.weight.copy_(weight)
-        if bias is not None:
-            out.bias.copy_(bias)
-    out.weight.requires_grad_(linear.weight.requires_grad)
-    return out
-
-
-def _unit_rows(units: torch.Tensor, width: int) -> torch.Tensor:
-    """Row indices of whole heads: head h owns rows h*width .. (h+1)*width-1."""
-    return (units[:, None] * width + torch.arange(width)[None, :]).reshape(-1)  # (len(units) * width,)
 
 
 def select_attention(head_scores: torch.Tensor, n_kv_heads: int, shape: AttentionShape) -> tuple[list[int], list[int]]:
@@ -68,40 +48,6 @@ def select_attention(head_scores: torch.Tensor, n_kv_heads: int, shape: Attentio
 def select_channels(channel_scores: torch.Tensor, kept: int) -> list[int]:
     """The ``kept`` highest-scoring MLP channels, ascending."""
     return sorted(torch.argsort(channel_scores, descending=True, stable=True)[:kept].tolist())
-
-
-def prune_attention_(adapter: ArchitectureAdapter, layer: nn.Module, kept_kv: list[int], kept_heads: list[int]) -> None:
-    """Slice one block's attention in place to the given KV groups and query heads."""
-    geom = adapter.geometry(layer)
-    if len(kept_heads) % len(kept_kv) != 0:
-        raise ValueError("kept query heads must divide evenly over kept KV groups")
-    q, k, v, o = adapter.attention_projections(layer)
-    attn = adapter.attention(layer)
-    head_rows = _unit_rows(torch.tensor(kept_heads), geom.head_dim)
-    kv_rows = _unit_rows(torch.tensor(kept_kv), geom.head_dim)
-    setattr(attn, adapter.query_name, _slice_linear(q, rows=head_rows))
-    setattr(attn, adapter.key_name, _slice_linear(k, rows=kv_rows))
-    setattr(attn, adapter.value_name, _slice_linear(v, rows=kv_rows))
-    setattr(attn, adapter.output_name, _slice_linear(o, cols=head_rows))
-    adapter.set_head_counts(layer, len(kept_heads), len(kept_kv))
-    after = adapter.geometry(layer)
-    assert after.n_heads == len(kept_heads) and after.n_kv_heads == len(kept_kv), "attention slice lost its shape"
-    assert after.n_heads % after.n_kv_heads == 0, "GQA groups became uneven"
-    assert adapter.attention_projections(layer)[3].in_features == after.n_heads * geom.head_dim
-
-
-def prune_mlp_(adapter: ArchitectureAdapter, layer: nn.Module, kept_channels: list[int]) -> None:
-    """Slice one block's MLP in place to the given intermediate channels."""
-    gate, up, down = adapter.mlp_projections(layer)
-    mlp = adapter.mlp(layer)
-    idx = torch.tensor(kept_channels)
-    setattr(mlp, adapter.gate_name, _slice_linear(gate, rows=idx))
-    setattr(mlp, adapter.up_name, _slice_linear(up, rows=idx))
-    setattr(mlp, adapter.down_name, _slice_linear(down, cols=idx))
-    if hasattr(mlp, "intermediate_size"):
-        mlp.intermediate_size = len(kept_channels)
-    g, u, d = adapter.mlp_projections(layer)
-    assert g.out_features == u.out_features == d.in_features == len(kept_channels), "MLP slice lost its shape"
 
 
 @dataclass
@@ -135,6 +81,35 @@ def layer_selection(
     return kept_kv, kept_heads, kept_channels
 
 
+def removed_units(
+    adapter: ArchitectureAdapter, layer: nn.Module, scores: LayerScores, attn_rate: float, mlp_rate: float, channel_multiple: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(heads, channels) of one block that the rates remove, ascending: the complement of `layer_selection`."""
+    geom = adapter.geometry(layer)
+    _, kept_heads, kept_channels = layer_selection(adapter, layer, scores, attn_rate, mlp_rate, channel_multiple)
+    heads = tuple(sorted(set(range(geom.n_heads)) - set(kept_heads)))
+    channels = tuple(sorted(set(range(geom.intermediate_size)) - set(kept_channels)))
+    return heads, channels
+
+
+@contextlib.contextmanager
+def masked_plan(lm, attention_rates, mlp_rates, scores: ImportanceScores, channel_multiple: int) -> Iterator[None]:
+    """Temporarily zero every unit a plan removes, on the dense model itself.
+
+    Units are chosen exactly as `apply_plan` chooses them, and zeroing a head's ``o_proj``
+    columns and a channel's ``down_proj`` column gives the sliced model's output (see
+    ``slicing.zeroed_units``); weights are restored exactly on exit.
+    """
+    layers = lm.adapter.layers(lm.model)
+    with contextlib.ExitStack() as stack:
+        for i, layer in enumerate(layers):
+            if attention_rates[i] <= 0 and mlp_rates[i] <= 0:
+                continue
+            heads, channels = removed_units(lm.adapter, layer, scores.layers[i], attention_rates[i], mlp_rates[i], channel_multiple)
+            stack.enter_context(zeroed_units(lm.adapter, layer, heads, channels))
+        yield
+
+
 def apply_plan(lm, plan: RatePlan, scores: ImportanceScores | None) -> PruneResult:
     """Prune ``lm.model`` in place as ``plan`` says and return what was kept.
 
@@ -146,8 +121,6 @@ def apply_plan(lm, plan: RatePlan, scores: ImportanceScores | None) -> PruneResu
     Raises:
         PlanError: the plan is for another model.
     """
-    from .models import weights_fingerprint
-
     plan.validate()
     plan.check_model(lm)
     # Recounted from this model's geometry: a hand-written plan may carry no or stale counts.
@@ -167,28 +140,16 @@ def apply_plan(lm, plan: RatePlan, scores: ImportanceScores | None) -> PruneResu
                 lm.adapter, layer, scores.layers[i], a_rate, m_rate, plan.channel_multiple
             )
         if len(kept_heads) < geom.n_heads:
-            prune_attention_(lm.adapter, layer, kept_kv, kept_heads)
+            slice_attention_(lm.adapter, layer, kept_kv, kept_heads)
         if len(kept_channels) < geom.intermediate_size:
-            prune_mlp_(lm.adapter, layer, kept_channels)
+            slice_mlp_(lm.adapter, layer, kept_channels)
         result.kept_kv_heads.append(kept_kv)
         result.kept_heads.append(kept_heads)
         result.kept_channels.append(kept_channels)
     result.params_after = lm.param_count()
     expected = plan.params["pruned_total"]
     assert result.params_after == expected, f"pruned model has {result.params_after} parameters, plan predicted {expected}"
-    lm.fingerprint = weights_fingerprint(lm.model)
+    lm.refresh_fingerprint()
     lm.pruned_from = {"model": plan.model, "fingerprint": plan.model_fingerprint, "plan": plan.to_dict()}
     log.info("pruned %s: %d -> %d parameters", lm.name, result.params_before, result.params_after)
     return result
-
-
-def current_widths(lm) -> list[dict]:
-    """Per-block widths as they are now, in the form config.json's per_layer_config records."""
-    return [
-        {
-            "num_attention_heads": g.geometry.n_heads,
-            "num_key_value_heads": g.geometry.n_kv_heads,
-            "intermediate_size": g.geometry.intermediate_size,
-        }
-        for g in block_geometries(lm)
-    ]

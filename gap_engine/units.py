@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .adapters import LayerGeometry
-
-COMPONENTS = ("attn", "mlp")
-DEFAULT_CHANNEL_MULTIPLE = 8
+from .config import DEFAULT_CHANNEL_MULTIPLE
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ import time
 
 import streamlit as st
 
+from gap_engine.allocate import Constraints, dp_front, front_rows
+from gap_engine.config import DEFAULT_BUDGET, DEFAULT_MAX_RATE
 from gap_engine.errors import GapError
 from gap_engine.jobs import CANCELLED, DONE, FAILED, manager, shared_model
 
@@ -39,8 +41,8 @@ if os.path.exists("/usr/bin/chromium"):
 SHARED_DEFAULTS = {
     "app_table": None,
     "app_model": None,
-    "app_budget": 0.2,
-    "app_constraints": {"locked": {}, "max_rate": 0.95, "coupled": False},
+    "app_budget": DEFAULT_BUDGET,
+    "app_constraints": {"locked": {}, "max_rate": DEFAULT_MAX_RATE, "coupled": False},
     "app_plan": None,
     "app_uploaded_plan": None,
     "app_jobs": {},
@@ -113,14 +115,6 @@ def show_message(slot: str) -> None:
         {"error": st.error, "warning": st.warning, "success": st.success, "info": st.info}[level](text)
 
 
-def error_text(exc: BaseException) -> str:
-    """What a user sees for an exception: a GapError's message, else a one-line summary."""
-    if isinstance(exc, GapError):
-        return str(exc)
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
 # ---- PNG export ----------------------------------------------------------------------------
 _png_lock = threading.Lock()
 
@@ -171,7 +165,7 @@ def set_table(table) -> None:
         st.session_state["app_plan"] = None
         st.session_state["app_baselines"] = None
         if previous is None or previous.num_layers != table.num_layers:
-            st.session_state["app_constraints"] = {"locked": {}, "max_rate": 0.95, "coupled": False}
+            st.session_state["app_constraints"] = dict(SHARED_DEFAULTS["app_constraints"], locked={})
 
 
 def autoload_latest() -> None:
@@ -194,6 +188,14 @@ def autoload_latest() -> None:
         set_message("setup", "info", f"Loaded the most recent cached table ({table.key}); build or pick another below.")
 
 
+def table_page(prefix: str, defaults: dict, title: str):
+    """Start a page that needs a loss table: its widget state, its title, and the current table
+    (or a pointer to Setup, and the page stops)."""
+    init_page(prefix, defaults)
+    st.title(title)
+    return require_table()
+
+
 def require_table():
     """The current table, or stop the page with a pointer to Setup."""
     init_shared()
@@ -205,16 +207,9 @@ def require_table():
     return table
 
 
-def constraints_from_state():
-    """The planner's constraints as an allocation.Constraints."""
-    from gap_engine.allocation import Constraints
-
-    raw = st.session_state.get("app_constraints") or {}
-    return Constraints(
-        locked={int(k): float(v) for k, v in (raw.get("locked") or {}).items()},
-        max_rate=float(raw.get("max_rate", 0.95)),
-        coupled=bool(raw.get("coupled", False)),
-    )
+def constraints_from_state() -> Constraints:
+    """The planner's constraints of this session."""
+    return Constraints.from_dict(st.session_state.get("app_constraints"))
 
 
 def constraints_json(raw: dict) -> str:
@@ -224,32 +219,8 @@ def constraints_json(raw: dict) -> str:
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def pareto_rows(table_key: str, constraints_text: str, _table) -> list[dict]:
-    """allocation.front_rows of the DP front for one table and constraints (cached per process)."""
-    from gap_engine.allocation import Constraints, dp_front, front_rows
-
-    raw = json.loads(constraints_text)
-    constraints = Constraints(
-        locked={int(k): float(v) for k, v in raw["locked"].items()}, max_rate=raw["max_rate"], coupled=raw["coupled"]
-    )
-    return front_rows(_table, dp_front(_table, constraints))
-
-
-def planner_figure_for(table, lm):
-    """The planner figure at the session's budget and constraints (for the planner and Export pages)."""
-    from pages import figures
-
-    raw = st.session_state.get("app_constraints") or SHARED_DEFAULTS["app_constraints"]
-    rows = pareto_rows(table.key, constraints_json(raw), table)
-    stored = st.session_state.get("app_baselines")
-    key = table.key + "|" + constraints_json(raw)
-    return figures.planner_figure(
-        table,
-        rows,
-        dense_total=lm.param_count(),
-        active_budget=float(st.session_state.get("app_budget") or 0.2),
-        locked={int(k): v for k, v in raw["locked"].items()},
-        baselines=stored["rows"] if stored and stored.get("key", "").startswith(key + "|") else None,
-    )
+    """allocate.front_rows of the DP front for one table and constraints (cached per process)."""
+    return front_rows(_table, dp_front(_table, Constraints.from_dict(json.loads(constraints_text))))
 
 
 # ---- jobs ----------------------------------------------------------------------------------
@@ -305,6 +276,17 @@ def job_progress(kind: str, title: str) -> None:
             st.button("Cancel", key=f"app_cancel_{kind}", on_click=job.cancel, icon=":material/cancel:")
 
     panel()
+
+
+def job_controls(kind: str, label: str, key: str, on_click, icon: str, title: str, slot: str, where=None, **button) -> None:
+    """A button that starts a background job (disabled while one of ``kind`` runs), its
+    progress panel, and the message area ``slot``."""
+    running = session_job(kind)
+    (where or st).button(
+        label, key=key, on_click=on_click, disabled=running is not None and running.active, icon=icon, **button
+    )
+    job_progress(kind, title)
+    show_message(slot)
 
 
 def report_finished(job, what: str, slot: str) -> bool:

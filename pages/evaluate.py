@@ -6,16 +6,17 @@ import pandas as pd
 import streamlit as st
 
 from gap_engine import history
-from gap_engine.allocation import METHODS
+from gap_engine.config import ALLOCATORS, APP_EVAL_WINDOWS, WindowSpec
 from gap_engine.data import BUILTIN_SOURCES
-from gap_engine.errors import GapError
+from gap_engine.errors import GapError, one_line
 from gap_engine.evaluate import EvalSettings
 from gap_engine.jobs import manager, prune_eval_task
 from gap_engine.plan import RatePlan
-from pages import common, figures
+from gap_engine import figures
+from pages import common
 
 UPLOADED = "uploaded plan"
-METHOD_HELP = {
+ALLOCATOR_HELP = {
     "dp": "GAP: the exact DP on the loss table",
     "uniform": "same rate everywhere",
     "flap": "FLAP adaptive structure search",
@@ -24,67 +25,80 @@ METHOD_HELP = {
     UPLOADED: "the plan uploaded on the Export page",
 }
 DEFAULTS = {
-    "eval_method": "dp",
-    "eval_sources": ["wiki-sample"],
-    "eval_samples": 8,
-    "eval_seq_len": 128,
+    "eval_allocator": "dp",
+    "eval_sources": [APP_EVAL_WINDOWS.data],
+    "eval_samples": APP_EVAL_WINDOWS.n_samples,
+    "eval_seq_len": APP_EVAL_WINDOWS.seq_len,
     "eval_throughput": True,
     "eval_generations": 3,
     "eval_max_new_tokens": 24,
     "eval_save_checkpoint": True,
     "eval_metric": None,
 }
-common.init_page("eval_", DEFAULTS)
+table = common.table_page("eval_", DEFAULTS, "Prune & evaluate")
 ss = st.session_state
-
-st.title("Prune & evaluate")
-table = common.require_table()
 budget = float(ss["app_budget"])
 uploaded = ss.get("app_uploaded_plan")
-methods = list(METHODS) + ([UPLOADED] if uploaded else [])
-if ss["eval_method"] not in methods:
-    ss["eval_method"] = "dp"
+allocators = list(ALLOCATORS) + ([UPLOADED] if uploaded else [])
+if ss["eval_allocator"] not in allocators:
+    ss["eval_allocator"] = "dp"
 
 
 def start_run() -> None:
     common.clear_message("eval")
-    settings = EvalSettings(
-        data=tuple(ss["eval_sources"]) or ("wiki-sample",),
+    windows = WindowSpec(
+        data=",".join(ss["eval_sources"]) or APP_EVAL_WINDOWS.data,
         n_samples=int(ss["eval_samples"]),
         seq_len=int(ss["eval_seq_len"]),
+    )
+    settings = EvalSettings(
+        windows=windows,
         throughput=bool(ss["eval_throughput"]),
         generations=int(ss["eval_generations"]),
         max_new_tokens=int(ss["eval_max_new_tokens"]),
     )
-    method = ss["eval_method"]
-    plan = None
-    if method == UPLOADED:
+    allocator = ss["eval_allocator"]
+    plan = planner_plan() if allocator == "dp" else None  # prune exactly what the planner shows
+    if allocator == UPLOADED:
         try:
             plan = RatePlan.from_dict(dict(uploaded))
         except GapError as exc:
-            common.set_message("eval", "error", common.error_text(exc))
+            common.set_message("eval", "error", one_line(exc))
             return
-    checkpoint_dir = history.new_checkpoint_dir(plan.method if plan else method, plan.budget if plan else budget) if ss["eval_save_checkpoint"] else None
+    checkpoint_dir = None
+    if ss["eval_save_checkpoint"]:
+        checkpoint_dir = history.new_checkpoint_dir(plan.allocator if plan else allocator, plan.budget if plan else budget)
     task = prune_eval_task(
         table.model,
         settings,
         table=table,
         budget=budget,
-        method=method if plan is None else plan.method,
+        allocator=allocator if plan is None else plan.allocator,
         constraints=common.constraints_from_state(),
         plan=plan,
         checkpoint_dir=checkpoint_dir,
     )
-    key = f"{table.key}|{method}|{budget:.4f}|{common.constraints_json(ss['app_constraints'])}|{settings}"
-    job = manager().submit("prune_eval", task, key=key, label=f"{method} at {budget:.1%}")
+    key = f"{table.key}|{allocator}|{budget:.4f}|{common.constraints_json(ss['app_constraints'])}|{settings}"
+    job = manager().submit("prune_eval", task, key=key, label=f"{allocator} at {budget:.1%}")
     common.remember_job("prune_eval", job)
+
+
+def planner_plan():
+    """The planner's DP plan (its released front row) when it belongs to this table and budget."""
+    stored = ss.get("app_plan")
+    if not stored or stored.get("table_key") != table.key or stored.get("budget") != budget:
+        return None
+    try:
+        return RatePlan.from_dict(dict(stored))
+    except GapError:
+        return None
 
 
 def delete_run(run_id: int) -> None:
     try:
         history.delete_run(int(run_id), remove_checkpoint=True)
     except GapError as exc:
-        common.set_message("eval_history", "error", common.error_text(exc))
+        common.set_message("eval_history", "error", one_line(exc))
     else:
         common.set_message("eval_history", "success", f"Deleted run {run_id} and its checkpoint.")
 
@@ -93,18 +107,26 @@ def delete_run(run_id: int) -> None:
 left, right = st.columns([1, 1], gap="large")
 with left:
     st.subheader("Plan")
-    st.selectbox("Allocation method", methods, key="eval_method", format_func=lambda m: f"{m} — {METHOD_HELP[m]}")
-    if ss["eval_method"] == UPLOADED:
-        st.caption(f"Uploaded plan for {uploaded['model']}: method {uploaded.get('method')}, budget {uploaded.get('budget')}.")
+    st.selectbox("Allocator", allocators, key="eval_allocator", format_func=lambda m: f"{m} — {ALLOCATOR_HELP[m]}")
+    if ss["eval_allocator"] == UPLOADED:
+        st.caption(f"Uploaded plan for {uploaded['model']}: allocator {uploaded.get('allocator')}, budget {uploaded.get('budget')}.")
     else:
-        st.metric("Budget from the planner (of prunable parameters)", f"{budget:.1%}")
+        st.metric("Budget from the planner (of prunable parameters)", f"{budget:.2%}")
+        chosen = planner_plan() if ss["eval_allocator"] == "dp" else None
+        if chosen is not None:
+            st.caption(
+                f"The planner's DP plan: removes {chosen.params['removed']:,} parameters, "
+                f"predicted {figures.loss_label(table.spec.objective)} +{chosen.predicted_loss:.4f}."
+            )
         locked = ss["app_constraints"].get("locked") or {}
         if locked:
             st.caption(f"Locked layers: {', '.join(sorted(locked, key=int))}")
         st.page_link(common.PLANNER_PAGE, label="Change the budget on the planner", icon=":material/tune:")
 with right:
     st.subheader("Evaluation")
-    st.multiselect("Held-out text", list(BUILTIN_SOURCES) + ([table.spec.data] if table.spec.data not in BUILTIN_SOURCES else []), key="eval_sources")
+    calibration_source = table.spec.windows.data
+    extra_sources = [calibration_source] if calibration_source not in BUILTIN_SOURCES else []
+    st.multiselect("Held-out text", list(BUILTIN_SOURCES) + extra_sources, key="eval_sources")
     c1, c2 = st.columns(2)
     c1.number_input("Held-out samples", min_value=1, max_value=256, step=1, key="eval_samples")
     c2.number_input("Tokens per sample", min_value=8, max_value=2048, step=8, key="eval_seq_len")
@@ -115,24 +137,14 @@ with right:
     c1.toggle("Time throughput", key="eval_throughput")
     c2.toggle("Save checkpoint", key="eval_save_checkpoint", help="Saves the pruned model under the cache; needed to download it on the Export page")
 
-running = common.session_job("prune_eval")
-st.button(
-    "Prune and evaluate",
-    key="eval_run",
-    type="primary",
-    on_click=start_run,
-    disabled=running is not None and running.active,
-    icon=":material/play_arrow:",
-)
-common.job_progress("prune_eval", "Prune & evaluate")
-common.show_message("eval")
+common.job_controls("prune_eval", "Prune and evaluate", "eval_run", start_run, ":material/play_arrow:", "Prune & evaluate", "eval", type="primary")
 
 # ---- the latest run ------------------------------------------------------------------------------
 result = ss.get("app_last_run")
 if result:
     report = result["report"]
     dense = report.get("dense") or {}
-    st.subheader(f"Run {result['run_id']}: {result['plan']['method']} at {(result['plan'].get('budget') or 0):.1%}")
+    st.subheader(f"Run {result['run_id']}: {result['plan']['allocator']} at {(result['plan'].get('budget') or 0):.2%}")
     c = st.columns(3)
     c[0].metric("Parameters", f"{report['params'] / 1e6:.1f}M", f"{(report['params'] - dense.get('params', report['params'])) / 1e6:+.1f}M vs dense", delta_color="off", delta_arrow="off")
     source = next(iter(report["perplexity"]), None)
@@ -177,11 +189,9 @@ if result:
         )
     if report.get("generations"):
         st.markdown("**Greedy generations**")
-        st.dataframe(
+        st.table(  # a static table wraps long text (a dataframe cuts it off)
             pd.DataFrame([{"prompt": g["prompt"], "dense": g.get("dense", ""), "pruned": g["model"]} for g in report["generations"]]),
             hide_index=True,
-            width="stretch",
-            key="eval_generations_table",
         )
     if result.get("checkpoint"):
         st.caption(f"Checkpoint saved to `{result['checkpoint']}`")
@@ -192,13 +202,19 @@ st.subheader("Run history")
 try:
     frame = history.list_runs()
 except GapError as exc:
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
     frame = pd.DataFrame()
 common.show_message("eval_history")
 if frame.empty:
     st.caption("No runs yet: every prune-and-evaluate run is recorded here, across sessions.")
 else:
-    st.dataframe(frame.sort_values("id", ascending=False), hide_index=True, width="stretch", key="eval_history_table")
+    st.dataframe(
+        frame.sort_values("id", ascending=False).rename(columns=figures.column_label),
+        hide_index=True,
+        width="stretch",
+        key="eval_history_table",
+        column_config={figures.column_label("budget"): st.column_config.NumberColumn(format="percent")},
+    )
     metrics = [c for c in frame.columns if c.startswith(("ppl:", "kl:", "top1:"))] + ["actual_loss", "prefill_speedup", "decode_speedup"]
     metrics = [m for m in metrics if m in frame.columns and frame[m].notna().any()]
     if metrics:
@@ -206,11 +222,11 @@ else:
             ss["eval_metric"] = metrics[0]
         c1, c2 = st.columns(2)
         with c1:
-            st.selectbox("Compare runs by", metrics, key="eval_metric")
-            st.plotly_chart(figures.history_figure(frame, ss["eval_metric"]), key="eval_history_chart", width="stretch")
+            st.selectbox("Compare runs by", metrics, key="eval_metric", format_func=figures.column_label)
+            st.plotly_chart(figures.history_figure(frame, ss["eval_metric"]), key="eval_history_chart", width="stretch", theme=None)
         with c2:
             st.markdown("**Predicted vs actual loss increase**")
-            st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch")
+            st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch", theme=None)
     c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
     run_ids = [int(i) for i in frame["id"]]
     if ss.get("eval_delete_id") not in run_ids:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import streamlit as st
 
 from gap_engine import history
-from gap_engine.errors import GapError
+from gap_engine.config import GGUF_OUTTYPES
+from gap_engine.deploy import gguf
+from gap_engine.errors import GapError, one_line
 from gap_engine.plan import RatePlan
-from pages import common, figures
+from gap_engine import figures
+from pages import common, report_export
 
 DEFAULTS = {
     "export_plan_source": "planner",
     "export_checkpoint_run": None,
+    "export_gguf_outtype": "q8_0",
     "export_png": {},
     "export_png_error": "",
 }
@@ -29,12 +34,13 @@ def chart_figures() -> dict:
         out["sensitivity"] = figures.sensitivity_figure(table)
         out["heatmap"] = figures.heatmap_figure(table)
         try:
-            out["planner"] = common.planner_figure_for(table, common.reference_model(table.model))
+            out["planner"] = report_export.planner_export_figure(table)
         except GapError:
             pass  # the planner page says why; the other charts still export
     runs = history.list_runs()
-    if not runs.empty and "ppl:wiki-sample" in runs.columns:
-        out["history"] = figures.history_figure(runs, "ppl:wiki-sample")
+    perplexities = [c for c in runs.columns if c.startswith("ppl:")]
+    if not runs.empty and perplexities:
+        out["history"] = figures.history_figure(runs, perplexities[0])
     if not runs.empty:
         out["pred_vs_actual"] = figures.predicted_vs_actual_figure(runs)
     return out
@@ -47,7 +53,34 @@ def render_pngs(names_and_figs: dict) -> None:
         ss["export_png"] = common.render_png(names_and_figs)
     except Exception as exc:  # kaleido raises many kinds when no browser can start
         ss["export_png"] = {}
-        ss["export_png_error"] = common.error_text(exc)
+        ss["export_png_error"] = one_line(exc)
+
+
+def checkpoint_dtype(folder: str) -> str:
+    """The storage precision a checkpoint records (float32 for folders saved before it did)."""
+    try:
+        return json.loads((Path(folder) / "gap_pruned.json").read_text()).get("dtype", "float32")
+    except (OSError, ValueError):
+        return "an unknown precision"
+
+
+def render_gguf_download(folder: str) -> None:
+    """The checkpoint as a llama.cpp GGUF file (built when clicked), or why it cannot be one."""
+    problem = gguf.gguf_problem(folder)
+    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+    c1.selectbox("GGUF weight type", GGUF_OUTTYPES, key="export_gguf_outtype", disabled=problem is not None)
+    outtype = ss["export_gguf_outtype"]
+    c2.download_button(
+        "Checkpoint (GGUF)",
+        data=lambda: gguf.gguf_bytes(folder, outtype),  # built only when clicked (seconds)
+        file_name=f"{Path(folder).name}-{outtype}.gguf",
+        mime="application/octet-stream",
+        key="export_checkpoint_gguf",
+        on_click="ignore",  # a rerun while the file is being built would drop it
+        icon=":material/memory:",
+        disabled=problem is not None,
+        help=problem or "llama.cpp's deci architecture with per-layer widths; run it with flash attention on",
+    )
 
 
 def check_uploaded_plan(uploaded) -> None:
@@ -59,7 +92,7 @@ def check_uploaded_plan(uploaded) -> None:
     try:
         plan = RatePlan.from_text(text, hint=uploaded.name)
     except GapError as exc:
-        st.error(f"Cannot read the plan: {common.error_text(exc)}")
+        st.error(f"Cannot read the plan: {one_line(exc)}")
         return
     model = table.model if table is not None else ss.get("app_model")
     if model is None:
@@ -69,11 +102,11 @@ def check_uploaded_plan(uploaded) -> None:
         plan.check_model(common.reference_model(model))
     except GapError as exc:
         ss["app_uploaded_plan"] = None
-        st.error(f"This plan does not fit the current model: {common.error_text(exc)}")
+        st.error(f"This plan does not fit the current model: {one_line(exc)}")
         return
     ss["app_uploaded_plan"] = plan.to_dict()
     st.success(
-        f"Plan for {plan.model} accepted ({plan.method}, removes {plan.params.get('removed_fraction_of_prunable', 0):.1%} of prunable "
+        f"Plan for {plan.model} accepted ({plan.allocator}, removes {plan.params.get('removed_fraction_of_prunable', 0):.1%} of prunable "
         "parameters). Pick 'uploaded plan' on Prune & evaluate to run it."
     )
 
@@ -85,14 +118,14 @@ st.subheader("Rate plan")
 try:
     runs = history.runs()
 except GapError as exc:
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
     runs = []
 sources = {}
 if ss.get("app_plan"):
     plan = ss["app_plan"]
     sources["planner"] = f"Planner selection: dp at {plan.get('budget', 0):.1%}"
 for record in runs[::-1]:
-    sources[f"run-{record.id}"] = f"Run {record.id}: {record.method} at {(record.budget or 0):.1%} ({record.created})"
+    sources[f"run-{record.id}"] = f"Run {record.id}: {record.allocator} at {(record.budget or 0):.1%} ({record.created})"
 if not sources:
     st.caption("No plan yet: choose a budget on the Budget planner, or run Prune & evaluate.")
 else:
@@ -102,10 +135,24 @@ else:
     chosen = ss["export_plan_source"]
     plan_dict = ss["app_plan"] if chosen == "planner" else next(r.plan for r in runs if f"run-{r.id}" == chosen)
     plan = RatePlan.from_dict(dict(plan_dict))
-    stem = f"plan-{plan.method}-{(plan.budget or 0) * 100:.1f}pct"
-    c1, c2 = st.columns(2)
+    stem = f"plan-{plan.allocator}-{(plan.budget or 0) * 100:.1f}pct"
+    c1, c2, c3 = st.columns(3)
     c1.download_button("Plan (JSON)", plan.to_json(), file_name=f"{stem}.json", mime="application/json", key="export_plan_json", icon=":material/download:")
     c2.download_button("Plan (YAML)", plan.to_yaml(), file_name=f"{stem}.yaml", mime="application/x-yaml", key="export_plan_yaml", icon=":material/download:")
+    problem = report_export.report_problem(table, plan_dict)
+    run_id = report_export.run_of_plan(plan_dict) if chosen == "planner" else int(chosen.split("-", 1)[1])
+    c3.download_button(
+        "Download report (HTML)",
+        data=lambda: report_export.report_html(table, plan_dict, run_id),  # built only when clicked
+        file_name=f"gap-report-{stem}.html",
+        mime="text/html",
+        key="export_report_html",
+        on_click="ignore",  # a rerun while the file is being built would drop it
+        icon=":material/summarize:",
+        disabled=problem is not None,
+        help=problem or "One self-contained HTML file: table settings, sensitivity, the plan against the DP front, "
+        "and the run's numbers and generations. Opens offline.",
+    )
 
 # ---- table and history ---------------------------------------------------------------------------
 st.subheader("Loss table and run history")
@@ -119,7 +166,7 @@ try:
     history_csv = history.to_csv()
 except GapError as exc:
     history_csv = None
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
 if history_csv is not None:
     c3.download_button("Run history (CSV)", history_csv, file_name="gap-run-history.csv", mime="text/csv", key="export_history_csv", icon=":material/history:")
 
@@ -127,7 +174,7 @@ if history_csv is not None:
 st.subheader("Pruned checkpoint")
 with_checkpoint = [r for r in runs if r.checkpoint and Path(r.checkpoint).is_dir()]
 if not with_checkpoint:
-    st.caption("No saved checkpoint: run Prune & evaluate with 'Save the pruned checkpoint' on.")
+    st.caption("No saved checkpoint: run Prune & evaluate with 'Save checkpoint' on.")
 else:
     ids = [r.id for r in with_checkpoint][::-1]
     if ss["export_checkpoint_run"] not in ids:
@@ -138,9 +185,10 @@ else:
         "Run",
         ids,
         key="export_checkpoint_run",
-        format_func=lambda i: f"Run {i}: {by_id[i].method} at {(by_id[i].budget or 0):.1%} — {Path(by_id[i].checkpoint).name}",
+        format_func=lambda i: f"Run {i}: {by_id[i].allocator} at {(by_id[i].budget or 0):.1%} — {Path(by_id[i].checkpoint).name}",
     )
     folder = by_id[ss["export_checkpoint_run"]].checkpoint
+    size_mb = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file()) / 1e6
     c2.download_button(
         "Checkpoint (zip)",
         data=lambda: history.checkpoint_zip(folder),  # built only when clicked
@@ -148,8 +196,14 @@ else:
         mime="application/zip",
         key="export_checkpoint_zip",
         icon=":material/folder_zip:",
+        help=f"{size_mb:.0f} MB: weights in {checkpoint_dtype(folder)}, tokenizer, plan, model card and the modeling file for transformers",
     )
-    st.caption(f"`{folder}` — load it again with `gap eval --model {folder}` or `gap_engine.export.load_pruned`.")
+    render_gguf_download(folder)
+    st.caption(
+        f"`{folder}` ({size_mb:.0f} MB) — gap: `gap_engine.models.load_model`; transformers: "
+        "`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`; llama.cpp: the GGUF file "
+        "(`Llama(path, flash_attn=True)`). The folder's README.md says more."
+    )
 
 # ---- charts --------------------------------------------------------------------------------------
 st.subheader("Charts")

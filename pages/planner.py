@@ -1,37 +1,34 @@
 """Budget planner: one global budget, the DP's per-layer rates, and the baselines beside them.
 
-The whole Pareto front is computed once per table and constraints and shipped inside one
-Plotly figure; its slider swaps the bars in the browser while the pointer moves. The
-server-side slider below it picks the budget the next page prunes with.
+The whole Pareto front is computed once per table and constraints and shipped to the
+budget chart (pages/budget_chart.py); its slider swaps the bars in the browser while the
+pointer moves and, on release, sets the one budget every page uses (``app_budget``). The
+plan below the chart is the released front row itself, so the numbers agree with it.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gap_engine.allocation import plan_from_table
-from gap_engine.errors import GapError
+from gap_engine.config import DEFAULT_MAX_RATE
+from gap_engine.errors import GapError, one_line
+from gap_engine.front_view import baseline_budgets, front_row_at, row_plan
 from gap_engine.jobs import baselines_task, manager
-from pages import common, figures
+from gap_engine import figures
+from pages import budget_chart, common
 
-BASELINE_METHODS = ("uniform", "flap", "owl")
+BASELINE_ALLOCATORS = ("uniform", "flap", "owl")
 DEFAULTS = {
     "planner_table_key": None,
     "planner_locked": [],
     "planner_lock_rate": 0.0,
-    "planner_max_rate": 0.95,
+    "planner_max_rate": DEFAULT_MAX_RATE,
     "planner_coupled": False,
-    "planner_budget_pct": 20.0,
-    "planner_baseline_methods": ["uniform", "flap"],
+    "planner_baseline_allocators": ["uniform", "flap"],
 }
-common.init_page("planner_", DEFAULTS)
+table = common.table_page("planner_", DEFAULTS, "Budget planner")
 ss = st.session_state
-
-
-st.title("Budget planner")
-table = common.require_table()
 if ss["planner_table_key"] != table.key:  # a new table: its own locks, a budget it can reach
     ss["planner_table_key"] = table.key
     ss["planner_locked"] = [layer for layer in ss["planner_locked"] if layer < table.num_layers]
@@ -42,23 +39,24 @@ try:
     lm = common.reference_model(table.model)
     table.check_model(lm)
 except GapError as exc:
-    st.error(f"Cannot plan with this table: {common.error_text(exc)}")
+    st.error(f"Cannot plan with this table: {one_line(exc)}")
     st.stop()
 
 st.caption(
-    "Drag the budget slider inside the chart: the per-layer rates chosen by GAP's exact DP follow the pointer. "
-    "The dashed green line is uniform pruning at the same budget; the right panel is the predicted loss of every budget."
+    "Drag the budget slider: the per-layer rates chosen by GAP's exact DP follow the pointer, and releasing it sets "
+    "the budget that Prune & evaluate and Export use. The dashed green line is uniform pruning at the same budget."
 )
 
 with st.expander("Constraints", expanded=bool(ss["planner_locked"])):
-    c1, c2, c3, c4 = st.columns([3, 1, 1, 1], vertical_alignment="bottom")
+    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
     c1.multiselect(
         "Lock layers", list(range(table.num_layers)), key="planner_locked", format_func=lambda layer: f"layer {layer}",
         help="Locked layers keep the rate on the right; the front is recomputed.",
     )
     c2.selectbox("at rate", [float(r) for r in table.rate_grid], key="planner_lock_rate", format_func=lambda r: f"{r:g}")
-    c3.number_input("Max rate", min_value=0.05, max_value=0.95, step=0.05, key="planner_max_rate")
-    c4.toggle("Couple attn + MLP", key="planner_coupled", help="One rate per layer for both components")
+    c1, c2 = st.columns([1, 3], vertical_alignment="bottom")
+    c1.number_input("Max rate", min_value=0.05, max_value=DEFAULT_MAX_RATE, step=0.05, key="planner_max_rate")
+    c2.toggle("Couple attention and MLP", key="planner_coupled", help="One rate per layer for both components")
 
 raw_constraints = {
     "locked": {str(layer): float(ss["planner_lock_rate"]) for layer in sorted(ss["planner_locked"])},
@@ -70,62 +68,56 @@ constraints = common.constraints_from_state()
 try:
     rows = common.pareto_rows(table.key, common.constraints_json(raw_constraints), table)
 except GapError as exc:
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
     st.stop()
 if not rows:
     st.error("No plan satisfies these constraints.")
     st.stop()
 
-top_pct = float(np.floor(rows[-1]["budget"] * 1000) / 10)
-low_pct = float(np.ceil(rows[0]["budget"] * 1000) / 10)
-ss["planner_budget_pct"] = float(min(max(ss["planner_budget_pct"], low_pct), top_pct))
+front_id = table.key + "|" + common.constraints_json(raw_constraints)
+budget_chart.apply_release(rows, front_id)  # a released step becomes the app's budget before anything is drawn
 
-baseline_key = table.key + "|" + common.constraints_json(raw_constraints)
-stored = ss.get("app_baselines")
-baselines = stored["rows"] if stored and stored.get("key", "").startswith(baseline_key + "|") else None
-
-fig = figures.planner_figure(
-    table,
-    rows,
-    dense_total=lm.param_count(),
-    active_budget=ss["planner_budget_pct"] / 100,
-    locked={int(k): v for k, v in raw_constraints["locked"].items()},
-    baselines=baselines,
-)
-# theme=None: Streamlit's theme rewrites the title on every redraw, which would fight the slider's title updates.
-st.plotly_chart(fig, key="planner_chart", width="stretch", theme=None, config={"displaylogo": False})
-
-st.subheader("Choose the budget to prune with")
-st.caption("The slider in the chart is for exploring; this one picks the budget that Prune & evaluate and Export use.")
+top_pct, low_pct = rows[-1]["budget"] * 100, rows[0]["budget"] * 100
 if top_pct - low_pct < 0.5:
     st.warning(
         f"Under these constraints every plan removes {low_pct:.1f}% to {top_pct:.1f}% of the prunable parameters: "
         "unlock layers or raise the max rate to open the budget range."
     )
-else:
-    st.slider(
-        "Budget (% of prunable parameters removed)",
-        min_value=low_pct,
-        max_value=top_pct,
-        step=0.5,
-        key="planner_budget_pct",
-        format="%.1f%%",
-    )
-budget = ss["planner_budget_pct"] / 100
-ss["app_budget"] = budget
+
+stored = ss.get("app_baselines")
+baselines = stored["rows"] if stored and stored.get("key", "").startswith(front_id + "|") else None
+uniform = budget_chart.uniform_rows(table, lm, raw_constraints, rows[-1]["budget"], baselines)
+data = budget_chart.chart_data(
+    table,
+    rows,
+    float(ss["app_budget"]),
+    front_id,
+    dense_total=lm.param_count(),
+    locked={int(k): v for k, v in raw_constraints["locked"].items()},
+    uniform=uniform,
+    baselines=baselines,
+)
+budget_chart.show(data)
+
+row = rows[data["rows"][data["active"]]]
+ss["app_budget"] = float(row["budget"])  # the budget every page uses is this row's own
 try:
-    plan = plan_from_table(lm, table, budget, "dp", constraints)
+    plan = row_plan(lm, table, row)
 except GapError as exc:
     ss["app_plan"] = None
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
 else:
     ss["app_plan"] = plan.to_dict()
     params = plan.params
+    objective = figures.loss_label(table.spec.objective)
     c1, c2, c3, c4 = st.columns(4)
-    c1.metric("Removed", f"{params['removed'] / 1e6:.2f}M", f"{params['removed_fraction_of_total']:.1%} of all", delta_color="off", delta_arrow="off")
+    c1.metric(
+        "Removed parameters", f"{params['removed']:,}",
+        f"{plan.budget:.2%} of prunable · {params['removed_fraction_of_total']:.1%} of all", delta_color="off", delta_arrow="off",
+    )
     c2.metric("Parameters left", f"{params['pruned_total'] / 1e6:.1f}M", f"of {params['dense_total'] / 1e6:.1f}M", delta_color="off", delta_arrow="off")
     c3.metric("Size (fp32)", f"{params['pruned_total'] * figures.BYTES_PER_PARAM / 2**20:.0f} MiB")
-    c4.metric(f"Predicted {table.spec.objective} increase", f"{plan.predicted_loss:.4f}")
+    c4.metric(f"Predicted {objective}", f"+{plan.predicted_loss:.4f}")
     with st.expander("Per-layer rates of this plan"):
         st.dataframe(
             pd.DataFrame({"layer": range(table.num_layers), "attention rate": plan.attention_rates, "MLP rate": plan.mlp_rates}),
@@ -141,53 +133,39 @@ st.caption(
     "FLAP and OWL read the model's activations, so this runs in the background."
 )
 c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
-c1.multiselect("Methods", BASELINE_METHODS, key="planner_baseline_methods")
+c1.multiselect("Allocators", BASELINE_ALLOCATORS, key="planner_baseline_allocators")
 
 
 def start_baselines() -> None:
-    methods = list(ss["planner_baseline_methods"])
-    if not methods:
-        common.set_message("planner", "warning", "Pick at least one baseline method.")
+    allocators = list(ss["planner_baseline_allocators"])
+    if not allocators:
+        common.set_message("planner", "warning", "Pick at least one baseline allocator.")
         return
-    top = rows[-1]["budget"]
-    budgets = [round(b, 3) for b in np.linspace(0.1, min(0.6, top * 0.95), 5) if b <= top]
     job = manager().submit(
         "baselines",
-        baselines_task(table.model, table, budgets, methods, constraints),
-        key=baseline_key + "|" + ",".join(methods),
+        baselines_task(table.model, table, baseline_budgets(rows[-1]["budget"]), allocators, constraints),
+        key=front_id + "|" + ",".join(allocators),
         label="baseline plans",
     )
     common.remember_job("baselines", job)
     common.clear_message("planner")
 
 
-running = common.session_job("baselines")
-c2.button(
-    "Compute baselines",
-    key="planner_compute_baselines",
-    on_click=start_baselines,
-    disabled=running is not None and running.active,
-    icon=":material/calculate:",
+common.job_controls(
+    "baselines", "Compute baselines", "planner_compute_baselines", start_baselines, ":material/calculate:", "Baseline plans", "planner", where=c2
 )
-common.job_progress("baselines", "Baseline plans")
-common.show_message("planner")
 if baselines:
-    frame = pd.DataFrame(
-        [
+    records = []
+    for r in baselines:
+        dp_row = front_row_at(rows, r["budget"])
+        records.append(
             {
-                "method": r["method"],
+                "allocator": r["allocator"],
                 "budget": f"{r['budget']:.0%}",
                 "removed (of prunable)": r.get("removed_fraction"),
                 "predicted loss": r.get("predicted_loss"),
+                "GAP DP at that budget": None if dp_row is None else dp_row["predicted_loss"],
                 "note": r.get("error", ""),
             }
-            for r in baselines
-        ]
-    )
-    dp_at = {f"{r['budget']:.0%}": None for r in baselines}
-    for label in dp_at:
-        b = float(label.rstrip("%")) / 100
-        match = next((row for row in rows if row["budget"] >= b - 1e-12), None)
-        dp_at[label] = None if match is None else match["predicted_loss"]
-    frame["GAP DP at that budget"] = frame["budget"].map(dp_at)
-    st.dataframe(frame, hide_index=True, width="stretch", key="planner_baselines_table")
+        )
+    st.dataframe(pd.DataFrame(records), hide_index=True, width="stretch", key="planner_baselines_table")

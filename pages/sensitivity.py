@@ -6,26 +6,24 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from pages import common, figures
+from gap_engine import figures
+from pages import common
 
 DEFAULTS = {
     "sens_kinds": ["attn", "mlp"],
-    "sens_log_y": False,
+    "sens_log_y": True,  # one steep curve flattens the rest on a linear axis
     "sens_smoothed": True,
     "sens_log_color": False,
 }
-common.init_page("sens_", DEFAULTS)
+table = common.table_page("sens_", DEFAULTS, "Sensitivity")
 ss = st.session_state
-
-st.title("Sensitivity")
-table = common.require_table()
 kinds = [k for k in ("attn", "mlp", "block") if any(kind == k for _, kind in table.components)]
 if not set(ss["sens_kinds"]) & set(kinds):
     ss["sens_kinds"] = kinds
 
 st.caption(
     f"Each curve is one layer: the increase of the {table.spec.objective} objective when only that component is pruned "
-    f"at a rate and everything else stays dense ({table.spec.method} table, dense objective {table.dense_objective:.4f})."
+    f"at a rate and everything else stays dense ({table.spec.estimator} table, dense objective {table.dense_objective:.4f})."
 )
 c1, c2, c3, c4 = st.columns([2, 1, 1, 1], vertical_alignment="bottom")
 c1.multiselect("Components", kinds, key="sens_kinds", format_func=lambda k: figures.KIND_LABEL[k])
@@ -38,9 +36,10 @@ st.plotly_chart(
     figures.sensitivity_figure(table, shown, log_y=ss["sens_log_y"], smoothed=ss["sens_smoothed"]),
     key="sens_curves",
     width="stretch",
+    theme=None,  # the figure's own template and colours, as in its HTML/PNG export
 )
 st.subheader("Layers x rates")
-st.plotly_chart(figures.heatmap_figure(table, smoothed=ss["sens_smoothed"], log_color=ss["sens_log_color"]), key="sens_heatmap", width="stretch")
+st.plotly_chart(figures.heatmap_figure(table, smoothed=ss["sens_smoothed"], log_color=ss["sens_log_color"]), key="sens_heatmap", width="stretch", theme=None)
 
 with st.expander("Most and least sensitive components at the middle rate"):
     middle = len(table.rate_grid) // 2

@@ -11,17 +11,17 @@ import streamlit as st
 
 from gap_engine import cache
 from gap_engine.data import BUILTIN_SOURCES, load_corpus
-from gap_engine.errors import GapError
+from gap_engine.errors import GapError, one_line
 from gap_engine.fsutil import atomic_write_bytes, cache_root
-from gap_engine.importance import CRITERIA
+from gap_engine.config import APP_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, DEFAULT_MODEL, OBJECTIVES, WindowSpec
 from gap_engine.jobs import manager, table_task
-from gap_engine.models import BUILTIN_MODELS, DEFAULT_MODEL
-from gap_engine.tables import OBJECTIVES, TableSpec, parse_rate_grid
+from gap_engine.models import BUILTIN_MODELS
+from gap_engine.tables import TableSpec, parse_rate_grid
 from pages import common
 
 MODEL_KINDS = ("Built-in", "Local folder", "Hub id")
 DATA_KINDS = ("Built-in sample", "Uploaded file")
-TABLE_METHODS = {
+ESTIMATORS = {
     "fisher": "fast: second-order estimate (one forward and backward pass)",
     "taylor": "fast: first-order estimate (one forward and backward pass)",
     "exact": "exact: measured cell by cell (slow: minutes to hours)",
@@ -34,16 +34,16 @@ DEFAULTS = {
     "setup_data_kind": "Built-in sample",
     "setup_builtin_data": "wiki-sample",
     "setup_uploaded_path": "",
-    "setup_criterion": "wanda",
-    "setup_objective": "nll",
+    "setup_criterion": DEFAULT_CRITERION,
+    "setup_objective": APP_TABLE.objective,
     "setup_mode": "split",
-    "setup_method": "fisher",
-    "setup_rate_grid": "0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875",
-    "setup_samples": 8,
-    "setup_seq_len": 128,
-    "setup_seed": 0,
-    "setup_batch": 4,
-    "setup_channel_multiple": 8,
+    "setup_estimator": APP_TABLE.estimator,
+    "setup_rate_grid": ", ".join(f"{r:g}" for r in APP_TABLE.rate_grid),
+    "setup_samples": APP_TABLE.windows.n_samples,
+    "setup_seq_len": APP_TABLE.windows.seq_len,
+    "setup_seed": APP_TABLE.windows.seed,
+    "setup_batch": APP_TABLE.windows.batch_size,
+    "setup_channel_multiple": DEFAULT_CHANNEL_MULTIPLE,
 }
 common.init_page("setup_", DEFAULTS)
 ss = st.session_state
@@ -75,18 +75,21 @@ def save_upload(uploaded) -> str:
 
 def spec_from_widgets() -> TableSpec:
     """The TableSpec the form describes; TableError (one line) when a value is unusable."""
-    return TableSpec(
+    windows = WindowSpec(
         data=data_source(),
         n_samples=int(ss["setup_samples"]),
         seq_len=int(ss["setup_seq_len"]),
         seed=int(ss["setup_seed"]),
+        batch_size=int(ss["setup_batch"]),
+    )
+    return TableSpec(
+        windows=windows,
         criterion=ss["setup_criterion"],
         rate_grid=parse_rate_grid(ss["setup_rate_grid"]),
         objective=ss["setup_objective"],
         mode=ss["setup_mode"],
-        method=ss["setup_method"],
+        estimator=ss["setup_estimator"],
         channel_multiple=int(ss["setup_channel_multiple"]),
-        batch_size=int(ss["setup_batch"]),
     ).validate()
 
 
@@ -103,7 +106,7 @@ def start_build() -> None:
     try:
         spec = spec_from_widgets()
     except GapError as exc:
-        common.set_message("setup", "error", common.error_text(exc))
+        common.set_message("setup", "error", one_line(exc))
         return
     job_key = name + "|" + json.dumps(spec.summary(), sort_keys=True)
     job = manager().submit("table", table_task(name, spec), key=job_key, label=f"loss table for {name}")
@@ -116,7 +119,7 @@ def load_cached(key: str) -> None:
     try:
         table = cache.get_table(key)
     except GapError as exc:
-        common.set_message("setup", "error", common.error_text(exc))
+        common.set_message("setup", "error", one_line(exc))
         return
     if table is None:
         common.set_message("setup", "error", f"The cached table {key} is gone or was corrupt; build it again.")
@@ -130,7 +133,7 @@ def delete_cached(key: str) -> None:
     try:
         cache.remove_table(key)
     except GapError as exc:
-        common.set_message("setup", "error", common.error_text(exc))
+        common.set_message("setup", "error", one_line(exc))
         return
     current = common.current_table()
     if current is not None and current.key == key:
@@ -149,7 +152,7 @@ def cached_frame(rows: list[dict]) -> pd.DataFrame:
                 "key": row["key"],
                 "model": row.get("model"),
                 "data": spec.get("data"),
-                "method": spec.get("method"),
+                "estimator": spec.get("estimator"),
                 "objective": spec.get("objective"),
                 "mode": spec.get("mode"),
                 "criterion": spec.get("criterion"),
@@ -174,7 +177,7 @@ try:
     cached_rows = cache.list_tables()
 except GapError as exc:
     cached_rows = []
-    st.error(common.error_text(exc))
+    st.error(one_line(exc))
 
 left, right = st.columns(2, gap="large")
 with left:
@@ -211,7 +214,7 @@ with left:
                 corpus = load_corpus(path)
             except GapError as exc:
                 ss["setup_uploaded_path"] = ""
-                st.error(common.error_text(exc))
+                st.error(one_line(exc))
             else:
                 ss["setup_uploaded_path"] = path
                 st.success(
@@ -223,10 +226,10 @@ with left:
 with right:
     st.subheader("Loss table")
     st.radio(
-        "Table method",
-        list(TABLE_METHODS),
-        key="setup_method",
-        format_func=lambda m: f"{m} — {TABLE_METHODS[m]}",
+        "Estimator (how the table is filled)",
+        list(ESTIMATORS),
+        key="setup_estimator",
+        format_func=lambda m: f"{m} — {ESTIMATORS[m]}",
     )
     c1, c2, c3 = st.columns(3)
     c1.selectbox("Criterion (which units go)", CRITERIA, key="setup_criterion")
@@ -242,19 +245,17 @@ with right:
         c1.number_input("Batch size (memory only)", min_value=1, max_value=64, step=1, key="setup_batch")
         c2.number_input("MLP channels kept in multiples of", min_value=1, max_value=256, step=1, key="setup_channel_multiple")
 
-    running = common.session_job("table")
-    busy = running is not None and running.active
-    st.button(
+    common.job_controls(
+        "table",
         "Build table",
-        key="setup_build",
+        "setup_build",
+        start_build,
+        ":material/play_arrow:",
+        "Building the loss table",
+        "setup",
         type="primary",
-        on_click=start_build,
-        disabled=busy,
-        icon=":material/play_arrow:",
         help="Reads the cache first: an identical table loads at once.",
     )
-    common.job_progress("table", "Building the loss table")
-    common.show_message("setup")
 
 st.divider()
 st.subheader("Current table")
@@ -269,8 +270,8 @@ else:
     c3.metric("Dense objective", f"{table.dense_objective:.4f}")
     c4.metric("Build time", f"{table.build_seconds:.0f} s")
     st.caption(
-        f"`{table.key}` · {spec.method} · {spec.objective} · {spec.mode} · criterion {spec.criterion} · "
-        f"{spec.data} · {spec.n_samples} x {spec.seq_len} tokens · rates {', '.join(f'{r:g}' for r in table.rate_grid)}"
+        f"`{table.key}` · {spec.estimator} · {spec.objective} · {spec.mode} · criterion {spec.criterion} · "
+        f"{spec.windows.data} · {spec.windows.n_samples} x {spec.windows.seq_len} tokens · rates {', '.join(f'{r:g}' for r in table.rate_grid)}"
     )
 
 st.subheader("Cached tables")

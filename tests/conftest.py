@@ -56,11 +56,11 @@ def tiny_lm(model_type: str, tokenizer, seed: int = 0, **overrides):
     """A LoadedModel wrapping a tiny randomly initialised model of the given family."""
     from transformers import AutoModelForCausalLM
 
-    from gap_engine.models import _finish
+    from gap_engine.models import LoadedModel
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), dtype=torch.float32)
-    return _finish(model, tokenizer, f"tiny-{model_type}", "config")
+    return LoadedModel.from_transformers(model, tokenizer, f"tiny-{model_type}", "config")
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Tests of gap_engine.allocation and the plan/front/compare CLI, on synthetic loss tables.
+"""Tests of gap_engine.allocate and the plan/front/compare CLI, on synthetic loss tables.
 
 A synthetic table has the real parameter counts of its model (from units) and smooth,
 increasing made-up losses, so the planner's answer is known without measuring anything.
@@ -14,30 +14,30 @@ import numpy as np
 import pytest
 import torch
 
+from reference import brute_force
+
 from gap_engine import cli
-from gap_engine.allocation import (
-    METHODS,
+from gap_engine.allocate import (
+    ALLOCATORS,
     Constraints,
     EvoSettings,
-    check_budget,
+    check_reach,
     dp_front,
     evolve,
     front_rows,
-    masked_plan,
-    owl_offsets,
     plan_from_table,
-    planning_problem,
-    predicted_loss,
-    predicted_vs_actual,
 )
+from gap_engine.allocate.baselines import owl_offsets
+from gap_engine.allocate.problem import planning_problem, predicted_loss
+from gap_engine.config import WindowSpec
 from gap_engine.data import calibration_windows
 from gap_engine.errors import BudgetError, PlanError, TableError
 from gap_engine.evaluate import mean_nll
 from gap_engine.importance import ImportanceScores, LayerScores, compute_importance
-from gap_engine.pipeline import CalibrationSettings
+from gap_engine.pipeline import measure_plan, reference_numbers
 from gap_engine.plan import RatePlan
-from gap_engine.planner import brute_force, solve_budget
-from gap_engine.surgery import apply_plan
+from gap_engine.planner import solve_budget
+from gap_engine.surgery import apply_plan, masked_plan
 from gap_engine.tables import LossTable, TableSpec
 from gap_engine.units import block_geometries
 
@@ -67,7 +67,7 @@ def synthetic_table(lm, grid=TINY_GRID, mode="split", seed=0, fingerprint=None, 
         model=model or lm.name,
         model_fingerprint=fingerprint or lm.fingerprint,
         num_layers=lm.num_layers,
-        spec=TableSpec(data=data, n_samples=2, seq_len=32, rate_grid=tuple(grid), mode=mode, batch_size=2),
+        spec=TableSpec(windows=WindowSpec(data=data, n_samples=2, seq_len=32, batch_size=2), rate_grid=tuple(grid), mode=mode),
         data_fingerprint="synthetic",
         components=components,
         rate_grid=np.asarray(grid, dtype=np.float64),
@@ -93,13 +93,13 @@ def tiny(make_tiny):
 
 
 @pytest.fixture(scope="module")
-def calib(tmp_path_factory) -> CalibrationSettings:
+def calib(tmp_path_factory) -> WindowSpec:
     """A small local text file (parsed in milliseconds, unlike the built-in corpora)."""
     rng = np.random.default_rng(0)
     paragraphs = [" ".join(rng.choice(WORDS, size=120)) + "." for _ in range(40)]
     path = tmp_path_factory.mktemp("text") / "calib.txt"
     path.write_text("\n\n".join(paragraphs))
-    return CalibrationSettings(data=str(path), n_samples=2, seq_len=32, batch_size=2)
+    return WindowSpec(data=str(path), n_samples=2, seq_len=32, batch_size=2)
 
 
 def random_scores(lm, seed=0) -> ImportanceScores:
@@ -131,7 +131,7 @@ def test_dp_plan_meets_budget_and_equals_brute_force(tiny, budget):
     best_loss, best_choice = brute_force(problem.costs, problem.losses, problem.allowed, target)
     assert plan.params["removed"] >= target
     assert plan.predicted_loss == pytest.approx(best_loss, abs=1e-12)
-    assert plan.method == "dp" and plan.budget == budget and plan.table_key == table.key
+    assert plan.allocator == "dp" and plan.budget == budget and plan.table_key == table.key
     expected = problem.rates(best_choice)
     assert (plan.attention_rates, plan.mlp_rates) == expected
 
@@ -160,10 +160,10 @@ def test_predicted_loss_reads_cells_on_grid_and_interpolates_between(tiny):
 
 
 # ---- constraints ----------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["dp", "uniform", "flap"])
-def test_locked_layers_keep_their_rate(smol, smol_table, method):
+@pytest.mark.parametrize("allocator", ["dp", "uniform", "flap"])
+def test_locked_layers_keep_their_rate(smol, smol_table, allocator):
     constraints = Constraints(locked={0: 0.0, 29: 0.25}, min_rate=0.125)
-    plan = plan_from_table(smol, smol_table, 0.3, method, constraints, scores=random_scores(smol))
+    plan = plan_from_table(smol, smol_table, 0.3, allocator, constraints, scores=random_scores(smol))
     assert plan.attention_rates[0] == plan.mlp_rates[0] == 0.0
     assert plan.attention_rates[29] == plan.mlp_rates[29] == 0.25
     unlocked = plan.attention_rates[1:29] + plan.mlp_rates[1:29]
@@ -173,20 +173,22 @@ def test_locked_layers_keep_their_rate(smol, smol_table, method):
 
 def test_locked_layer_keeps_its_rate_under_owl(make_tiny, calib):
     lm = make_tiny("qwen3", num_hidden_layers=3)
-    plan = plan_from_table(lm, synthetic_table(lm), 0.3, "owl", Constraints(locked={-1: 0.25}), calib=calib)
+    windows = calibration_windows(lm.tokenizer, calib)
+    plan = plan_from_table(lm, synthetic_table(lm), 0.3, "owl", Constraints(locked={-1: 0.25}), windows=windows)
     assert plan.attention_rates[2] == plan.mlp_rates[2] == 0.25
     assert plan.params["removed"] >= 0.3 * plan.params["dense_prunable"]
 
 
-@pytest.mark.parametrize("method", ["dp", "uniform", "flap"])
-def test_coupled_plans_share_one_rate_per_layer(smol, smol_table, method):
-    plan = plan_from_table(smol, smol_table, 0.25, method, Constraints(coupled=True), scores=random_scores(smol))
+@pytest.mark.parametrize("allocator", ["dp", "uniform", "flap"])
+def test_coupled_plans_share_one_rate_per_layer(smol, smol_table, allocator):
+    plan = plan_from_table(smol, smol_table, 0.25, allocator, Constraints(coupled=True), scores=random_scores(smol))
     assert plan.attention_rates == plan.mlp_rates
     assert plan.params["removed"] >= 0.25 * plan.params["dense_prunable"]
 
 
 def test_coupled_owl_plan_shares_one_rate_per_layer(tiny, calib):
-    plan = plan_from_table(tiny, synthetic_table(tiny), 0.3, "owl", Constraints(coupled=True), calib=calib)
+    windows = calibration_windows(tiny.tokenizer, calib)
+    plan = plan_from_table(tiny, synthetic_table(tiny), 0.3, "owl", Constraints(coupled=True), windows=windows)
     assert plan.attention_rates == plan.mlp_rates
 
 
@@ -205,7 +207,7 @@ def test_contradictory_constraints_raise(tiny, constraints, message):
         plan_from_table(tiny, synthetic_table(tiny), 0.2, constraints=constraints)
 
 
-def test_bad_budgets_and_methods_raise(tiny):
+def test_bad_budgets_and_allocators_raise(tiny):
     table = synthetic_table(tiny)
     for budget in (-0.1, 1.0, float("nan")):
         with pytest.raises(BudgetError):
@@ -213,10 +215,12 @@ def test_bad_budgets_and_methods_raise(tiny):
     with pytest.raises(BudgetError, match=r"out of reach for dp: .* 0\.0% to 71\.7%"):
         plan_from_table(tiny, table, 0.8)
     with pytest.raises(BudgetError, match="out of reach"):
-        check_budget(tiny, table, 0.7, "uniform", Constraints(max_rate=0.5))
-    with pytest.raises(PlanError, match="unknown allocation method"):
-        plan_from_table(tiny, table, 0.2, method="random")
-    assert set(METHODS) == {"dp", "uniform", "flap", "owl", "evo"}
+        check_reach(tiny, table, 0.7, "uniform", Constraints(max_rate=0.5))
+    with pytest.raises(PlanError, match="unknown allocator"):
+        plan_from_table(tiny, table, 0.2, allocator="random")
+    with pytest.raises(PlanError, match="reads calibration windows"):
+        plan_from_table(tiny, table, 0.2, allocator="owl")
+    assert set(ALLOCATORS) == {"dp", "uniform", "flap", "owl", "evo"}
 
 
 def test_table_for_another_model_raises(tiny, make_tiny):
@@ -226,22 +230,23 @@ def test_table_for_another_model_raises(tiny, make_tiny):
 
 
 # ---- baselines at equal budget -------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["uniform", "flap"])
+@pytest.mark.parametrize("allocator", ["uniform", "flap"])
 @pytest.mark.parametrize("budget", [0.1, 0.2, 0.45])
-def test_baselines_hit_the_budget_within_one_unit(smol, smol_table, method, budget):
-    plan = plan_from_table(smol, smol_table, budget, method, scores=random_scores(smol))
+def test_baselines_hit_the_budget_within_one_unit(smol, smol_table, allocator, budget):
+    plan = plan_from_table(smol, smol_table, budget, allocator, scores=random_scores(smol))
     target = budget * plan.params["dense_prunable"]
     assert 0 <= plan.params["removed"] - target < mlp_unit(smol)
-    assert plan.method == method and plan.predicted_loss > 0 and plan.table_key == smol_table.key
+    assert plan.allocator == allocator and plan.predicted_loss > 0 and plan.table_key == smol_table.key
 
 
-@pytest.mark.parametrize("method", ["uniform", "flap", "owl"])
+@pytest.mark.parametrize("allocator", ["uniform", "flap", "owl"])
 @pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
-def test_baselines_hit_the_budget_within_one_unit_on_tiny_models(make_tiny, calib, method, model_type):
+def test_baselines_hit_the_budget_within_one_unit_on_tiny_models(make_tiny, calib, allocator, model_type):
     lm = make_tiny(model_type)
     table = synthetic_table(lm)
+    windows = calibration_windows(lm.tokenizer, calib)
     for budget in (0.15, 0.4):
-        plan = plan_from_table(lm, table, budget, method, calib=calib)
+        plan = plan_from_table(lm, table, budget, allocator, windows=windows)
         target = budget * plan.params["dense_prunable"]
         assert 0 <= plan.params["removed"] - target < mlp_unit(lm)
 
@@ -268,7 +273,7 @@ def sliced_nll(lm, plan, scores, windows) -> float:
 
 
 def test_masked_plan_equals_slicing_and_restores(tiny, calib):
-    windows = calibration_windows(tiny.tokenizer, calib.data, 2, 32)
+    windows = calibration_windows(tiny.tokenizer, calib)
     scores = compute_importance(tiny, windows, "wanda", 2)
     plan = plan_from_table(tiny, synthetic_table(tiny), 0.4, "uniform")
     before = {k: v.clone() for k, v in tiny.model.state_dict().items()}
@@ -281,25 +286,28 @@ def test_masked_plan_equals_slicing_and_restores(tiny, calib):
 
 def test_evo_never_worse_than_its_dp_seed(tiny, calib):
     table = synthetic_table(tiny, seed=3)
-    result = evolve(tiny, table, 0.35, calib=calib, settings=EvoSettings(generations=3, offspring=3, seed=1))
-    windows = calibration_windows(tiny.tokenizer, calib.data, 2, 32)
+    windows = calibration_windows(tiny.tokenizer, calib)
     scores = compute_importance(tiny, windows, "wanda", 2)
+    result = evolve(tiny, table, 0.35, windows, scores, settings=EvoSettings(generations=3, offspring=3, seed=1))
     assert result.actual <= result.seed_actual
     assert sliced_nll(tiny, result.plan, scores, windows) <= sliced_nll(tiny, result.seed_plan, scores, windows) + 1e-5
     assert result.plan.params["removed"] >= 0.35 * table.dense_prunable
-    assert result.plan.method == "evo" and result.seed_plan.method == "dp"
+    assert result.plan.allocator == "evo" and result.seed_plan.allocator == "dp"
     assert len(result.history) == 3 and result.evaluations >= 1
     assert result.gain >= 0
 
 
-def test_predicted_vs_actual_reports_truth_beside_prediction(tiny, calib):
-    windows = {"wiki-sample": calibration_windows(tiny.tokenizer, calib.data, 2, 32, seed=5)}
+def test_measured_plans_report_truth_beside_prediction(tiny, calib):
+    heldout = {"wiki-sample": calibration_windows(tiny.tokenizer, WindowSpec(calib.data, 2, 32, seed=5))}
+    windows = calibration_windows(tiny.tokenizer, calib)
+    scores = compute_importance(tiny, windows, "wanda", 2)
+    reference = reference_numbers(tiny, windows, heldout, 2)
     zero = plan_from_table(tiny, synthetic_table(tiny), 0.0)
-    outcome = predicted_vs_actual(tiny, zero, calib, windows)
+    outcome = measure_plan(tiny, zero, calib, windows, heldout, scores, reference)
     assert outcome.calib_loss_increase == pytest.approx(0.0, abs=1e-9)
     assert outcome.perplexity["wiki-sample"] == pytest.approx(outcome.dense_perplexity["wiki-sample"])
     plan = plan_from_table(tiny, synthetic_table(tiny), 0.4)
-    outcome = predicted_vs_actual(tiny, plan, calib, windows)
+    outcome = measure_plan(tiny, plan, calib, windows, heldout, scores, reference)
     assert outcome.removed == plan.params["removed"] and outcome.predicted_loss == plan.predicted_loss
     assert math.isfinite(outcome.calib_loss_increase) and outcome.row()["ppl_wiki-sample"] > 1
 
@@ -348,7 +356,7 @@ def test_cli_plan_writes_a_valid_plan(tiny_saved, tmp_path, capsys, suffix):
     assert rc == 0
     plan = RatePlan.load(out)
     plan.check_model(lm)
-    assert plan.method == "dp" and plan.budget == 0.2 and plan.attention_rates[2] == plan.mlp_rates[2] == 0.0
+    assert plan.allocator == "dp" and plan.budget == 0.2 and plan.attention_rates[2] == plan.mlp_rates[2] == 0.0
     assert plan.params["removed"] >= 0.2 * plan.params["dense_prunable"] and plan.table_key == table.key
     assert json.loads(capsys.readouterr().out)["removed"] == plan.params["removed"]
 
@@ -356,10 +364,19 @@ def test_cli_plan_writes_a_valid_plan(tiny_saved, tmp_path, capsys, suffix):
 def test_cli_plan_uniform_with_explicit_model(tiny_saved, tmp_path):
     _, table, table_path = tiny_saved
     out = tmp_path / "plan.json"
-    args = ["plan", "--table", str(table_path), "--model", table.model, "--budget", "0.3", "--method", "uniform"]
+    args = ["plan", "--table", str(table_path), "--model", table.model, "--budget", "0.3", "--allocator", "uniform"]
     assert cli.main(args + ["--coupled", "--out", str(out)]) == 0
     plan = RatePlan.load(out)
-    assert plan.method == "uniform" and plan.attention_rates == plan.mlp_rates
+    assert plan.allocator == "uniform" and plan.attention_rates == plan.mlp_rates
+
+
+def test_cli_old_method_flag_still_works_and_says_so(tiny_saved, tmp_path, capsys):
+    _, table, table_path = tiny_saved
+    out = tmp_path / "plan.json"
+    args = ["plan", "--table", str(table_path), "--budget", "0.3", "--method", "uniform", "--out", str(out)]
+    assert cli.main(args) == 0
+    assert RatePlan.load(out).allocator == "uniform"
+    assert "--method is deprecated; use --allocator" in capsys.readouterr().err
 
 
 def test_cli_plan_keep_params_sets_the_budget_from_a_parameter_count(tiny_saved, tmp_path, capsys):
@@ -378,14 +395,14 @@ def test_cli_plan_keep_params_sets_the_budget_from_a_parameter_count(tiny_saved,
     assert "exactly one of --budget" in capsys.readouterr().err
 
 
-def test_cli_compare_prunes_and_measures_every_method(tiny_saved, calib, tmp_path, capsys):
+def test_cli_compare_prunes_and_measures_every_allocator(tiny_saved, calib, tmp_path, capsys):
     _, table, table_path = tiny_saved
     out = tmp_path / "results.csv"
     args = ["compare", "--model", table.model, "--table", str(table_path), "--budgets", "0.1,0.3"]
-    args += ["--methods", "dp,uniform,owl", "--eval-data", calib.data, "--eval-samples", "1", "--eval-seq-len", "16"]
+    args += ["--allocators", "dp,uniform,owl", "--eval-data", calib.data, "--eval-samples", "1", "--eval-seq-len", "16"]
     assert cli.main(args + ["--out", str(out)]) == 0
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
-    assert [(r["method"], float(r["budget"])) for r in rows] == [
+    assert [(r["allocator"], float(r["budget"])) for r in rows] == [
         (m, b) for b in (0.1, 0.3) for m in ("dp", "uniform", "owl")
     ]
     assert all(int(r["removed"]) >= float(r["budget"]) * table.dense_prunable for r in rows)
@@ -397,7 +414,7 @@ def test_cli_compare_prunes_and_measures_every_method(tiny_saved, calib, tmp_pat
 def test_cli_compare_unreachable_budget_exits_2(tiny_saved, calib, tmp_path, capsys):
     _, table, table_path = tiny_saved
     out = tmp_path / "results.csv"
-    args = ["compare", "--model", table.model, "--table", str(table_path), "--budgets", "0.1,0.8", "--methods", "dp"]
+    args = ["compare", "--model", table.model, "--table", str(table_path), "--budgets", "0.1,0.8", "--allocators", "dp"]
     assert cli.main(args + ["--eval-data", calib.data, "--out", str(out)]) == 2
     assert "out of reach" in capsys.readouterr().err
     assert not out.exists()
@@ -431,7 +448,7 @@ def write_table(tmp_path, text) -> str:
         (["--budget", "0.2"], "missing", "cannot read loss table"),
         (["--budget", "0.2"], "other-model", "fingerprint"),
         (["--budget", "0.75"], "good", "out of reach for dp"),
-        (["--budget", "0.5", "--method", "uniform", "--max-rate", "0.3"], "good", "out of reach for uniform"),
+        (["--budget", "0.5", "--allocator", "uniform", "--max-rate", "0.3"], "good", "out of reach for uniform"),
         (["--budget", "1.5"], "good", "outside [0, 1)"),
         (["--budget", "0.2", "--lock", "0:0.0", "--lock", "0:0.5"], "good", "locked twice"),
         (["--budget", "0.2", "--lock", "0:0.3"], "good", "not on the rate grid"),

@@ -17,15 +17,18 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from gap_engine import cache, history
+from gap_engine.config import WindowSpec
+from gap_engine.data import load_corpus
 from gap_engine.jobs import manager
+from gap_engine.pipeline import loss_table
 from gap_engine.plan import RatePlan
-from gap_engine.tables import TableSpec, build_table
+from gap_engine.tables import TableSpec
 
 pytestmark = pytest.mark.slow  # the real built-in model behind every page
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
-TINY_SPEC = TableSpec(data="news-sample", n_samples=2, seq_len=16, method="taylor", rate_grid=(0.0, 0.25, 0.5, 0.75))
+TINY_SPEC = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="taylor", rate_grid=(0.0, 0.25, 0.5, 0.75))
 
 
 def link_models(cache_dir: Path) -> None:
@@ -39,7 +42,7 @@ def link_models(cache_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_table(smol):
-    return build_table(smol, TINY_SPEC, use_cache=False)
+    return loss_table(smol, TINY_SPEC, use_cache=False)
 
 
 @pytest.fixture
@@ -54,10 +57,10 @@ def fresh_cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def cached_table(fresh_cache, tiny_table, smol):
-    """The tiny table stored in the fresh cache (the key is what build_table would give it)."""
+    """The tiny table stored in the fresh cache (the key is what loss_table would give it)."""
     from gap_engine.tables import table_key
 
-    assert tiny_table.key == table_key(smol, TINY_SPEC)
+    assert tiny_table.key == table_key(smol, TINY_SPEC, load_corpus("news-sample").fingerprint)
     cache.put_table(tiny_table)
     return tiny_table
 
@@ -95,19 +98,13 @@ def values(v) -> np.ndarray:
     return np.asarray(v, dtype=float)
 
 
-def planner_spec(at: AppTest) -> dict:
-    specs = [s for s in plotly_specs(at) if s["layout"].get("sliders")]
-    assert len(specs) == 1
-    return specs[0]
-
-
 # ---- Setup ---------------------------------------------------------------------------------------
 def test_setup_defaults_keep_a_first_build_short(fresh_cache):
     at = start()
     assert at.session_state["app_table"] is None
     assert any("No table loaded yet" in t for t in texts(at.info))
     # The defaults: the fast second-order table on 8 x 128 tokens and rates in eighths.
-    assert at.radio(key="setup_method").value == "fisher"
+    assert at.radio(key="setup_estimator").value == "fisher"
     assert at.number_input(key="setup_samples").value == 8
     assert at.number_input(key="setup_seq_len").value == 128
     assert at.text_input(key="setup_rate_grid").value == "0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875"
@@ -145,7 +142,7 @@ def test_setup_bad_inputs_give_messages_not_tracebacks(fresh_cache):
 def test_setup_builds_in_the_background_then_loads_from_the_cache(fresh_cache):
     at = start()
     at.selectbox(key="setup_builtin_data").set_value("news-sample")
-    at.radio(key="setup_method").set_value("taylor")
+    at.radio(key="setup_estimator").set_value("taylor")
     at.number_input(key="setup_samples").set_value(2)
     at.number_input(key="setup_seq_len").set_value(16)
     at.text_input(key="setup_rate_grid").set_value("0, 0.25, 0.5, 0.75")
@@ -169,7 +166,7 @@ def test_setup_builds_in_the_background_then_loads_from_the_cache(fresh_cache):
 
 def test_setup_cancel_stops_the_job_with_a_warning(fresh_cache):
     at = start()
-    at.radio(key="setup_method").set_value("exact")
+    at.radio(key="setup_estimator").set_value("exact")
     at.selectbox(key="setup_builtin_data").set_value("news-sample")
     at.number_input(key="setup_samples").set_value(4)
     at.number_input(key="setup_seq_len").set_value(64)
@@ -222,72 +219,7 @@ def test_pages_without_a_table_point_to_setup(fresh_cache):
         assert any("No loss table yet" in t for t in texts(at.info)), page
 
 
-# ---- Budget planner ------------------------------------------------------------------------------
-def frame_rates(spec: dict) -> list[tuple[np.ndarray, np.ndarray, str]]:
-    """(attention rates, MLP rates, readout) of every slider step, in step order."""
-    frames = {frame["name"]: frame for frame in spec["frames"]}
-    out = []
-    for step in spec["layout"]["sliders"][0]["steps"]:
-        assert step["method"] == "animate"
-        assert step["args"][1]["frame"]["redraw"] is False  # only the driven traces change
-        data = frames[step["args"][0][0]]["data"]
-        out.append((values(data[0]["y"]), values(data[1]["y"]), data[3]["text"][0]))
-    return out
-
-
-def test_planner_figure_carries_the_front_in_its_slider(cached_table, smol):
-    at = start("pages/planner.py")
-    spec = planner_spec(at)
-    slider = spec["layout"]["sliders"][0]
-    assert len(slider["steps"]) == 101 and len(spec["frames"]) == 101
-    removed = []
-    for attention, mlp, readout in frame_rates(spec):
-        assert len(attention) == len(mlp) == smol.num_layers
-        assert set(attention) | set(mlp) <= {0.0, 0.25, 0.5, 0.75}
-        assert "Budget" in readout and "predicted nll" in readout
-        removed.append(attention.sum() + mlp.sum())
-    assert removed[0] == 0 and removed[-1] > removed[50] > 0
-    assert len({(a.tobytes(), m.tobytes()) for a, m, _ in frame_rates(spec)}) > 20  # the bars really change
-    assert abs(float(slider["steps"][slider["active"]]["value"]) - 0.2) < 0.01
-    # the chosen plan removes at least the budget
-    plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
-    plan.check_model(smol)
-    assert plan.method == "dp" and plan.params["removed_fraction_of_prunable"] >= 0.2
-
-    at.slider(key="planner_budget_pct").set_value(35.0).run()
-    assert at.session_state["app_budget"] == pytest.approx(0.35)
-    plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
-    assert plan.budget == pytest.approx(0.35) and plan.params["removed_fraction_of_prunable"] >= 0.35
-    slider = planner_spec(at)["layout"]["sliders"][0]
-    assert abs(float(slider["steps"][slider["active"]]["value"]) - 0.35) < 0.01
-    assert not at.exception
-
-
-def test_planner_locks_recompute_the_front(cached_table):
-    at = start("pages/planner.py")
-    at.multiselect(key="planner_locked").set_value([0, 29]).run()
-    assert at.session_state["app_constraints"]["locked"] == {"0": 0.0, "29": 0.0}
-    for attention, mlp, _ in frame_rates(planner_spec(at)):
-        assert attention[0] == mlp[0] == attention[29] == mlp[29] == 0.0
-    plan = at.session_state["app_plan"]
-    assert plan["attention_rates"][0] == plan["mlp_rates"][29] == 0.0
-    # Locking every layer leaves no budget to choose: a warning, no crash.
-    at.multiselect(key="planner_locked").set_value(list(range(30))).run()
-    assert not at.exception
-    assert any("unlock layers" in t for t in texts(at.warning))
-
-
-def test_planner_baselines_job_adds_markers(cached_table):
-    at = start("pages/planner.py")
-    at.multiselect(key="planner_baseline_methods").set_value(["uniform"]).run()
-    at.button(key="planner_compute_baselines").click().run()
-    job = job_of(at, "baselines")
-    assert job.wait(240), job.snapshot()
-    at.run()
-    assert job.status == "done", job.error
-    names = [t.get("name") for t in planner_spec(at)["data"]]
-    assert "uniform plan" in names
-    assert not at.exception
+# ---- Budget planner: tests/test_app_budget.py (the budget chart, a release, the pages after it) ----
 
 
 # ---- Prune & evaluate ----------------------------------------------------------------------------
@@ -312,7 +244,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert job.status == "done", job.error
     assert any("Run 1 finished" in t for t in texts(at.success))
     result = at.session_state["app_last_run"]
-    assert result["plan"]["method"] == "dp" and result["plan"]["budget"] == pytest.approx(0.2)
+    assert result["plan"]["allocator"] == "dp" and result["plan"]["budget"] == pytest.approx(0.2)
     assert result["params_after"] < result["params_before"]
     assert result["actual_loss"] is not None
     runs = history.list_runs()
@@ -330,6 +262,12 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert at.selectbox(key="export_plan_source").value == "planner" or at.selectbox(key="export_plan_source").value.startswith("run-")
     zipped = history.checkpoint_zip(result["checkpoint"])
     assert zipped[:2] == b"PK" and len(zipped) > 1_000_000
+    # ... and as a llama.cpp file: the bytes the GGUF button serves (the weights are bfloat16 on disk)
+    from gap_engine.deploy import gguf
+
+    assert "Checkpoint (GGUF)" in labels and gguf.gguf_problem(result["checkpoint"]) is None
+    assert gguf.gguf_bytes(result["checkpoint"], at.selectbox(key="export_gguf_outtype").value)[:4] == b"GGUF"
+    assert "bfloat16" in next(b.proto.help for b in at.get("download_button") if b.proto.label == "Checkpoint (zip)")
 
     # Deleting the run removes its checkpoint too.
     at.switch_page("pages/evaluate.py")
@@ -351,12 +289,12 @@ def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):
     assert any("Prune and evaluate was cancelled" in t for t in texts(at.warning))
     assert history.list_runs().empty
 
-    # A plan accepted on Export shows up as a method here.
+    # A plan accepted on Export shows up as an allocator here.
     from gap_engine.plan import uniform_plan
 
     at.session_state["app_uploaded_plan"] = uniform_plan(smol, 0.25, "wanda").to_dict()
     at.run()
-    assert any(o.startswith("uploaded plan") for o in at.selectbox(key="eval_method").options)
+    assert any(o.startswith("uploaded plan") for o in at.selectbox(key="eval_allocator").options)
     assert not at.exception
 
 
@@ -369,7 +307,7 @@ def test_export_without_runs_still_offers_the_plan_and_table(cached_table):
     assert {"Plan (JSON)", "Plan (YAML)", "Loss table (CSV)", "Loss table (JSON)", "Run history (CSV)"} <= labels
     assert "Checkpoint (zip)" not in labels
     assert any(label.endswith("(HTML)") for label in labels)
-    assert RatePlan.from_dict(dict(at.session_state["app_plan"])).method == "dp"
+    assert RatePlan.from_dict(dict(at.session_state["app_plan"])).allocator == "dp"
 
 
 def test_export_renders_png_with_the_local_chromium(cached_table):

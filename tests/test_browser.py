@@ -2,10 +2,12 @@
 
 Starts ``streamlit run app.py`` on a free loopback port with its own cache (the converted
 built-in model is linked in), then: builds a tiny table through the Setup form, drags the
-planner's budget slider with the mouse and reads the bars from the Plotly graph between
-moves (before the button is released), prunes and evaluates with tiny settings, downloads
-the plan and checks it against the model, and uploads a plan for another model. Every page
-is saved as a screenshot under artifacts/screenshots/.
+budget chart's slider with the mouse and reads the bars from the Plotly graph between
+moves (before the button is released), releases it and follows that exact budget through
+Prune & evaluate (the run prunes exactly the released row's parameters) and Export (the
+plan file and the stakeholder report, opened from a file:// URL with no request), and
+uploads a plan for another model. No request may leave the machine. Every page is saved
+as a screenshot under artifacts/screenshots/.
 """
 
 from __future__ import annotations
@@ -36,15 +38,22 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 
-# JS: the planner's graph div (the one Plotly figure with a slider) and what the slider drives.
+# JS: the budget chart (pages/budget_chart.js): its bars' graph div, the step shown, the readout.
 PLANNER_STATE_JS = """() => {
-  const gd = [...document.querySelectorAll('.js-plotly-plot')]
-      .find(g => g.layout && g.layout.sliders && g.layout.sliders.length);
-  if (!gd) return null;
+  const root = document.querySelector('.gap-budget');
+  const gd = root && root.querySelector('.gap-budget-rates');
+  if (!gd || !gd.data) return null;
+  const slider = root.querySelector('.gap-budget-slider');
   return {attn: Array.from(gd.data[0].y), mlp: Array.from(gd.data[1].y),
-          active: gd.layout.sliders[0].active, readout: gd.data[3].text[0],
-          steps: gd.layout.sliders[0].steps.length};
+          step: Number(root.querySelector('.gap-budget-readout').dataset.step), row: Number(root.querySelector('.gap-budget-readout').dataset.row),
+          value: root.querySelector('.gap-budget-value').textContent,
+          dot: Number(root.querySelector('.gap-budget-dot').dataset.x),
+          removed: root.querySelector('[data-k="removed"]').textContent,
+          readout: root.querySelector('.gap-budget-readout').textContent,
+          slider: {value: Number(slider.value), min: Number(slider.min), max: Number(slider.max)},
+          pending: root.classList.contains('gap-budget-pending')};
 }"""
+LOCAL = ("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:", "about:")
 
 
 def free_port() -> int:
@@ -141,6 +150,26 @@ def shot(page, name: str, grow: bool = True) -> None:
     page.wait_for_timeout(300)
 
 
+def open_report_offline(browser, path: Path, screenshot: str) -> str:
+    """Open a report from its file:// URL with every other request recorded and refused;
+    returns its text once plotly.js has drawn its charts."""
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    requests = []
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file://") else (requests.append(route.request.url), route.abort()))
+    context.on("request", lambda request: requests.append(request.url) if not request.url.startswith(("file://", "data:", "blob:")) else None)
+    page = context.new_page()
+    try:
+        page.goto(path.resolve().as_uri())
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4", timeout=60_000)
+        page.wait_for_timeout(500)
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{screenshot}.png"), full_page=True)
+        assert requests == [], requests
+        return page.content()
+    finally:
+        context.close()
+
+
 def go_to(page, title: str) -> None:
     page.locator('[data-testid="stSidebarNav"] a', has_text=title).click()
     page.get_by_role("heading", name=title).first.wait_for(timeout=60_000)
@@ -153,13 +182,48 @@ def set_number(page, label: str, value) -> None:
     page.wait_for_timeout(300)
 
 
+def removed_count(text: str) -> int:
+    """The parameter count in the readout's "removes 41,181,312 parameters (...)"."""
+    return int(text.split()[1].replace(",", ""))
+
+
+def drag_budget(page, fractions) -> list[dict]:
+    """Press the budget chart's thumb and move across ``fractions`` of the rail, reading the
+    chart after each move; the button stays down (see `release_budget`)."""
+    slider = page.locator(".gap-budget-slider")
+    box = slider.bounding_box()
+    state = page.evaluate(PLANNER_STATE_JS)
+    at = (state["slider"]["value"] - state["slider"]["min"]) / (state["slider"]["max"] - state["slider"]["min"])
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + 8 + (box["width"] - 16) * at, y)  # the thumb (8 px inset each side)
+    page.mouse.down()
+    seen = []
+    for fraction in fractions:
+        page.mouse.move(box["x"] + box["width"] * fraction, y, steps=4)
+        page.wait_for_timeout(120)
+        seen.append(page.evaluate(PLANNER_STATE_JS))
+    return seen
+
+
+def release_budget(page, fraction: float) -> dict:
+    """Move the pressed thumb to ``fraction`` of the rail and release it; the chart's state then."""
+    box = page.locator(".gap-budget-slider").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * fraction, box["y"] + box["height"] / 2, steps=3)
+    page.wait_for_timeout(120)
+    page.mouse.up()
+    return page.evaluate(PLANNER_STATE_JS)
+
+
 def test_user_path(app_server, browser, smol, tmp_path):
     from gap_engine.plan import RatePlan
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
     page.set_default_timeout(30_000)
+    outside = []
+    page.on("request", lambda request: None if request.url.startswith(LOCAL) else outside.append(request.url))
     try:
         _user_path(page, app_server, smol, tmp_path, RatePlan)
+        assert outside == [], outside  # no favicon, font or metrics request leaves the machine
     except BaseException:
         shot(page, "failure", grow=False)
         print("---- streamlit log ----\n" + app_server["log"].read_text()[-4000:])
@@ -203,41 +267,42 @@ def _user_path(page, app_server, smol, tmp_path, RatePlan):
     shot(page, "2-sensitivity")
     phase("sensitivity")
 
-    # ---- Budget planner: drag the Plotly slider, read the bars between moves ---------------
+    # ---- Budget planner: drag the chart's slider, read the bars between moves, release ------
     go_to(page, "Budget planner")
-    page.locator(".js-plotly-plot .slider-grip-rect").wait_for(timeout=120_000)
+    page.locator(".gap-budget-rates .main-svg").first.wait_for(timeout=120_000)
     page.wait_for_timeout(1000)
     before = page.evaluate(PLANNER_STATE_JS)
-    assert before is not None and before["steps"] == 101
-    grip = page.locator(".js-plotly-plot .slider-grip-rect").bounding_box()
-    rail = page.locator(".js-plotly-plot .slider-rail-touch-rect").bounding_box()
-    y = grip["y"] + grip["height"] / 2
-    page.mouse.move(grip["x"] + grip["width"] / 2, y)
-    page.mouse.down()
-    during = []
-    for fraction in (0.3, 0.45, 0.6, 0.75, 0.9):
-        page.mouse.move(rail["x"] + rail["width"] * fraction, y, steps=4)
-        page.wait_for_timeout(120)
-        during.append(page.evaluate(PLANNER_STATE_JS))
+    assert before is not None and float(before["value"].rstrip("%")) >= 20.0  # the first row removing 20%
+    during = drag_budget(page, (0.3, 0.4, 0.5, 0.6))
     shot(page, "3-planner-dragging", grow=False)
-    page.mouse.up()
-    states = {json.dumps([s["attn"], s["mlp"]]) for s in during}
-    actives = [s["active"] for s in during]
-    assert actives == sorted(actives) and actives[-1] > before["active"], actives
-    assert len(states) >= 3, "the bars did not follow the pointer during the drag"
-    assert json.dumps([during[0]["attn"], during[0]["mlp"]]) != json.dumps([before["attn"], before["mlp"]])
+    steps = [s["step"] for s in during]
+    assert steps == sorted(steps) and steps[-1] > before["step"], steps
+    assert len({json.dumps([s["attn"], s["mlp"]]) for s in during}) >= 3, "the bars did not follow the pointer"
     assert sum(during[-1]["attn"]) + sum(during[-1]["mlp"]) > sum(before["attn"]) + sum(before["mlp"])
-    assert len({s["readout"] for s in during}) >= 3  # the readouts follow the slider too
-    shown = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot g.textpoint text')]
-        .map(t => t.textContent).join(' ')""")
-    assert during[-1]["readout"].replace("<b>", "").replace("</b>", "") in shown  # drawn, not only in .data
+    assert len({s["readout"] for s in during}) >= 3  # the readout follows the slider too
+    assert all(abs(s["dot"] - float(s["value"].rstrip("%"))) < 0.005 for s in during)  # and the point on the front
+    assert not any(s["pending"] for s in during)  # nothing went to the server while the button was down
+    released = release_budget(page, 0.45)
+    removed = removed_count(released["removed"])
+    # The page reruns with that row: the numbers below the chart are the chart's, to the parameter.
+    page.wait_for_function(
+        "(n) => [...document.querySelectorAll('[data-testid=\"stMetricValue\"]')].some(m => m.textContent === n)",
+        arg=f"{removed:,}",
+        timeout=60_000,
+    )
+    page.wait_for_function("() => !document.querySelector('.gap-budget').classList.contains('gap-budget-pending')")
+    after = page.evaluate(PLANNER_STATE_JS)
+    assert (after["step"], after["value"], after["removed"]) == (released["step"], released["value"], released["removed"])
+    assert abs(after["slider"]["value"] - float(after["value"].rstrip("%"))) < 0.005  # the thumb sits on the row's budget
+    budget_text = released["value"]  # "38.83%"
     page.mouse.move(10, 10)
-    page.get_by_text("Choose the budget to prune with").scroll_into_view_if_needed()
     shot(page, "3-planner")
     phase("planner")
 
     # ---- Prune & evaluate with tiny settings ------------------------------------------------
     go_to(page, "Prune & evaluate")
+    page.get_by_text(f"removes {removed:,} parameters", exact=False).wait_for()
+    assert page.locator('[data-testid="stMetricValue"]').first.text_content() == budget_text
     set_number(page, "Held-out samples", 2)
     set_number(page, "Tokens per sample", 32)
     set_number(page, "Generations", 1)
@@ -248,6 +313,14 @@ def _user_path(page, app_server, smol, tmp_path, RatePlan):
     page.get_by_text("Run 1 finished", exact=False).wait_for(timeout=300_000)
     page.get_by_text("Greedy generations").wait_for()
     page.get_by_role("heading", name="Run history").wait_for()
+    from gap_engine import history
+
+    (record,) = history.runs(app_server["cache"] / "runs" / history.HISTORY_FILE)
+    assert record.plan["params"]["removed"] == removed  # it pruned exactly the released row
+    assert record.dense_params - record.pruned_params == removed
+    assert f"{record.budget:.2%}" == budget_text
+    cell = page.locator('[data-testid="stTable"] td', has_text=record.generations[0]["model"].strip()[:10]).first
+    assert cell.evaluate("td => td.scrollWidth <= td.clientWidth + 1")  # generated text wraps, nothing cut off
     shot(page, "4-evaluate")
     phase("evaluate")
 
@@ -258,11 +331,18 @@ def _user_path(page, app_server, smol, tmp_path, RatePlan):
     plan_text = Path(download.value.path()).read_text()
     plan = RatePlan.from_text(plan_text)
     plan.check_model(smol)
-    assert plan.method == "dp" and plan.num_layers == smol.num_layers
-    assert 0.15 <= plan.params["removed_fraction_of_prunable"] <= 0.3
+    assert plan.allocator == "dp" and plan.num_layers == smol.num_layers
+    assert plan.params["removed"] == removed and f"{plan.budget:.2%}" == budget_text  # the released budget
     with page.expect_download() as download:
         page.get_by_role("button", name="Run history (CSV)").click()
     assert "predicted_loss" in Path(download.value.path()).read_text().splitlines()[0]
+    page.wait_for_timeout(1500)  # the rerun after the last download settles
+    with page.expect_download(timeout=120_000) as download:
+        page.get_by_role("button", name="Download report (HTML)").click()
+    report_path = tmp_path / "report.html"
+    download.value.save_as(report_path)
+    text = open_report_offline(page.context.browser, report_path, "5-report")
+    assert f"{removed:,}" in text and budget_text in text and "Evaluation" in text
 
     # a plan made for another model is refused with a clear message
     foreign = json.loads(plan_text) | {"model": "some-other-model", "model_fingerprint": "0123456789abcdef"}

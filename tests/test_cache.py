@@ -1,11 +1,10 @@
 """Tests of gap_engine.cache and the table commands: hits, corruption, cancel/resume, locking, CLI.
 
-Every test builds through ``build_table`` on a tiny model with real tokenised text, in a
+Every test builds through ``pipeline.loss_table`` on a tiny model with real tokenised text, in a
 cache folder of its own (GAP_CACHE_DIR points at tmp_path; the real model is never loaded
 here, so the shared model cache is not needed).
 """
 
-import argparse
 import json
 import threading
 
@@ -13,11 +12,18 @@ import numpy as np
 import pytest
 
 from gap_engine import cache
-from gap_engine.cli_tables import register
-from gap_engine.errors import CacheError, CancelledError, TableError
-from gap_engine.tables import TableSpec, build_table, table_key
+from gap_engine.cli import main
+from gap_engine.config import WindowSpec
+from gap_engine.data import load_corpus
+from gap_engine.errors import CacheError, CancelledError
+from gap_engine.pipeline import loss_table as build_table
+from gap_engine.tables import TableSpec, table_key
 
-SPEC = TableSpec(n_samples=2, seq_len=16, rate_grid=(0.0, 0.25, 0.5, 0.75), batch_size=2)
+SPEC = TableSpec(windows=WindowSpec(n_samples=2, seq_len=16, batch_size=2), rate_grid=(0.0, 0.25, 0.5, 0.75))
+
+
+def key_of(lm, spec: TableSpec) -> str:
+    return table_key(lm, spec, load_corpus(spec.windows.data).fingerprint)
 
 
 @pytest.fixture
@@ -105,7 +111,7 @@ def test_a_corrupt_entry_is_detected_removed_and_rebuilt(tmp_cache, tiny, damage
 
 
 def test_an_unfinished_entry_is_not_a_table(tmp_cache, tiny):
-    key = table_key(tiny, SPEC)
+    key = key_of(tiny, SPEC)
     cache.PartialCells(key).save({(0, 1): 1.0})
     assert cache.get_table(key) is None
     assert cache.list_tables() == []
@@ -131,7 +137,7 @@ def test_cancel_then_resume_gives_the_uninterrupted_table(tmp_cache, tiny):
 
 
 def test_unreadable_partial_cells_are_ignored(tmp_cache, tiny, caplog):
-    key = table_key(tiny, SPEC)
+    key = key_of(tiny, SPEC)
     partial = cache.PartialCells(key)
     partial.path.parent.mkdir(parents=True)
     partial.path.write_text("[1, 2")
@@ -173,13 +179,7 @@ def test_remove_table(tmp_cache, tiny):
             cache.get_table(bad)
 
 
-# ---- the CLI handlers -----------------------------------------------------------------------------
-def parse(argv):
-    parser = argparse.ArgumentParser(prog="gap")
-    register(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
-
-
+# ---- the CLI -------------------------------------------------------------------------------------
 def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
     from gap_engine.tables import LossTable
 
@@ -188,45 +188,47 @@ def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
     tiny.tokenizer.save_pretrained(folder)
     out = tmp_path / "out" / "table.json"
     argv = ["table", "--model", str(folder), "--samples", "2", "--seq-len", "16", "--rates", "0,0.5", "--out", str(out)]
-    args = parse(argv)
-    assert args.func(args) == 0
+    assert main(argv) == 0
     table = LossTable.from_json(out.read_text())
     assert table.delta.shape == (4, 2) and table.spec.rate_grid == (0.0, 0.5)
     stdout = capsys.readouterr()
     assert table.key in stdout.out and "table cells: " in stdout.err
 
-    csv_args = parse(argv[:-1] + [str(tmp_path / "table.csv")])
-    assert csv_args.func(csv_args) == 0
+    assert main(argv[:-1] + [str(tmp_path / "table.csv")]) == 0
     assert (tmp_path / "table.csv").read_text().startswith("layer,component,rate,delta,smoothed,removed\n")
 
-    ls = parse(["cache", "ls"])
-    assert ls.func(ls) == 0
+    assert main(["cache", "ls"]) == 0
     assert table.key in capsys.readouterr().out
-    ls_json = parse(["cache", "ls", "--json"])
-    ls_json.func(ls_json)
+    assert main(["cache", "ls", "--json"]) == 0
     assert [row["key"] for row in json.loads(capsys.readouterr().out)] == [table.key]
 
-    rm = parse(["cache", "rm", table.key])
-    assert rm.func(rm) == 0
+    assert main(["cache", "rm", table.key]) == 0
     assert cache.list_tables() == []
-    with pytest.raises(CacheError):
-        rm.func(rm)
+    capsys.readouterr()
+    assert main(["cache", "rm", table.key]) == 2
+    assert "no cached loss table" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
-    "extra, error",
+    "extra, message",
     [
-        (["--rates", "0.5,0.25"], TableError),
-        (["--rates", "0,x"], TableError),
-        (["--rates", "0.25,0.5"], TableError),
-        (["--samples", "0"], TableError),
-        (["--objective", "kl", "--approx", "taylor"], TableError),
-        (["--out", "table.txt"], TableError),
+        (["--rates", "0.5,0.25"], "strictly increasing"),
+        (["--rates", "0,x"], "comma-separated numbers"),
+        (["--rates", "0.25,0.5"], "must start at 0"),
+        (["--samples", "0"], "n_samples must be an integer >= 1"),
+        (["--objective", "kl", "--estimator", "taylor"], "identically zero"),
+        (["--out", "table.txt"], "must end in .json or .csv"),
     ],
 )
-def test_cli_table_rejects_bad_input_before_loading_a_model(tmp_cache, tmp_path, extra, error):
+def test_cli_table_rejects_bad_input_before_loading_a_model(tmp_cache, tmp_path, capsys, extra, message):
     argv = ["table", "--model", "no-such-model", "--out", str(tmp_path / "t.json"), *extra]
-    args = parse(argv)
-    with pytest.raises(error) as info:
-        args.func(args)
-    assert "\n" not in str(info.value)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gap: error: ") and message in err[0]
+
+
+def test_cli_table_old_approx_flag_still_works(tmp_cache, tmp_path, capsys):
+    argv = ["table", "--model", "no-such-model", "--approx", "fisher", "--rates", "0.25,0.5", "--out", str(tmp_path / "t.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--approx is deprecated; use --estimator" in err and "must start at 0" in err

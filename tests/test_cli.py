@@ -50,12 +50,13 @@ def test_prune_uniform_then_eval_and_reload(model_name, tmp_path, capsys):
     assert report["generations"][0]["model"] and report["generations"][0]["dense"]
 
     # The reloaded checkpoint gives exactly the in-memory pruned model's logits.
-    from gap_engine.pipeline import CalibrationSettings, prune_with_plan
+    from gap_engine.config import WindowSpec
+    from gap_engine.pipeline import prune_with_plan
     from gap_engine.plan import RatePlan
 
     reloaded = load_model(str(out_dir))
     in_memory = load_model(model_name)
-    prune_with_plan(in_memory, RatePlan.load(out_dir / "plan.json"), CalibrationSettings(n_samples=4, seq_len=64))
+    prune_with_plan(in_memory, RatePlan.load(out_dir / "plan.json"), WindowSpec(n_samples=4, seq_len=64))
     ids = in_memory.tokenizer("Structured pruning keeps the model dense but smaller.", return_tensors="pt").input_ids
     with torch.no_grad():
         torch.testing.assert_close(reloaded.model(ids).logits, in_memory.model(ids).logits, rtol=0, atol=0)

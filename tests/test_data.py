@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from gap_engine.config import WindowSpec
+
 from gap_engine import data
 from gap_engine.data import (
     BUILTIN_SOURCES,
@@ -128,7 +130,7 @@ def test_local_jsonl(tmp_path, smol_tokenizer):
     corpus = load_corpus(str(path))
     _assert_disjoint_and_nonempty(corpus)
     assert set(corpus.calibration) | set(corpus.heldout) == set(NEWS_LIKE_DOCS)
-    windows = calibration_windows(smol_tokenizer, str(path), n_samples=2, seq_len=16)
+    windows = calibration_windows(smol_tokenizer, WindowSpec(str(path), n_samples=2, seq_len=16))
     assert windows.shape == (2, 16)
 
 
@@ -206,12 +208,12 @@ def test_wikitext_rows_are_grouped_into_articles():
 
 
 def test_calibration_windows_shape_and_seed(smol_tokenizer):
-    windows = calibration_windows(smol_tokenizer, "wiki-sample", n_samples=8, seq_len=128, seed=0)
+    windows = calibration_windows(smol_tokenizer, WindowSpec("wiki-sample", n_samples=8, seq_len=128, seed=0))
     assert windows.shape == (8, 128) and windows.dtype == torch.int64
     assert int(windows.min()) >= 0 and int(windows.max()) < len(smol_tokenizer)
-    again = calibration_windows(smol_tokenizer, "wiki-sample", n_samples=8, seq_len=128, seed=0)
+    again = calibration_windows(smol_tokenizer, WindowSpec("wiki-sample", n_samples=8, seq_len=128, seed=0))
     assert torch.equal(windows, again)
-    other = calibration_windows(smol_tokenizer, "wiki-sample", n_samples=8, seq_len=128, seed=1)
+    other = calibration_windows(smol_tokenizer, WindowSpec("wiki-sample", n_samples=8, seq_len=128, seed=1))
     assert not torch.equal(windows, other)
     assert len({tuple(row.tolist()) for row in windows}) == 8
 
@@ -228,21 +230,21 @@ def test_windows_decode_to_text_of_their_part(smol_tokenizer):
     corpus = load_corpus("wiki-sample")
     calibration_text = "\n".join(corpus.calibration)
     heldout_text = "\n".join(corpus.heldout)
-    for window in calibration_windows(smol_tokenizer, "wiki-sample", n_samples=4, seq_len=256, seed=3):
+    for window in calibration_windows(smol_tokenizer, WindowSpec("wiki-sample", n_samples=4, seq_len=256, seed=3)):
         piece = _longest_plain_piece(smol_tokenizer, window)
         assert len(piece) > 200 and piece in calibration_text and piece not in heldout_text
         assert " the " in piece or " of " in piece
-    for window in heldout_windows(smol_tokenizer, "wiki-sample", n_samples=4, seq_len=256, seed=3):
+    for window in heldout_windows(smol_tokenizer, WindowSpec("wiki-sample", n_samples=4, seq_len=256, seed=3)):
         piece = _longest_plain_piece(smol_tokenizer, window)
         assert len(piece) > 200 and piece in heldout_text and piece not in calibration_text
 
 
 def test_token_stream_is_memoised_per_tokenizer(smol_tokenizer):
     corpus = load_corpus("news-sample")
-    heldout_windows(smol_tokenizer, "news-sample", n_samples=2, seq_len=64)
+    heldout_windows(smol_tokenizer, WindowSpec("news-sample", n_samples=2, seq_len=64))
     stream = data._token_cache[smol_tokenizer][(corpus.fingerprint, "heldout")]
     expected = make_windows(smol_tokenizer, corpus.heldout, n_samples=2, seq_len=64)
-    assert torch.equal(heldout_windows(smol_tokenizer, "news-sample", n_samples=2, seq_len=64), expected)
+    assert torch.equal(heldout_windows(smol_tokenizer, WindowSpec("news-sample", n_samples=2, seq_len=64)), expected)
     assert data._token_cache[smol_tokenizer][(corpus.fingerprint, "heldout")] is stream
 
 

@@ -20,9 +20,9 @@ import pytest
 import torch
 import yaml
 
+from gap_engine.checkpoint import save_pruned
 from gap_engine.cli import main
-from gap_engine.export import load_pruned, save_pruned
-from gap_engine.gguf_export import write_gguf
+from gap_engine.deploy.gguf import write_gguf
 from gap_engine.importance import compute_importance
 from gap_engine.models import load_model
 from gap_engine.plan import make_plan
@@ -48,6 +48,10 @@ def _pruned_tiny(make_tiny, family, **overrides):
     plan = make_plan(lm, [0.5, 0.0], [0.25, 0.0], "wanda")
     result = apply_plan(lm, plan, compute_importance(lm, _ids(), "wanda"))
     return lm, result
+
+
+def _save(lm, result, folder, **options) -> Path:
+    return save_pruned(lm, result.plan, result.kept_indices(), folder, **options)
 
 
 @torch.no_grad()
@@ -128,9 +132,9 @@ def test_transformers_loads_every_family_without_gap_engine(make_tiny, tmp_path)
         family_dir = tmp_path / family
         family_dir.mkdir()
         folder = family_dir / "ckpt"
-        save_pruned(lm, result, folder)  # bfloat16 storage, the default
+        _save(lm, result, folder)  # bfloat16 storage, the default
         torch.save(ids, family_dir / "ids.pt")
-        reloaded = load_pruned(folder)  # gap's loader: float32
+        reloaded = load_model(str(folder))  # gap's loader: float32
         expected[str(folder)] = _logits(reloaded, ids)
         widths[str(folder)] = [layer.self_attn.q_proj.out_features for layer in reloaded.adapter.layers(reloaded.model)]
         folders.append(str(folder))
@@ -155,29 +159,25 @@ def test_transformers_loads_every_family_without_gap_engine(make_tiny, tmp_path)
 def test_half_precision_round_trips(make_tiny, tmp_path):
     lm, result = _pruned_tiny(make_tiny, "llama")
     ids = _ids()
-    full = save_pruned(lm, result, tmp_path / "float32", dtype="float32")
+    full = _save(lm, result, tmp_path / "float32", dtype="float32")
     full_bytes = (full / "model.safetensors").stat().st_size
     for dtype, torch_dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
-        half = save_pruned(lm, result, tmp_path / dtype, dtype=dtype)
+        half = _save(lm, result, tmp_path / dtype, dtype=dtype)
         assert (half / "model.safetensors").stat().st_size < 0.51 * full_bytes
         assert json.loads((half / "config.json").read_text())["dtype"] == dtype
         assert json.loads((half / "gap_pruned.json").read_text())["dtype"] == dtype
 
         # gap's loader computes in float32: the stored values, upcast exactly, and a verified fingerprint
-        reloaded = load_pruned(half)
+        reloaded = load_model(str(half))
         assert next(reloaded.model.parameters()).dtype == torch.float32
         for name, tensor in reloaded.model.state_dict().items():
             torch.testing.assert_close(tensor, lm.model.state_dict()[name].to(torch_dtype).float(), rtol=0, atol=0)
         assert (_logits(reloaded, ids) - _logits(lm, ids)).abs().max() < 0.05
-        # ... or keeps the stored precision when asked
-        kept = load_pruned(half, dtype="auto")
-        assert next(kept.model.parameters()).dtype == torch_dtype
-        assert torch.isfinite(_logits(kept, ids)).all()
 
     # the CLI re-saves a checkpoint in another precision; the copy verifies and matches
     resaved = tmp_path / "resaved"
     assert main(["export", str(tmp_path / "float16"), "--format", "hf", "--dtype", "float32", "--out", str(resaved)]) == 0
-    again = load_pruned(resaved)
+    again = load_model(str(resaved))
     assert again.fingerprint == reloaded.fingerprint  # the float16 checkpoint's, loaded last
     torch.testing.assert_close(_logits(again, ids), _logits(reloaded, ids), rtol=0, atol=0)
     assert (resaved / "README.md").is_file() and (resaved / "modeling_gap_pruned.py").is_file()
@@ -194,7 +194,7 @@ def test_model_card_names_the_plan(make_tiny, tmp_path):
         "generations": [{"prompt": "The capital of France is", "model": " Paris.", "dense": " Paris, the"}],
         "settings": {"n_samples": 4, "seq_len": 64, "seed": 0},
     }
-    folder = save_pruned(lm, result, tmp_path / "my-pruned", eval_report=report)
+    folder = _save(lm, result, tmp_path / "my-pruned", eval_report=report)
     card = (folder / "README.md").read_text()
     _, front, body = card.split("---\n", 2)
     meta = yaml.safe_load(front)
@@ -311,7 +311,7 @@ def _one_line_error(capsys, argv) -> str:
 @pytest.mark.parametrize("family, named", [("qwen3", "q/k norms"), ("gemma3_text", "Gemma 3")])
 def test_gguf_refuses_other_families(make_tiny, tmp_path, capsys, family, named):
     lm, result = _pruned_tiny(make_tiny, family)
-    folder = save_pruned(lm, result, tmp_path / "ckpt")
+    folder = _save(lm, result, tmp_path / "ckpt")
     out = tmp_path / "out.gguf"
     line = _one_line_error(capsys, ["export", str(folder), "--format", "gguf", "--out", str(out)])
     assert f"'{family}'" in line and named in line and "supported: llama, mistral, qwen2" in line
@@ -320,11 +320,11 @@ def test_gguf_refuses_other_families(make_tiny, tmp_path, capsys, family, named)
 
 def test_bad_checkpoints_and_targets_fail_cleanly(make_tiny, tmp_path, capsys):
     lm, result = _pruned_tiny(make_tiny, "llama")
-    good = save_pruned(lm, result, tmp_path / "good")
-    corrupt = save_pruned(lm, result, tmp_path / "corrupt")
+    good = _save(lm, result, tmp_path / "good")
+    corrupt = _save(lm, result, tmp_path / "corrupt")
     weights = corrupt / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
-    no_config = save_pruned(lm, result, tmp_path / "no-config")
+    no_config = _save(lm, result, tmp_path / "no-config")
     (no_config / "config.json").unlink()
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -349,7 +349,7 @@ def test_bad_checkpoints_and_targets_fail_cleanly(make_tiny, tmp_path, capsys):
 def test_dense_and_pruned_gguf_from_the_cli(make_tiny, tmp_path, capsys):
     """The 0% case (a dense model) and a checkpoint go through the same command."""
     lm, result = _pruned_tiny(make_tiny, "llama", hidden_size=128, head_dim=32)
-    folder = save_pruned(lm, result, tmp_path / "ckpt")
+    folder = _save(lm, result, tmp_path / "ckpt")
     assert main(["export", str(folder), "--outtype", "q8_0", "--out", str(tmp_path / "p.gguf"), "--json"]) == 0
     pruned = json.loads(capsys.readouterr().out)
     dense = make_tiny("llama", num_attention_heads=8, num_key_value_heads=2, intermediate_size=128, hidden_size=128, head_dim=32)

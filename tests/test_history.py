@@ -30,7 +30,7 @@ def make_record(**overrides) -> RunRecord:
     record = RunRecord.from_report(
         PLAN,
         REPORT,
-        method="dp",
+        allocator="dp",
         table_key="smollm2-135m-nll-split-exact-abc",
         budget=0.2,
         params={"eval": {"n_samples": 4}},
@@ -64,7 +64,7 @@ def test_round_trip_in_a_real_file(tmp_path):
 def test_list_runs_flattens_per_source_columns(tmp_path):
     db = tmp_path / "h.sqlite"
     first = history.record_run(make_record(), db)
-    second = history.record_run(make_record(method="uniform", budget=0.3, perplexity={"wiki-sample": 30.0}), db)
+    second = history.record_run(make_record(allocator="uniform", budget=0.3, perplexity={"wiki-sample": 30.0}), db)
     frame = history.list_runs(db)
     assert list(frame["id"]) == [first, second]
     assert list(frame.columns[: len(history.BASE_COLUMNS)]) == history.BASE_COLUMNS
@@ -72,7 +72,7 @@ def test_list_runs_flattens_per_source_columns(tmp_path):
     assert frame.loc[1, "ppl:wiki-sample"] == 30.0
     assert pd.isna(frame.loc[1, "ppl:news-sample"])
     assert frame.loc[0, "kl:news-sample"] == 0.2
-    assert list(frame["method"]) == ["dp", "uniform"]
+    assert list(frame["allocator"]) == ["dp", "uniform"]
 
 
 def test_csv_export_parses_back(tmp_path):
@@ -109,7 +109,7 @@ def test_default_path_is_under_the_cache_root(tmp_path, monkeypatch):
     assert history.history_path() == tmp_path / "runs" / "history.sqlite"
     run_id = history.record_run(make_record())
     assert (tmp_path / "runs" / "history.sqlite").is_file()
-    assert history.get_run(run_id).method == "dp"
+    assert history.get_run(run_id).allocator == "dp"
 
 
 def test_a_corrupt_file_is_a_clear_error(tmp_path):

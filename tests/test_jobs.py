@@ -9,7 +9,8 @@ import time
 import pytest
 
 from gap_engine.errors import CancelledError, TableError
-from gap_engine.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, JobManager, manager, one_line
+from gap_engine.errors import one_line
+from gap_engine.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, JobManager, manager
 
 
 @pytest.fixture

@@ -12,14 +12,24 @@ from gap_engine.plan import RatePlan, make_plan, uniform_plan
 
 def test_plan_round_trips_through_json_and_yaml(make_tiny, tmp_path):
     lm = make_tiny("llama")
-    plan = make_plan(lm, [0.25, 0.0], [0.5, 0.125], "wanda", method="dp", budget=0.2, predicted_loss=0.31)
+    plan = make_plan(lm, [0.25, 0.0], [0.5, 0.125], "wanda", allocator="dp", budget=0.2, predicted_loss=0.31)
     for name in ("plan.json", "plan.yaml"):
         path = plan.save(tmp_path / name)
         again = RatePlan.load(path)
         assert again.to_dict() == plan.to_dict()
-    assert json.loads((tmp_path / "plan.json").read_text())["format_version"] == 1
+    assert json.loads((tmp_path / "plan.json").read_text())["format_version"] == 2
     assert plan.params["pruned_total"] < plan.params["dense_total"]
     assert 0 < plan.params["removed_fraction_of_prunable"] < 1
+
+
+def test_a_version_1_plan_is_read_with_its_method_as_the_allocator(make_tiny):
+    plan = make_plan(make_tiny("llama"), [0.25, 0.0], [0.5, 0.125], "wanda", allocator="owl", budget=0.2)
+    old = plan.to_dict()
+    old["method"] = old.pop("allocator")
+    old["format_version"] = 1
+    again = RatePlan.from_text(json.dumps(old))
+    assert again.allocator == "owl" and again.format_version == 2
+    assert again.attention_rates == plan.attention_rates and again.params == plan.params
 
 
 def test_uniform_plan_removes_about_its_rate(smol):

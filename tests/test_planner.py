@@ -8,13 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gap_engine.errors import BudgetError
+from reference import brute_force, uniform_choice
+
 from gap_engine.planner import (
     ParetoFront,
-    brute_force,
     constraint_mask,
     solve_budget,
     solve_front,
-    uniform_choice,
 )
 
 FAST = settings(max_examples=150, deadline=None)

@@ -7,7 +7,7 @@ import torch
 
 from gap_engine.adapters import adapter_for, supported_model_types
 from gap_engine.errors import UnsupportedArchitectureError
-from gap_engine.export import save_pruned
+from gap_engine.checkpoint import save_pruned
 from gap_engine.importance import CRITERIA, compute_importance
 from gap_engine.models import load_model
 from gap_engine.plan import make_plan, uniform_plan
@@ -56,7 +56,7 @@ def test_heterogeneous_plan_prunes_runs_and_reloads(make_tiny, family, tmp_path)
     assert generated.shape == (1, 12)
 
     out = tmp_path / "ckpt"
-    save_pruned(lm, result, out, dtype="float32")  # exact round trip; half precision: tests/test_deploy.py
+    save_pruned(lm, result.plan, result.kept_indices(), out, dtype="float32")  # exact round trip; half precision: tests/test_deploy.py
     reloaded = load_model(str(out))
     assert reloaded.param_count() == result.params_after
     assert reloaded.fingerprint == lm.fingerprint

@@ -18,18 +18,18 @@ from hypothesis.extra.numpy import arrays
 from scipy.optimize import isotonic_regression
 from scipy.stats import spearmanr
 
+from reference import naive_build_table
+
+from gap_engine.config import FULL_RATE_GRID, WindowSpec
 from gap_engine.data import calibration_windows
 from gap_engine.errors import TableError
 from gap_engine.models import weights_fingerprint
-from gap_engine.surgery import prune_attention_, prune_mlp_
+from gap_engine.slicing import slice_attention_, slice_mlp_, zeroed_units
 from gap_engine.tables import (
-    DEFAULT_RATE_GRID,
     LossTable,
     TableSpec,
     isotonic_smooth,
-    masked_units,
     measure_table,
-    naive_build_table,
     parse_rate_grid,
     table_key,
     window_cells,
@@ -43,10 +43,15 @@ def random_windows(n: int, t: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 49152, (n, t), generator=torch.Generator().manual_seed(seed))  # (N, T)
 
 
+def spec_of(**fields) -> TableSpec:
+    """A TableSpec from flat fields (window fields beside the table's own, as a table file records them)."""
+    return TableSpec.from_dict(fields)
+
+
 def tiny_spec(**kw) -> TableSpec:
     fields = dict(n_samples=3, seq_len=24, rate_grid=GRID4, batch_size=2)
     fields.update(kw)
-    return TableSpec(**fields)
+    return spec_of(**fields)
 
 
 def expected_removed(lm, table: LossTable) -> np.ndarray:
@@ -71,23 +76,23 @@ def expected_removed(lm, table: LossTable) -> np.ndarray:
         {"rate_grid": (0.0,)},
         {"objective": "mse"},
         {"mode": "layer"},
-        {"method": "hessian"},
+        {"estimator": "hessian"},
         {"criterion": "random"},
         {"n_samples": 0},
         {"seq_len": 1},
         {"batch_size": 0},
-        {"method": "taylor", "objective": "kl"},
+        {"estimator": "taylor", "objective": "kl"},
     ],
 )
 def test_spec_rejects_bad_values_with_one_line(fields):
     with pytest.raises(TableError) as info:
-        TableSpec(**fields).validate()
+        TableSpec.from_dict(fields).validate()
     assert "\n" not in str(info.value)
 
 
 def test_default_spec_is_valid_and_grid_is_sixteenths():
     spec = TableSpec().validate()
-    assert spec.rate_grid == DEFAULT_RATE_GRID and len(DEFAULT_RATE_GRID) == 16 and DEFAULT_RATE_GRID[1] == 1 / 16
+    assert spec.rate_grid == FULL_RATE_GRID and len(FULL_RATE_GRID) == 16 and FULL_RATE_GRID[1] == 1 / 16
 
 
 def test_parse_rate_grid():
@@ -129,13 +134,13 @@ def test_masking_a_layer_equals_slicing_it(make_tiny, family):
     handle.remove()
     kept_kv, kept_heads, kept_channels = [1], [2, 3], list(range(0, 96, 3))
     sliced = copy.deepcopy(layer)
-    prune_attention_(lm.adapter, sliced, kept_kv, kept_heads)
-    prune_mlp_(lm.adapter, sliced, kept_channels)
+    slice_attention_(lm.adapter, sliced, kept_kv, kept_heads)
+    slice_mlp_(lm.adapter, sliced, kept_channels)
     removed_heads = (0, 1)
     removed_channels = tuple(c for c in range(96) if c not in kept_channels)
     before = weights_fingerprint(lm.model)
     with torch.no_grad():
-        with masked_units(lm.adapter, layer, removed_heads, removed_channels):
+        with zeroed_units(lm.adapter, layer, removed_heads, removed_channels):
             masked_out = layer(hidden, *captured["args"], **captured["kwargs"])
         sliced_out = sliced(hidden, *captured["args"], **captured["kwargs"])
     masked_out = masked_out[0] if isinstance(masked_out, tuple) else masked_out
@@ -260,21 +265,22 @@ def test_check_model_rejects_another_model(tiny_table, make_tiny):
 
 def test_table_key_depends_on_what_changes_the_numbers(tiny_table):
     lm, _ = tiny_table
-    base = TableSpec(n_samples=2, seq_len=16)
-    key = table_key(lm, base)
+    base = spec_of(n_samples=2, seq_len=16)
+    key = table_key(lm, base, "data-a")
     assert key.startswith("tiny-qwen3-nll-split-exact-")
-    assert table_key(lm, TableSpec(n_samples=2, seq_len=16, batch_size=1)) == key
+    assert table_key(lm, spec_of(n_samples=2, seq_len=16, batch_size=1), "data-a") == key
+    assert table_key(lm, base, "data-b") != key
     for changed in (
-        TableSpec(n_samples=3, seq_len=16),
-        TableSpec(n_samples=2, seq_len=16, seed=1),
-        TableSpec(n_samples=2, seq_len=16, rate_grid=(0, 0.5)),
-        TableSpec(n_samples=2, seq_len=16, objective="kl"),
-        TableSpec(n_samples=2, seq_len=16, criterion="magnitude"),
-        TableSpec(n_samples=2, seq_len=16, method="fisher"),
-        TableSpec(n_samples=2, seq_len=16, channel_multiple=4),
-        TableSpec(n_samples=2, seq_len=16, data="news-sample"),
+        spec_of(n_samples=3, seq_len=16),
+        spec_of(n_samples=2, seq_len=16, seed=1),
+        spec_of(n_samples=2, seq_len=16, rate_grid=(0, 0.5)),
+        spec_of(n_samples=2, seq_len=16, objective="kl"),
+        spec_of(n_samples=2, seq_len=16, criterion="magnitude"),
+        spec_of(n_samples=2, seq_len=16, estimator="fisher"),
+        spec_of(n_samples=2, seq_len=16, channel_multiple=4),
+        spec_of(n_samples=2, seq_len=16, data="news-sample"),
     ):
-        assert table_key(lm, changed) != key
+        assert table_key(lm, changed, "data-a") != key
 
 
 # ---- the real model -------------------------------------------------------------------------------
@@ -283,8 +289,8 @@ REAL = dict(n_samples=2, seq_len=32, rate_grid=(0.0, 0.25, 0.5), batch_size=2, m
 
 @pytest.fixture(scope="module")
 def real_tables(smol):
-    windows = calibration_windows(smol.tokenizer, "wiki-sample", 2, 32, 0)
-    return {method: measure_table(smol, TableSpec(method=method, **REAL), windows) for method in ("exact", "taylor", "fisher")}
+    windows = calibration_windows(smol.tokenizer, WindowSpec("wiki-sample", 2, 32, 0))
+    return {name: measure_table(smol, spec_of(estimator=name, **REAL), windows) for name in ("exact", "taylor", "fisher")}
 
 
 def test_real_model_exact_table(smol, real_tables):
@@ -300,11 +306,11 @@ def test_real_model_exact_table(smol, real_tables):
     assert weights_fingerprint(smol.model) == smol.fingerprint
 
 
-@pytest.mark.parametrize("method", ["taylor", "fisher"])
-def test_gradient_estimates_rank_cells_like_the_exact_table(real_tables, method):
-    exact, approx = real_tables["exact"], real_tables[method]
+@pytest.mark.parametrize("estimator", ["taylor", "fisher"])
+def test_gradient_estimates_rank_cells_like_the_exact_table(real_tables, estimator):
+    exact, approx = real_tables["exact"], real_tables[estimator]
     assert approx.components == exact.components
     np.testing.assert_array_equal(approx.removed, exact.removed)
     assert approx.dense_objective == pytest.approx(exact.dense_objective, rel=1e-4)
     rho = spearmanr(exact.delta[:, 1:].ravel(), approx.delta[:, 1:].ravel())[0]
-    assert rho > 0.3, f"{method} ranks cells unlike the exact table (Spearman {rho:.2f})"
+    assert rho > 0.3, f"{estimator} ranks cells unlike the exact table (Spearman {rho:.2f})"

@@ -1,6 +1,6 @@
 """The transformers remote-code hook of a pruned checkpoint.
 
-``modeling_gap_pruned.py`` (beside this file) is the modeling code: it imports only torch
+``modeling_gap_pruned.py`` (beside this module) is the modeling code: it imports only torch
 and transformers, so it runs where gap_engine is not installed. ``add_remote_code`` copies
 it into a checkpoint folder and names its classes in config.json's ``auto_map``; then
 

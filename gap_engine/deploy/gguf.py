@@ -38,12 +38,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import ExportError
+from ..config import GGUF_OUTTYPES
+from ..errors import ExportError
 
 log = logging.getLogger(__name__)
 
 ARCH = "deci"
-OUTTYPES = ("f16", "q8_0")
+OUTTYPES = GGUF_OUTTYPES
 GGUF_MODEL_TYPES = ("llama", "mistral", "qwen2")  # fit deci's computation (see module docstring)
 REFUSED_WHY = {
     "qwen3": "Qwen3's per-head q/k norms",
@@ -337,7 +338,7 @@ def export_gguf(
         ModelLoadError: the model cannot be loaded (corrupt folder, missing files).
         ExportError: see ``write_gguf``.
     """
-    from .models import load_model
+    from ..models import load_model
 
     folder = Path(model)
     if folder.is_dir() and (folder / "config.json").is_file():
@@ -348,3 +349,27 @@ def export_gguf(
     if outtype not in OUTTYPES:
         raise ExportError(f"unknown GGUF outtype '{outtype}'; choose one of {', '.join(OUTTYPES)}")
     return write_gguf(load_model(str(model)), out_path, outtype, tokenizer_pre)
+
+
+def gguf_problem(checkpoint: str | Path) -> str | None:
+    """Why a checkpoint folder cannot be written as GGUF (one line), or None when it can."""
+    try:
+        model_type = json.loads((Path(checkpoint) / "config.json").read_text()).get("model_type")
+        check_supported(model_type)
+    except (OSError, json.JSONDecodeError) as exc:
+        return f"{checkpoint}/config.json is not readable: {exc}"
+    except ExportError as exc:
+        return str(exc)
+    return None
+
+
+def gguf_bytes(checkpoint: str | Path, outtype: str = "f16") -> bytes:
+    """A checkpoint as GGUF file bytes (for a download): written to a temporary file, read, removed.
+
+    Raises:
+        ModelLoadError, ExportError: as ``export_gguf``.
+    """
+    with tempfile.TemporaryDirectory(prefix="gap-gguf-") as tmp:
+        path = Path(tmp) / "model.gguf"
+        export_gguf(checkpoint, path, outtype)
+        return path.read_bytes()

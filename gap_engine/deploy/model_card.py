@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from .fsutil import atomic_write_text
+from ..fsutil import atomic_write_text
 
 CARD_FILE = "README.md"
 
@@ -27,8 +27,8 @@ def table_settings(table_key: str | None) -> dict | None:
     """
     if not table_key:
         return None
-    from .cache import META_FILE, entry_dir
-    from .errors import GapError
+    from ..cache import META_FILE, entry_dir
+    from ..errors import GapError
 
     try:
         meta = json.loads((entry_dir(table_key) / META_FILE).read_text())
@@ -39,7 +39,7 @@ def table_settings(table_key: str | None) -> dict | None:
         return {"key": table_key, **spec}
     parts = table_key.rsplit("-", 4)
     if len(parts) == 5:
-        return {"key": table_key, "objective": parts[1], "mode": parts[2], "method": parts[3]}
+        return {"key": table_key, "objective": parts[1], "mode": parts[2], "estimator": parts[3]}
     return {"key": table_key}
 
 
@@ -102,6 +102,48 @@ def _params_line(params: dict, marker: dict) -> str:
     return line
 
 
+def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
+    """The card's "Use it" (transformers, llama.cpp, gap) and "Limits" sections."""
+    return [
+        "## Use it",
+        "",
+        "transformers (the folder carries its modeling code, `modeling_gap_pruned.py`, which subclasses "
+        "transformers' own classes with narrower blocks; gap_engine is not needed):",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f'model = AutoModelForCausalLM.from_pretrained("{folder_name}", trust_remote_code=True, dtype="auto")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}", trust_remote_code=True)',
+        "```",
+        "",
+        "llama.cpp (Llama-family and Qwen2 checkpoints; written as llama.cpp's `deci` architecture, "
+        "which reads per-layer head counts and MLP widths):",
+        "",
+        "```bash",
+        f"gap export {folder_name} --format gguf --outtype q8_0 --out {folder_name}.gguf",
+        f'llama-cli -m {folder_name}.gguf -fa on -p "The capital of France is" -n 32',
+        f"python -c \"from llama_cpp import Llama; print(Llama('{folder_name}.gguf', flash_attn=True)('The capital of France is', max_tokens=32))\"",
+        "```",
+        "",
+        "gap_engine itself: `gap eval --model " + folder_name + "` or `gap_engine.models.load_model`.",
+        "",
+        "## Limits",
+        "",
+        "- Pruned without any retraining or distillation: expect higher perplexity than the base model, "
+        "growing with the budget" + ("; the numbers above come from small held-out samples." if evaluated else "."),
+        "- The calibration text (for the importance scores and the loss table) was small and English; "
+        "other domains and languages may lose more.",
+        "- Loading with transformers needs `trust_remote_code=True` and transformers >= 5.24 "
+        "(its heterogeneous `per_layer_config`).",
+        "- GGUF export covers the Llama family (Llama, SmolLM2, Mistral) and Qwen2; Qwen3 (q/k norms) and "
+        "Gemma 3 do not fit llama.cpp's per-layer `deci` architecture. In q8_0, MLP tensors whose width "
+        "is not a multiple of 32 stay f16. Run llama.cpp with flash attention (as above): without it, "
+        "llama.cpp pads every layer's V cache to the widest layer's.",
+        "- Safety, bias and licence terms are those of the base model.",
+        "",
+    ]
+
+
 def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_report: dict | None = None) -> str:
     """The README.md text of a checkpoint.
 
@@ -139,7 +181,7 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
         "|---|---|",
         f"| base model | `{base}` (weights fingerprint `{marker.get('base_fingerprint')}`) |",
         f"| parameters | {_params_line(params, marker)} |",
-        f"| allocation | {plan.method}" + (f", budget {plan.budget:.3f}" if isinstance(plan.budget, float) else "") + " |",
+        f"| allocator | {plan.allocator}" + (f", budget {plan.budget:.3f}" if isinstance(plan.budget, float) else "") + " |",
         f"| within-layer criterion | {plan.criterion} (MLP widths in multiples of {plan.channel_multiple}) |",
         f"| stored as | {marker.get('dtype', 'float32')} safetensors, fingerprint `{marker.get('fingerprint')}` |",
         f"| plan made | {plan.created} |",
@@ -156,54 +198,17 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
     table = table_settings(plan.table_key)
     lines += ["## Loss table", ""]
     if table:
-        lines.append("The DP allocation read this sensitivity table (per layer and rate, the loss increase when only that component is pruned):")
+        lines.append("The allocator read this sensitivity table (per layer and rate, the loss increase when only that component is pruned):")
         lines.append("")
         lines += [f"- {k}: `{v}`" for k, v in table.items()]
         if isinstance(plan.predicted_loss, float):
             lines.append(f"- predicted summed loss increase of this plan: {plan.predicted_loss:.4f}")
     else:
-        lines.append(f"None: the rates were set by the `{plan.method}` allocation without a loss table.")
+        lines.append(f"None: the rates were set by the `{plan.allocator}` allocator without a loss table.")
     lines.append("")
     if eval_report:
         lines += _eval_section(eval_report)
-    lines += [
-        "## Use it",
-        "",
-        "transformers (the folder carries its modeling code, `modeling_gap_pruned.py`, which subclasses "
-        "transformers' own classes with narrower blocks; gap_engine is not needed):",
-        "",
-        "```python",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        f'model = AutoModelForCausalLM.from_pretrained("{folder_name}", trust_remote_code=True, dtype="auto")',
-        f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}", trust_remote_code=True)',
-        "```",
-        "",
-        "llama.cpp (Llama-family and Qwen2 checkpoints; written as llama.cpp's `deci` architecture, "
-        "which reads per-layer head counts and MLP widths):",
-        "",
-        "```bash",
-        f"gap export {folder_name} --format gguf --outtype q8_0 --out {folder_name}.gguf",
-        f'llama-cli -m {folder_name}.gguf -fa on -p "The capital of France is" -n 32',
-        f"python -c \"from llama_cpp import Llama; print(Llama('{folder_name}.gguf', flash_attn=True)('The capital of France is', max_tokens=32))\"",
-        "```",
-        "",
-        "gap_engine itself: `gap eval --model " + folder_name + "` or `gap_engine.export.load_pruned`.",
-        "",
-        "## Limits",
-        "",
-        "- Pruned without any retraining or distillation: expect higher perplexity than the base model, "
-        "growing with the budget" + ("; the numbers above come from small held-out samples." if eval_report else "."),
-        "- The calibration text (for the importance scores and the loss table) was small and English; "
-        "other domains and languages may lose more.",
-        "- Loading with transformers needs `trust_remote_code=True` and transformers >= 5.24 "
-        "(its heterogeneous `per_layer_config`).",
-        "- GGUF export covers the Llama family (Llama, SmolLM2, Mistral) and Qwen2; Qwen3 (q/k norms) and "
-        "Gemma 3 do not fit llama.cpp's per-layer `deci` architecture. In q8_0, MLP tensors whose width "
-        "is not a multiple of 32 stay f16. Run llama.cpp with flash attention (as above): without it, "
-        "llama.cpp pads every layer's V cache to the widest layer's.",
-        "- Safety, bias and licence terms are those of the base model.",
-        "",
-    ]
+    lines += _usage_and_limits(folder_name, bool(eval_report))
     return "\n".join(lines)
 
 

@@ -1,0 +1,100 @@
+"""Argument types and parsers shared by the ``gap`` subcommands (no torch: the parser stays fast).
+
+A value argparse can check on its own (a rate, an integer) fails at parse time with exit
+status 2; a value that needs context (a lock list, a budget) raises a GapError in the
+handler, which ``main`` prints as one line and also turns into exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..config import WindowSpec
+from ..errors import BudgetError
+
+
+def rate_arg(text: str) -> float:
+    """argparse type: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"rate {value} is outside [0, 1)")
+    return value
+
+
+def parse_fraction(text: str, what: str) -> float:
+    """A fraction of the prunable parameters in [0, 1), or BudgetError naming ``what``."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise BudgetError(f"{what} must be a number in [0, 1), got '{text}'") from None
+    if not 0.0 <= value < 1.0:
+        raise BudgetError(f"{what} {value:g} is outside [0, 1): it is a fraction of the prunable parameters")
+    return value
+
+
+def parse_list(text: str, what: str) -> list[str]:
+    """Comma-separated items, or BudgetError when there are none."""
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        raise BudgetError(f"{what} must be a comma-separated list, got '{text}'")
+    return items
+
+
+def parse_locks(values: list[str] | None) -> dict[int, float]:
+    """``["0,29", "5:0.25"]`` -> {0: 0.0, 29: 0.0, 5: 0.25}; a layer alone is locked dense.
+
+    Raises:
+        BudgetError: bad syntax, or one layer locked at two different rates.
+    """
+    locks: dict[int, float] = {}
+    for value in values or []:
+        for item in value.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            layer_text, _, rate_text = item.partition(":")
+            try:
+                layer = int(layer_text)
+                rate = float(rate_text) if rate_text else 0.0
+            except ValueError:
+                raise BudgetError(f"--lock expects LAYER or LAYER:RATE items separated by commas, got '{item}'") from None
+            if layer in locks and locks[layer] != rate:
+                raise BudgetError(f"layer {layer} is locked twice, at rates {locks[layer]:g} and {rate:g}")
+            locks[layer] = rate
+    return locks
+
+
+def add_window_args(p: argparse.ArgumentParser, defaults: WindowSpec, what: str = "calibration") -> None:
+    """--data, --samples, --seq-len, --seed, --batch-size for one WindowSpec."""
+    p.add_argument("--data", default=defaults.data, help=f"{what} text: wiki-sample, news-sample, a .txt/.jsonl file, or an HF spec (default: %(default)s)")
+    p.add_argument("--samples", type=int, default=defaults.n_samples, help=f"{what} windows (default: %(default)s)")
+    p.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per window (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=defaults.seed, help="which windows are drawn (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size, help="windows per forward pass (memory only)")
+
+
+def windows_from(args: argparse.Namespace, prefix: str = "") -> WindowSpec:
+    """The WindowSpec that `add_window_args` options describe (``prefix``: e.g. "eval_")."""
+    return WindowSpec(
+        data=getattr(args, f"{prefix}data"),
+        n_samples=getattr(args, f"{prefix}samples"),
+        seq_len=getattr(args, f"{prefix}seq_len"),
+        seed=getattr(args, "seed"),
+        batch_size=getattr(args, "batch_size"),
+    )
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old flag name that still works and says once, on stderr, which name replaced it."""
+
+    def __init__(self, option_strings, dest, new_name: str, **kwargs):
+        self.new_name = new_name
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"gap: warning: {option_string} is deprecated; use {self.new_name}", file=sys.stderr)
+        setattr(namespace, self.dest, values)

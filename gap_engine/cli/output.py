@@ -1,0 +1,64 @@
+"""What the ``gap`` subcommands print: progress on stderr, tables and CSV for results."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+import time
+
+
+def format_seconds(seconds: float | None) -> str:
+    """'42s', '3m05s', '1h02m', or '?' when unknown."""
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class StderrProgress:
+    """The engine's (done, total, eta) callback as ``label: done/total (pct), eta`` on stderr.
+
+    Rewritten in place on a terminal; elsewhere (logs, CI) one line every ``every`` seconds
+    and at the end. An ETA the engine does not give is estimated from the steps so far.
+    """
+
+    def __init__(self, label: str, stream=None, every: float = 5.0):
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.every = every
+        self._started = time.monotonic()
+        self._last = 0.0
+        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def __call__(self, done: int, total: int, eta: float | None = None) -> None:
+        now = time.monotonic()
+        if eta is None and done:
+            eta = (now - self._started) / done * (total - done)
+        final = done >= total
+        if not self._tty and not final and now - self._last < self.every:
+            return
+        self._last = now
+        text = f"{self.label}: {done}/{total} ({100 * done / max(total, 1):.0f}%), eta {format_seconds(eta)}"
+        self.stream.write(("\r" + text + ("\n" if final else "")) if self._tty else text + "\n")
+        self.stream.flush()
+
+    def stage(self, message: str) -> None:
+        """A named stage of the work, one line."""
+        self.stream.write(f"{message}\n" if not self._tty else f"\r{message}\n")
+        self.stream.flush()
+
+
+def csv_text(rows: list[dict]) -> str:
+    """Rows of dicts as CSV, columns in order of first appearance, floats to 6 significant digits."""
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+    return buffer.getvalue()

@@ -1,0 +1,200 @@
+"""The ``gap`` argument parser: every subcommand, its options and the handler that runs it.
+
+Only ``config`` is imported here, so ``gap --help`` and a mistyped option answer at once;
+a handler (``module:function`` in ``handler``) and the engine it needs are imported only
+when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import __version__
+from ..config import (
+    ALLOCATORS,
+    CLI_TABLE,
+    CRITERIA,
+    DEFAULT_CHANNEL_MULTIPLE,
+    DEFAULT_CRITERION,
+    DEFAULT_MAX_RATE,
+    DEFAULT_MODEL,
+    DEFAULT_N_BUCKETS,
+    DEFAULT_SAVE_DTYPE,
+    ESTIMATORS,
+    EVAL_WINDOWS,
+    GGUF_OUTTYPES,
+    MODES,
+    OBJECTIVES,
+    SAVE_DTYPES,
+)
+from .arguments import DeprecatedAlias, add_window_args, rate_arg
+
+
+def _grid_text(grid) -> str:
+    return ",".join(f"{r:g}" for r in grid)
+
+
+def _add_models(sub) -> None:
+    p = sub.add_parser("models", help="list the built-in models and supported architectures")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler="model_commands:run_models")
+
+
+def _add_prune(sub) -> None:
+    p = sub.add_parser("prune", help="prune a model with a plan (or a uniform rate) and save a checkpoint")
+    p.add_argument("--model", required=True, help="built-in name, local folder, .gguf file or hub id")
+    p.add_argument("--plan", help="a plan JSON/YAML file")
+    p.add_argument("--uniform", type=rate_arg, help="every layer and component at this rate, in [0, 1)")
+    p.add_argument("--criterion", default=DEFAULT_CRITERION, choices=CRITERIA, help="which heads and channels go")
+    p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE)
+    p.add_argument("--out", required=True, help="output folder (replaced atomically)")
+    p.add_argument("--dtype", default=DEFAULT_SAVE_DTYPE, choices=SAVE_DTYPES, help="storage precision of the weights (default: %(default)s)")
+    p.add_argument("--json", action="store_true")
+    add_window_args(p, CLI_TABLE.windows)
+    p.set_defaults(handler="model_commands:run_prune")
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="held-out perplexity, KL to dense, throughput and generations")
+    p.add_argument("--model", required=True)
+    add_window_args(p, EVAL_WINDOWS, what="held-out (comma-separated sources)")
+    p.add_argument("--generations", type=int, default=3)
+    p.add_argument("--no-dense", action="store_true", help="do not compare with the dense original")
+    p.add_argument("--no-throughput", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler="model_commands:run_eval")
+
+
+def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> None:
+    p.add_argument("--criterion", choices=CRITERIA, default=DEFAULT_CRITERION, help="within-layer importance: which units a rate removes")
+    p.add_argument("--rates", default=_grid_text(CLI_TABLE.rate_grid), help="comma-separated rate grid starting at 0 (default: 0, 1/16, ..., 15/16)")
+    p.add_argument("--objective", choices=OBJECTIVES, default=CLI_TABLE.objective, help="nll or kl (default: %(default)s)")
+    p.add_argument("--mode", choices=MODES, default="split", help="split: attention and MLP apart; block: together")
+    p.add_argument(
+        "--estimator",
+        choices=ESTIMATORS,
+        default=estimator_default,
+        help="exact: measure every cell; fisher/taylor: estimate from one gradient pass (default: %(default)s)",
+    )
+    p.add_argument("--approx", dest="estimator", choices=ESTIMATORS[1:], action=DeprecatedAlias, new_name="--estimator", help=argparse.SUPPRESS)
+    p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE, help="MLP width granularity")
+
+
+def _add_table(sub) -> None:
+    p = sub.add_parser(
+        "table",
+        help="build (or read from the cache) a loss table",
+        description="Measure how much the global objective grows when each layer's attention or MLP "
+        "alone is pruned at each rate of a grid (GAP's loss table).",
+    )
+    p.add_argument("--model", default=DEFAULT_MODEL, help="built-in name, model folder, .gguf file or hub id")
+    add_window_args(p, CLI_TABLE.windows)
+    _add_table_spec_args(p, CLI_TABLE.estimator)
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the table cache")
+    p.add_argument("--out", required=True, help="where to write the table (.json, or .csv for the long format)")
+    p.set_defaults(handler="table_commands:run_table")
+
+    cache = sub.add_parser("cache", help="list or remove cached loss tables")
+    cache_sub = cache.add_subparsers(dest="cache_command", metavar="{ls,rm}")
+    cache_sub.required = True
+    ls = cache_sub.add_parser("ls", help="list cached loss tables")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a text table")
+    ls.set_defaults(handler="table_commands:run_cache_ls")
+    rm = cache_sub.add_parser("rm", help="remove one cached loss table")
+    rm.add_argument("key", help="a key from `gap cache ls`")
+    rm.set_defaults(handler="table_commands:run_cache_rm")
+
+
+def _add_constraint_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lock",
+        action="append",
+        metavar="LAYERS",
+        help="keep layers at a rate: '0,29' (dense) or '0:0.0,5:0.25'; negative counts from the end; repeatable",
+    )
+    p.add_argument("--min-rate", default="0.0", help="lowest rate of any unlocked component")
+    p.add_argument("--max-rate", default=str(DEFAULT_MAX_RATE), help="highest rate of any unlocked component")
+    p.add_argument("--coupled", action="store_true", help="a layer's attention and MLP share one rate")
+
+
+def _add_evo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--evo-generations", type=int, default=4, help="evo: rounds of mutation and selection")
+    p.add_argument("--evo-offspring", type=int, default=4, help="evo: candidates per round")
+
+
+def _add_plan(sub) -> None:
+    p = sub.add_parser("plan", help="choose per-layer rates for a budget from a loss table")
+    p.add_argument("--table", required=True, help="a loss table JSON file")
+    p.add_argument("--budget", help="fraction of prunable parameters to remove, in [0, 1)")
+    p.add_argument("--keep-params", type=int, help="instead of --budget: total parameters the pruned model may keep")
+    p.add_argument("--allocator", default="dp", choices=ALLOCATORS, help="how the budget is spread over layers (default: dp, GAP's DP)")
+    p.add_argument("--method", dest="allocator", choices=ALLOCATORS, action=DeprecatedAlias, new_name="--allocator", help=argparse.SUPPRESS)
+    p.add_argument("--model", help="the model (default: the one the table names); its fingerprint must match the table")
+    p.add_argument("--out", required=True, help="plan file: .json, or .yaml/.yml")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    _add_constraint_args(p)
+    _add_evo_args(p)
+    p.set_defaults(handler="plan_commands:run_plan")
+
+    p = sub.add_parser("front", help="the optimal loss for every budget (CSV), from a loss table alone")
+    p.add_argument("--table", required=True, help="a loss table JSON file")
+    p.add_argument("--out", required=True, help="CSV file")
+    p.add_argument("--n-buckets", type=int, default=DEFAULT_N_BUCKETS, help="budget resolution")
+    p.add_argument("--raw", action="store_true", help="plan on the raw deltas, not the smoothed table")
+    _add_constraint_args(p)
+    p.set_defaults(handler="plan_commands:run_front")
+
+
+def _add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="prune with several allocators at several budgets and measure them")
+    p.add_argument("--model", required=True)
+    p.add_argument("--budgets", default="0.1,0.2,0.3", help="comma-separated fractions of prunable parameters")
+    p.add_argument("--allocators", default="dp,uniform", help=f"comma-separated, from {','.join(ALLOCATORS)}")
+    p.add_argument("--methods", dest="allocators", action=DeprecatedAlias, new_name="--allocators", help=argparse.SUPPRESS)
+    p.add_argument("--table", help="use this loss table instead of building one")
+    add_window_args(p, CLI_TABLE.windows)
+    _add_table_spec_args(p, CLI_TABLE.estimator)
+    p.add_argument("--eval-data", default="wiki-sample,news-sample", help="comma-separated held-out sources")
+    p.add_argument("--eval-samples", type=int, default=EVAL_WINDOWS.n_samples)
+    p.add_argument("--eval-seq-len", type=int, default=EVAL_WINDOWS.seq_len)
+    p.add_argument("--out", required=True, help="results CSV")
+    _add_constraint_args(p)
+    _add_evo_args(p)
+    p.set_defaults(handler="plan_commands:run_compare")
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML report: table settings, sensitivity, front, plan, evaluation")
+    p.add_argument("--table", required=True, help="a loss table JSON file")
+    p.add_argument("--plan", help="the chosen plan (JSON or YAML); default: the run's plan, else the DP front row at --budget")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--run", type=int, help="a run id of the history (its plan, numbers and generations)")
+    source.add_argument("--eval", help="a `gap eval --json` output file of the pruned model (needs --plan)")
+    p.add_argument("--budget", help="without a plan or run: report the DP front row at this fraction of prunable parameters (default 0.2)")
+    p.add_argument("--out", required=True, type=Path, help="the HTML file to write")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler="report_commands:run_report")
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="write a checkpoint as GGUF for llama.cpp, or re-save it in another precision")
+    p.add_argument("checkpoint", help="a gap checkpoint folder (for gguf also a built-in name or dense model folder)")
+    p.add_argument("--format", choices=("gguf", "hf"), default="gguf", help="gguf: llama.cpp file; hf: transformers folder")
+    p.add_argument("--outtype", choices=GGUF_OUTTYPES, default="f16", help="GGUF weight type (default: %(default)s)")
+    p.add_argument("--dtype", choices=SAVE_DTYPES, default=DEFAULT_SAVE_DTYPE, help="hf: storage precision (default: %(default)s)")
+    p.add_argument("--tokenizer-pre", help="GGUF: llama.cpp pre-tokenizer name when it cannot be detected (e.g. llama-bpe)")
+    p.add_argument("--out", required=True, help="output .gguf file or folder (written atomically)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler="export_commands:run_export")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``gap`` parser; each subcommand sets ``handler`` to "module:function" under gap_engine.cli."""
+    parser = argparse.ArgumentParser(prog="gap", description="Layer-adaptive structured pruning of LLMs (GAP)")
+    parser.add_argument("--version", action="version", version=f"gap_engine {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_models, _add_prune, _add_eval, _add_table, _add_plan, _add_compare, _add_report, _add_export):
+        add(sub)
+    return parser

@@ -1,0 +1,142 @@
+"""``gap plan``, ``gap front`` and ``gap compare``: the allocation stage on the command line.
+
+``plan`` turns a loss table and a budget into a plan file, ``front`` writes the whole
+budget/loss front of a table as CSV (no model needed), and ``compare`` prunes the model
+with every requested allocator at every budget and measures the results. Inputs are all
+checked before anything slow runs or any file is written; outputs are written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..allocate import ALLOCATORS, Constraints, EvoSettings, check_reach, dp_front, front_csv, front_rows
+from ..allocate.problem import planning_problem
+from ..config import WindowSpec
+from ..errors import BudgetError, TableError, first_line
+from ..fsutil import atomic_write_text
+from ..models import load_model
+from ..pipeline import compare, heldout_sets, loss_table, plan_for
+from ..tables import LossTable
+from .arguments import parse_fraction, parse_list, parse_locks
+from .output import StderrProgress, csv_text
+from .table_commands import spec_from_args
+
+
+def constraints_from(args: argparse.Namespace) -> Constraints:
+    min_rate = parse_fraction(args.min_rate, "--min-rate")
+    max_rate = parse_fraction(args.max_rate, "--max-rate")
+    return Constraints(locked=parse_locks(args.lock), min_rate=min_rate, max_rate=max_rate, coupled=args.coupled)
+
+
+def read_table(path: str) -> LossTable:
+    """The loss table in a JSON file; TableError (one line) when missing or malformed."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
+        raise TableError(f"cannot read loss table {path}: {reason}") from None
+    return LossTable.from_json(text)
+
+
+def _load_for_table(model_arg: str | None, table: LossTable):
+    """The model named on the command line (or the table's own), checked against the table."""
+    lm = load_model(model_arg or table.model)
+    table.check_model(lm)
+    return lm
+
+
+def budget_for_kept_params(dense_total: int, dense_prunable: int, keep: int) -> float:
+    """The budget (fraction of prunable parameters to remove) that leaves ``keep`` parameters in all."""
+    fixed = dense_total - dense_prunable  # embeddings, norms, LM head: never pruned
+    if keep >= dense_total:
+        return 0.0
+    if keep <= fixed:
+        raise BudgetError(
+            f"cannot keep only {keep:,} parameters: embeddings, norms and the LM head alone hold {fixed:,} "
+            f"(the model has {dense_total:,})"
+        )
+    return (dense_total - keep) / dense_prunable
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    constraints = constraints_from(args)
+    if (args.budget is None) == (args.keep_params is None):
+        raise BudgetError("give exactly one of --budget FRACTION or --keep-params N")
+    budget = parse_fraction(args.budget, "budget") if args.budget is not None else None
+    table = read_table(args.table)
+    planning_problem(table, constraints)  # contradictory locks fail here, before the model loads
+    lm = _load_for_table(args.model, table)
+    if budget is None:
+        budget = budget_for_kept_params(lm.param_count(), table.dense_prunable, args.keep_params)
+    check_reach(lm, table, budget, args.allocator, constraints)
+    evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
+    plan = plan_for(lm, table, budget, args.allocator, constraints, evo=evo)
+    plan.save(args.out)
+    summary = {
+        "out": str(args.out),
+        "allocator": plan.allocator,
+        "budget": budget,
+        "removed": plan.params["removed"],
+        "removed_fraction_of_prunable": plan.params["removed_fraction_of_prunable"],
+        "predicted_loss": plan.predicted_loss,
+    }
+    print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
+    return 0
+
+
+def run_front(args: argparse.Namespace) -> int:
+    constraints = constraints_from(args)
+    table = read_table(args.table)
+    if args.n_buckets < 1:
+        raise BudgetError(f"--n-buckets must be at least 1, got {args.n_buckets}")
+    rows = front_rows(table, dp_front(table, constraints, n_buckets=args.n_buckets, smoothed=not args.raw))
+    atomic_write_text(args.out, front_csv(rows))
+    print(f"{len(rows)} optima from {rows[0]['budget']:.1%} to {rows[-1]['budget']:.1%} of prunable parameters -> {args.out}")
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    budgets = [parse_fraction(b, "budget") for b in parse_list(args.budgets, "--budgets")]
+    allocators = parse_list(args.allocators, "--allocators")
+    unknown = [a for a in allocators if a not in ALLOCATORS]
+    if unknown:
+        raise BudgetError(f"unknown allocator '{unknown[0]}'; choose from {', '.join(ALLOCATORS)}")
+    constraints = constraints_from(args)
+    if args.table:
+        table = read_table(args.table)
+        lm = _load_for_table(args.model, table)
+    else:
+        spec = spec_from_args(args)
+        lm = load_model(args.model)
+        progress = StderrProgress("loss table")
+        table = loss_table(lm, spec, progress=progress, stage=progress.stage)
+    for budget in budgets:  # before anything slow: an unreachable budget fails here
+        for allocator in allocators:
+            check_reach(lm, table, budget, allocator, constraints)
+    eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len, seed=args.seed)
+    heldout = heldout_sets(lm.tokenizer, eval_windows)
+    evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
+    outcomes = compare(lm, table, budgets, allocators, heldout, constraints, evo, progress=lambda msg: print(msg, file=sys.stderr))
+    atomic_write_text(args.out, csv_text([o.row() for o in outcomes]))
+    _print_outcomes(outcomes, list(heldout))
+    print(f"-> {args.out}", file=sys.stderr)
+    return 0
+
+
+def _print_outcomes(outcomes, sources: list[str]) -> None:
+    header = f"{'allocator':<9} {'budget':>6} {'removed':>11} {'pred. loss':>10} {'calib +loss':>11} " + " ".join(
+        f"{'ppl ' + s:>16}" for s in sources
+    )
+    print(header)
+    dense = outcomes[0].dense_perplexity if outcomes else {}
+    print(f"{'dense':<9} {0:>6.0%} {0:>11,} {'':>10} {'':>11} " + " ".join(f"{dense[s]:>16.3f}" for s in sources))
+    for o in outcomes:
+        predicted = f"{o.predicted_loss:.4f}" if o.predicted_loss is not None else "-"
+        print(
+            f"{o.allocator:<9} {o.budget:>6.0%} {o.removed:>11,} {predicted:>10} {o.calib_loss_increase:>11.4f} "
+            + " ".join(f"{o.perplexity[s]:>16.3f}" for s in sources)
+        )

@@ -1,0 +1,73 @@
+"""``gap table`` and ``gap cache``: build loss tables and manage the table cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..cache import list_tables, remove_table
+from ..errors import TableError
+from ..fsutil import atomic_write_text
+from ..models import load_model
+from ..pipeline import loss_table
+from ..tables import TableSpec, parse_rate_grid
+from .arguments import windows_from
+from .output import StderrProgress
+
+
+def spec_from_args(args: argparse.Namespace) -> TableSpec:
+    """The TableSpec the table options describe (TableError on bad values)."""
+    return TableSpec(
+        windows=windows_from(args),
+        criterion=args.criterion,
+        rate_grid=parse_rate_grid(args.rates),
+        objective=args.objective,
+        mode=args.mode,
+        estimator=args.estimator,
+        channel_multiple=args.channel_multiple,
+    ).validate()
+
+
+def run_table(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    out = Path(args.out)
+    if out.suffix not in (".json", ".csv"):
+        raise TableError(f"--out must end in .json or .csv, got '{out.name}'")
+    if out.is_dir():
+        raise TableError(f"--out {out} is a folder; give a file name")
+    lm = load_model(args.model)
+    unit = "cells" if spec.estimator == "exact" else "batches"
+    progress = StderrProgress(f"table {unit}")
+    table = loss_table(lm, spec, progress=progress, use_cache=not args.no_cache, stage=progress.stage)
+    atomic_write_text(out, table.to_csv() if out.suffix == ".csv" else table.to_json())
+    print(
+        f"wrote {out}: {len(table.components)} components x {len(table.rate_grid)} rates, "
+        f"dense {spec.objective} {table.dense_objective:.4f}, key {table.key}"
+    )
+    return 0
+
+
+def run_cache_ls(args: argparse.Namespace) -> int:
+    rows = list_tables()
+    if getattr(args, "json", False):
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no cached loss tables")
+        return 0
+    print(f"{'key':<64} {'model':<16} {'data':<12} {'N x T':>9} {'rates':>5} {'size':>8}  created")
+    for row in rows:
+        spec = row["spec"]
+        shape = f"{spec.get('n_samples')}x{spec.get('seq_len')}"
+        print(
+            f"{row['key']:<64} {str(row['model'])[:16]:<16} {str(spec.get('data'))[:12]:<12} {shape:>9} "
+            f"{len(spec.get('rate_grid', [])):>5} {row['size'] / 1024:>6.1f}kB  {row['created']}"
+        )
+    return 0
+
+
+def run_cache_rm(args: argparse.Namespace) -> int:
+    remove_table(args.key)
+    print(f"removed {args.key}")
+    return 0

@@ -1,0 +1,36 @@
+"""Orchestration: the one place where the stages are strung together.
+
+``stages`` runs load -> windows -> scores -> table -> plan -> prune -> measure;
+``compare`` measures several allocators side by side; ``runs`` is what the explorer's
+background jobs do. The CLI, the jobs and the benchmarks call these.
+"""
+
+from .compare import Outcome, Reference, compare, heldout_sets, measure_plan, reference_numbers
+from .runs import baseline_rows, prune_and_evaluate
+from .stages import (
+    dense_reference,
+    importance_for,
+    loss_table,
+    objective_increase,
+    plan_for,
+    prune_with_plan,
+    pruned_copy,
+)
+
+__all__ = [
+    "Outcome",
+    "Reference",
+    "baseline_rows",
+    "compare",
+    "dense_reference",
+    "heldout_sets",
+    "importance_for",
+    "loss_table",
+    "measure_plan",
+    "objective_increase",
+    "plan_for",
+    "prune_and_evaluate",
+    "prune_with_plan",
+    "pruned_copy",
+    "reference_numbers",
+]

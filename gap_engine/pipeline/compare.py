@@ -1,0 +1,165 @@
+"""Allocators side by side: every allocator at every budget, pruned for real and measured.
+
+Plans are made first (so an unreachable budget fails before any pruning); importance
+scores and the dense model's numbers are computed once, and every plan is measured on the
+same calibration and held-out windows, so differences between allocators are paired.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from ..allocate import Constraints, EvoSettings, check_reach, evolve, plan_from_table
+from ..config import ALLOCATORS, WindowSpec
+from ..data import calibration_windows, heldout_windows
+from ..errors import PlanError
+from ..evaluate import mean_nll
+from ..importance import ImportanceScores, compute_importance
+from ..models import LoadedModel
+from ..plan import RatePlan
+from ..tables import LossTable
+from .stages import pruned_copy
+
+
+@dataclass
+class Reference:
+    """The dense model's numbers on the comparison windows (computed once)."""
+
+    calib_loss: float  # mean NLL on the calibration windows
+    perplexity: dict[str, float]  # held-out source -> perplexity
+
+
+@dataclass
+class Outcome:
+    """One plan, pruned for real, beside what the table predicted."""
+
+    allocator: str  # how the budget was spread
+    budget: float  # requested fraction of prunable parameters
+    removed: int  # prunable parameters removed
+    removed_fraction: float  # of the prunable parameters
+    params_after: int  # parameters of the pruned model
+    predicted_loss: float | None  # the table's summed loss
+    calib_loss_increase: float  # true mean NLL increase on the calibration windows
+    perplexity: dict[str, float]  # held-out source -> perplexity of the pruned model
+    dense_perplexity: dict[str, float]  # the same for the dense model
+    dense_calib_loss: float  # dense mean NLL on the calibration windows
+    extras: dict = field(default_factory=dict)  # allocator-specific numbers (evo: the DP seed's)
+
+    def row(self) -> dict:
+        """Flat dict for CSV output."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("perplexity", "dense_perplexity", "extras")}
+        for source, ppl in self.perplexity.items():
+            out[f"ppl_{source}"] = ppl
+            out[f"dense_ppl_{source}"] = self.dense_perplexity[source]
+        out.update(self.extras)
+        return out
+
+
+def heldout_sets(tokenizer, windows: WindowSpec) -> dict[str, torch.Tensor]:
+    """Held-out windows of every source named in ``windows.data`` (never overlapping calibration text)."""
+    return {source: heldout_windows(tokenizer, windows.for_source(source)) for source in windows.sources()}
+
+
+def reference_numbers(lm: LoadedModel, calib: torch.Tensor, heldout: Mapping[str, torch.Tensor], batch_size: int) -> Reference:
+    return Reference(
+        calib_loss=mean_nll(lm, calib, batch_size),
+        perplexity={source: math.exp(mean_nll(lm, w, batch_size)) for source, w in heldout.items()},
+    )
+
+
+def measure_plan(
+    dense: LoadedModel,
+    plan: RatePlan,
+    calib_spec: WindowSpec,
+    calib: torch.Tensor,
+    heldout: Mapping[str, torch.Tensor],
+    scores: ImportanceScores,
+    reference: Reference,
+) -> Outcome:
+    """Prune a copy of the dense model with ``plan`` and measure it beside the table's prediction.
+
+    Args:
+        dense: the dense LoadedModel (not modified; a copy is pruned).
+        plan: the plan (its predicted_loss is reported beside the truth).
+        calib_spec, calib: the calibration windows' settings and their (N, T) token ids.
+        heldout: source -> (N, T) held-out windows for perplexity.
+        scores: the dense model's importance scores of ``plan.criterion`` on ``calib``.
+        reference: the dense numbers on the same windows.
+    """
+    pruned, result = pruned_copy(dense, plan, calib_spec, scores)
+    batch_size = calib_spec.batch_size
+    calib_loss = mean_nll(pruned, calib, batch_size)
+    perplexity = {source: math.exp(mean_nll(pruned, w, batch_size)) for source, w in heldout.items()}
+    return Outcome(
+        allocator=plan.allocator,
+        budget=plan.budget if plan.budget is not None else plan.params["removed_fraction_of_prunable"],
+        removed=int(plan.params["removed"]),
+        removed_fraction=float(plan.params["removed_fraction_of_prunable"]),
+        params_after=result.params_after,
+        predicted_loss=plan.predicted_loss,
+        calib_loss_increase=calib_loss - reference.calib_loss,
+        perplexity=perplexity,
+        dense_perplexity=dict(reference.perplexity),
+        dense_calib_loss=reference.calib_loss,
+    )
+
+
+def compare(
+    lm: LoadedModel,
+    table: LossTable,
+    budgets: Sequence[float],
+    allocators: Sequence[str],
+    heldout: Mapping[str, torch.Tensor],
+    constraints: Constraints = Constraints(),
+    evo: EvoSettings = EvoSettings(),
+    progress: Callable[[str], None] | None = None,
+) -> list[Outcome]:
+    """Every allocator at every budget, pruned for real and measured on the same windows.
+
+    Args:
+        lm: the dense model the table was built for.
+        table: its loss table (its calibration windows score units and give the calibration loss).
+        budgets: fractions of prunable parameters to remove.
+        allocators: names from ALLOCATORS.
+        heldout: source -> (N, T) held-out windows.
+        constraints, evo: as for `allocate.plan_from_table`.
+        progress: told one line per finished plan.
+    """
+    unknown = [a for a in allocators if a not in ALLOCATORS]
+    if unknown:
+        raise PlanError(f"unknown allocator '{unknown[0]}'; choose from {', '.join(ALLOCATORS)}")
+    table.check_model(lm)
+    calib_spec = table.spec.windows
+    windows = calibration_windows(lm.tokenizer, calib_spec)
+    scores = compute_importance(lm, windows, table.spec.criterion, calib_spec.batch_size)
+    for budget in budgets:  # fail fast on an unreachable budget, before the slow part
+        for allocator in allocators:
+            check_reach(lm, table, budget, allocator, constraints)
+    reference = reference_numbers(lm, windows, heldout, calib_spec.batch_size)
+    outcomes = []
+    for budget in budgets:
+        for allocator in allocators:
+            started = time.perf_counter()
+            extras = {}
+            if allocator == "evo":
+                result = evolve(lm, table, budget, windows, scores, constraints, evo)
+                plan = result.plan
+                extras = {
+                    "dp_predicted": result.seed_predicted,
+                    "dp_actual": result.seed_actual,
+                    "evo_actual": result.actual,
+                    "evo_evaluations": result.evaluations,
+                }
+            else:
+                plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores)
+            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference)
+            outcome.extras = extras | {"seconds": round(time.perf_counter() - started, 1)}
+            outcomes.append(outcome)
+            if progress:
+                progress(f"{allocator} at {budget:.0%}: calibration loss +{outcome.calib_loss_increase:.4f}")
+    return outcomes

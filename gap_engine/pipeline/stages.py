@@ -1,0 +1,160 @@
+"""The stages strung together: load -> windows -> scores -> table -> plan -> prune -> measure.
+
+Every surface (CLI, background jobs, benchmarks) calls these instead of re-spelling the
+sequence. Each function takes the settings of its stage and the same optional
+``progress``/``cancel`` hooks as the engine (see ``progress``); the stage modules
+themselves never call each other's entry points.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..allocate import Constraints, EvoSettings, needs_windows, plan_from_table
+from ..cache import PartialCells, get_table, lock, put_table
+from ..config import DEFAULT_N_BUCKETS, WindowSpec
+from ..data import calibration_windows, load_corpus
+from ..errors import ModelLoadError
+from ..evaluate import compare_logits, mean_nll
+from ..importance import ImportanceScores, compute_importance
+from ..models import LoadedModel, load_model
+from ..plan import RatePlan
+from ..progress import CancelToken, ProgressFn, StageFn
+from ..surgery import PruneResult, apply_plan
+from ..tables import LossTable, TableSpec, measure_table, table_key
+
+log = logging.getLogger(__name__)
+
+
+def _say(stage: StageFn | None, message: str) -> None:
+    if stage is not None:
+        stage(message)
+    log.info(message)
+
+
+# ---- windows and scores ------------------------------------------------------------------
+def importance_for(
+    lm: LoadedModel,
+    criterion: str,
+    windows: WindowSpec,
+    progress: ProgressFn | None = None,
+    cancel: CancelToken | None = None,
+) -> ImportanceScores:
+    """Importance scores of the dense model on calibration windows (none are read for magnitude)."""
+    ids = None if criterion == "magnitude" else calibration_windows(lm.tokenizer, windows)
+    report = None if progress is None else (lambda done, total: progress(done, total, None))
+    return compute_importance(lm, ids, criterion, windows.batch_size, report, cancel)
+
+
+# ---- the loss table ------------------------------------------------------------------------
+def loss_table(
+    lm: LoadedModel,
+    spec: TableSpec,
+    progress: ProgressFn | None = None,
+    cancel: CancelToken | None = None,
+    use_cache: bool = True,
+    stage: StageFn | None = None,
+) -> LossTable:
+    """The loss table of ``lm`` under ``spec``, from the cache when it is there.
+
+    A build holds the cache entry's inter-process lock, so a second process asking for the
+    same table waits and then reads the finished one. Measured cells are saved as the build
+    goes; a cancelled or killed build resumes from them.
+
+    Args:
+        lm: the dense model (an exact build masks its weights cell by cell, restoring them).
+        spec: what to measure.
+        progress: (done, total, eta_seconds) after every cell or batch; never called on a cache hit.
+        cancel: an object with ``is_set()``, polled between cells and batches.
+        use_cache: False neither reads nor writes the cache (nor partial cells).
+        stage: told the name of each stage as it starts.
+    Raises:
+        TableError: a bad spec. CancelledError: cancelled. DataError: unusable text source.
+    """
+    spec.validate()
+    _say(stage, f"reading the calibration text {spec.windows.data}")
+    data_fingerprint = load_corpus(spec.windows.data).fingerprint
+    key = table_key(lm, spec, data_fingerprint)
+
+    def measure(partial):
+        windows = calibration_windows(lm.tokenizer, spec.windows)
+        _say(stage, f"{spec.estimator} table: scoring units and measuring cells")
+        return measure_table(lm, spec, windows, progress, cancel, partial, key, data_fingerprint)
+
+    if not use_cache:
+        return measure(None)
+    with lock(key):
+        cached = get_table(key)
+        if cached is not None:
+            log.info("loss table %s read from the cache", key)
+            return cached
+        table = measure(PartialCells(key))
+        put_table(table)
+        return table
+
+
+# ---- the plan ------------------------------------------------------------------------------
+def plan_for(
+    lm: LoadedModel,
+    table: LossTable,
+    budget: float,
+    allocator: str = "dp",
+    constraints: Constraints = Constraints(),
+    scores: ImportanceScores | None = None,
+    evo: EvoSettings = EvoSettings(),
+    n_buckets: int = DEFAULT_N_BUCKETS,
+    smoothed: bool = True,
+) -> RatePlan:
+    """`allocate.plan_from_table` with the table's own calibration windows read when the allocator needs them."""
+    windows = calibration_windows(lm.tokenizer, table.spec.windows) if needs_windows(allocator) else None
+    return plan_from_table(lm, table, budget, allocator, constraints, windows, scores, evo, n_buckets, smoothed)
+
+
+# ---- pruning -------------------------------------------------------------------------------
+def prune_with_plan(
+    lm: LoadedModel,
+    plan: RatePlan,
+    windows: WindowSpec,
+    progress: ProgressFn | None = None,
+    cancel: CancelToken | None = None,
+    scores: ImportanceScores | None = None,
+) -> PruneResult:
+    """Score the dense model with the plan's criterion (unless given), then prune it in place."""
+    plan.validate()
+    plan.check_model(lm)
+    if scores is None and (any(plan.attention_rates) or any(plan.mlp_rates)):
+        scores = importance_for(lm, plan.criterion, windows, progress, cancel)
+    return apply_plan(lm, plan, scores)
+
+
+def pruned_copy(
+    dense: LoadedModel, plan: RatePlan, windows: WindowSpec, scores: ImportanceScores | None = None, cancel: CancelToken | None = None
+) -> tuple[LoadedModel, PruneResult]:
+    """A pruned copy of ``dense`` (which stays untouched) and what surgery did."""
+    pruned = dense.copy()
+    result = prune_with_plan(pruned, plan, windows, cancel=cancel, scores=scores)
+    return pruned, result
+
+
+def objective_increase(pruned: LoadedModel, dense: LoadedModel, windows: torch.Tensor, objective: str, batch_size: int) -> float:
+    """The measured increase of a table objective: mean NLL difference, or mean KL(dense || pruned)."""
+    if objective == "kl":
+        return compare_logits(pruned, dense, windows, batch_size)[2]
+    return mean_nll(pruned, windows, batch_size) - mean_nll(dense, windows, batch_size)
+
+
+def dense_reference(lm: LoadedModel) -> LoadedModel | None:
+    """The dense model a pruned checkpoint came from, when it can be loaded here."""
+    if not lm.pruned_from or not lm.pruned_from.get("model"):
+        return None
+    try:
+        dense = load_model(lm.pruned_from["model"])
+    except ModelLoadError as exc:
+        log.warning("dense reference %s is not available: %s", lm.pruned_from["model"], exc)
+        return None
+    if lm.pruned_from.get("fingerprint") and dense.fingerprint != lm.pruned_from["fingerprint"]:
+        log.warning("dense reference %s has other weights than the ones pruned; not comparing", dense.name)
+        return None
+    return dense

@@ -1,0 +1,332 @@
+"""The loss table: GAP's measurement artefact, its settings and its file format.
+
+For every component (a block's attention, or its MLP; or the whole block in ``block``
+mode) and every rate on a grid, a loss table holds how much the model's *global* objective
+grows when only that component is pruned at that rate and everything else stays dense
+(GAP, EMNLP 2025). One row is one layer's sensitivity curve; the planner picks one rate
+per row under a global parameter budget.
+
+This module defines what a table *is* (``TableSpec``: how it is measured; ``LossTable``:
+the values, JSON and CSV forms, the isotonic smoothing and the cache key); filling one is
+the job of ``tables.exact`` (measured cells) and ``tables.estimate`` (gradient estimates).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from ..config import CLI_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, ESTIMATORS, MODES, OBJECTIVES, WindowSpec
+from ..errors import DataError, TableError, first_line
+from ..units import block_geometries
+
+TABLE_FORMAT_VERSION = 1
+# Spec fields that are not the windows' own, in their summary order.
+_WINDOW_FIELDS = ("data", "n_samples", "seq_len", "seed")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """How to measure a loss table (everything that changes its numbers, plus batch size)."""
+
+    windows: WindowSpec = CLI_TABLE.windows  # calibration windows (text source, count, length, seed, batch size)
+    criterion: str = DEFAULT_CRITERION  # within-layer importance: which heads/channels a rate removes
+    rate_grid: tuple[float, ...] = CLI_TABLE.rate_grid  # candidate rates, ascending, starting at 0
+    objective: str = CLI_TABLE.objective  # "nll": mean next-token NLL; "kl": mean KL(dense || pruned) per position
+    mode: str = "split"  # "split": attention and MLP are separate components; "block": one per layer, same rate
+    estimator: str = CLI_TABLE.estimator  # "exact" (measured) | "taylor" (first order) | "fisher" (second order, diagonal Fisher)
+    channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE  # MLP widths are kept in multiples of this
+
+    def validate(self) -> "TableSpec":
+        """Raise TableError (one line) for any value the builder cannot use."""
+        if not isinstance(self.windows, WindowSpec):
+            raise TableError("table windows must be a WindowSpec")
+        try:
+            self.windows.validate()
+        except DataError as exc:
+            raise TableError(f"table {exc}") from None
+        if len(self.windows.sources()) != 1:
+            raise TableError(f"a loss table is measured on one text source, got '{self.windows.data}'")
+        value = self.channel_multiple
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise TableError(f"table channel_multiple must be an integer >= 1, got {value!r}")
+        if self.criterion not in CRITERIA:
+            raise TableError(f"unknown criterion '{self.criterion}'; choose one of {', '.join(CRITERIA)}")
+        for name, allowed in (("objective", OBJECTIVES), ("mode", MODES), ("estimator", ESTIMATORS)):
+            if getattr(self, name) not in allowed:
+                raise TableError(f"unknown table {name} '{getattr(self, name)}'; choose one of {', '.join(allowed)}")
+        if self.estimator == "taylor" and self.objective == "kl":
+            raise TableError("the first-order (taylor) estimate of the KL objective is identically zero; use fisher or nll")
+        grid = self.rate_grid
+        if not isinstance(grid, tuple) or len(grid) < 2:
+            raise TableError(f"rate grid must hold at least two rates, got {grid!r}")
+        for rate in grid:
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (0.0 <= rate < 1.0):
+                raise TableError(f"rate {rate!r} is outside [0, 1)")
+        if any(b <= a for a, b in zip(grid, grid[1:])):
+            raise TableError(f"rate grid must be strictly increasing (sorted, no duplicates), got {list(grid)}")
+        if grid[0] != 0:
+            raise TableError(f"rate grid must start at 0 (the dense option), got {list(grid)}")
+        return self
+
+    def summary(self) -> dict:
+        """The fields that identify a table, flat, for listings, cache metadata and the key."""
+        out = {name: getattr(self.windows, name) for name in _WINDOW_FIELDS}
+        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "windows"})
+        out["rate_grid"] = list(self.rate_grid)
+        return out
+
+    def to_dict(self) -> dict:
+        """The summary plus the batch size: what a table file records."""
+        return self.summary() | {"batch_size": self.windows.batch_size}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TableSpec":
+        """The spec of a table file (flat fields; the old name "method" is read as "estimator")."""
+        if not isinstance(data, dict):
+            raise TableError("table spec must be an object")
+        values = {("estimator" if k == "method" else k): v for k, v in data.items()}
+        window_names = set(_WINDOW_FIELDS) | {"batch_size"}
+        known = {f.name for f in fields(cls) if f.name != "windows"} | window_names
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TableError(f"table spec has unknown field(s): {', '.join(unknown)}")
+        windows = WindowSpec(**{k: v for k, v in values.items() if k in window_names})
+        rest = {k: v for k, v in values.items() if k not in window_names}
+        if "rate_grid" in rest:
+            if not isinstance(rest["rate_grid"], (list, tuple)):
+                raise TableError("table spec rate_grid must be a list of rates")
+            rest["rate_grid"] = tuple(rest["rate_grid"])
+        return cls(windows=windows, **rest).validate()
+
+
+def parse_rate_grid(text: str) -> tuple[float, ...]:
+    """'0,0.25,0.5' -> (0.0, 0.25, 0.5); TableError on anything else."""
+    try:
+        rates = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise TableError(f"rates must be comma-separated numbers like 0,0.25,0.5, got '{text}'") from None
+    if any(not math.isfinite(r) for r in rates):
+        raise TableError(f"rates must be finite numbers, got '{text}'")
+    return rates
+
+
+
+# ---- the artefact ----------------------------------------------------------------------
+@dataclass
+class LossTable:
+    """Measured (or estimated) objective increase per component and rate."""
+
+    model: str  # model name the table was built for
+    model_fingerprint: str  # weights fingerprint of that model
+    num_layers: int  # blocks in the model
+    spec: TableSpec  # how the table was measured
+    data_fingerprint: str  # content hash of the text source
+    components: list[tuple[int, str]]  # (layer index, "attn" | "mlp" | "block"), in row order
+    rate_grid: np.ndarray  # (R,) rates
+    delta: np.ndarray  # (C, R) objective increase over dense; raw, may be negative from noise; column 0 == 0
+    removed: np.ndarray  # (C, R) int64 parameters that cell removes
+    dense_objective: float  # objective of the dense model on the same windows
+    cell_objective: np.ndarray  # (C, R) raw objective of each cell
+    smoothed: np.ndarray | None  # (C, R) isotonic (non-decreasing in rate), >= 0 version of delta
+    dense_prunable: int  # prunable parameters of the dense model (all attention + MLP projections)
+    build_seconds: float  # wall time of the build (0 for a resumed build's reused part)
+    key: str  # cache key (see table_key)
+    extras: dict = field(default_factory=dict)  # build statistics (cells measured, reused, ...)
+
+    def losses(self, smoothed: bool = True) -> np.ndarray:
+        """(C, R) losses for the planner: the smoothed table when there is one."""
+        if smoothed and self.smoothed is not None:
+            return self.smoothed
+        return self.delta
+
+    def check_model(self, lm) -> None:
+        """TableError unless this table was built for ``lm``."""
+        if self.num_layers != lm.num_layers:
+            raise TableError(f"loss table is for a model with {self.num_layers} layers, but {lm.name} has {lm.num_layers}")
+        if self.model_fingerprint != lm.fingerprint:
+            raise TableError(
+                f"loss table was built for '{self.model}' (fingerprint {self.model_fingerprint}), "
+                f"not for '{lm.name}' (fingerprint {lm.fingerprint})"
+            )
+
+    # ---- serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format_version": TABLE_FORMAT_VERSION,
+            "key": self.key,
+            "model": self.model,
+            "model_fingerprint": self.model_fingerprint,
+            "num_layers": self.num_layers,
+            "spec": self.spec.to_dict(),
+            "data_fingerprint": self.data_fingerprint,
+            "components": [[layer, kind] for layer, kind in self.components],
+            "rate_grid": [float(r) for r in self.rate_grid],
+            "dense_objective": float(self.dense_objective),
+            "dense_prunable": int(self.dense_prunable),
+            "build_seconds": float(self.build_seconds),
+            "delta": self.delta.tolist(),
+            "smoothed": None if self.smoothed is None else self.smoothed.tolist(),
+            "cell_objective": self.cell_objective.tolist(),
+            "removed": self.removed.tolist(),
+            "extras": self.extras,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":")) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "LossTable":
+        """Parse and check a table; TableError (one line) on anything malformed."""
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
+            raise TableError(f"loss table is not valid JSON: {first_line(exc)}") from None
+        try:
+            return cls._from_dict(data)
+        except TableError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            detail = f"missing field {exc}" if isinstance(exc, KeyError) else first_line(exc)
+            raise TableError(f"malformed loss table: {detail}") from None
+
+    @classmethod
+    def _from_dict(cls, data) -> "LossTable":
+        if not isinstance(data, dict):
+            raise TableError("malformed loss table: expected a JSON object")
+        version = data.get("format_version")
+        if version != TABLE_FORMAT_VERSION:
+            raise TableError(f"loss table format version {version!r} is not supported (expected {TABLE_FORMAT_VERSION})")
+        spec = TableSpec.from_dict(data["spec"])
+        components = [(int(layer), str(kind)) for layer, kind in data["components"]]
+        num_layers = int(data["num_layers"])
+        kinds = ("attn", "mlp") if spec.mode == "split" else ("block",)
+        for layer, kind in components:
+            if kind not in kinds or not (0 <= layer < num_layers):
+                raise TableError(f"malformed loss table: component ({layer}, {kind}) does not fit a {spec.mode} table")
+        rate_grid = np.asarray(data["rate_grid"], dtype=np.float64)
+        if rate_grid.shape != (len(spec.rate_grid),) or not np.allclose(rate_grid, spec.rate_grid):
+            raise TableError("malformed loss table: rate_grid differs from the spec's grid")
+        shape = (len(components), len(rate_grid))
+
+        def matrix(name: str, dtype) -> np.ndarray:
+            arr = np.asarray(data[name], dtype=dtype)
+            if arr.shape != shape:
+                raise TableError(f"malformed loss table: {name} has shape {arr.shape}, expected {shape}")
+            if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+                raise TableError(f"malformed loss table: {name} holds non-finite values")
+            return arr
+
+        delta = matrix("delta", np.float64)
+        smoothed = None if data.get("smoothed") is None else matrix("smoothed", np.float64)
+        removed = matrix("removed", np.float64)
+        if np.any(removed != np.round(removed)) or np.any(removed < 0):
+            raise TableError("malformed loss table: removed must hold whole, non-negative parameter counts")
+        extras = data.get("extras", {})
+        return cls(
+            model=str(data["model"]),
+            model_fingerprint=str(data["model_fingerprint"]),
+            num_layers=num_layers,
+            spec=spec,
+            data_fingerprint=str(data["data_fingerprint"]),
+            components=components,
+            rate_grid=rate_grid,
+            delta=delta,
+            removed=removed.astype(np.int64),
+            dense_objective=float(data["dense_objective"]),
+            cell_objective=matrix("cell_objective", np.float64),
+            smoothed=smoothed,
+            dense_prunable=int(data["dense_prunable"]),
+            build_seconds=float(data["build_seconds"]),
+            key=str(data["key"]),
+            extras=extras if isinstance(extras, dict) else {},
+        )
+
+    def to_csv(self) -> str:
+        """Long format, one line per cell: layer, component, rate, delta, smoothed, removed."""
+        smoothed = self.smoothed if self.smoothed is not None else np.full_like(self.delta, np.nan)
+        lines = ["layer,component,rate,delta,smoothed,removed"]
+        for c, (layer, kind) in enumerate(self.components):
+            for r, rate in enumerate(self.rate_grid):
+                lines.append(
+                    f"{layer},{kind},{rate:.6g},{self.delta[c, r]:.9g},{smoothed[c, r]:.9g},{int(self.removed[c, r])}"
+                )
+        return "\n".join(lines) + "\n"
+
+
+# ---- pure helpers ----------------------------------------------------------------------
+def _pool_adjacent_violators(values: np.ndarray) -> np.ndarray:
+    """Least-squares non-decreasing fit of a 1-D sequence (equal weights)."""
+    means: list[float] = []
+    counts: list[int] = []
+    for v in values:
+        means.append(float(v))
+        counts.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            n = counts[-2] + counts[-1]
+            merged = (means[-2] * counts[-2] + means[-1] * counts[-1]) / n
+            means[-2:] = [merged]
+            counts[-2:] = [n]
+    return np.repeat(means, counts)
+
+
+def isotonic_smooth(delta: np.ndarray) -> np.ndarray:
+    """Per row: non-decreasing in rate, >= 0, column 0 exactly 0.
+
+    Columns 1.. get the isotonic (pool-adjacent-violators) least-squares fit, clipped at 0;
+    clipping an isotonic fit equals the fit constrained to >= 0, so the result is still the
+    closest non-decreasing, non-negative curve through the row's measured cells.
+
+    Args:
+        delta: (C, R) raw objective increases.
+    Returns:
+        (C, R) float64 smoothed table.
+    """
+    delta = np.asarray(delta, dtype=np.float64)
+    out = np.zeros_like(delta)
+    for c in range(delta.shape[0]):
+        if delta.shape[1] > 1:
+            out[c, 1:] = np.maximum(_pool_adjacent_violators(delta[c, 1:]), 0.0)
+    return out
+
+
+def table_key(lm, spec: TableSpec, data_fingerprint: str) -> str:
+    """Cache key: a readable prefix and a hash of everything that changes the numbers.
+
+    Args:
+        lm: the model (its name gives the prefix, its fingerprint enters the hash).
+        spec: the table's settings.
+        data_fingerprint: the content hash of the calibration text source.
+    """
+    content = {
+        "format_version": TABLE_FORMAT_VERSION,
+        "model_fingerprint": lm.fingerprint,
+        "data_fingerprint": data_fingerprint,
+        **spec.summary(),
+    }
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(lm.name))[-40:].strip("._-") or "model"
+    return f"{slug}-{spec.objective}-{spec.mode}-{spec.estimator}-{digest}"
+
+
+def table_components(num_layers: int, mode: str) -> list[tuple[int, str]]:
+    """(layer, kind) of every row, in row order: attn and mlp per layer, or one block."""
+    kinds = ("attn", "mlp") if mode == "split" else ("block",)
+    return [(layer, kind) for layer in range(num_layers) for kind in kinds]
+
+
+def removed_table(lm, components, rate_grid, channel_multiple) -> tuple[np.ndarray, int]:
+    """(C, R) parameters removed per cell and the dense prunable count, from units."""
+    geoms = block_geometries(lm)
+    removed = np.zeros((len(components), len(rate_grid)), dtype=np.int64)
+    for c, (layer, kind) in enumerate(components):
+        parts = ("attn", "mlp") if kind == "block" else (kind,)
+        for r, rate in enumerate(rate_grid):
+            removed[c, r] = sum(geoms[layer].removed_at(p, rate, channel_multiple) for p in parts)
+    dense = sum(g.params_at("attn", 0.0) + g.params_at("mlp", 0.0, channel_multiple) for g in geoms)
+    return removed, int(dense)

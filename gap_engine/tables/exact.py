@@ -1,0 +1,289 @@
+"""Exact loss tables: every cell measured on the calibration windows.
+
+A dense pass over the calibration windows stores, for every block, the hidden states
+entering it and the positional arguments it received (rotary embeddings, attention masks:
+Gemma 3 alternates sliding and full attention, so each block keeps its own). A cell for
+block ``i`` then runs only blocks ``i..L-1`` and the LM head on the stored input, with the
+removed units masked (``slicing.zeroed_units``: zeroing the removed heads' input columns
+of ``o_proj`` and the removed channels' columns of ``down_proj`` gives the same output as
+slicing them away; the weights are restored exactly). Rates that round to the same kept
+units are measured once, and every cell sees the same windows, so differences between
+cells are paired. Measured cells are saved as the build goes (``PartialStore``), so a
+cancelled or killed build resumes.
+
+The build masks the model's own weights cell by cell, so the same model must not be used
+from another thread meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..data import batches
+from ..importance import compute_importance
+from ..progress import CancelToken, EtaClock, ProgressFn, check_cancelled
+from ..slicing import zeroed_units
+from .artefact import TableSpec, removed_table, table_components
+from .cells import Cut, objective_per_window, objective_positions, unit_cuts
+
+log = logging.getLogger(__name__)
+
+# Dense next-token log-probabilities for the KL objective are kept in memory up to this
+# size; above it they are recomputed from the stored final hidden states for every cell
+# (one more LM-head product per cell instead of N*T*V floats held).
+MAX_STORED_LOGPROB_BYTES = 2 << 30
+# A resumable build writes its measured cells at least this often.
+PARTIAL_SAVE_SECONDS = 10.0
+PARTIAL_SAVE_CELLS = 16
+
+
+# ---- the dense pass ------------------------------------------------------------------------
+@dataclass
+class DenseState:
+    """What one dense pass leaves behind for the cells (per batch, per block)."""
+
+    batches: list[torch.Tensor]  # [b] (B, T) token ids
+    block_inputs: list[list[torch.Tensor]]  # [b][i] (B, T, d) hidden states entering block i
+    block_calls: list[list[tuple[tuple, dict]]]  # [b][i] the other positional args and kwargs block i got
+    final_hidden: list[torch.Tensor]  # [b] (B, T, d) output of the last block
+    dense_logprobs: list[torch.Tensor] | None  # [b] (B, T, V) for the KL objective, when stored
+    dense_nll: list[torch.Tensor]  # [b] (B,) float64 dense NLL summed over each window's positions
+
+    @property
+    def objective_sum(self) -> float:
+        """Dense NLL summed over all positions (the dense KL is 0)."""
+        return float(sum(float(part.sum()) for part in self.dense_nll))
+
+
+def _layer_output(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def dense_pass(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...]) -> DenseState:
+    model, adapter = lm.model, lm.adapter
+    layers = list(adapter.layers(model))
+    parts = batches(windows, batch_size)
+    state = DenseState(parts, [], [], [], None, [])
+    vocab = adapter.lm_head(model).out_features
+    store_logprobs = "kl" in objectives and windows.numel() * vocab * 4 <= MAX_STORED_LOGPROB_BYTES
+    if store_logprobs:
+        state.dense_logprobs = []
+    current: dict = {}
+
+    def capture(index):
+        def hook(module, args, kwargs):
+            kwargs = dict(kwargs)
+            hidden = args[0] if args else kwargs.pop("hidden_states")
+            current["inputs"][index] = hidden
+            current["calls"][index] = (tuple(args[1:]), kwargs)
+
+        return hook
+
+    def capture_last(module, args, kwargs, output):
+        current["final"] = _layer_output(output)
+
+    handles = [layer.register_forward_pre_hook(capture(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    handles.append(layers[-1].register_forward_hook(capture_last, with_kwargs=True))
+    try:
+        with torch.inference_mode():
+            for batch in parts:
+                current.update(inputs=[None] * len(layers), calls=[None] * len(layers), final=None)
+                adapter.decoder(model)(input_ids=batch, use_cache=False)
+                state.block_inputs.append(current["inputs"])
+                state.block_calls.append(current["calls"])
+                state.final_hidden.append(current["final"])
+                logits = adapter.logits_from_hidden(model, current["final"])  # (B, T, V)
+                if store_logprobs:
+                    state.dense_logprobs.append(F.log_softmax(logits, dim=-1))
+                state.dense_nll.append(objective_per_window(logits, batch, "nll", None))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return state
+
+
+def dense_logprobs(lm, state: DenseState, b: int) -> torch.Tensor:
+    if state.dense_logprobs is not None:
+        return state.dense_logprobs[b]
+    return F.log_softmax(lm.adapter.logits_from_hidden(lm.model, state.final_hidden[b]), dim=-1)
+
+
+
+def cell_per_window(lm, state: DenseState, cut: Cut, objectives: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Objective of the model with ``cut`` applied, per window: {objective: (N,) float64 sums}.
+
+    Runs only blocks cut.layer..L-1 and the LM head, from the stored input of the cut block.
+    """
+    layers = lm.adapter.layers(lm.model)
+    sums: dict[str, list[torch.Tensor]] = {name: [] for name in objectives}
+    with zeroed_units(lm.adapter, layers[cut.layer], cut.heads, cut.channels), torch.inference_mode():
+        for b, batch in enumerate(state.batches):
+            hidden = state.block_inputs[b][cut.layer]  # (B, T, d)
+            for j in range(cut.layer, len(layers)):
+                args, kwargs = state.block_calls[b][j]
+                hidden = _layer_output(layers[j](hidden, *args, **kwargs))
+            logits = lm.adapter.logits_from_hidden(lm.model, hidden)  # (B, T, V)
+            for name in objectives:
+                dense = dense_logprobs(lm, state, b) if name == "kl" else None
+                sums[name].append(objective_per_window(logits, batch, name, dense))
+    return {name: torch.cat(parts) for name, parts in sums.items()}
+
+
+def run_cell(lm, state: DenseState, cut: Cut, objective: str) -> float:
+    """Objective of the model with ``cut`` applied, summed over all positions."""
+    return float(cell_per_window(lm, state, cut, (objective,))[objective].sum())
+
+
+# ---- partial results -------------------------------------------------------------------------
+class PartialStore(Protocol):
+    """Where a resumable build keeps its measured cells (see cache.PartialCells)."""
+
+    def load(self) -> dict[tuple[int, int], float]: ...
+
+    def save(self, cells: dict[tuple[int, int], float]) -> None: ...
+
+
+def _cell_costs(lm, jobs: list[tuple[int, int, Cut]]) -> list[float]:
+    """Relative cost of each cell, in blocks: the blocks it runs plus the LM head's share."""
+    model, adapter = lm.model, lm.adapter
+    layers = adapter.layers(model)
+    block_params = sum(p.numel() for p in layers[0].parameters())
+    head = adapter.lm_head(model)
+    head_blocks = head.in_features * head.out_features / max(block_params, 1)
+    return [len(layers) - cut.layer + head_blocks for _, _, cut in jobs]
+
+
+def distinct_cuts(cuts: list[list[Cut]]) -> tuple[list[tuple[int, int, Cut]], dict[tuple[int, int], tuple[int, int] | None]]:
+    """The cells that need measuring, and where every cell reads its value.
+
+    Returns:
+        jobs: (component, rate index, cut) of the first cell of each distinct non-empty cut
+            of a component; owner: cell -> the job cell whose value it takes, or None for a
+            cell that removes nothing (the dense model itself).
+    """
+    jobs: list[tuple[int, int, Cut]] = []
+    owner: dict[tuple[int, int], tuple[int, int] | None] = {}
+    for c, row in enumerate(cuts):
+        first: dict[Cut, int] = {}
+        for r, cut in enumerate(row):
+            if cut.empty:
+                owner[c, r] = None
+            elif cut in first:
+                owner[c, r] = (c, first[cut])
+            else:
+                first[cut] = r
+                owner[c, r] = (c, r)
+                jobs.append((c, r, cut))
+    return jobs, owner
+
+
+def measure_exact(
+    lm,
+    spec: TableSpec,
+    windows: torch.Tensor,
+    scores,
+    components: list[tuple[int, str]],
+    progress: ProgressFn | None,
+    cancel: CancelToken | None,
+    partial: PartialStore | None,
+) -> tuple[np.ndarray, float, dict]:
+    """(C, R) measured objectives, the dense objective and build statistics."""
+    grid = spec.rate_grid
+    jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, grid, spec.channel_multiple))
+    job_cells = {(c, r) for c, r, _ in jobs}
+    stored = partial.load() if partial is not None else {}
+    measured = {cell: value for cell, value in stored.items() if cell in job_cells}
+    resumed = len(measured)
+    if resumed:
+        log.info("resuming a loss table build: %d of %d cells already measured", resumed, len(jobs))
+
+    state = dense_pass(lm, windows, spec.windows.batch_size, (spec.objective,))
+    positions = objective_positions(windows, spec.objective)
+    dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
+    costs = _cell_costs(lm, jobs)
+    todo = [k for k, (c, r, _) in enumerate(jobs) if (c, r) not in measured]
+    clock = EtaClock([costs[k] for k in todo])
+    last_save, unsaved = time.perf_counter(), 0
+    if progress:
+        progress(len(measured), len(jobs), None)
+    try:
+        for k in todo:
+            check_cancelled(cancel, f"loss table build cancelled after {len(measured)} of {len(jobs)} cells")
+            c, r, cut = jobs[k]
+            measured[c, r] = run_cell(lm, state, cut, spec.objective) / positions
+            unsaved += 1
+            eta = clock.step(costs[k])
+            now = time.perf_counter()
+            if partial is not None and (unsaved >= PARTIAL_SAVE_CELLS or now - last_save >= PARTIAL_SAVE_SECONDS):
+                partial.save(measured)
+                last_save, unsaved = now, 0
+            if progress:
+                progress(len(measured), len(jobs), eta)
+    finally:
+        if partial is not None and unsaved:
+            partial.save(measured)
+
+    objective = np.empty((len(components), len(grid)), dtype=np.float64)
+    for (c, r), source in owner.items():
+        objective[c, r] = dense_objective if source is None else measured[source]
+    stats = {"cells_measured": len(jobs) - resumed, "cells_resumed": resumed, "distinct_cells": len(jobs)}
+    return objective, dense_objective, stats
+
+
+# ---- per-window measurements (noise studies) ------------------------------------------------------
+@dataclass
+class WindowCells:
+    """Exact cell values per calibration window, for both objectives at once.
+
+    Averaging the last axis over any subset of windows gives the table those windows would
+    measure, so one build answers how much two disjoint sets of windows disagree.
+    """
+
+    components: list[tuple[int, str]]  # (layer, kind) per row
+    rate_grid: np.ndarray  # (R,)
+    removed: np.ndarray  # (C, R) int64 parameters removed
+    distinct: np.ndarray  # (C, R) bool: the cell removes something and is the first with its cut
+    nll: np.ndarray  # (C, R, N) per-window mean NLL increase over dense
+    kl: np.ndarray  # (C, R, N) per-window mean KL(dense || pruned)
+    dense_nll: np.ndarray  # (N,) per-window mean dense NLL
+
+
+def window_cells(lm, spec: TableSpec, windows: torch.Tensor, progress: ProgressFn | None = None) -> WindowCells:
+    """Measure every distinct cell of an exact table per window, NLL and KL together.
+
+    Args:
+        lm, spec: as for ``measure_table`` (spec.objective and spec.estimator are ignored).
+        windows: (N, T) token ids.
+    Returns:
+        WindowCells; cells sharing a cut share values, as in the table.
+    """
+    spec.validate()
+    components = table_components(lm.num_layers, spec.mode)
+    scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size)
+    jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple))
+    state = dense_pass(lm, windows, spec.windows.batch_size, ("nll", "kl"))
+    n, t = windows.shape
+    dense_nll = torch.cat(state.dense_nll).numpy() / (t - 1)  # (N,)
+    nll = np.zeros((len(components), len(spec.rate_grid), n))
+    kl = np.zeros_like(nll)
+    distinct = np.zeros((len(components), len(spec.rate_grid)), dtype=bool)
+    clock = EtaClock(total_steps=len(jobs))
+    for k, (c, r, cut) in enumerate(jobs):
+        sums = cell_per_window(lm, state, cut, ("nll", "kl"))
+        distinct[c, r] = True
+        for cell, source in owner.items():
+            if source == (c, r):
+                nll[cell] = sums["nll"].numpy() / (t - 1) - dense_nll
+                kl[cell] = sums["kl"].numpy() / t
+        eta = clock.step()
+        if progress:
+            progress(k + 1, len(jobs), eta)
+    removed, _ = removed_table(lm, components, spec.rate_grid, spec.channel_multiple)
+    return WindowCells(components, np.asarray(spec.rate_grid), removed, distinct, nll, kl, dense_nll)

@@ -1,0 +1,287 @@
+// The budget chart (see budget_chart.py): the DP front lives here, the slider is the budget.
+//
+// While the pointer moves, every step is drawn in the page: the bars, the uniform line and
+// the current point are restyled with zero-duration, no-redraw animations (the cheap path
+// of plotly.js) and the readout is plain HTML. Nothing goes to the server until the
+// pointer is released; then the released step is sent back as the "release" trigger.
+
+const PLOT_CONFIG = { displayModeBar: false, responsive: true, scrollZoom: false };
+const NO_REDRAW = { mode: "immediate", transition: { duration: 0 }, frame: { duration: 0, redraw: false } };
+const KEY_RELEASE_MS = 400; // keys step one row at a time; the budget is sent once they stop
+
+function waitForPlotly(timeoutMs = 60000) {
+  if (window.Plotly) return Promise.resolve(window.Plotly);
+  return new Promise((resolve, reject) => {
+    const started = performance.now();
+    const poll = () => {
+      if (window.Plotly) resolve(window.Plotly);
+      else if (performance.now() - started > timeoutMs) reject(new Error("plotly.js did not load"));
+      else setTimeout(poll, 20);
+    };
+    poll();
+  });
+}
+
+function element(tag, className, parent, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  if (parent) parent.appendChild(node);
+  return node;
+}
+
+function build(parent) {
+  const root = element("div", "gap-budget", parent);
+  root.dataset.testid = "gap-budget-chart";
+  const head = element("div", "gap-budget-head", root);
+  const label = element("label", "gap-budget-label", head,
+    "Budget: share of the prunable parameters (attention and MLP projections) to remove");
+  const slider = element("input", "gap-budget-slider", head);
+  slider.type = "range";
+  slider.step = "any";
+  slider.id = `gap-budget-slider-${Math.random().toString(36).slice(2)}`;
+  label.htmlFor = slider.id;
+  const readout = element("div", "gap-budget-readout", head);
+  readout.setAttribute("aria-live", "polite");
+  const value = element("span", "gap-budget-value", readout);
+  element("span", "gap-budget-of", readout, "of prunable");
+  const removed = element("span", "gap-budget-chip", readout);
+  removed.dataset.k = "removed";
+  const left = element("span", "gap-budget-chip", readout);
+  left.dataset.k = "left";
+  const loss = element("span", "gap-budget-chip", readout);
+  loss.dataset.k = "loss";
+  const status = element("span", "gap-budget-status", readout);
+  const legend = element("div", "gap-budget-legend", root);
+  const panels = element("div", "gap-budget-panels", root);
+  const ratesPanel = element("figure", "gap-budget-panel", panels);
+  element("figcaption", null, ratesPanel, "Pruning rate per layer");
+  const rates = element("div", "gap-budget-plot gap-budget-rates", ratesPanel);
+  const frontPanel = element("figure", "gap-budget-panel", panels);
+  const frontCaption = element("figcaption", null, frontPanel, "Predicted loss increase vs budget");
+  const frontArea = element("div", "gap-budget-area", frontPanel);
+  const front = element("div", "gap-budget-plot gap-budget-front", frontArea);
+  // The chosen point is a positioned dot, not a trace: moving it costs no plotly.js call.
+  const dot = element("div", "gap-budget-dot", frontArea);
+  return { root, slider, readout, value, removed, left, loss, status, legend, rates, front, dot, frontCaption };
+}
+
+function drawLegend(node, items) {
+  node.replaceChildren();
+  for (const item of items) {
+    const entry = element("span", "gap-budget-key", node);
+    const swatch = element("span", `gap-budget-swatch gap-budget-swatch-${item.shape}`, entry);
+    swatch.style.setProperty("--swatch", item.color);
+    element("span", null, entry, item.label);
+  }
+}
+
+function nearestStep(budgets, percent) {
+  const target = percent / 100;
+  let lo = 0;
+  let hi = budgets.length - 1;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (budgets[mid] < target) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo > 0 && Math.abs(budgets[lo - 1] - target) <= Math.abs(budgets[lo] - target)) return lo - 1;
+  return lo;
+}
+
+function formatCount(n) {
+  return n.toLocaleString("en-US");
+}
+
+class BudgetChart {
+  constructor(parent, setTriggerValue) {
+    this.ui = build(parent);
+    this.setTriggerValue = setTriggerValue;
+    this.data = null;
+    this.version = null;
+    this.wanted = null;
+    this.shown = null;
+    this.busy = false;
+    this.dragging = false;
+    this.deferred = null;
+    this.keyTimer = null;
+    const { slider } = this.ui;
+    slider.addEventListener("pointerdown", () => { this.dragging = true; });
+    // A press that does not move the thumb fires no "change": end the drag on any pointer up.
+    this.onPointerUp = () => setTimeout(() => this.endDrag(), 50);
+    window.addEventListener("pointerup", this.onPointerUp);
+    slider.addEventListener("input", () => {
+      if (this.data) this.request(nearestStep(this.data.budgets, Number(slider.value)));
+    });
+    slider.addEventListener("change", () => { if (this.data) this.release(); });
+    slider.addEventListener("keydown", (event) => this.key(event));
+    const resize = new ResizeObserver(() => {
+      if (!window.Plotly) return;
+      for (const gd of [this.ui.rates, this.ui.front]) if (gd.data) window.Plotly.Plots.resize(gd);
+    });
+    resize.observe(this.ui.rates);
+    resize.observe(this.ui.front);
+    this.resizeObserver = resize;
+  }
+
+  async update(data) {
+    if (data.version === this.version) return;
+    if (this.dragging) { this.deferred = data; return; }
+    const Plotly = await waitForPlotly();
+    const previous = this.data;
+    this.data = data;
+    this.version = data.version;
+    const { slider, rates, front, legend, frontCaption, status } = this.ui;
+    slider.min = String(data.budgets[0] * 100);
+    slider.max = String(data.budgets[data.budgets.length - 1] * 100);
+    frontCaption.textContent = `Predicted ${data.objective} increase vs budget (nats/token)`;
+    drawLegend(legend, data.legend);
+    status.textContent = "";
+    this.ui.root.classList.remove("gap-budget-pending");
+    if (!previous || previous.rates_figure !== data.rates_figure) {
+      const fig = JSON.parse(data.rates_figure);
+      await Plotly.react(rates, fig.data, fig.layout, PLOT_CONFIG);
+    }
+    if (!previous || previous.front_figure !== data.front_figure) {
+      const fig = JSON.parse(data.front_figure);
+      await Plotly.react(front, fig.data, fig.layout, PLOT_CONFIG);
+      if (!front.__gapDotHook) {
+        front.on("plotly_afterplot", () => this.placeDot()); // resizes and redraws move the axes
+        front.__gapDotHook = true;
+      }
+    }
+    this.ui.dot.style.setProperty("--dot", data.marker_color);
+    this.shown = null; // the figures were built at the active step; the readout is not yet
+    this.request(data.active);
+  }
+
+  request(step) {
+    this.wanted = step;
+    if (!this.busy) this.pump();
+  }
+
+  async pump() {
+    this.busy = true;
+    try {
+      while (this.wanted !== this.shown) {
+        const step = this.wanted;
+        const started = performance.now();
+        await this.draw(step);
+        this.shown = step;
+        this.ui.root.dispatchEvent(new CustomEvent("gap-budget-drawn", { detail: { step, started } }));
+      }
+    } finally {
+      this.busy = false;
+    }
+  }
+
+  async draw(step) {
+    const d = this.data;
+    const { slider, value, removed, left, loss, rates, front } = this.ui;
+    const budget = d.budgets[step];
+    const cut = d.removed[step];
+    const kept = d.dense_total - cut;
+    if (!this.dragging) slider.value = String(budget * 100);
+    slider.setAttribute("aria-valuetext", `${(budget * 100).toFixed(2)}% of prunable parameters`);
+    value.textContent = `${(budget * 100).toFixed(2)}%`;
+    removed.textContent = `removes ${formatCount(cut)} parameters (${((100 * cut) / d.dense_total).toFixed(1)}% of all)`;
+    left.textContent = `${(kept / 1e6).toFixed(1)}M left · ${Math.round((kept * 4) / 2 ** 20)} MiB fp32`;
+    loss.textContent = `predicted ${d.objective} +${d.loss[step].toFixed(4)} nats/token`;
+    if (!this.ui.root.classList.contains("gap-budget-pending")) {
+      this.ui.status.textContent = this.dragging && step !== d.active ? "release to use this budget" : "";
+    }
+    this.ui.readout.dataset.step = String(step); // on the readout: an attribute change on the root
+    this.ui.readout.dataset.row = String(d.rows[step]); // would restyle the whole chart
+    const grid = d.grid;
+    const attn = d.attn[step].map((k) => grid[k]);
+    const mlp = d.mlp[step].map((k) => grid[k]);
+    this.point = [budget * 100, d.loss[step]];
+    this.placeDot();
+    const ignoreInterrupted = () => {}; // a newer step replaced this one
+    await window.Plotly.animate(rates, { data: [{ y: attn }, { y: mlp }, { y: [budget, budget] }], traces: [0, 1, 2] }, NO_REDRAW)
+      .catch(ignoreInterrupted);
+  }
+
+  placeDot() {
+    const layout = this.ui.front._fullLayout;
+    if (!layout || !this.point) return;
+    const x = layout._size.l + layout.xaxis.l2p(this.point[0]);
+    const y = layout._size.t + layout.yaxis.l2p(this.point[1]);
+    this.ui.dot.style.transform = `translate(${x}px, ${y}px)`;
+    this.ui.dot.dataset.x = String(this.point[0]);
+    this.ui.dot.dataset.y = String(this.point[1]);
+  }
+
+  endDrag() {
+    if (!this.dragging) return;
+    this.dragging = false;
+    this.applyDeferred();
+  }
+
+  applyDeferred() {
+    if (!this.deferred) return;
+    const next = this.deferred;
+    this.deferred = null;
+    this.update(next);
+  }
+
+  key(event) {
+    if (!this.data) return;
+    const moves = { ArrowLeft: -1, ArrowDown: -1, ArrowRight: 1, ArrowUp: 1, PageDown: -10, PageUp: 10 };
+    const last = this.data.budgets.length - 1;
+    let step = this.wanted ?? this.data.active;
+    if (event.key in moves) step = Math.min(last, Math.max(0, step + moves[event.key]));
+    else if (event.key === "Home") step = 0;
+    else if (event.key === "End") step = last;
+    else return;
+    event.preventDefault();
+    this.request(step);
+    this.ui.slider.value = String(this.data.budgets[step] * 100);
+    clearTimeout(this.keyTimer);
+    this.keyTimer = setTimeout(() => this.release(), KEY_RELEASE_MS);
+  }
+
+  release() {
+    this.dragging = false;
+    const d = this.data;
+    const step = nearestStep(d.budgets, Number(this.ui.slider.value));
+    this.request(step);
+    this.ui.slider.value = String(d.budgets[step] * 100); // the thumb sits on the row's own budget
+    if (step === d.active) {
+      this.applyDeferred(); // data that arrived during the drag
+      return;
+    }
+    this.ui.root.classList.add("gap-budget-pending");
+    this.ui.status.textContent = "setting the budget…";
+    this.deferred = null; // the rerun that follows brings fresh data
+    this.setTriggerValue("release", {
+      front_id: d.front_id,
+      step,
+      row: d.rows[step],
+      removed: d.removed[step],
+      budget: d.budgets[step],
+    });
+  }
+}
+
+export default function (component) {
+  const { data, parentElement, setTriggerValue } = component;
+  let chart = parentElement.__gapBudgetChart;
+  if (!chart) {
+    chart = new BudgetChart(parentElement, setTriggerValue);
+    parentElement.__gapBudgetChart = chart;
+  }
+  chart.setTriggerValue = setTriggerValue;
+  chart.update(data).catch((error) => {
+    chart.ui.status.textContent = `The chart could not be drawn: ${error.message}`;
+  });
+  // Streamlit also runs a stale call's cleanup when data changes quickly; act on unmount only.
+  return () => {
+    setTimeout(() => {
+      if (parentElement.isConnected) return;
+      chart.resizeObserver.disconnect();
+      window.removeEventListener("pointerup", chart.onPointerUp);
+      delete parentElement.__gapBudgetChart;
+    }, 0);
+  };
+}

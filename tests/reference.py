@@ -1,0 +1,159 @@
+"""Reference implementations that only tests and benchmarks use.
+
+Each is the slow, obviously correct version of something the engine does fast: the DP
+against exhaustive enumeration, the exact loss table against one full forward of a sliced
+copy per cell, and the grid-uniform baseline. They live here, not in the package.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gap_engine.data import batches, calibration_windows, load_corpus
+from gap_engine.errors import BudgetError, TableError
+from gap_engine.importance import compute_importance
+from gap_engine.planner import check_inputs
+from gap_engine.progress import ProgressFn
+from gap_engine.slicing import slice_attention_, slice_mlp_
+from gap_engine.surgery import layer_selection
+from gap_engine.tables import LossTable, TableSpec, assemble_table, table_key
+from gap_engine.tables.artefact import table_components
+from gap_engine.tables.cells import objective_positions, objective_sum
+
+
+def brute_force(
+    costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray | None, min_removed: float
+) -> tuple[float, np.ndarray]:
+    """Exhaustive reference for tests: enumerate every choice (small C and R only).
+
+    Args:
+        costs, losses, allowed: as in `solve_front`.
+        min_removed: parameters that must be removed (at least), exact costs.
+    Returns:
+        (least summed loss, (C,) intp choice), the lexicographically first on ties;
+        (inf, all -1) when no choice removes enough.
+    Raises:
+        BudgetError: malformed tables, or more than a million choices to enumerate.
+    """
+    costs_int, losses_arr, mask = check_inputs(costs, losses, allowed)
+    n_comp = costs_int.shape[0]
+    options = [np.flatnonzero(mask[c]) for c in range(n_comp)]
+    n_choices = math.prod(len(o) for o in options)
+    if n_choices > 1_000_000:
+        raise BudgetError(f"brute force would enumerate {n_choices:,} choices; it is for tiny instances")
+    every = np.array(list(itertools.product(*options)), dtype=np.intp).reshape(n_choices, n_comp)  # (N, C)
+    removed = costs_int[np.arange(n_comp), every].sum(axis=1)  # (N,)
+    total_loss = np.zeros(n_choices)
+    for c in range(n_comp):  # summed in component order, like the DP
+        total_loss += losses_arr[c, every[:, c]]
+    total_loss[removed < min_removed] = np.inf
+    best = int(np.argmin(total_loss))  # first minimum: lexicographic order of product()
+    if not np.isfinite(total_loss[best]):
+        return math.inf, np.full(n_comp, -1, dtype=np.intp)
+    return float(total_loss[best]), every[best]
+
+
+def uniform_choice(costs: np.ndarray, rate_grid: np.ndarray, removed_params: float) -> np.ndarray:
+    """Baseline: the same grid rate for every component, the smallest that meets the budget.
+
+    Args:
+        costs: (C, R) int >= 0, parameters removed by option r of component c.
+        rate_grid: (R,) the rates of the options.
+        removed_params: parameters that must be removed (at least).
+    Returns:
+        (C,) intp, the same option index for every component.
+    Raises:
+        BudgetError: no single grid rate removes enough.
+    """
+    costs_arr = np.asarray(costs, dtype=np.int64)
+    grid = np.asarray(rate_grid, dtype=np.float64)
+    if costs_arr.ndim != 2 or grid.shape != (costs_arr.shape[1],):
+        raise BudgetError(f"rate_grid shape {grid.shape} does not match costs shape {costs_arr.shape}")
+    if not math.isfinite(removed_params):
+        raise BudgetError(f"budget must be a finite number of parameters, got {removed_params!r}")
+    totals = costs_arr.sum(axis=0)  # (R,)
+    for r in np.argsort(grid, kind="stable"):
+        if totals[r] >= removed_params:
+            return np.full(costs_arr.shape[0], r, dtype=np.intp)
+    top = int(np.argmax(totals))
+    raise BudgetError(
+        f"uniform pruning cannot remove {removed_params:,.0f} parameters: "
+        f"at most {int(totals[top]):,} (rate {grid[top]:g})"
+    )
+
+
+def naive_build_table(
+    lm, spec: TableSpec, progress: ProgressFn | None = None, windows: torch.Tensor | None = None
+) -> LossTable:
+    """Reference build: one full forward of the whole model per cell, on a sliced copy.
+
+    Every cell (rate > 0) deep-copies its block, slices it with surgery's own functions,
+    swaps it into the model and runs the model's ordinary forward; no stored states, no
+    masking, no sharing between cells with the same cut. Only for benchmarks and tests.
+    """
+    spec.validate()
+    if spec.estimator != "exact":
+        raise TableError("the naive build measures exact tables only")
+    started = time.perf_counter()
+    data_fingerprint = load_corpus(spec.windows.data).fingerprint
+    if windows is None:
+        windows = calibration_windows(lm.tokenizer, spec.windows)
+    components = table_components(lm.num_layers, spec.mode)
+    scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size)
+    parts = batches(windows, spec.windows.batch_size)
+    positions = objective_positions(windows, spec.objective)
+    layers = lm.adapter.layers(lm.model)
+
+    def objective_of_model(dense_logprobs) -> tuple[float, list]:
+        total, kept = 0.0, []
+        with torch.inference_mode():
+            for b, batch in enumerate(parts):
+                logits = lm.model(input_ids=batch, use_cache=False).logits  # (B, T, V)
+                if spec.objective == "kl" and dense_logprobs is None:
+                    kept.append(F.log_softmax(logits, dim=-1))
+                    continue
+                total += objective_sum(logits, batch, spec.objective, dense_logprobs[b] if dense_logprobs else None)
+        return total / positions, kept
+
+    dense, dense_logprobs = objective_of_model(None)
+    objective = np.full((len(components), len(spec.rate_grid)), dense, dtype=np.float64)
+    total = len(components) * (len(spec.rate_grid) - 1)
+    done = 0
+    for c, (layer_index, kind) in enumerate(components):
+        original = layers[layer_index]
+        for r, rate in enumerate(spec.rate_grid):
+            if r == 0:
+                continue
+            pruned = copy.deepcopy(original)
+            kept_kv, kept_heads, kept_channels = layer_selection(
+                lm.adapter,
+                original,
+                scores.layers[layer_index],
+                rate if kind in ("attn", "block") else 0.0,
+                rate if kind in ("mlp", "block") else 0.0,
+                spec.channel_multiple,
+            )
+            geom = lm.adapter.geometry(original)
+            if len(kept_heads) < geom.n_heads:
+                slice_attention_(lm.adapter, pruned, kept_kv, kept_heads)
+            if len(kept_channels) < geom.intermediate_size:
+                slice_mlp_(lm.adapter, pruned, kept_channels)
+            layers[layer_index] = pruned
+            try:
+                objective[c, r], _ = objective_of_model(dense_logprobs or None)
+            finally:
+                layers[layer_index] = original
+            done += 1
+            if progress:
+                elapsed = time.perf_counter() - started
+                progress(done, total, elapsed / done * (total - done))
+    key = table_key(lm, spec, data_fingerprint)
+    seconds = time.perf_counter() - started
+    return assemble_table(lm, spec, key, data_fingerprint, components, objective, dense, seconds, {"cells_measured": total})

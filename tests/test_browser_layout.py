@@ -1,0 +1,170 @@
+"""In a real headless Chromium, on a phone-sized screen and offline: layout, colours, the report.
+
+The app starts with a tiny real loss table already in its cache (SmolLM2-135M, taylor,
+2 x 16 tokens, 4 rates). At 390 x 844 px (a phone) no two visible pieces of text on the
+Budget planner overlap and its bars use the whole width; the Sensitivity heat map is drawn
+with the colours its exported file has; every page is saved as a screenshot; and the
+stakeholder report written by ``gap report`` opens from a file:// URL with no request.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gap_engine.config import WindowSpec
+from gap_engine.pipeline import loss_table as build_table
+from gap_engine.tables import TableSpec
+from test_browser import CHROMIUM, SCREENSHOTS, browser, go_to, link_models, open_report_offline, shot, start_app, stop_app  # noqa: F401
+
+pytestmark = pytest.mark.browser
+
+PHONE = {"width": 390, "height": 844}
+TINY_SPEC = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="taylor", rate_grid=(0.0, 0.25, 0.5, 0.75))
+
+# Every visible piece of text: a rectangle per line of each text node (HTML and SVG), with
+# where it sits. Text hidden by CSS, scrolled out of a scrolling box or of zero size is left out.
+TEXT_BOXES_JS = """(rootSelector) => {
+  const root = document.querySelector(rootSelector);
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  const boxes = [];
+  const visible = (el) => {
+    for (let e = el; e && e !== document.body; e = e.parentElement) {
+      const style = getComputedStyle(e);
+      if (style.display === 'none' || style.visibility === 'hidden' || Number(style.opacity) === 0) return false;
+    }
+    return true;
+  };
+  let id = 0;
+  while (walker.nextNode()) {
+    const node = walker.currentNode;
+    if (!node.textContent.trim()) continue;
+    const el = node.parentElement;
+    if (!el || !visible(el) || el.closest('[aria-hidden="true"], .hovertext, .modebar')) continue;
+    const closed = el.closest('details:not([open])');  // a collapsed expander shows its summary only
+    if (closed && !el.closest('summary')) continue;
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    const rects = el instanceof SVGElement ? [el.getBoundingClientRect()] : [...range.getClientRects()];
+    id += 1;
+    for (const r of rects) {
+      if (r.width < 1 || r.height < 1) continue;
+      boxes.push({id, text: node.textContent.trim().slice(0, 40), x: r.left, y: r.top + window.scrollY, w: r.width, h: r.height});
+    }
+  }
+  return boxes;
+}"""
+
+
+def overlaps(boxes: list[dict], tolerance: float = 1.0) -> list[tuple]:
+    """Pairs of text boxes (of different text nodes) that overlap by more than ``tolerance`` px both ways."""
+    found = []
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            if a["id"] == b["id"]:
+                continue
+            dx = min(a["x"] + a["w"], b["x"] + b["w"]) - max(a["x"], b["x"])
+            dy = min(a["y"] + a["h"], b["y"] + b["h"]) - max(a["y"], b["y"])
+            if dx > tolerance and dy > tolerance:
+                found.append((a["text"], b["text"], round(dx, 1), round(dy, 1), round(a["x"]), round(a["y"])))
+    return found
+
+
+@pytest.fixture(scope="module")
+def phone_server(tmp_path_factory, smol):
+    cache_dir = tmp_path_factory.mktemp("browser-layout-cache")
+    link_models(cache_dir)
+    import os
+
+    previous = os.environ.get("GAP_CACHE_DIR")
+    os.environ["GAP_CACHE_DIR"] = str(cache_dir)
+    try:
+        table = build_table(smol, TINY_SPEC)  # into this cache: the app loads it at once
+    finally:
+        if previous is None:
+            os.environ.pop("GAP_CACHE_DIR")
+        else:
+            os.environ["GAP_CACHE_DIR"] = previous
+    process, url = start_app(cache_dir, cache_dir / "streamlit.log")
+    try:
+        yield {"url": url, "cache": cache_dir, "table": table, "log": cache_dir / "streamlit.log"}
+    finally:
+        stop_app(process)
+
+
+@pytest.fixture
+def phone(browser, phone_server):
+    page = browser.new_page(viewport=PHONE)
+    page.set_default_timeout(60_000)
+    outside = []
+    page.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")) else outside.append(r.url))
+    page.goto(phone_server["url"])
+    page.get_by_role("heading", name="Setup").first.wait_for(timeout=120_000)
+    yield page
+    page.close()
+    assert outside == [], outside
+
+
+def open_page(page, title: str) -> None:
+    """Open a page from the sidebar (collapsed on a phone)."""
+    expand = page.locator('[data-testid="stExpandSidebarButton"]').first
+    if expand.is_visible():
+        expand.click()
+    go_to(page, title)
+    collapse = page.locator('[data-testid="stSidebarCollapseButton"] button, button[data-testid="stSidebarCollapseButton"]').first
+    if collapse.is_visible():
+        collapse.click()
+    page.wait_for_timeout(500)
+
+
+def test_planner_on_a_phone_has_no_overlapping_text(phone, phone_server):
+    open_page(phone, "Budget planner")
+    phone.locator(".gap-budget-front .main-svg").first.wait_for(timeout=120_000)
+    phone.wait_for_timeout(1500)
+    boxes = phone.evaluate(TEXT_BOXES_JS, '[data-testid="stMain"]')
+    assert len(boxes) > 40  # the readout, legend, captions, tick labels and metrics were all measured
+    assert overlaps(boxes) == []
+    # The two panels stack and each spans the column; the bars spread over every layer.
+    rates = phone.locator(".gap-budget-rates").bounding_box()
+    front = phone.locator(".gap-budget-front").bounding_box()
+    assert front["y"] >= rates["y"] + rates["height"] - 1 and rates["width"] > 300
+    axis = phone.evaluate(
+        """() => { const gd = document.querySelector('.gap-budget-rates');
+                   return {range: gd._fullLayout.xaxis.range, width: gd._fullLayout._size.w,
+                           bars: [...gd.querySelectorAll('.bars .point')].length}; }"""
+    )
+    assert axis["range"][1] >= phone_server["table"].num_layers - 0.5  # every layer on the axis, not 0-9
+    assert axis["width"] > 0.75 * rates["width"]  # the plot area takes the panel, not a squeezed corner
+    shot(phone, "phone-3-planner")
+
+
+def test_every_page_on_a_phone(phone):
+    for number, title in enumerate(("Setup", "Sensitivity", "Budget planner", "Prune & evaluate", "Export"), start=1):
+        open_page(phone, title)
+        phone.wait_for_timeout(1500)
+        assert phone.locator('[data-testid="stException"]').count() == 0, title
+        shot(phone, f"phone-{number}-{title.lower().replace(' & ', '-').replace(' ', '-')}")
+
+
+def test_heatmap_in_the_app_has_the_colours_of_its_export(phone):
+    from gap_engine.figures import HEAT_SCALE
+
+    open_page(phone, "Sensitivity")
+    phone.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)
+    phone.wait_for_timeout(1000)
+    drawn = phone.evaluate(
+        """() => { const gd = [...document.querySelectorAll('.js-plotly-plot')].find(g => g._fullLayout.coloraxis);
+                   return {scale: gd._fullLayout.coloraxis.colorscale, reversed: !!gd._fullLayout.coloraxis.reversescale}; }"""
+    )
+    assert drawn["reversed"] is False
+    assert [[float(p), c.lower()] for p, c in drawn["scale"]] == [[float(p), c.lower()] for p, c in HEAT_SCALE]
+
+
+def test_the_report_opens_from_a_file_with_no_request(browser, phone_server, tmp_path):
+    from gap_engine.cli import main
+
+    table_path = tmp_path / "table.json"
+    table_path.write_text(phone_server["table"].to_json())
+    out = tmp_path / "report.html"
+    assert main(["report", "--table", str(table_path), "--budget", "0.3", "--out", str(out)]) == 0
+    text = open_report_offline(browser, out, "report-from-cli")
+    assert phone_server["table"].key in text and "Per-layer plan" in text
