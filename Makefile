@@ -5,6 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gap-installed
 PORT ?= 8501
+# Loopback only: anyone who can reach the app can read server paths, upload files and start
+# long jobs. `make run HOST=0.0.0.0` serves every network interface (see README, "Serving").
+HOST ?= 127.0.0.1
 
 .PHONY: setup run demo test test-fast bench browser-deps clean-cache
 
@@ -24,7 +27,7 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(PY) -m streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
+	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
 demo: setup
 	$(VENV)/bin/gap prune --model smollm2-135m --uniform 0.2 --out runs/demo-uniform-0.2

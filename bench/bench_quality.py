@@ -1,61 +1,101 @@
 """Quality benchmark of the allocators at equal budget, on a real model.
 
-Builds (or reads from the cache) an exact loss table of the model, then for every budget
-and allocator makes a plan, prunes a copy of the model with it (same within-layer
+Builds (or reads from the cache) a loss table of the model with the default settings of
+the command line (``config.CLI_TABLE``; every one can be overridden), then for every
+budget and allocator makes a plan, prunes a copy of the model with it (same within-layer
 criterion and calibration windows for every allocator) and measures, through
-``pipeline.compare``: parameters removed, the table's predicted loss, the true calibration
-loss increase, and held-out perplexity on each source. Optionally runs the evolutionary
-refinement of the DP plan at one budget. Writes a CSV and a markdown report. The headline
-number is, at 20%, (DP perplexity - dense) / (uniform perplexity - dense); the target is
-<= 0.6.
+``pipeline.compare``: parameters removed, the table's prediction and what it rests on
+(measured or estimated cells), the same objective measured on the calibration windows,
+the calibration NLL increase, and held-out perplexity on each source. GAP's DP is also
+run restricted to MLP channels (attention kept dense), the reference a table that
+misprices attention loses to. Optionally runs the evolutionary refinement of the DP plan
+at one budget. Writes a CSV and a markdown report. Targets: at 20%,
+(DP perplexity - dense) / (uniform perplexity - dense) <= 0.15, and DP never worse than
+its MLP-only plan.
 
-    python bench/bench_quality.py [--samples 8 --seq-len 128 --rates 0,0.125,...]
-        [--budgets 0.1,0.2,0.3,0.4,0.5] [--allocators dp,uniform,flap,owl] [--evo-budget 0.2]
+    python bench/bench_quality.py [--model smollm2-135m] [--estimator refine --objective kl
+        --samples 16 --seq-len 256 --rates 0,0.125,...] [--budgets 0.1,0.2,0.3,0.4,0.5]
+        [--allocators dp,uniform,flap,owl] [--evo-budget 0.2] [--name quality]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
-import platform
+import os
 import sys
+import time
 from pathlib import Path
 
-import torch
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gap_engine.allocate import Constraints, EvoSettings  # noqa: E402
+from report import RESULTS, add_eval_args, machine_line  # noqa: E402
+
+from gap_engine.allocate import Constraints, EvoSettings, plan_from_table  # noqa: E402
 from gap_engine.cli.output import csv_text  # noqa: E402
-from gap_engine.config import WindowSpec  # noqa: E402
+from gap_engine.config import CLI_TABLE, WindowSpec  # noqa: E402
+from gap_engine.data import calibration_windows  # noqa: E402
 from gap_engine.fsutil import atomic_write_text  # noqa: E402
+from gap_engine.importance import compute_importance  # noqa: E402
 from gap_engine.models import load_model  # noqa: E402
-from gap_engine.pipeline import Outcome, compare, heldout_sets, loss_table  # noqa: E402
-from gap_engine.tables import TableSpec, parse_rate_grid  # noqa: E402
+from gap_engine.pipeline import Outcome, compare, heldout_sets, loss_table, measure_plan, reference_numbers  # noqa: E402
+from gap_engine.tables import LossTable, TableSpec, parse_rate_grid  # noqa: E402
 
 log = logging.getLogger("bench_quality")
-RESULTS = Path(__file__).resolve().parent / "results"
-TARGET_RATIO = 0.6
+TARGET_RATIO = 0.15
+MLP_ONLY = "dp, MLP only"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--data", default="wiki-sample", help="calibration text of the table")
-    p.add_argument("--samples", type=int, default=8, help="calibration windows of the table")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per calibration window")
-    p.add_argument("--rates", default=",".join(f"{i / 8:g}" for i in range(8)), help="the table's rate grid")
+    p.add_argument("--data", default=CLI_TABLE.windows.data, help="calibration text of the table")
+    p.add_argument("--estimator", default=CLI_TABLE.estimator)
+    p.add_argument("--objective", default=CLI_TABLE.objective)
+    p.add_argument("--samples", type=int, default=CLI_TABLE.windows.n_samples, help="calibration windows of the table")
+    p.add_argument("--seq-len", type=int, default=CLI_TABLE.windows.seq_len, help="tokens per calibration window")
+    p.add_argument("--rates", default=",".join(f"{r:g}" for r in CLI_TABLE.rate_grid), help="the table's rate grid")
     p.add_argument("--criterion", default="wanda")
     p.add_argument("--budgets", default="0.1,0.2,0.3,0.4,0.5")
     p.add_argument("--allocators", default="dp,uniform,flap,owl")
+    p.add_argument("--mlp-only", action=argparse.BooleanOptionalAction, default=True, help="also DP restricted to MLP channels")
     p.add_argument("--evo-budget", type=float, default=0.2, help="budget for the evo refinement; negative: skip")
     p.add_argument("--evo-generations", type=int, default=4)
     p.add_argument("--evo-offspring", type=int, default=4)
-    p.add_argument("--eval-data", default="wiki-sample,news-sample")
-    p.add_argument("--eval-samples", type=int, default=8)
-    p.add_argument("--eval-seq-len", type=int, default=256)
+    add_eval_args(p)
     p.add_argument("--lock", default="", help="layers kept dense, e.g. 0,29 (none by default)")
     p.add_argument("--name", default="quality", help="output files: bench/results/<name>.md and .csv")
     return p.parse_args(argv)
+
+
+def mlp_only(table: LossTable) -> LossTable:
+    """The table with every attention rate above 0 made useless to the DP (removes nothing, costs a lot)."""
+    attention = np.array([kind == "attn" for _, kind in table.components])[:, None] & (np.arange(len(table.rate_grid)) > 0)[None, :]
+    removed = np.where(attention, 0, table.removed)
+    losses = np.where(attention, 1e6, table.losses())
+    return dataclasses.replace(table, removed=removed, smoothed=losses, delta=np.where(attention, 1e6, table.delta))
+
+
+def mlp_only_outcomes(lm, table, budgets, heldout, constraints) -> list[Outcome]:
+    """GAP's DP restricted to MLP channels, pruned and measured like every allocator."""
+    calib_spec = table.spec.windows
+    windows = calibration_windows(lm.tokenizer, calib_spec)
+    scores = compute_importance(lm, windows, table.spec.criterion, calib_spec.batch_size)
+    reference = reference_numbers(lm, windows, heldout, calib_spec.batch_size)
+    restricted = mlp_only(table)
+    out = []
+    for budget in budgets:
+        started = time.perf_counter()
+        plan = plan_from_table(lm, restricted, budget, "dp", constraints)
+        assert not any(plan.attention_rates), "the MLP-only plan took attention heads"
+        outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference, table)
+        outcome.allocator = MLP_ONLY
+        outcome.extras = {"seconds": round(time.perf_counter() - started, 1)}
+        out.append(outcome)
+        log.info("%s at %.0f%%: %s", MLP_ONLY, 100 * budget, outcome.perplexity)
+    return out
 
 
 def write_csv(outcomes: list[Outcome], path: Path) -> None:
@@ -67,8 +107,100 @@ def ratio(dp: Outcome, uniform: Outcome, source: str) -> float:
     return (dp.perplexity[source] - dense) / (uniform.perplexity[source] - dense)
 
 
-def markdown(args, command, table, outcomes, evo, sources) -> str:
-    dense = outcomes[0]
+def settings_lines(args, table: LossTable, sources, dense: Outcome) -> list[str]:
+    measured = int(table.measured_cells()[table.removed > 0].sum())
+    return [
+        "## Settings",
+        "",
+        f"- Loss table: estimator {table.spec.estimator}, objective {table.spec.objective}, split attention/MLP, "
+        f"{table.spec.windows.data} calibration, {table.spec.windows.n_samples} windows x {table.spec.windows.seq_len} "
+        f"tokens (windows start with {table.window_start}), criterion {table.spec.criterion}, rate grid "
+        f"{', '.join(f'{r:g}' for r in table.rate_grid)} ({len(table.components)} components x {len(table.rate_grid)} rates); "
+        f"{measured} of {int((table.removed > 0).sum())} cells measured exactly, the rest estimated; its build took "
+        f"{table.build_seconds:.0f} s wall, {table.extras.get('cpu_seconds', float('nan')):.0f} s CPU.",
+        f"- Every allocator prunes the same units inside a layer (the table's criterion on the same calibration "
+        f"windows); only the per-layer rates differ. Budgets are fractions of the {table.dense_prunable:,} prunable "
+        f"parameters (all attention and MLP projections). '{MLP_ONLY}' is GAP's DP with every attention kept dense.",
+        f"- predicted: the table's sum of single-component {table.spec.objective} increases (from measured, "
+        f"estimated or mixed cells); measured: the same objective with the whole plan applied, on the table's "
+        f"calibration windows; calib. +NLL: the calibration NLL increase. Held-out perplexity: {args.eval_samples} "
+        f"windows x {args.eval_seq_len} tokens per source ({', '.join(sources)}), never overlapping calibration text.",
+        f"- Dense: calibration NLL {dense.dense_calib_loss:.4f}; perplexity "
+        + ", ".join(f"{s} {dense.dense_perplexity[s]:.3f}" for s in sources)
+        + ".",
+        "",
+    ]
+
+
+def results_lines(outcomes, sources, objective) -> list[str]:
+    lines = [
+        "## Results",
+        "",
+        f"| budget | allocator | removed (of prunable) | predicted {objective} | from cells | measured {objective} | "
+        "calib. +NLL | " + " | ".join(f"ppl {s}" for s in sources) + " |",
+        "|---:|---|---:|---:|---|---:|---:|" + "---:|" * len(sources),
+    ]
+    for o in sorted(outcomes, key=lambda o: (round(o.budget, 6), o.allocator != "dp")):
+        predicted = f"{o.predicted_loss:.4f}" if o.predicted_loss is not None else "-"
+        measured = f"{o.calib_objective_increase:.4f}" if o.calib_objective_increase is not None else "-"
+        ppl = " | ".join(f"{o.perplexity[s]:.3f}" for s in sources)
+        lines.append(
+            f"| {o.budget:.0%} | {o.allocator} | {o.removed:,} ({o.removed_fraction:.2%}) | {predicted} | "
+            f"{o.predicted_basis or '-'} | {measured} | {o.calib_loss_increase:.4f} | {ppl} |"
+        )
+    return lines
+
+
+def target_lines(outcomes, sources) -> list[str]:
+    by_key = {(round(o.budget, 6), o.allocator): o for o in outcomes}
+    budgets = sorted({round(o.budget, 6) for o in outcomes})
+    lines = ["", "## DP against uniform", ""]
+    lines.append(f"Ratio = (DP perplexity - dense) / (uniform perplexity - dense); target <= {TARGET_RATIO} at 20%.")
+    lines += ["", "| budget | " + " | ".join(f"ratio {s}" for s in sources) + " | calib. NLL ratio |", "|---:|" + "---:|" * (len(sources) + 1)]
+    for budget in budgets:
+        dp, uni = by_key.get((budget, "dp")), by_key.get((budget, "uniform"))
+        if dp is not None and uni is not None:
+            cells = " | ".join(f"{ratio(dp, uni, s):.3f}" for s in sources)
+            lines.append(f"| {budget:.0%} | {cells} | {dp.calib_loss_increase / uni.calib_loss_increase:.3f} |")
+    losses = []
+    for budget in budgets:
+        dp = by_key.get((budget, "dp"))
+        for o in outcomes:
+            if dp is None or round(o.budget, 6) != budget or o.allocator in ("dp", "evo"):
+                continue
+            worse = [s for s in sources if o.perplexity[s] < dp.perplexity[s]]
+            if worse:
+                losses.append(
+                    f"- {budget:.0%}: {o.allocator} beats dp on "
+                    + ", ".join(f"{s} ({o.perplexity[s]:.3f} vs {dp.perplexity[s]:.3f})" for s in worse)
+                )
+    lines += ["", f"## Where DP loses to a baseline or to its own MLP-only plan (held-out perplexity; target: nowhere against '{MLP_ONLY}')", ""]
+    return lines + (losses or ["- nowhere in this run."])
+
+
+def evo_lines(args, evo: Outcome) -> list[str]:
+    x = evo.extras
+    return [
+        "",
+        f"## Evolutionary refinement at {args.evo_budget:.0%}",
+        "",
+        f"{args.evo_generations} generations x {args.evo_offspring} offspring, scored by the true calibration NLL "
+        f"(units zero-masked on the dense model, equal to slicing); {x['evo_evaluations']} plans scored in "
+        f"{x['seconds']:.0f} s. The DP plan's predicted value is in the table's objective ({evo.objective}); the "
+        "scores are calibration NLL increases.",
+        "",
+        "| | value |",
+        "|---|---:|",
+        f"| DP plan, predicted by the table ({evo.objective}, sum of cells) | {x['dp_predicted']:.4f} |",
+        f"| DP plan, calibration NLL increase | {x['dp_actual']:.4f} |",
+        f"| evo plan, calibration NLL increase | {x['evo_actual']:.4f} |",
+        f"| evo plan, measured {evo.objective} | {evo.calib_objective_increase:.4f} |",
+        "",
+        f"The search found a plan {x['dp_actual'] - x['evo_actual']:.4f} nats (NLL) better than the DP plan on the calibration windows.",
+    ]
+
+
+def markdown(args, command, table, outcomes, evo, sources, machine: str) -> str:
     lines = [
         f"# Allocation quality at equal budget: {args.model}",
         "",
@@ -78,90 +210,14 @@ def markdown(args, command, table, outcomes, evo, sources) -> str:
         command,
         "```",
         "",
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, shared CPU, no GPU. "
-        f"torch {torch.__version__}.",
+        machine,
         "",
-        "## Settings",
-        "",
-        f"- Loss table: exact (measured), objective mean next-token NLL, split attention/MLP, "
-        f"{args.data} calibration, {table.spec.windows.n_samples} windows x {table.spec.windows.seq_len} tokens, "
-        f"criterion {table.spec.criterion}, rate grid {', '.join(f'{r:g}' for r in table.rate_grid)} "
-        f"({len(table.components)} components x {len(table.rate_grid)} rates); its build took "
-        f"{table.build_seconds:.0f} s ({table.extras.get('distinct_cells', '?')} distinct cells measured).",
-        f"- Every allocator prunes the same units inside a layer (the table's criterion on the same "
-        f"calibration windows); only the per-layer rates differ. Budgets are fractions of the "
-        f"{table.dense_prunable:,} prunable parameters (all attention and MLP projections).",
-        f"- Calibration loss: mean NLL increase on the table's own calibration windows. Held-out "
-        f"perplexity: {args.eval_samples} windows x {args.eval_seq_len} tokens per source "
-        f"({', '.join(sources)}), never overlapping calibration text.",
-        f"- Dense: calibration NLL {dense.dense_calib_loss:.4f}; perplexity "
-        + ", ".join(f"{s} {dense.dense_perplexity[s]:.3f}" for s in sources)
-        + ".",
-        "",
-        "## Results",
-        "",
-        "| budget | allocator | removed (of prunable) | predicted loss | actual calib. loss | "
-        + " | ".join(f"ppl {s}" for s in sources)
-        + " |",
-        "|---:|---|---:|---:|---:|" + "---:|" * len(sources),
     ]
-    for o in outcomes:
-        predicted = f"{o.predicted_loss:.4f}" if o.predicted_loss is not None else "-"
-        ppl = " | ".join(f"{o.perplexity[s]:.3f}" for s in sources)
-        lines.append(
-            f"| {o.budget:.0%} | {o.allocator} | {o.removed:,} ({o.removed_fraction:.2%}) | {predicted} | "
-            f"{o.calib_loss_increase:.4f} | {ppl} |"
-        )
-    by_key = {(round(o.budget, 6), o.allocator): o for o in outcomes}
-    lines += ["", "## DP against uniform", ""]
-    lines.append("Ratio = (DP perplexity - dense) / (uniform perplexity - dense); target <= 0.6 at 20%.")
-    lines.append("")
-    lines.append("| budget | " + " | ".join(f"ratio {s}" for s in sources) + " | calib. loss ratio |")
-    lines.append("|---:|" + "---:|" * (len(sources) + 1))
-    for budget in sorted({round(o.budget, 6) for o in outcomes}):
-        dp, uni = by_key.get((budget, "dp")), by_key.get((budget, "uniform"))
-        if dp is None or uni is None:
-            continue
-        cells = " | ".join(f"{ratio(dp, uni, s):.3f}" for s in sources)
-        lines.append(f"| {budget:.0%} | {cells} | {dp.calib_loss_increase / uni.calib_loss_increase:.3f} |")
-    losses = []
-    for budget in sorted({round(o.budget, 6) for o in outcomes}):
-        dp = by_key.get((budget, "dp"))
-        if dp is None:
-            continue
-        for o in outcomes:
-            if round(o.budget, 6) != budget or o.allocator in ("dp", "evo"):
-                continue
-            worse = [s for s in sources if o.perplexity[s] < dp.perplexity[s]]
-            if worse:
-                losses.append(
-                    f"- {budget:.0%}: {o.allocator} beats dp on "
-                    + ", ".join(f"{s} ({o.perplexity[s]:.3f} vs {dp.perplexity[s]:.3f})" for s in worse)
-                )
-    lines += ["", "## Where DP loses to a baseline (held-out perplexity)", ""]
-    lines += losses or ["- nowhere in this run."]
+    lines += settings_lines(args, table, sources, outcomes[0])
+    lines += results_lines(outcomes, sources, table.spec.objective)
+    lines += target_lines(outcomes, sources)
     if evo is not None:
-        x = evo.extras
-        gap = x["dp_actual"] - x["dp_predicted"]
-        lines += [
-            "",
-            f"## Evolutionary refinement at {args.evo_budget:.0%}",
-            "",
-            f"{args.evo_generations} generations x {args.evo_offspring} offspring, scored by the true calibration "
-            f"loss (units zero-masked on the dense model, equal to slicing); {x['evo_evaluations']} plans scored in "
-            f"{x['seconds']:.0f} s.",
-            "",
-            "| | calibration loss increase |",
-            "|---|---:|",
-            f"| DP plan, predicted by the table (sum of cells) | {x['dp_predicted']:.4f} |",
-            f"| DP plan, actual | {x['dp_actual']:.4f} |",
-            f"| evo plan, actual | {x['evo_actual']:.4f} |",
-            f"| evo plan, predicted by the table | {evo.predicted_loss:.4f} |",
-            "",
-            f"The summed-loss assumption missed the DP plan's true loss by {gap:+.4f} nats"
-            + (f" ({gap / x['dp_predicted']:+.0%})" if x["dp_predicted"] > 1e-6 else "")
-            + f"; the search found a plan {x['dp_actual'] - x['evo_actual']:.4f} nats better than the DP plan on the calibration windows.",
-        ]
+        lines += evo_lines(args, evo)
     return "\n".join(lines) + "\n"
 
 
@@ -169,19 +225,22 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     command = " ".join(["python bench/bench_quality.py", *(sys.argv[1:] if argv is None else argv)])
+    load_start, started = os.getloadavg(), time.perf_counter()
     budgets = [float(b) for b in args.budgets.split(",") if b]
     allocators = [m for m in args.allocators.split(",") if m]
-    locked = {int(x): 0.0 for x in args.lock.split(",") if x}
-    constraints = Constraints(locked=locked)
+    constraints = Constraints(locked={int(x): 0.0 for x in args.lock.split(",") if x})
     csv_path, md_path = RESULTS / f"{args.name}.csv", RESULTS / f"{args.name}.md"
 
     lm = load_model(args.model)
     windows = WindowSpec(data=args.data, n_samples=args.samples, seq_len=args.seq_len, batch_size=8)
-    spec = TableSpec(windows=windows, criterion=args.criterion, rate_grid=parse_rate_grid(args.rates))
-    table = loss_table(lm, spec, progress=lambda d, t, eta: log.info("table cell %d/%d", d, t) if d % 20 == 0 else None)
-    eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len)
-    heldout = heldout_sets(lm.tokenizer, eval_windows)
+    spec = TableSpec(
+        windows=windows, criterion=args.criterion, rate_grid=parse_rate_grid(args.rates), estimator=args.estimator, objective=args.objective
+    )
+    table = loss_table(lm, spec, progress=lambda d, t, eta: log.info("table step %d/%d", d, t) if d % 20 == 0 else None)
+    heldout = heldout_sets(lm.tokenizer, WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len))
     outcomes: list[Outcome] = compare(lm, table, budgets, allocators, heldout, constraints, progress=log.info)
+    if args.mlp_only:
+        outcomes += mlp_only_outcomes(lm, table, budgets, heldout, constraints)
     write_csv(outcomes, csv_path)
     evo = None
     if args.evo_budget >= 0:
@@ -189,7 +248,7 @@ def main(argv=None) -> int:
         evo = compare(lm, table, [args.evo_budget], ["evo"], heldout, constraints, settings, progress=log.info)[0]
         outcomes.append(evo)
         write_csv(outcomes, csv_path)
-    atomic_write_text(md_path, markdown(args, command, table, outcomes, evo, eval_windows.sources()))
+    atomic_write_text(md_path, markdown(args, command, table, outcomes, evo, list(heldout), machine_line(load_start, started)))
     log.info("wrote %s and %s", md_path, csv_path)
     return 0
 

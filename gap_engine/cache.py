@@ -5,7 +5,8 @@ The folder layout is the schema::
     <cache root>/tables/<key>/table.json     the LossTable (tables.LossTable.to_json)
                               meta.json      key, sha256 of table.json, format version,
                                              created, model, spec summary; written last
-                              partial.json   measured cells of a build in progress
+                              partial.json   measured cells of a build in progress, with
+                                             their own sha256 (checked before a resume)
     <cache root>/tables/<key>.lock           inter-process lock of that entry
 
 ``<key>`` is ``tables.table_key``: a readable prefix (model, objective, mode, estimator) and a
@@ -27,8 +28,10 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from .errors import CacheError, TableError, first_line
-from .fsutil import atomic_write_json, atomic_write_text, cache_root, lock_for
+from .fsutil import atomic_write_json, atomic_write_text, cache_root, lock_for, lock_path
+from .limits import LIMITS
 from .tables.artefact import TABLE_FORMAT_VERSION, LossTable
+from .validate import check_cache_meta, check_int, check_keys, check_number, read_bounded, read_json_file
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,17 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _cells_sha256(cells: list) -> str:
+    """Checksum of partial cells ([component, rate index, value] rows) in their JSON form."""
+    return _sha256(json.dumps(cells, separators=(",", ":")).encode("utf-8"))
+
+
+def _cell_index(cell) -> tuple[int, int]:
+    if not isinstance(cell, list) or len(cell) != 3:
+        raise CacheError("a cell must be [component, rate index, value]")
+    return check_int(cell[0], "a cell component", CacheError, 0), check_int(cell[1], "a cell rate index", CacheError, 0)
+
+
 def _discard(folder: Path, reason: str) -> None:
     log.warning("loss-table cache entry %s is corrupt (%s); removing it", folder.name, reason)
     for name in (META_FILE, TABLE_FILE):
@@ -71,19 +85,17 @@ def get_table(key: str) -> LossTable | None:
     if not meta_path.is_file():
         return None  # never finished (meta.json is written last)
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        if not isinstance(meta, dict):
-            raise ValueError("meta.json is not an object")
-    except (OSError, ValueError) as exc:
-        _discard(folder, f"unreadable meta.json: {first_line(exc)}")
+        meta = check_cache_meta(read_json_file(meta_path, LIMITS.metadata_bytes, "meta.json", CacheError), key)
+    except CacheError as exc:
+        _discard(folder, f"unreadable meta.json: {exc}")
         return None
     if meta.get("format_version") != TABLE_FORMAT_VERSION or meta.get("key") != key:
         _discard(folder, f"meta.json is for format {meta.get('format_version')!r}, key {meta.get('key')!r}")
         return None
     try:
-        data = table_path.read_bytes()
-    except OSError as exc:
-        _discard(folder, f"table.json unreadable: {exc.strerror}")
+        data = read_bounded(table_path, LIMITS.table_bytes, "table.json", CacheError)
+    except CacheError as exc:
+        _discard(folder, str(exc))
         return None
     if _sha256(data) != meta.get("table_sha256"):
         _discard(folder, "table.json does not match its checksum")
@@ -134,10 +146,12 @@ def list_tables() -> list[dict]:
         if not meta_path.is_file():
             continue
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            meta = check_cache_meta(read_json_file(meta_path, LIMITS.metadata_bytes, "meta.json", CacheError), folder.name)
             size = (folder / TABLE_FILE).stat().st_size
-        except (OSError, ValueError):
+        except (OSError, CacheError):
             continue  # reported as corrupt, and removed, when someone asks for it
+        if not isinstance(meta, dict) or meta.get("format_version") != TABLE_FORMAT_VERSION:
+            continue  # an older format is never offered (it is rebuilt under a new key)
         rows.append(
             {
                 "key": folder.name,
@@ -159,6 +173,8 @@ def remove_table(key: str) -> None:
     try:
         with lock(key, timeout=5):
             shutil.rmtree(folder)
+            # The lock goes with its entry; a later build of the key makes a new one.
+            lock_path(folder).unlink(missing_ok=True)
     except Timeout:
         raise CacheError(f"loss table '{key}' is being built by another process; try again later") from None
 
@@ -171,24 +187,31 @@ class PartialCells:
         self.path = entry_dir(key) / PARTIAL_FILE
 
     def load(self) -> dict[tuple[int, int], float]:
+        """The saved cells, or {} (and the file removed) when absent, corrupt or changed since saved."""
         if not self.path.is_file():
             return {}
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = read_json_file(self.path, LIMITS.partial_bytes, "partial.json", CacheError)
+            check_keys(data, "partial.json", CacheError)
             if data.get("key") != self.key or data.get("format_version") != TABLE_FORMAT_VERSION:
-                raise ValueError("it belongs to another key or format")
-            return {(int(c), int(r)): float(v) for c, r, v in data["cells"]}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise CacheError("it belongs to another key or format")
+            cells = data.get("cells")
+            if not isinstance(cells, list) or _cells_sha256(cells) != data.get("cells_sha256"):
+                raise CacheError("its cells do not match their checksum")
+            return {_cell_index(cell): check_number(cell[2], "a cell value", CacheError) for cell in cells}
+        except (CacheError, TypeError, IndexError) as exc:
             log.warning("ignoring unreadable partial cells %s (%s)", self.path, first_line(exc))
             self.path.unlink(missing_ok=True)
             return {}
 
     def save(self, cells: dict[tuple[int, int], float]) -> None:
+        rows = [[c, r, v] for (c, r), v in sorted(cells.items())]
         data = {
             "key": self.key,
             "format_version": TABLE_FORMAT_VERSION,
             "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "cells": [[c, r, v] for (c, r), v in sorted(cells.items())],
+            "cells_sha256": _cells_sha256(rows),  # checked on load, like a finished table's
+            "cells": rows,
         }
         atomic_write_text(self.path, json.dumps(data) + "\n")
 

@@ -42,8 +42,10 @@ from .deploy.model_card import write_model_card
 from .deploy.remote_code import add_remote_code
 from .errors import ModelLoadError, first_line
 from .fsutil import atomic_directory
+from .limits import LIMITS
 from .plan import RatePlan
 from .slicing import layer_widths, narrow_to_widths
+from .validate import check_per_layer_config, check_pruned_marker, read_json_file
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +125,7 @@ class PrunedCheckpoint:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{path} is not readable: {first_line(exc)}") from None
+    data = read_json_file(path, LIMITS.metadata_bytes, str(path), ModelLoadError)
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path} does not hold a JSON object")
     return data
@@ -158,31 +157,29 @@ def read_pruned(folder: str | Path) -> PrunedCheckpoint:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     folder = Path(folder)
-    marker = _read_json(folder / PRUNED_MARKER)
+    marker = check_pruned_marker(_read_json(folder / PRUNED_MARKER), str(folder))
     config_dict = _read_json(folder / "config.json")
     if marker.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         raise ModelLoadError(f"{folder}: checkpoint format {marker.get('format_version')!r} is not supported")
     config_dict.pop("auto_map", None)  # it points transformers at the remote code; here gap narrows the blocks
     per_layer = config_dict.pop("per_layer_config", None)
-    if not isinstance(per_layer, dict) or not per_layer:
-        raise ModelLoadError(f"{folder}/config.json has no per_layer_config")
-    missing = [str(i) for i in range(len(per_layer)) if str(i) not in per_layer]
-    if missing:
-        raise ModelLoadError(f"{folder}/config.json: per_layer_config has no entry for layer {missing[0]}")
-    widths = [per_layer[str(i)] for i in range(len(per_layer))]
+    widths = check_per_layer_config(per_layer, config_dict.get("num_hidden_layers"), str(folder))
     model_type = config_dict.get("model_type")
-    if model_type not in CONFIG_MAPPING:
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ModelLoadError(f"{folder}: unknown model_type {model_type!r}")
     try:
         config = CONFIG_MAPPING[model_type].from_dict(config_dict)
     except Exception as exc:  # transformers validates configs with several exception kinds
         raise ModelLoadError(f"{folder}/config.json is not a valid {model_type} config: {first_line(exc)}") from None
     adapter = adapter_for(config)
-    with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    try:
+        with no_init_weights():
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    except Exception as exc:  # an edited config (0 KV heads, odd sizes) fails in many ways inside transformers
+        raise ModelLoadError(f"{folder}/config.json does not build a model: {type(exc).__name__}: {first_line(exc)}") from None
     try:
         narrow_to_widths(adapter, model, widths)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, ZeroDivisionError, IndexError) as exc:
         raise ModelLoadError(f"{folder}: per_layer_config does not fit the architecture: {first_line(exc)}") from None
     state = _load_tensors(folder)
     try:
@@ -195,7 +192,10 @@ def read_pruned(folder: str | Path) -> PrunedCheckpoint:
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     # config= stops AutoTokenizer from re-reading config.json, whose per_layer_config it cannot parse.
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), config=config, local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), config=config, local_files_only=True)
+    except Exception as exc:  # tokenizers raise many kinds on a damaged tokenizer.json
+        raise ModelLoadError(f"{folder}: the tokenizer files cannot be read: {type(exc).__name__}: {first_line(exc)}") from None
     plan = RatePlan.load(folder / "plan.json") if (folder / "plan.json").is_file() else None
     return PrunedCheckpoint(
         model=model,

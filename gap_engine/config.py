@@ -4,8 +4,9 @@ Three choices of the method have three distinct nouns, used the same way in code
 app labels and the README:
 
 - the **criterion** decides *which* heads and channels of a layer go (``importance``);
-- the **estimator** decides *how a loss table is filled*: measured cell by cell (``exact``)
-  or estimated from one gradient pass (``fisher``, ``taylor``) (``tables``);
+- the **estimator** decides *how a loss table is filled*: measured cell by cell (``exact``),
+  estimated from one gradient pass (``fisher``, ``taylor``), or estimated and then measured
+  exactly where the plans go (``refine``) (``tables``);
 - the **allocator** decides *how much* each layer loses under one global budget: GAP's
   exact DP or a baseline (``allocate``).
 
@@ -23,7 +24,7 @@ from .errors import DataError
 # ---- the three choices ------------------------------------------------------------------
 CRITERIA = ("magnitude", "wanda", "flap", "taylor")  # within-layer importance
 DEFAULT_CRITERION = "wanda"
-ESTIMATORS = ("exact", "fisher", "taylor")  # how a loss table is filled
+ESTIMATORS = ("exact", "fisher", "taylor", "refine")  # how a loss table is filled (refine: fisher, then exact cells where plans go)
 OBJECTIVES = ("nll", "kl")  # what a table cell measures
 MODES = ("split", "block")  # split: attention and MLP are separate components
 ALLOCATORS = ("dp", "uniform", "flap", "owl", "evo")  # how the budget is spread over layers
@@ -74,6 +75,10 @@ class WindowSpec:
 # ---- loss tables -------------------------------------------------------------------------
 FULL_RATE_GRID = tuple(i / 16 for i in range(16))  # 0, 1/16, ..., 15/16
 QUICK_RATE_GRID = tuple(i / 8 for i in range(8))  # 0, 1/8, ..., 7/8
+# A refined table measures exactly the cells the DP's plans use at these budgets (fractions
+# of the prunable parameters), with their grid neighbours, until every chosen cell is measured.
+REFINE_BUDGETS = (0.1, 0.2, 0.3, 0.4)
+REFINE_ATTENTION = ("chosen", "all")  # "all": also every attention cell from the start
 
 
 @dataclass(frozen=True)
@@ -86,13 +91,21 @@ class TableDefaults:
     rate_grid: tuple[float, ...]  # candidate rates, ascending from 0
 
 
-# `gap table` and `gap compare`: the measured table on 16 x 256 tokens and a fine grid.
-CLI_TABLE = TableDefaults(estimator="exact", objective="nll", windows=WindowSpec(), rate_grid=FULL_RATE_GRID)
-# The explorer: an estimate on 8 x 128 tokens that is ready in one to two minutes on two
-# CPU cores (an exact table at these sizes takes about 45 minutes there).
-APP_TABLE = TableDefaults(
-    estimator="fisher", objective="nll", windows=WindowSpec(n_samples=8, seq_len=128), rate_grid=QUICK_RATE_GRID
-)
+# The defaults of every table, from evidence (bench/results/tables.md, bench/results/defaults.md):
+# KL to the dense model, because NLL tables are noise (seed-to-seed Spearman 0.15-0.48 against
+# 0.83-0.95 for KL); the gradient estimate, because an exact table takes about an hour on two
+# CPU cores; and the calibration size whose plans were best on held-out text among the sizes
+# that build in about 2-3 minutes there for the default model.
+DEFAULT_ESTIMATOR = "fisher"
+DEFAULT_OBJECTIVE = "kl"
+DEFAULT_TABLE_WINDOWS = WindowSpec(n_samples=16, seq_len=256)
+# What a TableSpec built in code with no settings describes: the measured reference table
+# (exact cells of NLL). Surfaces never use it as their default; they use the two below.
+REFERENCE_TABLE = TableDefaults(estimator="exact", objective="nll", windows=WindowSpec(), rate_grid=FULL_RATE_GRID)
+# `gap table`, `gap compare`, `gap prune --budget` and the benchmarks: a fine grid.
+CLI_TABLE = TableDefaults(estimator=DEFAULT_ESTIMATOR, objective=DEFAULT_OBJECTIVE, windows=DEFAULT_TABLE_WINDOWS, rate_grid=FULL_RATE_GRID)
+# The explorer: the same table on rates in eighths.
+APP_TABLE = TableDefaults(estimator=DEFAULT_ESTIMATOR, objective=DEFAULT_OBJECTIVE, windows=DEFAULT_TABLE_WINDOWS, rate_grid=QUICK_RATE_GRID)
 
 # ---- evaluation --------------------------------------------------------------------------
 EVAL_WINDOWS = WindowSpec(n_samples=16, seq_len=256)  # `gap eval`, `gap compare`

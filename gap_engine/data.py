@@ -7,6 +7,8 @@ then turns a list of documents into ``n_samples`` token windows of ``seq_len`` t
 the fixed-length calibration batches that GAP (EMNLP 2025), like SparseGPT and
 EvoPress before it, feeds through the model to score components and build the loss
 table. The held-out part gives evaluation windows from text the calibration never saw.
+Every window starts the way the model was trained to read: with its BOS token when its
+tokenizer prepends one (``bos``), which no loss, KL or statistic ever counts.
 
 Built-in sources ship inside the installed ``gensim`` package (its test data), so they
 work offline:
@@ -30,7 +32,6 @@ import bz2
 import functools
 import hashlib
 import importlib.util
-import json
 import logging
 import re
 import threading
@@ -43,8 +44,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .bos import WINDOW_STARTS, bos_token_id, text_start, window_start, with_bos  # noqa: F401 - the window convention, re-exported
 from .config import WindowSpec
 from .errors import DataError, first_line
+from .limits import LIMITS, check_file_size
+from .validate import parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -250,6 +254,7 @@ def _load_local_file(spec: str) -> TextCorpus:
         raise DataError(f"text file not found: {path}")
     if not path.is_file():
         raise DataError(f"text source is not a file: {path}")
+    check_file_size(path.stat().st_size, LIMITS.text_bytes, f"text file {path}", DataError)
     content = _read_text_file(path)
     if path.suffix.lower() == ".jsonl":
         docs = _jsonl_documents(content, path)
@@ -284,10 +289,7 @@ def _jsonl_documents(content: str, path: Path) -> list[str]:
     for line_number, line in enumerate(content.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path} line {line_number}: not valid JSON ({exc.msg})") from exc
+        record = parse_json(line, f"{path} line {line_number}", DataError)  # nesting bounded
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataError(f"{path} line {line_number}: expected an object with a string 'text' field")
         if record["text"].strip():
@@ -396,36 +398,39 @@ def _fingerprint(calibration: Sequence[str], heldout: Sequence[str]) -> str:
 def make_windows(
     tokenizer, texts: Sequence[str], n_samples: int, seq_len: int, seed: int = 0
 ) -> torch.LongTensor:
-    """Tokenize documents into one stream and cut ``n_samples`` windows of ``seq_len`` tokens.
+    """Tokenize documents into one stream and cut ``n_samples`` windows of ``seq_len`` text tokens.
 
-    Documents are joined by the tokenizer's EOS token (or ``"\\n\\n"`` if it has none);
-    no BOS or other special tokens are added. Windows are non-overlapping whenever the
-    stream holds ``n_samples * seq_len`` tokens: ``n_samples`` distinct slots of the grid
-    ``offset + k * seq_len`` with a random offset. A shorter stream (but at least
-    ``seq_len`` tokens) gives overlapping windows and logs a warning.
+    Documents are joined by the tokenizer's EOS token (or ``"\\n\\n"`` if it has none)
+    into one stream encoded without special tokens. Windows are non-overlapping whenever
+    the stream holds ``n_samples * seq_len`` tokens: ``n_samples`` distinct slots of the
+    grid ``offset + k * seq_len`` with a random offset. A shorter stream (but at least
+    ``seq_len`` tokens) gives overlapping windows and logs a warning. When the model
+    expects a beginning-of-sequence token (:func:`bos_token_id`), every window starts with
+    it, as the model was trained to read, followed by the same ``seq_len`` text tokens;
+    :func:`text_start` tells the counting code to leave that position out.
 
     Args:
         tokenizer: a Hugging Face tokenizer.
         texts: the documents.
         n_samples: number of windows, at least 1.
-        seq_len: tokens per window, at least 2.
+        seq_len: text tokens per window, at least 2.
         seed: the same (texts, n_samples, seq_len, seed) always gives the same windows.
 
     Returns:
-        Token ids, shape (n_samples, seq_len), dtype int64.
+        Token ids, shape (n_samples, seq_len) or, with a BOS token, (n_samples, 1 + seq_len); int64.
 
     Raises:
         DataError: bad sizes, no text, or fewer than ``seq_len`` tokens.
     """
     _check_window_sizes(n_samples, seq_len)
-    return _cut_windows(_tokenize(tokenizer, texts), n_samples, seq_len, seed)
+    return with_bos(tokenizer, _cut_windows(_tokenize(tokenizer, texts), n_samples, seq_len, seed))
 
 
 def calibration_windows(tokenizer, windows: WindowSpec) -> torch.LongTensor:
     """Windows from the calibration part of ``windows.data`` (see :func:`make_windows`).
 
     Returns:
-        Token ids, shape (n_samples, seq_len), dtype int64.
+        Token ids, shape (n_samples, text_start + seq_len), dtype int64.
     """
     return _corpus_windows(tokenizer, windows, "calibration")
 
@@ -434,7 +439,7 @@ def heldout_windows(tokenizer, windows: WindowSpec) -> torch.LongTensor:
     """Windows from the held-out part of ``windows.data`` (see :func:`make_windows`).
 
     Returns:
-        Token ids, shape (n_samples, seq_len), dtype int64.
+        Token ids, shape (n_samples, text_start + seq_len), dtype int64.
     """
     return _corpus_windows(tokenizer, windows, "heldout")
 
@@ -468,7 +473,7 @@ def _corpus_windows(tokenizer, windows: WindowSpec, part: str) -> torch.LongTens
         stream = _tokenize(tokenizer, texts)
         with _token_cache_lock:
             _store_stream(tokenizer, key, stream)
-    return _cut_windows(stream, n_samples, seq_len, seed, label=f"{spec} ({part})")
+    return with_bos(tokenizer, _cut_windows(stream, n_samples, seq_len, seed, label=f"{spec} ({part})"))
 
 
 def _cached_stream(tokenizer, key: tuple[str, str]) -> np.ndarray | None:

@@ -50,6 +50,14 @@ class ExportError(GapError):
     """A checkpoint or model cannot be written in the requested deployment format."""
 
 
+class OutputError(GapError):
+    """An output path cannot be written (a file where a folder goes, read-only, disk full)."""
+
+
+class SizeLimitError(GapError):
+    """A size past a resource ceiling (see ``limits``): too many tokens, buckets, bytes, levels."""
+
+
 def one_line(exc: BaseException) -> str:
     """What a user sees for an exception: a GapError's own text, else its type and first line.
 
@@ -57,12 +65,19 @@ def one_line(exc: BaseException) -> str:
     library's multi-line message never reaches a user as a traceback-like block.
     """
     if isinstance(exc, GapError):
-        return str(exc) or type(exc).__name__
+        return _single_line(str(exc)) or type(exc).__name__
     first = first_line(exc)
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _single_line(text: str, limit: int = 1000) -> str:
+    """``text`` on one line of printable characters, cut to ``limit``: messages quote user
+    input (a name, a path), which must not split a message or drive the terminal."""
+    text = "".join(ch if ch.isprintable() else " " for ch in text[: limit + 1]).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:
     """The first non-empty line of an exception's message (cut to ``limit`` characters), or ''."""
     lines = str(exc).strip().splitlines()
-    return lines[0][:limit] if lines else ""
+    return _single_line(lines[0], limit) if lines else ""

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import EVAL_WINDOWS, WindowSpec
-from .data import batches, heldout_windows
+from .data import batches, heldout_windows, text_start, window_start
 from .errors import DataError, GapError
 from .models import LoadedModel
 
@@ -53,6 +53,7 @@ class EvalReport:
     generations: list[dict] = field(default_factory=list)  # prompt, model text, dense text
     settings: dict = field(default_factory=dict)
     seconds: float = 0.0
+    window_start: str = "text"  # "bos": every window starts with the model's BOS token (never scored); "text": with text
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,13 +61,19 @@ class EvalReport:
 
 @torch.inference_mode()
 def mean_nll(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> float:
-    """Mean next-token negative log-likelihood over all windows (nats per token)."""
+    """Mean next-token negative log-likelihood over all windows (nats per token).
+
+    Counts the text tokens that have text before them: a leading BOS token
+    (``data.text_start``) is context only, never a target nor the sole context.
+    """
+    start = text_start(lm.tokenizer, windows)
     total, count = 0.0, 0
     for batch in batches(windows, batch_size):
-        logits = lm.model(input_ids=batch, use_cache=False).logits[:, :-1]  # (B, T-1, V)
-        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1), reduction="sum")
+        logits = lm.model(input_ids=batch, use_cache=False).logits[:, start:-1]  # (B, T-1-start, V)
+        targets = batch[:, start + 1 :]  # (B, T-1-start)
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum")
         total += nll.item()
-        count += batch[:, 1:].numel()
+        count += targets.numel()
     return total / count
 
 
@@ -76,17 +83,21 @@ def perplexity(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> f
 
 @torch.inference_mode()
 def compare_logits(lm: LoadedModel, dense: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> tuple[float, float, float, float]:
-    """(model NLL, dense NLL, mean KL(dense || model) per token, top-1 agreement) on the same tokens."""
+    """(model NLL, dense NLL, mean KL(dense || model) per token, top-1 agreement) on the same tokens.
+
+    All four are counted at the positions ``mean_nll`` counts (a leading BOS position is skipped).
+    """
+    start = text_start(lm.tokenizer, windows)
     nll_m = nll_d = kl = agree = 0.0
     count = 0
     for batch in batches(windows, batch_size):
-        logp_m = F.log_softmax(lm.model(input_ids=batch, use_cache=False).logits.float(), -1)  # (B, T, V)
-        logp_d = F.log_softmax(dense.model(input_ids=batch, use_cache=False).logits.float(), -1)
-        targets = batch[:, 1:]
-        nll_m -= logp_m[:, :-1].gather(-1, targets[..., None]).sum().item()
-        nll_d -= logp_d[:, :-1].gather(-1, targets[..., None]).sum().item()
-        kl += (logp_d.exp() * (logp_d - logp_m)).sum(-1)[:, :-1].sum().item()
-        agree += (logp_m.argmax(-1) == logp_d.argmax(-1))[:, :-1].sum().item()
+        logp_m = F.log_softmax(lm.model(input_ids=batch, use_cache=False).logits[:, start:-1].float(), -1)  # (B, T-1-start, V)
+        logp_d = F.log_softmax(dense.model(input_ids=batch, use_cache=False).logits[:, start:-1].float(), -1)
+        targets = batch[:, start + 1 :]  # (B, T-1-start)
+        nll_m -= logp_m.gather(-1, targets[..., None]).sum().item()
+        nll_d -= logp_d.gather(-1, targets[..., None]).sum().item()
+        kl += (logp_d.exp() * (logp_d - logp_m)).sum(-1).sum().item()
+        agree += (logp_m.argmax(-1) == logp_d.argmax(-1)).sum().item()
         count += targets.numel()
     return nll_m / count, nll_d / count, kl / count, agree / count
 
@@ -188,5 +199,6 @@ def evaluate(
             row["dense"] = generate(dense, prompt, settings.max_new_tokens)
         report.generations.append(row)
     report.settings = asdict(settings)
+    report.window_start = window_start(lm.tokenizer)
     report.seconds = time.perf_counter() - started
     return report

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .config import CRITERIA, DEFAULT_CRITERION
-from .data import batches
+from .data import batches, text_start
 from .errors import GapError
 from .models import LoadedModel
 from .progress import CancelToken, check_cancelled
@@ -48,15 +48,21 @@ class ImportanceScores:
 
 
 class InputStats:
-    """Running sum and sum of squares of a linear layer's input, per input feature (float64)."""
+    """Running sum and sum of squares of a linear layer's input, per input feature (float64).
 
-    def __init__(self, width: int):
+    The first ``skip`` positions of every window are left out: a BOS token's activations
+    are huge outliers (an attention sink) that say nothing about the text.
+    """
+
+    def __init__(self, width: int, skip: int = 0):
         self.total = torch.zeros(width, dtype=torch.float64)
         self.total_sq = torch.zeros(width, dtype=torch.float64)
         self.count = 0
+        self.skip = skip
 
     def __call__(self, module, args):
-        x = args[0].detach().reshape(-1, args[0].shape[-1]).to(torch.float64)  # (B*T, width)
+        x = args[0].detach()[:, self.skip :]  # (B, T-skip, width)
+        x = x.reshape(-1, x.shape[-1]).to(torch.float64)  # (B*(T-skip), width)
         self.total += x.sum(0)
         self.total_sq += (x * x).sum(0)
         self.count += x.shape[0]
@@ -111,7 +117,8 @@ def input_statistics(
     Returns:
         key -> InputStats of that layer's input.
     """
-    stats = {key: InputStats(linear.in_features) for key, linear in linears.items()}
+    skip = text_start(lm.tokenizer, windows)
+    stats = {key: InputStats(linear.in_features, skip) for key, linear in linears.items()}
     handles = [linear.register_forward_pre_hook(stats[key]) for key, linear in linears.items()]
     parts = batches(windows, batch_size)
     try:
@@ -162,10 +169,13 @@ def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
     for w in params:
         w.requires_grad_(True)
     parts = batches(windows, batch_size)
+    start = text_start(lm.tokenizer, windows)
     try:
         for i, batch in enumerate(parts):
             check_cancelled(cancel, f"taylor importance scores cancelled after {i} of {len(parts)} batches")
-            loss = lm.model(input_ids=batch, labels=batch, use_cache=False).loss
+            labels = batch.clone()
+            labels[:, : start + 1] = -100  # no target at BOS, nor the first text token predicted from BOS alone
+            loss = lm.model(input_ids=batch, labels=labels, use_cache=False).loss
             grads = torch.autograd.grad(loss, params)
             for acc, w, g in zip(saliency, params, grads):
                 acc += (w.detach() * g).double()

@@ -29,7 +29,9 @@ from .adapters import ArchitectureAdapter, adapter_for
 from .checkpoint import is_pruned_checkpoint, read_pruned
 from .errors import ModelLoadError, first_line
 from .fingerprint import state_fingerprint
-from .fsutil import atomic_directory, atomic_write_bytes, cache_root, lock_for
+from .fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for
+from .limits import LIMITS
+from .validate import read_json_file
 
 log = logging.getLogger(__name__)
 
@@ -184,13 +186,87 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 }
 
 
-def list_models() -> list[dict]:
-    """Built-in models with whether their converted copy is already cached."""
+def list_models(verify: bool = False) -> list[dict]:
+    """Built-in models with whether their converted copy is cached and intact.
+
+    Args:
+        verify: also compare every converted file with the SHA-256 its marker recorded
+            (reads the whole model: about a second per GB); otherwise sizes and structure only.
+    Returns:
+        Rows of name, description, package, ``converted`` (a usable copy is cached),
+        ``problem`` (why a cached copy is not usable, or None) and ``checksummed`` (its
+        marker records SHA-256s; copies converted by older versions record none).
+    """
     rows = []
     for m in BUILTIN_MODELS.values():
-        converted = (cache_root() / "models" / m.name / CONVERTED_MARKER).is_file()
-        rows.append({"name": m.name, "description": m.description, "package": m.package, "converted": converted})
+        folder = cache_root() / "models" / m.name
+        present = (folder / CONVERTED_MARKER).is_file()
+        problem = converted_problem(folder, full=verify) if present else None
+        rows.append(
+            {
+                "name": m.name,
+                "description": m.description,
+                "package": m.package,
+                "converted": present and problem is None,
+                "problem": problem,
+                "checksummed": present and '"sha256"' in (folder / CONVERTED_MARKER).read_text(errors="replace"),
+            }
+        )
     return rows
+
+
+# ---- the converted copy ---------------------------------------------------------------------
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file is not whole (its header promises more bytes than it holds), or None."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            header_len = int.from_bytes(handle.read(8), "little")
+            if size < 8 or header_len > min(size - 8, LIMITS.metadata_bytes * 100):
+                return f"{path.name} is truncated ({size:,} bytes)"
+            header = json.loads(handle.read(header_len))
+        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
+        return f"{path.name} is unreadable: {first_line(exc)}"
+    expected = 8 + header_len + max(ends, default=0)
+    if expected != size:
+        return f"{path.name} holds {size:,} bytes, its header describes {expected:,}"
+    return None
+
+
+def converted_problem(folder: Path, full: bool = False) -> str | None:
+    """Why a converted built-in folder cannot be trusted, or None when it is intact.
+
+    Checks the marker, that config, tokenizer and weights are there, that every
+    .safetensors file is as long as its header says (a truncated copy is caught without
+    reading it), the sizes the marker recorded and, when ``full``, their SHA-256.
+    """
+    try:
+        marker = read_json_file(folder / CONVERTED_MARKER, LIMITS.metadata_bytes, CONVERTED_MARKER, ModelLoadError)
+    except ModelLoadError as exc:
+        return str(exc)
+    if not isinstance(marker, dict):
+        return f"{CONVERTED_MARKER} is not an object"
+    weights = sorted(folder.glob("*.safetensors"))
+    for name in ("config.json", "tokenizer_config.json"):
+        if not (folder / name).is_file():
+            return f"{name} is missing"
+    if not weights:
+        return "no .safetensors file"
+    recorded = marker.get("files") if isinstance(marker.get("files"), dict) else {}
+    for name, record in recorded.items():
+        path = folder / str(name)
+        if not isinstance(record, dict) or not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != record.get("bytes"):
+            return f"{name} holds {path.stat().st_size:,} bytes, {record.get('bytes')} were written"
+        if full and sha256_file(path) != record.get("sha256"):
+            return f"{name} does not match its recorded SHA-256"
+    for path in weights:
+        problem = _safetensors_problem(path)
+        if problem:
+            return problem
+    return None
 
 
 # ---- loading --------------------------------------------------------------------------
@@ -225,21 +301,36 @@ def _from_folder(path: str, local_only: bool):
     return model, tokenizer
 
 
+def _convert_builtin(spec: BuiltinModel, folder: Path) -> LoadedModel:
+    """De-quantize the built-in GGUF and write it to ``folder``, each file's size and SHA-256 in the marker."""
+    gguf = spec.locate_gguf()
+    log.info("converting %s from GGUF to safetensors under %s (once)", spec.name, folder)
+    model, tokenizer = _from_gguf(gguf)
+    with atomic_directory(folder) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir()) if p.is_file()}
+        meta = {"builtin": spec.name, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size, "files": files}
+        (tmp / CONVERTED_MARKER).write_text(json.dumps(meta, indent=2))
+    return LoadedModel.from_transformers(model, tokenizer, spec.name, str(gguf))
+
+
 def _load_builtin(spec: BuiltinModel) -> LoadedModel:
     folder = cache_root() / "models" / spec.name
     with lock_for(folder):
+        clean_stale(folder)  # what a killed conversion left (the lock says none is running)
         if not (folder / CONVERTED_MARKER).is_file():
-            gguf = spec.locate_gguf()
-            log.info("converting %s from GGUF to safetensors under %s (once)", spec.name, folder)
-            model, tokenizer = _from_gguf(gguf)
-            with atomic_directory(folder) as tmp:
-                model.save_pretrained(tmp)
-                tokenizer.save_pretrained(tmp)
-                meta = {"builtin": spec.name, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size}
-                (tmp / CONVERTED_MARKER).write_text(json.dumps(meta, indent=2))
-            return LoadedModel.from_transformers(model, tokenizer, spec.name, str(gguf))
-    model, tokenizer = _from_folder(str(folder), local_only=True)
-    return LoadedModel.from_transformers(model, tokenizer, spec.name, str(folder))
+            return _convert_builtin(spec, folder)
+        problem = converted_problem(folder)
+        if problem is None:
+            try:
+                model, tokenizer = _from_folder(str(folder), local_only=True)
+            except Exception as exc:  # a damaged file the structural checks missed
+                problem = f"{type(exc).__name__}: {first_line(exc, 160)}"
+            else:
+                return LoadedModel.from_transformers(model, tokenizer, spec.name, str(folder))
+        log.warning("the converted copy of %s under %s is damaged (%s); converting it again", spec.name, folder, problem)
+        return _convert_builtin(spec, folder)
 
 
 def load_model(name_or_path: str) -> LoadedModel:

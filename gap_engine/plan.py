@@ -17,9 +17,11 @@ from pathlib import Path
 import yaml
 
 from .config import CRITERIA, DEFAULT_CHANNEL_MULTIPLE
-from .errors import PlanError, first_line
+from .errors import PlanError
 from .fsutil import atomic_write_text
+from .limits import LIMITS, check_file_size
 from .units import block_geometries
+from .validate import check_int, check_keys, check_number, check_text, decode_text, parse_json_or_yaml, read_bounded
 
 # Version 2 renamed the field "method" to "allocator"; version-1 plans are read and upgraded.
 PLAN_FORMAT_VERSION = 2
@@ -45,9 +47,9 @@ class RatePlan:
     # ---- validation ------------------------------------------------------------------
     def validate(self) -> "RatePlan":
         if self.format_version != PLAN_FORMAT_VERSION:
-            raise PlanError(f"plan format version {self.format_version} is not supported (expected {PLAN_FORMAT_VERSION})")
-        if not isinstance(self.num_layers, int) or self.num_layers < 1:
-            raise PlanError(f"plan num_layers must be a positive integer, got {self.num_layers!r}")
+            raise PlanError(f"plan format version {str(self.format_version)[:20]} is not supported (expected {PLAN_FORMAT_VERSION})")
+        check_int(self.num_layers, "plan num_layers", PlanError, 1, LIMITS.layers)
+        self._validate_metadata()
         for name in ("attention_rates", "mlp_rates"):
             rates = getattr(self, name)
             if not isinstance(rates, list) or len(rates) != self.num_layers:
@@ -59,9 +61,28 @@ class RatePlan:
             setattr(self, name, [float(r) for r in rates])
         if self.criterion not in CRITERIA:
             raise PlanError(f"plan criterion '{self.criterion}' is unknown; choose one of {', '.join(CRITERIA)}")
-        if not isinstance(self.channel_multiple, int) or self.channel_multiple < 1:
-            raise PlanError(f"plan channel_multiple must be a positive integer, got {self.channel_multiple!r}")
+        check_int(self.channel_multiple, "plan channel_multiple", PlanError, 1, LIMITS.channel_multiple)
         return self
+
+    def _validate_metadata(self) -> None:
+        """Types and sizes of the descriptive fields: short single-line texts, finite numbers.
+
+        A plan is read from files and uploads; a field holding a huge or nested value (a YAML
+        alias bomb in ``model``) would be copied and written into every checkpoint made from it.
+        """
+        for name, optional in (("model", False), ("model_fingerprint", True), ("criterion", False),
+                               ("allocator", False), ("table_key", True), ("created", False)):
+            check_text(getattr(self, name), f"plan {name}", PlanError, optional=optional)
+        if self.budget is not None:
+            check_number(self.budget, "plan budget", PlanError, 0.0, 1.0)
+        if self.predicted_loss is not None:
+            check_number(self.predicted_loss, "plan predicted_loss", PlanError)
+        check_keys(self.params, "plan params", PlanError)
+        if len(self.params) > 32:
+            raise PlanError(f"plan params must hold at most 32 counts, got {len(self.params)}")
+        for key, value in self.params.items():
+            check_text(key, "plan params key", PlanError, max_len=64)
+            check_number(value, f"plan params {key}", PlanError)
 
     def check_model(self, lm) -> None:
         """PlanError unless this plan was made for ``lm`` (layer count, and fingerprint when recorded)."""
@@ -81,8 +102,10 @@ class RatePlan:
     def from_dict(cls, data) -> "RatePlan":
         if not isinstance(data, dict):
             raise PlanError("a plan must be a JSON/YAML object")
+        check_keys(data, "plan", PlanError)
         if data.get("format_version") == 1:
             data = {("allocator" if k == "method" else k): v for k, v in data.items()} | {"format_version": PLAN_FORMAT_VERSION}
+        data = {"model_fingerprint": None} | data  # a hand-written plan may leave it out: any weights
         known = set(cls.__dataclass_fields__)
         missing = [k for k in ("model", "num_layers", "criterion", "attention_rates", "mlp_rates") if k not in data]
         if missing:
@@ -100,14 +123,13 @@ class RatePlan:
 
     @classmethod
     def from_text(cls, text: str, hint: str = "plan") -> "RatePlan":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            try:
-                data = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                raise PlanError(f"{hint} is neither valid JSON nor YAML: {first_line(exc)}") from None
-        return cls.from_dict(data)
+        """A plan from JSON or YAML text (``hint``: the file or upload name; its suffix picks the syntax).
+
+        YAML aliases and nesting deeper than a few levels are refused (see ``validate``).
+        """
+        if len(text) > LIMITS.plan_bytes:
+            check_file_size(len(text.encode("utf-8")), LIMITS.plan_bytes, hint, PlanError)
+        return cls.from_dict(parse_json_or_yaml(text, hint, PlanError, name=hint))
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -117,10 +139,7 @@ class RatePlan:
     @classmethod
     def load(cls, path: str | Path) -> "RatePlan":
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PlanError(f"cannot read plan {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+        text = decode_text(read_bounded(path, LIMITS.plan_bytes, f"plan {path}", PlanError), f"plan {path}", PlanError)
         return cls.from_text(text, hint=str(path))
 
     def rates(self, component: str) -> list[float]:

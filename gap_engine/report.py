@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
-import json
 import math
 from pathlib import Path
 
@@ -26,7 +25,9 @@ from .config import DEFAULT_BUDGET
 from .errors import GapError
 from .front_view import step_at_budget
 from .fsutil import atomic_write_text
+from .limits import LIMITS
 from .plan import RatePlan
+from .validate import check_evaluation_report, read_json_file
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 
@@ -335,10 +336,6 @@ def read_evaluation(path: str | Path) -> dict:
         ReportError: unreadable, not JSON, or not an evaluation report.
     """
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ReportError(f"cannot read evaluation {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReportError(f"evaluation {path} is not JSON: {str(exc).splitlines()[0]}") from None
-    return evaluation_from_report(data, label=path.name)
+    what = f"evaluation {path}"
+    data = read_json_file(path, LIMITS.metadata_bytes, what, ReportError)  # size and nesting bounded (issue 13)
+    return evaluation_from_report(check_evaluation_report(data, what, ReportError), label=path.name)

@@ -90,6 +90,7 @@ def chart_data(
     locked: dict | None = None,
     uniform: list[dict] | None = None,
     baselines: list[dict] | None = None,
+    measured: list[dict] | None = None,
 ) -> dict:
     """What the browser gets: the steps (rates as grid indices), the two base figures, the start.
 
@@ -102,23 +103,26 @@ def chart_data(
         locked: layer -> locked rate.
         uniform: rows of front_view.uniform_line.
         baselines: rows of jobs.baselines_task.
+        measured: pruned and measured runs of this table (figures.measured_traces).
     Returns:
         A JSON-ready dict; ``active`` is the starting step and ``rows`` maps steps to front rows.
     """
-    extras = json.dumps({"locked": locked or {}, "uniform": uniform, "baselines": baselines, "dense": int(dense_total)}, sort_keys=True)
-    base = _chart_base(front_id, extras, table, front, int(dense_total), locked, uniform, baselines)
+    extras = json.dumps(
+        {"locked": locked or {}, "uniform": uniform, "baselines": baselines, "dense": int(dense_total), "measured": measured}, sort_keys=True, default=str
+    )
+    base = _chart_base(front_id, extras, table, front, int(dense_total), locked, uniform, baselines, measured)
     active = step_at_budget(front, base["rows"], budget)
     return base | {"active": active, "version": f"{base['version']}:{active}"}
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def _chart_base(front_id: str, extras: str, _table, _front, dense_total, _locked, _uniform, _baselines) -> dict:
+def _chart_base(front_id: str, extras: str, _table, _front, dense_total, _locked, _uniform, _baselines, _measured=None) -> dict:
     """Everything but the starting step (the browser draws any step itself), once per front."""
     table, front = _table, _front
     steps = budget_steps(front)
     first = front[steps[0]]
     rates = figures.rates_figure(table, first, _locked)
-    front_fig = figures.front_figure(table, front, None, _uniform, _baselines)  # the browser draws the moving point
+    front_fig = figures.front_figure(table, front, None, _uniform, _baselines, measured=_measured)  # the browser draws the moving point
     data = {
         "front_id": front_id,
         "objective": figures.OBJECTIVE_NAME.get(table.spec.objective, table.spec.objective),
@@ -134,7 +138,9 @@ def _chart_base(front_id: str, extras: str, _table, _front, dense_total, _locked
         "marker_color": figures.CURRENT_COLOR,
         "rates_figure": rates.to_json(),
         "front_figure": front_fig.to_json(),
-        "legend": _legend(_locked, _uniform, _baselines),
+        "legend": _legend(_locked, _uniform, _baselines) + (
+            [{"label": "pruned and measured (x; hover: predicted)", "color": figures.DP_COLOR, "shape": "x"}] if _measured else []
+        ),
     }
     data["version"] = hashlib.sha1((front_id + extras).encode()).hexdigest()[:16]
     return data

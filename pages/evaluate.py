@@ -11,6 +11,7 @@ from gap_engine.data import BUILTIN_SOURCES
 from gap_engine.errors import GapError, one_line
 from gap_engine.evaluate import EvalSettings
 from gap_engine.jobs import manager, prune_eval_task
+from gap_engine.limits import LIMITS, check_windows
 from gap_engine.plan import RatePlan
 from gap_engine import figures
 from pages import common
@@ -50,7 +51,14 @@ def start_run() -> None:
         data=",".join(ss["eval_sources"]) or APP_EVAL_WINDOWS.data,
         n_samples=int(ss["eval_samples"]),
         seq_len=int(ss["eval_seq_len"]),
+        # The batch never changes a number; long windows go fewer at a time to stay within memory.
+        batch_size=max(1, min(APP_EVAL_WINDOWS.batch_size, LIMITS.batch_tokens // int(ss["eval_seq_len"]))),
     )
+    try:
+        check_windows(windows.n_samples, windows.seq_len, windows.batch_size, ("Held-out samples", "Tokens per sample", "Batch size"))
+    except GapError as exc:
+        common.set_message("eval", "error", one_line(exc))
+        return
     settings = EvalSettings(
         windows=windows,
         throughput=bool(ss["eval_throughput"]),
@@ -154,9 +162,17 @@ if result:
     c = st.columns(3)
     predicted, actual = result.get("predicted_loss"), result.get("actual_loss")
     objective = result.get("objective", "nll")
-    c[0].metric(f"Predicted {objective} increase (table)", "—" if predicted is None else f"{predicted:.4f}")
+    basis = result.get("predicted_basis")
+    c[0].metric(
+        f"Predicted {objective} increase ({'estimate' if basis != 'measured' else 'table'})",
+        "—" if predicted is None else f"{predicted:.4f}",
+        figures.BASIS_TEXT.get(basis, "table cells, summed"),
+        delta_color="off",
+        delta_arrow="off",
+        help="The loss table's single-component increases added up: an estimate of the plan's loss, never a measurement of it.",
+    )
     c[1].metric(
-        f"Actual {objective} increase (calibration)",
+        f"Measured {objective} increase (calibration)",
         "—" if actual is None else f"{actual:.4f}",
         None if actual is None or predicted is None else f"{actual - predicted:+.4f} vs predicted",
         delta_color="off",

@@ -10,9 +10,11 @@ import streamlit as st
 from gap_engine import history
 from gap_engine.config import GGUF_OUTTYPES
 from gap_engine.deploy import gguf
-from gap_engine.errors import GapError, one_line
+from gap_engine.errors import GapError, PlanError, one_line
+from gap_engine.limits import LIMITS, check_file_size
 from gap_engine.plan import RatePlan
 from gap_engine import figures
+from gap_engine.validate import decode_text
 from pages import common, report_export
 
 DEFAULTS = {
@@ -85,12 +87,9 @@ def render_gguf_download(folder: str) -> None:
 
 def check_uploaded_plan(uploaded) -> None:
     try:
-        text = uploaded.getvalue().decode("utf-8")
-    except UnicodeDecodeError:
-        st.error(f"{uploaded.name} is not a UTF-8 text file.")
-        return
-    try:
-        plan = RatePlan.from_text(text, hint=uploaded.name)
+        check_file_size(uploaded.size, LIMITS.plan_bytes, uploaded.name, PlanError)  # before reading it
+        text = decode_text(uploaded.getvalue(), uploaded.name, PlanError)
+        plan = RatePlan.from_text(text, hint=uploaded.name)  # the CLI's checks: no aliases, bounded depth, typed fields
     except GapError as exc:
         st.error(f"Cannot read the plan: {one_line(exc)}")
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from gap_engine import history
 from gap_engine.config import DEFAULT_MAX_RATE
 from gap_engine.errors import GapError, one_line
 from gap_engine.front_view import baseline_budgets, front_row_at, row_plan
@@ -86,6 +87,20 @@ if top_pct - low_pct < 0.5:
 
 stored = ss.get("app_baselines")
 baselines = stored["rows"] if stored and stored.get("key", "").startswith(front_id + "|") else None
+
+
+def measured_runs() -> list[dict]:
+    """Prune & evaluate runs of this table: where the predicted front meets measurement."""
+    try:
+        frame = history.list_runs()
+    except GapError:
+        return []
+    if frame.empty:
+        return []
+    frame = frame[(frame["table_key"] == table.key) & frame["actual_loss"].notna() & frame["budget"].notna()]
+    return frame[["id", "allocator", "budget", "predicted_loss", "actual_loss"]].to_dict("records")
+
+
 uniform = budget_chart.uniform_rows(table, lm, raw_constraints, rows[-1]["budget"], baselines)
 data = budget_chart.chart_data(
     table,
@@ -96,6 +111,7 @@ data = budget_chart.chart_data(
     locked={int(k): v for k, v in raw_constraints["locked"].items()},
     uniform=uniform,
     baselines=baselines,
+    measured=measured_runs(),
 )
 budget_chart.show(data)
 
@@ -117,7 +133,12 @@ else:
     )
     c2.metric("Parameters left", f"{params['pruned_total'] / 1e6:.1f}M", f"of {params['dense_total'] / 1e6:.1f}M", delta_color="off", delta_arrow="off")
     c3.metric("Size (fp32)", f"{params['pruned_total'] * figures.BYTES_PER_PARAM / 2**20:.0f} MiB")
-    c4.metric(f"Predicted {objective}", f"+{plan.predicted_loss:.4f}")
+    basis = figures.row_basis(table, row)
+    c4.metric(
+        f"Predicted {objective}", f"+{plan.predicted_loss:.4f}", figures.BASIS_TEXT[basis], delta_color="off", delta_arrow="off",
+        help="The table's single-component increases added up; components interact, so the measured increase "
+        "(Prune & evaluate) is usually larger. Measured runs of this table appear as x marks on the loss panel.",
+    )
     with st.expander("Per-layer rates of this plan"):
         st.dataframe(
             pd.DataFrame({"layer": range(table.num_layers), "attention rate": plan.attention_rates, "MLP rate": plan.mlp_rates}),

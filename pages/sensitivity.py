@@ -21,9 +21,14 @@ kinds = [k for k in ("attn", "mlp", "block") if any(kind == k for _, kind in tab
 if not set(ss["sens_kinds"]) & set(kinds):
     ss["sens_kinds"] = kinds
 
+cutting = table.removed > 0
+n_measured = int(table.measured_cells()[cutting].sum())
 st.caption(
     f"Each curve is one layer: the increase of the {table.spec.objective} objective when only that component is pruned "
-    f"at a rate and everything else stays dense ({table.spec.estimator} table, dense objective {table.dense_objective:.4f})."
+    f"at a rate and everything else stays dense ({table.spec.estimator} table, dense objective {table.dense_objective:.4f}). "
+    f"{n_measured} of {int(cutting.sum())} cells are measured exactly"
+    + (" (ringed on the heatmap)" if 0 < n_measured < int(cutting.sum()) else "")
+    + "; the others are estimated from one gradient pass."
 )
 c1, c2, c3, c4 = st.columns([2, 1, 1, 1], vertical_alignment="bottom")
 c1.multiselect("Components", kinds, key="sens_kinds", format_func=lambda k: figures.KIND_LABEL[k])

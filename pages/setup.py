@@ -11,10 +11,11 @@ import streamlit as st
 
 from gap_engine import cache
 from gap_engine.data import BUILTIN_SOURCES, load_corpus
-from gap_engine.errors import GapError, one_line
+from gap_engine.errors import DataError, GapError, one_line
 from gap_engine.fsutil import atomic_write_bytes, cache_root
 from gap_engine.config import APP_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, DEFAULT_MODEL, OBJECTIVES, WindowSpec
 from gap_engine.jobs import manager, table_task
+from gap_engine.limits import LIMITS, check_at_most, check_file_size, check_windows
 from gap_engine.models import BUILTIN_MODELS
 from gap_engine.tables import TableSpec, parse_rate_grid
 from pages import common
@@ -24,6 +25,7 @@ DATA_KINDS = ("Built-in sample", "Uploaded file")
 ESTIMATORS = {
     "fisher": "fast: second-order estimate (one forward and backward pass)",
     "taylor": "fast: first-order estimate (one forward and backward pass)",
+    "refine": "trusted: the fisher estimate, then every cell the plans use measured exactly (minutes)",
     "exact": "exact: measured cell by cell (slow: minutes to hours)",
 }
 DEFAULTS = {
@@ -64,6 +66,7 @@ def data_source() -> str:
 
 def save_upload(uploaded) -> str:
     """Store an uploaded text file under the cache (named by content) and return its path."""
+    check_file_size(uploaded.size, LIMITS.upload_bytes, uploaded.name, DataError)  # before reading it
     data = uploaded.getvalue()
     suffix = ".jsonl" if uploaded.name.lower().endswith(".jsonl") else ".txt"
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", uploaded.name.rsplit(".", 1)[0])[:40] or "upload"
@@ -82,10 +85,13 @@ def spec_from_widgets() -> TableSpec:
         seed=int(ss["setup_seed"]),
         batch_size=int(ss["setup_batch"]),
     )
+    check_windows(windows.n_samples, windows.seq_len, windows.batch_size, ("Calibration samples", "Tokens per sample", "Batch size"))
+    rate_grid = parse_rate_grid(ss["setup_rate_grid"])
+    check_at_most(len(rate_grid), LIMITS.rates, f"Rates lists {len(rate_grid):,} rates, which")  # each is a column of cells to measure
     return TableSpec(
         windows=windows,
         criterion=ss["setup_criterion"],
-        rate_grid=parse_rate_grid(ss["setup_rate_grid"]),
+        rate_grid=rate_grid,
         objective=ss["setup_objective"],
         mode=ss["setup_mode"],
         estimator=ss["setup_estimator"],
@@ -223,6 +229,14 @@ with left:
         elif ss["setup_uploaded_path"]:
             st.caption(f"Using the earlier upload {ss['setup_uploaded_path']}")
 
+
+
+def _objective_for_estimator() -> None:
+    # The first-order (taylor) estimate of KL is identically zero: taylor tables measure NLL.
+    if ss["setup_estimator"] == "taylor" and ss["setup_objective"] == "kl":
+        ss["setup_objective"] = "nll"
+
+
 with right:
     st.subheader("Loss table")
     st.radio(
@@ -230,6 +244,8 @@ with right:
         list(ESTIMATORS),
         key="setup_estimator",
         format_func=lambda m: f"{m} — {ESTIMATORS[m]}",
+        on_change=_objective_for_estimator,
+        help="taylor estimates the NLL objective only (its KL estimate is zero); choosing it sets the objective to nll.",
     )
     c1, c2, c3 = st.columns(3)
     c1.selectbox("Criterion (which units go)", CRITERIA, key="setup_criterion")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gap_engine.data import batches, calibration_windows, load_corpus
+from gap_engine.data import batches, calibration_windows, load_corpus, text_start
 from gap_engine.errors import BudgetError, TableError
 from gap_engine.importance import compute_importance
 from gap_engine.planner import check_inputs
@@ -108,7 +108,8 @@ def naive_build_table(
     components = table_components(lm.num_layers, spec.mode)
     scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size)
     parts = batches(windows, spec.windows.batch_size)
-    positions = objective_positions(windows, spec.objective)
+    start = text_start(lm.tokenizer, windows)
+    positions = objective_positions(windows, spec.objective, start)
     layers = lm.adapter.layers(lm.model)
 
     def objective_of_model(dense_logprobs) -> tuple[float, list]:
@@ -119,7 +120,7 @@ def naive_build_table(
                 if spec.objective == "kl" and dense_logprobs is None:
                     kept.append(F.log_softmax(logits, dim=-1))
                     continue
-                total += objective_sum(logits, batch, spec.objective, dense_logprobs[b] if dense_logprobs else None)
+                total += objective_sum(logits, batch, spec.objective, dense_logprobs[b] if dense_logprobs else None, start)
         return total / positions, kept
 
     dense, dense_logprobs = objective_of_model(None)

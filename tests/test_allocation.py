@@ -38,7 +38,7 @@ from gap_engine.pipeline import measure_plan, reference_numbers
 from gap_engine.plan import RatePlan
 from gap_engine.planner import solve_budget
 from gap_engine.surgery import apply_plan, masked_plan
-from gap_engine.tables import LossTable, TableSpec
+from gap_engine.tables import TABLE_FORMAT_VERSION, LossTable, TableSpec
 from gap_engine.units import block_geometries
 
 TINY_GRID = (0.0, 0.25, 0.5, 0.75)
@@ -462,7 +462,7 @@ def test_cli_plan_bad_input_exits_2_and_writes_nothing(tiny_saved, tmp_path, cap
     if table_kind == "malformed":
         table_path = write_table(tmp_path, '{"format_version": 1, "delta": [')
     elif table_kind == "truncated":
-        table_path = write_table(tmp_path, json.dumps({"format_version": 1, "spec": {}, "components": [[0, "attn"]]}))
+        table_path = write_table(tmp_path, json.dumps({"format_version": TABLE_FORMAT_VERSION, "spec": {}, "components": [[0, "attn"]]}))
     elif table_kind == "other-model":
         table_path = write_table(tmp_path, synthetic_table(lm, fingerprint="0123456789abcdef", model=table.model).to_json())
     elif table_kind == "missing":

@@ -9,6 +9,7 @@ rates 0 / 0.25 / 0.5 / 0.75.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from pathlib import Path
 
@@ -28,7 +29,9 @@ pytestmark = pytest.mark.slow  # the real built-in model behind every page
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
-TINY_SPEC = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="taylor", rate_grid=(0.0, 0.25, 0.5, 0.75))
+TINY_SPEC = TableSpec(
+    windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="taylor", objective="nll", rate_grid=(0.0, 0.25, 0.5, 0.75)
+)
 
 
 def link_models(cache_dir: Path) -> None:
@@ -103,10 +106,12 @@ def test_setup_defaults_keep_a_first_build_short(fresh_cache):
     at = start()
     assert at.session_state["app_table"] is None
     assert any("No table loaded yet" in t for t in texts(at.info))
-    # The defaults: the fast second-order table on 8 x 128 tokens and rates in eighths.
+    # The defaults (config.APP_TABLE, from bench/results/defaults.md): the fast second-order
+    # table of KL to the dense model on 16 x 256 tokens and rates in eighths.
     assert at.radio(key="setup_estimator").value == "fisher"
-    assert at.number_input(key="setup_samples").value == 8
-    assert at.number_input(key="setup_seq_len").value == 128
+    assert at.selectbox(key="setup_objective").value == "kl"
+    assert at.number_input(key="setup_samples").value == 16
+    assert at.number_input(key="setup_seq_len").value == 256
     assert at.text_input(key="setup_rate_grid").value == "0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875"
     assert at.selectbox(key="setup_builtin").value == "smollm2-135m"
     assert at.selectbox(key="setup_builtin_data").value == "wiki-sample"
@@ -213,6 +218,23 @@ def test_sensitivity_draws_curves_and_heatmap(cached_table):
     assert not at.exception
 
 
+def test_heatmap_rings_the_measured_cells_of_a_refined_table(fresh_cache, tiny_table):
+    # The tiny taylor table with some cells marked measured, as a refined table records them.
+    measured = np.zeros_like(tiny_table.removed, dtype=bool)
+    measured[4:10, 1:3] = True
+    mixed = dataclasses.replace(tiny_table, measured=measured | (tiny_table.removed == 0))
+    cache.put_table(mixed)
+    at = start("pages/sensitivity.py")
+    heatmap = plotly_specs(at)[1]
+    rings = [t for t in heatmap["data"] if t["type"] == "scatter"]
+    assert [t["name"] for t in rings] == ["measured exactly", "measured exactly"]  # attention and MLP panels
+    assert sum(len(t["x"]) for t in rings) == int((measured & (tiny_table.removed > 0)).sum())
+    cells = [t for t in heatmap["data"] if t["type"] == "heatmap"][0]
+    assert any("measured exactly" in note for row in cells["text"] for note in row)
+    assert any("estimated (gradient)" in note for row in cells["text"] for note in row)
+    assert any("measured exactly (ringed" in str(c.value) for c in at.caption)
+
+
 def test_pages_without_a_table_point_to_setup(fresh_cache):
     for page in ("pages/sensitivity.py", "pages/planner.py", "pages/evaluate.py"):
         at = start(page)
@@ -252,6 +274,16 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert runs.loc[0, "ppl:news-sample"] > 0 and runs.loc[0, "kl:news-sample"] >= 0
     assert Path(result["checkpoint"]).is_dir()
     assert len(plotly_specs(at)) == 2  # history chart, predicted vs actual
+    assert result["predicted_basis"] == "estimated"  # a taylor table's cells are estimates
+
+    # The planner draws the measured run beside the predicted front.
+    at.switch_page("pages/planner.py")
+    at.run()
+    chart = [e.proto for e in at.get("bidi_component") if e.proto.component_name == "gap_budget_chart"]
+    front_fig = json.loads(json.loads(chart[0].json)["front_figure"])
+    measured = [t for t in front_fig["data"] if t.get("name") == "dp: measured"]
+    assert len(measured) == 1 and values(measured[0]["y"])[0] == pytest.approx(result["actual_loss"])
+    assert values(measured[0]["customdata"])[0][1] == pytest.approx(result["predicted_loss"])  # hover: the prediction
 
     # Export offers the plan, table, history and the checkpoint.
     at.switch_page("pages/export.py")

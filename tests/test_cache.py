@@ -19,7 +19,7 @@ from gap_engine.errors import CacheError, CancelledError
 from gap_engine.pipeline import loss_table as build_table
 from gap_engine.tables import TableSpec, table_key
 
-SPEC = TableSpec(windows=WindowSpec(n_samples=2, seq_len=16, batch_size=2), rate_grid=(0.0, 0.25, 0.5, 0.75))
+SPEC = TableSpec(windows=WindowSpec(n_samples=2, seq_len=16, batch_size=2), rate_grid=(0.0, 0.25, 0.5, 0.75), estimator="exact", objective="nll")
 
 
 def key_of(lm, spec: TableSpec) -> str:
@@ -187,7 +187,7 @@ def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
     tiny.model.save_pretrained(folder)
     tiny.tokenizer.save_pretrained(folder)
     out = tmp_path / "out" / "table.json"
-    argv = ["table", "--model", str(folder), "--samples", "2", "--seq-len", "16", "--rates", "0,0.5", "--out", str(out)]
+    argv = ["table", "--model", str(folder), "--samples", "2", "--seq-len", "16", "--rates", "0,0.5", "--estimator", "exact", "--out", str(out)]
     assert main(argv) == 0
     table = LossTable.from_json(out.read_text())
     assert table.delta.shape == (4, 2) and table.spec.rate_grid == (0.0, 0.5)
@@ -195,7 +195,7 @@ def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
     assert table.key in stdout.out and "table cells: " in stdout.err
 
     assert main(argv[:-1] + [str(tmp_path / "table.csv")]) == 0
-    assert (tmp_path / "table.csv").read_text().startswith("layer,component,rate,delta,smoothed,removed\n")
+    assert (tmp_path / "table.csv").read_text().startswith("layer,component,rate,delta,smoothed,removed,measured,tokens\n")
 
     assert main(["cache", "ls"]) == 0
     assert table.key in capsys.readouterr().out
@@ -215,7 +215,7 @@ def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
         (["--rates", "0.5,0.25"], "strictly increasing"),
         (["--rates", "0,x"], "comma-separated numbers"),
         (["--rates", "0.25,0.5"], "must start at 0"),
-        (["--samples", "0"], "n_samples must be an integer >= 1"),
+        (["--samples", "0"], "--samples must be at least 1"),
         (["--objective", "kl", "--estimator", "taylor"], "identically zero"),
         (["--out", "table.txt"], "must end in .json or .csv"),
     ],

@@ -69,7 +69,7 @@ def test_unreadable_plan_files(tmp_path):
         RatePlan.load(tmp_path / "absent.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not: [valid")
-    with pytest.raises(PlanError, match="neither valid JSON nor YAML"):
+    with pytest.raises(PlanError, match="is not valid JSON"):
         RatePlan.load(bad)
     bad.write_text("[1, 2]")
     with pytest.raises(PlanError, match="must be a JSON/YAML object"):

@@ -225,10 +225,14 @@ def test_table_round_trips_through_json_and_csv(tiny_table):
     assert back.removed.dtype == np.int64
     np.testing.assert_array_equal(back.losses(), table.smoothed)
     np.testing.assert_array_equal(back.losses(smoothed=False), table.delta)
+    np.testing.assert_array_equal(back.measured, table.measured)
+    np.testing.assert_array_equal(back.cell_tokens, table.cell_tokens)
+    assert back.measured.all() and back.window_start == table.window_start == "text"
+    assert (back.cell_tokens == 3 * 23).all()  # 3 windows x 23 predicted positions (nll)
     lines = table.to_csv().splitlines()
-    assert lines[0] == "layer,component,rate,delta,smoothed,removed"
+    assert lines[0] == "layer,component,rate,delta,smoothed,removed,measured,tokens"
     assert len(lines) == 1 + table.delta.size
-    assert lines[2].startswith("0,attn,0.25,")
+    assert lines[2].startswith("0,attn,0.25,") and lines[2].endswith(",1,69")
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@
 (``model_commands``, ``table_commands``, ``plan_commands``), imported only when that
 command runs, so ``gap --help`` answers before torch is loaded. Handlers print results on
 stdout (``--json`` prints exactly one JSON object) and progress on stderr. User errors are
-one line on stderr and exit status 2; an interrupt exits 130.
+one line on stderr and exit status 2 (sizes, text sources and ``--out`` are checked by
+``preflight`` before a handler is imported); an interrupt exits 130.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 
 from ..errors import GapError, one_line
 from .parser import build_parser
+from .preflight import preflight
 
 
 def _quiet_transformers() -> None:
@@ -32,11 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     module_name, function_name = args.handler.split(":")
     try:
+        preflight(args)  # sizes, sources and --out, before torch loads
         handler = getattr(importlib.import_module(f"{__name__}.{module_name}"), function_name)
         _quiet_transformers()
         return handler(args)
     except GapError as exc:
         print(f"gap: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the file system said no somewhere no GapError names it
+        print(f"gap: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("gap: error: out of memory; lower the sizes (--samples, --seq-len, --batch-size)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("gap: interrupted", file=sys.stderr)

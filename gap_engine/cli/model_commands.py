@@ -8,31 +8,42 @@ import sys
 
 from ..adapters import supported_model_types
 from ..checkpoint import save_pruned
+from ..data import bos_token_id
 from ..errors import PlanError
 from ..evaluate import EvalSettings, evaluate
 from ..models import list_models, load_model
-from ..pipeline import dense_reference, prune_with_plan
+from ..pipeline import dense_reference, iterative_prune, prune_with_plan
 from ..plan import RatePlan, uniform_plan
+from ..tables import TableSpec, parse_rate_grid
 from .arguments import windows_from
 from .output import StderrProgress
+from .table_commands import read_sources
 
 
 def run_models(args: argparse.Namespace) -> int:
-    rows = list_models()
+    rows = list_models(verify=args.verify)
     if args.json:
         print(json.dumps({"builtin": rows, "supported_model_types": supported_model_types()}))
         return 0
     for row in rows:
         state = "converted" if row["converted"] else "converts on first use"
+        if row["problem"]:
+            state = f"damaged: {row['problem']}; converted again on next use"
+        elif args.verify and row["converted"]:
+            state += ", SHA-256 checked" if row["checksummed"] else ", structure checked (no SHA-256 recorded by the older converter)"
         print(f"{row['name']:<14} {row['description']}  [{state}]")
     print(f"\nAlso: a local model folder, a .gguf file, or a hub id. Architectures: {', '.join(supported_model_types())}")
     return 0
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    if (args.plan is None) == (args.uniform is None):
-        raise PlanError("give exactly one of --plan P.json or --uniform R")
+    if sum(value is not None for value in (args.plan, args.uniform, args.budget)) != 1:
+        raise PlanError("give exactly one of --plan P.json, --uniform R or --budget B")
+    if args.budget is not None:
+        return run_prune_rounds(args)
     plan = RatePlan.load(args.plan) if args.plan else None  # validate before the slow model load
+    if (plan.criterion if plan else args.criterion) != "magnitude":
+        read_sources(args.data)
     lm = load_model(args.model)
     if plan is None:
         plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple)
@@ -49,7 +60,52 @@ def run_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_prune_rounds(args: argparse.Namespace) -> int:
+    """``gap prune --budget B --rounds K``: GAP's DP in rounds, each on a table of the model as it is."""
+    if args.rounds < 1:
+        raise PlanError(f"--rounds must be at least 1, got {args.rounds}")
+    spec = TableSpec(
+        windows=windows_from(args),
+        criterion=args.criterion,
+        rate_grid=parse_rate_grid(args.rates),
+        objective=args.objective,
+        estimator=args.estimator,
+        channel_multiple=args.channel_multiple,
+    ).validate()
+    lm = load_model(args.model)
+    progress = StderrProgress("round table")
+    result = iterative_prune(lm, spec, args.budget, args.rounds, progress=progress, stage=progress.stage)
+    save_pruned(result.model, result.plan, result.kept, args.out)
+    summary = {
+        "out": str(args.out),
+        "params_before": lm.param_count(),
+        "params_after": result.model.param_count(),
+        "removed_fraction_of_prunable": result.removed_fraction,
+        "predicted": result.predicted_loss,
+        "rounds": [
+            {"round": r.index, "predicted": r.predicted, "measured": r.measured, "removed": r.removed} for r in result.rounds
+        ],
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    for key in ("out", "params_before", "params_after", "removed_fraction_of_prunable"):
+        print(f"{key}: {summary[key]}")
+    for r in result.rounds:
+        print(f"round {r.index}: removed {r.removed:,}, predicted {spec.objective} +{r.predicted:.4f} (table cells, summed), measured +{r.measured:.4f}")
+    return 0
+
+
+def window_convention_text(tokenizer) -> str:
+    """One line saying how every evaluation window starts (issue: Gemma needs its BOS token)."""
+    bos = bos_token_id(tokenizer)
+    if bos is None:
+        return "start with text (this model's tokenizer adds no BOS token)"
+    return f"start with {tokenizer.convert_ids_to_tokens(bos)!s} (the model's BOS token: context only, not scored)"
+
+
 def run_eval(args: argparse.Namespace) -> int:
+    read_sources(args.data)
     lm = load_model(args.model)
     dense = None if args.no_dense else dense_reference(lm)
     settings = EvalSettings(windows=windows_from(args), throughput=not args.no_throughput, generations=args.generations)
@@ -58,6 +114,7 @@ def run_eval(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict()))
         return 0
     print(f"model: {report.model}  params: {report.params:,}  size: {report.size_bytes / 2**20:.1f} MiB")
+    print(f"windows: {window_convention_text(lm.tokenizer)}")
     for source, ppl in report.perplexity.items():
         line = f"perplexity[{source}]: {ppl:.3f}"
         if report.dense:

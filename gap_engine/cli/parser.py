@@ -26,6 +26,8 @@ from ..config import (
     GGUF_OUTTYPES,
     MODES,
     OBJECTIVES,
+    REFINE_ATTENTION,
+    REFINE_BUDGETS,
     SAVE_DTYPES,
 )
 from .arguments import DeprecatedAlias, add_window_args, rate_arg
@@ -38,14 +40,25 @@ def _grid_text(grid) -> str:
 def _add_models(sub) -> None:
     p = sub.add_parser("models", help="list the built-in models and supported architectures")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true", help="also check every converted file against its recorded SHA-256")
     p.set_defaults(handler="model_commands:run_models")
 
 
 def _add_prune(sub) -> None:
-    p = sub.add_parser("prune", help="prune a model with a plan (or a uniform rate) and save a checkpoint")
+    p = sub.add_parser("prune", help="prune a model with a plan (or a uniform rate, or GAP's DP in rounds) and save a checkpoint")
     p.add_argument("--model", required=True, help="built-in name, local folder, .gguf file or hub id")
     p.add_argument("--plan", help="a plan JSON/YAML file")
     p.add_argument("--uniform", type=rate_arg, help="every layer and component at this rate, in [0, 1)")
+    p.add_argument(
+        "--budget",
+        type=rate_arg,
+        help="GAP's DP at this fraction of the prunable parameters, planned in --rounds rounds, each on a loss "
+        "table of the model as the rounds before left it",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="with --budget: rounds of table -> DP -> surgery (default: %(default)s)")
+    p.add_argument("--estimator", choices=ESTIMATORS, default=CLI_TABLE.estimator, help="with --budget: how each round's table is filled")
+    p.add_argument("--objective", choices=OBJECTIVES, default=CLI_TABLE.objective, help="with --budget: the tables' objective")
+    p.add_argument("--rates", default=_grid_text(CLI_TABLE.rate_grid), help="with --budget: the tables' rate grid")
     p.add_argument("--criterion", default=DEFAULT_CRITERION, choices=CRITERIA, help="which heads and channels go")
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE)
     p.add_argument("--out", required=True, help="output folder (replaced atomically)")
@@ -75,7 +88,19 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> 
         "--estimator",
         choices=ESTIMATORS,
         default=estimator_default,
-        help="exact: measure every cell; fisher/taylor: estimate from one gradient pass (default: %(default)s)",
+        help="exact: measure every cell; fisher/taylor: estimate from one gradient pass; refine: fisher, then "
+        "measure exactly the cells the DP's plans use (default: %(default)s)",
+    )
+    p.add_argument(
+        "--refine-budgets",
+        default=",".join(f"{b:g}" for b in REFINE_BUDGETS),
+        help="refine: budgets whose plans' cells are measured exactly (default: %(default)s)",
+    )
+    p.add_argument(
+        "--refine-attention",
+        choices=REFINE_ATTENTION,
+        default="chosen",
+        help="refine: measure the chosen attention cells only, or every attention cell (default: %(default)s)",
     )
     p.add_argument("--approx", dest="estimator", choices=ESTIMATORS[1:], action=DeprecatedAlias, new_name="--estimator", help=argparse.SUPPRESS)
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE, help="MLP width granularity")
@@ -164,6 +189,22 @@ def _add_compare(sub) -> None:
     p.set_defaults(handler="plan_commands:run_compare")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a usage error as one line on stderr (exit status 2), like every other error.
+
+    Subparsers inherit the class, so ``gap prune --uniform 2`` says what is wrong in one line
+    and where to look, instead of a usage block.
+    """
+
+    def error(self, message: str):
+        message = " ".join("".join(ch if ch.isprintable() else " " for ch in message).split())
+        self.exit(2, f"{self.prog}: error: {message[:1000]} (see '{self.prog} --help')\n")
+
+
+# Subcommands with resource-sized options (checked by cli.preflight against limits.LIMITS).
+SIZED_COMMANDS = ("prune", "eval", "table", "plan", "front", "compare")
+
+
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="one self-contained HTML report: table settings, sensitivity, front, plan, evaluation")
     p.add_argument("--table", required=True, help="a loss table JSON file")
@@ -191,10 +232,16 @@ def _add_export(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``gap`` parser; each subcommand sets ``handler`` to "module:function" under gap_engine.cli."""
-    parser = argparse.ArgumentParser(prog="gap", description="Layer-adaptive structured pruning of LLMs (GAP)")
+    parser = OneLineParser(prog="gap", description="Layer-adaptive structured pruning of LLMs (GAP)")
     parser.add_argument("--version", action="version", version=f"gap_engine {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_models, _add_prune, _add_eval, _add_table, _add_plan, _add_compare, _add_report, _add_export):
         add(sub)
+    for name in SIZED_COMMANDS:
+        sub.choices[name].add_argument(
+            "--force-size",
+            action="store_true",
+            help="accept sizes past the ceilings that protect this machine (also: GAP_FORCE_SIZE=1; see README)",
+        )
     return parser

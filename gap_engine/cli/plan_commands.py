@@ -11,19 +11,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ..allocate import ALLOCATORS, Constraints, EvoSettings, check_reach, dp_front, front_csv, front_rows
 from ..allocate.problem import planning_problem
 from ..config import WindowSpec
-from ..errors import BudgetError, TableError, first_line
+from ..errors import BudgetError, TableError
 from ..fsutil import atomic_write_text
+from ..limits import LIMITS
 from ..models import load_model
 from ..pipeline import compare, heldout_sets, loss_table, plan_for
 from ..tables import LossTable
+from ..validate import decode_text, read_bounded
 from .arguments import parse_fraction, parse_list, parse_locks
 from .output import StderrProgress, csv_text
-from .table_commands import spec_from_args
+from .table_commands import read_sources, spec_from_args
 
 
 def constraints_from(args: argparse.Namespace) -> Constraints:
@@ -34,12 +35,8 @@ def constraints_from(args: argparse.Namespace) -> Constraints:
 
 def read_table(path: str) -> LossTable:
     """The loss table in a JSON file; TableError (one line) when missing or malformed."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
-        raise TableError(f"cannot read loss table {path}: {reason}") from None
-    return LossTable.from_json(text)
+    what = f"loss table {path}"
+    return LossTable.from_json(decode_text(read_bounded(path, LIMITS.table_bytes, what, TableError), what, TableError))
 
 
 def _load_for_table(model_arg: str | None, table: LossTable):
@@ -83,6 +80,7 @@ def run_plan(args: argparse.Namespace) -> int:
         "removed": plan.params["removed"],
         "removed_fraction_of_prunable": plan.params["removed_fraction_of_prunable"],
         "predicted_loss": plan.predicted_loss,
+        "predicted_from": f"{table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates))} cells ({table.spec.objective}, summed)",
     }
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
@@ -106,6 +104,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if unknown:
         raise BudgetError(f"unknown allocator '{unknown[0]}'; choose from {', '.join(ALLOCATORS)}")
     constraints = constraints_from(args)
+    read_sources(args.eval_data, *(() if args.table else (args.data,)))  # before the model loads
     if args.table:
         table = read_table(args.table)
         lm = _load_for_table(args.model, table)
@@ -128,15 +127,22 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def _print_outcomes(outcomes, sources: list[str]) -> None:
-    header = f"{'allocator':<9} {'budget':>6} {'removed':>11} {'pred. loss':>10} {'calib +loss':>11} " + " ".join(
-        f"{'ppl ' + s:>16}" for s in sources
+    objective = outcomes[0].objective if outcomes else "nll"
+    header = (
+        f"{'allocator':<9} {'budget':>6} {'removed':>11} {'predicted':>10} {'from cells':>10} {'measured':>10} "
+        f"{'calib +nll':>10} " + " ".join(f"{'ppl ' + s:>16}" for s in sources)
+    )
+    print(
+        f"predicted: the table's sum of single-component {objective} increases; measured: the {objective} "
+        "increase of the whole pruned model on the same calibration windows"
     )
     print(header)
     dense = outcomes[0].dense_perplexity if outcomes else {}
-    print(f"{'dense':<9} {0:>6.0%} {0:>11,} {'':>10} {'':>11} " + " ".join(f"{dense[s]:>16.3f}" for s in sources))
+    print(f"{'dense':<9} {0:>6.0%} {0:>11,} {'':>10} {'':>10} {'':>10} {'':>10} " + " ".join(f"{dense[s]:>16.3f}" for s in sources))
     for o in outcomes:
         predicted = f"{o.predicted_loss:.4f}" if o.predicted_loss is not None else "-"
+        measured = f"{o.calib_objective_increase:.4f}" if o.calib_objective_increase is not None else "-"
         print(
-            f"{o.allocator:<9} {o.budget:>6.0%} {o.removed:>11,} {predicted:>10} {o.calib_loss_increase:>11.4f} "
-            + " ".join(f"{o.perplexity[s]:>16.3f}" for s in sources)
+            f"{o.allocator:<9} {o.budget:>6.0%} {o.removed:>11,} {predicted:>10} {o.predicted_basis or '-':>10} {measured:>10} "
+            f"{o.calib_loss_increase:>10.4f} " + " ".join(f"{o.perplexity[s]:>16.3f}" for s in sources)
         )

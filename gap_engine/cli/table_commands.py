@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from ..cache import list_tables, remove_table
+from ..config import WindowSpec
+from ..data import load_corpus
 from ..errors import TableError
 from ..fsutil import atomic_write_text
 from ..models import load_model
@@ -26,7 +28,20 @@ def spec_from_args(args: argparse.Namespace) -> TableSpec:
         mode=args.mode,
         estimator=args.estimator,
         channel_multiple=args.channel_multiple,
+        refine_budgets=parse_rate_grid(args.refine_budgets, "refine budgets"),
+        refine_attention=args.refine_attention,
     ).validate()
+
+
+def read_sources(*specs: str) -> None:
+    """Read every text source named in ``specs`` now, so a bad one fails before a model loads.
+
+    Reading is cheap next to a model load, and the corpus of a built-in source is kept for
+    the stage that cuts its windows.
+    """
+    for spec in specs:
+        for source in WindowSpec(data=spec).sources():
+            load_corpus(source)
 
 
 def run_table(args: argparse.Namespace) -> int:
@@ -36,14 +51,17 @@ def run_table(args: argparse.Namespace) -> int:
         raise TableError(f"--out must end in .json or .csv, got '{out.name}'")
     if out.is_dir():
         raise TableError(f"--out {out} is a folder; give a file name")
+    read_sources(spec.windows.data)
     lm = load_model(args.model)
-    unit = "cells" if spec.estimator == "exact" else "batches"
+    unit = {"exact": "cells", "refine": "batches, then cells"}.get(spec.estimator, "batches")
     progress = StderrProgress(f"table {unit}")
     table = loss_table(lm, spec, progress=progress, use_cache=not args.no_cache, stage=progress.stage)
     atomic_write_text(out, table.to_csv() if out.suffix == ".csv" else table.to_json())
+    measured = int(table.measured_cells()[table.removed > 0].sum())
     print(
-        f"wrote {out}: {len(table.components)} components x {len(table.rate_grid)} rates, "
-        f"dense {spec.objective} {table.dense_objective:.4f}, key {table.key}"
+        f"wrote {out}: {len(table.components)} components x {len(table.rate_grid)} rates "
+        f"({measured} of {int((table.removed > 0).sum())} cells measured, the rest estimated), "
+        f"dense {spec.objective} {table.dense_objective:.4f}, windows start with {table.window_start}, key {table.key}"
     )
     return 0
 

@@ -12,13 +12,16 @@ Losses are in nats per token (mean next-token NLL, or mean KL to the dense model
 """
 
 from .front_figures import (
+    BASIS_TEXT,
     front_figure,
     front_traces,
     front_y_top,
+    measured_traces,
     plan_figure,
     planner_figure,
     rate_traces,
     rates_figure,
+    row_basis,
     step_readout,
 )
 from .run_figures import history_figure, predicted_vs_actual_figure
@@ -44,10 +47,11 @@ from .style import (
     log_ticks,
     loss_label,
 )
-from .table_figures import heatmap_figure, sensitivity_figure
+from .table_figures import cell_notes, heatmap_figure, sensitivity_figure
 
 __all__ = [
     "ATTN_COLOR",
+    "BASIS_TEXT",
     "BASELINE_COLORS",
     "BASELINE_SYMBOLS",
     "BYTES_PER_PARAM",
@@ -63,6 +67,7 @@ __all__ = [
     "TEMPLATE",
     "TEXT_COLOR",
     "UNIFORM_COLOR",
+    "cell_notes",
     "column_label",
     "component_kinds",
     "front_figure",
@@ -72,11 +77,13 @@ __all__ = [
     "history_figure",
     "log_ticks",
     "loss_label",
+    "measured_traces",
     "plan_figure",
     "planner_figure",
     "predicted_vs_actual_figure",
     "rate_traces",
     "rates_figure",
+    "row_basis",
     "sensitivity_figure",
     "step_readout",
 ]

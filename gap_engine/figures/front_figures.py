@@ -23,14 +23,46 @@ from .style import (
 )
 
 
-def step_readout(row: dict, dense_total: int | None, objective: str) -> str:
-    """One line for a front row: budget, parameters removed and left, predicted loss."""
+BASIS_TEXT = {"measured": "sum of measured cells", "estimated": "sum of estimated cells", "mixed": "sum of measured and estimated cells"}
+
+
+def row_basis(table, row: dict) -> str:
+    """What a front row's prediction sums: "measured", "estimated" or "mixed" cells."""
+    return table.basis(table.cells_for(row["attention_rates"], row["mlp_rates"]))
+
+
+def step_readout(row: dict, dense_total: int | None, objective: str, basis: str | None = None) -> str:
+    """One line for a front row: budget, parameters removed and left, predicted loss (and,
+    given ``basis``, whether that prediction sums measured or estimated cells)."""
     removed = int(row["removed"])
     text = f"<b>Budget {row['budget']:.2%}</b> of prunable params · removes {removed:,}"
     if dense_total:
         left = dense_total - removed
         text += f" ({removed / dense_total:.1%} of all) · {left / 1e6:.1f}M params left, {left * BYTES_PER_PARAM / 2**20:.0f} MiB fp32"
-    return text + f" · predicted {OBJECTIVE_NAME.get(objective, objective)} +{row['predicted_loss']:.4f} nats/token"
+    text += f" · predicted {OBJECTIVE_NAME.get(objective, objective)} +{row['predicted_loss']:.4f} nats/token"
+    return text + (f" ({BASIS_TEXT[basis]})" if basis else "")
+
+
+def measured_traces(runs: list[dict] | None) -> list:
+    """Pruned and measured runs of a table (``id``, ``allocator``, ``budget``,
+    ``predicted_loss``, ``actual_loss``) as x marks on the loss-vs-budget panel: the
+    measured loss beside the front's prediction."""
+    traces = []
+    for allocator in sorted({str(run["allocator"]) for run in runs or []}):
+        points = [run for run in runs if str(run["allocator"]) == allocator]
+        traces.append(
+            go.Scatter(
+                x=[run["budget"] * 100 for run in points],
+                y=[run["actual_loss"] for run in points],
+                mode="markers",
+                name=f"{allocator}: measured",
+                marker=dict(size=10, symbol="x", color=DP_COLOR if allocator == "dp" else BASELINE_COLORS.get(allocator, "#888")),
+                customdata=[[run["id"], run["predicted_loss"]] for run in points],
+                hovertemplate="run %{customdata[0]}, budget %{x:.2f}%<br>measured +%{y:.4f}<br>predicted +%{customdata[1]:.4f}"
+                "<extra>" + allocator + " measured</extra>",
+            )
+        )
+    return traces
 
 
 def rate_traces(num_layers: int, row: dict, locked: dict | None = None) -> list:
@@ -177,11 +209,14 @@ def rates_figure(table, row: dict, locked: dict | None = None, height: int = 340
     return fig
 
 
-def front_figure(table, front: list[dict], row: dict | None = None, uniform=None, baselines=None, height: int = 340) -> go.Figure:
+def front_figure(
+    table, front: list[dict], row: dict | None = None, uniform=None, baselines=None, height: int = 340, measured=None
+) -> go.Figure:
     """Predicted loss against budget, with ``row`` marked when given (the budget chart's right
-    panel, which draws its moving point itself)."""
-    y_top = front_y_top(front)
-    fig = go.Figure(front_traces(front, row, uniform, baselines, y_top))
+    panel, which draws its moving point itself); ``measured`` runs (`measured_traces`) are
+    drawn as x marks beside the prediction."""
+    y_top = max([front_y_top(front)] + [float(run["actual_loss"]) * 1.08 for run in measured or []])
+    fig = go.Figure(front_traces(front, row, uniform, baselines, y_top) + measured_traces(measured))
     top_budget = front[-1]["budget"] * 100 if front else 100.0
     fig.update_layout(
         template=TEMPLATE,

@@ -88,11 +88,29 @@ def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = T
     return fig
 
 
+def cell_notes(table) -> np.ndarray:
+    """(C, R) text per cell: measured exactly or estimated, and on how many token positions."""
+    measured = table.measured_cells()
+    tokens = table.cell_tokens
+    notes = np.empty(measured.shape, dtype=object)
+    for c in range(measured.shape[0]):
+        for r in range(measured.shape[1]):
+            how = "removes nothing" if table.removed[c, r] == 0 else ("measured exactly" if measured[c, r] else "estimated (gradient)")
+            notes[c, r] = how if tokens is None or table.removed[c, r] == 0 else f"{how} on {int(tokens[c, r]):,} tokens"
+    return notes
+
+
 def heatmap_figure(table, smoothed: bool = True, log_color: bool = False) -> go.Figure:
-    """Layers x rates, one heatmap per component kind, darker = larger loss; hover gives the numbers."""
+    """Layers x rates, one heatmap per component kind, darker = larger loss; hover gives the
+    numbers and how each cell was filled. When a table mixes measured and estimated cells
+    (``refine``), a ring marks every measured one."""
     kinds = component_kinds(table)
     losses = np.asarray(table.losses(smoothed), dtype=float)
     rates = [f"{r:.3g}" for r in table.rate_grid]
+    notes = cell_notes(table)
+    cutting = table.removed > 0
+    marked = table.measured_cells() & cutting
+    mixed = bool(marked.any()) and not bool(marked[cutting].all())
     fig = make_subplots(
         rows=1, cols=len(kinds), shared_yaxes=True, horizontal_spacing=0.04, subplot_titles=[KIND_LABEL[k] for k in kinds]
     )
@@ -108,13 +126,25 @@ def heatmap_figure(table, smoothed: bool = True, log_color: bool = False) -> go.
                 x=rates,
                 y=layers,
                 customdata=np.stack([z, table.removed[rows]], axis=-1),
+                text=notes[rows],
                 coloraxis="coloraxis",
                 hovertemplate=f"layer %{{y}} {KIND_LABEL[kind]}<br>rate %{{x}}<br>+%{{customdata[0]:.4g}} nats/token"
-                "<br>removes %{customdata[1]:,} params<extra></extra>",
+                "<br>removes %{customdata[1]:,} params<br>%{text}<extra></extra>",
             ),
             row=1,
             col=col,
         )
+        if mixed:
+            cells = [(rates[r], table.components[c][0]) for c in rows for r in range(len(rates)) if marked[c, r]]
+            fig.add_trace(
+                go.Scatter(
+                    x=[x for x, _ in cells], y=[y for _, y in cells], mode="markers", name="measured exactly",
+                    marker=dict(symbol="circle-open", size=7, color="#00B5E2", line=dict(width=2)),
+                    showlegend=col == 1, hoverinfo="skip",
+                ),
+                row=1,
+                col=col,
+            )
         fig.update_xaxes(title_text="pruning rate", row=1, col=col)
     fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
     unit = OBJECTIVE_NAME.get(table.spec.objective, table.spec.objective) + " increase"

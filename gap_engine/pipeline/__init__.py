@@ -1,11 +1,13 @@
 """Orchestration: the one place where the stages are strung together.
 
 ``stages`` runs load -> windows -> scores -> table -> plan -> prune -> measure;
-``compare`` measures several allocators side by side; ``runs`` is what the explorer's
+``compare`` measures several allocators side by side; ``iterative`` prunes in rounds, each
+planned on a table of the model the rounds before left; ``runs`` is what the explorer's
 background jobs do. The CLI, the jobs and the benchmarks call these.
 """
 
 from .compare import Outcome, Reference, compare, heldout_sets, measure_plan, reference_numbers
+from .iterative import IterativeResult, PlanRound, iterative_prune
 from .runs import baseline_rows, prune_and_evaluate
 from .stages import (
     dense_reference,
@@ -18,13 +20,16 @@ from .stages import (
 )
 
 __all__ = [
+    "IterativeResult",
     "Outcome",
+    "PlanRound",
     "Reference",
     "baseline_rows",
     "compare",
     "dense_reference",
     "heldout_sets",
     "importance_for",
+    "iterative_prune",
     "loss_table",
     "measure_plan",
     "objective_increase",

@@ -23,7 +23,7 @@ from ..importance import ImportanceScores, compute_importance
 from ..models import LoadedModel
 from ..plan import RatePlan
 from ..tables import LossTable
-from .stages import pruned_copy
+from .stages import objective_increase, pruned_copy
 
 
 @dataclass
@@ -49,6 +49,9 @@ class Outcome:
     dense_perplexity: dict[str, float]  # the same for the dense model
     dense_calib_loss: float  # dense mean NLL on the calibration windows
     extras: dict = field(default_factory=dict)  # allocator-specific numbers (evo: the DP seed's)
+    objective: str = "nll"  # the table's objective, which predicted_loss and calib_objective_increase are in
+    calib_objective_increase: float | None = None  # the measured increase of that objective on the calibration windows (what predicted_loss predicts)
+    predicted_basis: str | None = None  # what the prediction sums: "measured", "estimated" or "mixed" table cells
 
     def row(self) -> dict:
         """Flat dict for CSV output."""
@@ -80,6 +83,7 @@ def measure_plan(
     heldout: Mapping[str, torch.Tensor],
     scores: ImportanceScores,
     reference: Reference,
+    table: LossTable | None = None,
 ) -> Outcome:
     """Prune a copy of the dense model with ``plan`` and measure it beside the table's prediction.
 
@@ -90,11 +94,17 @@ def measure_plan(
         heldout: source -> (N, T) held-out windows for perplexity.
         scores: the dense model's importance scores of ``plan.criterion`` on ``calib``.
         reference: the dense numbers on the same windows.
+        table: the loss table behind the prediction: its objective is measured on ``calib``
+            too, and the prediction's basis (measured or estimated cells) is recorded.
     """
     pruned, result = pruned_copy(dense, plan, calib_spec, scores)
     batch_size = calib_spec.batch_size
     calib_loss = mean_nll(pruned, calib, batch_size)
     perplexity = {source: math.exp(mean_nll(pruned, w, batch_size)) for source, w in heldout.items()}
+    objective = table.spec.objective if table is not None else "nll"
+    measured = calib_loss - reference.calib_loss
+    if objective != "nll":
+        measured = objective_increase(pruned, dense, calib, objective, batch_size)
     return Outcome(
         allocator=plan.allocator,
         budget=plan.budget if plan.budget is not None else plan.params["removed_fraction_of_prunable"],
@@ -106,6 +116,9 @@ def measure_plan(
         perplexity=perplexity,
         dense_perplexity=dict(reference.perplexity),
         dense_calib_loss=reference.calib_loss,
+        objective=objective,
+        calib_objective_increase=measured,
+        predicted_basis=None if table is None else table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates)),
     )
 
 
@@ -157,7 +170,7 @@ def compare(
                 }
             else:
                 plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores)
-            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference)
+            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference, table)
             outcome.extras = extras | {"seconds": round(time.perf_counter() - started, 1)}
             outcomes.append(outcome)
             if progress:

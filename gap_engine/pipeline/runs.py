@@ -129,11 +129,10 @@ def prune_and_evaluate(
         step: told (message, stage index, stages) as each stage starts.
         cancel: polled between stages and by evaluation.
     Returns:
-        A JSON-ready dict: run_id, plan, report, predicted_loss, actual_loss, objective,
-        checkpoint, seconds, params_before, params_after.
+        A JSON-ready dict: run_id, plan, report, predicted_loss, predicted_basis (table.basis; None
+        without a table), actual_loss, objective, checkpoint, seconds, params_before, params_after.
     """
-    stages = 6
-    started = time.perf_counter()
+    stages, started = 6, time.perf_counter()
 
     def at(message: str, index: int) -> None:
         check_cancelled(cancel, f"prune and evaluate cancelled while {message}")
@@ -174,6 +173,7 @@ def prune_and_evaluate(
         "plan": plan.to_dict(),
         "report": report,
         "predicted_loss": plan.predicted_loss,
+        "predicted_basis": None if table is None else table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates)),
         "actual_loss": record.actual_loss,
         "objective": objective,
         "checkpoint": checkpoint,

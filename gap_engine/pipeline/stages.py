@@ -15,15 +15,15 @@ import torch
 from ..allocate import Constraints, EvoSettings, needs_windows, plan_from_table
 from ..cache import PartialCells, get_table, lock, put_table
 from ..config import DEFAULT_N_BUCKETS, WindowSpec
-from ..data import calibration_windows, load_corpus
+from ..data import batches, calibration_windows, load_corpus, text_start
 from ..errors import ModelLoadError
-from ..evaluate import compare_logits, mean_nll
 from ..importance import ImportanceScores, compute_importance
 from ..models import LoadedModel, load_model
 from ..plan import RatePlan
 from ..progress import CancelToken, ProgressFn, StageFn
 from ..surgery import PruneResult, apply_plan
 from ..tables import LossTable, TableSpec, measure_table, table_key
+from ..tables.cells import objective_positions, objective_sum
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +138,23 @@ def pruned_copy(
     return pruned, result
 
 
+@torch.inference_mode()
 def objective_increase(pruned: LoadedModel, dense: LoadedModel, windows: torch.Tensor, objective: str, batch_size: int) -> float:
-    """The measured increase of a table objective: mean NLL difference, or mean KL(dense || pruned)."""
-    if objective == "kl":
-        return compare_logits(pruned, dense, windows, batch_size)[2]
-    return mean_nll(pruned, windows, batch_size) - mean_nll(dense, windows, batch_size)
+    """The measured increase of a table objective: mean NLL difference, or mean KL(dense || pruned).
+
+    Counted over the same positions as a table cell (``tables.cells``), so for a plan that
+    prunes one component at a grid rate it equals that cell of an exact table on these windows.
+    """
+    start = text_start(dense.tokenizer, windows)
+    total = 0.0
+    for batch in batches(windows, batch_size):
+        logits = pruned.model(input_ids=batch, use_cache=False).logits  # (B, T, V)
+        dense_logits = dense.model(input_ids=batch, use_cache=False).logits  # (B, T, V)
+        if objective == "kl":
+            total += objective_sum(logits, batch, "kl", torch.log_softmax(dense_logits, dim=-1), start)
+        else:
+            total += objective_sum(logits, batch, "nll", None, start) - objective_sum(dense_logits, batch, "nll", None, start)
+    return total / objective_positions(windows, objective, start)
 
 
 def dense_reference(lm: LoadedModel) -> LoadedModel | None:

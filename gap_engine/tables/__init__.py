@@ -1,7 +1,8 @@
 """Loss tables: the measurement stage of GAP (EMNLP 2025).
 
 ``artefact`` defines the table and its settings, ``cells`` what one cell removes,
-``exact`` measures every cell, ``estimate`` fills the table from one gradient pass.
+``exact`` measures every cell, ``estimate`` fills the table from one gradient pass, and
+``refine`` starts from that estimate and measures exactly the cells the plans use.
 ``measure_table`` is the entry point on given windows; ``pipeline.loss_table`` adds the
 calibration text and the on-disk cache.
 """
@@ -14,11 +15,14 @@ import time
 import numpy as np
 import torch
 
+from ..data import text_start
 from ..importance import compute_importance
 from ..progress import CancelToken, ProgressFn
-from .artefact import TABLE_FORMAT_VERSION, LossTable, TableSpec, isotonic_smooth, parse_rate_grid, removed_table, table_components, table_key
+from .artefact import TABLE_FORMAT_VERSION, Filled, LossTable, TableSpec, isotonic_smooth, parse_rate_grid, removed_table, table_components, table_key
+from .cells import objective_positions
 from .estimate import estimate_cells
 from .exact import PartialStore, WindowCells, measure_exact, window_cells
+from .refine import refine_cells
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +41,22 @@ __all__ = [
 ]
 
 
-def assemble_table(lm, spec: TableSpec, key: str, data_fingerprint: str, components, objective: np.ndarray, dense: float, seconds: float, stats: dict) -> LossTable:
-    """A LossTable from (C, R) cell objectives: deltas over dense, smoothed rows, removed parameters."""
+def assemble_table(
+    lm, spec: TableSpec, key: str, data_fingerprint: str, components, objective: np.ndarray, dense: float, seconds: float, stats: dict,
+    filled: Filled | None = None,
+) -> LossTable:
+    """A LossTable from (C, R) cell objectives: deltas over dense, smoothed rows, removed parameters.
+
+    ``filled`` says which cells were measured and on how many positions (None: every cell
+    as the spec's estimator fills it, positions unknown).
+    """
     removed, dense_prunable = removed_table(lm, components, spec.rate_grid, spec.channel_multiple)
     delta = objective - dense
     delta[:, 0] = 0.0
     objective[:, 0] = dense
+    if filled is None:
+        filled = Filled(np.full(delta.shape, spec.estimator == "exact"), None, None, "text")
+    measured = filled.measured | (removed == 0)
     return LossTable(
         model=lm.name,
         model_fingerprint=lm.fingerprint,
@@ -60,6 +74,10 @@ def assemble_table(lm, spec: TableSpec, key: str, data_fingerprint: str, compone
         build_seconds=seconds,
         key=key,
         extras=stats,
+        window_start=filled.window_start,
+        measured=measured,
+        cell_tokens=filled.tokens,
+        estimate=filled.estimate,
     )
 
 
@@ -80,20 +98,34 @@ def measure_table(
         spec: validated here.
         windows: (N, T) token ids; N and T should match the spec.
         progress: called as (done, total, eta_seconds): cells for ``exact``, calibration
-            batches for the estimates; eta is None before the first timed step.
+            batches for the estimates, batches and then cells for ``refine`` (its total
+            grows as rounds add cells); eta is None before the first timed step.
         cancel: polled before every cell or batch; when set, measured cells are saved and
             CancelledError is raised.
-        partial: where measured cells are saved every few cells and read back on resume.
+        partial: where measured cells are saved every few cells and read back on resume
+            (exact and refine).
         key, data_fingerprint: recorded in the table.
     """
     spec.validate()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     components = table_components(lm.num_layers, spec.mode)
     scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size, cancel=cancel)
+    start = text_start(lm.tokenizer, windows)
+    tokens = np.full((len(components), len(spec.rate_grid)), objective_positions(windows, spec.objective, start), dtype=np.int64)
+    window_start = "bos" if start else "text"
+    estimate = None
     if spec.estimator == "exact":
         objective, dense, stats = measure_exact(lm, spec, windows, scores, components, progress, cancel, partial)
+        measured = np.ones(tokens.shape, dtype=bool)
+    elif spec.estimator == "refine":
+        objective, dense, stats, measured, estimate = refine_cells(lm, spec, windows, scores, components, progress, cancel, partial)
     else:
         objective, dense, stats = estimate_cells(lm, spec, windows, scores, components, progress, cancel)
-    table = assemble_table(lm, spec, key, data_fingerprint, components, objective, dense, time.perf_counter() - started, stats)
+        measured = np.zeros(tokens.shape, dtype=bool)
+    filled = Filled(measured, tokens, estimate, window_start)
+    stats["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # this process, all threads: fairer than wall time on a shared machine
+    table = assemble_table(
+        lm, spec, key, data_fingerprint, components, objective, dense, time.perf_counter() - started, stats, filled
+    )
     log.info("loss table %s: %d x %d cells in %.1f s", key or "(uncached)", *table.delta.shape, table.build_seconds)
     return table

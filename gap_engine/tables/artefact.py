@@ -8,7 +8,10 @@ per row under a global parameter budget.
 
 This module defines what a table *is* (``TableSpec``: how it is measured; ``LossTable``:
 the values, JSON and CSV forms, the isotonic smoothing and the cache key); filling one is
-the job of ``tables.exact`` (measured cells) and ``tables.estimate`` (gradient estimates).
+the job of ``tables.exact`` (measured cells), ``tables.estimate`` (gradient estimates) and
+``tables.refine`` (an estimate with exactly measured cells where the plans go). Every table
+records, per cell, whether its value was measured or estimated and on how many token
+positions, and how its calibration windows started (with the model's BOS token or with text).
 """
 
 from __future__ import annotations
@@ -21,26 +24,36 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from ..config import CLI_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, ESTIMATORS, MODES, OBJECTIVES, WindowSpec
+from ..config import CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, ESTIMATORS, MODES, OBJECTIVES, REFERENCE_TABLE, REFINE_ATTENTION, REFINE_BUDGETS, WindowSpec
+from ..data import WINDOW_STARTS, window_start
 from ..errors import DataError, TableError, first_line
 from ..units import block_geometries
+from ..validate import check_table_document, parse_json
 
-TABLE_FORMAT_VERSION = 1
+# 2: windows start as the model expects (its BOS token, never counted), and every cell
+# records whether it was measured and on how many positions. Tables of version 1 were
+# measured on Gemma windows without BOS and are never read back.
+TABLE_FORMAT_VERSION = 2
 # Spec fields that are not the windows' own, in their summary order.
 _WINDOW_FIELDS = ("data", "n_samples", "seq_len", "seed")
+# Spec fields that only a refined table has (left out of other tables' summaries and keys).
+_REFINE_FIELDS = ("refine_budgets", "refine_attention", "refine_neighbours")
 
 
 @dataclass(frozen=True)
 class TableSpec:
     """How to measure a loss table (everything that changes its numbers, plus batch size)."""
 
-    windows: WindowSpec = CLI_TABLE.windows  # calibration windows (text source, count, length, seed, batch size)
+    windows: WindowSpec = REFERENCE_TABLE.windows  # calibration windows (text source, count, length, seed, batch size)
     criterion: str = DEFAULT_CRITERION  # within-layer importance: which heads/channels a rate removes
-    rate_grid: tuple[float, ...] = CLI_TABLE.rate_grid  # candidate rates, ascending, starting at 0
-    objective: str = CLI_TABLE.objective  # "nll": mean next-token NLL; "kl": mean KL(dense || pruned) per position
+    rate_grid: tuple[float, ...] = REFERENCE_TABLE.rate_grid  # candidate rates, ascending, starting at 0
+    objective: str = REFERENCE_TABLE.objective  # "nll": mean next-token NLL; "kl": mean KL(dense || pruned) per position
     mode: str = "split"  # "split": attention and MLP are separate components; "block": one per layer, same rate
-    estimator: str = CLI_TABLE.estimator  # "exact" (measured) | "taylor" (first order) | "fisher" (second order, diagonal Fisher)
+    estimator: str = REFERENCE_TABLE.estimator  # "exact" (measured) | "taylor" (first order) | "fisher" (second order, diagonal Fisher) | "refine" (fisher, then exact cells where plans go)
     channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE  # MLP widths are kept in multiples of this
+    refine_budgets: tuple[float, ...] = REFINE_BUDGETS  # refine: budgets whose DP plans' cells are measured exactly
+    refine_attention: str = "chosen"  # refine: "chosen" attention cells only, or "all" attention cells from the start
+    refine_neighbours: int = 1  # refine: grid steps measured on each side of a chosen rate
 
     def validate(self) -> "TableSpec":
         """Raise TableError (one line) for any value the builder cannot use."""
@@ -72,13 +85,31 @@ class TableSpec:
             raise TableError(f"rate grid must be strictly increasing (sorted, no duplicates), got {list(grid)}")
         if grid[0] != 0:
             raise TableError(f"rate grid must start at 0 (the dense option), got {list(grid)}")
+        if self.estimator == "refine":
+            self._validate_refine()
         return self
+
+    def _validate_refine(self) -> None:
+        budgets = self.refine_budgets
+        if not isinstance(budgets, tuple) or not budgets:
+            raise TableError(f"refine budgets must be a non-empty list of fractions, got {budgets!r}")
+        for budget in budgets:
+            if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (0.0 < budget < 1.0):
+                raise TableError(f"refine budget {budget!r} is outside (0, 1)")
+        if self.refine_attention not in REFINE_ATTENTION:
+            raise TableError(f"unknown refine_attention '{self.refine_attention}'; choose one of {', '.join(REFINE_ATTENTION)}")
+        value = self.refine_neighbours
+        if not isinstance(value, int) or isinstance(value, bool) or not (0 <= value <= 3):
+            raise TableError(f"refine_neighbours must be an integer from 0 to 3, got {value!r}")
 
     def summary(self) -> dict:
         """The fields that identify a table, flat, for listings, cache metadata and the key."""
         out = {name: getattr(self.windows, name) for name in _WINDOW_FIELDS}
-        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "windows"})
+        skipped = {"windows"} | (set() if self.estimator == "refine" else set(_REFINE_FIELDS))
+        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in skipped})
         out["rate_grid"] = list(self.rate_grid)
+        if self.estimator == "refine":
+            out["refine_budgets"] = list(self.refine_budgets)
         return out
 
     def to_dict(self) -> dict:
@@ -98,26 +129,37 @@ class TableSpec:
             raise TableError(f"table spec has unknown field(s): {', '.join(unknown)}")
         windows = WindowSpec(**{k: v for k, v in values.items() if k in window_names})
         rest = {k: v for k, v in values.items() if k not in window_names}
-        if "rate_grid" in rest:
-            if not isinstance(rest["rate_grid"], (list, tuple)):
-                raise TableError("table spec rate_grid must be a list of rates")
-            rest["rate_grid"] = tuple(rest["rate_grid"])
+        for name in ("rate_grid", "refine_budgets"):
+            if name in rest:
+                if not isinstance(rest[name], (list, tuple)):
+                    raise TableError(f"table spec {name} must be a list of numbers")
+                rest[name] = tuple(rest[name])
         return cls(windows=windows, **rest).validate()
 
 
-def parse_rate_grid(text: str) -> tuple[float, ...]:
-    """'0,0.25,0.5' -> (0.0, 0.25, 0.5); TableError on anything else."""
+def parse_rate_grid(text: str, what: str = "rates") -> tuple[float, ...]:
+    """'0,0.25,0.5' -> (0.0, 0.25, 0.5); TableError (naming ``what``) on anything else."""
     try:
         rates = tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise TableError(f"rates must be comma-separated numbers like 0,0.25,0.5, got '{text}'") from None
+        raise TableError(f"{what} must be comma-separated numbers like 0,0.25,0.5, got '{text}'") from None
     if any(not math.isfinite(r) for r in rates):
-        raise TableError(f"rates must be finite numbers, got '{text}'")
+        raise TableError(f"{what} must be finite numbers, got '{text}'")
     return rates
 
 
 
 # ---- the artefact ----------------------------------------------------------------------
+@dataclass
+class Filled:
+    """How a table's cells were filled (recorded in the LossTable)."""
+
+    measured: np.ndarray  # (C, R) bool: measured (True) or estimated (False)
+    tokens: np.ndarray | None  # (C, R) int64 token positions each value rests on; None: unknown
+    estimate: np.ndarray | None  # (C, R) the gradient estimate of delta a refined table started from
+    window_start: str  # "bos" or "text": how the calibration windows started
+
+
 @dataclass
 class LossTable:
     """Measured (or estimated) objective increase per component and rate."""
@@ -138,12 +180,51 @@ class LossTable:
     build_seconds: float  # wall time of the build (0 for a resumed build's reused part)
     key: str  # cache key (see table_key)
     extras: dict = field(default_factory=dict)  # build statistics (cells measured, reused, ...)
+    window_start: str = "text"  # how every calibration window started: "bos" (the model's BOS token, never counted) or "text"
+    measured: np.ndarray | None = None  # (C, R) bool: True where the value was measured (or the cell removes nothing), False where estimated
+    cell_tokens: np.ndarray | None = None  # (C, R) int64: token positions the cell's value was measured or estimated on
+    estimate: np.ndarray | None = None  # (C, R) the gradient estimate of delta a refined table started from (None otherwise)
 
     def losses(self, smoothed: bool = True) -> np.ndarray:
         """(C, R) losses for the planner: the smoothed table when there is one."""
         if smoothed and self.smoothed is not None:
             return self.smoothed
         return self.delta
+
+    def measured_cells(self) -> np.ndarray:
+        """(C, R) bool: which cells hold a measured value (every cell of an exact table)."""
+        if self.measured is not None:
+            return self.measured
+        return np.full(self.delta.shape, self.spec.estimator == "exact") | (self.removed == 0)
+
+    def basis(self, cells) -> str:
+        """What a prediction summed over ``cells`` ((component, rate index) pairs) rests on.
+
+        Returns:
+            "measured" when every cell was measured, "estimated" when none was (cells that
+            remove nothing are ignored), "mixed" otherwise.
+        """
+        measured = self.measured_cells()
+        flags = [bool(measured[c, r]) for c, r in cells if self.removed[c, r] > 0]
+        if all(flags):
+            return "measured"
+        return "estimated" if not any(flags) else "mixed"
+
+    def cells_for(self, attention_rates, mlp_rates) -> list[tuple[int, int]]:
+        """The cells a plan's predicted loss reads: its grid rate, or the two grid rates around an off-grid one.
+
+        Args:
+            attention_rates, mlp_rates: per-layer rates of a plan (a block row reads the attention rate).
+        """
+        cells = []
+        grid = np.asarray(self.rate_grid, dtype=np.float64)
+        for c, (layer, kind) in enumerate(self.components):
+            rate = float((mlp_rates if kind == "mlp" else attention_rates)[layer])
+            upper = min(int(np.searchsorted(grid, rate - 1e-9)), len(grid) - 1)
+            cells.append((c, upper))
+            if abs(grid[upper] - rate) > 1e-9 and upper > 0:
+                cells.append((c, upper - 1))
+        return cells
 
     def check_model(self, lm) -> None:
         """TableError unless this table was built for ``lm``."""
@@ -175,6 +256,10 @@ class LossTable:
             "cell_objective": self.cell_objective.tolist(),
             "removed": self.removed.tolist(),
             "extras": self.extras,
+            "window_start": self.window_start,
+            "measured": self.measured_cells().tolist(),
+            "cell_tokens": None if self.cell_tokens is None else self.cell_tokens.tolist(),
+            "estimate": None if self.estimate is None else self.estimate.tolist(),
         }
 
     def to_json(self) -> str:
@@ -183,10 +268,8 @@ class LossTable:
     @classmethod
     def from_json(cls, text: str) -> "LossTable":
         """Parse and check a table; TableError (one line) on anything malformed."""
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
-            raise TableError(f"loss table is not valid JSON: {first_line(exc)}") from None
+        data = parse_json(text, "loss table", TableError)
+        check_table_document(data)  # types, ranges, sizes: refuses tables no build can produce
         try:
             return cls._from_dict(data)
         except TableError:
@@ -201,7 +284,10 @@ class LossTable:
             raise TableError("malformed loss table: expected a JSON object")
         version = data.get("format_version")
         if version != TABLE_FORMAT_VERSION:
-            raise TableError(f"loss table format version {version!r} is not supported (expected {TABLE_FORMAT_VERSION})")
+            raise TableError(
+                f"loss table format version {version!r} is not supported (expected {TABLE_FORMAT_VERSION}); "
+                "rebuild it with `gap table`"
+            )
         spec = TableSpec.from_dict(data["spec"])
         components = [(int(layer), str(kind)) for layer, kind in data["components"]]
         num_layers = int(data["num_layers"])
@@ -228,6 +314,15 @@ class LossTable:
         if np.any(removed != np.round(removed)) or np.any(removed < 0):
             raise TableError("malformed loss table: removed must hold whole, non-negative parameter counts")
         extras = data.get("extras", {})
+        window_start = data.get("window_start")
+        if window_start not in WINDOW_STARTS:
+            raise TableError(f"malformed loss table: window_start {window_start!r} is not one of {', '.join(WINDOW_STARTS)}")
+        measured = matrix("measured", np.float64)
+        if not np.all((measured == 0) | (measured == 1)):
+            raise TableError("malformed loss table: measured must hold true/false per cell")
+        tokens = None if data.get("cell_tokens") is None else matrix("cell_tokens", np.float64)
+        if tokens is not None and (np.any(tokens != np.round(tokens)) or np.any(tokens < 0)):
+            raise TableError("malformed loss table: cell_tokens must hold whole, non-negative counts")
         return cls(
             model=str(data["model"]),
             model_fingerprint=str(data["model_fingerprint"]),
@@ -245,16 +340,24 @@ class LossTable:
             build_seconds=float(data["build_seconds"]),
             key=str(data["key"]),
             extras=extras if isinstance(extras, dict) else {},
+            window_start=window_start,
+            measured=measured.astype(bool),
+            cell_tokens=None if tokens is None else tokens.astype(np.int64),
+            estimate=None if data.get("estimate") is None else matrix("estimate", np.float64),
         )
 
     def to_csv(self) -> str:
-        """Long format, one line per cell: layer, component, rate, delta, smoothed, removed."""
+        """Long format, one line per cell: layer, component, rate, delta, smoothed, removed,
+        measured (1: measured, 0: estimated) and tokens (positions it rests on, empty if unknown)."""
         smoothed = self.smoothed if self.smoothed is not None else np.full_like(self.delta, np.nan)
-        lines = ["layer,component,rate,delta,smoothed,removed"]
+        measured = self.measured_cells()
+        lines = ["layer,component,rate,delta,smoothed,removed,measured,tokens"]
         for c, (layer, kind) in enumerate(self.components):
             for r, rate in enumerate(self.rate_grid):
+                tokens = "" if self.cell_tokens is None else int(self.cell_tokens[c, r])
                 lines.append(
-                    f"{layer},{kind},{rate:.6g},{self.delta[c, r]:.9g},{smoothed[c, r]:.9g},{int(self.removed[c, r])}"
+                    f"{layer},{kind},{rate:.6g},{self.delta[c, r]:.9g},{smoothed[c, r]:.9g},{int(self.removed[c, r])},"
+                    f"{int(measured[c, r])},{tokens}"
                 )
         return "\n".join(lines) + "\n"
 
@@ -299,7 +402,8 @@ def table_key(lm, spec: TableSpec, data_fingerprint: str) -> str:
     """Cache key: a readable prefix and a hash of everything that changes the numbers.
 
     Args:
-        lm: the model (its name gives the prefix, its fingerprint enters the hash).
+        lm: the model (its name gives the prefix; its fingerprint and whether its windows
+            start with a BOS token enter the hash).
         spec: the table's settings.
         data_fingerprint: the content hash of the calibration text source.
     """
@@ -307,6 +411,7 @@ def table_key(lm, spec: TableSpec, data_fingerprint: str) -> str:
         "format_version": TABLE_FORMAT_VERSION,
         "model_fingerprint": lm.fingerprint,
         "data_fingerprint": data_fingerprint,
+        "window_start": window_start(lm.tokenizer),
         **spec.summary(),
     }
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]

@@ -3,8 +3,9 @@
 A cell (component c, rate r) removes the units that surgery would remove at that rate,
 chosen by ``surgery.layer_selection`` on importance scores computed once per table, so a
 table measures exactly what surgery later cuts. Objectives are summed per window and
-divided by the number of predicted positions: T-1 per window for the next-token NLL, T for
-the KL to the dense model.
+divided by the number of counted positions: the text tokens that have text before them
+for the next-token NLL (T-1 per window of T text tokens), every text position for the KL
+to the dense model (T); a leading BOS token (``data.text_start``) is never counted.
 """
 
 from __future__ import annotations
@@ -52,30 +53,37 @@ def unit_cuts(lm, scores: ImportanceScores, components, rate_grid, channel_multi
 
 
 def objective_per_window(
-    logits: torch.Tensor, input_ids: torch.Tensor, objective: str, dense_logprobs: torch.Tensor | None
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    objective: str,
+    dense_logprobs: torch.Tensor | None,
+    start: int = 0,
 ) -> torch.Tensor:
-    """Objective summed over each window's positions: (B,) float64.
+    """Objective summed over each window's counted positions: (B,) float64.
 
-    nll: next-token cross entropy over the T-1 predicted positions of each window.
-    kl: KL(dense || pruned) of the next-token distributions at all T positions.
+    nll: next-token cross entropy of the targets at positions start+1..T-1 (T-1-start per
+    window). kl: KL(dense || pruned) of the next-token distributions at positions
+    start..T-1 (T-start per window); ``dense_logprobs`` is (B, T, V), all positions. ``start`` is the number of leading non-text positions
+    (``data.text_start``: 1 for a BOS token), so the BOS position and the prediction made
+    from BOS alone are never counted and both window conventions score the same text.
     """
     batch, vocab = logits.shape[0], logits.shape[-1]
     if objective == "nll":
         per_token = F.cross_entropy(
-            logits[:, :-1].reshape(-1, vocab), input_ids[:, 1:].reshape(-1), reduction="none"
-        )  # (B*(T-1),)
+            logits[:, start:-1].reshape(-1, vocab), input_ids[:, start + 1 :].reshape(-1), reduction="none"
+        )  # (B*(T-1-start),)
         return per_token.view(batch, -1).double().sum(1)
-    logq = F.log_softmax(logits, dim=-1)  # (B, T, V)
-    per_token = F.kl_div(logq, dense_logprobs, log_target=True, reduction="none").sum(-1)  # (B, T)
+    logq = F.log_softmax(logits[:, start:], dim=-1)  # (B, T-start, V)
+    per_token = F.kl_div(logq, dense_logprobs[:, start:], log_target=True, reduction="none").sum(-1)  # (B, T-start)
     return per_token.double().sum(1)
 
 
-def objective_sum(logits: torch.Tensor, input_ids: torch.Tensor, objective: str, dense_logprobs) -> float:
-    """Objective summed over all positions of a batch (see objective_per_window)."""
-    return float(objective_per_window(logits, input_ids, objective, dense_logprobs).sum())
+def objective_sum(logits: torch.Tensor, input_ids: torch.Tensor, objective: str, dense_logprobs, start: int = 0) -> float:
+    """Objective summed over all counted positions of a batch (see objective_per_window)."""
+    return float(objective_per_window(logits, input_ids, objective, dense_logprobs, start).sum())
 
 
-def objective_positions(windows: torch.Tensor, objective: str) -> int:
-    """Positions an objective averages over: N*(T-1) for nll, N*T for kl."""
+def objective_positions(windows: torch.Tensor, objective: str, start: int = 0) -> int:
+    """Positions an objective averages over: N*(T-1-start) for nll, N*(T-start) for kl."""
     n, t = windows.shape
-    return n * (t - 1) if objective == "nll" else n * t
+    return n * (t - 1 - start) if objective == "nll" else n * (t - start)

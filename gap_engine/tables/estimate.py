@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import batches
+from ..data import batches, text_start
 from ..progress import CancelToken, EtaClock, ProgressFn, check_cancelled
 from .artefact import TableSpec
 from .cells import objective_positions, unit_cuts
@@ -75,6 +75,7 @@ def _mask_gradients(
     want_fisher = spec.estimator == "fisher"
     want_grad = spec.objective == "nll"
     generator = torch.Generator().manual_seed(spec.windows.seed)
+    start = text_start(lm.tokenizer, windows)  # a leading BOS position is never counted
     handles = _install_gates(adapter, layers, geoms, masks)
     parts = batches(windows, spec.windows.batch_size)
     dense_sum, clock = 0.0, EtaClock(total_steps=len(parts))
@@ -89,8 +90,8 @@ def _mask_gradients(
                 logits = model(input_ids=batch, use_cache=False).logits  # (B, T, V)
                 vocab = logits.shape[-1]
                 real = F.cross_entropy(
-                    logits[:, :-1].reshape(-1, vocab), batch[:, 1:].reshape(-1), reduction="none"
-                ).view(n, -1)  # (B, T-1)
+                    logits[:, start:-1].reshape(-1, vocab), batch[:, start + 1 :].reshape(-1), reduction="none"
+                ).view(n, -1)  # (B, T-1-start)
                 dense_sum += float(real.detach().double().sum())
                 if want_grad:
                     # Summing per-window means gives each window's own gradient in its mask row.
@@ -98,7 +99,7 @@ def _mask_gradients(
                     for acc, g in zip(grad_heads + grad_channels, grads):
                         acc += g.double().sum(0)
                 if want_fisher:
-                    used = logits if spec.objective == "kl" else logits[:, :-1]  # (B, T', V)
+                    used = logits[:, start:] if spec.objective == "kl" else logits[:, start:-1]  # (B, T', V)
                     probs = F.softmax(used.detach(), dim=-1).reshape(-1, vocab)  # (B*T', V)
                     sampled = torch.multinomial(probs, 1, generator=generator).view(n, -1)  # (B, T')
                     nll = F.cross_entropy(used.reshape(-1, vocab), sampled.reshape(-1), reduction="none").view(n, -1)
@@ -113,12 +114,12 @@ def _mask_gradients(
         for handle in handles:
             handle.remove()
     n_windows = windows.shape[0]
-    t_fisher = windows.shape[1] if spec.objective == "kl" else windows.shape[1] - 1
+    t_fisher = objective_positions(windows, spec.objective, start) // n_windows
     for acc in grad_heads + grad_channels:
         acc /= n_windows
     for acc in fisher_heads + fisher_channels:
         acc *= t_fisher / n_windows
-    dense = dense_sum / objective_positions(windows, "nll") if spec.objective == "nll" else 0.0
+    dense = dense_sum / objective_positions(windows, "nll", start) if spec.objective == "nll" else 0.0
     return grad_heads, grad_channels, fisher_heads, fisher_channels, dense
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import batches
+from ..data import batches, text_start
 from ..importance import compute_importance
 from ..progress import CancelToken, EtaClock, ProgressFn, check_cancelled
 from ..slicing import zeroed_units
@@ -54,7 +54,8 @@ class DenseState:
     block_calls: list[list[tuple[tuple, dict]]]  # [b][i] the other positional args and kwargs block i got
     final_hidden: list[torch.Tensor]  # [b] (B, T, d) output of the last block
     dense_logprobs: list[torch.Tensor] | None  # [b] (B, T, V) for the KL objective, when stored
-    dense_nll: list[torch.Tensor]  # [b] (B,) float64 dense NLL summed over each window's positions
+    dense_nll: list[torch.Tensor]  # [b] (B,) float64 dense NLL summed over each window's counted positions
+    start: int = 0  # leading non-text positions of every window (1 for a BOS token), never counted
 
     @property
     def objective_sum(self) -> float:
@@ -70,7 +71,7 @@ def dense_pass(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str
     model, adapter = lm.model, lm.adapter
     layers = list(adapter.layers(model))
     parts = batches(windows, batch_size)
-    state = DenseState(parts, [], [], [], None, [])
+    state = DenseState(parts, [], [], [], None, [], text_start(lm.tokenizer, windows))
     vocab = adapter.lm_head(model).out_features
     store_logprobs = "kl" in objectives and windows.numel() * vocab * 4 <= MAX_STORED_LOGPROB_BYTES
     if store_logprobs:
@@ -102,7 +103,7 @@ def dense_pass(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str
                 logits = adapter.logits_from_hidden(model, current["final"])  # (B, T, V)
                 if store_logprobs:
                     state.dense_logprobs.append(F.log_softmax(logits, dim=-1))
-                state.dense_nll.append(objective_per_window(logits, batch, "nll", None))
+                state.dense_nll.append(objective_per_window(logits, batch, "nll", None, state.start))
     finally:
         for handle in handles:
             handle.remove()
@@ -132,7 +133,7 @@ def cell_per_window(lm, state: DenseState, cut: Cut, objectives: tuple[str, ...]
             logits = lm.adapter.logits_from_hidden(lm.model, hidden)  # (B, T, V)
             for name in objectives:
                 dense = dense_logprobs(lm, state, b) if name == "kl" else None
-                sums[name].append(objective_per_window(logits, batch, name, dense))
+                sums[name].append(objective_per_window(logits, batch, name, dense, state.start))
     return {name: torch.cat(parts) for name, parts in sums.items()}
 
 
@@ -184,6 +185,44 @@ def distinct_cuts(cuts: list[list[Cut]]) -> tuple[list[tuple[int, int, Cut]], di
     return jobs, owner
 
 
+def measure_cells(
+    lm,
+    state: DenseState,
+    todo: list[tuple[int, int, Cut]],
+    objective: str,
+    positions: int,
+    measured: dict[tuple[int, int], float],
+    total: int,
+    partial: PartialStore | None,
+    progress: ProgressFn | None,
+    cancel: CancelToken | None,
+) -> None:
+    """Measure the cells ``todo`` ((component, rate index, cut)) into ``measured``.
+
+    Each value is the cell's objective per counted position. ``measured`` is saved to
+    ``partial`` every few cells and when the loop ends or is cancelled; ``progress`` gets
+    (cells measured, ``total``, eta) after every cell.
+    """
+    costs = _cell_costs(lm, todo)
+    clock = EtaClock(costs)
+    last_save, unsaved = time.perf_counter(), 0
+    try:
+        for (c, r, cut), cost in zip(todo, costs):
+            check_cancelled(cancel, f"loss table build cancelled after {len(measured)} of {total} cells")
+            measured[c, r] = run_cell(lm, state, cut, objective) / positions
+            unsaved += 1
+            eta = clock.step(cost)
+            now = time.perf_counter()
+            if partial is not None and (unsaved >= PARTIAL_SAVE_CELLS or now - last_save >= PARTIAL_SAVE_SECONDS):
+                partial.save(measured)
+                last_save, unsaved = now, 0
+            if progress:
+                progress(len(measured), total, eta)
+    finally:
+        if partial is not None and unsaved:
+            partial.save(measured)
+
+
 def measure_exact(
     lm,
     spec: TableSpec,
@@ -205,30 +244,12 @@ def measure_exact(
         log.info("resuming a loss table build: %d of %d cells already measured", resumed, len(jobs))
 
     state = dense_pass(lm, windows, spec.windows.batch_size, (spec.objective,))
-    positions = objective_positions(windows, spec.objective)
+    positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
-    costs = _cell_costs(lm, jobs)
-    todo = [k for k, (c, r, _) in enumerate(jobs) if (c, r) not in measured]
-    clock = EtaClock([costs[k] for k in todo])
-    last_save, unsaved = time.perf_counter(), 0
+    todo = [job for job in jobs if job[:2] not in measured]
     if progress:
         progress(len(measured), len(jobs), None)
-    try:
-        for k in todo:
-            check_cancelled(cancel, f"loss table build cancelled after {len(measured)} of {len(jobs)} cells")
-            c, r, cut = jobs[k]
-            measured[c, r] = run_cell(lm, state, cut, spec.objective) / positions
-            unsaved += 1
-            eta = clock.step(costs[k])
-            now = time.perf_counter()
-            if partial is not None and (unsaved >= PARTIAL_SAVE_CELLS or now - last_save >= PARTIAL_SAVE_SECONDS):
-                partial.save(measured)
-                last_save, unsaved = now, 0
-            if progress:
-                progress(len(measured), len(jobs), eta)
-    finally:
-        if partial is not None and unsaved:
-            partial.save(measured)
+    measure_cells(lm, state, todo, spec.objective, positions, measured, len(jobs), partial, progress, cancel)
 
     objective = np.empty((len(components), len(grid)), dtype=np.float64)
     for (c, r), source in owner.items():
@@ -269,8 +290,10 @@ def window_cells(lm, spec: TableSpec, windows: torch.Tensor, progress: ProgressF
     scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size)
     jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple))
     state = dense_pass(lm, windows, spec.windows.batch_size, ("nll", "kl"))
-    n, t = windows.shape
-    dense_nll = torch.cat(state.dense_nll).numpy() / (t - 1)  # (N,)
+    n = windows.shape[0]
+    nll_positions = objective_positions(windows, "nll", state.start) // n  # per window
+    kl_positions = objective_positions(windows, "kl", state.start) // n
+    dense_nll = torch.cat(state.dense_nll).numpy() / nll_positions  # (N,)
     nll = np.zeros((len(components), len(spec.rate_grid), n))
     kl = np.zeros_like(nll)
     distinct = np.zeros((len(components), len(spec.rate_grid)), dtype=bool)
@@ -280,8 +303,8 @@ def window_cells(lm, spec: TableSpec, windows: torch.Tensor, progress: ProgressF
         distinct[c, r] = True
         for cell, source in owner.items():
             if source == (c, r):
-                nll[cell] = sums["nll"].numpy() / (t - 1) - dense_nll
-                kl[cell] = sums["kl"].numpy() / t
+                nll[cell] = sums["nll"].numpy() / nll_positions - dense_nll
+                kl[cell] = sums["kl"].numpy() / kl_positions
         eta = clock.step()
         if progress:
             progress(k + 1, len(jobs), eta)

@@ -1,0 +1,139 @@
+"""Refinement settings, replayed on finished exact tables: how many cells, how good the plans.
+
+A refined table's rounds decide only from the estimate and the cells measured so far
+(``tables.refine.refinement_rounds``), so replaying them against a full exact table on the
+same windows gives exactly the cells a real build would measure, without measuring again
+(tests/test_refine.py checks the replay against a real build). For every setting this
+reports the cells measured (count, and their share of the exact build's cost: a cell of
+layer i runs blocks i..L-1 and the LM head) and, at every budget, the regret of the refined
+table's DP plan on the exact table (its summed exact loss minus the exact optimum; 0 means
+the exact table's plan). Reads the exact and fisher tables from the cache (bench_refine.py
+builds them); only the importance scores are computed here.
+
+    python bench/bench_refine_whatif.py [--samples 8 --seq-len 128 --rates 0,0.25,0.5,0.75 --seeds 0,1]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from report import machine_line, write_report  # noqa: E402
+
+from gap_engine import cache  # noqa: E402
+from gap_engine.allocate import plan_from_table  # noqa: E402
+from gap_engine.config import WindowSpec  # noqa: E402
+from gap_engine.data import calibration_windows, load_corpus  # noqa: E402
+from gap_engine.importance import compute_importance  # noqa: E402
+from gap_engine.models import load_model  # noqa: E402
+from gap_engine.tables import TableSpec, isotonic_smooth, parse_rate_grid, table_key  # noqa: E402
+from gap_engine.tables.cells import unit_cuts  # noqa: E402
+from gap_engine.tables.exact import distinct_cuts  # noqa: E402
+from gap_engine.tables.refine import RefineProblem, current_objective, refinement_rounds  # noqa: E402
+
+SETTINGS = [
+    {"refine_neighbours": 0},
+    {"refine_neighbours": 1},
+    {"refine_neighbours": 2},
+    {"refine_neighbours": 0, "refine_attention": "all"},
+    {"refine_neighbours": 1, "refine_attention": "all"},
+    {"refine_neighbours": 1, "refine_budgets": (0.2,)},
+    {"refine_neighbours": 0, "refine_budgets": (0.1, 0.2, 0.3, 0.4, 0.5)},
+]
+
+
+def cached(lm, spec: TableSpec):
+    key = table_key(lm, spec, load_corpus(spec.windows.data).fingerprint)
+    table = cache.get_table(key)
+    if table is None:
+        raise SystemExit(f"no cached table {key}: run bench/bench_refine.py with the same settings first")
+    return table
+
+
+def regret(lm, table, exact, budget: float) -> float:
+    plan = plan_from_table(lm, table, budget)
+    losses = exact.losses()
+    chosen = exact.cells_for(plan.attention_rates, plan.mlp_rates)
+    optimum = plan_from_table(lm, exact, budget).predicted_loss
+    return float(sum(losses[cell] for cell in chosen)) - optimum
+
+
+def seed_rows(lm, args, seed: int, budgets) -> list[str]:
+    windows = WindowSpec(args.data, args.samples, args.seq_len, seed, batch_size=8)
+    base = TableSpec(windows=windows, rate_grid=parse_rate_grid(args.rates), objective=args.objective)
+    exact = cached(lm, dataclasses.replace(base, estimator="exact"))
+    fisher = cached(lm, dataclasses.replace(base, estimator="fisher"))
+    scores = compute_importance(lm, calibration_windows(lm.tokenizer, windows), base.criterion, 8)
+    jobs, owner = distinct_cuts(unit_cuts(lm, scores, exact.components, base.rate_grid, base.channel_multiple))
+    head = lm.adapter.lm_head(lm.model)
+    block = sum(p.numel() for p in lm.adapter.layers(lm.model)[0].parameters())
+    cost = {(c, r): lm.num_layers - cut.layer + head.in_features * head.out_features / block for c, r, cut in jobs}
+    total_cost = sum(cost.values())
+    problem = RefineProblem(fisher.delta, owner, exact.removed, exact.dense_prunable, tuple(k for _, k in exact.components), exact.dense_objective)
+    rows = [f"| {seed} | fisher (nothing measured) | 0 | 0% | - | " + " | ".join(f"{regret(lm, fisher, exact, b):.4f}" for b in budgets) + " |"]
+    for setting in SETTINGS:
+        spec = dataclasses.replace(base, estimator="refine", **({"refine_budgets": budgets} | setting))
+        measured, rounds = refinement_rounds(problem, spec, lambda todo, m: m.update({cell: float(exact.cell_objective[cell]) for cell in todo}))
+        objective = current_objective(exact.dense_objective, fisher.delta, owner, measured)
+        delta = objective - exact.dense_objective
+        refined = dataclasses.replace(exact, delta=delta, smoothed=isotonic_smooth(delta), cell_objective=objective)
+        share = sum(cost[cell] for cell in measured) / total_cost
+        label = ", ".join(f"{k.removeprefix('refine_')}={v}" for k, v in setting.items())
+        rows.append(
+            f"| {seed} | {label} | {len(measured)} of {len(jobs)} | {share:.0%} | {rounds} | "
+            + " | ".join(f"{regret(lm, refined, exact, b):.4f}" for b in budgets) + " |"
+        )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--data", default="wiki-sample")
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--rates", default="0,0.25,0.5,0.75")
+    parser.add_argument("--objective", default="kl")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--budgets", default="0.1,0.2,0.3,0.4")
+    parser.add_argument("--name", default="refine_whatif")
+    args = parser.parse_args()
+    load_start, started = os.getloadavg(), time.perf_counter()
+    lm = load_model(args.model)
+    budgets = parse_rate_grid(args.budgets, "budgets")
+    rows = []
+    for seed in [int(s) for s in args.seeds.split(",") if s]:
+        rows += seed_rows(lm, args, seed, budgets)
+    lines = [
+        f"# Refinement settings replayed on the exact tables: {args.model}",
+        "",
+        "```",
+        "python bench/bench_refine_whatif.py " + " ".join(sys.argv[1:]),
+        "```",
+        "",
+        machine_line(load_start, started),
+        "",
+        f"Tables: objective {args.objective}, {args.data} calibration, {args.samples} x {args.seq_len} tokens, rates "
+        f"{args.rates}; budgets in view {args.budgets} unless a row says otherwise. Cost share: the measured cells' "
+        "share of the exact build's cell cost (blocks run plus the LM head). Regret: the refined table's DP plan at "
+        "each budget, its summed loss on the exact table minus the exact optimum (KL nats per token).",
+        "",
+        "| seed | setting | cells measured | cost share | rounds | " + " | ".join(f"regret at {b:.0%}" for b in budgets) + " |",
+        "|---:|---|---:|---:|---:|" + "---:|" * len(budgets),
+        *rows,
+        "",
+    ]
+    write_report(args.name, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

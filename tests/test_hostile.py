@@ -1,0 +1,960 @@
+"""Hostile and careless input against the command line and the explorer (issue 13).
+
+Every case asserts the guarantees the README's "Errors and limits" section states: exit
+status 2, exactly one line on stderr (``gap: error: ...``, logging included), no traceback,
+nothing written at ``--out``; where the input is a bomb, that memory stays bounded (Python
+allocations measured with tracemalloc in-process, and the peak RSS of a subprocess against
+a harmless refusal). Positive controls show that the valid twin of each input works, so a
+refusal is the input's fault, not a broken fixture.
+
+Everything runs on a tiny two-layer model, a synthetic loss table written by hand and
+small files; the built-in model is used only for the tokenizer and, in the one slow test,
+to check that a damaged converted copy is converted again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from gap_engine.cli import main
+from gap_engine.limits import LIMITS, SizeLimits
+# fresh_cache: an empty GAP_CACHE_DIR with the built-in model linked in; start: AppTest on a page.
+# cached_table: the app tests' tiny table of the built-in model, stored in fresh_cache.
+from test_app import cached_table, fresh_cache, start, tiny_table  # noqa: F401 - fixtures and a helper shared with the app tests
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+BOMB_PEAK_BYTES = 20 * MiB  # Python allocations while a bomb is refused (a 9-level alias bomb expands to 10^9 items)
+
+
+# ---- running the CLI -----------------------------------------------------------------------------
+class _LiveStderr(logging.Handler):
+    """Log records to whatever sys.stderr is now (capsys's), so log lines count as stderr lines."""
+
+    def emit(self, record):
+        sys.stderr.write(self.format(record) + "\n")
+
+
+@pytest.fixture
+def cli(capsys, tmp_path, monkeypatch):
+    """Run ``gap`` in-process: returns (exit status, stderr lines); checks the shared guarantees."""
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("GAP_FORCE_SIZE", raising=False)
+    handler = _LiveStderr(logging.INFO)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    old_level = root.level
+    root.setLevel(logging.INFO)
+
+    def run(argv: list[str]) -> tuple[int, list[str], str]:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse's own refusals
+            code = exc.code
+        captured = capsys.readouterr()
+        return code, [line for line in captured.err.splitlines() if line.strip()], captured.out
+
+    yield run
+    root.removeHandler(handler)
+    root.setLevel(old_level)
+
+
+def assert_refused(result, message: str, out: Path | None = None, before: set | None = None) -> str:
+    """Exit 2, one stderr line naming the problem, no traceback, nothing at ``out``."""
+    code, err, _ = result
+    assert code == 2, (code, err)
+    assert len(err) == 1, err
+    line = err[0]
+    assert "Traceback" not in line and "error:" in line, line
+    assert message.lower() in line.lower(), line
+    if out is not None:
+        assert not out.exists(), f"{out} was written"
+        if before is not None:
+            assert set(out.parent.iterdir()) == before, set(out.parent.iterdir()) ^ before
+    return line
+
+
+_RUN_AND_REPORT_PEAK = (
+    "import atexit, os, sys\n"
+    "def report():\n"
+    "    peak = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:')).split()[1]\n"
+    "    open(os.environ['GAP_TEST_PEAK_FILE'], 'w').write(peak)\n"
+    "atexit.register(report)\n"
+    "from gap_engine.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def run_subprocess(argv: list, tmp_path: Path) -> tuple[int, str, int]:
+    """(exit status, stderr, peak RSS in bytes) of ``gap argv`` in a fresh process.
+
+    The peak is the process's own high-water mark (VmHWM, reset by exec), so the memory of
+    the forking test process is not counted.
+    """
+    peak_file = tmp_path / f"peak-{os.getpid()}-{len(list(tmp_path.iterdir()))}"
+    env = os.environ | {"PYTHONPATH": str(ROOT), "GAP_TEST_PEAK_FILE": str(peak_file)}
+    env.pop("GAP_FORCE_SIZE", None)
+    result = subprocess.run([sys.executable, "-c", _RUN_AND_REPORT_PEAK, *map(str, argv)], capture_output=True, text=True, env=env, cwd=ROOT)
+    return result.returncode, result.stderr, int(peak_file.read_text()) * 1024
+
+
+def peak_python_bytes(fn) -> int:
+    """Peak Python allocations while ``fn`` runs (the command modules imported beforehand)."""
+    import gap_engine.cli.model_commands  # noqa: F401 - imports are not what is measured
+    import gap_engine.cli.plan_commands  # noqa: F401
+
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+# ---- hostile files --------------------------------------------------------------------------------
+def write_input(tmp_path: Path, name: str, content) -> Path:
+    """``content`` (text or bytes) in ``tmp_path/inputs/name``."""
+    path = tmp_path / "inputs" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return path
+
+
+def work_out(tmp_path: Path, name: str) -> Path:
+    """An output path in an empty ``tmp_path/work`` folder."""
+    (tmp_path / "work").mkdir(exist_ok=True)
+    return tmp_path / "work" / name
+
+
+def yaml_alias_bomb(levels: int = 9) -> str:
+    """The billion-laughs pattern as one flow list: each level holds ten aliases of the one before.
+
+    At 7 levels these 462 bytes made a 319 MB plan.json and a 1.8 GB peak before the fix.
+    """
+    parts = ['&a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    parts += [f"&a{i} [" + ",".join(f"*a{i - 1}" for _ in range(10)) + "]" for i in range(1, levels)]
+    return "[" + ", ".join(parts) + "]"
+
+
+def plan_dict(num_layers: int = 2) -> dict:
+    return {
+        "model": "smollm2-135m",
+        "model_fingerprint": None,
+        "num_layers": num_layers,
+        "criterion": "magnitude",
+        "attention_rates": [0.25] * num_layers,
+        "mlp_rates": [0.25] * num_layers,
+        "channel_multiple": 8,
+        "params": {},
+        "allocator": "manual",
+        "budget": 0.25,
+        "predicted_loss": None,
+        "table_key": None,
+        "created": "2026-11-30T12:00:00+00:00",
+        "format_version": 2,
+    }
+
+
+def _bomb_plan() -> str:
+    """A plan whose ``model`` field is an alias bomb (issue 13's first finding)."""
+    fields = "\n".join(f"{k}: {json.dumps(v)}" for k, v in plan_dict().items() if k != "model")
+    return f"model: {yaml_alias_bomb(9)}\n{fields}\n"
+
+
+DEEP = 200_000
+PLAN_CASES = {
+    # name: (file name, content (str or bytes), message)
+    "yaml-alias-bomb-in-model": ("plan.yaml", _bomb_plan(), "alias"),
+    "yaml-alias-bomb-document": ("plan.yaml", yaml_alias_bomb(9), "alias"),
+    "yaml-alias-bomb-no-suffix": ("plan.txt", _bomb_plan(), "alias"),
+    "yaml-merge-key-alias": ("plan.yaml", "base: &b {model: x}\nplan:\n  <<: *b\n", "alias"),
+    "json-nested-200k": ("plan.json", "[" * DEEP + "]" * DEEP, "deeper than"),
+    "yaml-nested-200k": ("plan.yaml", "[" * DEEP + "]" * DEEP, "deeper than"),
+    "json-truncated": ("plan.json", json.dumps(plan_dict())[:-40], "is not valid json"),
+    "json-truncated-no-suffix": ("plan.txt", json.dumps(plan_dict())[:-40], "is not valid json"),
+    "model-is-a-list": ("plan.json", json.dumps(plan_dict() | {"model": ["a", ["b"]]}), "plan model must be a text"),
+    "model-10k-chars": ("plan.json", json.dumps(plan_dict() | {"model": "m" * 10_000}), "at most 512 characters"),
+    "model-with-newline": ("plan.json", json.dumps(plan_dict() | {"model": "a\nTraceback (most recent call last):"}), "printable"),
+    "num-layers-1e999": ("plan.json", json.dumps(plan_dict()).replace('"num_layers": 2', '"num_layers": 1e999'), "integer"),
+    "num-layers-text": ("plan.json", json.dumps(plan_dict() | {"num_layers": "2"}), "integer"),
+    "num-layers-huge": ("plan.json", json.dumps(plan_dict() | {"num_layers": 10**12}), "num_layers must be between"),
+    "rate-is-text": ("plan.json", json.dumps(plan_dict() | {"mlp_rates": [0.1, "0.1"]}), "outside [0, 1)"),
+    "rate-is-bool": ("plan.json", json.dumps(plan_dict() | {"attention_rates": [True, 0.1]}), "outside [0, 1)"),
+    "budget-nan": ("plan.yaml", "budget: .nan\n" + "\n".join(f"{k}: {json.dumps(v)}" for k, v in plan_dict().items() if k != "budget"), "finite"),
+    "params-nested": ("plan.json", json.dumps(plan_dict() | {"params": {"removed": {"a": [1]}}}), "must be a number"),
+    "created-is-a-date": ("plan.yaml", "created: 2025-01-01\n" + "\n".join(f"{k}: {json.dumps(v)}" for k, v in plan_dict().items() if k != "created"), "plan created must be a text"),
+    "python-object-tag": ("plan.yaml", "model: !!python/object/apply:os.system ['echo pwned']\n", "not valid yaml"),
+    "non-text-key": ("plan.yaml", "1: one\nmodel: x\n", "key that is not text"),
+    "not-utf8": ("plan.json", b"\xff\xfe{\x00\x00}", "not utf-8"),
+    "empty-file": ("plan.yaml", "", "must be a json/yaml object"),
+    "above-size-limit": ("plan.json", json.dumps(plan_dict() | {"pad": "x" * (2 * MiB)}), "above the limit"),
+}
+
+
+@pytest.mark.parametrize("name", list(PLAN_CASES))
+def test_hostile_plan_files_are_one_line_refusals(cli, tmp_path, name):
+    file_name, content, message = PLAN_CASES[name]
+    plan_path, out = write_input(tmp_path, file_name, content), work_out(tmp_path, "pruned")
+    assert_refused(cli(["prune", "--model", "smollm2-135m", "--plan", plan_path, "--out", out]), message, out, set())
+
+
+def test_a_plan_that_is_a_folder_is_refused(cli, tmp_path):
+    out = tmp_path / "pruned"
+    assert_refused(cli(["prune", "--model", "smollm2-135m", "--plan", tmp_path, "--out", out]), "it is a folder", out)
+
+
+@pytest.mark.parametrize("name", ["yaml-alias-bomb-in-model", "yaml-alias-bomb-document", "json-nested-200k", "yaml-nested-200k"])
+def test_plan_bombs_are_refused_before_they_take_memory(tmp_path, name):
+    from gap_engine.errors import PlanError
+    from gap_engine.plan import RatePlan
+
+    file_name, content, message = PLAN_CASES[name]
+
+    def parse():
+        with pytest.raises(PlanError, match=message):
+            RatePlan.from_text(content, hint=file_name)
+
+    assert peak_python_bytes(parse) < BOMB_PEAK_BYTES
+
+
+def test_yaml_bomb_subprocess_rss_matches_a_harmless_refusal(tmp_path):
+    """Peak RSS of `gap prune --plan bomb.yaml` equals that of a plan with an unknown criterion."""
+    bomb, harmless = tmp_path / "bomb.yaml", tmp_path / "harmless.yaml"
+    bomb.write_text(_bomb_plan())
+    harmless.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in (plan_dict() | {"criterion": "psychic"}).items()))
+    results = {}
+    for label, path in (("bomb", bomb), ("harmless", harmless)):
+        code, err, rss = run_subprocess(["prune", "--model", "smollm2-135m", "--plan", path, "--out", tmp_path / label], tmp_path)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / label).exists()
+        assert ("alias" if label == "bomb" else "psychic") in err, err
+        results[label] = rss
+    assert results["bomb"] - results["harmless"] < 64 * MiB, results
+
+
+# ---- loss tables -----------------------------------------------------------------------------------
+def table_dict() -> dict:
+    """A valid two-layer split loss table (rates 0 and 0.5), written by hand: no model needed."""
+    from gap_engine.config import WindowSpec
+    from gap_engine.tables import TableSpec
+
+    spec = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="taylor", rate_grid=(0.0, 0.5))
+    return {
+        "format_version": 1,
+        "key": "tiny-nll-split-taylor-0123456789abcdef0123",
+        "model": "tiny-llama",
+        "model_fingerprint": "0123456789abcdef",
+        "num_layers": 2,
+        "spec": spec.to_dict(),
+        "data_fingerprint": "f" * 64,
+        "components": [[0, "attn"], [0, "mlp"], [1, "attn"], [1, "mlp"]],
+        "rate_grid": [0.0, 0.5],
+        "dense_objective": 3.5,
+        "dense_prunable": 40_000,
+        "build_seconds": 1.0,
+        "delta": [[0.0, 0.2], [0.0, 0.4], [0.0, -0.01], [0.0, 0.3]],
+        "smoothed": [[0.0, 0.2], [0.0, 0.4], [0.0, 0.0], [0.0, 0.3]],
+        "cell_objective": [[3.5, 3.7], [3.5, 3.9], [3.5, 3.49], [3.5, 3.8]],
+        "removed": [[0, 4_000], [0, 6_000], [0, 4_000], [0, 6_000]],
+        "extras": {},
+    }
+
+
+def _with(path: str, value):
+    """A mutation setting one field (``spec.seq_len`` style paths) of the table."""
+
+    def mutate(d):
+        target = d
+        *parents, last = path.split(".")
+        for key in parents:
+            target = target[key]
+        target[last] = value
+        return json.dumps(d)
+
+    return mutate
+
+
+TABLE_CASES = {
+    "num-layers-1e999": (lambda d: json.dumps(d).replace('"num_layers": 2', '"num_layers": 1e999'), "num_layers must be an integer"),
+    "num-layers-billion": (_with("num_layers", 10**9), "num_layers must be between"),
+    "num-layers-disagrees-with-rows": (_with("num_layers", 3), "components must list 6 rows"),
+    "dense-prunable-zero": (_with("dense_prunable", 0), "dense_prunable must be between"),
+    "dense-prunable-negative": (_with("dense_prunable", -5_308_416_000), "dense_prunable must be between"),
+    "smoothed-negative": (_with("smoothed", [[0.0, 0.2], [0.0, -0.4], [0.0, 0.0], [0.0, 0.3]]), "below 0"),
+    "removed-1e30": (_with("removed", [[0, 1e30], [0, 6_000], [0, 4_000], [0, 6_000]]), "more than its dense_prunable"),
+    "removed-fraction": (_with("removed", [[0, 4000.5], [0, 6_000], [0, 4_000], [0, 6_000]]), "not a whole number"),
+    "removed-negative": (_with("removed", [[0, -4000], [0, 6_000], [0, 4_000], [0, 6_000]]), "below 0"),
+    "delta-text": (_with("delta", [[0.0, "x"], [0.0, 0.4], [0.0, 0.0], [0.0, 0.3]]), "must be a number"),
+    "delta-infinite": (lambda d: json.dumps(d).replace("0.4]", "1e999]", 1), "finite"),
+    "spec-seq-len-billion": (_with("spec.seq_len", 10**9), "above the limit"),
+    "spec-samples-text": (_with("spec.n_samples", "2"), "must be an integer"),
+    "model-name-nested": (_with("model", {"a": ["b"]}), "model must be a text"),
+    "nested-200k": (lambda d: "[" * DEEP + "]" * DEEP, "deeper than"),
+    "truncated": (lambda d: json.dumps(d)[:-30], "not valid json"),
+    "not-utf8": (lambda d: b"\xff" + json.dumps(d).encode(), "not utf-8"),
+}
+
+
+@pytest.fixture
+def front_run(cli, tmp_path):
+    def run(table_text, *extra):
+        table_path, out = write_input(tmp_path, "table.json", table_text), work_out(tmp_path, "front.csv")
+        return cli(["front", "--table", table_path, "--out", out, *extra]), out
+
+    return run
+
+
+def test_the_synthetic_table_is_valid(front_run):
+    (code, err, out_text), out = front_run(json.dumps(table_dict()))
+    assert code == 0, err
+    assert out.read_text().startswith("budget,")
+
+
+@pytest.mark.parametrize("name", list(TABLE_CASES))
+def test_tables_that_make_no_sense_are_refused(front_run, name):
+    mutate, message = TABLE_CASES[name]
+    result, out = front_run(mutate(copy.deepcopy(table_dict())))
+    assert_refused(result, message, out, set())
+
+
+def test_a_table_file_past_its_size_limit_is_refused_unread(cli, tmp_path):
+    big = tmp_path / "inputs" / "big.json"
+    big.parent.mkdir()
+    with open(big, "wb") as handle:
+        handle.truncate(LIMITS.table_bytes + 1)  # sparse: costs no disk
+    out = tmp_path / "work" / "front.csv"
+    out.parent.mkdir()
+    result = []
+    peak = peak_python_bytes(lambda: result.append(cli(["front", "--table", big, "--out", out])))
+    assert_refused(result[0], "above the limit", out, set())
+    assert peak < BOMB_PEAK_BYTES, peak  # refused from its size, not read
+
+
+# ---- gap report's inputs ------------------------------------------------------------------------------
+def eval_report_dict() -> dict:
+    """What `gap eval --json` prints, trimmed to the fields a report shows."""
+    return {
+        "model": "tiny-pruned",
+        "params": 30_000,
+        "perplexity": {"news-sample": 12.5},
+        "dense": {"params": 40_000, "perplexity": {"news-sample": 10.0}},
+        "kl_to_dense": {"news-sample": 0.1},
+        "top1_agreement": {"news-sample": 0.8},
+        "throughput": {"prefill_speedup": 1.2, "decode_speedup": 1.1},
+        "generations": [{"prompt": "The", "model": "The end", "dense": "The start"}],
+    }
+
+
+REPORT_EVAL_CASES = {
+    "nested-200k": (lambda d: "[" * DEEP + "]" * DEEP, "deeper than"),
+    "truncated": (lambda d: json.dumps(d)[:-20], "not valid json"),
+    "not-an-evaluation": (lambda d: json.dumps(table_dict()), "not an evaluation report"),
+    "perplexity-a-list": (lambda d: json.dumps(d | {"perplexity": {"news-sample": [1]}}), "must be a number"),
+    "perplexity-infinite": (lambda d: json.dumps(d).replace("12.5", "1e999"), "finite"),
+    "dense-a-list": (lambda d: json.dumps(d | {"dense": []}), "dense must be an object"),
+    "params-text": (lambda d: json.dumps(d | {"params": "many"}), "params must be an integer"),
+    "generations-a-number": (lambda d: json.dumps(d | {"generations": 5}), "generations must be a list"),
+    "generation-text-a-list": (lambda d: json.dumps(d | {"generations": [{"prompt": ["x"]}]}), "prompt must be a text"),
+    "above-size-limit": (lambda d: json.dumps(d | {"pad": "x" * (2 * MiB)}), "above the limit"),
+}
+
+
+@pytest.fixture
+def report_run(cli, tmp_path):
+    """``gap report`` of the synthetic table with a plan for it and the given evaluation file."""
+
+    def run(eval_text):
+        table = write_input(tmp_path, "table.json", json.dumps(table_dict()))
+        plan = write_input(tmp_path, "plan.json", json.dumps(plan_dict() | {"model": "tiny-llama"}))
+        evaluation, out = write_input(tmp_path, "eval.json", eval_text), work_out(tmp_path, "report.html")
+        return cli(["report", "--table", table, "--plan", plan, "--eval", evaluation, "--out", out]), out
+
+    return run
+
+
+def test_a_valid_evaluation_makes_a_report(report_run):
+    (code, err, _), out = report_run(json.dumps(eval_report_dict()))
+    assert code == 0, err
+    assert "12.5" in out.read_text()
+
+
+@pytest.mark.parametrize("name", list(REPORT_EVAL_CASES))
+def test_hostile_evaluation_files_for_a_report_are_one_line_refusals(report_run, name):
+    mutate, message = REPORT_EVAL_CASES[name]
+    result, out = report_run(mutate(eval_report_dict()))
+    assert_refused(result, message, out, set())
+
+
+# ---- resource-sized arguments ---------------------------------------------------------------------
+SIZE_CASES = {
+    "eval-seq-len-100000": (["eval", "--model", "smollm2-135m", "--seq-len", "100000"], "--seq-len 100,000"),
+    "front-n-buckets-1e8": (["front", "--table", "t.json", "--n-buckets", "100000000"], "--n-buckets 100,000,000"),
+    "table-samples-100000": (["table", "--samples", "100000"], "--samples 100,000"),
+    "window-tokens": (["eval", "--model", "smollm2-135m", "--samples", "64", "--seq-len", "4096"], "262,144 tokens"),
+    "batch-tokens": (["eval", "--model", "smollm2-135m", "--samples", "64", "--seq-len", "1024", "--batch-size", "64"], "one forward pass"),
+    "batch-size": (["table", "--batch-size", "100000", "--samples", "4", "--seq-len", "16"], "--batch-size 100,000"),
+    "rates-300": (["table", "--rates", ",".join(str(i / 300) for i in range(300))], "300 rates"),
+    "budgets-100": (["compare", "--model", "smollm2-135m", "--budgets", ",".join(["0.1"] * 100)], "100 budgets"),
+    "evo-generations": (["plan", "--table", "t.json", "--budget", "0.2", "--evo-generations", "1000000"], "--evo-generations"),
+    "evo-offspring": (["plan", "--table", "t.json", "--budget", "0.2", "--evo-offspring", "100000"], "--evo-offspring"),
+    "generations": (["eval", "--model", "smollm2-135m", "--generations", "1000"], "--generations 1,000"),
+    "compare-eval-seq-len": (["compare", "--model", "smollm2-135m", "--eval-seq-len", "100000"], "--eval-seq-len 100,000"),
+    "channel-multiple-huge": (["prune", "--model", "smollm2-135m", "--uniform", "0.1", "--channel-multiple", "1000000"], "--channel-multiple"),
+    "seq-len-1": (["eval", "--model", "smollm2-135m", "--seq-len", "1"], "--seq-len must be at least 2"),
+    "samples-0": (["table", "--samples", "0"], "--samples must be at least 1"),
+    "seed-negative": (["eval", "--model", "smollm2-135m", "--seed", "-1"], "--seed must be at least 0"),
+    "channel-multiple-0": (["prune", "--model", "smollm2-135m", "--uniform", "0.1", "--channel-multiple", "0"], "at least 1"),
+    "keep-params-0": (["plan", "--table", "t.json", "--keep-params", "0"], "--keep-params must be at least 1"),
+    "data-empty": (["eval", "--model", "smollm2-135m", "--data", ""], "--data names no text source"),
+    "data-commas": (["eval", "--model", "smollm2-135m", "--data", " , ,"], "--data names no text source"),
+    "eval-data-empty": (["compare", "--model", "smollm2-135m", "--eval-data", ""], "--eval-data names no text source"),
+    "uniform-2": (["prune", "--model", "smollm2-135m", "--uniform", "2"], "outside [0, 1)"),
+    "unknown-option": (["eval", "--model", "smollm2-135m", "--sequence-length", "5"], "unrecognized arguments"),
+    "bad-choice-with-newline": (["table", "--estimator", "exact\nsecond line"], "invalid choice"),
+}
+
+
+@pytest.mark.parametrize("name", list(SIZE_CASES))
+def test_resource_sized_and_bad_arguments_are_refused_before_work(cli, tmp_path, name):
+    argv, message = SIZE_CASES[name]
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / ("pruned" if argv[0] == "prune" else "out.json" if argv[0] == "table" else "out.csv")
+    if argv[0] not in ("eval",):
+        argv = argv + ["--out", out]
+
+    result = []
+    peak = peak_python_bytes(lambda: result.append(cli(argv)))  # refused before anything is allocated for the size
+    assert_refused(result[0], message, out, set())
+    assert peak < BOMB_PEAK_BYTES, peak
+
+
+def test_force_size_lets_a_size_past_its_ceiling_through(front_run):
+    result, _ = front_run(json.dumps(table_dict()), "--n-buckets", str(LIMITS.n_buckets + 1))
+    assert_refused(result, "--force-size")
+    (code, err, _), out = front_run(json.dumps(table_dict()), "--n-buckets", str(LIMITS.n_buckets + 1), "--force-size")
+    assert code == 0, err and out.is_file()
+
+
+def test_n_buckets_bomb_subprocess_stays_small(tmp_path):
+    code, err, rss = run_subprocess(["front", "--table", tmp_path / "t.json", "--out", tmp_path / "f.csv", "--n-buckets", "100000000"], tmp_path)
+    assert code == 2 and err.count("\n") == 1 and "--force-size" in err, err
+    assert rss < 100 * MiB, rss  # the parser alone; refused before torch is even imported
+    assert not (tmp_path / "f.csv").exists()
+
+
+# ---- text sources --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, smol_tokenizer):
+    """A plain Hugging Face folder holding a tiny random Llama and the SmolLM2 tokenizer."""
+    from conftest import tiny_lm
+
+    lm = tiny_lm("llama", smol_tokenizer)
+    folder = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    lm.model.save_pretrained(folder)
+    smol_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _jsonl(lines):
+    return "\n".join(lines) + "\n"
+
+
+GOOD_DOC = json.dumps({"text": "A plain sentence about pruning that is long enough to be a document. " * 4})
+TEXT_CASES = {
+    "jsonl-nested-200k": ("docs.jsonl", _jsonl([GOOD_DOC, '{"text": "x", "meta": ' + "[" * DEEP + "]" * DEEP + "}"]), "line 2 nests"),
+    "jsonl-line-is-a-list": ("docs.jsonl", _jsonl([GOOD_DOC, '["not", "an", "object"]']), "line 2"),
+    "jsonl-truncated-line": ("docs.jsonl", _jsonl([GOOD_DOC, '{"text": "unterminated']), "line 2 is not valid json"),
+    "txt-not-utf8": ("docs.txt", b"\xff\xfe\x00bad bytes\n", "not utf-8"),
+    "txt-empty": ("docs.txt", "\n\n  \n", "empty"),
+}
+
+
+@pytest.mark.parametrize("name", list(TEXT_CASES))
+def test_hostile_text_sources_are_one_line_refusals(cli, tmp_path, tiny_model_dir, name):
+    file_name, content, message = TEXT_CASES[name]
+    source, out = write_input(tmp_path, file_name, content), work_out(tmp_path, "table.json")
+    argv = ["table", "--model", tiny_model_dir, "--data", source, "--estimator", "fisher", "--samples", "2", "--seq-len", "16", "--rates", "0,0.5", "--no-cache", "--out", out]
+    assert_refused(cli(argv), message, out, set())
+
+
+def test_a_text_file_past_its_size_limit_is_refused_unread(cli, tmp_path, tiny_model_dir):
+    source = tmp_path / "huge.txt"
+    with open(source, "wb") as handle:
+        handle.truncate(LIMITS.text_bytes + 1)  # sparse
+    out = tmp_path / "work" / "table.json"
+    out.parent.mkdir()
+    argv = ["table", "--model", tiny_model_dir, "--data", source, "--estimator", "fisher", "--samples", "2", "--seq-len", "16", "--no-cache", "--out", out]
+    assert_refused(cli(argv), "above the limit", out, set())
+
+
+# ---- outputs -------------------------------------------------------------------------------------
+def test_prune_out_onto_an_existing_file_is_refused_and_the_file_kept(cli, tmp_path):
+    target = tmp_path / "notes.txt"
+    target.write_text("keep me")
+    line = assert_refused(cli(["prune", "--model", "smollm2-135m", "--uniform", "0.1", "--out", target]), "is an existing file")
+    assert target.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"], line
+
+
+@pytest.mark.parametrize(
+    "command, out_of, message",
+    [
+        ("prune", lambda t: t / "afile" / "pruned", "is a file, not a folder"),
+        ("table", lambda t: t / "afile" / "deeper" / "t.json", "is a file, not a folder"),
+        ("front", lambda t: Path("/proc/gap-hostile-test/f.csv"), "cannot be written"),
+        ("front", lambda t: t, "is a folder"),
+        ("table", lambda t: Path("/dev/null"), "not a regular file"),
+        ("prune", lambda t: t / "full-folder", "neither empty nor a gap checkpoint"),
+        ("front", lambda t: Path(" "), "is empty"),
+        ("report", lambda t: t / "afile" / "report.html", "is a file, not a folder"),
+        ("report", lambda t: t / "full-folder", "is a folder"),
+    ],
+    ids=[
+        "prune-under-a-file", "table-under-a-file", "front-read-only", "front-onto-a-folder", "table-onto-a-device",
+        "prune-onto-a-foreign-folder", "front-blank-path", "report-under-a-file", "report-onto-a-folder",
+    ],
+)
+def test_unwritable_outputs_are_found_before_the_work(cli, tmp_path, command, out_of, message):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "full-folder").mkdir()
+    (tmp_path / "full-folder" / "thesis.tex").write_text("precious")
+    out = out_of(tmp_path)
+    before = set(tmp_path.iterdir())
+    args = {
+        "prune": ["prune", "--model", "smollm2-135m", "--uniform", "0.1"],
+        "table": ["table", "--samples", "2", "--seq-len", "16"],
+        "front": ["front", "--table", tmp_path / "absent.json"],
+        "report": ["report", "--table", tmp_path / "absent.json"],
+    }[command]
+    assert_refused(cli(args + ["--out", out]), message)
+    assert set(tmp_path.iterdir()) == before
+    assert (tmp_path / "full-folder" / "thesis.tex").read_text() == "precious"
+
+
+CACHE_USERS = {
+    "cache-ls": lambda t: ["cache", "ls"],
+    "models": lambda t: ["models"],
+    "table": lambda t: ["table", "--samples", "2", "--seq-len", "16", "--out", t / "work" / "t.json"],
+    "eval-builtin": lambda t: ["eval", "--model", "smollm2-135m", "--samples", "2", "--seq-len", "16"],
+    "report-run": lambda t: ["report", "--table", t / "absent.json", "--run", "1", "--out", t / "work" / "r.html"],
+}
+
+
+@pytest.mark.parametrize("command", list(CACHE_USERS))
+@pytest.mark.parametrize("where", ["a-file", "under-a-file"])
+def test_gap_cache_dir_that_is_not_a_folder_is_one_line(cli, tmp_path, monkeypatch, where, command):
+    """Refused before anything else is done (no text source read, no log line first)."""
+    afile = tmp_path / "cachefile"
+    afile.write_text("x")
+    (tmp_path / "work").mkdir()
+    monkeypatch.setenv("GAP_CACHE_DIR", str(afile if where == "a-file" else afile / "sub"))
+    assert_refused(cli(CACHE_USERS[command](tmp_path)), "cache root")
+    assert afile.read_text() == "x" and list((tmp_path / "work").iterdir()) == []
+
+
+def test_the_preflight_knows_every_builtin_model():
+    from gap_engine.cli.preflight import BUILTIN_NAMES
+    from gap_engine.models import BUILTIN_MODELS
+
+    assert set(BUILTIN_NAMES) == set(BUILTIN_MODELS)
+
+
+def test_stale_temporaries_of_a_killed_writer_are_removed(front_run, tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    work = tmp_path / "work"
+    work.mkdir()
+    stale_dir = work / f".front.csv.{dead.pid}-abc123.tmp"
+    stale_dir.mkdir()
+    (stale_dir / "part").write_bytes(b"x" * 1000)
+    live = work / f".front.csv.{os.getpid()}-def456.tmp"  # a write of this process in progress
+    live.write_text("busy")
+    (code, err, _), out = front_run(json.dumps(table_dict()))
+    assert code == 0, err
+    assert out.is_file() and not stale_dir.exists() and live.exists()
+
+
+def test_a_killed_prune_leaves_a_temporary_checkpoint_the_next_prune_removes(cli, tmp_path, tiny_model_dir):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    work = tmp_path / "work"
+    stale = work / f".pruned.{dead.pid}-k1ll3d.tmp"  # what atomic_directory leaves when kill -9 hits a save
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"\0" * 100_000)
+    code, err, _ = cli(["prune", "--model", tiny_model_dir, "--uniform", "0.5", "--criterion", "magnitude", "--out", work / "pruned"])
+    assert code == 0, err
+    assert sorted(p.name for p in work.iterdir()) == ["pruned"]
+    assert (work / "pruned" / "gap_pruned.json").is_file()
+
+
+def test_a_disk_that_fills_up_half_way_is_one_line_and_leaves_nothing(front_run, tmp_path, monkeypatch):
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)  # the write itself fails, after the checks passed
+    result, out = front_run(json.dumps(table_dict()))
+    assert_refused(result, "No space left on device", out, set())
+
+
+def test_a_checkpoint_save_that_fills_the_disk_leaves_no_folder(tmp_path):
+    import errno
+
+    from gap_engine.errors import OutputError
+    from gap_engine.fsutil import atomic_directory
+
+    target = tmp_path / "ckpt"
+    with pytest.raises(OutputError, match="No space left"):
+        with atomic_directory(target) as tmp:
+            (tmp / "model.safetensors").write_bytes(b"x" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_outputs_follow_the_umask(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import os, stat
+        os.umask(0o027)
+        from gap_engine import fsutil
+        fsutil.atomic_write_text({str(tmp_path / 'file.txt')!r}, "x")
+        with fsutil.atomic_directory({str(tmp_path / 'folder')!r}) as tmp:
+            (tmp / "inner.json").write_text("{{}}")
+        modes = [stat.S_IMODE(os.stat(p).st_mode) for p in ({str(tmp_path / 'file.txt')!r}, {str(tmp_path / 'folder')!r}, {str(tmp_path / 'folder' / 'inner.json')!r})]
+        print(" ".join(oct(m) for m in modes))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0o640", "0o750", "0o640"]
+
+
+def test_cache_rm_removes_the_lock_file(cli, tmp_path):
+    from gap_engine import cache
+    from gap_engine.tables import LossTable
+
+    table = LossTable.from_json(json.dumps(table_dict()))
+    folder = cache.put_table(table)
+    with cache.lock(table.key):
+        pass
+    lock_file = folder.with_name(folder.name + ".lock")
+    assert lock_file.exists()
+    code, err, _ = cli(["cache", "rm", table.key])
+    assert code == 0, err
+    assert not folder.exists() and not lock_file.exists()
+
+
+@pytest.mark.parametrize(
+    "meta",
+    ["[1, 2]", "[" * DEEP + "]" * DEEP, '{"key": "other"}', "\xff", '{"key": "%s", "table_sha256": 5}'],
+    ids=["list", "nested-200k", "another-key", "not-utf8", "bad-checksum-type"],
+)
+def test_corrupt_cache_entries_are_skipped_by_cache_ls(cli, tmp_path, meta):
+    from gap_engine import cache
+    from gap_engine.tables import LossTable
+
+    table = LossTable.from_json(json.dumps(table_dict()))
+    folder = cache.put_table(table)
+    (folder / "meta.json").write_bytes(meta.replace("%s", table.key).encode("latin-1"))
+    code, err, out = cli(["cache", "ls", "--json"])
+    assert code == 0 and err == [] and json.loads(out) == []
+    assert cache.get_table(table.key) is None  # and the entry is discarded, never used
+
+
+# ---- partial cells ---------------------------------------------------------------------------------
+def test_partial_cells_carry_a_checksum(tmp_path, monkeypatch):
+    from gap_engine.cache import PartialCells
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
+    store = PartialCells("tiny-key-1")
+    store.save({(0, 1): 0.5, (1, 1): 0.25})
+    assert store.load() == {(0, 1): 0.5, (1, 1): 0.25}
+    store.path.write_text(store.path.read_text().replace("0.5", "0.75"))
+    assert store.load() == {} and not store.path.exists()
+
+
+def test_a_changed_partial_cell_is_measured_again_not_sealed(tmp_path, monkeypatch, smol_tokenizer):
+    from conftest import tiny_lm
+
+    from gap_engine.cache import PartialCells
+    from gap_engine.config import WindowSpec
+    from gap_engine.data import calibration_windows
+    from gap_engine.tables import TableSpec, measure_table
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
+    lm = tiny_lm("llama", smol_tokenizer)
+    spec = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="exact", criterion="magnitude", rate_grid=(0.0, 0.5))
+    windows = calibration_windows(lm.tokenizer, spec.windows)
+    store = PartialCells("tiny-exact-key")
+    first = measure_table(lm, spec, windows, partial=store, key="tiny-exact-key")
+    saved = json.loads(store.path.read_text())
+    saved["cells"][0][2] += 100.0  # an edited measurement
+    store.path.write_text(json.dumps(saved))
+    second = measure_table(lm, spec, windows, partial=store, key="tiny-exact-key")
+    assert second.extras["cells_resumed"] == 0
+    assert abs(second.delta - first.delta).max() < 1e-9  # the edit never reached the table
+
+
+# ---- checkpoints -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, smol_tokenizer):
+    from conftest import tiny_lm
+
+    from gap_engine.checkpoint import save_pruned
+    from gap_engine.config import WindowSpec
+    from gap_engine.pipeline import prune_with_plan
+    from gap_engine.plan import uniform_plan
+
+    lm = tiny_lm("llama", smol_tokenizer)
+    plan = uniform_plan(lm, 0.5, "magnitude")
+    result = prune_with_plan(lm, plan, WindowSpec(n_samples=2, seq_len=16))
+    return save_pruned(lm, plan, result.kept_indices(), tmp_path_factory.mktemp("ckpt") / "tiny-pruned")
+
+
+def _edit_json(name, change):
+    def edit(folder: Path):
+        path = folder / name
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data))
+
+    return edit
+
+
+def _write(name, content):
+    return lambda folder: (folder / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+
+
+def _pop_layer(data):
+    del data["per_layer_config"]["1"]
+
+
+CHECKPOINT_CASES = {
+    "kv-heads-zero-in-config": (_edit_json("config.json", lambda d: d.update(num_key_value_heads=0)), "does not build a model"),
+    "kv-heads-zero-in-layer": (_edit_json("config.json", lambda d: d["per_layer_config"]["0"].update(num_key_value_heads=0)), "num_key_value_heads must be between"),
+    "heads-text": (_edit_json("config.json", lambda d: d["per_layer_config"]["0"].update(num_attention_heads="two")), "must be an integer"),
+    "kv-does-not-divide": (_edit_json("config.json", lambda d: d["per_layer_config"]["0"].update(num_attention_heads=3, num_key_value_heads=2)), "do not split"),
+    "layer-entry-missing": (_edit_json("config.json", _pop_layer), "no entry for layer 1"),
+    "layer-count-disagrees": (_edit_json("config.json", lambda d: d.update(num_hidden_layers=3)), "no entry for layer 2"),
+    "layer-extra-entry": (_edit_json("config.json", lambda d: d["per_layer_config"].update({"2": d["per_layer_config"]["0"]})), "num_hidden_layers is 2"),
+    "model-type-list": (_edit_json("config.json", lambda d: d.update(model_type=["llama"])), "unknown model_type"),
+    "config-nested-200k": (_write("config.json", "[" * DEEP + "]" * DEEP), "deeper than"),
+    "config-2mb": (_write("config.json", json.dumps({"pad": "x" * (2 * MiB)})), "above the limit"),
+    "marker-not-json": (_write("gap_pruned.json", "{format_version: 1"), "not valid json"),
+    "marker-a-list": (_write("gap_pruned.json", "[1]"), "does not hold a json object"),
+    "marker-base-model-list": (_edit_json("gap_pruned.json", lambda d: d.update(base_model=["a"] * 5)), "base_model must be a text"),
+    "marker-format-text": (_edit_json("gap_pruned.json", lambda d: d.update(format_version="1")), "format_version must be an integer"),
+    "tokenizer-damaged": (_write("tokenizer.json", '{"version": "1.0", "truncated'), "tokenizer files cannot be read"),
+    "plan-bomb-inside": (_write("plan.json", "[" * DEEP + "]" * DEEP), "deeper than"),
+}
+
+
+def test_the_tiny_checkpoint_evaluates(cli, tiny_checkpoint):
+    code, err, out = cli(["eval", "--model", tiny_checkpoint, "--no-dense", "--no-throughput", "--generations", "0", "--data", "news-sample", "--samples", "2", "--seq-len", "16", "--json"])
+    assert code == 0, err
+    assert json.loads(out)["perplexity"]["news-sample"] > 1
+
+
+@pytest.mark.parametrize("name", list(CHECKPOINT_CASES))
+def test_edited_checkpoints_are_one_line_refusals(cli, tmp_path, tiny_checkpoint, name):
+    edit, message = CHECKPOINT_CASES[name]
+    folder = tmp_path / "edited"
+    shutil.copytree(tiny_checkpoint, folder)
+    edit(folder)
+    argv = ["eval", "--model", folder, "--no-dense", "--no-throughput", "--generations", "0", "--data", "news-sample", "--samples", "2", "--seq-len", "16"]
+    assert_refused(cli(argv), message)
+
+
+# ---- the converted built-in model ------------------------------------------------------------------
+@pytest.fixture
+def damaged_builtin(tmp_path, monkeypatch):
+    """A private cache whose smollm2-135m copy links the shared files but holds a truncated model.safetensors."""
+    from gap_engine.fsutil import cache_root
+
+    shared = cache_root() / "models" / "smollm2-135m"
+    if not (shared / "gap_converted.json").is_file():
+        pytest.skip("the built-in model is not converted in the shared cache")
+    folder = tmp_path / "cache" / "models" / "smollm2-135m"
+    folder.mkdir(parents=True)
+    for path in shared.iterdir():
+        if path.name != "model.safetensors":
+            (folder / path.name).symlink_to(path)
+    with open(shared / "model.safetensors", "rb") as src:
+        (folder / "model.safetensors").write_bytes(src.read(1 * MiB))
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    return folder
+
+
+def test_gap_models_tells_the_truth_about_a_truncated_copy(damaged_builtin, cli):
+    code, err, out = cli(["models", "--json"])
+    assert code == 0, err
+    row = next(r for r in json.loads(out)["builtin"] if r["name"] == "smollm2-135m")
+    assert row["converted"] is False and "model.safetensors" in row["problem"], row
+    code, err, out = cli(["models"])
+    assert "damaged" in next(line for line in out.splitlines() if line.startswith("smollm2-135m"))
+
+
+@pytest.mark.slow
+def test_a_truncated_converted_model_is_converted_again(damaged_builtin):
+    from gap_engine.models import converted_problem, load_model
+
+    lm = load_model("smollm2-135m")  # de-quantizes the GGUF again (20-60 s)
+    assert lm.num_layers == 30
+    assert not damaged_builtin.is_symlink() and converted_problem(damaged_builtin, full=True) is None
+    marker = json.loads((damaged_builtin / "gap_converted.json").read_text())
+    assert marker["files"]["model.safetensors"]["bytes"] > 100 * MiB
+
+
+# ---- the explorer (AppTest) ---------------------------------------------------------------------------
+APP_PLAN_UPLOADS = {
+    "yaml-alias-bomb": ("plan.yaml", _bomb_plan(), "alias"),
+    "json-nested-200k": ("plan.json", "[" * DEEP + "]" * DEEP, "deeper than"),
+    "yaml-nested-200k": ("plan.yaml", "[" * DEEP + "]" * DEEP, "deeper than"),
+    "json-truncated": ("plan.json", json.dumps(plan_dict())[:-40], "is not valid JSON"),
+    "model-is-a-list": ("plan.json", json.dumps(plan_dict() | {"model": [["x"] * 3] * 3}), "model must be a text"),
+    "num-layers-1e999": ("plan.json", json.dumps(plan_dict()).replace('"num_layers": 2', '"num_layers": 1e999'), "integer"),
+    "not-utf8": ("plan.json", b"\xff\xfe\x00{}", "not UTF-8"),
+    "python-tag": ("plan.yaml", "model: !!python/object/apply:os.system ['echo pwned']\n", "not valid YAML"),
+    "above-size-limit": ("plan.json", json.dumps(plan_dict() | {"pad": "x" * (2 * MiB)}), "above the limit"),
+}
+
+
+@pytest.mark.usefixtures("fresh_cache")
+@pytest.mark.parametrize("name", list(APP_PLAN_UPLOADS))
+def test_app_plan_upload_refuses_hostile_files(name):
+    file_name, content, message = APP_PLAN_UPLOADS[name]
+    at = start("pages/export.py")
+    data = content if isinstance(content, bytes) else content.encode()
+    at.file_uploader(key="export_plan_upload").set_value((file_name, data, "application/octet-stream"))
+    peak = peak_python_bytes(at.run)
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [str(e.value) for e in at.error]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in errors[0], errors
+    assert "\n" not in errors[0]
+    assert not at.session_state["app_uploaded_plan"]
+    assert peak < 200 * MiB, peak  # one rerun of the app, the bomb unexpanded
+
+
+APP_TEXT_UPLOADS = {
+    "jsonl-nested-200k": ("docs.jsonl", _jsonl([GOOD_DOC, '{"text": "x", "m": ' + "[" * DEEP + "]" * DEEP + "}"]), "nests"),
+    "jsonl-line-is-a-list": ("docs.jsonl", _jsonl([GOOD_DOC, "[1, 2]"]), "line 2"),
+    "txt-not-utf8": ("docs.txt", b"\xff\xfe\x00 bad bytes\n", "not UTF-8"),
+    "above-size-limit": ("docs.txt", b"word " * 1000, "above the limit"),
+}
+
+
+@pytest.mark.usefixtures("fresh_cache")
+@pytest.mark.parametrize("name", list(APP_TEXT_UPLOADS))
+def test_app_calibration_upload_refuses_hostile_files(monkeypatch, name):
+    import gap_engine.limits
+
+    file_name, content, message = APP_TEXT_UPLOADS[name]
+    if name == "above-size-limit":  # the page reads the ceiling at each run: a 4 kB one stands in for 64 MB
+        monkeypatch.setattr(gap_engine.limits, "LIMITS", SizeLimits(upload_bytes=4096))
+    at = start()
+    at.radio(key="setup_data_kind").set_value("Uploaded file").run()
+    data = content if isinstance(content, bytes) else content.encode()
+    at.file_uploader(key="setup_upload").set_value((file_name, data, "text/plain")).run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [str(e.value) for e in at.error]
+    assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0], errors
+    assert at.session_state["setup_uploaded_path"] == ""
+    uploads = Path(os.environ["GAP_CACHE_DIR"]) / "uploads"
+    if name == "above-size-limit":
+        assert not uploads.exists() or not any(uploads.iterdir())  # refused before it was stored
+
+
+@pytest.mark.parametrize(
+    "samples, seq_len, batch, message",
+    [(512, 4096, 4, "Calibration samples x Tokens per sample"), (8, 4096, 64, "tokens in one forward pass")],
+    ids=["window-tokens", "batch-tokens"],
+)
+@pytest.mark.usefixtures("fresh_cache")
+def test_app_setup_refuses_sizes_past_the_ceilings(samples, seq_len, batch, message):
+    at = start()
+    at.number_input(key="setup_samples").set_value(samples)
+    at.number_input(key="setup_seq_len").set_value(seq_len)
+    at.number_input(key="setup_batch").set_value(batch)
+    at.button(key="setup_build").click().run()
+    assert not at.exception
+    errors = [str(e.value) for e in at.error]
+    assert any(message in e for e in errors), errors
+    assert "table" not in at.session_state["app_jobs"]
+
+
+@pytest.mark.usefixtures("fresh_cache")
+def test_app_setup_refuses_a_rate_grid_past_the_ceiling():
+    at = start()
+    at.text_input(key="setup_rate_grid").set_value(",".join(f"{i / 1000:.3f}" for i in range(LIMITS.rates + 1)))
+    at.button(key="setup_build").click().run()
+    assert not at.exception
+    errors = [str(e.value) for e in at.error]
+    assert any(f"Rates lists {LIMITS.rates + 1} rates, which is above the limit of {LIMITS.rates}" in e for e in errors), errors
+    assert "table" not in at.session_state["app_jobs"]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("cached_table")
+def test_app_evaluate_refuses_held_out_sizes_past_the_ceilings():
+    at = start("pages/evaluate.py")
+    at.number_input(key="eval_samples").set_value(256)
+    at.number_input(key="eval_seq_len").set_value(2048)  # 524,288 tokens: the widgets' maxima, 4x the ceiling
+    at.button(key="eval_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [str(e.value) for e in at.error]
+    assert len(errors) == 1 and "Held-out samples x Tokens per sample = 524,288 tokens" in errors[0] and "\n" not in errors[0], errors
+    assert "prune_eval" not in at.session_state["app_jobs"]
+
+
+@pytest.mark.usefixtures("fresh_cache")
+def test_app_survives_corrupt_cache_entries():
+    from gap_engine import cache
+    from gap_engine.tables import LossTable
+
+    table = LossTable.from_json(json.dumps(table_dict()))
+    folder = cache.put_table(table)
+    (folder / "meta.json").write_text("[" * DEEP + "]" * DEEP)
+    at = start()
+    assert at.session_state["app_table"] is None
+    assert any("holds no finished table" in str(c.value) for c in at.caption)
+
+
+def test_app_with_gap_cache_dir_a_file_shows_one_line(tmp_path, monkeypatch):
+    afile = tmp_path / "cachefile"
+    afile.write_text("x")
+    monkeypatch.setenv("GAP_CACHE_DIR", str(afile))
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=240)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("cache root" in str(e.value) for e in at.error)
+    assert afile.read_text() == "x"
+
+
+# ---- serving -------------------------------------------------------------------------------------------
+def test_the_explorer_listens_on_loopback_by_default():
+    import tomllib
+
+    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["address"] == "127.0.0.1"
+    makefile = (ROOT / "Makefile").read_text()
+    assert config["server"]["maxUploadSize"] * MiB == LIMITS.upload_bytes  # the server refuses bigger uploads itself
+    assert "HOST ?= 127.0.0.1" in makefile and "--server.address $(HOST)" in makefile
+    dry = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True)
+    assert "--server.address 127.0.0.1" in dry.stdout, dry.stdout + dry.stderr
+    opt_in = subprocess.run(["make", "-n", "run", "HOST=0.0.0.0"], cwd=ROOT, capture_output=True, text=True)
+    assert "--server.address 0.0.0.0" in opt_in.stdout
