@@ -335,10 +335,10 @@ def test_bad_checkpoints_and_targets_fail_cleanly(make_tiny, tmp_path, capsys):
         (["export", str(corrupt), "--out", str(tmp_path / "x.gguf")], "model.safetensors"),
         (["export", str(no_config), "--out", str(tmp_path / "x.gguf")], "config.json"),
         (["export", str(tmp_path / "missing"), "--out", str(tmp_path / "x.gguf")], "missing"),
-        (["export", str(good), "--out", str(blocker / "x.gguf")], "cannot write"),
+        (["export", str(good), "--out", str(blocker / "x.gguf")], "is a file, not a folder"),
         (["export", str(corrupt), "--format", "hf", "--out", str(tmp_path / "x")], "model.safetensors"),
         (["export", str(good), "--format", "hf", "--out", str(good)], "is the checkpoint itself"),
-        (["export", str(good), "--format", "hf", "--out", str(blocker / "x")], "cannot write"),
+        (["export", str(good), "--format", "hf", "--out", str(blocker / "x")], "is a file, not a folder"),
     ]
     for argv, fragment in cases:
         assert fragment in _one_line_error(capsys, argv), argv
