@@ -1,8 +1,8 @@
 """GAP explorer: `streamlit run app.py`.
 
-Five pages in the order of the method: Setup (model, calibration, loss table) ->
-Sensitivity -> Budget planner -> Prune & evaluate -> Export. Long work (table builds,
-baseline plans, prune-and-evaluate) runs as background jobs (gap_engine.jobs), so it
+Six pages in the order of the method: Setup (model, calibration, loss table) ->
+Sensitivity -> Budget planner -> Prune & evaluate -> Recover -> Export. Long work (table builds,
+baseline plans, prune-and-evaluate, recovery) runs as background jobs (gap_engine.jobs), so it
 survives reruns and page switches; this file applies finished jobs' results to the
 session whatever page is open, and shows running jobs in the sidebar.
 """
@@ -39,11 +39,15 @@ def apply_finished_jobs() -> None:
     if job is not None and common.report_finished(job, "Prune and evaluate", "eval"):
         st.session_state["app_last_run"] = job.result
         common.set_message("eval", "success", f"Run {job.result['run_id']} finished in {job.result['seconds']:.0f} s and was added to the history.")
+    job = common.unseen_finished("recover")
+    if job is not None and common.report_finished(job, "Recovery", "recover"):
+        st.session_state["app_last_recovery"] = job.result
+        common.set_message("recover", "success", f"Recovery finished in {job.result['total_seconds']:.0f} s and was added to the history.")
 
 
 def sidebar_jobs() -> None:
     """Running jobs of this session, whatever the page (polls while any runs)."""
-    kinds = {"table": "Loss table", "baselines": "Baseline plans", "prune_eval": "Prune & evaluate"}
+    kinds = {"table": "Loss table", "baselines": "Baseline plans", "prune_eval": "Prune & evaluate", "recover": "Recovery"}
     running = [(kind, common.session_job(kind)) for kind in kinds]
     running = [(kind, job) for kind, job in running if job is not None and job.active]
     if not running:
@@ -78,6 +82,7 @@ pages = [
     st.Page(common.SENSITIVITY_PAGE, title="Sensitivity", icon=":material/show_chart:", url_path="sensitivity"),
     st.Page(common.PLANNER_PAGE, title="Budget planner", icon=":material/tune:", url_path="planner"),
     st.Page(common.EVALUATE_PAGE, title="Prune & evaluate", icon=":material/science:", url_path="evaluate"),
+    st.Page(common.RECOVER_PAGE, title="Recover", icon=":material/healing:", url_path="recover"),
     st.Page(common.EXPORT_PAGE, title="Export", icon=":material/download:", url_path="export"),
 ]
 st.navigation(pages).run()

@@ -36,6 +36,7 @@ from typing import Any, Callable
 from .errors import CancelledError, GapError, one_line
 from .models import LoadedModel, load_model
 from .pipeline import baseline_rows, loss_table, prune_and_evaluate
+from .recover import recover
 
 log = logging.getLogger(__name__)
 
@@ -394,5 +395,23 @@ def prune_eval_task(model_name: str, eval_settings, **run) -> WorkFn:
         ctx.stage("loading the dense model", 0, 6)
         dense = shared_model(model_name)  # forward passes only
         return prune_and_evaluate(dense, eval_settings, step=ctx.stage, cancel=ctx.cancel, **run)
+
+    return work
+
+
+def recover_task(checkpoint: str, settings, out_dir) -> WorkFn:
+    """Fine-tune a saved checkpoint (`recover.recover`), resuming the run saved for ``out_dir``
+    when there is one; the result is its RecoveryResult as a dict.
+
+    Args:
+        checkpoint: a pruned checkpoint folder (loaded privately: training changes its weights).
+        settings: recover.RecoverySettings.
+        out_dir: the recovered checkpoint's folder (see `recover.app_output_dir`).
+    """
+    def work(ctx: JobContext):
+        ctx.stage("loading the checkpoint", 0, settings.steps)
+        lm = load_model(str(checkpoint))
+        ctx.check_cancelled()
+        return recover(lm, settings, progress=ctx.progress, cancel=ctx.cancel, out_dir=out_dir, resume=True).to_dict()
 
     return work

@@ -50,6 +50,7 @@ SHARED_DEFAULTS = {
     "app_messages": {},
     "app_baselines": None,
     "app_last_run": None,
+    "app_last_recovery": None,
 }
 _PERSIST = "_app_widget_keys"
 POLL_SECONDS = 1.0
@@ -312,3 +313,4 @@ SENSITIVITY_PAGE = "pages/sensitivity.py"
 PLANNER_PAGE = "pages/planner.py"
 EVALUATE_PAGE = "pages/evaluate.py"
 EXPORT_PAGE = "pages/export.py"
+RECOVER_PAGE = "pages/recover.py"

@@ -17,6 +17,7 @@ from ..config import (
     CRITERIA,
     DEFAULT_CHANNEL_MULTIPLE,
     DEFAULT_CRITERION,
+    DEFAULT_DATA,
     DEFAULT_MAX_RATE,
     DEFAULT_MODEL,
     DEFAULT_N_BUCKETS,
@@ -26,6 +27,9 @@ from ..config import (
     GGUF_OUTTYPES,
     MODES,
     OBJECTIVES,
+    RECOVERY_METHODS,
+    RECOVERY_PROJECTIONS,
+    RECOVERY_SCHEDULES,
     REFINE_ATTENTION,
     REFINE_BUDGETS,
     SAVE_DTYPES,
@@ -72,7 +76,7 @@ def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="held-out perplexity, KL to dense, throughput and generations")
     p.add_argument("--model", required=True)
     add_window_args(p, EVAL_WINDOWS, what="held-out (comma-separated sources)")
-    p.add_argument("--generations", type=int, default=3)
+    p.add_argument("--generations", type=int)
     p.add_argument("--no-dense", action="store_true", help="do not compare with the dense original")
     p.add_argument("--no-throughput", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -230,13 +234,57 @@ def _add_export(sub) -> None:
     p.set_defaults(handler="export_commands:run_export")
 
 
+def _add_recover(sub) -> None:
+    # Tunables default to None: the handler then keeps recover.RecoverySettings' default (one home for them).
+    p = sub.add_parser(
+        "recover",
+        help="recover a pruned model with a short fine-tune (LoRA, MaZO or MeZO)",
+        description="Fine-tune a pruned checkpoint on the calibration part of one or more text sources "
+        "(each source is one task), evaluate it before and after on their held-out parts, and save it "
+        "as a pruned checkpoint that loads like any other.",
+    )
+    p.add_argument("--model", required=True, help="a `gap prune` folder (a dense model is allowed too)")
+    p.add_argument("--method", required=True, choices=RECOVERY_METHODS, help="lora (peft), mazo (masked zeroth-order) or mezo (zeroth-order)")
+    p.add_argument("--data", default=DEFAULT_DATA, help="comma-separated text sources, one task each (calibration part only)")
+    p.add_argument("--split", default="calibration", help="the part of the text to train on: only 'calibration' is allowed")
+    p.add_argument("--steps", type=int, required=True, help="training steps")
+    p.add_argument("--out", required=True, help="output checkpoint folder (written atomically; work goes to OUT.partial)")
+    p.add_argument("--resume", action="store_true", help="continue the run saved in OUT.partial")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: lora 3e-3, mazo 3e-4, mezo 1e-4)")
+    p.add_argument("--schedule", choices=RECOVERY_SCHEDULES)
+    p.add_argument("--warmup", type=int, help="warm-up steps")
+    p.add_argument("--batch-size", type=int, help="windows per task per step")
+    p.add_argument("--seq-len", type=int, help="tokens per training window")
+    p.add_argument("--pool-windows", type=int, help="calibration windows cut per task")
+    p.add_argument("--targets", help="comma-separated projections that train (default: all of " + ",".join(RECOVERY_PROJECTIONS) + ")")
+    p.add_argument("--rank", type=int, help="LoRA rank")
+    p.add_argument("--alpha", type=float, help="LoRA alpha")
+    p.add_argument("--dropout", type=float, help="LoRA dropout")
+    p.add_argument("--eps", type=float, help="ZO perturbation scale")
+    p.add_argument("--mask-fraction", type=float, help="MaZO: share of each row that trains")
+    p.add_argument("--magnitude-weight", type=float, help="MaZO: weight of |W| in the importance")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--save-every", type=int, help="steps between saved snapshots")
+    p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
+    p.add_argument("--device", help="train on this device (e.g. cuda); default: where the model loads")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the training forward passes")
+    p.add_argument("--eval-samples", type=int, help="held-out windows per task")
+    p.add_argument("--eval-seq-len", type=int)
+    p.add_argument("--generations", type=int)
+    p.add_argument("--no-eval-before", action="store_true", help="skip the evaluation before training")
+    p.add_argument("--no-dense", action="store_true", help="do not load the dense model for KL and agreement")
+    p.add_argument("--no-history", action="store_true", help="do not add the run to the run history")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler="recover_commands:run_recover")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``gap`` parser; each subcommand sets ``handler`` to "module:function" under gap_engine.cli."""
     parser = OneLineParser(prog="gap", description="Layer-adaptive structured pruning of LLMs (GAP)")
     parser.add_argument("--version", action="version", version=f"gap_engine {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_models, _add_prune, _add_eval, _add_table, _add_plan, _add_compare, _add_report, _add_export):
+    for add in (_add_models, _add_prune, _add_eval, _add_table, _add_plan, _add_compare, _add_report, _add_recover, _add_export):
         add(sub)
     for name in SIZED_COMMANDS:
         sub.choices[name].add_argument(

@@ -1,0 +1,111 @@
+"""``gap recover``: fine-tune a pruned checkpoint (LoRA, MaZO or MeZO) and save it as a checkpoint.
+
+Settings are checked before the model is loaded and the output folder is probed before
+anything is written; bad input raises a GapError with one line (``gap`` prints it and exits 2).
+Progress goes to stderr, the summary (or with ``--json`` one JSON object) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ..models import load_model
+from ..recover import RecoveryResult, RecoverySettings, recover
+from ..recover_io import check_output_dir
+from .output import format_seconds
+
+# argparse destination -> RecoverySettings field, for the options whose None means "keep the default".
+_TUNABLES = {
+    "schedule": "schedule", "warmup": "warmup_steps", "batch_size": "batch_size", "seq_len": "seq_len",
+    "pool_windows": "pool_windows", "rank": "rank", "alpha": "alpha", "dropout": "dropout", "eps": "eps",
+    "mask_fraction": "mask_fraction", "magnitude_weight": "magnitude_weight", "seed": "seed",
+    "save_every": "save_every", "eval_samples": "eval_samples", "eval_seq_len": "eval_seq_len",
+    "generations": "eval_generations",
+}  # fmt: skip
+
+
+def settings_from(args: argparse.Namespace) -> RecoverySettings:
+    """The RecoverySettings the arguments describe, validated (RecoveryError/DataError on bad values)."""
+    given = {field: getattr(args, dest) for dest, field in _TUNABLES.items() if getattr(args, dest) is not None}
+    if args.targets is not None:
+        given["targets"] = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+    return RecoverySettings(
+        method=args.method,
+        tasks=tuple(s.strip() for s in args.data.split(",") if s.strip()),
+        split=args.split,
+        steps=args.steps,
+        lr=args.lr,
+        time_budget_s=args.time_budget,
+        device=args.device,
+        bf16=args.bf16,
+        evaluate_before=not args.no_eval_before,
+        compare_dense=not args.no_dense,
+        record_history=not args.no_history,
+        **given,
+    ).validate()
+
+
+class _StageProgress:
+    """recover's (done, total, eta, message) callback: stages on their own line, steps redrawn in place."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.stage: str | None = None
+
+    def __call__(self, done: int, total: int, eta: float | None, message: str) -> None:
+        if eta is None:
+            if message != self.stage:
+                self.stream.write(f"\rrecover: {message}\n")
+                self.stage = message
+        else:
+            self.stream.write(f"\rrecover: {message}, eta {format_seconds(eta)}   " + ("\n" if done >= total else ""))
+        self.stream.flush()
+
+
+def _summary(result: RecoveryResult) -> dict:
+    summary = {
+        "out": result.checkpoint,
+        "method": result.method,
+        "dense_input": result.dense_input,
+        "steps": f"{result.steps_done}/{result.steps_requested} ({result.stopped})"
+        + (f", resumed at {result.resumed_from}" if result.resumed_from else ""),
+        "train_seconds": f"{result.train_seconds:.1f}",
+        "trainable_params": f"{result.trainable_params:,}",
+        "peak_rss": f"{result.peak_rss / 2**20:.0f} MiB ({result.rss_ratio:.2f}x inference {result.inference_rss / 2**20:.0f} MiB)",
+        "calibration_loss": ", ".join(
+            f"{task} {b:.4f} -> {a:.4f}" for task, b, a in zip(result.tasks, result.calib_loss_before, result.calib_loss_after)
+        ),
+    }
+    before = (result.before or {}).get("perplexity", {})
+    for task, ppl in result.after["perplexity"].items():
+        line = f"{before[task]:.3f} -> {ppl:.3f}" if task in before else f"{ppl:.3f}"
+        if result.after.get("kl_to_dense"):
+            line += f" (KL to dense {result.after['kl_to_dense'][task]:.4f}, top-1 agree {result.after['top1_agreement'][task]:.3f})"
+        summary[f"perplexity[{task}]"] = line
+    if result.adapter:
+        summary["adapter"] = result.adapter
+    if result.run_id is not None:
+        summary["history_run"] = result.run_id
+    return summary
+
+
+def run_recover(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    check_output_dir(args.out)  # before the slow load; recover() checks again against the model
+    lm = load_model(args.model)
+    if lm.pruned_from is None:
+        print(f"note: {args.model} is a dense model, not a pruned gap checkpoint: recovering it as is", file=sys.stderr)
+    started = time.perf_counter()
+    result = recover(lm, settings, progress=_StageProgress(), out_dir=args.out, resume=args.resume)
+    if args.json:
+        print(json.dumps(result.to_dict(), default=str))
+        return 0
+    summary = _summary(result)
+    summary["wall_seconds"] = f"{time.perf_counter() - started:.1f}"
+    print("\n".join(f"{k}: {v}" for k, v in summary.items()))
+    for g in result.after.get("generations", []):
+        print(f"> {g['prompt']}\n  model: {g['model']!r}" + (f"\n  dense: {g['dense']!r}" if "dense" in g else ""))
+    return 0

@@ -1,0 +1,144 @@
+"""The explorer's Recover page through streamlit's AppTest: pick a saved checkpoint, start a
+recovery job, cancel it after a few steps, resume it from the saved step, and see the recovered
+numbers beside the unrecovered ones and the run in the history.
+
+The checkpoint is a tiny two-layer Llama with the real SmolLM2 tokenizer, pruned to other
+widths per block and saved by `checkpoint.save_pruned` under the checkpoints root of a fresh
+cache, then recorded in the run history as Prune & evaluate would.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from gap_engine import history
+from gap_engine.jobs import manager
+from gap_engine.recover_io import partial_dir, saved_step
+
+pytestmark = pytest.mark.slow  # the real SmolLM2 tokenizer and text behind the tiny model
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+RECOVER_PAGE = "pages/recover.py"
+
+
+@pytest.fixture
+def saved_run(smol_tokenizer, tmp_path, monkeypatch) -> history.RunRecord:
+    """A fresh cache whose history holds one run with a tiny pruned checkpoint."""
+    from conftest import tiny_lm
+
+    from gap_engine.checkpoint import save_pruned
+    from gap_engine.config import WindowSpec
+    from gap_engine.pipeline import prune_with_plan
+    from gap_engine.plan import make_plan
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    lm = tiny_lm("llama", smol_tokenizer)
+    plan = make_plan(lm, [0.5, 0.0], [0.25, 0.5], "wanda", allocator="dp", budget=0.2)
+    result = prune_with_plan(lm, plan, WindowSpec(data="news-sample", n_samples=2, seq_len=32, batch_size=2))
+    folder = history.new_checkpoint_dir("dp", 0.2)
+    save_pruned(lm, plan, result.kept_indices(), folder)
+    record = history.RunRecord(model=lm.name, allocator="dp", plan=plan.to_dict(), budget=0.2, checkpoint=str(folder),
+                               perplexity={"news-sample": 50000.0})  # fmt: skip
+    record.id = history.record_run(record)
+    yield record
+    manager().cancel_all()
+    manager().wait_all(timeout=120)
+
+
+def start_page() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.switch_page(RECOVER_PAGE)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def wait_for(condition, what: str, limit: float = 600.0) -> None:
+    """Poll a background job's state (a bound on a hang, not a timing assertion)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
+    at = start_page()
+    assert at.selectbox(key="recover_run").value == saved_run.id
+    assert any(str(saved_run.checkpoint) in str(c.value) for c in at.caption)
+    at.radio(key="recover_method").set_value("mazo")
+    at.multiselect(key="recover_sources").set_value(["news-sample"])
+    at.number_input(key="recover_steps").set_value(6)
+    at.number_input(key="recover_lr").set_value(0.05)
+    at.number_input(key="recover_batch_size").set_value(1)
+    at.number_input(key="recover_seq_len").set_value(16)
+    at.number_input(key="recover_eval_samples").set_value(1)
+    at.number_input(key="recover_eval_seq_len").set_value(16)
+    at.number_input(key="recover_generations").set_value(0)
+    at.run()
+    assert at.button(key="recover_go").label == "Recover"
+    at.button(key="recover_go").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    job = manager().get(at.session_state["app_jobs"]["recover"])
+    out_dir = Path(job.key)
+
+    # Stages and steps arrive as progress; cancel once two steps are saved (save_every is 1 here).
+    seen = []
+    wait_for(lambda: seen.append(job.snapshot()["message"]) or (saved_step(out_dir) or 0) >= 2 or not job.active, "step 2")
+    assert any("calibration" in m for m in seen) and any("mazo step" in m for m in seen), seen
+    job.cancel()
+    wait_for(lambda: not job.active, "the cancel")
+    assert job.status == "cancelled", job.error
+    reached = saved_step(out_dir)
+    assert reached is not None and 2 <= reached < 6 and not out_dir.exists()
+
+    at.run()
+    assert any("Recovery was cancelled" in str(w.value) for w in at.warning)
+    assert any(f"stopped at step {reached} of 6" in str(i.value) for i in at.info)
+    assert at.button(key="recover_go").label == "Resume recovery"
+    at.button(key="recover_go").click().run()
+    resumed = manager().get(at.session_state["app_jobs"]["recover"])
+    assert resumed.id != job.id and resumed.key == job.key
+    wait_for(lambda: not resumed.active, "the resumed run")
+    assert resumed.status == "done", resumed.error
+    assert resumed.result["resumed_from"] == reached and resumed.result["steps_done"] == 6
+    assert [row["step"] for row in resumed.result["curve"]] == list(range(1, 7))
+    assert out_dir.is_dir() and not partial_dir(out_dir).exists()
+
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Recovery finished" in str(s.value) for s in at.success)
+    [frame] = [d for d in at.dataframe if "recovered perplexity" in d.value.columns]
+    table = frame.value
+    assert list(table["held-out text"]) == ["news-sample"]
+    before, after = table["unrecovered perplexity"][0], table["recovered perplexity"][0]
+    assert before > 0 and after > 0 and before != after
+    assert at.button(key="recover_go").label == "Recover"  # the finished run left no partial state
+
+    runs = history.runs()
+    assert [r.allocator for r in runs] == ["dp", "dp+mazo"]
+    assert runs[-1].checkpoint == str(out_dir)
+    # The recovered checkpoint is itself offered for a further recovery.
+    options = at.selectbox(key="recover_run").options
+    assert len(options) == 2 and options[0].startswith(f"run {runs[-1].id}: dp+mazo"), options
+
+
+def test_recover_page_without_checkpoints_points_to_prune_and_evaluate(tmp_path, monkeypatch):
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    at = start_page()
+    assert any("No saved checkpoint yet" in str(i.value) for i in at.info)
+
+
+def test_recover_page_bad_settings_give_a_message_and_no_job(saved_run):
+    at = start_page()
+    at.multiselect(key="recover_sources").set_value([])
+    at.run()
+    assert any("at least one text source" in str(w.value) for w in at.warning)
+    at.button(key="recover_go").click().run()
+    assert not at.exception
+    assert "recover" not in at.session_state["app_jobs"]
+    assert any("at least one text source" in str(e.value) for e in at.error)
