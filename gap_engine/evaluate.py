@@ -19,8 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from .config import EVAL_WINDOWS, WindowSpec
-from .data import batches, heldout_windows, text_start, window_start
+from .data import heldout_windows, text_start, window_start
+from .device import input_device, is_streamed, placement_of, synchronize
 from .errors import DataError, GapError
+from .layerwise import logits_batches
 from .models import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -68,8 +70,8 @@ def mean_nll(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> flo
     """
     start = text_start(lm.tokenizer, windows)
     total, count = 0.0, 0
-    for batch in batches(windows, batch_size):
-        logits = lm.model(input_ids=batch, use_cache=False).logits[:, start:-1]  # (B, T-1-start, V)
+    for batch, logits in logits_batches(lm, windows, batch_size):
+        logits = logits[:, start:-1]  # (B, T-1-start, V)
         targets = batch[:, start + 1 :]  # (B, T-1-start)
         nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum")
         total += nll.item()
@@ -90,9 +92,9 @@ def compare_logits(lm: LoadedModel, dense: LoadedModel, windows: torch.Tensor, b
     start = text_start(lm.tokenizer, windows)
     nll_m = nll_d = kl = agree = 0.0
     count = 0
-    for batch in batches(windows, batch_size):
-        logp_m = F.log_softmax(lm.model(input_ids=batch, use_cache=False).logits[:, start:-1].float(), -1)  # (B, T-1-start, V)
-        logp_d = F.log_softmax(dense.model(input_ids=batch, use_cache=False).logits[:, start:-1].float(), -1)
+    for (batch, logits_m), (_, logits_d) in zip(logits_batches(lm, windows, batch_size), logits_batches(dense, windows, batch_size)):
+        logp_m = F.log_softmax(logits_m[:, start:-1].float(), -1)  # (B, T-1-start, V)
+        logp_d = F.log_softmax(logits_d[:, start:-1].float(), -1).to(logp_m.device)
         targets = batch[:, start + 1 :]  # (B, T-1-start)
         nll_m -= logp_m.gather(-1, targets[..., None]).sum().item()
         nll_d -= logp_d.gather(-1, targets[..., None]).sum().item()
@@ -104,17 +106,21 @@ def compare_logits(lm: LoadedModel, dense: LoadedModel, windows: torch.Tensor, b
 
 @torch.inference_mode()
 def _time_prefill(lm: LoadedModel, ids: torch.Tensor) -> float:
+    ids = ids.to(input_device(lm.model))
     start = time.perf_counter()
     lm.model(input_ids=ids, use_cache=False)
+    synchronize(ids.device)
     return time.perf_counter() - start
 
 
 @torch.inference_mode()
 def _time_decode(lm: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
+    ids = ids.to(input_device(lm.model))
     start = time.perf_counter()
     lm.model.generate(
         ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id
     )
+    synchronize(ids.device)
     return time.perf_counter() - start
 
 
@@ -146,7 +152,7 @@ def measure_throughput(
 
 @torch.inference_mode()
 def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 24) -> str:
-    ids = lm.tokenizer(prompt, return_tensors="pt").input_ids
+    ids = lm.tokenizer(prompt, return_tensors="pt").input_ids.to(input_device(lm.model))
     out = lm.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)
     return lm.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
@@ -189,16 +195,19 @@ def evaluate(
         report.dense["perplexity"][source] = math.exp(nll_d)
         report.kl_to_dense[source] = kl
         report.top1_agreement[source] = agree
-    if settings.throughput:
+    streamed = is_streamed(lm) or (dense is not None and is_streamed(dense))
+    if streamed and (settings.throughput or settings.generations):
+        say("throughput and generations are skipped: a streamed model moves every block per token")
+    if settings.throughput and not streamed:
         say("throughput")
         report.throughput = measure_throughput(lm, dense)
-    for prompt in DEFAULT_PROMPTS[: settings.generations]:
+    for prompt in DEFAULT_PROMPTS[: 0 if streamed else settings.generations]:
         say(f"generating: {prompt!r}")
         row = {"prompt": prompt, "model": generate(lm, prompt, settings.max_new_tokens)}
         if dense is not None:
             row["dense"] = generate(dense, prompt, settings.max_new_tokens)
         report.generations.append(row)
-    report.settings = asdict(settings)
+    report.settings = asdict(settings) | {"placement": placement_of(lm).describe()}
     report.window_start = window_start(lm.tokenizer)
     report.seconds = time.perf_counter() - started
     return report

@@ -26,7 +26,9 @@ from torch import nn
 
 from .config import CRITERIA, DEFAULT_CRITERION
 from .data import batches, text_start
+from .device import host64, input_device, is_streamed, wide
 from .errors import GapError
+from .layerwise import forward_blocks
 from .models import LoadedModel
 from .progress import CancelToken, check_cancelled
 
@@ -48,7 +50,7 @@ class ImportanceScores:
 
 
 class InputStats:
-    """Running sum and sum of squares of a linear layer's input, per input feature (float64).
+    """Running sum and sum of squares of a linear layer's input, per input feature (float64, on the host).
 
     The first ``skip`` positions of every window are left out: a BOS token's activations
     are huge outliers (an attention sink) that say nothing about the text.
@@ -62,9 +64,9 @@ class InputStats:
 
     def __call__(self, module, args):
         x = args[0].detach()[:, self.skip :]  # (B, T-skip, width)
-        x = x.reshape(-1, x.shape[-1]).to(torch.float64)  # (B*(T-skip), width)
-        self.total += x.sum(0)
-        self.total_sq += (x * x).sum(0)
+        x = wide(x.reshape(-1, x.shape[-1]))  # (B*(T-skip), width), on its device
+        self.total += x.sum(0).cpu()
+        self.total_sq += (x * x).sum(0).cpu()
         self.count += x.shape[0]
 
     def l2(self) -> torch.Tensor:
@@ -85,13 +87,13 @@ def _magnitude(lm: LoadedModel) -> list[LayerScores]:
         geom = lm.adapter.geometry(layer)
         q, _, _, o = lm.adapter.attention_projections(layer)
         gate, up, down = lm.adapter.mlp_projections(layer)
-        q_rows = q.weight.detach().abs().double().sum(1)  # (H*D,)
-        o_cols = o.weight.detach().abs().double().sum(0)  # (H*D,)
+        q_rows = host64(wide(q.weight.detach().abs()).sum(1))  # (H*D,)
+        o_cols = host64(wide(o.weight.detach().abs()).sum(0))  # (H*D,)
         head = _per_head(q_rows + o_cols, geom.head_dim)
-        channel = (
-            gate.weight.detach().abs().double().sum(1)
-            + up.weight.detach().abs().double().sum(1)
-            + down.weight.detach().abs().double().sum(0)
+        channel = host64(
+            wide(gate.weight.detach().abs()).sum(1)
+            + wide(up.weight.detach().abs()).sum(1)
+            + wide(down.weight.detach().abs()).sum(0)
         )
         out.append(LayerScores(head=head, channel=channel))
     return out
@@ -123,11 +125,14 @@ def input_statistics(
     parts = batches(windows, batch_size)
     try:
         with torch.no_grad():
-            for i, batch in enumerate(parts):
-                check_cancelled(cancel, f"activation statistics cancelled after {i} of {len(parts)} batches")
-                lm.model(input_ids=batch, use_cache=False)
-                if progress:
-                    progress(i + 1, len(parts))
+            if is_streamed(lm):  # the hooks fire as each block visits the device
+                forward_blocks(lm, windows, batch_size, cancel=cancel, progress=progress)
+            else:
+                for i, batch in enumerate(parts):
+                    check_cancelled(cancel, f"activation statistics cancelled after {i} of {len(parts)} batches")
+                    lm.model(input_ids=batch.to(input_device(lm.model)), use_cache=False)
+                    if progress:
+                        progress(i + 1, len(parts))
     finally:
         for h in handles:
             h.remove()
@@ -148,11 +153,11 @@ def _activation_scores(lm, windows, criterion, batch_size, progress, cancel) -> 
         _, _, _, o = lm.adapter.attention_projections(layer)
         _, _, down = lm.adapter.mlp_projections(layer)
         if criterion == "wanda":
-            o_cols = o.weight.detach().abs().double().sum(0) * o_in.l2()
-            d_cols = down.weight.detach().abs().double().sum(0) * down_in.l2()
+            o_cols = host64(wide(o.weight.detach().abs()).sum(0)) * o_in.l2()
+            d_cols = host64(wide(down.weight.detach().abs()).sum(0)) * down_in.l2()
         else:  # flap: fluctuation of the input times the squared column norm
-            o_cols = o_in.variance() * o.weight.detach().double().pow(2).sum(0)
-            d_cols = down_in.variance() * down.weight.detach().double().pow(2).sum(0)
+            o_cols = o_in.variance() * host64(wide(o.weight.detach()).pow(2).sum(0))
+            d_cols = down_in.variance() * host64(wide(down.weight.detach()).pow(2).sum(0))
         out.append(LayerScores(head=_per_head(o_cols, geom.head_dim), channel=d_cols))
     return out
 
@@ -165,7 +170,7 @@ def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
         gate, up, down = lm.adapter.mlp_projections(layer)
         weights.append((q.weight, o.weight, gate.weight, up.weight, down.weight))
     params = [w for group in weights for w in group]
-    saliency = [torch.zeros_like(w, dtype=torch.float64) for w in params]  # accumulated W * grad
+    saliency = [wide(torch.zeros_like(w)) for w in params]  # accumulated W * grad, on the weights' device
     for w in params:
         w.requires_grad_(True)
     parts = batches(windows, batch_size)
@@ -173,12 +178,13 @@ def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
     try:
         for i, batch in enumerate(parts):
             check_cancelled(cancel, f"taylor importance scores cancelled after {i} of {len(parts)} batches")
+            batch = batch.to(input_device(lm.model))
             labels = batch.clone()
             labels[:, : start + 1] = -100  # no target at BOS, nor the first text token predicted from BOS alone
             loss = lm.model(input_ids=batch, labels=labels, use_cache=False).loss
             grads = torch.autograd.grad(loss, params)
             for acc, w, g in zip(saliency, params, grads):
-                acc += (w.detach() * g).double()
+                acc += wide(w.detach() * g)
             if progress:
                 progress(i + 1, len(parts))
     finally:
@@ -191,8 +197,8 @@ def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
         # Vector-wise Taylor: a unit's removal changes the loss by about -sum(W * g) over its weights.
         head_rows = s_q.sum(1).reshape(-1, geom.head_dim).sum(-1)
         head_cols = s_o.sum(0).reshape(-1, geom.head_dim).sum(-1)
-        head = (head_rows + head_cols).abs()
-        channel = (s_gate.sum(1) + s_up.sum(1) + s_down.sum(0)).abs()
+        head = host64((head_rows + head_cols).abs())
+        channel = host64((s_gate.sum(1) + s_up.sum(1) + s_down.sum(0)).abs())
         out.append(LayerScores(head=head, channel=channel))
     return out
 
@@ -224,6 +230,8 @@ def compute_importance(
     elif windows is None:
         raise GapError(f"criterion '{criterion}' needs calibration windows")
     elif criterion == "taylor":
+        if is_streamed(lm):
+            raise GapError("criterion 'taylor' needs gradients through the whole model at once; with --stream use wanda, flap or magnitude")
         layers = _taylor(lm, windows, batch_size, progress, cancel)
     else:
         layers = _activation_scores(lm, windows, criterion, batch_size, progress, cancel)

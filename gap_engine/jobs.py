@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .device import DeviceSpec
 from .errors import CancelledError, GapError, one_line
 from .models import LoadedModel, load_model
 from .pipeline import baseline_rows, loss_table, prune_and_evaluate
@@ -333,17 +334,18 @@ _shared: dict[str, LoadedModel] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_model(name: str) -> LoadedModel:
-    """The dense LoadedModel for ``name``, loaded once per process. Never modify it.
+def shared_model(name: str, device: DeviceSpec | None = None) -> LoadedModel:
+    """The dense LoadedModel for ``name`` (on ``device``; None: CPU float32), loaded once per process. Never modify it.
 
     Raises:
-        GapError: from models.load_model (unknown name, unreadable weights, ...).
+        GapError: from models.load_model (unknown name, unreadable weights, a device this machine lacks, ...).
     """
+    key = name if device is None else f"{name}|{device.device}|{device.dtype}|{device.stream}"
     with _shared_lock:
-        lm = _shared.pop(name, None)
+        lm = _shared.pop(key, None)
         if lm is None:
-            lm = load_model(name)
-        _shared[name] = lm  # most recently used last
+            lm = load_model(name, device)
+        _shared[key] = lm  # most recently used last
         while len(_shared) > MAX_SHARED_MODELS:
             _shared.pop(next(iter(_shared)))
         return lm
@@ -353,19 +355,24 @@ def shared_model(name: str) -> LoadedModel:
 # Each returns a work function for `JobManager.submit`; the work itself is the pipeline's.
 
 
-def table_task(model_name: str, spec) -> WorkFn:
-    """Build (or read from the cache) the loss table of ``model_name`` under ``spec``; the result is the LossTable."""
+def table_task(model_name: str, spec, device: DeviceSpec | None = None, cells=None) -> WorkFn:
+    """Build (or read from the cache) the loss table of ``model_name`` under ``spec``; the result is the LossTable.
+
+    Args:
+        device: where the model runs (None: CPU float32).
+        cells: who measures exact cells (``tables.distributed.RayCells``); None: this process.
+    """
 
     def work(ctx: JobContext):
         ctx.stage("loading the model", 0, 0)
-        lm = shared_model(model_name).copy()  # an exact build masks weights cell by cell
+        lm = shared_model(model_name, device).copy()  # an exact build masks weights cell by cell
         ctx.check_cancelled()
         unit = "cells" if spec.estimator == "exact" else "calibration batches"
 
         def progress(done: int, total: int, eta: float | None = None) -> None:
             ctx.progress(done, total, eta, message=f"{spec.estimator} table: {done} of {total} {unit}")
 
-        return loss_table(lm, spec, progress=progress, cancel=ctx.cancel, stage=ctx.say)
+        return loss_table(lm, spec, progress=progress, cancel=ctx.cancel, stage=ctx.say, cells=cells)
 
     return work
 

@@ -38,6 +38,8 @@ class SizeLimits:
     budgets: int = 64  # budgets of one `gap compare`: each is a prune and an evaluation per allocator
     evo_generations: int = 1000  # evolutionary rounds: each scores evo_offspring candidates on the calibration windows
     evo_offspring: int = 256  # candidates per round
+    ray_workers: int = 64  # Ray worker processes of one table build: each holds a copy of the model
+    rounds: int = 16  # rounds of `gap prune --budget`: each builds a loss table of the whole model and prunes it
     generations: int = 64  # greedy generations of `gap eval` (it has 3 prompts; more repeat nothing)
     channel_multiple: int = 4096  # MLP width granularity: wider than any MLP of the supported families
     layers: int = 4096  # blocks a plan or table may describe

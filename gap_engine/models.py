@@ -27,6 +27,7 @@ from torch import nn
 
 from .adapters import ArchitectureAdapter, adapter_for
 from .checkpoint import is_pruned_checkpoint, read_pruned
+from .device import DeviceSpec, Placement, resolve
 from .errors import ModelLoadError, first_line
 from .fingerprint import state_fingerprint
 from .fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for
@@ -40,7 +41,7 @@ CONVERTED_MARKER = "gap_converted.json"  # written last into a converted built-i
 
 @dataclass
 class LoadedModel:
-    """A model ready for the pipeline: float32, eval mode, with its tokenizer and adapter."""
+    """A model ready for the pipeline: eval mode, with its tokenizer, adapter and placement."""
 
     name: str  # what the user asked for (built-in name, path or hub id)
     model: nn.Module  # a transformers *ForCausalLM
@@ -50,6 +51,7 @@ class LoadedModel:
     source: str  # where the weights were read from
     pruned_from: dict | None = None  # for a gap checkpoint: its base model and plan
     extras: dict = field(default_factory=dict)
+    placement: Placement | None = None  # device, dtype, streaming; None: as built (CPU float32)
 
     @property
     def num_layers(self) -> int:
@@ -293,10 +295,10 @@ def _from_gguf(gguf: Path):
     return model, tokenizer
 
 
-def _from_folder(path: str, local_only: bool):
+def _from_folder(path: str, local_only: bool, dtype=torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=local_only)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     return model, tokenizer
 
@@ -315,7 +317,7 @@ def _convert_builtin(spec: BuiltinModel, folder: Path) -> LoadedModel:
     return LoadedModel.from_transformers(model, tokenizer, spec.name, str(gguf))
 
 
-def _load_builtin(spec: BuiltinModel) -> LoadedModel:
+def _load_builtin(spec: BuiltinModel, dtype=torch.float32) -> LoadedModel:
     folder = cache_root() / "models" / spec.name
     with lock_for(folder):
         clean_stale(folder)  # what a killed conversion left (the lock says none is running)
@@ -324,7 +326,7 @@ def _load_builtin(spec: BuiltinModel) -> LoadedModel:
         problem = converted_problem(folder)
         if problem is None:
             try:
-                model, tokenizer = _from_folder(str(folder), local_only=True)
+                model, tokenizer = _from_folder(str(folder), local_only=True, dtype=dtype)
             except Exception as exc:  # a damaged file the structural checks missed
                 problem = f"{type(exc).__name__}: {first_line(exc, 160)}"
             else:
@@ -333,15 +335,48 @@ def _load_builtin(spec: BuiltinModel) -> LoadedModel:
         return _convert_builtin(spec, folder)
 
 
-def load_model(name_or_path: str) -> LoadedModel:
+def load_model(name_or_path: str, device: DeviceSpec | None = None) -> LoadedModel:
     """Load a built-in name, a local folder (plain or a gap checkpoint), a .gguf file or a hub id.
 
+    Args:
+        name_or_path: what to load.
+        device: where and in which dtype it runs (None: CPU float32, as always). The weights
+            are read in their stored dtype when a non-float32 dtype is asked for, fingerprinted,
+            then cast and moved, so one model has one fingerprint on every device and dtype.
     Raises:
         ModelLoadError: unknown name, unreadable or corrupt weights, unreachable hub.
         UnsupportedArchitectureError: a model family without an adapter.
+        DeviceError: a device or dtype this machine cannot provide (checked before loading).
     """
+    placement = resolve(device)
+    # float32 keeps the old path bit for bit; otherwise read the stored dtype ("auto") and
+    # cast once, instead of holding a float32 copy of a bf16 checkpoint.
+    lm = _load(name_or_path, torch.float32 if placement.dtype == torch.float32 else "auto")
+    return place_model(lm, placement)
+
+
+def place_model(lm: LoadedModel, placement: Placement) -> LoadedModel:
+    """Cast and move ``lm``'s weights as ``placement`` says (in place; returns ``lm``).
+
+    Resident: the whole model goes to the device. Streamed: the blocks stay on the host in the
+    placement's dtype and everything else (embeddings, final norm, LM head) goes to the
+    device (``layerwise.split_placement``). The fingerprint is the one computed as loaded.
+    """
+    from .layerwise import split_placement
+
+    if placement.stream:
+        lm.model.to(dtype=placement.dtype)
+        split_placement(lm.model, lm.adapter, placement.device)
+    else:
+        lm.model.to(device=placement.device, dtype=placement.dtype)
+    lm.placement = placement
+    log.info("%s runs on %s", lm.name, placement.describe())
+    return lm
+
+
+def _load(name_or_path: str, dtype) -> LoadedModel:
     if name_or_path in BUILTIN_MODELS:
-        return _load_builtin(BUILTIN_MODELS[name_or_path])
+        return _load_builtin(BUILTIN_MODELS[name_or_path], dtype)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if is_pruned_checkpoint(path):
@@ -349,7 +384,7 @@ def load_model(name_or_path: str) -> LoadedModel:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is a folder without config.json, not a model checkpoint")
         try:
-            model, tokenizer = _from_folder(str(path), local_only=True)
+            model, tokenizer = _from_folder(str(path), local_only=True, dtype=dtype)
         except Exception as exc:
             raise ModelLoadError(f"cannot load the model in {path}: {type(exc).__name__}: {first_line(exc, 200)}") from exc
         return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
@@ -360,7 +395,7 @@ def load_model(name_or_path: str) -> LoadedModel:
         return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
     if name_or_path.count("/") == 1 and not path.exists() and not name_or_path.startswith((".", "/", "~")):
         try:
-            model, tokenizer = _from_folder(name_or_path, local_only=os.environ.get("HF_HUB_OFFLINE") == "1")
+            model, tokenizer = _from_folder(name_or_path, local_only=os.environ.get("HF_HUB_OFFLINE") == "1", dtype=dtype)
         except Exception as exc:
             raise ModelLoadError(
                 f"cannot load '{name_or_path}' from the Hugging Face hub (no network, or not cached): "

@@ -23,6 +23,8 @@ from .adapters import ArchitectureAdapter
 def slice_linear(linear: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> nn.Linear:
     """A new Linear holding only the given output rows and input columns (bias follows rows)."""
     weight = linear.weight.detach()  # (out, in)
+    rows = rows.to(weight.device) if rows is not None else None  # index where the weights are: exact copies in any dtype
+    cols = cols.to(weight.device) if cols is not None else None
     if rows is not None:
         weight = weight.index_select(0, rows)
     if cols is not None:
@@ -138,6 +140,7 @@ def zeroed_units(adapter: ArchitectureAdapter, layer: nn.Module, heads: tuple[in
             ):
                 if cols is None:
                     continue
+                cols = cols.to(weight.device)
                 saved.append((weight, cols, weight[:, cols].clone()))  # (d, removed)
                 weight[:, cols] = 0.0
             yield

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 
 import pandas as pd
@@ -11,6 +12,7 @@ import streamlit as st
 
 from gap_engine import cache
 from gap_engine.data import BUILTIN_SOURCES, load_corpus
+from gap_engine.device import DTYPE_CHOICES, DeviceSpec, available_devices
 from gap_engine.errors import DataError, GapError, one_line
 from gap_engine.fsutil import atomic_write_bytes, cache_root
 from gap_engine.config import APP_TABLE, CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, DEFAULT_MODEL, OBJECTIVES, WindowSpec
@@ -46,7 +48,12 @@ DEFAULTS = {
     "setup_seed": APP_TABLE.windows.seed,
     "setup_batch": APP_TABLE.windows.batch_size,
     "setup_channel_multiple": DEFAULT_CHANNEL_MULTIPLE,
+    "setup_device": "auto",
+    "setup_dtype": "auto",
+    "setup_stream": False,
+    "setup_ray": False,
 }
+RAY_ADDRESS_ENV = "GAP_RAY_ADDRESS"  # a configured Ray cluster ("local" for one on this machine) offers --ray here
 common.init_page("setup_", DEFAULTS)
 ss = st.session_state
 
@@ -114,9 +121,57 @@ def start_build() -> None:
     except GapError as exc:
         common.set_message("setup", "error", one_line(exc))
         return
-    job_key = name + "|" + json.dumps(spec.summary(), sort_keys=True)
-    job = manager().submit("table", table_task(name, spec), key=job_key, label=f"loss table for {name}")
+    device = device_from_widgets()
+    cells = None
+    if ss["setup_ray"] and os.environ.get(RAY_ADDRESS_ENV) and spec.estimator == "exact":
+        from gap_engine.tables.distributed import RayCells, RaySettings
+
+        address = os.environ[RAY_ADDRESS_ENV]
+        cells = RayCells(RaySettings(address=None if address == "local" else address))
+    job_key = name + "|" + json.dumps(spec.summary(), sort_keys=True) + f"|{device}"
+    job = manager().submit("table", table_task(name, spec, device, cells), key=job_key, label=f"loss table for {name}")
     common.remember_job("table", job)
+
+
+def device_from_widgets() -> DeviceSpec:
+    return DeviceSpec(ss["setup_device"], ss["setup_dtype"], bool(ss["setup_stream"]))
+
+
+def predicted_cost(name: str, spec: TableSpec, device: DeviceSpec, workers: int, calibrate: bool) -> list[str] | None:
+    """The cost model's lines for this build; None when this machine is not calibrated yet and
+    ``calibrate`` is False (calibrating takes a few seconds, once)."""
+    from gap_engine.costmodel import estimate_build, measured_profile, model_shape
+    from gap_engine.device import resolve
+
+    placement = resolve(device)
+    shape = model_shape(name)
+    windows = spec.windows
+    profile = measured_profile(placement, shape, seq_len=min(windows.seq_len, 512), batch=min(windows.batch_size, 4), measure=calibrate)
+    if profile is None:
+        return None
+    return estimate_build(shape, spec, profile, placement.dtype.itemsize, device.stream, workers).lines()
+
+
+def show_prediction() -> None:
+    """What the build will cost, shown before Build: at once when this machine's speed is
+    cached, else after one click (nothing when the form is not valid yet)."""
+    name = model_name()
+    if not name:
+        return
+    # A callback, not the button's return value: a rerun of the app before this line would drop the click.
+    st.button("Estimate time and memory", key="setup_estimate", help="Measures this machine once (a few seconds)",
+              on_click=lambda: ss.update(setup_calibrate=True))
+    calibrate = bool(ss.pop("setup_calibrate", False))
+    if ss["setup_model_kind"] == "Hub id" and not calibrate:
+        return  # reading a hub config may wait on the network: only when asked
+    try:
+        workers = 2 if ss["setup_ray"] and os.environ.get(RAY_ADDRESS_ENV) else 1
+        lines = predicted_cost(name, spec_from_widgets(), device_from_widgets(), workers, calibrate)
+    except Exception as exc:  # a config the hub cannot give offline, a bad value: one line, never a traceback
+        st.caption(f"No estimate: {one_line(exc)}")
+        return
+    if lines is not None:
+        st.caption("  \n".join(lines[:2]), help="\n\n".join(lines[2:]))
 
 
 def load_cached(key: str) -> None:
@@ -260,6 +315,14 @@ with right:
         c1, c2 = st.columns(2)
         c1.number_input("Batch size (memory only)", min_value=1, max_value=64, step=1, key="setup_batch")
         c2.number_input("MLP channels kept in multiples of", min_value=1, max_value=256, step=1, key="setup_channel_multiple")
+        c1, c2, c3 = st.columns(3)
+        c1.selectbox("Device", available_devices(), key="setup_device", help="auto: the accelerator when there is one, else the CPU")
+        c2.selectbox("Precision", DTYPE_CHOICES, key="setup_dtype", help="auto: bfloat16 on an accelerator, float32 on the CPU")
+        c3.checkbox("Stream blocks", key="setup_stream", help="keep the model on the host, one block at a time on the device (exact tables only)")
+        if os.environ.get(RAY_ADDRESS_ENV):
+            st.checkbox(f"Measure cells on Ray ({os.environ[RAY_ADDRESS_ENV]})", key="setup_ray")
+
+    show_prediction()
 
     common.job_controls(
         "table",

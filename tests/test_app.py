@@ -117,6 +117,19 @@ def test_setup_defaults_keep_a_first_build_short(fresh_cache):
     assert at.selectbox(key="setup_builtin_data").value == "wiki-sample"
 
 
+def test_setup_offers_devices_and_estimates_the_build_before_it_runs(fresh_cache):
+    at = start()
+    assert at.selectbox(key="setup_device").value == "auto" and "cpu" in at.selectbox(key="setup_device").options
+    assert at.selectbox(key="setup_dtype").value == "auto" and at.checkbox(key="setup_stream").value is False
+    assert not any("predicted" in t for t in texts(at.caption))  # this machine is not calibrated in a fresh cache
+    at.button(key="setup_estimate").click().run(timeout=120)  # calibrates once (a few seconds)
+    assert not at.exception
+    lines = [t for t in texts(at.caption) if "predicted fisher table of smollm2-135m on cpu float32" in t]
+    assert lines and "peak memory" in lines[0]
+    at.radio(key="setup_estimator").set_value("exact").run()  # cached now: shown at once
+    assert any("predicted exact table of smollm2-135m" in t and "distinct cells" in t for t in texts(at.caption))
+
+
 def test_setup_bad_inputs_give_messages_not_tracebacks(fresh_cache):
     at = start()
     at.text_input(key="setup_rate_grid").set_value("0, 0.5, 0.25")

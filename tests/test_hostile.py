@@ -252,7 +252,7 @@ def table_dict() -> dict:
 
     spec = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="taylor", rate_grid=(0.0, 0.5))
     return {
-        "format_version": 1,
+        "format_version": 2,
         "key": "tiny-nll-split-taylor-0123456789abcdef0123",
         "model": "tiny-llama",
         "model_fingerprint": "0123456789abcdef",
@@ -269,6 +269,10 @@ def table_dict() -> dict:
         "cell_objective": [[3.5, 3.7], [3.5, 3.9], [3.5, 3.49], [3.5, 3.8]],
         "removed": [[0, 4_000], [0, 6_000], [0, 4_000], [0, 6_000]],
         "extras": {},
+        "window_start": "bos",
+        "measured": [[True, False]] * 4,
+        "cell_tokens": None,
+        "estimate": None,
     }
 
 
@@ -288,6 +292,9 @@ def _with(path: str, value):
 
 TABLE_CASES = {
     "num-layers-1e999": (lambda d: json.dumps(d).replace('"num_layers": 2', '"num_layers": 1e999'), "num_layers must be an integer"),
+    "window-start-list": (_with("window_start", ["bos"] * 3), "window_start"),
+    "measured-nested-objects": (_with("measured", [[{"a": 1}, True]] * 4), "malformed loss table"),
+    "format-version-1": (_with("format_version", 1), "format version 1 is not supported"),
     "num-layers-billion": (_with("num_layers", 10**9), "num_layers must be between"),
     "num-layers-disagrees-with-rows": (_with("num_layers", 3), "components must list 6 rows"),
     "dense-prunable-zero": (_with("dense_prunable", 0), "dense_prunable must be between"),
@@ -412,6 +419,10 @@ SIZE_CASES = {
     "generations": (["eval", "--model", "smollm2-135m", "--generations", "1000"], "--generations 1,000"),
     "compare-eval-seq-len": (["compare", "--model", "smollm2-135m", "--eval-seq-len", "100000"], "--eval-seq-len 100,000"),
     "channel-multiple-huge": (["prune", "--model", "smollm2-135m", "--uniform", "0.1", "--channel-multiple", "1000000"], "--channel-multiple"),
+    "prune-rounds-1000": (["prune", "--model", "smollm2-135m", "--budget", "0.2", "--rounds", "1000"], "--rounds 1,000"),
+    "prune-rounds-0": (["prune", "--model", "smollm2-135m", "--budget", "0.2", "--rounds", "0"], "--rounds must be at least 1"),
+    "refine-budgets-100": (["table", "--estimator", "refine", "--refine-budgets", ",".join(["0.1"] * 100)], "--refine-budgets lists 100 budgets"),
+    "ray-workers-10000": (["table", "--ray", "--ray-workers", "10000"], "--ray-workers 10,000"),
     "seq-len-1": (["eval", "--model", "smollm2-135m", "--seq-len", "1"], "--seq-len must be at least 2"),
     "samples-0": (["table", "--samples", "0"], "--samples must be at least 1"),
     "seed-negative": (["eval", "--model", "smollm2-135m", "--seed", "-1"], "--seed must be at least 0"),

@@ -166,7 +166,7 @@ def outlier_ratios(lm, windows: torch.Tensor, m: float = OWL_OUTLIER_M, batch_si
         for name in ("qkv", "o", "gate_up", "down"):
             norm = stats[i, name].l2()  # (in,)
             for linear in groups[i, name]:
-                metrics.append((linear.weight.detach().double().abs() * norm[None, :]).reshape(-1))  # (out*in,)
+                metrics.append((linear.weight.detach().abs().cpu().double() * norm[None, :]).reshape(-1))  # (out*in,)
         metric = torch.cat(metrics)
         ratios[i] = float((metric > m * metric.mean()).double().mean())
     return ratios

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from ..config import WindowSpec
+from ..device import DeviceError, DeviceSpec, canonical_dtype
 from ..errors import BudgetError
 
 
@@ -86,6 +87,39 @@ def windows_from(args: argparse.Namespace, prefix: str = "") -> WindowSpec:
         seed=getattr(args, "seed"),
         batch_size=getattr(args, "batch_size"),
     )
+
+
+def device_arg(text: str) -> str:
+    """argparse type: a device name (auto, cpu, cuda, cuda:N, mps); whether it exists is checked later."""
+    try:
+        DeviceSpec(device=text).validate()
+    except DeviceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip().lower()
+
+
+def dtype_arg(text: str) -> str:
+    """argparse type: auto, float32, bfloat16 or float16 (fp32, bf16, fp16 also read)."""
+    try:
+        DeviceSpec(dtype=text).validate()
+    except DeviceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return canonical_dtype(text)
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    """--device, --dtype and --stream, for every command that runs a model (one group, reused)."""
+    group = p.add_argument_group("device and precision")
+    group.add_argument("--device", type=device_arg, default="auto", help="auto (the accelerator when there is one, else cpu), cpu, cuda, cuda:N or mps (default: %(default)s)")
+    group.add_argument("--dtype", type=dtype_arg, default="auto", help="auto (bfloat16 on an accelerator, float32 on the CPU), float32, bfloat16 or float16")
+    group.add_argument("--stream", action="store_true", help="keep the model on the host and move one block at a time to the device (models larger than the accelerator)")
+
+
+def device_from(args: argparse.Namespace) -> DeviceSpec:
+    """The DeviceSpec that `add_device_args` options describe (CPU float32 when a command has none)."""
+    if not hasattr(args, "device"):
+        return DeviceSpec("cpu", "float32")
+    return DeviceSpec(device=args.device, dtype=args.dtype, stream=args.stream)
 
 
 class DeprecatedAlias(argparse.Action):

@@ -15,7 +15,7 @@ from ..models import list_models, load_model
 from ..pipeline import dense_reference, iterative_prune, prune_with_plan
 from ..plan import RatePlan, uniform_plan
 from ..tables import TableSpec, parse_rate_grid
-from .arguments import windows_from
+from .arguments import device_from, windows_from
 from .output import StderrProgress
 from .table_commands import read_sources
 
@@ -44,11 +44,11 @@ def run_prune(args: argparse.Namespace) -> int:
     plan = RatePlan.load(args.plan) if args.plan else None  # validate before the slow model load
     if (plan.criterion if plan else args.criterion) != "magnitude":
         read_sources(args.data)
-    lm = load_model(args.model)
+    lm = load_model(args.model, device_from(args))
     if plan is None:
         plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple)
     result = prune_with_plan(lm, plan, windows_from(args), StderrProgress("importance"))
-    save_pruned(lm, plan, result.kept_indices(), args.out, dtype=args.dtype)
+    save_pruned(lm, plan, result.kept_indices(), args.out, dtype=args.save_dtype)
     summary = {
         "out": str(args.out),
         "params_before": result.params_before,
@@ -72,6 +72,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
         estimator=args.estimator,
         channel_multiple=args.channel_multiple,
     ).validate()
+    read_sources(args.data)  # a bad text source fails before the model loads
     lm = load_model(args.model)
     progress = StderrProgress("round table")
     result = iterative_prune(lm, spec, args.budget, args.rounds, progress=progress, stage=progress.stage)
@@ -106,8 +107,8 @@ def window_convention_text(tokenizer) -> str:
 
 def run_eval(args: argparse.Namespace) -> int:
     read_sources(args.data)
-    lm = load_model(args.model)
-    dense = None if args.no_dense else dense_reference(lm)
+    lm = load_model(args.model, device_from(args))
+    dense = None if args.no_dense else dense_reference(lm, device_from(args))
     settings = EvalSettings(windows=windows_from(args), throughput=not args.no_throughput, generations=args.generations)
     report = evaluate(lm, dense, settings, progress=lambda msg: print(f"eval: {msg}", file=sys.stderr))
     if args.json:

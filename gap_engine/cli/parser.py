@@ -34,7 +34,7 @@ from ..config import (
     REFINE_BUDGETS,
     SAVE_DTYPES,
 )
-from .arguments import DeprecatedAlias, add_window_args, rate_arg
+from .arguments import DeprecatedAlias, add_device_args, add_window_args, rate_arg
 
 
 def _grid_text(grid) -> str:
@@ -66,9 +66,10 @@ def _add_prune(sub) -> None:
     p.add_argument("--criterion", default=DEFAULT_CRITERION, choices=CRITERIA, help="which heads and channels go")
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE)
     p.add_argument("--out", required=True, help="output folder (replaced atomically)")
-    p.add_argument("--dtype", default=DEFAULT_SAVE_DTYPE, choices=SAVE_DTYPES, help="storage precision of the weights (default: %(default)s)")
+    p.add_argument("--save-dtype", default=DEFAULT_SAVE_DTYPE, choices=SAVE_DTYPES, help="storage precision of the saved weights (default: %(default)s)")
     p.add_argument("--json", action="store_true")
     add_window_args(p, CLI_TABLE.windows)
+    add_device_args(p)
     p.set_defaults(handler="model_commands:run_prune")
 
 
@@ -80,6 +81,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--no-dense", action="store_true", help="do not compare with the dense original")
     p.add_argument("--no-throughput", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_device_args(p)
     p.set_defaults(handler="model_commands:run_eval")
 
 
@@ -121,7 +123,13 @@ def _add_table(sub) -> None:
     add_window_args(p, CLI_TABLE.windows)
     _add_table_spec_args(p, CLI_TABLE.estimator)
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the table cache")
-    p.add_argument("--out", required=True, help="where to write the table (.json, or .csv for the long format)")
+    p.add_argument("--out", help="where to write the table (.json, or .csv for the long format); not needed with --dry-run")
+    add_device_args(p)
+    scale = p.add_argument_group("spreading and planning the work")
+    scale.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS", help="measure exact cells on Ray workers: a local instance, or the cluster at ADDRESS")
+    scale.add_argument("--ray-workers", type=int, default=2, help="Ray worker processes (one per GPU on accelerators; default: %(default)s)")
+    scale.add_argument("--dry-run", action="store_true", help="print the predicted time and peak memory of the build and stop")
+    scale.add_argument("--profile", help="with --dry-run: price the work on a spec sheet (h200, h100, a100) instead of measuring this machine")
     p.set_defaults(handler="table_commands:run_table")
 
     cache = sub.add_parser("cache", help="list or remove cached loss tables")
@@ -164,6 +172,7 @@ def _add_plan(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     _add_constraint_args(p)
     _add_evo_args(p)
+    add_device_args(p)
     p.set_defaults(handler="plan_commands:run_plan")
 
     p = sub.add_parser("front", help="the optimal loss for every budget (CSV), from a loss table alone")
@@ -190,6 +199,7 @@ def _add_compare(sub) -> None:
     p.add_argument("--out", required=True, help="results CSV")
     _add_constraint_args(p)
     _add_evo_args(p)
+    add_device_args(p)
     p.set_defaults(handler="plan_commands:run_compare")
 
 

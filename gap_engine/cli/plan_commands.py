@@ -22,7 +22,7 @@ from ..models import load_model
 from ..pipeline import compare, heldout_sets, loss_table, plan_for
 from ..tables import LossTable
 from ..validate import decode_text, read_bounded
-from .arguments import parse_fraction, parse_list, parse_locks
+from .arguments import device_from, parse_fraction, parse_list, parse_locks
 from .output import StderrProgress, csv_text
 from .table_commands import read_sources, spec_from_args
 
@@ -39,9 +39,9 @@ def read_table(path: str) -> LossTable:
     return LossTable.from_json(decode_text(read_bounded(path, LIMITS.table_bytes, what, TableError), what, TableError))
 
 
-def _load_for_table(model_arg: str | None, table: LossTable):
+def _load_for_table(model_arg: str | None, table: LossTable, device=None):
     """The model named on the command line (or the table's own), checked against the table."""
-    lm = load_model(model_arg or table.model)
+    lm = load_model(model_arg or table.model, device)
     table.check_model(lm)
     return lm
 
@@ -66,7 +66,7 @@ def run_plan(args: argparse.Namespace) -> int:
     budget = parse_fraction(args.budget, "budget") if args.budget is not None else None
     table = read_table(args.table)
     planning_problem(table, constraints)  # contradictory locks fail here, before the model loads
-    lm = _load_for_table(args.model, table)
+    lm = _load_for_table(args.model, table, device_from(args))
     if budget is None:
         budget = budget_for_kept_params(lm.param_count(), table.dense_prunable, args.keep_params)
     check_reach(lm, table, budget, args.allocator, constraints)
@@ -107,10 +107,10 @@ def run_compare(args: argparse.Namespace) -> int:
     read_sources(args.eval_data, *(() if args.table else (args.data,)))  # before the model loads
     if args.table:
         table = read_table(args.table)
-        lm = _load_for_table(args.model, table)
+        lm = _load_for_table(args.model, table, device_from(args))
     else:
         spec = spec_from_args(args)
-        lm = load_model(args.model)
+        lm = load_model(args.model, device_from(args))
         progress = StderrProgress("loss table")
         table = loss_table(lm, spec, progress=progress, stage=progress.stage)
     for budget in budgets:  # before anything slow: an unreachable budget fails here

@@ -28,6 +28,8 @@ SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
     "evo_generations": ("--evo-generations", 0, "evo_generations", "rounds"),
     "evo_offspring": ("--evo-offspring", 1, "evo_offspring", "candidates per round"),
     "channel_multiple": ("--channel-multiple", 1, "channel_multiple", "channels"),
+    "rounds": ("--rounds", 1, "rounds", "rounds, each a loss table of the whole model"),
+    "ray_workers": ("--ray-workers", 1, "ray_workers", "worker processes, each holding the model"),
     "seed": ("--seed", 0, "seed", ""),
     "keep_params": ("--keep-params", 1, None, "parameters"),
 }
@@ -65,8 +67,9 @@ def check_sizes(args: argparse.Namespace) -> None:
         check_windows(samples, seq_len, getattr(args, "batch_size", None) or 1, names, force)
     if getattr(args, "rates", None) is not None:
         check_at_most(_count(args.rates), LIMITS.rates, f"--rates lists {_count(args.rates):,} rates, which", force)
-    if getattr(args, "budgets", None) is not None:
-        check_at_most(_count(args.budgets), LIMITS.budgets, f"--budgets lists {_count(args.budgets):,} budgets, which", force)
+    for dest, flag in (("budgets", "--budgets"), ("refine_budgets", "--refine-budgets")):
+        if getattr(args, dest, None) is not None:
+            check_at_most(_count(getattr(args, dest)), LIMITS.budgets, f"{flag} lists {_count(getattr(args, dest)):,} budgets, which", force)
 
 
 def check_sources(args: argparse.Namespace) -> None:

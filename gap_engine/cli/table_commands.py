@@ -14,7 +14,7 @@ from ..fsutil import atomic_write_text
 from ..models import load_model
 from ..pipeline import loss_table
 from ..tables import TableSpec, parse_rate_grid
-from .arguments import windows_from
+from .arguments import device_from, windows_from
 from .output import StderrProgress
 
 
@@ -46,16 +46,21 @@ def read_sources(*specs: str) -> None:
 
 def run_table(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
+    if args.dry_run:
+        return run_dry_run(args, spec)
+    if not args.out:
+        raise TableError("--out is required (or --dry-run to see what the build would cost)")
     out = Path(args.out)
     if out.suffix not in (".json", ".csv"):
         raise TableError(f"--out must end in .json or .csv, got '{out.name}'")
     if out.is_dir():
         raise TableError(f"--out {out} is a folder; give a file name")
     read_sources(spec.windows.data)
-    lm = load_model(args.model)
+    cells = ray_cells(args, spec)
+    lm = load_model(args.model, device_from(args))
     unit = {"exact": "cells", "refine": "batches, then cells"}.get(spec.estimator, "batches")
     progress = StderrProgress(f"table {unit}")
-    table = loss_table(lm, spec, progress=progress, use_cache=not args.no_cache, stage=progress.stage)
+    table = loss_table(lm, spec, progress=progress, use_cache=not args.no_cache, stage=progress.stage, cells=cells)
     atomic_write_text(out, table.to_csv() if out.suffix == ".csv" else table.to_json())
     measured = int(table.measured_cells()[table.removed > 0].sum())
     print(
@@ -63,6 +68,41 @@ def run_table(args: argparse.Namespace) -> int:
         f"({measured} of {int((table.removed > 0).sum())} cells measured, the rest estimated), "
         f"dense {spec.objective} {table.dense_objective:.4f}, windows start with {table.window_start}, key {table.key}"
     )
+    return 0
+
+
+def ray_cells(args: argparse.Namespace, spec: TableSpec):
+    """The Ray cell executor ``--ray`` asks for, or None (ray is imported only when asked for)."""
+    if args.ray is None:
+        return None
+    if spec.estimator != "exact":
+        raise TableError(f"--ray spreads measured cells; the {spec.estimator} estimate is one gradient pass in one process")
+    from ..tables.distributed import RayCells, RaySettings
+
+    settings = RaySettings(address=None if args.ray == "local" else args.ray, workers=args.ray_workers)
+    return RayCells(settings.validate())
+
+
+def run_dry_run(args: argparse.Namespace, spec: TableSpec) -> int:
+    """Print the cost model's prediction for this build (nothing is built)."""
+    from ..costmodel import SPEC_PROFILES, estimate_build, measured_profile, model_shape
+    from ..device import resolve
+
+    placement = resolve(device_from(args))
+    if args.profile is not None and args.profile not in SPEC_PROFILES:
+        raise TableError(f"unknown --profile '{args.profile}'; choose one of {', '.join(SPEC_PROFILES)}")
+    if args.ray_workers < 1:
+        raise TableError(f"--ray-workers must be at least 1, got {args.ray_workers}")
+    shape = model_shape(args.model)
+    if args.profile:
+        profile, dtype_bytes = SPEC_PROFILES[args.profile], 2
+    else:
+        windows = spec.windows
+        profile = measured_profile(placement, shape, seq_len=min(windows.seq_len, 512), batch=min(windows.batch_size, 4))
+        dtype_bytes = placement.dtype.itemsize
+    workers = args.ray_workers if args.ray is not None else 1
+    estimate = estimate_build(shape, spec, profile, dtype_bytes, stream=placement.stream, workers=workers)
+    print("\n".join(estimate.lines()))
     return 0
 
 

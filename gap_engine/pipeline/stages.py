@@ -16,6 +16,7 @@ from ..allocate import Constraints, EvoSettings, needs_windows, plan_from_table
 from ..cache import PartialCells, get_table, lock, put_table
 from ..config import DEFAULT_N_BUCKETS, WindowSpec
 from ..data import batches, calibration_windows, load_corpus, text_start
+from ..device import DeviceSpec
 from ..errors import ModelLoadError
 from ..importance import ImportanceScores, compute_importance
 from ..models import LoadedModel, load_model
@@ -56,6 +57,7 @@ def loss_table(
     cancel: CancelToken | None = None,
     use_cache: bool = True,
     stage: StageFn | None = None,
+    cells=None,
 ) -> LossTable:
     """The loss table of ``lm`` under ``spec``, from the cache when it is there.
 
@@ -70,6 +72,7 @@ def loss_table(
         cancel: an object with ``is_set()``, polled between cells and batches.
         use_cache: False neither reads nor writes the cache (nor partial cells).
         stage: told the name of each stage as it starts.
+        cells: who measures exact cells (``tables.distributed.RayCells``); default: this process.
     Raises:
         TableError: a bad spec. CancelledError: cancelled. DataError: unusable text source.
     """
@@ -81,7 +84,7 @@ def loss_table(
     def measure(partial):
         windows = calibration_windows(lm.tokenizer, spec.windows)
         _say(stage, f"{spec.estimator} table: scoring units and measuring cells")
-        return measure_table(lm, spec, windows, progress, cancel, partial, key, data_fingerprint)
+        return measure_table(lm, spec, windows, progress, cancel, partial, key, data_fingerprint, cells=cells)
 
     if not use_cache:
         return measure(None)
@@ -157,12 +160,12 @@ def objective_increase(pruned: LoadedModel, dense: LoadedModel, windows: torch.T
     return total / objective_positions(windows, objective, start)
 
 
-def dense_reference(lm: LoadedModel) -> LoadedModel | None:
-    """The dense model a pruned checkpoint came from, when it can be loaded here."""
+def dense_reference(lm: LoadedModel, device: DeviceSpec | None = None) -> LoadedModel | None:
+    """The dense model a pruned checkpoint came from, when it can be loaded here (on ``device``)."""
     if not lm.pruned_from or not lm.pruned_from.get("model"):
         return None
     try:
-        dense = load_model(lm.pruned_from["model"])
+        dense = load_model(lm.pruned_from["model"], device)
     except ModelLoadError as exc:
         log.warning("dense reference %s is not available: %s", lm.pruned_from["model"], exc)
         return None

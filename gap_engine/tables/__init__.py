@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from ..data import text_start
+from ..device import CPU_FP32, is_streamed, placement_of, resolve
+from ..errors import TableError
 from ..importance import compute_importance
 from ..progress import CancelToken, ProgressFn
 from .artefact import TABLE_FORMAT_VERSION, Filled, LossTable, TableSpec, isotonic_smooth, parse_rate_grid, removed_table, table_components, table_key
@@ -23,6 +25,7 @@ from .cells import objective_positions
 from .estimate import estimate_cells
 from .exact import PartialStore, WindowCells, measure_exact, window_cells
 from .refine import refine_cells
+from .streaming import measure_exact_streamed
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,7 @@ def measure_table(
     partial: PartialStore | None = None,
     key: str = "",
     data_fingerprint: str = "",
+    cells=None,
 ) -> LossTable:
     """Build a table on given windows, with no cache (``pipeline.loss_table`` adds it).
 
@@ -105,8 +109,13 @@ def measure_table(
         partial: where measured cells are saved every few cells and read back on resume
             (exact and refine).
         key, data_fingerprint: recorded in the table.
+        cells: who measures exact cells, with ``exact.measure_exact``'s signature (e.g.
+            ``tables.distributed.RayCells``); default: this process, resident or streamed
+            as the model is placed.
     """
     spec.validate()
+    if is_streamed(lm) and spec.estimator != "exact":
+        raise TableError(f"estimator '{spec.estimator}' needs gradients through the whole model at once; with --stream use --estimator exact")
     started, cpu_started = time.perf_counter(), time.process_time()
     components = table_components(lm.num_layers, spec.mode)
     scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size, cancel=cancel)
@@ -115,13 +124,16 @@ def measure_table(
     window_start = "bos" if start else "text"
     estimate = None
     if spec.estimator == "exact":
-        objective, dense, stats = measure_exact(lm, spec, windows, scores, components, progress, cancel, partial)
+        measure = cells or (measure_exact_streamed if is_streamed(lm) else measure_exact)
+        objective, dense, stats = measure(lm, spec, windows, scores, components, progress, cancel, partial)
         measured = np.ones(tokens.shape, dtype=bool)
     elif spec.estimator == "refine":
         objective, dense, stats, measured, estimate = refine_cells(lm, spec, windows, scores, components, progress, cancel, partial)
     else:
         objective, dense, stats = estimate_cells(lm, spec, windows, scores, components, progress, cancel)
         measured = np.zeros(tokens.shape, dtype=bool)
+    if placement_of(lm) != resolve(CPU_FP32):  # tables built the old way keep their exact extras
+        stats = stats | {"placement": placement_of(lm).describe()}
     filled = Filled(measured, tokens, estimate, window_start)
     stats["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # this process, all threads: fairer than wall time on a shared machine
     table = assemble_table(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from ..device import SHORT_DTYPE_NAMES, dtype_name, placement_of
 from ..config import CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, ESTIMATORS, MODES, OBJECTIVES, REFERENCE_TABLE, REFINE_ATTENTION, REFINE_BUDGETS, WindowSpec
 from ..data import WINDOW_STARTS, window_start
 from ..errors import DataError, TableError, first_line
@@ -402,8 +403,9 @@ def table_key(lm, spec: TableSpec, data_fingerprint: str) -> str:
     """Cache key: a readable prefix and a hash of everything that changes the numbers.
 
     Args:
-        lm: the model (its name gives the prefix; its fingerprint and whether its windows
-            start with a BOS token enter the hash).
+        lm: the model (its name gives the prefix; its fingerprint, whether its windows start
+            with a BOS token, and the dtype it computes in when that is not float32 enter the
+            hash: ``name.bf16-...``).
         spec: the table's settings.
         data_fingerprint: the content hash of the calibration text source.
     """
@@ -414,8 +416,12 @@ def table_key(lm, spec: TableSpec, data_fingerprint: str) -> str:
         "window_start": window_start(lm.tokenizer),
         **spec.summary(),
     }
+    dtype = dtype_name(placement_of(lm).dtype)
+    if dtype != "float32":  # float32 keys stay what they always were
+        content["dtype"] = dtype
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(lm.name))[-40:].strip("._-") or "model"
+    slug += "" if dtype == "float32" else f".{SHORT_DTYPE_NAMES.get(dtype, dtype)}"
     return f"{slug}-{spec.objective}-{spec.mode}-{spec.estimator}-{digest}"
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..device import wide
 from ..importance import ImportanceScores
 from ..surgery import removed_units
 
@@ -59,23 +60,25 @@ def objective_per_window(
     dense_logprobs: torch.Tensor | None,
     start: int = 0,
 ) -> torch.Tensor:
-    """Objective summed over each window's counted positions: (B,) float64.
+    """Objective summed over each window's counted positions: (B,) float64 (float32 on MPS).
 
     nll: next-token cross entropy of the targets at positions start+1..T-1 (T-1-start per
     window). kl: KL(dense || pruned) of the next-token distributions at positions
     start..T-1 (T-start per window); ``dense_logprobs`` is (B, T, V), all positions. ``start`` is the number of leading non-text positions
     (``data.text_start``: 1 for a BOS token), so the BOS position and the prediction made
     from BOS alone are never counted and both window conventions score the same text.
+    Logits of a bf16/fp16 model are taken to float32 first, whatever the model's dtype.
     """
+    logits = logits.float()  # no copy when they already are
     batch, vocab = logits.shape[0], logits.shape[-1]
     if objective == "nll":
         per_token = F.cross_entropy(
             logits[:, start:-1].reshape(-1, vocab), input_ids[:, start + 1 :].reshape(-1), reduction="none"
         )  # (B*(T-1-start),)
-        return per_token.view(batch, -1).double().sum(1)
+        return wide(per_token.view(batch, -1)).sum(1)
     logq = F.log_softmax(logits[:, start:], dim=-1)  # (B, T-start, V)
     per_token = F.kl_div(logq, dense_logprobs[:, start:], log_target=True, reduction="none").sum(-1)  # (B, T-start)
-    return per_token.double().sum(1)
+    return wide(per_token).sum(1)
 
 
 def objective_sum(logits: torch.Tensor, input_ids: torch.Tensor, objective: str, dense_logprobs, start: int = 0) -> float:

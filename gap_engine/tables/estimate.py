@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import batches, text_start
+from ..device import host64, input_device
 from ..progress import CancelToken, EtaClock, ProgressFn, check_cancelled
 from .artefact import TableSpec
 from .cells import objective_positions, unit_cuts
@@ -37,13 +38,13 @@ def _install_gates(adapter, layers, geoms, masks: dict) -> list:
         def hook(module, args):
             mask = masks["heads"][index]  # (B, H)
             gate = mask.repeat_interleave(geoms[index].head_dim, dim=1)[:, None, :]  # (B, 1, H*D)
-            return (args[0] * gate,) + tuple(args[1:])
+            return ((args[0] * gate).to(args[0].dtype),) + tuple(args[1:])  # float32 masks, model-dtype activations
 
         return hook
 
     def channel_gate(index):
         def hook(module, args):
-            return (args[0] * masks["channels"][index][:, None, :],) + tuple(args[1:])  # (B, T, I)
+            return ((args[0] * masks["channels"][index][:, None, :]).to(args[0].dtype),) + tuple(args[1:])  # (B, T, I)
 
         return hook
 
@@ -74,7 +75,9 @@ def _mask_gradients(
     masks: dict = {}
     want_fisher = spec.estimator == "fisher"
     want_grad = spec.objective == "nll"
-    generator = torch.Generator().manual_seed(spec.windows.seed)
+    device = input_device(model)
+    # Labels are sampled on the model's device: another device draws other labels (same distribution).
+    generator = torch.Generator(device=device).manual_seed(spec.windows.seed)
     start = text_start(lm.tokenizer, windows)  # a leading BOS position is never counted
     handles = _install_gates(adapter, layers, geoms, masks)
     parts = batches(windows, spec.windows.batch_size)
@@ -82,12 +85,12 @@ def _mask_gradients(
     try:
         for b, batch in enumerate(parts):
             check_cancelled(cancel, f"loss table estimate cancelled after {b} of {len(parts)} batches")
-            n = batch.shape[0]
-            masks["heads"] = [torch.ones(n, g.n_heads, requires_grad=True) for g in geoms]
-            masks["channels"] = [torch.ones(n, g.intermediate_size, requires_grad=True) for g in geoms]
+            n, batch = batch.shape[0], batch.to(device)
+            masks["heads"] = [torch.ones(n, g.n_heads, device=device, requires_grad=True) for g in geoms]
+            masks["channels"] = [torch.ones(n, g.intermediate_size, device=device, requires_grad=True) for g in geoms]
             leaves = masks["heads"] + masks["channels"]
             with torch.enable_grad():
-                logits = model(input_ids=batch, use_cache=False).logits  # (B, T, V)
+                logits = model(input_ids=batch, use_cache=False).logits.float()  # (B, T, V)
                 vocab = logits.shape[-1]
                 real = F.cross_entropy(
                     logits[:, start:-1].reshape(-1, vocab), batch[:, start + 1 :].reshape(-1), reduction="none"
@@ -97,7 +100,7 @@ def _mask_gradients(
                     # Summing per-window means gives each window's own gradient in its mask row.
                     grads = torch.autograd.grad(real.mean(1).sum(), leaves, retain_graph=want_fisher)
                     for acc, g in zip(grad_heads + grad_channels, grads):
-                        acc += g.double().sum(0)
+                        acc += host64(g).sum(0)
                 if want_fisher:
                     used = logits[:, start:] if spec.objective == "kl" else logits[:, start:-1]  # (B, T', V)
                     probs = F.softmax(used.detach(), dim=-1).reshape(-1, vocab)  # (B*T', V)
@@ -105,7 +108,7 @@ def _mask_gradients(
                     nll = F.cross_entropy(used.reshape(-1, vocab), sampled.reshape(-1), reduction="none").view(n, -1)
                     grads = torch.autograd.grad(nll.mean(1).sum(), leaves)
                     for acc, g in zip(fisher_heads + fisher_channels, grads):
-                        acc += (g.double() ** 2).sum(0)
+                        acc += (host64(g) ** 2).sum(0)
             del logits
             eta = clock.step()
             if progress:

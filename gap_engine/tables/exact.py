@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import batches, text_start
+from ..device import input_device
 from ..importance import compute_importance
 from ..progress import CancelToken, EtaClock, ProgressFn, check_cancelled
 from ..slicing import zeroed_units
@@ -70,7 +71,7 @@ def _layer_output(out):
 def dense_pass(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...]) -> DenseState:
     model, adapter = lm.model, lm.adapter
     layers = list(adapter.layers(model))
-    parts = batches(windows, batch_size)
+    parts = [batch.to(input_device(model)) for batch in batches(windows, batch_size)]
     state = DenseState(parts, [], [], [], None, [], text_start(lm.tokenizer, windows))
     vocab = adapter.lm_head(model).out_features
     store_logprobs = "kl" in objectives and windows.numel() * vocab * 4 <= MAX_STORED_LOGPROB_BYTES
@@ -100,7 +101,7 @@ def dense_pass(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str
                 state.block_inputs.append(current["inputs"])
                 state.block_calls.append(current["calls"])
                 state.final_hidden.append(current["final"])
-                logits = adapter.logits_from_hidden(model, current["final"])  # (B, T, V)
+                logits = adapter.logits_from_hidden(model, current["final"]).float()  # (B, T, V)
                 if store_logprobs:
                     state.dense_logprobs.append(F.log_softmax(logits, dim=-1))
                 state.dense_nll.append(objective_per_window(logits, batch, "nll", None, state.start))
@@ -111,9 +112,10 @@ def dense_pass(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str
 
 
 def dense_logprobs(lm, state: DenseState, b: int) -> torch.Tensor:
+    device = input_device(lm.model)  # stored states may wait on the host (streamed builds)
     if state.dense_logprobs is not None:
-        return state.dense_logprobs[b]
-    return F.log_softmax(lm.adapter.logits_from_hidden(lm.model, state.final_hidden[b]), dim=-1)
+        return state.dense_logprobs[b].to(device)
+    return F.log_softmax(lm.adapter.logits_from_hidden(lm.model, state.final_hidden[b].to(device)).float(), dim=-1)
 
 
 
@@ -293,7 +295,7 @@ def window_cells(lm, spec: TableSpec, windows: torch.Tensor, progress: ProgressF
     n = windows.shape[0]
     nll_positions = objective_positions(windows, "nll", state.start) // n  # per window
     kl_positions = objective_positions(windows, "kl", state.start) // n
-    dense_nll = torch.cat(state.dense_nll).numpy() / nll_positions  # (N,)
+    dense_nll = torch.cat(state.dense_nll).cpu().numpy() / nll_positions  # (N,)
     nll = np.zeros((len(components), len(spec.rate_grid), n))
     kl = np.zeros_like(nll)
     distinct = np.zeros((len(components), len(spec.rate_grid)), dtype=bool)
@@ -303,8 +305,8 @@ def window_cells(lm, spec: TableSpec, windows: torch.Tensor, progress: ProgressF
         distinct[c, r] = True
         for cell, source in owner.items():
             if source == (c, r):
-                nll[cell] = sums["nll"].numpy() / nll_positions - dense_nll
-                kl[cell] = sums["kl"].numpy() / kl_positions
+                nll[cell] = sums["nll"].cpu().numpy() / nll_positions - dense_nll
+                kl[cell] = sums["kl"].cpu().numpy() / kl_positions
         eta = clock.step()
         if progress:
             progress(k + 1, len(jobs), eta)

@@ -1,0 +1,87 @@
+"""The cost model: it counts the work the builders do, prices it, and answers `gap table --dry-run`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gap_engine import costmodel
+from gap_engine.cli import main
+from gap_engine.costmodel import SHAPES, SPEC_PROFILES, ModelShape, distinct_cuts_per_layer, estimate_build, measured_profile
+from gap_engine.device import resolve
+from gap_engine.tables import TableSpec, measure_table
+
+GRID = (0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
+
+
+def spec_of(**fields) -> TableSpec:
+    return TableSpec.from_dict(dict(n_samples=4, seq_len=32, rate_grid=GRID, batch_size=2) | fields)
+
+
+@pytest.mark.parametrize("mode", ["split", "block"])
+def test_cell_count_is_the_builders_own(make_tiny, mode):
+    lm = make_tiny("llama", initializer_range=0.2)
+    shape = ModelShape.from_config(lm.model.config)
+    spec = spec_of(mode=mode, n_samples=2, seq_len=16)
+    table = measure_table(lm, spec, torch.randint(0, 49152, (2, 16)))
+    assert table.extras["distinct_cells"] == shape.layers * distinct_cuts_per_layer(shape, GRID, mode, 8)
+    assert shape.total_params == lm.param_count()
+
+
+def test_shapes_of_the_planned_models_match_their_published_sizes():
+    assert 7.9e9 < SHAPES["llama-3.1-8b"].total_params < 8.1e9
+    assert 70.0e9 < SHAPES["llama-3.1-70b"].total_params < 71.0e9
+
+
+def test_estimates_move_the_right_way():
+    shape, profile = SHAPES["llama-3.1-70b"], SPEC_PROFILES["h200"]
+    spec = spec_of(n_samples=32, seq_len=2048, rate_grid=tuple(i / 16 for i in range(16)))
+    one = estimate_build(shape, spec, profile, dtype_bytes=2)
+    streamed = estimate_build(shape, spec, profile, dtype_bytes=2, stream=True)
+    eight = estimate_build(shape, spec, profile, dtype_bytes=2, stream=True, workers=8)
+    fisher = estimate_build(shape, TableSpec.from_dict(spec.to_dict() | {"estimator": "fisher"}), profile, dtype_bytes=2)
+    assert one.fits is False and streamed.fits is True  # 141 GB of weights alone fill one H200
+    assert streamed.device_bytes < profile.memory < one.device_bytes
+    assert streamed.parts["transfers"] > 0 and "transfers" not in one.parts
+    assert eight.workers == 8 and eight.parts["cells"] < streamed.parts["cells"] / 6
+    assert fisher.seconds < one.seconds / 100 and fisher.cells == 0
+    assert one.cells == 80 * distinct_cuts_per_layer(shape, spec.rate_grid, "split", 8)
+    assert any("does not fit" in line for line in one.lines())
+    json.dumps(one.to_dict())  # JSON-ready
+
+
+def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
+    placement, shape = resolve(None), SHAPES["llama-3.1-8b"]
+    assert measured_profile(placement, shape, seq_len=16, batch=1, measure=False) is None
+    profile = measured_profile(placement, shape, seq_len=16, batch=1)
+    assert profile.block_flops > 1e6 and profile.head_flops > 1e6 and profile.basis.startswith("measured on this machine")
+    assert "1024-wide" in profile.basis  # an 8B layer is narrowed before it is measured here
+    monkeypatch.setattr(costmodel, "_measure", lambda *a: pytest.fail("measured twice"))
+    assert measured_profile(placement, shape, seq_len=16, batch=1) == profile
+    assert len(list((tmp_path / "costmodel").glob("profile-*.json"))) == 1
+
+
+def test_cli_dry_run_prints_a_prediction_and_builds_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
+    argv = ["table", "--model", "llama-3.1-70b", "--dry-run", "--profile", "h200", "--estimator", "exact", "--samples", "32", "--seq-len", "2048", "--batch-size", "2"]
+    assert main([*argv, "--stream", "--ray", "--ray-workers", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted exact table of llama-3.1-70b" in out and "8 Ray workers" in out and "basis: spec sheet" in out
+    assert not (tmp_path / "tables").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--dry-run", "--profile", "tpu9"], "unknown --profile 'tpu9'"),
+        (["--ray", "--estimator", "fisher", "--out", "t.json"], "--ray spreads measured cells"),
+        ([], "--out is required"),
+    ],
+)
+def test_cli_table_scale_options_refuse_bad_input_in_one_line(capsys, extra, message):
+    assert main(["table", "--model", "llama-3.1-8b", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
