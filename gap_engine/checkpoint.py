@@ -9,7 +9,15 @@ A pruned checkpoint is a folder with
 - ``plan.json``, ``plan.yaml`` and ``kept_indices.json`` (which heads, KV groups and MLP
   channels of the dense model each block kept);
 - ``gap_pruned.json``: the marker the loader checks first (format version, base model,
-  fingerprints, parameter count).
+  fingerprints, parameter count, storage dtype);
+- what lets other tools use it (``deploy``): ``modeling_gap_pruned.py`` and an ``auto_map``
+  in config.json, so plain transformers builds the narrowed blocks with
+  ``trust_remote_code=True``; a model card ``README.md``; ``eval_report.json`` when the
+  model was evaluated before saving.
+
+Weights are stored in bfloat16 unless another precision is asked for; the recorded
+fingerprint is that of the stored weights upcast to float32, which is what reading back
+rebuilds (the engine computes in float32).
 
 The folder is written under a temporary name and renamed into place when complete.
 Reading builds the dense architecture without initialising weights, narrows every block to
@@ -28,6 +36,10 @@ import torch
 from torch import nn
 
 from .adapters import adapter_for
+from .config import DEFAULT_SAVE_DTYPE
+from .deploy.dtypes import EVAL_REPORT_FILE, cast_state_dict, dtype_name, parse_dtype, set_config_dtype, stored_fingerprint
+from .deploy.model_card import write_model_card
+from .deploy.remote_code import add_remote_code
 from .errors import ModelLoadError, first_line
 from .fsutil import atomic_directory
 from .limits import LIMITS
@@ -46,21 +58,34 @@ def is_pruned_checkpoint(path: str | Path) -> bool:
     return (Path(path) / PRUNED_MARKER).is_file()
 
 
-def save_pruned(lm, plan: RatePlan, kept_indices: dict, out_dir: str | Path) -> Path:
+def save_pruned(
+    lm,
+    plan: RatePlan,
+    kept_indices: dict,
+    out_dir: str | Path,
+    dtype: str = DEFAULT_SAVE_DTYPE,
+    eval_report: dict | None = None,
+) -> Path:
     """Write a pruned LoadedModel, its plan and kept indices to ``out_dir`` (replaced atomically).
 
     Args:
-        lm: the pruned LoadedModel (its model, tokenizer, adapter and fingerprint are written).
+        lm: the pruned LoadedModel (its model, tokenizer and adapter are written).
         plan: the plan it was pruned with.
         kept_indices: surgery's record of which heads, KV groups and channels each block kept.
         out_dir: the checkpoint folder.
+        dtype: storage precision, one of config.SAVE_DTYPES.
+        eval_report: an ``EvalReport.to_dict()`` of this pruned model, for the model card.
     Returns:
         ``out_dir``.
+    Raises:
+        ExportError: an unknown dtype, a weight beyond float16's range, a family without remote code.
     """
     out_dir = Path(out_dir)
     widths = layer_widths(lm.adapter, lm.model)
+    state = cast_state_dict(lm.model, dtype)
     with atomic_directory(out_dir) as tmp:
-        lm.model.save_pretrained(tmp)
+        lm.model.save_pretrained(tmp, state_dict=dict(state))  # a copy: saving pops the dict's entries
+        set_config_dtype(tmp, dtype)
         lm.tokenizer.save_pretrained(tmp)
         config_path = tmp / "config.json"
         config = json.loads(config_path.read_text())
@@ -73,12 +98,17 @@ def save_pruned(lm, plan: RatePlan, kept_indices: dict, out_dir: str | Path) -> 
             "format_version": CHECKPOINT_FORMAT_VERSION,
             "base_model": plan.model,
             "base_fingerprint": plan.model_fingerprint,
-            "fingerprint": lm.fingerprint,
+            "fingerprint": stored_fingerprint(state),
             "param_count": lm.param_count(),
             "widths": widths,
+            "dtype": dtype_name(parse_dtype(dtype)),
         }
+        add_remote_code(tmp)
+        if eval_report is not None:
+            (tmp / EVAL_REPORT_FILE).write_text(json.dumps(eval_report, indent=2, default=str) + "\n")
+        write_model_card(tmp, plan, marker, eval_report, out_dir.name)
         (tmp / PRUNED_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-    log.info("saved pruned checkpoint to %s", out_dir)
+    log.info("saved pruned checkpoint to %s (%s)", out_dir, marker["dtype"])
     return out_dir
 
 
@@ -131,6 +161,7 @@ def read_pruned(folder: str | Path) -> PrunedCheckpoint:
     config_dict = _read_json(folder / "config.json")
     if marker.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         raise ModelLoadError(f"{folder}: checkpoint format {marker.get('format_version')!r} is not supported")
+    config_dict.pop("auto_map", None)  # it points transformers at the remote code; here gap narrows the blocks
     per_layer = config_dict.pop("per_layer_config", None)
     widths = check_per_layer_config(per_layer, config_dict.get("num_hidden_layers"), str(folder))
     model_type = config_dict.get("model_type")

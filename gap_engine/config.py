@@ -111,6 +111,12 @@ APP_TABLE = TableDefaults(estimator=DEFAULT_ESTIMATOR, objective=DEFAULT_OBJECTI
 EVAL_WINDOWS = WindowSpec(n_samples=16, seq_len=256)  # `gap eval`, `gap compare`
 APP_EVAL_WINDOWS = WindowSpec(n_samples=8, seq_len=128)  # the explorer's Prune & evaluate
 
+
+# ---- checkpoints and deployment ----------------------------------------------------------
+SAVE_DTYPES = ("bfloat16", "float16", "float32")  # storage precision of a pruned checkpoint
+DEFAULT_SAVE_DTYPE = "bfloat16"  # half the bytes of float32, same exponent range (no overflow)
+GGUF_OUTTYPES = ("f16", "q8_0")  # weight types of `gap export --format gguf`
+
 # ---- recovery after pruning (recover.py) -------------------------------------------------
 RECOVERY_METHODS = ("lora", "mazo", "mezo")  # LoRA (peft), masked zeroth-order, plain zeroth-order
 RECOVERY_SCHEDULES = ("constant", "linear", "cosine")  # learning-rate decay after the warm-up

@@ -46,6 +46,10 @@ class HistoryError(GapError):
     """The run history cannot be read or written."""
 
 
+class ExportError(GapError):
+    """A checkpoint or model cannot be written in the requested deployment format."""
+
+
 class OutputError(GapError):
     """An output path cannot be written (a file where a folder goes, read-only, disk full)."""
 

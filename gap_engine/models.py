@@ -29,6 +29,7 @@ from .adapters import ArchitectureAdapter, adapter_for
 from .checkpoint import is_pruned_checkpoint, read_pruned
 from .device import DeviceSpec, Placement, resolve
 from .errors import ModelLoadError, first_line
+from .fingerprint import state_fingerprint
 from .fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for
 from .limits import LIMITS
 from .validate import read_json_file
@@ -272,22 +273,8 @@ def converted_problem(folder: Path, full: bool = False) -> str | None:
 
 # ---- loading --------------------------------------------------------------------------
 def weights_fingerprint(model: nn.Module) -> str:
-    """A stable hash of the weights: names, shapes and a strided sample of every tensor.
-
-    Hashing all 500 MB of a model's bytes costs seconds; a sample of ~4k values per tensor plus
-    its shape tells any two real checkpoints apart and takes milliseconds. Floating tensors are
-    hashed as their float32 values, so a bf16 checkpoint read in bf16 or upcast to float32 has
-    one fingerprint (and every float32 fingerprint is what it always was).
-    """
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        flat = tensor.detach().reshape(-1)
-        stride = max(1, flat.numel() // 4096)
-        sample = flat[::stride].to(device="cpu", dtype=torch.float32).contiguous()
-        kind = torch.float32 if tensor.is_floating_point() else tensor.dtype
-        digest.update(f"{name}:{tuple(tensor.shape)}:{kind}".encode())
-        digest.update(sample.numpy().tobytes())
-    return digest.hexdigest()[:16]
+    """A stable hash of the weights (``fingerprint.state_fingerprint`` of the state dict)."""
+    return state_fingerprint(model.state_dict())
 
 
 def _from_gguf(gguf: Path):

@@ -201,7 +201,7 @@ def write_checkpoint(lm, plan, kept: dict, out_dir: Path, result, adapter_dir: P
     from .checkpoint import save_pruned
 
     with atomic_directory(out_dir) as tmp:
-        save_pruned(lm, plan, kept, tmp)
+        save_pruned(lm, plan, kept, tmp, dtype="float32")  # the recovered weights exactly, as trained
         (tmp / "recovery.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
         (tmp / "losses.csv").write_text(_curve_csv(result.curve))
         if adapter_dir is not None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import streamlit as st
 
 from gap_engine import history
+from gap_engine.config import GGUF_OUTTYPES
+from gap_engine.deploy import gguf
 from gap_engine.errors import GapError, PlanError, one_line
 from gap_engine.limits import LIMITS, check_file_size
 from gap_engine.plan import RatePlan
@@ -17,6 +20,7 @@ from pages import common, report_export
 DEFAULTS = {
     "export_plan_source": "planner",
     "export_checkpoint_run": None,
+    "export_gguf_outtype": "q8_0",
     "export_png": {},
     "export_png_error": "",
 }
@@ -52,6 +56,33 @@ def render_pngs(names_and_figs: dict) -> None:
     except Exception as exc:  # kaleido raises many kinds when no browser can start
         ss["export_png"] = {}
         ss["export_png_error"] = one_line(exc)
+
+
+def checkpoint_dtype(folder: str) -> str:
+    """The storage precision a checkpoint records (float32 for folders saved before it did)."""
+    try:
+        return json.loads((Path(folder) / "gap_pruned.json").read_text()).get("dtype", "float32")
+    except (OSError, ValueError):
+        return "an unknown precision"
+
+
+def render_gguf_download(folder: str) -> None:
+    """The checkpoint as a llama.cpp GGUF file (built when clicked), or why it cannot be one."""
+    problem = gguf.gguf_problem(folder)
+    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+    c1.selectbox("GGUF weight type", GGUF_OUTTYPES, key="export_gguf_outtype", disabled=problem is not None)
+    outtype = ss["export_gguf_outtype"]
+    c2.download_button(
+        "Checkpoint (GGUF)",
+        data=lambda: gguf.gguf_bytes(folder, outtype),  # built only when clicked (seconds)
+        file_name=f"{Path(folder).name}-{outtype}.gguf",
+        mime="application/octet-stream",
+        key="export_checkpoint_gguf",
+        on_click="ignore",  # a rerun while the file is being built would drop it
+        icon=":material/memory:",
+        disabled=problem is not None,
+        help=problem or "llama.cpp's deci architecture with per-layer widths; run it with flash attention on",
+    )
 
 
 def check_uploaded_plan(uploaded) -> None:
@@ -156,6 +187,7 @@ else:
         format_func=lambda i: f"Run {i}: {by_id[i].allocator} at {(by_id[i].budget or 0):.1%} — {Path(by_id[i].checkpoint).name}",
     )
     folder = by_id[ss["export_checkpoint_run"]].checkpoint
+    size_mb = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file()) / 1e6
     c2.download_button(
         "Checkpoint (zip)",
         data=lambda: history.checkpoint_zip(folder),  # built only when clicked
@@ -163,8 +195,14 @@ else:
         mime="application/zip",
         key="export_checkpoint_zip",
         icon=":material/folder_zip:",
+        help=f"{size_mb:.0f} MB: weights in {checkpoint_dtype(folder)}, tokenizer, plan, model card and the modeling file for transformers",
     )
-    st.caption(f"`{folder}` — load it again with `gap eval --model {folder}` or `gap_engine.models.load_model`.")
+    render_gguf_download(folder)
+    st.caption(
+        f"`{folder}` ({size_mb:.0f} MB) — gap: `gap_engine.models.load_model`; transformers: "
+        "`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`; llama.cpp: the GGUF file "
+        "(`Llama(path, flash_attn=True)`). The folder's README.md says more."
+    )
 
 # ---- charts --------------------------------------------------------------------------------------
 st.subheader("Charts")

@@ -314,6 +314,12 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert at.selectbox(key="export_plan_source").value == "planner" or at.selectbox(key="export_plan_source").value.startswith("run-")
     zipped = history.checkpoint_zip(result["checkpoint"])
     assert zipped[:2] == b"PK" and len(zipped) > 1_000_000
+    # ... and as a llama.cpp file: the bytes the GGUF button serves (the weights are bfloat16 on disk)
+    from gap_engine.deploy import gguf
+
+    assert "Checkpoint (GGUF)" in labels and gguf.gguf_problem(result["checkpoint"]) is None
+    assert gguf.gguf_bytes(result["checkpoint"], at.selectbox(key="export_gguf_outtype").value)[:4] == b"GGUF"
+    assert "bfloat16" in next(b.proto.help for b in at.get("download_button") if b.proto.label == "Checkpoint (zip)")
 
     # Deleting the run removes its checkpoint too.
     at.switch_page("pages/evaluate.py")

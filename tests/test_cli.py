@@ -31,7 +31,7 @@ def test_gap_models_lists_both_builtins():
 @pytest.mark.parametrize("model_name", ["smollm2-135m", "gemma3-270m"])
 def test_prune_uniform_then_eval_and_reload(model_name, tmp_path, capsys):
     out_dir = tmp_path / "pruned"
-    summary = _run_json(capsys, ["prune", "--model", model_name, "--uniform", "0.2", "--out", str(out_dir), "--json", *SMALL])
+    summary = _run_json(capsys, ["prune", "--model", model_name, "--uniform", "0.2", "--out", str(out_dir), "--save-dtype", "float32", "--json", *SMALL])
     removed = summary["removed_fraction_of_prunable"]
     assert 0.17 < removed < 0.25, removed
     assert summary["params_after"] < summary["params_before"]

@@ -48,7 +48,7 @@ def run_prune(args: argparse.Namespace) -> int:
     if plan is None:
         plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple)
     result = prune_with_plan(lm, plan, windows_from(args), StderrProgress("importance"))
-    save_pruned(lm, plan, result.kept_indices(), args.out)
+    save_pruned(lm, plan, result.kept_indices(), args.out, dtype=args.save_dtype)
     summary = {
         "out": str(args.out),
         "params_before": result.params_before,

@@ -21,8 +21,10 @@ from ..config import (
     DEFAULT_MAX_RATE,
     DEFAULT_MODEL,
     DEFAULT_N_BUCKETS,
+    DEFAULT_SAVE_DTYPE,
     ESTIMATORS,
     EVAL_WINDOWS,
+    GGUF_OUTTYPES,
     MODES,
     OBJECTIVES,
     RECOVERY_METHODS,
@@ -30,6 +32,7 @@ from ..config import (
     RECOVERY_SCHEDULES,
     REFINE_ATTENTION,
     REFINE_BUDGETS,
+    SAVE_DTYPES,
 )
 from .arguments import DeprecatedAlias, add_device_args, add_window_args, rate_arg
 
@@ -63,6 +66,7 @@ def _add_prune(sub) -> None:
     p.add_argument("--criterion", default=DEFAULT_CRITERION, choices=CRITERIA, help="which heads and channels go")
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE)
     p.add_argument("--out", required=True, help="output folder (replaced atomically)")
+    p.add_argument("--save-dtype", default=DEFAULT_SAVE_DTYPE, choices=SAVE_DTYPES, help="storage precision of the saved weights (default: %(default)s)")
     p.add_argument("--json", action="store_true")
     add_window_args(p, CLI_TABLE.windows)
     add_device_args(p)
@@ -228,6 +232,18 @@ def _add_report(sub) -> None:
     p.set_defaults(handler="report_commands:run_report")
 
 
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="write a checkpoint as GGUF for llama.cpp, or re-save it in another precision")
+    p.add_argument("checkpoint", help="a gap checkpoint folder (for gguf also a built-in name or dense model folder)")
+    p.add_argument("--format", choices=("gguf", "hf"), default="gguf", help="gguf: llama.cpp file; hf: transformers folder")
+    p.add_argument("--outtype", choices=GGUF_OUTTYPES, default="f16", help="GGUF weight type (default: %(default)s)")
+    p.add_argument("--dtype", choices=SAVE_DTYPES, default=DEFAULT_SAVE_DTYPE, help="hf: storage precision (default: %(default)s)")
+    p.add_argument("--tokenizer-pre", help="GGUF: llama.cpp pre-tokenizer name when it cannot be detected (e.g. llama-bpe)")
+    p.add_argument("--out", required=True, help="output .gguf file or folder (written atomically)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler="export_commands:run_export")
+
+
 def _add_recover(sub) -> None:
     # Tunables default to None: the handler then keeps recover.RecoverySettings' default (one home for them).
     p = sub.add_parser(
@@ -278,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gap_engine {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_models, _add_prune, _add_eval, _add_table, _add_plan, _add_compare, _add_report, _add_recover):
+    for add in (_add_models, _add_prune, _add_eval, _add_table, _add_plan, _add_compare, _add_report, _add_recover, _add_export):
         add(sub)
     for name in SIZED_COMMANDS:
         sub.choices[name].add_argument(

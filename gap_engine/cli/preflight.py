@@ -33,7 +33,7 @@ SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
     "seed": ("--seed", 0, "seed", ""),
     "keep_params": ("--keep-params", 1, None, "parameters"),
 }
-# Commands whose --out is a folder; every other --out is a file.
+# Commands whose --out is a folder (and `export --format hf`); every other --out is a file.
 FOLDER_OUTPUTS = ("prune",)
 # Commands that always use the on-disk cache (tables, converted models, the run history).
 CACHE_COMMANDS = ("table", "compare", "models", "cache")
@@ -84,7 +84,7 @@ def check_out(args: argparse.Namespace) -> None:
     out = getattr(args, "out", None)
     if out is None:
         return
-    folder = args.command in FOLDER_OUTPUTS
+    folder = args.command in FOLDER_OUTPUTS or (args.command == "export" and getattr(args, "format", None) == "hf")
     path = check_output(out, folder=folder)
     if folder and path.is_dir() and any(path.iterdir()) and not (path / CHECKPOINT_MARKER).is_file():
         raise OutputError(f"--out {path} is a folder that is neither empty nor a gap checkpoint; refusing to replace it")

@@ -178,7 +178,7 @@ def prune_and_evaluate(
     checkpoint = None
     if checkpoint_dir is not None:
         at(SAVE)
-        checkpoint = str(save_pruned(pruned, plan, result.kept_indices(), checkpoint_dir))
+        checkpoint = str(save_pruned(pruned, plan, result.kept_indices(), checkpoint_dir, eval_report=report))
     stage_seconds = timer.finish()
     record = history.RunRecord.from_report(
         plan.to_dict(),

@@ -1,0 +1,51 @@
+"""A pruned checkpoint written again in another storage precision (``gap export --format hf``).
+
+The source is loaded (and so verified: widths, tensors, fingerprint) with gap's own loader
+in float32, then saved with ``checkpoint.save_pruned`` in the asked precision. The plan,
+kept indices and any saved evaluation report travel along; the model card is written afresh.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..checkpoint import save_pruned
+from ..config import DEFAULT_SAVE_DTYPE
+from ..errors import ExportError
+from ..models import load_model
+from ..plan import RatePlan
+from .dtypes import parse_dtype, read_eval_report
+
+
+def resave_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = DEFAULT_SAVE_DTYPE) -> Path:
+    """Load a pruned checkpoint (verifying it) and write it again in ``dtype``.
+
+    Args:
+        source: a gap checkpoint folder.
+        out_dir: the new folder (replaced atomically); not ``source`` itself.
+        dtype: storage precision, one of config.SAVE_DTYPES.
+    Returns:
+        ``out_dir``.
+    Raises:
+        ModelLoadError: ``source`` is not a readable, consistent gap checkpoint.
+        ExportError: ``out_dir`` is ``source`` or cannot be written, or the dtype is unknown.
+    """
+    parse_dtype(dtype)
+    source, out_dir = Path(source), Path(out_dir)
+    if out_dir.resolve() == source.resolve():
+        raise ExportError(f"the output folder {out_dir} is the checkpoint itself; choose another")
+    lm = load_model(str(source))
+    if lm.pruned_from is None or lm.pruned_from.get("plan") is None:
+        raise ExportError(f"{source} is not a gap checkpoint with a plan.json; only those can be re-saved")
+    try:
+        kept = json.loads((source / "kept_indices.json").read_text())
+        if not isinstance(kept, dict):
+            raise TypeError("not an object")
+    except (OSError, json.JSONDecodeError, TypeError) as exc:
+        raise ExportError(f"{source}/kept_indices.json is missing or malformed: {exc}") from None
+    plan = RatePlan.from_dict(lm.pruned_from["plan"])
+    try:
+        return save_pruned(lm, plan, kept, out_dir, dtype=dtype, eval_report=read_eval_report(source))
+    except OSError as exc:
+        raise ExportError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
