@@ -417,6 +417,7 @@ def test_cli_bad_inputs_exit_2_with_one_line_and_write_nothing(pruned_dir, text_
         (["--steps", "3", "--data", "news-sample@heldout"], "calibration split only"),
         (["--steps", "3", "--data", short_text], "too short for one batch"),
         (["--steps", "3", "--out", str(blocker / "out")], "is a file, not a folder"),  # the CLI's --out check
+        (["--steps", "3", "--stream"], "--stream is not available"),
     ]
     for extra, message in cases:
         code, stdout, stderr = _cli(base + extra, capsys)
@@ -436,7 +437,7 @@ def test_cli_recovers_and_says_when_the_model_is_dense(smol_tokenizer, text_file
     out = tmp_path / "out"
     argv = ["recover", "--model", str(dense_dir), "--method", "mazo", "--data", f"news-sample,{text_file}", "--steps", "2",
             "--lr", "0.1", "--seq-len", "32", "--eval-samples", "1", "--eval-seq-len", "32", "--generations", "0",
-            "--no-history", "--out", str(out), "--json"]
+            "--no-history", "--out", str(out), "--json", "--device", "cpu", "--dtype", "bfloat16"]
     code, stdout, stderr = _cli(argv, capsys)
     assert code == 0, stderr
     assert "is a dense model" in stderr

@@ -276,7 +276,6 @@ def _add_recover(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--save-every", type=int, help="steps between saved snapshots")
     p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
-    p.add_argument("--device", help="train on this device (e.g. cuda); default: where the model loads")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for the training forward passes")
     p.add_argument("--eval-samples", type=int, help="held-out windows per task")
     p.add_argument("--eval-seq-len", type=int)
@@ -286,6 +285,7 @@ def _add_recover(sub) -> None:
     p.add_argument("--no-history", action="store_true", help="do not add the run to the run history")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler="recover_commands:run_recover")
+    add_device_args(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

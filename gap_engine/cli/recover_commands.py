@@ -14,7 +14,8 @@ import time
 
 from ..models import load_model
 from ..recover import RecoveryResult, RecoverySettings, recover
-from ..recover_io import check_output_dir
+from ..recover_io import RecoveryError, check_output_dir
+from .arguments import device_from
 from .output import format_seconds
 
 # argparse destination -> RecoverySettings field, for the options whose None means "keep the default".
@@ -39,7 +40,6 @@ def settings_from(args: argparse.Namespace) -> RecoverySettings:
         steps=args.steps,
         lr=args.lr,
         time_budget_s=args.time_budget,
-        device=args.device,
         bf16=args.bf16,
         evaluate_before=not args.no_eval_before,
         compare_dense=not args.no_dense,
@@ -95,7 +95,10 @@ def _summary(result: RecoveryResult) -> dict:
 def run_recover(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     check_output_dir(args.out)  # before the slow load; recover() checks again against the model
-    lm = load_model(args.model)
+    if args.stream:
+        # Training needs every block's weights and gradients at once; streaming is for tables and evaluation.
+        raise RecoveryError("gap recover trains the whole model at once: --stream is not available here")
+    lm = load_model(args.model, device_from(args))
     if lm.pruned_from is None:
         print(f"note: {args.model} is a dense model, not a pruned gap checkpoint: recovering it as is", file=sys.stderr)
     started = time.perf_counter()
