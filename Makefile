@@ -9,7 +9,7 @@ PORT ?= 8501
 # long jobs. `make run HOST=0.0.0.0` serves every network interface (see README, "Serving").
 HOST ?= 127.0.0.1
 
-.PHONY: setup run demo test test-fast bench browser-deps clean-cache
+.PHONY: setup run demo test test-all test-fast bench browser-deps clean-cache
 
 setup: $(STAMP)
 
@@ -36,11 +36,16 @@ demo: setup
 browser-deps:
 	bash scripts/ensure_chromium.sh
 
+# `make test` is CI's command (under 30 min on 2 cores, llama.cpp's first compile included);
+# `make test-all` adds the tests marked heavy.
 test: setup browser-deps
+	$(PY) -m pytest -q -m "not heavy"
+
+test-all: setup browser-deps
 	$(PY) -m pytest -q
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not browser"
+	$(PY) -m pytest -q -m "not slow and not browser and not heavy"
 
 bench: setup
 	$(PY) bench/bench_planner.py

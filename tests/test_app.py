@@ -119,6 +119,7 @@ def test_setup_defaults_keep_a_first_build_short(fresh_cache):
     assert at.selectbox(key="setup_builtin_data").value == "wiki-sample"
 
 
+@pytest.mark.heavy
 def test_setup_offers_devices_and_estimates_the_build_before_it_runs(fresh_cache):
     at = start()
     assert at.selectbox(key="setup_device").value == "auto" and "cpu" in at.selectbox(key="setup_device").options

@@ -115,6 +115,7 @@ def test_a_release_sets_the_one_budget_every_page_uses(cached_table, smol):
     assert "Download report (HTML)" in buttons and not buttons["Download report (HTML)"].disabled
 
 
+@pytest.mark.heavy
 def test_locks_hold_in_every_step(cached_table):
     at = start("pages/planner.py")
     at.multiselect(key="planner_locked").set_value([0, 29]).run()
@@ -131,6 +132,7 @@ def test_locks_hold_in_every_step(cached_table):
     assert any("unlock layers" in t for t in texts(at.warning))
 
 
+@pytest.mark.heavy
 def test_baseline_markers_lie_on_the_uniform_line(cached_table):
     at = start("pages/planner.py")
     at.multiselect(key="planner_baseline_allocators").set_value(["uniform"]).run()
@@ -164,6 +166,7 @@ def test_sensitivity_is_readable_by_default_and_drawn_as_exported(cached_table):
     assert heatmap["layout"]["coloraxis"]["colorscale"][-1][1] == "#010005"
 
 
+@pytest.mark.heavy  # the browser test drags, releases and evaluates the same way
 def test_evaluate_prunes_the_released_row_and_shows_it_readably(cached_table, smol):
     at = start("pages/planner.py")
     data = chart(at)

@@ -18,7 +18,7 @@ import pytest
 
 from test_browser import app_server, browser, set_number, shot  # noqa: F401
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.heavy]
 
 PROGRESS = '[data-testid="stMain"] [data-testid="stProgress"]'
 

@@ -28,7 +28,7 @@ def test_gap_models_lists_both_builtins():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_name", ["smollm2-135m", "gemma3-270m"])
+@pytest.mark.parametrize("model_name", ["smollm2-135m", pytest.param("gemma3-270m", marks=pytest.mark.heavy)])
 def test_prune_uniform_then_eval_and_reload(model_name, tmp_path, capsys):
     out_dir = tmp_path / "pruned"
     summary = _run_json(capsys, ["prune", "--model", model_name, "--uniform", "0.2", "--out", str(out_dir), "--save-dtype", "float32", "--json", *SMALL])

@@ -79,6 +79,7 @@ def test_two_ray_workers_give_the_single_process_table(local_ray, tiny4):
     assert os.getpid() not in cells.result_pids
 
 
+@pytest.mark.heavy
 def test_a_killed_worker_is_restarted_and_the_table_completes_identically(local_ray, tiny4):
     windows = windows_of(4, 32, seed=1)
     spec = spec_of()
@@ -96,6 +97,7 @@ def test_a_killed_worker_is_restarted_and_the_table_completes_identically(local_
     assert len(cells.result_pids - set(cells.worker_pids)) == 1  # the restarted process measured its cells again
 
 
+@pytest.mark.heavy
 def test_a_cancelled_ray_build_resumes_from_the_cache_through_a_lost_worker(local_ray, tiny4, tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
     spec = TableSpec(windows=WindowSpec(n_samples=4, seq_len=32, batch_size=2), rate_grid=(0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75))
@@ -122,6 +124,7 @@ def test_a_cancelled_ray_build_resumes_from_the_cache_through_a_lost_worker(loca
     assert not cache.PartialCells(reference.key).path.exists()
 
 
+@pytest.mark.heavy
 def test_when_restarts_run_out_a_live_worker_takes_the_layers(local_ray, tiny4):
     # Last in the module: it needs workers with other options, so the pool is replaced.
     windows = windows_of(4, 32, seed=2)

@@ -229,6 +229,7 @@ def test_plan_bombs_are_refused_before_they_take_memory(tmp_path, name):
     assert peak_python_bytes(parse) < BOMB_PEAK_BYTES
 
 
+@pytest.mark.heavy
 def test_yaml_bomb_subprocess_rss_matches_a_harmless_refusal(tmp_path):
     """Peak RSS of `gap prune --plan bomb.yaml` equals that of a plan with an unknown criterion."""
     bomb, harmless = tmp_path / "bomb.yaml", tmp_path / "harmless.yaml"
@@ -819,6 +820,7 @@ def test_gap_models_tells_the_truth_about_a_truncated_copy(damaged_builtin, cli)
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_truncated_converted_model_is_converted_again(damaged_builtin):
     from gap_engine.models import converted_problem, load_model
 

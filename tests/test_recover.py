@@ -449,6 +449,7 @@ def test_cli_recovers_and_says_when_the_model_is_dense(smol_tokenizer, text_file
 
 # ---- the real model ------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_real_model_mazo_and_lora_a_few_steps(tmp_path, capsys):
     pruned = tmp_path / "u20"
     assert main(["prune", "--model", "smollm2-135m", "--uniform", "0.2", "--out", str(pruned), "--samples", "2", "--seq-len", "64"]) == 0

@@ -86,6 +86,8 @@ def loss_table(
         windows = run_unless_cancelled(
             lambda: calibration_windows(lm.tokenizer, spec.windows), cancel, "loss table build cancelled while reading the text"
         )
+        if cells is not None:  # Ray workers poll cancel between layers; hooks on the blocks would not pickle
+            return measure_table(lm, spec, windows, progress, cancel, partial, key, data_fingerprint, stage=timer, cells=cells)
         with cancel_checks(lm, cancel, f"loss table build cancelled during the {spec.estimator} measurement"):
             return measure_table(lm, spec, windows, progress, cancel, partial, key, data_fingerprint, stage=timer, cells=cells)
 
