@@ -796,9 +796,12 @@ def damaged_builtin(tmp_path, monkeypatch):
     """A private cache whose smollm2-135m copy links the shared files but holds a truncated model.safetensors."""
     from gap_engine.fsutil import cache_root
 
+    from gap_engine.models import load_model
+
     shared = cache_root() / "models" / "smollm2-135m"
     if not (shared / "gap_converted.json").is_file():
-        pytest.skip("the built-in model is not converted in the shared cache")
+        load_model("smollm2-135m")  # converts it into the shared cache once, as any first use does
+    assert (shared / "gap_converted.json").is_file()
     folder = tmp_path / "cache" / "models" / "smollm2-135m"
     folder.mkdir(parents=True)
     for path in shared.iterdir():
