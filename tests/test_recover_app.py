@@ -58,6 +58,11 @@ def start_page() -> AppTest:
     return at
 
 
+# Enough steps that a cancel sent once step 2 is saved lands before the last one, however fast the
+# machine (with 6, a quiet machine trained all 6 between two polls).
+STEPS = 40
+
+
 def wait_for(condition, what: str, limit: float = 600.0) -> None:
     """Poll a background job's state (a bound on a hang, not a timing assertion)."""
     deadline = time.monotonic() + limit
@@ -72,7 +77,7 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     assert any(str(saved_run.checkpoint) in str(c.value) for c in at.caption)
     at.radio(key="recover_method").set_value("mazo")
     at.multiselect(key="recover_sources").set_value(["news-sample"])
-    at.number_input(key="recover_steps").set_value(6)
+    at.number_input(key="recover_steps").set_value(STEPS)
     at.number_input(key="recover_lr").set_value(0.05)
     at.number_input(key="recover_batch_size").set_value(1)
     at.number_input(key="recover_seq_len").set_value(16)
@@ -94,19 +99,19 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     wait_for(lambda: not job.active, "the cancel")
     assert job.status == "cancelled", job.error
     reached = saved_step(out_dir)
-    assert reached is not None and 2 <= reached < 6 and not out_dir.exists()
+    assert reached is not None and 2 <= reached < STEPS and not out_dir.exists()
 
     at.run()
     assert any("Recovery was cancelled" in str(w.value) for w in at.warning)
-    assert any(f"stopped at step {reached} of 6" in str(i.value) for i in at.info)
+    assert any(f"stopped at step {reached} of {STEPS}" in str(i.value) for i in at.info)
     assert at.button(key="recover_go").label == "Resume recovery"
     at.button(key="recover_go").click().run()
     resumed = manager().get(at.session_state["app_jobs"]["recover"])
     assert resumed.id != job.id and resumed.key == job.key
     wait_for(lambda: not resumed.active, "the resumed run")
     assert resumed.status == "done", resumed.error
-    assert resumed.result["resumed_from"] == reached and resumed.result["steps_done"] == 6
-    assert [row["step"] for row in resumed.result["curve"]] == list(range(1, 7))
+    assert resumed.result["resumed_from"] == reached and resumed.result["steps_done"] == STEPS
+    assert [row["step"] for row in resumed.result["curve"]] == list(range(1, STEPS + 1))
     assert out_dir.is_dir() and not partial_dir(out_dir).exists()
 
     at.run()
