@@ -2,8 +2,8 @@
 
 Nothing is loaded or measured: the cost model (gap_engine/costmodel.py) counts the work of
 each build and prices it with the H200 spec-sheet profile. ``refine`` is priced as a fisher
-pass plus ``costmodel.REFINE_CELLS`` measured cells per component (an assumption about the
-refine estimator). Prints a markdown table.
+pass plus ``costmodel.REFINE_CELLS`` measured cells per component (the refine estimator
+measures where the DP's plans go; bench/results/refine.md counts how many for SmolLM2). Prints a markdown table.
 
     python bench/plan_scale.py [--samples 32 --seq-len 2048]
 """
@@ -26,7 +26,7 @@ def rows(args) -> list[str]:
     profile = SPEC_PROFILES["h200"]
     windows = WindowSpec("wiki-sample", args.samples, args.seq_len, 0, args.batch_size)
     exact = TableSpec(windows=windows, rate_grid=FULL_RATE_GRID)
-    refine = replace(exact, estimator="refine")  # priced by the cost model; validated by no builder here
+    refine = replace(exact, estimator="refine")
     out = [
         "| model | table | GPUs | placement | predicted time | device memory (busiest) | host memory (driver) | fits one H200 |",
         "|---|---|---:|---|---:|---:|---:|---|",

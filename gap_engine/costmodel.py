@@ -41,7 +41,7 @@ from .units import ComponentGeometry, attention_shape_for_rate, channels_for_rat
 
 log = logging.getLogger(__name__)
 
-REFINE_CELLS = 3  # measured cells per component assumed for the refine estimator
+REFINE_CELLS = 4  # measured cells per component assumed for refine: 3.8 measured on SmolLM2 (bench/results/refine.md: DP plans at 4 budgets, a neighbour on each side)
 OBJECT_STORE_BYTES_PER_S = 5e9  # Ray put/get of torch tensors on one node (pickle + shared-memory copy), assumed
 CALIBRATION_HIDDEN_CAP = 1024  # the measured one-layer model is at most this wide
 
@@ -360,7 +360,8 @@ def estimate_build(shape: ModelShape, spec, profile: DeviceProfile, dtype_bytes:
         cell_costs = {i: c * tokens * ((L - i) * block_t + head_t) for i, c in enumerate(measured) if c}
         parts["dense pass"] = forward
     if spec.estimator in ("fisher", "taylor", "refine"):
-        parts["gradient pass"] = (5.0 if spec.estimator != "taylor" else 3.0) * forward
+        # A streamed backward pass runs each block forward a second time before differentiating it.
+        parts["gradient pass"] = ((5.0 if spec.estimator != "taylor" else 3.0) + (1.0 if stream else 0.0)) * forward
     ranges = layer_ranges(cell_costs, workers) if cell_costs else []
     parts["cells"] = max((sum(cell_costs[i] for i in run) for run in ranges), default=0.0)
     state_bytes = tokens * shape.hidden * dtype_bytes  # one (N, T, d) hidden state
@@ -374,7 +375,10 @@ def estimate_build(shape: ModelShape, spec, profile: DeviceProfile, dtype_bytes:
         # Blocks cross once per pass and per group sweep; each cell takes its dense input over once;
         # the block-by-block passes send every block's output back to the host and fetch it again.
         sweeps = (moves * block_bytes + cells * state_bytes) / (len(ranges) if workers > 1 and ranges else 1)  # one link per worker
-        parts["transfers"] = (passes * L * (block_bytes + 2 * state_bytes) + sweeps) / profile.host_link
+        # A streamed gradient pass: every block crosses twice (forward, then backward) and each
+        # block's input, output and the gradient travelling down cross about five times.
+        gradient = L * (2 * block_bytes + 5 * state_bytes) if "gradient pass" in parts else 0.0
+        parts["transfers"] = (passes * L * (block_bytes + 2 * state_bytes) + sweeps + gradient) / profile.host_link
         notes.append(f"streamed cells in groups of {per_group} (their states stay on the device)")
     if workers > 1 and ranges:
         # Workers fetch in parallel; the one owning the earliest layers fetches the most blocks.
@@ -384,7 +388,7 @@ def estimate_build(shape: ModelShape, spec, profile: DeviceProfile, dtype_bytes:
     in_flight = per_group * state_bytes if stream and cells else 0
     device_bytes, host_bytes = _memory(shape, spec, dtype_bytes, stream, workers, ranges, in_flight, profile.kind)
     if stream and spec.estimator in ("fisher", "taylor", "refine"):
-        notes.append("the gradient pass cannot stream: it needs the whole model on the device")
+        notes.append("the gradient pass streams too: one block on the device, recomputed for its backward")
     return BuildEstimate(
         model=shape.name, estimator=spec.estimator, device=profile.name, basis=profile.basis, workers=max(1, len(ranges)) if workers > 1 else 1,
         stream=stream, cells=cells, seconds=sum(parts.values()), parts=parts, device_bytes=device_bytes, host_bytes=host_bytes,
@@ -419,10 +423,17 @@ def _memory(shape: ModelShape, spec, dtype_bytes: int, stream: bool, workers: in
     block = shape.block_params * dtype_bytes
     state = n * t * d * dtype_bytes
     working = _working_bytes(shape, spec, dtype_bytes, kind)
-    # A gradient pass (fisher, taylor, the first half of refine) needs the whole model on the device.
-    gradient_pass = weights + _working_bytes(shape, spec, dtype_bytes, kind, gradients=True) if spec.estimator != "exact" else 0.0
+    # A gradient pass (fisher, taylor, the first half of refine) holds the whole model and every
+    # block's activations on the device; streamed, one block and its activations (twice: forward
+    # and backward), while the host keeps every block's input and the gradient travelling down.
+    gradient_pass, gradient_host = 0.0, 0.0
+    if spec.estimator != "exact" and stream:
+        gradient_pass = weights - (L - 1) * block + 2 * working + 2 * state
+        gradient_host = weights + (L + 2) * state
+    elif spec.estimator != "exact":
+        gradient_pass = weights + _working_bytes(shape, spec, dtype_bytes, kind, gradients=True)
     if spec.estimator not in ("exact", "refine"):
-        return float(gradient_pass), 0.0
+        return float(gradient_pass), float(gradient_host)
     stored = (L + 1) * state  # dense block inputs and final states
     if spec.objective == "kl" and n * t * shape.vocab * 4 <= MAX_STORED_LOGPROB_BYTES:
         stored += n * t * shape.vocab * 4
@@ -435,7 +446,7 @@ def _memory(shape: ModelShape, spec, dtype_bytes: int, stream: bool, workers: in
         first = min(run[0] for run in ranges)
         own_inputs = (len(ranges[0]) + 1) * state
         device = non_block + working + (block + in_flight + state if stream else (L - first) * block + own_inputs)
-    return float(max(device, gradient_pass)), float(host)
+    return float(max(device, gradient_pass)), float(max(host, gradient_host))
 
 
 def model_shape(name_or_path: str) -> ModelShape:

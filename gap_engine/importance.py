@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from typing import Callable, Hashable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import CRITERIA, DEFAULT_CRITERION
 from .data import batches, text_start
 from .device import host64, input_device, is_streamed, wide
 from .errors import GapError
-from .layerwise import forward_blocks
+from .layerwise import backward_blocks, forward_blocks
 from .models import LoadedModel
 from .progress import CancelToken, check_cancelled
 
@@ -162,38 +163,43 @@ def _activation_scores(lm, windows, criterion, batch_size, progress, cancel) -> 
     return out
 
 
+def _taylor_weights(layer, adapter) -> list[torch.Tensor]:
+    """The weights whose W * grad score a block's units: q, o, gate, up, down."""
+    q, _, _, o = adapter.attention_projections(layer)
+    gate, up, down = adapter.mlp_projections(layer)
+    return [q.weight, o.weight, gate.weight, up.weight, down.weight]
+
+
 def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
     layers = list(lm.adapter.layers(lm.model))
-    weights = []
-    for layer in layers:
-        q, _, _, o = lm.adapter.attention_projections(layer)
-        gate, up, down = lm.adapter.mlp_projections(layer)
-        weights.append((q.weight, o.weight, gate.weight, up.weight, down.weight))
+    weights = [_taylor_weights(layer, lm.adapter) for layer in layers]
     params = [w for group in weights for w in group]
-    saliency = [wide(torch.zeros_like(w)) for w in params]  # accumulated W * grad, on the weights' device
+    # accumulated W * grad per block, widened (on the weights' device when resident)
+    saliency = [[wide(torch.zeros_like(w)) for w in group] for group in weights]
     for w in params:
         w.requires_grad_(True)
-    parts = batches(windows, batch_size)
     start = text_start(lm.tokenizer, windows)
     try:
-        for i, batch in enumerate(parts):
-            check_cancelled(cancel, f"taylor importance scores cancelled after {i} of {len(parts)} batches")
-            batch = batch.to(input_device(lm.model))
-            labels = batch.clone()
-            labels[:, : start + 1] = -100  # no target at BOS, nor the first text token predicted from BOS alone
-            loss = lm.model(input_ids=batch, labels=labels, use_cache=False).loss
-            grads = torch.autograd.grad(loss, params)
-            for acc, w, g in zip(saliency, params, grads):
-                acc += wide(w.detach() * g)
-            if progress:
-                progress(i + 1, len(parts))
+        if is_streamed(lm):
+            _taylor_streamed(lm, windows, batch_size, start, saliency, cancel)
+        else:
+            parts = batches(windows, batch_size)
+            for i, batch in enumerate(parts):
+                check_cancelled(cancel, f"taylor importance scores cancelled after {i} of {len(parts)} batches")
+                batch = batch.to(input_device(lm.model))
+                loss = _taylor_loss(lm.model(input_ids=batch, use_cache=False).logits, batch, start)
+                grads = torch.autograd.grad(loss, params)
+                for acc, w, g in zip([a for group in saliency for a in group], params, grads):
+                    acc += wide(w.detach() * g)
+                if progress:
+                    progress(i + 1, len(parts))
     finally:
         for w in params:
             w.requires_grad_(False)
     out = []
     for li, layer in enumerate(layers):
         geom = lm.adapter.geometry(layer)
-        s_q, s_o, s_gate, s_up, s_down = saliency[5 * li : 5 * li + 5]
+        s_q, s_o, s_gate, s_up, s_down = saliency[li]
         # Vector-wise Taylor: a unit's removal changes the loss by about -sum(W * g) over its weights.
         head_rows = s_q.sum(1).reshape(-1, geom.head_dim).sum(-1)
         head_cols = s_o.sum(0).reshape(-1, geom.head_dim).sum(-1)
@@ -201,6 +207,30 @@ def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
         channel = host64((s_gate.sum(1) + s_up.sum(1) + s_down.sum(0)).abs())
         out.append(LayerScores(head=head, channel=channel))
     return out
+
+
+def _taylor_loss(logits: torch.Tensor, batch: torch.Tensor, start: int) -> torch.Tensor:
+    """The batch's mean NLL of its next tokens, neither BOS nor the first text token (predicted
+    from BOS alone) counted: what the model's own ``labels=`` loss computes."""
+    vocab = logits.shape[-1]
+    labels = batch[:, 1:].clone()
+    labels[:, :start] = -100
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), labels.reshape(-1), ignore_index=-100)
+
+
+def _taylor_streamed(lm, windows, batch_size, start: int, saliency: list, cancel) -> None:
+    """W * grad accumulated block by block (``layerwise.backward_blocks``), on the host."""
+    on_device: dict[int, list[torch.Tensor]] = {}
+
+    def leaves(i: int, layer, b: int, n: int) -> list[torch.Tensor]:
+        on_device[i] = _taylor_weights(layer, lm.adapter)  # the block's device copies (requires_grad kept)
+        return on_device[i]
+
+    def collect(stream: int, i: int, b: int, grads) -> None:
+        for acc, w, g in zip(saliency[i], on_device[i], grads):
+            acc += wide(w.detach() * g).to(acc.device)
+
+    backward_blocks(lm, windows, batch_size, lambda b, batch, logits: [_taylor_loss(logits, batch, start)], leaves, collect, cancel)
 
 
 def compute_importance(
@@ -230,8 +260,6 @@ def compute_importance(
     elif windows is None:
         raise GapError(f"criterion '{criterion}' needs calibration windows")
     elif criterion == "taylor":
-        if is_streamed(lm):
-            raise GapError("criterion 'taylor' needs gradients through the whole model at once; with --stream use wanda, flap or magnitude")
         layers = _taylor(lm, windows, batch_size, progress, cancel)
     else:
         layers = _activation_scores(lm, windows, criterion, batch_size, progress, cancel)

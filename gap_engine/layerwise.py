@@ -156,6 +156,7 @@ def forward_blocks(
     on_input: Callable[[int, list[torch.Tensor]], None] | None = None,
     cancel: CancelToken | None = None,
     progress: Callable[[int, int], None] | None = None,
+    for_backward: bool = False,
 ) -> LayerwisePass:
     """Every window through every block, one block at a time on the device.
 
@@ -168,12 +169,15 @@ def forward_blocks(
         on_input: told (block index, [b] (B, T, d) host hidden states entering that block).
         cancel: polled before every block.
         progress: told (blocks done, blocks) after every block.
+        for_backward: keep states and calls usable by autograd (``backward_blocks``).
     """
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)
     result = LayerwisePass([], [], [])
     hidden = []
-    with torch.inference_mode():
+    # Inference tensors cannot be saved for a backward pass: a pass that feeds one records
+    # its states and block calls under no_grad instead.
+    with torch.no_grad() if for_backward else torch.inference_mode():
         for batch in batches(windows, batch_size):
             batch = batch.to(input_device(lm.model))
             first, calls = capture_calls(lm, batch)
@@ -214,3 +218,72 @@ def logits_batches(lm, windows: torch.Tensor, batch_size: int) -> Iterator[tuple
     with torch.inference_mode():
         for batch, final in zip(done.batches, done.final_hidden):
             yield batch, lm.adapter.logits_from_hidden(lm.model, final.to(device))
+
+
+# ---- gradients, one block at a time ---------------------------------------------------------
+HeadLosses = Callable[[int, torch.Tensor, torch.Tensor], list[torch.Tensor]]
+BlockLeaves = Callable[[int, nn.Module, int, int], list[torch.Tensor]]
+LeafGrads = Callable[[int, int, int, tuple[torch.Tensor, ...]], None]
+
+
+def backward_blocks(
+    lm,
+    windows: torch.Tensor,
+    batch_size: int,
+    head_losses: HeadLosses,
+    block_leaves: BlockLeaves,
+    on_leaf_grads: LeafGrads,
+    cancel: CancelToken | None = None,
+) -> None:
+    """Gradients of per-batch losses with respect to tensors inside the blocks, with the
+    blocks visiting the device one at a time (a streamed model's backward pass).
+
+    A forward pass block by block keeps every block's input on the host. At the top, each
+    loss is differentiated with respect to the last block's output. Then, from the last
+    block down, each block is run again on its stored input and differentiated with the
+    gradient arriving at its output: the leaves inside it get their gradients and the
+    gradient at its input travels down. This is backpropagation with one block recomputed
+    at a time, so its gradients are those of a resident backward pass (the same chain rule
+    over the same arithmetic; ``tests/test_streaming.py`` checks them).
+
+    Args:
+        lm: a LoadedModel, streamed or resident.
+        windows: (N, T) token ids.
+        batch_size: windows per block call.
+        head_losses: (batch index, (B, T) token ids, (B, T, V) logits) -> one scalar loss per
+            gradient stream; called once per batch, in batch order.
+        block_leaves: (block index, the block on the device, batch index, windows in the
+            batch) -> the leaf tensors whose gradients are wanted for that block and batch
+            (the caller's hooks or the block's own weights make the block read them).
+        on_leaf_grads: told (stream, block index, batch index, gradients of the leaves).
+        cancel: polled before every block.
+    """
+    device = placement_of(lm).device
+    layers = lm.adapter.layers(lm.model)
+    inputs: list[list[torch.Tensor]] = []
+    done = forward_blocks(lm, windows, batch_size, on_input=lambda i, hidden: inputs.append(hidden), cancel=cancel, for_backward=True)
+    arriving: list[list[torch.Tensor]] = []  # [stream][b] gradient at the current block's output, host
+    for b, (batch, final) in enumerate(zip(done.batches, done.final_hidden)):
+        final = final.to(device).detach().requires_grad_(True)
+        with torch.enable_grad():
+            losses = head_losses(b, batch, lm.adapter.logits_from_hidden(lm.model, final))
+            for s, loss in enumerate(losses):
+                if len(arriving) <= s:
+                    arriving.append([])
+                arriving[s].append(to_host(torch.autograd.grad(loss, final, retain_graph=s + 1 < len(losses))[0]))
+    for i in range(len(layers) - 1, -1, -1):
+        check_cancelled(cancel, f"block-by-block backward pass cancelled at block {i} of {len(layers)}")
+        with block_on(layers[i], device) as layer:
+            for b, states in enumerate(inputs[i]):
+                args, kwargs = done.calls[b][i]
+                with torch.enable_grad():
+                    hidden = states.to(device).detach().requires_grad_(i > 0)
+                    leaves = block_leaves(i, layer, b, states.shape[0])
+                    out = layer_output(layer(hidden, *args, **kwargs))
+                    wrt = ([hidden] if i > 0 else []) + leaves
+                    for s, stream in enumerate(arriving):
+                        grads = torch.autograd.grad(out, wrt, grad_outputs=stream[b].to(device), retain_graph=s + 1 < len(arriving))
+                        on_leaf_grads(s, i, b, grads[1:] if i > 0 else grads)
+                        if i > 0:
+                            stream[b] = to_host(grads[0])
+    synchronize(device)

@@ -117,8 +117,6 @@ def measure_table(
             dense pass and the cells, or the gradient pass; refine's cells count within it).
     """
     spec.validate()
-    if is_streamed(lm) and spec.estimator != "exact":
-        raise TableError(f"estimator '{spec.estimator}' needs gradients through the whole model at once; with --stream use --estimator exact")
     started, cpu_started = time.perf_counter(), time.process_time()
     components = table_components(lm.num_layers, spec.mode)
     stage = stage or (lambda name: None)

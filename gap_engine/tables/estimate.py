@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from ..data import batches, text_start
-from ..device import host64, input_device
+from ..device import host64, input_device, is_streamed, placement_of
+from ..layerwise import backward_blocks
 from ..progress import CancelToken, EtaClock, ProgressFn, check_cancelled
 from .artefact import TableSpec
 from .cells import objective_positions, unit_cuts
@@ -36,7 +37,9 @@ def _install_gates(adapter, layers, geoms, masks: dict) -> list:
 
     def head_gate(index):
         def hook(module, args):
-            mask = masks["heads"][index]  # (B, H)
+            mask = masks["heads"][index]  # (B, H); None: no gate (a streamed pass's forward sweep)
+            if mask is None:
+                return None
             gate = mask.repeat_interleave(geoms[index].head_dim, dim=1)[:, None, :]  # (B, 1, H*D)
             return ((args[0] * gate).to(args[0].dtype),) + tuple(args[1:])  # float32 masks, model-dtype activations
 
@@ -44,7 +47,10 @@ def _install_gates(adapter, layers, geoms, masks: dict) -> list:
 
     def channel_gate(index):
         def hook(module, args):
-            return ((args[0] * masks["channels"][index][:, None, :]).to(args[0].dtype),) + tuple(args[1:])  # (B, T, I)
+            mask = masks["channels"][index]  # (B, I)
+            if mask is None:
+                return None
+            return ((args[0] * mask[:, None, :]).to(args[0].dtype),) + tuple(args[1:])  # (B, T, I)
 
         return hook
 
@@ -55,75 +61,145 @@ def _install_gates(adapter, layers, geoms, masks: dict) -> list:
     return handles
 
 
+class _GradientSums:
+    """What the gradient pass accumulates: per block, float64 sums over windows of the mask
+    gradients (stream "grad": first order) and of their squares (stream "fisher")."""
+
+    def __init__(self, geoms, streams: list[str]):
+        self.streams = streams
+        self.grad_heads = [torch.zeros(g.n_heads, dtype=torch.float64) for g in geoms]
+        self.grad_channels = [torch.zeros(g.intermediate_size, dtype=torch.float64) for g in geoms]
+        self.fisher_heads = [torch.zeros(g.n_heads, dtype=torch.float64) for g in geoms]
+        self.fisher_channels = [torch.zeros(g.intermediate_size, dtype=torch.float64) for g in geoms]
+        self.dense_sum = 0.0
+
+    def add(self, stream: int, layer: int, heads: torch.Tensor, channels: torch.Tensor) -> None:
+        """One batch's (B, H) and (B, I) mask gradients of block ``layer``, stream index ``stream``."""
+        if self.streams[stream] == "grad":
+            self.grad_heads[layer] += host64(heads).sum(0)
+            self.grad_channels[layer] += host64(channels).sum(0)
+        else:
+            self.fisher_heads[layer] += (host64(heads) ** 2).sum(0)
+            self.fisher_channels[layer] += (host64(channels) ** 2).sum(0)
+
+    def head_losses(self, logits: torch.Tensor, batch: torch.Tensor, start: int, objective: str, generator) -> list[torch.Tensor]:
+        """The scalar losses whose mask gradients the streams need, for one batch's logits.
+
+        "grad": each window's mean NLL of its real next tokens, summed over windows (so each
+        window's gradient lands in its own mask row); "fisher": the same with labels sampled
+        from the dense model's own distribution. Also adds the batch's real NLL to ``dense_sum``.
+        """
+        n, logits = batch.shape[0], logits.float()  # (B, T, V)
+        vocab = logits.shape[-1]
+        real = F.cross_entropy(logits[:, start:-1].reshape(-1, vocab), batch[:, start + 1 :].reshape(-1), reduction="none").view(n, -1)
+        self.dense_sum += float(real.detach().double().sum())
+        losses = []
+        for stream in self.streams:
+            if stream == "grad":
+                losses.append(real.mean(1).sum())
+                continue
+            used = logits[:, start:] if objective == "kl" else logits[:, start:-1]  # (B, T', V)
+            probs = F.softmax(used.detach(), dim=-1).reshape(-1, vocab)  # (B*T', V)
+            sampled = torch.multinomial(probs, 1, generator=generator).view(n, -1)  # (B, T')
+            nll = F.cross_entropy(used.reshape(-1, vocab), sampled.reshape(-1), reduction="none").view(n, -1)
+            losses.append(nll.mean(1).sum())
+        return losses
+
+
 def _mask_gradients(
     lm, spec: TableSpec, windows: torch.Tensor, cancel: CancelToken | None, progress: ProgressFn | None
 ) -> tuple[list, list, list, list, float]:
     """Per-unit mean gradients G and diagonal Fisher F of the mean objective wrt unit masks.
+
+    A streamed model gets the same sums from a block-by-block backward pass
+    (``layerwise.backward_blocks``); a resident one from one backward pass per batch.
 
     Returns:
         (G_heads, G_channels, F_heads, F_channels, dense_objective); lists over blocks of
         float64 tensors (n_heads,) and (intermediate_size,). G is zero for the kl objective
         and F is zero for the taylor method.
     """
-    model, adapter = lm.model, lm.adapter
-    layers = list(adapter.layers(model))
-    geoms = [adapter.geometry(layer) for layer in layers]
-    grad_heads = [torch.zeros(g.n_heads, dtype=torch.float64) for g in geoms]
-    grad_channels = [torch.zeros(g.intermediate_size, dtype=torch.float64) for g in geoms]
-    fisher_heads = [torch.zeros(g.n_heads, dtype=torch.float64) for g in geoms]
-    fisher_channels = [torch.zeros(g.intermediate_size, dtype=torch.float64) for g in geoms]
-    masks: dict = {}
-    want_fisher = spec.estimator == "fisher"
-    want_grad = spec.objective == "nll"
-    device = input_device(model)
+    layers = list(lm.adapter.layers(lm.model))
+    geoms = [lm.adapter.geometry(layer) for layer in layers]
+    streams = (["grad"] if spec.objective == "nll" else []) + (["fisher"] if spec.estimator == "fisher" else [])
+    sums = _GradientSums(geoms, streams)
+    device = input_device(lm.model)
     # Labels are sampled on the model's device: another device draws other labels (same distribution).
     generator = torch.Generator(device=device).manual_seed(spec.windows.seed)
     start = text_start(lm.tokenizer, windows)  # a leading BOS position is never counted
-    handles = _install_gates(adapter, layers, geoms, masks)
-    parts = batches(windows, spec.windows.batch_size)
-    dense_sum, clock = 0.0, EtaClock(total_steps=len(parts))
+    masks: dict = {"heads": [None] * len(layers), "channels": [None] * len(layers)}
+    handles = _install_gates(lm.adapter, layers, geoms, masks)
     try:
-        for b, batch in enumerate(parts):
-            check_cancelled(cancel, f"loss table estimate cancelled after {b} of {len(parts)} batches")
-            n, batch = batch.shape[0], batch.to(device)
-            masks["heads"] = [torch.ones(n, g.n_heads, device=device, requires_grad=True) for g in geoms]
-            masks["channels"] = [torch.ones(n, g.intermediate_size, device=device, requires_grad=True) for g in geoms]
-            leaves = masks["heads"] + masks["channels"]
-            with torch.enable_grad():
-                logits = model(input_ids=batch, use_cache=False).logits.float()  # (B, T, V)
-                vocab = logits.shape[-1]
-                real = F.cross_entropy(
-                    logits[:, start:-1].reshape(-1, vocab), batch[:, start + 1 :].reshape(-1), reduction="none"
-                ).view(n, -1)  # (B, T-1-start)
-                dense_sum += float(real.detach().double().sum())
-                if want_grad:
-                    # Summing per-window means gives each window's own gradient in its mask row.
-                    grads = torch.autograd.grad(real.mean(1).sum(), leaves, retain_graph=want_fisher)
-                    for acc, g in zip(grad_heads + grad_channels, grads):
-                        acc += host64(g).sum(0)
-                if want_fisher:
-                    used = logits[:, start:] if spec.objective == "kl" else logits[:, start:-1]  # (B, T', V)
-                    probs = F.softmax(used.detach(), dim=-1).reshape(-1, vocab)  # (B*T', V)
-                    sampled = torch.multinomial(probs, 1, generator=generator).view(n, -1)  # (B, T')
-                    nll = F.cross_entropy(used.reshape(-1, vocab), sampled.reshape(-1), reduction="none").view(n, -1)
-                    grads = torch.autograd.grad(nll.mean(1).sum(), leaves)
-                    for acc, g in zip(fisher_heads + fisher_channels, grads):
-                        acc += (host64(g) ** 2).sum(0)
-            del logits
-            eta = clock.step()
-            if progress:
-                progress(b + 1, len(parts), eta)
+        if is_streamed(lm):
+            _streamed_pass(lm, spec, windows, sums, masks, geoms, start, generator, cancel, progress)
+        else:
+            _resident_pass(lm, spec, windows, sums, masks, geoms, start, generator, cancel, progress)
     finally:
         for handle in handles:
             handle.remove()
     n_windows = windows.shape[0]
     t_fisher = objective_positions(windows, spec.objective, start) // n_windows
-    for acc in grad_heads + grad_channels:
+    for acc in sums.grad_heads + sums.grad_channels:
         acc /= n_windows
-    for acc in fisher_heads + fisher_channels:
+    for acc in sums.fisher_heads + sums.fisher_channels:
         acc *= t_fisher / n_windows
-    dense = dense_sum / objective_positions(windows, "nll", start) if spec.objective == "nll" else 0.0
-    return grad_heads, grad_channels, fisher_heads, fisher_channels, dense
+    dense = sums.dense_sum / objective_positions(windows, "nll", start) if spec.objective == "nll" else 0.0
+    return sums.grad_heads, sums.grad_channels, sums.fisher_heads, sums.fisher_channels, dense
+
+
+def _resident_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, start: int, generator, cancel, progress) -> None:
+    """One forward and backward pass per batch through the whole model on its device."""
+    device = input_device(lm.model)
+    parts = batches(windows, spec.windows.batch_size)
+    clock = EtaClock(total_steps=len(parts))
+    for b, batch in enumerate(parts):
+        check_cancelled(cancel, f"loss table estimate cancelled after {b} of {len(parts)} batches")
+        n, batch = batch.shape[0], batch.to(device)
+        masks["heads"] = [torch.ones(n, g.n_heads, device=device, requires_grad=True) for g in geoms]
+        masks["channels"] = [torch.ones(n, g.intermediate_size, device=device, requires_grad=True) for g in geoms]
+        leaves = masks["heads"] + masks["channels"]
+        with torch.enable_grad():
+            logits = lm.model(input_ids=batch, use_cache=False).logits  # (B, T, V)
+            losses = sums.head_losses(logits, batch, start, spec.objective, generator)
+            for s, loss in enumerate(losses):
+                grads = torch.autograd.grad(loss, leaves, retain_graph=s + 1 < len(losses))
+                for layer in range(len(geoms)):
+                    sums.add(s, layer, grads[layer], grads[len(geoms) + layer])
+        del logits
+        eta = clock.step()
+        if progress:
+            progress(b + 1, len(parts), eta)
+
+
+def _streamed_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, start: int, generator, cancel, progress) -> None:
+    """The blocks visit the device one at a time, forward and then backward (``backward_blocks``);
+    progress counts blocks of the backward pass."""
+    device = placement_of(lm).device
+    clock = EtaClock(total_steps=len(geoms))
+    seen: set[int] = set()
+
+    def leaves(i: int, layer, b: int, n: int) -> list[torch.Tensor]:
+        masks["heads"][i] = torch.ones(n, geoms[i].n_heads, device=device, requires_grad=True)
+        masks["channels"][i] = torch.ones(n, geoms[i].intermediate_size, device=device, requires_grad=True)
+        return [masks["heads"][i], masks["channels"][i]]
+
+    def collect(stream: int, i: int, b: int, grads) -> None:
+        sums.add(stream, i, grads[0], grads[1])
+        if i not in seen:
+            seen.add(i)
+            eta = clock.step()
+            if progress:
+                progress(len(seen), len(geoms), eta)
+
+    backward_blocks(
+        lm,
+        windows,
+        spec.windows.batch_size,
+        lambda b, batch, logits: sums.head_losses(logits, batch, start, spec.objective, generator),
+        leaves,
+        collect,
+        cancel,
+    )
 
 
 def estimate_cells(

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..config import DEFAULT_MAX_RATE, DEFAULT_N_BUCKETS
+from ..device import is_streamed
 from ..errors import BudgetError
 from ..planner import constraint_mask, solve_budget
 from ..progress import CancelToken, ProgressFn
@@ -43,6 +44,7 @@ from .artefact import TableSpec, isotonic_smooth, removed_table
 from .cells import objective_positions, unit_cuts
 from .estimate import estimate_cells
 from .exact import PartialStore, dense_pass, distinct_cuts, measure_cells
+from .streaming import measure_cells_streamed, streamed_dense_state
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +173,8 @@ def refine_cells(
     jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple))
     job_of = {(c, r): (c, r, cut) for c, r, cut in jobs}
     removed, dense_prunable = removed_table(lm, components, spec.rate_grid, spec.channel_multiple)
-    state = dense_pass(lm, windows, spec.windows.batch_size, (spec.objective,))
+    streamed = is_streamed(lm)
+    state = (streamed_dense_state if streamed else dense_pass)(lm, windows, spec.windows.batch_size, (spec.objective,))
     positions = objective_positions(windows, spec.objective, state.start)
     dense = state.objective_sum / positions if spec.objective == "nll" else 0.0
     # A resumed build replays the rounds: a round's cells come from ``stored`` when the
@@ -185,7 +188,7 @@ def refine_cells(
         measured.update(reused)
         resumed += len(reused)
         jobs_left = [job_of[cell] for cell in todo if cell not in reused]
-        measure_cells(lm, state, jobs_left, spec.objective, positions, measured, len(measured) + len(jobs_left), partial, progress, cancel)
+        (measure_cells_streamed if streamed else measure_cells)(lm, state, jobs_left, spec.objective, positions, measured, len(measured) + len(jobs_left), partial, progress, cancel)
 
     problem = RefineProblem(estimate, owner, removed, dense_prunable, tuple(kind for _, kind in components), dense)
     measured, rounds = refinement_rounds(problem, spec, measure)

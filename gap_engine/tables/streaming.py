@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ..data import text_start
 from ..device import placement_of
 from ..layerwise import block_on, forward_blocks, layer_output, to_host
-from ..progress import CancelToken, ProgressFn, check_cancelled
+from ..progress import CancelToken, EtaClock, ProgressFn, check_cancelled
 from ..slicing import zeroed_units
 from .artefact import TableSpec
 from .cells import Cut, objective_per_window, objective_positions, unit_cuts
@@ -115,8 +115,9 @@ def cell_groups(jobs, todo: list[int], per_group: int) -> list[list[int]]:
     return [ordered[i : i + per_group] for i in range(0, len(ordered), per_group)]
 
 
-def group_size(windows: torch.Tensor, lm, budget_bytes: int | None = None) -> int:
-    """Cells measured together: as many (N, T, d) states as fit the budget, at least one.
+def group_size(n_tokens: int, lm, budget_bytes: int | None = None) -> int:
+    """Cells measured together: as many (N, T, d) states (``n_tokens`` = N * T) as fit the
+    budget, at least one.
 
     The budget: ``budget_bytes`` when given, else half the free memory of a CUDA device, else
     ``STREAM_GROUP_BYTES``.
@@ -125,7 +126,7 @@ def group_size(windows: torch.Tensor, lm, budget_bytes: int | None = None) -> in
     if budget_bytes is None:
         device = placement_of(lm).device
         budget_bytes = torch.cuda.mem_get_info(device)[0] // 2 if device.type == "cuda" else STREAM_GROUP_BYTES
-    per_cell = windows.numel() * embed.shape[1] * embed.element_size()
+    per_cell = n_tokens * embed.shape[1] * embed.element_size()
     return max(1, int(budget_bytes // max(per_cell, 1)))
 
 
@@ -152,7 +153,7 @@ def measure_exact_streamed(
     positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
     try:
-        for group in cell_groups(jobs, ledger.todo, per_group or group_size(windows, lm)):
+        for group in cell_groups(jobs, ledger.todo, per_group or group_size(windows.numel(), lm)):
             check_cancelled(cancel, f"loss table build cancelled after {ledger.done_message()}")
             sums = streamed_cells(lm, state, [jobs[k][2] for k in group], (spec.objective,), cancel)
             for k, values in zip(group, sums):
@@ -160,4 +161,38 @@ def measure_exact_streamed(
     finally:
         ledger.flush()
     objective, stats = ledger.table(owner, (len(components), len(spec.rate_grid)), dense_objective)
-    return objective, dense_objective, stats | {"streamed_groups_of": per_group or group_size(windows, lm)}
+    return objective, dense_objective, stats | {"streamed_groups_of": per_group or group_size(windows.numel(), lm)}
+
+
+def measure_cells_streamed(
+    lm,
+    state: DenseState,
+    todo: list[tuple[int, int, Cut]],
+    objective: str,
+    positions: int,
+    measured: dict[tuple[int, int], float],
+    total: int,
+    partial: PartialStore | None,
+    progress: ProgressFn | None,
+    cancel: CancelToken | None,
+) -> None:
+    """``exact.measure_cells`` for a streamed model (a refined table's rounds): the cells
+    ``todo`` in groups sorted by layer, the blocks streamed once per group; ``measured`` is
+    saved to ``partial`` after every group and when the loop ends or is cancelled."""
+    groups = cell_groups(todo, list(range(len(todo))), group_size(sum(batch.numel() for batch in state.batches), lm))
+    clock = EtaClock(total_steps=len(groups))
+    try:
+        for group in groups:
+            check_cancelled(cancel, f"loss table build cancelled after {len(measured)} of {total} cells")
+            sums = streamed_cells(lm, state, [todo[k][2] for k in group], (objective,), cancel)
+            for k, values in zip(group, sums):
+                c, r, _ = todo[k]
+                measured[c, r] = float(values[objective].sum()) / positions
+            eta = clock.step()
+            if progress:
+                progress(len(measured), total, eta)
+            if partial is not None:
+                partial.save(measured)
+    finally:
+        if partial is not None and todo:
+            partial.save(measured)
