@@ -6,10 +6,12 @@ For smollm2-135m and gemma3-270m on ``cuda`` (one device is enough):
    build time, cell-tokens per second, peak GPU memory, and agreement with the CPU float32
    table (max abs difference of the cell objectives, Spearman of the deltas); streamed vs
    resident bf16 must agree to the last bits a deterministic GPU gives;
-2. the fisher estimate in bf16 on the GPU against the CPU fisher table (Spearman);
+2. the fisher estimate in bf16 on the GPU against the CPU fisher table (Spearman), resident
+   and streamed (the block-by-block backward pass), and the two against each other;
 3. a 20% DP plan from the bf16 GPU table, pruned and evaluated on the GPU in bf16: held-out
    perplexity beside the same plan pruned and evaluated on the CPU in float32, KL to dense,
-   prefill/decode tokens per second and their speed-up over the dense model;
+   prefill/decode tokens per second and their speed-up over the dense model; the dense model
+   evaluated once more spread over every visible GPU with ``--device-map auto``;
 4. the cost model: this GPU's measured profile, and its predicted seconds and peak memory
    for the bf16 exact build beside the measured ones.
 
@@ -43,6 +45,7 @@ from gap_engine.config import WindowSpec  # noqa: E402
 from gap_engine.costmodel import ModelShape, estimate_build, measured_profile  # noqa: E402
 from gap_engine.data import calibration_windows, load_corpus  # noqa: E402
 from gap_engine.device import DeviceSpec, resolve  # noqa: E402
+from gap_engine.dispatch import describe_device_map, load_dispatched  # noqa: E402
 from gap_engine.evaluate import EvalSettings, evaluate  # noqa: E402
 from gap_engine.models import load_model  # noqa: E402
 from gap_engine.pipeline import plan_for, pruned_copy  # noqa: E402
@@ -137,6 +140,10 @@ def check_model(args, name: str, reference: dict[str, LossTable]) -> dict:
     note(f"{name}: fisher table on the GPU, bf16")
     fisher, stats = gpu_table(name, spec_of(args, "fisher"), DeviceSpec(args.device, "bfloat16"))
     result["fisher_bf16"] = stats | agreement(fisher, reference["fisher"])
+    note(f"{name}: fisher table on the GPU, bf16 streamed (block-by-block backward)")
+    fisher_streamed, stats = gpu_table(name, spec_of(args, "fisher"), DeviceSpec(args.device, "bfloat16", stream=True))
+    result["fisher_bf16_streamed"] = stats | agreement(fisher_streamed, reference["fisher"])
+    result["fisher_streamed_vs_resident_max_abs"] = float(np.abs(fisher_streamed.cell_objective - fisher.cell_objective).max())
     result.update(prune_and_evaluate(args, name, resident))
     result.update(cost_model(args, name, spec, result["exact_bf16"]))
     del result["tables"]
@@ -168,6 +175,11 @@ def prune_and_evaluate(args, name: str, table: LossTable) -> dict:
             "perplexity": report.perplexity, "dense_perplexity": report.dense["perplexity"], "kl_to_dense": report.kl_to_dense,
             "throughput": report.throughput, "peak_gpu_bytes": peak_bytes() if gpu else None,
         }
+    if args.device != "cpu":
+        note(f"{name}: the dense model evaluated with --device-map auto (accelerate, every visible GPU)")
+        spread = load_dispatched(name, "bfloat16", "auto")
+        report = evaluate(spread, None, EvalSettings(settings.windows, throughput=False, generations=0))
+        out["eval_device_map"] = {"perplexity": report.perplexity, "device_map": describe_device_map(spread.device_map)}
     return out
 
 
@@ -186,7 +198,7 @@ def markdown(results: list[dict], env: dict) -> str:
     lines += ["| model | table | seconds | peak GPU memory | cell-tokens/s | max abs diff vs CPU fp32 | Spearman vs CPU |",
               "|---|---|---:|---:|---:|---:|---:|"]
     for r in results:
-        for label in ("exact_fp32", "exact_bf16", "exact_bf16_streamed", "fisher_bf16"):
+        for label in ("exact_fp32", "exact_bf16", "exact_bf16_streamed", "fisher_bf16", "fisher_bf16_streamed"):
             s = r[label]
             lines.append(f"| {r['model']} | {label} | {s['seconds']:.1f} | {s['peak_gpu_bytes'] / 2**30:.2f} GiB | "
                          f"{s['cell_tokens_per_s']:.3g} | {s['max_abs_cell_diff']:.2e} | {s['spearman_delta']:.3f} |")
@@ -198,6 +210,10 @@ def markdown(results: list[dict], env: dict) -> str:
         lines.append(f"| {r['model']} | {r['streamed_vs_resident_max_abs']:.2e} | {r.get('ray_vs_resident_max_abs', float('nan')):.2e} | {g['perplexity']['wiki-sample']:.3f} | "
                      f"{c['perplexity']['wiki-sample']:.3f} | {t.get('prefill_speedup', float('nan')):.2f} | "
                      f"{t.get('decode_speedup', float('nan')):.2f} | {cm['predicted_seconds']:.1f} / {cm['measured_seconds']:.1f} |")
+    lines += ["", "| model | fisher streamed vs resident bf16 (max abs) | dense ppl, --device-map auto (wiki) | its device map |", "|---|---:|---:|---|"]
+    for r in results:
+        spread = r.get("eval_device_map") or {"perplexity": {"wiki-sample": float("nan")}, "device_map": "-"}
+        lines.append(f"| {r['model']} | {r['fisher_streamed_vs_resident_max_abs']:.2e} | {spread['perplexity']['wiki-sample']:.3f} | {spread['device_map']} |")
     return "\n".join(lines) + "\n"
 
 

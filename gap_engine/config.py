@@ -36,6 +36,12 @@ DEFAULT_MAX_RATE = 0.95  # no component loses more than this fraction unless loc
 DEFAULT_N_BUCKETS = 4096  # budget resolution of the DP (bucket = max removable / this)
 DEFAULT_CHANNEL_MULTIPLE = 8  # MLP widths are kept in multiples of this
 
+# ---- devices -----------------------------------------------------------------------------
+# accelerate's device-map strategies for evaluating a model spread over several devices
+# (``dispatch``): "auto"/"balanced" even out the accelerators, "balanced_low_0" keeps the
+# first one light (generation's logits land there), "sequential" fills them in order.
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
 # ---- text --------------------------------------------------------------------------------
 DEFAULT_DATA = "wiki-sample"
 DEFAULT_MODEL = "smollm2-135m"

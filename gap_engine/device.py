@@ -164,8 +164,17 @@ def placement_of(lm) -> Placement:
 
 
 def input_device(model) -> "torch.device":
-    """Where token ids must be for ``model``: its embeddings' device (also when blocks stream)."""
-    return model.get_input_embeddings().weight.device
+    """Where token ids must be for ``model``: its embeddings' device (also when blocks stream);
+    for embeddings accelerate offloaded (``dispatch``), the device its hook runs them on."""
+    embeddings = model.get_input_embeddings()
+    device = embeddings.weight.device
+    hook = getattr(embeddings, "_hf_hook", None)
+    if device.type == "meta" and getattr(hook, "execution_device", None) is not None:
+        import torch
+
+        execution = hook.execution_device
+        return torch.device(f"cuda:{execution}" if isinstance(execution, int) else execution)
+    return device
 
 
 def is_streamed(lm) -> bool:

@@ -9,6 +9,8 @@ import sys
 from ..adapters import supported_model_types
 from ..checkpoint import save_pruned
 from ..data import bos_token_id
+from ..device import DeviceError
+from ..dispatch import load_dispatched, parse_max_memory
 from ..errors import PlanError
 from ..evaluate import EvalSettings, evaluate
 from ..models import list_models, load_model
@@ -107,8 +109,11 @@ def window_convention_text(tokenizer) -> str:
 
 def run_eval(args: argparse.Namespace) -> int:
     read_sources(args.data)
-    lm = load_model(args.model, device_from(args))
-    dense = None if args.no_dense else dense_reference(lm, device_from(args))
+    if args.device_map:
+        lm, dense = _dispatched_pair(args)
+    else:
+        lm = load_model(args.model, device_from(args))
+        dense = None if args.no_dense else dense_reference(lm, device_from(args))
     settings = EvalSettings(windows=windows_from(args), throughput=not args.no_throughput, generations=args.generations)
     report = evaluate(lm, dense, settings, progress=lambda msg: print(f"eval: {msg}", file=sys.stderr))
     if args.json:
@@ -129,3 +134,18 @@ def run_eval(args: argparse.Namespace) -> int:
     for g in report.generations:
         print(f"> {g['prompt']}\n  model: {g['model']!r}" + (f"\n  dense: {g['dense']!r}" if "dense" in g else ""))
     return 0
+
+
+def _dispatched_pair(args: argparse.Namespace):
+    """The model (and its dense original) spread over the devices by ``--device-map``."""
+    if args.stream or args.device != "auto":
+        raise DeviceError("--device-map places the model itself: leave out --device and --stream")
+    max_memory = parse_max_memory(args.max_memory)
+
+    def load(name: str, folder: str):
+        offload = args.offload_dir / folder if args.offload_dir else None  # one offload index per model
+        return load_dispatched(name, args.dtype, args.device_map, max_memory, offload)
+
+    lm = load(args.model, "model")
+    dense = None if args.no_dense else dense_reference(lm, loader=lambda name: load(name, "dense"))
+    return lm, dense

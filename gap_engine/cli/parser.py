@@ -22,6 +22,7 @@ from ..config import (
     DEFAULT_MODEL,
     DEFAULT_N_BUCKETS,
     DEFAULT_SAVE_DTYPE,
+    DEVICE_MAPS,
     ESTIMATORS,
     EVAL_WINDOWS,
     GGUF_OUTTYPES,
@@ -82,6 +83,14 @@ def _add_eval(sub) -> None:
     p.add_argument("--no-throughput", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_device_args(p)
+    spread = p.add_argument_group("several devices (a model larger than one accelerator)")
+    spread.add_argument(
+        "--device-map",
+        choices=DEVICE_MAPS,
+        help="spread whole blocks over this machine's GPUs with accelerate (then host, then --offload-dir); replaces --device and --stream",
+    )
+    spread.add_argument("--max-memory", help="per-device limits for --device-map, e.g. cuda:0=70GiB,cuda:1=70GiB,cpu=200GiB")
+    spread.add_argument("--offload-dir", type=Path, help="where --device-map keeps the weights that fit no device (else that is an error)")
     p.set_defaults(handler="model_commands:run_eval")
 
 

@@ -171,12 +171,13 @@ def objective_increase(pruned: LoadedModel, dense: LoadedModel, windows: torch.T
     return total / objective_positions(windows, objective, start)
 
 
-def dense_reference(lm: LoadedModel, device: DeviceSpec | None = None) -> LoadedModel | None:
-    """The dense model a pruned checkpoint came from, when it can be loaded here (on ``device``)."""
+def dense_reference(lm: LoadedModel, device: DeviceSpec | None = None, loader=None) -> LoadedModel | None:
+    """The dense model a pruned checkpoint came from, when it can be loaded here (on ``device``,
+    or by ``loader(name)``: e.g. spread over several devices, ``dispatch.load_dispatched``)."""
     if not lm.pruned_from or not lm.pruned_from.get("model"):
         return None
     try:
-        dense = load_model(lm.pruned_from["model"], device)
+        dense = loader(lm.pruned_from["model"]) if loader is not None else load_model(lm.pruned_from["model"], device)
     except ModelLoadError as exc:
         log.warning("dense reference %s is not available: %s", lm.pruned_from["model"], exc)
         return None
