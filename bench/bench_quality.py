@@ -15,12 +15,16 @@ its MLP-only plan.
 
     python bench/bench_quality.py [--model smollm2-135m] [--estimator refine --objective kl
         --samples 16 --seq-len 256 --rates 0,0.125,...] [--budgets 0.1,0.2,0.3,0.4,0.5]
-        [--allocators dp,uniform,flap,owl] [--evo-budget 0.2] [--name quality]
+        [--allocators dp,uniform,flap,owl] [--evo-budgets 0.2] [--name quality] [--resume]
+
+An interrupted run keeps what it measured in the CSV (written after the allocators, again
+after evo); ``--resume`` with the same settings measures only the plans that are missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import logging
 import os
@@ -61,12 +65,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budgets", default="0.1,0.2,0.3,0.4,0.5")
     p.add_argument("--allocators", default="dp,uniform,flap,owl")
     p.add_argument("--mlp-only", action=argparse.BooleanOptionalAction, default=True, help="also DP restricted to MLP channels")
-    p.add_argument("--evo-budget", type=float, default=0.2, help="budget for the evo refinement; negative: skip")
+    p.add_argument("--evo-budgets", default="0.2", help="budgets for the evo refinement, comma-separated; empty: skip")
     p.add_argument("--evo-generations", type=int, default=4)
     p.add_argument("--evo-offspring", type=int, default=4)
     add_eval_args(p)
     p.add_argument("--lock", default="", help="layers kept dense, e.g. 0,29 (none by default)")
     p.add_argument("--name", default="quality", help="output files: bench/results/<name>.md and .csv")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the plans already in <name>.csv (same settings: the caller's word) and measure only the missing ones",
+    )
     return p.parse_args(argv)
 
 
@@ -76,6 +85,25 @@ def mlp_only(table: LossTable) -> LossTable:
     removed = np.where(attention, 0, table.removed)
     losses = np.where(attention, 1e6, table.losses())
     return dataclasses.replace(table, removed=removed, smoothed=losses, delta=np.where(attention, 1e6, table.delta))
+
+
+def earlier_outcomes(path: Path, objective: str) -> dict[tuple[str, float], Outcome]:
+    """(allocator, budget) -> Outcome of an earlier, interrupted run's CSV in the same objective."""
+    if not path.exists():
+        return {}
+    with path.open(newline="") as f:
+        rows = [Outcome.from_row(row) for row in csv.DictReader(f)]
+    return {(o.allocator, round(o.budget, 6)): o for o in rows if o.objective == objective}
+
+
+def missing(done: dict, allocators: list[str], budgets: list[float]) -> dict[tuple[str, ...], list[float]]:
+    """Allocators still to run -> the budgets they are missing at (grouped so each group is one compare call)."""
+    groups: dict[tuple[str, ...], list[float]] = {}
+    for budget in budgets:
+        todo = tuple(a for a in allocators if (a, round(budget, 6)) not in done)
+        if todo:
+            groups.setdefault(todo, []).append(budget)
+    return groups
 
 
 def mlp_only_outcomes(lm, table, budgets, heldout, constraints) -> list[Outcome]:
@@ -178,29 +206,30 @@ def target_lines(outcomes, sources) -> list[str]:
     return lines + (losses or ["- nowhere in this run."])
 
 
-def evo_lines(args, evo: Outcome) -> list[str]:
-    x = evo.extras
-    return [
+def evo_lines(args, evos: list[Outcome]) -> list[str]:
+    objective = evos[0].objective
+    lines = [
         "",
-        f"## Evolutionary refinement at {args.evo_budget:.0%}",
+        "## Evolutionary refinement of the DP plan",
         "",
         f"{args.evo_generations} generations x {args.evo_offspring} offspring, scored by the true calibration NLL "
-        f"(units zero-masked on the dense model, equal to slicing); {x['evo_evaluations']} plans scored in "
-        f"{x['seconds']:.0f} s. The DP plan's predicted value is in the table's objective ({evo.objective}); the "
-        "scores are calibration NLL increases.",
+        f"(units zero-masked on the dense model, equal to slicing), starting from the DP plan. DP predicted: the "
+        f"table's sum of cells ({objective}); the other columns are calibration NLL increases except the last "
+        f"(evo's measured {objective}). Gain: how much lower evo's calibration NLL is than the DP plan's.",
         "",
-        "| | value |",
-        "|---|---:|",
-        f"| DP plan, predicted by the table ({evo.objective}, sum of cells) | {x['dp_predicted']:.4f} |",
-        f"| DP plan, calibration NLL increase | {x['dp_actual']:.4f} |",
-        f"| evo plan, calibration NLL increase | {x['evo_actual']:.4f} |",
-        f"| evo plan, measured {evo.objective} | {evo.calib_objective_increase:.4f} |",
-        "",
-        f"The search found a plan {x['dp_actual'] - x['evo_actual']:.4f} nats (NLL) better than the DP plan on the calibration windows.",
+        f"| budget | plans scored | time | DP predicted ({objective}) | DP calib. +NLL | evo calib. +NLL | gain | evo measured {objective} |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    for evo in evos:
+        x = evo.extras
+        lines.append(
+            f"| {evo.budget:.0%} | {x['evo_evaluations']} | {x['seconds']:.0f} s | {x['dp_predicted']:.4f} | "
+            f"{x['dp_actual']:.4f} | {x['evo_actual']:.4f} | {x['dp_actual'] - x['evo_actual']:.4f} | {evo.calib_objective_increase:.4f} |"
+        )
+    return lines
 
 
-def markdown(args, command, table, outcomes, evo, sources, machine: str) -> str:
+def markdown(args, command, table, outcomes, evos, sources, machine: str, kept: int) -> str:
     lines = [
         f"# Allocation quality at equal budget: {args.model}",
         "",
@@ -213,11 +242,17 @@ def markdown(args, command, table, outcomes, evo, sources, machine: str) -> str:
         machine,
         "",
     ]
+    if kept:
+        lines += [
+            f"Resumed: {kept} of the {len(outcomes)} plans below were read from the CSV of an earlier run with the "
+            "same settings that was interrupted (their seconds are that run's); the time above is this run's.",
+            "",
+        ]
     lines += settings_lines(args, table, sources, outcomes[0])
     lines += results_lines(outcomes, sources, table.spec.objective)
     lines += target_lines(outcomes, sources)
-    if evo is not None:
-        lines += evo_lines(args, evo)
+    if evos:
+        lines += evo_lines(args, evos)
     return "\n".join(lines) + "\n"
 
 
@@ -238,17 +273,31 @@ def main(argv=None) -> int:
     )
     table = loss_table(lm, spec, progress=lambda d, t, eta: log.info("table step %d/%d", d, t) if d % 20 == 0 else None)
     heldout = heldout_sets(lm.tokenizer, WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len))
-    outcomes: list[Outcome] = compare(lm, table, budgets, allocators, heldout, constraints, progress=log.info)
+    done = earlier_outcomes(csv_path, table.spec.objective) if args.resume else {}
+    earlier = set(done)
+    if done:
+        log.info("%d plans kept from %s", len(done), csv_path)
+    for todo, at in missing(done, allocators, budgets).items():
+        for outcome in compare(lm, table, at, list(todo), heldout, constraints, progress=log.info):
+            done[outcome.allocator, round(outcome.budget, 6)] = outcome
     if args.mlp_only:
-        outcomes += mlp_only_outcomes(lm, table, budgets, heldout, constraints)
+        todo = [b for b in budgets if (MLP_ONLY, round(b, 6)) not in done]
+        for outcome in mlp_only_outcomes(lm, table, todo, heldout, constraints) if todo else []:
+            done[MLP_ONLY, round(outcome.budget, 6)] = outcome
+    outcomes: list[Outcome] = [done[a, round(b, 6)] for b in budgets for a in allocators]
+    outcomes += [done[MLP_ONLY, round(b, 6)] for b in budgets] if args.mlp_only else []
     write_csv(outcomes, csv_path)
-    evo = None
-    if args.evo_budget >= 0:
-        settings = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
-        evo = compare(lm, table, [args.evo_budget], ["evo"], heldout, constraints, settings, progress=log.info)[0]
-        outcomes.append(evo)
-        write_csv(outcomes, csv_path)
-    atomic_write_text(md_path, markdown(args, command, table, outcomes, evo, list(heldout), machine_line(load_start, started)))
+    evos = []
+    settings = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
+    for budget in [float(b) for b in args.evo_budgets.split(",") if b]:
+        evo = done.get(("evo", round(budget, 6)))
+        if evo is None:
+            evo = compare(lm, table, [budget], ["evo"], heldout, constraints, settings, progress=log.info)[0]
+        evos.append(evo)
+        write_csv(outcomes + evos, csv_path)  # after each: a resumed run keeps it
+    outcomes += evos
+    kept = sum((o.allocator, round(o.budget, 6)) in earlier for o in outcomes)
+    atomic_write_text(md_path, markdown(args, command, table, outcomes, evos, list(heldout), machine_line(load_start, started), kept))
     log.info("wrote %s and %s", md_path, csv_path)
     return 0
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .device import DeviceSpec
-from .errors import CancelledError, GapError, one_line
+from .errors import CacheError, CancelledError, GapError, one_line
 from .fsutil import atomic_write_json, cache_root
 from .interrupt import run_unless_cancelled
 from .models import LoadedModel, load_model
@@ -488,7 +488,7 @@ LOAD_TIMES_FILE = "model_load_seconds.json"  # under the cache root: name -> sec
 def _stored_load_seconds() -> dict:
     try:
         stored = json.loads((cache_root() / LOAD_TIMES_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, CacheError):  # CacheError: an unusable cache root (the page says so elsewhere)
         return {}
     return stored if isinstance(stored, dict) else {}
 
@@ -497,7 +497,7 @@ def _remember_load_seconds(name: str, seconds: float) -> None:
     """Keep a load's time on disk: a restarted server still knows what a first job costs."""
     try:
         atomic_write_json(cache_root() / LOAD_TIMES_FILE, _stored_load_seconds() | {name: round(seconds, 3)})
-    except OSError as exc:
+    except (OSError, CacheError) as exc:
         log.warning("could not record the load time of %s: %s", name, one_line(exc))
 
 

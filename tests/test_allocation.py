@@ -34,7 +34,8 @@ from gap_engine.data import calibration_windows
 from gap_engine.errors import BudgetError, PlanError, TableError
 from gap_engine.evaluate import mean_nll
 from gap_engine.importance import ImportanceScores, LayerScores, compute_importance
-from gap_engine.pipeline import measure_plan, reference_numbers
+from gap_engine.cli.output import csv_text
+from gap_engine.pipeline import Outcome, measure_plan, reference_numbers
 from gap_engine.plan import RatePlan
 from gap_engine.planner import solve_budget
 from gap_engine.surgery import apply_plan, masked_plan
@@ -310,6 +311,13 @@ def test_measured_plans_report_truth_beside_prediction(tiny, calib):
     outcome = measure_plan(tiny, plan, calib, windows, heldout, scores, reference)
     assert outcome.removed == plan.params["removed"] and outcome.predicted_loss == plan.predicted_loss
     assert math.isfinite(outcome.calib_loss_increase) and outcome.row()["ppl_wiki-sample"] > 1
+    # a benchmark resumed from its CSV reads back the same outcome (floats to the 6 digits written)
+    outcome.extras = {"seconds": 1.5, "evo_evaluations": 12}
+    (row,) = csv.DictReader(io.StringIO(csv_text([outcome.row()])))
+    back = Outcome.from_row(row)
+    assert (back.allocator, back.removed, back.objective, back.extras) == (outcome.allocator, outcome.removed, outcome.objective, outcome.extras)
+    assert back.perplexity["wiki-sample"] == pytest.approx(outcome.perplexity["wiki-sample"], rel=1e-5)
+    assert back.calib_objective_increase == pytest.approx(outcome.calib_objective_increase, rel=1e-5, abs=1e-9)
 
 
 # ---- the front ---------------------------------------------------------------------------------

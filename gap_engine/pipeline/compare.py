@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -61,6 +61,28 @@ class Outcome:
             out[f"dense_ppl_{source}"] = self.dense_perplexity[source]
         out.update(self.extras)
         return out
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, str]) -> "Outcome":
+        """The Outcome a CSV row written from ``row()`` holds (floats as written; empty cells dropped).
+
+        Scalar fields are parsed by their declared type, so a field added to the class is read
+        back without touching this; unknown columns are the extras."""
+        parse = {f.name: {"int": int, "str": str, "str | None": str}.get(f.type, float) for f in fields(cls)}
+        values: dict = {"predicted_loss": None}
+        perplexity, dense, extras = {}, {}, {}
+        for key, text in row.items():
+            if text in ("", None):
+                continue
+            if key.startswith("dense_ppl_"):
+                dense[key[len("dense_ppl_") :]] = float(text)
+            elif key.startswith("ppl_"):
+                perplexity[key[len("ppl_") :]] = float(text)
+            elif key in parse:
+                values[key] = parse[key](text)
+            else:
+                extras[key] = int(text) if text.lstrip("-").isdigit() else float(text)
+        return cls(**values, perplexity=perplexity, dense_perplexity=dense, extras=extras)
 
 
 def heldout_sets(tokenizer, windows: WindowSpec) -> dict[str, torch.Tensor]:
