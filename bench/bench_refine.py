@@ -13,6 +13,7 @@ plans go; optionally every attention cell too). Reported, side by side in one ru
    and how far the estimate is off (median ratio estimate / exact).
 
     python bench/bench_refine.py [--samples 8 --seq-len 128 --seeds 0,1 --budgets 0.1,0.2,0.3,0.4]
+        [--no-neighbours-seeds 0] [--all-attention-seeds 0]
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in QUICK_RATE_GRID))
     p.add_argument("--objective", default="kl")
     p.add_argument("--budgets", default="0.1,0.2,0.3,0.4")
-    p.add_argument("--all-attention-seeds", default="0", help="seeds that also get refine with every attention cell")
+    p.add_argument("--no-neighbours-seeds", default="0", help="seeds that also get refine without the neighbouring cells")
+    p.add_argument("--all-attention-seeds", default="0", help="seeds that also get refine with every attention cell; empty: none")
     add_eval_args(p)
     p.add_argument("--name", default="refine", help="output: bench/results/<name>.md")
     return p.parse_args(argv)
@@ -66,8 +68,9 @@ def variants(args, seed: int) -> dict[str, dict]:
         "exact": {"estimator": "exact"},
         "fisher": {"estimator": "fisher"},
         "refine": {"estimator": "refine", "refine_budgets": budgets},
-        "refine, no neighbours": {"estimator": "refine", "refine_budgets": budgets, "refine_neighbours": 0},
     }
+    if str(seed) in args.no_neighbours_seeds.split(","):
+        out["refine, no neighbours"] = {"estimator": "refine", "refine_budgets": budgets, "refine_neighbours": 0}
     if str(seed) in args.all_attention_seeds.split(","):
         out["refine, all attention"] = {"estimator": "refine", "refine_budgets": budgets, "refine_attention": "all"}
     return out
@@ -208,7 +211,8 @@ def main(argv=None) -> int:
         "",
         f"Tables: objective {args.objective}, {args.data} calibration, {args.samples} x {args.seq_len} tokens, rates "
         f"{args.rates}, criterion wanda, split mode; refine measures the cells of the DP plans at {args.budgets} and "
-        f"one distinct cut on each side (no neighbours: the chosen cells only; all attention: every attention cell too). Held-out: {args.eval_samples} x {args.eval_seq_len} tokens of "
+        f"one distinct cut on each side (no neighbours, seeds {args.no_neighbours_seeds or 'none'}: the chosen cells only; "
+        f"all attention, seeds {args.all_attention_seeds or 'none'}: every attention cell too). Held-out: {args.eval_samples} x {args.eval_seq_len} tokens of "
         f"{', '.join(sources)}.",
         "",
     ]

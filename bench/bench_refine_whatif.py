@@ -66,12 +66,18 @@ def regret(lm, table, exact, budget: float) -> float:
     return float(sum(losses[cell] for cell in chosen)) - optimum
 
 
-def seed_rows(lm, args, seed: int, budgets) -> list[str]:
+def base_spec(args, seed: int) -> TableSpec:
     windows = WindowSpec(args.data, args.samples, args.seq_len, seed, batch_size=8)
-    base = TableSpec(windows=windows, rate_grid=parse_rate_grid(args.rates), objective=args.objective)
-    exact = cached(lm, dataclasses.replace(base, estimator="exact"))
+    return TableSpec(windows=windows, rate_grid=parse_rate_grid(args.rates), objective=args.objective)
+
+
+def seed_rows(lm, args, seed: int, budgets, exact_tables: dict) -> list[str]:
+    """This seed's rows; ``exact_tables``: seed -> exact table (the other seeds' give the noise rows)."""
+    base = base_spec(args, seed)
+    exact = exact_tables[seed]
+    others = {s: t for s, t in exact_tables.items() if s != seed}
     fisher = cached(lm, dataclasses.replace(base, estimator="fisher"))
-    scores = compute_importance(lm, calibration_windows(lm.tokenizer, windows), base.criterion, 8)
+    scores = compute_importance(lm, calibration_windows(lm.tokenizer, base.windows), base.criterion, 8)
     jobs, owner = distinct_cuts(unit_cuts(lm, scores, exact.components, base.rate_grid, base.channel_multiple))
     head = lm.adapter.lm_head(lm.model)
     block = sum(p.numel() for p in lm.adapter.layers(lm.model)[0].parameters())
@@ -79,6 +85,13 @@ def seed_rows(lm, args, seed: int, budgets) -> list[str]:
     total_cost = sum(cost.values())
     problem = RefineProblem(fisher.delta, owner, exact.removed, exact.dense_prunable, tuple(k for _, k in exact.components), exact.dense_objective)
     rows = [f"| {seed} | fisher (nothing measured) | 0 | 0% | - | " + " | ".join(f"{regret(lm, fisher, exact, b):.4f}" for b in budgets) + " |"]
+    for other_seed, other in others.items():  # noise: another seed's exact plans, scored on this seed's exact table
+        rows.append(f"| {seed} | noise: seed {other_seed}'s exact plans | - | - | - | " + " | ".join(f"{regret(lm, other, exact, b):.4f}" for b in budgets) + " |")
+    # The least any refinement can measure and still end with the exact table's plans resting
+    # on measured cells: the cells those plans use (search for them costs more on top).
+    plans = [plan_from_table(lm, exact, b) for b in budgets]
+    needed = {owner[cell] for plan in plans for cell in exact.cells_for(plan.attention_rates, plan.mlp_rates)} - {None}
+    rows.append(f"| {seed} | bound: only the exact plans' own cells | {len(needed)} of {len(jobs)} | {sum(cost[c] for c in needed) / total_cost:.0%} | - | " + " | ".join("0" for _ in budgets) + " |")
     for setting in SETTINGS:
         spec = dataclasses.replace(base, estimator="refine", **({"refine_budgets": budgets} | setting))
         measured, rounds = refinement_rounds(problem, spec, lambda todo, m: m.update({cell: float(exact.cell_objective[cell]) for cell in todo}))
@@ -109,9 +122,11 @@ def main() -> int:
     load_start, started = os.getloadavg(), time.perf_counter()
     lm = load_model(args.model)
     budgets = parse_rate_grid(args.budgets, "budgets")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    exact = {seed: cached(lm, dataclasses.replace(base_spec(args, seed), estimator="exact")) for seed in seeds}
     rows = []
-    for seed in [int(s) for s in args.seeds.split(",") if s]:
-        rows += seed_rows(lm, args, seed, budgets)
+    for seed in seeds:
+        rows += seed_rows(lm, args, seed, budgets, exact)
     lines = [
         f"# Refinement settings replayed on the exact tables: {args.model}",
         "",
@@ -124,7 +139,10 @@ def main() -> int:
         f"Tables: objective {args.objective}, {args.data} calibration, {args.samples} x {args.seq_len} tokens, rates "
         f"{args.rates}; budgets in view {args.budgets} unless a row says otherwise. Cost share: the measured cells' "
         "share of the exact build's cell cost (blocks run plus the LM head). Regret: the refined table's DP plan at "
-        "each budget, its summed loss on the exact table minus the exact optimum (KL nats per token).",
+        "each budget, its summed loss on the exact table minus the exact optimum (KL nats per token). "
+        "Noise rows: the other seed's exact plans scored the same way on this seed's exact table (what two "
+        "calibration samples of the same size disagree by). Bound row: the cells the exact table's own plans "
+        "use, which any refinement must measure to end on them; it needs a search on top.",
         "",
         "| seed | setting | cells measured | cost share | rounds | " + " | ".join(f"regret at {b:.0%}" for b in budgets) + " |",
         "|---:|---|---:|---:|---:|" + "---:|" * len(budgets),
