@@ -363,6 +363,25 @@ def test_export_without_runs_still_offers_the_plan_and_table(cached_table):
     assert RatePlan.from_dict(dict(at.session_state["app_plan"])).allocator == "dp"
 
 
+def test_history_png_is_drawn_on_white_with_its_marks():
+    # A stakeholder's export of the run-history chart once came out all black.
+    import io
+
+    import pandas as pd
+    from PIL import Image
+
+    from gap_engine import figures
+    from pages.common import render_png
+
+    frame = pd.DataFrame(
+        {"id": [1, 2, 3], "created": ["a", "b", "c"], "allocator": ["dp", "uniform", "dp"], "budget": [0.1, 0.2, 0.3], "ppl:wiki-sample": [40.0, 80.0, 60.0]}
+    )
+    png = render_png({"history": figures.history_figure(frame, "ppl:wiki-sample")})["history"]
+    grey = np.asarray(Image.open(io.BytesIO(png)).convert("L"))  # (H, W) 0 black .. 255 white
+    assert grey.mean() > 200, grey.mean()  # a white page, as the app shows it
+    assert 0.002 < (grey < 160).mean() < 0.2  # with axes, labels and markers on it
+
+
 def test_export_renders_png_with_the_local_chromium(cached_table):
     at = start("pages/sensitivity.py")
     at.switch_page("pages/export.py")

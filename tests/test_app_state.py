@@ -20,7 +20,7 @@ from gap_engine.tables import TableSpec
 from test_app import cached_table, fresh_cache, start, start_exact_build, texts, tiny_table  # noqa: F401
 from streamlit.testing.v1 import AppTest
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # the real built-in model behind every job
+pytestmark = pytest.mark.slow  # the real built-in model behind every job
 
 OTHER_SPEC = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=8), estimator="taylor", rate_grid=(0.0, 0.5))
 

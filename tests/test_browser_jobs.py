@@ -15,10 +15,11 @@ import re
 import time
 
 import pytest
+from playwright.sync_api import expect
 
 from test_browser import app_server, browser, set_number, shot  # noqa: F401
 
-pytestmark = [pytest.mark.browser, pytest.mark.heavy]
+pytestmark = pytest.mark.browser
 
 PROGRESS = '[data-testid="stMain"] [data-testid="stProgress"]'
 
@@ -59,7 +60,10 @@ def test_a_build_survives_a_reload_shows_its_stage_and_eta_and_cancels_within_a_
     page.reload()
     page.get_by_role("heading", name="Setup").first.wait_for()
     after_reload = wait_text(page, lambda t: "Building the loss table: stage" in t, 30)
-    assert page.get_by_label("Calibration samples").input_value() == "4"  # the running job's settings
+    # The running job's settings fill the form. Under load the reloaded page can first draw the
+    # number box at its widget minimum (1) for one frame before the session's value arrives (seen in
+    # CI and reproduced with two busy loops), so wait for the value rather than read it once.
+    expect(page.get_by_label("Calibration samples")).to_have_value("4", timeout=10_000)
     shot(page, "jobs-1-reloaded-during-a-build")
     page.get_by_text("Loss table ready in").wait_for(timeout=300_000)
     ready = page.get_by_text("Loss table ready in").inner_text()
