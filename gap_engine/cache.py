@@ -128,7 +128,8 @@ def put_table(table: LossTable, stage_seconds: dict | None = None) -> Path:
         "key": table.key,
         "format_version": TABLE_FORMAT_VERSION,
         "table_sha256": _sha256(text.encode("utf-8")),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        # Microseconds: "the newest table" must tell apart two builds finished in the same second.
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds"),
         "model": table.model,
         "model_fingerprint": table.model_fingerprint,
         "num_layers": table.num_layers,

@@ -257,7 +257,7 @@ def cached_frame(rows: list[dict]) -> pd.DataFrame:
                 "rates": len(grid),
                 "max rate": max(grid) if grid else None,
                 "built in (s)": row.get("build_seconds"),
-                "created": row.get("created"),
+                "created": (row.get("created") or "")[:19].replace("T", " "),  # to the second
             }
         )
     return pd.DataFrame(records)
@@ -354,7 +354,7 @@ with right:
         c1, c2, c3 = st.columns(3)
         c1.selectbox("Device", available_devices(), key="setup_device", help="auto: the accelerator when there is one, else the CPU")
         c2.selectbox("Precision", DTYPE_CHOICES, key="setup_dtype", help="auto: bfloat16 on an accelerator, float32 on the CPU")
-        c3.checkbox("Stream blocks", key="setup_stream", help="keep the model on the host, one block at a time on the device (exact tables only)")
+        c3.checkbox("Stream blocks", key="setup_stream", help="keep the model on the host, one block at a time on the device (models larger than the accelerator)")
         if os.environ.get(RAY_ADDRESS_ENV):
             st.checkbox(f"Measure cells on Ray ({os.environ[RAY_ADDRESS_ENV]})", key="setup_ray")
 

@@ -180,6 +180,18 @@ def test_remove_table(tmp_cache, tiny):
             cache.get_table(bad)
 
 
+def test_tables_put_in_the_same_second_are_ordered_by_when_they_were_stored(tmp_cache, tiny):
+    # The explorer opens the newest cached table; whole seconds tied two quick builds (CI saw it).
+    import dataclasses
+
+    first = build_table(tiny, SPEC)
+    later = dataclasses.replace(first, key=first.key + "-later")
+    cache.put_table(later)
+    created = {row["key"]: row["created"] for row in cache.list_tables()}
+    assert created[later.key] > created[first.key], created
+    assert max(created, key=created.get) == later.key
+
+
 # ---- the CLI -------------------------------------------------------------------------------------
 def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
     from gap_engine.tables import LossTable
