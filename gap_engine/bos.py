@@ -78,3 +78,13 @@ def with_bos(tokenizer, windows: torch.Tensor) -> torch.LongTensor:
         return windows
     column = torch.full((windows.shape[0], 1), bos, dtype=windows.dtype)  # (N, 1)
     return torch.cat([column, windows], dim=1)  # (N, 1 + T)
+
+
+def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor, start: int) -> torch.Tensor:
+    """(B, T-1-start) cross entropy of every counted next token: the targets at positions
+    start+1..T-1, each predicted from the position before it (``start`` = :func:`text_start`,
+    so neither BOS nor the prediction made from BOS alone counts). Logits are taken as given;
+    callers widen them first where they need to."""
+    batch, vocab = input_ids.shape[0], logits.shape[-1]
+    per_token = torch.nn.functional.cross_entropy(logits[:, start:-1].reshape(-1, vocab), input_ids[:, start + 1 :].reshape(-1), reduction="none")
+    return per_token.view(batch, -1)

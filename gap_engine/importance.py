@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Callable, Hashable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .bos import next_token_nll
 from .config import CRITERIA, DEFAULT_CRITERION
 from .data import batches, text_start
 from .device import host64, input_device, is_streamed, wide
@@ -184,12 +184,13 @@ def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
             _taylor_streamed(lm, windows, batch_size, start, saliency, cancel)
         else:
             parts = batches(windows, batch_size)
+            accumulators = [acc for group in saliency for acc in group]  # in the order of params
             for i, batch in enumerate(parts):
                 check_cancelled(cancel, f"taylor importance scores cancelled after {i} of {len(parts)} batches")
                 batch = batch.to(input_device(lm.model))
                 loss = _taylor_loss(lm.model(input_ids=batch, use_cache=False).logits, batch, start)
                 grads = torch.autograd.grad(loss, params)
-                for acc, w, g in zip([a for group in saliency for a in group], params, grads):
+                for acc, w, g in zip(accumulators, params, grads):
                     acc += wide(w.detach() * g)
                 if progress:
                     progress(i + 1, len(parts))
@@ -210,12 +211,9 @@ def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
 
 
 def _taylor_loss(logits: torch.Tensor, batch: torch.Tensor, start: int) -> torch.Tensor:
-    """The batch's mean NLL of its next tokens, neither BOS nor the first text token (predicted
-    from BOS alone) counted: what the model's own ``labels=`` loss computes."""
-    vocab = logits.shape[-1]
-    labels = batch[:, 1:].clone()
-    labels[:, :start] = -100
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), labels.reshape(-1), ignore_index=-100)
+    """The batch's mean NLL over its counted next tokens (what the model's own ``labels=``
+    loss computes when BOS and the prediction from BOS alone are masked)."""
+    return next_token_nll(logits.float(), batch, start).mean()
 
 
 def _taylor_streamed(lm, windows, batch_size, start: int, saliency: list, cancel) -> None:

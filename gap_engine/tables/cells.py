@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..bos import next_token_nll
 from ..device import wide
 from ..importance import ImportanceScores
 from ..surgery import removed_units
@@ -70,12 +71,8 @@ def objective_per_window(
     Logits of a bf16/fp16 model are taken to float32 first, whatever the model's dtype.
     """
     logits = logits.float()  # no copy when they already are
-    batch, vocab = logits.shape[0], logits.shape[-1]
     if objective == "nll":
-        per_token = F.cross_entropy(
-            logits[:, start:-1].reshape(-1, vocab), input_ids[:, start + 1 :].reshape(-1), reduction="none"
-        )  # (B*(T-1-start),)
-        return wide(per_token.view(batch, -1)).sum(1)
+        return wide(next_token_nll(logits, input_ids, start)).sum(1)
     logq = F.log_softmax(logits[:, start:], dim=-1)  # (B, T-start, V)
     per_token = F.kl_div(logq, dense_logprobs[:, start:], log_target=True, reduction="none").sum(-1)  # (B, T-start)
     return wide(per_token).sum(1)

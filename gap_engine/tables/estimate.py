@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..bos import next_token_nll
 from ..data import batches, text_start
 from ..device import host64, input_device, is_streamed, placement_of
 from ..layerwise import backward_blocks
@@ -91,7 +92,7 @@ class _GradientSums:
         """
         n, logits = batch.shape[0], logits.float()  # (B, T, V)
         vocab = logits.shape[-1]
-        real = F.cross_entropy(logits[:, start:-1].reshape(-1, vocab), batch[:, start + 1 :].reshape(-1), reduction="none").view(n, -1)
+        real = next_token_nll(logits, batch, start)  # (B, T-1-start)
         self.dense_sum += float(real.detach().double().sum())
         losses = []
         for stream in self.streams:
