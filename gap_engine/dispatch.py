@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from .config import DEVICE_MAPS
-from .device import DeviceError, DeviceSpec, Placement, canonical_dtype, cuda_ok
+from .device import DeviceError, DeviceSpec, Placement, dtype_name, resolve
+from .models import load_model
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +113,9 @@ def describe_device_map(device_map: dict) -> str:
 def load_dispatched(
     name_or_path: str, dtype: str = "auto", strategy: str = "auto", max_memory: dict | None = None, offload_dir: str | Path | None = None
 ):
-    """``models.load_model`` on the host in ``dtype`` ('auto': bfloat16 where CUDA is, else
-    float32), then spread over the devices (``plan_device_map``, ``dispatch_lm``)."""
-    from .models import load_model
-
-    dtype = canonical_dtype(dtype)
-    if dtype == "auto":
-        dtype = "bfloat16" if cuda_ok() else "float32"
+    """``models.load_model`` on the host in ``dtype`` (resolved as ``--device auto`` resolves it:
+    what the accelerator runs, float32 without one), then spread over the devices
+    (``plan_device_map``, ``dispatch_lm``)."""
+    dtype = dtype_name(resolve(DeviceSpec("auto", dtype)).dtype)
     lm = load_model(name_or_path, DeviceSpec("cpu", dtype))
     return dispatch_lm(lm, plan_device_map(lm, strategy, max_memory), offload_dir)

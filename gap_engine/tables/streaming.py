@@ -152,8 +152,10 @@ def measure_exact_streamed(
     state = streamed_dense_state(lm, windows, spec.windows.batch_size, (spec.objective,), cancel)
     positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
+    # Sized once: on CUDA the size follows free memory, and the statistics report what was used.
+    per_group = per_group or group_size(windows.numel(), lm)
     try:
-        for group in cell_groups(jobs, ledger.todo, per_group or group_size(windows.numel(), lm)):
+        for group in cell_groups(jobs, ledger.todo, per_group):
             check_cancelled(cancel, f"loss table build cancelled after {ledger.done_message()}")
             sums = streamed_cells(lm, state, [jobs[k][2] for k in group], (spec.objective,), cancel)
             for k, values in zip(group, sums):
@@ -161,7 +163,7 @@ def measure_exact_streamed(
     finally:
         ledger.flush()
     objective, stats = ledger.table(owner, (len(components), len(spec.rate_grid)), dense_objective)
-    return objective, dense_objective, stats | {"streamed_groups_of": per_group or group_size(windows.numel(), lm)}
+    return objective, dense_objective, stats | {"streamed_groups_of": per_group}
 
 
 def measure_cells_streamed(
