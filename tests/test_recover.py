@@ -264,8 +264,8 @@ def test_resume_after_sigkill_continues_from_the_saved_step(pruned_dir, text_fil
     script = textwrap.dedent(
         f"""
         import os, signal
-        from gap_engine.models import load_model
-        from gap_engine.recover import RecoverySettings, recover
+        from gap_engine.model.loading import load_model
+        from gap_engine.pipeline.recovery import RecoverySettings, recover
         settings = RecoverySettings(**{_json_settings(settings)!r})
 
         def progress(done, total, eta, message):
