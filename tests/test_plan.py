@@ -74,3 +74,33 @@ def test_unreadable_plan_files(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(PlanError, match="must be a JSON/YAML object"):
         RatePlan.load(bad)
+
+
+def test_a_plan_has_one_identity_that_survives_files_and_the_store(make_tiny, tmp_path, monkeypatch):
+    from gap_engine.plan import store as planstore
+    from gap_engine.core.errors import CacheError
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    lm = make_tiny("llama")
+    plan = make_plan(lm, [0.25, 0.0], [0.5, 0.125], "wanda", allocator="dp", budget=0.2, predicted_loss=0.31, table_key="t1")
+    digest = plan.content_hash()
+    assert len(digest) == 12 and int(digest, 16) >= 0
+    remade = make_plan(lm, [0.25, 0.0], [0.5, 0.125], "wanda", allocator="dp", budget=0.2, predicted_loss=0.31, table_key="t1")
+    remade.created = "2020-01-01T00:00:00+00:00"
+    assert remade.content_hash() == digest  # made again, later: the same plan
+    assert RatePlan.load(plan.save(tmp_path / "p.yaml")).content_hash() == digest
+    other = make_plan(lm, [0.25, 0.0], [0.5, 0.25], "wanda", allocator="dp", budget=0.2, predicted_loss=0.31, table_key="t1")
+    assert other.content_hash() != digest  # one rate differs: another plan
+
+    assert planstore.get_plan(digest) is None
+    assert planstore.put_plan(plan, {"locked": {"1": 0.5}, "max_rate": 0.9, "coupled": False}) == digest
+    stored, constraints = planstore.get_plan(digest)
+    assert stored.to_dict() == plan.to_dict() and constraints["locked"] == {"1": 0.5}
+    path = planstore.plan_path(digest)
+    data = json.loads(path.read_text())
+    data["plan"]["mlp_rates"] = [0.5, 0.25]  # a changed file is not taken for the plan it names
+    path.write_text(json.dumps(data))
+    with pytest.raises(CacheError, match="was changed"):
+        planstore.get_plan(digest)
+    with pytest.raises(CacheError, match="not a plan hash"):
+        planstore.get_plan("../../etc/passwd")

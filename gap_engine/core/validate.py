@@ -325,7 +325,7 @@ def check_pruned_marker(marker: dict, where: str) -> dict:
     what = f"{where}/gap_pruned.json"
     check_keys(marker, what, ModelLoadError)
     check_int(marker.get("format_version"), f"{what} format_version", ModelLoadError, 1)
-    for name in ("base_model", "base_fingerprint", "fingerprint"):
+    for name in ("base_model", "base_fingerprint", "fingerprint", "plan_hash"):
         check_text(marker.get(name), f"{what} {name}", ModelLoadError, optional=True)
     if marker.get("param_count") is not None:
         check_int(marker["param_count"], f"{what} param_count", ModelLoadError, 1, MAX_PARAMS)

@@ -233,7 +233,7 @@ def runs(path: Path | None = None) -> list[RunRecord]:
 def list_runs(path: Path | None = None) -> pd.DataFrame:
     """All runs as one flat table, oldest first.
 
-    Columns: BASE_COLUMNS, then per held-out source ``ppl:<source>``,
+    Columns: BASE_COLUMNS, ``plan_hash``, then per held-out source ``ppl:<source>``,
     ``dense_ppl:<source>``, ``kl:<source>``, ``top1:<source>``. An empty history gives an
     empty frame with the base columns.
     """
@@ -241,6 +241,7 @@ def list_runs(path: Path | None = None) -> pd.DataFrame:
     rows = []
     for record in records:
         row = {name: getattr(record, name) for name in BASE_COLUMNS}
+        row["plan_hash"] = (record.params or {}).get("plan_hash")  # RatePlan.content_hash of the pruned plan
         for prefix, values in (
             ("ppl", record.perplexity),
             ("dense_ppl", record.dense_perplexity),

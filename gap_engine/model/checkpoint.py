@@ -105,6 +105,7 @@ def save_pruned(
             "format_version": CHECKPOINT_FORMAT_VERSION,
             "base_model": plan.model,
             "base_fingerprint": plan.model_fingerprint,
+            "plan_hash": plan.content_hash(),  # the same identity the explorer and the run history show
             "fingerprint": stored_fingerprint(state),
             "param_count": lm.param_count(),
             "widths": widths,

@@ -10,6 +10,7 @@ and YAML; executing one is ``surgery.apply_plan``'s job, not this module's.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -155,6 +156,34 @@ class RatePlan:
 
     def rates(self, component: str) -> list[float]:
         return self.attention_rates if component == "attn" else self.mlp_rates
+
+    def content_hash(self) -> str:
+        """The plan's identity: 12 hex digits of a SHA-256 over what it prunes and claims.
+
+        Covers the model, rates, criterion, channel multiple, allocator, budget, predicted
+        loss and table key; leaves out ``created`` (the same plan made twice is the same
+        plan) and ``params`` (counted from the geometry, so fixed by the rest). A plan file,
+        a run and a checkpoint made from one plan show the same hash.
+        """
+        identity = {name: getattr(self, name) for name in PLAN_IDENTITY_FIELDS}
+        text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=float)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:PLAN_HASH_DIGITS]
+
+
+PLAN_HASH_DIGITS = 12
+PLAN_IDENTITY_FIELDS = (
+    "model", "model_fingerprint", "num_layers", "criterion", "attention_rates", "mlp_rates",
+    "channel_multiple", "allocator", "budget", "predicted_loss", "table_key",
+)  # fmt: skip
+
+
+def plan_hash(data: dict) -> str:
+    """`RatePlan.content_hash` of a plan dict (validated first).
+
+    Raises:
+        PlanError: ``data`` is not a valid plan.
+    """
+    return RatePlan.from_dict(dict(data)).content_hash()
 
 
 def predicted_params(lm, attention_rates, mlp_rates, channel_multiple=DEFAULT_CHANNEL_MULTIPLE) -> dict:

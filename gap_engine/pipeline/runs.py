@@ -169,8 +169,8 @@ def prune_and_evaluate(
         stage: told each stage's name as it starts (`prune_eval_stages`, after loading); cancel:
             polled at every decoder block of both models (``interrupt``) and between stages.
     Returns:
-        A JSON-ready dict: run_id, plan, report, predicted_loss, predicted_basis (table.basis; None
-        without a table), actual_loss, objective, checkpoint, seconds, stage_seconds, params_before/after.
+        A JSON-ready dict: run_id, plan, plan_hash (also in the record's params), report, predicted_loss,
+        predicted_basis (table.basis; None without a table), actual_loss, objective, checkpoint, seconds, stage_seconds, params_before/after.
     """
     started, timer = time.perf_counter(), StageTimer(stage)
 
@@ -199,7 +199,7 @@ def prune_and_evaluate(
         allocator=plan.allocator,
         table_key=plan.table_key or (table.key if table is not None else None),
         budget=plan.budget,
-        params=_run_params(calib, report, objective, constraints) | {"stage_seconds": stage_seconds},
+        params=_run_params(calib, report, objective, constraints) | {"stage_seconds": stage_seconds, "plan_hash": plan.content_hash()},
         predicted_loss=plan.predicted_loss,
         actual_loss=float(actual) if actual is not None and math.isfinite(actual) else None,
         checkpoint=checkpoint,
@@ -209,6 +209,7 @@ def prune_and_evaluate(
     return {
         "run_id": run_id,
         "plan": plan.to_dict(),
+        "plan_hash": plan.content_hash(),
         "report": report,
         "predicted_loss": plan.predicted_loss,
         "predicted_basis": None if table is None else table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates)),

@@ -180,7 +180,7 @@ def _evaluation_html(evaluation: dict, objective: str) -> str:
         )
     parts = [
         f"<p class='note'>From {html.escape(evaluation['label'])}.</p>",
-        _table(["held-out text", "dense perplexity", "pruned perplexity", "change", "KL to dense (nats/token)", "top-1 agreement"], rows),
+        _table(["held-out text", "dense perplexity", "pruned perplexity", "change", "held-out KL to dense (nats/token)", "top-1 agreement"], rows),
     ]
     facts = []
     if evaluation.get("dense_params") and evaluation.get("params"):
@@ -287,7 +287,7 @@ def build_report(
     if plan is not None:
         check_plan(table, plan)
         row = _plan_row(table, plan)
-        what = f"{plan.allocator} plan" + (f" (budget {plan.budget:.2%})" if plan.budget is not None else "")
+        what = f"{plan.allocator} plan {plan.content_hash()}" + (f" (budget {plan.budget:.2%})" if plan.budget is not None else "")
         dense_total = dense_total or plan.params.get("dense_total")
         locked = None
     else:
@@ -298,6 +298,8 @@ def build_report(
         locked = {int(k): float(v) for k, v in dict(constraints.locked).items()} or None
     objective = table.spec.objective
     cards_html = _cards_html(table, row, dense_total, evaluation)
+    if plan is not None:  # the identity the explorer, the run history and the checkpoint show
+        cards_html += f"<div class='card'><div class='k'>plan hash</div><div class='v'>{plan.content_hash()}</div></div>"
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     sections = [
         f"<h1>GAP pruning report: {html.escape(table.model)}</h1>",
