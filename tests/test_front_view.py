@@ -17,7 +17,7 @@ from gap_engine.core.errors import BudgetError, PlanError
 from gap_engine.pipeline.stages import loss_table as build_table
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.plan.front import dp_front, front_rows
-from gap_engine.plan.front_view import budget_steps, grid_indices, row_plan, step_at_budget, uniform_line
+from gap_engine.plan.front_view import budget_steps, front_row_at, grid_indices, row_plan, step_at_budget, uniform_line
 from gap_engine.plan.problem import Constraints
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.views import figures
@@ -145,7 +145,7 @@ def test_planner_figure_steps_are_rows_with_one_legend_entry_each(smol, table, f
     fig = figures.planner_figure(table, front, smol.param_count(), active_budget=0.2, baselines=baselines, uniform=uniform)
     slider = fig.layout.sliders[0]
     frames = {f.name: f for f in fig.frames}
-    picks = budget_steps(front, figures.SLIDER_STEPS)
+    picks = sorted(set(budget_steps(front, figures.SLIDER_STEPS)) | {front.index(front_row_at(front, 0.2))})
     assert len(slider.steps) == len(picks)
     for step, index in zip(slider.steps, picks):
         row = front[index]
@@ -163,9 +163,23 @@ def test_planner_figure_steps_are_rows_with_one_legend_entry_each(smol, table, f
     assert len(clipped) == 1 and list(clipped[0].y) == [top] and clipped[0].customdata[0][0] == 50.0
 
 
+def test_an_exported_planner_opens_at_the_released_budget_itself(smol, table, front):
+    """The file shows the app's budget, not the nearest of its thinned steps (issue 22, finding 2)."""
+    thinned = set(budget_steps(front, figures.SLIDER_STEPS))
+    off_grid = [i for i in range(1, len(front) - 1) if i not in thinned]
+    assert off_grid, "the tiny front must have more rows than the exported slider's steps"
+    for index in (off_grid[0], off_grid[len(off_grid) // 2], off_grid[-1]):
+        row = front[index]
+        fig = figures.planner_figure(table, front, smol.param_count(), active_budget=row["budget"], title="Released plan abc")
+        slider = fig.layout.sliders[0]
+        assert slider.steps[slider.active].label == f"{row['budget']:.2%}"
+        assert f"removes {row['removed']:,}" in fig.data[3].text[0]  # the readout the file opens with
+    assert fig.layout.title.text == "Released plan abc"
+
+
 def test_history_names_are_for_people():
     assert figures.column_label("ppl:wiki-sample") == "perplexity (wiki-sample)"
-    assert figures.column_label("kl:news-sample") == "KL to dense (news-sample)"
+    assert figures.column_label("kl:news-sample") == "held-out KL to dense (news-sample)"
     assert figures.column_label("prefill_speedup") == "prefill speed vs dense"
     assert figures.column_label("something_new") == "something_new"
     import pandas as pd

@@ -237,6 +237,7 @@ def planner_figure(
     baselines: list[dict] | None = None,
     steps: int = SLIDER_STEPS,
     uniform: list[dict] | None = None,
+    title: str | None = None,
 ) -> go.Figure:
     """Per-layer rates beside predicted loss vs budget, with Plotly's own slider (for files).
 
@@ -248,11 +249,13 @@ def planner_figure(
         table: the LossTable.
         front: front.front_rows of the DP front (by increasing budget).
         dense_total: all parameters of the dense model (readouts), or None.
-        active_budget: the chosen budget; the step of the first row removing at least it is shown.
+        active_budget: the chosen budget; the first row removing at least it is shown, and is
+            always a step of its own (thinning never moves the file to a neighbouring budget).
         locked: layer -> locked rate, marked on the bars.
         baselines: rows of pipeline.baseline_rows (allocator, budget, removed_fraction, predicted_loss).
         steps: the most slider steps (rows are thinned evenly in budget).
         uniform: rows of front_view.uniform_line (the exact uniform plans), or None.
+        title: a line above the chart (the released plan's hash and budget, say), or None.
     Returns:
         The figure, with ``frames`` (one per step, named ``s<i>``) and ``layout.sliders[0]``.
     """
@@ -270,8 +273,9 @@ def planner_figure(
     if not front:
         fig.update_layout(template=TEMPLATE, height=560)
         return fig
-    picks = budget_steps(front, max(2, steps))
-    active = step_at_budget(front, picks, active_budget)
+    chosen = step_at_budget(front, list(range(len(front))), active_budget)
+    picks = sorted(set(budget_steps(front, max(2, steps))) | {chosen})
+    active = picks.index(chosen)
     row = front[picks[active]]
     for trace in rate_traces(table.num_layers, row, locked):
         fig.add_trace(trace, row=2, col=1)
@@ -326,7 +330,8 @@ def planner_figure(
         barmode="group",
         bargap=0.15,
         height=600,
-        margin=dict(t=50, b=40, l=60, r=20),  # the top margin keeps the modebar off the readout
+        margin=dict(t=80 if title else 50, b=40, l=60, r=20),  # the top margin keeps the modebar off the readout
+        title=dict(text=title, font=dict(size=13), x=0.0, xanchor="left") if title else None,
         legend=dict(orientation="h", y=-0.3, x=0.0),
         sliders=[
             dict(
