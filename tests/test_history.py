@@ -137,3 +137,22 @@ def test_concurrent_writers(tmp_path):
         t.join()
     assert not errors
     assert len(history.runs(db)) == 20
+
+
+def test_speed_ups_whose_repeat_ranges_overlap_read_within_noise():
+    """DP 1.12x against uniform 1.27x, repeats 1.02-1.54x and 1.10-1.45x: not a difference (issue 22, finding 7)."""
+    from gap_engine.evaluate import runcompare
+
+    def run(run_id, allocator, median, repeats):
+        throughput = {"prefill_speedup_repeats": repeats, "prefill_speedup_range": [min(repeats), max(repeats)]}
+        return RunRecord(model="m", allocator=allocator, plan={}, budget=0.2503, params={"throughput": throughput}, prefill_speedup=median, id=run_id)
+
+    dp, uniform, fast = run(1, "dp", 1.12, [1.02, 1.12, 1.54]), run(2, "uniform", 1.27, [1.10, 1.27, 1.45]), run(3, "uniform", 1.9, [1.8, 1.9, 2.0])
+    assert runcompare.within_noise(dp, uniform, "prefill") and not runcompare.within_noise(dp, fast, "prefill")
+    assert runcompare.within_noise(dp, RunRecord(model="m", allocator="x", plan={}), "prefill") is None  # no repeats: nothing said
+    speed = runcompare.comparison_frame([dp, uniform, fast]).set_index("measure").loc["prefill speed vs dense"]
+    assert "within noise of run 1" in speed["run 2"] and "vs run 1" not in speed["run 2"].replace("within noise of run 1", "")
+    assert "within noise" not in speed["run 3"] and "+69.6% vs run 1" in speed["run 3"]
+    assert "within noise of dense" not in speed["run 1"]  # 1.02-1.54x does not reach 1.00x
+    budget = runcompare.comparison_frame([dp]).set_index("measure").loc["budget (of prunable)"]
+    assert budget["run 1"] == "25.03%" and runcompare.run_label(dp) == "run 1: dp at 25.03%"

@@ -21,8 +21,8 @@ from gap_engine.evaluate.history import RunRecord
 
 
 def run_label(record: RunRecord) -> str:
-    """'run 3: dp at 20.0%'."""
-    budget = f" at {record.budget:.1%}" if record.budget is not None else ""
+    """'run 3: dp at 20.00%' (budgets with two decimals, as every page shows them)."""
+    budget = f" at {record.budget:.2%}" if record.budget is not None else ""
     return f"run {record.id}: {record.allocator}{budget}"
 
 
@@ -37,6 +37,17 @@ def throughput_spread(record: RunRecord, kind: str) -> tuple[float, float, int] 
     if not ratios:
         return None
     return min(ratios), max(ratios), len(ratios)
+
+
+def within_noise(first: RunRecord, second: RunRecord, kind: str) -> bool | None:
+    """Whether two runs' ``kind`` speed ratios are within noise: their repeat ranges overlap.
+
+    None when either run kept no repeats (nothing to say either way).
+    """
+    a, b = throughput_spread(first, kind), throughput_spread(second, kind)
+    if a is None or b is None:
+        return None
+    return a[0] <= b[1] and b[0] <= a[1]
 
 
 def speed_text(record: RunRecord, kind: str) -> str:
@@ -65,12 +76,12 @@ def _measures(records: list[RunRecord]) -> list[tuple]:
     for source in sources:
         rows += [
             (f"perplexity ({source})", lambda r, s=source: r.perplexity.get(s), lambda r, s=source: r.dense_perplexity.get(s), "relative", None),
-            (f"KL to dense ({source})", lambda r, s=source: r.kl.get(s), None, "difference", "0"),
+            (f"held-out KL to dense ({source})", lambda r, s=source: r.kl.get(s), None, "difference", "0"),
             (f"top-1 agreement ({source})", lambda r, s=source: r.top1.get(s), None, "difference", "1"),
         ]
     return rows + [
         ("predicted loss increase", lambda r: r.predicted_loss, None, "difference", "0"),
-        ("measured loss increase", lambda r: r.actual_loss, None, "difference", "0"),
+        ("measured loss increase (calibration)", lambda r: r.actual_loss, None, "difference", "0"),
         ("prefill speed vs dense", lambda r: r.prefill_speedup, None, "relative", "1.00x"),
         ("decode speed vs dense", lambda r: r.decode_speedup, None, "relative", "1.00x"),
     ]
@@ -99,7 +110,12 @@ def _cell(record: RunRecord, reference: RunRecord, label: str, value_of, dense_o
     notes = []
     if dense_of is not None and (change := _change(value, dense_of(record), how)):
         notes.append(f"{change} vs dense")
-    if record is not reference and (change := _change(value, value_of(reference), how)):
+    spread = throughput_spread(record, label.split()[0]) if "speed" in label else None
+    if spread is not None and spread[0] <= 1.0 <= spread[1]:
+        notes.append("within noise of dense")
+    if record is not reference and "speed" in label and within_noise(record, reference, label.split()[0]):
+        notes.append(f"within noise of run {reference.id}: the repeat ranges overlap")
+    elif record is not reference and (change := _change(value, value_of(reference), how)):
         notes.append(f"{change} vs run {reference.id}")
     if "speed" in label:
         text = speed_text(record, label.split()[0])

@@ -47,13 +47,14 @@ RUN_COLUMN_LABELS = {
     "prefill_speedup": "prefill speed vs dense",
     "decode_speedup": "decode speed vs dense",
     "checkpoint": "checkpoint",
+    "plan_hash": "plan hash",
     "seconds": "run time (s)",
     "note": "note",
 }
 _SOURCE_COLUMN_LABELS = {
     "ppl": "perplexity ({})",
     "dense_ppl": "dense perplexity ({})",
-    "kl": "KL to dense ({})",
+    "kl": "held-out KL to dense ({})",
     "top1": "top-1 agreement ({})",
 }
 
