@@ -93,3 +93,22 @@ def test_cli_table_scale_options_refuse_bad_input_in_one_line(capsys, extra, mes
     assert main(["table", "--model", "llama-3.1-8b", *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.parametrize("estimator", ["fisher", "exact"])
+def test_a_build_no_earlier_job_measured_gets_the_cost_models_time_labelled_predicted(estimator):
+    """Time-left from the first stage (issue 22, finding 3): unknown stages take the prediction, and say so."""
+    from gap_engine.core.buildtime import PREDICTION_WORD, Expectation, with_prediction
+    from gap_engine.core.progress import LOAD_MODEL, READ_TEXT
+    from gap_engine.pipeline.stages import table_stages
+
+    spec = spec_of(estimator=estimator)
+    stages = table_stages(spec)
+    predicted = costmodel.stage_seconds(estimate_build(SHAPES["llama-3.1-8b"], spec, SPEC_PROFILES["h200"], 2))
+    assert set(predicted) == set(stages) - {LOAD_MODEL, READ_TEXT} and all(s >= 0 for s in predicted.values())
+    fresh = Expectation({stage: (3.0 if stage in (LOAD_MODEL, READ_TEXT) else None) for stage in stages}, 0, "no earlier build of this model on this machine")
+    filled = with_prediction(fresh, predicted)
+    assert filled.total == pytest.approx(6.0 + sum(predicted.values()))
+    assert filled.basis.startswith(PREDICTION_WORD) and "no earlier build" in filled.basis
+    measured = Expectation({stage: 1.0 for stage in stages}, 2, "from 2 earlier builds on this machine")
+    assert with_prediction(measured, predicted) is measured  # measured stages are never replaced by a prediction

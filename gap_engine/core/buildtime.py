@@ -199,6 +199,28 @@ def run_expectation(model: str, settings: dict, records: list, stages: tuple[str
     return Expectation(seconds, used, _basis(used, "run"))
 
 
+def with_prediction(expected: Expectation, predicted: dict | None, source: str = "the cost model") -> Expectation:
+    """``expected`` with the stages no earlier job measured filled in from a prediction.
+
+    Args:
+        expected: from `table_expectation` or `run_expectation`.
+        predicted: stage -> predicted seconds (``costmodel.stage_seconds``); None: none.
+        source: what predicted them, named in the basis.
+    Returns:
+        A new Expectation whose basis says which stages are predicted, not measured; the
+        job's own rates replace them once its stages run (``jobs.JobProgress``).
+    """
+    filled = [stage for stage, s in expected.seconds.items() if s is None and (predicted or {}).get(stage) is not None]
+    if not filled:
+        return expected
+    seconds = {stage: (predicted[stage] if stage in filled else s) for stage, s in expected.seconds.items()}
+    basis = f"{PREDICTION_WORD} by {source} for {', '.join(filled)}; {expected.basis}"
+    return Expectation(seconds, expected.jobs, basis)
+
+
+PREDICTION_WORD = "predicted"  # how a basis marks seconds that no job on this machine measured
+
+
 def _basis(count: int, what: str) -> str:
     if not count:
         return f"no earlier {what} of this model on this machine"

@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from gap_engine.core.fsutil import atomic_write_json, cache_root
+from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, SCORE_UNITS
 from gap_engine.model.adapters import LayerGeometry
 from gap_engine.model.units import ComponentGeometry, attention_shape_for_rate, channels_for_rate
 from gap_engine.tables.exact import MAX_STORED_LOGPROB_BYTES
@@ -301,6 +302,21 @@ class BuildEstimate:
 
     def to_dict(self) -> dict:
         return asdict(self) | {"fits": self.fits}
+
+
+def stage_seconds(estimate: BuildEstimate) -> dict:
+    """The estimate's parts as the table job's stages (``progress`` names), for its time-left
+    before this machine has built a comparable table (transfers and shipping go to the
+    stage that moves the data)."""
+    parts = estimate.parts
+    moving = parts.get("transfers", 0.0) + parts.get("shipping", 0.0)
+    stages = {SCORE_UNITS: parts.get("importance", 0.0)}
+    if "dense pass" in parts:
+        stages[DENSE_PASS] = parts["dense pass"]
+        stages[CELLS] = parts.get("cells", 0.0) + moving
+    if "gradient pass" in parts:
+        stages[GRADIENT_PASS] = parts["gradient pass"] + (0.0 if "dense pass" in parts else moving)
+    return stages
 
 
 def _duration(seconds: float) -> str:
