@@ -53,8 +53,9 @@ from gap_engine.data.bos import WINDOW_STARTS, bos_token_id, text_start, window_
 logger = logging.getLogger(__name__)
 
 BUILTIN_SOURCES: dict[str, str] = {
-    "wiki-sample": "About 100 English Wikipedia articles (plain prose), shipped with gensim.",
-    "news-sample": "About 300 Australian news articles (Lee corpus), shipped with gensim; out-of-domain.",
+    "wiki-sample": "104 English Wikipedia articles as plain prose: the 206-page dump shipped with gensim, "
+    "less its 100 redirects and 2 pages too short to use.",
+    "news-sample": "300 Australian news articles (the Lee corpus), shipped with gensim; out-of-domain.",
 }
 
 _WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
