@@ -37,6 +37,8 @@ def apply_finished_jobs() -> None:
                 f"{shape} ({table.key})."
             )
         common.set_message("setup", "success", text)
+        # The Current table's Build time shows this same number, not the measurement alone.
+        st.session_state.setdefault("app_table_job_seconds", {})[table.key] = snap["elapsed"]
     job = common.unseen_finished("baselines")
     if job is not None and common.report_finished(job, "Computing the baseline plans", "planner"):
         st.session_state["app_baselines"] = {"key": job.key, "rows": job.result}
@@ -45,7 +47,8 @@ def apply_finished_jobs() -> None:
     if job is not None and common.report_finished(job, "Prune and evaluate", "eval"):
         st.session_state["app_last_run"] = job.result
         common.set_message(
-            "eval", "success", f"Run {job.result['run_id']} finished in {common.duration_text(job.elapsed)} and was added to the history."
+            "eval", "success",
+            f"Run {job.result['run_id']} finished in {common.duration_text(job.elapsed)} and was added to the history (plan {job.result.get('plan_hash')}).",
         )
     job = common.unseen_finished("recover")
     if job is not None and common.report_finished(job, "Recovery", "recover"):
@@ -55,7 +58,9 @@ def apply_finished_jobs() -> None:
 
 apply_finished_jobs()
 if not url_state.restore():
-    common.autoload_latest()
+    opened = common.autoload_latest()
+    if opened is not None:  # the Setup form shows the settings of the table that is open
+        url_state.setup_form(opened.model, opened.spec.to_dict())
 apply_finished_jobs()  # a job the URL attached to may have ended already
 
 table = common.current_table()

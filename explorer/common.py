@@ -10,7 +10,10 @@ each other lives under ``app_``:
     app_model        the model name the table was built for
     app_budget       the budget chosen on the planner (fraction of prunable parameters)
     app_constraints  the planner's constraints as a dict (locked, max_rate, coupled)
-    app_plan         the dp plan at the chosen budget (RatePlan dict)
+    app_plan         the dp plan at the chosen budget (RatePlan dict): the plan the planner released
+    app_plan_hash    its content hash (`RatePlan.content_hash`); the URL carries it, and the
+                     plan is stored under it (`gap_engine.plan.store`) so a reload gets it back
+    app_plan_missing why the plan the URL named could not be restored (None: nothing missing)
     app_uploaded_plan a plan uploaded on the Export page and checked against the model
     app_jobs         job kind -> id of this session's latest job of that kind
     app_seen_jobs    ids of finished jobs whose outcome was already applied
@@ -36,6 +39,7 @@ import threading
 
 import streamlit as st
 
+from gap_engine.core.buildtime import PREDICTION_WORD
 from gap_engine.core.config import DEFAULT_BUDGET, DEFAULT_MAX_RATE
 from gap_engine.core.errors import GapError
 from gap_engine.plan.front import dp_front, front_rows
@@ -52,6 +56,8 @@ SHARED_DEFAULTS = {
     "app_budget": DEFAULT_BUDGET,
     "app_constraints": {"locked": {}, "max_rate": DEFAULT_MAX_RATE, "coupled": False},
     "app_plan": None,
+    "app_plan_hash": None,
+    "app_plan_missing": None,
     "app_uploaded_plan": None,
     "app_jobs": {},
     "app_seen_jobs": [],
@@ -63,6 +69,33 @@ SHARED_DEFAULTS = {
 _PERSIST = "_app_widget_keys"
 POLL_SECONDS = 1.0  # a page's own job panel
 SIDEBAR_POLL_SECONDS = 2.0  # the sidebar's list of every running job
+
+
+# One sentence per technical term the pages show, as a help popover (the ? beside a label).
+GLOSSARY = {
+    "fisher": "fisher: estimates each cell's loss increase from squared gradients (a second-order Taylor term), "
+    "from one forward and backward pass; fast, and an estimate.",
+    "taylor": "taylor: estimates each cell from gradient times weight (a first-order Taylor term); fast, NLL only.",
+    "wanda": "wanda: ranks a unit by its weights' magnitudes times the size of the activations that flow into them.",
+    "criterion": "The criterion ranks the heads or channels inside one layer and the lowest-ranked go first: magnitude "
+    "(weight sizes), wanda (weights times activations), flap (how much a unit's output varies), taylor (gradient times weight).",
+    "split": "split: attention and MLP of a layer get their own rates; block: one rate for the whole layer.",
+    "nats/token": "nats/token: the loss per predicted token in natural-log units; +0.1 nats/token multiplies perplexity by about 1.105.",
+    "prunable": "Prunable parameters are those in attention heads and MLP channels; embeddings and norms are never pruned, "
+    "so budgets are percentages of the prunable parameters.",
+    "DP front": "The DP front: for every budget, the least predicted loss increase any per-layer plan can reach, "
+    "solved exactly by dynamic programming (GAP).",
+    "dense objective": "The objective (NLL or KL) of the unpruned model on the calibration windows; the table's cells "
+    "are increases over it (KL to itself is 0, so a KL table shows 0.0000 here).",
+    "plan hash": "A plan's content hash: 12 hex digits of SHA-256 over its rates, model, budget and predicted loss. "
+    "The same plan has the same hash on every page, in the run history, the checkpoint and every export.",
+    "held-out KL": "Held-out KL: the KL divergence from the dense to the pruned model's next-token distribution on the held-out "
+    "text (never used to plan), in nats/token.",
+    "calibration KL": "Calibration KL: the same divergence measured on the calibration windows the table was built from; "
+    "it is what the table predicts, so it is the measured counterpart of the predicted increase.",
+    "speed-up spread": "Speed is timed in interleaved repeats of dense and pruned; the range is the lowest to highest "
+    "repeat. Two speed-ups whose ranges overlap are within noise: neither is shown to be faster.",
+}
 
 
 def init_shared() -> None:
@@ -154,29 +187,51 @@ def set_table(table) -> None:
     st.session_state["app_model"] = table.model
     if previous is None or previous.key != table.key:
         st.session_state["app_plan"] = None
+        st.session_state["app_plan_hash"] = None
         st.session_state["app_baselines"] = None
         if previous is None or previous.num_layers != table.num_layers:
             st.session_state["app_constraints"] = dict(SHARED_DEFAULTS["app_constraints"], locked={})
 
 
-def autoload_latest() -> None:
-    """Once per session: make the newest cached table current, so a later visit starts at once."""
+def autoload_latest():
+    """Once per session, for a link that names no table: open the newest cached table, and say
+    so on Setup with every cached table listed (the choice is never silent).
+
+    Returns:
+        The table opened, or None (already done, a table or build in the session, an empty cache).
+    """
     if st.session_state.get("app_autoloaded"):
-        return
+        return None
     st.session_state["app_autoloaded"] = True
     if current_table() is not None or session_job("table") is not None:
-        return
+        return None
     from gap_engine.tables import cache
 
     try:
-        rows = cache.list_tables()
-        newest = max(rows, key=lambda r: r.get("created") or "") if rows else None
-        table = cache.get_table(newest["key"]) if newest else None
+        rows = sorted(cache.list_tables(), key=lambda r: r.get("created") or "", reverse=True)
+        table = cache.get_table(rows[0]["key"]) if rows else None
     except GapError:
-        return
-    if table is not None:
-        set_table(table)
-        set_message("setup", "info", f"Loaded the most recent cached table ({table.key}); build or pick another below.")
+        return None
+    if table is None:
+        return None
+    set_table(table)
+    listed = "; ".join(f"`{r['key']}` ({_table_summary(r)})" for r in rows[:8]) + (f"; and {len(rows) - 8} more" if len(rows) > 8 else "")
+    set_message(
+        "setup",
+        "info",
+        f"The link names no table, so the most recent cached table was opened: `{table.key}` ({_table_summary(rows[0])}). "
+        f"The cache holds {len(rows)}: {listed}. Pick another under Cached tables below, or build one.",
+    )
+    return table
+
+
+def _table_summary(row: dict) -> str:
+    """'smollm2-135m, fisher, 16 x 256 tokens of wiki-sample, built 2026-12-01T10:00' of a cache row."""
+    spec = row.get("spec") or {}  # TableSpec.summary(): flat fields
+    return (
+        f"{row.get('model')}, {spec.get('estimator', '?')}, {spec.get('n_samples', '?')} x {spec.get('seq_len', '?')} tokens "
+        f"of {spec.get('data', '?')}, built {str(row.get('created') or '?')[:16].replace('T', ' ')}"
+    )
 
 
 def table_page(prefix: str, defaults: dict, title: str):
@@ -196,6 +251,45 @@ def require_table():
         st.page_link(SETUP_PAGE, label="Go to Setup", icon=":material/settings:")
         st.stop()
     return table
+
+
+def release_plan(plan, raw_constraints: dict) -> str:
+    """Make ``plan`` the released plan every page uses, stored by its hash; returns the hash.
+
+    A cache that cannot be written leaves the plan usable in this session (a reload then
+    says it cannot restore it).
+    """
+    from gap_engine.plan import store as planstore
+
+    try:
+        digest = planstore.put_plan(plan, raw_constraints)
+    except GapError:
+        digest = plan.content_hash()
+    st.session_state["app_plan"] = plan.to_dict()
+    st.session_state["app_plan_hash"] = digest
+    st.session_state["app_plan_missing"] = None
+    return digest
+
+
+def release_current_plan(table):
+    """Release the plan the planner shows for this session's budget and constraints, when the
+    planner was not opened in this session (a page opened directly): the same front row the
+    budget chart starts at (`front_view.budget_steps`, `step_at_budget`) and the same
+    `row_plan`, so it is the planner's plan, not a re-solve. Returns the RatePlan.
+
+    Raises:
+        GapError: the model cannot be loaded, or no plan satisfies the constraints.
+    """
+    from gap_engine.plan.front_view import budget_steps, row_plan, step_at_budget
+
+    raw = st.session_state.get("app_constraints") or SHARED_DEFAULTS["app_constraints"]
+    rows = pareto_rows(table.key, constraints_json(raw), table)
+    steps = budget_steps(rows)
+    row = rows[steps[step_at_budget(rows, steps, float(st.session_state["app_budget"]))]]
+    plan = row_plan(reference_model(table.model), table, row)
+    st.session_state["app_budget"] = float(row["budget"])
+    release_plan(plan, raw)
+    return plan
 
 
 def constraints_from_state() -> Constraints:
@@ -235,8 +329,8 @@ def sidebar_jobs() -> None:
 
     @st.fragment(run_every=SIDEBAR_POLL_SECONDS)
     def panel():
-        if st.session_state.pop("app_watch_started", False):
-            st.rerun()  # the whole app: the watched job's page draws its progress
+        if st.session_state.pop("app_watch_started", False) or st.session_state.pop(_CANCEL_REQUESTED, False):
+            st.rerun()  # the whole app: the watched job's page draws its progress, a cancelled one says so everywhere
         seen = st.session_state["app_seen_jobs"]
         mine = [manager().get(job_id) for job_id in st.session_state["app_jobs"].values()]
         if any(job is not None and not job.active and job.id not in seen for job in mine):
@@ -300,7 +394,8 @@ def progress_text(snap: dict, title: str) -> str:
     if snap["cancelling"]:
         parts.append("cancelling…")
     elif snap["seconds_left"] is not None:
-        parts.append(f"about {duration_text(snap['seconds_left'])} left")
+        predicted = snap["eta"] is None and PREDICTION_WORD in (snap.get("expected_basis") or "")
+        parts.append(f"about {duration_text(snap['seconds_left'])} left" + (" (predicted, not yet measured)" if predicted else ""))
     elif snap["eta"] is not None:
         parts.append(f"this stage about {duration_text(snap['eta'])} left")
     parts.append(f"{duration_text(snap['elapsed'])} elapsed")
@@ -325,11 +420,12 @@ def expected_caption(expected, what: str) -> None:
     total, known = expected.total, expected.known
     if total is not None:
         st.caption(f"Expected time: about {duration_text(total)} ({expected.basis}).")
-    elif known:
+    elif known and sum(known.values()) >= 1.0:  # "about 0 s for the stages measured before" tells nothing
         missing = ", ".join(expected.unknown())
         st.caption(f"Expected time: about {duration_text(sum(known.values()))} for the stages measured before ({expected.basis}), plus {missing}.")
     else:
-        st.caption(f"Expected time: {expected.basis}; the time left shows as the {what} runs.")
+        missing = ", ".join(expected.unknown())
+        st.caption(f"Expected time: not known yet ({expected.basis}; no measurement of {missing}); the time left shows as the {what} measures its stages.")
 
 
 def job_panel(job, title: str, key: str) -> None:
@@ -348,8 +444,18 @@ def job_panel(job, title: str, key: str) -> None:
 def cancel_button(where, job, snap: dict, key: str) -> None:
     """Cancel, or a disabled "Cancelling…" once the job was asked to stop."""
     where.button(
-        "Cancelling…" if snap["cancelling"] else "Cancel", key=key, on_click=job.cancel, disabled=snap["cancelling"], icon=":material/cancel:"
+        "Cancelling…" if snap["cancelling"] else "Cancel", key=key, on_click=_cancel, args=(job,), disabled=snap["cancelling"], icon=":material/cancel:"
     )
+
+
+def _cancel(job) -> None:
+    """Callback of a Cancel button: ask the job to stop, and have the fragment that drew the
+    button rerun the whole app, so the page and the sidebar both say "Cancelling…" at once."""
+    job.cancel()
+    st.session_state[_CANCEL_REQUESTED] = True
+
+
+_CANCEL_REQUESTED = "app_cancel_requested"
 
 
 def job_progress(kind: str, title: str) -> None:
@@ -364,7 +470,7 @@ def job_progress(kind: str, title: str) -> None:
 
     @st.fragment(run_every=POLL_SECONDS)
     def panel():
-        if not job.active:
+        if not job.active or st.session_state.pop(_CANCEL_REQUESTED, False):
             st.rerun()
         job_panel(job, title, kind)
 

@@ -43,6 +43,11 @@ DEFAULTS = {
 }
 table = common.table_page("eval_", DEFAULTS, "Prune & evaluate")
 ss = st.session_state
+if ss["eval_allocator"] == "dp" and not ss.get("app_plan") and not ss.get("app_plan_missing"):
+    try:  # the planner was not opened in this session: its plan for this budget, released as it would be
+        common.release_current_plan(table)
+    except GapError as exc:
+        st.error(f"Cannot make the planner's plan: {one_line(exc)}")
 budget = float(ss["app_budget"])
 uploaded = ss.get("app_uploaded_plan")
 allocators = list(ALLOCATORS) + ([UPLOADED] if uploaded else [])
@@ -91,7 +96,10 @@ def start_run() -> None:
         return
     expected = expected_run(settings)
     allocator = ss["eval_allocator"]
-    plan = planner_plan() if allocator == "dp" else None  # prune exactly what the planner shows
+    plan = planner_plan() if allocator == "dp" else None  # prune exactly what the planner released
+    if allocator == "dp" and plan is None:  # never a re-derived plan in its place
+        common.set_message("eval", "error", missing_plan_text())
+        return
     if allocator == UPLOADED:
         try:
             plan = RatePlan.from_dict(dict(uploaded))
@@ -113,14 +121,16 @@ def start_run() -> None:
         plan=plan,
         checkpoint_dir=checkpoint_dir,
     )
-    key = f"{table.key}|{allocator}|{budget:.4f}|{common.constraints_json(ss['app_constraints'])}|{settings}"
-    params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": budget}
-    job = manager().submit("prune_eval", task, key=key, label=f"{allocator} at {budget:.1%} of {table.model}", params=params)
+    plan_id = plan.content_hash() if plan is not None else ""
+    key = f"{table.key}|{allocator}|{budget:.4f}|{plan_id}|{common.constraints_json(ss['app_constraints'])}|{settings}"
+    params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": budget, "plan_hash": plan_id or None}
+    label = f"{allocator} at {budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
+    job = manager().submit("prune_eval", task, key=key, label=label, params=params)
     common.remember_job("prune_eval", job)
 
 
 def planner_plan():
-    """The planner's DP plan (its released front row) when it belongs to this table and budget."""
+    """The plan the planner released (or the link restored) when it belongs to this table and budget."""
     stored = ss.get("app_plan")
     if not stored or stored.get("table_key") != table.key or stored.get("budget") != budget:
         return None
@@ -128,6 +138,12 @@ def planner_plan():
         return RatePlan.from_dict(dict(stored))
     except GapError:
         return None
+
+
+def missing_plan_text() -> str:
+    """Why there is no planner plan to prune, and what to do (a dp run is refused, not re-planned)."""
+    why = ss.get("app_plan_missing") or "No plan has been released on the Budget planner for this table and budget yet."
+    return f"{why} Open the Budget planner and release a budget: Prune & evaluate prunes the plan the planner shows, never another one."
 
 
 def delete_run(run_id: int) -> None:
@@ -146,6 +162,21 @@ def speed_spread(throughput: dict) -> str | None:
     ]  # fmt: skip
     repeats = len(throughput.get("prefill_speedup_repeats") or [])
     return f"Median of {repeats} interleaved repeats; range {', '.join(parts)}." if parts else None
+
+
+def speed_delta(throughput: dict) -> str:
+    """'range 1.02–1.54x, within noise · decode 1.10x': the spread beside the median, and whether
+    dense speed (1.00x) lies inside it."""
+    parts = []
+    for kind in ("prefill", "decode"):
+        span, median = throughput.get(f"{kind}_speedup_range"), throughput.get(f"{kind}_speedup", float("nan"))
+        text = f"{median:.2f}x" if kind == "decode" else ""
+        if span:
+            low, high = span
+            noise = ", within noise" if low <= 1.0 <= high else ""
+            text = f"{text} ({low:.2f}–{high:.2f}x{noise})" if text else f"range {low:.2f}–{high:.2f}x{noise}"
+        parts.append(f"decode {text}" if kind == "decode" else text)
+    return " · ".join(p for p in parts if p)
 
 
 def compare_runs(run_ids: list[int]) -> None:
@@ -176,17 +207,27 @@ def compare_runs(run_ids: list[int]) -> None:
 left, right = st.columns([1, 1], gap="large")
 with left:
     st.subheader("Plan")
-    st.selectbox("Allocator", allocators, key="eval_allocator", format_func=lambda m: f"{m} — {ALLOCATOR_HELP[m]}")
+    st.selectbox(
+        "Allocator", allocators, key="eval_allocator", format_func=lambda m: f"{m} — {ALLOCATOR_HELP[m]}",
+        help="How the budget is spread over the layers. " + common.GLOSSARY["DP front"],
+    )
     if ss["eval_allocator"] == UPLOADED:
-        st.caption(f"Uploaded plan for {uploaded['model']}: allocator {uploaded.get('allocator')}, budget {uploaded.get('budget')}.")
+        up_budget = uploaded.get("budget")
+        st.caption(
+            f"Uploaded plan `{RatePlan.from_dict(dict(uploaded)).content_hash()}` for {uploaded['model']}: allocator {uploaded.get('allocator')}, "
+            f"budget {'not stated' if up_budget is None else f'{up_budget:.2%}'} of prunable parameters."
+        )
     else:
-        st.metric("Budget from the planner (of prunable parameters)", f"{budget:.2%}")
+        st.metric("Budget from the planner (of prunable parameters)", f"{budget:.2%}", help=common.GLOSSARY["prunable"])
         chosen = planner_plan() if ss["eval_allocator"] == "dp" else None
         if chosen is not None:
             st.caption(
-                f"The planner's DP plan: removes {chosen.params['removed']:,} parameters, "
-                f"predicted {figures.loss_label(table.spec.objective)} +{chosen.predicted_loss:.4f}."
+                f"The planner's DP plan `{chosen.content_hash()}`: removes {chosen.params['removed']:,} parameters, "
+                f"predicted {figures.loss_label(table.spec.objective)} +{chosen.predicted_loss:.4f}.",
+                help=common.GLOSSARY["plan hash"],
             )
+        elif ss["eval_allocator"] == "dp":
+            st.warning(missing_plan_text())
         locked = ss["app_constraints"].get("locked") or {}
         if locked:
             st.caption(f"Locked layers: {', '.join(sorted(locked, key=int))}")
@@ -214,13 +255,14 @@ result = ss.get("app_last_run")
 if result:
     report = result["report"]
     dense = report.get("dense") or {}
-    st.subheader(f"Run {result['run_id']}: {result['plan']['allocator']} at {(result['plan'].get('budget') or 0):.2%}")
+    run_hash = result.get("plan_hash")
+    st.subheader(f"Run {result['run_id']}: {result['plan']['allocator']} at {(result['plan'].get('budget') or 0):.2%}" + (f" · plan `{run_hash}`" if run_hash else ""))
     c = st.columns(3)
     c[0].metric("Parameters", f"{report['params'] / 1e6:.1f}M", f"{(report['params'] - dense.get('params', report['params'])) / 1e6:+.1f}M vs dense", delta_color="off", delta_arrow="off")
     source = next(iter(report["perplexity"]), None)
     if source:
         c[1].metric(f"Perplexity ({source})", f"{report['perplexity'][source]:.2f}", f"dense {dense.get('perplexity', {}).get(source, float('nan')):.2f}", delta_color="off", delta_arrow="off")
-        c[2].metric(f"KL to dense ({source})", f"{report.get('kl_to_dense', {}).get(source, float('nan')):.4f}")
+        c[2].metric(f"Held-out KL to dense ({source})", f"{report.get('kl_to_dense', {}).get(source, float('nan')):.4f}", help=common.GLOSSARY["held-out KL"])
     c = st.columns(3)
     predicted, actual = result.get("predicted_loss"), result.get("actual_loss")
     objective = result.get("objective", "nll")
@@ -234,19 +276,21 @@ if result:
         help="The loss table's single-component increases added up: an estimate of the plan's loss, never a measurement of it.",
     )
     c[1].metric(
-        f"Measured {objective} increase (calibration)",
+        "Calibration KL to dense (measured)" if objective == "kl" else f"Measured {objective} increase (calibration)",
         "—" if actual is None else f"{actual:.4f}",
         None if actual is None or predicted is None else f"{actual - predicted:+.4f} vs predicted",
         delta_color="off",
         delta_arrow="off",
+        help=common.GLOSSARY["calibration KL"] if objective == "kl" else "Measured on the calibration windows the table was built from: "
+        "the measured counterpart of the predicted increase (held-out numbers are above).",
     )
     throughput = report.get("throughput") or {}
     if throughput:
         c[2].metric(
             "Prefill speed vs dense",
             f"{throughput.get('prefill_speedup', float('nan')):.2f}x",
-            f"decode {throughput.get('decode_speedup', float('nan')):.2f}x",
-            help=speed_spread(throughput),
+            speed_delta(throughput),
+            help=" ".join(filter(None, [speed_spread(throughput), common.GLOSSARY["speed-up spread"]])),
             delta_color="off",
             delta_arrow="off",
         )
@@ -259,7 +303,7 @@ if result:
                     "source": list(report["perplexity"]),
                     "pruned perplexity": list(report["perplexity"].values()),
                     "dense perplexity": [dense.get("perplexity", {}).get(s) for s in report["perplexity"]],
-                    "KL to dense": [report.get("kl_to_dense", {}).get(s) for s in report["perplexity"]],
+                    "held-out KL to dense": [report.get("kl_to_dense", {}).get(s) for s in report["perplexity"]],
                     "top-1 agreement": [report.get("top1_agreement", {}).get(s) for s in report["perplexity"]],
                 }
             ),

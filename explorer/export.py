@@ -23,7 +23,10 @@ DEFAULTS = {
     "export_gguf_outtype": "q8_0",
     "export_png": {},
     "export_png_error": "",
+    "export_png_view": "",
 }
+CHART_LABELS = {"pred_vs_actual": "predicted vs actual", "history": "run history"}
+CHART_COLUMNS = 3
 common.init_page("export_", DEFAULTS)
 ss = st.session_state
 table = common.current_table()
@@ -48,9 +51,14 @@ def chart_figures() -> dict:
     return out
 
 
+def chart_view() -> str:
+    """What the charts show (table, released budget and plan): PNGs rendered for another view are dropped."""
+    return f"{table.key if table is not None else ''}|{float(ss.get('app_budget') or 0):.6f}|{ss.get('app_plan_hash')}"
+
+
 def render_pngs(names_and_figs: dict) -> None:
     """Render every chart to PNG with kaleido (headless Chromium); keep the bytes for download."""
-    ss["export_png"], ss["export_png_error"] = {}, ""
+    ss["export_png"], ss["export_png_error"], ss["export_png_view"] = {}, "", chart_view()
     try:
         ss["export_png"] = common.render_png(names_and_figs)
     except Exception as exc:  # kaleido raises many kinds when no browser can start
@@ -105,7 +113,7 @@ def check_uploaded_plan(uploaded) -> None:
         return
     ss["app_uploaded_plan"] = plan.to_dict()
     st.success(
-        f"Plan for {plan.model} accepted ({plan.allocator}, removes {plan.params.get('removed_fraction_of_prunable', 0):.1%} of prunable "
+        f"Plan for {plan.model} accepted ({plan.allocator}, removes {plan.params.get('removed_fraction_of_prunable', 0):.2%} of prunable "
         "parameters). Pick 'uploaded plan' on Prune & evaluate to run it."
     )
 
@@ -122,9 +130,12 @@ except GapError as exc:
 sources = {}
 if ss.get("app_plan"):
     plan = ss["app_plan"]
-    sources["planner"] = f"Planner selection: dp at {plan.get('budget', 0):.1%}"
+    sources["planner"] = f"Planner selection: dp at {plan.get('budget', 0):.2%}, plan {ss.get('app_plan_hash')}"
 for record in runs[::-1]:
-    sources[f"run-{record.id}"] = f"Run {record.id}: {record.allocator} at {(record.budget or 0):.1%} ({record.created})"
+    run_hash = (record.params or {}).get("plan_hash")
+    sources[f"run-{record.id}"] = f"Run {record.id}: {record.allocator} at {(record.budget or 0):.2%}" + (f", plan {run_hash}" if run_hash else "") + f" ({record.created})"
+if ss.get("app_plan_missing"):
+    st.warning(ss["app_plan_missing"])
 if not sources:
     st.caption("No plan yet: choose a budget on the Budget planner, or run Prune & evaluate.")
 else:
@@ -134,7 +145,8 @@ else:
     chosen = ss["export_plan_source"]
     plan_dict = ss["app_plan"] if chosen == "planner" else next(r.plan for r in runs if f"run-{r.id}" == chosen)
     plan = RatePlan.from_dict(dict(plan_dict))
-    stem = f"plan-{plan.allocator}-{(plan.budget or 0) * 100:.1f}pct"
+    stem = f"plan-{plan.allocator}-{(plan.budget or 0) * 100:.2f}pct-{plan.content_hash()}"  # the budget and identity the app shows
+    st.caption(f"Plan `{plan.content_hash()}` · budget {(plan.budget or 0):.2%} of prunable parameters.", help=common.GLOSSARY["plan hash"])
     c1, c2, c3 = st.columns(3)
     c1.download_button("Plan (JSON)", plan.to_json(), file_name=f"{stem}.json", mime="application/json", key="export_plan_json", icon=":material/download:")
     c2.download_button("Plan (YAML)", plan.to_yaml(), file_name=f"{stem}.yaml", mime="application/x-yaml", key="export_plan_yaml", icon=":material/download:")
@@ -143,7 +155,7 @@ else:
     c3.download_button(
         "Download report (HTML)",
         data=lambda: report_export.report_html(table, plan_dict, run_id),  # built only when clicked
-        file_name=f"gap-report-{stem}.html",
+        file_name=f"gap-report-{'planner' if chosen == 'planner' else f'run{run_id}'}-{stem}.html",  # two reports never share a name
         mime="text/html",
         key="export_report_html",
         on_click="ignore",  # a rerun while the file is being built would drop it
@@ -184,7 +196,7 @@ else:
         "Run",
         ids,
         key="export_checkpoint_run",
-        format_func=lambda i: f"Run {i}: {by_id[i].allocator} at {(by_id[i].budget or 0):.1%} — {Path(by_id[i].checkpoint).name}",
+        format_func=lambda i: f"Run {i}: {by_id[i].allocator} at {(by_id[i].budget or 0):.2%} — {Path(by_id[i].checkpoint).name}",
     )
     folder = by_id[ss["export_checkpoint_run"]].checkpoint
     size_mb = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file()) / 1e6
@@ -207,14 +219,18 @@ else:
 # ---- charts --------------------------------------------------------------------------------------
 st.subheader("Charts")
 charts = chart_figures()
+if ss["export_png"] and ss["export_png_view"] != chart_view():
+    ss["export_png"] = {}  # rendered at another budget or plan: never hand out a stale chart
 if not charts:
     st.caption("No charts yet: load a table first.")
 else:
-    columns = st.columns(len(charts))
-    for col, (name, fig) in zip(columns, charts.items()):
-        col.download_button(
-            f"{name} (HTML)",
-            data=lambda fig=fig: fig.to_html(include_plotlyjs=True, full_html=True),  # plotly.js inlined: opens offline
+    columns = st.columns(CHART_COLUMNS)  # a few per row: labels stay whole on a narrow window
+    for i, (name, fig) in enumerate(charts.items()):
+        columns[i % CHART_COLUMNS].download_button(
+            f"{CHART_LABELS.get(name, name)} (HTML)",
+            # plotly.js inlined: opens offline. No auto-play: playing the planner's slider frames on
+            # load left the file at another budget than the one it was exported at.
+            data=lambda fig=fig: fig.to_html(include_plotlyjs=True, full_html=True, auto_play=False),
             file_name=f"gap-{name}.html",
             mime="text/html",
             key=f"export_html_{name}",
@@ -234,9 +250,9 @@ else:
             "(set BROWSER_PATH); the HTML files above always work and can be saved as PNG from the browser."
         )
     if ss["export_png"]:
-        columns = st.columns(len(ss["export_png"]))
-        for col, (name, png) in zip(columns, ss["export_png"].items()):
-            col.download_button(f"{name} (PNG)", png, file_name=f"gap-{name}.png", mime="image/png", key=f"export_png_{name}", icon=":material/image:")
+        columns = st.columns(CHART_COLUMNS)
+        for i, (name, png) in enumerate(ss["export_png"].items()):
+            columns[i % CHART_COLUMNS].download_button(f"{CHART_LABELS.get(name, name)} (PNG)", png, file_name=f"gap-{name}.png", mime="image/png", key=f"export_png_{name}", icon=":material/image:")
 
 # ---- import --------------------------------------------------------------------------------------
 st.subheader("Import a plan")

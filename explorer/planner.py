@@ -45,7 +45,8 @@ except GapError as exc:
 
 st.caption(
     "Drag the budget slider: the per-layer rates chosen by GAP's exact DP follow the pointer, and releasing it sets "
-    "the budget that Prune & evaluate and Export use. The dashed green line is uniform pruning at the same budget."
+    "the budget that Prune & evaluate and Export use. The dashed green line is uniform pruning at the same budget.",
+    help=f"{common.GLOSSARY['DP front']}\n\n{common.GLOSSARY['prunable']}",
 )
 
 with st.expander("Constraints", expanded=bool(ss["planner_locked"])):
@@ -120,16 +121,17 @@ ss["app_budget"] = float(row["budget"])  # the budget every page uses is this ro
 try:
     plan = row_plan(lm, table, row)
 except GapError as exc:
-    ss["app_plan"] = None
+    ss["app_plan"], ss["app_plan_hash"] = None, None
     st.error(one_line(exc))
 else:
-    ss["app_plan"] = plan.to_dict()
+    common.release_plan(plan, raw_constraints)
     params = plan.params
     objective = figures.loss_label(table.spec.objective)
     c1, c2, c3, c4 = st.columns(4)
     c1.metric(
         "Removed parameters", f"{params['removed']:,}",
-        f"{plan.budget:.2%} of prunable · {params['removed_fraction_of_total']:.1%} of all", delta_color="off", delta_arrow="off",
+        f"{plan.budget:.2%} of prunable · {params['removed_fraction_of_total']:.2%} of all", delta_color="off", delta_arrow="off",
+        help=common.GLOSSARY["prunable"],
     )
     c2.metric("Parameters left", f"{params['pruned_total'] / 1e6:.1f}M", f"of {params['dense_total'] / 1e6:.1f}M", delta_color="off", delta_arrow="off")
     c3.metric("Size (fp32)", f"{params['pruned_total'] * figures.BYTES_PER_PARAM / 2**20:.0f} MiB")
@@ -137,7 +139,13 @@ else:
     c4.metric(
         f"Predicted {objective}", f"+{plan.predicted_loss:.4f}", figures.BASIS_TEXT[basis], delta_color="off", delta_arrow="off",
         help="The table's single-component increases added up; components interact, so the measured increase "
-        "(Prune & evaluate) is usually larger. Measured runs of this table appear as x marks on the loss panel.",
+        "(Prune & evaluate) is usually larger. Measured runs of this table appear as x marks on the loss panel.\n\n"
+        + common.GLOSSARY["nats/token"] + "\n\n" + common.GLOSSARY["DP front"],
+    )
+    st.caption(
+        f"Plan `{ss['app_plan_hash']}` (its content hash): Prune & evaluate prunes this very plan, and the run, "
+        "the checkpoint and every export carry the same hash and budget.",
+        help=common.GLOSSARY["plan hash"],
     )
     with st.expander("Per-layer rates of this plan"):
         st.dataframe(
@@ -182,8 +190,8 @@ if baselines:
         records.append(
             {
                 "allocator": r["allocator"],
-                "budget": f"{r['budget']:.0%}",
-                "removed (of prunable)": r.get("removed_fraction"),
+                "budget": f"{r['budget']:.2%}",  # budgets are percentages everywhere, with two decimals
+                "removed (of prunable)": None if r.get("removed_fraction") is None else f"{r['removed_fraction']:.2%}",
                 "predicted loss": r.get("predicted_loss"),
                 "GAP DP at that budget": None if dp_row is None else dp_row["predicted_loss"],
                 "note": r.get("error", ""),

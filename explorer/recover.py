@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from explorer import common
-from gap_engine.core.config import RECOVERY_METHODS
+from gap_engine.core.config import APP_EVAL_WINDOWS, RECOVERY_METHODS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
@@ -39,8 +39,9 @@ DEFAULTS = {
     "recover_seq_len": 128,
     "recover_rank": 8,
     "recover_mask_fraction": 0.05,
-    "recover_eval_samples": 4,
-    "recover_eval_seq_len": 128,
+    # The held-out windows of Prune & evaluate: the dense and unrecovered numbers here are the ones shown there.
+    "recover_eval_samples": APP_EVAL_WINDOWS.n_samples,
+    "recover_eval_seq_len": APP_EVAL_WINDOWS.seq_len,
     "recover_generations": 1,
 }
 common.init_page("recover_", DEFAULTS)
@@ -60,7 +61,7 @@ def checkpoint_runs() -> dict[int, history.RunRecord]:
 
 
 def run_label(record: history.RunRecord) -> str:
-    budget = f" at {record.budget:.1%}" if record.budget is not None else ""
+    budget = f" at {record.budget:.2%}" if record.budget is not None else ""
     ppl = ", ".join(f"ppl {v:.1f} ({k})" for k, v in list(record.perplexity.items())[:1])
     return f"run {record.id}: {record.allocator}{budget}" + (f" · {ppl}" if ppl else "")
 
@@ -171,8 +172,8 @@ def comparison(result: dict) -> pd.DataFrame:
             "dense perplexity": dense.get(task),
             "unrecovered perplexity": before.get("perplexity", {}).get(task),
             "recovered perplexity": ppl,
-            "unrecovered KL to dense": before.get("kl_to_dense", {}).get(task),
-            "recovered KL to dense": after.get("kl_to_dense", {}).get(task),
+            "unrecovered held-out KL": before.get("kl_to_dense", {}).get(task),
+            "recovered held-out KL": after.get("kl_to_dense", {}).get(task),
             "unrecovered top-1 agreement": before.get("top1_agreement", {}).get(task),
             "recovered top-1 agreement": after.get("top1_agreement", {}).get(task),
         })  # fmt: skip
@@ -184,7 +185,7 @@ if result:
     st.divider()
     run_text = f" (history run {result['run_id']})" if result.get("run_id") is not None else ""
     st.subheader(f"{result['method']}: {result['steps_done']} of {result['steps_requested']} steps{run_text}")
-    c = st.columns(4)
+    c = st.columns(2) + st.columns(2)  # two per row: long values stay whole at 1400 px and on a phone
     c[0].metric("Training time", f"{result['train_seconds']:.0f} s", f"stopped: {result['stopped']}", delta_color="off", delta_arrow="off")
     c[1].metric(
         "Peak memory while training",
@@ -196,7 +197,7 @@ if result:
     c[2].metric("Trained parameters", f"{result['trainable_params']:,}")
     losses = ", ".join(f"{b:.3f} → {a:.3f}" for b, a in zip(result["calib_loss_before"], result["calib_loss_after"]))
     c[3].metric("Calibration loss per task", losses)
-    st.dataframe(comparison(result), hide_index=True, key="recover_comparison")
+    st.dataframe(comparison(result), hide_index=True, width="stretch", key="recover_comparison")
     if result["curve"]:
         st.markdown("**Training loss** (each step's multi-task batch)")
         curve = pd.DataFrame(result["curve"])

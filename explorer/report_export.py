@@ -15,7 +15,7 @@ from explorer import budget_chart, common
 from gap_engine.core.config import DEFAULT_BUDGET
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
-from gap_engine.model.rateplan import RatePlan
+from gap_engine.model.rateplan import RatePlan, plan_hash
 from gap_engine.plan.problem import Constraints
 from gap_engine.views import report
 from gap_engine.views.figures.front_figures import planner_figure
@@ -39,14 +39,17 @@ def planner_export_figure(table):
     rows = common.pareto_rows(table.key, common.constraints_json(raw), table)
     baselines = _baselines(table, raw)
     uniform = budget_chart.uniform_rows(table, lm, raw, rows[-1]["budget"], baselines) if rows else None
+    budget = float(st.session_state.get("app_budget") or DEFAULT_BUDGET)
+    digest = st.session_state.get("app_plan_hash")
     return planner_figure(
         table,
         rows,
         dense_total=lm.param_count(),
-        active_budget=float(st.session_state.get("app_budget") or DEFAULT_BUDGET),
+        active_budget=budget,
         locked={int(k): v for k, v in raw["locked"].items()},
         baselines=baselines,
         uniform=uniform,
+        title=f"Released plan {digest}: budget {budget:.2%} of prunable parameters" if digest else None,
     )
 
 
@@ -61,7 +64,7 @@ def report_html(table, plan_dict: dict, run_id: int | None) -> str:
     lm = common.reference_model(table.model)
     table.check_model(lm)
     session = Constraints.from_dict(st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"])
-    where = f"run {run_id}" if run_id is not None else "the Budget planner's plan"
+    where = (f"run {run_id}" if run_id is not None else "the Budget planner's plan") + f", plan {plan.content_hash()}"
     inputs = report.report_inputs(plan, run_id, constraints=session, plan_name="the plan chosen for this report")
     plan, evaluation, constraints = inputs.plan, inputs.evaluation, inputs.constraints
     # the planner's constraints dict (its cache key), from the constraints the report uses
@@ -88,7 +91,14 @@ def run_of_plan(plan_dict: dict) -> int | None:
         records = history.runs()
     except GapError:
         return None
+    try:
+        wanted = plan_hash(plan_dict)
+    except GapError:
+        wanted = None
     for record in records[::-1]:
+        if wanted is not None and (record.params or {}).get("plan_hash") == wanted:
+            return record.id
+    for record in records[::-1]:  # runs recorded before plans had a hash
         plan = record.plan or {}
         if (plan.get("table_key"), plan.get("attention_rates"), plan.get("mlp_rates")) == (
             plan_dict.get("table_key"),

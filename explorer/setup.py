@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -11,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from explorer import common
-from gap_engine.core.buildtime import Expectation, table_expectation
+from gap_engine.core.buildtime import Expectation, table_expectation, with_prediction
 from gap_engine.core.config import (
     APP_TABLE,
     CRITERIA,
@@ -30,6 +31,7 @@ from gap_engine.model.loading import BUILTIN_MODELS
 from gap_engine.pipeline.stages import table_stages
 from gap_engine.tables import cache
 from gap_engine.tables.artefact import TableSpec, parse_rate_grid
+from gap_engine.tables.costmodel import stage_seconds
 from gap_engine.views.jobs import manager, model_load_seconds, table_task
 
 MODEL_KINDS = ("Built-in", "Local folder", "Hub id")
@@ -157,13 +159,12 @@ def device_from_widgets() -> DeviceSpec:
     return DeviceSpec(ss["setup_device"], ss["setup_dtype"], bool(ss["setup_stream"]))
 
 
-def predicted_cost(name: str, spec: TableSpec, device: DeviceSpec, workers: int, calibrate: bool) -> list[str] | None:
-    """The cost model's lines for this build; None when this machine is not calibrated yet and
-    ``calibrate`` is False (calibrating takes a few seconds, once)."""
+def predicted_cost(name: str, spec: TableSpec, device: DeviceSpec, workers: int, calibrate: bool):
+    """The cost model's ``BuildEstimate`` for this build; None when this machine is not
+    calibrated yet and ``calibrate`` is False (calibrating takes a few seconds, once)."""
     from gap_engine.tables.costmodel import predict_build
 
-    estimate = predict_build(name, spec, device, workers, measure=calibrate)
-    return None if estimate is None else estimate.lines()
+    return predict_build(name, spec, device, workers, measure=calibrate)
 
 
 def show_prediction() -> None:
@@ -180,11 +181,13 @@ def show_prediction() -> None:
         return  # reading a hub config may wait on the network: only when asked
     try:
         workers = 2 if ss["setup_ray"] and os.environ.get(RAY_ADDRESS_ENV) else 1
-        lines = predicted_cost(name, spec_from_widgets(), device_from_widgets(), workers, calibrate)
+        with st.spinner("Measuring this machine's speed for the estimate (about 15 s, once) ...") if calibrate else contextlib.nullcontext():
+            estimate = predicted_cost(name, spec_from_widgets(), device_from_widgets(), workers, calibrate)
     except Exception as exc:  # a config the hub cannot give offline, a bad value: one line, never a traceback
         st.caption(f"No estimate: {one_line(exc)}")
         return
-    if lines is not None:
+    if estimate is not None:
+        lines = estimate.lines()
         st.caption("  \n".join(lines[:2]), help="\n\n".join(lines[2:]))
 
 
@@ -192,15 +195,22 @@ def expected_build(name: str, spec: TableSpec) -> Expectation:
     """What building ``spec`` for ``name`` is expected to take here, stage by stage.
 
     From this machine's earlier builds (the stage times in the table cache) and whether the
-    model is in memory. This is the hook for a cost model: when one can price the work from
-    the model's shape and the device (issue 12's ``gap_engine.costmodel.estimate_build``),
-    fill the stages this returns as unknown from it and name it in ``basis``.
+    model is in memory; stages no earlier build measured come from the cost model
+    (``costmodel.estimate_build``) once this machine is calibrated, and the basis says they
+    are predicted. The running job replaces them with its own measured rates.
     """
     try:
         rows = cache.list_tables()
     except GapError:
         rows = []
-    return table_expectation(name, spec.summary(), rows, table_stages(spec), model_load_seconds(name))
+    expected = table_expectation(name, spec.summary(), rows, table_stages(spec), model_load_seconds(name))
+    if expected.total is not None or ss["setup_model_kind"] == "Hub id":
+        return expected  # measured here already; a hub config may wait on the network
+    try:  # stages no earlier build measured: the cost model's prediction, when this machine is calibrated
+        estimate = predicted_cost(name, spec, device_from_widgets(), 1, calibrate=False)
+    except Exception:  # noqa: BLE001 - an estimate is optional; the Estimate button says what is wrong
+        estimate = None
+    return with_prediction(expected, None if estimate is None else stage_seconds(estimate))
 
 
 def show_expected_time() -> None:
@@ -341,12 +351,12 @@ with right:
         key="setup_estimator",
         format_func=lambda m: f"{m} — {ESTIMATORS[m]}",
         on_change=_objective_for_estimator,
-        help="taylor estimates the NLL objective only (its KL estimate is zero); choosing it sets the objective to nll.",
+        help=f"{common.GLOSSARY['fisher']}\n\n{common.GLOSSARY['taylor']} Choosing taylor sets the objective to nll (its KL estimate is zero).",
     )
     c1, c2, c3 = st.columns(3)
-    c1.selectbox("Criterion (which units go)", CRITERIA, key="setup_criterion")
-    c2.selectbox("Objective", OBJECTIVES, key="setup_objective", help="nll: next-token loss; kl: KL to the dense model")
-    c3.selectbox("Components", ("split", "block"), key="setup_mode", help="split: attention and MLP get their own rates")
+    c1.selectbox("Criterion (which units go)", CRITERIA, key="setup_criterion", help=f"{common.GLOSSARY['criterion']}\n\n{common.GLOSSARY['wanda']}")
+    c2.selectbox("Objective", OBJECTIVES, key="setup_objective", help=f"nll: next-token loss; kl: KL to the dense model. Both in {common.GLOSSARY['nats/token']}")
+    c3.selectbox("Components", ("split", "block"), key="setup_mode", help=common.GLOSSARY["split"])
     st.text_input("Rate grid (comma-separated, starting at 0)", key="setup_rate_grid")
     c1, c2, c3 = st.columns(3)
     c1.number_input("Calibration samples", min_value=1, max_value=512, step=1, key="setup_samples")
@@ -388,8 +398,12 @@ else:
     c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
     c1.metric("Model", table.model)
     c2.metric("Components x rates", f"{table.delta.shape[0]} x {table.delta.shape[1]}")
-    c3.metric("Dense objective", f"{table.dense_objective:.4f}")
-    c4.metric("Build time", f"{table.build_seconds:.0f} s")
+    c3.metric(f"Dense {spec.objective} (nats/token)", f"{table.dense_objective:.4f}", help=common.GLOSSARY["dense objective"])
+    job_seconds = ss.get("app_table_job_seconds", {}).get(table.key)
+    if job_seconds is not None:  # built by this session: the job's own time, as its message says
+        c4.metric("Build time", common.duration_text(job_seconds), help=f"The whole job; measuring the table took {common.duration_text(table.build_seconds)} of it.")
+    else:
+        c4.metric("Build time", common.duration_text(table.build_seconds), help="Measuring the table when it was built (loading the model and reading the text not included).")
     st.caption(
         f"`{table.key}` · {spec.estimator} · {spec.objective} · {spec.mode} · criterion {spec.criterion} · "
         f"{spec.windows.data} · {spec.windows.n_samples} x {spec.windows.seq_len} tokens · rates {', '.join(f'{r:g}' for r in table.rate_grid)}"

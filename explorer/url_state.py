@@ -4,6 +4,8 @@ The page is the URL's path (``/planner``, Streamlit's own); the rest is in the q
 
     table      the cache key of the loss table on screen
     budget     the chosen budget, written so it reads back to the same front row
+    plan       the content hash of the plan the planner released (`gap_engine.plan.store`):
+               a reload prunes and exports that plan, or says it cannot restore it
     allocator  the allocator Prune & evaluate runs
     runs       the runs compared on Prune & evaluate
     jobs       this tab's running jobs: a reload attaches to them, shows their progress
@@ -25,10 +27,11 @@ from gap_engine.core.config import ALLOCATORS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.model.loading import BUILTIN_MODELS
+from gap_engine.plan import store as planstore
 from gap_engine.tables import cache
 from gap_engine.views.jobs import manager
 
-PARAMS = ("table", "budget", "allocator", "runs", "jobs")
+PARAMS = ("table", "budget", "plan", "allocator", "runs", "jobs")
 _RESTORED = "app_url_restored"
 
 
@@ -91,6 +94,36 @@ def _load_table(key: str) -> bool:
     return True
 
 
+def _restore_plan(plan_hash: str) -> None:
+    """The released plan the link names, with the planner constraints it was chosen under;
+    or, when it cannot be had, a note saying so (Prune & evaluate then refuses to re-derive one)."""
+    ss = st.session_state
+    table = common.current_table()
+    try:
+        stored = planstore.get_plan(plan_hash)
+    except GapError as exc:
+        stored, why = None, one_line(exc)
+    else:
+        why = "no plan with this hash is stored here"
+    if stored is not None and (table is None or stored[0].table_key != table.key):
+        stored, why = None, "it was made for another loss table than the one open"
+    if stored is None:
+        ss["app_plan_missing"] = f"The plan {plan_hash[:40]} from the link cannot be restored: {why}."
+        return
+    plan, constraints = stored
+    ss["app_plan"], ss["app_plan_hash"], ss["app_plan_missing"] = plan.to_dict(), plan_hash, None
+    if plan.budget is not None:
+        ss["app_budget"] = float(plan.budget)
+    if constraints:
+        ss["app_constraints"] = constraints
+        # The planner's widgets start from them, so its front (and plan) is the one the link had.
+        locked = constraints.get("locked") or {}
+        ss["planner_locked"] = sorted(int(layer) for layer in locked)
+        ss["planner_lock_rate"] = float(next(iter(locked.values()), 0.0))
+        ss["planner_max_rate"] = float(constraints.get("max_rate", ss.get("planner_max_rate", 0.95)))
+        ss["planner_coupled"] = bool(constraints.get("coupled", False))
+
+
 def restore() -> bool:
     """Once per session: take the table, budget, allocator, runs and jobs from the URL.
 
@@ -112,6 +145,8 @@ def restore() -> bool:
         budget = None
     if budget is not None and 0.0 <= budget < 1.0:
         ss["app_budget"] = budget
+    if params.get("plan"):
+        _restore_plan(params["plan"])
     if params.get("allocator") in ALLOCATORS:
         ss["eval_allocator"] = params["allocator"]
     runs = [int(r) for r in _split(params.get("runs")) if r.isdigit()]
@@ -129,6 +164,8 @@ def view() -> dict:
     if table is not None:
         want["table"] = table.key
         want["budget"] = repr(float(ss["app_budget"]))  # repr reads back to the same float
+        if ss.get("app_plan") and ss.get("app_plan_hash"):
+            want["plan"] = ss["app_plan_hash"]
     if ss.get("eval_allocator") in ALLOCATORS:
         want["allocator"] = ss["eval_allocator"]
     if ss.get("eval_compare"):

@@ -176,7 +176,9 @@ def test_setup_builds_in_the_background_then_loads_from_the_cache(fresh_cache):
     assert not at.exception
     table = at.session_state["app_table"]
     assert table is not None and table.delta.shape == (60, 4)
-    assert any("Loss table ready" in t for t in texts(at.success))
+    ready = next(t for t in texts(at.success) if "Loss table ready" in t)
+    build_time = next(str(m.value) for m in at.metric if m.label == "Build time")
+    assert f"ready in {build_time} (" in ready, (ready, build_time)  # one number for the job's time
     assert [row["key"] for row in cache.list_tables()] == [table.key]
 
     # A new session (a later visit) starts from the cached table at once, without a job.

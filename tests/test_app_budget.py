@@ -111,7 +111,7 @@ def test_a_release_sets_the_one_budget_every_page_uses(cached_table, smol):
     at.run()
     assert not at.exception
     assert at.selectbox(key="export_plan_source").value == "planner"
-    assert f"dp at {budget:.1%}" in at.selectbox(key="export_plan_source").format_func("planner")
+    assert f"dp at {budget:.2%}" in at.selectbox(key="export_plan_source").format_func("planner")
     buttons = {b.proto.label: b.proto for b in at.get("download_button")}
     assert "Download report (HTML)" in buttons and not buttons["Download report (HTML)"].disabled
 
