@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_app import cached_table, fresh_cache, job_of, start, texts, tiny_eval, tiny_table  # noqa: F401
+from test_app_budget import chart, release
 
 from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import loss_table
 from gap_engine.tables.artefact import TableSpec
-from test_app import cached_table, fresh_cache, job_of, start, texts, tiny_eval, tiny_table  # noqa: F401
-from test_app_budget import chart, release
 
 pytestmark = pytest.mark.slow  # the real built-in model behind every page
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from test_browser import browser, drag_budget, go_to, release_budget, shot  # noqa: F401
 from test_browser_layout import open_page, phone_server  # noqa: F401
 

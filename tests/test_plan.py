@@ -77,8 +77,8 @@ def test_unreadable_plan_files(tmp_path):
 
 
 def test_a_plan_has_one_identity_that_survives_files_and_the_store(make_tiny, tmp_path, monkeypatch):
-    from gap_engine.plan import store as planstore
     from gap_engine.core.errors import CacheError
+    from gap_engine.plan import store as planstore
 
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
     lm = make_tiny("llama")
