@@ -210,7 +210,8 @@ def with_prediction(expected: Expectation, predicted: dict | None, source: str =
         A new Expectation whose basis says which stages are predicted, not measured; the
         job's own rates replace them once its stages run (``jobs.JobProgress``).
     """
-    filled = [stage for stage, s in expected.seconds.items() if s is None and (predicted or {}).get(stage) is not None]
+    predicted = predicted or {}
+    filled = [stage for stage, s in expected.seconds.items() if s is None and predicted.get(stage) is not None]
     if not filled:
         return expected
     seconds = {stage: (predicted[stage] if stage in filled else s) for stage, s in expected.seconds.items()}
