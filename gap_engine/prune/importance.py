@@ -18,7 +18,7 @@ query heads (surgery keeps or drops groups by that sum).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +27,7 @@ from torch import nn
 from gap_engine.core.config import CRITERIA, DEFAULT_CRITERION
 from gap_engine.core.device import host64, input_device, is_streamed, wide
 from gap_engine.core.errors import GapError
-from gap_engine.core.progress import CancelToken, check_cancelled
+from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.bos import next_token_nll
 from gap_engine.data.windows import batches, text_start
 from gap_engine.model.layerwise import backward_blocks, forward_blocks
@@ -105,8 +105,7 @@ def input_statistics(
     windows: torch.Tensor,
     linears: dict[Hashable, nn.Linear],
     batch_size: int = 4,
-    progress: Callable[[int, int], None] | None = None,
-    cancel: CancelToken | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> dict[Hashable, InputStats]:
     """Per-feature statistics of the inputs of the given linear layers over the windows.
 
@@ -115,8 +114,8 @@ def input_statistics(
         windows: (N, T) token ids.
         linears: key -> a linear layer of ``lm.model``.
         batch_size: windows per forward pass.
-        progress: called with (batches done, batches total).
-        cancel: polled before every batch.
+        hooks: progress told (batches done, batches total, None) (blocks when streamed);
+            cancel polled before every batch.
     Returns:
         key -> InputStats of that layer's input.
     """
@@ -127,26 +126,25 @@ def input_statistics(
     try:
         with torch.no_grad():
             if is_streamed(lm):  # the hooks fire as each block visits the device
-                forward_blocks(lm, windows, batch_size, cancel=cancel, progress=progress)
+                forward_blocks(lm, windows, batch_size, hooks=hooks)
             else:
                 for i, batch in enumerate(parts):
-                    check_cancelled(cancel, f"activation statistics cancelled after {i} of {len(parts)} batches")
+                    hooks.check_cancelled(f"activation statistics cancelled after {i} of {len(parts)} batches")
                     lm.model(input_ids=batch.to(input_device(lm.model)), use_cache=False)
-                    if progress:
-                        progress(i + 1, len(parts))
+                    hooks.report(i + 1, len(parts))
     finally:
         for h in handles:
             h.remove()
     return stats
 
 
-def _activation_scores(lm, windows, criterion, batch_size, progress, cancel) -> list[LayerScores]:
+def _activation_scores(lm, windows, criterion, batch_size, hooks: Hooks) -> list[LayerScores]:
     layers = list(lm.adapter.layers(lm.model))
     linears = {}
     for i, layer in enumerate(layers):
         linears[i, "o"] = lm.adapter.attention_projections(layer)[3]
         linears[i, "down"] = lm.adapter.mlp_projections(layer)[2]
-    stats = input_statistics(lm, windows, linears, batch_size, progress, cancel)
+    stats = input_statistics(lm, windows, linears, batch_size, hooks)
     out = []
     for i, layer in enumerate(layers):
         o_in, down_in = stats[i, "o"], stats[i, "down"]
@@ -170,7 +168,7 @@ def _taylor_weights(layer, adapter) -> list[torch.Tensor]:
     return [q.weight, o.weight, gate.weight, up.weight, down.weight]
 
 
-def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
+def _taylor(lm, windows, batch_size, hooks: Hooks) -> list[LayerScores]:
     layers = list(lm.adapter.layers(lm.model))
     weights = [_taylor_weights(layer, lm.adapter) for layer in layers]
     params = [w for group in weights for w in group]
@@ -181,19 +179,18 @@ def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
     start = text_start(lm.tokenizer, windows)
     try:
         if is_streamed(lm):
-            _taylor_streamed(lm, windows, batch_size, start, saliency, cancel)
+            _taylor_streamed(lm, windows, batch_size, start, saliency, hooks)
         else:
             parts = batches(windows, batch_size)
             accumulators = [acc for group in saliency for acc in group]  # in the order of params
             for i, batch in enumerate(parts):
-                check_cancelled(cancel, f"taylor importance scores cancelled after {i} of {len(parts)} batches")
+                hooks.check_cancelled(f"taylor importance scores cancelled after {i} of {len(parts)} batches")
                 batch = batch.to(input_device(lm.model))
                 loss = _taylor_loss(lm.model(input_ids=batch, use_cache=False).logits, batch, start)
                 grads = torch.autograd.grad(loss, params)
                 for acc, w, g in zip(accumulators, params, grads):
                     acc += wide(w.detach() * g)
-                if progress:
-                    progress(i + 1, len(parts))
+                hooks.report(i + 1, len(parts))
     finally:
         for w in params:
             w.requires_grad_(False)
@@ -216,7 +213,7 @@ def _taylor_loss(logits: torch.Tensor, batch: torch.Tensor, start: int) -> torch
     return next_token_nll(logits.float(), batch, start).mean()
 
 
-def _taylor_streamed(lm, windows, batch_size, start: int, saliency: list, cancel) -> None:
+def _taylor_streamed(lm, windows, batch_size, start: int, saliency: list, hooks: Hooks) -> None:
     """W * grad accumulated block by block (``layerwise.backward_blocks``), on the host."""
     on_device: dict[int, list[torch.Tensor]] = {}
 
@@ -228,7 +225,7 @@ def _taylor_streamed(lm, windows, batch_size, start: int, saliency: list, cancel
         for acc, w, g in zip(saliency[i], on_device[i], grads):
             acc += wide(w.detach() * g).to(acc.device)
 
-    backward_blocks(lm, windows, batch_size, lambda b, batch, logits: [_taylor_loss(logits, batch, start)], leaves, collect, cancel)
+    backward_blocks(lm, windows, batch_size, lambda b, batch, logits: [_taylor_loss(logits, batch, start)], leaves, collect, hooks)
 
 
 def compute_importance(
@@ -236,8 +233,7 @@ def compute_importance(
     windows: torch.Tensor | None,
     criterion: str = DEFAULT_CRITERION,
     batch_size: int = 4,
-    progress: Callable[[int, int], None] | None = None,
-    cancel: CancelToken | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> ImportanceScores:
     """Score every head and MLP channel of every block.
 
@@ -246,8 +242,8 @@ def compute_importance(
         windows: (N, T) calibration token ids; unused by ``magnitude``.
         criterion: one of CRITERIA.
         batch_size: windows per forward pass.
-        progress: called with (batches done, batches total).
-        cancel: polled before every batch (CancelledError when set).
+        hooks: progress told (batches done, batches total, None); cancel polled before
+            every batch (CancelledError when set).
     Returns:
         ImportanceScores with one LayerScores per block.
     """
@@ -258,7 +254,7 @@ def compute_importance(
     elif windows is None:
         raise GapError(f"criterion '{criterion}' needs calibration windows")
     elif criterion == "taylor":
-        layers = _taylor(lm, windows, batch_size, progress, cancel)
+        layers = _taylor(lm, windows, batch_size, hooks)
     else:
-        layers = _activation_scores(lm, windows, criterion, batch_size, progress, cancel)
+        layers = _activation_scores(lm, windows, criterion, batch_size, hooks)
     return ImportanceScores(criterion=criterion, layers=layers)
