@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from gap_engine.core.config import ALLOCATORS, WindowSpec
+from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import PlanError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import calibration_windows, heldout_windows
@@ -22,6 +22,7 @@ from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loading import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, pruned_copy
+from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.plan.allocators import check_reach, plan_from_table
 from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.problem import Constraints

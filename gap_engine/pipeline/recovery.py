@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gap_engine.core.config import RECOVERY_METHODS, RECOVERY_SCHEDULES
+from gap_engine.core.config import RECOVERY_SCHEDULES
 from gap_engine.core.errors import CancelledError, DataError, ModelLoadError
 from gap_engine.core.memory import PeakRSS, release_free_memory
 from gap_engine.core.progress import NO_HOOKS, Hooks
@@ -55,11 +55,12 @@ from gap_engine.recover.files import (
     save_state,
     write_checkpoint,
 )
-from gap_engine.recover.train import PROJECTIONS, LoraRun, TaskData, ZORun, multitask_loss, projection_modules
+from gap_engine.recover.methods import RECOVERY_METHODS
+from gap_engine.recover.train import PROJECTIONS, TaskData, multitask_loss, projection_modules
 
 log = logging.getLogger(__name__)
 
-METHODS = RECOVERY_METHODS
+METHODS = RECOVERY_METHODS.names
 SCHEDULES = RECOVERY_SCHEDULES
 DEFAULT_LR = {"lora": 3e-3, "mazo": 3e-4, "mezo": 1e-4}  # for SmolLM2-135M; see bench/results/recovery.md
 MAX_STEPS = 1_000_000
@@ -320,7 +321,7 @@ def recover(
     resumed_from = state.step
     _measure_inference(lm, data, settings, state, device)
 
-    run = LoraRun(lm, settings) if settings.method == "lora" else ZORun(lm, settings)
+    run = RECOVERY_METHODS.function(settings.method)(lm, settings)
     if saved is None:
         run.prepare(data, Hooks(message=reporter.stage, cancel=cancel))
         save_state(work, state, run.tensors(), run.optimizer_state)

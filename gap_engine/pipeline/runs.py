@@ -36,6 +36,7 @@ from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loading import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, plan_for, prune_with_plan
+from gap_engine.plan.allocator_registry import needs_windows
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import LossTable
@@ -122,7 +123,7 @@ def _chosen_plan(dense, table, budget, allocator, constraints, plan) -> RatePlan
         return plan
     if table is None or budget is None:
         raise GapError("a run needs either a plan or a loss table and a budget")
-    planner_lm = dense if allocator in ("dp", "uniform") else dense.copy()  # the others hook or mask the model
+    planner_lm = dense.copy() if needs_windows(allocator) else dense  # those that read windows hook or mask the model
     return plan_for(planner_lm, table, budget, allocator, constraints or Constraints())
 
 

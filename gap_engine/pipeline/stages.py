@@ -33,6 +33,7 @@ from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.allocators import needs_windows, plan_from_table
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.problem import Constraints
+from gap_engine.prune.criteria import reads_windows
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.prune.surgery import PruneResult, apply_plan
 from gap_engine.tables.artefact import LossTable, TableSpec, table_key
@@ -51,7 +52,7 @@ def importance_for(
     hooks: Hooks = NO_HOOKS,
 ) -> ImportanceScores:
     """Importance scores of the dense model on calibration windows (none are read for magnitude)."""
-    ids = None if criterion == "magnitude" else calibration_windows(lm.tokenizer, windows)
+    ids = calibration_windows(lm.tokenizer, windows) if reads_windows(criterion) else None
     return compute_importance(lm, ids, criterion, windows.batch_size, hooks)
 
 

@@ -18,6 +18,7 @@ import torch
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.core.registry import Choice
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.front import dp_choice, grid_plan
@@ -27,6 +28,11 @@ from gap_engine.prune.surgery import masked_plan
 from gap_engine.tables.artefact import LossTable
 
 log = logging.getLogger(__name__)
+
+# Registered in allocator_registry (read from here without importing this module).
+DECLARED_ALLOCATORS = (
+    Choice("evo", "EvoPress-style search seeded with the DP (slow: runs the model per candidate)", ":evolve", ("grid", "windows")),
+)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gap_engine.core.config import CRITERIA, DEFAULT_CRITERION
+from gap_engine.core.config import DEFAULT_CRITERION
 from gap_engine.core.device import host64, input_device, is_streamed, wide
 from gap_engine.core.errors import GapError
 from gap_engine.core.progress import NO_HOOKS, Hooks
@@ -32,6 +32,7 @@ from gap_engine.data.bos import next_token_nll
 from gap_engine.data.windows import batches, text_start
 from gap_engine.model.layerwise import backward_blocks, forward_blocks
 from gap_engine.model.loading import LoadedModel
+from gap_engine.prune.criteria import CRITERIA, reads_windows
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,26 @@ def _activation_scores(lm, windows, criterion, batch_size, hooks: Hooks) -> list
     return out
 
 
+def magnitude_scores(lm: LoadedModel, windows: torch.Tensor | None, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+    """``magnitude``: weight magnitudes alone (``windows`` are not read)."""
+    return _magnitude(lm)
+
+
+def wanda_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+    """``wanda``: weight magnitude times the input's L2 norm, per head and channel."""
+    return _activation_scores(lm, windows, "wanda", batch_size, hooks)
+
+
+def flap_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+    """``flap``: the input's fluctuation times the squared column norm."""
+    return _activation_scores(lm, windows, "flap", batch_size, hooks)
+
+
+def taylor_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+    """``taylor``: vector-wise first-order saliency from the calibration loss's gradient."""
+    return _taylor(lm, windows, batch_size, hooks)
+
+
 def _taylor_weights(layer, adapter) -> list[torch.Tensor]:
     """The weights whose W * grad score a block's units: q, o, gate, up, down."""
     q, _, _, o = adapter.attention_projections(layer)
@@ -240,21 +261,14 @@ def compute_importance(
     Args:
         lm: the dense model.
         windows: (N, T) calibration token ids; unused by ``magnitude``.
-        criterion: one of CRITERIA.
+        criterion: one of CRITERIA (``prune.criteria``).
         batch_size: windows per forward pass.
         hooks: progress told (batches done, batches total, None); cancel polled before
             every batch (CancelledError when set).
     Returns:
         ImportanceScores with one LayerScores per block.
     """
-    if criterion not in CRITERIA:
-        raise GapError(f"unknown criterion '{criterion}'; choose one of {', '.join(CRITERIA)}")
-    if criterion == "magnitude":
-        layers = _magnitude(lm)
-    elif windows is None:
+    CRITERIA.check(criterion)
+    if windows is None and reads_windows(criterion):
         raise GapError(f"criterion '{criterion}' needs calibration windows")
-    elif criterion == "taylor":
-        layers = _taylor(lm, windows, batch_size, hooks)
-    else:
-        layers = _activation_scores(lm, windows, criterion, batch_size, hooks)
-    return ImportanceScores(criterion=criterion, layers=layers)
+    return ImportanceScores(criterion=criterion, layers=CRITERIA.function(criterion)(lm, windows, batch_size, hooks))
