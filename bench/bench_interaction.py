@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import add_eval_args, machine_line, write_report  # noqa: E402
 
 from gap_engine.core.config import CLI_TABLE, WindowSpec  # noqa: E402
+from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import calibration_windows  # noqa: E402
 from gap_engine.evaluate.metrics import mean_nll  # noqa: E402
 from gap_engine.model.loading import load_model  # noqa: E402
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
     for budget in parse_rate_grid(args.budgets, "budgets"):
         for k in [int(x) for x in args.rounds.split(",") if x]:
             clock = time.perf_counter()
-            result = iterative_prune(lm, spec, budget, k, stage=log.info)
+            result = iterative_prune(lm, spec, budget, k, hooks=Hooks(stage=log.info, message=log.info))
             seconds = time.perf_counter() - clock
             total = objective_increase(result.model, lm, calib, args.objective, 8)
             nll = mean_nll(result.model, calib, 8) - dense_nll

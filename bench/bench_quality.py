@@ -40,6 +40,7 @@ from report import RESULTS, add_eval_args, machine_line  # noqa: E402
 from gap_engine.cli.output import csv_text  # noqa: E402
 from gap_engine.core.config import CLI_TABLE, WindowSpec  # noqa: E402
 from gap_engine.core.fsutil import atomic_write_text  # noqa: E402
+from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import calibration_windows  # noqa: E402
 from gap_engine.model.loading import load_model  # noqa: E402
 from gap_engine.pipeline import compare
@@ -275,14 +276,14 @@ def main(argv=None) -> int:
     spec = TableSpec(
         windows=windows, criterion=args.criterion, rate_grid=parse_rate_grid(args.rates), estimator=args.estimator, objective=args.objective
     )
-    table = loss_table(lm, spec, progress=lambda d, t, eta: log.info("table step %d/%d", d, t) if d % 20 == 0 else None)
+    table = loss_table(lm, spec, hooks=Hooks(progress=lambda d, t, eta: log.info("table step %d/%d", d, t) if d % 20 == 0 else None))
     heldout = heldout_sets(lm.tokenizer, WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len))
     done = earlier_outcomes(csv_path, table.spec.objective) if args.resume else {}
     earlier = set(done)
     if done:
         log.info("%d plans kept from %s", len(done), csv_path)
     for todo, at in missing(done, allocators, budgets).items():
-        for outcome in compare(lm, table, at, list(todo), heldout, constraints, progress=log.info):
+        for outcome in compare(lm, table, at, list(todo), heldout, constraints, hooks=Hooks(message=log.info)):
             done[outcome.allocator, round(outcome.budget, 6)] = outcome
     if args.mlp_only:
         todo = [b for b in budgets if (MLP_ONLY, round(b, 6)) not in done]
@@ -296,7 +297,7 @@ def main(argv=None) -> int:
     for budget in [float(b) for b in args.evo_budgets.split(",") if b]:
         evo = done.get(("evo", round(budget, 6)))
         if evo is None:
-            evo = compare(lm, table, [budget], ["evo"], heldout, constraints, settings, progress=log.info)[0]
+            evo = compare(lm, table, [budget], ["evo"], heldout, constraints, settings, Hooks(message=log.info))[0]
         evos.append(evo)
         write_csv(outcomes + evos, csv_path)  # after each: a resumed run keeps it
     outcomes += evos

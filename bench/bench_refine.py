@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import add_eval_args, machine_line, write_report  # noqa: E402
 
 from gap_engine.core.config import QUICK_RATE_GRID, WindowSpec  # noqa: E402
+from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import calibration_windows  # noqa: E402
 from gap_engine.model.loading import load_model  # noqa: E402
 from gap_engine.pipeline.compare import heldout_sets, measure_plan, reference_numbers
@@ -81,7 +82,7 @@ def build(lm, spec: TableSpec, label: str):
     """The table (from the cache when there) and its build's wall and CPU seconds."""
     log.info("%s: building (or reading) the table", label)
     started = time.perf_counter()
-    table = loss_table(lm, spec, progress=lambda d, t, eta: log.info("%s: %d/%d", label, d, t) if d % 25 == 0 else None)
+    table = loss_table(lm, spec, hooks=Hooks(progress=lambda d, t, eta: log.info("%s: %d/%d", label, d, t) if d % 25 == 0 else None))
     log.info("%s: %.0f s here, recorded build %.0f s", label, time.perf_counter() - started, table.build_seconds)
     return table
 

@@ -9,7 +9,7 @@ import streamlit as st
 
 from explorer import common
 from gap_engine.core.buildtime import Expectation, run_expectation, run_settings
-from gap_engine.core.config import ALLOCATORS, APP_EVAL_WINDOWS, WindowSpec
+from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
 from gap_engine.data.windows import BUILTIN_SOURCES
@@ -17,18 +17,12 @@ from gap_engine.evaluate import history, runcompare
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.runs import prune_eval_stages
+from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.views import figures
 from gap_engine.views.jobs import manager, model_load_seconds, prune_eval_task
 
 UPLOADED = "uploaded plan"
-ALLOCATOR_HELP = {
-    "dp": "GAP: the exact DP on the loss table",
-    "uniform": "same rate everywhere",
-    "flap": "FLAP adaptive structure search",
-    "owl": "OWL outlier-weighted layer rates",
-    "evo": "EvoPress-style search seeded with the DP (slow: runs the model per candidate)",
-    UPLOADED: "the plan uploaded on the Export page",
-}
+ALLOCATOR_HELP = {name: ALLOCATORS.describe(name) for name in ALLOCATORS} | {UPLOADED: "the plan uploaded on the Export page"}
 DEFAULTS = {
     "eval_allocator": "dp",
     "eval_sources": [APP_EVAL_WINDOWS.data],

@@ -15,11 +15,11 @@ from explorer import budget_chart, common
 from gap_engine.core.config import DEFAULT_MAX_RATE
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
+from gap_engine.plan.allocator_registry import ALLOCATORS, BASELINE_ALLOCATORS
 from gap_engine.plan.front_view import baseline_budgets, front_row_at, row_plan
 from gap_engine.views import figures
 from gap_engine.views.jobs import baselines_task, manager
 
-BASELINE_ALLOCATORS = ("uniform", "flap", "owl")
 DEFAULTS = {
     "planner_table_key": None,
     "planner_locked": [],
@@ -162,7 +162,9 @@ st.caption(
     "FLAP and OWL read the model's activations, so this runs in the background."
 )
 c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
-c1.multiselect("Allocators", BASELINE_ALLOCATORS, key="planner_baseline_allocators")
+c1.multiselect(
+    "Allocators", BASELINE_ALLOCATORS, key="planner_baseline_allocators", help="; ".join(ALLOCATORS.label(name) for name in BASELINE_ALLOCATORS)
+)
 
 
 def start_baselines() -> None:

@@ -14,20 +14,16 @@ import pandas as pd
 import streamlit as st
 
 from explorer import common
-from gap_engine.core.config import APP_EVAL_WINDOWS, RECOVERY_METHODS
+from gap_engine.core.config import APP_EVAL_WINDOWS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
 from gap_engine.model.checkpoint import is_pruned_checkpoint
 from gap_engine.pipeline.recovery import DEFAULT_LR, RecoverySettings, app_output_dir
 from gap_engine.recover.files import discard, partial_dir, saved_step
+from gap_engine.recover.methods import RECOVERY_METHODS
 from gap_engine.views.jobs import manager, recover_task
 
-METHOD_HELP = {
-    "lora": "LoRA adapters (peft) on every projection, merged into the weights",
-    "mazo": "masked zeroth-order (MaZO): forward passes only, the important weights of each row",
-    "mezo": "zeroth-order (MeZO): forward passes only, every projection weight",
-}
 DEFAULTS = {
     "recover_run": None,
     "recover_method": "lora",
@@ -119,7 +115,7 @@ with left:
     st.selectbox("Pruned checkpoint", list(candidates), key="recover_run", format_func=lambda i: run_label(candidates[i]))
     chosen = candidates[ss["recover_run"]]
     st.caption(f"`{chosen.checkpoint}`")
-    st.radio("Method", RECOVERY_METHODS, key="recover_method", format_func=lambda m: f"{m} — {METHOD_HELP[m]}")
+    st.radio("Method", RECOVERY_METHODS.names, key="recover_method", format_func=RECOVERY_METHODS.label)
     method = ss["recover_method"]
     st.multiselect("Training text (calibration part; one task each)", list(BUILTIN_SOURCES), key="recover_sources")
     c1, c2 = st.columns(2)

@@ -15,11 +15,9 @@ from explorer import common
 from gap_engine.core.buildtime import Expectation, table_expectation, with_prediction
 from gap_engine.core.config import (
     APP_TABLE,
-    CRITERIA,
     DEFAULT_CHANNEL_MULTIPLE,
     DEFAULT_CRITERION,
     DEFAULT_MODEL,
-    OBJECTIVES,
     WindowSpec,
 )
 from gap_engine.core.device import DTYPE_CHOICES, DeviceSpec, available_devices
@@ -29,19 +27,16 @@ from gap_engine.core.limits import LIMITS, check_at_most, check_file_size, check
 from gap_engine.data.windows import BUILTIN_SOURCES, load_corpus
 from gap_engine.model.loading import BUILTIN_MODELS
 from gap_engine.pipeline.stages import table_stages
+from gap_engine.prune.criteria import CRITERIA
 from gap_engine.tables import cache
 from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 from gap_engine.tables.costmodel import stage_seconds
+from gap_engine.tables.estimators import ESTIMATORS
+from gap_engine.tables.objectives import OBJECTIVES
 from gap_engine.views.jobs import manager, model_load_seconds, table_task
 
 MODEL_KINDS = ("Built-in", "Local folder", "Hub id")
 DATA_KINDS = ("Built-in sample", "Uploaded file")
-ESTIMATORS = {
-    "fisher": "fast: second-order estimate (one forward and backward pass)",
-    "taylor": "fast: first-order estimate (one forward and backward pass)",
-    "refine": "trusted: the fisher estimate, then every cell the plans use measured exactly (minutes)",
-    "exact": "exact: measured cell by cell (slow: minutes to hours)",
-}
 DEFAULTS = {
     "setup_model_kind": "Built-in",
     "setup_builtin": DEFAULT_MODEL,
@@ -347,15 +342,15 @@ with right:
     st.subheader("Loss table")
     st.radio(
         "Estimator (how the table is filled)",
-        list(ESTIMATORS),
+        ESTIMATORS.names,
         key="setup_estimator",
-        format_func=lambda m: f"{m} — {ESTIMATORS[m]}",
+        format_func=ESTIMATORS.label,
         on_change=_objective_for_estimator,
         help=f"{common.GLOSSARY['fisher']}\n\n{common.GLOSSARY['taylor']} Choosing taylor sets the objective to nll (its KL estimate is zero).",
     )
     c1, c2, c3 = st.columns(3)
-    c1.selectbox("Criterion (which units go)", CRITERIA, key="setup_criterion", help=f"{common.GLOSSARY['criterion']}\n\n{common.GLOSSARY['wanda']}")
-    c2.selectbox("Objective", OBJECTIVES, key="setup_objective", help=f"nll: next-token loss; kl: KL to the dense model. Both in {common.GLOSSARY['nats/token']}")
+    c1.selectbox("Criterion (which units go)", CRITERIA.names, key="setup_criterion", help=f"{common.GLOSSARY['criterion']}\n\n{CRITERIA.help()}")
+    c2.selectbox("Objective", OBJECTIVES.names, key="setup_objective", help=f"{OBJECTIVES.help()}\n\nBoth in {common.GLOSSARY['nats/token']}")
     c3.selectbox("Components", ("split", "block"), key="setup_mode", help=common.GLOSSARY["split"])
     st.text_input("Rate grid (comma-separated, starting at 0)", key="setup_rate_grid")
     c1, c2, c3 = st.columns(3)

@@ -23,11 +23,11 @@ from pathlib import Path
 import streamlit as st
 
 from explorer import common
-from gap_engine.core.config import ALLOCATORS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.model.loading import BUILTIN_MODELS
 from gap_engine.plan import store as planstore
+from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.tables import cache
 from gap_engine.views.jobs import manager
 

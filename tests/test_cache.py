@@ -14,6 +14,7 @@ import pytest
 from gap_engine.cli import main
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import CacheError, CancelledError
+from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import load_corpus
 from gap_engine.pipeline.stages import loss_table as build_table
 from gap_engine.tables import cache
@@ -63,9 +64,9 @@ def assert_same_table(a, b):
 
 def test_second_build_is_a_cache_hit(tmp_cache, tiny):
     first_progress, second_progress = Counter(), Counter()
-    first = build_table(tiny, SPEC, progress=first_progress)
+    first = build_table(tiny, SPEC, hooks=Hooks(progress=first_progress))
     assert first_progress.measured == first.extras["distinct_cells"] > 0
-    second = build_table(tiny, SPEC, progress=second_progress)
+    second = build_table(tiny, SPEC, hooks=Hooks(progress=second_progress))
     assert second_progress.calls == []
     assert_same_table(first, second)
     entry = tmp_cache / "tables" / first.key
@@ -81,7 +82,7 @@ def test_no_cache_neither_reads_nor_writes(tmp_cache, tiny):
     assert cache.list_tables() == []
     build_table(tiny, SPEC)
     counter = Counter()
-    build_table(tiny, SPEC, progress=counter, use_cache=False)
+    build_table(tiny, SPEC, hooks=Hooks(progress=counter), use_cache=False)
     assert counter.measured > 0
 
 
@@ -104,7 +105,7 @@ def test_a_corrupt_entry_is_detected_removed_and_rebuilt(tmp_cache, tiny, damage
     assert "corrupt" in caplog.text
     assert not (entry / "table.json").exists() and not (entry / "meta.json").exists()
     counter = Counter()
-    rebuilt = build_table(tiny, SPEC, progress=counter)
+    rebuilt = build_table(tiny, SPEC, hooks=Hooks(progress=counter))
     assert counter.measured == rebuilt.extras["distinct_cells"]
     assert_same_table(table, rebuilt)
     assert cache.get_table(table.key) is not None
@@ -123,12 +124,12 @@ def test_cancel_then_resume_gives_the_uninterrupted_table(tmp_cache, tiny):
     event = threading.Event()
     first = Counter(cancel_after=3, event=event)
     with pytest.raises(CancelledError, match="3 of"):
-        build_table(tiny, SPEC, progress=first, cancel=event)
+        build_table(tiny, SPEC, hooks=Hooks(progress=first, cancel=event))
     assert first.measured == 3
     assert cache.get_table(reference.key) is None
     assert len(cache.PartialCells(reference.key).load()) == 3
     second = Counter()
-    resumed = build_table(tiny, SPEC, progress=second)
+    resumed = build_table(tiny, SPEC, hooks=Hooks(progress=second))
     assert second.calls[0][0] == 3  # starts from the saved cells
     assert first.measured + second.measured == total
     assert resumed.extras.pop("cpu_seconds") > 0  # this process's CPU time for the build: measured, so only its sign is known
@@ -146,7 +147,7 @@ def test_unreadable_partial_cells_are_ignored(tmp_cache, tiny, caplog):
         assert partial.load() == {}
     assert "ignoring" in caplog.text
     counter = Counter()
-    table = build_table(tiny, SPEC, progress=counter)
+    table = build_table(tiny, SPEC, hooks=Hooks(progress=counter))
     assert counter.measured == table.extras["distinct_cells"]
 
 
@@ -155,7 +156,7 @@ def test_two_concurrent_builds_measure_the_table_once(tmp_cache, tiny):
 
     def build(i):
         try:
-            results[i] = build_table(tiny, SPEC, progress=counters[i])
+            results[i] = build_table(tiny, SPEC, hooks=Hooks(progress=counters[i]))
         except Exception as exc:  # surfaced below
             errors.append(exc)
 

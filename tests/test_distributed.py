@@ -18,6 +18,7 @@ import torch
 
 from gap_engine.core.config import WindowSpec  # noqa: E402
 from gap_engine.core.errors import CancelledError  # noqa: E402
+from gap_engine.core.progress import Hooks
 from gap_engine.pipeline.stages import loss_table  # noqa: E402
 from gap_engine.tables import cache  # noqa: E402
 from gap_engine.tables.artefact import TableSpec
@@ -109,7 +110,7 @@ def test_a_cancelled_ray_build_resumes_from_the_cache_through_a_lost_worker(loca
             event.set()
 
     with pytest.raises(CancelledError):
-        loss_table(tiny4, spec, progress=progress, cancel=event, cells=RayCells(RaySettings(workers=2)))
+        loss_table(tiny4, spec, hooks=Hooks(progress=progress, cancel=event), cells=RayCells(RaySettings(workers=2)))
     saved = cache.PartialCells(reference.key).load()
     assert 5 <= len(saved) < reference.extras["distinct_cells"]
     # The resumed build also loses a worker: its layers are measured again by the restarted process.

@@ -77,10 +77,30 @@ def _handler_modules(module: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
+def _choice_modules(module: str, path: Path, known: set[str]) -> set[str]:
+    """Modules named by registered choices, ``Choice(name, description, "module:function")``
+    (``core.registry``: imported by name on first use; ``":function"`` is the module itself)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Choice"):
+            continue
+        given = node.args[2] if len(node.args) > 2 else next((k.value for k in node.keywords if k.arg == "function"), None)
+        if isinstance(given, ast.Constant) and isinstance(given.value, str):
+            target = given.value.split(":")[0] or module
+            if target != module:
+                found.add(target if target in known else f"{target} (missing)")
+    return found
+
+
+def _graph(lazy: bool = False) -> dict[str, set[str]]:
+    """Module -> the gap_engine modules it imports; ``lazy`` adds those its registered choices
+    name (a registry and the module that consults it may name each other: not a cycle)."""
     modules = _modules()
     known = set(modules)
-    graph = {name: _imports(name, path, known) | _handler_modules(name, path, known) for name, path in modules.items()}
+    graph = {
+        name: _imports(name, path, known) | _handler_modules(name, path, known) | (_choice_modules(name, path, known) if lazy else set())
+        for name, path in modules.items()
+    }
     # Importing a submodule runs its package's __init__ first; a package importing its own
     # submodules is how packages are built and is not a cycle edge back.
     for name in list(graph):
@@ -184,13 +204,13 @@ def test_the_top_level_folder_is_the_layer_list():
 
 
 def test_imports_only_go_down_the_layers():
-    graph = _with_package_inits(_graph())
+    graph = _with_package_inits(_graph(lazy=True))
     upward = []
     for name, deps in sorted(graph.items()):
         here = _layer(name)
         for dep in sorted(deps):
             if dep.endswith("(missing)"):
-                upward.append(f"{name} names a handler module that does not exist: {dep}")
+                upward.append(f"{name} names a handler or choice module that does not exist: {dep}")
                 continue
             there = _layer(dep)
             if here is None and name != f"{PACKAGE.name}.__main__":
@@ -211,6 +231,20 @@ def test_the_layer_check_finds_an_upward_import(tmp_path, monkeypatch):
     (package / "core" / "hooks.py").write_text("def f():\n    from gap_engine.tables.build import X\n    return X\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
     with pytest.raises(AssertionError, match=r"gap_engine.core.hooks \(core\) imports gap_engine.tables.build \(tables\)"):
+        test_imports_only_go_down_the_layers()
+
+
+def test_a_registered_choice_of_a_higher_layer_counts(tmp_path, monkeypatch):
+    # A registry names its functions as strings, imported on first use: one above its layer is upward too.
+    package = tmp_path / "gap_engine"
+    for layer in ("core", "plan"):
+        (package / layer).mkdir(parents=True)
+        (package / layer / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "plan" / "dp.py").write_text("def solve():\n    return 1\n")
+    (package / "core" / "choices.py").write_text('CHOICES = (Choice("dp", "the DP", "gap_engine.plan.dp:solve"),)\n')
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    with pytest.raises(AssertionError, match=r"gap_engine.core.choices \(core\) imports gap_engine.plan.dp \(plan\)"):
         test_imports_only_go_down_the_layers()
 
 

@@ -22,6 +22,7 @@ import torch
 
 from gap_engine.cli import main
 from gap_engine.core.errors import CancelledError, DataError, GapError
+from gap_engine.core.progress import Hooks
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.recovery import RecoverySettings, lr_at, recover
 from gap_engine.recover import zo as recover_zo
@@ -110,7 +111,7 @@ def zo_run(pruned_dir, text_file):
     settings = tiny_settings(text_file, method="mazo", mask_fraction=0.25).validate()
     data = TaskData(lm, settings)
     run = ZORun(lm, settings)
-    run.prepare(data, lambda message: None, None)
+    run.prepare(data, Hooks())
     return lm, settings, data, run
 
 
@@ -244,13 +245,13 @@ def test_resume_after_a_failure_ends_identical_to_an_uninterrupted_run(pruned_di
     settings = tiny_settings(text_file, method=method, lr=1e-2 if method == "lora" else 0.1, steps=6, save_every=2)
     reference = recover(load_model(str(pruned_dir)), settings, out_dir=tmp_path / "reference")
 
-    def crash_at_step_3(done, total, eta, message):
+    def crash_at_step_3(done, total, eta):
         if eta is not None and done == 3:
             raise RuntimeError("simulated crash")
 
     out = tmp_path / "interrupted"
     with pytest.raises(RuntimeError, match="simulated crash"):
-        recover(load_model(str(pruned_dir)), settings, progress=crash_at_step_3, out_dir=out)
+        recover(load_model(str(pruned_dir)), settings, Hooks(progress=crash_at_step_3), out_dir=out)
     assert not out.exists() and partial_dir(out).is_dir()
     resumed = recover(load_model(str(pruned_dir)), settings, out_dir=out, resume=True)
     assert resumed.resumed_from == 2  # step 3 was not saved: it is redone
@@ -264,15 +265,16 @@ def test_resume_after_sigkill_continues_from_the_saved_step(pruned_dir, text_fil
     script = textwrap.dedent(
         f"""
         import os, signal
+        from gap_engine.core.progress import Hooks
         from gap_engine.model.loading import load_model
         from gap_engine.pipeline.recovery import RecoverySettings, recover
         settings = RecoverySettings(**{_json_settings(settings)!r})
 
-        def progress(done, total, eta, message):
+        def progress(done, total, eta):
             if eta is not None and done == 3:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        recover(load_model({str(pruned_dir)!r}), settings, progress=progress, out_dir={str(out)!r})
+        recover(load_model({str(pruned_dir)!r}), settings, Hooks(progress=progress), out_dir={str(out)!r})
         """
     )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
@@ -297,14 +299,14 @@ def test_cancel_saves_the_step_reached_and_resume_finishes(pruned_dir, text_file
 
     cancel = threading.Event()
 
-    def progress(done, total, eta, message):
+    def progress(done, total, eta):
         if eta is not None and done == 3:
             cancel.set()
 
     settings = tiny_settings(text_file, method="mazo", lr=0.1, steps=5, save_every=100)
     out = tmp_path / "out"
     with pytest.raises(CancelledError, match="after step 3"):
-        recover(load_model(str(pruned_dir)), settings, progress=progress, cancel=cancel, out_dir=out)
+        recover(load_model(str(pruned_dir)), settings, Hooks(progress=progress, cancel=cancel), out_dir=out)
     resumed = recover(load_model(str(pruned_dir)), settings, out_dir=out, resume=True)
     assert resumed.resumed_from == 3 and resumed.steps_done == 5
 
@@ -313,7 +315,7 @@ def test_resume_refuses_other_settings_and_starts_over_without_resume(pruned_dir
     settings = tiny_settings(text_file, method="mazo", lr=0.1, steps=4)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError):
-        recover(load_model(str(pruned_dir)), settings, progress=_crash_at(3), out_dir=out)
+        recover(load_model(str(pruned_dir)), settings, Hooks(progress=_crash_at(3)), out_dir=out)
     with pytest.raises(RecoveryError, match="other settings"):
         recover(load_model(str(pruned_dir)), replace(settings, lr=0.2), out_dir=out, resume=True)
     fresh = recover(load_model(str(pruned_dir)), replace(settings, lr=0.2), out_dir=out, resume=False)
@@ -321,7 +323,7 @@ def test_resume_refuses_other_settings_and_starts_over_without_resume(pruned_dir
 
 
 def _crash_at(step: int):
-    def progress(done, total, eta, message):
+    def progress(done, total, eta):
         if eta is not None and done == step:
             raise RuntimeError("simulated crash")
 

@@ -14,6 +14,7 @@ import pytest
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import CancelledError, TableError
+from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import calibration_windows, load_corpus
 from gap_engine.pipeline.stages import loss_table
 from gap_engine.plan.allocators import plan_from_table
@@ -146,9 +147,9 @@ def tmp_cache(tmp_path, monkeypatch):
 
 def test_bookkeeping_survives_the_cache_and_a_second_build_is_a_hit(tmp_cache, tiny, tables):
     calls = []
-    built = loss_table(tiny, spec("refine"), progress=lambda *a: calls.append(a))
+    built = loss_table(tiny, spec("refine"), hooks=Hooks(progress=lambda *a: calls.append(a)))
     assert calls and calls[-1][0] == calls[-1][1]  # the last report is complete
-    again = loss_table(tiny, spec("refine"), progress=lambda *a: calls.append("hit"))
+    again = loss_table(tiny, spec("refine"), hooks=Hooks(progress=lambda *a: calls.append("hit")))
     assert "hit" not in calls
     stored = cache.get_table(built.key)
     for table in (again, stored):
@@ -169,7 +170,7 @@ def test_cancel_then_resume_gives_the_uninterrupted_refined_table(tmp_cache, tin
             event.set()
 
     with pytest.raises(CancelledError):
-        loss_table(tiny, spec("refine"), progress=progress, cancel=event)
+        loss_table(tiny, spec("refine"), hooks=Hooks(progress=progress, cancel=event))
     key = table_key(tiny, spec("refine"), load_corpus("wiki-sample").fingerprint)
     assert cache.get_table(key) is None and len(cache.PartialCells(key).load()) == 3
     resumed = loss_table(tiny, spec("refine"))

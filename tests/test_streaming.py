@@ -18,6 +18,7 @@ import torch
 
 from gap_engine.core.device import Placement
 from gap_engine.core.errors import CancelledError
+from gap_engine.core.progress import Hooks
 from gap_engine.evaluate.metrics import compare_logits, mean_nll
 from gap_engine.model.layerwise import block_on, capture_calls, forward_blocks
 from gap_engine.model.loading import place_model
@@ -113,7 +114,7 @@ def test_streamed_gradient_estimates_equal_the_resident_ones(make_tiny, family, 
     spec = spec_of(estimator=estimator, objective=objective, n_samples=4)
     expected = measure_table(resident, spec, windows)
     seen = []
-    got = measure_table(streamed, spec, windows, progress=lambda done, total, eta: seen.append((done, total)))
+    got = measure_table(streamed, spec, windows, Hooks(progress=lambda done, total, eta: seen.append((done, total))))
     assert got.extras["placement"] == "cpu fp32 (streamed)"
     assert np.abs(expected.delta).max() > 1e-4  # the estimate is not trivially zero
     np.testing.assert_allclose(got.cell_objective, expected.cell_objective, rtol=1e-4, atol=1e-6)
@@ -166,7 +167,7 @@ def test_a_cancelled_streamed_build_resumes_in_a_resident_one(make_tiny):
             event.set()
 
     with pytest.raises(CancelledError):
-        measure_table(streamed, spec, windows, progress, event, store, cells=functools.partial(measure_exact_streamed, per_group=3))
+        measure_table(streamed, spec, windows, Hooks(progress=progress, cancel=event), store, cells=functools.partial(measure_exact_streamed, per_group=3))
     assert len(store.cells) == 3
     resumed = measure_table(resident, spec, windows, partial=store)
     assert resumed.extras["cells_resumed"] == 3
@@ -202,5 +203,5 @@ def test_capture_records_every_block_call_without_running_blocks(make_tiny):
     assert not torch.equal(cos0, cos1)
     assert all("forward" not in vars(layer) for layer in lm.adapter.layers(lm.model))
     seen = []
-    out = forward_blocks(lm, ids, 1, on_input=lambda i, hidden: seen.append(i), progress=lambda d, t: None)
+    out = forward_blocks(lm, ids, 1, on_input=lambda i, hidden: seen.append(i), hooks=Hooks(progress=lambda d, t, eta: None))
     assert seen == [0, 1] and len(out.final_hidden) == 2

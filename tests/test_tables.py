@@ -21,6 +21,7 @@ from scipy.stats import spearmanr
 
 from gap_engine.core.config import FULL_RATE_GRID, WindowSpec
 from gap_engine.core.errors import TableError
+from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import calibration_windows
 from gap_engine.model.loading import weights_fingerprint
 from gap_engine.model.slicing import slice_attention_, slice_mlp_, zeroed_units
@@ -181,7 +182,7 @@ def test_cells_with_the_same_cut_are_measured_once(make_tiny):
     # 4 heads in 2 KV groups: rates 0.05 and 0.1 round to the dense attention, 0.5 and 0.55 to one shape.
     spec = tiny_spec(rate_grid=(0.0, 0.05, 0.1, 0.5, 0.55))
     seen = []
-    table = measure_table(lm, spec, random_windows(3, 24), progress=lambda d, t, e: seen.append((d, t)))
+    table = measure_table(lm, spec, random_windows(3, 24), Hooks(progress=lambda d, t, e: seen.append((d, t))))
     assert table.extras["distinct_cells"] < len(table.components) * 4
     assert seen[-1][0] == seen[-1][1] == table.extras["distinct_cells"]
     attn = [c for c, (_, kind) in enumerate(table.components) if kind == "attn"]

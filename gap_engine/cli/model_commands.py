@@ -11,6 +11,7 @@ from gap_engine.cli.output import StderrProgress
 from gap_engine.cli.table_commands import read_sources
 from gap_engine.core.device import DeviceError
 from gap_engine.core.errors import PlanError
+from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import bos_token_id
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
 from gap_engine.model.adapters import supported_model_types
@@ -49,7 +50,7 @@ def run_prune(args: argparse.Namespace) -> int:
     lm = load_model(args.model, device_from(args))
     if plan is None:
         plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple)
-    result = prune_with_plan(lm, plan, windows_from(args), StderrProgress("importance"))
+    result = prune_with_plan(lm, plan, windows_from(args), StderrProgress("importance").hooks())
     save_pruned(lm, plan, result.kept_indices(), args.out, dtype=args.save_dtype)
     summary = {
         "out": str(args.out),
@@ -70,7 +71,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     read_sources(args.data)  # a bad text source fails before the model loads
     lm = load_model(args.model, device_from(args))
     progress = StderrProgress("round table")
-    result = iterative_prune(lm, spec, args.budget, args.rounds, progress=progress, stage=progress.stage)
+    result = iterative_prune(lm, spec, args.budget, args.rounds, hooks=progress.hooks())
     save_pruned(result.model, result.plan, result.kept, args.out, dtype=args.save_dtype)
     summary = {
         "out": str(args.out),
@@ -108,7 +109,7 @@ def run_eval(args: argparse.Namespace) -> int:
         lm = load_model(args.model, device_from(args))
         dense = None if args.no_dense else dense_reference(lm, device_from(args))
     settings = EvalSettings(windows=windows_from(args), throughput=not args.no_throughput, generations=args.generations)
-    report = evaluate(lm, dense, settings, progress=lambda msg: print(f"eval: {msg}", file=sys.stderr))
+    report = evaluate(lm, dense, settings, Hooks(message=lambda msg: print(f"eval: {msg}", file=sys.stderr)))
     if args.json:
         print(json.dumps(report.to_dict()))
         return 0

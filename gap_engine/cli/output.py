@@ -7,6 +7,8 @@ import io
 import sys
 import time
 
+from gap_engine.core.progress import Hooks
+
 
 def format_seconds(seconds: float | None) -> str:
     """'42s', '3m05s', '1h02m', or '?' when unknown."""
@@ -46,9 +48,13 @@ class StderrProgress:
         self.stream.flush()
 
     def stage(self, message: str) -> None:
-        """A named stage of the work, one line."""
+        """A named stage of the work (or a message), one line."""
         self.stream.write(f"{message}\n" if not self._tty else f"\r{message}\n")
         self.stream.flush()
+
+    def hooks(self) -> Hooks:
+        """Engine hooks that print here: progress as above, stages and messages on their own line."""
+        return Hooks(progress=self, stage=self.stage, message=self.stage)
 
 
 def csv_text(rows: list[dict]) -> str:

@@ -1,6 +1,7 @@
 """The ``gap`` argument parser: every subcommand, its options and the handler that runs it.
 
-Only ``config`` is imported here, so ``gap --help`` and a mistyped option answer at once;
+Only ``config`` and the registries of choices (light modules, see ``core.registry``) are
+imported here, so ``gap --help`` and a mistyped option answer at once;
 a handler (``module:function`` in ``handler``) and the engine it needs are imported only
 when the command runs.
 """
@@ -13,9 +14,7 @@ from pathlib import Path
 from gap_engine import __version__
 from gap_engine.cli.arguments import DeprecatedAlias, add_device_args, add_window_args, rate_arg
 from gap_engine.core.config import (
-    ALLOCATORS,
     CLI_TABLE,
-    CRITERIA,
     DEFAULT_CHANNEL_MULTIPLE,
     DEFAULT_CRITERION,
     DEFAULT_DATA,
@@ -24,18 +23,20 @@ from gap_engine.core.config import (
     DEFAULT_N_BUCKETS,
     DEFAULT_SAVE_DTYPE,
     DEVICE_MAPS,
-    ESTIMATORS,
     EVAL_WINDOWS,
     GGUF_OUTTYPES,
     MODES,
-    OBJECTIVES,
-    RECOVERY_METHODS,
     RECOVERY_PROJECTIONS,
     RECOVERY_SCHEDULES,
     REFINE_ATTENTION,
     REFINE_BUDGETS,
     SAVE_DTYPES,
 )
+from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.prune.criteria import CRITERIA
+from gap_engine.recover.methods import RECOVERY_METHODS
+from gap_engine.tables.estimators import ESTIMATORS
+from gap_engine.tables.objectives import OBJECTIVES
 
 
 def _grid_text(grid) -> str:
@@ -93,16 +94,20 @@ def _add_eval(sub) -> None:
 
 
 def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> None:
-    p.add_argument("--criterion", choices=CRITERIA, default=DEFAULT_CRITERION, help="within-layer importance: which units a rate removes")
+    p.add_argument(
+        "--criterion",
+        choices=CRITERIA.names,
+        default=DEFAULT_CRITERION,
+        help=f"within-layer importance: which units a rate removes ({CRITERIA.help()}; default: %(default)s)",
+    )
     p.add_argument("--rates", default=_grid_text(CLI_TABLE.rate_grid), help="comma-separated rate grid starting at 0 (default: 0, 1/16, ..., 15/16)")
-    p.add_argument("--objective", choices=OBJECTIVES, default=CLI_TABLE.objective, help="nll or kl (default: %(default)s)")
+    p.add_argument("--objective", choices=OBJECTIVES.names, default=CLI_TABLE.objective, help=f"{OBJECTIVES.help()} (default: %(default)s)")
     p.add_argument("--mode", choices=MODES, default="split", help="split: attention and MLP apart; block: together")
     p.add_argument(
         "--estimator",
-        choices=ESTIMATORS,
+        choices=ESTIMATORS.names,
         default=estimator_default,
-        help="exact: measure every cell; fisher/taylor: estimate from one gradient pass; refine: fisher, then "
-        "measure exactly the cells the DP's plans use (default: %(default)s)",
+        help=f"how the table is filled: {ESTIMATORS.help()} (default: %(default)s)",
     )
     p.add_argument(
         "--refine-budgets",
@@ -115,7 +120,7 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> 
         default="chosen",
         help="refine: measure the chosen attention cells only, or every attention cell (default: %(default)s)",
     )
-    p.add_argument("--approx", dest="estimator", choices=ESTIMATORS[1:], action=DeprecatedAlias, new_name="--estimator", help=argparse.SUPPRESS)
+    p.add_argument("--approx", dest="estimator", choices=ESTIMATORS.tagged("gradient"), action=DeprecatedAlias, new_name="--estimator", help=argparse.SUPPRESS)
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE, help="MLP width granularity")
 
 
@@ -172,8 +177,8 @@ def _add_plan(sub) -> None:
     p.add_argument("--table", required=True, help="a loss table JSON file")
     p.add_argument("--budget", help="fraction of prunable parameters to remove, in [0, 1)")
     p.add_argument("--keep-params", type=int, help="instead of --budget: total parameters the pruned model may keep")
-    p.add_argument("--allocator", default="dp", choices=ALLOCATORS, help="how the budget is spread over layers (default: dp, GAP's DP)")
-    p.add_argument("--method", dest="allocator", choices=ALLOCATORS, action=DeprecatedAlias, new_name="--allocator", help=argparse.SUPPRESS)
+    p.add_argument("--allocator", default="dp", choices=ALLOCATORS.names, help=f"how the budget is spread over layers: {ALLOCATORS.help()} (default: %(default)s)")
+    p.add_argument("--method", dest="allocator", choices=ALLOCATORS.names, action=DeprecatedAlias, new_name="--allocator", help=argparse.SUPPRESS)
     p.add_argument("--model", help="the model (default: the one the table names); its fingerprint must match the table")
     p.add_argument("--out", required=True, help="plan file: .json, or .yaml/.yml")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -195,7 +200,7 @@ def _add_compare(sub) -> None:
     p = sub.add_parser("compare", help="prune with several allocators at several budgets and measure them")
     p.add_argument("--model", required=True)
     p.add_argument("--budgets", default="0.1,0.2,0.3", help="comma-separated fractions of prunable parameters")
-    p.add_argument("--allocators", default="dp,uniform", help=f"comma-separated, from {','.join(ALLOCATORS)}")
+    p.add_argument("--allocators", default="dp,uniform", help=f"comma-separated, from {','.join(ALLOCATORS)} ({ALLOCATORS.help()})")
     p.add_argument("--methods", dest="allocators", action=DeprecatedAlias, new_name="--allocators", help=argparse.SUPPRESS)
     p.add_argument("--table", help="use this loss table instead of building one")
     add_window_args(p, CLI_TABLE.windows)
@@ -261,7 +266,7 @@ def _add_recover(sub) -> None:
         "as a pruned checkpoint that loads like any other.",
     )
     p.add_argument("--model", required=True, help="a `gap prune` folder (a dense model is allowed too)")
-    p.add_argument("--method", required=True, choices=RECOVERY_METHODS, help="lora (peft), mazo (masked zeroth-order) or mezo (zeroth-order)")
+    p.add_argument("--method", required=True, choices=RECOVERY_METHODS.names, help=RECOVERY_METHODS.help())
     p.add_argument("--data", default=DEFAULT_DATA, help="comma-separated text sources, one task each (calibration part only)")
     p.add_argument("--split", default="calibration", help="the part of the text to train on: only 'calibration' is allowed")
     p.add_argument("--steps", type=int, required=True, help="training steps")

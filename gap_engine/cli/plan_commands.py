@@ -19,6 +19,7 @@ from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import BudgetError, TableError
 from gap_engine.core.fsutil import atomic_write_text
 from gap_engine.core.limits import LIMITS
+from gap_engine.core.progress import Hooks
 from gap_engine.core.validate import decode_text, read_bounded
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline import compare
@@ -116,14 +117,14 @@ def run_compare(args: argparse.Namespace) -> int:
         spec = spec_from_args(args)
         lm = load_model(args.model, device_from(args))
         progress = StderrProgress("loss table")
-        table = loss_table(lm, spec, progress=progress, stage=progress.stage)
+        table = loss_table(lm, spec, progress.hooks())
     for budget in budgets:  # before anything slow: an unreachable budget fails here
         for allocator in allocators:
             check_reach(lm, table, budget, allocator, constraints)
     eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len, seed=args.seed)
     heldout = heldout_sets(lm.tokenizer, eval_windows)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
-    outcomes = compare(lm, table, budgets, allocators, heldout, constraints, evo, progress=lambda msg: print(msg, file=sys.stderr))
+    outcomes = compare(lm, table, budgets, allocators, heldout, constraints, evo, Hooks(message=lambda msg: print(msg, file=sys.stderr)))
     atomic_write_text(args.out, csv_text([o.row() for o in outcomes]))
     _print_outcomes(outcomes, list(heldout))
     print(f"-> {args.out}", file=sys.stderr)

@@ -14,6 +14,7 @@ import time
 
 from gap_engine.cli.arguments import device_from
 from gap_engine.cli.output import format_seconds
+from gap_engine.core.progress import Hooks
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.recovery import RecoveryResult, RecoverySettings, recover
 from gap_engine.recover.files import RecoveryError, check_output_dir
@@ -49,13 +50,22 @@ def settings_from(args: argparse.Namespace) -> RecoverySettings:
 
 
 class _StageProgress:
-    """recover's (done, total, eta, message) callback: stages on their own line, steps redrawn in place."""
+    """recover's hooks on stderr: phases on their own line, steps redrawn in place (recover tells
+    each phase or step as a message, then its progress: the line is written at the progress)."""
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
         self.stage: str | None = None
+        self.message = ""
 
-    def __call__(self, done: int, total: int, eta: float | None, message: str) -> None:
+    def hooks(self) -> Hooks:
+        return Hooks(progress=self.progress, message=self.say)
+
+    def say(self, message: str) -> None:
+        self.message = message
+
+    def progress(self, done: int, total: int, eta: float | None) -> None:
+        message = self.message
         if eta is None:
             if message != self.stage:
                 self.stream.write(f"\rrecover: {message}\n")
@@ -102,7 +112,7 @@ def run_recover(args: argparse.Namespace) -> int:
     if lm.pruned_from is None:
         print(f"note: {args.model} is a dense model, not a pruned gap checkpoint: recovering it as is", file=sys.stderr)
     started = time.perf_counter()
-    result = recover(lm, settings, progress=_StageProgress(), out_dir=args.out, resume=args.resume)
+    result = recover(lm, settings, _StageProgress().hooks(), out_dir=args.out, resume=args.resume)
     if args.json:
         print(json.dumps(result.to_dict(), default=str))
         return 0

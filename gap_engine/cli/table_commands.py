@@ -45,7 +45,7 @@ def run_table(args: argparse.Namespace) -> int:
     lm = load_model(args.model, device_from(args))
     unit = {"exact": "cells", "refine": "batches, then cells"}.get(spec.estimator, "batches")
     progress = StderrProgress(f"table {unit}")
-    table = loss_table(lm, spec, progress=progress, use_cache=not args.no_cache, stage=progress.stage, cells=cells)
+    table = loss_table(lm, spec, progress.hooks(), use_cache=not args.no_cache, cells=cells)
     atomic_write_text(out, table.to_csv() if out.suffix == ".csv" else table.to_json())
     measured = int(table.measured_cells()[table.removed > 0].sum())
     print(

@@ -1,14 +1,17 @@
 """Settings and named defaults that every surface (CLI, app, benchmarks) reads.
 
 Three choices of the method have three distinct nouns, used the same way in code, flags,
-app labels and the README:
+app labels and the README; each kind is registered once, near its stage (``core.registry``):
 
-- the **criterion** decides *which* heads and channels of a layer go (``importance``);
+- the **criterion** decides *which* heads and channels of a layer go (``prune.criteria``);
 - the **estimator** decides *how a loss table is filled*: measured cell by cell (``exact``),
   estimated from one gradient pass (``fisher``, ``taylor``), or estimated and then measured
-  exactly where the plans go (``refine``) (``tables``);
+  exactly where the plans go (``refine``) (``tables.estimators``; the cell's objective:
+  ``tables.objectives``);
 - the **allocator** decides *how much* each layer loses under one global budget: GAP's
-  exact DP or a baseline (``allocate``).
+  exact DP or a baseline (``plan.allocator_registry``).
+
+Recovery methods are registered in ``recover.methods``.
 
 ``WindowSpec`` is the one description of "which token windows a stage reads" shared by
 loss tables, importance scores, evaluation and the baselines. This module imports nothing
@@ -22,13 +25,11 @@ from dataclasses import dataclass, replace
 from gap_engine.core.errors import DataError
 
 # ---- the three choices ------------------------------------------------------------------
-CRITERIA = ("magnitude", "wanda", "flap", "taylor")  # within-layer importance
+# The names of prune.criteria's registry, for the layer below it that checks a plan's
+# criterion (model.rateplan); the registry asserts that they agree.
+CRITERIA = ("magnitude", "wanda", "flap", "taylor")
 DEFAULT_CRITERION = "wanda"
-ESTIMATORS = ("exact", "fisher", "taylor", "refine")  # how a loss table is filled (refine: fisher, then exact cells where plans go)
-OBJECTIVES = ("nll", "kl")  # what a table cell measures
 MODES = ("split", "block")  # split: attention and MLP are separate components
-ALLOCATORS = ("dp", "uniform", "flap", "owl", "evo")  # how the budget is spread over layers
-GRID_ALLOCATORS = ("dp", "evo")  # allocators whose plans sit on the table's rate grid
 
 # ---- budgets and the planner -------------------------------------------------------------
 DEFAULT_BUDGET = 0.2  # fraction of prunable parameters removed
@@ -91,8 +92,8 @@ REFINE_ATTENTION = ("chosen", "all")  # "all": also every attention cell from th
 class TableDefaults:
     """A starting point for a loss table's settings."""
 
-    estimator: str  # one of ESTIMATORS
-    objective: str  # one of OBJECTIVES
+    estimator: str  # one of tables.estimators.ESTIMATORS
+    objective: str  # one of tables.objectives.OBJECTIVES
     windows: WindowSpec  # calibration windows
     rate_grid: tuple[float, ...]  # candidate rates, ascending from 0
 
@@ -124,7 +125,6 @@ DEFAULT_SAVE_DTYPE = "bfloat16"  # half the bytes of float32, same exponent rang
 GGUF_OUTTYPES = ("f16", "q8_0")  # weight types of `gap export --format gguf`
 
 # ---- recovery after pruning (recover.py) -------------------------------------------------
-RECOVERY_METHODS = ("lora", "mazo", "mezo")  # LoRA (peft), masked zeroth-order, plain zeroth-order
 RECOVERY_SCHEDULES = ("constant", "linear", "cosine")  # learning-rate decay after the warm-up
 RECOVERY_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # short names of the trainable projections
 

@@ -1,27 +1,37 @@
-"""How long engine work reports progress and is cancelled.
+"""How long engine work reports progress, names its stages and is cancelled: one `Hooks` object.
 
-Every long function of the engine (table builds, scoring, evaluation, the pipeline) takes
-the same two optional hooks, so the CLI, background jobs and benchmarks drive it alike:
+Every long function of the engine (table builds, scoring, evaluation, planning, the
+pipeline) takes one optional ``hooks: Hooks`` argument, so the CLI, background jobs and
+benchmarks drive it alike. A `Hooks` holds four optional parts, each a no-op when absent:
 
-- ``progress(done, total, eta_seconds)`` after every step (cells, batches, candidates);
-  ``eta_seconds`` is None until one step was timed;
+- ``progress(done, total, eta_seconds)``: steps of the current stage (cells, batches,
+  blocks, generations, training steps); ``eta_seconds`` is None until a step was timed.
+  This is the one progress signature; there is no other.
+- ``stage(name)``: a stage starts; the names are the constants below (what a progress bar
+  shows and the keys under which stage times are recorded and predicted). A stage's steps
+  start again at 0.
+- ``message(text)``: one line of free text about what happens now (evaluation steps, a
+  recovery run's phases, a finished comparison plan); it is not a stage, it is not timed.
 - ``cancel``: any object with ``is_set()`` (a ``threading.Event``), polled between steps;
   when set, the work stops with ``CancelledError``.
 
-The pipeline also names its stages through ``stage(name)`` (the names below), and
-`StageTimer` records how long each took.
+Engine code calls the helpers (``hooks.report``, ``hooks.enter``, ``hooks.say``,
+``hooks.check_cancelled``) and passes ``hooks`` on, or a variant made with
+``dataclasses.replace`` / `Hooks.but`; `StageTimer` records how long each stage took.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from gap_engine.core.errors import CancelledError
 
 ProgressFn = Callable[[int, int, "float | None"], None]
 StageFn = Callable[[str], None]
+MessageFn = Callable[[str], None]
 
 
 class CancelToken(Protocol):
@@ -32,6 +42,46 @@ def check_cancelled(cancel: CancelToken | None, message: str) -> None:
     """Raise CancelledError(message) when ``cancel`` is set."""
     if cancel is not None and cancel.is_set():
         raise CancelledError(message)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Progress, stage names, free-text messages and the cancel token of one piece of long work."""
+
+    progress: ProgressFn | None = None  # (done, total, eta_seconds) after every step
+    stage: StageFn | None = None  # the name of each stage as it starts (the constants below)
+    message: MessageFn | None = None  # a line of free text about what happens now
+    cancel: CancelToken | None = None  # polled between steps; set: CancelledError
+
+    def report(self, done: int, total: int, eta_seconds: float | None = None) -> None:
+        """``done`` of ``total`` steps of the current stage, ``eta_seconds`` left (None: unknown)."""
+        if self.progress is not None:
+            self.progress(done, total, eta_seconds)
+
+    def enter(self, name: str) -> None:
+        """The stage ``name`` starts."""
+        if self.stage is not None:
+            self.stage(name)
+
+    def say(self, text: str) -> None:
+        """One line about what happens now (not a stage)."""
+        if self.message is not None:
+            self.message(text)
+
+    def is_cancelled(self) -> bool:
+        """Whether a cancel was requested."""
+        return self.cancel is not None and self.cancel.is_set()
+
+    def check_cancelled(self, message: str) -> None:
+        """Raise CancelledError(message) when a cancel was requested."""
+        check_cancelled(self.cancel, message)
+
+    def but(self, **changes: Any) -> Hooks:
+        """A copy with some parts replaced (``hooks.but(progress=None)``)."""
+        return replace(self, **changes)
+
+
+NO_HOOKS = Hooks()  # nothing reported, never cancelled
 
 
 class EtaClock:

@@ -13,7 +13,6 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 from gap_engine.core.config import EVAL_WINDOWS, WindowSpec
 from gap_engine.core.device import input_device, is_streamed, placement_of, synchronize
 from gap_engine.core.errors import DataError, GapError
+from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import heldout_windows, text_start, window_start
 from gap_engine.model.layerwise import logits_batches
 from gap_engine.model.loading import LoadedModel
@@ -180,7 +180,7 @@ def evaluate(
     lm: LoadedModel,
     dense: LoadedModel | None = None,
     settings: EvalSettings | None = None,
-    progress: Callable[[str], None] | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> EvalReport:
     """Evaluate ``lm`` (and compare with ``dense`` when given) on held-out text.
 
@@ -188,7 +188,7 @@ def evaluate(
         lm: the model to evaluate, usually pruned.
         dense: its dense original, for KL, agreement, throughput ratios and generations side by side.
         settings: what to measure; defaults to EvalSettings().
-        progress: called with a short description of each step.
+        hooks: its message is told a short description of each step (logged when it has none).
     Returns:
         EvalReport (``to_dict()`` is JSON-ready).
     """
@@ -197,7 +197,7 @@ def evaluate(
         settings.windows.validate()
     except DataError as exc:
         raise GapError(f"evaluation: {exc}") from None
-    say = progress or (lambda msg: log.info(msg))
+    say = hooks.say if hooks.message is not None else log.info
     started = time.perf_counter()
     report = EvalReport(model=lm.name, params=lm.param_count(), size_bytes=lm.size_bytes(), perplexity={})
     if dense is not None:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from gap_engine.core.device import input_device, is_streamed, placement_of, synchronize
-from gap_engine.core.progress import CancelToken, check_cancelled
+from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import batches
 
 BlockCall = tuple[tuple, dict]  # the positional arguments (after the hidden states) and keywords a block got
@@ -154,8 +154,7 @@ def forward_blocks(
     windows: torch.Tensor,
     batch_size: int,
     on_input: Callable[[int, list[torch.Tensor]], None] | None = None,
-    cancel: CancelToken | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    hooks: Hooks = NO_HOOKS,
     for_backward: bool = False,
 ) -> LayerwisePass:
     """Every window through every block, one block at a time on the device.
@@ -167,8 +166,8 @@ def forward_blocks(
         windows: (N, T) token ids.
         batch_size: windows per block call.
         on_input: told (block index, [b] (B, T, d) host hidden states entering that block).
-        cancel: polled before every block.
-        progress: told (blocks done, blocks) after every block.
+        hooks: cancel polled before every block; progress told (blocks done, blocks, None)
+            after every block.
         for_backward: keep states and calls usable by autograd (``backward_blocks``).
     """
     device = placement_of(lm).device
@@ -185,7 +184,7 @@ def forward_blocks(
             result.calls.append(calls)
             hidden.append(to_host(first))
         for i, layer in enumerate(layers):
-            check_cancelled(cancel, f"block-by-block pass cancelled at block {i} of {len(layers)}")
+            hooks.check_cancelled(f"block-by-block pass cancelled at block {i} of {len(layers)}")
             if on_input is not None:
                 on_input(i, hidden)
             with block_on(layer, device):
@@ -194,8 +193,7 @@ def forward_blocks(
                     args, kwargs = result.calls[b][i]
                     outputs.append(to_host(layer_output(layer(states.to(device), *args, **kwargs))))
             hidden = outputs
-            if progress is not None:
-                progress(i + 1, len(layers))
+            hooks.report(i + 1, len(layers))
     synchronize(device)
     result.final_hidden = hidden
     return result
@@ -233,7 +231,7 @@ def backward_blocks(
     head_losses: HeadLosses,
     block_leaves: BlockLeaves,
     on_leaf_grads: LeafGrads,
-    cancel: CancelToken | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> None:
     """Gradients of per-batch losses with respect to tensors inside the blocks, with the
     blocks visiting the device one at a time (a streamed model's backward pass).
@@ -256,12 +254,12 @@ def backward_blocks(
             batch) -> the leaf tensors whose gradients are wanted for that block and batch
             (the caller's hooks or the block's own weights make the block read them).
         on_leaf_grads: told (stream, block index, batch index, gradients of the leaves).
-        cancel: polled before every block.
+        hooks: its cancel is polled before every block (nothing else is reported).
     """
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)
     inputs: list[list[torch.Tensor]] = []
-    done = forward_blocks(lm, windows, batch_size, on_input=lambda i, hidden: inputs.append(hidden), cancel=cancel, for_backward=True)
+    done = forward_blocks(lm, windows, batch_size, on_input=lambda i, hidden: inputs.append(hidden), hooks=hooks.but(progress=None), for_backward=True)
     arriving: list[list[torch.Tensor]] = []  # [stream][b] gradient at the current block's output, host
     for b, (batch, final) in enumerate(zip(done.batches, done.final_hidden)):
         final = final.to(device).detach().requires_grad_(True)
@@ -272,7 +270,7 @@ def backward_blocks(
                     arriving.append([])
                 arriving[s].append(to_host(torch.autograd.grad(loss, final, retain_graph=s + 1 < len(losses))[0]))
     for i in range(len(layers) - 1, -1, -1):
-        check_cancelled(cancel, f"block-by-block backward pass cancelled at block {i} of {len(layers)}")
+        hooks.check_cancelled(f"block-by-block backward pass cancelled at block {i} of {len(layers)}")
         with block_on(layers[i], device) as layer:
             for b, states in enumerate(inputs[i]):
                 args, kwargs = done.calls[b][i]

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from gap_engine.core.config import ALLOCATORS, WindowSpec
+from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import PlanError
+from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import calibration_windows, heldout_windows
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loading import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, pruned_copy
+from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.plan.allocators import check_reach, plan_from_table
 from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.problem import Constraints
@@ -154,7 +156,7 @@ def compare(
     heldout: Mapping[str, torch.Tensor],
     constraints: Constraints = Constraints(),
     evo: EvoSettings = EvoSettings(),
-    progress: Callable[[str], None] | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> list[Outcome]:
     """Every allocator at every budget, pruned for real and measured on the same windows.
 
@@ -165,7 +167,7 @@ def compare(
         allocators: names from ALLOCATORS.
         heldout: source -> (N, T) held-out windows.
         constraints, evo: as for `allocators.plan_from_table`.
-        progress: told one line per finished plan.
+        hooks: its message is told one line per finished plan.
     """
     unknown = [a for a in allocators if a not in ALLOCATORS]
     if unknown:
@@ -197,6 +199,5 @@ def compare(
             outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference, table)
             outcome.extras = extras | {"seconds": round(time.perf_counter() - started, 1)}
             outcomes.append(outcome)
-            if progress:
-                progress(f"{allocator} at {budget:.0%}: calibration loss +{outcome.calib_loss_increase:.4f}")
+            hooks.say(f"{allocator} at {budget:.0%}: calibration loss +{outcome.calib_loss_increase:.4f}")
     return outcomes

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from gap_engine.core.progress import CancelToken, ProgressFn, StageFn, check_cancelled
+from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import calibration_windows
 from gap_engine.model.loading import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
@@ -86,9 +86,7 @@ def iterative_prune(
     rounds: int,
     constraints: Constraints = Constraints(),
     measure: bool = True,
-    progress: ProgressFn | None = None,
-    cancel: CancelToken | None = None,
-    stage: StageFn | None = None,
+    hooks: Hooks = NO_HOOKS,
     use_cache: bool = True,
 ) -> IterativeResult:
     """Prune a copy of ``dense`` to ``budget`` in ``rounds`` rounds of table -> DP -> surgery.
@@ -100,7 +98,7 @@ def iterative_prune(
         rounds: at least 1; 1 is the one-shot DP plan.
         constraints: as for the DP, in every round.
         measure: also measure each round's objective increase on the calibration windows.
-        progress, cancel, stage, use_cache: as for ``loss_table``.
+        hooks, use_cache: as for ``loss_table``; each round is also announced as a message.
     Returns:
         IterativeResult with the pruned model.
     """
@@ -116,15 +114,14 @@ def iterative_prune(
         "kept_channels": [list(range(g.intermediate_size)) for g in geoms],
     }
     for index in range(1, rounds + 1):
-        check_cancelled(cancel, f"iterative planning cancelled before round {index} of {rounds}")
-        if stage:
-            stage(f"round {index} of {rounds}: loss table of the model as it is")
-        table = loss_table(current, spec, progress, cancel, use_cache, stage)
+        hooks.check_cancelled(f"iterative planning cancelled before round {index} of {rounds}")
+        hooks.say(f"round {index} of {rounds}: loss table of the model as it is")
+        table = loss_table(current, spec, hooks, use_cache)
         now = prunable_params(current, spec.channel_multiple)[0]
         share = max(0.0, (budget * total * index / rounds - (total - now)) / now)
         plan = plan_for(current, table, share, "dp", constraints)
         windows = calibration_windows(current.tokenizer, spec.windows)
-        scores = compute_importance(current, windows, spec.criterion, spec.windows.batch_size, cancel=cancel)
+        scores = compute_importance(current, windows, spec.criterion, spec.windows.batch_size, Hooks(cancel=hooks.cancel))
         before = current.copy() if measure else None
         out.kept = compose_kept(out.kept, prune_with_plan(current, plan, spec.windows, scores=scores).kept_indices())
         measured = None

@@ -31,16 +31,16 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from gap_engine.core.config import RECOVERY_METHODS, RECOVERY_SCHEDULES
+from gap_engine.core.config import RECOVERY_SCHEDULES
 from gap_engine.core.errors import CancelledError, DataError, ModelLoadError
 from gap_engine.core.memory import PeakRSS, release_free_memory
+from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.model.loading import LoadedModel, weights_fingerprint
 from gap_engine.recover.files import (
     RecoveryError,
@@ -55,16 +55,16 @@ from gap_engine.recover.files import (
     save_state,
     write_checkpoint,
 )
-from gap_engine.recover.train import PROJECTIONS, LoraRun, TaskData, ZORun, multitask_loss, projection_modules
+from gap_engine.recover.methods import RECOVERY_METHODS
+from gap_engine.recover.train import PROJECTIONS, TaskData, multitask_loss, projection_modules
 
 log = logging.getLogger(__name__)
 
-METHODS = RECOVERY_METHODS
+METHODS = RECOVERY_METHODS.names
 SCHEDULES = RECOVERY_SCHEDULES
 DEFAULT_LR = {"lora": 3e-3, "mazo": 3e-4, "mezo": 1e-4}  # for SmolLM2-135M; see bench/results/recovery.md
 MAX_STEPS = 1_000_000
 MAX_RANK = 1024
-ProgressFn = Callable[[int, int, "float | None", str], None]  # (done, total, eta_s, message), as JobContext.progress
 
 
 @dataclass(frozen=True)
@@ -255,27 +255,27 @@ class RecoveryResult:
 
 # ---- the entry point -----------------------------------------------------------------------
 class _Reporter:
-    """Forwards progress as ``(done, total, eta, message)``, the shape of ``JobContext.progress``."""
+    """Tells ``hooks`` each phase and step as a message, then the steps done (the message first,
+    so a listener that prints both sees the line that goes with the count)."""
 
-    def __init__(self, progress: ProgressFn | None, total: int):
-        self.progress, self.total, self.done = progress, total, 0
+    def __init__(self, hooks: Hooks, total: int):
+        self.hooks, self.total, self.done = hooks, total, 0
 
     def stage(self, message: str) -> None:
         log.info("%s", message)
-        if self.progress:
-            self.progress(self.done, self.total, None, message)
+        self.hooks.say(message)
+        self.hooks.report(self.done, self.total, None)
 
     def step(self, done: int, eta: float | None, message: str) -> None:
         self.done = done
-        if self.progress:
-            self.progress(done, self.total, eta, message)
+        self.hooks.say(message)
+        self.hooks.report(done, self.total, eta)
 
 
 def recover(
     lm: LoadedModel,
     settings: RecoverySettings,
-    progress: ProgressFn | None = None,
-    cancel=None,
+    hooks: Hooks = NO_HOOKS,
     out_dir: str | Path = "recovered",
     resume: bool = True,
     history_path: Path | None = None,
@@ -286,10 +286,9 @@ def recover(
         lm: a pruned checkpoint (``load_model`` of a ``gap prune`` folder) or a dense model
             (allowed: the result says ``dense_input``). Its weights are changed in place.
         settings: the method and its settings (validated here).
-        progress: called with (steps done, total steps, ETA seconds or None, message) after every
-            step and at every stage; ``JobContext.progress`` fits.
-        cancel: an object with ``is_set()`` (e.g. threading.Event), polled before every step and
-            during the importance and evaluation passes; on cancel the step reached is saved.
+        hooks: a message for every phase and step, then progress (steps done, total steps,
+            ETA seconds or None: None at a phase); cancel polled before every step and during
+            the importance and evaluation passes, and on cancel the step reached is saved.
         out_dir: the recovered checkpoint's folder, written atomically at the end; the run works
             in ``<out_dir>.partial/`` until then.
         resume: continue the run saved in ``<out_dir>.partial/`` (its settings and starting
@@ -305,7 +304,8 @@ def recover(
     settings = settings.validate()
     out_dir = Path(out_dir).expanduser()
     check_output_dir(out_dir, lm.source)
-    reporter = _Reporter(progress, settings.steps)
+    reporter = _Reporter(hooks, settings.steps)
+    cancel = hooks.cancel
     device = _place(lm, settings)
     dense_input = lm.pruned_from is None
     if dense_input:
@@ -321,9 +321,9 @@ def recover(
     resumed_from = state.step
     _measure_inference(lm, data, settings, state, device)
 
-    run = LoraRun(lm, settings) if settings.method == "lora" else ZORun(lm, settings)
+    run = RECOVERY_METHODS.function(settings.method)(lm, settings)
     if saved is None:
-        run.prepare(data, reporter.stage, cancel)
+        run.prepare(data, Hooks(message=reporter.stage, cancel=cancel))
         save_state(work, state, run.tensors(), run.optimizer_state)
     else:
         run.restore(saved[1], saved[2])
@@ -504,7 +504,7 @@ def _evaluate(lm: LoadedModel, settings: RecoverySettings, label: str, reporter:
             throughput=False,
             generations=settings.eval_generations,
         )
-        return evaluate(lm, dense, eval_settings, progress=say).to_dict()
+        return evaluate(lm, dense, eval_settings, Hooks(message=say)).to_dict()
     finally:
         lm.model.to(device)
         if dense is not None:

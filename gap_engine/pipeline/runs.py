@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,14 +20,14 @@ from gap_engine.core.progress import (
     HELD_OUT,
     LOAD_MODEL,
     MEASURE,
+    NO_HOOKS,
     PLAN,
     PRUNE,
     SAVE,
     THROUGHPUT,
-    CancelToken,
+    Hooks,
     StageFn,
     StageTimer,
-    check_cancelled,
 )
 from gap_engine.data.windows import calibration_windows
 from gap_engine.evaluate import history
@@ -36,11 +36,10 @@ from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loading import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, plan_for, prune_with_plan
+from gap_engine.plan.allocator_registry import needs_windows
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import LossTable
-
-StepFn = Callable[[str, int, int], None]  # (message, steps done, steps total)
 
 
 def baseline_rows(
@@ -49,13 +48,14 @@ def baseline_rows(
     budgets: Sequence[float],
     allocators: Sequence[str],
     constraints: Constraints = Constraints(),
-    step: StepFn | None = None,
-    cancel: CancelToken | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> list[dict]:
     """Plans of the baseline allocators at a few budgets, for overlaying on the DP front.
 
     Args:
         lm: the dense model (FLAP and OWL hook it; pass a private copy when it is shared).
+        hooks: each step told as a message (the allocator and budget) with its progress
+            (plans done, plans); cancel polled between plans.
     Returns:
         One row per (allocator, budget): allocator, budget, removed_fraction of prunable
         parameters, predicted_loss, attention_rates, mlp_rates; a budget an allocator
@@ -64,16 +64,14 @@ def baseline_rows(
     table.check_model(lm)
     scores = None
     if "flap" in allocators:
-        if step:
-            step("importance scores for FLAP", 0, 0)
+        _step(hooks, "importance scores for FLAP", 0, 0)
         windows = calibration_windows(lm.tokenizer, table.spec.windows)
-        scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size, cancel=cancel)
+        scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size, Hooks(cancel=hooks.cancel))
     rows = []
     pairs = [(a, float(b)) for a in allocators for b in budgets]
     for i, (allocator, budget) in enumerate(pairs):
-        check_cancelled(cancel, f"baseline plans cancelled after {i} of {len(pairs)}")
-        if step:
-            step(f"{allocator} at {budget:.0%}", i, len(pairs))
+        hooks.check_cancelled(f"baseline plans cancelled after {i} of {len(pairs)}")
+        _step(hooks, f"{allocator} at {budget:.0%}", i, len(pairs))
         try:
             plan = plan_for(lm, table, budget, allocator, constraints, scores)
         except BudgetError as exc:
@@ -89,9 +87,14 @@ def baseline_rows(
                 "mlp_rates": plan.mlp_rates,
             }
         )
-    if step:
-        step("done", len(pairs), len(pairs))
+    _step(hooks, "done", len(pairs), len(pairs))
     return rows
+
+
+def _step(hooks: Hooks, message: str, done: int, total: int) -> None:
+    """A named step with its position among the steps (the message first: a job shows both)."""
+    hooks.say(message)
+    hooks.report(done, total, None)
 
 
 def _run_params(calib: WindowSpec, report: dict, objective: str, constraints: Constraints | None) -> dict:
@@ -120,14 +123,14 @@ def _chosen_plan(dense, table, budget, allocator, constraints, plan) -> RatePlan
         return plan
     if table is None or budget is None:
         raise GapError("a run needs either a plan or a loss table and a budget")
-    planner_lm = dense if allocator in ("dp", "uniform") else dense.copy()  # the others hook or mask the model
+    planner_lm = dense.copy() if needs_windows(allocator) else dense  # those that read windows hook or mask the model
     return plan_for(planner_lm, table, budget, allocator, constraints or Constraints())
 
 
 _STOPPED = "prune and evaluate cancelled"
 
 
-def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at) -> tuple[float, dict]:
+def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at: StageFn) -> tuple[float, dict]:
     """The measured objective increase on the calibration windows, then the held-out report;
     evaluate's own progress lines become stages through ``at``."""
 
@@ -137,7 +140,7 @@ def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel
     with cancel_checks(dense, cancel, _STOPPED), cancel_checks(pruned, cancel, _STOPPED):
         windows = run_unless_cancelled(lambda: calibration_windows(dense.tokenizer, calib), cancel, f"{_STOPPED} while reading the text")
         actual = objective_increase(pruned, dense, windows, objective, calib.batch_size)
-        report = evaluate(pruned, dense, eval_settings, progress=evaluation_step).to_dict()
+        report = evaluate(pruned, dense, eval_settings, Hooks(message=evaluation_step)).to_dict()
     return actual, report
 
 
@@ -152,8 +155,7 @@ def prune_and_evaluate(
     plan: RatePlan | None = None,
     checkpoint_dir: str | Path | None = None,
     history_path: str | Path | None = None,
-    stage: StageFn | None = None,
-    cancel: CancelToken | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> dict:
     """Plan (or take ``plan``), prune a copy of ``dense``, measure it, save it, record the run.
 
@@ -166,16 +168,17 @@ def prune_and_evaluate(
         plan: a ready RatePlan (e.g. an uploaded one) instead of planning.
         checkpoint_dir: where to save the pruned checkpoint; None: not saved.
         history_path: the history database; None: the default under the cache root.
-        stage: told each stage's name as it starts (`prune_eval_stages`, after loading); cancel:
+        hooks: each stage entered as it starts (`prune_eval_stages`, after loading); cancel
             polled at every decoder block of both models (``interrupt``) and between stages.
     Returns:
         A JSON-ready dict: run_id, plan, plan_hash (also in the record's params), report, predicted_loss,
         predicted_basis (table.basis; None without a table), actual_loss, objective, checkpoint, seconds, stage_seconds, params_before/after.
     """
-    started, timer = time.perf_counter(), StageTimer(stage)
+    started, timer = time.perf_counter(), StageTimer(hooks.stage)
+    cancel = hooks.cancel
 
     def at(name: str) -> None:
-        check_cancelled(cancel, f"prune and evaluate cancelled before the {name} stage")
+        hooks.check_cancelled(f"prune and evaluate cancelled before the {name} stage")
         timer(name)
 
     at(PLAN)
@@ -184,7 +187,7 @@ def prune_and_evaluate(
     at(PRUNE)
     pruned = run_unless_cancelled(dense.copy, cancel, f"{_STOPPED} while copying the model")
     with cancel_checks(pruned, cancel, f"{_STOPPED} while pruning"):
-        result = prune_with_plan(pruned, plan, calib, cancel=cancel)
+        result = prune_with_plan(pruned, plan, calib, Hooks(cancel=cancel))
     at(MEASURE)
     objective = table.spec.objective if table is not None else "nll"
     actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at)

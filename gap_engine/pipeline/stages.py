@@ -2,7 +2,7 @@
 
 Every surface (CLI, background jobs, benchmarks) calls these instead of re-spelling the
 sequence. Each function takes the settings of its stage and the same optional
-``progress``/``cancel`` hooks as the engine (see ``progress``); the stage modules
+``hooks`` as the engine (``core.progress.Hooks``); the stage modules
 themselves never call each other's entry points.
 """
 
@@ -21,11 +21,10 @@ from gap_engine.core.progress import (
     DENSE_PASS,
     GRADIENT_PASS,
     LOAD_MODEL,
+    NO_HOOKS,
     READ_TEXT,
     SCORE_UNITS,
-    CancelToken,
-    ProgressFn,
-    StageFn,
+    Hooks,
     StageTimer,
 )
 from gap_engine.data.windows import batches, calibration_windows, load_corpus, text_start
@@ -34,6 +33,7 @@ from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.allocators import needs_windows, plan_from_table
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.problem import Constraints
+from gap_engine.prune.criteria import reads_windows
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.prune.surgery import PruneResult, apply_plan
 from gap_engine.tables.artefact import LossTable, TableSpec, table_key
@@ -49,23 +49,19 @@ def importance_for(
     lm: LoadedModel,
     criterion: str,
     windows: WindowSpec,
-    progress: ProgressFn | None = None,
-    cancel: CancelToken | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> ImportanceScores:
     """Importance scores of the dense model on calibration windows (none are read for magnitude)."""
-    ids = None if criterion == "magnitude" else calibration_windows(lm.tokenizer, windows)
-    report = None if progress is None else (lambda done, total: progress(done, total, None))
-    return compute_importance(lm, ids, criterion, windows.batch_size, report, cancel)
+    ids = calibration_windows(lm.tokenizer, windows) if reads_windows(criterion) else None
+    return compute_importance(lm, ids, criterion, windows.batch_size, hooks)
 
 
 # ---- the loss table ------------------------------------------------------------------------
 def loss_table(
     lm: LoadedModel,
     spec: TableSpec,
-    progress: ProgressFn | None = None,
-    cancel: CancelToken | None = None,
+    hooks: Hooks = NO_HOOKS,
     use_cache: bool = True,
-    stage: StageFn | None = None,
     cells=None,
 ) -> LossTable:
     """The loss table of ``lm`` under ``spec``, from the cache when it is there.
@@ -77,12 +73,11 @@ def loss_table(
     Args:
         lm: the dense model (an exact build masks its weights cell by cell, restoring them).
         spec: what to measure.
-        progress: (done, total, eta_seconds) after every cell or batch; never called on a cache hit.
-        cancel: an object with ``is_set()``, polled at every decoder block (``interrupt``);
-            reading the text stops being waited for at once.
+        hooks: progress (done, total, eta_seconds) after every cell or batch, never on a
+            cache hit; cancel polled at every decoder block (``interrupt``), and reading
+            the text stops being waited for at once; each stage entered as it starts
+            (``table_stages``, after loading), their times going into the cache entry's metadata.
         use_cache: False neither reads nor writes the cache (nor partial cells).
-        stage: told the name of each stage as it starts (``table_stages``, after loading);
-            their times go into the cache entry's metadata.
         cells: who measures exact cells (``tables.distributed.RayCells``); default: this process.
     Raises:
         TableError: a bad spec, or Ray workers asked for a table that no cell measures.
@@ -91,8 +86,10 @@ def loss_table(
     spec.validate()
     if cells is not None and spec.estimator != "exact":
         raise TableError(f"Ray workers measure exact cells; the {spec.estimator} estimate is one gradient pass in one process")
-    timer = StageTimer(stage)
-    timer(READ_TEXT)
+    timer = StageTimer(hooks.stage)
+    hooks = hooks.but(stage=timer)
+    cancel = hooks.cancel
+    hooks.enter(READ_TEXT)
     log.info("reading the calibration text %s", spec.windows.data)
     data_fingerprint = run_unless_cancelled(
         lambda: load_corpus(spec.windows.data).fingerprint, cancel, "loss table build cancelled while reading the text", "gap-read-text"
@@ -104,9 +101,9 @@ def loss_table(
             lambda: calibration_windows(lm.tokenizer, spec.windows), cancel, "loss table build cancelled while reading the text"
         )
         if cells is not None:  # Ray workers poll cancel between layers; hooks on the blocks would not pickle
-            return measure_table(lm, spec, windows, progress, cancel, partial, key, data_fingerprint, stage=timer, cells=cells)
+            return measure_table(lm, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
         with cancel_checks(lm, cancel, f"loss table build cancelled during the {spec.estimator} measurement"):
-            return measure_table(lm, spec, windows, progress, cancel, partial, key, data_fingerprint, stage=timer, cells=cells)
+            return measure_table(lm, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
 
     if not use_cache:
         return measure(None)
@@ -121,7 +118,7 @@ def loss_table(
 
 
 def table_stages(spec: TableSpec) -> tuple[str, ...]:
-    """The stages of a table job in order, from loading the model (``progress`` names)."""
+    """The stages of a table job in order, from loading the model (``core.progress`` names)."""
     measured = (DENSE_PASS, CELLS) if spec.estimator == "exact" else (GRADIENT_PASS,)
     return (LOAD_MODEL, READ_TEXT, SCORE_UNITS) + measured
 
@@ -148,24 +145,23 @@ def prune_with_plan(
     lm: LoadedModel,
     plan: RatePlan,
     windows: WindowSpec,
-    progress: ProgressFn | None = None,
-    cancel: CancelToken | None = None,
+    hooks: Hooks = NO_HOOKS,
     scores: ImportanceScores | None = None,
 ) -> PruneResult:
     """Score the dense model with the plan's criterion (unless given), then prune it in place."""
     plan.validate()
     plan.check_model(lm)
     if scores is None and (any(plan.attention_rates) or any(plan.mlp_rates)):
-        scores = importance_for(lm, plan.criterion, windows, progress, cancel)
+        scores = importance_for(lm, plan.criterion, windows, hooks)
     return apply_plan(lm, plan, scores)
 
 
 def pruned_copy(
-    dense: LoadedModel, plan: RatePlan, windows: WindowSpec, scores: ImportanceScores | None = None, cancel: CancelToken | None = None
+    dense: LoadedModel, plan: RatePlan, windows: WindowSpec, scores: ImportanceScores | None = None, hooks: Hooks = NO_HOOKS
 ) -> tuple[LoadedModel, PruneResult]:
     """A pruned copy of ``dense`` (which stays untouched) and what surgery did."""
     pruned = dense.copy()
-    result = prune_with_plan(pruned, plan, windows, cancel=cancel, scores=scores)
+    result = prune_with_plan(pruned, plan, windows, hooks, scores=scores)
     return pruned, result
 
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from gap_engine.core.config import ALLOCATORS, DEFAULT_N_BUCKETS, GRID_ALLOCATORS
+from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.errors import PlanError, TableError
+from gap_engine.core.registry import Choice
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import block_geometries
-from gap_engine.plan.baselines import BASELINES, BaselineInputs
+from gap_engine.plan.allocator_registry import ALLOCATORS, GRID_ALLOCATORS, needs_windows
+from gap_engine.plan.baselines import BaselineInputs
 from gap_engine.plan.evo import EvoResult, EvoSettings, evolve
 from gap_engine.plan.front import dp_choice, dp_front, front_csv, front_rows, grid_plan
 from gap_engine.plan.ladders import build_ladders, ladder_rates, ladder_reach, settle
@@ -35,7 +37,8 @@ from gap_engine.plan.problem import (
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.tables.artefact import LossTable
 
-assert set(ALLOCATORS) == {"dp", "evo", *BASELINES}, "config.ALLOCATORS must name every allocator"
+# Registered in allocator_registry (read from here without importing this module).
+DECLARED_ALLOCATORS = (Choice("dp", "GAP: the exact DP on the loss table", "gap_engine.plan.front:dp_choice", ("grid",)),)
 
 __all__ = [
     "ALLOCATORS",
@@ -53,14 +56,7 @@ __all__ = [
 
 
 def _check_allocator(allocator: str) -> None:
-    if allocator not in ALLOCATORS:
-        raise PlanError(f"unknown allocator '{allocator}'; choose one of {', '.join(ALLOCATORS)}")
-
-
-def needs_windows(allocator: str) -> bool:
-    """Whether an allocator reads calibration windows (FLAP, OWL and evo run the model)."""
-    _check_allocator(allocator)
-    return allocator == "evo" or (allocator in BASELINES and BASELINES[allocator][1])
+    ALLOCATORS.check(allocator)
 
 
 def check_reach(lm, table: LossTable, budget: float, allocator: str = "dp", constraints: Constraints = Constraints()) -> None:
@@ -102,7 +98,7 @@ def plan_from_table(
             parameters; flap/owl/evo also read its weights or run it).
         table: its loss table.
         budget: fraction of prunable parameters to remove, in [0, 1).
-        allocator: one of ALLOCATORS.
+        allocator: one of ALLOCATORS (``allocator_registry``).
         constraints: locks, rate bounds, coupling (every allocator honours them).
         windows: (N, T) calibration token ids for the allocators that read data
             (`needs_windows`); the table's own windows keep unit choices as it measured.
@@ -157,7 +153,7 @@ def _baseline_plan(lm, table, problem, budget, allocator, constraints, windows, 
         scores=scores,
         batch_size=table.spec.windows.batch_size,
     )
-    rungs, wanted = BASELINES[allocator][0](inputs)
+    rungs, wanted = ALLOCATORS.function(allocator)(inputs)
     rungs = settle(ladders, rungs, inputs.target, wanted)
     attention, mlp = slot_rates(problem.slots, ladder_rates(ladders, rungs), problem.num_layers)
     return make_plan(

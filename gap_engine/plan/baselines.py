@@ -2,7 +2,7 @@
 
 Each baseline decides how many parameters every slot loses; which heads and channels go
 is the table's criterion for all of them, so a comparison isolates *where* the parameters
-are taken from. Each is one function in the `BASELINES` registry, returning unit-ladder
+are taken from. Each is one function declared in `DECLARED_ALLOCATORS`, returning unit-ladder
 rungs (and, for FLAP, what each slot wanted before rounding) that `settle` then fixes to
 the budget:
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gap_engine.core.registry import Choice
 from gap_engine.model.units import ComponentGeometry
 from gap_engine.plan.ladders import Ladder, ladder_removed, nearest_rungs, rungs_at_rates, smallest_meeting
 from gap_engine.plan.problem import Constraints
@@ -204,10 +205,10 @@ def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     return rungs_at(smallest_meeting(lambda shift: ladder_removed(ladders, rungs_at(shift)) >= target, low, high)), None
 
 
-Baseline = Callable[[BaselineInputs], "tuple[np.ndarray, np.ndarray | None]"]
-# name -> (the rungs it picks, whether it reads calibration windows)
-BASELINES: dict[str, tuple[Baseline, bool]] = {
-    "uniform": (uniform_rungs, False),
-    "flap": (flap_rungs, True),
-    "owl": (owl_rungs, True),
-}
+Baseline = Callable[[BaselineInputs], "tuple[np.ndarray, np.ndarray | None]"]  # the rungs it picks, what it wanted
+# Registered in allocator_registry (read from here without importing this module).
+DECLARED_ALLOCATORS = (
+    Choice("uniform", "same rate everywhere", ":uniform_rungs"),
+    Choice("flap", "FLAP adaptive structure search", ":flap_rungs", ("windows",)),
+    Choice("owl", "OWL outlier-weighted layer rates", ":owl_rungs", ("windows",)),
+)

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS
+from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.core.registry import Choice
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.front import dp_choice, grid_plan
@@ -26,6 +28,11 @@ from gap_engine.prune.surgery import masked_plan
 from gap_engine.tables.artefact import LossTable
 
 log = logging.getLogger(__name__)
+
+# Registered in allocator_registry (read from here without importing this module).
+DECLARED_ALLOCATORS = (
+    Choice("evo", "EvoPress-style search seeded with the DP (slow: runs the model per candidate)", ":evolve", ("grid", "windows")),
+)
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,7 @@ def evolve(
     settings: EvoSettings = EvoSettings(),
     n_buckets: int = DEFAULT_N_BUCKETS,
     smoothed: bool = True,
-    progress: Callable[[int, int], None] | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> EvoResult:
     """EvoPress-style refinement of the DP plan, scored by true calibration loss.
 
@@ -127,7 +134,7 @@ def evolve(
         windows: (N, T) calibration token ids that score a candidate.
         scores: importance scores of the table's criterion (which units a rate removes).
         settings: search length and seed.
-        progress: called with (generations done, generations total).
+        hooks: progress told (generations done, generations total, None).
     """
     table.check_model(lm)
     budget = check_budget_fraction(budget)
@@ -148,7 +155,7 @@ def evolve(
                 seen[key] = mean_nll(lm, windows, batch_size) - dense_loss
         return seen[key]
 
-    best, history = _search(problem, seed_choice, target, true_increase, settings, progress)
+    best, history = _search(problem, seed_choice, target, true_increase, settings, hooks)
     result = EvoResult(
         plan=grid_plan(lm, table, problem, best, budget, "evo"),
         seed_plan=grid_plan(lm, table, problem, seed_choice, budget, "dp"),
@@ -173,7 +180,7 @@ def _search(
     target: float,
     true_increase: Callable[[np.ndarray], float],
     settings: EvoSettings,
-    progress: Callable[[int, int], None] | None,
+    hooks: Hooks,
 ) -> tuple[np.ndarray, list[float]]:
     """The (1 + offspring) search: the best choice found and the best loss after each generation."""
     rng = np.random.default_rng(settings.seed)
@@ -188,6 +195,5 @@ def _search(
                 best, best_loss = candidates[i], loss
         history.append(best_loss)
         log.info("evo generation %d/%d: best calibration loss increase %.5f", generation + 1, settings.generations, best_loss)
-        if progress:
-            progress(generation + 1, settings.generations)
+        hooks.report(generation + 1, settings.generations)
     return best, history

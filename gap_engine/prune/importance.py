@@ -18,20 +18,21 @@ query heads (surgery keeps or drops groups by that sum).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from gap_engine.core.config import CRITERIA, DEFAULT_CRITERION
+from gap_engine.core.config import DEFAULT_CRITERION
 from gap_engine.core.device import host64, input_device, is_streamed, wide
 from gap_engine.core.errors import GapError
-from gap_engine.core.progress import CancelToken, check_cancelled
+from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.bos import next_token_nll
 from gap_engine.data.windows import batches, text_start
 from gap_engine.model.layerwise import backward_blocks, forward_blocks
 from gap_engine.model.loading import LoadedModel
+from gap_engine.prune.criteria import CRITERIA, reads_windows
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,7 @@ def input_statistics(
     windows: torch.Tensor,
     linears: dict[Hashable, nn.Linear],
     batch_size: int = 4,
-    progress: Callable[[int, int], None] | None = None,
-    cancel: CancelToken | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> dict[Hashable, InputStats]:
     """Per-feature statistics of the inputs of the given linear layers over the windows.
 
@@ -115,8 +115,8 @@ def input_statistics(
         windows: (N, T) token ids.
         linears: key -> a linear layer of ``lm.model``.
         batch_size: windows per forward pass.
-        progress: called with (batches done, batches total).
-        cancel: polled before every batch.
+        hooks: progress told (batches done, batches total, None) (blocks when streamed);
+            cancel polled before every batch.
     Returns:
         key -> InputStats of that layer's input.
     """
@@ -127,26 +127,25 @@ def input_statistics(
     try:
         with torch.no_grad():
             if is_streamed(lm):  # the hooks fire as each block visits the device
-                forward_blocks(lm, windows, batch_size, cancel=cancel, progress=progress)
+                forward_blocks(lm, windows, batch_size, hooks=hooks)
             else:
                 for i, batch in enumerate(parts):
-                    check_cancelled(cancel, f"activation statistics cancelled after {i} of {len(parts)} batches")
+                    hooks.check_cancelled(f"activation statistics cancelled after {i} of {len(parts)} batches")
                     lm.model(input_ids=batch.to(input_device(lm.model)), use_cache=False)
-                    if progress:
-                        progress(i + 1, len(parts))
+                    hooks.report(i + 1, len(parts))
     finally:
         for h in handles:
             h.remove()
     return stats
 
 
-def _activation_scores(lm, windows, criterion, batch_size, progress, cancel) -> list[LayerScores]:
+def _activation_scores(lm, windows, criterion, batch_size, hooks: Hooks) -> list[LayerScores]:
     layers = list(lm.adapter.layers(lm.model))
     linears = {}
     for i, layer in enumerate(layers):
         linears[i, "o"] = lm.adapter.attention_projections(layer)[3]
         linears[i, "down"] = lm.adapter.mlp_projections(layer)[2]
-    stats = input_statistics(lm, windows, linears, batch_size, progress, cancel)
+    stats = input_statistics(lm, windows, linears, batch_size, hooks)
     out = []
     for i, layer in enumerate(layers):
         o_in, down_in = stats[i, "o"], stats[i, "down"]
@@ -163,6 +162,26 @@ def _activation_scores(lm, windows, criterion, batch_size, progress, cancel) -> 
     return out
 
 
+def magnitude_scores(lm: LoadedModel, windows: torch.Tensor | None, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+    """``magnitude``: weight magnitudes alone (``windows`` are not read)."""
+    return _magnitude(lm)
+
+
+def wanda_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+    """``wanda``: weight magnitude times the input's L2 norm, per head and channel."""
+    return _activation_scores(lm, windows, "wanda", batch_size, hooks)
+
+
+def flap_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+    """``flap``: the input's fluctuation times the squared column norm."""
+    return _activation_scores(lm, windows, "flap", batch_size, hooks)
+
+
+def taylor_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+    """``taylor``: vector-wise first-order saliency from the calibration loss's gradient."""
+    return _taylor(lm, windows, batch_size, hooks)
+
+
 def _taylor_weights(layer, adapter) -> list[torch.Tensor]:
     """The weights whose W * grad score a block's units: q, o, gate, up, down."""
     q, _, _, o = adapter.attention_projections(layer)
@@ -170,7 +189,7 @@ def _taylor_weights(layer, adapter) -> list[torch.Tensor]:
     return [q.weight, o.weight, gate.weight, up.weight, down.weight]
 
 
-def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
+def _taylor(lm, windows, batch_size, hooks: Hooks) -> list[LayerScores]:
     layers = list(lm.adapter.layers(lm.model))
     weights = [_taylor_weights(layer, lm.adapter) for layer in layers]
     params = [w for group in weights for w in group]
@@ -181,19 +200,18 @@ def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
     start = text_start(lm.tokenizer, windows)
     try:
         if is_streamed(lm):
-            _taylor_streamed(lm, windows, batch_size, start, saliency, cancel)
+            _taylor_streamed(lm, windows, batch_size, start, saliency, hooks)
         else:
             parts = batches(windows, batch_size)
             accumulators = [acc for group in saliency for acc in group]  # in the order of params
             for i, batch in enumerate(parts):
-                check_cancelled(cancel, f"taylor importance scores cancelled after {i} of {len(parts)} batches")
+                hooks.check_cancelled(f"taylor importance scores cancelled after {i} of {len(parts)} batches")
                 batch = batch.to(input_device(lm.model))
                 loss = _taylor_loss(lm.model(input_ids=batch, use_cache=False).logits, batch, start)
                 grads = torch.autograd.grad(loss, params)
                 for acc, w, g in zip(accumulators, params, grads):
                     acc += wide(w.detach() * g)
-                if progress:
-                    progress(i + 1, len(parts))
+                hooks.report(i + 1, len(parts))
     finally:
         for w in params:
             w.requires_grad_(False)
@@ -216,7 +234,7 @@ def _taylor_loss(logits: torch.Tensor, batch: torch.Tensor, start: int) -> torch
     return next_token_nll(logits.float(), batch, start).mean()
 
 
-def _taylor_streamed(lm, windows, batch_size, start: int, saliency: list, cancel) -> None:
+def _taylor_streamed(lm, windows, batch_size, start: int, saliency: list, hooks: Hooks) -> None:
     """W * grad accumulated block by block (``layerwise.backward_blocks``), on the host."""
     on_device: dict[int, list[torch.Tensor]] = {}
 
@@ -228,7 +246,7 @@ def _taylor_streamed(lm, windows, batch_size, start: int, saliency: list, cancel
         for acc, w, g in zip(saliency[i], on_device[i], grads):
             acc += wide(w.detach() * g).to(acc.device)
 
-    backward_blocks(lm, windows, batch_size, lambda b, batch, logits: [_taylor_loss(logits, batch, start)], leaves, collect, cancel)
+    backward_blocks(lm, windows, batch_size, lambda b, batch, logits: [_taylor_loss(logits, batch, start)], leaves, collect, hooks)
 
 
 def compute_importance(
@@ -236,29 +254,21 @@ def compute_importance(
     windows: torch.Tensor | None,
     criterion: str = DEFAULT_CRITERION,
     batch_size: int = 4,
-    progress: Callable[[int, int], None] | None = None,
-    cancel: CancelToken | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> ImportanceScores:
     """Score every head and MLP channel of every block.
 
     Args:
         lm: the dense model.
         windows: (N, T) calibration token ids; unused by ``magnitude``.
-        criterion: one of CRITERIA.
+        criterion: one of CRITERIA (``prune.criteria``).
         batch_size: windows per forward pass.
-        progress: called with (batches done, batches total).
-        cancel: polled before every batch (CancelledError when set).
+        hooks: progress told (batches done, batches total, None); cancel polled before
+            every batch (CancelledError when set).
     Returns:
         ImportanceScores with one LayerScores per block.
     """
-    if criterion not in CRITERIA:
-        raise GapError(f"unknown criterion '{criterion}'; choose one of {', '.join(CRITERIA)}")
-    if criterion == "magnitude":
-        layers = _magnitude(lm)
-    elif windows is None:
+    CRITERIA.check(criterion)
+    if windows is None and reads_windows(criterion):
         raise GapError(f"criterion '{criterion}' needs calibration windows")
-    elif criterion == "taylor":
-        layers = _taylor(lm, windows, batch_size, progress, cancel)
-    else:
-        layers = _activation_scores(lm, windows, criterion, batch_size, progress, cancel)
-    return ImportanceScores(criterion=criterion, layers=layers)
+    return ImportanceScores(criterion=criterion, layers=CRITERIA.function(criterion)(lm, windows, batch_size, hooks))

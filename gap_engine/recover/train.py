@@ -12,7 +12,6 @@ and ``optimizer_state`` for snapshots, ``restore`` on resume, ``finish`` at the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 
 from gap_engine.core.config import RECOVERY_PROJECTIONS, WindowSpec
 from gap_engine.core.errors import DataError
+from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import calibration_windows, load_corpus
 from gap_engine.model.loading import LoadedModel
 from gap_engine.recover import lora as recover_lora
@@ -118,15 +118,15 @@ class ZORun:
     def trainable_params(self) -> int:
         return sum(t.updated_params for t in self.targets)
 
-    def prepare(self, data: TaskData, say: Callable[[str], None], cancel) -> None:
+    def prepare(self, data: TaskData, hooks: Hooks) -> None:
         if self.settings.method != "mazo":
             return
         linears = [t.linear for t in self.targets]
         norms = []
         for spec, pool in zip(self.settings.tasks, data.pools):
-            say(f"weight importance on {spec}")
+            hooks.say(f"weight importance on {spec}")
             norms.append(recover_zo.input_feature_norms(
-                self.lm.model, linears, pool[: self.settings.importance_windows], self.settings.batch_size, cancel
+                self.lm.model, linears, pool[: self.settings.importance_windows], self.settings.batch_size, hooks
             ))
         for j, target in enumerate(self.targets):
             target.columns = recover_zo.mask_columns(
@@ -172,7 +172,7 @@ class LoraRun:
         self.optimizer = recover_lora.make_optimizer(self.peft, settings.learning_rate())
         self.trainable_params = sum(p.numel() for p in recover_lora.trainable(self.peft))  # adapters
 
-    def prepare(self, data, say, cancel) -> None:
+    def prepare(self, data: TaskData, hooks: Hooks) -> None:
         return None
 
     def restore(self, tensors, optimizer_state) -> None:

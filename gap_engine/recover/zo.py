@@ -45,6 +45,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from gap_engine.core.progress import NO_HOOKS, Hooks
+
 log = logging.getLogger(__name__)
 
 _INT16_COLUMNS = 32767  # the widest input whose column indices fit int16
@@ -218,12 +220,13 @@ class _InputNorms:
 
 @torch.no_grad()
 def input_feature_norms(
-    model: nn.Module, linears: list[nn.Linear], windows: torch.Tensor, batch_size: int, cancel=None
+    model: nn.Module, linears: list[nn.Linear], windows: torch.Tensor, batch_size: int, hooks: Hooks = NO_HOOKS
 ) -> list[torch.Tensor]:
     """``||X_j||`` (L2 over all tokens of ``windows``) of every input feature of every linear.
 
     Args:
         windows: (N, T) token ids of one task.
+        hooks: its cancel is polled before every batch.
     Returns:
         One (in_features,) float64 tensor per linear, in the order given.
     """
@@ -232,10 +235,7 @@ def input_feature_norms(
     handles = [lin.register_forward_pre_hook(stat) for lin, stat in zip(linears, stats)]
     try:
         for start in range(0, windows.shape[0], batch_size):
-            if cancel is not None and cancel.is_set():
-                from gap_engine.core.errors import CancelledError
-
-                raise CancelledError("recovery cancelled while measuring weight importance")
+            hooks.check_cancelled("recovery cancelled while measuring weight importance")
             model(input_ids=windows[start : start + batch_size].to(device), use_cache=False)
     finally:
         for handle in handles:

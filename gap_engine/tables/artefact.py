@@ -25,12 +25,9 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from gap_engine.core.config import (
-    CRITERIA,
     DEFAULT_CHANNEL_MULTIPLE,
     DEFAULT_CRITERION,
-    ESTIMATORS,
     MODES,
-    OBJECTIVES,
     REFERENCE_TABLE,
     REFINE_ATTENTION,
     REFINE_BUDGETS,
@@ -42,6 +39,9 @@ from gap_engine.core.errors import DataError, TableError, first_line
 from gap_engine.core.validate import check_table_document, parse_json
 from gap_engine.data.windows import WINDOW_STARTS, window_start
 from gap_engine.model.units import block_geometries
+from gap_engine.prune.criteria import CRITERIA
+from gap_engine.tables.estimators import ESTIMATORS
+from gap_engine.tables.objectives import OBJECTIVES
 
 # 2: windows start as the model expects (its BOS token, never counted), and every cell
 # records whether it was measured and on how many positions. Tables of version 1 were
@@ -81,11 +81,10 @@ class TableSpec:
         value = self.channel_multiple
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise TableError(f"table channel_multiple must be an integer >= 1, got {value!r}")
-        if self.criterion not in CRITERIA:
-            raise TableError(f"unknown criterion '{self.criterion}'; choose one of {', '.join(CRITERIA)}")
-        for name, allowed in (("objective", OBJECTIVES), ("mode", MODES), ("estimator", ESTIMATORS)):
-            if getattr(self, name) not in allowed:
-                raise TableError(f"unknown table {name} '{getattr(self, name)}'; choose one of {', '.join(allowed)}")
+        for name, registry in (("criterion", CRITERIA), ("objective", OBJECTIVES), ("mode", MODES), ("estimator", ESTIMATORS)):
+            if getattr(self, name) not in registry:
+                what = "criterion" if name == "criterion" else f"table {name}"
+                raise TableError(f"unknown {what} '{getattr(self, name)}'; choose one of {', '.join(registry)}")
         if self.estimator == "taylor" and self.objective == "kl":
             raise TableError("the first-order (taylor) estimate of the KL objective is identically zero; use fisher or nll")
         grid = self.rate_grid

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from gap_engine.core.device import CPU_FP32, is_streamed, placement_of, resolve
-from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, SCORE_UNITS, CancelToken, ProgressFn, StageFn
+from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, NO_HOOKS, SCORE_UNITS, Hooks
 from gap_engine.data.windows import text_start
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import (
@@ -97,13 +97,11 @@ def measure_table(
     lm,
     spec: TableSpec,
     windows: torch.Tensor,
-    progress: ProgressFn | None = None,
-    cancel: CancelToken | None = None,
+    hooks: Hooks = NO_HOOKS,
     partial: PartialStore | None = None,
     key: str = "",
     data_fingerprint: str = "",
     cells=None,
-    stage: StageFn | None = None,
 ) -> LossTable:
     """Build a table on given windows, with no cache (``pipeline.loss_table`` adds it).
 
@@ -111,41 +109,39 @@ def measure_table(
         lm: the dense LoadedModel (its weights are masked cell by cell and restored).
         spec: validated here.
         windows: (N, T) token ids; N and T should match the spec.
-        progress: called as (done, total, eta_seconds): cells for ``exact``, calibration
+        hooks: progress told (done, total, eta_seconds): cells for ``exact``, calibration
             batches for the estimates, batches and then cells for ``refine`` (its total
-            grows as rounds add cells); eta is None before the first timed step.
-        cancel: polled before every cell or batch; when set, measured cells are saved and
-            CancelledError is raised.
+            grows as rounds add cells); eta is None before the first timed step. Cancel
+            polled before every cell or batch; when set, measured cells are saved and
+            CancelledError is raised. Each stage is entered as it starts (score units, then
+            the dense pass and the cells, or the gradient pass; refine's cells count within it).
         partial: where measured cells are saved every few cells and read back on resume
             (exact and refine).
         key, data_fingerprint: recorded in the table.
         cells: who measures exact cells, with ``exact.measure_exact``'s signature (e.g.
             ``tables.distributed.RayCells``); default: this process, resident or streamed
             as the model is placed.
-        stage: told each stage as it starts (``progress``'s names: score units, then the
-            dense pass and the cells, or the gradient pass; refine's cells count within it).
     """
     spec.validate()
     started, cpu_started = time.perf_counter(), time.process_time()
     components = table_components(lm.num_layers, spec.mode)
-    stage = stage or (lambda name: None)
-    stage(SCORE_UNITS)
-    scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size, cancel=cancel)
+    hooks.enter(SCORE_UNITS)
+    scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size, hooks=Hooks(cancel=hooks.cancel))
     start = text_start(lm.tokenizer, windows)
     tokens = np.full((len(components), len(spec.rate_grid)), objective_positions(windows, spec.objective, start), dtype=np.int64)
     window_start = "bos" if start else "text"
     estimate = None
     if spec.estimator == "exact":
         measure = cells or (measure_exact_streamed if is_streamed(lm) else measure_exact)
-        stage(DENSE_PASS)
-        objective, dense, stats = measure(lm, spec, windows, scores, components, _cells_start(progress, stage), cancel, partial)
+        hooks.enter(DENSE_PASS)
+        objective, dense, stats = measure(lm, spec, windows, scores, components, _cells_start(hooks), partial)
         measured = np.ones(tokens.shape, dtype=bool)
     elif spec.estimator == "refine":
-        stage(GRADIENT_PASS)  # its estimate's batches, then the cells it measures (one stage: its total grows)
-        objective, dense, stats, measured, estimate = refine_cells(lm, spec, windows, scores, components, progress, cancel, partial)
+        hooks.enter(GRADIENT_PASS)  # its estimate's batches, then the cells it measures (one stage: its total grows)
+        objective, dense, stats, measured, estimate = refine_cells(lm, spec, windows, scores, components, hooks, partial)
     else:
-        stage(GRADIENT_PASS)
-        objective, dense, stats = estimate_cells(lm, spec, windows, scores, components, progress, cancel)
+        hooks.enter(GRADIENT_PASS)
+        objective, dense, stats = estimate_cells(lm, spec, windows, scores, components, hooks)
         measured = np.zeros(tokens.shape, dtype=bool)
     if placement_of(lm) != resolve(CPU_FP32):  # tables built the old way keep their exact extras
         stats = stats | {"placement": placement_of(lm).describe()}
@@ -158,16 +154,15 @@ def measure_table(
     return table
 
 
-def _cells_start(progress: ProgressFn | None, stage: StageFn) -> ProgressFn:
-    """``progress`` that announces the cells stage at its first call: ``measure_exact``
+def _cells_start(hooks: Hooks) -> Hooks:
+    """``hooks`` whose progress announces the cells stage at its first call: ``measure_exact``
     reports (cells already measured, cells, None) once, as its dense pass ends."""
     started = []
 
     def report(done: int, total: int, eta: float | None = None) -> None:
         if not started:
             started.append(True)
-            stage(CELLS)
-        if progress is not None:
-            progress(done, total, eta)
+            hooks.enter(CELLS)
+        hooks.report(done, total, eta)
 
-    return report
+    return hooks.but(progress=report)

@@ -19,6 +19,7 @@ from gap_engine.core.device import wide
 from gap_engine.data.bos import next_token_nll
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.prune.surgery import removed_units
+from gap_engine.tables.objectives import OBJECTIVES
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,18 @@ def objective_per_window(
     from BOS alone are never counted and both window conventions score the same text.
     Logits of a bf16/fp16 model are taken to float32 first, whatever the model's dtype.
     """
-    logits = logits.float()  # no copy when they already are
-    if objective == "nll":
-        return wide(next_token_nll(logits, input_ids, start)).sum(1)
+    return OBJECTIVES.function(objective)(logits.float(), input_ids, dense_logprobs, start)  # .float(): no copy when they already are
+
+
+def nll_per_window(logits: torch.Tensor, input_ids: torch.Tensor, dense_logprobs: torch.Tensor | None, start: int) -> torch.Tensor:
+    """The ``nll`` objective per window, (B,) (``dense_logprobs`` is not read)."""
+    return wide(next_token_nll(logits, input_ids, start)).sum(1)
+
+
+def kl_per_window(logits: torch.Tensor, input_ids: torch.Tensor, dense_logprobs: torch.Tensor | None, start: int) -> torch.Tensor:
+    """The ``kl`` objective per window, (B,): KL(dense || pruned) against (B, T, V) ``dense_logprobs``."""
+    if dense_logprobs is None:
+        raise ValueError("the kl objective needs the dense model's log-probabilities")
     logq = F.log_softmax(logits[:, start:], dim=-1)  # (B, T-start, V)
     per_token = F.kl_div(logq, dense_logprobs[:, start:], log_target=True, reduction="none").sum(-1)  # (B, T-start)
     return wide(per_token).sum(1)

@@ -37,7 +37,7 @@ from torch import nn
 
 from gap_engine.core.device import DeviceSpec, dtype_name, is_streamed, placement_of
 from gap_engine.core.errors import CancelledError, GapError, one_line
-from gap_engine.core.progress import CancelToken, ProgressFn
+from gap_engine.core.progress import Hooks
 from gap_engine.model.layerwise import tree_to
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.cells import objective_positions, unit_cuts
@@ -270,16 +270,15 @@ class RayCells:
         windows: torch.Tensor,
         scores,
         components: list[tuple[int, str]],
-        progress: ProgressFn | None,
-        cancel: CancelToken | None,
+        hooks: Hooks,
         partial: PartialStore | None,
     ) -> tuple[np.ndarray, float, dict]:
         self.settings.validate()
         jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple))
-        ledger = CellLedger(lm, jobs, partial, progress)
+        ledger = CellLedger(lm, jobs, partial, hooks)
         objectives = (spec.objective,)
         if is_streamed(lm):
-            state = streamed_dense_state(lm, windows, spec.windows.batch_size, objectives, cancel)
+            state = streamed_dense_state(lm, windows, spec.windows.batch_size, objectives, hooks)
         else:
             state = dense_pass(lm, windows, spec.windows.batch_size, objectives)
         positions = objective_positions(windows, spec.objective, state.start)
@@ -287,14 +286,14 @@ class RayCells:
         started = time.perf_counter()
         try:
             if ledger.missing():
-                self._run(lm, spec, state, jobs, ledger, positions, cancel)
+                self._run(lm, spec, state, jobs, ledger, positions, hooks)
         finally:
             ledger.flush()
         objective, stats = ledger.table(owner, (len(components), len(spec.rate_grid)), dense_objective)
         stats |= {"ray_workers": self.settings.workers, "ray_worker_processes": len(self.result_pids), "ray_seconds": round(time.perf_counter() - started, 3)}
         return objective, dense_objective, stats
 
-    def _run(self, lm, spec, state: DenseState, jobs, ledger: CellLedger, positions: int, cancel) -> None:
+    def _run(self, lm, spec, state: DenseState, jobs, ledger: CellLedger, positions: int, hooks: Hooks) -> None:
         ray = import_ray()
         started_here = start_ray(self.settings)
         actors = []
@@ -317,7 +316,7 @@ class RayCells:
                     pending[self._submit(actors[w], layer, by_layer[layer], jobs, refs, state)] = (w, layer)
             if self.on_submitted:
                 self.on_submitted(list(self.worker_pids))
-            self._collect(ray, actors, pending, by_layer, jobs, refs, state, ledger, cancel)
+            self._collect(ray, actors, pending, by_layer, jobs, refs, state, ledger, hooks)
         finally:
             if started_here:
                 WORKERS.clear()
@@ -357,11 +356,11 @@ class RayCells:
         unit_refs["inputs"] = refs["layer_inputs"][layer]
         return actor.measure.remote(layer, [(k, jobs[k][2]) for k in ks], unit_refs)
 
-    def _collect(self, ray, actors, pending: dict, by_layer, jobs, refs, state, ledger: CellLedger, cancel) -> None:
+    def _collect(self, ray, actors, pending: dict, by_layer, jobs, refs, state, ledger: CellLedger, hooks: Hooks) -> None:
         """Record results as they come; give a dead worker's layers to a live one."""
         alive = set(range(len(actors)))
         while pending:
-            if cancel is not None and cancel.is_set():
+            if hooks.is_cancelled():
                 for ref in pending:  # queued layers would hold up the workers' next build; a running one finishes
                     ray.cancel(ref)
                 raise CancelledError(f"loss table build cancelled after {ledger.done_message()}")

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from gap_engine.core.device import host64, input_device, is_streamed, placement_of
-from gap_engine.core.progress import CancelToken, EtaClock, ProgressFn, check_cancelled
+from gap_engine.core.progress import EtaClock, Hooks
 from gap_engine.data.bos import next_token_nll
 from gap_engine.data.windows import batches, text_start
 from gap_engine.model.layerwise import backward_blocks
@@ -108,7 +108,7 @@ class _GradientSums:
 
 
 def _mask_gradients(
-    lm, spec: TableSpec, windows: torch.Tensor, cancel: CancelToken | None, progress: ProgressFn | None
+    lm, spec: TableSpec, windows: torch.Tensor, hooks: Hooks
 ) -> tuple[list, list, list, list, float]:
     """Per-unit mean gradients G and diagonal Fisher F of the mean objective wrt unit masks.
 
@@ -132,9 +132,9 @@ def _mask_gradients(
     handles = _install_gates(lm.adapter, layers, geoms, masks)
     try:
         if is_streamed(lm):
-            _streamed_pass(lm, spec, windows, sums, masks, geoms, start, generator, cancel, progress)
+            _streamed_pass(lm, spec, windows, sums, masks, geoms, start, generator, hooks)
         else:
-            _resident_pass(lm, spec, windows, sums, masks, geoms, start, generator, cancel, progress)
+            _resident_pass(lm, spec, windows, sums, masks, geoms, start, generator, hooks)
     finally:
         for handle in handles:
             handle.remove()
@@ -148,13 +148,13 @@ def _mask_gradients(
     return sums.grad_heads, sums.grad_channels, sums.fisher_heads, sums.fisher_channels, dense
 
 
-def _resident_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, start: int, generator, cancel, progress) -> None:
+def _resident_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, start: int, generator, hooks: Hooks) -> None:
     """One forward and backward pass per batch through the whole model on its device."""
     device = input_device(lm.model)
     parts = batches(windows, spec.windows.batch_size)
     clock = EtaClock(total_steps=len(parts))
     for b, batch in enumerate(parts):
-        check_cancelled(cancel, f"loss table estimate cancelled after {b} of {len(parts)} batches")
+        hooks.check_cancelled(f"loss table estimate cancelled after {b} of {len(parts)} batches")
         n, batch = batch.shape[0], batch.to(device)
         masks["heads"] = [torch.ones(n, g.n_heads, device=device, requires_grad=True) for g in geoms]
         masks["channels"] = [torch.ones(n, g.intermediate_size, device=device, requires_grad=True) for g in geoms]
@@ -167,12 +167,10 @@ def _resident_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, s
                 for layer in range(len(geoms)):
                     sums.add(s, layer, grads[layer], grads[len(geoms) + layer])
         del logits
-        eta = clock.step()
-        if progress:
-            progress(b + 1, len(parts), eta)
+        hooks.report(b + 1, len(parts), clock.step())
 
 
-def _streamed_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, start: int, generator, cancel, progress) -> None:
+def _streamed_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, start: int, generator, hooks: Hooks) -> None:
     """The blocks visit the device one at a time, forward and then backward (``backward_blocks``);
     progress counts blocks of the backward pass."""
     device = placement_of(lm).device
@@ -188,9 +186,7 @@ def _streamed_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, s
         sums.add(stream, i, grads[0], grads[1])
         if i not in seen:
             seen.add(i)
-            eta = clock.step()
-            if progress:
-                progress(len(seen), len(geoms), eta)
+            hooks.report(len(seen), len(geoms), clock.step())
 
     backward_blocks(
         lm,
@@ -199,15 +195,16 @@ def _streamed_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, s
         lambda b, batch, logits: sums.head_losses(logits, batch, start, spec.objective, generator),
         leaves,
         collect,
-        cancel,
+        hooks,
     )
 
 
 def estimate_cells(
-    lm, spec: TableSpec, windows: torch.Tensor, scores, components, progress: ProgressFn | None, cancel: CancelToken | None
+    lm, spec: TableSpec, windows: torch.Tensor, scores, components, hooks: Hooks
 ) -> tuple[np.ndarray, float, dict]:
-    """(C, R) estimated objectives, the dense objective and build statistics."""
-    grad_h, grad_c, fisher_h, fisher_c, dense = _mask_gradients(lm, spec, windows, cancel, progress)
+    """(C, R) estimated objectives, the dense objective and build statistics (``hooks``:
+    progress over calibration batches, or blocks of a streamed backward pass; cancel)."""
+    grad_h, grad_c, fisher_h, fisher_c, dense = _mask_gradients(lm, spec, windows, hooks)
     cuts = unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple)
     objective = np.empty((len(components), len(spec.rate_grid)), dtype=np.float64)
     for c, row in enumerate(cuts):

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from gap_engine.core.device import input_device
-from gap_engine.core.progress import CancelToken, EtaClock, ProgressFn, check_cancelled
+from gap_engine.core.progress import NO_HOOKS, EtaClock, Hooks
 from gap_engine.data.windows import batches, text_start
 from gap_engine.model.slicing import zeroed_units
 from gap_engine.prune.importance import compute_importance
@@ -196,13 +196,12 @@ def measure_cells(
     measured: dict[tuple[int, int], float],
     total: int,
     partial: PartialStore | None,
-    progress: ProgressFn | None,
-    cancel: CancelToken | None,
+    hooks: Hooks,
 ) -> None:
     """Measure the cells ``todo`` ((component, rate index, cut)) into ``measured``.
 
     Each value is the cell's objective per counted position. ``measured`` is saved to
-    ``partial`` every few cells and when the loop ends or is cancelled; ``progress`` gets
+    ``partial`` every few cells and when the loop ends or is cancelled; ``hooks.report`` gets
     (cells measured, ``total``, eta) after every cell.
     """
     costs = _cell_costs(lm, todo)
@@ -210,7 +209,7 @@ def measure_cells(
     last_save, unsaved = time.perf_counter(), 0
     try:
         for (c, r, cut), cost in zip(todo, costs):
-            check_cancelled(cancel, f"loss table build cancelled after {len(measured)} of {total} cells")
+            hooks.check_cancelled(f"loss table build cancelled after {len(measured)} of {total} cells")
             measured[c, r] = run_cell(lm, state, cut, objective) / positions
             unsaved += 1
             eta = clock.step(cost)
@@ -218,8 +217,7 @@ def measure_cells(
             if partial is not None and (unsaved >= PARTIAL_SAVE_CELLS or now - last_save >= PARTIAL_SAVE_SECONDS):
                 partial.save(measured)
                 last_save, unsaved = now, 0
-            if progress:
-                progress(len(measured), total, eta)
+            hooks.report(len(measured), total, eta)
     finally:
         if partial is not None and unsaved:
             partial.save(measured)
@@ -231,11 +229,11 @@ def measure_exact(
     windows: torch.Tensor,
     scores,
     components: list[tuple[int, str]],
-    progress: ProgressFn | None,
-    cancel: CancelToken | None,
+    hooks: Hooks,
     partial: PartialStore | None,
 ) -> tuple[np.ndarray, float, dict]:
-    """(C, R) measured objectives, the dense objective and build statistics."""
+    """(C, R) measured objectives, the dense objective and build statistics (``hooks``:
+    progress over cells, told once as the dense pass ends; cancel polled before every cell)."""
     grid = spec.rate_grid
     jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, grid, spec.channel_multiple))
     job_cells = {(c, r) for c, r, _ in jobs}
@@ -249,9 +247,8 @@ def measure_exact(
     positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
     todo = [job for job in jobs if job[:2] not in measured]
-    if progress:
-        progress(len(measured), len(jobs), None)
-    measure_cells(lm, state, todo, spec.objective, positions, measured, len(jobs), partial, progress, cancel)
+    hooks.report(len(measured), len(jobs), None)
+    measure_cells(lm, state, todo, spec.objective, positions, measured, len(jobs), partial, hooks)
 
     objective = np.empty((len(components), len(grid)), dtype=np.float64)
     for (c, r), source in owner.items():
@@ -278,12 +275,13 @@ class WindowCells:
     dense_nll: np.ndarray  # (N,) per-window mean dense NLL
 
 
-def window_cells(lm, spec: TableSpec, windows: torch.Tensor, progress: ProgressFn | None = None) -> WindowCells:
+def window_cells(lm, spec: TableSpec, windows: torch.Tensor, hooks: Hooks = NO_HOOKS) -> WindowCells:
     """Measure every distinct cell of an exact table per window, NLL and KL together.
 
     Args:
         lm, spec: as for ``measure_table`` (spec.objective and spec.estimator are ignored).
         windows: (N, T) token ids.
+        hooks: progress over distinct cells (nothing is polled for a cancel).
     Returns:
         WindowCells; cells sharing a cut share values, as in the table.
     """
@@ -307,8 +305,6 @@ def window_cells(lm, spec: TableSpec, windows: torch.Tensor, progress: ProgressF
             if source == (c, r):
                 nll[cell] = sums["nll"].cpu().numpy() / nll_positions - dense_nll
                 kl[cell] = sums["kl"].cpu().numpy() / kl_positions
-        eta = clock.step()
-        if progress:
-            progress(k + 1, len(jobs), eta)
+        hooks.report(k + 1, len(jobs), clock.step())
     removed, _ = removed_table(lm, components, spec.rate_grid, spec.channel_multiple)
     return WindowCells(components, np.asarray(spec.rate_grid), removed, distinct, nll, kl, dense_nll)

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from gap_engine.core.progress import EtaClock, ProgressFn
+from gap_engine.core.progress import EtaClock, Hooks
 from gap_engine.tables.cells import Cut
 from gap_engine.tables.exact import PARTIAL_SAVE_CELLS, PARTIAL_SAVE_SECONDS, PartialStore
 
@@ -35,10 +35,10 @@ def block_costs(lm) -> tuple[int, float]:
 class CellLedger:
     """Measured cells of one exact build: what is left, saved as it goes, progress and ETA."""
 
-    def __init__(self, lm, jobs: list[Job], partial: PartialStore | None, progress: ProgressFn | None):
+    def __init__(self, lm, jobs: list[Job], partial: PartialStore | None, hooks: Hooks):
         self.jobs = jobs
         self.partial = partial
-        self.progress = progress
+        self.hooks = hooks
         wanted = {(c, r) for c, r, _ in jobs}
         stored = partial.load() if partial is not None else {}
         self.measured: dict[tuple[int, int], float] = {cell: v for cell, v in stored.items() if cell in wanted}
@@ -50,8 +50,7 @@ class CellLedger:
         self.todo = [k for k, (c, r, _) in enumerate(jobs) if (c, r) not in self.measured]
         self.clock = EtaClock([self.costs[k] for k in self.todo])
         self.last_save, self.unsaved = time.perf_counter(), 0
-        if progress:
-            progress(len(self.measured), len(jobs), None)
+        hooks.report(len(self.measured), len(jobs), None)
 
     def record(self, k: int, value: float) -> None:
         """Cell ``jobs[k]`` measured ``value``: saved when enough is unsaved, progress told."""
@@ -64,8 +63,7 @@ class CellLedger:
         now = time.perf_counter()
         if self.partial is not None and (self.unsaved >= PARTIAL_SAVE_CELLS or now - self.last_save >= PARTIAL_SAVE_SECONDS):
             self.flush()
-        if self.progress:
-            self.progress(len(self.measured), len(self.jobs), eta)
+        self.hooks.report(len(self.measured), len(self.jobs), eta)
 
     def flush(self) -> None:
         """Save what is measured now (nothing to do without a partial store)."""

@@ -39,7 +39,7 @@ from gap_engine.core.config import DEFAULT_MAX_RATE, DEFAULT_N_BUCKETS
 from gap_engine.core.device import is_streamed
 from gap_engine.core.errors import BudgetError
 from gap_engine.core.knapsack import constraint_mask, solve_budget
-from gap_engine.core.progress import CancelToken, ProgressFn
+from gap_engine.core.progress import Hooks
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
 from gap_engine.tables.cells import objective_positions, unit_cuts
 from gap_engine.tables.estimate import estimate_cells
@@ -150,23 +150,23 @@ def refine_cells(
     windows: torch.Tensor,
     scores,
     components: list[tuple[int, str]],
-    progress: ProgressFn | None,
-    cancel: CancelToken | None,
+    hooks: Hooks,
     partial: PartialStore | None,
 ) -> tuple[np.ndarray, float, dict, np.ndarray, np.ndarray]:
     """Estimate, then measure exactly where the DP's plans go, until they rest on measured cells.
 
     Args:
         lm, spec, windows, scores, components: as for ``measure_exact``.
-        progress: (done, total, eta): the estimate's batches first, then cells measured
-            and planned so far (the total grows when a round adds cells).
-        cancel, partial: as for ``measure_exact``.
+        hooks: progress (done, total, eta): the estimate's batches first, then cells
+            measured and planned so far (the total grows when a round adds cells); cancel
+            as for ``measure_exact``.
+        partial: as for ``measure_exact``.
     Returns:
         (C, R) objectives, the dense objective, build statistics, (C, R) bool measured
         cells, and (C, R) the estimate of delta the build started from.
     """
     started = time.perf_counter()
-    est_objective, est_dense, _ = estimate_cells(lm, replace(spec, estimator="fisher"), windows, scores, components, progress, cancel)
+    est_objective, est_dense, _ = estimate_cells(lm, replace(spec, estimator="fisher"), windows, scores, components, hooks)
     estimate = est_objective - est_dense
     estimate[:, 0] = 0.0
     estimate_seconds = time.perf_counter() - started
@@ -188,7 +188,7 @@ def refine_cells(
         measured.update(reused)
         resumed += len(reused)
         jobs_left = [job_of[cell] for cell in todo if cell not in reused]
-        (measure_cells_streamed if streamed else measure_cells)(lm, state, jobs_left, spec.objective, positions, measured, len(measured) + len(jobs_left), partial, progress, cancel)
+        (measure_cells_streamed if streamed else measure_cells)(lm, state, jobs_left, spec.objective, positions, measured, len(measured) + len(jobs_left), partial, hooks)
 
     problem = RefineProblem(estimate, owner, removed, dense_prunable, tuple(kind for _, kind in components), dense)
     measured, rounds = refinement_rounds(problem, spec, measure)

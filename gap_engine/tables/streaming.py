@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from gap_engine.core.device import placement_of
-from gap_engine.core.progress import CancelToken, EtaClock, ProgressFn, check_cancelled
+from gap_engine.core.progress import NO_HOOKS, EtaClock, Hooks
 from gap_engine.data.windows import text_start
 from gap_engine.model.layerwise import block_on, forward_blocks, layer_output, to_host
 from gap_engine.model.slicing import zeroed_units
@@ -41,15 +41,16 @@ from gap_engine.tables.ledger import CellLedger
 STREAM_GROUP_BYTES = 4 << 30
 
 
-def streamed_dense_state(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...], cancel: CancelToken | None = None) -> DenseState:
-    """The dense pass of ``tables.exact`` done block by block, its states kept on the host.
+def streamed_dense_state(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS) -> DenseState:
+    """The dense pass of ``tables.exact`` done block by block, its states kept on the host
+    (``hooks``: only its cancel is polled, before every block).
 
     Returns:
         a DenseState whose block inputs, final states and stored log-probabilities are host
         tensors (pinned on CUDA) and whose token ids and block calls are on the device.
     """
     by_block: list[list[torch.Tensor]] = []
-    done = forward_blocks(lm, windows, batch_size, on_input=lambda i, hidden: by_block.append(hidden), cancel=cancel)
+    done = forward_blocks(lm, windows, batch_size, on_input=lambda i, hidden: by_block.append(hidden), hooks=Hooks(cancel=hooks.cancel))
     n_batches = len(done.batches)
     block_inputs = [[by_block[i][b] for i in range(len(by_block))] for b in range(n_batches)]  # [b][i]
     state = DenseState(done.batches, block_inputs, done.calls, done.final_hidden, None, [], text_start(lm.tokenizer, windows))
@@ -66,7 +67,7 @@ def streamed_dense_state(lm, windows: torch.Tensor, batch_size: int, objectives:
     return state
 
 
-def streamed_cells(lm, state: DenseState, cuts: list[Cut], objectives: tuple[str, ...], cancel: CancelToken | None = None) -> list[dict[str, torch.Tensor]]:
+def streamed_cells(lm, state: DenseState, cuts: list[Cut], objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS) -> list[dict[str, torch.Tensor]]:
     """Per-window objective sums of several cuts, the blocks streamed once for all of them.
 
     Args:
@@ -74,7 +75,7 @@ def streamed_cells(lm, state: DenseState, cuts: list[Cut], objectives: tuple[str
         state: its dense state (``streamed_dense_state``).
         cuts: the cells to measure, in any order.
         objectives: names of the objectives to sum.
-        cancel: polled before every block.
+        hooks: its cancel is polled before every block (nothing is reported).
     Returns:
         per cut, {objective: (N,) float64 sums over each window's positions}, as
         ``exact.cell_per_window`` returns them.
@@ -84,7 +85,7 @@ def streamed_cells(lm, state: DenseState, cuts: list[Cut], objectives: tuple[str
     in_flight: dict[int, list[torch.Tensor]] = {}  # cut index -> [b] (B, T, d) states on the device
     with torch.inference_mode():
         for j in range(min(cut.layer for cut in cuts), len(layers)):
-            check_cancelled(cancel, f"streamed cells cancelled at block {j} of {len(layers)}")
+            hooks.check_cancelled(f"streamed cells cancelled at block {j} of {len(layers)}")
             for k, cut in enumerate(cuts):
                 if cut.layer == j:
                     in_flight[k] = [inputs[j].to(device) for inputs in state.block_inputs]
@@ -136,8 +137,7 @@ def measure_exact_streamed(
     windows: torch.Tensor,
     scores,
     components: list[tuple[int, str]],
-    progress: ProgressFn | None,
-    cancel: CancelToken | None,
+    hooks: Hooks,
     partial: PartialStore | None,
     per_group: int | None = None,
 ) -> tuple[np.ndarray, float, dict]:
@@ -148,16 +148,16 @@ def measure_exact_streamed(
         (default: as many as ``STREAM_GROUP_BYTES`` of host memory holds).
     """
     jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple))
-    ledger = CellLedger(lm, jobs, partial, progress)
-    state = streamed_dense_state(lm, windows, spec.windows.batch_size, (spec.objective,), cancel)
+    ledger = CellLedger(lm, jobs, partial, hooks)
+    state = streamed_dense_state(lm, windows, spec.windows.batch_size, (spec.objective,), hooks)
     positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
     # Sized once: on CUDA the size follows free memory, and the statistics report what was used.
     per_group = per_group or group_size(windows.numel(), lm)
     try:
         for group in cell_groups(jobs, ledger.todo, per_group):
-            check_cancelled(cancel, f"loss table build cancelled after {ledger.done_message()}")
-            sums = streamed_cells(lm, state, [jobs[k][2] for k in group], (spec.objective,), cancel)
+            hooks.check_cancelled(f"loss table build cancelled after {ledger.done_message()}")
+            sums = streamed_cells(lm, state, [jobs[k][2] for k in group], (spec.objective,), hooks)
             for k, values in zip(group, sums):
                 ledger.record(k, float(values[spec.objective].sum()) / positions)
     finally:
@@ -175,8 +175,7 @@ def measure_cells_streamed(
     measured: dict[tuple[int, int], float],
     total: int,
     partial: PartialStore | None,
-    progress: ProgressFn | None,
-    cancel: CancelToken | None,
+    hooks: Hooks,
 ) -> None:
     """``exact.measure_cells`` for a streamed model (a refined table's rounds): the cells
     ``todo`` in groups sorted by layer, the blocks streamed once per group; ``measured`` is
@@ -185,14 +184,12 @@ def measure_cells_streamed(
     clock = EtaClock(total_steps=len(groups))
     try:
         for group in groups:
-            check_cancelled(cancel, f"loss table build cancelled after {len(measured)} of {total} cells")
-            sums = streamed_cells(lm, state, [todo[k][2] for k in group], (objective,), cancel)
+            hooks.check_cancelled(f"loss table build cancelled after {len(measured)} of {total} cells")
+            sums = streamed_cells(lm, state, [todo[k][2] for k in group], (objective,), hooks)
             for k, values in zip(group, sums):
                 c, r, _ = todo[k]
                 measured[c, r] = float(values[objective].sum()) / positions
-            eta = clock.step()
-            if progress:
-                progress(len(measured), total, eta)
+            hooks.report(len(measured), total, clock.step())
             if partial is not None:
                 partial.save(measured)
     finally:

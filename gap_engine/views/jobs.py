@@ -12,8 +12,8 @@ Rules:
   starting a second one;
 * at most ``max_running`` jobs run at once; the others wait in status ``queued``;
 * a work function receives a :class:`JobContext`: ``ctx.cancel`` is a ``threading.Event``
-  it should poll (engine functions take it as ``cancel=``), and ``ctx.progress(done,
-  total, eta)`` / ``ctx.say(message)`` report progress;
+  it should poll, ``ctx.progress(done, total, eta)`` / ``ctx.say(message)`` report
+  progress, and ``ctx.hooks()`` is all of that as the engine's ``Hooks``;
 * a :class:`~gap_engine.errors.GapError` ends the job as ``failed`` with its one-line
   message (``CancelledError``, or any failure after a cancel request, as ``cancelled``);
   any other exception ends it as ``failed`` with a one-line summary, and the traceback goes
@@ -39,7 +39,7 @@ from gap_engine.core.device import DeviceSpec
 from gap_engine.core.errors import CacheError, CancelledError, GapError, one_line
 from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.core.interrupt import run_unless_cancelled
-from gap_engine.core.progress import LOAD_MODEL, CancelToken
+from gap_engine.core.progress import LOAD_MODEL, CancelToken, Hooks
 from gap_engine.model.loading import LoadedModel, load_model
 from gap_engine.pipeline.recovery import recover
 from gap_engine.pipeline.runs import baseline_rows, prune_and_evaluate, prune_eval_stages
@@ -137,7 +137,7 @@ class JobContext:
         """Report what the job is doing now, keeping the step counts (evaluate's callback shape)."""
         self._job._set_progress(message=message)
 
-    def stage(self, message: str, done: int, total: int) -> None:
+    def step(self, message: str, done: int, total: int) -> None:
         """Report a step by name with its position among the job's steps (no ETA)."""
         self._job._set_progress(done=done, total=total, eta=None, message=message)
 
@@ -148,6 +148,10 @@ class JobContext:
     def enter(self, name: str) -> None:
         """The stage ``name`` starts (the engine's ``stage(name)`` callback): its steps start at 0."""
         self._job._enter(name)
+
+    def hooks(self) -> Hooks:
+        """The engine's hooks for this job: progress and messages shown, stages entered, its cancel event."""
+        return Hooks(progress=self.progress, stage=self.enter, message=self.say, cancel=self.cancel)
 
     def check_cancelled(self) -> None:
         """Raise CancelledError when a cancel was requested (for work between engine calls)."""
@@ -509,7 +513,7 @@ def table_task(
         def progress(done: int, total: int, eta: float | None = None) -> None:
             ctx.progress(done, total, eta, message=f"{done} of {total} {unit}")
 
-        return loss_table(lm, spec, progress=progress, cancel=ctx.cancel, stage=ctx.enter, cells=cells)
+        return loss_table(lm, spec, ctx.hooks().but(progress=progress), cells=cells)
 
     return work
 
@@ -518,9 +522,9 @@ def baselines_task(model_name: str, table, budgets, allocators, constraints) -> 
     """Baseline plans at a few budgets (`pipeline.baseline_rows`); the result is its rows."""
 
     def work(ctx: JobContext):
-        ctx.stage("loading the model", 0, 0)
+        ctx.step("loading the model", 0, 0)
         lm = shared_model(model_name, cancel=ctx.cancel).copy()  # FLAP and OWL hook the model
-        return baseline_rows(lm, table, budgets, allocators, constraints, step=ctx.stage, cancel=ctx.cancel)
+        return baseline_rows(lm, table, budgets, allocators, constraints, ctx.hooks())
 
     return work
 
@@ -540,7 +544,7 @@ def prune_eval_task(model_name: str, eval_settings, expected: dict | None = None
         ctx.plan(prune_eval_stages(eval_settings, run.get("checkpoint_dir") is not None), expected, basis)
         ctx.enter(LOAD_MODEL)
         dense = shared_model(model_name, cancel=ctx.cancel)  # forward passes only
-        return prune_and_evaluate(dense, eval_settings, stage=ctx.enter, cancel=ctx.cancel, **run)
+        return prune_and_evaluate(dense, eval_settings, hooks=ctx.hooks(), **run)
 
     return work
 
@@ -555,9 +559,9 @@ def recover_task(checkpoint: str, settings, out_dir) -> WorkFn:
         out_dir: the recovered checkpoint's folder (see `recovery.app_output_dir`).
     """
     def work(ctx: JobContext):
-        ctx.stage("loading the checkpoint", 0, settings.steps)
+        ctx.step("loading the checkpoint", 0, settings.steps)
         lm = load_model(str(checkpoint))
         ctx.check_cancelled()
-        return recover(lm, settings, progress=ctx.progress, cancel=ctx.cancel, out_dir=out_dir, resume=True).to_dict()
+        return recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True).to_dict()
 
     return work
