@@ -41,7 +41,7 @@ from .deploy.dtypes import EVAL_REPORT_FILE, cast_state_dict, dtype_name, parse_
 from .deploy.model_card import write_model_card
 from .deploy.remote_code import add_remote_code
 from .errors import ModelLoadError, first_line
-from .fsutil import atomic_directory
+from .fsutil import atomic_directory, refuse_special_files
 from .limits import LIMITS
 from .plan import RatePlan
 from .slicing import layer_widths, narrow_to_widths
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT_VERSION = 1
 PRUNED_MARKER = "gap_pruned.json"  # written last; its presence makes a folder a gap checkpoint
+# transformers' switch for reading a per-layer width from the global config (see save_pruned).
+GLOBAL_WIDTH_READS = "allow_global_per_layer_attribute_access"
 
 
 def is_pruned_checkpoint(path: str | Path) -> bool:
@@ -90,6 +92,10 @@ def save_pruned(
         config_path = tmp / "config.json"
         config = json.loads(config_path.read_text())
         config["per_layer_config"] = {str(i): w for i, w in enumerate(widths)}
+        # A plain AutoTokenizer.from_pretrained(folder) builds the family's own config first, and
+        # its width checks read the global head counts; this lets them read the dense values
+        # (the remote code narrows the blocks, and turns the strict reads back on once built).
+        config[GLOBAL_WIDTH_READS] = True
         config_path.write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "plan.json").write_text(plan.to_json())
         (tmp / "plan.yaml").write_text(plan.to_yaml())
@@ -157,8 +163,10 @@ def read_pruned(folder: str | Path) -> PrunedCheckpoint:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     folder = Path(folder)
+    refuse_special_files(folder, ModelLoadError)  # a FIFO named model.safetensors would block the read
     marker = check_pruned_marker(_read_json(folder / PRUNED_MARKER), str(folder))
     config_dict = _read_json(folder / "config.json")
+    config_dict.pop(GLOBAL_WIDTH_READS, None)
     if marker.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         raise ModelLoadError(f"{folder}: checkpoint format {marker.get('format_version')!r} is not supported")
     config_dict.pop("auto_map", None)  # it points transformers at the remote code; here gap narrows the blocks
