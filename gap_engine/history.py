@@ -183,7 +183,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
     if "method" in columns and "allocator" not in columns:
         conn.execute("ALTER TABLE runs RENAME COLUMN method TO allocator")
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:  # reading alone writes nothing
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 # RunRecord fields stored as JSON text, in a column named "<field>_json".

@@ -147,6 +147,16 @@ def _checked_state(data, folder: Path, work_dir: Path) -> RunState:
     return RunState(**data)
 
 
+def check_saved_state(work_dir: Path) -> None:
+    """RecoveryError now, before any model loads, when ``work_dir`` holds a state.json that
+    cannot be resumed (the tensors are read, and checked, when the run continues)."""
+    folder = work_dir / _STATE
+    if not (folder / _JSON).exists() and not (folder / _JSON).is_symlink():
+        return
+    refuse_special_files(folder, RecoveryError, f"the saved recovery state in {folder}")
+    _checked_state(read_json_file(folder / _JSON, LIMITS.metadata_bytes * 16, f"{folder}/{_JSON}", RecoveryError), folder, work_dir)
+
+
 def saved_step(out_dir: str | Path) -> int | None:
     """The step a cancelled or killed run that writes ``out_dir`` reached, or None when none is saved."""
     state_file = partial_dir(Path(out_dir)) / _STATE / _JSON

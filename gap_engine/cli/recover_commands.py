@@ -11,10 +11,11 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from ..models import load_model
 from ..recover import RecoveryResult, RecoverySettings, recover
-from ..recover_io import RecoveryError, check_output_dir
+from ..recover_io import RecoveryError, check_output_dir, check_saved_state, partial_dir
 from .arguments import device_from
 from .output import format_seconds
 
@@ -95,6 +96,8 @@ def _summary(result: RecoveryResult) -> dict:
 def run_recover(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     check_output_dir(args.out)  # before the slow load; recover() checks again against the model
+    if args.resume:
+        check_saved_state(partial_dir(Path(args.out).expanduser()))  # a tampered state.json costs no load
     if args.stream:
         # Training needs every block's weights and gradients at once; streaming is for tables and evaluation.
         raise RecoveryError("gap recover trains the whole model at once: --stream is not available here")

@@ -91,10 +91,12 @@ def check_supported(model_type: str | None) -> None:
     """ExportError (one line, naming what is supported) unless the family fits GGUF ``deci``."""
     if model_type in GGUF_MODEL_TYPES:
         return
+    if not isinstance(model_type, str):  # a tampered config.json
+        model_type = f"{str(model_type)[:40]} (not a name)"
     why = REFUSED_WHY.get(model_type)
     reason = f" ({why} have no place in llama.cpp's deci graph)" if why else ""
     raise ExportError(
-        f"GGUF export does not support model type '{model_type}'{reason}; "
+        f"GGUF export does not support model type '{model_type[:80]}'{reason}; "
         f"supported: {', '.join(GGUF_MODEL_TYPES)} (Llama, SmolLM2, Mistral, Qwen2)"
     )
 
