@@ -207,7 +207,7 @@ def test_model_card_names_the_plan(make_tiny, tmp_path):
     kept = result.kept_heads[0], result.kept_kv_heads[0]
     assert f"| {len(kept[0])}/8 | {len(kept[1])}/2 |" in rows[0] and "| 8/8 | 2/2 |" in rows[1]  # kept / dense
     assert "31.500" in body and "27.250" in body and "Paris." in body
-    assert 'from_pretrained("my-pruned", trust_remote_code=True' in body
+    assert "from_pretrained('my-pruned', trust_remote_code=True" in body and "AutoTokenizer.from_pretrained('my-pruned')" in body
     assert "gap export my-pruned --format gguf" in body
     assert "## Limits" in body
     assert json.loads((folder / "eval_report.json").read_text())["perplexity"]["wiki-sample"] == 31.5

@@ -1446,3 +1446,38 @@ def test_an_unexpected_exception_is_one_line_exit_70_and_a_crash_file(cli, tmp_p
     crash = Path(err[0].rsplit("details in ", 1)[1])
     assert crash.parent == tmp_path / "cache" / "crashes"
     assert "Traceback" in crash.read_text() and "ZeroDivisionError" in crash.read_text()
+
+
+# ---- 8. smaller items -----------------------------------------------------------------------------
+def test_recover_onto_its_previous_output_is_not_refused_as_a_file_path(cli, tmp_path, checkpoint_copy):
+    """A recover --out that is an earlier output (a checkpoint folder) is replaced, like prune's:
+    the refusal of this argv comes from --steps, not from the folder."""
+    argv = ["recover", "--model", checkpoint_copy, "--method", "mezo", "--steps", "0", "--out", tmp_path / "previous"]
+    shutil.copytree(checkpoint_copy, tmp_path / "previous")
+    line = assert_refused(cli(argv), "steps")
+    assert "is a folder" not in line, line
+
+
+def test_log_lines_show_control_characters_as_escapes():
+    from gap_engine.cli import _PrintableFormatter
+
+    record = logging.LogRecord("gap_engine.data", logging.INFO, __file__, 1, "loaded %s", ("docs\x1b[2J\nINFO forged.txt",), None)
+    assert _PrintableFormatter("%(message)s").format(record) == "loaded docs\\x1b[2J\\nINFO forged.txt"
+
+
+def test_the_cli_installs_the_printable_formatter_on_its_own_handler(tmp_path, monkeypatch, capsys):
+    from gap_engine.cli import _PrintableFormatter
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers.clear()
+    try:
+        assert main(["cache", "ls", "--json"]) == 0
+        ours = [h for h in root.handlers if isinstance(h.formatter, _PrintableFormatter)]
+    finally:
+        for handler in root.handlers:
+            if handler not in saved:
+                root.removeHandler(handler)
+        root.handlers[:] = saved
+    assert len(ours) == 1

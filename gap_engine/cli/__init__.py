@@ -53,6 +53,15 @@ class _OursOrSerious(logging.Filter):
         return record.name.startswith("gap_engine") or record.levelno >= logging.ERROR
 
 
+class _PrintableFormatter(logging.Formatter):
+    """Log lines with control characters shown as escapes: a file name holding a terminal
+    escape sequence (or a newline) must not drive the terminal or forge a second line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 def write_crash_file(argv: list[str] | None, exc: BaseException) -> Path | None:
     """The traceback of an unexpected exception, in a new file under ``<cache>/crashes/``."""
     from ..fsutil import atomic_write_text, cache_root
@@ -81,9 +90,13 @@ def _internal_error(argv: list[str] | None, exc: BaseException) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run one ``gap`` command; returns its exit status."""
     args = build_parser().parse_args(argv)
+    existing = list(logging.getLogger().handlers)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    for handler in logging.getLogger().handlers:
+        if handler not in existing:  # ours, not an embedding application's
+            handler.setFormatter(_PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
     if not args.verbose:
         for handler in logging.getLogger().handlers:
             if not any(isinstance(f, _OursOrSerious) for f in handler.filters):
