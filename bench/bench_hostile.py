@@ -25,7 +25,6 @@ and a time limit. Each is classified:
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
 import os
@@ -38,9 +37,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -95,8 +94,8 @@ def table_dict() -> dict:
 
 def full_table_spec() -> dict:
     """The synthetic table's spec as TableSpec writes it (filled in at setup)."""
-    from gap_engine.config import WindowSpec
-    from gap_engine.tables import TableSpec
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.tables.artefact import TableSpec
 
     return TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="taylor", rate_grid=(0.0, 0.5)).to_dict()
 
@@ -125,11 +124,11 @@ def build_fixtures(base: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from gap_engine.checkpoint import save_pruned
-    from gap_engine.config import WindowSpec
-    from gap_engine.models import LoadedModel, load_model
-    from gap_engine.pipeline import prune_with_plan
-    from gap_engine.plan import make_plan, uniform_plan
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.model.checkpoint import save_pruned
+    from gap_engine.model.loading import LoadedModel, load_model
+    from gap_engine.model.rateplan import make_plan, uniform_plan
+    from gap_engine.pipeline.stages import prune_with_plan
 
     tokenizer = load_model("smollm2-135m").tokenizer
     config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -595,7 +594,7 @@ def history_cases() -> list[Case]:
         def prepare(d: Path, column=column, value=value) -> None:
             (d / "t.json").write_text(_table_text("extras", {}))
             os.environ["GAP_CACHE_DIR"] = str(d / "cache")
-            from gap_engine import history
+            from gap_engine.evaluate import history
 
             run_id = history.record_run(history.RunRecord(model="tiny-llama", allocator="manual", plan=plan_dict(), perplexity={"news-sample": 10.0}))
             with sqlite3.connect(history.history_path()) as conn:
@@ -848,11 +847,11 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch  # noqa: F401 - imported once here, before the forks
 
+    import gap_engine.cli.export_commands  # noqa: F401
     import gap_engine.cli.model_commands  # noqa: F401
     import gap_engine.cli.plan_commands  # noqa: F401
-    import gap_engine.cli.report_commands  # noqa: F401
-    import gap_engine.cli.export_commands  # noqa: F401
     import gap_engine.cli.recover_commands  # noqa: F401
+    import gap_engine.cli.report_commands  # noqa: F401
     import gap_engine.cli.table_commands  # noqa: F401
 
     work = Path(tempfile.mkdtemp(prefix="gap-hostile-"))

@@ -24,10 +24,10 @@ import threading
 import urllib.parse
 from pathlib import Path
 
-from ..errors import DataError, ModelLoadError, OutputError
-from ..fsutil import cache_root, check_not_an_input, check_output, special_kind
-from ..limits import LIMITS, check_at_most, check_windows
-from ..memory import parse_max_memory
+from gap_engine.core.errors import DataError, ModelLoadError, OutputError
+from gap_engine.core.fsutil import cache_root, check_not_an_input, check_output, special_kind
+from gap_engine.core.limits import LIMITS, check_at_most, check_windows
+from gap_engine.core.memory import parse_max_memory
 
 # option dest -> (flag, floor, ceiling field of LIMITS or None, what one unit is)
 SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {

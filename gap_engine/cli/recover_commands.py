@@ -13,11 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from ..models import load_model
-from ..recover import RecoveryResult, RecoverySettings, recover
-from ..recover_io import RecoveryError, check_output_dir, check_saved_state, partial_dir
-from .arguments import device_from
-from .output import format_seconds
+from gap_engine.cli.arguments import device_from
+from gap_engine.cli.output import format_seconds
+from gap_engine.model.loading import load_model
+from gap_engine.pipeline.recovery import RecoveryResult, RecoverySettings, recover
+from gap_engine.recover.files import RecoveryError, check_output_dir, check_saved_state, partial_dir
 
 # argparse destination -> RecoverySettings field, for the options whose None means "keep the default".
 _TUNABLES = {

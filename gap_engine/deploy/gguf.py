@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import GGUF_OUTTYPES
-from ..errors import ExportError, OutputError
-from ..fsutil import atomic_file
+from gap_engine.core.config import GGUF_OUTTYPES
+from gap_engine.core.errors import ExportError, OutputError
+from gap_engine.core.fsutil import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ def export_gguf(
         ModelLoadError: the model cannot be loaded (corrupt folder, missing files).
         ExportError: see ``write_gguf``.
     """
-    from ..models import load_model
+    from gap_engine.model.loading import load_model
 
     folder = Path(model)
     if folder.is_dir() and (folder / "config.json").exists():
@@ -357,8 +357,8 @@ def export_gguf(
 
 def _model_type(folder: Path):
     """config.json's model_type, the file read through the validation layer (ExportError otherwise)."""
-    from ..limits import LIMITS
-    from ..validate import read_json_file
+    from gap_engine.core.limits import LIMITS
+    from gap_engine.core.validate import read_json_file
 
     config = read_json_file(folder / "config.json", LIMITS.metadata_bytes, f"{folder}/config.json", ExportError)
     if not isinstance(config, dict):

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint import save_pruned
-from ..config import DEFAULT_SAVE_DTYPE
-from ..errors import ExportError, OutputError
-from ..fsutil import check_not_an_input
-from ..models import load_model
-from ..plan import RatePlan
-from ..validate import read_kept_indices
-from .dtypes import parse_dtype, read_eval_report
+from gap_engine.core.config import DEFAULT_SAVE_DTYPE
+from gap_engine.core.errors import ExportError, OutputError
+from gap_engine.core.fsutil import check_not_an_input
+from gap_engine.core.validate import read_kept_indices
+from gap_engine.model.checkpoint import save_pruned
+from gap_engine.model.loading import load_model
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.model.storage import parse_dtype, read_eval_report
 
 
 def resave_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = DEFAULT_SAVE_DTYPE) -> Path:
