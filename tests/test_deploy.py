@@ -337,7 +337,7 @@ def test_bad_checkpoints_and_targets_fail_cleanly(make_tiny, tmp_path, capsys):
         (["export", str(tmp_path / "missing"), "--out", str(tmp_path / "x.gguf")], "missing"),
         (["export", str(good), "--out", str(blocker / "x.gguf")], "is a file, not a folder"),
         (["export", str(corrupt), "--format", "hf", "--out", str(tmp_path / "x")], "model.safetensors"),
-        (["export", str(good), "--format", "hf", "--out", str(good)], "is the checkpoint itself"),
+        (["export", str(good), "--format", "hf", "--out", str(good)], "is the same path as the checkpoint"),
         (["export", str(good), "--format", "hf", "--out", str(blocker / "x")], "is a file, not a folder"),
     ]
     for argv, fragment in cases:

@@ -844,7 +844,7 @@ APP_PLAN_UPLOADS = {
     "model-is-a-list": ("plan.json", json.dumps(plan_dict() | {"model": [["x"] * 3] * 3}), "model must be a text"),
     "num-layers-1e999": ("plan.json", json.dumps(plan_dict()).replace('"num_layers": 2', '"num_layers": 1e999'), "integer"),
     "not-utf8": ("plan.json", b"\xff\xfe\x00{}", "not UTF-8"),
-    "python-tag": ("plan.yaml", "model: !!python/object/apply:os.system ['echo pwned']\n", "not valid YAML"),
+    "python-tag": ("plan.yaml", "model: !!python/object/apply:os.system ['echo pwned']\n", "tags are not allowed"),
     "above-size-limit": ("plan.json", json.dumps(plan_dict() | {"pad": "x" * (2 * MiB)}), "above the limit"),
 }
 
@@ -880,7 +880,7 @@ def test_app_calibration_upload_refuses_hostile_files(monkeypatch, name):
 
     file_name, content, message = APP_TEXT_UPLOADS[name]
     if name == "above-size-limit":  # the page reads the ceiling at each run: a 4 kB one stands in for 64 MB
-        monkeypatch.setattr(gap_engine.limits, "LIMITS", SizeLimits(upload_bytes=4096))
+        monkeypatch.setattr(gap_engine.core.limits, "LIMITS", SizeLimits(upload_bytes=4096))
     at = start()
     at.radio(key="setup_data_kind").set_value("Uploaded file").run()
     data = content if isinstance(content, bytes) else content.encode()

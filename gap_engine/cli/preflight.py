@@ -60,6 +60,8 @@ BUILTIN_TEXTS = ("wiki-sample", "news-sample")
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 # A dataset split: a name, optionally sliced as datasets allows (train[:10%]).
 SPLIT = re.compile(r"^[A-Za-z0-9_.-]{1,64}(\[[0-9:%+-]{0,32}\])?$")
+# Inputs read as whole folders: an output inside one changes the input.
+FOLDER_INPUTS = ("--model", "the checkpoint")
 # Where an output of each command lives besides --out (recover works in OUT.partial).
 PARTIAL_SUFFIX = ".partial"
 
@@ -263,9 +265,9 @@ def check_out(args: argparse.Namespace) -> None:
         return
     folder = args.command in FOLDER_OUTPUTS or (args.command == "export" and getattr(args, "format", None) == "hf")
     inputs = command_inputs(args)
-    check_not_an_input(out, inputs, folder)
+    check_not_an_input(out, inputs, folder, containers=FOLDER_INPUTS)
     if args.command == "recover":
-        check_not_an_input(str(out) + PARTIAL_SUFFIX, inputs, True, "--out's work folder")
+        check_not_an_input(str(out) + PARTIAL_SUFFIX, inputs, True, "--out's work folder", containers=FOLDER_INPUTS)
     path = check_output(out, folder=folder)
     if folder and path.is_dir() and any(path.iterdir()) and not (path / CHECKPOINT_MARKER).is_file():
         raise OutputError(f"--out {path} is a folder that is neither empty nor a gap checkpoint; refusing to replace it")

@@ -166,7 +166,9 @@ def _resolved(path: str | Path) -> Path:
     return Path(os.path.abspath(Path(path).expanduser())).resolve()
 
 
-def check_not_an_input(out: str | Path, inputs: list[tuple[str, str | Path]], folder: bool, what: str = "--out") -> None:
+def check_not_an_input(
+    out: str | Path, inputs: list[tuple[str, str | Path]], folder: bool, what: str = "--out", containers: tuple[str, ...] | None = None
+) -> None:
     """OutputError when ``out`` is, or lies inside, one of the command's inputs.
 
     Writing there would replace (or write into) what the command reads, so a table would turn
@@ -180,6 +182,9 @@ def check_not_an_input(out: str | Path, inputs: list[tuple[str, str | Path]], fo
             are not paths (a built-in model, a hub id) may be passed and are skipped when
             nothing is there.
         folder: True when the output is a folder that replaces what is there.
+        containers: the flags whose folders are read as a whole (a model, a checkpoint), so
+            an output inside one changes the input; None: every flag. A file flag given a
+            folder (``--plan some/folder``) is its reader's error, not this rule's.
     """
     target = _resolved(out)
     for flag, source in inputs:
@@ -191,7 +196,7 @@ def check_not_an_input(out: str | Path, inputs: list[tuple[str, str | Path]], fo
         source_path = _resolved(source_path)
         if target == source_path:
             raise OutputError(f"{what} {out} is the same path as {flag} {source}; writing it would destroy the input, choose another")
-        if target.is_relative_to(source_path):
+        if target.is_relative_to(source_path) and (containers is None or flag in containers):
             raise OutputError(f"{what} {out} lies inside {flag} {source}; writing there would change the input, choose a path outside it")
         if folder and source_path.is_relative_to(target):
             raise OutputError(f"{what} {out} holds {flag} {source}; replacing the folder would destroy the input, choose another")
