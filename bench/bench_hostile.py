@@ -794,6 +794,9 @@ def _warm_up(work: Path) -> None:
             main(argv)
     import logging
 
+    from gap_engine.data import windows
+
+    windows._load_builtin.cache_clear()  # children read (and log) the built-in texts themselves, as a fresh gap does
     logging.getLogger().handlers.clear()  # each child's main() sets up its own, on its own stderr
     del os.environ["GAP_CACHE_DIR"]
 

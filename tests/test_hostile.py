@@ -981,22 +981,43 @@ def test_the_explorer_listens_on_loopback_by_default():
 # Each case below failed on the main branch before issue 24: an input destroyed, code or markup
 # written into a file, a traceback, a hang, or a wrong success.
 import resource  # noqa: E402 - the round-2 cases' own imports, kept beside them
-import signal  # noqa: E402
 import sqlite3  # noqa: E402
 import stat  # noqa: E402
 
 
 @pytest.fixture
-def deadline():
-    """Fail (not hang) when the body runs past ``seconds``: a FIFO read would block forever."""
+def fifo_watchdog():
+    """Make a FIFO whose reader, if any, is released after ``seconds``, so a read that blocks
+    (inside C code no signal interrupts) ends and the test fails instead of hanging.
 
-    def expire(signum, frame):
-        raise TimeoutError("the command hung")
+    Returns ``make(path, seconds)``; the fixture's ``fired`` list is non-empty when a reader
+    had to be released, i.e. the FIFO was opened for reading.
+    """
+    import threading
 
-    old = signal.signal(signal.SIGALRM, expire)
-    yield lambda seconds: signal.alarm(seconds)
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    timers = []
+
+    def make(path: Path, seconds: float = 30.0) -> Path:
+        os.mkfifo(path)
+
+        def release():
+            try:  # succeeds only while a reader has it open; the reader then sees end of file
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                return
+            make.fired.append(path)
+            os.close(fd)
+
+        timer = threading.Timer(seconds, release)
+        timer.daemon = True
+        timer.start()
+        timers.append(timer)
+        return path
+
+    make.fired = []
+    yield make
+    for timer in timers:
+        timer.cancel()
 
 
 @pytest.fixture
@@ -1260,32 +1281,33 @@ def test_recover_on_a_full_disk_is_one_line_and_leaves_no_partial_folder(cli, tm
 
 
 # ---- 4. special files are refused, not opened -----------------------------------------------------
-def test_a_fifo_for_weights_in_a_checkpoint_is_one_line_not_a_hang(cli, checkpoint_copy, deadline):
+def test_a_fifo_for_weights_in_a_checkpoint_is_one_line_not_a_hang(cli, checkpoint_copy, fifo_watchdog):
     (checkpoint_copy / "model.safetensors").unlink()
-    os.mkfifo(checkpoint_copy / "model.safetensors")
-    deadline(60)
+    fifo_watchdog(checkpoint_copy / "model.safetensors")
     argv = ["eval", "--model", checkpoint_copy, "--no-dense", "--no-throughput", "--generations", "0", "--data", "news-sample", "--samples", "2", "--seq-len", "16"]
-    assert_refused(cli(argv), "model.safetensors is a FIFO")
+    result = cli(argv)
+    assert not fifo_watchdog.fired, "the FIFO was opened for reading"
+    assert_refused(result, "model.safetensors is a FIFO")
 
 
-def test_a_fifo_in_the_converted_models_folder_does_not_hang_gap_models(cli, tmp_path, deadline):
+def test_a_fifo_in_the_converted_models_folder_does_not_hang_gap_models(cli, tmp_path, fifo_watchdog):
     folder = tmp_path / "cache" / "models" / "smollm2-135m"
     folder.mkdir(parents=True)
     (folder / "gap_converted.json").write_text(json.dumps({"builtin": "smollm2-135m", "files": {}}))
-    os.mkfifo(folder / "model.safetensors")
-    deadline(60)
+    fifo_watchdog(folder / "model.safetensors")
     code, err, out = cli(["models"])
+    assert not fifo_watchdog.fired, "the FIFO was opened for reading"
     assert code == 0, err
     assert "damaged: smollm2-135m: model.safetensors is a FIFO" in out.replace(str(folder), "smollm2-135m"), out
 
 
 @pytest.mark.parametrize("flag", ["--plan", "--data"])
-def test_a_fifo_given_as_an_input_file_is_refused(cli, tmp_path, deadline, flag):
-    fifo = tmp_path / ("plan.json" if flag == "--plan" else "docs.txt")
-    os.mkfifo(fifo)
-    deadline(60)
+def test_a_fifo_given_as_an_input_file_is_refused(cli, tmp_path, fifo_watchdog, flag):
+    fifo = fifo_watchdog(tmp_path / ("plan.json" if flag == "--plan" else "docs.txt"))
     argv = ["prune", "--model", "smollm2-135m", "--uniform", "0.1", "--out", tmp_path / "out"] if flag == "--data" else ["prune", "--model", "smollm2-135m", "--out", tmp_path / "out"]
-    assert_refused(cli(argv + [flag, fifo]), "not a regular file")
+    result = cli(argv + [flag, fifo])
+    assert not fifo_watchdog.fired, "the FIFO was opened for reading"
+    assert_refused(result, "not a regular file")
 
 
 # ---- 5. every file through validate.py ------------------------------------------------------------

@@ -25,7 +25,7 @@ import urllib.parse
 from pathlib import Path
 
 from gap_engine.core.errors import DataError, ModelLoadError, OutputError
-from gap_engine.core.fsutil import cache_root, check_not_an_input, check_output, special_kind
+from gap_engine.core.fsutil import cache_root, check_not_an_input, check_output, refuse_special_files, special_kind
 from gap_engine.core.limits import LIMITS, check_at_most, check_windows
 from gap_engine.core.memory import parse_max_memory
 
@@ -173,6 +173,8 @@ def check_model_name(name: str | None, flag: str = "--model") -> None:
         kind = special_kind(path)
         if kind:
             raise ModelLoadError(f"{flag} {text} is {kind}, not a model folder or file")
+        if path.is_dir():
+            refuse_special_files(path, ModelLoadError)  # a FIFO among the weights: refused before any text is read
         return
     if path.suffix == ".gguf":
         raise ModelLoadError(f"{flag}: GGUF file {text} does not exist")
