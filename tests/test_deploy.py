@@ -207,7 +207,7 @@ def test_model_card_names_the_plan(make_tiny, tmp_path):
     kept = result.kept_heads[0], result.kept_kv_heads[0]
     assert f"| {len(kept[0])}/8 | {len(kept[1])}/2 |" in rows[0] and "| 8/8 | 2/2 |" in rows[1]  # kept / dense
     assert "31.500" in body and "27.250" in body and "Paris." in body
-    assert 'from_pretrained("my-pruned", trust_remote_code=True' in body
+    assert "from_pretrained('my-pruned', trust_remote_code=True" in body and "AutoTokenizer.from_pretrained('my-pruned')" in body
     assert "gap export my-pruned --format gguf" in body
     assert "## Limits" in body
     assert json.loads((folder / "eval_report.json").read_text())["perplexity"]["wiki-sample"] == 31.5
@@ -337,7 +337,7 @@ def test_bad_checkpoints_and_targets_fail_cleanly(make_tiny, tmp_path, capsys):
         (["export", str(tmp_path / "missing"), "--out", str(tmp_path / "x.gguf")], "missing"),
         (["export", str(good), "--out", str(blocker / "x.gguf")], "is a file, not a folder"),
         (["export", str(corrupt), "--format", "hf", "--out", str(tmp_path / "x")], "model.safetensors"),
-        (["export", str(good), "--format", "hf", "--out", str(good)], "is the checkpoint itself"),
+        (["export", str(good), "--format", "hf", "--out", str(good)], "is the same path as the checkpoint"),
         (["export", str(good), "--format", "hf", "--out", str(blocker / "x")], "is a file, not a folder"),
     ]
     for argv, fragment in cases:

@@ -195,8 +195,8 @@ PLAN_CASES = {
     "rate-is-bool": ("plan.json", json.dumps(plan_dict() | {"attention_rates": [True, 0.1]}), "outside [0, 1)"),
     "budget-nan": ("plan.yaml", "budget: .nan\n" + "\n".join(f"{k}: {json.dumps(v)}" for k, v in plan_dict().items() if k != "budget"), "finite"),
     "params-nested": ("plan.json", json.dumps(plan_dict() | {"params": {"removed": {"a": [1]}}}), "must be a number"),
-    "created-is-a-date": ("plan.yaml", "created: 2025-01-01\n" + "\n".join(f"{k}: {json.dumps(v)}" for k, v in plan_dict().items() if k != "created"), "plan created must be a text"),
-    "python-object-tag": ("plan.yaml", "model: !!python/object/apply:os.system ['echo pwned']\n", "not valid yaml"),
+    "created-is-a-date": ("plan.yaml", "created: 2025-01-01\n" + "\n".join(f"{k}: {json.dumps(v)}" for k, v in plan_dict().items() if k != "created"), "date or time"),
+    "python-object-tag": ("plan.yaml", "model: !!python/object/apply:os.system ['echo pwned']\n", "tags are not allowed"),
     "non-text-key": ("plan.yaml", "1: one\nmodel: x\n", "key that is not text"),
     "not-utf8": ("plan.json", b"\xff\xfe{\x00\x00}", "not utf-8"),
     "empty-file": ("plan.yaml", "", "must be a json/yaml object"),
@@ -642,7 +642,7 @@ def test_outputs_follow_the_umask(tmp_path):
         f"""
         import os, stat
         os.umask(0o027)
-        from gap_engine import fsutil
+        from gap_engine.core import fsutil
         fsutil.atomic_write_text({str(tmp_path / 'file.txt')!r}, "x")
         with fsutil.atomic_directory({str(tmp_path / 'folder')!r}) as tmp:
             (tmp / "inner.json").write_text("{{}}")
@@ -844,7 +844,7 @@ APP_PLAN_UPLOADS = {
     "model-is-a-list": ("plan.json", json.dumps(plan_dict() | {"model": [["x"] * 3] * 3}), "model must be a text"),
     "num-layers-1e999": ("plan.json", json.dumps(plan_dict()).replace('"num_layers": 2', '"num_layers": 1e999'), "integer"),
     "not-utf8": ("plan.json", b"\xff\xfe\x00{}", "not UTF-8"),
-    "python-tag": ("plan.yaml", "model: !!python/object/apply:os.system ['echo pwned']\n", "not valid YAML"),
+    "python-tag": ("plan.yaml", "model: !!python/object/apply:os.system ['echo pwned']\n", "tags are not allowed"),
     "above-size-limit": ("plan.json", json.dumps(plan_dict() | {"pad": "x" * (2 * MiB)}), "above the limit"),
 }
 
@@ -975,3 +975,532 @@ def test_the_explorer_listens_on_loopback_by_default():
     assert "--server.address 127.0.0.1" in dry.stdout, dry.stdout + dry.stderr
     opt_in = subprocess.run(["make", "-n", "run", "HOST=0.0.0.0"], cwd=ROOT, capture_output=True, text=True)
     assert "--server.address 0.0.0.0" in opt_in.stdout
+
+
+# ==== round 2 (issue 24) ===========================================================================
+# Each case below failed on the main branch before issue 24: an input destroyed, code or markup
+# written into a file, a traceback, a hang, or a wrong success.
+import resource  # noqa: E402 - the round-2 cases' own imports, kept beside them
+import sqlite3  # noqa: E402
+import stat  # noqa: E402
+
+
+@pytest.fixture
+def fifo_watchdog():
+    """Make a FIFO whose reader, if any, is released after ``seconds``, so a read that blocks
+    (inside C code no signal interrupts) ends and the test fails instead of hanging.
+
+    Returns ``make(path, seconds)``; the fixture's ``fired`` list is non-empty when a reader
+    had to be released, i.e. the FIFO was opened for reading.
+    """
+    import threading
+
+    timers = []
+
+    def make(path: Path, seconds: float = 30.0) -> Path:
+        os.mkfifo(path)
+
+        def release():
+            try:  # succeeds only while a reader has it open; the reader then sees end of file
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                return
+            make.fired.append(path)
+            os.close(fd)
+
+        timer = threading.Timer(seconds, release)
+        timer.daemon = True
+        timer.start()
+        timers.append(timer)
+        return path
+
+    make.fired = []
+    yield make
+    for timer in timers:
+        timer.cancel()
+
+
+@pytest.fixture
+def checkpoint_copy(tmp_path, tiny_checkpoint):
+    folder = tmp_path / "ck"
+    shutil.copytree(tiny_checkpoint, folder)
+    return folder
+
+
+def _tree(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ---- 1. one rule for outputs: never an input ---------------------------------------------------
+@pytest.mark.parametrize("command", ["plan", "front", "report"])
+def test_an_output_that_is_the_table_is_refused_and_the_table_kept(cli, tmp_path, command):
+    table = write_input(tmp_path, "t.json", json.dumps(table_dict()))
+    before = table.read_bytes()
+    argv = {
+        "plan": ["plan", "--table", table, "--budget", "0.2", "--model", "smollm2-135m"],
+        "front": ["front", "--table", table],
+        "report": ["report", "--table", table, "--budget", "0.2"],
+    }[command]
+    assert_refused(cli(argv + ["--out", table]), "same path as --table")
+    assert table.read_bytes() == before
+
+
+def test_prune_onto_its_own_checkpoint_is_refused_and_the_checkpoint_kept(cli, checkpoint_copy):
+    before = _tree(checkpoint_copy)
+    assert_refused(cli(["prune", "--model", checkpoint_copy, "--uniform", "0.3", "--criterion", "magnitude", "--out", checkpoint_copy]), "same path as --model")
+    assert _tree(checkpoint_copy) == before
+
+
+def test_prune_out_dot_inside_the_checkpoint_is_refused_before_work(cli, checkpoint_copy, monkeypatch):
+    monkeypatch.chdir(checkpoint_copy)
+    before = _tree(checkpoint_copy)
+    assert_refused(cli(["prune", "--model", ".", "--uniform", "0.3", "--criterion", "magnitude", "--out", "."]), "same path as --model")
+    assert _tree(checkpoint_copy) == before
+
+
+def test_a_folder_output_that_holds_the_input_is_refused(cli, tmp_path, checkpoint_copy):
+    before = _tree(checkpoint_copy)
+    assert_refused(cli(["prune", "--model", checkpoint_copy, "--uniform", "0.3", "--criterion", "magnitude", "--out", tmp_path]), "holds --model")
+    assert _tree(checkpoint_copy) == before
+
+
+def test_gguf_export_into_the_checkpoint_is_refused_and_the_weights_kept(cli, checkpoint_copy):
+    weights = checkpoint_copy / "model.safetensors"
+    before = weights.read_bytes()
+    assert_refused(cli(["export", checkpoint_copy, "--format", "gguf", "--out", weights]), "inside the checkpoint")
+    assert weights.read_bytes() == before
+
+
+def test_recover_onto_its_own_model_is_refused_before_work(cli, checkpoint_copy):
+    before = _tree(checkpoint_copy)
+    argv = ["recover", "--model", checkpoint_copy, "--method", "mezo", "--steps", "1", "--out", checkpoint_copy / "sub"]
+    assert_refused(cli(argv), "inside --model")
+    assert _tree(checkpoint_copy) == before
+
+
+def test_the_text_source_is_an_input_too(cli, tmp_path):
+    text = write_input(tmp_path, "docs.txt", "one document\n\nanother document\n")
+    argv = ["table", "--model", "smollm2-135m", "--data", text, "--samples", "2", "--seq-len", "16", "--out", text]
+    assert_refused(cli(argv), "same path as --data")
+    assert text.read_text() == "one document\n\nanother document\n"
+
+
+def test_gguf_is_written_through_the_shared_atomic_writer(tmp_path, monkeypatch, smol_tokenizer):
+    """Its temporary carries the process id, and the file gets the umask's permissions."""
+    from conftest import tiny_lm
+
+    from gap_engine.core import fsutil
+    from gap_engine.deploy import gguf
+
+    seen = []
+
+    def fake_write(lm, config, path, outtype, tokenizer_pre):
+        seen.append(Path(path).name)
+        Path(path).write_bytes(b"GGUF")
+        return gguf.GgufSummary(str(path), outtype, 4, 0, [], [], [], "smollm")
+
+    monkeypatch.setattr(gguf, "_write", fake_write)
+    out = tmp_path / "m.gguf"
+    gguf.write_gguf(tiny_lm("llama", smol_tokenizer), out)
+    assert seen and seen[0].startswith(f".m.gguf.{os.getpid()}-") and seen[0].endswith(".tmp"), seen
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~fsutil._UMASK
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+def test_a_stale_gguf_temporary_is_removed_by_the_next_export(tmp_path, monkeypatch, smol_tokenizer):
+    from conftest import tiny_lm
+
+    from gap_engine.deploy import gguf
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".m.gguf.{dead.pid}-abcdef.tmp"
+    stale.write_bytes(b"half a file")
+    monkeypatch.setattr(gguf, "_write", lambda lm, config, path, o, t: (Path(path).write_bytes(b"GGUF"), gguf.GgufSummary(str(path), o, 4, 0, [], [], [], "x"))[1])
+    gguf.write_gguf(tiny_lm("llama", smol_tokenizer), tmp_path / "m.gguf")
+    assert not stale.exists()
+
+
+# ---- 2. nothing we write runs code or injects markup --------------------------------------------
+HOSTILE_NAME = 'x", trust_remote_code=True); import os; os.system("id")  #'
+
+
+def _card(folder_name=HOSTILE_NAME, report=None, plan_fields=None):
+    from gap_engine.model.model_card import render_model_card
+    from gap_engine.model.rateplan import RatePlan
+
+    plan = RatePlan.from_dict(plan_dict() | (plan_fields or {}))
+    marker = {"base_model": "<img src=x onerror=alert(1)>", "widths": [{"num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 48}] * 2}
+    return render_model_card(folder_name, plan, marker, {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96}, report)
+
+
+def _code_blocks(card: str, language: str) -> list[str]:
+    blocks, inside, current = [], False, []
+    for line in card.splitlines():
+        if line.startswith("```"):
+            if inside:
+                blocks.append("\n".join(current))
+            inside, current = line == f"```{language}", []
+            continue
+        if inside:
+            current.append(line)
+    return blocks
+
+
+def test_the_model_card_python_snippet_holds_the_name_as_a_string_only():
+    import ast
+
+    (snippet,) = _code_blocks(_card(), "python")
+    calls = [node for node in ast.walk(ast.parse(snippet)) if isinstance(node, ast.Call)]
+    assert [c.func.attr for c in calls] == ["from_pretrained", "from_pretrained"], snippet
+    assert all(isinstance(c.args[0], ast.Constant) and c.args[0].value == HOSTILE_NAME for c in calls)
+    tokenizer_call = calls[1]
+    assert not tokenizer_call.keywords, "the tokenizer line must not ask for remote code"
+
+
+def test_the_model_card_shell_snippet_quotes_the_name():
+    import shlex
+
+    snippet = _code_blocks(_card(), "bash")[0]
+    words = shlex.split(snippet.splitlines()[0])
+    assert words[:2] == ["gap", "export"] and words[2] == HOSTILE_NAME
+
+
+def test_the_model_card_escapes_evaluation_fields_and_plan_text():
+    report = eval_report_dict() | {
+        "perplexity": {"<script>alert(1)</script>|x\nnew row": 12.5},
+        "generations": [{"prompt": "<img src=x onerror=alert(2)>", "model": "a | b\n| forged | row |"}],
+    }
+    card = _card("ok-name", report, {"allocator": "<b onmouseover=alert(3)>", "created": "`code` <i>"})
+    assert "<script" not in card and "<img" not in card and "<b " not in card and "<i>" not in card
+    assert "| forged |" not in card
+    table_rows = [line for line in card.splitlines() if line.startswith("| ") and "12.500" in line]
+    assert len(table_rows) == 1 and table_rows[0].count(" | ") == 4, table_rows
+
+
+@pytest.fixture(scope="module")
+def dp_checkpoint(tmp_path_factory, smol_tokenizer):
+    """A tiny checkpoint whose blocks keep different head counts (what a DP plan makes)."""
+    from conftest import tiny_lm
+
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.model.checkpoint import save_pruned
+    from gap_engine.model.rateplan import make_plan
+    from gap_engine.pipeline.stages import prune_with_plan
+
+    lm = tiny_lm("llama", smol_tokenizer)
+    plan = make_plan(lm, [0.5, 0.0], [0.5, 0.25], "magnitude", allocator="dp")
+    result = prune_with_plan(lm, plan, WindowSpec(n_samples=2, seq_len=16))
+    return save_pruned(lm, plan, result.kept_indices(), tmp_path_factory.mktemp("dp") / "tiny-dp")
+
+
+def test_a_dp_checkpoint_tokenizer_loads_with_plain_autotokenizer(dp_checkpoint, smol_tokenizer):
+    from transformers import AutoTokenizer
+
+    config = json.loads((dp_checkpoint / "config.json").read_text())
+    assert config["per_layer_config"]["0"]["num_attention_heads"] != config["per_layer_config"]["1"]["num_attention_heads"]
+    tokenizer = AutoTokenizer.from_pretrained(str(dp_checkpoint))
+    assert tokenizer("pruning")["input_ids"] == smol_tokenizer("pruning")["input_ids"]
+
+
+def test_a_dp_checkpoint_still_loads_with_its_remote_code_and_in_gap(dp_checkpoint):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gap_engine.model.loading import load_model
+
+    ours = load_model(str(dp_checkpoint))
+    theirs = AutoModelForCausalLM.from_pretrained(str(dp_checkpoint), trust_remote_code=True, dtype=torch.float32)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert torch.allclose(ours.model(ids).logits, theirs(ids).logits, atol=1e-4)
+
+
+def test_a_base_model_read_from_a_checkpoint_never_reaches_the_network(cli, checkpoint_copy, monkeypatch):
+    from gap_engine.model import loading as models
+
+    calls = []
+    real = models._from_folder
+
+    def recording(path, local_only, dtype=None):
+        calls.append((path, local_only))
+        return real(path, local_only, dtype)
+
+    monkeypatch.setattr(models, "_from_folder", recording)
+    marker = json.loads((checkpoint_copy / "gap_pruned.json").read_text())
+    (checkpoint_copy / "gap_pruned.json").write_text(json.dumps(marker | {"base_model": "some-org/some-model"}))
+    code, err, _ = cli(["eval", "--model", checkpoint_copy, "--no-throughput", "--generations", "0", "--data", "news-sample", "--samples", "2", "--seq-len", "16"])
+    assert code == 0, err
+    assert calls == [("some-org/some-model", True)], calls
+
+
+# ---- 3. a full disk (ulimit -f) is one line and leaves nothing -----------------------------------
+def assert_failed_after_work(result, message: str) -> None:
+    """Exit 2 and one ``gap: error:`` line, the last: a failure after the work legitimately
+    started may follow its progress lines, never a traceback."""
+    code, err, _ = result
+    assert code == 2, (code, err)
+    assert err and err[-1].startswith("gap: error:") and message.lower() in err[-1].lower(), err
+    assert sum("error" in line.lower() for line in err) == 1 and not any("Traceback" in line for line in err), err
+
+
+@pytest.fixture
+def small_file_limit():
+    """RLIMIT_FSIZE at 64 KiB for the body (writes past it fail with EFBIG; Python ignores SIGXFSZ)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_prune_on_a_full_disk_is_one_line_and_leaves_nothing(cli, tmp_path, tiny_model_dir, small_file_limit):
+    work = tmp_path / "work"
+    work.mkdir()
+    assert_failed_after_work(cli(["prune", "--model", tiny_model_dir, "--uniform", "0.5", "--criterion", "magnitude", "--out", work / "pruned"]), "file too large")
+    assert list(work.iterdir()) == []
+
+
+def test_export_hf_on_a_full_disk_is_one_line_and_leaves_nothing(cli, tmp_path, tiny_checkpoint, small_file_limit):
+    work = tmp_path / "work"
+    work.mkdir()
+    assert_failed_after_work(cli(["export", tiny_checkpoint, "--format", "hf", "--dtype", "float32", "--out", work / "again"]), "file too large")
+    assert list(work.iterdir()) == []
+
+
+def test_recover_on_a_full_disk_is_one_line_and_leaves_no_partial_folder(cli, tmp_path, tiny_checkpoint, small_file_limit):
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = [
+        "recover", "--model", tiny_checkpoint, "--method", "mezo", "--steps", "1", "--data", "news-sample", "--seq-len", "16",
+        "--batch-size", "1", "--pool-windows", "2", "--no-eval-before", "--no-dense", "--no-history", "--eval-samples", "1",
+        "--eval-seq-len", "16", "--generations", "0", "--out", work / "recovered",
+    ]
+    assert_failed_after_work(cli(argv), "file too large")
+    assert list(work.iterdir()) == []
+
+
+# ---- 4. special files are refused, not opened -----------------------------------------------------
+def test_a_fifo_for_weights_in_a_checkpoint_is_one_line_not_a_hang(cli, checkpoint_copy, fifo_watchdog):
+    (checkpoint_copy / "model.safetensors").unlink()
+    fifo_watchdog(checkpoint_copy / "model.safetensors")
+    argv = ["eval", "--model", checkpoint_copy, "--no-dense", "--no-throughput", "--generations", "0", "--data", "news-sample", "--samples", "2", "--seq-len", "16"]
+    result = cli(argv)
+    assert not fifo_watchdog.fired, "the FIFO was opened for reading"
+    assert_refused(result, "model.safetensors is a FIFO")
+
+
+def test_a_fifo_in_the_converted_models_folder_does_not_hang_gap_models(cli, tmp_path, fifo_watchdog):
+    folder = tmp_path / "cache" / "models" / "smollm2-135m"
+    folder.mkdir(parents=True)
+    (folder / "gap_converted.json").write_text(json.dumps({"builtin": "smollm2-135m", "files": {}}))
+    fifo_watchdog(folder / "model.safetensors")
+    code, err, out = cli(["models"])
+    assert not fifo_watchdog.fired, "the FIFO was opened for reading"
+    assert code == 0, err
+    assert "damaged: smollm2-135m: model.safetensors is a FIFO" in out.replace(str(folder), "smollm2-135m"), out
+
+
+@pytest.mark.parametrize("flag", ["--plan", "--data"])
+def test_a_fifo_given_as_an_input_file_is_refused(cli, tmp_path, fifo_watchdog, flag):
+    fifo = fifo_watchdog(tmp_path / ("plan.json" if flag == "--plan" else "docs.txt"))
+    argv = ["prune", "--model", "smollm2-135m", "--uniform", "0.1", "--out", tmp_path / "out"] if flag == "--data" else ["prune", "--model", "smollm2-135m", "--out", tmp_path / "out"]
+    result = cli(argv + [flag, fifo])
+    assert not fifo_watchdog.fired, "the FIFO was opened for reading"
+    assert_refused(result, "not a regular file")
+
+
+# ---- 5. every file through validate.py ------------------------------------------------------------
+KEPT_CASES = {
+    "nested-200k": ("[" * DEEP + "]" * DEEP, "deeper than"),
+    "not-utf8": (b"\xff\xfe{}", "not utf-8"),
+    "a-list": ("[1, 2]", "must be an object"),
+    "truncated": ('{"kept_heads": [[0, 1]', "not valid json"),
+    "index-text": (json.dumps({"kept_kv_heads": [["a"]], "kept_heads": [[0]], "kept_channels": [[0]]}), "must be an integer"),
+    "index-400-digits": ('{"kept_kv_heads": [[' + "9" * 400 + ']], "kept_heads": [[0]], "kept_channels": [[0]]}', "400 digits"),
+}
+
+
+@pytest.mark.parametrize("name", list(KEPT_CASES))
+def test_hostile_kept_indices_are_one_line_in_export_hf(cli, tmp_path, checkpoint_copy, name):
+    content, message = KEPT_CASES[name]
+    (checkpoint_copy / "kept_indices.json").write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = tmp_path / "again"
+    assert_refused(cli(["export", checkpoint_copy, "--format", "hf", "--out", out]), message, out)
+
+
+def test_a_hostile_saved_evaluation_is_left_out_of_the_card(tmp_path, checkpoint_copy):
+    from gap_engine.model.storage import read_eval_report
+
+    (checkpoint_copy / "eval_report.json").write_text("[" * DEEP + "]" * DEEP)
+    assert read_eval_report(checkpoint_copy) is None
+    (checkpoint_copy / "eval_report.json").write_text(json.dumps(eval_report_dict() | {"perplexity": {"x": "<script>"}}))
+    assert read_eval_report(checkpoint_copy) is None
+
+
+def _history_with(tmp_path, **columns) -> int:
+    from gap_engine.evaluate import history
+
+    run_id = history.record_run(history.RunRecord(model="tiny-llama", allocator="manual", plan=plan_dict() | {"model": "tiny-llama"}, perplexity={"news-sample": 10.0}))
+    if columns:
+        with sqlite3.connect(history.history_path()) as conn:
+            for name, value in columns.items():
+                conn.execute(f"UPDATE runs SET {name} = ? WHERE id = ?", (value, run_id))
+    return run_id
+
+
+@pytest.mark.parametrize(
+    "column, value, message",
+    [
+        ("plan_json", "[" * DEEP + "]" * DEEP, "deeper than"),
+        ("plan_json", "{truncated", "not valid json"),
+        ("perplexity_json", json.dumps({"news-sample": "high"}), "must be a number"),
+        ("budget", "a lot", "must be a number"),
+        ("pruned_params", 1e300, "must be an integer"),
+    ],
+    ids=["plan-nested-200k", "plan-truncated", "perplexity-text", "budget-text", "params-1e300"],
+)
+def test_hostile_history_rows_are_one_line_in_gap_report(cli, tmp_path, monkeypatch, column, value, message):
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    run_id = _history_with(tmp_path, **{column: value})
+    table = write_input(tmp_path, "t.json", json.dumps(table_dict()))
+    out = work_out(tmp_path, "r.html")
+    assert_refused(cli(["report", "--table", table, "--run", run_id, "--out", out]), message, out)
+
+
+def test_a_run_id_past_sqlite_integers_is_one_line(cli, tmp_path):
+    table = write_input(tmp_path, "t.json", json.dumps(table_dict()))
+    out = work_out(tmp_path, "r.html")
+    assert_refused(cli(["report", "--table", table, "--run", "99999999999999999999", "--out", out]), "run id must be between", out)
+
+
+def test_a_tampered_resume_step_is_refused(tmp_path):
+    from gap_engine.recover.files import RecoveryError, RunState, load_state, save_state
+
+    work = tmp_path / "out.partial"
+    save_state(work, RunState(trajectory={"steps": 400}, start_fingerprint="abc", step=3), {"w": __import__("torch").zeros(2)}, None)
+    state_file = work / "state" / "state.json"
+    state_file.write_text(json.dumps(json.loads(state_file.read_text()) | {"step": 1_000_000}))
+    with pytest.raises(RecoveryError, match="step must be between 0 and 400"):
+        load_state(work)
+
+
+YAML_PLAN_CASES = {
+    "created-2024-02-30": ("created: 2024-02-30", "date or time"),
+    "created-hour-25": ("created: 2024-02-01 25:00:00", "date or time"),
+    "int-tag-abc": ('budget: !!int "abc"', "tags are not allowed"),
+    "float-tag-abc": ('budget: !!float "abc"', "tags are not allowed"),
+    "timestamp-tag": ('created: !!timestamp "x"', "tags are not allowed"),
+    "bool-tag-maybe": ('budget: !!bool "maybe"', "tags are not allowed"),
+    "int-5001-digits": ("num_layers: " + "9" * 5001, "5,001 digits"),
+}
+
+
+@pytest.mark.parametrize("name", list(YAML_PLAN_CASES))
+def test_yaml_edge_cases_in_a_plan_are_one_line(cli, tmp_path, name):
+    line, message = YAML_PLAN_CASES[name]
+    key = line.split(":")[0]
+    text = line + "\n" + "\n".join(f"{k}: {json.dumps(v)}" for k, v in plan_dict().items() if k != key)
+    plan_path, out = write_input(tmp_path, "plan.yaml", text), work_out(tmp_path, "pruned")
+    assert_refused(cli(["prune", "--model", "smollm2-135m", "--plan", plan_path, "--out", out]), message, out, set())
+
+
+def test_a_400_digit_rate_in_a_json_plan_is_one_line(cli, tmp_path):
+    text = json.dumps(plan_dict()).replace('"attention_rates": [0.25, 0.25]', '"attention_rates": [' + "1" * 400 + ", 0.25]")
+    plan_path, out = write_input(tmp_path, "plan.json", text), work_out(tmp_path, "pruned")
+    assert_refused(cli(["prune", "--model", "smollm2-135m", "--plan", plan_path, "--out", out]), "400 digits", out, set())
+
+
+ROUND2_TABLE_CASES = {
+    "cell-tokens-400-digits": (lambda d: json.dumps(d | {"cell_tokens": [[0, 0]] * 4}).replace('"cell_tokens": [[0, 0]', '"cell_tokens": [[' + "9" * 400 + ", 0]", 1), "400 digits"),
+    "measured-400-digits": (lambda d: json.dumps(d).replace('"measured": [[true', '"measured": [[' + "1" * 400, 1), "400 digits"),
+    "estimate-400-digits": (lambda d: json.dumps(d | {"estimate": [[0.0, 0.1]] * 4}).replace('"estimate": [[0.0', '"estimate": [[' + "7" * 400, 1), "400 digits"),
+    "cell-tokens-1e300": (_with("cell_tokens", [[0, 1e300], [0, 16], [0, 16], [0, 16]]), "cell_tokens[0][1]"),
+    "layer-index-fraction": (_with("components", [[0, "attn"], [0.7, "mlp"], [1, "attn"], [1, "mlp"]]), "layer must be an integer"),
+}
+
+
+@pytest.mark.parametrize("name", list(ROUND2_TABLE_CASES))
+def test_round2_tables_are_refused(front_run, name):
+    mutate, message = ROUND2_TABLE_CASES[name]
+    result, out = front_run(mutate(copy.deepcopy(table_dict())))
+    assert_refused(result, message, out, set())
+
+
+# ---- 6. preflight: refused before any work, the error the only line ------------------------------
+PREFLIGHT_CASES = {
+    "unknown-builtin": (["table", "--model", "smollm2-153m", "--samples", "2", "--seq-len", "16"], "unknown model 'smollm2-153m'"),
+    "hub-id-offline": (["table", "--model", "nobody-here/no-such-model", "--samples", "2", "--seq-len", "16"], "not reachable (offline)"),
+    "hub-id-malformed": (["eval", "--model", "bad id/x y"], "is not a hub id"),
+    "data-x-train-offline": (["table", "--data", "x::train", "--samples", "2", "--seq-len", "16"], "not reachable (offline)"),
+    "data-unknown-form": (["table", "--data", "not-a-source", "--samples", "2", "--seq-len", "16"], "unknown text source"),
+    "data-missing-file": (["table", "--data", "/nonexistent/docs.txt", "--samples", "2", "--seq-len", "16"], "text file not found"),
+    "max-memory-lots": (["eval", "--model", "smollm2-135m", "--device-map", "auto", "--max-memory", "cpu=lots"], "'lots' is not a size"),
+    "tokenizer-pre-path": (["export", "smollm2-135m", "--tokenizer-pre", "../../x\ny"], "not a llama.cpp pre-tokenizer name"),
+}
+
+
+@pytest.mark.parametrize("name", list(PREFLIGHT_CASES))
+def test_names_and_specs_are_refused_before_any_work(cli, tmp_path, monkeypatch, name):
+    from gap_engine.model import loading as models
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(models, "_load", no_load)
+    argv, message = PREFLIGHT_CASES[name]
+    out = ["--out", work_out(tmp_path, "x.gguf" if argv[0] == "export" else "t.json")] if argv[0] in ("table", "export") else []
+    assert_refused(cli(argv + out), message)
+
+
+# ---- 7. the last line of defence ------------------------------------------------------------------
+def test_an_unexpected_exception_is_one_line_exit_70_and_a_crash_file(cli, tmp_path, monkeypatch):
+    from gap_engine.cli import model_commands
+
+    def broken(args):
+        raise ZeroDivisionError("a bug, not the user's input")
+
+    monkeypatch.setattr(model_commands, "run_models", broken)
+    code, err, _ = cli(["models"])
+    assert code == 70 and len(err) == 1, (code, err)
+    assert err[0].startswith("gap: internal error: ZeroDivisionError: a bug") and "details in " in err[0], err
+    crash = Path(err[0].rsplit("details in ", 1)[1])
+    assert crash.parent == tmp_path / "cache" / "crashes"
+    assert "Traceback" in crash.read_text() and "ZeroDivisionError" in crash.read_text()
+
+
+# ---- 8. smaller items -----------------------------------------------------------------------------
+def test_recover_onto_its_previous_output_is_not_refused_as_a_file_path(cli, tmp_path, checkpoint_copy):
+    """A recover --out that is an earlier output (a checkpoint folder) is replaced, like prune's:
+    the refusal of this argv comes from --steps, not from the folder."""
+    argv = ["recover", "--model", checkpoint_copy, "--method", "mezo", "--steps", "0", "--out", tmp_path / "previous"]
+    shutil.copytree(checkpoint_copy, tmp_path / "previous")
+    line = assert_refused(cli(argv), "steps")
+    assert "is a folder" not in line, line
+
+
+def test_log_lines_show_control_characters_as_escapes():
+    from gap_engine.cli.main import _PrintableFormatter
+
+    record = logging.LogRecord("gap_engine.data", logging.INFO, __file__, 1, "loaded %s", ("docs\x1b[2J\nINFO forged.txt",), None)
+    assert _PrintableFormatter("%(message)s").format(record) == "loaded docs\\x1b[2J\\nINFO forged.txt"
+
+
+def test_the_cli_installs_the_printable_formatter_on_its_own_handler(tmp_path, monkeypatch, capsys):
+    from gap_engine.cli.main import _PrintableFormatter
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers.clear()
+    try:
+        assert main(["cache", "ls", "--json"]) == 0
+        ours = [h for h in root.handlers if isinstance(h.formatter, _PrintableFormatter)]
+    finally:
+        for handler in root.handlers:
+            if handler not in saved:
+                root.removeHandler(handler)
+        root.handlers[:] = saved
+    assert len(ours) == 1

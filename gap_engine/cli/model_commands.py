@@ -136,10 +136,11 @@ def _dispatched_pair(args: argparse.Namespace):
         raise DeviceError("--device-map places the model itself: leave out --device and --stream")
     max_memory = parse_max_memory(args.max_memory)
 
-    def load(name: str, folder: str):
+    def load(name: str, folder: str, hub: bool):
         offload = args.offload_dir / folder if args.offload_dir else None  # one offload index per model
-        return load_dispatched(name, args.dtype, args.device_map, max_memory, offload)
+        return load_dispatched(name, args.dtype, args.device_map, max_memory, offload, hub=hub)
 
-    lm = load(args.model, "model")
-    dense = None if args.no_dense else dense_reference(lm, loader=lambda name: load(name, "dense"))
+    lm = load(args.model, "model", hub=True)
+    # The dense model's name comes from the checkpoint's files: local files only, never the network.
+    dense = None if args.no_dense else dense_reference(lm, loader=lambda name: load(name, "dense", hub=False))
     return lm, dense

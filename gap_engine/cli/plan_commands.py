@@ -46,7 +46,7 @@ def read_table(path: str) -> LossTable:
 
 def _load_for_table(model_arg: str | None, table: LossTable, device=None):
     """The model named on the command line (or the table's own), checked against the table."""
-    lm = load_model(model_arg or table.model, device)
+    lm = load_model(model_arg or table.model, device, hub=model_arg is not None)  # a name from the table stays local
     table.check_model(lm)
     return lm
 

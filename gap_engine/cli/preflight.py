@@ -6,15 +6,28 @@ naming the limit and the way past it (``--force-size`` or ``GAP_FORCE_SIZE=1``).
 output: ``--out`` must be writable, of the right kind (a folder for ``prune``, a file for
 the others), and ``prune`` replaces only an empty folder or an earlier checkpoint. So a
 bad value costs a fraction of a second, not a model load and a half-finished measurement.
+
+Then the names: a ``--model`` that is neither a built-in, a path that exists, nor a hub id
+(or a hub id while the hub is switched off and the model is not in the local cache), a text
+source spec of no known form, a ``--max-memory`` that is not DEVICE=SIZE. And one rule for
+every output: ``--out`` may not be, or lie inside, any input of the same command
+(``fsutil.check_not_an_input``), so no command can overwrite what it reads.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import socket
+import threading
+import urllib.parse
+from pathlib import Path
 
-from gap_engine.core.errors import DataError, OutputError
-from gap_engine.core.fsutil import cache_root, check_output
+from gap_engine.core.errors import DataError, ModelLoadError, OutputError
+from gap_engine.core.fsutil import cache_root, check_not_an_input, check_output, refuse_special_files, special_kind
 from gap_engine.core.limits import LIMITS, check_at_most, check_windows
+from gap_engine.core.memory import parse_max_memory
 
 # option dest -> (flag, floor, ceiling field of LIMITS or None, what one unit is)
 SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
@@ -34,13 +47,23 @@ SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
     "keep_params": ("--keep-params", 1, None, "parameters"),
 }
 # Commands whose --out is a folder (and `export --format hf`); every other --out is a file.
-FOLDER_OUTPUTS = ("prune",)
+FOLDER_OUTPUTS = ("prune", "recover")
 # Commands that always use the on-disk cache (tables, converted models, the run history).
 CACHE_COMMANDS = ("table", "compare", "models", "cache")
 # The built-in model names (models.BUILTIN_MODELS; not imported: it needs torch). Loading one uses the cache.
 BUILTIN_NAMES = ("smollm2-135m", "gemma3-270m")
 # The file a gap checkpoint folder holds (checkpoint.PRUNED_MARKER; not imported: it needs torch).
 CHECKPOINT_MARKER = "gap_pruned.json"
+# The built-in text sources (data.BUILTIN_SOURCES; not imported: it needs torch).
+BUILTIN_TEXTS = ("wiki-sample", "news-sample")
+# A Hugging Face hub id as the hub spells them: owner/name, letters, digits, '-', '_', '.'.
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+# A dataset split: a name, optionally sliced as datasets allows (train[:10%]).
+SPLIT = re.compile(r"^[A-Za-z0-9_.-]{1,64}(\[[0-9:%+-]{0,32}\])?$")
+# Inputs read as whole folders: an output inside one changes the input.
+FOLDER_INPUTS = ("--model", "the checkpoint")
+# Where an output of each command lives besides --out (recover works in OUT.partial).
+PARTIAL_SUFFIX = ".partial"
 
 
 def _count(text: str | None) -> int:
@@ -79,12 +102,174 @@ def check_sources(args: argparse.Namespace) -> None:
             raise DataError(f"{flag} names no text source; give wiki-sample, news-sample, a .txt/.jsonl file or an HF spec")
 
 
+_OFF = ("1", "true", "yes", "on")
+
+
+def _hub_host_resolves(timeout: float = 3.0) -> bool:
+    """Whether the hub's host name resolves (asked once per process, at most ``timeout`` seconds).
+
+    Without a name there is no network path to the hub: the libraries would spend a minute in
+    retries and print a line for each before failing, so such names are judged here instead.
+    """
+    if _HUB_RESOLVES:
+        return _HUB_RESOLVES[0]
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    outcome: list[bool] = []
+
+    def ask() -> None:
+        try:
+            socket.getaddrinfo(host, 443)
+            outcome.append(True)
+        except OSError:
+            outcome.append(False)
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    asker.join(timeout)
+    _HUB_RESOLVES.append(bool(outcome and outcome[0]))
+    return _HUB_RESOLVES[0]
+
+
+_HUB_RESOLVES: list[bool] = []
+
+
+def hub_offline() -> bool:
+    """True when the Hugging Face hub cannot be used: switched off (HF_HUB_OFFLINE,
+    TRANSFORMERS_OFFLINE, HF_DATASETS_OFFLINE) or its host name does not resolve."""
+    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+    if any(os.environ.get(name, "").strip().lower() in _OFF for name in names):
+        return True
+    return not _hub_host_resolves()
+
+
+def _hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    return home / "hub"
+
+
+def hub_cached(repo_id: str, kind: str = "models") -> bool:
+    """True when the hub cache holds a snapshot of ``repo_id`` (a model or a dataset)."""
+    folder = _hub_cache() / f"{kind}--{repo_id.replace('/', '--')}" / "snapshots"
+    try:
+        return folder.is_dir() and any(folder.iterdir())
+    except OSError:
+        return False
+
+
+def check_model_name(name: str | None, flag: str = "--model") -> None:
+    """ModelLoadError now, before any text is read, for a model that cannot be loaded.
+
+    A built-in name and a path that exists pass (the loader checks what is inside); a
+    special file (FIFO, device) is refused; a hub id passes unless the hub is switched off
+    and the model is not cached; anything else is no model at all.
+    """
+    if name is None or name in BUILTIN_NAMES:
+        return
+    text = str(name)
+    path = Path(text).expanduser()
+    if path.exists():
+        kind = special_kind(path)
+        if kind:
+            raise ModelLoadError(f"{flag} {text} is {kind}, not a model folder or file")
+        if path.is_dir():
+            refuse_special_files(path, ModelLoadError)  # a FIFO among the weights: refused before any text is read
+        return
+    if path.suffix == ".gguf":
+        raise ModelLoadError(f"{flag}: GGUF file {text} does not exist")
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        if not HUB_ID.match(text):
+            raise ModelLoadError(f"{flag} {text!r} is not a hub id (owner/name: letters, digits, '-', '_', '.') nor a path that exists")
+        if hub_offline() and not hub_cached(text):
+            raise ModelLoadError(f"{flag} {text}: the Hugging Face hub is not reachable (offline) and this model is not in its local cache")
+        return
+    raise ModelLoadError(
+        f"unknown model '{text}': not a built-in ({', '.join(BUILTIN_NAMES)}), "
+        "a local model folder, a .gguf file, or a hub id 'org/name'"
+    )
+
+
+def check_models(args: argparse.Namespace) -> None:
+    """check_model_name for --model (and the checkpoint of ``gap export``)."""
+    check_model_name(getattr(args, "model", None))
+    if args.command == "export":
+        check_model_name(getattr(args, "checkpoint", None), "the checkpoint")
+
+
+def check_source_spec(spec: str, flag: str) -> None:
+    """DataError for a text source spec of no known form (before any text or model loads)."""
+    spec = spec.strip()
+    if spec in BUILTIN_TEXTS:
+        return
+    if spec.lower().endswith((".txt", ".jsonl")):
+        path = Path(spec).expanduser()
+        if not path.exists():
+            raise DataError(f"{flag}: text file not found: {spec}")
+        kind = special_kind(path)
+        if kind or not path.is_file():
+            raise DataError(f"{flag}: text source {spec} is {kind + ', not a regular file' if kind else 'not a regular file'}; give a .txt or .jsonl file")
+        return
+    parts = spec.split(":")
+    if len(parts) == 3 and parts[0] and parts[2]:
+        name, _, split = parts
+        if not (HUB_ID.match(name) or re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$", name)):
+            raise DataError(f"{flag}: {name!r} in {spec!r} is not a dataset name")
+        if not SPLIT.match(split):
+            raise DataError(f"{flag}: {split!r} in {spec!r} is not a dataset split (e.g. train, test, train[:10%])")
+        if hub_offline() and not hub_cached(name, "datasets"):
+            raise DataError(f"{flag} {spec}: the Hugging Face hub is not reachable (offline) and this dataset is not in its local cache")
+        return
+    raise DataError(
+        f"{flag}: unknown text source {spec!r}: expected a built-in name ({', '.join(BUILTIN_TEXTS)}), a .txt or "
+        ".jsonl file, or a Hugging Face dataset 'name:config:split' (e.g. wikitext:wikitext-2-raw-v1:test)"
+    )
+
+
+def check_source_specs(args: argparse.Namespace) -> None:
+    for dest, flag in (("data", "--data"), ("eval_data", "--eval-data")):
+        for part in str(getattr(args, dest, None) or "").split(","):
+            if part.strip():
+                check_source_spec(part, flag)
+
+
+def check_max_memory(args: argparse.Namespace) -> None:
+    """DataError for a --max-memory that is not DEVICE=SIZE (now, not after the model loaded)."""
+    if getattr(args, "max_memory", None):
+        parse_max_memory(args.max_memory, DataError)
+
+
+def _cache_path() -> Path:
+    """fsutil.cache_root's path, without creating it (check_cache does, later)."""
+    return Path(os.environ.get("GAP_CACHE_DIR") or Path(__file__).resolve().parents[2] / "cache")
+
+
+def command_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(flag, path) of every file or folder the command reads: what no output may be."""
+    inputs = []
+    for dest, flag in (("model", "--model"), ("plan", "--plan"), ("table", "--table"), ("eval", "--eval"), ("checkpoint", "the checkpoint")):
+        value = getattr(args, dest, None)
+        if value:
+            inputs.append((flag, str(value)))
+            if value in BUILTIN_NAMES:  # its converted copy in the cache is read
+                inputs.append((flag, str(_cache_path() / "models" / value)))
+    for dest, flag in (("data", "--data"), ("eval_data", "--eval-data")):
+        for part in str(getattr(args, dest, None) or "").split(","):
+            if part.strip().lower().endswith((".txt", ".jsonl")):
+                inputs.append((flag, part.strip()))
+    return inputs
+
+
 def check_out(args: argparse.Namespace) -> None:
-    """OutputError unless --out can be written as what the command writes there."""
+    """OutputError unless --out can be written as what the command writes there, and is no input."""
     out = getattr(args, "out", None)
     if out is None:
         return
     folder = args.command in FOLDER_OUTPUTS or (args.command == "export" and getattr(args, "format", None) == "hf")
+    inputs = command_inputs(args)
+    check_not_an_input(out, inputs, folder, containers=FOLDER_INPUTS)
+    if args.command == "recover":
+        check_not_an_input(str(out) + PARTIAL_SUFFIX, inputs, True, "--out's work folder", containers=FOLDER_INPUTS)
     path = check_output(out, folder=folder)
     if folder and path.is_dir() and any(path.iterdir()) and not (path / CHECKPOINT_MARKER).is_file():
         raise OutputError(f"--out {path} is a folder that is neither empty nor a gap checkpoint; refusing to replace it")
@@ -102,8 +287,11 @@ def check_cache(args: argparse.Namespace) -> None:
 
 
 def preflight(args: argparse.Namespace) -> None:
-    """Every check above, in the order a user fixes them: sizes, sources, output, cache."""
+    """Every check above, in the order a user fixes them: sizes, names, sources, output, cache."""
     check_sizes(args)
     check_sources(args)
+    check_models(args)
+    check_source_specs(args)
+    check_max_memory(args)
     check_out(args)
     check_cache(args)

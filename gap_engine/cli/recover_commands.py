@@ -11,13 +11,14 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from gap_engine.cli.arguments import device_from
 from gap_engine.cli.output import format_seconds
 from gap_engine.core.progress import Hooks
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.recovery import RecoveryResult, RecoverySettings, recover
-from gap_engine.recover.files import RecoveryError, check_output_dir
+from gap_engine.recover.files import RecoveryError, check_output_dir, check_saved_state, partial_dir
 
 # argparse destination -> RecoverySettings field, for the options whose None means "keep the default".
 _TUNABLES = {
@@ -105,6 +106,8 @@ def _summary(result: RecoveryResult) -> dict:
 def run_recover(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     check_output_dir(args.out)  # before the slow load; recover() checks again against the model
+    if args.resume:
+        check_saved_state(partial_dir(Path(args.out).expanduser()))  # a tampered state.json costs no load
     if args.stream:
         # Training needs every block's weights and gradients at once; streaming is for tables and evaluation.
         raise RecoveryError("gap recover trains the whole model at once: --stream is not available here")

@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -36,6 +37,11 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "GAP_CACHE_DIR"
 # Errors that mean "this place cannot be written", reported as OutputError.
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.ENOTDIR, errno.EISDIR}
+# What libraries that write through their own code (safetensors, torch) say instead of an errno.
+_WRITE_FAILURE_TEXTS = (
+    "no space left on device", "file too large", "disk quota exceeded", "read-only file system",
+    "pytorchstreamwriter failed writing",  # torch.save's text for a write the OS refused
+)
 # Temporary names written before they carried a process id are removed once this old.
 _LEGACY_TEMP_AGE_SECONDS = 3600
 
@@ -122,6 +128,80 @@ def clean_stale(target: str | Path) -> list[Path]:
     return removed
 
 
+# ---- special files -------------------------------------------------------------------------------
+def special_kind(path: str | Path) -> str | None:
+    """'a FIFO', 'a socket', 'a device' for such a path (links followed), else None.
+
+    Opening a FIFO for reading blocks until a writer comes, so anything that reads a file the
+    user named (or a file inside a folder the user named) asks this first.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return None
+
+
+def refuse_special_files(folder: str | Path, error: type, what: str | None = None) -> None:
+    """``error`` (one line) when ``folder`` holds a FIFO, socket or device (one level down)."""
+    folder = Path(folder)
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return  # the reader names the unreadable folder
+    for entry in entries:
+        kind = special_kind(entry)
+        if kind:
+            raise error(f"{what or folder}: {entry.name} is {kind}, not a regular file; refusing to read it")
+
+
+# ---- outputs that are inputs -------------------------------------------------------------------
+def _resolved(path: str | Path) -> Path:
+    return Path(os.path.abspath(Path(path).expanduser())).resolve()
+
+
+def check_not_an_input(
+    out: str | Path, inputs: list[tuple[str, str | Path]], folder: bool, what: str = "--out", containers: tuple[str, ...] | None = None
+) -> None:
+    """OutputError when ``out`` is, or lies inside, one of the command's inputs.
+
+    Writing there would replace (or write into) what the command reads, so a table would turn
+    into a plan, a checkpoint into its own base. A folder output is also refused when an input
+    lies inside it, since the folder is replaced as a whole. Paths are compared resolved, links
+    followed.
+
+    Args:
+        out: the output path.
+        inputs: (flag, input path) pairs, the flag being how the message names it; names that
+            are not paths (a built-in model, a hub id) may be passed and are skipped when
+            nothing is there.
+        folder: True when the output is a folder that replaces what is there.
+        containers: the flags whose folders are read as a whole (a model, a checkpoint), so
+            an output inside one changes the input; None: every flag. A file flag given a
+            folder (``--plan some/folder``) is its reader's error, not this rule's.
+    """
+    target = _resolved(out)
+    for flag, source in inputs:
+        if source is None or not str(source).strip():
+            continue
+        source_path = Path(str(source)).expanduser()
+        if not (source_path.exists() or source_path.is_symlink()):
+            continue
+        source_path = _resolved(source_path)
+        if target == source_path:
+            raise OutputError(f"{what} {out} is the same path as {flag} {source}; writing it would destroy the input, choose another")
+        if target.is_relative_to(source_path) and (containers is None or flag in containers):
+            raise OutputError(f"{what} {out} lies inside {flag} {source}; writing there would change the input, choose a path outside it")
+        if folder and source_path.is_relative_to(target):
+            raise OutputError(f"{what} {out} holds {flag} {source}; replacing the folder would destroy the input, choose another")
+
+
 # ---- checks before the work starts ----------------------------------------------------------
 def check_output(path: str | Path, folder: bool, what: str = "--out") -> Path:
     """OutputError (one line) unless ``path`` can be written as a file (or a folder when ``folder``).
@@ -165,8 +245,57 @@ def _output_error(target: Path, exc: OSError) -> OutputError:
     return OutputError(f"cannot write {target}: {exc.strerror or exc}")
 
 
+def write_failure(target: str | Path, exc: BaseException) -> OutputError | None:
+    """The one-line OutputError for an exception that means "the disk said no", else None.
+
+    OSErrors with a write errno (disk full, file too large for ``ulimit -f``, read-only), and the
+    same causes wrapped by libraries that write through their own code (safetensors' Rust writer
+    raises a SafetensorError whose text holds the OS message).
+    """
+    if isinstance(exc, OutputError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
+        return _output_error(Path(target), exc)
+    text = str(exc).lower()
+    for reason in _WRITE_FAILURE_TEXTS:
+        if reason in text:
+            return OutputError(f"cannot write {target}: {reason[0].upper() + reason[1:]}")
+    return None
+
+
 # ---- atomic writes ------------------------------------------------------------------------------
 _UMASK = _read_umask()
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary file path beside ``path`` for a writer that opens files itself
+    (the GGUF writer); on success it gets the umask's permissions and replaces ``path``.
+
+    The temporary carries the process id like every other (``clean_stale`` knows it). On any
+    exception it is removed and ``path`` is untouched; a full disk is one OutputError.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"cannot write {path}: it is a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise _output_error(path, exc) from None
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        failure = write_failure(path, exc)
+        if failure is not None:
+            raise failure from None
+        raise
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -176,27 +305,14 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
         OutputError: the path cannot be written (a folder there, read-only, disk full).
     """
     path = Path(path)
-    if path.is_dir():
-        raise OutputError(f"cannot write {path}: it is a folder")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        clean_stale(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise _output_error(path, exc) from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), 0o666 & ~_UMASK)
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
+    with atomic_file(path) as tmp:
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
             raise _output_error(path, exc) from None
-        raise
     return path
 
 
@@ -252,8 +368,9 @@ def atomic_directory(target: str | Path, overwrite: bool = True) -> Iterator[Pat
             os.replace(tmp, target)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS and not isinstance(exc, FileExistsError):
-            raise _output_error(target, exc) from None
+        failure = None if isinstance(exc, FileExistsError) else write_failure(target, exc)
+        if failure is not None:
+            raise failure from None
         raise
 
 

@@ -10,6 +10,9 @@ it can miss a spike shorter than its period, which the report states.
 
 The high-water mark belongs to the whole process: work running in other threads at the same
 time (another job in the app) counts too.
+
+Also here, as the one torch-free home for memory sizes: ``parse_max_memory``, the
+per-device limits of ``gap eval --device-map`` (checked before anything loads).
 """
 
 from __future__ import annotations
@@ -23,6 +26,38 @@ import threading
 from pathlib import Path
 
 import psutil
+
+# accelerate's size strings: a whole number of bytes, or a number with a decimal or binary unit.
+_SIZE = re.compile(r"^\d{1,15}(\.\d{1,6})?\s*([KMGT]i?B)?$", re.IGNORECASE)
+
+
+def parse_max_memory(text: str | None, error: type) -> dict | None:
+    """``cuda:0=70GiB,cpu=200GiB`` -> {0: '70GiB', 'cpu': '200GiB'} (accelerate's keys); None stays None.
+
+    Args:
+        text: the --max-memory value.
+        error: the GapError subclass to raise (one line).
+    """
+    if not text:
+        return None
+    out: dict = {}
+    for part in str(text).split(","):
+        name, sep, size = part.strip().partition("=")
+        name, size = name.strip().lower(), size.strip()
+        if not sep or not name or not size:
+            raise error(f"--max-memory entry '{part.strip()[:80]}' is not DEVICE=SIZE (e.g. cuda:0=70GiB,cpu=200GiB)")
+        if not _SIZE.match(size):
+            raise error(f"--max-memory: '{size[:40]}' is not a size (bytes, or a number with KB/MB/GB/TB or KiB/MiB/GiB/TiB)")
+        if name.startswith("cuda"):
+            index = name.partition(":")[2] or "0"
+            if not index.isdigit() or len(index) > 4:
+                raise error(f"--max-memory: '{name[:40]}' is not cuda or cuda:N")
+            out[int(index)] = size
+        elif name in ("cpu", "mps", "disk"):
+            out[name] = size
+        else:
+            raise error(f"--max-memory: unknown device '{name[:40]}' (cuda:N, cpu or mps)")
+    return out
 
 log = logging.getLogger(__name__)
 

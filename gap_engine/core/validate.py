@@ -7,10 +7,14 @@ subclass the caller chooses):
 1. **size**: the byte count is checked against its kind's ceiling (``limits.LIMITS``)
    before anything is read, so a 10 GB file costs nothing;
 2. **syntax**: JSON is parsed with its nesting bounded (``json_depth`` levels; a document
-   nested 200,000 deep is refused, not a RecursionError); YAML is parsed with the safe
-   loader, its nesting bounded the same way, and **aliases refused**: an alias bomb
-   (``&a [*b, *b, ...]``) is a few hundred bytes that expand to gigabytes when the object
-   is copied or written back, and no file this tool writes uses one;
+   nested 200,000 deep is refused, not a RecursionError) and its integers bounded before
+   they are converted (at most ``INT_DIGITS`` digits: a 400-digit count would overflow the
+   first float it meets); YAML is parsed with the safe loader, its nesting bounded the same
+   way, and **aliases refused**: an alias bomb (``&a [*b, *b, ...]``) is a few hundred bytes
+   that expand to gigabytes when the object is copied or written back, and no file this
+   tool writes uses one. YAML builds only plain scalars, lists and maps: explicit tags
+   (``!!float "abc"``, ``!!python/...``), unquoted dates and times (``created: 2024-02-30``)
+   and integers longer than JSON's bound are refused;
 3. **fields**: types, ranges and sizes of what the document holds (integers are integers,
    numbers are finite, text fields are short single lines), checked by the helpers here
    and by the document checks at the end of this module.
@@ -28,9 +32,23 @@ from pathlib import Path
 import yaml
 
 from gap_engine.core.errors import CacheError, GapError, ModelLoadError, TableError, first_line
+from gap_engine.core.fsutil import special_kind
 from gap_engine.core.limits import LIMITS, check_at_most, check_file_size, forced
 
 MAX_PARAMS = 10**15  # parameter counts above this are not a model (and overflow float64 exactness)
+MAX_TOKENS = 1 << 40  # token positions one table cell can be measured on (far past any ceiling)
+INT_DIGITS = 19  # digits of the longest integer any file may hold (int64's range); longer ones are refused unconverted
+
+
+class _IntTooLong(ValueError):
+    """An integer literal with more than INT_DIGITS digits."""
+
+
+def _bounded_int(literal: str) -> int:
+    digits = len(literal.lstrip("+-"))
+    if digits > INT_DIGITS:
+        raise _IntTooLong(f"holds an integer of {digits:,} digits; no file of this tool holds one past {INT_DIGITS}")
+    return int(literal)
 
 
 # ---- step 1: size ------------------------------------------------------------------------------
@@ -46,7 +64,8 @@ def read_bounded(path: str | Path, limit: int, what: str, error: type[GapError])
     path = Path(path)
     try:
         if not path.is_file():
-            reason = "it is a folder" if path.is_dir() else "no such file" if not path.exists() else "not a regular file"
+            kind = special_kind(path)
+            reason = "it is a folder" if path.is_dir() else "no such file" if not path.exists() else f"{kind or 'something'}, not a regular file"
             raise error(f"cannot read {what}: {reason}")
         check_file_size(path.stat().st_size, limit, what, error)
         with open(path, "rb") as handle:
@@ -91,9 +110,11 @@ def _too_deep(what: str, limit: int) -> str:
 def parse_json(text: str, what: str, error: type[GapError], max_depth: int = LIMITS.json_depth):
     """The JSON document in ``text``, nesting at most ``max_depth`` deep; ``error`` otherwise."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_int=_bounded_int)
     except RecursionError:
         raise error(_too_deep(what, max_depth)) from None
+    except _IntTooLong as exc:
+        raise error(f"{what} {exc}") from None
     except (json.JSONDecodeError, ValueError) as exc:
         raise error(f"{what} is not valid JSON: {first_line(exc)}") from None
     if depth_of(value, max_depth) > max_depth:
@@ -106,7 +127,12 @@ class _Refused(yaml.YAMLError):
 
 
 class BoundedSafeLoader(yaml.SafeLoader):
-    """PyYAML's safe loader that refuses aliases and nesting deeper than ``max_depth``."""
+    """PyYAML's safe loader building plain scalars, lists and maps only.
+
+    Refuses aliases, explicit tags and nesting deeper than ``max_depth``; integers longer than
+    ``INT_DIGITS`` digits are refused before conversion; an unquoted date or time is refused
+    before a datetime is built (so ``2024-02-30`` is one line, not a ValueError).
+    """
 
     max_depth = LIMITS.json_depth
 
@@ -114,6 +140,9 @@ class BoundedSafeLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             anchor = self.peek_event().anchor
             raise _Refused(f"uses the alias *{anchor}; aliases are not allowed (write the value out)")
+        tag = getattr(self.peek_event(), "tag", None)  # None unless the document wrote a tag
+        if tag not in (None, "!"):
+            raise _Refused(f"uses the tag {str(tag)[:60]}; tags are not allowed (write a plain value)")
         self._gap_depth = getattr(self, "_gap_depth", 0) + 1
         try:
             if self._gap_depth > self.max_depth:
@@ -121,6 +150,24 @@ class BoundedSafeLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._gap_depth -= 1
+
+
+def _construct_bounded_int(loader: BoundedSafeLoader, node):
+    literal = str(node.value).replace("_", "")
+    digits = len(literal.lstrip("+-"))
+    if digits > INT_DIGITS:
+        raise _Refused(f"holds an integer of {digits:,} digits; no file of this tool holds one past {INT_DIGITS}")
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+BoundedSafeLoader.add_constructor("tag:yaml.org,2002:int", _construct_bounded_int)
+
+
+def _refuse_timestamp(loader: BoundedSafeLoader, node):
+    raise _Refused(f"holds the date or time {str(node.value)[:40]}; no field of this tool is one (write it in quotes as text)")
+
+
+BoundedSafeLoader.add_constructor("tag:yaml.org,2002:timestamp", _refuse_timestamp)
 
 
 def parse_yaml(text: str, what: str, error: type[GapError]):
@@ -133,6 +180,8 @@ def parse_yaml(text: str, what: str, error: type[GapError]):
         raise error(_too_deep(what, LIMITS.json_depth)) from None
     except yaml.YAMLError as exc:
         raise error(f"{what} is not valid YAML: {first_line(exc)}") from None
+    except (ValueError, TypeError, OverflowError) as exc:  # a constructor's own complaint about a scalar
+        raise error(f"{what} holds a value YAML cannot read: {first_line(exc)}") from None
 
 
 def parse_json_or_yaml(text: str, what: str, error: type[GapError], name: str = ""):
@@ -217,8 +266,10 @@ def check_keys(data: dict, name: str, error: type[GapError]) -> dict:
     return data
 
 
-def check_matrix(value, name: str, shape: tuple[int, int], error: type[GapError], low: float | None = None, whole: bool = False) -> None:
-    """A (rows, cols) list of lists of finite numbers, each >= ``low``, whole numbers if ``whole``."""
+def check_matrix(
+    value, name: str, shape: tuple[int, int], error: type[GapError], low: float | None = None, whole: bool = False, high: float | None = None
+) -> None:
+    """A (rows, cols) list of lists of finite numbers in [``low``, ``high``], whole numbers if ``whole``."""
     rows, cols = shape
     if not isinstance(value, list) or len(value) != rows:
         got = len(value) if isinstance(value, list) else _type_name(value)
@@ -231,6 +282,8 @@ def check_matrix(value, name: str, shape: tuple[int, int], error: type[GapError]
             number = check_number(cell, f"{name}[{i}][{j}]", error)
             if low is not None and number < low:
                 raise error(f"{name}[{i}][{j}] = {number:g} is below {low:g}, which no table can hold")
+            if high is not None and number > high:
+                raise error(f"{name}[{i}][{j}] = {number:g} is above {high:g}, which no table can hold")
             if whole and number != int(number):
                 raise error(f"{name}[{i}][{j}] = {number:g} is not a whole number")
 
@@ -271,6 +324,10 @@ def check_table_document(data) -> None:
     if not isinstance(components, list) or len(components) != layers * kinds:
         got = len(components) if isinstance(components, list) else _type_name(components)
         raise TableError(f"{what} components must list {layers * kinds} rows ({layers} layers x {kinds}), got {got}")
+    for i, entry in enumerate(components):
+        if not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[1], str):
+            raise TableError(f"{what} components[{i}] must be [layer, kind]")
+        check_int(entry[0], f"{what} components[{i}] layer", TableError, 0, layers - 1)
     shape = (len(components), len(grid))
     for name in ("delta", "cell_objective"):
         check_matrix(data.get(name), f"{what} {name}", shape, TableError)
@@ -282,6 +339,16 @@ def check_table_document(data) -> None:
         raise TableError(f"{what} removes {largest:g} parameters in one cell, more than its dense_prunable {prunable:,}")
     if "extras" in data and not isinstance(data["extras"], dict):
         raise TableError(f"{what} extras must be an object")
+    if data.get("estimate") is not None:
+        check_matrix(data["estimate"], f"{what} estimate", shape, TableError)
+    if data.get("cell_tokens") is not None:
+        check_matrix(data["cell_tokens"], f"{what} cell_tokens", shape, TableError, low=0.0, whole=True, high=float(MAX_TOKENS))
+    if data.get("measured") is not None:
+        flags = data["measured"]
+        if not isinstance(flags, list) or len(flags) != shape[0] or any(not isinstance(row, list) or len(row) != shape[1] for row in flags):
+            raise TableError(f"{what} measured must list {shape[0]} rows of {shape[1]} true/false values")
+        if any(cell not in (True, False, 0, 1) or isinstance(cell, float) for row in flags for cell in row):
+            raise TableError("malformed loss table: measured must hold true/false per cell")
 
 
 def _check_table_spec(spec: dict) -> None:
@@ -409,3 +476,40 @@ def check_evaluation_report(data, what: str, error: type[GapError]) -> dict:
             if entry.get(name) is not None and (not isinstance(entry[name], str) or len(entry[name]) > GENERATION_CHARS):
                 raise error(f"{what} generations[{i}] {name} must be a text of at most {GENERATION_CHARS:,} characters")
     return data
+
+
+KEPT_INDEX_KEYS = ("kept_kv_heads", "kept_heads", "kept_channels")
+
+
+def check_kept_indices(data, what: str, error: type[GapError]) -> dict:
+    """``data`` unless it is not a checkpoint's ``kept_indices.json``: per key of ``KEPT_INDEX_KEYS``
+    one list per block of distinct non-negative unit indices, every key listing the same blocks."""
+    check_keys(data, what, error)
+    blocks = None
+    for key in KEPT_INDEX_KEYS:
+        rows = data.get(key)
+        if not isinstance(rows, list) or len(rows) > LIMITS.layers:
+            raise error(f"{what} {key} must be a list of at most {LIMITS.layers} per-block lists")
+        if blocks is not None and len(rows) != blocks:
+            raise error(f"{what} {key} lists {len(rows)} blocks, {KEPT_INDEX_KEYS[0]} {blocks}")
+        blocks = len(rows)
+        for i, row in enumerate(rows):
+            if not isinstance(row, list) or len(row) > 1 << 24:
+                raise error(f"{what} {key}[{i}] must be a list of unit indices")
+            for index in row:
+                check_int(index, f"{what} {key}[{i}] entry", error, 0, (1 << 24) - 1)
+            if len(set(row)) != len(row):
+                raise error(f"{what} {key}[{i}] lists a unit twice")
+    return data
+
+
+def read_kept_indices(folder: str | Path, error: type[GapError]) -> dict:
+    """A checkpoint's ``kept_indices.json``, through every step of this module."""
+    path = Path(folder) / "kept_indices.json"
+    return check_kept_indices(read_json_file(path, LIMITS.metadata_bytes * 16, str(path), error), str(path), error)
+
+
+def read_evaluation_file(path: str | Path, error: type[GapError]) -> dict:
+    """An evaluation report file (``eval_report.json``, ``gap eval --json``), checked like an upload."""
+    what = str(path)
+    return check_evaluation_report(read_json_file(path, LIMITS.metadata_bytes, what, error), what, error)

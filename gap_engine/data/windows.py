@@ -47,7 +47,7 @@ import torch
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import DataError, first_line
 from gap_engine.core.limits import LIMITS, check_file_size
-from gap_engine.core.validate import parse_json
+from gap_engine.core.validate import decode_text, parse_json, read_bounded
 from gap_engine.data.bos import WINDOW_STARTS, bos_token_id, text_start, window_start, with_bos  # noqa: F401 - the window convention, re-exported
 
 logger = logging.getLogger(__name__)
@@ -241,12 +241,8 @@ def _wikitext_to_prose(wikicode) -> str:
 
 
 def _read_text_file(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"text file is not UTF-8: {path} ({first_line(exc)})") from exc
-    except OSError as exc:
-        raise DataError(f"could not read text file {path}: {first_line(exc)}") from exc
+    """The file's text through the validation layer: a regular file, bounded, UTF-8, no NUL bytes."""
+    return decode_text(read_bounded(path, LIMITS.text_bytes, f"text file {path}", DataError), f"text file {path}", DataError)
 
 
 def _load_local_file(spec: str) -> TextCorpus:
@@ -293,6 +289,10 @@ def _jsonl_documents(content: str, path: Path) -> list[str]:
         record = parse_json(line, f"{path} line {line_number}", DataError)  # nesting bounded
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataError(f"{path} line {line_number}: expected an object with a string 'text' field")
+        try:
+            record["text"].encode("utf-8")
+        except UnicodeEncodeError:  # a JSON escape of half a surrogate pair
+            raise DataError(f"{path} line {line_number}: the text holds a lone surrogate (\\ud800-\\udfff escape), not Unicode text") from None
         if record["text"].strip():
             docs.append(record["text"].strip())
     return docs

@@ -21,16 +21,16 @@ expects; 1-D tensors (norms, biases) stay float32; ``f16`` stores every matrix i
 ``q8_0`` quantises every matrix whose rows are a multiple of 32 values (the q8_0 block) and
 keeps the rest in float16. The tokenizer (byte-level BPE, the ``gpt2`` model of llama.cpp)
 is written from the model's own tokenizer.json: token list and types, merges, special ids
-and chat template. The file is written beside its target and renamed into place.
+and chat template. The file is written through ``fsutil.atomic_file`` like every output:
+under a pid-tagged temporary name beside its target, renamed into place when complete.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
-import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from gap_engine.core.config import GGUF_OUTTYPES
-from gap_engine.core.errors import ExportError
+from gap_engine.core.errors import ExportError, OutputError
+from gap_engine.core.fsutil import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +75,28 @@ class GgufSummary:
         return dict(self.__dict__)
 
 
+# llama.cpp's pre-tokenizer names are short lower-case words (llama-bpe, qwen2, smollm, gpt-4o).
+_TOKENIZER_PRE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+
+def check_tokenizer_pre(name: str | None) -> None:
+    """ExportError for a --tokenizer-pre that is no llama.cpp pre-tokenizer name (a path, a newline)."""
+    if name is not None and not _TOKENIZER_PRE_NAME.match(name):
+        raise ExportError(
+            f"--tokenizer-pre {name[:60]!r} is not a llama.cpp pre-tokenizer name (lower-case letters, digits, '-', '_', '.'; e.g. llama-bpe)"
+        )
+
+
 def check_supported(model_type: str | None) -> None:
     """ExportError (one line, naming what is supported) unless the family fits GGUF ``deci``."""
     if model_type in GGUF_MODEL_TYPES:
         return
+    if not isinstance(model_type, str):  # a tampered config.json
+        model_type = f"{str(model_type)[:40]} (not a name)"
     why = REFUSED_WHY.get(model_type)
     reason = f" ({why} have no place in llama.cpp's deci graph)" if why else ""
     raise ExportError(
-        f"GGUF export does not support model type '{model_type}'{reason}; "
+        f"GGUF export does not support model type '{model_type[:80]}'{reason}; "
         f"supported: {', '.join(GGUF_MODEL_TYPES)} (Llama, SmolLM2, Mistral, Qwen2)"
     )
 
@@ -232,26 +247,17 @@ def write_gguf(lm, out_path: str | Path, outtype: str = "f16", tokenizer_pre: st
     """
     if outtype not in OUTTYPES:
         raise ExportError(f"unknown GGUF outtype '{outtype}'; choose one of {', '.join(OUTTYPES)}")
+    check_tokenizer_pre(tokenizer_pre)
     config = lm.model.config
     check_supported(getattr(config, "model_type", None))
     if getattr(config, "use_sliding_window", False):
         raise ExportError("a Qwen2 model that uses sliding-window attention cannot be written as GGUF deci")
     out_path = Path(out_path)
     try:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        handle, tmp_name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
-        os.close(handle)
-    except OSError as exc:
-        raise ExportError(f"cannot write {out_path}: {exc.strerror or exc}") from None
-    tmp = Path(tmp_name)
-    try:
-        summary = _write(lm, config, tmp, outtype, tokenizer_pre)
-        os.replace(tmp, out_path)
-    except OSError as exc:
-        raise ExportError(f"cannot write {out_path}: {exc.strerror or exc}") from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        with atomic_file(out_path) as tmp:  # the shared writer: pid-tagged temporary, umask, one-line disk errors
+            summary = _write(lm, config, tmp, outtype, tokenizer_pre)
+    except OutputError as exc:
+        raise ExportError(str(exc)) from None
     summary.path = str(out_path)
     summary.bytes = out_path.stat().st_size
     log.info("wrote %s (%s, %.1f MiB)", out_path, outtype, summary.bytes / 2**20)
@@ -341,23 +347,29 @@ def export_gguf(
     from gap_engine.model.loading import load_model
 
     folder = Path(model)
-    if folder.is_dir() and (folder / "config.json").is_file():
-        try:
-            check_supported(json.loads((folder / "config.json").read_text()).get("model_type"))
-        except json.JSONDecodeError:
-            pass  # load_model names the broken file
+    if folder.is_dir() and (folder / "config.json").exists():
+        check_supported(_model_type(folder))
     if outtype not in OUTTYPES:
         raise ExportError(f"unknown GGUF outtype '{outtype}'; choose one of {', '.join(OUTTYPES)}")
+    check_tokenizer_pre(tokenizer_pre)
     return write_gguf(load_model(str(model)), out_path, outtype, tokenizer_pre)
+
+
+def _model_type(folder: Path):
+    """config.json's model_type, the file read through the validation layer (ExportError otherwise)."""
+    from gap_engine.core.limits import LIMITS
+    from gap_engine.core.validate import read_json_file
+
+    config = read_json_file(folder / "config.json", LIMITS.metadata_bytes, f"{folder}/config.json", ExportError)
+    if not isinstance(config, dict):
+        raise ExportError(f"{folder}/config.json does not hold a JSON object")
+    return config.get("model_type")
 
 
 def gguf_problem(checkpoint: str | Path) -> str | None:
     """Why a checkpoint folder cannot be written as GGUF (one line), or None when it can."""
     try:
-        model_type = json.loads((Path(checkpoint) / "config.json").read_text()).get("model_type")
-        check_supported(model_type)
-    except (OSError, json.JSONDecodeError) as exc:
-        return f"{checkpoint}/config.json is not readable: {exc}"
+        check_supported(_model_type(Path(checkpoint)))
     except ExportError as exc:
         return str(exc)
     return None

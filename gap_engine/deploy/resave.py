@@ -7,11 +7,12 @@ kept indices and any saved evaluation report travel along; the model card is wri
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from gap_engine.core.config import DEFAULT_SAVE_DTYPE
-from gap_engine.core.errors import ExportError
+from gap_engine.core.errors import ExportError, OutputError
+from gap_engine.core.fsutil import check_not_an_input
+from gap_engine.core.validate import read_kept_indices
 from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import RatePlan
@@ -33,17 +34,14 @@ def resave_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = DEFA
     """
     parse_dtype(dtype)
     source, out_dir = Path(source), Path(out_dir)
-    if out_dir.resolve() == source.resolve():
-        raise ExportError(f"the output folder {out_dir} is the checkpoint itself; choose another")
+    try:
+        check_not_an_input(out_dir, [("the checkpoint", source)], folder=True, what="the output folder")
+    except OutputError as exc:
+        raise ExportError(str(exc)) from None
+    kept = read_kept_indices(source, ExportError)  # before the slow load
     lm = load_model(str(source))
     if lm.pruned_from is None or lm.pruned_from.get("plan") is None:
         raise ExportError(f"{source} is not a gap checkpoint with a plan.json; only those can be re-saved")
-    try:
-        kept = json.loads((source / "kept_indices.json").read_text())
-        if not isinstance(kept, dict):
-            raise TypeError("not an object")
-    except (OSError, json.JSONDecodeError, TypeError) as exc:
-        raise ExportError(f"{source}/kept_indices.json is missing or malformed: {exc}") from None
     plan = RatePlan.from_dict(lm.pruned_from["plan"])
     try:
         return save_pruned(lm, plan, kept, out_dir, dtype=dtype, eval_report=read_eval_report(source))

@@ -29,6 +29,7 @@ import pandas as pd
 
 from gap_engine.core.errors import HistoryError
 from gap_engine.core.fsutil import cache_root
+from gap_engine.core.validate import MAX_PARAMS, check_int, check_number, parse_json
 
 HISTORY_FILE = "history.sqlite"
 # Version 2 renamed the column "method" to "allocator" (migrated in place on open).
@@ -60,6 +61,8 @@ CREATE TABLE IF NOT EXISTS runs (
     note TEXT
 );
 """
+
+MAX_RUN_ID = (1 << 63) - 1  # SQLite's largest row id
 
 # Columns of list_runs() before the flattened per-source ones.
 BASE_COLUMNS = [
@@ -180,7 +183,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
     if "method" in columns and "allocator" not in columns:
         conn.execute("ALTER TABLE runs RENAME COLUMN method TO allocator")
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:  # reading alone writes nothing
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 # RunRecord fields stored as JSON text, in a column named "<field>_json".
@@ -205,17 +209,53 @@ def record_run(record: RunRecord, path: Path | None = None) -> int:
         return int(cursor.lastrowid)
 
 
+# How each RunRecord field must look when read back (validate.py's rules, like any file).
+_DICT_FIELDS = frozenset({"plan", "params", "perplexity", "dense_perplexity", "kl", "top1"})
+_NUMBER_FIELDS = frozenset({"budget", "predicted_loss", "actual_loss", "prefill_speedup", "decode_speedup", "seconds"})
+_COUNT_FIELDS = frozenset({"dense_params", "pruned_params", "id"})
+_ROW_BYTES = 16 << 20  # one JSON column of one row
+
+
+def _field_from_row(name: str, raw, run: str):
+    """One column's value, checked: HistoryError (one line) for anything a run never stores."""
+    what = f"{run} {name}"
+    if name in _JSON_FIELDS:
+        if not isinstance(raw, str) or len(raw) > _ROW_BYTES:
+            raise HistoryError(f"{what} is not stored as JSON text")
+        value = parse_json(raw, what, HistoryError)
+        if name in _DICT_FIELDS and not isinstance(value, dict):
+            raise HistoryError(f"{what} must be an object")
+        if name == "generations" and not isinstance(value, list):
+            raise HistoryError(f"{what} must be a list")
+        if name in ("perplexity", "dense_perplexity", "kl", "top1"):
+            for source, number in value.items():
+                check_number(number, f"{what}[{str(source)[:40]!r}]", HistoryError)
+        return value
+    if raw is None:
+        return None
+    if name in _NUMBER_FIELDS:
+        return check_number(raw, what, HistoryError)
+    if name in _COUNT_FIELDS:
+        return check_int(raw, what, HistoryError, 0, MAX_PARAMS)
+    if not isinstance(raw, str):
+        raise HistoryError(f"{what} must be a text, got {type(raw).__name__}")
+    return raw
+
+
 def _record_from_row(row: sqlite3.Row) -> RunRecord:
-    values = {}
-    for spec in fields(RunRecord):
-        raw = row[_column(spec.name)]
-        values[spec.name] = json.loads(raw) if spec.name in _JSON_FIELDS else raw
+    run = f"history run {row['id']}"
+    values = {spec.name: _field_from_row(spec.name, row[_column(spec.name)], run) for spec in fields(RunRecord)}
     values["note"] = values["note"] or ""
+    if not isinstance(values["model"], str) or not isinstance(values["allocator"], str):
+        raise HistoryError(f"{run} has no model or allocator")
     return RunRecord(**values)
 
 
 def get_run(run_id: int, path: Path | None = None) -> RunRecord:
     """One stored run; HistoryError when there is none with this id."""
+    if hasattr(run_id, "__index__") and not isinstance(run_id, bool):
+        run_id = run_id.__index__()  # numpy integers from a table of runs
+    check_int(run_id, "run id", HistoryError, 1, MAX_RUN_ID)
     with _connect(path) as conn:
         row = conn.execute("SELECT * FROM runs WHERE id = ?", (int(run_id),)).fetchone()
     if row is None:

@@ -37,7 +37,7 @@ from torch import nn
 
 from gap_engine.core.config import DEFAULT_SAVE_DTYPE
 from gap_engine.core.errors import ModelLoadError, first_line
-from gap_engine.core.fsutil import atomic_directory
+from gap_engine.core.fsutil import atomic_directory, refuse_special_files
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, read_json_file
 from gap_engine.model.adapters import adapter_for
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT_VERSION = 1
 PRUNED_MARKER = "gap_pruned.json"  # written last; its presence makes a folder a gap checkpoint
+# transformers' switch for reading a per-layer width from the global config (see save_pruned).
+GLOBAL_WIDTH_READS = "allow_global_per_layer_attribute_access"
 
 
 def is_pruned_checkpoint(path: str | Path) -> bool:
@@ -97,6 +99,10 @@ def save_pruned(
         config_path = tmp / "config.json"
         config = json.loads(config_path.read_text())
         config["per_layer_config"] = {str(i): w for i, w in enumerate(widths)}
+        # A plain AutoTokenizer.from_pretrained(folder) builds the family's own config first, and
+        # its width checks read the global head counts; this lets them read the dense values
+        # (the remote code narrows the blocks, and turns the strict reads back on once built).
+        config[GLOBAL_WIDTH_READS] = True
         config_path.write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "plan.json").write_text(plan.to_json())
         (tmp / "plan.yaml").write_text(plan.to_yaml())
@@ -165,8 +171,10 @@ def read_pruned(folder: str | Path) -> PrunedCheckpoint:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     folder = Path(folder)
+    refuse_special_files(folder, ModelLoadError)  # a FIFO named model.safetensors would block the read
     marker = check_pruned_marker(_read_json(folder / PRUNED_MARKER), str(folder))
     config_dict = _read_json(folder / "config.json")
+    config_dict.pop(GLOBAL_WIDTH_READS, None)
     if marker.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         raise ModelLoadError(f"{folder}: checkpoint format {marker.get('format_version')!r} is not supported")
     config_dict.pop("auto_map", None)  # it points transformers at the remote code; here gap narrows the blocks

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from gap_engine.core import memory
 from gap_engine.core.config import DEVICE_MAPS
 from gap_engine.core.device import DeviceError, DeviceSpec, Placement, dtype_name, resolve
 from gap_engine.model.loading import load_model
@@ -30,29 +31,12 @@ log = logging.getLogger(__name__)
 
 
 def parse_max_memory(text: str | None) -> dict | None:
-    """``cuda:0=70GiB,cpu=200GiB`` -> {0: '70GiB', 'cpu': '200GiB'} (accelerate's keys); None stays None.
+    """``cuda:0=70GiB,cpu=200GiB`` -> {0: '70GiB', 'cpu': '200GiB'} (``memory.parse_max_memory``).
 
     Raises:
         DeviceError: an entry that is not DEVICE=SIZE.
     """
-    if not text:
-        return None
-    out: dict = {}
-    for part in str(text).split(","):
-        name, sep, size = part.strip().partition("=")
-        name, size = name.strip().lower(), size.strip()
-        if not sep or not name or not size:
-            raise DeviceError(f"--max-memory entry '{part.strip()}' is not DEVICE=SIZE (e.g. cuda:0=70GiB,cpu=200GiB)")
-        if name.startswith("cuda"):
-            index = name.partition(":")[2] or "0"
-            if not index.isdigit():
-                raise DeviceError(f"--max-memory: '{name}' is not cuda or cuda:N")
-            out[int(index)] = size
-        elif name in ("cpu", "mps", "disk"):
-            out[name] = size
-        else:
-            raise DeviceError(f"--max-memory: unknown device '{name}' (cuda:N, cpu or mps)")
-    return out
+    return memory.parse_max_memory(text, DeviceError)
 
 
 def plan_device_map(lm, strategy: str = "auto", max_memory: dict | None = None) -> dict[str, str | int]:
@@ -111,11 +95,16 @@ def describe_device_map(device_map: dict) -> str:
 
 
 def load_dispatched(
-    name_or_path: str, dtype: str = "auto", strategy: str = "auto", max_memory: dict | None = None, offload_dir: str | Path | None = None
+    name_or_path: str,
+    dtype: str = "auto",
+    strategy: str = "auto",
+    max_memory: dict | None = None,
+    offload_dir: str | Path | None = None,
+    hub: bool = True,
 ):
     """``loading.load_model`` on the host in ``dtype`` (resolved as ``--device auto`` resolves it:
     what the accelerator runs, float32 without one), then spread over the devices
-    (``plan_device_map``, ``dispatch_lm``)."""
+    (``plan_device_map``, ``dispatch_lm``). ``hub`` as in ``load_model``."""
     dtype = dtype_name(resolve(DeviceSpec("auto", dtype)).dtype)
-    lm = load_model(name_or_path, DeviceSpec("cpu", dtype))
+    lm = load_model(name_or_path, DeviceSpec("cpu", dtype), hub=hub)
     return dispatch_lm(lm, plan_device_map(lm, strategy, max_memory), offload_dir)

@@ -28,7 +28,7 @@ from torch import nn
 from gap_engine.core.device import DeviceSpec, Placement, resolve
 from gap_engine.core.errors import ModelLoadError, first_line
 from gap_engine.core.fingerprint import state_fingerprint
-from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for
+from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for, refuse_special_files
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import read_json_file
 from gap_engine.model.adapters import ArchitectureAdapter, adapter_for
@@ -249,6 +249,10 @@ def converted_problem(folder: Path, full: bool = False) -> str | None:
         return str(exc)
     if not isinstance(marker, dict):
         return f"{CONVERTED_MARKER} is not an object"
+    try:
+        refuse_special_files(folder, ModelLoadError)  # a FIFO would block the size checks below
+    except ModelLoadError as exc:
+        return str(exc)
     weights = sorted(folder.glob("*.safetensors"))
     for name in ("config.json", "tokenizer_config.json"):
         if not (folder / name).is_file():
@@ -335,7 +339,7 @@ def _load_builtin(spec: BuiltinModel, dtype=torch.float32) -> LoadedModel:
         return _convert_builtin(spec, folder)
 
 
-def load_model(name_or_path: str, device: DeviceSpec | None = None) -> LoadedModel:
+def load_model(name_or_path: str, device: DeviceSpec | None = None, hub: bool = True) -> LoadedModel:
     """Load a built-in name, a local folder (plain or a gap checkpoint), a .gguf file or a hub id.
 
     Args:
@@ -343,6 +347,9 @@ def load_model(name_or_path: str, device: DeviceSpec | None = None) -> LoadedMod
         device: where and in which dtype it runs (None: CPU float32, as always). The weights
             are read in their stored dtype when a non-float32 dtype is asked for, fingerprinted,
             then cast and moved, so one model has one fingerprint on every device and dtype.
+        hub: whether a hub id may be fetched from the network. False for every name read from
+            a file or folder (a checkpoint's base model, a table's model): only what the user
+            typed may reach the network; such names load from the local hub cache or not at all.
     Raises:
         ModelLoadError: unknown name, unreadable or corrupt weights, unreachable hub.
         UnsupportedArchitectureError: a model family without an adapter.
@@ -351,7 +358,7 @@ def load_model(name_or_path: str, device: DeviceSpec | None = None) -> LoadedMod
     placement = resolve(device)
     # float32 keeps the old path bit for bit; otherwise read the stored dtype ("auto") and
     # cast once, instead of holding a float32 copy of a bf16 checkpoint.
-    lm = _load(name_or_path, torch.float32 if placement.dtype == torch.float32 else "auto")
+    lm = _load(name_or_path, torch.float32 if placement.dtype == torch.float32 else "auto", hub)
     return place_model(lm, placement)
 
 
@@ -374,11 +381,12 @@ def place_model(lm: LoadedModel, placement: Placement) -> LoadedModel:
     return lm
 
 
-def _load(name_or_path: str, dtype) -> LoadedModel:
+def _load(name_or_path: str, dtype, hub: bool = True) -> LoadedModel:
     if name_or_path in BUILTIN_MODELS:
         return _load_builtin(BUILTIN_MODELS[name_or_path], dtype)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
+        refuse_special_files(path, ModelLoadError)  # a FIFO among the weights would block the load forever
         if is_pruned_checkpoint(path):
             return _load_pruned(path)
         if not (path / "config.json").is_file():
@@ -390,15 +398,17 @@ def _load(name_or_path: str, dtype) -> LoadedModel:
         return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise ModelLoadError(f"GGUF file {path} does not exist")
+            raise ModelLoadError(f"GGUF file {path} does not exist" if not path.exists() else f"{path} is not a regular file")
         model, tokenizer = _from_gguf(path.resolve())
         return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
     if name_or_path.count("/") == 1 and not path.exists() and not name_or_path.startswith((".", "/", "~")):
+        local_only = not hub or os.environ.get("HF_HUB_OFFLINE") == "1"
         try:
-            model, tokenizer = _from_folder(name_or_path, local_only=os.environ.get("HF_HUB_OFFLINE") == "1", dtype=dtype)
+            model, tokenizer = _from_folder(name_or_path, local_only=local_only, dtype=dtype)
         except Exception as exc:
+            where = "the local hub cache (a name read from a file never reaches the network)" if not hub else "the Hugging Face hub (no network, or not cached)"
             raise ModelLoadError(
-                f"cannot load '{name_or_path}' from the Hugging Face hub (no network, or not cached): "
+                f"cannot load '{name_or_path}' from {where}: "
                 f"{type(exc).__name__}: {first_line(exc, 160)}"
             ) from exc
         return LoadedModel.from_transformers(model, tokenizer, name_or_path, "hub")

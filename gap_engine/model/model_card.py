@@ -6,11 +6,20 @@ of the loss table behind a DP plan (from the cache when it is still there, else 
 key says), evaluation numbers and generations when a report was measured, how to load the
 folder in transformers and in llama.cpp, and the limits. Pure text rendering plus one
 atomic write.
+
+Every string that comes from the user or from a file (folder name, base model, plan fields,
+source names, generations, cached table settings) is data, never markup or code: it is
+escaped for the context it lands in (``md_text`` for Markdown text and table cells, where
+HTML is escaped too; ``repr`` for a Python string literal; ``shlex.quote`` for a shell
+word), and a name that is not one printable line appears in the snippets as a placeholder.
 """
 
 from __future__ import annotations
 
+import html
 import json
+import re
+import shlex
 from pathlib import Path
 
 import yaml
@@ -18,6 +27,8 @@ import yaml
 from gap_engine.core.cachepaths import META_FILE, entry_dir
 from gap_engine.core.errors import GapError
 from gap_engine.core.fsutil import atomic_write_text
+from gap_engine.core.limits import LIMITS
+from gap_engine.core.validate import read_json_file
 
 CARD_FILE = "README.md"
 
@@ -30,9 +41,9 @@ def table_settings(table_key: str | None) -> dict | None:
     if not table_key:
         return None
     try:
-        meta = json.loads((entry_dir(table_key) / META_FILE).read_text())
-    except (OSError, ValueError, GapError):
-        meta = {}  # a table evicted from (or never in) this machine's cache
+        meta = read_json_file(entry_dir(table_key) / META_FILE, LIMITS.metadata_bytes, META_FILE, GapError)
+    except GapError:
+        meta = {}  # a table evicted from (or never in) this machine's cache, or a damaged entry
     spec = meta.get("spec") if isinstance(meta, dict) else None
     if isinstance(spec, dict):
         return {"key": table_key, **spec}
@@ -42,10 +53,32 @@ def table_settings(table_key: str | None) -> dict | None:
     return {"key": table_key}
 
 
+# Characters with a meaning in Markdown text or a table cell, escaped with a backslash.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+# A Hugging Face hub id, the only base model the front matter names.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+SNIPPET_PLACEHOLDER = "CHECKPOINT_FOLDER"
+
+
+def md_text(value, limit: int = 500) -> str:
+    """``value`` as inert Markdown text (also safe in a table cell): one line, HTML escaped,
+    Markdown punctuation backslash-escaped, at most ``limit`` characters."""
+    text = "" if value is None else str(value)
+    text = "".join(ch if ch.isprintable() else " " for ch in text)[:limit]
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(text, quote=True))
+
+
+def snippet_name(folder_name: str) -> str:
+    """The folder name for the code snippets, or a placeholder when it is not one printable line."""
+    return folder_name if folder_name and folder_name.isprintable() and len(folder_name) <= 255 else SNIPPET_PLACEHOLDER
+
+
 def _fmt(value, digits: int = 3) -> str:
+    if isinstance(value, bool):
+        return md_text(value)
     if isinstance(value, float):
         return f"{value:.{digits}f}"
-    return "" if value is None else str(value)
+    return "" if value is None else md_text(value)
 
 
 def _plan_table(plan, widths: list[dict], dense: dict) -> list[str]:
@@ -67,26 +100,29 @@ def _eval_section(report: dict) -> list[str]:
     settings = report.get("settings") or {}
     if settings:
         lines.append(
-            f"Held-out windows: {settings.get('n_samples')} x {settings.get('seq_len')} tokens per source "
-            f"(seed {settings.get('seed')}), never overlapping the calibration text."
+            f"Held-out windows: {md_text(settings.get('n_samples'))} x {md_text(settings.get('seq_len'))} tokens per source "
+            f"(seed {md_text(settings.get('seed'))}), never overlapping the calibration text."
         )
         lines.append("")
     dense = report.get("dense") or {}
     lines += ["| source | perplexity | dense perplexity | KL to dense (nats/token) | top-1 agreement |", "|---|---:|---:|---:|---:|"]
     for source, ppl in (report.get("perplexity") or {}).items():
         lines.append(
-            f"| {source} | {_fmt(ppl)} | {_fmt((dense.get('perplexity') or {}).get(source))} "
+            f"| {md_text(source)} | {_fmt(ppl)} | {_fmt((dense.get('perplexity') or {}).get(source))} "
             f"| {_fmt((report.get('kl_to_dense') or {}).get(source), 4)} | {_fmt((report.get('top1_agreement') or {}).get(source))} |"
         )
     throughput = report.get("throughput") or {}
     ratios = {k: v for k, v in throughput.items() if k.endswith("speedup") and isinstance(v, (int, float))}
     if ratios:
-        lines += ["", "PyTorch throughput against the dense model, same run: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())]
+        lines += ["", "PyTorch throughput against the dense model, same run: " + ", ".join(f"{md_text(k)} {v:.2f}x" for k, v in ratios.items())]
     generations = report.get("generations") or []
     if generations:
         lines += ["", "Greedy generations:", ""]
         for g in generations:
-            lines.append(f"- *{g.get('prompt')}* → {g.get('model')!r}" + (f" (dense: {g['dense']!r})" if g.get("dense") else ""))
+            if not isinstance(g, dict):
+                continue
+            dense_text = f" (dense: {md_text(repr(g['dense']))})" if g.get("dense") else ""
+            lines.append(f"- {md_text(g.get('prompt'))} → {md_text(repr(g.get('model')))}" + dense_text)
     return lines + [""]
 
 
@@ -102,7 +138,14 @@ def _params_line(params: dict, marker: dict) -> str:
 
 
 def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
-    """The card's "Use it" (transformers, llama.cpp, gap) and "Limits" sections."""
+    """The card's "Use it" (transformers, llama.cpp, gap) and "Limits" sections.
+
+    The folder name lands in Python as a string literal (``repr``) and in the shell as one
+    quoted word (``shlex.quote``); the tokenizer needs no remote code, so its line asks for none.
+    """
+    name = snippet_name(folder_name)
+    gguf_name = name + ".gguf"
+    llama_cpp_code = f"from llama_cpp import Llama; print(Llama({gguf_name!r}, flash_attn=True)('The capital of France is', max_tokens=32))"
     return [
         "## Use it",
         "",
@@ -111,20 +154,26 @@ def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        f'model = AutoModelForCausalLM.from_pretrained("{folder_name}", trust_remote_code=True, dtype="auto")',
-        f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}", trust_remote_code=True)',
+        f'model = AutoModelForCausalLM.from_pretrained({name!r}, trust_remote_code=True, dtype="auto")',
+        f"tokenizer = AutoTokenizer.from_pretrained({name!r})",
         "```",
         "",
         "llama.cpp (Llama-family and Qwen2 checkpoints; written as llama.cpp's `deci` architecture, "
         "which reads per-layer head counts and MLP widths):",
         "",
         "```bash",
-        f"gap export {folder_name} --format gguf --outtype q8_0 --out {folder_name}.gguf",
-        f'llama-cli -m {folder_name}.gguf -fa on -p "The capital of France is" -n 32',
-        f"python -c \"from llama_cpp import Llama; print(Llama('{folder_name}.gguf', flash_attn=True)('The capital of France is', max_tokens=32))\"",
+        f"gap export {shlex.quote(name)} --format gguf --outtype q8_0 --out {shlex.quote(gguf_name)}",
+        f'llama-cli -m {shlex.quote(gguf_name)} -fa on -p "The capital of France is" -n 32',
+        f"python -c {shlex.quote(llama_cpp_code)}",
         "```",
         "",
-        "gap_engine itself: `gap eval --model " + folder_name + "` or `gap_engine.model.loading.load_model`.",
+        "gap_engine itself:",
+        "",
+        "```bash",
+        f"gap eval --model {shlex.quote(name)}",
+        "```",
+        "",
+        "or `gap_engine.model.loading.load_model`.",
         "",
         "## Limits",
         "",
@@ -132,8 +181,9 @@ def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
         "growing with the budget" + ("; the numbers above come from small held-out samples." if evaluated else "."),
         "- The calibration text (for the importance scores and the loss table) was small and English; "
         "other domains and languages may lose more.",
-        "- Loading with transformers needs `trust_remote_code=True` and transformers >= 5.24 "
-        "(its heterogeneous `per_layer_config`).",
+        "- Loading the model with transformers needs `trust_remote_code=True` (the folder's own "
+        "`modeling_gap_pruned.py`; read it first) and transformers >= 5.24 (its heterogeneous "
+        "`per_layer_config`); the tokenizer loads without it.",
         "- GGUF export covers the Llama family (Llama, SmolLM2, Mistral) and Qwen2; Qwen3 (q/k norms) and "
         "Gemma 3 do not fit llama.cpp's per-layer `deci` architecture. In q8_0, MLP tensors whose width "
         "is not a multiple of 32 stay f16. Run llama.cpp with flash attention (as above): without it, "
@@ -157,9 +207,9 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
     front = {
         "library_name": "transformers",
         "pipeline_tag": "text-generation",
-        "tags": ["pruned", "structured-pruning", "gap-engine", config.get("model_type", "")],
+        "tags": ["pruned", "structured-pruning", "gap-engine", str(config.get("model_type", ""))[:64]],
     }
-    if isinstance(base, str) and base.count("/") == 1 and not base.startswith((".", "/", "~")):
+    if isinstance(base, str) and _HUB_ID.match(base):
         front["base_model"] = base
     widths = marker.get("widths") or []
     dense = {
@@ -170,20 +220,20 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
     params = plan.params or {}
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", ""]
     lines += [
-        f"# {folder_name}",
+        f"# {md_text(folder_name)}",
         "",
-        f"`{base}` with attention heads and MLP channels physically removed by gap_engine "
+        f"{md_text(base)} with attention heads and MLP channels physically removed by gap_engine "
         "(GAP: layer-adaptive structured pruning, EMNLP 2025): each block keeps its own number of "
         "heads and channels, chosen under one global parameter budget.",
         "",
         "| | |",
         "|---|---|",
-        f"| base model | `{base}` (weights fingerprint `{marker.get('base_fingerprint')}`) |",
+        f"| base model | {md_text(base)} (weights fingerprint {md_text(marker.get('base_fingerprint'))}) |",
         f"| parameters | {_params_line(params, marker)} |",
-        f"| allocator | {plan.allocator}" + (f", budget {plan.budget:.3f}" if isinstance(plan.budget, float) else "") + " |",
-        f"| within-layer criterion | {plan.criterion} (MLP widths in multiples of {plan.channel_multiple}) |",
-        f"| stored as | {marker.get('dtype', 'float32')} safetensors, fingerprint `{marker.get('fingerprint')}` |",
-        f"| plan made | {plan.created} |",
+        f"| allocator | {md_text(plan.allocator)}" + (f", budget {plan.budget:.3f}" if isinstance(plan.budget, float) else "") + " |",
+        f"| within-layer criterion | {md_text(plan.criterion)} (MLP widths in multiples of {md_text(plan.channel_multiple)}) |",
+        f"| stored as | {md_text(marker.get('dtype', 'float32'))} safetensors, fingerprint {md_text(marker.get('fingerprint'))} |",
+        f"| plan made | {md_text(plan.created)} |",
         "",
         "## Plan",
         "",
@@ -199,11 +249,11 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
     if table:
         lines.append("The allocator read this sensitivity table (per layer and rate, the loss increase when only that component is pruned):")
         lines.append("")
-        lines += [f"- {k}: `{v}`" for k, v in table.items()]
+        lines += [f"- {md_text(k)}: {md_text(v)}" for k, v in table.items()]
         if isinstance(plan.predicted_loss, float):
             lines.append(f"- predicted summed loss increase of this plan: {plan.predicted_loss:.4f}")
     else:
-        lines.append(f"None: the rates were set by the `{plan.allocator}` allocator without a loss table.")
+        lines.append(f"None: the rates were set by the {md_text(plan.allocator)} allocator without a loss table.")
     lines.append("")
     if eval_report:
         lines += _eval_section(eval_report)

@@ -84,11 +84,14 @@ def set_config_dtype(folder: Path, dtype: str | torch.dtype) -> None:
 
 def read_eval_report(folder: Path) -> dict | None:
     """The evaluation report saved with a checkpoint (for its model card), or None."""
+    from gap_engine.core.errors import ExportError
+    from gap_engine.core.validate import read_evaluation_file
+
     path = Path(folder) / EVAL_REPORT_FILE
-    if not path.is_file():
+    if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        log.warning("ignoring unreadable %s", path)
+        return read_evaluation_file(path, ExportError)
+    except ExportError as exc:  # the card is written without it; the weights are what matters
+        log.warning("ignoring %s: %s", path.name, exc)
         return None

@@ -190,7 +190,8 @@ def dense_reference(lm: LoadedModel, device: DeviceSpec | None = None, loader=No
     if not lm.pruned_from or not lm.pruned_from.get("model"):
         return None
     try:
-        dense = loader(lm.pruned_from["model"]) if loader is not None else load_model(lm.pruned_from["model"], device)
+        # The name comes from the checkpoint's files: loaded from local files only, never the network.
+        dense = loader(lm.pruned_from["model"]) if loader is not None else load_model(lm.pruned_from["model"], device, hub=False)
     except ModelLoadError as exc:
         log.warning("dense reference %s is not available: %s", lm.pruned_from["model"], exc)
         return None

@@ -22,18 +22,21 @@ adds the run to the run history.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
 
 from gap_engine.core.errors import GapError
-from gap_engine.core.fsutil import atomic_directory
+from gap_engine.core.fsutil import atomic_directory, refuse_special_files
+from gap_engine.core.limits import LIMITS
+from gap_engine.core.validate import check_int, check_keys, check_number, check_text, read_json_file
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +78,16 @@ def save_state(work_dir: Path, state: RunState, tensors: dict[str, torch.Tensor]
     """Replace the snapshot in ``work_dir`` atomically."""
     from safetensors.torch import save_file
 
-    with atomic_directory(work_dir / _STATE) as tmp:
-        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp / _TENSORS))
-        if optimizer_state is not None:
-            torch.save(optimizer_state, tmp / _OPTIMIZER)
-        (tmp / _JSON).write_text(json.dumps(asdict(state)) + "\n")
+    try:
+        with atomic_directory(work_dir / _STATE) as tmp:
+            save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp / _TENSORS))
+            if optimizer_state is not None:
+                torch.save(optimizer_state, tmp / _OPTIMIZER)
+            (tmp / _JSON).write_text(json.dumps(asdict(state)) + "\n")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            work_dir.rmdir()  # only when empty: a first snapshot that failed leaves no empty OUT.partial
+        raise
     log.debug("saved recovery state at step %d", state.step)
 
 
@@ -92,13 +100,12 @@ def load_state(work_dir: Path) -> tuple[RunState, dict[str, torch.Tensor], dict 
     from safetensors.torch import load_file
 
     folder = work_dir / _STATE
-    if not (folder / _JSON).is_file():
+    if not (folder / _JSON).exists():
         return None
+    refuse_special_files(folder, RecoveryError, f"the saved recovery state in {folder}")
     try:
-        data = json.loads((folder / _JSON).read_text())
-        if data.get("version") != STATE_VERSION:
-            raise RecoveryError(f"{folder}: saved state format {data.get('version')} is not supported; remove {work_dir}")
-        state = RunState(**data)
+        data = read_json_file(folder / _JSON, LIMITS.metadata_bytes * 16, f"{folder}/{_JSON}", RecoveryError)
+        state = _checked_state(data, folder, work_dir)
         tensors = load_file(str(folder / _TENSORS))
         optimizer_state = torch.load(folder / _OPTIMIZER, weights_only=True) if (folder / _OPTIMIZER).is_file() else None
     except RecoveryError:
@@ -108,13 +115,56 @@ def load_state(work_dir: Path) -> tuple[RunState, dict[str, torch.Tensor], dict 
     return state, tensors, optimizer_state
 
 
+def _checked_state(data, folder: Path, work_dir: Path) -> RunState:
+    """A RunState from state.json's object, every field type- and range-checked (validate.py)."""
+    what = f"{folder}/{_JSON}"
+    check_keys(data, what, RecoveryError)
+    if data.get("version") != STATE_VERSION:
+        raise RecoveryError(f"{folder}: saved state format {str(data.get('version'))[:20]} is not supported; remove {work_dir}")
+    known = {f.name for f in fields(RunState)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise RecoveryError(f"{what} holds an unknown field {unknown[0][:40]!r}; remove {work_dir}")
+    if not isinstance(data.get("trajectory"), dict):
+        raise RecoveryError(f"{what} trajectory must be an object; remove {work_dir}")
+    steps = data["trajectory"].get("steps")
+    check_int(steps, f"{what} trajectory steps", RecoveryError, 1, 10**9)
+    check_int(data.get("step", 0), f"{what} step", RecoveryError, 0, steps)
+    check_text(data.get("start_fingerprint"), f"{what} start_fingerprint", RecoveryError)
+    check_number(data.get("train_seconds", 0.0), f"{what} train_seconds", RecoveryError, low=0.0)
+    for name in ("inference_rss", "peak_rss"):
+        check_int(data.get(name, 0), f"{what} {name}", RecoveryError, 0, 1 << 50)
+    curve = data.get("curve", [])
+    if not isinstance(curve, list) or len(curve) > steps or not all(isinstance(row, dict) for row in curve):
+        raise RecoveryError(f"{what} curve must list at most {steps} rows; remove {work_dir}")
+    calib = data.get("calib_before", [])
+    if not isinstance(calib, list):
+        raise RecoveryError(f"{what} calib_before must be a list; remove {work_dir}")
+    for value in calib:
+        check_number(value, f"{what} calib_before entry", RecoveryError)
+    if data.get("before") is not None and not isinstance(data["before"], dict):
+        raise RecoveryError(f"{what} before must be an object; remove {work_dir}")
+    return RunState(**data)
+
+
+def check_saved_state(work_dir: Path) -> None:
+    """RecoveryError now, before any model loads, when ``work_dir`` holds a state.json that
+    cannot be resumed (the tensors are read, and checked, when the run continues)."""
+    folder = work_dir / _STATE
+    if not (folder / _JSON).exists() and not (folder / _JSON).is_symlink():
+        return
+    refuse_special_files(folder, RecoveryError, f"the saved recovery state in {folder}")
+    _checked_state(read_json_file(folder / _JSON, LIMITS.metadata_bytes * 16, f"{folder}/{_JSON}", RecoveryError), folder, work_dir)
+
+
 def saved_step(out_dir: str | Path) -> int | None:
     """The step a cancelled or killed run that writes ``out_dir`` reached, or None when none is saved."""
     state_file = partial_dir(Path(out_dir)) / _STATE / _JSON
     try:
-        return int(json.loads(state_file.read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        step = read_json_file(state_file, LIMITS.metadata_bytes * 16, str(state_file), RecoveryError).get("step")
+    except (RecoveryError, AttributeError):
         return None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
 def check_resumable(state: RunState, trajectory: dict, start_fingerprint: str, work_dir: Path) -> None:
@@ -181,8 +231,10 @@ def checkpoint_plan(lm):
         raise RecoveryError(f"{lm.source} is a gap checkpoint without its plan.json; cannot write a recovered checkpoint")
     plan = RatePlan.from_dict(dict(lm.pruned_from["plan"]))
     kept_file = Path(lm.source) / "kept_indices.json"
-    if kept_file.is_file():
-        kept = json.loads(kept_file.read_text())
+    if kept_file.exists():
+        from gap_engine.core.validate import read_kept_indices
+
+        kept = read_kept_indices(lm.source, RecoveryError)
     else:
         log.warning("%s has no kept_indices.json; the recovered checkpoint records none", lm.source)
         kept = {"kept_kv_heads": [], "kept_heads": [], "kept_channels": []}
