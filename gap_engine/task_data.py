@@ -1,0 +1,150 @@
+"""The offline multiple-choice task cut from shipped text: ``gap_wiki_next``.
+
+Zero-shot accuracy on multiple-choice tasks, computed with EleutherAI's lm-evaluation-harness,
+is what pruning papers (GAP, LLM-Pruner, FLAP, SliceGPT) report beside perplexity. Their tasks
+live on the dataset hub, which this project never reaches; this module writes one task from
+the held-out part of ``wiki-sample`` (never seen by calibration), as an lm-eval task YAML and a
+``.jsonl`` file under the cache, on first use. lm-eval then reads it like any local task
+(``dataset_path: json``).
+
+Each example is a passage of two consecutive sentences of one held-out article, and four
+candidate next sentences: the one that truly follows, and three of similar length drawn from
+*other* held-out articles. Every choice is deterministic: an example's seed is the SHA-256 of
+its article number and position, which decides which positions become examples (the smallest
+hashes), which sentences become distractors and where the true answer sits. The task measures
+whether the model's likelihood prefers the coherent, on-topic continuation; it does not
+measure reasoning or commonsense (distractors are off-topic, so topic cues alone go far), and
+Wikipedia is in most models' pre-training text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .data import load_corpus
+from .errors import DataError
+from .fsutil import atomic_directory, cache_root, lock_for
+
+OFFLINE_TASK = "gap_wiki_next"
+_SOURCE = "wiki-sample"
+_FORMAT_VERSION = 1  # bump when the cutting rule changes: a new folder, never a silent change
+_MAX_EXAMPLES = 500  # enough for a stderr near 2 points at 50% accuracy
+_CONTEXT_SENTENCES = 2
+_CHOICES = 4
+_MIN_WORDS, _MAX_WORDS = 6, 45  # sentences outside this are lists, captions or run-ons
+_LENGTH_RATIO = 1.35  # a distractor's word count is within this factor of the answer's
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+
+_YAML = """\
+# Written by gap_engine.task_data (format {version}); read by lm-eval's own task loader.
+task: {task}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data_file}
+test_split: test
+output_type: multiple_choice
+doc_to_text: passage
+doc_to_choice: choices
+doc_to_target: label
+target_delimiter: " "
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: {version}
+"""
+
+
+@dataclass(frozen=True)
+class _Sentence:
+    article: int  # index of the held-out article
+    text: str
+    words: int
+
+
+def _sentences(article: str) -> list[list[str]]:
+    """The article's paragraphs, each a list of its sentences (whitespace collapsed)."""
+    paragraphs = []
+    for paragraph in re.split(r"\n\s*\n", article):
+        sentences = [" ".join(s.split()) for s in _SENTENCE_END.split(paragraph.strip())]
+        paragraphs.append([s for s in sentences if s])
+    return paragraphs
+
+
+def _usable(sentence: str) -> bool:
+    return _MIN_WORDS <= len(sentence.split()) <= _MAX_WORDS
+
+
+def _seed(article: int, paragraph: int, position: int) -> int:
+    digest = hashlib.sha256(f"{_FORMAT_VERSION}:{article}:{paragraph}:{position}".encode()).hexdigest()
+    return int(digest[:16], 16)
+
+
+def build_examples(heldout: tuple[str, ...] | list[str], max_examples: int = _MAX_EXAMPLES) -> list[dict]:
+    """The task's examples from held-out articles (pure: the same articles give the same list).
+
+    Returns:
+        Dicts with ``passage`` (two sentences), ``choices`` (four sentences), ``label`` (the
+        index of the true next sentence) and ``article`` (the held-out article's number).
+    """
+    candidates: list[tuple[int, int, str, str]] = []  # (seed, article, passage, answer)
+    pool: list[_Sentence] = []
+    for a, article in enumerate(heldout):
+        for p, sentences in enumerate(_sentences(article)):
+            pool.extend(_Sentence(a, s, len(s.split())) for s in sentences if _usable(s))
+            for i in range(_CONTEXT_SENTENCES, len(sentences)):
+                context = sentences[i - _CONTEXT_SENTENCES : i]
+                if _usable(sentences[i]) and all(len(s.split()) >= 3 for s in context):
+                    candidates.append((_seed(a, p, i), a, " ".join(context), sentences[i]))
+    if len({a for _, a, _, _ in candidates}) < 2:
+        raise DataError(f"the held-out part of {_SOURCE} has too few articles for distractors from other articles")
+    examples = []
+    for seed, article, passage, answer in sorted(candidates)[:max_examples]:
+        rng = random.Random(seed)
+        words = len(answer.split())
+        similar = [s.text for s in pool if s.article != article and words / _LENGTH_RATIO <= s.words <= words * _LENGTH_RATIO]
+        others = similar if len(set(similar)) >= _CHOICES - 1 else [s.text for s in pool if s.article != article]
+        distractors = rng.sample(sorted(set(others) - {answer}), _CHOICES - 1)
+        label = rng.randrange(_CHOICES)
+        choices = distractors[:label] + [answer] + distractors[label:]
+        examples.append({"passage": passage, "choices": choices, "label": label, "article": article})
+    return examples
+
+
+def offline_task_dir() -> Path:
+    """The folder holding the offline task's YAML and data, written on first use (atomically).
+
+    The folder name carries the format version and a hash of the held-out text, so a change
+    of either writes a new folder instead of changing the task under an old name.
+
+    Raises:
+        DataError: the built-in text cannot be read.
+        OutputError: the cache cannot be written.
+    """
+    corpus = load_corpus(_SOURCE)
+    folder = cache_root() / "tasks" / f"{OFFLINE_TASK}-v{_FORMAT_VERSION}-{corpus.fingerprint[:12]}"
+    yaml_file = folder / f"{OFFLINE_TASK}.yaml"
+    if yaml_file.is_file():
+        return folder
+    with lock_for(folder):
+        if yaml_file.is_file():  # another process wrote it while we waited
+            return folder
+        examples = build_examples(corpus.heldout)
+        with atomic_directory(folder) as tmp:
+            data_file = folder / f"{OFFLINE_TASK}.jsonl"
+            lines = "".join(json.dumps(example, ensure_ascii=False) + "\n" for example in examples)
+            (tmp / data_file.name).write_text(lines, encoding="utf-8")
+            # The data file's path is a JSON string (valid YAML) so no character in it can change the YAML.
+            yaml_text = _YAML.format(version=_FORMAT_VERSION, task=OFFLINE_TASK, data_file=json.dumps(str(data_file)))
+            (tmp / yaml_file.name).write_text(yaml_text, encoding="utf-8")
+    return folder
