@@ -121,13 +121,13 @@ def task_settings_from(args: argparse.Namespace):
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    read_sources(args.data)
     task_settings = task_settings_from(args)
     prepared = None
-    if task_settings is not None:  # every task problem is found before the model loads
+    if task_settings is not None:  # every task problem is found before the text is read and the model loads
         from ..tasks import prepare_tasks
 
         prepared = prepare_tasks(task_settings)
+    read_sources(args.data)
     if args.device_map:
         lm, dense = _dispatched_pair(args)
     else:

@@ -1,0 +1,140 @@
+"""Task accuracy through lm-eval (``gap eval --tasks``): the offline task, equality with lm-eval's
+own HF backend on the real built-in model, the dense cache, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from gap_engine.cli import main
+from gap_engine.data import load_corpus
+from gap_engine.fsutil import cache_root
+from gap_engine.task_data import OFFLINE_TASK, build_examples, offline_task_dir
+from gap_engine.tasks import TaskSettings, dense_task_scores, hub_reachable, prepare_tasks
+
+LIMIT = 6  # examples: 24 likelihood requests per model
+EVAL_TINY = ["--samples", "1", "--seq-len", "32", "--no-throughput", "--generations", "0"]
+
+
+def test_offline_task_is_deterministic_and_its_distractors_come_from_other_articles():
+    heldout = load_corpus("wiki-sample").heldout
+    examples = build_examples(heldout)
+    assert examples == build_examples(heldout)
+    assert len(examples) == 500 and len({e["article"] for e in examples}) >= 10
+    assert {e["label"] for e in examples} == {0, 1, 2, 3}
+    for example in examples[:50]:
+        choices, label = example["choices"], example["label"]
+        assert len(set(choices)) == 4
+        article = " ".join(heldout[example["article"]].split())
+        assert example["passage"] + " " + choices[label] in article  # the true next sentence, in place
+        for index, distractor in enumerate(choices):
+            if index != label:
+                assert distractor not in article
+                assert any(distractor in " ".join(doc.split()) for doc in heldout)  # held-out text only
+
+
+def test_offline_task_files_are_written_once_and_read_by_lm_eval(tmp_path, monkeypatch):
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
+    folder = offline_task_dir()
+    yaml_text = (folder / f"{OFFLINE_TASK}.yaml").read_text()
+    rows = [json.loads(line) for line in (folder / f"{OFFLINE_TASK}.jsonl").read_text().splitlines()]
+    assert "dataset_path: json" in yaml_text and "output_type: multiple_choice" in yaml_text
+    assert len(rows) == 500 and not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
+    mtime = (folder / f"{OFFLINE_TASK}.jsonl").stat().st_mtime_ns
+    assert offline_task_dir() == folder and (folder / f"{OFFLINE_TASK}.jsonl").stat().st_mtime_ns == mtime
+    prepared = prepare_tasks(TaskSettings(limit=3))
+    task = prepared.tasks[OFFLINE_TASK]
+    doc = task.test_docs()[0]
+    assert task.doc_to_text(doc) == rows[0]["passage"] and task.doc_to_choice(doc) == rows[0]["choices"]
+
+
+def test_dense_accuracy_equals_lm_eval_hf_backend_on_the_saved_folder(capsys):
+    """gap eval --tasks on the loaded model == lm-eval's own ``--model hf --model_args pretrained=FOLDER``."""
+    from lm_eval.evaluator import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    argv = ["eval", "--model", "smollm2-135m", "--tasks", OFFLINE_TASK, "--limit", str(LIMIT), "--json", *EVAL_TINY]
+    assert main(argv) == 0
+    ours = json.loads(capsys.readouterr().out)["task_accuracy"][OFFLINE_TASK]
+    folder = cache_root() / "models" / "smollm2-135m"
+    reference = simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={folder},dtype=float32,device=cpu",
+        tasks=[OFFLINE_TASK],
+        task_manager=TaskManager(include_path=str(offline_task_dir()), include_defaults=False),
+        limit=LIMIT,
+        batch_size=4,  # `gap eval`'s default --batch-size: the same padding, the same logits
+        log_samples=False,
+    )
+    theirs = reference["results"][OFFLINE_TASK]
+    assert ours["n"] == reference["n-samples"][OFFLINE_TASK]["effective"] == LIMIT
+    for metric in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"):
+        assert ours[metric] == theirs[f"{metric},none"], metric
+    # The dense model's own run recorded its numbers: a pruned checkpoint of it reads them back.
+    from gap_engine.models import load_model
+
+    fingerprint = load_model("smollm2-135m").fingerprint
+    prepared = prepare_tasks(TaskSettings(limit=LIMIT, batch_size=4))
+    cached = dense_task_scores(fingerprint, "float32", prepared, measure=None)
+    assert cached[OFFLINE_TASK].acc == ours["acc"] and cached[OFFLINE_TASK].n == LIMIT
+
+
+def _task_folder(root, name: str, output_type: str = "multiple_choice", data: str | None = '{"q": "a", "c": ["x", "y"], "l": 0}\n'):
+    folder = root / name
+    folder.mkdir()
+    (folder / "task.yaml").write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {json.dumps(str(folder / 'data.jsonl'))}\n"
+        f"test_split: test\noutput_type: {output_type}\ndoc_to_text: q\ndoc_to_choice: c\ndoc_to_target: l\n"
+    )
+    if data is not None:
+        (folder / "data.jsonl").write_text(data)
+    return folder
+
+
+def _refusal_cases(root):
+    empty = root / "empty"
+    empty.mkdir()
+    big = _task_folder(root, "t_big", data="")
+    with open(big / "data.jsonl", "wb") as handle:  # sparse: past the 256 MB text ceiling without writing it
+        handle.truncate(257 << 20)
+    return {
+        "unknown": (["--tasks", "no_such_task_xyz"], "unknown task 'no_such_task_xyz'"),
+        "no yaml": (["--tasks", "t", "--include-path", str(empty)], "holds no task YAML"),
+        "missing data": (["--tasks", "t_missing", "--include-path", str(_task_folder(root, "t_missing", data=None))], "no such file"),
+        "malformed data": (["--tasks", "t_bad", "--include-path", str(_task_folder(root, "t_bad", data='{"q": [\n'))], "not valid JSON"),
+        "oversized data": (["--tasks", "t_big", "--include-path", str(big)], "above the limit"),
+        "generation": (["--tasks", "t_gen", "--include-path", str(_task_folder(root, "t_gen", "generate_until"))], "not generation"),
+        "limit 0": (["--tasks", OFFLINE_TASK, "--limit", "0"], "--limit must be a positive"),
+        "negative limit": (["--tasks", OFFLINE_TASK, "--limit", "-2"], "--limit must be a positive"),
+        "hub": (["--tasks", "hellaswag"], "task 'hellaswag' needs its data set from the Hugging Face hub"),
+    }
+
+
+@pytest.mark.parametrize("case", ["unknown", "no yaml", "missing data", "malformed data", "oversized data", "generation", "limit 0", "negative limit", "hub"])
+def test_bad_task_is_one_line_exit_2_and_nothing_written(case, tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GAP_CACHE_DIR", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub case must not try the network (none here anyway)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))  # an empty hub cache
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    argv, message = _refusal_cases(inputs)[case]
+    assert main(["eval", "--model", "smollm2-135m", *argv, *EVAL_TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("gap: error: ") and message in err[-1], err[-1]
+    assert not (cache / "tasks" / "dense").exists() and not (cache / "models").exists()  # refused before any model loaded
+
+
+def test_hub_probe_honours_offline_flags(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub_reachable() is False
+
+
+def test_task_line_names_dense_beside_the_model():
+    from gap_engine.cli.model_commands import task_line
+
+    row = {"acc": 0.5, "acc_stderr": 0.1, "acc_norm": 0.25, "acc_norm_stderr": 0.05, "n": 8, "num_fewshot": 0}
+    line = task_line("t", row, dict(row, acc=0.75))
+    assert re.search(r"acc 0\.500 ± 0\.100, acc_norm 0\.250 ± 0\.050 .*dense acc 0\.750", line)
