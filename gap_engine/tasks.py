@@ -445,10 +445,26 @@ def model_and_dense_scores(lm, dense, prepared: PreparedTasks) -> tuple[dict[str
     from .device import placement_of
 
     dtype = str(placement_of(lm).dtype).removeprefix("torch.")
-    scores = run_tasks(lm, prepared)
-    if not lm.pruned_from:
-        store_dense_scores(lm.fingerprint, dtype, prepared, scores)
+    if not lm.pruned_from:  # the dense model itself: its cached numbers, or measured now and cached
+        scores = dense_task_scores(lm.fingerprint, dtype, prepared, lambda names: run_tasks(lm, prepared, names))
         return scores, dict(scores)
+    scores = run_tasks(lm, prepared)
     fingerprint = lm.pruned_from.get("fingerprint") or (dense.fingerprint if dense is not None else "")
     measure = (lambda names: run_tasks(dense, prepared, names)) if dense is not None else None
     return scores, dense_task_scores(fingerprint, dtype, prepared, measure) if fingerprint else {}
+
+
+def score_columns(scores: dict[str, TaskScore], prefix: str = "") -> dict[str, float]:
+    """Flat columns for a CSV or a history row: ``acc_TASK``, ``acc_stderr_TASK``, ``acc_norm_TASK``, ...
+
+    Args:
+        prefix: e.g. "dense_" for the dense model's columns beside the pruned model's.
+    """
+    columns: dict[str, float] = {}
+    for name, score in scores.items():
+        for metric in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"):
+            value = getattr(score, metric)
+            if value is not None:
+                columns[f"{prefix}{metric}_{name}"] = value
+        columns[f"{prefix}n_{name}"] = score.n
+    return columns

@@ -14,7 +14,7 @@ from gap_engine.fsutil import cache_root
 from gap_engine.task_data import OFFLINE_TASK, build_examples, offline_task_dir
 from gap_engine.tasks import TaskSettings, dense_task_scores, hub_reachable, prepare_tasks
 
-LIMIT = 6  # examples: 24 likelihood requests per model
+LIMIT = 4  # examples: 16 likelihood requests per model, about 8 CPU seconds each side
 EVAL_TINY = ["--samples", "1", "--seq-len", "32", "--no-throughput", "--generations", "0"]
 
 
@@ -50,7 +50,7 @@ def test_offline_task_files_are_written_once_and_read_by_lm_eval(tmp_path, monke
     assert task.doc_to_text(doc) == rows[0]["passage"] and task.doc_to_choice(doc) == rows[0]["choices"]
 
 
-def test_dense_accuracy_equals_lm_eval_hf_backend_on_the_saved_folder(capsys):
+def test_dense_accuracy_equals_lm_eval_hf_backend_on_the_saved_folder(smol, capsys):
     """gap eval --tasks on the loaded model == lm-eval's own ``--model hf --model_args pretrained=FOLDER``."""
     from lm_eval.evaluator import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -73,11 +73,8 @@ def test_dense_accuracy_equals_lm_eval_hf_backend_on_the_saved_folder(capsys):
     for metric in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"):
         assert ours[metric] == theirs[f"{metric},none"], metric
     # The dense model's own run recorded its numbers: a pruned checkpoint of it reads them back.
-    from gap_engine.models import load_model
-
-    fingerprint = load_model("smollm2-135m").fingerprint
     prepared = prepare_tasks(TaskSettings(limit=LIMIT, batch_size=4))
-    cached = dense_task_scores(fingerprint, "float32", prepared, measure=None)
+    cached = dense_task_scores(smol.fingerprint, "float32", prepared, measure=None)
     assert cached[OFFLINE_TASK].acc == ours["acc"] and cached[OFFLINE_TASK].n == LIMIT
 
 
