@@ -12,11 +12,11 @@ import json
 import sys
 import time
 
-from ..models import load_model
-from ..recover import RecoveryResult, RecoverySettings, recover
-from ..recover_io import RecoveryError, check_output_dir
-from .arguments import device_from
-from .output import format_seconds
+from gap_engine.cli.arguments import device_from
+from gap_engine.cli.output import format_seconds
+from gap_engine.model.loading import load_model
+from gap_engine.pipeline.recovery import RecoveryResult, RecoverySettings, recover
+from gap_engine.recover.files import RecoveryError, check_output_dir
 
 # argparse destination -> RecoverySettings field, for the options whose None means "keep the default".
 _TUNABLES = {
