@@ -9,10 +9,10 @@ import re
 import pytest
 
 from gap_engine.cli import main
-from gap_engine.data import load_corpus
-from gap_engine.fsutil import cache_root
-from gap_engine.task_data import OFFLINE_TASK, build_examples, offline_task_dir
-from gap_engine.tasks import TaskSettings, dense_task_scores, hub_reachable, prepare_tasks
+from gap_engine.core.fsutil import cache_root
+from gap_engine.data.next_sentence import OFFLINE_TASK, build_examples, offline_task_dir
+from gap_engine.data.windows import load_corpus
+from gap_engine.evaluate.tasks import TaskSettings, dense_task_scores, hub_reachable, prepare_tasks
 
 LIMIT = 4  # examples: 16 likelihood requests per model, about 8 CPU seconds each side
 EVAL_TINY = ["--samples", "1", "--seq-len", "32", "--no-throughput", "--generations", "0"]

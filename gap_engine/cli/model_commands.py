@@ -102,7 +102,7 @@ def window_convention_text(tokenizer) -> str:
 
 def task_settings_from(args: argparse.Namespace):
     """The TaskSettings of ``--tasks`` and its options, or None without ``--tasks``."""
-    from ..tasks import TaskSettings
+    from gap_engine.evaluate.tasks import TaskSettings
 
     if args.tasks is None:
         for flag in ("limit", "num_fewshot", "include_path"):
@@ -117,7 +117,7 @@ def run_eval(args: argparse.Namespace) -> int:
     task_settings = task_settings_from(args)
     prepared = None
     if task_settings is not None:  # every task problem is found before the text is read and the model loads
-        from ..tasks import prepare_tasks
+        from gap_engine.evaluate.tasks import prepare_tasks
 
         prepared = prepare_tasks(task_settings)
     read_sources(args.data)
@@ -129,7 +129,7 @@ def run_eval(args: argparse.Namespace) -> int:
     settings = EvalSettings(windows=windows_from(args), throughput=not args.no_throughput, generations=args.generations)
     report = evaluate(lm, dense, settings, progress=lambda msg: print(f"eval: {msg}", file=sys.stderr))
     if prepared is not None:
-        from ..tasks import model_and_dense_scores
+        from gap_engine.evaluate.tasks import model_and_dense_scores
 
         print(f"eval: task accuracy on {', '.join(prepared.tasks)} (lm-eval)", file=sys.stderr)
         scores, dense_scores = model_and_dense_scores(lm, None if args.no_dense else dense, prepared)

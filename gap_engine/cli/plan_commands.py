@@ -143,7 +143,7 @@ def _prepared_tasks(args: argparse.Namespace):
     settings = task_settings_from(args)
     if settings is None:
         return None
-    from ..tasks import prepare_tasks
+    from gap_engine.evaluate.tasks import prepare_tasks
 
     return prepare_tasks(settings)
 
@@ -152,7 +152,7 @@ def _task_columns(lm, prepared):
     """(a function giving a pruned model's task columns, the dense model's columns), or (None, {})."""
     if prepared is None:
         return None, {}
-    from ..tasks import model_and_dense_scores, run_tasks, score_columns
+    from gap_engine.evaluate.tasks import model_and_dense_scores, run_tasks, score_columns
 
     print(f"task accuracy on {', '.join(prepared.tasks)} (lm-eval): dense", file=sys.stderr)
     _, dense_scores = model_and_dense_scores(lm, None, prepared)

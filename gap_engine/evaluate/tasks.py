@@ -26,16 +26,16 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 from urllib.parse import urlparse
 
-from .errors import GapError, first_line
-from .fsutil import atomic_write_json, cache_root
-from .limits import LIMITS, check_at_most
-from .task_data import OFFLINE_TASK, offline_task_dir
-from .validate import read_bounded
+from gap_engine.core.errors import GapError, first_line
+from gap_engine.core.fsutil import atomic_write_json, cache_root
+from gap_engine.core.limits import LIMITS, check_at_most
+from gap_engine.core.validate import read_bounded
+from gap_engine.data.next_sentence import OFFLINE_TASK, offline_task_dir
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class TaskSettings:
     batch_size: int = 8  # requests per forward pass
     include_path: str | None = None  # a folder of lm-eval task YAMLs the user names
 
-    def validate(self) -> "TaskSettings":
+    def validate(self) -> TaskSettings:
         if not self.tasks or any(not name.strip() for name in self.tasks):
             raise TaskError("--tasks needs at least one task name, comma-separated")
         if self.limit is not None and self.limit <= 0:
@@ -339,8 +339,8 @@ def _wrap(lm, batch_size: int):
     import torch
     from lm_eval.models.huggingface import HFLM
 
-    from .device import input_device, is_streamed, placement_of
-    from .layerwise import logits_batches
+    from gap_engine.core.device import input_device, is_streamed, placement_of
+    from gap_engine.model.layerwise import logits_batches
 
     class LoadedModelLM(HFLM):
         def _model_call(self, inps, attn_mask=None, labels=None):
@@ -442,7 +442,7 @@ def model_and_dense_scores(lm, dense, prepared: PreparedTasks) -> tuple[dict[str
         lm: the model to score (pruned, recovered or dense).
         dense: its dense original when loaded, else None (then only cached dense scores are given).
     """
-    from .device import placement_of
+    from gap_engine.core.device import placement_of
 
     dtype = str(placement_of(lm).dtype).removeprefix("torch.")
     if not lm.pruned_from:  # the dense model itself: its cached numbers, or measured now and cached

@@ -26,9 +26,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .data import load_corpus
-from .errors import DataError
-from .fsutil import atomic_directory, cache_root, lock_for
+from gap_engine.core.errors import DataError
+from gap_engine.core.fsutil import atomic_directory, cache_root, lock_for
+from gap_engine.data.windows import load_corpus
 
 OFFLINE_TASK = "gap_wiki_next"
 _SOURCE = "wiki-sample"
@@ -41,7 +41,7 @@ _LENGTH_RATIO = 1.35  # a distractor's word count is within this factor of the a
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
 
 _YAML = """\
-# Written by gap_engine.task_data (format {version}); read by lm-eval's own task loader.
+# Written by gap_engine.data.next_sentence (format {version}); read by lm-eval's own task loader.
 task: {task}
 dataset_path: json
 dataset_kwargs:
