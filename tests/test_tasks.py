@@ -50,6 +50,7 @@ def test_offline_task_files_are_written_once_and_read_by_lm_eval(tmp_path, monke
     assert task.doc_to_text(doc) == rows[0]["passage"] and task.doc_to_choice(doc) == rows[0]["choices"]
 
 
+@pytest.mark.slow
 def test_dense_accuracy_equals_lm_eval_hf_backend_on_the_saved_folder(smol, capsys):
     """gap eval --tasks on the loaded model == lm-eval's own ``--model hf --model_args pretrained=FOLDER``."""
     from lm_eval.evaluator import simple_evaluate

@@ -23,7 +23,6 @@ import hashlib
 import json
 import random
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from gap_engine.core.errors import DataError
@@ -65,13 +64,6 @@ metadata:
 """
 
 
-@dataclass(frozen=True)
-class _Sentence:
-    article: int  # index of the held-out article
-    text: str
-    words: int
-
-
 def _sentences(article: str) -> list[list[str]]:
     """The article's paragraphs, each a list of its sentences (whitespace collapsed)."""
     paragraphs = []
@@ -90,6 +82,32 @@ def _seed(article: int, paragraph: int, position: int) -> int:
     return int(digest[:16], 16)
 
 
+def _pool_by_length(heldout) -> dict[int, list[tuple[str, frozenset[int]]]]:
+    """Usable sentences by word count, each once with the articles it occurs in, in text order."""
+    articles: dict[str, set[int]] = {}
+    for a, article in enumerate(heldout):
+        for sentences in _sentences(article):
+            for sentence in sentences:
+                if _usable(sentence):
+                    articles.setdefault(sentence, set()).add(a)
+    pool: dict[int, list[tuple[str, frozenset[int]]]] = {}
+    for sentence in sorted(articles):
+        pool.setdefault(len(sentence.split()), []).append((sentence, frozenset(articles[sentence])))
+    return pool
+
+
+def _distractors(pool, article: int, answer: str, rng: random.Random) -> list[str]:
+    """Three sentences of other articles, of about the answer's length where there are enough."""
+    words = len(answer.split())
+    for low, high in ((words / _LENGTH_RATIO, words * _LENGTH_RATIO), (0, float("inf"))):
+        candidates = [
+            text for length in sorted(pool) if low <= length <= high for text, found_in in pool[length] if article not in found_in and text != answer
+        ]
+        if len(candidates) >= _CHOICES - 1:
+            return rng.sample(candidates, _CHOICES - 1)
+    raise DataError(f"the held-out part of {_SOURCE} has too few sentences for distractors")
+
+
 def build_examples(heldout: tuple[str, ...] | list[str], max_examples: int = _MAX_EXAMPLES) -> list[dict]:
     """The task's examples from held-out articles (pure: the same articles give the same list).
 
@@ -98,23 +116,19 @@ def build_examples(heldout: tuple[str, ...] | list[str], max_examples: int = _MA
         index of the true next sentence) and ``article`` (the held-out article's number).
     """
     candidates: list[tuple[int, int, str, str]] = []  # (seed, article, passage, answer)
-    pool: list[_Sentence] = []
     for a, article in enumerate(heldout):
         for p, sentences in enumerate(_sentences(article)):
-            pool.extend(_Sentence(a, s, len(s.split())) for s in sentences if _usable(s))
             for i in range(_CONTEXT_SENTENCES, len(sentences)):
                 context = sentences[i - _CONTEXT_SENTENCES : i]
                 if _usable(sentences[i]) and all(len(s.split()) >= 3 for s in context):
                     candidates.append((_seed(a, p, i), a, " ".join(context), sentences[i]))
     if len({a for _, a, _, _ in candidates}) < 2:
         raise DataError(f"the held-out part of {_SOURCE} has too few articles for distractors from other articles")
+    pool = _pool_by_length(heldout)
     examples = []
     for seed, article, passage, answer in sorted(candidates)[:max_examples]:
         rng = random.Random(seed)
-        words = len(answer.split())
-        similar = [s.text for s in pool if s.article != article and words / _LENGTH_RATIO <= s.words <= words * _LENGTH_RATIO]
-        others = similar if len(set(similar)) >= _CHOICES - 1 else [s.text for s in pool if s.article != article]
-        distractors = rng.sample(sorted(set(others) - {answer}), _CHOICES - 1)
+        distractors = _distractors(pool, article, answer, rng)
         label = rng.randrange(_CHOICES)
         choices = distractors[:label] + [answer] + distractors[label:]
         examples.append({"passage": passage, "choices": choices, "label": label, "article": article})
