@@ -136,3 +136,70 @@ def test_task_line_names_dense_beside_the_model():
     row = {"acc": 0.5, "acc_stderr": 0.1, "acc_norm": 0.25, "acc_norm_stderr": 0.05, "n": 8, "num_fewshot": 0}
     line = task_line("t", row, dict(row, acc=0.75))
     assert re.search(r"acc 0\.500 ± 0\.100, acc_norm 0\.250 ± 0\.050 .*dense acc 0\.750", line)
+
+
+SCORE = {"acc": 0.625, "acc_stderr": 0.125, "acc_norm": 0.5, "acc_norm_stderr": 0.13, "n": 16, "num_fewshot": 0}
+EVAL_WITH_TASKS = {
+    "model": "smollm2-135m (pruned)",
+    "params": 120_000_000,
+    "perplexity": {"wiki-sample": 21.5},
+    "dense": {"model": "smollm2-135m", "params": 134_515_008, "perplexity": {"wiki-sample": 18.0}},
+    "task_accuracy": {OFFLINE_TASK: SCORE, "my_task": dict(SCORE, acc=0.25, acc_norm=None, acc_norm_stderr=None)},
+    "dense_task_accuracy": {OFFLINE_TASK: dict(SCORE, acc=0.75), "my_task": dict(SCORE, acc=0.5)},
+}
+
+
+def test_history_keeps_task_accuracy_and_migrates_an_older_file(tmp_path):
+    import sqlite3
+
+    from gap_engine.evaluate import history
+
+    db = tmp_path / "h.sqlite"
+    with sqlite3.connect(db) as conn:  # a history written before task accuracy: no tasks_json column
+        conn.executescript(history._SCHEMA.replace(",\n    tasks_json TEXT NOT NULL DEFAULT '{}'", ""))
+    plan = {"model": "smollm2-135m", "attention_rates": [0.0], "mlp_rates": [0.5], "params": {}}
+    old = history.record_run(history.RunRecord.from_report(plan, {"perplexity": {"wiki-sample": 30.0}}, allocator="uniform"), db)
+    new = history.record_run(history.RunRecord.from_report(plan, EVAL_WITH_TASKS, allocator="dp"), db)
+    assert history.get_run(old, db).tasks == {}
+    assert history.get_run(new, db).tasks["dense"]["my_task"]["acc"] == 0.5
+    frame = history.list_runs(db).set_index("id")
+    assert frame.loc[new, f"acc:{OFFLINE_TASK}"] == 0.625 and frame.loc[new, f"dense_acc:{OFFLINE_TASK}"] == 0.75
+    assert frame.loc[new, "acc_stderr:my_task"] == 0.125 and "acc_norm:my_task" not in frame.columns
+    assert frame[f"acc:{OFFLINE_TASK}"].isna()[old]
+
+
+@pytest.mark.slow
+def test_report_prints_the_paper_style_task_table(smol, tmp_path, capsys):
+    """Tasks as columns, dense / plan / recovered as rows, an average column; bad scores refused."""
+    import html
+
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.pipeline.stages import loss_table
+    from gap_engine.plan.front import dp_front, front_rows
+    from gap_engine.plan.front_view import row_plan
+    from gap_engine.tables.artefact import TableSpec
+
+    spec = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="taylor", rate_grid=(0.0, 0.25, 0.5))
+    table = loss_table(smol, spec, use_cache=False)
+    (tmp_path / "table.json").write_text(table.to_json())
+    row_plan(smol, table, next(r for r in front_rows(table, dp_front(table)) if r["budget"] >= 0.2)).save(tmp_path / "plan.json")
+    (tmp_path / "eval.json").write_text(json.dumps(EVAL_WITH_TASKS))
+    recovered = dict(EVAL_WITH_TASKS, task_accuracy={OFFLINE_TASK: dict(SCORE, acc=0.6875), "my_task": dict(SCORE, acc=0.375)})
+    (tmp_path / "recovered.json").write_text(json.dumps(recovered))
+    common = ["report", "--table", tmp_path / "table.json", "--plan", tmp_path / "plan.json", "--eval", tmp_path / "eval.json"]
+    assert main([*map(str, common), "--recovered-eval", str(tmp_path / "recovered.json"), "--out", str(tmp_path / "r.html")]) == 0
+    text = (tmp_path / "r.html").read_text()
+    section = text[text.index("<h2>Task accuracy</h2>") :]
+    header = re.search(r"<tr><th>model</th>(.*?)</tr>", section).group(1)
+    assert header == f"<th>{html.escape(OFFLINE_TASK)} (n=16)</th><th>my_task (n=16)</th><th>average</th>"
+    rows = re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td></tr>", section)
+    assert rows[:3] == [
+        ("dense", "75.0 ± 12.5", "50.0 ± 12.5", "62.5"),
+        ("pruned (plan)", "62.5 ± 12.5", "25.0 ± 12.5", "43.8"),
+        ("pruned + recovered", "68.8 ± 12.5", "37.5 ± 12.5", "53.1"),
+    ]
+    (tmp_path / "bad.json").write_text(json.dumps(dict(EVAL_WITH_TASKS, task_accuracy={OFFLINE_TASK: dict(SCORE, acc=1.5)})))
+    capsys.readouterr()
+    assert main([*map(str, common[:-1]), str(tmp_path / "bad.json"), "--out", str(tmp_path / "never.html")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "acc" in err[0] and err[0].startswith("gap: error: ") and not (tmp_path / "never.html").exists()

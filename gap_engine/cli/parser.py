@@ -248,6 +248,10 @@ def _add_report(sub) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--run", type=int, help="a run id of the history (its plan, numbers and generations)")
     source.add_argument("--eval", help="a `gap eval --json` output file of the pruned model (needs --plan)")
+    p.add_argument(
+        "--recovered-eval",
+        help="a `gap eval --tasks ... --json` output of the recovered checkpoint: its task accuracy becomes the table's recovered row",
+    )
     p.add_argument("--budget", help="without a plan or run: report the DP front row at this fraction of prunable parameters (default 0.2)")
     p.add_argument("--out", required=True, type=Path, help="the HTML file to write")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
