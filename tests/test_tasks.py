@@ -203,3 +203,29 @@ def test_report_prints_the_paper_style_task_table(smol, tmp_path, capsys):
     assert main([*map(str, common[:-1]), str(tmp_path / "bad.json"), "--out", str(tmp_path / "never.html")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "acc" in err[0] and err[0].startswith("gap: error: ") and not (tmp_path / "never.html").exists()
+
+
+def test_explorer_run_records_task_accuracy_beside_dense(make_tiny, tmp_path, monkeypatch):
+    """prune_and_evaluate with tasks: the pruned copy's scores, dense's (measured once, then
+    cached under its fingerprint), both in the report and the history row."""
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.evaluate import history
+    from gap_engine.evaluate.metrics import EvalSettings
+    from gap_engine.evaluate.tasks import run_tasks
+    from gap_engine.model.rateplan import uniform_plan
+    from gap_engine.pipeline.runs import prune_and_evaluate
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
+    dense = make_tiny("llama")
+    prepared = prepare_tasks(TaskSettings(limit=3, batch_size=4))
+    settings = EvalSettings(windows=WindowSpec("wiki-sample", n_samples=1, seq_len=16), throughput=False, generations=0)
+    plan = uniform_plan(dense, 0.5, "magnitude", 8)
+    result = prune_and_evaluate(dense, settings, plan=plan, history_path=tmp_path / "h.sqlite", tasks=prepared)
+    report = result["report"]
+    expected_dense = run_tasks(dense, prepared)[OFFLINE_TASK]
+    assert report["dense_task_accuracy"][OFFLINE_TASK] == expected_dense.to_dict()
+    assert report["task_accuracy"][OFFLINE_TASK]["n"] == 3
+    assert len(list((tmp_path / "tasks" / "dense").glob("*.json"))) == 1
+    row = history.list_runs(tmp_path / "h.sqlite").iloc[0]
+    assert row[f"acc:{OFFLINE_TASK}"] == report["task_accuracy"][OFFLINE_TASK]["acc"]
+    assert row[f"dense_acc:{OFFLINE_TASK}"] == expected_dense.acc

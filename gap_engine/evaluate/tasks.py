@@ -454,6 +454,16 @@ def model_and_dense_scores(lm, dense, prepared: PreparedTasks) -> tuple[dict[str
     return scores, dense_task_scores(fingerprint, dtype, prepared, measure) if fingerprint else {}
 
 
+def task_report(lm, dense, prepared: PreparedTasks) -> dict:
+    """``task_accuracy`` and ``dense_task_accuracy`` of a model pruned in memory from ``dense``
+    (the ``EvalReport`` fields), the dense scores from the cache or measured once."""
+    _, dense_scores = model_and_dense_scores(dense, None, prepared)
+    return {
+        "task_accuracy": {name: score.to_dict() for name, score in run_tasks(lm, prepared).items()},
+        "dense_task_accuracy": {name: score.to_dict() for name, score in dense_scores.items()},
+    }
+
+
 def score_columns(scores: dict[str, TaskScore], prefix: str = "") -> dict[str, float]:
     """Flat columns for a CSV or a history row: ``acc_TASK``, ``acc_stderr_TASK``, ``acc_norm_TASK``, ...
 

@@ -154,6 +154,7 @@ def prune_and_evaluate(
     history_path: str | Path | None = None,
     stage: StageFn | None = None,
     cancel: CancelToken | None = None,
+    tasks=None,
 ) -> dict:
     """Plan (or take ``plan``), prune a copy of ``dense``, measure it, save it, record the run.
 
@@ -168,6 +169,8 @@ def prune_and_evaluate(
         history_path: the history database; None: the default under the cache root.
         stage: told each stage's name as it starts (`prune_eval_stages`, after loading); cancel:
             polled at every decoder block of both models (``interrupt``) and between stages.
+        tasks: `evaluate.tasks.PreparedTasks`: their accuracy (and dense's, cached) joins the
+            report and the history row; None: none measured.
     Returns:
         A JSON-ready dict: run_id, plan, report, predicted_loss, predicted_basis (table.basis; None
         without a table), actual_loss, objective, checkpoint, seconds, stage_seconds, params_before/after.
@@ -188,6 +191,11 @@ def prune_and_evaluate(
     at(MEASURE)
     objective = table.spec.objective if table is not None else "nll"
     actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at)
+    if tasks is not None:
+        from gap_engine.evaluate.tasks import task_report
+
+        with cancel_checks(dense, cancel, _STOPPED), cancel_checks(pruned, cancel, _STOPPED):
+            report |= task_report(pruned, dense, tasks)
     checkpoint = None
     if checkpoint_dir is not None:
         at(SAVE)
