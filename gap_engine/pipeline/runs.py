@@ -32,6 +32,7 @@ from gap_engine.core.progress import (
 from gap_engine.data.windows import calibration_windows
 from gap_engine.evaluate import history
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
+from gap_engine.evaluate.tasks import PreparedTasks, task_report
 from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loading import LoadedModel
 from gap_engine.model.rateplan import RatePlan
@@ -127,9 +128,9 @@ def _chosen_plan(dense, table, budget, allocator, constraints, plan) -> RatePlan
 _STOPPED = "prune and evaluate cancelled"
 
 
-def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at) -> tuple[float, dict]:
-    """The measured objective increase on the calibration windows, then the held-out report;
-    evaluate's own progress lines become stages through ``at``."""
+def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at, tasks=None) -> tuple[float, dict]:
+    """The measured objective increase on the calibration windows, then the held-out report (with
+    task accuracy when ``tasks`` are given); evaluate's own progress lines become stages through ``at``."""
 
     def evaluation_step(message: str) -> None:
         at(THROUGHPUT if message.startswith("throughput") else GENERATE if message.startswith("generating") else HELD_OUT)
@@ -138,6 +139,8 @@ def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel
         windows = run_unless_cancelled(lambda: calibration_windows(dense.tokenizer, calib), cancel, f"{_STOPPED} while reading the text")
         actual = objective_increase(pruned, dense, windows, objective, calib.batch_size)
         report = evaluate(pruned, dense, eval_settings, progress=evaluation_step).to_dict()
+        if tasks is not None:
+            report |= task_report(pruned, dense, tasks)
     return actual, report
 
 
@@ -154,7 +157,7 @@ def prune_and_evaluate(
     history_path: str | Path | None = None,
     stage: StageFn | None = None,
     cancel: CancelToken | None = None,
-    tasks=None,
+    tasks: PreparedTasks | None = None,
 ) -> dict:
     """Plan (or take ``plan``), prune a copy of ``dense``, measure it, save it, record the run.
 
@@ -165,12 +168,10 @@ def prune_and_evaluate(
             score the units and give the measured ("actual") objective increase.
         budget, allocator, constraints: what `allocate.plan_from_table` gets.
         plan: a ready RatePlan (e.g. an uploaded one) instead of planning.
-        checkpoint_dir: where to save the pruned checkpoint; None: not saved.
-        history_path: the history database; None: the default under the cache root.
+        checkpoint_dir, history_path: where to save the checkpoint (None: not saved), the history (None: the default).
         stage: told each stage's name as it starts (`prune_eval_stages`, after loading); cancel:
             polled at every decoder block of both models (``interrupt``) and between stages.
-        tasks: `evaluate.tasks.PreparedTasks`: their accuracy (and dense's, cached) joins the
-            report and the history row; None: none measured.
+        tasks: prepared lm-eval tasks whose accuracy (and dense's) joins report and history.
     Returns:
         A JSON-ready dict: run_id, plan, report, predicted_loss, predicted_basis (table.basis; None
         without a table), actual_loss, objective, checkpoint, seconds, stage_seconds, params_before/after.
@@ -190,12 +191,7 @@ def prune_and_evaluate(
         result = prune_with_plan(pruned, plan, calib, cancel=cancel)
     at(MEASURE)
     objective = table.spec.objective if table is not None else "nll"
-    actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at)
-    if tasks is not None:
-        from gap_engine.evaluate.tasks import task_report
-
-        with cancel_checks(dense, cancel, _STOPPED), cancel_checks(pruned, cancel, _STOPPED):
-            report |= task_report(pruned, dense, tasks)
+    actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at, tasks)
     checkpoint = None
     if checkpoint_dir is not None:
         at(SAVE)
