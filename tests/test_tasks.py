@@ -229,3 +229,28 @@ def test_explorer_run_records_task_accuracy_beside_dense(make_tiny, tmp_path, mo
     row = history.list_runs(tmp_path / "h.sqlite").iloc[0]
     assert row[f"acc:{OFFLINE_TASK}"] == report["task_accuracy"][OFFLINE_TASK]["acc"]
     assert row[f"dense_acc:{OFFLINE_TASK}"] == expected_dense.acc
+
+
+def test_compare_task_columns_round_trip_through_its_csv(tmp_path, capsys):
+    """`gap compare --tasks` columns: acc/stderr/n per task beside dense_..., read back by Outcome.from_row;
+    a bad --limit is refused before anything loads."""
+    import csv
+    import io
+
+    from gap_engine.cli.output import csv_text
+    from gap_engine.evaluate.tasks import TaskScore, score_columns
+    from gap_engine.pipeline.compare import Outcome
+
+    score = TaskScore(OFFLINE_TASK, 0.625, 0.125, None, None, 16, 0)
+    columns = score_columns({OFFLINE_TASK: score}) | score_columns({OFFLINE_TASK: score}, "dense_")
+    assert columns == {
+        f"acc_{OFFLINE_TASK}": 0.625, f"acc_stderr_{OFFLINE_TASK}": 0.125, f"n_{OFFLINE_TASK}": 16,
+        f"dense_acc_{OFFLINE_TASK}": 0.625, f"dense_acc_stderr_{OFFLINE_TASK}": 0.125, f"dense_n_{OFFLINE_TASK}": 16,
+    }
+    outcome = Outcome("dp", 0.2, 10, 0.2, 100, 0.1, 0.2, {"wiki-sample": 30.0}, {"wiki-sample": 20.0}, 3.0, extras=columns)
+    row = next(csv.DictReader(io.StringIO(csv_text([outcome.row()]))))
+    assert Outcome.from_row(row).extras == columns
+    argv = ["compare", "--model", "smollm2-135m", "--tasks", OFFLINE_TASK, "--limit", "0", "--out", str(tmp_path / "c.csv")]
+    assert main(argv) == 2
+    assert "--limit must be a positive" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "c.csv").exists()
