@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -187,8 +188,11 @@ def _manager(settings: TaskSettings):
         return manager
     registry = {name: _registry_dirs(name) for name in missing}
     unknown = [name for name in missing if not registry[name]]
-    if not unknown:  # index only the registry folders that name them: seconds, not the whole registry
-        narrowed = sorted({str(d) for found in registry.values() for d in found})
+    if not unknown:
+        _refuse_uncached_hub_tasks(missing, registry)
+        # Index only the registry folders that name them (outermost ones: nested ones would be read twice).
+        found = {d for dirs_found in registry.values() for d in dirs_found}
+        narrowed = sorted(str(d) for d in found if not any(parent in found for parent in d.parents))
         manager = TaskManager(include_path=[str(d) for d in dirs] + narrowed, include_defaults=False)
         if any(name not in manager.all_tasks for name in settings.tasks):
             manager = TaskManager(include_path=[str(d) for d in dirs] or None, include_defaults=True)
@@ -200,6 +204,37 @@ def _manager(settings: TaskSettings):
             "registered names (`lm_eval ls tasks` lists them)"
         )
     return manager
+
+
+def _refuse_uncached_hub_tasks(names: list[str], registry: dict[str, set[Path]]) -> None:
+    """TaskError at once for a registered task whose data set only the hub has, when the hub does
+    not answer: found from the one YAML that defines it, before lm-eval indexes anything."""
+    if not names or hub_reachable():
+        return
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    for name in names:
+        pattern = re.compile(rf"^task:\s*['\"]?{re.escape(name)}['\"]?\s*$", re.MULTILINE)
+        for folder in sorted(registry[name]):
+            for path in sorted(folder.glob("*.yaml")):
+                if not pattern.search(path.read_text(encoding="utf-8", errors="replace")):
+                    continue
+                try:
+                    dataset = load_yaml(path, resolve_func=False).get("dataset_path")
+                except Exception:  # lm-eval's loader: let the full load report it
+                    return
+                if isinstance(dataset, str) and dataset not in _LOCAL_BUILDERS and not _in_local_cache(dataset):
+                    raise _load_failure(name, False, None)
+
+
+def _in_local_cache(dataset: str) -> bool:
+    """Whether the datasets or hub cache has a folder for this hub data set (then loading may work offline)."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    return (Path(datasets.config.HF_DATASETS_CACHE) / dataset.replace("/", "___")).exists() or (
+        Path(huggingface_hub.constants.HF_HUB_CACHE) / f"datasets--{dataset.replace('/', '--')}"
+    ).exists()
 
 
 def _registry_dirs(name: str) -> set[Path]:
@@ -318,7 +353,7 @@ def prepare_tasks(settings: TaskSettings) -> PreparedTasks:
     return PreparedTasks(settings, manager, loaded, {name: _fingerprint(task) for name, task in loaded.items()})
 
 
-def _load_failure(name: str, online: bool, exc: Exception) -> TaskError:
+def _load_failure(name: str, online: bool, exc: Exception | None) -> TaskError:
     if not online:
         return TaskError(
             f"task {name!r} needs its data set from the Hugging Face hub, which cannot be reached (and its cache "
