@@ -101,7 +101,26 @@ def window_convention_text(tokenizer) -> str:
     return f"start with {tokenizer.convert_ids_to_tokens(bos)!s} (the model's BOS token: context only, not scored)"
 
 
+def task_settings_from(args: argparse.Namespace):
+    """The TaskSettings of ``--tasks`` and its options, or None without ``--tasks``."""
+    from gap_engine.evaluate.tasks import TaskSettings
+
+    if args.tasks is None:
+        for flag in ("limit", "num_fewshot", "include_path"):
+            if getattr(args, flag) is not None:
+                raise PlanError(f"--{flag.replace('_', '-')} needs --tasks")
+        return None
+    names = tuple(name.strip() for name in args.tasks.split(","))
+    return TaskSettings(names, args.limit, args.num_fewshot, args.batch_size, args.include_path).validate()
+
+
 def run_eval(args: argparse.Namespace) -> int:
+    task_settings = task_settings_from(args)
+    prepared = None
+    if task_settings is not None:  # every task problem is found before the text is read and the model loads
+        from gap_engine.evaluate.tasks import prepare_tasks
+
+        prepared = prepare_tasks(task_settings)
     read_sources(args.data)
     if args.device_map:
         lm, dense = _dispatched_pair(args)
@@ -110,6 +129,13 @@ def run_eval(args: argparse.Namespace) -> int:
         dense = None if args.no_dense else dense_reference(lm, device_from(args))
     settings = EvalSettings(windows=windows_from(args), throughput=not args.no_throughput, generations=args.generations)
     report = evaluate(lm, dense, settings, Hooks(message=lambda msg: print(f"eval: {msg}", file=sys.stderr)))
+    if prepared is not None:
+        from gap_engine.evaluate.tasks import model_and_dense_scores
+
+        print(f"eval: task accuracy on {', '.join(prepared.tasks)} (lm-eval)", file=sys.stderr)
+        scores, dense_scores = model_and_dense_scores(lm, None if args.no_dense else dense, prepared)
+        report.task_accuracy = {name: score.to_dict() for name, score in scores.items()}
+        report.dense_task_accuracy = {name: score.to_dict() for name, score in dense_scores.items()}
     if args.json:
         print(json.dumps(report.to_dict()))
         return 0
@@ -123,11 +149,26 @@ def run_eval(args: argparse.Namespace) -> int:
                 f"top-1 agree {report.top1_agreement[source]:.3f})"
             )
         print(line)
+    for name, score in report.task_accuracy.items():
+        print(task_line(name, score, report.dense_task_accuracy.get(name)))
     if report.throughput:
         print("throughput: " + ", ".join(f"{k}={v:.2f}" for k, v in report.throughput.items() if isinstance(v, float)))
     for g in report.generations:
         print(f"> {g['prompt']}\n  model: {g['model']!r}" + (f"\n  dense: {g['dense']!r}" if "dense" in g else ""))
     return 0
+
+
+def task_line(name: str, score: dict, dense: dict | None) -> str:
+    """``task[name]: acc 0.620 ± 0.049, acc_norm ... (n=100; dense acc ...)`` for the text output."""
+
+    def numbers(row: dict) -> str:
+        text = f"acc {row['acc']:.3f} ± {row['acc_stderr'] or 0:.3f}"
+        if row.get("acc_norm") is not None:
+            text += f", acc_norm {row['acc_norm']:.3f} ± {row['acc_norm_stderr'] or 0:.3f}"
+        return text
+
+    line = f"task[{name}]: {numbers(score)}  (n={score['n']}, {score['num_fewshot']}-shot"
+    return line + (f"; dense {numbers(dense)})" if dense else ")")
 
 
 def _dispatched_pair(args: argparse.Namespace):

@@ -82,6 +82,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--no-throughput", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_device_args(p)
+    _add_task_args(p)
     spread = p.add_argument_group("several devices (a model larger than one accelerator)")
     spread.add_argument(
         "--device-map",
@@ -91,6 +92,19 @@ def _add_eval(sub) -> None:
     spread.add_argument("--max-memory", help="per-device limits for --device-map, e.g. cuda:0=70GiB,cuda:1=70GiB,cpu=200GiB")
     spread.add_argument("--offload-dir", type=Path, help="where --device-map keeps the weights that fit no device (else that is an error)")
     p.set_defaults(handler="model_commands:run_eval")
+
+
+def _add_task_args(p: argparse.ArgumentParser) -> None:
+    """--tasks and its options: task accuracy through lm-eval (``gap eval``, ``gap compare``)."""
+    group = p.add_argument_group("task accuracy (lm-eval)")
+    group.add_argument(
+        "--tasks",
+        help="comma-separated lm-eval tasks: gap_wiki_next (offline, built from wiki-sample), names of the YAMLs "
+        "under --include-path, or lm-eval's registered names (their data from the hub or its cache)",
+    )
+    group.add_argument("--limit", type=int, help="examples per task (default: all)")
+    group.add_argument("--num-fewshot", type=int, help="in-context examples (default: the task's own, else 0)")
+    group.add_argument("--include-path", help="a folder of lm-eval task YAMLs (dataset_path: json with local data_files)")
 
 
 def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> None:
@@ -209,6 +223,7 @@ def _add_compare(sub) -> None:
     p.add_argument("--eval-samples", type=int, default=EVAL_WINDOWS.n_samples)
     p.add_argument("--eval-seq-len", type=int, default=EVAL_WINDOWS.seq_len)
     p.add_argument("--out", required=True, help="results CSV")
+    _add_task_args(p)
     _add_constraint_args(p)
     _add_evo_args(p)
     add_device_args(p)
@@ -238,6 +253,10 @@ def _add_report(sub) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--run", type=int, help="a run id of the history (its plan, numbers and generations)")
     source.add_argument("--eval", help="a `gap eval --json` output file of the pruned model (needs --plan)")
+    p.add_argument(
+        "--recovered-eval",
+        help="a `gap eval --tasks ... --json` output of the recovered checkpoint: its task accuracy becomes the table's recovered row",
+    )
     p.add_argument("--budget", help="without a plan or run: report the DP front row at this fraction of prunable parameters (default 0.2)")
     p.add_argument("--out", required=True, type=Path, help="the HTML file to write")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")

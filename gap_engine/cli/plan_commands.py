@@ -109,6 +109,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if unknown:
         raise BudgetError(f"unknown allocator '{unknown[0]}'; choose from {', '.join(ALLOCATORS)}")
     constraints = constraints_from(args)
+    prepared = _prepared_tasks(args)  # before the text is read and the model loads
     read_sources(args.eval_data, *(() if args.table else (args.data,)))  # before the model loads
     if args.table:
         table = read_table(args.table)
@@ -124,11 +125,53 @@ def run_compare(args: argparse.Namespace) -> int:
     eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len, seed=args.seed)
     heldout = heldout_sets(lm.tokenizer, eval_windows)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
-    outcomes = compare(lm, table, budgets, allocators, heldout, constraints, evo, Hooks(message=lambda msg: print(msg, file=sys.stderr)))
+    extra, dense_columns = _task_columns(lm, prepared)
+    say = Hooks(message=lambda msg: print(msg, file=sys.stderr))  # one line per finished plan
+    outcomes = compare(lm, table, budgets, allocators, heldout, constraints, evo, say, extra=extra)
+    for outcome in outcomes:
+        outcome.extras = outcome.extras | dense_columns
     atomic_write_text(args.out, csv_text([o.row() for o in outcomes]))
     _print_outcomes(outcomes, list(heldout))
+    if prepared is not None:
+        _print_task_table(outcomes, list(prepared.tasks), dense_columns)
     print(f"-> {args.out}", file=sys.stderr)
     return 0
+
+
+def _prepared_tasks(args: argparse.Namespace):
+    from .model_commands import task_settings_from
+
+    settings = task_settings_from(args)
+    if settings is None:
+        return None
+    from gap_engine.evaluate.tasks import prepare_tasks
+
+    return prepare_tasks(settings)
+
+
+def _task_columns(lm, prepared):
+    """(a function giving a pruned model's task columns, the dense model's columns), or (None, {})."""
+    if prepared is None:
+        return None, {}
+    from gap_engine.evaluate.tasks import model_and_dense_scores, run_tasks, score_columns
+
+    print(f"task accuracy on {', '.join(prepared.tasks)} (lm-eval): dense", file=sys.stderr)
+    _, dense_scores = model_and_dense_scores(lm, None, prepared)
+    return (lambda pruned: score_columns(run_tasks(pruned, prepared))), score_columns(dense_scores, "dense_")
+
+
+def _print_task_table(outcomes, tasks: list[str], dense_columns: dict) -> None:
+    """Accuracy (± its standard error) per task, dense first, then every allocator and budget."""
+
+    def cell(columns: dict, prefix: str, task: str) -> str:
+        acc = columns.get(f"{prefix}acc_{task}")
+        return f"{acc:.3f} ± {columns.get(f'{prefix}acc_stderr_{task}', 0):.3f}" if acc is not None else "-"
+
+    print("task accuracy (lm-eval acc ± stderr)")
+    print(f"{'allocator':<9} {'budget':>6} " + " ".join(f"{t[:20]:>20}" for t in tasks))
+    print(f"{'dense':<9} {0:>6.0%} " + " ".join(f"{cell(dense_columns, 'dense_', t):>20}" for t in tasks))
+    for o in outcomes:
+        print(f"{o.allocator:<9} {o.budget:>6.0%} " + " ".join(f"{cell(o.extras, '', t):>20}" for t in tasks))
 
 
 def _print_outcomes(outcomes, sources: list[str]) -> None:

@@ -1,6 +1,6 @@
 """``gap report``: one self-contained HTML file for stakeholders (see `report`).
 
-    gap report --table T.json [--plan P.json] [--run RUN_ID | --eval EVAL.json] --out report.html
+    gap report --table T.json [--plan P.json] [--run RUN_ID | --eval EVAL.json] [--recovered-eval R.json] --out report.html
 
 The table is required; the plan comes from ``--plan``, else from the run, else it is the
 DP front row at ``--budget``. Every input is read and checked before the file is written,
@@ -27,6 +27,10 @@ def run_report(args: argparse.Namespace) -> int:
         RatePlan.load(args.plan) if args.plan else None, args.run, args.eval, plan_name=str(args.plan)
     )
     plan, evaluation, constraints = inputs.plan, inputs.evaluation, inputs.constraints
+    if args.recovered_eval:
+        if evaluation is None:
+            raise report.ReportError("--recovered-eval needs --run or --eval: the recovered row sits beside the pruned model's")
+        evaluation["recovered_tasks"] = report.read_evaluation(args.recovered_eval)["tasks"]
     if args.budget is not None and plan is not None:
         raise BudgetError("--budget picks a DP front row when there is no plan; a plan or run brings its own budget")
     budget = parse_fraction(args.budget, "--budget") if args.budget is not None else DEFAULT_BUDGET

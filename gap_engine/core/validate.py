@@ -440,6 +440,22 @@ def _check_scores(value, what: str, error: type[GapError], low: float | None = N
     return value
 
 
+def _check_task_scores(value, what: str, error: type[GapError]) -> dict:
+    """Task name -> {acc, acc_stderr, acc_norm, acc_norm_stderr, n, ...}: accuracies in [0, 1], n a count."""
+    check_keys(value, what, error)
+    if len(value) > 256:
+        raise error(f"{what} names more than 256 tasks")
+    for name, score in value.items():
+        check_text(name, f"{what} task name", error)
+        check_keys(score, f"{what}[{name!r}]", error)
+        check_number(score.get("acc"), f"{what}[{name!r}] acc", error, low=0.0, high=1.0)
+        for metric in ("acc_stderr", "acc_norm", "acc_norm_stderr"):
+            if score.get(metric) is not None:
+                check_number(score[metric], f"{what}[{name!r}] {metric}", error, low=0.0, high=1.0)
+        check_int(score.get("n"), f"{what}[{name!r}] n", error, 1, 10**9)
+    return value
+
+
 def check_evaluation_report(data, what: str, error: type[GapError]) -> dict:
     """``data`` unless it is not what ``gap eval --json`` prints (``EvalReport.to_dict()``).
 
@@ -467,6 +483,9 @@ def check_evaluation_report(data, what: str, error: type[GapError]) -> dict:
         for name in ("prefill_speedup", "decode_speedup"):
             if throughput.get(name) is not None:
                 check_number(throughput[name], f"{what} throughput {name}", error, low=0.0)
+    for name in ("task_accuracy", "dense_task_accuracy"):
+        if data.get(name) is not None:
+            _check_task_scores(data[name], f"{what} {name}", error)
     generations = data.get("generations") or []
     if not isinstance(generations, list) or len(generations) > LIMITS.generations:
         raise error(f"{what} generations must be a list of at most {LIMITS.generations} entries")

@@ -58,7 +58,8 @@ CREATE TABLE IF NOT EXISTS runs (
     generations_json TEXT NOT NULL,
     checkpoint TEXT,
     seconds REAL,
-    note TEXT
+    note TEXT,
+    tasks_json TEXT NOT NULL DEFAULT '{}'
 );
 """
 
@@ -108,6 +109,7 @@ class RunRecord:
     checkpoint: str | None = None  # folder of the saved pruned checkpoint
     seconds: float | None = None  # wall time of the run
     note: str = ""  # free text
+    tasks: dict = field(default_factory=dict)  # {"model": {task: score}, "dense": {task: score}} from lm-eval (``gap eval --tasks``)
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     id: int | None = None  # assigned by the database
 
@@ -150,7 +152,14 @@ class RunRecord:
             generations=list(report.get("generations") or []),
             checkpoint=checkpoint,
             seconds=seconds if seconds is not None else report.get("seconds"),
+            tasks=task_scores_of(report),
         )
+
+
+def task_scores_of(report: dict) -> dict:
+    """``{"model": ..., "dense": ...}`` task scores of an ``EvalReport.to_dict()`` ({} without tasks)."""
+    model, dense = report.get("task_accuracy") or {}, report.get("dense_task_accuracy") or {}
+    return {"model": dict(model), "dense": dict(dense)} if model or dense else {}
 
 
 def history_path() -> Path:
@@ -183,12 +192,14 @@ def _migrate(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
     if "method" in columns and "allocator" not in columns:
         conn.execute("ALTER TABLE runs RENAME COLUMN method TO allocator")
+    if "tasks_json" not in columns:  # histories written before task accuracy
+        conn.execute("ALTER TABLE runs ADD COLUMN tasks_json TEXT NOT NULL DEFAULT '{}'")
     if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:  # reading alone writes nothing
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 # RunRecord fields stored as JSON text, in a column named "<field>_json".
-_JSON_FIELDS = frozenset({"plan", "params", "perplexity", "dense_perplexity", "kl", "top1", "generations"})
+_JSON_FIELDS = frozenset({"plan", "params", "perplexity", "dense_perplexity", "kl", "top1", "generations", "tasks"})
 
 
 def _column(name: str) -> str:
@@ -274,7 +285,8 @@ def list_runs(path: Path | None = None) -> pd.DataFrame:
     """All runs as one flat table, oldest first.
 
     Columns: BASE_COLUMNS, ``plan_hash``, then per held-out source ``ppl:<source>``,
-    ``dense_ppl:<source>``, ``kl:<source>``, ``top1:<source>``. An empty history gives an
+    ``dense_ppl:<source>``, ``kl:<source>``, ``top1:<source>``, then per lm-eval task
+    ``acc:<task>``, ``acc_stderr:<task>``, ``acc_norm:<task>`` and the same with ``dense_``. An empty history gives an
     empty frame with the base columns.
     """
     records = runs(path)
@@ -290,6 +302,11 @@ def list_runs(path: Path | None = None) -> pd.DataFrame:
         ):
             for source, value in values.items():
                 row[f"{prefix}:{source}"] = value
+        for prefix, scores in (("", (record.tasks or {}).get("model") or {}), ("dense_", (record.tasks or {}).get("dense") or {})):
+            for task, score in scores.items():
+                for metric in ("acc", "acc_stderr", "acc_norm"):
+                    if score.get(metric) is not None:
+                        row[f"{prefix}{metric}:{task}"] = score[metric]
         rows.append(row)
     frame = pd.DataFrame(rows)
     if frame.empty:

@@ -59,6 +59,8 @@ class EvalReport:
     settings: dict = field(default_factory=dict)
     seconds: float = 0.0
     window_start: str = "text"  # "bos": every window starts with the model's BOS token (never scored); "text": with text
+    task_accuracy: dict[str, dict] = field(default_factory=dict)  # lm-eval task -> acc, acc_norm, stderrs, n (``tasks``)
+    dense_task_accuracy: dict[str, dict] = field(default_factory=dict)  # the same for the dense model (cached per model + task)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -110,6 +110,7 @@ def measure_plan(
     scores: ImportanceScores,
     reference: Reference,
     table: LossTable | None = None,
+    extra: Callable[[LoadedModel], dict] | None = None,
 ) -> Outcome:
     """Prune a copy of the dense model with ``plan`` and measure it beside the table's prediction.
 
@@ -122,6 +123,7 @@ def measure_plan(
         reference: the dense numbers on the same windows.
         table: the loss table behind the prediction: its objective is measured on ``calib``
             too, and the prediction's basis (measured or estimated cells) is recorded.
+        extra: more numbers of the pruned model (e.g. task accuracy), kept in ``extras``.
     """
     pruned, result = pruned_copy(dense, plan, calib_spec, scores)
     batch_size = calib_spec.batch_size
@@ -145,6 +147,7 @@ def measure_plan(
         objective=objective,
         calib_objective_increase=measured,
         predicted_basis=None if table is None else table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates)),
+        extras=extra(pruned) if extra is not None else {},
     )
 
 
@@ -157,6 +160,7 @@ def compare(
     constraints: Constraints = Constraints(),
     evo: EvoSettings = EvoSettings(),
     hooks: Hooks = NO_HOOKS,
+    extra: Callable[[LoadedModel], dict] | None = None,
 ) -> list[Outcome]:
     """Every allocator at every budget, pruned for real and measured on the same windows.
 
@@ -168,6 +172,7 @@ def compare(
         heldout: source -> (N, T) held-out windows.
         constraints, evo: as for `allocators.plan_from_table`.
         hooks: its message is told one line per finished plan.
+        extra: more numbers of each pruned model (task accuracy), as extra columns.
     """
     unknown = [a for a in allocators if a not in ALLOCATORS]
     if unknown:
@@ -196,8 +201,8 @@ def compare(
                 }
             else:
                 plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores)
-            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference, table)
-            outcome.extras = extras | {"seconds": round(time.perf_counter() - started, 1)}
+            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference, table, extra)
+            outcome.extras = outcome.extras | extras | {"seconds": round(time.perf_counter() - started, 1)}
             outcomes.append(outcome)
             hooks.say(f"{allocator} at {budget:.0%}: calibration loss +{outcome.calib_loss_increase:.4f}")
     return outcomes

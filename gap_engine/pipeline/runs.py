@@ -32,6 +32,7 @@ from gap_engine.core.progress import (
 from gap_engine.data.windows import calibration_windows
 from gap_engine.evaluate import history
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
+from gap_engine.evaluate.tasks import PreparedTasks, task_report
 from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loading import LoadedModel
 from gap_engine.model.rateplan import RatePlan
@@ -130,9 +131,9 @@ def _chosen_plan(dense, table, budget, allocator, constraints, plan) -> RatePlan
 _STOPPED = "prune and evaluate cancelled"
 
 
-def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at: StageFn) -> tuple[float, dict]:
-    """The measured objective increase on the calibration windows, then the held-out report;
-    evaluate's own progress lines become stages through ``at``."""
+def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at: StageFn, tasks=None) -> tuple[float, dict]:
+    """The measured objective increase on the calibration windows, then the held-out report (with
+    task accuracy when ``tasks`` are given); evaluate's own progress lines become stages through ``at``."""
 
     def evaluation_step(message: str) -> None:
         at(THROUGHPUT if message.startswith("throughput") else GENERATE if message.startswith("generating") else HELD_OUT)
@@ -141,6 +142,8 @@ def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel
         windows = run_unless_cancelled(lambda: calibration_windows(dense.tokenizer, calib), cancel, f"{_STOPPED} while reading the text")
         actual = objective_increase(pruned, dense, windows, objective, calib.batch_size)
         report = evaluate(pruned, dense, eval_settings, Hooks(message=evaluation_step)).to_dict()
+        if tasks is not None:
+            report |= task_report(pruned, dense, tasks)
     return actual, report
 
 
@@ -156,6 +159,7 @@ def prune_and_evaluate(
     checkpoint_dir: str | Path | None = None,
     history_path: str | Path | None = None,
     hooks: Hooks = NO_HOOKS,
+    tasks: PreparedTasks | None = None,
 ) -> dict:
     """Plan (or take ``plan``), prune a copy of ``dense``, measure it, save it, record the run.
 
@@ -170,6 +174,7 @@ def prune_and_evaluate(
         history_path: the history database; None: the default under the cache root.
         hooks: each stage entered as it starts (`prune_eval_stages`, after loading); cancel
             polled at every decoder block of both models (``interrupt``) and between stages.
+        tasks: prepared lm-eval tasks whose accuracy (and dense's) joins report and history.
     Returns:
         A JSON-ready dict: run_id, plan, plan_hash (also in the record's params), report, predicted_loss,
         predicted_basis (table.basis; None without a table), actual_loss, objective, checkpoint, seconds, stage_seconds, params_before/after.
@@ -190,7 +195,7 @@ def prune_and_evaluate(
         result = prune_with_plan(pruned, plan, calib, Hooks(cancel=cancel))
     at(MEASURE)
     objective = table.spec.objective if table is not None else "nll"
-    actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at)
+    actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at, tasks)
     checkpoint = None
     if checkpoint_dir is not None:
         at(SAVE)

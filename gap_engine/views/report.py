@@ -66,6 +66,8 @@ def evaluation_from_report(report: dict, label: str = "evaluation") -> dict:
         "generations": [
             {"prompt": g.get("prompt", ""), "dense": g.get("dense", ""), "pruned": g.get("model", "")} for g in report.get("generations") or []
         ],
+        "tasks": dict(report.get("task_accuracy") or {}),
+        "dense_tasks": dict(report.get("dense_task_accuracy") or {}),
     }
 
 
@@ -86,6 +88,8 @@ def evaluation_from_run(record) -> dict:
         "generations": [
             {"prompt": g.get("prompt", ""), "dense": g.get("dense", ""), "pruned": g.get("model", "")} for g in record.generations or []
         ],
+        "tasks": dict((record.tasks or {}).get("model") or {}),
+        "dense_tasks": dict((record.tasks or {}).get("dense") or {}),
     }
 
 
@@ -210,6 +214,30 @@ def _evaluation_html(evaluation: dict, objective: str) -> str:
     return "\n".join(parts)
 
 
+def task_table_html(rows: list[tuple[str, dict]]) -> str:
+    """Task accuracy as papers print it: tasks as columns, one row per model, an average column.
+
+    Args:
+        rows: (label, {task: score dict with acc, acc_stderr}) per model, e.g. dense, plan, recovered.
+    """
+    tasks = list(dict.fromkeys(task for _, scores in rows for task in scores))
+    body = []
+    for label, scores in rows:
+        cells = [html.escape(label)]
+        for task in tasks:
+            score = scores.get(task)
+            cells.append("—" if score is None else f"{100 * score['acc']:.1f} ± {100 * (score.get('acc_stderr') or 0):.1f}")
+        complete = all(task in scores for task in tasks)
+        cells.append(f"{100 * sum(scores[t]['acc'] for t in tasks) / len(tasks):.1f}" if complete and tasks else "—")
+        body.append(cells)
+    examples = {task: next((s[task].get("n") for _, s in rows if task in s), None) for task in tasks}
+    header = ["model"] + [f"{html.escape(t)} (n={examples[t]})" for t in tasks] + ["average"]
+    return (
+        "<p>Accuracy (%) ± its standard error, computed by EleutherAI's lm-evaluation-harness (acc: the choice with the "
+        "highest log-likelihood). A difference smaller than about two standard errors is within noise.</p>" + _table(header, body, "tasks")
+    )
+
+
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #262730; margin: 0; }
 main { max-width: 1150px; margin: 0 auto; padding: 1.5rem 1rem 3rem; }
@@ -319,6 +347,11 @@ def build_report(
     ]
     if evaluation:
         sections += ["<h2>Evaluation</h2>", _evaluation_html(evaluation, objective)]
+    if evaluation and evaluation.get("tasks"):
+        rows = [("dense", evaluation.get("dense_tasks") or {}), ("pruned (plan)", evaluation["tasks"])]
+        if evaluation.get("recovered_tasks"):
+            rows.append(("pruned + recovered", evaluation["recovered_tasks"]))
+        sections += ["<h2>Task accuracy</h2>", task_table_html(rows)]
     footer = f"<p class='note'>{html.escape(source)}</p>" if source else ""
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
