@@ -109,7 +109,7 @@ def test_report_of_a_run_carries_its_numbers_and_generations(files, run, table, 
     assert f"{run['row']['removed']:,}" in text and f"{run['plan'].budget:.2%}" in text
     generation = report["generations"][0]
     assert html.escape(generation["model"]) in text and html.escape(generation["dense"]) in text
-    assert f"+{run['result']['actual_loss']:.4f}" in text  # measured beside predicted
+    assert f"+{run['result'].actual_loss:.4f}" in text  # measured beside predicted
     assert f"+{run['plan'].predicted_loss:.4f}" in text
 
 
