@@ -2,7 +2,7 @@
 
 Six pages in the order of the method: Setup (model, calibration, loss table) ->
 Sensitivity -> Budget planner -> Prune & evaluate -> Recover -> Export. Long work (table builds,
-baseline plans, prune-and-evaluate, recovery) runs as background jobs (gap_engine.jobs), so it
+baseline plans, prune-and-evaluate, recovery) runs as background jobs (gap_engine.views.jobs), so it
 survives reruns, page switches and reloads; this file applies finished jobs' results to the
 session whatever page is open, lists every running job in the sidebar, and keeps the view
 in the URL (explorer/url_state.py) so a reload or a shared link opens it again.

@@ -223,16 +223,25 @@ def cost_model(args) -> list[str]:
 
 
 # ---- 5. before and after ----------------------------------------------------------------------------
-# Runs unchanged against the base commit's package (which has no devices): only APIs both have.
+# Runs against the base commit's package too (which has no devices): only APIs both have, imported
+# from the layered packages or, failing that, the base commit's flat modules.
 BEFORE_AFTER_CHILD = """
 import json, sys, time, os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
-from gap_engine.config import WindowSpec
-from gap_engine.data import calibration_windows, heldout_windows
-from gap_engine.evaluate import perplexity
-from gap_engine.models import load_model
-from gap_engine.tables import TableSpec, measure_table, parse_rate_grid
+try:  # the layered package (this commit on)
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.data.windows import calibration_windows, heldout_windows
+    from gap_engine.evaluate.metrics import perplexity
+    from gap_engine.model.loading import load_model
+    from gap_engine.tables.artefact import TableSpec, parse_rate_grid
+    from gap_engine.tables.build import measure_table
+except ImportError:  # the base commit's flat modules
+    from gap_engine.config import WindowSpec
+    from gap_engine.data import calibration_windows, heldout_windows
+    from gap_engine.evaluate import perplexity
+    from gap_engine.models import load_model
+    from gap_engine.tables import TableSpec, measure_table, parse_rate_grid
 samples, seq_len, rates, batch = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 lm = load_model("smollm2-135m")
 out = {}

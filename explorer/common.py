@@ -210,7 +210,7 @@ def constraints_json(raw: dict) -> str:
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def pareto_rows(table_key: str, constraints_text: str, _table) -> list[dict]:
-    """allocate.front_rows of the DP front for one table and constraints (cached per process)."""
+    """front.front_rows of the DP front for one table and constraints (cached per process)."""
     return front_rows(_table, dp_front(_table, Constraints.from_dict(json.loads(constraints_text))))
 
 

@@ -199,7 +199,7 @@ else:
     )
     render_gguf_download(folder)
     st.caption(
-        f"`{folder}` ({size_mb:.0f} MB) — gap: `gap_engine.models.load_model`; transformers: "
+        f"`{folder}` ({size_mb:.0f} MB) — gap: `gap_engine.model.loading.load_model`; transformers: "
         "`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`; llama.cpp: the GGUF file "
         "(`Llama(path, flash_attn=True)`). The folder's README.md says more."
     )

@@ -12,6 +12,7 @@ import json
 import streamlit as st
 
 from explorer import budget_chart, common
+from gap_engine.core.config import DEFAULT_BUDGET
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
@@ -42,7 +43,7 @@ def planner_export_figure(table):
         table,
         rows,
         dense_total=lm.param_count(),
-        active_budget=float(st.session_state.get("app_budget") or 0.2),
+        active_budget=float(st.session_state.get("app_budget") or DEFAULT_BUDGET),
         locked={int(k): v for k, v in raw["locked"].items()},
         baselines=baselines,
         uniform=uniform,
@@ -59,17 +60,15 @@ def report_html(table, plan_dict: dict, run_id: int | None) -> str:
     report.check_plan(table, plan)
     lm = common.reference_model(table.model)
     table.check_model(lm)
-    evaluation, raw = None, st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
-    if run_id is not None:
-        record = history.get_run(run_id)
-        evaluation = report.evaluation_from_run(record)
-        raw = (record.params or {}).get("constraints") or {"locked": {}, "max_rate": 0.95, "coupled": False}
-    raw = {"locked": dict(raw.get("locked") or {}), "max_rate": float(raw.get("max_rate", 0.95)), "coupled": bool(raw.get("coupled", False))}
-    constraints = Constraints.from_dict(raw)
+    session = Constraints.from_dict(st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"])
+    where = f"run {run_id}" if run_id is not None else "the Budget planner's plan"
+    inputs = report.report_inputs(plan, run_id, constraints=session, plan_name="the plan chosen for this report")
+    plan, evaluation, constraints = inputs.plan, inputs.evaluation, inputs.constraints
+    # the planner's constraints dict (its cache key), from the constraints the report uses
+    raw = {"locked": {str(k): float(v) for k, v in dict(constraints.locked).items()}, "max_rate": constraints.max_rate, "coupled": constraints.coupled}
     rows = common.pareto_rows(table.key, common.constraints_json(raw), table)
     baselines = _baselines(table, raw)
     uniform = budget_chart.uniform_rows(table, lm, raw, rows[-1]["budget"], baselines) if rows else None
-    where = f"run {run_id}" if run_id is not None else "the Budget planner's plan"
     return report.build_report(
         table,
         plan,

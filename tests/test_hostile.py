@@ -880,7 +880,7 @@ def test_app_calibration_upload_refuses_hostile_files(monkeypatch, name):
 
     file_name, content, message = APP_TEXT_UPLOADS[name]
     if name == "above-size-limit":  # the page reads the ceiling at each run: a 4 kB one stands in for 64 MB
-        monkeypatch.setattr(gap_engine.limits, "LIMITS", SizeLimits(upload_bytes=4096))
+        monkeypatch.setattr(gap_engine.core.limits, "LIMITS", SizeLimits(upload_bytes=4096))
     at = start()
     at.radio(key="setup_data_kind").set_value("Uploaded file").run()
     data = content if isinstance(content, bytes) else content.encode()

@@ -142,7 +142,7 @@ def test_bad_inputs_give_one_line_and_write_nothing(files, table, smol, capsys, 
 
 
 def test_report_and_figures_do_not_import_streamlit():
-    code = "import sys, gap_engine.report, gap_engine.figures, gap_engine.cli.report_commands; print('streamlit' in sys.modules)"
+    code = "import sys, gap_engine.views.report, gap_engine.views.figures, gap_engine.cli.report_commands; print('streamlit' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False"

@@ -17,28 +17,16 @@ from gap_engine.cli.arguments import parse_fraction
 from gap_engine.cli.plan_commands import read_table
 from gap_engine.core.config import DEFAULT_BUDGET
 from gap_engine.core.errors import BudgetError
-from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.plan.problem import Constraints
 from gap_engine.views import report
 
 
 def run_report(args: argparse.Namespace) -> int:
     table = read_table(args.table)
-    plan = RatePlan.load(args.plan) if args.plan else None
-    evaluation, constraints = None, Constraints()
-    if args.eval:
-        if plan is None:
-            raise report.ReportError("--eval needs --plan: an evaluation file does not say which plan made the model")
-        evaluation = report.read_evaluation(args.eval)
-    elif args.run is not None:
-        record = history.get_run(args.run)
-        run_plan = RatePlan.from_dict(dict(record.plan))
-        if plan is not None and (plan.attention_rates, plan.mlp_rates) != (run_plan.attention_rates, run_plan.mlp_rates):
-            raise report.ReportError(f"run {args.run} pruned another plan than {args.plan}: give one of them")
-        plan = plan or run_plan
-        evaluation = report.evaluation_from_run(record)
-        constraints = Constraints.from_dict((record.params or {}).get("constraints"))
+    inputs = report.report_inputs(
+        RatePlan.load(args.plan) if args.plan else None, args.run, args.eval, plan_name=str(args.plan)
+    )
+    plan, evaluation, constraints = inputs.plan, inputs.evaluation, inputs.constraints
     if args.budget is not None and plan is not None:
         raise BudgetError("--budget picks a DP front row when there is no plan; a plan or run brings its own budget")
     budget = parse_fraction(args.budget, "--budget") if args.budget is not None else DEFAULT_BUDGET

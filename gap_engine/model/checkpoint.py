@@ -22,7 +22,7 @@ rebuilds (the engine computes in float32).
 The folder is written under a temporary name and renamed into place when complete.
 Reading builds the dense architecture without initialising weights, narrows every block to
 its recorded widths (``slicing.narrow_to_widths``), then loads the tensors strictly.
-``models.load_model`` wraps the result as a LoadedModel and checks its fingerprint.
+``loading.load_model`` wraps the result as a LoadedModel and checks its fingerprint.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def describe_device_map(device_map: dict) -> str:
 def load_dispatched(
     name_or_path: str, dtype: str = "auto", strategy: str = "auto", max_memory: dict | None = None, offload_dir: str | Path | None = None
 ):
-    """``models.load_model`` on the host in ``dtype`` (resolved as ``--device auto`` resolves it:
+    """``loading.load_model`` on the host in ``dtype`` (resolved as ``--device auto`` resolves it:
     what the accelerator runs, float32 without one), then spread over the devices
     (``plan_device_map``, ``dispatch_lm``)."""
     dtype = dtype_name(resolve(DeviceSpec("auto", dtype)).dtype)

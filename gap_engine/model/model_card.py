@@ -124,7 +124,7 @@ def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
         f"python -c \"from llama_cpp import Llama; print(Llama('{folder_name}.gguf', flash_attn=True)('The capital of France is', max_tokens=32))\"",
         "```",
         "",
-        "gap_engine itself: `gap eval --model " + folder_name + "` or `gap_engine.models.load_model`.",
+        "gap_engine itself: `gap eval --model " + folder_name + "` or `gap_engine.model.loading.load_model`.",
         "",
         "## Limits",
         "",

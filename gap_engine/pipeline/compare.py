@@ -166,7 +166,7 @@ def compare(
         budgets: fractions of prunable parameters to remove.
         allocators: names from ALLOCATORS.
         heldout: source -> (N, T) held-out windows.
-        constraints, evo: as for `allocate.plan_from_table`.
+        constraints, evo: as for `allocators.plan_from_table`.
         hooks: its message is told one line per finished plan.
     """
     unknown = [a for a in allocators if a not in ALLOCATORS]

@@ -187,7 +187,7 @@ def prune_and_evaluate(
         eval_settings: held-out evaluation settings.
         table: the loss table (needed unless ``plan`` is given); its calibration windows
             score the units and give the measured ("actual") objective increase.
-        budget, allocator, constraints: what `allocate.plan_from_table` gets.
+        budget, allocator, constraints: what `allocators.plan_from_table` gets.
         plan: a ready RatePlan (e.g. an uploaded one) instead of planning.
         checkpoint_dir: where to save the pruned checkpoint; None: not saved.
         history_path: the history database; None: the default under the cache root.

@@ -136,7 +136,7 @@ def plan_for(
     n_buckets: int = DEFAULT_N_BUCKETS,
     smoothed: bool = True,
 ) -> RatePlan:
-    """`allocate.plan_from_table` with the table's own calibration windows read when the allocator needs them."""
+    """`allocators.plan_from_table` with the table's own calibration windows read when the allocator needs them."""
     windows = calibration_windows(lm.tokenizer, table.spec.windows) if needs_windows(allocator) else None
     return plan_from_table(lm, table, budget, allocator, constraints, windows, scores, evo, n_buckets, smoothed)
 

@@ -1,9 +1,9 @@
 """GAP's allocator: the exact DP over a loss table, for one budget or for every budget.
 
 `dp_front` solves the whole Pareto front of removed parameters against summed table loss
-in one pass (``planner.solve_front``); `front_rows` turns it into rows the explorer's
+in one pass (``knapsack.solve_front``); `front_rows` turns it into rows the explorer's
 budget chart carries to the browser; `dp_choice` solves one budget on a finer grid
-(``planner.solve_budget``); ``front_view`` turns the front into what the explorer shows.
+(``knapsack.solve_budget``); ``front_view`` turns the front into what the explorer shows.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The DP front as the explorer and the report show it: budget steps, their plans, the uniform line.
 
 The budget chart (the app's one budget control) and the stakeholder report draw the
-Pareto front of `allocate.front_rows`. Three things keep what they show equal to what
+Pareto front of `front.front_rows`. Three things keep what they show equal to what
 gets pruned:
 
 - **Steps are front rows.** A slider step is one row of the front, and its budget is that
@@ -43,7 +43,7 @@ def budget_steps(front: Sequence[dict], max_steps: int = MAX_STEPS) -> list[int]
     no row twice).
 
     Args:
-        front: rows of `allocate.front_rows` (strictly increasing ``budget``).
+        front: rows of `front.front_rows` (strictly increasing ``budget``).
         max_steps: the most steps to keep (>= 2).
     Returns:
         Increasing row indices into ``front``; empty for an empty front.
@@ -92,7 +92,7 @@ def row_plan(lm, table, row: dict) -> RatePlan:
     Args:
         lm: the dense LoadedModel the table was built for (its geometry counts parameters).
         table: the LossTable behind the front.
-        row: one row of `allocate.front_rows` for ``table``.
+        row: one row of `front.front_rows` for ``table``.
     Returns:
         A validated RatePlan (allocator ``dp``) that removes exactly ``row["removed"]``.
     Raises:
@@ -124,7 +124,7 @@ def uniform_line(lm, table, constraints, top: float, step: float = UNIFORM_STEP,
     Args:
         lm: the dense LoadedModel (geometry only: no forward pass).
         table: the LossTable.
-        constraints: allocate.Constraints (locks and the max rate hold for uniform too).
+        constraints: problem.Constraints (locks and the max rate hold for uniform too).
         top: the largest budget to try (the front's top, say).
         step: budget spacing of the plans.
         extra: more budgets to include (those of baseline markers, so they lie on the line).
@@ -151,7 +151,7 @@ def uniform_line(lm, table, constraints, top: float, step: float = UNIFORM_STEP,
 
 
 def front_row_at(front: Sequence[dict], budget: float) -> dict | None:
-    """The optimum of `allocate.front_rows` for a budget: the first row removing at least it (None past the top)."""
+    """The optimum of `front.front_rows` for a budget: the first row removing at least it (None past the top)."""
     index = int(np.searchsorted(np.array([row["budget"] for row in front]), budget - 1e-12))
     return front[index] if index < len(front) else None
 

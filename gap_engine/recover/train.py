@@ -6,7 +6,7 @@ part and samples every step's batch from every pool with a generator seeded by
 forward pass. ``ZORun`` (MaZO with a mask, MeZO without; maths in ``recover_zo``) and
 ``LoraRun`` (peft; ``recover_lora``) share one shape: ``prepare`` once, ``step``, ``tensors``
 and ``optimizer_state`` for snapshots, ``restore`` on resume, ``finish`` at the end.
-``recover.recover`` drives them; settings are ``recover.RecoverySettings``.
+``recovery.recover`` drives them; settings are ``recover.RecoverySettings``.
 """
 
 from __future__ import annotations

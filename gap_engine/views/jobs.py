@@ -550,13 +550,13 @@ def prune_eval_task(model_name: str, eval_settings, expected: dict | None = None
 
 
 def recover_task(checkpoint: str, settings, out_dir) -> WorkFn:
-    """Fine-tune a saved checkpoint (`recover.recover`), resuming the run saved for ``out_dir``
+    """Fine-tune a saved checkpoint (`recovery.recover`), resuming the run saved for ``out_dir``
     when there is one; the result is its RecoveryResult.
 
     Args:
         checkpoint: a pruned checkpoint folder (loaded privately: training changes its weights).
         settings: recover.RecoverySettings.
-        out_dir: the recovered checkpoint's folder (see `recover.app_output_dir`).
+        out_dir: the recovered checkpoint's folder (see `recovery.app_output_dir`).
     """
     def work(ctx: JobContext):
         ctx.step("loading the checkpoint", 0, settings.steps)

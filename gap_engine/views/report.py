@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from gap_engine import __version__
@@ -25,6 +26,7 @@ from gap_engine.core.errors import GapError
 from gap_engine.core.fsutil import atomic_write_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_evaluation_report, read_json_file
+from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.front_view import step_at_budget
@@ -341,3 +343,44 @@ def read_evaluation(path: str | Path) -> dict:
     what = f"evaluation {path}"
     data = read_json_file(path, LIMITS.metadata_bytes, what, ReportError)  # size and nesting bounded (issue 13)
     return evaluation_from_report(check_evaluation_report(data, what, ReportError), label=path.name)
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """What a report shows beside the table: the plan, its measured numbers and the constraints."""
+
+    plan: RatePlan | None  # None: the DP front row at the report's budget
+    evaluation: dict | None  # measured numbers (evaluation_from_run / read_evaluation), if any
+    constraints: Constraints  # the planner's constraints the plan was made under
+
+
+def report_inputs(
+    plan: RatePlan | None,
+    run_id: int | None = None,
+    evaluation_path: str | Path | None = None,
+    constraints: Constraints | None = None,
+    plan_name: str = "the plan",
+) -> ReportInputs:
+    """The report's inputs, assembled one way for `gap report` and the explorer's Export page.
+
+    A run brings its numbers and the constraints it was planned under, and must have pruned
+    ``plan`` when both are given; an evaluation file (``gap eval --json``) needs a plan, since it
+    does not say which plan made the model.
+
+    Raises:
+        ReportError: an evaluation without a plan, or a run that pruned another plan.
+        GapError: an unreadable run or evaluation file.
+    """
+    constraints = constraints or Constraints()
+    if evaluation_path is not None:
+        if plan is None:
+            raise ReportError("--eval needs --plan: an evaluation file does not say which plan made the model")
+        return ReportInputs(plan, read_evaluation(evaluation_path), constraints)
+    if run_id is None:
+        return ReportInputs(plan, None, constraints)
+    record = history.get_run(run_id)
+    run_plan = RatePlan.from_dict(dict(record.plan))
+    if plan is not None and (plan.attention_rates, plan.mlp_rates) != (run_plan.attention_rates, run_plan.mlp_rates):
+        raise ReportError(f"run {run_id} pruned another plan than {plan_name}: give one of them")
+    run_constraints = Constraints.from_dict((record.params or {}).get("constraints"))
+    return ReportInputs(plan or run_plan, evaluation_from_run(record), run_constraints)

@@ -246,7 +246,7 @@ def planner_figure(
 
     Args:
         table: the LossTable.
-        front: allocate.front_rows of the DP front (by increasing budget).
+        front: front.front_rows of the DP front (by increasing budget).
         dense_total: all parameters of the dense model (readouts), or None.
         active_budget: the chosen budget; the step of the first row removing at least it is shown.
         locked: layer -> locked rate, marked on the bars.
