@@ -48,12 +48,12 @@ def apply_finished_jobs() -> None:
         st.session_state["app_last_run"] = job.result
         common.set_message(
             "eval", "success",
-            f"Run {job.result['run_id']} finished in {common.duration_text(job.elapsed)} and was added to the history (plan {job.result.get('plan_hash')}).",
+            f"Run {job.result.run_id} finished in {common.duration_text(job.elapsed)} and was added to the history (plan {job.result.plan_hash}).",
         )
     job = common.unseen_finished("recover")
     if job is not None and common.report_finished(job, "Recovery", "recover"):
         st.session_state["app_last_recovery"] = job.result
-        common.set_message("recover", "success", f"Recovery finished in {job.result['total_seconds']:.0f} s and was added to the history.")
+        common.set_message("recover", "success", f"Recovery finished in {job.result.total_seconds:.0f} s and was added to the history.")
 
 
 apply_finished_jobs()

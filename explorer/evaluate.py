@@ -247,10 +247,10 @@ common.job_controls("prune_eval", "Prune and evaluate", "eval_run", start_run, "
 # ---- the latest run ------------------------------------------------------------------------------
 result = ss.get("app_last_run")
 if result:
-    report = result["report"]
+    report = result.report
     dense = report.get("dense") or {}
-    run_hash = result.get("plan_hash")
-    st.subheader(f"Run {result['run_id']}: {result['plan']['allocator']} at {(result['plan'].get('budget') or 0):.2%}" + (f" · plan `{run_hash}`" if run_hash else ""))
+    run_hash = result.plan_hash
+    st.subheader(f"Run {result.run_id}: {result.plan['allocator']} at {(result.plan.get('budget') or 0):.2%}" + (f" · plan `{run_hash}`" if run_hash else ""))
     c = st.columns(3)
     c[0].metric("Parameters", f"{report['params'] / 1e6:.1f}M", f"{(report['params'] - dense.get('params', report['params'])) / 1e6:+.1f}M vs dense", delta_color="off", delta_arrow="off")
     source = next(iter(report["perplexity"]), None)
@@ -258,9 +258,9 @@ if result:
         c[1].metric(f"Perplexity ({source})", f"{report['perplexity'][source]:.2f}", f"dense {dense.get('perplexity', {}).get(source, float('nan')):.2f}", delta_color="off", delta_arrow="off")
         c[2].metric(f"Held-out KL to dense ({source})", f"{report.get('kl_to_dense', {}).get(source, float('nan')):.4f}", help=common.GLOSSARY["held-out KL"])
     c = st.columns(3)
-    predicted, actual = result.get("predicted_loss"), result.get("actual_loss")
-    objective = result.get("objective", "nll")
-    basis = result.get("predicted_basis")
+    predicted, actual = result.predicted_loss, result.actual_loss
+    objective = result.objective
+    basis = result.predicted_basis
     c[0].metric(
         f"Predicted {objective} increase ({'estimate' if basis != 'measured' else 'table'})",
         "—" if predicted is None else f"{predicted:.4f}",
@@ -310,8 +310,8 @@ if result:
             pd.DataFrame([{"prompt": g["prompt"], "dense": g.get("dense", ""), "pruned": g["model"]} for g in report["generations"]]),
             hide_index=True,
         )
-    if result.get("checkpoint"):
-        st.caption(f"Checkpoint saved to `{result['checkpoint']}`")
+    if result.checkpoint:
+        st.caption(f"Checkpoint saved to `{result.checkpoint}`")
 
 # ---- history -------------------------------------------------------------------------------------
 st.divider()

@@ -19,7 +19,7 @@ from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
 from gap_engine.model.checkpoint import is_pruned_checkpoint
-from gap_engine.pipeline.recovery import DEFAULT_LR, RecoverySettings, app_output_dir
+from gap_engine.pipeline.recovery import DEFAULT_LR, RecoveryResult, RecoverySettings, app_output_dir
 from gap_engine.recover.files import discard, partial_dir, saved_step
 from gap_engine.recover.methods import RECOVERY_METHODS
 from gap_engine.views.jobs import manager, recover_task
@@ -106,7 +106,7 @@ if not candidates:
     st.info("No saved checkpoint yet: run **Prune & evaluate** with *Save checkpoint* on, then come back.")
     st.page_link(common.EVALUATE_PAGE, label="Go to Prune & evaluate", icon=":material/science:")
     st.stop()
-last = (ss.get("app_last_run") or {}).get("run_id")
+last = ss["app_last_run"].run_id if ss.get("app_last_run") else None
 if ss["recover_run"] not in candidates:
     ss["recover_run"] = last if last in candidates else next(iter(candidates))
 left, right = st.columns([1, 1], gap="large")
@@ -157,9 +157,9 @@ common.job_controls(
 
 
 # ---- the latest recovery beside the unrecovered model ----------------------------------------------
-def comparison(result: dict) -> pd.DataFrame:
+def comparison(result: RecoveryResult) -> pd.DataFrame:
     """Per task: dense, unrecovered (the checkpoint before training) and recovered numbers."""
-    before, after = result.get("before") or {}, result["after"]
+    before, after = result.before or {}, result.after
     dense = (after.get("dense") or {}).get("perplexity", {})
     rows = []
     for task, ppl in after["perplexity"].items():
@@ -179,28 +179,28 @@ def comparison(result: dict) -> pd.DataFrame:
 result = ss.get("app_last_recovery")
 if result:
     st.divider()
-    run_text = f" (history run {result['run_id']})" if result.get("run_id") is not None else ""
-    st.subheader(f"{result['method']}: {result['steps_done']} of {result['steps_requested']} steps{run_text}")
+    run_text = f" (history run {result.run_id})" if result.run_id is not None else ""
+    st.subheader(f"{result.method}: {result.steps_done} of {result.steps_requested} steps{run_text}")
     c = st.columns(2) + st.columns(2)  # two per row: long values stay whole at 1400 px and on a phone
-    c[0].metric("Training time", f"{result['train_seconds']:.0f} s", f"stopped: {result['stopped']}", delta_color="off", delta_arrow="off")
+    c[0].metric("Training time", f"{result.train_seconds:.0f} s", f"stopped: {result.stopped}", delta_color="off", delta_arrow="off")
     c[1].metric(
         "Peak memory while training",
-        f"{result['peak_rss'] / 2**20:.0f} MiB",
-        f"{result['rss_ratio']:.2f}x inference ({result['inference_rss'] / 2**20:.0f} MiB)",
+        f"{result.peak_rss / 2**20:.0f} MiB",
+        f"{result.rss_ratio:.2f}x inference ({result.inference_rss / 2**20:.0f} MiB)",
         delta_color="off",
         delta_arrow="off",
     )
-    c[2].metric("Trained parameters", f"{result['trainable_params']:,}")
-    losses = ", ".join(f"{b:.3f} → {a:.3f}" for b, a in zip(result["calib_loss_before"], result["calib_loss_after"]))
+    c[2].metric("Trained parameters", f"{result.trainable_params:,}")
+    losses = ", ".join(f"{b:.3f} → {a:.3f}" for b, a in zip(result.calib_loss_before, result.calib_loss_after))
     c[3].metric("Calibration loss per task", losses)
     st.dataframe(comparison(result), hide_index=True, width="stretch", key="recover_comparison")
-    if result["curve"]:
+    if result.curve:
         st.markdown("**Training loss** (each step's multi-task batch)")
-        curve = pd.DataFrame(result["curve"])
+        curve = pd.DataFrame(result.curve)
         st.line_chart(curve, x="step", y="loss", height=260)
-    generations = (result.get("after") or {}).get("generations") or []
+    generations = (result.after or {}).get("generations") or []
     if generations:
-        before_text = {g["prompt"]: g["model"] for g in (result.get("before") or {}).get("generations", [])}
+        before_text = {g["prompt"]: g["model"] for g in (result.before or {}).get("generations", [])}
         st.markdown("**Greedy generations**")
         st.table(
             pd.DataFrame(
@@ -211,4 +211,4 @@ if result:
             ),
             hide_index=True,
         )
-    st.caption(f"Recovered checkpoint: `{result['checkpoint']}`" + (f" · unmerged adapter: `{result['adapter']}`" if result.get("adapter") else ""))
+    st.caption(f"Recovered checkpoint: `{result.checkpoint}`" + (f" · unmerged adapter: `{result.adapter}`" if result.adapter else ""))

@@ -290,15 +290,15 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert job.status == "done", job.error
     assert any("Run 1 finished" in t for t in texts(at.success))
     result = at.session_state["app_last_run"]
-    assert result["plan"]["allocator"] == "dp" and result["plan"]["budget"] == pytest.approx(0.2)
-    assert result["params_after"] < result["params_before"]
-    assert result["actual_loss"] is not None
+    assert result.plan["allocator"] == "dp" and result.plan["budget"] == pytest.approx(0.2)
+    assert result.params_after < result.params_before
+    assert result.actual_loss is not None
     runs = history.list_runs()
-    assert list(runs["id"]) == [result["run_id"]]
+    assert list(runs["id"]) == [result.run_id]
     assert runs.loc[0, "ppl:news-sample"] > 0 and runs.loc[0, "kl:news-sample"] >= 0
-    assert Path(result["checkpoint"]).is_dir()
+    assert Path(result.checkpoint).is_dir()
     assert len(plotly_specs(at)) == 2  # history chart, predicted vs actual
-    assert result["predicted_basis"] == "estimated"  # a taylor table's cells are estimates
+    assert result.predicted_basis == "estimated"  # a taylor table's cells are estimates
 
     # The planner draws the measured run beside the predicted front.
     at.switch_page("explorer/planner.py")
@@ -306,8 +306,8 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     chart = [e.proto for e in at.get("bidi_component") if e.proto.component_name == "gap_budget_chart"]
     front_fig = json.loads(json.loads(chart[0].json)["front_figure"])
     measured = [t for t in front_fig["data"] if t.get("name") == "dp: measured"]
-    assert len(measured) == 1 and values(measured[0]["y"])[0] == pytest.approx(result["actual_loss"])
-    assert values(measured[0]["customdata"])[0][1] == pytest.approx(result["predicted_loss"])  # hover: the prediction
+    assert len(measured) == 1 and values(measured[0]["y"])[0] == pytest.approx(result.actual_loss)
+    assert values(measured[0]["customdata"])[0][1] == pytest.approx(result.predicted_loss)  # hover: the prediction
 
     # Export offers the plan, table, history and the checkpoint.
     at.switch_page("explorer/export.py")
@@ -316,13 +316,13 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     labels = {b.proto.label for b in at.get("download_button")}
     assert {"Plan (JSON)", "Plan (YAML)", "Loss table (CSV)", "Run history (CSV)", "Checkpoint (zip)"} <= labels
     assert at.selectbox(key="export_plan_source").value == "planner" or at.selectbox(key="export_plan_source").value.startswith("run-")
-    zipped = history.checkpoint_zip(result["checkpoint"])
+    zipped = history.checkpoint_zip(result.checkpoint)
     assert zipped[:2] == b"PK" and len(zipped) > 1_000_000
     # ... and as a llama.cpp file: the bytes the GGUF button serves (the weights are bfloat16 on disk)
     from gap_engine.deploy import gguf
 
-    assert "Checkpoint (GGUF)" in labels and gguf.gguf_problem(result["checkpoint"]) is None
-    assert gguf.gguf_bytes(result["checkpoint"], at.selectbox(key="export_gguf_outtype").value)[:4] == b"GGUF"
+    assert "Checkpoint (GGUF)" in labels and gguf.gguf_problem(result.checkpoint) is None
+    assert gguf.gguf_bytes(result.checkpoint, at.selectbox(key="export_gguf_outtype").value)[:4] == b"GGUF"
     assert "bfloat16" in next(b.proto.help for b in at.get("download_button") if b.proto.label == "Checkpoint (zip)")
 
     # Deleting the run removes its checkpoint too.
@@ -330,7 +330,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     at.run()
     at.button(key="eval_delete").click().run()
     assert history.list_runs().empty
-    assert not Path(result["checkpoint"]).exists()
+    assert not Path(result.checkpoint).exists()
 
 
 def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):

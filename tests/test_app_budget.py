@@ -183,9 +183,9 @@ def test_evaluate_prunes_the_released_row_and_shows_it_readably(cached_table, sm
     at.run()
     assert job.status == "done", job.error
     result = at.session_state["app_last_run"]
-    assert result["params_before"] - result["params_after"] == row_removed  # pruned exactly the released row
-    assert result["plan"]["attention_rates"] == at.session_state["app_plan"]["attention_rates"]
-    assert result["plan"]["budget"] == data["budgets"][step]
+    assert result.params_before - result.params_after == row_removed  # pruned exactly the released row
+    assert result.plan["attention_rates"] == at.session_state["app_plan"]["attention_rates"]
+    assert result.plan["budget"] == data["budgets"][step]
     # People's names in the history table; generations in a table that wraps.
     tables = [list(d.value.columns) for d in at.dataframe]
     columns = next(c for c in tables if "run" in c)  # the history table

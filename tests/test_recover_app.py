@@ -110,8 +110,8 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     assert resumed.id != job.id and resumed.key == job.key
     wait_for(lambda: not resumed.active, "the resumed run")
     assert resumed.status == "done", resumed.error
-    assert resumed.result["resumed_from"] == reached and resumed.result["steps_done"] == STEPS
-    assert [row["step"] for row in resumed.result["curve"]] == list(range(1, STEPS + 1))
+    assert resumed.result.resumed_from == reached and resumed.result.steps_done == STEPS
+    assert [row["step"] for row in resumed.result.curve] == list(range(1, STEPS + 1))
     assert out_dir.is_dir() and not partial_dir(out_dir).exists()
 
     at.run()

@@ -59,7 +59,7 @@ def run(tmp_path_factory, smol, table, files):
     job = manager().submit("prune_eval", prune_eval_task(table.model, settings, table=table, plan=plan, history_path=history_path))
     assert job.wait(600), job.snapshot()
     assert job.status == "done", job.error
-    (files / "eval.json").write_text(json.dumps(job.result["report"]))
+    (files / "eval.json").write_text(json.dumps(job.result.report))
     return {"row": row, "plan": plan, "result": job.result, "cache": cache_dir}
 
 
@@ -99,17 +99,17 @@ def test_report_of_a_table_alone_marks_the_dp_row(files, table, capsys):
 def test_report_of_a_run_carries_its_numbers_and_generations(files, run, table, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(run["cache"]))
     out = files / "run.html"
-    assert report_cli("--table", files / "table.json", "--run", run["result"]["run_id"], "--out", out) == 0
+    assert report_cli("--table", files / "table.json", "--run", run["result"].run_id, "--out", out) == 0
     text = out.read_text()
     assert_self_contained(text)
-    report = run["result"]["report"]
+    report = run["result"].report
     source = next(iter(report["perplexity"]))
     assert f"<td>{report['perplexity'][source]:.2f}</td>" in text
     assert f"<td>{report['dense']['perplexity'][source]:.2f}</td>" in text
     assert f"{run['row']['removed']:,}" in text and f"{run['plan'].budget:.2%}" in text
     generation = report["generations"][0]
     assert html.escape(generation["model"]) in text and html.escape(generation["dense"]) in text
-    assert f"+{run['result']['actual_loss']:.4f}" in text  # measured beside predicted
+    assert f"+{run['result'].actual_loss:.4f}" in text  # measured beside predicted
     assert f"+{run['plan'].predicted_loss:.4f}" in text
 
 
@@ -119,7 +119,7 @@ def test_report_of_an_eval_file_with_its_plan(files, run):
     text = out.read_text()
     assert_self_contained(text)
     assert "From eval.json." in text and "<h2>Evaluation</h2>" in text
-    assert html.escape(run["result"]["report"]["generations"][0]["model"]) in text
+    assert html.escape(run["result"].report["generations"][0]["model"]) in text
 
 
 def test_bad_inputs_give_one_line_and_write_nothing(files, table, smol, capsys, tmp_path):

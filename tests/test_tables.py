@@ -28,7 +28,8 @@ from gap_engine.model.slicing import slice_attention_, slice_mlp_, zeroed_units
 from gap_engine.model.units import block_geometries
 from gap_engine.tables.artefact import LossTable, TableSpec, isotonic_smooth, parse_rate_grid, table_key
 from gap_engine.tables.build import measure_table
-from gap_engine.tables.exact import window_cells
+from gap_engine.tables.exact import measure_exact, window_cells
+from gap_engine.tables.ledger import CellRequest, CellValues
 
 GRID4 = (0.0, 0.25, 0.5, 0.75)
 
@@ -175,6 +176,22 @@ def test_block_mode_equals_naive_and_kl_is_non_negative(make_tiny, objective):
         assert fast.dense_objective == 0.0
         assert fast.delta.min() >= -1e-7
         assert fast.delta[:, 1:].min() > 0
+
+
+def test_a_cell_filler_gets_one_request_and_its_values_make_the_table(make_tiny):
+    lm, spec, windows = make_tiny("llama"), tiny_spec(), random_windows(3, 24)
+    requests: list[CellRequest] = []
+
+    def filler(request: CellRequest) -> CellValues:
+        requests.append(request)
+        values = measure_exact(request)
+        return CellValues(values.objective, values.dense, values.stats | {"filler": "test"})
+
+    got = measure_table(lm, spec, windows, cells=filler)
+    expected = measure_table(lm, spec, windows)
+    assert len(requests) == 1 and requests[0].spec == spec and requests[0].windows is windows
+    assert got.extras["filler"] == "test"
+    np.testing.assert_array_equal(got.cell_objective, expected.cell_objective)
 
 
 def test_cells_with_the_same_cut_are_measured_once(make_tiny):

@@ -1,7 +1,8 @@
 """The explorer's runs: baseline plans for the chart, and prune -> measure -> evaluate -> record.
 
 Each function here is what one background job of the app does, from a loaded dense model
-to a JSON-ready result; the job layer only adds the model pool, progress and cancel.
+to a typed result (`PruneEvalResult`; ``recovery.RecoveryResult`` for a recovery); the job
+layer only adds the model pool, progress and cancel.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gap_engine.core.config import WindowSpec
@@ -41,6 +42,29 @@ from gap_engine.plan.allocator_registry import needs_windows
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import LossTable
+
+
+@dataclass
+class PruneEvalResult:
+    """What one prune -> measure -> evaluate -> record run gives back (`prune_and_evaluate`)."""
+
+    run_id: int  # its row in the run history
+    plan: dict  # the plan pruned with (RatePlan.to_dict())
+    plan_hash: str  # its content hash (RatePlan.content_hash), also in the record's params
+    report: dict  # held-out evaluation (EvalReport.to_dict())
+    predicted_loss: float | None  # the table's summed prediction of the objective increase
+    predicted_basis: str | None  # how the predicted cells were filled (LossTable.basis); None without a table
+    actual_loss: float | None  # the measured objective increase on the calibration windows
+    objective: str  # the table's objective (nll without a table)
+    checkpoint: str | None  # the saved pruned checkpoint; None: not saved
+    seconds: float  # wall time of the run
+    stage_seconds: dict[str, float]  # wall time per stage (`prune_eval_stages` names)
+    params_before: int  # parameters of the dense model
+    params_after: int  # parameters of the pruned copy
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+        return asdict(self)
 
 
 def baseline_rows(
@@ -160,7 +184,7 @@ def prune_and_evaluate(
     history_path: str | Path | None = None,
     hooks: Hooks = NO_HOOKS,
     tasks: PreparedTasks | None = None,
-) -> dict:
+) -> PruneEvalResult:
     """Plan (or take ``plan``), prune a copy of ``dense``, measure it, save it, record the run.
 
     Args:
@@ -176,8 +200,7 @@ def prune_and_evaluate(
             polled at every decoder block of both models (``interrupt``) and between stages.
         tasks: prepared lm-eval tasks whose accuracy (and dense's) joins report and history.
     Returns:
-        A JSON-ready dict: run_id, plan, plan_hash (also in the record's params), report, predicted_loss,
-        predicted_basis (table.basis; None without a table), actual_loss, objective, checkpoint, seconds, stage_seconds, params_before/after.
+        PruneEvalResult (``to_dict()`` is JSON-ready).
     """
     started, timer = time.perf_counter(), StageTimer(hooks.stage)
     cancel = hooks.cancel
@@ -201,6 +224,7 @@ def prune_and_evaluate(
         at(SAVE)
         checkpoint = str(save_pruned(pruned, plan, result.kept_indices(), checkpoint_dir, eval_report=report))
     stage_seconds = timer.finish()
+    seconds = time.perf_counter() - started
     record = history.RunRecord.from_report(
         plan.to_dict(),
         report,
@@ -211,21 +235,21 @@ def prune_and_evaluate(
         predicted_loss=plan.predicted_loss,
         actual_loss=float(actual) if actual is not None and math.isfinite(actual) else None,
         checkpoint=checkpoint,
-        seconds=time.perf_counter() - started,
+        seconds=seconds,
     )
     run_id = history.record_run(record, history_path)
-    return {
-        "run_id": run_id,
-        "plan": plan.to_dict(),
-        "plan_hash": plan.content_hash(),
-        "report": report,
-        "predicted_loss": plan.predicted_loss,
-        "predicted_basis": None if table is None else table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates)),
-        "actual_loss": record.actual_loss,
-        "objective": objective,
-        "checkpoint": checkpoint,
-        "seconds": record.seconds,
-        "stage_seconds": stage_seconds,
-        "params_before": result.params_before,
-        "params_after": result.params_after,
-    }
+    return PruneEvalResult(
+        run_id=run_id,
+        plan=plan.to_dict(),
+        plan_hash=plan.content_hash(),
+        report=report,
+        predicted_loss=plan.predicted_loss,
+        predicted_basis=None if table is None else table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates)),
+        actual_loss=record.actual_loss,
+        objective=objective,
+        checkpoint=checkpoint,
+        seconds=seconds,
+        stage_seconds=stage_seconds,
+        params_before=result.params_before,
+        params_after=result.params_after,
+    )

@@ -40,6 +40,7 @@ from gap_engine.tables.artefact import LossTable, TableSpec, table_key
 from gap_engine.tables.build import measure_table
 from gap_engine.tables.cache import PartialCells, get_table, lock, put_table
 from gap_engine.tables.cells import objective_positions, objective_sum
+from gap_engine.tables.ledger import CellFiller
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def loss_table(
     spec: TableSpec,
     hooks: Hooks = NO_HOOKS,
     use_cache: bool = True,
-    cells=None,
+    cells: CellFiller | None = None,
 ) -> LossTable:
     """The loss table of ``lm`` under ``spec``, from the cache when it is there.
 
@@ -78,7 +79,7 @@ def loss_table(
             the text stops being waited for at once; each stage entered as it starts
             (``table_stages``, after loading), their times going into the cache entry's metadata.
         use_cache: False neither reads nor writes the cache (nor partial cells).
-        cells: who measures exact cells (``tables.distributed.RayCells``); default: this process.
+        cells: who measures exact cells (a ``tables.ledger.CellFiller``, e.g. ``tables.distributed.RayCells``); default: this process.
     Raises:
         TableError: a bad spec, or Ray workers asked for a table that no cell measures.
         CancelledError: cancelled. DataError: unusable text source.

@@ -32,7 +32,8 @@ from gap_engine.tables.artefact import (
 )
 from gap_engine.tables.cells import objective_positions
 from gap_engine.tables.estimate import estimate_cells
-from gap_engine.tables.exact import PartialStore, WindowCells, measure_exact, window_cells
+from gap_engine.tables.exact import WindowCells, measure_exact, window_cells
+from gap_engine.tables.ledger import CellFiller, CellRequest, PartialStore
 from gap_engine.tables.refine import refine_cells
 from gap_engine.tables.streaming import measure_exact_streamed
 
@@ -101,7 +102,7 @@ def measure_table(
     partial: PartialStore | None = None,
     key: str = "",
     data_fingerprint: str = "",
-    cells=None,
+    cells: CellFiller | None = None,
 ) -> LossTable:
     """Build a table on given windows, with no cache (``pipeline.loss_table`` adds it).
 
@@ -118,7 +119,7 @@ def measure_table(
         partial: where measured cells are saved every few cells and read back on resume
             (exact and refine).
         key, data_fingerprint: recorded in the table.
-        cells: who measures exact cells, with ``exact.measure_exact``'s signature (e.g.
+        cells: who measures exact cells, a ``ledger.CellFiller`` (e.g.
             ``tables.distributed.RayCells``); default: this process, resident or streamed
             as the model is placed.
     """
@@ -132,13 +133,13 @@ def measure_table(
     window_start = "bos" if start else "text"
     estimate = None
     if spec.estimator == "exact":
-        measure = cells or (measure_exact_streamed if is_streamed(lm) else measure_exact)
+        measure: CellFiller = cells or (measure_exact_streamed if is_streamed(lm) else measure_exact)
         hooks.enter(DENSE_PASS)
-        objective, dense, stats = measure(lm, spec, windows, scores, components, _cells_start(hooks), partial)
+        objective, dense, stats = measure(CellRequest(lm, spec, windows, scores, components, _cells_start(hooks), partial))
         measured = np.ones(tokens.shape, dtype=bool)
     elif spec.estimator == "refine":
         hooks.enter(GRADIENT_PASS)  # its estimate's batches, then the cells it measures (one stage: its total grows)
-        objective, dense, stats, measured, estimate = refine_cells(lm, spec, windows, scores, components, hooks, partial)
+        objective, dense, stats, measured, estimate = refine_cells(CellRequest(lm, spec, windows, scores, components, hooks, partial))
     else:
         hooks.enter(GRADIENT_PASS)
         objective, dense, stats = estimate_cells(lm, spec, windows, scores, components, hooks)
@@ -157,7 +158,7 @@ def measure_table(
 def _cells_start(hooks: Hooks) -> Hooks:
     """``hooks`` whose progress announces the cells stage at its first call: ``measure_exact``
     reports (cells already measured, cells, None) once, as its dense pass ends."""
-    started = []
+    started: list[bool] = []
 
     def report(done: int, total: int, eta: float | None = None) -> None:
         if not started:

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -39,10 +38,9 @@ from gap_engine.core.device import DeviceSpec, dtype_name, is_streamed, placemen
 from gap_engine.core.errors import CancelledError, GapError, one_line
 from gap_engine.core.progress import Hooks
 from gap_engine.model.layerwise import tree_to
-from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.cells import objective_positions, unit_cuts
-from gap_engine.tables.exact import DenseState, PartialStore, dense_pass, distinct_cuts
-from gap_engine.tables.ledger import CellLedger, block_costs
+from gap_engine.tables.exact import DenseState, dense_pass, distinct_cuts
+from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues, block_costs
 from gap_engine.tables.streaming import streamed_dense_state
 
 log = logging.getLogger(__name__)
@@ -263,19 +261,11 @@ class RayCells:
     worker_pids: list[int] = field(default_factory=list)
     result_pids: set[int] = field(default_factory=set)
 
-    def __call__(
-        self,
-        lm,
-        spec: TableSpec,
-        windows: torch.Tensor,
-        scores,
-        components: list[tuple[int, str]],
-        hooks: Hooks,
-        partial: PartialStore | None,
-    ) -> tuple[np.ndarray, float, dict]:
+    def __call__(self, request: CellRequest) -> CellValues:
+        """The cell filler (``ledger.CellFiller``) whose cells Ray workers measure."""
         self.settings.validate()
-        jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple))
-        ledger = CellLedger(lm, jobs, partial, hooks)
+        lm, spec, windows, hooks = request.lm, request.spec, request.windows, request.hooks
+        jobs, owner = distinct_cuts(unit_cuts(lm, request.scores, request.components, spec.rate_grid, spec.channel_multiple))
         objectives = (spec.objective,)
         if is_streamed(lm):
             state = streamed_dense_state(lm, windows, spec.windows.batch_size, objectives, hooks)
@@ -283,15 +273,16 @@ class RayCells:
             state = dense_pass(lm, windows, spec.windows.batch_size, objectives)
         positions = objective_positions(windows, spec.objective, state.start)
         dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
+        ledger = CellLedger(lm, jobs, request.partial, hooks)
         started = time.perf_counter()
         try:
             if ledger.missing():
                 self._run(lm, spec, state, jobs, ledger, positions, hooks)
         finally:
             ledger.flush()
-        objective, stats = ledger.table(owner, (len(components), len(spec.rate_grid)), dense_objective)
+        objective, stats = ledger.table(owner, (len(request.components), len(spec.rate_grid)), dense_objective)
         stats |= {"ray_workers": self.settings.workers, "ray_worker_processes": len(self.result_pids), "ray_seconds": round(time.perf_counter() - started, 3)}
-        return objective, dense_objective, stats
+        return CellValues(objective, dense_objective, stats)
 
     def _run(self, lm, spec, state: DenseState, jobs, ledger: CellLedger, positions: int, hooks: Hooks) -> None:
         ray = import_ray()

@@ -9,7 +9,8 @@ of ``o_proj`` and the removed channels' columns of ``down_proj`` gives the same 
 slicing them away; the weights are restored exactly). Rates that round to the same kept
 units are measured once, and every cell sees the same windows, so differences between
 cells are paired. Measured cells are saved as the build goes (``PartialStore``), so a
-cancelled or killed build resumes.
+cancelled or killed build resumes. The cells are measured through ``ledger.CellLedger``, as
+every other way of measuring them does.
 
 The build masks the model's own weights cell by cell, so the same model must not be used
 from another thread meanwhile.
@@ -18,9 +19,7 @@ from another thread meanwhile.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -33,6 +32,7 @@ from gap_engine.model.slicing import zeroed_units
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import TableSpec, removed_table, table_components
 from gap_engine.tables.cells import Cut, objective_per_window, objective_positions, unit_cuts
+from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,6 @@ log = logging.getLogger(__name__)
 # size; above it they are recomputed from the stored final hidden states for every cell
 # (one more LM-head product per cell instead of N*T*V floats held).
 MAX_STORED_LOGPROB_BYTES = 2 << 30
-# A resumable build writes its measured cells at least this often.
-PARTIAL_SAVE_SECONDS = 10.0
-PARTIAL_SAVE_CELLS = 16
 
 
 # ---- the dense pass ------------------------------------------------------------------------
@@ -144,25 +141,6 @@ def run_cell(lm, state: DenseState, cut: Cut, objective: str) -> float:
     return float(cell_per_window(lm, state, cut, (objective,))[objective].sum())
 
 
-# ---- partial results -------------------------------------------------------------------------
-class PartialStore(Protocol):
-    """Where a resumable build keeps its measured cells (see cache.PartialCells)."""
-
-    def load(self) -> dict[tuple[int, int], float]: ...
-
-    def save(self, cells: dict[tuple[int, int], float]) -> None: ...
-
-
-def _cell_costs(lm, jobs: list[tuple[int, int, Cut]]) -> list[float]:
-    """Relative cost of each cell, in blocks: the blocks it runs plus the LM head's share."""
-    model, adapter = lm.model, lm.adapter
-    layers = adapter.layers(model)
-    block_params = sum(p.numel() for p in layers[0].parameters())
-    head = adapter.lm_head(model)
-    head_blocks = head.in_features * head.out_features / max(block_params, 1)
-    return [len(layers) - cut.layer + head_blocks for _, _, cut in jobs]
-
-
 def distinct_cuts(cuts: list[list[Cut]]) -> tuple[list[tuple[int, int, Cut]], dict[tuple[int, int], tuple[int, int] | None]]:
     """The cells that need measuring, and where every cell reads its value.
 
@@ -187,74 +165,31 @@ def distinct_cuts(cuts: list[list[Cut]]) -> tuple[list[tuple[int, int, Cut]], di
     return jobs, owner
 
 
-def measure_cells(
-    lm,
-    state: DenseState,
-    todo: list[tuple[int, int, Cut]],
-    objective: str,
-    positions: int,
-    measured: dict[tuple[int, int], float],
-    total: int,
-    partial: PartialStore | None,
-    hooks: Hooks,
-) -> None:
-    """Measure the cells ``todo`` ((component, rate index, cut)) into ``measured``.
-
-    Each value is the cell's objective per counted position. ``measured`` is saved to
-    ``partial`` every few cells and when the loop ends or is cancelled; ``hooks.report`` gets
-    (cells measured, ``total``, eta) after every cell.
-    """
-    costs = _cell_costs(lm, todo)
-    clock = EtaClock(costs)
-    last_save, unsaved = time.perf_counter(), 0
+def measure_ledger(lm, state: DenseState, ledger: CellLedger, objective: str, positions: int) -> None:
+    """Measure the cells ``ledger`` still lacks, one at a time, each divided by ``positions``
+    (its objective per counted position); the ledger saves and reports them, and what is
+    measured is saved when the loop ends or is cancelled (``ledger.hooks``' cancel polled
+    before every cell)."""
     try:
-        for (c, r, cut), cost in zip(todo, costs):
-            hooks.check_cancelled(f"loss table build cancelled after {len(measured)} of {total} cells")
-            measured[c, r] = run_cell(lm, state, cut, objective) / positions
-            unsaved += 1
-            eta = clock.step(cost)
-            now = time.perf_counter()
-            if partial is not None and (unsaved >= PARTIAL_SAVE_CELLS or now - last_save >= PARTIAL_SAVE_SECONDS):
-                partial.save(measured)
-                last_save, unsaved = now, 0
-            hooks.report(len(measured), total, eta)
+        for k in ledger.missing():
+            ledger.hooks.check_cancelled(f"loss table build cancelled after {ledger.done_message()}")
+            ledger.record(k, run_cell(lm, state, ledger.jobs[k][2], objective) / positions)
     finally:
-        if partial is not None and unsaved:
-            partial.save(measured)
+        ledger.flush()
 
 
-def measure_exact(
-    lm,
-    spec: TableSpec,
-    windows: torch.Tensor,
-    scores,
-    components: list[tuple[int, str]],
-    hooks: Hooks,
-    partial: PartialStore | None,
-) -> tuple[np.ndarray, float, dict]:
-    """(C, R) measured objectives, the dense objective and build statistics (``hooks``:
-    progress over cells, told once as the dense pass ends; cancel polled before every cell)."""
-    grid = spec.rate_grid
-    jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, grid, spec.channel_multiple))
-    job_cells = {(c, r) for c, r, _ in jobs}
-    stored = partial.load() if partial is not None else {}
-    measured = {cell: value for cell, value in stored.items() if cell in job_cells}
-    resumed = len(measured)
-    if resumed:
-        log.info("resuming a loss table build: %d of %d cells already measured", resumed, len(jobs))
-
+def measure_exact(request: CellRequest) -> CellValues:
+    """The resident cell filler (``ledger.CellFiller``): a dense pass, then every distinct cell
+    in turn. ``request.hooks`` gets progress over cells, first as the dense pass ends."""
+    lm, spec, windows, hooks = request.lm, request.spec, request.windows, request.hooks
+    jobs, owner = distinct_cuts(unit_cuts(lm, request.scores, request.components, spec.rate_grid, spec.channel_multiple))
     state = dense_pass(lm, windows, spec.windows.batch_size, (spec.objective,))
     positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
-    todo = [job for job in jobs if job[:2] not in measured]
-    hooks.report(len(measured), len(jobs), None)
-    measure_cells(lm, state, todo, spec.objective, positions, measured, len(jobs), partial, hooks)
-
-    objective = np.empty((len(components), len(grid)), dtype=np.float64)
-    for (c, r), source in owner.items():
-        objective[c, r] = dense_objective if source is None else measured[source]
-    stats = {"cells_measured": len(jobs) - resumed, "cells_resumed": resumed, "distinct_cells": len(jobs)}
-    return objective, dense_objective, stats
+    ledger = CellLedger(lm, jobs, request.partial, hooks)
+    measure_ledger(lm, state, ledger, spec.objective, positions)
+    objective, stats = ledger.table(owner, (len(request.components), len(spec.rate_grid)), dense_objective)
+    return CellValues(objective, dense_objective, stats)
 
 
 # ---- per-window measurements (noise studies) ------------------------------------------------------

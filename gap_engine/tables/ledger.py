@@ -1,48 +1,116 @@
-"""The bookkeeping of an exact build whose cells are measured in groups (streamed, or on Ray workers).
+"""One protocol for measuring exact cells, and the bookkeeping every way of measuring shares.
 
-``CellLedger`` knows which distinct cells a table needs, which ones a killed or cancelled
+A **cell filler** (`CellFiller`) is what ``build.measure_table`` calls for the exact cells
+of a table: given a `CellRequest` (the model, the spec, the calibration windows, the unit
+scores, the table's components, the hooks and the partial store), it returns `CellValues`:
+(C, R) objectives, the dense objective and build statistics. The resident builder
+(``exact.measure_exact``), the streamed one (``streaming.measure_exact_streamed``) and Ray
+workers (``distributed.RayCells``) are cell fillers; ``refine.refine_cells`` takes the same
+request and measures its rounds through the same ledger.
+
+``CellLedger`` knows which distinct cells a build needs, which ones a killed or cancelled
 build already saved (``PartialStore``, i.e. ``cache.PartialCells``), and records new ones as
 they arrive in any order: saved every few cells or seconds, progress with an ETA weighted
-by what each cell costs (the blocks it runs). The resident builder (``tables.exact``)
-measures one cell at a time in its own loop; both write the same partial file, so a build
-started one way resumes another way.
+by what each cell costs (the blocks it runs). Every path writes the same partial file, so a
+build started one way resumes another way.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol, cast
 
 import numpy as np
+import torch
+from torch import nn
 
-from gap_engine.core.progress import EtaClock, Hooks
+from gap_engine.core.progress import NO_HOOKS, EtaClock, Hooks
+from gap_engine.model.loading import LoadedModel
+from gap_engine.prune.importance import ImportanceScores
+from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.cells import Cut
-from gap_engine.tables.exact import PARTIAL_SAVE_CELLS, PARTIAL_SAVE_SECONDS, PartialStore
 
 log = logging.getLogger(__name__)
 
+# A resumable build writes its measured cells at least this often.
+PARTIAL_SAVE_SECONDS = 10.0
+PARTIAL_SAVE_CELLS = 16
+
 Job = tuple[int, int, Cut]  # (component, rate index, cut) of one distinct cell
+Cell = tuple[int, int]  # (component, rate index)
 
 
-def block_costs(lm) -> tuple[int, float]:
+class PartialStore(Protocol):
+    """Where a resumable build keeps its measured cells (see cache.PartialCells)."""
+
+    def load(self) -> dict[Cell, float]: ...
+
+    def save(self, cells: dict[Cell, float]) -> None: ...
+
+
+@dataclass(frozen=True)
+class CellRequest:
+    """What a cell filler measures, and how it reports and saves as it goes."""
+
+    lm: LoadedModel  # the dense model (its weights are masked cell by cell and restored)
+    spec: TableSpec  # the table's settings (objective, rate grid, channel multiple)
+    windows: torch.Tensor  # (N, T) calibration token ids
+    scores: ImportanceScores  # which units each rate removes
+    components: list[tuple[int, str]]  # (layer, kind) per table row
+    hooks: Hooks = NO_HOOKS  # progress over cells, cancel polled between cells
+    partial: PartialStore | None = None  # measured cells saved here and read back on resume
+
+
+class CellValues(NamedTuple):
+    """What a cell filler returns."""
+
+    objective: np.ndarray  # (C, R) float64 objective per cell (cells sharing a cut share it)
+    dense: float  # the dense model's objective (0 for kl)
+    stats: dict  # build statistics: cells measured, resumed, distinct; the filler's extras
+
+
+class CellFiller(Protocol):
+    """Measures the exact cells of a table (``exact``, ``streaming``, ``distributed``)."""
+
+    def __call__(self, request: CellRequest) -> CellValues: ...
+
+
+def block_costs(lm: LoadedModel) -> tuple[int, float]:
     """(blocks, the LM head's cost in blocks): a cell at layer i costs blocks - i + head."""
     layers = lm.adapter.layers(lm.model)
     block_params = sum(p.numel() for p in layers[0].parameters())
-    head = lm.adapter.lm_head(lm.model)
+    head = cast(nn.Linear, lm.adapter.lm_head(lm.model))
     return len(layers), head.in_features * head.out_features / max(block_params, 1)
 
 
 class CellLedger:
-    """Measured cells of one exact build: what is left, saved as it goes, progress and ETA."""
+    """Measured cells of one exact build (or one refine round): what is left, saved as it goes,
+    progress and ETA.
 
-    def __init__(self, lm, jobs: list[Job], partial: PartialStore | None, hooks: Hooks):
+    Args:
+        jobs: the distinct cells wanted.
+        partial: read back now (unless ``measured`` is given) and saved as cells arrive.
+        hooks: told (cells measured, cells, eta) now and after every new cell.
+        measured: the dict to record into, holding cells measured before (a refined table's
+            earlier rounds: they count as done, and every save writes them too); None: a new
+            one holding the wanted cells that ``partial`` already has.
+    """
+
+    def __init__(self, lm: LoadedModel, jobs: list[Job], partial: PartialStore | None, hooks: Hooks, measured: dict[Cell, float] | None = None):
         self.jobs = jobs
         self.partial = partial
         self.hooks = hooks
         wanted = {(c, r) for c, r, _ in jobs}
-        stored = partial.load() if partial is not None else {}
-        self.measured: dict[tuple[int, int], float] = {cell: v for cell, v in stored.items() if cell in wanted}
-        self.resumed = len(self.measured)
+        if measured is None:
+            stored = partial.load() if partial is not None else {}
+            measured = {cell: v for cell, v in stored.items() if cell in wanted}
+            self.resumed = len(measured)
+        else:
+            self.resumed = 0
+        self.measured = measured
+        self.total = len(jobs) + sum(1 for cell in measured if cell not in wanted)
         if self.resumed:
             log.info("resuming a loss table build: %d of %d cells already measured", self.resumed, len(jobs))
         blocks, head = block_costs(lm)
@@ -50,7 +118,7 @@ class CellLedger:
         self.todo = [k for k, (c, r, _) in enumerate(jobs) if (c, r) not in self.measured]
         self.clock = EtaClock([self.costs[k] for k in self.todo])
         self.last_save, self.unsaved = time.perf_counter(), 0
-        hooks.report(len(self.measured), len(jobs), None)
+        hooks.report(len(self.measured), self.total, None)
 
     def record(self, k: int, value: float) -> None:
         """Cell ``jobs[k]`` measured ``value``: saved when enough is unsaved, progress told."""
@@ -63,7 +131,7 @@ class CellLedger:
         now = time.perf_counter()
         if self.partial is not None and (self.unsaved >= PARTIAL_SAVE_CELLS or now - self.last_save >= PARTIAL_SAVE_SECONDS):
             self.flush()
-        self.hooks.report(len(self.measured), len(self.jobs), eta)
+        self.hooks.report(len(self.measured), self.total, eta)
 
     def flush(self) -> None:
         """Save what is measured now (nothing to do without a partial store)."""
@@ -76,7 +144,7 @@ class CellLedger:
         return [k for k in self.todo if (self.jobs[k][0], self.jobs[k][1]) not in self.measured]
 
     def done_message(self) -> str:
-        return f"{len(self.measured)} of {len(self.jobs)} cells"
+        return f"{len(self.measured)} of {self.total} cells"
 
     def table(self, owner: dict, shape: tuple[int, int], dense_objective: float) -> tuple[np.ndarray, dict]:
         """(C, R) objectives (cells sharing a cut read its value) and the build statistics."""

@@ -33,18 +33,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 
 from gap_engine.core.config import DEFAULT_MAX_RATE, DEFAULT_N_BUCKETS
 from gap_engine.core.device import is_streamed
 from gap_engine.core.errors import BudgetError
 from gap_engine.core.knapsack import constraint_mask, solve_budget
-from gap_engine.core.progress import Hooks
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
 from gap_engine.tables.cells import objective_positions, unit_cuts
 from gap_engine.tables.estimate import estimate_cells
-from gap_engine.tables.exact import PartialStore, dense_pass, distinct_cuts, measure_cells
-from gap_engine.tables.streaming import measure_cells_streamed, streamed_dense_state
+from gap_engine.tables.exact import dense_pass, distinct_cuts, measure_ledger
+from gap_engine.tables.ledger import CellLedger, CellRequest
+from gap_engine.tables.streaming import group_size, measure_ledger_streamed, streamed_dense_state
 
 log = logging.getLogger(__name__)
 
@@ -144,27 +143,20 @@ def refinement_rounds(problem: RefineProblem, spec: TableSpec, measure: Callable
         measure(todo, measured)
 
 
-def refine_cells(
-    lm,
-    spec: TableSpec,
-    windows: torch.Tensor,
-    scores,
-    components: list[tuple[int, str]],
-    hooks: Hooks,
-    partial: PartialStore | None,
-) -> tuple[np.ndarray, float, dict, np.ndarray, np.ndarray]:
+def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, dict, np.ndarray, np.ndarray]:
     """Estimate, then measure exactly where the DP's plans go, until they rest on measured cells.
 
     Args:
-        lm, spec, windows, scores, components: as for ``measure_exact``.
-        hooks: progress (done, total, eta): the estimate's batches first, then cells
-            measured and planned so far (the total grows when a round adds cells); cancel
-            as for ``measure_exact``.
-        partial: as for ``measure_exact``.
+        request: as for a cell filler (``ledger.CellRequest``); its hooks get progress
+            (done, total, eta): the estimate's batches first, then cells measured and planned
+            so far (the total grows when a round adds cells). Each round's cells are
+            measured through a ``ledger.CellLedger`` that holds every round's cells.
     Returns:
         (C, R) objectives, the dense objective, build statistics, (C, R) bool measured
         cells, and (C, R) the estimate of delta the build started from.
     """
+    lm, spec, windows, scores, components, hooks = request.lm, request.spec, request.windows, request.scores, request.components, request.hooks
+    partial = request.partial
     started = time.perf_counter()
     est_objective, est_dense, _ = estimate_cells(lm, replace(spec, estimator="fisher"), windows, scores, components, hooks)
     estimate = est_objective - est_dense
@@ -175,6 +167,7 @@ def refine_cells(
     removed, dense_prunable = removed_table(lm, components, spec.rate_grid, spec.channel_multiple)
     streamed = is_streamed(lm)
     state = (streamed_dense_state if streamed else dense_pass)(lm, windows, spec.windows.batch_size, (spec.objective,))
+    per_group = group_size(windows.numel(), lm) if streamed else 1  # streamed cells per visit of the blocks, sized once
     positions = objective_positions(windows, spec.objective, state.start)
     dense = state.objective_sum / positions if spec.objective == "nll" else 0.0
     # A resumed build replays the rounds: a round's cells come from ``stored`` when the
@@ -188,7 +181,11 @@ def refine_cells(
         measured.update(reused)
         resumed += len(reused)
         jobs_left = [job_of[cell] for cell in todo if cell not in reused]
-        (measure_cells_streamed if streamed else measure_cells)(lm, state, jobs_left, spec.objective, positions, measured, len(measured) + len(jobs_left), partial, hooks)
+        ledger = CellLedger(lm, jobs_left, partial, hooks, measured)
+        if streamed:
+            measure_ledger_streamed(lm, state, ledger, spec.objective, positions, per_group)
+        else:
+            measure_ledger(lm, state, ledger, spec.objective, positions)
 
     problem = RefineProblem(estimate, owner, removed, dense_prunable, tuple(kind for _, kind in components), dense)
     measured, rounds = refinement_rounds(problem, spec, measure)

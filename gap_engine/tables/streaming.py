@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from gap_engine.core.device import placement_of
-from gap_engine.core.progress import NO_HOOKS, EtaClock, Hooks
+from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import text_start
 from gap_engine.model.layerwise import block_on, forward_blocks, layer_output, to_host
 from gap_engine.model.slicing import zeroed_units
-from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.cells import Cut, objective_per_window, objective_positions, unit_cuts
-from gap_engine.tables.exact import MAX_STORED_LOGPROB_BYTES, DenseState, PartialStore, dense_logprobs, distinct_cuts
-from gap_engine.tables.ledger import CellLedger
+from gap_engine.tables.exact import MAX_STORED_LOGPROB_BYTES, DenseState, dense_logprobs, distinct_cuts
+from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues
 
 # Memory for the hidden states of the cells measured together (one (N, T, d) tensor each)
 # where the free device memory is not known (CPU, MPS); CUDA uses half of what is free.
@@ -131,67 +129,37 @@ def group_size(n_tokens: int, lm, budget_bytes: int | None = None) -> int:
     return max(1, int(budget_bytes // max(per_cell, 1)))
 
 
-def measure_exact_streamed(
-    lm,
-    spec: TableSpec,
-    windows: torch.Tensor,
-    scores,
-    components: list[tuple[int, str]],
-    hooks: Hooks,
-    partial: PartialStore | None,
-    per_group: int | None = None,
-) -> tuple[np.ndarray, float, dict]:
-    """``exact.measure_exact`` for a streamed model: (C, R) objectives, dense objective, statistics.
+def measure_ledger_streamed(lm, state: DenseState, ledger: CellLedger, objective: str, positions: int, per_group: int) -> None:
+    """``exact.measure_ledger`` for a streamed model: the cells ``ledger`` still lacks, in groups
+    of ``per_group`` sorted by layer, the blocks streamed once per group."""
+    hooks = ledger.hooks
+    try:
+        for group in cell_groups(ledger.jobs, ledger.missing(), per_group):
+            hooks.check_cancelled(f"loss table build cancelled after {ledger.done_message()}")
+            sums = streamed_cells(lm, state, [ledger.jobs[k][2] for k in group], (objective,), hooks)
+            for k, values in zip(group, sums):
+                ledger.record(k, float(values[objective].sum()) / positions)
+    finally:
+        ledger.flush()
+
+
+def measure_exact_streamed(request: CellRequest, per_group: int | None = None) -> CellValues:
+    """The cell filler (``ledger.CellFiller``) for a streamed model: the dense pass block by
+    block, then the cells in groups that share each block's visit to the device.
 
     Args:
-        as ``exact.measure_exact``; ``per_group`` cells go through the blocks together
-        (default: as many as ``STREAM_GROUP_BYTES`` of host memory holds).
+        request: as for ``exact.measure_exact``.
+        per_group: cells that go through the blocks together (default: as many as
+            ``group_size`` allows).
     """
-    jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple))
-    ledger = CellLedger(lm, jobs, partial, hooks)
+    lm, spec, windows, hooks = request.lm, request.spec, request.windows, request.hooks
+    jobs, owner = distinct_cuts(unit_cuts(lm, request.scores, request.components, spec.rate_grid, spec.channel_multiple))
     state = streamed_dense_state(lm, windows, spec.windows.batch_size, (spec.objective,), hooks)
     positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
     # Sized once: on CUDA the size follows free memory, and the statistics report what was used.
     per_group = per_group or group_size(windows.numel(), lm)
-    try:
-        for group in cell_groups(jobs, ledger.todo, per_group):
-            hooks.check_cancelled(f"loss table build cancelled after {ledger.done_message()}")
-            sums = streamed_cells(lm, state, [jobs[k][2] for k in group], (spec.objective,), hooks)
-            for k, values in zip(group, sums):
-                ledger.record(k, float(values[spec.objective].sum()) / positions)
-    finally:
-        ledger.flush()
-    objective, stats = ledger.table(owner, (len(components), len(spec.rate_grid)), dense_objective)
-    return objective, dense_objective, stats | {"streamed_groups_of": per_group}
-
-
-def measure_cells_streamed(
-    lm,
-    state: DenseState,
-    todo: list[tuple[int, int, Cut]],
-    objective: str,
-    positions: int,
-    measured: dict[tuple[int, int], float],
-    total: int,
-    partial: PartialStore | None,
-    hooks: Hooks,
-) -> None:
-    """``exact.measure_cells`` for a streamed model (a refined table's rounds): the cells
-    ``todo`` in groups sorted by layer, the blocks streamed once per group; ``measured`` is
-    saved to ``partial`` after every group and when the loop ends or is cancelled."""
-    groups = cell_groups(todo, list(range(len(todo))), group_size(sum(batch.numel() for batch in state.batches), lm))
-    clock = EtaClock(total_steps=len(groups))
-    try:
-        for group in groups:
-            hooks.check_cancelled(f"loss table build cancelled after {len(measured)} of {total} cells")
-            sums = streamed_cells(lm, state, [todo[k][2] for k in group], (objective,), hooks)
-            for k, values in zip(group, sums):
-                c, r, _ = todo[k]
-                measured[c, r] = float(values[objective].sum()) / positions
-            hooks.report(len(measured), total, clock.step())
-            if partial is not None:
-                partial.save(measured)
-    finally:
-        if partial is not None and todo:
-            partial.save(measured)
+    ledger = CellLedger(lm, jobs, request.partial, hooks)
+    measure_ledger_streamed(lm, state, ledger, spec.objective, positions, per_group)
+    objective, stats = ledger.table(owner, (len(request.components), len(spec.rate_grid)), dense_objective)
+    return CellValues(objective, dense_objective, stats | {"streamed_groups_of": per_group})

@@ -530,7 +530,7 @@ def baselines_task(model_name: str, table, budgets, allocators, constraints) -> 
 
 
 def prune_eval_task(model_name: str, eval_settings, expected: dict | None = None, basis: str = "", **run) -> WorkFn:
-    """Prune a copy, measure, evaluate and record (`pipeline.prune_and_evaluate`); the result is its dict.
+    """Prune a copy, measure, evaluate and record (`pipeline.prune_and_evaluate`); the result is its PruneEvalResult.
 
     Args:
         model_name: the dense model (built-in name, folder or hub id).
@@ -551,7 +551,7 @@ def prune_eval_task(model_name: str, eval_settings, expected: dict | None = None
 
 def recover_task(checkpoint: str, settings, out_dir) -> WorkFn:
     """Fine-tune a saved checkpoint (`recovery.recover`), resuming the run saved for ``out_dir``
-    when there is one; the result is its RecoveryResult as a dict.
+    when there is one; the result is its RecoveryResult.
 
     Args:
         checkpoint: a pruned checkpoint folder (loaded privately: training changes its weights).
@@ -562,6 +562,6 @@ def recover_task(checkpoint: str, settings, out_dir) -> WorkFn:
         ctx.step("loading the checkpoint", 0, settings.steps)
         lm = load_model(str(checkpoint))
         ctx.check_cancelled()
-        return recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True).to_dict()
+        return recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True)
 
     return work
