@@ -8,7 +8,6 @@ from the table.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ import numpy as np
 from gap_engine.core.config import DEFAULT_MAX_RATE
 from gap_engine.core.errors import BudgetError, TableError
 from gap_engine.core.knapsack import constraint_mask
+from gap_engine.core.validate import check_number
 from gap_engine.model.units import ComponentGeometry
 from gap_engine.tables.artefact import LossTable
 
@@ -85,11 +85,10 @@ class Constraints:
 
 def check_budget_fraction(budget) -> float:
     """``budget`` as a float in [0, 1), or BudgetError saying what a budget is."""
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
-        raise BudgetError(f"budget must be a number, got {budget!r}")
-    if not 0.0 <= budget < 1.0:
-        raise BudgetError(f"budget {budget:g} is outside [0, 1): it is the fraction of prunable parameters to remove")
-    return float(budget)
+    fraction = check_number(budget, "budget", BudgetError)
+    if not 0.0 <= fraction < 1.0:
+        raise BudgetError(f"budget {fraction:g} is outside [0, 1): it is the fraction of prunable parameters to remove")
+    return fraction
 
 
 # ---- the planning problem: slots over the table's grid ---------------------------------

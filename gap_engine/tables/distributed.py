@@ -38,6 +38,7 @@ from torch import nn
 from gap_engine.core.device import DeviceSpec, dtype_name, is_streamed, placement_of
 from gap_engine.core.errors import CancelledError, GapError, one_line
 from gap_engine.core.progress import CancelToken, ProgressFn
+from gap_engine.core.validate import check_int
 from gap_engine.model.layerwise import tree_to
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.cells import objective_positions, unit_cuts
@@ -64,9 +65,7 @@ class RaySettings:
 
     def validate(self) -> RaySettings:
         for name in ("workers", "cpus_per_worker"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise RayError(f"ray {name} must be an integer >= 1, got {value!r}")
+            check_int(getattr(self, name), f"ray {name}", RayError, low=1)
         return self
 
 
