@@ -11,7 +11,7 @@ from gap_engine.cli.output import StderrProgress
 from gap_engine.cli.table_commands import read_sources
 from gap_engine.core.device import DeviceError
 from gap_engine.core.errors import PlanError
-from gap_engine.data.windows import bos_token_id
+from gap_engine.data.bos import bos_token_id
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
 from gap_engine.model.adapters import supported_model_types
 from gap_engine.model.checkpoint import save_pruned

@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -96,7 +97,7 @@ def clean_stale(target: str | Path) -> list[Path]:
     name = re.escape(target.name)
     tagged = re.compile(rf"^\.{name}\.(?:(\d+)-[A-Za-z0-9_]+\.tmp|old-(\d+))$")
     legacy = re.compile(rf"^\.{name}\.[A-Za-z0-9_]{{8}}\.tmp$")
-    removed = []
+    removed: list[Path] = []
     try:
         siblings = list(target.parent.iterdir()) if target.parent.is_dir() else []
     except OSError:
@@ -204,7 +205,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: str | Path, obj) -> Path:
+def atomic_write_json(path: str | Path, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 

@@ -118,5 +118,5 @@ class PeakRSS:
     def __enter__(self) -> PeakRSS:
         return self.reset()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

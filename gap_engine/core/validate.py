@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -69,7 +70,7 @@ def decode_text(data: bytes, what: str, error: type[GapError]) -> str:
 
 
 # ---- step 2: syntax ----------------------------------------------------------------------------
-def depth_of(value, limit: int) -> int:
+def depth_of(value: Any, limit: int) -> int:
     """Nesting depth of lists and dicts (a scalar is 0), counted without recursion up to ``limit + 1``."""
     deepest = 0
     stack = [(value, 1)]
@@ -88,7 +89,7 @@ def _too_deep(what: str, limit: int) -> str:
     return f"{what} nests lists/objects deeper than {limit} levels; no file of this tool does"
 
 
-def parse_json(text: str, what: str, error: type[GapError], max_depth: int = LIMITS.json_depth):
+def parse_json(text: str, what: str, error: type[GapError], max_depth: int = LIMITS.json_depth) -> Any:
     """The JSON document in ``text``, nesting at most ``max_depth`` deep; ``error`` otherwise."""
     try:
         value = json.loads(text)
@@ -110,9 +111,9 @@ class BoundedSafeLoader(yaml.SafeLoader):
 
     max_depth = LIMITS.json_depth
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
-            anchor = self.peek_event().anchor
+            anchor = self.peek_event().anchor  # type: ignore[no-untyped-call]  # types-PyYAML leaves Parser.peek_event unannotated
             raise _Refused(f"uses the alias *{anchor}; aliases are not allowed (write the value out)")
         self._gap_depth = getattr(self, "_gap_depth", 0) + 1
         try:
@@ -123,7 +124,7 @@ class BoundedSafeLoader(yaml.SafeLoader):
             self._gap_depth -= 1
 
 
-def parse_yaml(text: str, what: str, error: type[GapError]):
+def parse_yaml(text: str, what: str, error: type[GapError]) -> Any:
     """The single YAML document in ``text``: safe types only, no aliases, bounded nesting."""
     try:
         return yaml.load(text, Loader=BoundedSafeLoader)  # noqa: S506 - a SafeLoader subclass
@@ -135,7 +136,7 @@ def parse_yaml(text: str, what: str, error: type[GapError]):
         raise error(f"{what} is not valid YAML: {first_line(exc)}") from None
 
 
-def parse_json_or_yaml(text: str, what: str, error: type[GapError], name: str = ""):
+def parse_json_or_yaml(text: str, what: str, error: type[GapError], name: str = "") -> Any:
     """JSON for a ``.json`` name or text that starts like JSON, YAML for ``.yaml``/``.yml``.
 
     Text named neither way that starts with ``{`` or ``[`` and is not valid JSON is tried as
@@ -158,17 +159,17 @@ def parse_json_or_yaml(text: str, what: str, error: type[GapError], name: str = 
     return parse_yaml(text, what, error)
 
 
-def read_json_file(path: str | Path, limit: int, what: str, error: type[GapError]):
+def read_json_file(path: str | Path, limit: int, what: str, error: type[GapError]) -> Any:
     """Size, decode and parse a JSON file in one call (see the module docstring)."""
     return parse_json(decode_text(read_bounded(path, limit, what, error), what, error), what, error)
 
 
 # ---- step 3: fields ----------------------------------------------------------------------------
-def _type_name(value) -> str:
+def _type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def check_int(value, name: str, error: type[GapError], low: int | None = None, high: int | None = None) -> int:
+def check_int(value: object, name: str, error: type[GapError], low: int | None = None, high: int | None = None) -> int:
     """``value`` if it is an integer (not a bool, not a float) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, int):
         shown = value if isinstance(value, (int, float)) else _type_name(value)
@@ -179,7 +180,7 @@ def check_int(value, name: str, error: type[GapError], low: int | None = None, h
     return value
 
 
-def check_number(value, name: str, error: type[GapError], low: float | None = None, high: float | None = None) -> float:
+def check_number(value: object, name: str, error: type[GapError], low: float | None = None, high: float | None = None) -> float:
     """``value`` as a float if it is a finite number (not a bool) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise error(f"{name} must be a number, got {_type_name(value)}")
@@ -194,7 +195,7 @@ def check_number(value, name: str, error: type[GapError], low: float | None = No
     return number
 
 
-def check_text(value, name: str, error: type[GapError], optional: bool = False, max_len: int = LIMITS.text_field) -> str | None:
+def check_text(value: object, name: str, error: type[GapError], optional: bool = False, max_len: int = LIMITS.text_field) -> str | None:
     """``value`` if it is a short single line of printable text (or None when ``optional``)."""
     if value is None and optional:
         return None
@@ -207,7 +208,7 @@ def check_text(value, name: str, error: type[GapError], optional: bool = False, 
     return value
 
 
-def check_keys(data: dict, name: str, error: type[GapError]) -> dict:
+def check_keys(data: Any, name: str, error: type[GapError]) -> dict[str, Any]:
     """``data`` if it is an object whose keys are all text."""
     if not isinstance(data, dict):
         raise error(f"{name} must be an object, got {_type_name(data)}")
@@ -217,7 +218,7 @@ def check_keys(data: dict, name: str, error: type[GapError]) -> dict:
     return data
 
 
-def check_matrix(value, name: str, shape: tuple[int, int], error: type[GapError], low: float | None = None, whole: bool = False) -> None:
+def check_matrix(value: object, name: str, shape: tuple[int, int], error: type[GapError], low: float | None = None, whole: bool = False) -> None:
     """A (rows, cols) list of lists of finite numbers, each >= ``low``, whole numbers if ``whole``."""
     rows, cols = shape
     if not isinstance(value, list) or len(value) != rows:
@@ -239,7 +240,7 @@ def check_matrix(value, name: str, shape: tuple[int, int], error: type[GapError]
 _TABLE_KINDS = {"split": 2, "block": 1}
 
 
-def check_table_document(data) -> None:
+def check_table_document(data: Any) -> None:
     """TableError (one line) unless a loss-table file's values are sane.
 
     Checks what ``LossTable`` parsing alone would accept but no measured table can hold:
@@ -284,7 +285,7 @@ def check_table_document(data) -> None:
         raise TableError(f"{what} extras must be an object")
 
 
-def _check_table_spec(spec: dict) -> None:
+def _check_table_spec(spec: dict[str, Any]) -> None:
     what = "loss table spec"
     check_keys(spec, what, TableError)
     for name in ("data", "criterion", "objective", "mode", "estimator", "method"):
@@ -303,9 +304,9 @@ def _check_table_spec(spec: dict) -> None:
         raise TableError(f"{what} rate_grid must list at most {LIMITS.rates} rates")
 
 
-def check_cache_meta(meta, key: str) -> dict:
+def check_cache_meta(meta: object, key: str) -> dict[str, Any]:
     """CacheError unless a cache entry's meta.json is an object naming ``key`` with a sha256 and a spec."""
-    check_keys(meta, "meta.json", CacheError)
+    meta = check_keys(meta, "meta.json", CacheError)
     if meta.get("key") != key:
         raise CacheError(f"meta.json names the key {str(meta.get('key'))[:80]!r}")
     digest = meta.get("table_sha256")
@@ -320,7 +321,7 @@ def check_cache_meta(meta, key: str) -> dict:
     return meta
 
 
-def check_pruned_marker(marker: dict, where: str) -> dict:
+def check_pruned_marker(marker: dict[str, Any], where: str) -> dict[str, Any]:
     """ModelLoadError unless a checkpoint's gap_pruned.json holds fields of the right types."""
     what = f"{where}/gap_pruned.json"
     check_keys(marker, what, ModelLoadError)
@@ -332,7 +333,7 @@ def check_pruned_marker(marker: dict, where: str) -> dict:
     return marker
 
 
-def check_per_layer_config(per_layer, num_layers, where: str) -> list[dict]:
+def check_per_layer_config(per_layer: Any, num_layers: object, where: str) -> list[dict[str, Any]]:
     """The per-block widths of a checkpoint's config.json, in block order; ModelLoadError otherwise.
 
     Args:
@@ -364,23 +365,23 @@ def check_per_layer_config(per_layer, num_layers, where: str) -> list[dict]:
 GENERATION_CHARS = 100_000  # one generated text of an evaluation report (64 greedy tokens are ~500 characters)
 
 
-def _check_scores(value, what: str, error: type[GapError], low: float | None = None) -> dict:
+def _check_scores(value: object, what: str, error: type[GapError], low: float | None = None) -> dict[str, Any]:
     """An object of source name -> finite number (a perplexity, KL or agreement per source)."""
-    check_keys(value, what, error)
+    value = check_keys(value, what, error)
     for name, number in value.items():
         check_text(name, f"{what} source name", error)
         check_number(number, f"{what}[{name!r}]", error, low=low)
     return value
 
 
-def check_evaluation_report(data, what: str, error: type[GapError]) -> dict:
+def check_evaluation_report(data: object, what: str, error: type[GapError]) -> dict[str, Any]:
     """``data`` unless it is not what ``gap eval --json`` prints (``EvalReport.to_dict()``).
 
     Only the fields a report shows are checked, each where it is present: per-source scores
     are finite numbers under short names, parameter counts whole numbers, generations short
     lists of texts.
     """
-    check_keys(data, what, error)
+    data = check_keys(data, what, error)
     if not isinstance(data.get("perplexity"), dict) or not data["perplexity"]:
         raise error(f"{what} is not an evaluation report (no 'perplexity' object): make it with `gap eval --json`")
     _check_scores(data["perplexity"], f"{what} perplexity", error, low=0.0)

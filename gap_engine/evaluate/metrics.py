@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from gap_engine.core.config import EVAL_WINDOWS, WindowSpec
 from gap_engine.core.device import input_device, is_streamed, placement_of, synchronize
 from gap_engine.core.errors import DataError, GapError
-from gap_engine.data.windows import heldout_windows, text_start, window_start
+from gap_engine.data.bos import text_start, window_start
+from gap_engine.data.windows import heldout_windows
 from gap_engine.model.layerwise import logits_batches
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 

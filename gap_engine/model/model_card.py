@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -19,10 +20,13 @@ from gap_engine.core.cachepaths import META_FILE, entry_dir
 from gap_engine.core.errors import GapError
 from gap_engine.core.fsutil import atomic_write_text
 
+if TYPE_CHECKING:
+    from gap_engine.model.rateplan import RatePlan
+
 CARD_FILE = "README.md"
 
 
-def table_settings(table_key: str | None) -> dict | None:
+def table_settings(table_key: str | None) -> dict[str, Any] | None:
     """What is known of the loss table behind a plan: its cached spec, else its key's parts.
 
     The key reads ``<model>-<objective>-<mode>-<estimator>-<hash>`` (see tables.table_key).
@@ -42,13 +46,13 @@ def table_settings(table_key: str | None) -> dict | None:
     return {"key": table_key}
 
 
-def _fmt(value, digits: int = 3) -> str:
+def _fmt(value: object, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return "" if value is None else str(value)
 
 
-def _plan_table(plan, widths: list[dict], dense: dict) -> list[str]:
+def _plan_table(plan: RatePlan, widths: list[dict[str, Any]], dense: dict[str, Any]) -> list[str]:
     rows = [
         "| layer | attention removed | query heads | KV heads | MLP removed | MLP channels |",
         "|---:|---:|---:|---:|---:|---:|",
@@ -62,7 +66,7 @@ def _plan_table(plan, widths: list[dict], dense: dict) -> list[str]:
     return rows
 
 
-def _eval_section(report: dict) -> list[str]:
+def _eval_section(report: dict[str, Any]) -> list[str]:
     lines = ["## Evaluation", ""]
     settings = report.get("settings") or {}
     if settings:
@@ -90,7 +94,7 @@ def _eval_section(report: dict) -> list[str]:
     return lines + [""]
 
 
-def _params_line(params: dict, marker: dict) -> str:
+def _params_line(params: dict[str, Any], marker: dict[str, Any]) -> str:
     after = f"{marker.get('param_count', 0):,}"
     if not isinstance(params.get("dense_total"), int):
         return after
@@ -143,7 +147,7 @@ def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
     ]
 
 
-def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_report: dict | None = None) -> str:
+def render_model_card(folder_name: str, plan: RatePlan, marker: dict[str, Any], config: dict[str, Any], eval_report: dict[str, Any] | None = None) -> str:
     """The README.md text of a checkpoint.
 
     Args:
@@ -211,7 +215,7 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
     return "\n".join(lines)
 
 
-def write_model_card(folder: str | Path, plan, marker: dict, eval_report: dict | None = None, name: str | None = None) -> Path:
+def write_model_card(folder: str | Path, plan: RatePlan, marker: dict[str, Any], eval_report: dict[str, Any] | None = None, name: str | None = None) -> Path:
     """Render the card from the folder's config.json and write README.md (atomically).
 
     ``name`` is the folder name the load snippets use (the final name, when ``folder`` is

@@ -18,7 +18,7 @@ from gap_engine.core.config import ALLOCATORS, WindowSpec
 from gap_engine.core.errors import PlanError
 from gap_engine.data.windows import calibration_windows, heldout_windows
 from gap_engine.evaluate.metrics import mean_nll
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, pruned_copy
 from gap_engine.plan.allocators import check_reach, plan_from_table

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from gap_engine.core.progress import CancelToken, ProgressFn, StageFn, check_cancelled
 from gap_engine.data.windows import calibration_windows
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import block_geometries
 from gap_engine.pipeline.stages import loss_table, objective_increase, plan_for, prune_with_plan

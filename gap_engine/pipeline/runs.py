@@ -33,7 +33,7 @@ from gap_engine.data.windows import calibration_windows
 from gap_engine.evaluate import history
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
 from gap_engine.model.checkpoint import save_pruned
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, plan_for, prune_with_plan
 from gap_engine.plan.problem import Constraints

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from gap_engine.core.config import RECOVERY_PROJECTIONS, WindowSpec
 from gap_engine.core.errors import DataError
 from gap_engine.data.windows import calibration_windows, load_corpus
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.recover import lora as recover_lora
 from gap_engine.recover import zo as recover_zo
 

@@ -40,7 +40,7 @@ from gap_engine.core.deprecation import warn_deprecated
 from gap_engine.core.device import SHORT_DTYPE_NAMES, dtype_name, placement_of
 from gap_engine.core.errors import DataError, TableError, first_line
 from gap_engine.core.validate import check_int, check_table_document, parse_json
-from gap_engine.data.windows import WINDOW_STARTS, window_start
+from gap_engine.data.bos import WINDOW_STARTS, window_start
 from gap_engine.model.units import block_geometries
 
 # 2: windows start as the model expects (its BOS token, never counted), and every cell

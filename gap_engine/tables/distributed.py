@@ -169,7 +169,7 @@ class CellWorker:
         import ray
 
         from gap_engine.model.adapters import adapter_for
-        from gap_engine.model.loading import LoadedModel
+        from gap_engine.model.loaded import LoadedModel
 
         model, layers_name = ray.get(refs["shell"])
         model = model.to(self.placement.device)

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 from gap_engine.core.device import input_device
 from gap_engine.core.progress import CancelToken, EtaClock, ProgressFn, check_cancelled
-from gap_engine.data.windows import batches, text_start
+from gap_engine.data.bos import text_start
+from gap_engine.data.windows import batches
 from gap_engine.model.slicing import zeroed_units
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import TableSpec, removed_table, table_components

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from gap_engine.core.device import placement_of
 from gap_engine.core.progress import CancelToken, EtaClock, ProgressFn, check_cancelled
-from gap_engine.data.windows import text_start
+from gap_engine.data.bos import text_start
 from gap_engine.model.layerwise import block_on, forward_blocks, layer_output, to_host
 from gap_engine.model.slicing import zeroed_units
 from gap_engine.tables.artefact import TableSpec

@@ -40,7 +40,8 @@ from gap_engine.core.errors import CacheError, CancelledError, GapError, one_lin
 from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.core.interrupt import run_unless_cancelled
 from gap_engine.core.progress import LOAD_MODEL, CancelToken
-from gap_engine.model.loading import LoadedModel, load_model
+from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.loading import load_model
 from gap_engine.pipeline.recovery import recover
 from gap_engine.pipeline.runs import baseline_rows, prune_and_evaluate, prune_eval_stages
 from gap_engine.pipeline.stages import loss_table, table_stages
