@@ -71,6 +71,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     lm = load_model(args.model, device_from(args))
     progress = StderrProgress("round table")
     result = iterative_prune(lm, spec, args.budget, args.rounds, progress=progress, stage=progress.stage)
+    assert result.plan is not None, "iterative_prune records the plan it reached"
     save_pruned(result.model, result.plan, result.kept, args.out, dtype=args.save_dtype)
     summary = {
         "out": str(args.out),

@@ -78,7 +78,7 @@ def check_supported(model_type: str | None) -> None:
     """ExportError (one line, naming what is supported) unless the family fits GGUF ``deci``."""
     if model_type in GGUF_MODEL_TYPES:
         return
-    why = REFUSED_WHY.get(model_type)
+    why = REFUSED_WHY.get(model_type or "")
     reason = f" ({why} have no place in llama.cpp's deci graph)" if why else ""
     raise ExportError(
         f"GGUF export does not support model type '{model_type}'{reason}; "

@@ -202,7 +202,9 @@ def record_run(record: RunRecord, path: Path | None = None) -> int:
     marks = ", ".join(f":{name}" for name in values)
     with _connect(path) as conn:
         cursor = conn.execute(f"INSERT INTO runs ({columns}) VALUES ({marks})", values)
-        return int(cursor.lastrowid)
+        run_id = cursor.lastrowid
+        assert run_id is not None, "an INSERT sets lastrowid"
+        return run_id
 
 
 def _record_from_row(row: sqlite3.Row) -> RunRecord:

@@ -15,6 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +122,7 @@ def _time_prefill(lm: LoadedModel, ids: torch.Tensor) -> float:
 def _time_decode(lm: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
     ids = ids.to(input_device(lm.model))
     start = time.perf_counter()
-    lm.model.generate(
+    lm.model.generate(  # type: ignore[operator]  # a *ForCausalLM's generate; LoadedModel.model is typed as a Module
         ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id
     )
     synchronize(ids.device)
@@ -146,7 +147,7 @@ def measure_throughput(
     vocab = min(lm.tokenizer.vocab_size, 1000)
     ids = torch.randint(10, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
     models = {"model": lm} if dense is None else {"model": lm, "dense": dense}
-    times = {name: {"prefill": [], "decode": []} for name in models}
+    times: dict[str, dict[str, list[float]]] = {name: {"prefill": [], "decode": []} for name in models}
     for m in models.values():  # warm-up
         _time_prefill(m, ids[:, :16])
     for repeat in range(repeats):
@@ -155,7 +156,7 @@ def measure_throughput(
             times[name]["prefill"].append(_time_prefill(m, ids))
             times[name]["decode"].append(_time_decode(m, ids[:1, :16], new_tokens))
     tokens = {"prefill": batch * prompt_len, "decode": new_tokens}
-    out = {
+    out: dict[str, Any] = {
         f"{name}_{kind}_tokens_per_s": tokens[kind] / statistics.median(seconds)
         for name, kinds in times.items()
         for kind, seconds in kinds.items()
@@ -173,7 +174,9 @@ def measure_throughput(
 @torch.inference_mode()
 def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 24) -> str:
     ids = lm.tokenizer(prompt, return_tensors="pt").input_ids.to(input_device(lm.model))
-    out = lm.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)
+    out = lm.model.generate(  # type: ignore[operator]  # a *ForCausalLM's generate; LoadedModel.model is typed as a Module
+        ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id
+    )
     return lm.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
@@ -201,8 +204,9 @@ def evaluate(
     say = progress or (lambda msg: log.info(msg))
     started = time.perf_counter()
     report = EvalReport(model=lm.name, params=lm.param_count(), size_bytes=lm.size_bytes(), perplexity={})
+    dense_perplexity: dict[str, float] = {}
     if dense is not None:
-        report.dense = {"model": dense.name, "params": dense.param_count(), "size_bytes": dense.size_bytes(), "perplexity": {}}
+        report.dense = {"model": dense.name, "params": dense.param_count(), "size_bytes": dense.size_bytes(), "perplexity": dense_perplexity}
     batch_size = settings.windows.batch_size
     for source in settings.windows.sources():
         say(f"perplexity on {source}")
@@ -212,7 +216,7 @@ def evaluate(
             continue
         nll_m, nll_d, kl, agree = compare_logits(lm, dense, windows, batch_size)
         report.perplexity[source] = math.exp(nll_m)
-        report.dense["perplexity"][source] = math.exp(nll_d)
+        dense_perplexity[source] = math.exp(nll_d)
         report.kl_to_dense[source] = kl
         report.top1_agreement[source] = agree
     streamed = is_streamed(lm) or (dense is not None and is_streamed(dense))

@@ -14,6 +14,8 @@ Pure: history records in, a table of display text out (the app and the report sh
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 
@@ -51,7 +53,11 @@ def speed_text(record: RunRecord, kind: str) -> str:
     return f"{median:.2f}x ({low:.2f}–{high:.2f}x over {repeats} repeats)"
 
 
-def _measures(records: list[RunRecord]) -> list[tuple]:
+# (label, run value, dense value or None, how changes read, dense text or None)
+Measure = tuple[str, Callable[..., Any], Callable[..., Any] | None, str, str | None]
+
+
+def _measures(records: list[RunRecord]) -> list[Measure]:
     """(label, run value, dense value, how changes read, dense text) for every measure.
 
     ``dense value`` is None where the measure is already relative to dense (KL, agreement,
@@ -61,7 +67,7 @@ def _measures(records: list[RunRecord]) -> list[tuple]:
     sources = []
     for record in records:
         sources += [s for s in record.perplexity if s not in sources]
-    rows = [("parameters", lambda r: r.pruned_params, lambda r: r.dense_params, "relative", None)]
+    rows: list[Measure] = [("parameters", lambda r: r.pruned_params, lambda r: r.dense_params, "relative", None)]
     for source in sources:
         rows += [
             (f"perplexity ({source})", lambda r, s=source: r.perplexity.get(s), lambda r, s=source: r.dense_perplexity.get(s), "relative", None),

@@ -70,7 +70,7 @@ class Outcome:
 
         Scalar fields are parsed by their declared type, so a field added to the class is read
         back without touching this; unknown columns are the extras."""
-        parse = {f.name: {"int": int, "str": str, "str | None": str}.get(f.type, float) for f in fields(cls)}
+        parse = {f.name: {"int": int, "str": str, "str | None": str}.get(str(f.type), float) for f in fields(cls)}
         values: dict = {"predicted_loss": None}
         perplexity, dense, extras = {}, {}, {}
         for key, text in row.items():

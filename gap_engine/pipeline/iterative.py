@@ -123,6 +123,7 @@ def iterative_prune(
         now = prunable_params(current, spec.channel_multiple)[0]
         share = max(0.0, (budget * total * index / rounds - (total - now)) / now)
         plan = plan_for(current, table, share, "dp", constraints)
+        assert plan.predicted_loss is not None, "a plan from a table carries its predicted loss"
         windows = calibration_windows(current.tokenizer, spec.windows)
         scores = compute_importance(current, windows, spec.criterion, spec.windows.batch_size, cancel=cancel)
         before = current.copy() if measure else None

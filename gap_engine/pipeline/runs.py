@@ -205,7 +205,7 @@ def prune_and_evaluate(
         checkpoint=checkpoint,
         seconds=time.perf_counter() - started,
     )
-    run_id = history.record_run(record, history_path)
+    run_id = history.record_run(record, Path(history_path) if history_path is not None else None)
     return {
         "run_id": run_id,
         "plan": plan.to_dict(),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -18,7 +17,7 @@ from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.errors import BudgetError
 from gap_engine.core.knapsack import ParetoFront, solve_budget, solve_front
 from gap_engine.model.rateplan import RatePlan, make_plan
-from gap_engine.plan.problem import Constraints, PlanningProblem, layer_slots, planning_problem, reach_error, slot_rates
+from gap_engine.plan.problem import Choice, Constraints, PlanningProblem, layer_slots, planning_problem, reach_error, slot_rates
 from gap_engine.tables.artefact import LossTable
 
 
@@ -41,7 +40,7 @@ def dp_front(
     return solve_front(problem.costs, problem.losses, problem.allowed, n_buckets)
 
 
-def choice_rates(table: LossTable, choice: Sequence[int]) -> tuple[list[float], list[float]]:
+def choice_rates(table: LossTable, choice: Choice) -> tuple[list[float], list[float]]:
     """(attention_rates, mlp_rates) for a row of a `dp_front` (L columns: coupled; 2L: split)."""
     coupled = len(choice) == table.num_layers
     if not coupled and len(choice) != 2 * table.num_layers:
@@ -104,7 +103,7 @@ def dp_choice(problem: PlanningProblem, budget: float, n_buckets: int) -> np.nda
     return solve_budget(problem.costs, problem.losses, problem.allowed, removed_params=target, n_buckets=n_buckets)
 
 
-def grid_plan(lm, table: LossTable, problem: PlanningProblem, choice: Sequence[int], budget: float, allocator: str) -> RatePlan:
+def grid_plan(lm, table: LossTable, problem: PlanningProblem, choice: Choice, budget: float, allocator: str) -> RatePlan:
     """The plan of one option index per slot, with its summed table loss as the prediction."""
     attention, mlp = problem.rates(choice)
     return make_plan(

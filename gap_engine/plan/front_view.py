@@ -68,7 +68,7 @@ def step_at_budget(front: Sequence[dict], steps: Sequence[int], budget: float) -
     if not steps:
         raise BudgetError("the front is empty: no plan satisfies these constraints")
     budgets = np.array([front[i]["budget"] for i in steps], dtype=np.float64)
-    return int(min(np.searchsorted(budgets, float(budget) - 1e-12), len(steps) - 1))
+    return min(int(np.searchsorted(budgets, float(budget) - 1e-12)), len(steps) - 1)
 
 
 def grid_indices(rate_grid, rates: Sequence[float]) -> list[int]:
@@ -137,6 +137,7 @@ def uniform_line(lm, table, constraints, top: float, step: float = UNIFORM_STEP,
     for budget in budgets:
         try:
             plan = plan_from_table(lm, table, budget, "uniform", constraints)
+            assert plan.predicted_loss is not None, "a plan from a table carries its predicted loss"
         except BudgetError as exc:
             log.debug("uniform line stops at %.3f: %s", budget, exc)
             continue

@@ -49,16 +49,17 @@ def build_ladders(geoms, slots, locked: dict, constraints: Constraints, multiple
         geom = geoms[layer]
         parts = PARTS[kind]
         dense = sum(geom.params_at(part, 0.0, multiple) for part in parts)
+        candidates: list[float]
         if s in locked:
             candidates = [locked[s]]
         else:
-            candidates = {0.0}
+            fractions = {0.0}
             if "attn" in parts:
-                candidates.update(_attention_fractions(geom))
+                fractions.update(_attention_fractions(geom))
             if "mlp" in parts:
-                candidates.update(_mlp_fractions(geom, multiple))
+                fractions.update(_mlp_fractions(geom, multiple))
             candidates = [
-                r for r in candidates if constraints.min_rate - RATE_TOL <= r <= constraints.max_rate + RATE_TOL
+                r for r in fractions if constraints.min_rate - RATE_TOL <= r <= constraints.max_rate + RATE_TOL
             ]
         by_removed: dict[int, float] = {}
         for rate in sorted(candidates):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import numpy as np
 
@@ -23,6 +24,10 @@ from gap_engine.tables.artefact import LossTable
 
 RATE_TOL = 1e-9  # rates closer than this are the same rate
 PARTS = {"attn": ("attn",), "mlp": ("mlp",), "block": ("attn", "mlp")}  # slot kind -> components it spans
+
+# One option index per slot: a list, or the integer array a solver returns.
+Choice: TypeAlias = Sequence[int] | np.ndarray
+
 
 
 # ---- constraints -----------------------------------------------------------------------
@@ -110,14 +115,14 @@ class PlanningProblem:
     def coupled(self) -> bool:
         return len(self.slots) == self.num_layers
 
-    def rates(self, choice: Sequence[int]) -> tuple[list[float], list[float]]:
+    def rates(self, choice: Choice) -> tuple[list[float], list[float]]:
         """(attention_rates, mlp_rates) per layer for one option index per slot."""
         return slot_rates(self.slots, [float(self.rate_grid[int(r)]) for r in choice], self.num_layers)
 
-    def removed(self, choice: Sequence[int]) -> int:
+    def removed(self, choice: Choice) -> int:
         return int(self.costs[np.arange(len(self.slots)), np.asarray(choice, dtype=np.intp)].sum())
 
-    def loss(self, choice: Sequence[int]) -> float:
+    def loss(self, choice: Choice) -> float:
         total = 0.0
         for s, r in enumerate(choice):  # summed in slot order, like the DP
             total += float(self.losses[s, int(r)])

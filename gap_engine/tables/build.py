@@ -161,7 +161,7 @@ def measure_table(
 def _cells_start(progress: ProgressFn | None, stage: StageFn) -> ProgressFn:
     """``progress`` that announces the cells stage at its first call: ``measure_exact``
     reports (cells already measured, cells, None) once, as its dense pass ends."""
-    started = []
+    started: list[bool] = []
 
     def report(done: int, total: int, eta: float | None = None) -> None:
         if not started:

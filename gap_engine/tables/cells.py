@@ -73,6 +73,7 @@ def objective_per_window(
     logits = logits.float()  # no copy when they already are
     if objective == "nll":
         return wide(next_token_nll(logits, input_ids, start)).sum(1)
+    assert dense_logprobs is not None, "the KL objective compares with the dense log-probabilities"
     logq = F.log_softmax(logits[:, start:], dim=-1)  # (B, T-start, V)
     per_token = F.kl_div(logq, dense_logprobs[:, start:], log_target=True, reduction="none").sum(-1)  # (B, T-start)
     return wide(per_token).sum(1)

@@ -97,9 +97,10 @@ class JobProgress:
             return self.expected_total()
         left = self._stage_left(now)
         later = [self.expected.get(name) for name in self.stages[self.stage + 1 :]]
-        if left is None or any(seconds is None for seconds in later):
+        known = [seconds for seconds in later if seconds is not None]
+        if left is None or len(known) < len(later):
             return None
-        return left + sum(later)
+        return left + sum(known)
 
     def expected_total(self) -> float | None:
         """The whole job's expected seconds, when every stage has an expectation."""
