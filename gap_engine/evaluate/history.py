@@ -24,6 +24,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -87,21 +88,21 @@ class RunRecord:
 
     model: str  # dense model name
     allocator: str  # how the budget was spread (dp, uniform, flap, owl, evo, manual)
-    plan: dict  # RatePlan.to_dict()
+    plan: dict[str, Any]  # RatePlan.to_dict()
     table_key: str | None = None  # loss table behind the plan, if any
     budget: float | None = None  # requested fraction of prunable parameters removed
-    params: dict = field(default_factory=dict)  # calibration and evaluation settings
+    params: dict[str, Any] = field(default_factory=dict)  # calibration and evaluation settings
     dense_params: int | None = None  # parameters before pruning
     pruned_params: int | None = None  # parameters after
     predicted_loss: float | None = None  # the table's predicted objective increase
     actual_loss: float | None = None  # measured objective increase on the calibration windows
-    perplexity: dict = field(default_factory=dict)  # source -> held-out perplexity of the pruned model
-    dense_perplexity: dict = field(default_factory=dict)  # source -> the dense model's
-    kl: dict = field(default_factory=dict)  # source -> mean KL(dense || pruned) per token
-    top1: dict = field(default_factory=dict)  # source -> top-1 agreement with dense
+    perplexity: dict[str, float] = field(default_factory=dict)  # source -> held-out perplexity of the pruned model
+    dense_perplexity: dict[str, float] = field(default_factory=dict)  # source -> the dense model's
+    kl: dict[str, float] = field(default_factory=dict)  # source -> mean KL(dense || pruned) per token
+    top1: dict[str, float] = field(default_factory=dict)  # source -> top-1 agreement with dense
     prefill_speedup: float | None = None  # pruned / dense prefill tokens per second
     decode_speedup: float | None = None  # pruned / dense decode tokens per second
-    generations: list = field(default_factory=list)  # [{"prompt", "model", "dense"}]
+    generations: list[dict[str, Any]] = field(default_factory=list)  # [{"prompt", "model", "dense"}]
     checkpoint: str | None = None  # folder of the saved pruned checkpoint
     seconds: float | None = None  # wall time of the run
     note: str = ""  # free text
@@ -111,13 +112,13 @@ class RunRecord:
     @classmethod
     def from_report(
         cls,
-        plan: dict,
-        report: dict,
+        plan: dict[str, Any],
+        report: dict[str, Any],
         *,
         allocator: str,
         table_key: str | None = None,
         budget: float | None = None,
-        params: dict | None = None,
+        params: dict[str, Any] | None = None,
         predicted_loss: float | None = None,
         actual_loss: float | None = None,
         checkpoint: str | None = None,
@@ -260,7 +261,8 @@ def list_runs(path: Path | None = None) -> pd.DataFrame:
 
 def to_csv(path: Path | None = None) -> str:
     """The flat run table as CSV text (header only when empty)."""
-    return list_runs(path).to_csv(index=False)
+    text: str = list_runs(path).to_csv(index=False)
+    return text
 
 
 def delete_run(run_id: int, path: Path | None = None, remove_checkpoint: bool = False) -> None:

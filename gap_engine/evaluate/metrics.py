@@ -53,16 +53,16 @@ class EvalReport:
     params: int
     size_bytes: int
     perplexity: dict[str, float]  # source -> held-out perplexity
-    dense: dict | None = None  # the same numbers for the dense model, when one was given
+    dense: dict[str, Any] | None = None  # the same numbers for the dense model, when one was given
     kl_to_dense: dict[str, float] = field(default_factory=dict)  # source -> mean KL(dense || model) per token
     top1_agreement: dict[str, float] = field(default_factory=dict)  # source -> share of tokens with the same argmax
-    throughput: dict | None = None  # prefill/decode tokens per second, model and dense, and ratios
-    generations: list[dict] = field(default_factory=list)  # prompt, model text, dense text
-    settings: dict = field(default_factory=dict)
+    throughput: dict[str, Any] | None = None  # prefill/decode tokens per second, model and dense, and ratios
+    generations: list[dict[str, Any]] = field(default_factory=list)  # prompt, model text, dense text
+    settings: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     window_start: str = "text"  # "bos": every window starts with the model's BOS token (never scored); "text": with text
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -131,7 +131,7 @@ def _time_decode(lm: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
 
 def measure_throughput(
     lm: LoadedModel, dense: LoadedModel | None, prompt_len: int = 128, batch: int = 4, new_tokens: int = 16, repeats: int = THROUGHPUT_REPEATS
-) -> dict:
+) -> dict[str, Any]:
     """Prefill and decode tokens/s of the model and, interleaved with it, of dense.
 
     Each repeat times both models back to back (the order alternates between repeats, so a
@@ -177,7 +177,8 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 24) -> str:
     out = lm.model.generate(  # type: ignore[operator]  # a *ForCausalLM's generate; LoadedModel.model is typed as a Module
         ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id
     )
-    return lm.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    text: str = lm.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    return text
 
 
 def evaluate(

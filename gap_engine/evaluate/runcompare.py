@@ -28,7 +28,7 @@ def run_label(record: RunRecord) -> str:
     return f"run {record.id}: {record.allocator}{budget}"
 
 
-def _finite(value) -> bool:
+def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -98,7 +98,9 @@ def _change(value: float, base: float, how: str) -> str | None:
     return f"{value - base:+.4f}"
 
 
-def _cell(record: RunRecord, reference: RunRecord, label: str, value_of, dense_of, how: str) -> str:
+def _cell(
+    record: RunRecord, reference: RunRecord, label: str, value_of: Callable[..., Any], dense_of: Callable[..., Any] | None, how: str
+) -> str:
     value = value_of(record)
     if not _finite(value):
         return "—"
