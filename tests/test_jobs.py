@@ -204,6 +204,6 @@ def test_module_singleton_and_one_line():
 def test_engine_import_leaves_streamlit_out():
     import subprocess
 
-    code = "import gap_engine.jobs, gap_engine.history, sys; print('streamlit' in sys.modules)"
+    code = "import gap_engine.views.jobs, gap_engine.evaluate.history, sys; print('streamlit' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -129,7 +129,7 @@ def test_the_engine_never_imports_streamlit():
             if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "streamlit":
                 offenders.append(name)
     assert not offenders, offenders
-    code = "import sys, gap_engine.pipeline, gap_engine.jobs, gap_engine.cli; print('streamlit' in sys.modules)"
+    code = "import sys, gap_engine.pipeline, gap_engine.views.jobs, gap_engine.cli; print('streamlit' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
 
