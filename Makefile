@@ -22,7 +22,7 @@ PORT ?= 8501
 # long jobs. `make run HOST=0.0.0.0` serves every network interface (see README, "Serving").
 HOST ?= 127.0.0.1
 
-.PHONY: setup run demo test test-all test-fast bench browser-deps clean-cache
+.PHONY: setup run demo lint test test-all test-fast bench browser-deps clean-cache
 
 setup: $(STAMP)
 
@@ -57,12 +57,19 @@ demo: setup
 browser-deps:
 	bash scripts/ensure_chromium.sh
 
-# `make test` is CI's command (under 30 min on 2 cores, llama.cpp's first compile included);
-# `make test-all` adds the tests marked heavy.
-test: setup browser-deps
+# ruff on the whole repository, mypy on gap_engine/ (strict on the foundation layers); both
+# read their settings from pyproject.toml. mypy keeps its cache in .mypy_cache/: the first run
+# analyses torch and transformers (minutes), later runs recheck only what changed.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+# `make test` is CI's command (under 30 min on 2 cores, llama.cpp's first compile and a cold
+# mypy run included); `make test-all` adds the tests marked heavy. Both lint first.
+test: setup browser-deps lint
 	$(PY) -m pytest -q -m "not heavy"
 
-test-all: setup browser-deps
+test-all: setup browser-deps lint
 	$(PY) -m pytest -q
 
 test-fast: setup

@@ -126,7 +126,8 @@ def build_fixtures(base: Path) -> None:
 
     from gap_engine.core.config import WindowSpec
     from gap_engine.model.checkpoint import save_pruned
-    from gap_engine.model.loading import LoadedModel, load_model
+    from gap_engine.model.loaded import LoadedModel
+    from gap_engine.model.loading import load_model
     from gap_engine.model.rateplan import make_plan, uniform_plan
     from gap_engine.pipeline.stages import prune_with_plan
 

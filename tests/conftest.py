@@ -56,7 +56,7 @@ def tiny_lm(model_type: str, tokenizer, seed: int = 0, **overrides):
     """A LoadedModel wrapping a tiny randomly initialised model of the given family."""
     from transformers import AutoModelForCausalLM
 
-    from gap_engine.model.loading import LoadedModel
+    from gap_engine.model.loaded import LoadedModel
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), dtype=torch.float32)

@@ -20,16 +20,8 @@ import torch.nn.functional as F
 from gap_engine.core.errors import BudgetError, TableError
 from gap_engine.core.knapsack import check_inputs
 from gap_engine.core.progress import ProgressFn
-from gap_engine.data.windows import (
-    batches,
-    calibration_windows,
-    check_window_sizes,
-    cut_windows,
-    load_corpus,
-    text_start,
-    tokenize_stream,
-    with_bos,
-)
+from gap_engine.data.bos import text_start, with_bos
+from gap_engine.data.windows import batches, calibration_windows, check_window_sizes, cut_windows, load_corpus, tokenize_stream
 from gap_engine.model.slicing import slice_attention_, slice_mlp_
 from gap_engine.prune.importance import compute_importance
 from gap_engine.prune.surgery import layer_selection

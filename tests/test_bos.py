@@ -23,14 +23,8 @@ from reference import naive_build_table
 from tokenizers import processors
 
 from gap_engine.core.config import WindowSpec
-from gap_engine.data.windows import (
-    bos_token_id,
-    calibration_windows,
-    heldout_windows,
-    load_corpus,
-    text_start,
-    window_start,
-)
+from gap_engine.data.bos import bos_token_id, text_start, window_start
+from gap_engine.data.windows import calibration_windows, heldout_windows, load_corpus
 from gap_engine.evaluate.metrics import compare_logits, mean_nll
 from gap_engine.pipeline.stages import loss_table
 from gap_engine.prune.importance import input_statistics

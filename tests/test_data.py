@@ -284,7 +284,7 @@ def test_short_text_gives_overlapping_windows_with_warning(smol_tokenizer, caplo
 
 def test_news_split_is_the_same_in_a_fresh_process_without_gensim_or_streamlit():
     code = (
-        "import sys; from gap_engine.data import windows as data; corpus = data.load_corpus('news-sample'); "
+        "import sys; from gap_engine.data.windows import load_corpus; corpus = load_corpus('news-sample'); "
         "assert 'gensim' not in sys.modules and 'streamlit' not in sys.modules, 'imported'; "
         "print(corpus.fingerprint)"
     )

@@ -16,7 +16,8 @@ from scipy.stats import spearmanr
 
 from gap_engine.cli import main
 from gap_engine.core.device import DeviceError, DeviceSpec, Placement, resolve
-from gap_engine.model.loading import load_model, place_model, weights_fingerprint
+from gap_engine.model.loaded import weights_fingerprint
+from gap_engine.model.loading import load_model, place_model
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.prune.importance import compute_importance
 from gap_engine.prune.surgery import apply_plan

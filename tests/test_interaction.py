@@ -13,7 +13,7 @@ import torch
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.data.windows import calibration_windows
-from gap_engine.model.loading import weights_fingerprint
+from gap_engine.model.loaded import weights_fingerprint
 from gap_engine.model.rateplan import make_plan
 from gap_engine.pipeline.iterative import iterative_prune, prunable_params
 from gap_engine.pipeline.stages import loss_table, objective_increase, pruned_copy

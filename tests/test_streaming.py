@@ -78,7 +78,7 @@ def test_streamed_weights_stay_on_the_host_unchanged(make_tiny):
     resident, streamed = pair(make_tiny, "llama")
     before = streamed.fingerprint
     measure_table(streamed, spec_of(), windows_of(3, 24))
-    from gap_engine.model.loading import weights_fingerprint
+    from gap_engine.model.loaded import weights_fingerprint
 
     assert weights_fingerprint(streamed.model) == before == resident.fingerprint
 

@@ -23,7 +23,7 @@ from gap_engine.core.config import FULL_RATE_GRID, WindowSpec
 from gap_engine.core.errors import TableError
 from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import calibration_windows
-from gap_engine.model.loading import weights_fingerprint
+from gap_engine.model.loaded import weights_fingerprint
 from gap_engine.model.slicing import slice_attention_, slice_mlp_, zeroed_units
 from gap_engine.model.units import block_geometries
 from gap_engine.tables.artefact import LossTable, TableSpec, isotonic_smooth, parse_rate_grid, table_key

@@ -12,7 +12,7 @@ from gap_engine.cli.table_commands import read_sources
 from gap_engine.core.device import DeviceError
 from gap_engine.core.errors import PlanError
 from gap_engine.core.progress import Hooks
-from gap_engine.data.windows import bos_token_id
+from gap_engine.data.bos import bos_token_id
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
 from gap_engine.model.adapters import supported_model_types
 from gap_engine.model.checkpoint import save_pruned
@@ -72,6 +72,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     lm = load_model(args.model, device_from(args))
     progress = StderrProgress("round table")
     result = iterative_prune(lm, spec, args.budget, args.rounds, hooks=progress.hooks())
+    assert result.plan is not None, "iterative_prune records the plan it reached"
     save_pruned(result.model, result.plan, result.kept, args.out, dtype=args.save_dtype)
     summary = {
         "out": str(args.out),

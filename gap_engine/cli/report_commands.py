@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from gap_engine.cli.arguments import parse_fraction
 from gap_engine.cli.plan_commands import read_table
@@ -37,7 +38,7 @@ def run_report(args: argparse.Namespace) -> int:
     command = "gap report " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["report"] else "gap report"
     text = report.build_report(table, plan, evaluation, budget=budget, constraints=constraints, source=f"Made with `{command}`.")
     path = report.write_report(args.out, text)
-    summary = {
+    summary: dict[str, Any] = {
         "out": str(path),
         "bytes": len(text.encode("utf-8")),
         "plan": plan.allocator if plan else "dp front row",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from gap_engine.core.progress import (
     CELLS,
@@ -42,7 +43,7 @@ from gap_engine.core.progress import (
 class Expectation:
     """Expected seconds per stage of one job, and what they rest on."""
 
-    seconds: dict = field(default_factory=dict)  # stage -> expected seconds, or None when unknown
+    seconds: dict[str, float | None] = field(default_factory=dict)  # stage -> expected seconds, or None when unknown
     jobs: int = 0  # earlier jobs the numbers come from
     basis: str = ""  # where the numbers come from, in a few words
 
@@ -51,10 +52,10 @@ class Expectation:
         """The whole job's expected seconds; None while any stage is unknown."""
         if not self.seconds or any(v is None for v in self.seconds.values()):
             return None
-        return float(sum(self.seconds.values()))
+        return float(sum(v for v in self.seconds.values() if v is not None))
 
     @property
-    def known(self) -> dict:
+    def known(self) -> dict[str, float]:
         """The stages with an expectation (what a job's ETA can use)."""
         return {stage: s for stage, s in self.seconds.items() if s is not None}
 
@@ -69,7 +70,7 @@ def _median_rate(samples: list[tuple[float, float]]) -> float | None:
 
 
 # ---- loss tables ------------------------------------------------------------------------------
-def _table_work(spec: dict, stage: str) -> float:
+def _table_work(spec: dict[str, Any], stage: str) -> float:
     """The work of one table stage under a spec summary (see the module docstring)."""
     tokens = float(spec.get("n_samples") or 0) * float(spec.get("seq_len") or 0)
     if stage == READ_TEXT:
@@ -79,7 +80,7 @@ def _table_work(spec: dict, stage: str) -> float:
     return tokens
 
 
-def _table_matches(row_spec: dict, spec: dict, stage: str) -> bool:
+def _table_matches(row_spec: dict[str, Any], spec: dict[str, Any], stage: str) -> bool:
     """Whether an earlier build's stage is comparable with this one's."""
     same = {
         READ_TEXT: ("data",),
@@ -91,7 +92,7 @@ def _table_matches(row_spec: dict, spec: dict, stage: str) -> bool:
     return all(row_spec.get(name) == spec.get(name) for name in same)
 
 
-def table_expectation(model: str, spec: dict, rows: list[dict], stages: tuple[str, ...], load_seconds: float | None) -> Expectation:
+def table_expectation(model: str, spec: dict[str, Any], rows: list[dict[str, Any]], stages: tuple[str, ...], load_seconds: float | None) -> Expectation:
     """Expected seconds of each stage of a table job, from earlier builds of the same model.
 
     Args:
@@ -104,7 +105,7 @@ def table_expectation(model: str, spec: dict, rows: list[dict], stages: tuple[st
         An Expectation (stages without a comparable earlier build are None).
     """
     mine = [row for row in rows if row.get("model") == model and isinstance(row.get("spec"), dict)]
-    seconds: dict = {}
+    seconds: dict[str, float | None] = {}
     used: set[str] = set()
     for stage in stages:
         if stage == LOAD_MODEL:
@@ -122,7 +123,7 @@ def table_expectation(model: str, spec: dict, rows: list[dict], stages: tuple[st
     return Expectation(seconds, len(used), _basis(len(used), "build"))
 
 
-def _older_builds(rows: list[dict], spec: dict, stages: tuple[str, ...], seconds: dict, used: set) -> None:
+def _older_builds(rows: list[dict[str, Any]], spec: dict[str, Any], stages: tuple[str, ...], seconds: dict[str, float | None], used: set[str]) -> None:
     """Entries without stage times (older ones): their build_seconds covers scoring and the
     measurement; give it to the main stage when nothing better is known."""
     main = stages[-1]
@@ -133,7 +134,7 @@ def _older_builds(rows: list[dict], spec: dict, stages: tuple[str, ...], seconds
         if not row.get("stage_seconds") and row.get("build_seconds") and _table_matches(row["spec"], spec, main)
     ]  # fmt: skip
 
-    def work(summary: dict) -> float:
+    def work(summary: dict[str, Any]) -> float:
         return _table_work(summary, main) + (_table_work(summary, SCORE_UNITS) if main == CELLS else 0.0)
 
     rate = _median_rate([(row["build_seconds"], work(row["spec"])) for row in comparable])
@@ -147,7 +148,7 @@ def _older_builds(rows: list[dict], spec: dict, stages: tuple[str, ...], seconds
 
 
 # ---- prune and evaluate ----------------------------------------------------------------------
-def run_settings(calibration: dict, evaluation: dict, allocator: str) -> dict:
+def run_settings(calibration: dict[str, Any], evaluation: dict[str, Any], allocator: str) -> dict[str, Any]:
     """The settings a prune-and-evaluate run's stage times depend on (flat)."""
     windows = evaluation.get("windows") or {}
     return {
@@ -158,16 +159,17 @@ def run_settings(calibration: dict, evaluation: dict, allocator: str) -> dict:
     }
 
 
-def _run_work(settings: dict, stage: str) -> float:
-    return {
+def _run_work(settings: dict[str, Any], stage: str) -> float:
+    work: dict[str, float] = {
         PRUNE: settings["calib_tokens"],
         MEASURE: settings["calib_tokens"],
         HELD_OUT: settings["eval_tokens"],
         GENERATE: settings["generated"],
-    }.get(stage, 1.0)
+    }
+    return work.get(stage, 1.0)
 
 
-def run_expectation(model: str, settings: dict, records: list, stages: tuple[str, ...], load_seconds: float | None) -> Expectation:
+def run_expectation(model: str, settings: dict[str, Any], records: list[Any], stages: tuple[str, ...], load_seconds: float | None) -> Expectation:
     """Expected seconds of each stage of a prune-and-evaluate job, from earlier runs.
 
     Args:
@@ -182,7 +184,7 @@ def run_expectation(model: str, settings: dict, records: list, stages: tuple[str
         params = record.params or {}
         if record.model == model and params.get("stage_seconds"):
             earlier.append((params["stage_seconds"], run_settings(params.get("calibration") or {}, params.get("eval") or {}, record.allocator)))
-    seconds: dict = {}
+    seconds: dict[str, float | None] = {}
     used = 0
     for stage in stages:
         if stage == LOAD_MODEL:
@@ -199,7 +201,7 @@ def run_expectation(model: str, settings: dict, records: list, stages: tuple[str
     return Expectation(seconds, used, _basis(used, "run"))
 
 
-def with_prediction(expected: Expectation, predicted: dict | None, source: str = "the cost model") -> Expectation:
+def with_prediction(expected: Expectation, predicted: dict[str, float] | None, source: str = "the cost model") -> Expectation:
     """``expected`` with the stages no earlier job measured filled in from a prediction.
 
     Args:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gap_engine.core.errors import DataError
+from gap_engine.core.validate import check_int
 
 # ---- the three choices ------------------------------------------------------------------
 # The names of prune.criteria's registry, for the layer below it that checks a plan's
@@ -63,11 +64,8 @@ class WindowSpec:
         if not isinstance(self.data, str) or not self.sources():
             raise DataError("the text source must be a non-empty string")
         for name, low in (("n_samples", 1), ("seq_len", 2), ("batch_size", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise DataError(f"{name} must be an integer >= {low}, got {value!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise DataError(f"seed must be an integer, got {self.seed!r}")
+            check_int(getattr(self, name), name, DataError, low=low)
+        check_int(self.seed, "seed", DataError)
         return self
 
     def sources(self) -> tuple[str, ...]:

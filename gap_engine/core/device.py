@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gap_engine.core.errors import GapError
 
@@ -154,30 +154,29 @@ def resolve(spec: DeviceSpec | None) -> Placement:
 
 
 # ---- helpers the stages share ----------------------------------------------------------------
-def placement_of(lm) -> Placement:
+def placement_of(lm: Any) -> Placement:  # a model.loaded.LoadedModel (a layer above core)
     """The placement a LoadedModel runs with (as recorded, else read off its weights)."""
-    recorded = getattr(lm, "placement", None)
+    recorded: Placement | None = getattr(lm, "placement", None)
     if recorded is not None:
         return recorded
-    weight = lm.model.get_input_embeddings().weight
+    weight: torch.Tensor = lm.model.get_input_embeddings().weight
     return Placement(device=weight.device, dtype=weight.dtype, stream=False)
 
 
-def input_device(model) -> torch.device:
+def input_device(model: Any) -> torch.device:  # a transformers model
     """Where token ids must be for ``model``: its embeddings' device (also when blocks stream);
     for embeddings accelerate offloaded (``dispatch``), the device its hook runs them on."""
     embeddings = model.get_input_embeddings()
-    device = embeddings.weight.device
-    hook = getattr(embeddings, "_hf_hook", None)
-    if device.type == "meta" and getattr(hook, "execution_device", None) is not None:
+    device: torch.device = embeddings.weight.device
+    execution = getattr(getattr(embeddings, "_hf_hook", None), "execution_device", None)
+    if device.type == "meta" and execution is not None:
         import torch
 
-        execution = hook.execution_device
         return torch.device(f"cuda:{execution}" if isinstance(execution, int) else execution)
     return device
 
 
-def is_streamed(lm) -> bool:
+def is_streamed(lm: Any) -> bool:  # a LoadedModel, or anything else (not streamed)
     return bool(getattr(getattr(lm, "placement", None), "stream", False))
 
 

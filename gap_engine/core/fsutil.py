@@ -25,8 +25,9 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -102,7 +103,7 @@ def clean_stale(target: str | Path) -> list[Path]:
     name = re.escape(target.name)
     tagged = re.compile(rf"^\.{name}\.(?:(\d+)-[A-Za-z0-9_]+\.tmp|old-(\d+))$")
     legacy = re.compile(rf"^\.{name}\.[A-Za-z0-9_]{{8}}\.tmp$")
-    removed = []
+    removed: list[Path] = []
     try:
         siblings = list(target.parent.iterdir()) if target.parent.is_dir() else []
     except OSError:
@@ -167,7 +168,7 @@ def _resolved(path: str | Path) -> Path:
 
 
 def check_not_an_input(
-    out: str | Path, inputs: list[tuple[str, str | Path]], folder: bool, what: str = "--out", containers: tuple[str, ...] | None = None
+    out: str | Path, inputs: Sequence[tuple[str, str | Path]], folder: bool, what: str = "--out", containers: tuple[str, ...] | None = None
 ) -> None:
     """OutputError when ``out`` is, or lies inside, one of the command's inputs.
 
@@ -320,7 +321,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: str | Path, obj) -> Path:
+def atomic_write_json(path: str | Path, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -35,11 +35,11 @@ POLL_SECONDS = 0.05  # how often a waiting caller looks at its cancel token
 
 
 @contextlib.contextmanager
-def cancel_checks(lm, cancel: CancelToken | None, message: str) -> Iterator[None]:
+def cancel_checks(lm: Any, cancel: CancelToken | None, message: str) -> Iterator[None]:
     """Poll ``cancel`` at every decoder block of ``lm`` while the ``with`` body runs.
 
     Args:
-        lm: a LoadedModel (its adapter finds the blocks).
+        lm: a LoadedModel (its adapter finds the blocks; typed Any: core sits below the model layer).
         cancel: an object with ``is_set()``; None installs nothing.
         message: the CancelledError's text when it is set.
     Raises:
@@ -50,11 +50,11 @@ def cancel_checks(lm, cancel: CancelToken | None, message: str) -> Iterator[None
         return
     owner = threading.get_ident()
 
-    def check(_grad=None):
+    def check(_grad: torch.Tensor | None = None) -> None:
         if threading.get_ident() == owner and cancel.is_set():
             raise CancelledError(message)
 
-    def before_block(module, args, kwargs):
+    def before_block(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if threading.get_ident() != owner:
             return None
         check()
@@ -63,7 +63,7 @@ def cancel_checks(lm, cancel: CancelToken | None, message: str) -> Iterator[None
             hidden.register_hook(check)  # fires when the backward pass has gone through this block
         return None
 
-    def after_last_block(module, args, output):
+    def after_last_block(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         # The head and the loss run after the last block with no block hook of their own:
         # a check as the backward pass reaches the last block's output ends the wait there.
         hidden = output[0] if isinstance(output, tuple) else output
@@ -97,19 +97,20 @@ def run_unless_cancelled(work: Callable[[], T], cancel: CancelToken | None, mess
         return work()
     check_cancelled(cancel, message)
     finished = threading.Event()
-    outcome: dict = {}
+    results: list[T] = []
+    errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            outcome["value"] = work()
+            results.append(work())
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-            outcome["error"] = exc
+            errors.append(exc)
         finally:
             finished.set()
 
     threading.Thread(target=run, name=name, daemon=True).start()
     while not finished.wait(POLL_SECONDS):
         check_cancelled(cancel, message)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    if errors:
+        raise errors[0]
+    return results[0]

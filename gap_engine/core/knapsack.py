@@ -117,7 +117,7 @@ class ParetoFront:
         Raises:
             BudgetError: beyond reach (the message names the reachable maximum).
         """
-        return self.choices[self.bucket_at(removed_params)].astype(np.intp)
+        return np.array(self.choices[self.bucket_at(removed_params)], dtype=np.intp)
 
     def reachable_max(self) -> int:
         """The most parameters (exact) that any plan on this front removes."""
@@ -295,7 +295,7 @@ def _solve_from_top(
     bucketed = -(-slack // bucket_size)  # ceil: bucketed fit implies exact fit
     values, pointers = _dp_tables(bucketed, losses, allowed, width, at_least=False)
     assert np.isfinite(values[-1]), "the all-largest plan always fits"
-    return _read_back(bucketed, pointers, np.array([width - 1]))[0].astype(np.intp)
+    return np.array(_read_back(bucketed, pointers, np.array([width - 1]))[0], dtype=np.intp)
 
 
 def solve_budget(

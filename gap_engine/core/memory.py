@@ -31,7 +31,7 @@ import psutil
 _SIZE = re.compile(r"^\d{1,15}(\.\d{1,6})?\s*([KMGT]i?B)?$", re.IGNORECASE)
 
 
-def parse_max_memory(text: str | None, error: type) -> dict | None:
+def parse_max_memory(text: str | None, error: type[Exception]) -> dict[int | str, str] | None:
     """``cuda:0=70GiB,cpu=200GiB`` -> {0: '70GiB', 'cpu': '200GiB'} (accelerate's keys); None stays None.
 
     Args:
@@ -40,7 +40,7 @@ def parse_max_memory(text: str | None, error: type) -> dict | None:
     """
     if not text:
         return None
-    out: dict = {}
+    out: dict[int | str, str] = {}
     for part in str(text).split(","):
         name, sep, size = part.strip().partition("=")
         name, size = name.strip().lower(), size.strip()
@@ -153,5 +153,5 @@ class PeakRSS:
     def __enter__(self) -> PeakRSS:
         return self.reset()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -91,7 +91,7 @@ class EtaClock:
     runs); the estimate is elapsed time per unit of weight done, times the weight left.
     """
 
-    def __init__(self, weights: list[float] | None = None, total_steps: int | None = None):
+    def __init__(self, weights: list[float] | None = None, total_steps: int | None = None) -> None:
         self.started = time.perf_counter()
         self.weight_left = float(sum(weights)) if weights is not None else float(total_steps or 0)
         self.weight_done = 0.0
@@ -126,7 +126,7 @@ class StageTimer:
     """A ``stage(name)`` callback that records the wall time of each stage and passes the
     names on; a stage ends when the next one starts or at `finish`."""
 
-    def __init__(self, forward: StageFn | None = None):
+    def __init__(self, forward: StageFn | None = None) -> None:
         self.forward = forward
         self.seconds: dict[str, float] = {}
         self._current: str | None = None

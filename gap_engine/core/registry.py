@@ -37,7 +37,8 @@ class Choice:
     def load(self) -> Callable[..., Any]:
         """The function (or class) that does this choice."""
         module, _, attribute = self.function.partition(":")
-        return getattr(importlib.import_module(module), attribute)
+        function: Callable[..., Any] = getattr(importlib.import_module(module), attribute)
+        return function
 
 
 class Registry:

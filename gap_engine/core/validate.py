@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -88,7 +89,7 @@ def decode_text(data: bytes, what: str, error: type[GapError]) -> str:
 
 
 # ---- step 2: syntax ----------------------------------------------------------------------------
-def depth_of(value, limit: int) -> int:
+def depth_of(value: Any, limit: int) -> int:
     """Nesting depth of lists and dicts (a scalar is 0), counted without recursion up to ``limit + 1``."""
     deepest = 0
     stack = [(value, 1)]
@@ -107,7 +108,7 @@ def _too_deep(what: str, limit: int) -> str:
     return f"{what} nests lists/objects deeper than {limit} levels; no file of this tool does"
 
 
-def parse_json(text: str, what: str, error: type[GapError], max_depth: int = LIMITS.json_depth):
+def parse_json(text: str, what: str, error: type[GapError], max_depth: int = LIMITS.json_depth) -> Any:
     """The JSON document in ``text``, nesting at most ``max_depth`` deep; ``error`` otherwise."""
     try:
         value = json.loads(text, parse_int=_bounded_int)
@@ -136,11 +137,12 @@ class BoundedSafeLoader(yaml.SafeLoader):
 
     max_depth = LIMITS.json_depth
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
-            anchor = self.peek_event().anchor
+            anchor = self.peek_event().anchor  # type: ignore[no-untyped-call]  # types-PyYAML leaves Parser.peek_event unannotated
             raise _Refused(f"uses the alias *{anchor}; aliases are not allowed (write the value out)")
-        tag = getattr(self.peek_event(), "tag", None)  # None unless the document wrote a tag
+        # None unless the document wrote a tag (peek_event: unannotated in types-PyYAML, as above)
+        tag = getattr(self.peek_event(), "tag", None)  # type: ignore[no-untyped-call]
         if tag not in (None, "!"):
             raise _Refused(f"uses the tag {str(tag)[:60]}; tags are not allowed (write a plain value)")
         self._gap_depth = getattr(self, "_gap_depth", 0) + 1
@@ -152,7 +154,7 @@ class BoundedSafeLoader(yaml.SafeLoader):
             self._gap_depth -= 1
 
 
-def _construct_bounded_int(loader: BoundedSafeLoader, node):
+def _construct_bounded_int(loader: BoundedSafeLoader, node: Any) -> Any:
     literal = str(node.value).replace("_", "")
     digits = len(literal.lstrip("+-"))
     if digits > INT_DIGITS:
@@ -163,14 +165,14 @@ def _construct_bounded_int(loader: BoundedSafeLoader, node):
 BoundedSafeLoader.add_constructor("tag:yaml.org,2002:int", _construct_bounded_int)
 
 
-def _refuse_timestamp(loader: BoundedSafeLoader, node):
+def _refuse_timestamp(loader: BoundedSafeLoader, node: Any) -> Any:
     raise _Refused(f"holds the date or time {str(node.value)[:40]}; no field of this tool is one (write it in quotes as text)")
 
 
 BoundedSafeLoader.add_constructor("tag:yaml.org,2002:timestamp", _refuse_timestamp)
 
 
-def parse_yaml(text: str, what: str, error: type[GapError]):
+def parse_yaml(text: str, what: str, error: type[GapError]) -> Any:
     """The single YAML document in ``text``: safe types only, no aliases, bounded nesting."""
     try:
         return yaml.load(text, Loader=BoundedSafeLoader)  # noqa: S506 - a SafeLoader subclass
@@ -184,7 +186,7 @@ def parse_yaml(text: str, what: str, error: type[GapError]):
         raise error(f"{what} holds a value YAML cannot read: {first_line(exc)}") from None
 
 
-def parse_json_or_yaml(text: str, what: str, error: type[GapError], name: str = ""):
+def parse_json_or_yaml(text: str, what: str, error: type[GapError], name: str = "") -> Any:
     """JSON for a ``.json`` name or text that starts like JSON, YAML for ``.yaml``/``.yml``.
 
     Text named neither way that starts with ``{`` or ``[`` and is not valid JSON is tried as
@@ -207,17 +209,17 @@ def parse_json_or_yaml(text: str, what: str, error: type[GapError], name: str = 
     return parse_yaml(text, what, error)
 
 
-def read_json_file(path: str | Path, limit: int, what: str, error: type[GapError]):
+def read_json_file(path: str | Path, limit: int, what: str, error: type[GapError]) -> Any:
     """Size, decode and parse a JSON file in one call (see the module docstring)."""
     return parse_json(decode_text(read_bounded(path, limit, what, error), what, error), what, error)
 
 
 # ---- step 3: fields ----------------------------------------------------------------------------
-def _type_name(value) -> str:
+def _type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def check_int(value, name: str, error: type[GapError], low: int | None = None, high: int | None = None) -> int:
+def check_int(value: object, name: str, error: type[GapError], low: int | None = None, high: int | None = None) -> int:
     """``value`` if it is an integer (not a bool, not a float) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, int):
         shown = value if isinstance(value, (int, float)) else _type_name(value)
@@ -228,7 +230,7 @@ def check_int(value, name: str, error: type[GapError], low: int | None = None, h
     return value
 
 
-def check_number(value, name: str, error: type[GapError], low: float | None = None, high: float | None = None) -> float:
+def check_number(value: object, name: str, error: type[GapError], low: float | None = None, high: float | None = None) -> float:
     """``value`` as a float if it is a finite number (not a bool) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise error(f"{name} must be a number, got {_type_name(value)}")
@@ -243,7 +245,7 @@ def check_number(value, name: str, error: type[GapError], low: float | None = No
     return number
 
 
-def check_text(value, name: str, error: type[GapError], optional: bool = False, max_len: int = LIMITS.text_field) -> str | None:
+def check_text(value: object, name: str, error: type[GapError], optional: bool = False, max_len: int = LIMITS.text_field) -> str | None:
     """``value`` if it is a short single line of printable text (or None when ``optional``)."""
     if value is None and optional:
         return None
@@ -256,7 +258,7 @@ def check_text(value, name: str, error: type[GapError], optional: bool = False, 
     return value
 
 
-def check_keys(data: dict, name: str, error: type[GapError]) -> dict:
+def check_keys(data: Any, name: str, error: type[GapError]) -> dict[str, Any]:
     """``data`` if it is an object whose keys are all text."""
     if not isinstance(data, dict):
         raise error(f"{name} must be an object, got {_type_name(data)}")
@@ -267,7 +269,7 @@ def check_keys(data: dict, name: str, error: type[GapError]) -> dict:
 
 
 def check_matrix(
-    value, name: str, shape: tuple[int, int], error: type[GapError], low: float | None = None, whole: bool = False, high: float | None = None
+    value: object, name: str, shape: tuple[int, int], error: type[GapError], low: float | None = None, whole: bool = False, high: float | None = None
 ) -> None:
     """A (rows, cols) list of lists of finite numbers in [``low``, ``high``], whole numbers if ``whole``."""
     rows, cols = shape
@@ -292,7 +294,7 @@ def check_matrix(
 _TABLE_KINDS = {"split": 2, "block": 1}
 
 
-def check_table_document(data) -> None:
+def check_table_document(data: Any) -> None:
     """TableError (one line) unless a loss-table file's values are sane.
 
     Checks what ``LossTable`` parsing alone would accept but no measured table can hold:
@@ -351,7 +353,7 @@ def check_table_document(data) -> None:
             raise TableError("malformed loss table: measured must hold true/false per cell")
 
 
-def _check_table_spec(spec: dict) -> None:
+def _check_table_spec(spec: dict[str, Any]) -> None:
     what = "loss table spec"
     check_keys(spec, what, TableError)
     for name in ("data", "criterion", "objective", "mode", "estimator", "method"):
@@ -370,9 +372,9 @@ def _check_table_spec(spec: dict) -> None:
         raise TableError(f"{what} rate_grid must list at most {LIMITS.rates} rates")
 
 
-def check_cache_meta(meta, key: str) -> dict:
+def check_cache_meta(meta: object, key: str) -> dict[str, Any]:
     """CacheError unless a cache entry's meta.json is an object naming ``key`` with a sha256 and a spec."""
-    check_keys(meta, "meta.json", CacheError)
+    meta = check_keys(meta, "meta.json", CacheError)
     if meta.get("key") != key:
         raise CacheError(f"meta.json names the key {str(meta.get('key'))[:80]!r}")
     digest = meta.get("table_sha256")
@@ -387,7 +389,7 @@ def check_cache_meta(meta, key: str) -> dict:
     return meta
 
 
-def check_pruned_marker(marker: dict, where: str) -> dict:
+def check_pruned_marker(marker: dict[str, Any], where: str) -> dict[str, Any]:
     """ModelLoadError unless a checkpoint's gap_pruned.json holds fields of the right types."""
     what = f"{where}/gap_pruned.json"
     check_keys(marker, what, ModelLoadError)
@@ -399,7 +401,7 @@ def check_pruned_marker(marker: dict, where: str) -> dict:
     return marker
 
 
-def check_per_layer_config(per_layer, num_layers, where: str) -> list[dict]:
+def check_per_layer_config(per_layer: Any, num_layers: object, where: str) -> list[dict[str, Any]]:
     """The per-block widths of a checkpoint's config.json, in block order; ModelLoadError otherwise.
 
     Args:
@@ -431,16 +433,16 @@ def check_per_layer_config(per_layer, num_layers, where: str) -> list[dict]:
 GENERATION_CHARS = 100_000  # one generated text of an evaluation report (64 greedy tokens are ~500 characters)
 
 
-def _check_scores(value, what: str, error: type[GapError], low: float | None = None) -> dict:
+def _check_scores(value: object, what: str, error: type[GapError], low: float | None = None) -> dict[str, Any]:
     """An object of source name -> finite number (a perplexity, KL or agreement per source)."""
-    check_keys(value, what, error)
+    value = check_keys(value, what, error)
     for name, number in value.items():
         check_text(name, f"{what} source name", error)
         check_number(number, f"{what}[{name!r}]", error, low=low)
     return value
 
 
-def _check_task_scores(value, what: str, error: type[GapError]) -> dict:
+def _check_task_scores(value: Any, what: str, error: type[GapError]) -> dict[str, Any]:
     """Task name -> {acc, acc_stderr, acc_norm, acc_norm_stderr, n, ...}: accuracies in [0, 1], n a count."""
     check_keys(value, what, error)
     if len(value) > 256:
@@ -453,17 +455,18 @@ def _check_task_scores(value, what: str, error: type[GapError]) -> dict:
             if score.get(metric) is not None:
                 check_number(score[metric], f"{what}[{name!r}] {metric}", error, low=0.0, high=1.0)
         check_int(score.get("n"), f"{what}[{name!r}] n", error, 1, 10**9)
-    return value
+    checked: dict[str, Any] = value
+    return checked
 
 
-def check_evaluation_report(data, what: str, error: type[GapError]) -> dict:
+def check_evaluation_report(data: object, what: str, error: type[GapError]) -> dict[str, Any]:
     """``data`` unless it is not what ``gap eval --json`` prints (``EvalReport.to_dict()``).
 
     Only the fields a report shows are checked, each where it is present: per-source scores
     are finite numbers under short names, parameter counts whole numbers, generations short
     lists of texts.
     """
-    check_keys(data, what, error)
+    data = check_keys(data, what, error)
     if not isinstance(data.get("perplexity"), dict) or not data["perplexity"]:
         raise error(f"{what} is not an evaluation report (no 'perplexity' object): make it with `gap eval --json`")
     _check_scores(data["perplexity"], f"{what} perplexity", error, low=0.0)
@@ -500,7 +503,7 @@ def check_evaluation_report(data, what: str, error: type[GapError]) -> dict:
 KEPT_INDEX_KEYS = ("kept_kv_heads", "kept_heads", "kept_channels")
 
 
-def check_kept_indices(data, what: str, error: type[GapError]) -> dict:
+def check_kept_indices(data: Any, what: str, error: type[GapError]) -> dict[str, Any]:
     """``data`` unless it is not a checkpoint's ``kept_indices.json``: per key of ``KEPT_INDEX_KEYS``
     one list per block of distinct non-negative unit indices, every key listing the same blocks."""
     check_keys(data, what, error)
@@ -519,16 +522,17 @@ def check_kept_indices(data, what: str, error: type[GapError]) -> dict:
                 check_int(index, f"{what} {key}[{i}] entry", error, 0, (1 << 24) - 1)
             if len(set(row)) != len(row):
                 raise error(f"{what} {key}[{i}] lists a unit twice")
-    return data
+    checked: dict[str, Any] = data
+    return checked
 
 
-def read_kept_indices(folder: str | Path, error: type[GapError]) -> dict:
+def read_kept_indices(folder: str | Path, error: type[GapError]) -> dict[str, Any]:
     """A checkpoint's ``kept_indices.json``, through every step of this module."""
     path = Path(folder) / "kept_indices.json"
     return check_kept_indices(read_json_file(path, LIMITS.metadata_bytes * 16, str(path), error), str(path), error)
 
 
-def read_evaluation_file(path: str | Path, error: type[GapError]) -> dict:
+def read_evaluation_file(path: str | Path, error: type[GapError]) -> dict[str, Any]:
     """An evaluation report file (``eval_report.json``, ``gap eval --json``), checked like an upload."""
     what = str(path)
     return check_evaluation_report(read_json_file(path, LIMITS.metadata_bytes, what, error), what, error)

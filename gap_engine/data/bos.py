@@ -11,15 +11,20 @@ statistics) asks :func:`text_start` where the text begins.
 from __future__ import annotations
 
 import weakref
+from typing import Any, TypeAlias
 
 import torch
 
 WINDOW_STARTS = ("bos", "text")  # the two conventions, as tables and reports name them
 _BOS_PROBE = "The text begins here."
+# A Hugging Face tokenizer, fast or slow. Typed Any: the stages only call it on text and read
+# a few attributes (bos_token_id, eos_token_id), and the two tokenizer families share no base
+# class that declares those calls precisely.
+Tokenizer: TypeAlias = Any
 _bos_memo: weakref.WeakKeyDictionary[object, int | None] = weakref.WeakKeyDictionary()
 
 
-def bos_token_id(tokenizer) -> int | None:
+def bos_token_id(tokenizer: Tokenizer) -> int | None:
     """The token every window starts with, or None when the model reads text without one.
 
     A model expects it when its tokenizer's own encoding of a text (special tokens on)
@@ -48,12 +53,12 @@ def bos_token_id(tokenizer) -> int | None:
     return found
 
 
-def window_start(tokenizer) -> str:
+def window_start(tokenizer: Tokenizer) -> str:
     """'bos' when windows for this tokenizer's model start with its BOS token, else 'text'."""
     return "bos" if bos_token_id(tokenizer) is not None else "text"
 
 
-def text_start(tokenizer, windows: torch.Tensor) -> int:
+def text_start(tokenizer: Tokenizer, windows: torch.Tensor) -> int:
     """Leading positions of every window that hold no text (1 for a BOS token, else 0).
 
     Losses, KLs and activation statistics count positions from here on: the BOS token is
@@ -71,7 +76,7 @@ def text_start(tokenizer, windows: torch.Tensor) -> int:
     return int(bool((windows[:, 0] == bos).all()))
 
 
-def with_bos(tokenizer, windows: torch.Tensor) -> torch.LongTensor:
+def with_bos(tokenizer: Tokenizer, windows: torch.Tensor) -> torch.Tensor:
     """The windows with the model's BOS token in front when it expects one: (N, T) -> (N, 1 + T)."""
     bos = bos_token_id(tokenizer)
     if bos is None:

@@ -85,8 +85,8 @@ def _seed(article: int, paragraph: int, position: int) -> int:
 def _pool_by_length(heldout) -> dict[int, list[tuple[str, frozenset[int]]]]:
     """Usable sentences by word count, each once with the articles it occurs in, in text order."""
     articles: dict[str, set[int]] = {}
-    for a, article in enumerate(heldout):
-        for sentences in _sentences(article):
+    for a, article_text in enumerate(heldout):
+        for sentences in _sentences(article_text):
             for sentence in sentences:
                 if _usable(sentence):
                     articles.setdefault(sentence, set()).add(a)
@@ -116,8 +116,8 @@ def build_examples(heldout: tuple[str, ...] | list[str], max_examples: int = _MA
         index of the true next sentence) and ``article`` (the held-out article's number).
     """
     candidates: list[tuple[int, int, str, str]] = []  # (seed, article, passage, answer)
-    for a, article in enumerate(heldout):
-        for p, sentences in enumerate(_sentences(article)):
+    for a, article_text in enumerate(heldout):
+        for p, sentences in enumerate(_sentences(article_text)):
             for i in range(_CONTEXT_SENTENCES, len(sentences)):
                 context = sentences[i - _CONTEXT_SENTENCES : i]
                 if _usable(sentences[i]) and all(len(s.split()) >= 3 for s in context):

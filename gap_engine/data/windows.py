@@ -40,17 +40,25 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import DataError, first_line
 from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import decode_text, parse_json, read_bounded
-from gap_engine.data.bos import WINDOW_STARTS, bos_token_id, text_start, window_start, with_bos  # noqa: F401 - the window convention, re-exported
+from gap_engine.data.bos import Tokenizer, with_bos
+
+if TYPE_CHECKING:
+    from mwparserfromhell.nodes import Node
+    from mwparserfromhell.wikicode import Wikicode
 
 logger = logging.getLogger(__name__)
+
+TokenStream: TypeAlias = npt.NDArray[np.int64]  # (L,) token ids of documents joined by separators
 
 BUILTIN_SOURCES: dict[str, str] = {
     "wiki-sample": "104 English Wikipedia articles as plain prose: the 206-page dump shipped with gensim, "
@@ -202,14 +210,14 @@ def _local_tag(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
-def _wikitext_to_prose(wikicode) -> str:
+def _wikitext_to_prose(wikicode: Wikicode) -> str:
     """Plain paragraphs from parsed wikitext: templates, tables, refs, media and category
     links, headings and short fragments (list stubs, captions) are dropped."""
     from mwparserfromhell.nodes import Comment, Heading, Tag, Template, Wikilink
 
     pieces: list[str] = []
 
-    def walk(nodes: Iterable) -> None:
+    def walk(nodes: Iterable[Node]) -> None:
         for node in nodes:
             if isinstance(node, (Template, Comment, Heading)):
                 continue
@@ -396,7 +404,7 @@ def _fingerprint(calibration: Sequence[str], heldout: Sequence[str]) -> str:
 # --------------------------------------------------------------------------- windows
 
 
-def calibration_windows(tokenizer, windows: WindowSpec) -> torch.LongTensor:
+def calibration_windows(tokenizer: Tokenizer, windows: WindowSpec) -> torch.Tensor:
     """Windows from the calibration part of ``windows.data`` (see :func:`cut_windows` and :func:`with_bos`).
 
     Returns:
@@ -405,7 +413,7 @@ def calibration_windows(tokenizer, windows: WindowSpec) -> torch.LongTensor:
     return _corpus_windows(tokenizer, windows, "calibration")
 
 
-def heldout_windows(tokenizer, windows: WindowSpec) -> torch.LongTensor:
+def heldout_windows(tokenizer: Tokenizer, windows: WindowSpec) -> torch.Tensor:
     """Windows from the held-out part of ``windows.data`` (see :func:`cut_windows` and :func:`with_bos`).
 
     Returns:
@@ -422,14 +430,14 @@ def batches(windows: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
 # Per-tokenizer-object memo of token streams, keyed by (corpus fingerprint, part). Keyed
 # on the object itself (weakly) rather than on name_or_path, which two different
 # tokenizers can share (e.g. several GGUF files in one folder).
-_token_cache: weakref.WeakKeyDictionary[object, dict[tuple[str, str], np.ndarray]] = (
+_token_cache: weakref.WeakKeyDictionary[object, dict[tuple[str, str], TokenStream]] = (
     weakref.WeakKeyDictionary()
 )
 _token_cache_lock = threading.Lock()
 _MAX_STREAMS_PER_TOKENIZER = 8
 
 
-def _corpus_windows(tokenizer, windows: WindowSpec, part: str) -> torch.LongTensor:
+def _corpus_windows(tokenizer: Tokenizer, windows: WindowSpec, part: str) -> torch.Tensor:
     spec, n_samples, seq_len, seed = windows.data, windows.n_samples, windows.seq_len, windows.seed
     check_window_sizes(n_samples, seq_len)
     corpus = load_corpus(spec)
@@ -446,14 +454,14 @@ def _corpus_windows(tokenizer, windows: WindowSpec, part: str) -> torch.LongTens
     return with_bos(tokenizer, cut_windows(stream, n_samples, seq_len, seed, label=f"{spec} ({part})"))
 
 
-def _cached_stream(tokenizer, key: tuple[str, str]) -> np.ndarray | None:
+def _cached_stream(tokenizer: Tokenizer, key: tuple[str, str]) -> TokenStream | None:
     try:
         return _token_cache.get(tokenizer, {}).get(key)
     except TypeError:  # tokenizer is not weak-referenceable or hashable: no memo
         return None
 
 
-def _store_stream(tokenizer, key: tuple[str, str], stream: np.ndarray) -> None:
+def _store_stream(tokenizer: Tokenizer, key: tuple[str, str], stream: TokenStream) -> None:
     try:
         streams = _token_cache.setdefault(tokenizer, {})
     except TypeError:
@@ -470,7 +478,7 @@ def check_window_sizes(n_samples: int, seq_len: int) -> None:
         raise DataError(f"seq_len must be an integer >= 2, got {seq_len!r}")
 
 
-def tokenize_stream(tokenizer, texts: Sequence[str]) -> np.ndarray:
+def tokenize_stream(tokenizer: Tokenizer, texts: Sequence[str]) -> TokenStream:
     """One token stream for all documents, separator tokens between them. (L,) int64."""
     docs = [text for text in texts if text and text.strip()]
     if not docs:
@@ -495,8 +503,8 @@ def tokenize_stream(tokenizer, texts: Sequence[str]) -> np.ndarray:
 
 
 def cut_windows(
-    stream: np.ndarray, n_samples: int, seq_len: int, seed: int, label: str = "the text"
-) -> torch.LongTensor:
+    stream: TokenStream, n_samples: int, seq_len: int, seed: int, label: str = "the text"
+) -> torch.Tensor:
     n_tokens = len(stream)
     if n_tokens < seq_len:
         raise DataError(

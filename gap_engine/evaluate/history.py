@@ -24,6 +24,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -91,38 +92,38 @@ class RunRecord:
 
     model: str  # dense model name
     allocator: str  # how the budget was spread (dp, uniform, flap, owl, evo, manual)
-    plan: dict  # RatePlan.to_dict()
+    plan: dict[str, Any]  # RatePlan.to_dict()
     table_key: str | None = None  # loss table behind the plan, if any
     budget: float | None = None  # requested fraction of prunable parameters removed
-    params: dict = field(default_factory=dict)  # calibration and evaluation settings
+    params: dict[str, Any] = field(default_factory=dict)  # calibration and evaluation settings
     dense_params: int | None = None  # parameters before pruning
     pruned_params: int | None = None  # parameters after
     predicted_loss: float | None = None  # the table's predicted objective increase
     actual_loss: float | None = None  # measured objective increase on the calibration windows
-    perplexity: dict = field(default_factory=dict)  # source -> held-out perplexity of the pruned model
-    dense_perplexity: dict = field(default_factory=dict)  # source -> the dense model's
-    kl: dict = field(default_factory=dict)  # source -> mean KL(dense || pruned) per token
-    top1: dict = field(default_factory=dict)  # source -> top-1 agreement with dense
+    perplexity: dict[str, float] = field(default_factory=dict)  # source -> held-out perplexity of the pruned model
+    dense_perplexity: dict[str, float] = field(default_factory=dict)  # source -> the dense model's
+    kl: dict[str, float] = field(default_factory=dict)  # source -> mean KL(dense || pruned) per token
+    top1: dict[str, float] = field(default_factory=dict)  # source -> top-1 agreement with dense
     prefill_speedup: float | None = None  # pruned / dense prefill tokens per second
     decode_speedup: float | None = None  # pruned / dense decode tokens per second
-    generations: list = field(default_factory=list)  # [{"prompt", "model", "dense"}]
+    generations: list[dict[str, Any]] = field(default_factory=list)  # [{"prompt", "model", "dense"}]
     checkpoint: str | None = None  # folder of the saved pruned checkpoint
     seconds: float | None = None  # wall time of the run
     note: str = ""  # free text
-    tasks: dict = field(default_factory=dict)  # {"model": {task: score}, "dense": {task: score}} from lm-eval (``gap eval --tasks``)
+    tasks: dict[str, Any] = field(default_factory=dict)  # {"model": {task: score}, "dense": {task: score}} from lm-eval (``gap eval --tasks``)
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     id: int | None = None  # assigned by the database
 
     @classmethod
     def from_report(
         cls,
-        plan: dict,
-        report: dict,
+        plan: dict[str, Any],
+        report: dict[str, Any],
         *,
         allocator: str,
         table_key: str | None = None,
         budget: float | None = None,
-        params: dict | None = None,
+        params: dict[str, Any] | None = None,
         predicted_loss: float | None = None,
         actual_loss: float | None = None,
         checkpoint: str | None = None,
@@ -156,7 +157,7 @@ class RunRecord:
         )
 
 
-def task_scores_of(report: dict) -> dict:
+def task_scores_of(report: dict[str, Any]) -> dict[str, Any]:
     """``{"model": ..., "dense": ...}`` task scores of an ``EvalReport.to_dict()`` ({} without tasks)."""
     model, dense = report.get("task_accuracy") or {}, report.get("dense_task_accuracy") or {}
     return {"model": dict(model), "dense": dict(dense)} if model or dense else {}
@@ -217,7 +218,9 @@ def record_run(record: RunRecord, path: Path | None = None) -> int:
     marks = ", ".join(f":{name}" for name in values)
     with _connect(path) as conn:
         cursor = conn.execute(f"INSERT INTO runs ({columns}) VALUES ({marks})", values)
-        return int(cursor.lastrowid)
+        run_id = cursor.lastrowid
+        assert run_id is not None, "an INSERT sets lastrowid"
+        return run_id
 
 
 # How each RunRecord field must look when read back (validate.py's rules, like any file).
@@ -227,7 +230,7 @@ _COUNT_FIELDS = frozenset({"dense_params", "pruned_params", "id"})
 _ROW_BYTES = 16 << 20  # one JSON column of one row
 
 
-def _field_from_row(name: str, raw, run: str):
+def _field_from_row(name: str, raw: Any, run: str) -> Any:
     """One column's value, checked: HistoryError (one line) for anything a run never stores."""
     what = f"{run} {name}"
     if name in _JSON_FIELDS:
@@ -316,7 +319,8 @@ def list_runs(path: Path | None = None) -> pd.DataFrame:
 
 def to_csv(path: Path | None = None) -> str:
     """The flat run table as CSV text (header only when empty)."""
-    return list_runs(path).to_csv(index=False)
+    text: str = list_runs(path).to_csv(index=False)
+    return text
 
 
 def delete_run(run_id: int, path: Path | None = None, remove_checkpoint: bool = False) -> None:

@@ -14,6 +14,7 @@ import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,9 +23,10 @@ from gap_engine.core.config import EVAL_WINDOWS, WindowSpec
 from gap_engine.core.device import input_device, is_streamed, placement_of, synchronize
 from gap_engine.core.errors import DataError, GapError
 from gap_engine.core.progress import NO_HOOKS, Hooks
-from gap_engine.data.windows import heldout_windows, text_start, window_start
+from gap_engine.data.bos import text_start, window_start
+from gap_engine.data.windows import heldout_windows
 from gap_engine.model.layerwise import logits_batches
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +53,18 @@ class EvalReport:
     params: int
     size_bytes: int
     perplexity: dict[str, float]  # source -> held-out perplexity
-    dense: dict | None = None  # the same numbers for the dense model, when one was given
+    dense: dict[str, Any] | None = None  # the same numbers for the dense model, when one was given
     kl_to_dense: dict[str, float] = field(default_factory=dict)  # source -> mean KL(dense || model) per token
     top1_agreement: dict[str, float] = field(default_factory=dict)  # source -> share of tokens with the same argmax
-    throughput: dict | None = None  # prefill/decode tokens per second, model and dense, and ratios
-    generations: list[dict] = field(default_factory=list)  # prompt, model text, dense text
-    settings: dict = field(default_factory=dict)
+    throughput: dict[str, Any] | None = None  # prefill/decode tokens per second, model and dense, and ratios
+    generations: list[dict[str, Any]] = field(default_factory=list)  # prompt, model text, dense text
+    settings: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     window_start: str = "text"  # "bos": every window starts with the model's BOS token (never scored); "text": with text
-    task_accuracy: dict[str, dict] = field(default_factory=dict)  # lm-eval task -> acc, acc_norm, stderrs, n (``tasks``)
-    dense_task_accuracy: dict[str, dict] = field(default_factory=dict)  # the same for the dense model (cached per model + task)
+    task_accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)  # lm-eval task -> acc, acc_norm, stderrs, n (``tasks``)
+    dense_task_accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)  # the same for the dense model (cached per model + task)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -122,7 +124,7 @@ def _time_prefill(lm: LoadedModel, ids: torch.Tensor) -> float:
 def _time_decode(lm: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
     ids = ids.to(input_device(lm.model))
     start = time.perf_counter()
-    lm.model.generate(
+    lm.model.generate(  # type: ignore[operator]  # a *ForCausalLM's generate; LoadedModel.model is typed as a Module
         ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id
     )
     synchronize(ids.device)
@@ -131,7 +133,7 @@ def _time_decode(lm: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
 
 def measure_throughput(
     lm: LoadedModel, dense: LoadedModel | None, prompt_len: int = 128, batch: int = 4, new_tokens: int = 16, repeats: int = THROUGHPUT_REPEATS
-) -> dict:
+) -> dict[str, Any]:
     """Prefill and decode tokens/s of the model and, interleaved with it, of dense.
 
     Each repeat times both models back to back (the order alternates between repeats, so a
@@ -147,7 +149,7 @@ def measure_throughput(
     vocab = min(lm.tokenizer.vocab_size, 1000)
     ids = torch.randint(10, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
     models = {"model": lm} if dense is None else {"model": lm, "dense": dense}
-    times = {name: {"prefill": [], "decode": []} for name in models}
+    times: dict[str, dict[str, list[float]]] = {name: {"prefill": [], "decode": []} for name in models}
     for m in models.values():  # warm-up
         _time_prefill(m, ids[:, :16])
     for repeat in range(repeats):
@@ -156,7 +158,7 @@ def measure_throughput(
             times[name]["prefill"].append(_time_prefill(m, ids))
             times[name]["decode"].append(_time_decode(m, ids[:1, :16], new_tokens))
     tokens = {"prefill": batch * prompt_len, "decode": new_tokens}
-    out = {
+    out: dict[str, Any] = {
         f"{name}_{kind}_tokens_per_s": tokens[kind] / statistics.median(seconds)
         for name, kinds in times.items()
         for kind, seconds in kinds.items()
@@ -174,8 +176,11 @@ def measure_throughput(
 @torch.inference_mode()
 def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 24) -> str:
     ids = lm.tokenizer(prompt, return_tensors="pt").input_ids.to(input_device(lm.model))
-    out = lm.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)
-    return lm.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    out = lm.model.generate(  # type: ignore[operator]  # a *ForCausalLM's generate; LoadedModel.model is typed as a Module
+        ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id
+    )
+    text: str = lm.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    return text
 
 
 def evaluate(
@@ -202,8 +207,9 @@ def evaluate(
     say = hooks.say if hooks.message is not None else log.info
     started = time.perf_counter()
     report = EvalReport(model=lm.name, params=lm.param_count(), size_bytes=lm.size_bytes(), perplexity={})
+    dense_perplexity: dict[str, float] = {}
     if dense is not None:
-        report.dense = {"model": dense.name, "params": dense.param_count(), "size_bytes": dense.size_bytes(), "perplexity": {}}
+        report.dense = {"model": dense.name, "params": dense.param_count(), "size_bytes": dense.size_bytes(), "perplexity": dense_perplexity}
     batch_size = settings.windows.batch_size
     for source in settings.windows.sources():
         say(f"perplexity on {source}")
@@ -213,7 +219,7 @@ def evaluate(
             continue
         nll_m, nll_d, kl, agree = compare_logits(lm, dense, windows, batch_size)
         report.perplexity[source] = math.exp(nll_m)
-        report.dense["perplexity"][source] = math.exp(nll_d)
+        dense_perplexity[source] = math.exp(nll_d)
         report.kl_to_dense[source] = kl
         report.top1_agreement[source] = agree
     streamed = is_streamed(lm) or (dense is not None and is_streamed(dense))

@@ -14,6 +14,8 @@ Pure: history records in, a table of display text out (the app and the report sh
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 
@@ -26,7 +28,7 @@ def run_label(record: RunRecord) -> str:
     return f"run {record.id}: {record.allocator}{budget}"
 
 
-def _finite(value) -> bool:
+def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -62,7 +64,11 @@ def speed_text(record: RunRecord, kind: str) -> str:
     return f"{median:.2f}x ({low:.2f}–{high:.2f}x over {repeats} repeats)"
 
 
-def _measures(records: list[RunRecord]) -> list[tuple]:
+# (label, run value, dense value or None, how changes read, dense text or None)
+Measure = tuple[str, Callable[..., Any], Callable[..., Any] | None, str, str | None]
+
+
+def _measures(records: list[RunRecord]) -> list[Measure]:
     """(label, run value, dense value, how changes read, dense text) for every measure.
 
     ``dense value`` is None where the measure is already relative to dense (KL, agreement,
@@ -72,7 +78,7 @@ def _measures(records: list[RunRecord]) -> list[tuple]:
     sources = []
     for record in records:
         sources += [s for s in record.perplexity if s not in sources]
-    rows = [("parameters", lambda r: r.pruned_params, lambda r: r.dense_params, "relative", None)]
+    rows: list[Measure] = [("parameters", lambda r: r.pruned_params, lambda r: r.dense_params, "relative", None)]
     for source in sources:
         rows += [
             (f"perplexity ({source})", lambda r, s=source: r.perplexity.get(s), lambda r, s=source: r.dense_perplexity.get(s), "relative", None),
@@ -103,7 +109,9 @@ def _change(value: float, base: float, how: str) -> str | None:
     return f"{value - base:+.4f}"
 
 
-def _cell(record: RunRecord, reference: RunRecord, label: str, value_of, dense_of, how: str) -> str:
+def _cell(
+    record: RunRecord, reference: RunRecord, label: str, value_of: Callable[..., Any], dense_of: Callable[..., Any] | None, how: str
+) -> str:
     value = value_of(record)
     if not _finite(value):
         return "—"

@@ -360,7 +360,7 @@ def _load_failure(name: str, online: bool, exc: Exception | None) -> TaskError:
             "does not hold it): give a local copy instead, --include-path DIR with a task YAML whose dataset_path: json "
             "names local files"
         )
-    return TaskError(f"task {name!r}: its data set could not be loaded: {type(exc).__name__}: {first_line(exc)}")
+    return TaskError(f"task {name!r}: its data set could not be loaded: {type(exc).__name__}: {first_line(exc) if exc is not None else 'unknown'}")
 
 
 # ---- scoring --------------------------------------------------------------------------------
@@ -415,9 +415,12 @@ def _score(name: str, results: dict) -> TaskScore:
         value = row.get(f"{key},none")
         return float(value) if isinstance(value, (int, float)) else None
 
+    acc = number("acc")
+    if acc is None:  # a supported (likelihood-scored) task always reports one
+        raise TaskError(f"task {name!r}: lm-eval reported no accuracy for it")
     return TaskScore(
         task=name,
-        acc=number("acc"),
+        acc=acc,
         acc_stderr=number("acc_stderr"),
         acc_norm=number("acc_norm"),
         acc_norm_stderr=number("acc_norm_stderr"),

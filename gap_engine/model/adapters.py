@@ -14,6 +14,7 @@ on a dense model and on one whose layers were pruned to different widths.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -53,38 +54,41 @@ class ArchitectureAdapter:
     down_name: str = "down_proj"
 
     # ---- where things are -------------------------------------------------------------
+    # transformers' submodules are found by name; the casts record what the family puts there.
+    # A block's attention and MLP are typed Any: each family's classes carry their own
+    # bookkeeping attributes (head_dim, num_key_value_groups, intermediate_size).
     def decoder(self, model: nn.Module) -> nn.Module:
         """The bare decoder (embeddings, blocks, final norm) of a *ForCausalLM model."""
-        return model.model
+        return cast(nn.Module, model.model)
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
-        return self.decoder(model).layers
+        return cast(nn.ModuleList, self.decoder(model).layers)
 
-    def attention(self, layer: nn.Module) -> nn.Module:
+    def attention(self, layer: nn.Module) -> Any:
         return getattr(layer, self.attention_name)
 
-    def mlp(self, layer: nn.Module) -> nn.Module:
+    def mlp(self, layer: nn.Module) -> Any:
         return getattr(layer, self.mlp_name)
 
     def attention_projections(self, layer: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
         """(q, k, v, o) linear layers of a block."""
         attn = self.attention(layer)
-        return tuple(getattr(attn, n) for n in (self.query_name, self.key_name, self.value_name, self.output_name))
+        return getattr(attn, self.query_name), getattr(attn, self.key_name), getattr(attn, self.value_name), getattr(attn, self.output_name)
 
     def mlp_projections(self, layer: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
         """(gate, up, down) linear layers of a block."""
         mlp = self.mlp(layer)
-        return tuple(getattr(mlp, n) for n in (self.gate_name, self.up_name, self.down_name))
+        return getattr(mlp, self.gate_name), getattr(mlp, self.up_name), getattr(mlp, self.down_name)
 
     def final_norm(self, model: nn.Module) -> nn.Module:
-        return self.decoder(model).norm
+        return cast(nn.Module, self.decoder(model).norm)
 
     def lm_head(self, model: nn.Module) -> nn.Module:
-        return model.lm_head
+        return cast(nn.Module, model.lm_head)
 
     def logits_from_hidden(self, model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head and any logit soft-capping, as the model's own forward does."""
-        logits = self.lm_head(model)(self.final_norm(model)(hidden))
+        logits: torch.Tensor = self.lm_head(model)(self.final_norm(model)(hidden))
         cap = getattr(model.config, "final_logit_softcapping", None)
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -94,7 +98,7 @@ class ArchitectureAdapter:
     def geometry(self, layer: nn.Module) -> LayerGeometry:
         attn = self.attention(layer)
         q, k, _, _ = self.attention_projections(layer)
-        head_dim = attn.head_dim
+        head_dim = int(attn.head_dim)
         gate, _, _ = self.mlp_projections(layer)
         return LayerGeometry(
             n_heads=q.out_features // head_dim,
@@ -127,12 +131,12 @@ def supported_model_types() -> list[str]:
     return sorted(ADAPTERS)
 
 
-def adapter_for(model_or_config) -> ArchitectureAdapter:
+def adapter_for(model_or_config: object) -> ArchitectureAdapter:
     """The adapter for a model (or its config), or UnsupportedArchitectureError naming the supported ones."""
     config = getattr(model_or_config, "config", model_or_config)
     model_type = getattr(config, "model_type", None)
     try:
-        return ADAPTERS[model_type]
+        return ADAPTERS[str(model_type)]
     except KeyError:
         raise UnsupportedArchitectureError(
             f"architecture '{model_type}' is not supported; supported model types: {', '.join(supported_model_types())}"

@@ -31,6 +31,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,6 +42,7 @@ from gap_engine.core.fsutil import atomic_directory, refuse_special_files
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, read_json_file
 from gap_engine.model.adapters import adapter_for
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.model_card import write_model_card
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.remote_code import add_remote_code
@@ -68,12 +70,12 @@ def is_pruned_checkpoint(path: str | Path) -> bool:
 
 
 def save_pruned(
-    lm,
+    lm: LoadedModel,
     plan: RatePlan,
-    kept_indices: dict,
+    kept_indices: dict[str, Any],
     out_dir: str | Path,
     dtype: str = DEFAULT_SAVE_DTYPE,
-    eval_report: dict | None = None,
+    eval_report: dict[str, Any] | None = None,
 ) -> Path:
     """Write a pruned LoadedModel, its plan and kept indices to ``out_dir`` (replaced atomically).
 
@@ -93,7 +95,9 @@ def save_pruned(
     widths = layer_widths(lm.adapter, lm.model)
     state = cast_state_dict(lm.model, dtype)
     with atomic_directory(out_dir) as tmp:
-        lm.model.save_pretrained(tmp, state_dict=dict(state))  # a copy: saving pops the dict's entries
+        # a copy: saving pops the dict's entries. (The ignore: LoadedModel.model is typed as the Module it
+        # is; save_pretrained is transformers' own, and its wrapped signature does not type-check.)
+        lm.model.save_pretrained(tmp, state_dict=dict(state))  # type: ignore[operator]
         set_config_dtype(tmp, dtype)
         lm.tokenizer.save_pretrained(tmp)
         config_path = tmp / "config.json"
@@ -138,14 +142,14 @@ class PrunedCheckpoint:
     fingerprint: str | None  # the pruned weights' fingerprint recorded at save time
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     data = read_json_file(path, LIMITS.metadata_bytes, str(path), ModelLoadError)
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path} does not hold a JSON object")
     return data
 
 
-def _load_tensors(folder: Path) -> dict:
+def _load_tensors(folder: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     shards = sorted(folder.glob("*.safetensors"))

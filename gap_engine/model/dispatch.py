@@ -25,12 +25,14 @@ import torch
 from gap_engine.core import memory
 from gap_engine.core.config import DEVICE_MAPS
 from gap_engine.core.device import DeviceError, DeviceSpec, Placement, dtype_name, resolve
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
 
 log = logging.getLogger(__name__)
 
+MaxMemory = dict[int | str, str]  # accelerate's max_memory: GPU index or "cpu"/"mps"/"disk" -> size
 
-def parse_max_memory(text: str | None) -> dict | None:
+def parse_max_memory(text: str | None) -> MaxMemory | None:
     """``cuda:0=70GiB,cpu=200GiB`` -> {0: '70GiB', 'cpu': '200GiB'} (``memory.parse_max_memory``).
 
     Raises:
@@ -39,7 +41,7 @@ def parse_max_memory(text: str | None) -> dict | None:
     return memory.parse_max_memory(text, DeviceError)
 
 
-def plan_device_map(lm, strategy: str = "auto", max_memory: dict | None = None) -> dict[str, str | int]:
+def plan_device_map(lm: LoadedModel, strategy: str = "auto", max_memory: MaxMemory | None = None) -> dict[str, str | int]:
     """Module name -> device (GPU index, 'cpu' or 'disk') for ``lm``, whole blocks per device.
 
     Raises:
@@ -58,7 +60,7 @@ def plan_device_map(lm, strategy: str = "auto", max_memory: dict | None = None) 
     return dict(infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dtype))
 
 
-def dispatch_lm(lm, device_map: dict, offload_dir: str | Path | None = None):
+def dispatch_lm(lm: LoadedModel, device_map: dict[str, str | int], offload_dir: str | Path | None = None) -> LoadedModel:
     """Place ``lm`` (on the host) as ``device_map`` says; returns ``lm``.
 
     Args:
@@ -85,7 +87,7 @@ def dispatch_lm(lm, device_map: dict, offload_dir: str | Path | None = None):
     return lm
 
 
-def describe_device_map(device_map: dict) -> str:
+def describe_device_map(device_map: dict[str, str | int]) -> str:
     """'cuda:0: 14 modules, cuda:1: 16 modules, disk: 2 modules' (for logs and reports)."""
     counts: dict[str, int] = {}
     for device in device_map.values():
@@ -98,10 +100,10 @@ def load_dispatched(
     name_or_path: str,
     dtype: str = "auto",
     strategy: str = "auto",
-    max_memory: dict | None = None,
+    max_memory: MaxMemory | None = None,
     offload_dir: str | Path | None = None,
     hub: bool = True,
-):
+) -> LoadedModel:
     """``loading.load_model`` on the host in ``dtype`` (resolved as ``--device auto`` resolves it:
     what the accelerator runs, float32 without one), then spread over the devices
     (``plan_device_map``, ``dispatch_lm``). ``hub`` as in ``load_model``."""

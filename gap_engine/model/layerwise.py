@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,17 +31,20 @@ from torch import nn
 from gap_engine.core.device import input_device, is_streamed, placement_of, synchronize
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import batches
+from gap_engine.model.adapters import ArchitectureAdapter
+from gap_engine.model.loaded import LoadedModel
 
-BlockCall = tuple[tuple, dict]  # the positional arguments (after the hidden states) and keywords a block got
+BlockCall = tuple[tuple[Any, ...], dict[str, Any]]  # the positional arguments (after the hidden states) and keywords a block got
 
 
-def layer_output(out):
+def layer_output(out: Any) -> torch.Tensor:
     """The hidden states of a block's output (a tensor, or the first item of a tuple)."""
-    return out[0] if isinstance(out, tuple) else out
+    hidden: torch.Tensor = out[0] if isinstance(out, tuple) else out
+    return hidden
 
 
 # ---- where the weights are ------------------------------------------------------------------
-def split_placement(model: nn.Module, adapter, device: torch.device) -> None:
+def split_placement(model: nn.Module, adapter: ArchitectureAdapter, device: torch.device) -> None:
     """Everything but the blocks to ``device``; the blocks stay where they are (the host)."""
     decoder, layers = adapter.decoder(model), adapter.layers(model)
     name = next(child_name for child_name, child in decoder.named_children() if child is layers)
@@ -60,9 +64,10 @@ def block_on(layer: nn.Module, device: torch.device) -> Iterator[nn.Module]:
         yield layer
         return
     moved: dict[int, torch.Tensor] = {}  # a tensor shared by two modules moves once
-    saved = []  # (registry, name, host tensor)
+    saved: list[tuple[dict[str, Any], str, torch.Tensor]] = []  # (registry, name, host tensor)
     for module in layer.modules():
-        for registry in (module._parameters, module._buffers):
+        registries: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
+        for registry in registries:
             for name, tensor in registry.items():
                 if tensor is None:
                     continue
@@ -90,7 +95,7 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.cpu()
 
 
-def tree_to(value, device: torch.device):
+def tree_to(value: Any, device: torch.device) -> Any:
     """``value`` with every tensor inside (tuples, lists, dicts) moved to ``device``."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
@@ -104,7 +109,7 @@ def tree_to(value, device: torch.device):
 
 
 # ---- recording how the model calls its blocks -------------------------------------------------
-def capture_calls(lm, batch: torch.Tensor) -> tuple[torch.Tensor, list[BlockCall]]:
+def capture_calls(lm: LoadedModel, batch: torch.Tensor) -> tuple[torch.Tensor, list[BlockCall]]:
     """The embeddings entering block 0 and the call of every block, for one batch of token ids.
 
     The decoder runs with each block replaced by a pass-through that records its arguments,
@@ -118,12 +123,12 @@ def capture_calls(lm, batch: torch.Tensor) -> tuple[torch.Tensor, list[BlockCall
     """
     layers = lm.adapter.layers(lm.model)
     calls: list[BlockCall | None] = [None] * len(layers)
-    first: dict = {}
+    first: dict[str, Any] = {}
 
-    def pass_through(index: int):
-        def forward(*args, **kwargs):
+    def pass_through(index: int) -> Callable[..., torch.Tensor]:
+        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
             kwargs = dict(kwargs)
-            hidden = args[0] if args else kwargs.pop("hidden_states")
+            hidden: torch.Tensor = args[0] if args else kwargs.pop("hidden_states")
             calls[index] = (tuple(args[1:]), kwargs)
             first.setdefault("hidden", hidden)
             return hidden
@@ -137,7 +142,9 @@ def capture_calls(lm, batch: torch.Tensor) -> tuple[torch.Tensor, list[BlockCall
     finally:
         for layer in layers:
             del layer.forward
-    return first["hidden"], calls
+    recorded = [call for call in calls if call is not None]
+    assert len(recorded) == len(layers), "the decoder did not call every block"
+    return first["hidden"], recorded
 
 
 @dataclass
@@ -150,7 +157,7 @@ class LayerwisePass:
 
 
 def forward_blocks(
-    lm,
+    lm: LoadedModel,
     windows: torch.Tensor,
     batch_size: int,
     on_input: Callable[[int, list[torch.Tensor]], None] | None = None,
@@ -199,7 +206,7 @@ def forward_blocks(
     return result
 
 
-def logits_batches(lm, windows: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def logits_batches(lm: LoadedModel, windows: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(token ids, logits) per batch, both on the device: the model's own forward when it is
     resident, a block-by-block pass followed by the LM head when it streams.
 
@@ -225,7 +232,7 @@ LeafGrads = Callable[[int, int, int, tuple[torch.Tensor, ...]], None]
 
 
 def backward_blocks(
-    lm,
+    lm: LoadedModel,
     windows: torch.Tensor,
     batch_size: int,
     head_losses: HeadLosses,

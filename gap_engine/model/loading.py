@@ -12,94 +12,33 @@ per-layer widths by ``checkpoint.read_pruned`` and wrapped here like any other m
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import importlib.util
 import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from gap_engine.core.device import DeviceSpec, Placement, resolve
 from gap_engine.core.errors import ModelLoadError, first_line
-from gap_engine.core.fingerprint import state_fingerprint
 from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for, refuse_special_files
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import read_json_file
-from gap_engine.model.adapters import ArchitectureAdapter, adapter_for
+from gap_engine.data.bos import Tokenizer
 from gap_engine.model.checkpoint import is_pruned_checkpoint, read_pruned
+from gap_engine.model.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
 CONVERTED_MARKER = "gap_converted.json"  # written last into a converted built-in folder
-
-
-@dataclass
-class LoadedModel:
-    """A model ready for the pipeline: eval mode, with its tokenizer, adapter and placement."""
-
-    name: str  # what the user asked for (built-in name, path or hub id)
-    model: nn.Module  # a transformers *ForCausalLM
-    tokenizer: object  # its tokenizer
-    adapter: ArchitectureAdapter  # family-specific names
-    fingerprint: str  # hash of the weights as loaded; plans and tables are keyed by it
-    source: str  # where the weights were read from
-    pruned_from: dict | None = None  # for a gap checkpoint: its base model and plan
-    extras: dict = field(default_factory=dict)
-    placement: Placement | None = None  # device, dtype, streaming; None: as built (CPU float32)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.adapter.layers(self.model))
-
-    def param_count(self) -> int:
-        """Unique parameters (tied embeddings counted once)."""
-        return sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
-
-    def size_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in {id(p): p for p in self.model.parameters()}.values())
-
-    @classmethod
-    def from_transformers(
-        cls, model: nn.Module, tokenizer, name: str, source: str, pruned_from: dict | None = None
-    ) -> LoadedModel:
-        """Wrap a transformers *ForCausalLM and its tokenizer: eval mode, no gradients, a pad
-        token, the family adapter and the weights fingerprint.
-
-        Raises:
-            UnsupportedArchitectureError: a model family without an adapter.
-        """
-        adapter = adapter_for(model)
-        model.eval()
-        for p in model.parameters():
-            p.requires_grad_(False)
-        if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
-            tokenizer.pad_token = tokenizer.eos_token
-        return cls(
-            name=name,
-            model=model,
-            tokenizer=tokenizer,
-            adapter=adapter,
-            fingerprint=weights_fingerprint(model),
-            source=source,
-            pruned_from=pruned_from,
-        )
-
-    def refresh_fingerprint(self) -> None:
-        """Recompute the fingerprint after the weights changed (surgery, recovery)."""
-        self.fingerprint = weights_fingerprint(self.model)
-
-    def copy(self) -> LoadedModel:
-        """A LoadedModel with its own copy of the weights (safe to hook, mask or prune), same tokenizer."""
-        out = copy.copy(self)
-        out.model = copy.deepcopy(self.model)
-        out.extras = dict(self.extras)
-        return out
 
 
 # ---- built-in models ------------------------------------------------------------------
@@ -188,7 +127,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 }
 
 
-def list_models(verify: bool = False) -> list[dict]:
+def list_models(verify: bool = False) -> list[dict[str, Any]]:
     """Built-in models with whether their converted copy is cached and intact.
 
     Args:
@@ -259,7 +198,8 @@ def converted_problem(folder: Path, full: bool = False) -> str | None:
             return f"{name} is missing"
     if not weights:
         return "no .safetensors file"
-    recorded = marker.get("files") if isinstance(marker.get("files"), dict) else {}
+    files = marker.get("files")
+    recorded = files if isinstance(files, dict) else {}
     for name, record in recorded.items():
         path = folder / str(name)
         if not isinstance(record, dict) or not path.is_file():
@@ -276,12 +216,7 @@ def converted_problem(folder: Path, full: bool = False) -> str | None:
 
 
 # ---- loading --------------------------------------------------------------------------
-def weights_fingerprint(model: nn.Module) -> str:
-    """A stable hash of the weights (``fingerprint.state_fingerprint`` of the state dict)."""
-    return state_fingerprint(model.state_dict())
-
-
-def _from_gguf(gguf: Path):
+def _from_gguf(gguf: Path) -> tuple[PreTrainedModel, Tokenizer]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -295,11 +230,11 @@ def _from_gguf(gguf: Path):
     for attr in ("hf_quantizer", "quantization_method"):
         if getattr(model, attr, None) is not None:
             setattr(model, attr, None)
-    model.is_quantized = False
+    model.is_quantized = False  # type: ignore[assignment]  # a plain flag transformers reads; nn.Module typing admits only tensors and modules as attributes
     return model, tokenizer
 
 
-def _from_folder(path: str, local_only: bool, dtype=torch.float32):
+def _from_folder(path: str, local_only: bool, dtype: torch.dtype | str = torch.float32) -> tuple[PreTrainedModel, Tokenizer]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
@@ -321,7 +256,7 @@ def _convert_builtin(spec: BuiltinModel, folder: Path) -> LoadedModel:
     return LoadedModel.from_transformers(model, tokenizer, spec.name, str(gguf))
 
 
-def _load_builtin(spec: BuiltinModel, dtype=torch.float32) -> LoadedModel:
+def _load_builtin(spec: BuiltinModel, dtype: torch.dtype | str = torch.float32) -> LoadedModel:
     folder = cache_root() / "models" / spec.name
     with lock_for(folder):
         clean_stale(folder)  # what a killed conversion left (the lock says none is running)
@@ -381,7 +316,7 @@ def place_model(lm: LoadedModel, placement: Placement) -> LoadedModel:
     return lm
 
 
-def _load(name_or_path: str, dtype, hub: bool = True) -> LoadedModel:
+def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> LoadedModel:  # dtype "auto": as stored
     if name_or_path in BUILTIN_MODELS:
         return _load_builtin(BUILTIN_MODELS[name_or_path], dtype)
     path = Path(name_or_path).expanduser()

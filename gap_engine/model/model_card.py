@@ -21,6 +21,7 @@ import json
 import re
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -30,10 +31,13 @@ from gap_engine.core.fsutil import atomic_write_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import read_json_file
 
+if TYPE_CHECKING:
+    from gap_engine.model.rateplan import RatePlan
+
 CARD_FILE = "README.md"
 
 
-def table_settings(table_key: str | None) -> dict | None:
+def table_settings(table_key: str | None) -> dict[str, Any] | None:
     """What is known of the loss table behind a plan: its cached spec, else its key's parts.
 
     The key reads ``<model>-<objective>-<mode>-<estimator>-<hash>`` (see tables.table_key).
@@ -60,7 +64,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-
 SNIPPET_PLACEHOLDER = "CHECKPOINT_FOLDER"
 
 
-def md_text(value, limit: int = 500) -> str:
+def md_text(value: object, limit: int = 500) -> str:
     """``value`` as inert Markdown text (also safe in a table cell): one line, HTML escaped,
     Markdown punctuation backslash-escaped, at most ``limit`` characters."""
     text = "" if value is None else str(value)
@@ -73,7 +77,7 @@ def snippet_name(folder_name: str) -> str:
     return folder_name if folder_name and folder_name.isprintable() and len(folder_name) <= 255 else SNIPPET_PLACEHOLDER
 
 
-def _fmt(value, digits: int = 3) -> str:
+def _fmt(value: object, digits: int = 3) -> str:
     if isinstance(value, bool):
         return md_text(value)
     if isinstance(value, float):
@@ -81,7 +85,7 @@ def _fmt(value, digits: int = 3) -> str:
     return "" if value is None else md_text(value)
 
 
-def _plan_table(plan, widths: list[dict], dense: dict) -> list[str]:
+def _plan_table(plan: RatePlan, widths: list[dict[str, Any]], dense: dict[str, Any]) -> list[str]:
     rows = [
         "| layer | attention removed | query heads | KV heads | MLP removed | MLP channels |",
         "|---:|---:|---:|---:|---:|---:|",
@@ -95,7 +99,7 @@ def _plan_table(plan, widths: list[dict], dense: dict) -> list[str]:
     return rows
 
 
-def _eval_section(report: dict) -> list[str]:
+def _eval_section(report: dict[str, Any]) -> list[str]:
     lines = ["## Evaluation", ""]
     settings = report.get("settings") or {}
     if settings:
@@ -126,7 +130,7 @@ def _eval_section(report: dict) -> list[str]:
     return lines + [""]
 
 
-def _params_line(params: dict, marker: dict) -> str:
+def _params_line(params: dict[str, Any], marker: dict[str, Any]) -> str:
     after = f"{marker.get('param_count', 0):,}"
     if not isinstance(params.get("dense_total"), int):
         return after
@@ -193,7 +197,7 @@ def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
     ]
 
 
-def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_report: dict | None = None) -> str:
+def render_model_card(folder_name: str, plan: RatePlan, marker: dict[str, Any], config: dict[str, Any], eval_report: dict[str, Any] | None = None) -> str:
     """The README.md text of a checkpoint.
 
     Args:
@@ -261,7 +265,7 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
     return "\n".join(lines)
 
 
-def write_model_card(folder: str | Path, plan, marker: dict, eval_report: dict | None = None, name: str | None = None) -> Path:
+def write_model_card(folder: str | Path, plan: RatePlan, marker: dict[str, Any], eval_report: dict[str, Any] | None = None, name: str | None = None) -> Path:
     """Render the card from the folder's config.json and write README.md (atomically).
 
     ``name`` is the folder name the load snippets use (the final name, when ``folder`` is

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from transformers import (
@@ -41,12 +43,21 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedModel
+
+    # What the mixins below are always combined with (see _family), so that their super() calls type-check.
+    _ConfigMixinBase = PreTrainedConfig
+    _ModelMixinBase = PreTrainedModel
+else:
+    _ConfigMixinBase = _ModelMixinBase = object
+
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
 @contextlib.contextmanager
-def _dense_view(config):
+def _dense_view(config: PreTrainedConfig) -> Iterator[PreTrainedConfig]:
     """Let the library's constructors read the dense widths from a heterogeneous config.
 
     Outside this block a global read of a per-layer width raises, as transformers intends,
@@ -71,12 +82,13 @@ def _resized_linear(old: nn.Linear, in_features: int, out_features: int) -> nn.L
     )
 
 
-def narrow_layers(model: nn.Module) -> None:
+def narrow_layers(model: PreTrainedModel) -> None:
     """Resize every block's projections to the widths in ``model.config.per_layer_config``."""
     config = model.config
     if not config.is_heterogeneous:
         return
-    for index, layer in enumerate(model.model.layers):
+    decoder: Any = model.model  # the family's decoder: its blocks, attention and MLP modules carry family attributes
+    for index, layer in enumerate(decoder.layers):
         widths = config.per_layer_config[index]
         heads, kv_heads, channels = widths.num_attention_heads, widths.num_key_value_heads, widths.intermediate_size
         attention, mlp = layer.self_attn, layer.mlp
@@ -97,18 +109,19 @@ def narrow_layers(model: nn.Module) -> None:
             mlp.intermediate_size = channels
 
 
-class _PerLayerWidthsConfig:
+class _PerLayerWidthsConfig(_ConfigMixinBase):
     """Validation of per-layer widths, in place of the family's global-width checks."""
 
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
+    def __post_init__(self, **kwargs: Any) -> None:
+        super().__post_init__(**kwargs)  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
         # save_pretrained then lists every block's widths, not only those that differ from
         # the dense ones, so a re-saved folder stays readable block by block.
         self.serialize_explicit_per_layer_config = True
 
-    def validate_architecture(self):
+    def validate_architecture(self) -> None:
         if not self.is_heterogeneous:
-            return super().validate_architecture()
+            super().validate_architecture()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
+            return
         for index, widths in enumerate(self.per_layer_config):
             heads, kv_heads = widths.num_attention_heads, widths.num_key_value_heads
             if not (1 <= kv_heads <= heads and heads % kv_heads == 0 and widths.intermediate_size >= 1):
@@ -118,10 +131,10 @@ class _PerLayerWidthsConfig:
                 )
 
 
-class _NarrowedCausalLM:
+class _NarrowedCausalLM(_ModelMixinBase):
     """Builds the family's dense model, then narrows its blocks to the recorded widths."""
 
-    def __init__(self, config, *args, **kwargs):
+    def __init__(self, config: PreTrainedConfig, *args: Any, **kwargs: Any) -> None:
         with _dense_view(config):
             super().__init__(config, *args, **kwargs)
         narrow_layers(self)

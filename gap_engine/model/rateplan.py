@@ -12,8 +12,10 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -31,6 +33,7 @@ from gap_engine.core.validate import (
     parse_json_or_yaml,
     read_bounded,
 )
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.units import block_geometries
 
 # Version 2 renamed the field "method" to "allocator"; version-1 plans are read and upgraded.
@@ -46,7 +49,7 @@ class RatePlan:
     attention_rates: list[float]  # per block: fraction of attention parameters to remove, in [0, 1)
     mlp_rates: list[float]  # per block: fraction of MLP parameters to remove, in [0, 1)
     channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE  # MLP widths are kept in multiples of this
-    params: dict = field(default_factory=dict)  # dense/pruned totals as predicted from the geometry
+    params: dict[str, Any] = field(default_factory=dict)  # dense/pruned totals as predicted from the geometry
     allocator: str = "manual"  # how the rates were chosen (dp, uniform, flap, owl, evo, manual)
     budget: float | None = None  # requested fraction of prunable parameters to remove
     predicted_loss: float | None = None  # the table's predicted summed loss increase
@@ -94,7 +97,7 @@ class RatePlan:
             check_text(key, "plan params key", PlanError, max_len=64)
             check_number(value, f"plan params {key}", PlanError)
 
-    def check_model(self, lm) -> None:
+    def check_model(self, lm: LoadedModel) -> None:
         """PlanError unless this plan was made for ``lm`` (layer count, and fingerprint when recorded)."""
         if self.num_layers != lm.num_layers:
             raise PlanError(f"plan is for a model with {self.num_layers} layers, but {lm.name} has {lm.num_layers}")
@@ -105,11 +108,11 @@ class RatePlan:
             )
 
     # ---- serialisation ---------------------------------------------------------------
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data) -> RatePlan:
+    def from_dict(cls, data: object) -> RatePlan:
         if not isinstance(data, dict):
             raise PlanError("a plan must be a JSON/YAML object")
         check_keys(data, "plan", PlanError)
@@ -177,7 +180,7 @@ PLAN_IDENTITY_FIELDS = (
 )  # fmt: skip
 
 
-def plan_hash(data: dict) -> str:
+def plan_hash(data: dict[str, Any]) -> str:
     """`RatePlan.content_hash` of a plan dict (validated first).
 
     Raises:
@@ -186,7 +189,9 @@ def plan_hash(data: dict) -> str:
     return RatePlan.from_dict(dict(data)).content_hash()
 
 
-def predicted_params(lm, attention_rates, mlp_rates, channel_multiple=DEFAULT_CHANNEL_MULTIPLE) -> dict:
+def predicted_params(
+    lm: LoadedModel, attention_rates: Iterable[float], mlp_rates: Iterable[float], channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE
+) -> dict[str, Any]:
     """Parameter counts a plan produces, from the geometry alone."""
     geoms = block_geometries(lm)
     dense_prunable = sum(g.params_at("attn", 0.0) + g.params_at("mlp", 0.0, channel_multiple) for g in geoms)
@@ -207,12 +212,12 @@ def predicted_params(lm, attention_rates, mlp_rates, channel_multiple=DEFAULT_CH
 
 
 def make_plan(
-    lm,
-    attention_rates,
-    mlp_rates,
+    lm: LoadedModel,
+    attention_rates: Iterable[float],
+    mlp_rates: Iterable[float],
     criterion: str,
     channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE,
-    **meta,
+    **meta: Any,
 ) -> RatePlan:
     """A validated plan for ``lm`` with its predicted parameter counts filled in."""
     plan = RatePlan(
@@ -229,7 +234,7 @@ def make_plan(
     return plan
 
 
-def uniform_plan(lm, rate: float, criterion: str, channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE) -> RatePlan:
+def uniform_plan(lm: LoadedModel, rate: float, criterion: str, channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE) -> RatePlan:
     """Every block and component at the same rate (the baseline most pruners use)."""
     if not (0.0 <= rate < 1.0):
         raise PlanError(f"rate {rate} is outside [0, 1)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -80,7 +81,7 @@ def slice_mlp_(adapter: ArchitectureAdapter, layer: nn.Module, kept_channels: li
     assert g.out_features == u.out_features == d.in_features == len(kept_channels), "MLP slice lost its shape"
 
 
-def layer_widths(adapter: ArchitectureAdapter, model: nn.Module) -> list[dict]:
+def layer_widths(adapter: ArchitectureAdapter, model: nn.Module) -> list[dict[str, Any]]:
     """Per-block widths as they are now, in the form config.json's ``per_layer_config`` records."""
     out = []
     for layer in adapter.layers(model):
@@ -95,7 +96,7 @@ def layer_widths(adapter: ArchitectureAdapter, model: nn.Module) -> list[dict]:
     return out
 
 
-def narrow_to_widths(adapter: ArchitectureAdapter, model: nn.Module, widths: list[dict]) -> None:
+def narrow_to_widths(adapter: ArchitectureAdapter, model: nn.Module, widths: list[dict[str, Any]]) -> None:
     """Give every block of a dense-built model the recorded widths (the values are loaded after).
 
     Raises:

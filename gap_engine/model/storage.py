@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -55,7 +56,7 @@ def cast_state_dict(model: nn.Module, dtype: str | torch.dtype) -> dict[str, tor
         ExportError: a weight that does not fit float16's range (it would become inf).
     """
     target = parse_dtype(dtype)
-    cast: dict[tuple, torch.Tensor] = {}
+    cast: dict[tuple[int, int, tuple[int, ...], tuple[int, ...], str], torch.Tensor] = {}
     out = {}
     for name, tensor in model.state_dict().items():
         # Same memory, same view: the tied copies of one parameter.
@@ -82,7 +83,7 @@ def set_config_dtype(folder: Path, dtype: str | torch.dtype) -> None:
     path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def read_eval_report(folder: Path) -> dict | None:
+def read_eval_report(folder: Path) -> dict[str, Any] | None:
     """The evaluation report saved with a checkpoint (for its model card), or None."""
     from gap_engine.core.errors import ExportError
     from gap_engine.core.validate import read_evaluation_file

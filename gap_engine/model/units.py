@@ -23,6 +23,7 @@ from functools import lru_cache
 
 from gap_engine.core.config import DEFAULT_CHANNEL_MULTIPLE
 from gap_engine.model.adapters import LayerGeometry
+from gap_engine.model.loaded import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class ComponentGeometry:
         return self.params_at(component, 0.0, multiple) - self.params_at(component, rate, multiple)
 
 
-def block_geometries(lm) -> list[ComponentGeometry]:
+def block_geometries(lm: LoadedModel) -> list[ComponentGeometry]:
     """Per-block counting geometry of a loaded model (reads shapes, not the config)."""
     out = []
     for layer in lm.adapter.layers(lm.model):

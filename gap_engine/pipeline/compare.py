@@ -19,7 +19,7 @@ from gap_engine.core.errors import PlanError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import calibration_windows, heldout_windows
 from gap_engine.evaluate.metrics import mean_nll
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, pruned_copy
 from gap_engine.plan.allocator_registry import ALLOCATORS
@@ -72,7 +72,7 @@ class Outcome:
 
         Scalar fields are parsed by their declared type, so a field added to the class is read
         back without touching this; unknown columns are the extras."""
-        parse = {f.name: {"int": int, "str": str, "str | None": str}.get(f.type, float) for f in fields(cls)}
+        parse = {f.name: {"int": int, "str": str, "str | None": str}.get(str(f.type), float) for f in fields(cls)}
         values: dict = {"predicted_loss": None}
         perplexity, dense, extras = {}, {}, {}
         for key, text in row.items():

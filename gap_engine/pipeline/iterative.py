@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import calibration_windows
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import block_geometries
 from gap_engine.pipeline.stages import loss_table, objective_increase, plan_for, prune_with_plan
@@ -120,6 +120,7 @@ def iterative_prune(
         now = prunable_params(current, spec.channel_multiple)[0]
         share = max(0.0, (budget * total * index / rounds - (total - now)) / now)
         plan = plan_for(current, table, share, "dp", constraints)
+        assert plan.predicted_loss is not None, "a plan from a table carries its predicted loss"
         windows = calibration_windows(current.tokenizer, spec.windows)
         scores = compute_importance(current, windows, spec.criterion, spec.windows.batch_size, Hooks(cancel=hooks.cancel))
         before = current.copy() if measure else None

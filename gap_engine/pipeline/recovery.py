@@ -41,7 +41,7 @@ from gap_engine.core.config import RECOVERY_SCHEDULES
 from gap_engine.core.errors import CancelledError, DataError, ModelLoadError
 from gap_engine.core.memory import PeakRSS, release_free_memory
 from gap_engine.core.progress import NO_HOOKS, Hooks
-from gap_engine.model.loading import LoadedModel, weights_fingerprint
+from gap_engine.model.loaded import LoadedModel, weights_fingerprint
 from gap_engine.recover.files import (
     RecoveryError,
     RunState,

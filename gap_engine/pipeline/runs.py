@@ -35,7 +35,7 @@ from gap_engine.evaluate import history
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
 from gap_engine.evaluate.tasks import PreparedTasks, task_report
 from gap_engine.model.checkpoint import save_pruned
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, plan_for, prune_with_plan
 from gap_engine.plan.allocator_registry import needs_windows
@@ -237,7 +237,7 @@ def prune_and_evaluate(
         checkpoint=checkpoint,
         seconds=seconds,
     )
-    run_id = history.record_run(record, history_path)
+    run_id = history.record_run(record, Path(history_path) if history_path is not None else None)
     return PruneEvalResult(
         run_id=run_id,
         plan=plan.to_dict(),

@@ -27,8 +27,10 @@ from gap_engine.core.progress import (
     Hooks,
     StageTimer,
 )
-from gap_engine.data.windows import batches, calibration_windows, load_corpus, text_start
-from gap_engine.model.loading import LoadedModel, load_model
+from gap_engine.data.bos import text_start
+from gap_engine.data.windows import batches, calibration_windows, load_corpus
+from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.allocators import needs_windows, plan_from_table
 from gap_engine.plan.evo import EvoSettings

@@ -126,6 +126,7 @@ def plan_from_table(
     if allocator == "dp":
         return grid_plan(lm, table, problem, dp_choice(problem, budget, n_buckets), budget, "dp")
     if allocator == "evo":
+        assert windows is not None, "checked above: evo reads calibration windows"
         if scores is None:
             scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size)
         return evolve(lm, table, budget, windows, scores, constraints, evo, n_buckets, smoothed).plan

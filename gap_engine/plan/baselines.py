@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 from gap_engine.core.registry import Choice
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.units import ComponentGeometry
 from gap_engine.plan.ladders import Ladder, ladder_removed, nearest_rungs, rungs_at_rates, smallest_meeting
 from gap_engine.plan.problem import Constraints
@@ -40,7 +42,7 @@ OWL_LAMBDA = 0.08  # OWL's lambda: layer rates spread over [mean - lambda, mean 
 class BaselineInputs:
     """What a baseline allocator reads: the model, the slots and their ladders, the target."""
 
-    lm: object  # the dense LoadedModel
+    lm: LoadedModel  # the dense LoadedModel
     criterion: str  # the table's within-layer criterion
     geoms: list[ComponentGeometry]  # per-layer counting geometry
     slots: tuple[tuple[int, str], ...]  # (layer, kind) per slot
@@ -152,7 +154,7 @@ def outlier_ratios(lm, windows: torch.Tensor, m: float = OWL_OUTLIER_M, batch_si
     """
     layers = list(lm.adapter.layers(lm.model))
     # q, gate: one input each that k/v and up share.
-    groups = {}
+    groups: dict[tuple[int, str], tuple[nn.Linear, ...]] = {}
     for i, layer in enumerate(layers):
         q, k, v, o = lm.adapter.attention_projections(layer)
         gate, up, down = lm.adapter.mlp_projections(layer)
@@ -188,6 +190,7 @@ def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """Rungs at rates clip(t + offset_l) with the smallest shift t (bisection) that meets the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked
     constraints, target, multiple = inputs.constraints, inputs.target, inputs.multiple
+    assert inputs.windows is not None, "the allocator checks that OWL was given calibration windows"
     ratios = outlier_ratios(inputs.lm, inputs.windows, batch_size=inputs.batch_size)
     offsets = owl_offsets(ratios)
     log.info("owl: outlier ratios %s", np.array2string(ratios, precision=4))

@@ -20,6 +20,7 @@ from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.core.registry import Choice
 from gap_engine.evaluate.metrics import mean_nll
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.front import dp_choice, grid_plan
 from gap_engine.plan.problem import Constraints, PlanningProblem, check_budget_fraction, planning_problem
@@ -109,7 +110,7 @@ def _mutate(problem: PlanningProblem, choice: np.ndarray, target: float, rng: np
 
 
 def evolve(
-    lm,
+    lm: LoadedModel,
     table: LossTable,
     budget: float,
     windows: torch.Tensor,
@@ -145,7 +146,7 @@ def evolve(
         windows = windows[: settings.n_samples]
     batch_size = table.spec.windows.batch_size
     dense_loss = mean_nll(lm, windows, batch_size)
-    seen: dict[tuple, float] = {}
+    seen: dict[tuple[int, ...], float] = {}
 
     def true_increase(choice: np.ndarray) -> float:
         key = tuple(int(r) for r in choice)

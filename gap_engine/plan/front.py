@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.errors import BudgetError
 from gap_engine.core.knapsack import ParetoFront, solve_budget, solve_front
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
-from gap_engine.plan.problem import Constraints, PlanningProblem, layer_slots, planning_problem, reach_error, slot_rates
+from gap_engine.plan.problem import Choice, Constraints, PlanningProblem, layer_slots, planning_problem, reach_error, slot_rates
 from gap_engine.tables.artefact import LossTable
 
 
@@ -41,7 +42,7 @@ def dp_front(
     return solve_front(problem.costs, problem.losses, problem.allowed, n_buckets)
 
 
-def choice_rates(table: LossTable, choice: Sequence[int]) -> tuple[list[float], list[float]]:
+def choice_rates(table: LossTable, choice: Choice) -> tuple[list[float], list[float]]:
     """(attention_rates, mlp_rates) for a row of a `dp_front` (L columns: coupled; 2L: split)."""
     coupled = len(choice) == table.num_layers
     if not coupled and len(choice) != 2 * table.num_layers:
@@ -50,7 +51,7 @@ def choice_rates(table: LossTable, choice: Sequence[int]) -> tuple[list[float], 
     return slot_rates(slots, [float(table.rate_grid[int(r)]) for r in choice], table.num_layers)
 
 
-def front_rows(table: LossTable, front: ParetoFront) -> list[dict]:
+def front_rows(table: LossTable, front: ParetoFront) -> list[dict[str, Any]]:
     """The Pareto front as rows, one per distinct optimum, by increasing removal.
 
     Each row: ``budget`` (fraction of prunable parameters removed), ``removed``,
@@ -59,7 +60,7 @@ def front_rows(table: LossTable, front: ParetoFront) -> list[dict]:
     previous row dominates (removes as much for no more loss) are left out, so for a
     budget b the first row with ``budget >= b`` is its optimum.
     """
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     best_removed = -1
     for b in range(len(front.budgets)):
         removed = int(front.removed[b])
@@ -79,7 +80,7 @@ def front_rows(table: LossTable, front: ParetoFront) -> list[dict]:
     return rows
 
 
-def front_csv(rows: list[dict]) -> str:
+def front_csv(rows: list[dict[str, Any]]) -> str:
     """`front_rows` as CSV text: budget, removed, predicted_loss, attn_0.., mlp_0..."""
     if not rows:
         return "budget,removed,predicted_loss\n"
@@ -104,7 +105,7 @@ def dp_choice(problem: PlanningProblem, budget: float, n_buckets: int) -> np.nda
     return solve_budget(problem.costs, problem.losses, problem.allowed, removed_params=target, n_buckets=n_buckets)
 
 
-def grid_plan(lm, table: LossTable, problem: PlanningProblem, choice: Sequence[int], budget: float, allocator: str) -> RatePlan:
+def grid_plan(lm: LoadedModel, table: LossTable, problem: PlanningProblem, choice: Choice, budget: float, allocator: str) -> RatePlan:
     """The plan of one option index per slot, with its summed table loss as the prediction."""
     attention, mlp = problem.rates(choice)
     return make_plan(

@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from gap_engine.core.errors import BudgetError, PlanError
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.plan.allocators import plan_from_table
+from gap_engine.plan.problem import Constraints
+from gap_engine.tables.artefact import LossTable
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +39,7 @@ MAX_STEPS = 600  # slider steps shipped to the browser: about one per pixel of a
 UNIFORM_STEP = 0.05  # budget spacing of the uniform line's plans
 
 
-def budget_steps(front: Sequence[dict], max_steps: int = MAX_STEPS) -> list[int]:
+def budget_steps(front: Sequence[dict[str, Any]], max_steps: int = MAX_STEPS) -> list[int]:
     """Indices of the front rows that become slider steps, by increasing budget.
 
     Every row when there are at most ``max_steps``; otherwise the first row at or above
@@ -59,7 +63,7 @@ def budget_steps(front: Sequence[dict], max_steps: int = MAX_STEPS) -> list[int]
     return sorted(set(int(i) for i in picks) | {0, n - 1})
 
 
-def step_at_budget(front: Sequence[dict], steps: Sequence[int], budget: float) -> int:
+def step_at_budget(front: Sequence[dict[str, Any]], steps: Sequence[int], budget: float) -> int:
     """Position in ``steps`` of the first step whose row removes at least ``budget``.
 
     A budget above the last step gives the last step, so any stored budget lands on a row.
@@ -68,10 +72,10 @@ def step_at_budget(front: Sequence[dict], steps: Sequence[int], budget: float) -
     if not steps:
         raise BudgetError("the front is empty: no plan satisfies these constraints")
     budgets = np.array([front[i]["budget"] for i in steps], dtype=np.float64)
-    return int(min(np.searchsorted(budgets, float(budget) - 1e-12), len(steps) - 1))
+    return min(int(np.searchsorted(budgets, float(budget) - 1e-12)), len(steps) - 1)
 
 
-def grid_indices(rate_grid, rates: Sequence[float]) -> list[int]:
+def grid_indices(rate_grid: Sequence[float], rates: Sequence[float]) -> list[int]:
     """Each rate's index in the table's rate grid (front rows are always on the grid).
 
     Raises:
@@ -86,7 +90,7 @@ def grid_indices(rate_grid, rates: Sequence[float]) -> list[int]:
     return [int(i) for i in nearest]
 
 
-def row_plan(lm, table, row: dict) -> RatePlan:
+def row_plan(lm: LoadedModel, table: LossTable, row: dict[str, Any]) -> RatePlan:
     """The DP plan of one front row: the row's own rates, budget and predicted loss.
 
     Args:
@@ -118,7 +122,7 @@ def row_plan(lm, table, row: dict) -> RatePlan:
     return plan
 
 
-def uniform_line(lm, table, constraints, top: float, step: float = UNIFORM_STEP, extra: Sequence[float] = ()) -> list[dict]:
+def uniform_line(lm: LoadedModel, table: LossTable, constraints: Constraints, top: float, step: float = UNIFORM_STEP, extra: Sequence[float] = ()) -> list[dict[str, Any]]:
     """Exact uniform plans along the budget axis, scored by the table like the baselines.
 
     Args:
@@ -137,6 +141,7 @@ def uniform_line(lm, table, constraints, top: float, step: float = UNIFORM_STEP,
     for budget in budgets:
         try:
             plan = plan_from_table(lm, table, budget, "uniform", constraints)
+            assert plan.predicted_loss is not None, "a plan from a table carries its predicted loss"
         except BudgetError as exc:
             log.debug("uniform line stops at %.3f: %s", budget, exc)
             continue
@@ -150,7 +155,7 @@ def uniform_line(lm, table, constraints, top: float, step: float = UNIFORM_STEP,
     return sorted(rows, key=lambda r: r["removed_fraction"])
 
 
-def front_row_at(front: Sequence[dict], budget: float) -> dict | None:
+def front_row_at(front: Sequence[dict[str, Any]], budget: float) -> dict[str, Any] | None:
     """The optimum of `front.front_rows` for a budget: the first row removing at least it (None past the top)."""
     index = int(np.searchsorted(np.array([row["budget"] for row in front]), budget - 1e-12))
     return front[index] if index < len(front) else None

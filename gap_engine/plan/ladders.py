@@ -8,7 +8,7 @@ the plan removes at least the budget and less than one further rung beyond it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,22 +43,25 @@ def _mlp_fractions(geom: ComponentGeometry, multiple: int) -> list[float]:
     return [0.0] + [1.0 - kept / width for kept in range(step, width, step)]
 
 
-def build_ladders(geoms, slots, locked: dict, constraints: Constraints, multiple: int) -> list[Ladder]:
+def build_ladders(
+    geoms: Sequence[ComponentGeometry], slots: Sequence[tuple[int, str]], locked: dict[int, float], constraints: Constraints, multiple: int
+) -> list[Ladder]:
     out = []
     for s, (layer, kind) in enumerate(slots):
         geom = geoms[layer]
         parts = PARTS[kind]
         dense = sum(geom.params_at(part, 0.0, multiple) for part in parts)
+        candidates: list[float]
         if s in locked:
             candidates = [locked[s]]
         else:
-            candidates = {0.0}
+            fractions = {0.0}
             if "attn" in parts:
-                candidates.update(_attention_fractions(geom))
+                fractions.update(_attention_fractions(geom))
             if "mlp" in parts:
-                candidates.update(_mlp_fractions(geom, multiple))
+                fractions.update(_mlp_fractions(geom, multiple))
             candidates = [
-                r for r in candidates if constraints.min_rate - RATE_TOL <= r <= constraints.max_rate + RATE_TOL
+                r for r in fractions if constraints.min_rate - RATE_TOL <= r <= constraints.max_rate + RATE_TOL
             ]
         by_removed: dict[int, float] = {}
         for rate in sorted(candidates):
@@ -68,8 +71,8 @@ def build_ladders(geoms, slots, locked: dict, constraints: Constraints, multiple
             raise BudgetError(
                 f"layer {layer} {kind} has no unit-exact rate within [{constraints.min_rate:g}, {constraints.max_rate:g}]"
             )
-        removed = np.array(sorted(by_removed), dtype=np.int64)
-        out.append(Ladder(np.array([by_removed[int(r)] for r in removed]), removed, dense))
+        rung_removed = np.array(sorted(by_removed), dtype=np.int64)
+        out.append(Ladder(np.array([by_removed[int(r)] for r in rung_removed]), rung_removed, dense))
     return out
 
 
@@ -90,7 +93,7 @@ def settle(ladders: list[Ladder], rungs: np.ndarray, target: float, wanted_remov
     wanted = np.zeros(len(ladders)) if wanted_removed is None else np.asarray(wanted_removed, dtype=np.float64)
     removed = sum(int(ladder.removed[k]) for ladder, k in zip(ladders, rungs))
 
-    def now(s):
+    def now(s: int) -> int:
         return int(ladders[s].removed[rungs[s]])
 
     while removed < target:
@@ -126,22 +129,24 @@ def settle(ladders: list[Ladder], rungs: np.ndarray, target: float, wanted_remov
     return rungs
 
 
-def ladder_removed(ladders, rungs) -> int:
+def ladder_removed(ladders: list[Ladder], rungs: np.ndarray) -> int:
     return int(sum(int(ladder.removed[k]) for ladder, k in zip(ladders, rungs)))
 
 
-def ladder_rates(ladders, rungs) -> list[float]:
+def ladder_rates(ladders: list[Ladder], rungs: np.ndarray) -> list[float]:
     return [float(ladder.rates[k]) for ladder, k in zip(ladders, rungs)]
 
 
-def ladder_reach(allocator: str, budget: float, ladders, dense: int) -> None:
+def ladder_reach(allocator: str, budget: float, ladders: list[Ladder], dense: int) -> None:
     low = sum(int(ladder.removed[0]) for ladder in ladders)
     high = sum(int(ladder.removed[-1]) for ladder in ladders)
     if budget * dense > high:
         raise reach_error(allocator, budget, low, high, dense)
 
 
-def rungs_at_rates(geoms, slots, ladders, rates, multiple) -> np.ndarray:
+def rungs_at_rates(
+    geoms: Sequence[ComponentGeometry], slots: Sequence[tuple[int, str]], ladders: list[Ladder], rates: Sequence[float], multiple: int
+) -> np.ndarray:
     """Rung of each slot that units rounding gives at the given rates (clamped to the ladder)."""
     wanted = np.array(
         [sum(geoms[layer].removed_at(p, float(r), multiple) for p in PARTS[kind]) for (layer, kind), r in zip(slots, rates)],

@@ -8,21 +8,26 @@ from the table.
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from gap_engine.core.config import DEFAULT_MAX_RATE
 from gap_engine.core.errors import BudgetError, TableError
 from gap_engine.core.knapsack import constraint_mask
+from gap_engine.core.validate import check_number
 from gap_engine.model.units import ComponentGeometry
 from gap_engine.tables.artefact import LossTable
 
 RATE_TOL = 1e-9  # rates closer than this are the same rate
 PARTS = {"attn": ("attn",), "mlp": ("mlp",), "block": ("attn", "mlp")}  # slot kind -> components it spans
+
+# One option index per slot: a list, or the integer array a solver returns.
+Choice: TypeAlias = Sequence[int] | np.ndarray
+
 
 
 # ---- constraints -----------------------------------------------------------------------
@@ -36,7 +41,7 @@ class Constraints:
     coupled: bool = False  # a layer's attention and MLP share one rate (always so with a block-mode table)
 
     @classmethod
-    def from_dict(cls, raw: Mapping | None) -> Constraints:
+    def from_dict(cls, raw: Mapping[Any, Any] | None) -> Constraints:
         """Constraints from their JSON form (layer keys as strings), as the app and the history store them."""
         raw = raw or {}
         return cls(
@@ -46,7 +51,7 @@ class Constraints:
             coupled=bool(raw.get("coupled", False)),
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON form read by `from_dict`."""
         return {
             "locked": {str(k): float(v) for k, v in dict(self.locked).items()},
@@ -83,13 +88,12 @@ class Constraints:
         return out
 
 
-def check_budget_fraction(budget) -> float:
+def check_budget_fraction(budget: object) -> float:
     """``budget`` as a float in [0, 1), or BudgetError saying what a budget is."""
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
-        raise BudgetError(f"budget must be a number, got {budget!r}")
-    if not 0.0 <= budget < 1.0:
-        raise BudgetError(f"budget {budget:g} is outside [0, 1): it is the fraction of prunable parameters to remove")
-    return float(budget)
+    fraction = check_number(budget, "budget", BudgetError)
+    if not 0.0 <= fraction < 1.0:
+        raise BudgetError(f"budget {fraction:g} is outside [0, 1): it is the fraction of prunable parameters to remove")
+    return fraction
 
 
 # ---- the planning problem: slots over the table's grid ---------------------------------
@@ -103,7 +107,7 @@ class PlanningProblem:
     costs: np.ndarray  # (S, R) int64 parameters each option removes
     losses: np.ndarray  # (S, R) float64 predicted loss increase of each option
     allowed: np.ndarray  # (S, R) bool options the constraints allow
-    locked: dict  # slot index -> locked rate
+    locked: dict[int, float]  # slot index -> locked rate
     num_layers: int  # L
     dense_prunable: int  # prunable parameters of the dense model
 
@@ -111,14 +115,14 @@ class PlanningProblem:
     def coupled(self) -> bool:
         return len(self.slots) == self.num_layers
 
-    def rates(self, choice: Sequence[int]) -> tuple[list[float], list[float]]:
+    def rates(self, choice: Choice) -> tuple[list[float], list[float]]:
         """(attention_rates, mlp_rates) per layer for one option index per slot."""
         return slot_rates(self.slots, [float(self.rate_grid[int(r)]) for r in choice], self.num_layers)
 
-    def removed(self, choice: Sequence[int]) -> int:
+    def removed(self, choice: Choice) -> int:
         return int(self.costs[np.arange(len(self.slots)), np.asarray(choice, dtype=np.intp)].sum())
 
-    def loss(self, choice: Sequence[int]) -> float:
+    def loss(self, choice: Choice) -> float:
         total = 0.0
         for s, r in enumerate(choice):  # summed in slot order, like the DP
             total += float(self.losses[s, int(r)])
@@ -131,7 +135,7 @@ class PlanningProblem:
         return int(low), int(high)
 
 
-def slot_rates(slots, rates, num_layers: int) -> tuple[list[float], list[float]]:
+def slot_rates(slots: Sequence[tuple[int, str]], rates: Iterable[float], num_layers: int) -> tuple[list[float], list[float]]:
     """Spread one rate per slot over (attention_rates, mlp_rates); layers without a slot stay 0."""
     attention, mlp = [0.0] * num_layers, [0.0] * num_layers
     for (layer, kind), rate in zip(slots, rates):
@@ -190,7 +194,7 @@ def planning_problem(table: LossTable, constraints: Constraints = Constraints(),
         allowed = constraint_mask(table.rate_grid, len(slots), locked, low, high)
     except BudgetError as exc:
         # The planner numbers components; name the layer instead.
-        def slot_name(match):
+        def slot_name(match: re.Match[str]) -> str:
             layer, kind = slots[int(match.group(1))]
             return f"layer {layer} {kind}"
 
@@ -225,7 +229,9 @@ def _interp_row(removed_row: np.ndarray, loss_row: np.ndarray, removed: float) -
     return float(fp[-1] + slope * (removed - xp[-1]))
 
 
-def predicted_loss(table: LossTable, geometries: Sequence[ComponentGeometry], attention_rates, mlp_rates, smoothed: bool = True) -> float:
+def predicted_loss(
+    table: LossTable, geometries: Sequence[ComponentGeometry], attention_rates: Sequence[float], mlp_rates: Sequence[float], smoothed: bool = True
+) -> float:
     """Summed table loss of a plan; between grid rates the table is read linearly.
 
     Each table row is read at the parameters the plan removes from that component (a

@@ -18,8 +18,9 @@ query heads (surgery keeps or drops groups by that sum).
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,10 +29,11 @@ from gap_engine.core.config import DEFAULT_CRITERION
 from gap_engine.core.device import host64, input_device, is_streamed, wide
 from gap_engine.core.errors import GapError
 from gap_engine.core.progress import NO_HOOKS, Hooks
-from gap_engine.data.bos import next_token_nll
-from gap_engine.data.windows import batches, text_start
+from gap_engine.data.bos import next_token_nll, text_start
+from gap_engine.data.windows import batches
+from gap_engine.model.adapters import ArchitectureAdapter
 from gap_engine.model.layerwise import backward_blocks, forward_blocks
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.criteria import CRITERIA, reads_windows
 
 log = logging.getLogger(__name__)
@@ -58,13 +60,13 @@ class InputStats:
     are huge outliers (an attention sink) that say nothing about the text.
     """
 
-    def __init__(self, width: int, skip: int = 0):
+    def __init__(self, width: int, skip: int = 0) -> None:
         self.total = torch.zeros(width, dtype=torch.float64)
         self.total_sq = torch.zeros(width, dtype=torch.float64)
         self.count = 0
         self.skip = skip
 
-    def __call__(self, module, args):
+    def __call__(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
         x = args[0].detach()[:, self.skip :]  # (B, T-skip, width)
         x = wide(x.reshape(-1, x.shape[-1]))  # (B*(T-skip), width), on its device
         self.total += x.sum(0).cpu()
@@ -139,9 +141,9 @@ def input_statistics(
     return stats
 
 
-def _activation_scores(lm, windows, criterion, batch_size, hooks: Hooks) -> list[LayerScores]:
+def _activation_scores(lm: LoadedModel, windows, criterion, batch_size, hooks: Hooks) -> list[LayerScores]:
     layers = list(lm.adapter.layers(lm.model))
-    linears = {}
+    linears: dict[Hashable, nn.Linear] = {}
     for i, layer in enumerate(layers):
         linears[i, "o"] = lm.adapter.attention_projections(layer)[3]
         linears[i, "down"] = lm.adapter.mlp_projections(layer)[2]
@@ -182,14 +184,14 @@ def taylor_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks
     return _taylor(lm, windows, batch_size, hooks)
 
 
-def _taylor_weights(layer, adapter) -> list[torch.Tensor]:
+def _taylor_weights(layer: nn.Module, adapter: ArchitectureAdapter) -> list[torch.Tensor]:
     """The weights whose W * grad score a block's units: q, o, gate, up, down."""
     q, _, _, o = adapter.attention_projections(layer)
     gate, up, down = adapter.mlp_projections(layer)
     return [q.weight, o.weight, gate.weight, up.weight, down.weight]
 
 
-def _taylor(lm, windows, batch_size, hooks: Hooks) -> list[LayerScores]:
+def _taylor(lm: LoadedModel, windows, batch_size, hooks: Hooks) -> list[LayerScores]:
     layers = list(lm.adapter.layers(lm.model))
     weights = [_taylor_weights(layer, lm.adapter) for layer in layers]
     params = [w for group in weights for w in group]
@@ -234,15 +236,15 @@ def _taylor_loss(logits: torch.Tensor, batch: torch.Tensor, start: int) -> torch
     return next_token_nll(logits.float(), batch, start).mean()
 
 
-def _taylor_streamed(lm, windows, batch_size, start: int, saliency: list, hooks: Hooks) -> None:
+def _taylor_streamed(lm: LoadedModel, windows, batch_size, start: int, saliency: list[Any], hooks: Hooks) -> None:
     """W * grad accumulated block by block (``layerwise.backward_blocks``), on the host."""
     on_device: dict[int, list[torch.Tensor]] = {}
 
-    def leaves(i: int, layer, b: int, n: int) -> list[torch.Tensor]:
+    def leaves(i: int, layer: nn.Module, b: int, n: int) -> list[torch.Tensor]:
         on_device[i] = _taylor_weights(layer, lm.adapter)  # the block's device copies (requires_grad kept)
         return on_device[i]
 
-    def collect(stream: int, i: int, b: int, grads) -> None:
+    def collect(stream: int, i: int, b: int, grads: Sequence[torch.Tensor]) -> None:
         for acc, w, g in zip(saliency[i], on_device[i], grads):
             acc += wide(w.detach() * g).to(acc.device)
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from gap_engine.model.adapters import ArchitectureAdapter
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, predicted_params
 from gap_engine.model.slicing import slice_attention_, slice_mlp_, zeroed_units
 from gap_engine.model.units import AttentionShape, attention_shape_for_rate, channels_for_rate
@@ -61,7 +63,7 @@ class PruneResult:
     params_before: int = 0
     params_after: int = 0
 
-    def kept_indices(self) -> dict:
+    def kept_indices(self) -> dict[str, Any]:
         return {
             "kept_kv_heads": self.kept_kv_heads,
             "kept_heads": self.kept_heads,
@@ -71,7 +73,7 @@ class PruneResult:
 
 def layer_selection(
     adapter: ArchitectureAdapter, layer: nn.Module, scores: LayerScores, attn_rate: float, mlp_rate: float, channel_multiple: int
-):
+) -> tuple[list[int], list[int], list[int]]:
     """(kept_kv, kept_heads, kept_channels) for one block at the given rates."""
     geom = adapter.geometry(layer)
     q, _, _, o = adapter.attention_projections(layer)
@@ -93,7 +95,7 @@ def removed_units(
 
 
 @contextlib.contextmanager
-def masked_plan(lm, attention_rates, mlp_rates, scores: ImportanceScores, channel_multiple: int) -> Iterator[None]:
+def masked_plan(lm: LoadedModel, attention_rates: Sequence[float], mlp_rates: Sequence[float], scores: ImportanceScores, channel_multiple: int) -> Iterator[None]:
     """Temporarily zero every unit a plan removes, on the dense model itself.
 
     Units are chosen exactly as `apply_plan` chooses them, and zeroing a head's ``o_proj``
@@ -110,7 +112,7 @@ def masked_plan(lm, attention_rates, mlp_rates, scores: ImportanceScores, channe
         yield
 
 
-def apply_plan(lm, plan: RatePlan, scores: ImportanceScores | None) -> PruneResult:
+def apply_plan(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores | None) -> PruneResult:
     """Prune ``lm.model`` in place as ``plan`` says and return what was kept.
 
     Args:

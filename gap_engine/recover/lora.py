@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,7 +39,7 @@ def attach(model: nn.Module, target_names: list[str], rank: int, alpha: float, d
 
     config = LoraConfig(
         r=rank,
-        lora_alpha=alpha,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # peft declares int, but scales by alpha / r: a fractional alpha is valid
         lora_dropout=dropout,
         target_modules=list(target_names),
         bias="none",
@@ -108,7 +109,7 @@ def load_adapter_tensors(peft_model, tensors: dict[str, torch.Tensor]) -> None:
     """Put weights saved by :func:`adapter_tensors` back (every adapter must be matched)."""
     from peft import set_peft_model_state_dict
 
-    result = set_peft_model_state_dict(peft_model, tensors)
+    result: Any = set_peft_model_state_dict(peft_model, tensors)  # torch's load_state_dict result (missing_keys, unexpected_keys)
     missing = [k for k in result.missing_keys if "lora_" in k]
     if missing or result.unexpected_keys:
         raise ValueError(f"saved adapters do not fit the model: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}")

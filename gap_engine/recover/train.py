@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from gap_engine.core.config import RECOVERY_PROJECTIONS, WindowSpec
 from gap_engine.core.errors import DataError
 from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import calibration_windows, load_corpus
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.recover import lora as recover_lora
 from gap_engine.recover import zo as recover_zo
 
@@ -91,7 +92,7 @@ def multitask_loss(model, batch: torch.Tensor, n_tasks: int, bf16: bool = False)
 def projection_modules(lm: LoadedModel, short_names) -> list[tuple[str, torch.nn.Linear]]:
     """(module path, linear) of the chosen projections of every block, in block order."""
     paths = {id(module): name for name, module in lm.model.named_modules()}
-    out = []
+    out: list[tuple[str, nn.Linear]] = []
     for layer in lm.adapter.layers(lm.model):
         q, k, v, o = lm.adapter.attention_projections(layer)
         gate, up, down = lm.adapter.mlp_projections(layer)

@@ -36,8 +36,8 @@ from gap_engine.core.config import (
 from gap_engine.core.deprecation import warn_deprecated
 from gap_engine.core.device import SHORT_DTYPE_NAMES, dtype_name, placement_of
 from gap_engine.core.errors import DataError, TableError, first_line
-from gap_engine.core.validate import check_table_document, parse_json
-from gap_engine.data.windows import WINDOW_STARTS, window_start
+from gap_engine.core.validate import check_int, check_table_document, parse_json
+from gap_engine.data.bos import WINDOW_STARTS, window_start
 from gap_engine.model.units import block_geometries
 from gap_engine.prune.criteria import CRITERIA
 from gap_engine.tables.estimators import ESTIMATORS
@@ -78,9 +78,7 @@ class TableSpec:
             raise TableError(f"table {exc}") from None
         if len(self.windows.sources()) != 1:
             raise TableError(f"a loss table is measured on one text source, got '{self.windows.data}'")
-        value = self.channel_multiple
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise TableError(f"table channel_multiple must be an integer >= 1, got {value!r}")
+        check_int(self.channel_multiple, "table channel_multiple", TableError, low=1)
         for name, registry in (("criterion", CRITERIA), ("objective", OBJECTIVES), ("mode", MODES), ("estimator", ESTIMATORS)):
             if getattr(self, name) not in registry:
                 what = "criterion" if name == "criterion" else f"table {name}"
@@ -110,9 +108,7 @@ class TableSpec:
                 raise TableError(f"refine budget {budget!r} is outside (0, 1)")
         if self.refine_attention not in REFINE_ATTENTION:
             raise TableError(f"unknown refine_attention '{self.refine_attention}'; choose one of {', '.join(REFINE_ATTENTION)}")
-        value = self.refine_neighbours
-        if not isinstance(value, int) or isinstance(value, bool) or not (0 <= value <= 3):
-            raise TableError(f"refine_neighbours must be an integer from 0 to 3, got {value!r}")
+        check_int(self.refine_neighbours, "refine_neighbours", TableError, low=0, high=3)
 
     def summary(self) -> dict:
         """The fields that identify a table, flat, for listings, cache metadata and the key."""

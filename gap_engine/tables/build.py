@@ -17,7 +17,7 @@ import torch
 
 from gap_engine.core.device import CPU_FP32, is_streamed, placement_of, resolve
 from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, NO_HOOKS, SCORE_UNITS, Hooks
-from gap_engine.data.windows import text_start
+from gap_engine.data.bos import text_start
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import (
     TABLE_FORMAT_VERSION,

@@ -129,7 +129,7 @@ def put_table(table: LossTable, stage_seconds: dict | None = None) -> Path:
 def list_tables() -> list[dict]:
     """Finished entries: key, model, spec summary, created, size (bytes), build seconds, stage seconds."""
     root = tables_root()
-    rows = []
+    rows: list[dict] = []
     if not root.is_dir():
         return rows
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):

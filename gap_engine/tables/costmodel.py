@@ -229,6 +229,7 @@ def _time(fn, device, repeats: int = 3) -> float:
 def _measure(placement, calib: ModelShape, seq_len: int, batch: int) -> DeviceProfile:
     import torch
     import torch.nn.functional as F
+    from torch import nn
     from transformers import LlamaConfig, LlamaModel
 
     device, dtype = placement.device, placement.dtype
@@ -238,7 +239,8 @@ def _measure(placement, calib: ModelShape, seq_len: int, batch: int) -> DevicePr
         max_position_embeddings=max(seq_len, 512),
     )
     torch.manual_seed(0)
-    block = LlamaModel(config).to(device=device, dtype=dtype).eval()
+    block: nn.Module = LlamaModel(config)  # as a Module: transformers' typing of PreTrainedModel.to is off
+    block = block.to(device=device, dtype=dtype).eval()
     embeds = torch.randn(batch, seq_len, calib.hidden, device=device, dtype=dtype)
     head = torch.nn.Linear(calib.hidden, calib.vocab, bias=False, device=device, dtype=dtype)
     tokens = batch * seq_len

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -37,11 +38,15 @@ from torch import nn
 from gap_engine.core.device import DeviceSpec, dtype_name, is_streamed, placement_of
 from gap_engine.core.errors import CancelledError, GapError, one_line
 from gap_engine.core.progress import Hooks
+from gap_engine.core.validate import check_int
 from gap_engine.model.layerwise import tree_to
 from gap_engine.tables.cells import objective_positions, unit_cuts
 from gap_engine.tables.exact import DenseState, dense_pass, distinct_cuts
 from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues, block_costs
 from gap_engine.tables.streaming import streamed_dense_state
+
+if TYPE_CHECKING:
+    from gap_engine.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +67,7 @@ class RaySettings:
 
     def validate(self) -> RaySettings:
         for name in ("workers", "cpus_per_worker"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise RayError(f"ray {name} must be an integer >= 1, got {value!r}")
+            check_int(getattr(self, name), f"ray {name}", RayError, low=1)
         return self
 
 
@@ -157,7 +160,7 @@ class CellWorker:
         torch.set_num_threads(threads)
         self.placement = resolve(device)
         self.build = None  # which build the model below belongs to
-        self.lm = None
+        self.lm: LoadedModel | None = None  # set up from the first call of a build
         self.loaded: set[int] = set()
         self.shared: dict[str, object] = {}
 
@@ -168,7 +171,7 @@ class CellWorker:
         import ray
 
         from gap_engine.model.adapters import adapter_for
-        from gap_engine.model.loading import LoadedModel
+        from gap_engine.model.loaded import LoadedModel
 
         model, layers_name = ray.get(refs["shell"])
         model = model.to(self.placement.device)
@@ -189,6 +192,7 @@ class CellWorker:
     def _load_blocks(self, block_refs: list, first: int) -> None:
         import ray
 
+        assert self.lm is not None, "_setup runs first"
         layers = self.lm.adapter.layers(self.lm.model)
         for j in range(first, len(layers)):
             if j not in self.loaded:
@@ -209,9 +213,12 @@ class CellWorker:
         calls, batches = self._get(refs["calls"]), self._get(refs["batches"])
         final = self._get(refs["final"]) if refs["final"] is not None else [None] * len(batches)
         inputs = tree_to(ray.get(refs["inputs"]), self.placement.device)  # [b] (B, T, d)
+        assert self.lm is not None, "_setup runs first"
         n_layers = len(self.lm.adapter.layers(self.lm.model))
         block_inputs = [[inputs[b] if i == layer else None for i in range(n_layers)] for b in range(len(batches))]
-        state = DenseState(batches, block_inputs, calls, final, None, [], refs["start"])
+        # A worker's state holds only the inputs of the block it measures (and, without a
+        # last block, no final states): the None entries are never read.
+        state = DenseState(batches, block_inputs, calls, final, None, [], refs["start"])  # type: ignore[arg-type]
         objective, positions = refs["objective"], refs["positions"]
         if self.placement.stream:
             sums = streamed_cells(self.lm, state, [cut for _, cut in jobs], (objective,))

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from gap_engine.core.device import host64, input_device, is_streamed, placement_of
 from gap_engine.core.progress import EtaClock, Hooks
-from gap_engine.data.bos import next_token_nll
-from gap_engine.data.windows import batches, text_start
+from gap_engine.data.bos import next_token_nll, text_start
+from gap_engine.data.windows import batches
 from gap_engine.model.layerwise import backward_blocks
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.cells import objective_positions, unit_cuts

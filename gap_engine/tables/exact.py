@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from gap_engine.core.device import input_device
 from gap_engine.core.progress import NO_HOOKS, EtaClock, Hooks
-from gap_engine.data.windows import batches, text_start
+from gap_engine.data.bos import text_start
+from gap_engine.data.windows import batches
 from gap_engine.model.slicing import zeroed_units
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import TableSpec, removed_table, table_components
@@ -72,8 +73,9 @@ def dense_pass(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str
     state = DenseState(parts, [], [], [], None, [], text_start(lm.tokenizer, windows))
     vocab = adapter.lm_head(model).out_features
     store_logprobs = "kl" in objectives and windows.numel() * vocab * 4 <= MAX_STORED_LOGPROB_BYTES
+    logprobs: list[torch.Tensor] = []
     if store_logprobs:
-        state.dense_logprobs = []
+        state.dense_logprobs = logprobs
     current: dict = {}
 
     def capture(index):
@@ -100,7 +102,7 @@ def dense_pass(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str
                 state.final_hidden.append(current["final"])
                 logits = adapter.logits_from_hidden(model, current["final"]).float()  # (B, T, V)
                 if store_logprobs:
-                    state.dense_logprobs.append(F.log_softmax(logits, dim=-1))
+                    logprobs.append(F.log_softmax(logits, dim=-1))
                 state.dense_nll.append(objective_per_window(logits, batch, "nll", None, state.start))
     finally:
         for handle in handles:

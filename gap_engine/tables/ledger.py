@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from gap_engine.core.progress import NO_HOOKS, EtaClock, Hooks
-from gap_engine.model.loading import LoadedModel
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.cells import Cut

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from gap_engine.core.device import placement_of
 from gap_engine.core.progress import NO_HOOKS, Hooks
-from gap_engine.data.windows import text_start
+from gap_engine.data.bos import text_start
 from gap_engine.model.layerwise import block_on, forward_blocks, layer_output, to_host
 from gap_engine.model.slicing import zeroed_units
 from gap_engine.tables.cells import Cut, objective_per_window, objective_positions, unit_cuts

@@ -40,7 +40,8 @@ from gap_engine.core.errors import CacheError, CancelledError, GapError, one_lin
 from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.core.interrupt import run_unless_cancelled
 from gap_engine.core.progress import LOAD_MODEL, CancelToken, Hooks
-from gap_engine.model.loading import LoadedModel, load_model
+from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.loading import load_model
 from gap_engine.pipeline.recovery import recover
 from gap_engine.pipeline.runs import baseline_rows, prune_and_evaluate, prune_eval_stages
 from gap_engine.pipeline.stages import loss_table, table_stages
@@ -96,9 +97,10 @@ class JobProgress:
             return self.expected_total()
         left = self._stage_left(now)
         later = [self.expected.get(name) for name in self.stages[self.stage + 1 :]]
-        if left is None or any(seconds is None for seconds in later):
+        known = [seconds for seconds in later if seconds is not None]
+        if left is None or len(known) < len(later):
             return None
-        return left + sum(later)
+        return left + sum(known)
 
     def expected_total(self) -> float | None:
         """The whole job's expected seconds, when every stage has an expectation."""

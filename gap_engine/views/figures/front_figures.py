@@ -47,7 +47,8 @@ def measured_traces(runs: list[dict] | None) -> list:
     ``predicted_loss``, ``actual_loss``) as x marks on the loss-vs-budget panel: the
     measured loss beside the front's prediction."""
     traces = []
-    for allocator in sorted({str(run["allocator"]) for run in runs or []}):
+    runs = runs or []
+    for allocator in sorted({str(run["allocator"]) for run in runs}):
         points = [run for run in runs if str(run["allocator"]) == allocator]
         traces.append(
             go.Scatter(
@@ -140,7 +141,8 @@ def front_traces(front: list[dict], row: dict | None, uniform: list[dict] | None
                 hovertemplate="budget %{x:.2f}%<br>predicted +%{y:.4f}<extra>uniform plan</extra>",
             )
         )
-    for allocator in sorted({b["allocator"] for b in baselines or [] if "error" not in b}):
+    baselines = baselines or []
+    for allocator in sorted({b["allocator"] for b in baselines if "error" not in b}):
         points = [b for b in baselines if b["allocator"] == allocator and "error" not in b]
         inside = [b for b in points if b["predicted_loss"] <= y_top]
         above = [b for b in points if b["predicted_loss"] > y_top]
