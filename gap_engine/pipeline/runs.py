@@ -194,16 +194,14 @@ def prune_and_evaluate(
             score the units and give the measured ("actual") objective increase.
         budget, allocator, constraints: what `allocators.plan_from_table` gets.
         plan: a ready RatePlan (e.g. an uploaded one) instead of planning.
-        checkpoint_dir: where to save the pruned checkpoint; None: not saved.
-        history_path: the history database; None: the default under the cache root.
+        checkpoint_dir, history_path: where to save the checkpoint (None: not saved), the history (None: the default).
         hooks: each stage entered as it starts (`prune_eval_stages`, after loading); cancel
             polled at every decoder block of both models (``interrupt``) and between stages.
         tasks: prepared lm-eval tasks whose accuracy (and dense's) joins report and history.
     Returns:
         PruneEvalResult (``to_dict()`` is JSON-ready).
     """
-    started, timer = time.perf_counter(), StageTimer(hooks.stage)
-    cancel = hooks.cancel
+    started, timer, cancel = time.perf_counter(), StageTimer(hooks.stage), hooks.cancel
 
     def at(name: str) -> None:
         hooks.check_cancelled(f"prune and evaluate cancelled before the {name} stage")

@@ -279,6 +279,16 @@ def _cards_html(table, row: dict, dense_total: int | None, evaluation: dict | No
     return "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div></div>" for k, v in cards)
 
 
+def _task_sections(evaluation: dict | None) -> list[str]:
+    """The paper-style task table (dense, the plan, the recovered model when given), if there are tasks."""
+    if not evaluation or not evaluation.get("tasks"):
+        return []
+    rows = [("dense", evaluation.get("dense_tasks") or {}), ("pruned (plan)", evaluation["tasks"])]
+    if evaluation.get("recovered_tasks"):
+        rows.append(("pruned + recovered", evaluation["recovered_tasks"]))
+    return ["<h2>Task accuracy</h2>", task_table_html(rows)]
+
+
 def build_report(
     table,
     plan: RatePlan | None = None,
@@ -347,11 +357,7 @@ def build_report(
     ]
     if evaluation:
         sections += ["<h2>Evaluation</h2>", _evaluation_html(evaluation, objective)]
-    if evaluation and evaluation.get("tasks"):
-        rows = [("dense", evaluation.get("dense_tasks") or {}), ("pruned (plan)", evaluation["tasks"])]
-        if evaluation.get("recovered_tasks"):
-            rows.append(("pruned + recovered", evaluation["recovered_tasks"]))
-        sections += ["<h2>Task accuracy</h2>", task_table_html(rows)]
+    sections += _task_sections(evaluation)
     footer = f"<p class='note'>{html.escape(source)}</p>" if source else ""
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
