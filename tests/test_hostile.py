@@ -1437,6 +1437,7 @@ PREFLIGHT_CASES = {
     "data-unknown-form": (["table", "--data", "not-a-source", "--samples", "2", "--seq-len", "16"], "unknown text source"),
     "data-missing-file": (["table", "--data", "/nonexistent/docs.txt", "--samples", "2", "--seq-len", "16"], "text file not found"),
     "max-memory-lots": (["eval", "--model", "smollm2-135m", "--device-map", "auto", "--max-memory", "cpu=lots"], "'lots' is not a size"),
+    "device-map-with-stream": (["eval", "--model", "smollm2-135m", "--device-map", "auto", "--stream"], "leave out --device and --stream"),
     "tokenizer-pre-path": (["export", "smollm2-135m", "--tokenizer-pre", "../../x\ny"], "not a llama.cpp pre-tokenizer name"),
 }
 

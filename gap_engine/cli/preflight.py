@@ -234,9 +234,12 @@ def check_source_specs(args: argparse.Namespace) -> None:
 
 
 def check_max_memory(args: argparse.Namespace) -> None:
-    """DataError for a --max-memory that is not DEVICE=SIZE (now, not after the model loaded)."""
+    """DataError for a --max-memory that is not DEVICE=SIZE, or --device-map beside --device or
+    --stream (now, not after the text or the model loaded)."""
     if getattr(args, "max_memory", None):
         parse_max_memory(args.max_memory, DataError)
+    if getattr(args, "device_map", None) and (getattr(args, "stream", False) or getattr(args, "device", "auto") != "auto"):
+        raise DataError("--device-map places the model itself: leave out --device and --stream")
 
 
 def _cache_path() -> Path:
