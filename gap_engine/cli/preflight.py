@@ -229,6 +229,8 @@ def check_source_spec(spec: str, flag: str) -> None:
 def check_source_specs(args: argparse.Namespace) -> None:
     for dest, flag in (("data", "--data"), ("eval_data", "--eval-data")):
         for part in str(getattr(args, dest, None) or "").split(","):
+            if args.command == "recover" and "@" in part:
+                part = part.rsplit("@", 1)[0]  # recover's SOURCE@PART: the part is recover's to judge
             if part.strip():
                 check_source_spec(part, flag)
 
