@@ -229,14 +229,19 @@ def check_source_spec(spec: str, flag: str) -> None:
 def check_source_specs(args: argparse.Namespace) -> None:
     for dest, flag in (("data", "--data"), ("eval_data", "--eval-data")):
         for part in str(getattr(args, dest, None) or "").split(","):
+            if args.command == "recover" and "@" in part:
+                part = part.rsplit("@", 1)[0]  # recover's SOURCE@PART: the part is recover's to judge
             if part.strip():
                 check_source_spec(part, flag)
 
 
 def check_max_memory(args: argparse.Namespace) -> None:
-    """DataError for a --max-memory that is not DEVICE=SIZE (now, not after the model loaded)."""
+    """DataError for a --max-memory that is not DEVICE=SIZE, or --device-map beside --device or
+    --stream (now, not after the text or the model loaded)."""
     if getattr(args, "max_memory", None):
         parse_max_memory(args.max_memory, DataError)
+    if getattr(args, "device_map", None) and (getattr(args, "stream", False) or getattr(args, "device", "auto") != "auto"):
+        raise DataError("--device-map places the model itself: leave out --device and --stream")
 
 
 def _cache_path() -> Path:

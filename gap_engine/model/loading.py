@@ -338,6 +338,16 @@ def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> Load
         return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
     if name_or_path.count("/") == 1 and not path.exists() and not name_or_path.startswith((".", "/", "~")):
         local_only = not hub or os.environ.get("HF_HUB_OFFLINE") == "1"
+        if not hub:
+            # transformers looks for an adapter_config.json on the hub even with local_files_only;
+            # a name read from a file that the local hub cache does not hold goes no further.
+            from huggingface_hub import try_to_load_from_cache
+
+            if not isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
+                raise ModelLoadError(
+                    f"'{name_or_path}' (a name read from a file) is not in the local hub cache; "
+                    "names read from files never reach the network"
+                )
         try:
             model, tokenizer = _from_folder(name_or_path, local_only=local_only, dtype=dtype)
         except Exception as exc:
