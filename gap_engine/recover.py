@@ -38,8 +38,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .config import RECOVERY_METHODS, RECOVERY_SCHEDULES
-from .errors import CancelledError, DataError, ModelLoadError
+from .config import RECOVERY_METHODS, RECOVERY_SCHEDULES, SAVE_DTYPES
+from .errors import CancelledError, DataError, ModelLoadError, one_line
 from .memory import PeakRSS, release_free_memory
 from .models import LoadedModel, weights_fingerprint
 from .recover_io import (
@@ -52,15 +52,20 @@ from .recover_io import (
     load_state,
     partial_dir,
     record_in_history,
+    round_to_storage,
     save_state,
+    storage_dtype,
     write_checkpoint,
 )
+from .recover_distill import OBJECTIVES, Objective, TeacherMismatch, check_compatible, check_temperature
 from .recover_train import (
+    PROBE_STEPS,
     PROJECTIONS,
     LoraRun,
     TaskData,
     ZORun,
     multitask_loss,
+    probe_learning_rate,
     projection_modules,
 )
 
@@ -77,10 +82,14 @@ ProgressFn = Callable[[int, int, "float | None", str], None]  # (done, total, et
 @dataclass(frozen=True)
 class RecoverySettings:
     method: str = "lora"  # lora | mazo | mezo
+    objective: str | None = None  # kd | lm | kd+lm; None: kd when the dense base model is reachable, else lm
+    temperature: float = 1.0  # distillation temperature τ, in (0, 100]
+    kd_weight: float = 0.5  # kd+lm: weight w of kd in w · kd + (1 - w) · lm
+    teacher: str | None = None  # the dense model to distil from; None: the checkpoint's base model
     tasks: tuple[str, ...] = ("wiki-sample",)  # text sources, one task each; trained on their calibration part
     split: str = "calibration"  # the only part training may read; "heldout" is refused
     steps: int = 100  # training steps (fewer when time_budget_s runs out first)
-    lr: float | None = None  # peak learning rate; None: DEFAULT_LR[method]
+    lr: float | None = None  # peak learning rate; None: LoRA DEFAULT_LR, ZO the probe's choice around DEFAULT_LR
     schedule: str = "cosine"  # constant | linear | cosine decay to 0 after the warm-up
     warmup_steps: int = 0  # linear warm-up from 0
     batch_size: int = 2  # windows per task per step
@@ -107,6 +116,7 @@ class RecoverySettings:
     evaluate_before: bool = True  # also evaluate the model before training
     compare_dense: bool = True  # load the dense model for KL, agreement and generations side by side
     record_history: bool = True  # add the run to the run history
+    save_dtype: str | None = None  # storage dtype of the recovered checkpoint; None: the input's (bf16 if unknown)
 
     def validate(self) -> "RecoverySettings":
         """Check every field; returns a copy with the tasks normalised.
@@ -116,6 +126,16 @@ class RecoverySettings:
         """
         if self.method not in METHODS:
             raise RecoveryError(f"unknown recovery method '{self.method}'; choose one of {', '.join(METHODS)}")
+        if self.objective is not None and self.objective not in OBJECTIVES:
+            raise RecoveryError(f"unknown objective '{self.objective}'; choose one of {', '.join(OBJECTIVES)}")
+        bad_temperature = check_temperature(self.temperature)
+        if bad_temperature:
+            raise RecoveryError(bad_temperature)
+        _check_range("kd_weight", self.kd_weight, 0.0, 1.0)
+        if self.teacher is not None and not str(self.teacher).strip():
+            raise RecoveryError("an empty teacher model name was given")
+        if self.save_dtype is not None and self.save_dtype not in SAVE_DTYPES:
+            raise RecoveryError(f"unknown save dtype '{self.save_dtype}'; choose one of {', '.join(SAVE_DTYPES)}")
         if self.split != "calibration":
             raise DataError(_HELDOUT_REFUSAL.format(what=f"split '{self.split}'"))
         tasks = tuple(parse_task(t) for t in self.tasks)
@@ -157,12 +177,17 @@ class RecoverySettings:
     def learning_rate(self) -> float:
         return float(self.lr) if self.lr is not None else DEFAULT_LR.get(self.method, math.nan)
 
+    @property
+    def probes_lr(self) -> bool:
+        """True when a zeroth-order run chooses its learning rate by a short probe (no lr given)."""
+        return self.lr is None and self.method in ("mazo", "mezo")
+
     def trajectory(self) -> dict:
         """The settings that decide what training computes; a resumed run must share them."""
         free = {"save_every", "time_budget_s", "device", "eval_samples", "eval_seq_len", "eval_generations",
-                "evaluate_before", "compare_dense", "record_history", "split"}
+                "evaluate_before", "compare_dense", "record_history", "split", "save_dtype"}
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in free}
-        out["lr"] = self.learning_rate()
+        out["lr"] = "auto" if self.probes_lr else self.learning_rate()
         out["tasks"], out["targets"] = list(self.tasks), list(self.targets)
         return out
 
@@ -235,6 +260,7 @@ class RecoveryResult:
     resumed_from: int  # the step a resumed run continued from (0: a fresh run)
     stopped: str  # "steps" or "time budget"
     lr: float  # peak learning rate
+    lr_probe: list[dict]  # ZO without a given rate: the probed candidates (lr, loss before, loss after)
     train_seconds: float  # training wall time, over every segment
     total_seconds: float  # this call's wall time
     trainable_params: int  # LoRA adapters, or the weights ZO perturbs (masked for MaZO)
@@ -245,6 +271,10 @@ class RecoveryResult:
     calib_loss_after: list[float]
     before: dict | None  # EvalReport.to_dict() before training
     after: dict  # EvalReport.to_dict() after training
+    objective: str = "lm"  # what training minimised: kd | lm | kd+lm
+    objective_note: str = ""  # why this objective and which teacher (said in the output)
+    teacher: str | None = None  # the model distilled from
+    save_dtype: str = ""  # storage dtype of the recovered checkpoint
     curve: list[dict] = field(default_factory=list)  # per step: step, seconds, loss, lr
     run_id: int | None = None  # row in the run history
     settings: dict = field(default_factory=dict)
@@ -253,9 +283,16 @@ class RecoveryResult:
     def rss_ratio(self) -> float:
         return self.peak_rss / self.inference_rss if self.inference_rss else math.nan
 
+    @property
+    def tokens_seen(self) -> int:
+        """Training tokens read (windows of every task, every step done; repeats counted)."""
+        per_step = len(self.tasks) * int(self.settings.get("batch_size", 0)) * int(self.settings.get("seq_len", 0))
+        return self.steps_done * per_step
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["rss_ratio"] = self.rss_ratio
+        out["tokens_seen"] = self.tokens_seen
         out["rss_delta"] = self.peak_rss - self.inference_rss
         return out
 
@@ -286,6 +323,7 @@ def recover(
     out_dir: str | Path = "recovered",
     resume: bool = True,
     history_path: Path | None = None,
+    teacher: LoadedModel | None = None,
 ) -> RecoveryResult:
     """Fine-tune ``lm`` on its tasks' calibration text, evaluate it, and save it as a checkpoint.
 
@@ -302,6 +340,8 @@ def recover(
         resume: continue the run saved in ``<out_dir>.partial/`` (its settings and starting
             weights must match); False discards it and starts over.
         history_path: the run history database; None: the default under the cache root.
+        teacher: the dense model to distil from, already loaded (None: ``settings.teacher``, else
+            the checkpoint's base model, loaded here on the student's device and dtype).
     Returns:
         RecoveryResult (``to_dict()`` is JSON-ready).
     Raises:
@@ -323,28 +363,40 @@ def recover(
         _check_rank(lm, settings)
     reporter.stage("reading the calibration text")
     data = TaskData(lm, settings)  # every input error surfaces before anything is written
+    objective, teacher, note = _resolve_objective(lm, settings, teacher, reporter, device)
+    settings = replace(settings, objective=objective.name)
+    reporter.stage(note)
+    trajectory = settings.trajectory() | {"teacher_fingerprint": teacher.fingerprint if teacher else None}
+    dense = teacher if teacher is not None and settings.teacher is None else None  # the dense reference, when it is one
     work = partial_dir(out_dir)
-    state, saved = _start_state(lm, settings, data, work, resume, reporter, cancel)
+    state, saved = _start_state(lm, settings, trajectory, data, work, resume, reporter, cancel, dense)
     resumed_from = state.step
     _measure_inference(lm, data, settings, state, device)
 
-    run = LoraRun(lm, settings) if settings.method == "lora" else ZORun(lm, settings)
+    run = (LoraRun if settings.method == "lora" else ZORun)(lm, settings, objective)
     if saved is None:
         run.prepare(data, reporter.stage, cancel)
         save_state(work, state, run.tensors(), run.optimizer_state)
+        if settings.probes_lr:
+            _probe(run, data, settings, state, work, reporter, cancel)
     else:
         run.restore(saved[1], saved[2])
+    settings = replace(settings, lr=state.lr) if state.lr is not None else settings
     stopped = _train(run, data, settings, state, work, reporter, cancel, device)
 
     reporter.stage("merging adapters" if settings.method == "lora" else "finishing")
     adapter_tmp = work / "adapter"
     shutil.rmtree(adapter_tmp, ignore_errors=True)
     lm.model, adapter_dir = run.finish(adapter_tmp)
+    save_dtype = settings.save_dtype or storage_dtype(lm)
+    round_to_storage(lm.model, save_dtype)  # evaluate exactly the weights the checkpoint will hold
     lm.fingerprint = weights_fingerprint(lm.model)
     reporter.stage("calibration loss after training")
     calib_after = _calib_losses(lm, data, settings)
-    after = _evaluate(lm, settings, "after", reporter, cancel, start_fingerprint)
+    after = _evaluate(lm, settings, "after", reporter, cancel, start_fingerprint, dense)
     result = _result(settings, state, run, out_dir, adapter_dir, dense_input, resumed_from, stopped, calib_after, after)
+    result.objective_note, result.teacher = note, teacher.name if teacher is not None else None
+    result.save_dtype = save_dtype
     reporter.stage(f"writing {out_dir}")
     result.total_seconds = time.perf_counter() - started
     write_checkpoint(lm, plan, kept, out_dir, result, adapter_dir)
@@ -365,23 +417,92 @@ def _place(lm: LoadedModel, settings: RecoverySettings) -> torch.device:
     return device
 
 
-def _start_state(lm: LoadedModel, settings: RecoverySettings, data: TaskData, work: Path, resume: bool, reporter: _Reporter, cancel):
+def _start_state(lm: LoadedModel, settings: RecoverySettings, trajectory: dict, data: TaskData, work: Path, resume: bool,
+                 reporter: _Reporter, cancel, dense: LoadedModel | None):
     """(run state, saved snapshot or None): the saved run in ``work`` when resuming, else a fresh
     state with the losses and evaluation before training (an earlier partial run is discarded)."""
     saved = load_state(work) if resume else None
     if saved is not None:
-        check_resumable(saved[0], settings.trajectory(), lm.fingerprint, work)
+        check_resumable(saved[0], trajectory, lm.fingerprint, work)
         log.info("resuming %s recovery at step %d of %d", settings.method, saved[0].step, settings.steps)
         return saved[0], saved
     if work.exists():
         log.info("discarding the earlier partial run in %s", work)
         discard(work)
-    state = RunState(trajectory=settings.trajectory(), start_fingerprint=lm.fingerprint)
+    state = RunState(trajectory=trajectory, start_fingerprint=lm.fingerprint)
     reporter.stage("calibration loss before training")
     state.calib_before = _calib_losses(lm, data, settings)
     if settings.evaluate_before:
-        state.before = _evaluate(lm, settings, "before", reporter, cancel, lm.fingerprint)
+        state.before = _evaluate(lm, settings, "before", reporter, cancel, lm.fingerprint, dense)
     return state, None
+
+
+def _resolve_objective(lm: LoadedModel, settings: RecoverySettings, teacher: LoadedModel | None, reporter: _Reporter,
+                       device) -> tuple[Objective, LoadedModel | None, str]:
+    """(objective, teacher or None, a line saying which and why).
+
+    The default is ``kd`` when the dense model the checkpoint was pruned from is reachable, else
+    ``lm``; an explicit ``kd``/``kd+lm`` without a reachable teacher is refused (RecoveryError).
+    """
+    wanted = settings.objective
+    if wanted == "lm":
+        return Objective("lm", bf16=settings.bf16), None, "objective lm (next-token loss), as asked"
+    base = (lm.pruned_from or {}).get("model")
+    if teacher is None and (settings.teacher or base):
+        reporter.stage(f"loading the teacher {settings.teacher or base}")
+        teacher, why_not = _load_teacher(lm, settings.teacher)
+    else:
+        why_not = "the model is not a pruned gap checkpoint, so no dense base model is recorded"
+    if teacher is None:
+        if wanted is not None:
+            raise RecoveryError(f"objective {wanted} needs the dense model to distil from, but {why_not}; "
+                                "pass --teacher MODEL or use --objective lm")
+        return Objective("lm", bf16=settings.bf16), None, f"objective lm (next-token loss): {why_not}"
+    try:
+        check_compatible(lm, teacher)
+    except TeacherMismatch as exc:
+        raise RecoveryError(f"cannot distil: {exc}") from None
+    teacher.model.to(device).eval()
+    for p in teacher.model.parameters():
+        p.requires_grad_(False)
+    name = wanted or "kd"
+    objective = Objective(name, settings.temperature, settings.kd_weight, teacher.model, settings.bf16)
+    how = f"temperature {settings.temperature:g}" + (f", kd weight {settings.kd_weight:g}" if name == "kd+lm" else "")
+    default = "" if wanted else " (the default: the dense base model is reachable)"
+    return objective, teacher, f"objective {name}{default}: distilling from {teacher.name}, {how}"
+
+
+def _load_teacher(lm: LoadedModel, name: str | None) -> tuple[LoadedModel | None, str]:
+    """(the teacher on the student's device and dtype, or None and why it is not reachable)."""
+    from .device import DeviceSpec
+    from .models import load_model
+    from .pipeline import dense_reference
+
+    spec = None
+    if lm.placement is not None:
+        spec = DeviceSpec(device=str(lm.placement.device), dtype=str(lm.placement.dtype).removeprefix("torch."))
+    if name is None:
+        teacher = dense_reference(lm, spec)
+        base = lm.pruned_from["model"]
+        return teacher, f"the dense base model '{base}' is not reachable here (or has other weights than the ones pruned)"
+    try:
+        return load_model(name, spec), ""
+    except ModelLoadError as exc:
+        return None, f"the teacher '{name}' cannot be loaded ({one_line(exc)})"
+
+
+def _probe(run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: _Reporter, cancel) -> None:
+    """Choose the ZO learning rate (``recover_train.probe_learning_rate``) from the snapshot just
+    saved, record it in ``state`` and save again; its time counts as training time."""
+    started = time.perf_counter()
+
+    def restore() -> None:
+        run.restore(load_state(work)[1], None)
+
+    state.lr, state.lr_probe = probe_learning_rate(run, data, settings.learning_rate(), restore, reporter.stage, cancel)
+    state.train_seconds += time.perf_counter() - started
+    reporter.stage(f"learning rate {state.lr:.3g}, the lowest loss after {PROBE_STEPS} probe steps")
+    save_state(work, state, run.tensors(), run.optimizer_state)
 
 
 def _measure_inference(lm: LoadedModel, data: TaskData, settings: RecoverySettings, state: RunState, device) -> None:
@@ -408,6 +529,7 @@ def _result(settings, state: RunState, run, out_dir: Path, adapter_dir, dense_in
         resumed_from=resumed_from,
         stopped=stopped,
         lr=settings.learning_rate(),
+        lr_probe=state.lr_probe,
         train_seconds=state.train_seconds,
         total_seconds=0.0,
         trainable_params=run.trainable_params,
@@ -418,6 +540,7 @@ def _result(settings, state: RunState, run, out_dir: Path, adapter_dir, dense_in
         calib_loss_after=calib_after,
         before=state.before,
         after=after,
+        objective=settings.objective or "lm",
         curve=state.curve,
         settings=asdict(settings),
     )
@@ -491,8 +614,11 @@ def _dense_reference(lm: LoadedModel, start_fingerprint: str) -> LoadedModel | N
     return reference if reference.fingerprint == start_fingerprint else None
 
 
-def _evaluate(lm: LoadedModel, settings: RecoverySettings, label: str, reporter: _Reporter, cancel, start_fingerprint: str) -> dict:
-    """evaluate.evaluate on every task's held-out text (on the CPU, where evaluate's windows are)."""
+def _evaluate(lm: LoadedModel, settings: RecoverySettings, label: str, reporter: _Reporter, cancel, start_fingerprint: str,
+              dense: LoadedModel | None = None) -> dict:
+    """evaluate.evaluate on every task's held-out text (on the CPU, where evaluate's windows are).
+
+    ``dense``: the dense reference already loaded as the teacher (reused; else loaded here)."""
     from .config import WindowSpec
     from .evaluate import EvalSettings, evaluate
 
@@ -501,10 +627,15 @@ def _evaluate(lm: LoadedModel, settings: RecoverySettings, label: str, reporter:
             raise CancelledError(f"recovery cancelled while evaluating {label} training")
         reporter.stage(f"evaluating {label} training: {message}")
 
-    say("loading the dense reference")
-    dense = _dense_reference(lm, start_fingerprint) if settings.compare_dense else None
+    shared = dense is not None and settings.compare_dense
+    if not shared:
+        say("loading the dense reference")
+        dense = _dense_reference(lm, start_fingerprint) if settings.compare_dense else None
     device = next(lm.model.parameters()).device
+    dense_device = next(dense.model.parameters()).device if dense is not None else None
     lm.model.to("cpu")
+    if dense is not None:
+        dense.model.to("cpu")
     try:
         eval_settings = EvalSettings(
             windows=WindowSpec(data=",".join(settings.tasks), n_samples=settings.eval_samples, seq_len=settings.eval_seq_len),
@@ -514,6 +645,8 @@ def _evaluate(lm: LoadedModel, settings: RecoverySettings, label: str, reporter:
         return evaluate(lm, dense, eval_settings, progress=say).to_dict()
     finally:
         lm.model.to(device)
-        if dense is not None:
+        if shared:
+            dense.model.to(dense_device)
+        elif dense is not None:
             del dense
             release_free_memory()

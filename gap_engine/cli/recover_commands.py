@@ -24,7 +24,8 @@ _TUNABLES = {
     "pool_windows": "pool_windows", "rank": "rank", "alpha": "alpha", "dropout": "dropout", "eps": "eps",
     "mask_fraction": "mask_fraction", "magnitude_weight": "magnitude_weight", "seed": "seed",
     "save_every": "save_every", "eval_samples": "eval_samples", "eval_seq_len": "eval_seq_len",
-    "generations": "eval_generations",
+    "generations": "eval_generations", "objective": "objective", "temperature": "temperature",
+    "kd_weight": "kd_weight", "teacher": "teacher", "save_dtype": "save_dtype",
 }  # fmt: skip
 
 
@@ -69,6 +70,8 @@ def _summary(result: RecoveryResult) -> dict:
     summary = {
         "out": result.checkpoint,
         "method": result.method,
+        "objective": result.objective_note or result.objective,
+        "saved_as": result.save_dtype,
         "dense_input": result.dense_input,
         "steps": f"{result.steps_done}/{result.steps_requested} ({result.stopped})"
         + (f", resumed at {result.resumed_from}" if result.resumed_from else ""),

@@ -76,7 +76,7 @@ def _eval_section(report: dict) -> list[str]:
     lines += ["| source | perplexity | dense perplexity | KL to dense (nats/token) | top-1 agreement |", "|---|---:|---:|---:|---:|"]
     for source, ppl in (report.get("perplexity") or {}).items():
         lines.append(
-            f"| {source} | {_fmt(ppl)} | {_fmt((dense.get('perplexity') or {}).get(source))} "
+            f"| {markdown_text(source)} | {_fmt(ppl)} | {_fmt((dense.get('perplexity') or {}).get(source))} "
             f"| {_fmt((report.get('kl_to_dense') or {}).get(source), 4)} | {_fmt((report.get('top1_agreement') or {}).get(source))} |"
         )
     throughput = report.get("throughput") or {}
@@ -87,7 +87,55 @@ def _eval_section(report: dict) -> list[str]:
     if generations:
         lines += ["", "Greedy generations:", ""]
         for g in generations:
-            lines.append(f"- *{g.get('prompt')}* → {g.get('model')!r}" + (f" (dense: {g['dense']!r})" if g.get("dense") else ""))
+            dense_text = f" (dense: {markdown_text(repr(g['dense']))})" if g.get("dense") else ""
+            lines.append(f"- *{markdown_text(g.get('prompt'))}* → {markdown_text(repr(g.get('model')))}" + dense_text)
+    return lines + [""]
+
+
+_MARKDOWN_SPECIAL = "\\`*_[]<>|~&"  # what can start emphasis, code, links, HTML, a table cell or an entity inline
+
+
+def markdown_text(value) -> str:
+    """``value`` as literal Markdown text inside a line (a table cell, a list item): every
+    character that could open inline syntax, HTML or a new cell is backslash-escaped and line
+    breaks become spaces, so a file name, a source or a generation from the model stays text."""
+    text = " ".join(str(value).split())
+    return "".join("\\" + ch if ch in _MARKDOWN_SPECIAL else ch for ch in text)
+
+
+def _recovery_section(recovery: dict) -> list[str]:
+    """What the recovery fine-tune ran, and the held-out numbers before and after it."""
+    objective = markdown_text(recovery.get("objective"))
+    if recovery.get("teacher"):
+        objective += f" from {markdown_text(recovery['teacher'])}"
+        if recovery.get("temperature") is not None:
+            objective += f", temperature {_fmt(float(recovery['temperature']), 2)}"
+    lines = ["## Recovery", "", "| | |", "|---|---|"]
+    lines += [
+        f"| method | {markdown_text(recovery.get('method'))} |",
+        f"| objective | {objective} |",
+        f"| training text (calibration part) | {', '.join(markdown_text(t) for t in recovery.get('tasks') or [])} |",
+        f"| steps | {int(recovery.get('steps') or 0):,} |",
+        f"| training tokens | {int(recovery.get('tokens') or 0):,} |",
+        f"| training time | {float(recovery.get('train_seconds') or 0.0):.0f} s |",
+        f"| peak learning rate | {float(recovery.get('lr') or 0.0):.3g} |",
+        "",
+        "Held-out numbers before → after recovery:",
+        "",
+        "| source | perplexity | KL to dense (nats/token) | top-1 agreement |",
+        "|---|---:|---:|---:|",
+    ]
+    before, after = recovery.get("before") or {}, recovery.get("after") or {}
+
+    def pair(key: str, source: str, digits: int) -> str:
+        b, a = (before.get(key) or {}).get(source), (after.get(key) or {}).get(source)
+        return f"{_fmt(b, digits) or '–'} → {_fmt(a, digits) or '–'}"
+
+    for source in (after.get("perplexity") or {}):
+        lines.append(
+            f"| {markdown_text(source)} | {pair('perplexity', source, 3)} | {pair('kl_to_dense', source, 4)} "
+            f"| {pair('top1_agreement', source, 3)} |"
+        )
     return lines + [""]
 
 
@@ -102,7 +150,7 @@ def _params_line(params: dict, marker: dict) -> str:
     return line
 
 
-def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
+def _usage_and_limits(folder_name: str, evaluated: bool, recovered: bool = False) -> list[str]:
     """The card's "Use it" (transformers, llama.cpp, gap) and "Limits" sections."""
     return [
         "## Use it",
@@ -129,8 +177,9 @@ def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
         "",
         "## Limits",
         "",
-        "- Pruned without any retraining or distillation: expect higher perplexity than the base model, "
-        "growing with the budget" + ("; the numbers above come from small held-out samples." if evaluated else "."),
+        ("- Recovered by the short fine-tune above only, not retrained: expect higher perplexity than the base model"
+         if recovered else "- Pruned without any retraining or distillation: expect higher perplexity than the base model, "
+         "growing with the budget") + ("; the numbers above come from small held-out samples." if evaluated else "."),
         "- The calibration text (for the importance scores and the loss table) was small and English; "
         "other domains and languages may lose more.",
         "- Loading with transformers needs `trust_remote_code=True` and transformers >= 5.24 "
@@ -144,7 +193,8 @@ def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
     ]
 
 
-def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_report: dict | None = None) -> str:
+def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_report: dict | None = None,
+                      recovery: dict | None = None) -> str:
     """The README.md text of a checkpoint.
 
     Args:
@@ -153,6 +203,7 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
         marker: the gap_pruned.json content (fingerprints, parameter count, widths, dtype).
         config: the folder's config.json (dense widths, model type).
         eval_report: an ``EvalReport.to_dict()``, or None.
+        recovery: what a recovery fine-tune ran (``recover_io.card_summary``), or None.
     """
     base = marker.get("base_model") or plan.model
     front = {
@@ -206,13 +257,16 @@ def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_r
     else:
         lines.append(f"None: the rates were set by the `{plan.allocator}` allocator without a loss table.")
     lines.append("")
+    if recovery:
+        lines += _recovery_section(recovery)
     if eval_report:
         lines += _eval_section(eval_report)
-    lines += _usage_and_limits(folder_name, bool(eval_report))
+    lines += _usage_and_limits(folder_name, bool(eval_report), bool(recovery))
     return "\n".join(lines)
 
 
-def write_model_card(folder: str | Path, plan, marker: dict, eval_report: dict | None = None, name: str | None = None) -> Path:
+def write_model_card(folder: str | Path, plan, marker: dict, eval_report: dict | None = None, name: str | None = None,
+                     recovery: dict | None = None) -> Path:
     """Render the card from the folder's config.json and write README.md (atomically).
 
     ``name`` is the folder name the load snippets use (the final name, when ``folder`` is
@@ -220,4 +274,4 @@ def write_model_card(folder: str | Path, plan, marker: dict, eval_report: dict |
     """
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())
-    return atomic_write_text(folder / CARD_FILE, render_model_card(name or folder.name, plan, marker, config, eval_report))
+    return atomic_write_text(folder / CARD_FILE, render_model_card(name or folder.name, plan, marker, config, eval_report, recovery))
