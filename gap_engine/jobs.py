@@ -42,6 +42,8 @@ from .models import LoadedModel, load_model
 from .pipeline import baseline_rows, loss_table, prune_and_evaluate, prune_eval_stages, table_stages
 from .progress import LOAD_MODEL, CancelToken
 from .recover import recover
+from .recover_cost import STAGES as RECOVERY_STAGES
+from .recover_cost import estimate_for_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -582,9 +584,13 @@ def recover_task(checkpoint: str, settings, out_dir) -> WorkFn:
         out_dir: the recovered checkpoint's folder (see `recover.app_output_dir`).
     """
     def work(ctx: JobContext):
+        estimate = estimate_for_checkpoint(checkpoint, settings)
+        if estimate is not None:  # the ETA from the first second; measured step times replace it
+            ctx.plan(RECOVERY_STAGES, estimate.by_stage(), estimate.basis)
         ctx.stage("loading the checkpoint", 0, settings.steps)
         lm = load_model(str(checkpoint))
         ctx.check_cancelled()
-        return recover(lm, settings, progress=ctx.progress, cancel=ctx.cancel, out_dir=out_dir, resume=True).to_dict()
+        return recover(lm, settings, progress=ctx.progress, cancel=ctx.cancel, out_dir=out_dir, resume=True,
+                       stage=ctx.enter).to_dict()
 
     return work

@@ -57,6 +57,7 @@ from .recover_io import (
     storage_dtype,
     write_checkpoint,
 )
+from .recover_cost import STAGES
 from .recover_distill import OBJECTIVES, Objective, TeacherMismatch, check_compatible, check_temperature
 from .recover_train import (
     PROBE_STEPS,
@@ -324,6 +325,7 @@ def recover(
     resume: bool = True,
     history_path: Path | None = None,
     teacher: LoadedModel | None = None,
+    stage: Callable[[str], None] | None = None,
 ) -> RecoveryResult:
     """Fine-tune ``lm`` on its tasks' calibration text, evaluate it, and save it as a checkpoint.
 
@@ -342,6 +344,8 @@ def recover(
         history_path: the run history database; None: the default under the cache root.
         teacher: the dense model to distil from, already loaded (None: ``settings.teacher``, else
             the checkpoint's base model, loaded here on the student's device and dtype).
+        stage: called with the name of each stage as it starts (``recover_cost.STAGES``:
+            preparing, training, evaluating after), the shape of ``JobContext.enter``.
     Returns:
         RecoveryResult (``to_dict()`` is JSON-ready).
     Raises:
@@ -353,6 +357,8 @@ def recover(
     out_dir = Path(out_dir).expanduser()
     check_output_dir(out_dir, lm.source)
     reporter = _Reporter(progress, settings.steps)
+    enter = stage or (lambda name: None)
+    enter(STAGES[0])
     device = _place(lm, settings)
     dense_input = lm.pruned_from is None
     if dense_input:
@@ -382,7 +388,9 @@ def recover(
     else:
         run.restore(saved[1], saved[2])
     settings = replace(settings, lr=state.lr) if state.lr is not None else settings
+    enter(STAGES[1])
     stopped = _train(run, data, settings, state, work, reporter, cancel, device)
+    enter(STAGES[2])
 
     reporter.stage("merging adapters" if settings.method == "lora" else "finishing")
     adapter_tmp = work / "adapter"

@@ -15,11 +15,12 @@ import streamlit as st
 
 from gap_engine import history
 from gap_engine.checkpoint import is_pruned_checkpoint
-from gap_engine.config import RECOVERY_METHODS
+from gap_engine.config import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.data import BUILTIN_SOURCES
 from gap_engine.errors import GapError, one_line
 from gap_engine.jobs import manager, recover_task
 from gap_engine.recover import DEFAULT_LR, RecoverySettings, app_output_dir
+from gap_engine.recover_cost import estimate_for_checkpoint
 from gap_engine.recover_io import discard, partial_dir, saved_step
 from pages import common
 
@@ -28,9 +29,17 @@ METHOD_HELP = {
     "mazo": "masked zeroth-order (MaZO): forward passes only, the important weights of each row",
     "mezo": "zeroth-order (MeZO): forward passes only, every projection weight",
 }
+OBJECTIVE_HELP = {
+    "default": "kd when the dense model the checkpoint was pruned from is on this machine, else lm",
+    "kd": "distil: match the dense model's next-token distribution (KL)",
+    "lm": "next-token loss on the training text",
+    "kd+lm": "both, weighted half and half",
+}
 DEFAULTS = {
     "recover_run": None,
     "recover_method": "lora",
+    "recover_objective": "default",
+    "recover_temperature": 1.0,
     "recover_sources": ["wiki-sample", "news-sample"],
     "recover_steps": 20,
     "recover_lr": 0.0,
@@ -68,8 +77,11 @@ def run_label(record: history.RunRecord) -> str:
 def settings_from_state() -> RecoverySettings:
     """The page's RecoverySettings, validated (RecoveryError/DataError on a bad value)."""
     steps = int(ss["recover_steps"])
+    objective = ss["recover_objective"]
     return RecoverySettings(
         method=ss["recover_method"],
+        objective=None if objective == "default" else objective,
+        temperature=float(ss["recover_temperature"]),
         tasks=tuple(ss["recover_sources"]),
         steps=steps,
         lr=float(ss["recover_lr"]) or None,
@@ -120,6 +132,9 @@ with left:
     st.caption(f"`{chosen.checkpoint}`")
     st.radio("Method", RECOVERY_METHODS, key="recover_method", format_func=lambda m: f"{m} — {METHOD_HELP[m]}")
     method = ss["recover_method"]
+    st.radio("Objective", ("default", *RECOVERY_OBJECTIVES), key="recover_objective", horizontal=True,
+             format_func=lambda o: o, help=" · ".join(f"{k}: {v}" for k, v in OBJECTIVE_HELP.items()))
+    st.caption(OBJECTIVE_HELP[ss["recover_objective"]])
     st.multiselect("Training text (calibration part; one task each)", list(BUILTIN_SOURCES), key="recover_sources")
     c1, c2 = st.columns(2)
     c1.number_input("Steps", min_value=1, max_value=100_000, step=10, key="recover_steps")
@@ -127,8 +142,9 @@ with left:
 with right:
     st.subheader("Settings")
     c1, c2 = st.columns(2)
+    default_lr = f"{DEFAULT_LR[method]:g}" if method == "lora" else f"probed around {DEFAULT_LR[method]:g}"
     c1.number_input(
-        f"Learning rate (0: default {DEFAULT_LR[method]:g})", min_value=0.0, max_value=1.0, step=1e-4, format="%.5f", key="recover_lr"
+        f"Learning rate (0: {default_lr})", min_value=0.0, max_value=1.0, step=1e-4, format="%.5f", key="recover_lr"
     )
     c2.number_input("Windows per task per step", min_value=1, max_value=64, step=1, key="recover_batch_size")
     c1, c2 = st.columns(2)
@@ -137,6 +153,8 @@ with right:
         c2.number_input("LoRA rank", min_value=1, max_value=256, step=1, key="recover_rank")
     elif method == "mazo":
         c2.number_input("Share of each row that trains", min_value=0.001, max_value=1.0, step=0.01, format="%.3f", key="recover_mask_fraction")
+    if ss["recover_objective"] in ("default", "kd", "kd+lm"):
+        c1.number_input("Distillation temperature", min_value=0.05, max_value=100.0, step=0.5, key="recover_temperature")
     c1, c2, c3 = st.columns(3)
     c1.number_input("Held-out samples", min_value=1, max_value=256, step=1, key="recover_eval_samples")
     c2.number_input("Tokens per sample", min_value=8, max_value=2048, step=8, key="recover_eval_seq_len")
@@ -148,6 +166,14 @@ try:
 except GapError as exc:
     out_dir = None
     st.warning(one_line(exc))
+else:
+    estimate = estimate_for_checkpoint(chosen.checkpoint, settings_from_state())
+    if estimate is not None:
+        st.caption(
+            f"Expected time: about {common.duration_text(estimate.total_s)} "
+            f"({estimate.step_s:.2g} s per step, {common.duration_text(estimate.prepare_s)} before training, "
+            f"{common.duration_text(estimate.finish_s)} after; {estimate.basis})"
+        )
 running = common.session_job("recover")
 reached = saved_step(out_dir) if out_dir is not None else None
 if reached is not None and not (running and running.active):
@@ -184,6 +210,8 @@ if result:
     st.divider()
     run_text = f" (history run {result['run_id']})" if result.get("run_id") is not None else ""
     st.subheader(f"{result['method']}: {result['steps_done']} of {result['steps_requested']} steps{run_text}")
+    if result.get("objective_note"):
+        st.caption(result["objective_note"].capitalize() + f"; saved as {result.get('save_dtype', '')}")
     c = st.columns(4)
     c[0].metric("Training time", f"{result['train_seconds']:.0f} s", f"stopped: {result['stopped']}", delta_color="off", delta_arrow="off")
     c[1].metric(

@@ -214,3 +214,17 @@ def test_cli_refuses_bad_distillation_input_in_one_line(dense_and_pruned, text_f
         assert not out.exists() and not partial_dir(out).exists(), extra
     with pytest.raises(GapError, match="unknown objective"):
         tiny_settings(text_file, objective="kl").validate()
+
+
+def test_zo_without_a_rate_probes_and_trains_as_if_the_chosen_rate_were_given(dense_and_pruned, text_file, tmp_path):
+    dense_dir, pruned = dense_and_pruned
+    settings = tiny_settings(text_file, tasks=(text_file,), method="mazo", steps=3, objective="lm")
+    probed = recover(load_model(str(pruned)), settings, out_dir=tmp_path / "probed")
+    rows = probed.lr_probe
+    assert len(rows) == 4 and probed.lr in [row["lr"] for row in rows]
+    assert min(rows, key=lambda row: (row["loss_after"], -row["lr"]))["lr"] == probed.lr
+    assert len({row["loss_after"] for row in rows}) == 4  # every candidate really trained
+    # The probe put the starting weights back bit for bit: the run equals one given that rate outright.
+    given = recover(load_model(str(pruned)), replace(settings, lr=probed.lr), out_dir=tmp_path / "given")
+    assert [row["loss"] for row in given.curve] == [row["loss"] for row in probed.curve]
+    assert_same_tensors(checkpoint_tensors(tmp_path / "given"), checkpoint_tensors(tmp_path / "probed"))

@@ -11,9 +11,11 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from ..models import load_model
 from ..recover import RecoveryResult, RecoverySettings, recover
+from ..recover_cost import estimate_for_checkpoint
 from ..recover_io import RecoveryError, check_output_dir
 from .arguments import device_from
 from .output import format_seconds
@@ -104,6 +106,10 @@ def run_recover(args: argparse.Namespace) -> int:
     lm = load_model(args.model, device_from(args))
     if lm.pruned_from is None:
         print(f"note: {args.model} is a dense model, not a pruned gap checkpoint: recovering it as is", file=sys.stderr)
+    estimate = estimate_for_checkpoint(args.model if Path(args.model).is_dir() else lm.source, settings, lm.placement)
+    if estimate is not None:
+        print(f"recover: expected about {format_seconds(estimate.total_s)} ({format_seconds(estimate.step_s)} per step; "
+              f"{estimate.basis})", file=sys.stderr)
     started = time.perf_counter()
     result = recover(lm, settings, progress=_StageProgress(), out_dir=args.out, resume=args.resume)
     if args.json:
