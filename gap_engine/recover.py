@@ -42,6 +42,8 @@ from .config import RECOVERY_METHODS, RECOVERY_SCHEDULES, SAVE_DTYPES
 from .errors import CancelledError, DataError, ModelLoadError, one_line
 from .memory import PeakRSS, release_free_memory
 from .models import LoadedModel, weights_fingerprint
+from .recover_cost import STAGES
+from .recover_distill import OBJECTIVES, Objective, TeacherMismatch, check_compatible, check_temperature
 from .recover_io import (
     RecoveryError,
     RunState,
@@ -57,8 +59,6 @@ from .recover_io import (
     storage_dtype,
     write_checkpoint,
 )
-from .recover_cost import STAGES
-from .recover_distill import OBJECTIVES, Objective, TeacherMismatch, check_compatible, check_temperature
 from .recover_train import (
     PROBE_STEPS,
     PROJECTIONS,

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_recover import WORDS, _crash_at, _cli, assert_same_tensors, checkpoint_tensors, tiny_settings  # noqa: F401
+from test_recover import (
+    WORDS,
+    _cli,
+    _crash_at,
+    assert_same_tensors,
+    checkpoint_tensors,
+    tiny_settings,
+)
 
 from gap_engine import recover_zo
 from gap_engine.errors import GapError
@@ -131,7 +138,7 @@ def test_kd_is_the_default_and_lowers_the_heldout_kl(dense_and_pruned, text_file
 def test_recovered_checkpoint_keeps_bf16_and_its_card_says_what_ran(dense_and_pruned, text_file, tmp_path):
     from safetensors import safe_open
 
-    dense_dir, pruned = dense_and_pruned
+    _, pruned = dense_and_pruned
     out = tmp_path / "out"
     settings = tiny_settings(text_file, tasks=(text_file,), method="mezo", lr=0.05, steps=2)
     result = recover(load_model(str(pruned)), settings, out_dir=out)
@@ -166,7 +173,7 @@ def test_card_escapes_names_from_the_user():
 
 
 def test_resume_is_exact_under_kd_and_refuses_another_objective(dense_and_pruned, text_file, tmp_path):
-    dense_dir, pruned = dense_and_pruned
+    _, pruned = dense_and_pruned
     settings = tiny_settings(text_file, tasks=(text_file,), method="mazo", lr=0.1, steps=4, save_every=2, objective="kd",
                              temperature=2.0)
     reference = recover(load_model(str(pruned)), settings, out_dir=tmp_path / "reference")
@@ -185,7 +192,7 @@ def test_resume_is_exact_under_kd_and_refuses_another_objective(dense_and_pruned
 def test_cli_refuses_bad_distillation_input_in_one_line(dense_and_pruned, text_file, smol_tokenizer, tmp_path, capsys):
     from conftest import tiny_lm
 
-    dense_dir, pruned = dense_and_pruned
+    _, pruned = dense_and_pruned
     other_vocab = tmp_path / "other-vocab"
     tiny_lm("llama", smol_tokenizer, vocab_size=50000).model.save_pretrained(other_vocab)
     smol_tokenizer.save_pretrained(other_vocab)
@@ -217,7 +224,7 @@ def test_cli_refuses_bad_distillation_input_in_one_line(dense_and_pruned, text_f
 
 
 def test_zo_without_a_rate_probes_and_trains_as_if_the_chosen_rate_were_given(dense_and_pruned, text_file, tmp_path):
-    dense_dir, pruned = dense_and_pruned
+    _, pruned = dense_and_pruned
     settings = tiny_settings(text_file, tasks=(text_file,), method="mazo", steps=3, objective="lm")
     probed = recover(load_model(str(pruned)), settings, out_dir=tmp_path / "probed")
     rows = probed.lr_probe
