@@ -4,7 +4,7 @@ Starts ``streamlit run app.py`` on a loopback port with its own cache holding on
 table of SmolLM2-135M (30 layers, 60 components, 8 rates; built here with the fast taylor
 method on a few windows: the figure's size, not the table's accuracy, is what is timed),
 opens the Budget planner in headless Chromium and drags the budget chart's slider
-(pages/budget_chart.js) across the rail, forwards and back, with the mouse button held.
+(explorer/budget_chart.js) across the rail, forwards and back, with the mouse button held.
 
 Timed in the page (performance.now()):
 - client step: from the slider's ``input`` event (the pointer moved it; read in the
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_browser import CHROMIUM, CHROMIUM_ARGS, link_models, start_app, stop_app  # noqa: E402
 
-from gap_engine.front_view import MAX_STEPS  # noqa: E402
+from gap_engine.plan.front_view import MAX_STEPS  # noqa: E402
 
 TARGET_MS = 100.0
 BENCH_SPEC = dict(data="wiki-sample", n_samples=2, seq_len=32, estimator="taylor", rate_grid=tuple(i / 8 for i in range(8)))
@@ -71,9 +71,9 @@ READ_METRIC = "() => document.querySelector('[data-testid=\"stMetricValue\"]').t
 
 def build_table(cache_dir: Path) -> str:
     os.environ["GAP_CACHE_DIR"] = str(cache_dir)
-    from gap_engine.models import load_model
-    from gap_engine.pipeline import loss_table
-    from gap_engine.tables import TableSpec
+    from gap_engine.model.loading import load_model
+    from gap_engine.pipeline.stages import loss_table
+    from gap_engine.tables.artefact import TableSpec
 
     table = loss_table(load_model("smollm2-135m"), TableSpec.from_dict(BENCH_SPEC))
     return table.key
@@ -122,9 +122,9 @@ def plotly_slider_steps(page, sweeps: int) -> list[dict]:
 
 def exported_planner(cache_dir: Path, key: str, path: Path) -> Path:
     """The same front as the engine's planner figure with its own Plotly slider, in an HTML file."""
-    from gap_engine import cache
-    from gap_engine.allocate import dp_front, front_rows
-    from gap_engine.figures import planner_figure
+    from gap_engine.plan.front import dp_front, front_rows
+    from gap_engine.tables import cache
+    from gap_engine.views.figures.front_figures import planner_figure
 
     table = cache.get_table(key)
     rows = front_rows(table, dp_front(table))

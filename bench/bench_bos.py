@@ -28,9 +28,9 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import machine_line, write_report  # noqa: E402
 
-from gap_engine.config import WindowSpec  # noqa: E402
-from gap_engine.data import batches, bos_token_id, heldout_windows, window_start  # noqa: E402
-from gap_engine.models import load_model  # noqa: E402
+from gap_engine.core.config import WindowSpec  # noqa: E402
+from gap_engine.data.windows import batches, bos_token_id, heldout_windows, window_start  # noqa: E402
+from gap_engine.model.loading import load_model  # noqa: E402
 from gap_engine.tables.cells import objective_per_window, objective_positions  # noqa: E402
 
 

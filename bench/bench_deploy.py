@@ -37,10 +37,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gap_engine.cli import main as gap  # noqa: E402
-from gap_engine.data import heldout_windows  # noqa: E402
-from gap_engine.fsutil import atomic_write_text  # noqa: E402
-from gap_engine.config import WindowSpec  # noqa: E402
-from gap_engine.models import load_model  # noqa: E402
+from gap_engine.core.config import WindowSpec  # noqa: E402
+from gap_engine.core.fsutil import atomic_write_text  # noqa: E402
+from gap_engine.data.windows import heldout_windows  # noqa: E402
+from gap_engine.model.loading import load_model  # noqa: E402
 
 log = logging.getLogger("bench_deploy")
 RESULTS = Path(__file__).resolve().parent / "results"

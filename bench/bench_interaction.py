@@ -28,12 +28,14 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import add_eval_args, machine_line, write_report  # noqa: E402
 
-from gap_engine.config import CLI_TABLE, WindowSpec  # noqa: E402
-from gap_engine.data import calibration_windows  # noqa: E402
-from gap_engine.evaluate import mean_nll  # noqa: E402
-from gap_engine.models import load_model  # noqa: E402
-from gap_engine.pipeline import heldout_sets, iterative_prune, objective_increase  # noqa: E402
-from gap_engine.tables import TableSpec, parse_rate_grid  # noqa: E402
+from gap_engine.core.config import CLI_TABLE, WindowSpec  # noqa: E402
+from gap_engine.data.windows import calibration_windows  # noqa: E402
+from gap_engine.evaluate.metrics import mean_nll  # noqa: E402
+from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.pipeline.compare import heldout_sets
+from gap_engine.pipeline.iterative import iterative_prune
+from gap_engine.pipeline.stages import objective_increase
+from gap_engine.tables.artefact import TableSpec, parse_rate_grid  # noqa: E402
 
 log = logging.getLogger("bench_interaction")
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the grid-uniform reference
 from reference import uniform_choice  # noqa: E402
 
-from gap_engine.planner import solve_budget, solve_front  # noqa: E402
+from gap_engine.core.knapsack import solve_budget, solve_front  # noqa: E402
 
 N_COMPONENTS = 64
 N_RATES = 16

@@ -37,15 +37,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import RESULTS, add_eval_args, machine_line  # noqa: E402
 
-from gap_engine.allocate import Constraints, EvoSettings, plan_from_table  # noqa: E402
 from gap_engine.cli.output import csv_text  # noqa: E402
-from gap_engine.config import CLI_TABLE, WindowSpec  # noqa: E402
-from gap_engine.data import calibration_windows  # noqa: E402
-from gap_engine.fsutil import atomic_write_text  # noqa: E402
-from gap_engine.importance import compute_importance  # noqa: E402
-from gap_engine.models import load_model  # noqa: E402
-from gap_engine.pipeline import Outcome, compare, heldout_sets, loss_table, measure_plan, reference_numbers  # noqa: E402
-from gap_engine.tables import LossTable, TableSpec, parse_rate_grid  # noqa: E402
+from gap_engine.core.config import CLI_TABLE, WindowSpec  # noqa: E402
+from gap_engine.core.fsutil import atomic_write_text  # noqa: E402
+from gap_engine.data.windows import calibration_windows  # noqa: E402
+from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.pipeline import compare
+from gap_engine.pipeline.compare import Outcome, heldout_sets, measure_plan, reference_numbers
+from gap_engine.pipeline.stages import loss_table
+from gap_engine.plan.allocators import plan_from_table
+from gap_engine.plan.evo import EvoSettings
+from gap_engine.plan.problem import Constraints
+from gap_engine.prune.importance import compute_importance  # noqa: E402
+from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid  # noqa: E402
 
 log = logging.getLogger("bench_quality")
 TARGET_RATIO = 0.15

@@ -38,7 +38,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from gap_engine.fsutil import atomic_write_json, atomic_write_text  # noqa: E402
+from gap_engine.core.fsutil import atomic_write_json, atomic_write_text  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SOURCES = ("wiki-sample", "news-sample")

@@ -34,13 +34,14 @@ from scipy.stats import spearmanr  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import add_eval_args, machine_line, write_report  # noqa: E402
 
-from gap_engine.allocate import plan_from_table  # noqa: E402
-from gap_engine.config import QUICK_RATE_GRID, WindowSpec  # noqa: E402
-from gap_engine.data import calibration_windows  # noqa: E402
-from gap_engine.importance import compute_importance  # noqa: E402
-from gap_engine.models import load_model  # noqa: E402
-from gap_engine.pipeline import heldout_sets, loss_table, measure_plan, reference_numbers  # noqa: E402
-from gap_engine.tables import TableSpec, parse_rate_grid  # noqa: E402
+from gap_engine.core.config import QUICK_RATE_GRID, WindowSpec  # noqa: E402
+from gap_engine.data.windows import calibration_windows  # noqa: E402
+from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.pipeline.compare import heldout_sets, measure_plan, reference_numbers
+from gap_engine.pipeline.stages import loss_table
+from gap_engine.plan.allocators import plan_from_table  # noqa: E402
+from gap_engine.prune.importance import compute_importance  # noqa: E402
+from gap_engine.tables.artefact import TableSpec, parse_rate_grid  # noqa: E402
 
 log = logging.getLogger("bench_refine")
 

@@ -28,13 +28,13 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import machine_line, write_report  # noqa: E402
 
-from gap_engine import cache  # noqa: E402
-from gap_engine.allocate import plan_from_table  # noqa: E402
-from gap_engine.config import WindowSpec  # noqa: E402
-from gap_engine.data import calibration_windows, load_corpus  # noqa: E402
-from gap_engine.importance import compute_importance  # noqa: E402
-from gap_engine.models import load_model  # noqa: E402
-from gap_engine.tables import TableSpec, isotonic_smooth, parse_rate_grid, table_key  # noqa: E402
+from gap_engine.core.config import WindowSpec  # noqa: E402
+from gap_engine.data.windows import calibration_windows, load_corpus  # noqa: E402
+from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.plan.allocators import plan_from_table  # noqa: E402
+from gap_engine.prune.importance import compute_importance  # noqa: E402
+from gap_engine.tables import cache  # noqa: E402
+from gap_engine.tables.artefact import TableSpec, isotonic_smooth, parse_rate_grid, table_key  # noqa: E402
 from gap_engine.tables.cells import unit_cuts  # noqa: E402
 from gap_engine.tables.exact import distinct_cuts  # noqa: E402
 from gap_engine.tables.refine import RefineProblem, current_objective, refinement_rounds  # noqa: E402

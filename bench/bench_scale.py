@@ -41,14 +41,15 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gap_engine.config import WindowSpec  # noqa: E402
-from gap_engine.costmodel import ModelShape, estimate_build, measured_profile  # noqa: E402
-from gap_engine.data import calibration_windows, heldout_windows  # noqa: E402
-from gap_engine.device import DeviceSpec, resolve  # noqa: E402
-from gap_engine.evaluate import perplexity  # noqa: E402
-from gap_engine.models import load_model  # noqa: E402
-from gap_engine.pipeline import plan_for, pruned_copy  # noqa: E402
-from gap_engine.tables import TableSpec, measure_table, parse_rate_grid  # noqa: E402
+from gap_engine.core.config import WindowSpec  # noqa: E402
+from gap_engine.core.device import DeviceSpec, resolve  # noqa: E402
+from gap_engine.data.windows import calibration_windows, heldout_windows  # noqa: E402
+from gap_engine.evaluate.metrics import perplexity  # noqa: E402
+from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.pipeline.stages import plan_for, pruned_copy  # noqa: E402
+from gap_engine.tables.artefact import TableSpec, parse_rate_grid
+from gap_engine.tables.build import measure_table
+from gap_engine.tables.costmodel import ModelShape, estimate_build, measured_profile  # noqa: E402
 
 BUDGET = 0.2
 

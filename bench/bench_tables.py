@@ -38,18 +38,15 @@ from scipy.stats import spearmanr  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from reference import naive_build_table  # noqa: E402
 
-from gap_engine.config import FULL_RATE_GRID as DEFAULT_RATE_GRID  # noqa: E402
-from gap_engine.config import WindowSpec  # noqa: E402
-from gap_engine.data import calibration_windows  # noqa: E402
-from gap_engine.models import load_model  # noqa: E402
-from gap_engine.planner import solve_budget  # noqa: E402
-from gap_engine.tables import (  # noqa: E402
-    TableSpec,
-    isotonic_smooth,
-    measure_table,
-    window_cells,
-)
-from gap_engine.units import block_geometries  # noqa: E402
+from gap_engine.core.config import FULL_RATE_GRID as DEFAULT_RATE_GRID  # noqa: E402
+from gap_engine.core.config import WindowSpec  # noqa: E402
+from gap_engine.core.knapsack import solve_budget  # noqa: E402
+from gap_engine.data.windows import calibration_windows  # noqa: E402
+from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.model.units import block_geometries  # noqa: E402
+from gap_engine.tables.artefact import TableSpec, isotonic_smooth
+from gap_engine.tables.build import measure_table
+from gap_engine.tables.exact import window_cells
 
 GRID4 = (0.0, 0.25, 0.5, 0.75)
 BUDGET = 0.20
@@ -73,7 +70,7 @@ class Clock:
     def __str__(self) -> str:
         return f"{self.wall:.1f} s ({self.cpu:.1f} s CPU)"
 
-    def ratio(self, other: "Clock") -> str:
+    def ratio(self, other: Clock) -> str:
         """self / other as 'wall x (CPU x)'."""
         return f"{self.wall / other.wall:.2f}x ({self.cpu / other.cpu:.2f}x CPU)"
 

@@ -35,14 +35,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from gap_engine import recover_zo  # noqa: E402
-from gap_engine.fsutil import atomic_write_text  # noqa: E402
-from gap_engine.models import load_model  # noqa: E402
-from gap_engine.recover import RecoverySettings  # noqa: E402
-from gap_engine.recover_distill import Objective  # noqa: E402
-from gap_engine.recover_train import TaskData, ZORun, multitask_loss  # noqa: E402
+from gap_engine.core.fsutil import atomic_write_text  # noqa: E402
+from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.pipeline.recovery import RecoverySettings  # noqa: E402
+from gap_engine.recover import zo as recover_zo  # noqa: E402
+from gap_engine.recover.distill import Objective  # noqa: E402
+from gap_engine.recover.train import TaskData, ZORun, multitask_loss  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ZO_PATHS = {"13348a0": "gap_engine/recover_zo.py"}  # where recover_zo lived before the layered packages
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,7 +70,7 @@ def median_seconds(fn, reps: int) -> float:
 
 def old_zo_module(rev: str):
     """recover_zo as it was at ``rev``, imported under another name."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:gap_engine/recover_zo.py"], check=True,
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{ZO_PATHS.get(rev, 'gap_engine/recover/zo.py')}"], check=True,
                             capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "recover_zo_baseline.py"
     path.write_text(source)

@@ -41,15 +41,16 @@ from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gap_engine.config import WindowSpec  # noqa: E402
-from gap_engine.costmodel import ModelShape, estimate_build, measured_profile  # noqa: E402
-from gap_engine.data import calibration_windows, load_corpus  # noqa: E402
-from gap_engine.device import DeviceSpec, resolve  # noqa: E402
-from gap_engine.dispatch import describe_device_map, load_dispatched  # noqa: E402
-from gap_engine.evaluate import EvalSettings, evaluate  # noqa: E402
-from gap_engine.models import load_model  # noqa: E402
-from gap_engine.pipeline import plan_for, pruned_copy  # noqa: E402
-from gap_engine.tables import LossTable, TableSpec, measure_table, parse_rate_grid, table_key  # noqa: E402
+from gap_engine.core.config import WindowSpec  # noqa: E402
+from gap_engine.core.device import DeviceSpec, resolve  # noqa: E402
+from gap_engine.data.windows import calibration_windows, load_corpus  # noqa: E402
+from gap_engine.evaluate.metrics import EvalSettings, evaluate  # noqa: E402
+from gap_engine.model.dispatch import describe_device_map, load_dispatched  # noqa: E402
+from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.pipeline.stages import plan_for, pruned_copy  # noqa: E402
+from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid, table_key
+from gap_engine.tables.build import measure_table
+from gap_engine.tables.costmodel import ModelShape, estimate_build, measured_profile  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parent / "results" / "gpu_check_reference.json"
 RATES = "0,0.125,0.25,0.375,0.5,0.625,0.75,0.875"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from gap_engine.fsutil import atomic_write_text
+from gap_engine.core.fsutil import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -12,7 +12,7 @@ TINY_VOCAB = 49152  # the SmolLM2 tokenizer's, so tiny models read real tokenise
 def smol():
     """The real SmolLM2-135M as a LoadedModel (converted once into the cache). Do not mutate:
     tests that prune load their own copy with ``load_model``."""
-    from gap_engine.models import load_model
+    from gap_engine.model.loading import load_model
 
     return load_model("smollm2-135m")
 
@@ -56,7 +56,7 @@ def tiny_lm(model_type: str, tokenizer, seed: int = 0, **overrides):
     """A LoadedModel wrapping a tiny randomly initialised model of the given family."""
     from transformers import AutoModelForCausalLM
 
-    from gap_engine.models import LoadedModel
+    from gap_engine.model.loading import LoadedModel
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), dtype=torch.float32)
@@ -67,3 +67,18 @@ def tiny_lm(model_type: str, tokenizer, seed: int = 0, **overrides):
 def make_tiny(smol_tokenizer):
     """Factory fixture: make_tiny('qwen3') -> LoadedModel."""
     return lambda model_type, **kw: tiny_lm(model_type, smol_tokenizer, **kw)
+
+
+def stop_jobs(manager, timeout: float) -> bool:
+    """Cancel every active job of ``manager`` and wait for all to end; True when all did within ``timeout``."""
+    for job in manager.jobs(active_only=True):
+        job.cancel()
+    return wait_jobs(manager, timeout)
+
+
+def wait_jobs(manager, timeout: float) -> bool:
+    """Wait for every current job of ``manager`` to end; True when all did within ``timeout``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    return all(job.wait(max(0.0, deadline - time.monotonic())) for job in manager.jobs())

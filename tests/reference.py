@@ -11,20 +11,30 @@ import copy
 import itertools
 import math
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gap_engine.data import batches, calibration_windows, load_corpus, text_start
-from gap_engine.errors import BudgetError, TableError
-from gap_engine.importance import compute_importance
-from gap_engine.planner import check_inputs
-from gap_engine.progress import ProgressFn
-from gap_engine.slicing import slice_attention_, slice_mlp_
-from gap_engine.surgery import layer_selection
-from gap_engine.tables import LossTable, TableSpec, assemble_table, table_key
-from gap_engine.tables.artefact import table_components
+from gap_engine.core.errors import BudgetError, TableError
+from gap_engine.core.knapsack import check_inputs
+from gap_engine.core.progress import ProgressFn
+from gap_engine.data.windows import (
+    batches,
+    calibration_windows,
+    check_window_sizes,
+    cut_windows,
+    load_corpus,
+    text_start,
+    tokenize_stream,
+    with_bos,
+)
+from gap_engine.model.slicing import slice_attention_, slice_mlp_
+from gap_engine.prune.importance import compute_importance
+from gap_engine.prune.surgery import layer_selection
+from gap_engine.tables.artefact import LossTable, TableSpec, table_components, table_key
+from gap_engine.tables.build import assemble_table
 from gap_engine.tables.cells import objective_positions, objective_sum
 
 
@@ -158,3 +168,37 @@ def naive_build_table(
     key = table_key(lm, spec, data_fingerprint)
     seconds = time.perf_counter() - started
     return assemble_table(lm, spec, key, data_fingerprint, components, objective, dense, seconds, {"cells_measured": total})
+
+
+def make_windows(
+    tokenizer, texts: Sequence[str], n_samples: int, seq_len: int, seed: int = 0
+) -> torch.LongTensor:
+    """Reference composition of the window stage on a list of documents (the engine cuts windows
+    from text sources; tests use this to check its pieces on hand-written texts).
+
+    Tokenize documents into one stream and cut ``n_samples`` windows of ``seq_len`` text tokens.
+
+    Documents are joined by the tokenizer's EOS token (or ``"\\n\\n"`` if it has none)
+    into one stream encoded without special tokens. Windows are non-overlapping whenever
+    the stream holds ``n_samples * seq_len`` tokens: ``n_samples`` distinct slots of the
+    grid ``offset + k * seq_len`` with a random offset. A shorter stream (but at least
+    ``seq_len`` tokens) gives overlapping windows and logs a warning. When the model
+    expects a beginning-of-sequence token (:func:`bos_token_id`), every window starts with
+    it, as the model was trained to read, followed by the same ``seq_len`` text tokens;
+    :func:`text_start` tells the counting code to leave that position out.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        texts: the documents.
+        n_samples: number of windows, at least 1.
+        seq_len: text tokens per window, at least 2.
+        seed: the same (texts, n_samples, seq_len, seed) always gives the same windows.
+
+    Returns:
+        Token ids, shape (n_samples, seq_len) or, with a BOS token, (n_samples, 1 + seq_len); int64.
+
+    Raises:
+        DataError: bad sizes, no text, or fewer than ``seq_len`` tokens.
+    """
+    check_window_sizes(n_samples, seq_len)
+    return with_bos(tokenizer, cut_windows(tokenize_stream(tokenizer, texts), n_samples, seq_len, seed))

@@ -13,34 +13,26 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from reference import brute_force
 
 from gap_engine import cli
-from gap_engine.allocate import (
-    ALLOCATORS,
-    Constraints,
-    EvoSettings,
-    check_reach,
-    dp_front,
-    evolve,
-    front_rows,
-    plan_from_table,
-)
-from gap_engine.allocate.baselines import owl_offsets
-from gap_engine.allocate.problem import planning_problem, predicted_loss
-from gap_engine.config import WindowSpec
-from gap_engine.data import calibration_windows
-from gap_engine.errors import BudgetError, PlanError, TableError
-from gap_engine.evaluate import mean_nll
-from gap_engine.importance import ImportanceScores, LayerScores, compute_importance
 from gap_engine.cli.output import csv_text
-from gap_engine.pipeline import Outcome, measure_plan, reference_numbers
-from gap_engine.plan import RatePlan
-from gap_engine.planner import solve_budget
-from gap_engine.surgery import apply_plan, masked_plan
-from gap_engine.tables import TABLE_FORMAT_VERSION, LossTable, TableSpec
-from gap_engine.units import block_geometries
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.errors import BudgetError, PlanError, TableError
+from gap_engine.core.knapsack import solve_budget
+from gap_engine.data.windows import calibration_windows
+from gap_engine.evaluate.metrics import mean_nll
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.model.units import block_geometries
+from gap_engine.pipeline.compare import Outcome, measure_plan, reference_numbers
+from gap_engine.plan.allocators import ALLOCATORS, check_reach, plan_from_table
+from gap_engine.plan.baselines import owl_offsets
+from gap_engine.plan.evo import EvoSettings, evolve
+from gap_engine.plan.front import dp_front, front_rows
+from gap_engine.plan.problem import Constraints, planning_problem, predicted_loss
+from gap_engine.prune.importance import ImportanceScores, LayerScores, compute_importance
+from gap_engine.prune.surgery import apply_plan, masked_plan
+from gap_engine.tables.artefact import TABLE_FORMAT_VERSION, LossTable, TableSpec
 
 TINY_GRID = (0.0, 0.25, 0.5, 0.75)
 SMOL_GRID = tuple(i / 8 for i in range(8))
@@ -384,7 +376,7 @@ def test_cli_old_method_flag_still_works_and_says_so(tiny_saved, tmp_path, capsy
     args = ["plan", "--table", str(table_path), "--budget", "0.3", "--method", "uniform", "--out", str(out)]
     assert cli.main(args) == 0
     assert RatePlan.load(out).allocator == "uniform"
-    assert "--method is deprecated; use --allocator" in capsys.readouterr().err
+    assert "--method is deprecated and will be removed in gap-engine 0.3.0; use --allocator" in capsys.readouterr().err
 
 
 def test_cli_plan_keep_params_sets_the_budget_from_a_parameter_count(tiny_saved, tmp_path, capsys):

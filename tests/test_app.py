@@ -15,15 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import stop_jobs
 from streamlit.testing.v1 import AppTest
 
-from gap_engine import cache, history
-from gap_engine.config import WindowSpec
-from gap_engine.data import load_corpus
-from gap_engine.jobs import manager
-from gap_engine.pipeline import loss_table
-from gap_engine.plan import RatePlan
-from gap_engine.tables import TableSpec
+from gap_engine.core.config import WindowSpec
+from gap_engine.data.windows import load_corpus
+from gap_engine.evaluate import history
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.pipeline.stages import loss_table
+from gap_engine.tables import cache
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.views.jobs import manager
 
 pytestmark = pytest.mark.slow  # the real built-in model behind every page
 
@@ -35,7 +37,7 @@ TINY_SPEC = TableSpec(
 
 
 def link_models(cache_dir: Path) -> None:
-    from gap_engine.fsutil import cache_root
+    from gap_engine.core.fsutil import cache_root
 
     models = cache_root() / "models"
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -54,14 +56,13 @@ def fresh_cache(tmp_path, monkeypatch):
     link_models(tmp_path / "cache")
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
     yield tmp_path / "cache"
-    manager().cancel_all()
-    manager().wait_all(timeout=60)
+    stop_jobs(manager(), timeout=60)
 
 
 @pytest.fixture
 def cached_table(fresh_cache, tiny_table, smol):
     """The tiny table stored in the fresh cache (the key is what loss_table would give it)."""
-    from gap_engine.tables import table_key
+    from gap_engine.tables.artefact import table_key
 
     assert tiny_table.key == table_key(smol, TINY_SPEC, load_corpus("news-sample").fingerprint)
     cache.put_table(tiny_table)
@@ -224,7 +225,7 @@ def test_cached_tables_are_listed_loaded_and_deleted(cached_table):
 
 # ---- Sensitivity ---------------------------------------------------------------------------------
 def test_sensitivity_draws_curves_and_heatmap(cached_table):
-    at = start("pages/sensitivity.py")
+    at = start("explorer/sensitivity.py")
     curves, heatmap = plotly_specs(at)
     lines = [t for t in curves["data"] if t["type"] == "scatter"]
     assert len(lines) == 60  # one line per layer, attention and MLP panels
@@ -245,7 +246,7 @@ def test_heatmap_rings_the_measured_cells_of_a_refined_table(fresh_cache, tiny_t
     measured[4:10, 1:3] = True
     mixed = dataclasses.replace(tiny_table, measured=measured | (tiny_table.removed == 0))
     cache.put_table(mixed)
-    at = start("pages/sensitivity.py")
+    at = start("explorer/sensitivity.py")
     heatmap = plotly_specs(at)[1]
     rings = [t for t in heatmap["data"] if t["type"] == "scatter"]
     assert [t["name"] for t in rings] == ["measured exactly", "measured exactly"]  # attention and MLP panels
@@ -257,7 +258,7 @@ def test_heatmap_rings_the_measured_cells_of_a_refined_table(fresh_cache, tiny_t
 
 
 def test_pages_without_a_table_point_to_setup(fresh_cache):
-    for page in ("pages/sensitivity.py", "pages/planner.py", "pages/evaluate.py"):
+    for page in ("explorer/sensitivity.py", "explorer/planner.py", "explorer/evaluate.py"):
         at = start(page)
         assert any("No loss table yet" in t for t in texts(at.info)), page
 
@@ -277,7 +278,7 @@ def tiny_eval(at: AppTest, save: bool = False) -> None:
 
 
 def test_prune_and_evaluate_records_a_run(cached_table, smol):
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     assert any("No runs yet" in str(c.value) for c in at.caption)
     tiny_eval(at, save=True)
     at.button(key="eval_run").click().run()
@@ -298,7 +299,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert result["predicted_basis"] == "estimated"  # a taylor table's cells are estimates
 
     # The planner draws the measured run beside the predicted front.
-    at.switch_page("pages/planner.py")
+    at.switch_page("explorer/planner.py")
     at.run()
     chart = [e.proto for e in at.get("bidi_component") if e.proto.component_name == "gap_budget_chart"]
     front_fig = json.loads(json.loads(chart[0].json)["front_figure"])
@@ -307,7 +308,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert values(measured[0]["customdata"])[0][1] == pytest.approx(result["predicted_loss"])  # hover: the prediction
 
     # Export offers the plan, table, history and the checkpoint.
-    at.switch_page("pages/export.py")
+    at.switch_page("explorer/export.py")
     at.run()
     assert not at.exception
     labels = {b.proto.label for b in at.get("download_button")}
@@ -323,7 +324,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert "bfloat16" in next(b.proto.help for b in at.get("download_button") if b.proto.label == "Checkpoint (zip)")
 
     # Deleting the run removes its checkpoint too.
-    at.switch_page("pages/evaluate.py")
+    at.switch_page("explorer/evaluate.py")
     at.run()
     at.button(key="eval_delete").click().run()
     assert history.list_runs().empty
@@ -331,7 +332,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
 
 
 def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     tiny_eval(at)
     at.button(key="eval_run").click().run()
     job = job_of(at, "prune_eval")
@@ -343,7 +344,7 @@ def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):
     assert history.list_runs().empty
 
     # A plan accepted on Export shows up as an allocator here.
-    from gap_engine.plan import uniform_plan
+    from gap_engine.model.rateplan import uniform_plan
 
     at.session_state["app_uploaded_plan"] = uniform_plan(smol, 0.25, "wanda").to_dict()
     at.run()
@@ -352,8 +353,8 @@ def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):
 
 
 def test_export_without_runs_still_offers_the_plan_and_table(cached_table):
-    at = start("pages/planner.py")
-    at.switch_page("pages/export.py")
+    at = start("explorer/planner.py")
+    at.switch_page("explorer/export.py")
     at.run()
     assert not at.exception
     labels = {b.proto.label for b in at.get("download_button")}
@@ -370,8 +371,8 @@ def test_history_png_is_drawn_on_white_with_its_marks():
     import pandas as pd
     from PIL import Image
 
-    from gap_engine import figures
-    from pages.common import render_png
+    from explorer.common import render_png
+    from gap_engine.views import figures
 
     frame = pd.DataFrame(
         {"id": [1, 2, 3], "created": ["a", "b", "c"], "allocator": ["dp", "uniform", "dp"], "budget": [0.1, 0.2, 0.3], "ppl:wiki-sample": [40.0, 80.0, 60.0]}
@@ -383,8 +384,8 @@ def test_history_png_is_drawn_on_white_with_its_marks():
 
 
 def test_export_renders_png_with_the_local_chromium(cached_table):
-    at = start("pages/sensitivity.py")
-    at.switch_page("pages/export.py")
+    at = start("explorer/sensitivity.py")
+    at.switch_page("explorer/export.py")
     at.run()
     at.button(key="export_render_png").click().run(timeout=240)
     assert not at.exception

@@ -12,13 +12,12 @@ import json
 import time
 
 import pytest
-
-from gap_engine.config import WindowSpec
-from gap_engine.jobs import manager
-from gap_engine.pipeline import loss_table
-from gap_engine.tables import TableSpec
-from test_app import cached_table, fresh_cache, start, start_exact_build, texts, tiny_table  # noqa: F401
 from streamlit.testing.v1 import AppTest
+from test_app import cached_table, fresh_cache, start, start_exact_build, texts, tiny_table  # noqa: F401
+
+from gap_engine.core.config import WindowSpec
+from gap_engine.pipeline.stages import loss_table
+from gap_engine.tables.artefact import TableSpec
 
 pytestmark = pytest.mark.slow  # the real built-in model behind every job
 
@@ -94,12 +93,11 @@ def test_a_reload_and_a_second_tab_see_the_running_build_and_can_cancel_it(fresh
     warnings = texts(again.warning)
     assert any("was cancelled during" in t and "after the request" in t for t in warnings), warnings
     assert "jobs" not in again.query_params  # nothing runs any more
-    manager().forget(job.id)
 
 
 def test_runs_compared_side_by_side_with_changes_and_kept_in_the_url(cached_table, smol):
-    from gap_engine import history
-    from gap_engine.allocate import plan_from_table
+    from gap_engine.evaluate import history
+    from gap_engine.plan.allocators import plan_from_table
 
     ids = []
     for allocator, budget, ppl, ratios in (("dp", 0.2, 12.0, [1.1, 1.3, 1.2]), ("uniform", 0.2, 15.0, None)):
@@ -112,7 +110,7 @@ def test_runs_compared_side_by_side_with_changes_and_kept_in_the_url(cached_tabl
             prefill_speedup=1.2 if ratios else None, seconds=30.0,
         )  # fmt: skip
         ids.append(history.record_run(record))
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     at.multiselect(key="eval_compare").set_value(ids).run()
     assert not at.exception
     frame = next(df.value for df in at.dataframe if "measure" in df.value.columns)
@@ -125,5 +123,5 @@ def test_runs_compared_side_by_side_with_changes_and_kept_in_the_url(cached_tabl
     rates = [json.loads(el.proto.spec) for el in at.get("plotly_chart") if "run " in el.proto.spec and "attention" in el.proto.spec]
     assert rates and len(rates[0]["data"]) == 4  # two runs x (attention, MLP)
     assert at.query_params["runs"] == f"{ids[0]},{ids[1]}"
-    again = reload(at, "pages/evaluate.py")
+    again = reload(at, "explorer/evaluate.py")
     assert again.multiselect(key="eval_compare").value == ids

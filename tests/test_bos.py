@@ -19,17 +19,24 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import naive_build_table
 from tokenizers import processors
 
-from reference import naive_build_table
-
-from gap_engine import cache
-from gap_engine.config import WindowSpec
-from gap_engine.data import bos_token_id, calibration_windows, heldout_windows, load_corpus, text_start, window_start
-from gap_engine.evaluate import compare_logits, mean_nll
-from gap_engine.importance import input_statistics
-from gap_engine.pipeline import loss_table
-from gap_engine.tables import TableSpec, measure_table, table_key
+from gap_engine.core.config import WindowSpec
+from gap_engine.data.windows import (
+    bos_token_id,
+    calibration_windows,
+    heldout_windows,
+    load_corpus,
+    text_start,
+    window_start,
+)
+from gap_engine.evaluate.metrics import compare_logits, mean_nll
+from gap_engine.pipeline.stages import loss_table
+from gap_engine.prune.importance import input_statistics
+from gap_engine.tables import cache
+from gap_engine.tables.artefact import TableSpec, table_key
+from gap_engine.tables.build import measure_table
 
 SPEC = WindowSpec("wiki-sample", n_samples=3, seq_len=24, batch_size=2)
 GRID4 = (0.0, 0.25, 0.5, 0.75)
@@ -136,7 +143,7 @@ def test_a_table_of_the_old_format_is_never_reused(bos_lm, tmp_path, monkeypatch
 @pytest.mark.slow
 @pytest.mark.parametrize("name, expected", [("smollm2-135m", "text"), ("gemma3-270m", "bos")])
 def test_builtin_windows_start_like_the_tokenizers_own_encoding(name, expected, smol):
-    from gap_engine.models import load_model
+    from gap_engine.model.loading import load_model
 
     lm = smol if name == "smollm2-135m" else load_model(name)
     text = "Photosynthesis is the process by which plants make sugar."

@@ -38,7 +38,7 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 
-# JS: the budget chart (pages/budget_chart.js): its bars' graph div, the step shown, the readout.
+# JS: the budget chart (explorer/budget_chart.js): its bars' graph div, the step shown, the readout.
 PLANNER_STATE_JS = """() => {
   const root = document.querySelector('.gap-budget');
   const gd = root && root.querySelector('.gap-budget-rates');
@@ -64,7 +64,7 @@ def free_port() -> int:
 
 def link_models(cache_dir: Path) -> None:
     """Give a test cache the already-converted built-in models (converting again takes minutes)."""
-    from gap_engine.fsutil import cache_root
+    from gap_engine.core.fsutil import cache_root
 
     models = cache_root() / "models"
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +215,7 @@ def release_budget(page, fraction: float) -> dict:
 
 
 def test_user_path(app_server, browser, smol, tmp_path):
-    from gap_engine.plan import RatePlan
+    from gap_engine.model.rateplan import RatePlan
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
     page.set_default_timeout(30_000)
@@ -314,7 +314,7 @@ def _user_path(page, app_server, smol, tmp_path, RatePlan):
     page.get_by_text("Run 1 finished", exact=False).wait_for(timeout=300_000)
     page.get_by_text("Greedy generations").wait_for()
     page.get_by_role("heading", name="Run history").wait_for()
-    from gap_engine import history
+    from gap_engine.evaluate import history
 
     (record,) = history.runs(app_server["cache"] / "runs" / history.HISTORY_FILE)
     assert record.plan["params"]["removed"] == removed  # it pruned exactly the released row

@@ -16,7 +16,6 @@ import time
 
 import pytest
 from playwright.sync_api import expect
-
 from test_browser import app_server, browser, set_number, shot  # noqa: F401
 
 pytestmark = pytest.mark.browser

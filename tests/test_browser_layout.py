@@ -10,11 +10,11 @@ stakeholder report written by ``gap report`` opens from a file:// URL with no re
 from __future__ import annotations
 
 import pytest
-
-from gap_engine.config import WindowSpec
-from gap_engine.pipeline import loss_table as build_table
-from gap_engine.tables import TableSpec
 from test_browser import CHROMIUM, SCREENSHOTS, browser, go_to, link_models, open_report_offline, shot, start_app, stop_app  # noqa: F401
+
+from gap_engine.core.config import WindowSpec
+from gap_engine.pipeline.stages import loss_table as build_table
+from gap_engine.tables.artefact import TableSpec
 
 pytestmark = pytest.mark.browser
 
@@ -146,7 +146,7 @@ def test_every_page_on_a_phone(phone):
 
 
 def test_heatmap_in_the_app_has_the_colours_of_its_export(phone):
-    from gap_engine.figures import HEAT_SCALE
+    from gap_engine.views.figures.style import HEAT_SCALE
 
     open_page(phone, "Sensitivity")
     phone.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)

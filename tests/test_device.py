@@ -11,17 +11,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from reference import naive_build_table
 from scipy.stats import spearmanr
 
-from reference import naive_build_table
-
 from gap_engine.cli import main
-from gap_engine.device import DeviceError, DeviceSpec, Placement, resolve
-from gap_engine.importance import compute_importance
-from gap_engine.models import load_model, place_model, weights_fingerprint
-from gap_engine.plan import RatePlan
-from gap_engine.surgery import apply_plan
-from gap_engine.tables import TableSpec, measure_table, table_key
+from gap_engine.core.device import DeviceError, DeviceSpec, Placement, resolve
+from gap_engine.model.loading import load_model, place_model, weights_fingerprint
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.prune.importance import compute_importance
+from gap_engine.prune.surgery import apply_plan
+from gap_engine.tables.artefact import TableSpec, table_key
+from gap_engine.tables.build import measure_table
 from gap_engine.tables.cells import objective_per_window
 
 BF16 = Placement(device=torch.device("cpu"), dtype=torch.bfloat16)
@@ -173,7 +173,7 @@ def test_surgery_is_exact_in_bf16(make_tiny, tmp_path):
     for (name, a), (_, b) in zip(pruned_fp32.model.state_dict().items(), pruned_bf16.model.state_dict().items()):
         assert b.dtype == torch.bfloat16 and torch.equal(a.to(torch.bfloat16), b), name
     assert pruned_bf16.param_count() == result.params_after
-    from gap_engine.checkpoint import save_pruned
+    from gap_engine.model.checkpoint import save_pruned
 
     save_pruned(pruned_bf16, plan, result.kept_indices(), tmp_path / "pruned")
     reloaded = load_model(str(tmp_path / "pruned"), DeviceSpec("cpu", "bfloat16"))

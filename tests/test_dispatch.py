@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from gap_engine.cli import main
-from gap_engine.device import DeviceError, input_device
-from gap_engine.dispatch import describe_device_map, dispatch_lm, parse_max_memory, plan_device_map
-from gap_engine.evaluate import compare_logits, mean_nll
+from gap_engine.core.device import DeviceError, input_device
+from gap_engine.evaluate.metrics import compare_logits, mean_nll
+from gap_engine.model.dispatch import describe_device_map, dispatch_lm, parse_max_memory, plan_device_map
 
 
 def windows_of(n: int, t: int, seed: int = 0) -> torch.Tensor:

@@ -13,15 +13,15 @@ import threading
 
 import numpy as np
 import pytest
+import ray  # noqa: E402  (a requirement: table cells on Ray workers)
 import torch
 
-import ray  # noqa: E402  (a requirement: table cells on Ray workers)
-
-from gap_engine import cache  # noqa: E402
-from gap_engine.config import WindowSpec  # noqa: E402
-from gap_engine.errors import CancelledError  # noqa: E402
-from gap_engine.pipeline import loss_table  # noqa: E402
-from gap_engine.tables import TableSpec, measure_table  # noqa: E402
+from gap_engine.core.config import WindowSpec  # noqa: E402
+from gap_engine.core.errors import CancelledError  # noqa: E402
+from gap_engine.pipeline.stages import loss_table  # noqa: E402
+from gap_engine.tables import cache  # noqa: E402
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.build import measure_table
 from gap_engine.tables.distributed import RayCells, RaySettings, layer_ranges, start_ray  # noqa: E402
 
 GRID = (0.0, 0.25, 0.5, 0.75)

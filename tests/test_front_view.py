@@ -12,13 +12,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gap_engine import figures
-from gap_engine.allocate import Constraints, dp_front, front_rows, plan_from_table
-from gap_engine.errors import BudgetError, PlanError
-from gap_engine.front_view import budget_steps, grid_indices, row_plan, step_at_budget, uniform_line
-from gap_engine.config import WindowSpec
-from gap_engine.pipeline import loss_table as build_table
-from gap_engine.tables import TableSpec
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.errors import BudgetError, PlanError
+from gap_engine.pipeline.stages import loss_table as build_table
+from gap_engine.plan.allocators import plan_from_table
+from gap_engine.plan.front import dp_front, front_rows
+from gap_engine.plan.front_view import budget_steps, grid_indices, row_plan, step_at_budget, uniform_line
+from gap_engine.plan.problem import Constraints
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.views import figures
 
 pytestmark = pytest.mark.slow  # the real built-in model
 

@@ -8,8 +8,8 @@ import threading
 import pandas as pd
 import pytest
 
-from gap_engine import history
-from gap_engine.history import HistoryError, RunRecord
+from gap_engine.evaluate import history
+from gap_engine.evaluate.history import HistoryError, RunRecord
 
 REPORT = {
     "model": "smollm2-135m (pruned)",

@@ -27,11 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from gap_engine.cli import main
-from gap_engine.limits import LIMITS, SizeLimits
 # fresh_cache: an empty GAP_CACHE_DIR with the built-in model linked in; start: AppTest on a page.
 # cached_table: the app tests' tiny table of the built-in model, stored in fresh_cache.
 from test_app import cached_table, fresh_cache, start, tiny_table  # noqa: F401 - fixtures and a helper shared with the app tests
+
+from gap_engine.cli import main
+from gap_engine.core.limits import LIMITS, SizeLimits
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -217,8 +218,8 @@ def test_a_plan_that_is_a_folder_is_refused(cli, tmp_path):
 
 @pytest.mark.parametrize("name", ["yaml-alias-bomb-in-model", "yaml-alias-bomb-document", "json-nested-200k", "yaml-nested-200k"])
 def test_plan_bombs_are_refused_before_they_take_memory(tmp_path, name):
-    from gap_engine.errors import PlanError
-    from gap_engine.plan import RatePlan
+    from gap_engine.core.errors import PlanError
+    from gap_engine.model.rateplan import RatePlan
 
     file_name, content, message = PLAN_CASES[name]
 
@@ -248,8 +249,8 @@ def test_yaml_bomb_subprocess_rss_matches_a_harmless_refusal(tmp_path):
 # ---- loss tables -----------------------------------------------------------------------------------
 def table_dict() -> dict:
     """A valid two-layer split loss table (rates 0 and 0.5), written by hand: no model needed."""
-    from gap_engine.config import WindowSpec
-    from gap_engine.tables import TableSpec
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.tables.artefact import TableSpec
 
     spec = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="taylor", rate_grid=(0.0, 0.5))
     return {
@@ -578,7 +579,7 @@ def test_gap_cache_dir_that_is_not_a_folder_is_one_line(cli, tmp_path, monkeypat
 
 def test_the_preflight_knows_every_builtin_model():
     from gap_engine.cli.preflight import BUILTIN_NAMES
-    from gap_engine.models import BUILTIN_MODELS
+    from gap_engine.model.loading import BUILTIN_MODELS
 
     assert set(BUILTIN_NAMES) == set(BUILTIN_MODELS)
 
@@ -625,8 +626,8 @@ def test_a_disk_that_fills_up_half_way_is_one_line_and_leaves_nothing(front_run,
 def test_a_checkpoint_save_that_fills_the_disk_leaves_no_folder(tmp_path):
     import errno
 
-    from gap_engine.errors import OutputError
-    from gap_engine.fsutil import atomic_directory
+    from gap_engine.core.errors import OutputError
+    from gap_engine.core.fsutil import atomic_directory
 
     target = tmp_path / "ckpt"
     with pytest.raises(OutputError, match="No space left"):
@@ -655,8 +656,8 @@ def test_outputs_follow_the_umask(tmp_path):
 
 
 def test_cache_rm_removes_the_lock_file(cli, tmp_path):
-    from gap_engine import cache
-    from gap_engine.tables import LossTable
+    from gap_engine.tables import cache
+    from gap_engine.tables.artefact import LossTable
 
     table = LossTable.from_json(json.dumps(table_dict()))
     folder = cache.put_table(table)
@@ -675,8 +676,8 @@ def test_cache_rm_removes_the_lock_file(cli, tmp_path):
     ids=["list", "nested-200k", "another-key", "not-utf8", "bad-checksum-type"],
 )
 def test_corrupt_cache_entries_are_skipped_by_cache_ls(cli, tmp_path, meta):
-    from gap_engine import cache
-    from gap_engine.tables import LossTable
+    from gap_engine.tables import cache
+    from gap_engine.tables.artefact import LossTable
 
     table = LossTable.from_json(json.dumps(table_dict()))
     folder = cache.put_table(table)
@@ -688,7 +689,7 @@ def test_corrupt_cache_entries_are_skipped_by_cache_ls(cli, tmp_path, meta):
 
 # ---- partial cells ---------------------------------------------------------------------------------
 def test_partial_cells_carry_a_checksum(tmp_path, monkeypatch):
-    from gap_engine.cache import PartialCells
+    from gap_engine.tables.cache import PartialCells
 
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     store = PartialCells("tiny-key-1")
@@ -701,10 +702,11 @@ def test_partial_cells_carry_a_checksum(tmp_path, monkeypatch):
 def test_a_changed_partial_cell_is_measured_again_not_sealed(tmp_path, monkeypatch, smol_tokenizer):
     from conftest import tiny_lm
 
-    from gap_engine.cache import PartialCells
-    from gap_engine.config import WindowSpec
-    from gap_engine.data import calibration_windows
-    from gap_engine.tables import TableSpec, measure_table
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.data.windows import calibration_windows
+    from gap_engine.tables.artefact import TableSpec
+    from gap_engine.tables.build import measure_table
+    from gap_engine.tables.cache import PartialCells
 
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     lm = tiny_lm("llama", smol_tokenizer)
@@ -725,10 +727,10 @@ def test_a_changed_partial_cell_is_measured_again_not_sealed(tmp_path, monkeypat
 def tiny_checkpoint(tmp_path_factory, smol_tokenizer):
     from conftest import tiny_lm
 
-    from gap_engine.checkpoint import save_pruned
-    from gap_engine.config import WindowSpec
-    from gap_engine.pipeline import prune_with_plan
-    from gap_engine.plan import uniform_plan
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.model.checkpoint import save_pruned
+    from gap_engine.model.rateplan import uniform_plan
+    from gap_engine.pipeline.stages import prune_with_plan
 
     lm = tiny_lm("llama", smol_tokenizer)
     plan = uniform_plan(lm, 0.5, "magnitude")
@@ -794,9 +796,8 @@ def test_edited_checkpoints_are_one_line_refusals(cli, tmp_path, tiny_checkpoint
 @pytest.fixture
 def damaged_builtin(tmp_path, monkeypatch):
     """A private cache whose smollm2-135m copy links the shared files but holds a truncated model.safetensors."""
-    from gap_engine.fsutil import cache_root
-
-    from gap_engine.models import load_model
+    from gap_engine.core.fsutil import cache_root
+    from gap_engine.model.loading import load_model
 
     shared = cache_root() / "models" / "smollm2-135m"
     if not (shared / "gap_converted.json").is_file():
@@ -825,7 +826,7 @@ def test_gap_models_tells_the_truth_about_a_truncated_copy(damaged_builtin, cli)
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_a_truncated_converted_model_is_converted_again(damaged_builtin):
-    from gap_engine.models import converted_problem, load_model
+    from gap_engine.model.loading import converted_problem, load_model
 
     lm = load_model("smollm2-135m")  # de-quantizes the GGUF again (20-60 s)
     assert lm.num_layers == 30
@@ -852,7 +853,7 @@ APP_PLAN_UPLOADS = {
 @pytest.mark.parametrize("name", list(APP_PLAN_UPLOADS))
 def test_app_plan_upload_refuses_hostile_files(name):
     file_name, content, message = APP_PLAN_UPLOADS[name]
-    at = start("pages/export.py")
+    at = start("explorer/export.py")
     data = content if isinstance(content, bytes) else content.encode()
     at.file_uploader(key="export_plan_upload").set_value((file_name, data, "application/octet-stream"))
     peak = peak_python_bytes(at.run)
@@ -875,7 +876,7 @@ APP_TEXT_UPLOADS = {
 @pytest.mark.usefixtures("fresh_cache")
 @pytest.mark.parametrize("name", list(APP_TEXT_UPLOADS))
 def test_app_calibration_upload_refuses_hostile_files(monkeypatch, name):
-    import gap_engine.limits
+    import gap_engine.core.limits
 
     file_name, content, message = APP_TEXT_UPLOADS[name]
     if name == "above-size-limit":  # the page reads the ceiling at each run: a 4 kB one stands in for 64 MB
@@ -925,7 +926,7 @@ def test_app_setup_refuses_a_rate_grid_past_the_ceiling():
 @pytest.mark.slow
 @pytest.mark.usefixtures("cached_table")
 def test_app_evaluate_refuses_held_out_sizes_past_the_ceilings():
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     at.number_input(key="eval_samples").set_value(256)
     at.number_input(key="eval_seq_len").set_value(2048)  # 524,288 tokens: the widgets' maxima, 4x the ceiling
     at.button(key="eval_run").click().run()
@@ -937,8 +938,8 @@ def test_app_evaluate_refuses_held_out_sizes_past_the_ceilings():
 
 @pytest.mark.usefixtures("fresh_cache")
 def test_app_survives_corrupt_cache_entries():
-    from gap_engine import cache
-    from gap_engine.tables import LossTable
+    from gap_engine.tables import cache
+    from gap_engine.tables.artefact import LossTable
 
     table = LossTable.from_json(json.dumps(table_dict()))
     folder = cache.put_table(table)

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from gap_engine.allocate import plan_from_table
-from gap_engine.config import WindowSpec
-from gap_engine.data import calibration_windows
-from gap_engine.importance import compute_importance
-from gap_engine.models import weights_fingerprint
-from gap_engine.pipeline import loss_table, objective_increase, pruned_copy
+from gap_engine.core.config import WindowSpec
+from gap_engine.data.windows import calibration_windows
+from gap_engine.model.loading import weights_fingerprint
+from gap_engine.model.rateplan import make_plan
 from gap_engine.pipeline.iterative import iterative_prune, prunable_params
-from gap_engine.plan import make_plan
-from gap_engine.tables import TableSpec, measure_table
+from gap_engine.pipeline.stages import loss_table, objective_increase, pruned_copy
+from gap_engine.plan.allocators import plan_from_table
+from gap_engine.prune.importance import compute_importance
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.build import measure_table
 
 WINDOWS = WindowSpec("wiki-sample", n_samples=3, seq_len=24, batch_size=3)
 GRID = (0.0, 0.25, 0.5, 0.75)
@@ -90,7 +91,7 @@ def test_cli_prune_in_rounds_saves_a_checkpoint_that_loads(tmp_cache, tiny, tmp_
     import json
 
     from gap_engine.cli import main
-    from gap_engine.models import load_model
+    from gap_engine.model.loading import load_model
 
     folder = tmp_path / "tiny-model"
     tiny.model.save_pretrained(folder)

@@ -7,18 +7,17 @@ import threading
 import time
 
 import pytest
+from conftest import stop_jobs, wait_jobs
 
-from gap_engine.errors import CancelledError, TableError
-from gap_engine.errors import one_line
-from gap_engine.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, JobManager, manager
+from gap_engine.core.errors import CancelledError, TableError, one_line
+from gap_engine.views.jobs import CANCELLED, DONE, FAILED, QUEUED, RUNNING, JobManager, manager
 
 
 @pytest.fixture
 def jobs():
     m = JobManager(max_running=2)
     yield m
-    m.cancel_all()
-    m.wait_all(timeout=10)
+    stop_jobs(m, timeout=10)
 
 
 def wait_for(predicate, timeout=5.0):
@@ -46,7 +45,6 @@ def test_done_job_keeps_result_progress_and_times(jobs):
     assert snap["done"] == snap["total"] == 5 and snap["fraction"] == 1.0
     assert snap["message"] == "finishing"
     assert job.started is not None and job.finished >= job.started >= job.created
-    assert jobs.last_result("demo", "k") == {"answer": 42}
 
 
 def test_progress_is_visible_while_running(jobs):
@@ -150,36 +148,43 @@ def test_failure_keeps_the_earlier_result(jobs):
     bad = jobs.submit("table", lambda ctx: (_ for _ in ()).throw(TableError("broken")), key="t")
     assert bad.wait(5) and bad.status == FAILED
     assert bad.result is None
-    assert jobs.last_result("table", "t") == "table v1"
     assert good.result == "table v1"  # the earlier job is untouched
 
 
 def test_queued_jobs_wait_for_a_slot_and_can_be_cancelled():
     jobs = JobManager(max_running=1)
     gate = threading.Event()
-    first = jobs.submit("demo", lambda ctx: gate.wait(5))
+    order = []
+
+    def first_task(ctx):
+        gate.wait(5)
+        order.append("first ended")
+
+    def second_task(ctx):
+        order.append("second started")
+        return "ran"
+
+    first = jobs.submit("demo", first_task)
     assert wait_for(lambda: first.status == RUNNING)
-    second = jobs.submit("demo", lambda ctx: "ran")
+    second = jobs.submit("demo", second_task)
     third = jobs.submit("demo", lambda ctx: "ran too")
-    time.sleep(0.05)
     assert second.status == QUEUED and third.status == QUEUED
     third.cancel()
     assert third.status == CANCELLED and third.wait(0)
     gate.set()
     assert second.wait(5) and second.result == "ran"
-    assert jobs.wait_all(5)
+    assert order == ["first ended", "second started"]  # the only slot was held until the first ended
+    assert wait_jobs(jobs, 5)
     assert third.status == CANCELLED and third.result is None
 
 
 def test_listing_and_lookup(jobs):
     a = jobs.submit("table", lambda ctx: 1, key="a")
     b = jobs.submit("eval", lambda ctx: 2, key="b")
-    assert jobs.wait_all(5)
+    assert wait_jobs(jobs, 5)
     assert jobs.get(a.id) is a and jobs.get("nope") is None and jobs.get(None) is None
     assert [j.id for j in jobs.jobs(kind="eval")] == [b.id]
     assert jobs.active() is None
-    jobs.forget(a.id)
-    assert jobs.get(a.id) is None
 
 
 def test_finished_jobs_are_trimmed():

@@ -10,16 +10,18 @@ import threading
 
 import pytest
 import torch
-
-from gap_engine import buildtime, cache, jobs
-from gap_engine.config import WindowSpec
-from gap_engine.errors import CancelledError
-from gap_engine.interrupt import cancel_checks, run_unless_cancelled
-from gap_engine.jobs import CANCELLED, DONE, JobManager, JobProgress
-from gap_engine.pipeline import table_stages
-from gap_engine.progress import CELLS, DENSE_PASS, GRADIENT_PASS, LOAD_MODEL, READ_TEXT, SCORE_UNITS, StageTimer
-from gap_engine.tables import TableSpec
 from test_jobs import wait_for
+
+from gap_engine.core import buildtime
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.errors import CancelledError
+from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
+from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, LOAD_MODEL, READ_TEXT, SCORE_UNITS, StageTimer
+from gap_engine.pipeline.stages import table_stages
+from gap_engine.tables import cache
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.views import jobs
+from gap_engine.views.jobs import CANCELLED, DONE, JobManager, JobProgress
 
 EXACT = TableSpec(windows=WindowSpec("news-sample", n_samples=4, seq_len=16, batch_size=1), estimator="exact", rate_grid=(0.0, 0.5))
 FISHER = TableSpec(windows=WindowSpec("news-sample", n_samples=4, seq_len=16, batch_size=1), estimator="fisher", rate_grid=(0.0, 0.5))

@@ -1,7 +1,8 @@
-"""The engine's layout: dependencies flow one way, no streamlit, small modules and functions.
+"""The engine's layout: packages in a declared layer order, no streamlit, small modules and functions.
 
-Read from the source with ``ast`` (nothing is imported), so a cycle hidden in a function-
-local import counts as much as one at the top of a module.
+Read from the source with ``ast`` (nothing is imported), so an upward import or a cycle hidden in
+a function-local import counts as much as one at the top of a module, and so do the package
+``__init__`` files that importing a module runs and the CLI's handler strings.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gap_engine"
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 # Figure builders spell out one Plotly figure each, trace by trace; they may run longer.
-FIGURE_PACKAGE = "gap_engine.figures"
+FIGURE_PACKAGE = "gap_engine.views.figures"
+# The engine's packages from foundation to surface: a module may import its own package and the
+# packages before it, never one after it. README's "Layout" lists the same order (checked below).
+LAYERS = ("core", "data", "model", "prune", "evaluate", "tables", "plan", "recover", "deploy", "pipeline", "views", "cli")
+# Top-level files beside the packages: the package marker and `python -m gap_engine`.
+TOP_LEVEL_FILES = ("__init__.py", "__main__.py")
 
 
 def _module_name(path: Path) -> str:
@@ -61,10 +67,20 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+def _handler_modules(module: str, path: Path, known: set[str]) -> set[str]:
+    """Modules named by the CLI's ``handler="module:function"`` strings (imported by name at run time)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.keyword) and node.arg == "handler" and isinstance(node.value, ast.Constant):
+            target = f"{PACKAGE.name}.cli.{str(node.value.value).split(':')[0]}"
+            found.add(target if target in known else f"{target} (missing)")
+    return found
+
+
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules)
-    graph = {name: _imports(name, path, known) for name, path in modules.items()}
+    graph = {name: _imports(name, path, known) | _handler_modules(name, path, known) for name, path in modules.items()}
     # Importing a submodule runs its package's __init__ first; a package importing its own
     # submodules is how packages are built and is not a cycle edge back.
     for name in list(graph):
@@ -143,3 +159,107 @@ def test_no_private_name_crosses_a_module_boundary():
                     if alias.name.startswith("_") and not alias.name.endswith("__")
                 ]
     assert not crossings, crossings
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def _with_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Importing ``a.b.c`` runs ``a.b``'s ``__init__`` first: each edge also reaches the packages above its target."""
+    closed = {}
+    for name, deps in graph.items():
+        reached = set(deps)
+        for dep in deps:
+            parts = dep.split(".")
+            reached |= {".".join(parts[:i]) for i in range(2, len(parts))}
+        closed[name] = {dep for dep in reached if dep in graph and dep != name}
+    return closed
+
+
+def test_the_top_level_folder_is_the_layer_list():
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    assert entries == sorted(LAYERS + TOP_LEVEL_FILES)
+
+
+def test_imports_only_go_down_the_layers():
+    graph = _with_package_inits(_graph())
+    upward = []
+    for name, deps in sorted(graph.items()):
+        here = _layer(name)
+        for dep in sorted(deps):
+            if dep.endswith("(missing)"):
+                upward.append(f"{name} names a handler module that does not exist: {dep}")
+                continue
+            there = _layer(dep)
+            if here is None and name != f"{PACKAGE.name}.__main__":
+                upward.append(f"{name} (the package root) imports {dep}")
+            elif here is not None and there is not None and there > here:
+                upward.append(f"{name} ({LAYERS[here]}) imports {dep} ({LAYERS[there]})")
+    assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path, monkeypatch):
+    # The check must be able to fail: a function-local import of a higher layer, planted on disk.
+    package = tmp_path / "gap_engine"
+    for layer in ("core", "tables"):
+        (package / layer).mkdir(parents=True)
+        (package / layer / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "tables" / "build.py").write_text("X = 1\n")
+    (package / "core" / "hooks.py").write_text("def f():\n    from gap_engine.tables.build import X\n    return X\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    with pytest.raises(AssertionError, match=r"gap_engine.core.hooks \(core\) imports gap_engine.tables.build \(tables\)"):
+        test_imports_only_go_down_the_layers()
+
+
+def test_a_package_init_that_imports_a_higher_layer_counts(tmp_path, monkeypatch):
+    # Importing core.a runs core/__init__; an __init__ that pulls in a higher layer is an upward edge too.
+    package = tmp_path / "gap_engine"
+    for layer in ("core", "plan"):
+        (package / layer).mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "plan" / "__init__.py").write_text("")
+    (package / "plan" / "dp.py").write_text("Y = 2\n")
+    (package / "core" / "__init__.py").write_text("from gap_engine.plan.dp import Y\n")
+    (package / "core" / "a.py").write_text("Z = 3\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    with pytest.raises(AssertionError, match=r"gap_engine.core \(core\) imports gap_engine.plan.dp \(plan\)"):
+        test_imports_only_go_down_the_layers()
+
+
+def test_package_inits_only_re_export():
+    # A package's __init__ holds a docstring and re-exports of its own modules, nothing that runs work,
+    # so importing one module of a stage never drags in the rest of it (or another stage).
+    offenders = []
+    for name, path in _modules().items():
+        if path.name != "__init__.py" or name == PACKAGE.name:
+            continue
+        for node in ast.parse(path.read_text()).body:
+            is_doc = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+            is_all = isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+            own = isinstance(node, ast.ImportFrom) and (node.module or "").startswith(name + ".") or (
+                isinstance(node, ast.ImportFrom) and node.module == "__future__"
+            )
+            if not (is_doc or is_all or own):
+                offenders.append(f"{name}: line {node.lineno}")
+    assert not offenders, offenders
+
+
+def test_the_readme_lists_the_layers_in_order():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    listed = [line.split()[0].rstrip("/") for line in section.splitlines() if line.startswith("  ") and line.split()[0].endswith("/")]
+    assert tuple(listed) == LAYERS, listed
+
+
+def test_files_found_beside_the_source_are_where_they_were(monkeypatch):
+    # Modules that locate files from their own path (the cache root, the remote modeling code)
+    # must still find them after a move between packages.
+    from gap_engine.core import fsutil
+    from gap_engine.model import remote_code
+
+    monkeypatch.delenv(fsutil.CACHE_ENV, raising=False)
+    assert fsutil.cache_root() == PACKAGE.parent / "cache"
+    assert remote_code.MODELING_SOURCE.is_file()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gap_engine.errors import ModelLoadError
-from gap_engine.models import BUILTIN_MODELS, assemble_chunks, list_models, load_model
+from gap_engine.core.errors import ModelLoadError
+from gap_engine.model.loading import BUILTIN_MODELS, assemble_chunks, list_models, load_model
 
 
 def test_builtins_are_listed():

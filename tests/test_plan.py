@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gap_engine.errors import PlanError
-from gap_engine.plan import RatePlan, make_plan, uniform_plan
+from gap_engine.core.errors import PlanError
+from gap_engine.model.rateplan import RatePlan, make_plan, uniform_plan
 
 
 def test_plan_round_trips_through_json_and_yaml(make_tiny, tmp_path):

@@ -6,16 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from gap_engine.errors import BudgetError
 from reference import brute_force, uniform_choice
 
-from gap_engine.planner import (
-    ParetoFront,
-    constraint_mask,
-    solve_budget,
-    solve_front,
-)
+from gap_engine.core.errors import BudgetError
+from gap_engine.core.knapsack import ParetoFront, constraint_mask, solve_budget, solve_front
 
 FAST = settings(max_examples=150, deadline=None)
 

@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 import torch
 
-from gap_engine import recover_zo
 from gap_engine.cli import main
-from gap_engine.errors import CancelledError, DataError, GapError
-from gap_engine.models import load_model
-from gap_engine.recover import RecoverySettings, lr_at, recover
-from gap_engine.recover_io import RecoveryError, partial_dir
-from gap_engine.recover_train import TaskData, ZORun, multitask_loss
+from gap_engine.core.errors import CancelledError, DataError, GapError
+from gap_engine.model.loading import load_model
+from gap_engine.pipeline.recovery import RecoverySettings, lr_at, recover
+from gap_engine.recover import zo as recover_zo
+from gap_engine.recover.files import RecoveryError, partial_dir
+from gap_engine.recover.train import TaskData, ZORun, multitask_loss
 
 WORDS = (
     "the of and to in is was for on that with as by at from his an were are which this be or has had it not first "
@@ -48,10 +48,10 @@ def pruned_dir(smol_tokenizer, text_file, tmp_path_factory) -> Path:
     """A tiny Llama pruned to other widths in each block (heads and channels), saved by save_pruned."""
     from conftest import tiny_lm
 
-    from gap_engine.checkpoint import save_pruned
-    from gap_engine.config import WindowSpec
-    from gap_engine.pipeline import prune_with_plan
-    from gap_engine.plan import make_plan
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.model.checkpoint import save_pruned
+    from gap_engine.model.rateplan import make_plan
+    from gap_engine.pipeline.stages import prune_with_plan
 
     lm = tiny_lm("llama", smol_tokenizer)
     plan = make_plan(lm, [0.5, 0.0], [0.25, 0.5], "wanda")
@@ -265,8 +265,8 @@ def test_resume_after_sigkill_continues_from_the_saved_step(pruned_dir, text_fil
     script = textwrap.dedent(
         f"""
         import os, signal
-        from gap_engine.models import load_model
-        from gap_engine.recover import RecoverySettings, recover
+        from gap_engine.model.loading import load_model
+        from gap_engine.pipeline.recovery import RecoverySettings, recover
         settings = RecoverySettings(**{_json_settings(settings)!r})
 
         def progress(done, total, eta, message):
@@ -330,7 +330,7 @@ def _crash_at(step: int):
 
 
 def test_time_budget_stops_early_and_the_run_is_recorded(pruned_dir, text_file, tmp_path):
-    from gap_engine import history
+    from gap_engine.evaluate import history
 
     settings = tiny_settings(text_file, method="mezo", lr=0.1, steps=1000, time_budget_s=1e-6, record_history=True,
                              evaluate_before=True)

@@ -13,16 +13,17 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import stop_jobs
 from streamlit.testing.v1 import AppTest
 
-from gap_engine import history
-from gap_engine.jobs import manager
-from gap_engine.recover_io import partial_dir, saved_step
+from gap_engine.evaluate import history
+from gap_engine.recover.files import partial_dir, saved_step
+from gap_engine.views.jobs import manager
 
 pytestmark = pytest.mark.slow  # the real SmolLM2 tokenizer and text behind the tiny model
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
-RECOVER_PAGE = "pages/recover.py"
+RECOVER_PAGE = "explorer/recover.py"
 
 
 @pytest.fixture
@@ -30,10 +31,10 @@ def saved_run(smol_tokenizer, tmp_path, monkeypatch) -> history.RunRecord:
     """A fresh cache whose history holds one run with a tiny pruned checkpoint."""
     from conftest import tiny_lm
 
-    from gap_engine.checkpoint import save_pruned
-    from gap_engine.config import WindowSpec
-    from gap_engine.pipeline import prune_with_plan
-    from gap_engine.plan import make_plan
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.model.checkpoint import save_pruned
+    from gap_engine.model.rateplan import make_plan
+    from gap_engine.pipeline.stages import prune_with_plan
 
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
     lm = tiny_lm("llama", smol_tokenizer)
@@ -45,8 +46,7 @@ def saved_run(smol_tokenizer, tmp_path, monkeypatch) -> history.RunRecord:
                                perplexity={"news-sample": 50000.0})  # fmt: skip
     record.id = history.record_run(record)
     yield record
-    manager().cancel_all()
-    manager().wait_all(timeout=120)
+    stop_jobs(manager(), timeout=120)
 
 
 def start_page() -> AppTest:

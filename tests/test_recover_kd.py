@@ -22,13 +22,13 @@ from test_recover import (
     tiny_settings,
 )
 
-from gap_engine import recover_zo
-from gap_engine.errors import GapError
-from gap_engine.models import load_model
-from gap_engine.recover import recover
-from gap_engine.recover_distill import Objective, distillation_loss
-from gap_engine.recover_io import RecoveryError, partial_dir
-from gap_engine.recover_train import TaskData, ZORun
+from gap_engine.core.errors import GapError
+from gap_engine.model.loading import load_model
+from gap_engine.pipeline.recovery import recover
+from gap_engine.recover import zo as recover_zo
+from gap_engine.recover.distill import Objective, distillation_loss
+from gap_engine.recover.files import RecoveryError, partial_dir
+from gap_engine.recover.train import TaskData, ZORun
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +47,10 @@ def dense_and_pruned(smol_tokenizer, text_file, tmp_path_factory) -> tuple[Path,
     """(a tiny dense model folder, a checkpoint pruned from it that records it as its base model)."""
     from conftest import tiny_lm
 
-    from gap_engine.checkpoint import save_pruned
-    from gap_engine.config import WindowSpec
-    from gap_engine.pipeline import prune_with_plan
-    from gap_engine.plan import make_plan
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.model.checkpoint import save_pruned
+    from gap_engine.model.rateplan import make_plan
+    from gap_engine.pipeline.stages import prune_with_plan
 
     dense_dir = tmp_path_factory.mktemp("dense") / "tiny-dense"
     # Weights 5x the default init scale: peaked next-token distributions, so pruning opens a KL gap to close.
@@ -158,7 +158,7 @@ def test_recovered_checkpoint_keeps_bf16_and_its_card_says_what_ran(dense_and_pr
 
 
 def test_card_escapes_names_from_the_user():
-    from gap_engine.deploy.model_card import _recovery_section, markdown_text
+    from gap_engine.model.model_card import _recovery_section, markdown_text
 
     assert markdown_text("a|b <script>*x*</script>\nnext") == "a\\|b \\<script\\>\\*x\\*\\</script\\> next"
     lines = _recovery_section({

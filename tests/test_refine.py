@@ -12,13 +12,14 @@ import threading
 import numpy as np
 import pytest
 
-from gap_engine import cache
-from gap_engine.allocate import plan_from_table
-from gap_engine.config import WindowSpec
-from gap_engine.data import calibration_windows, load_corpus
-from gap_engine.errors import CancelledError, TableError
-from gap_engine.pipeline import loss_table
-from gap_engine.tables import LossTable, TableSpec, measure_table, table_key
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.errors import CancelledError, TableError
+from gap_engine.data.windows import calibration_windows, load_corpus
+from gap_engine.pipeline.stages import loss_table
+from gap_engine.plan.allocators import plan_from_table
+from gap_engine.tables import cache
+from gap_engine.tables.artefact import LossTable, TableSpec, table_key
+from gap_engine.tables.build import measure_table
 from gap_engine.tables.refine import chosen_cells, neighbour_cells
 
 WINDOWS = WindowSpec("wiki-sample", n_samples=3, seq_len=24, batch_size=3)
@@ -179,7 +180,7 @@ def test_cancel_then_resume_gives_the_uninterrupted_refined_table(tmp_cache, tin
 
 
 def test_the_rounds_replayed_on_the_exact_table_choose_what_the_build_measured(tiny, tables):
-    from gap_engine.importance import compute_importance
+    from gap_engine.prune.importance import compute_importance
     from gap_engine.tables.cells import unit_cuts
     from gap_engine.tables.exact import distinct_cuts
     from gap_engine.tables.refine import RefineProblem, refinement_rounds

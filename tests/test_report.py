@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from gap_engine import history
-from gap_engine.allocate import dp_front, front_rows
 from gap_engine.cli import main
-from gap_engine.evaluate import EvalSettings
-from gap_engine.front_view import row_plan
-from gap_engine.jobs import manager, prune_eval_task
-from gap_engine.config import WindowSpec
-from gap_engine.pipeline import loss_table as build_table
-from gap_engine.tables import TableSpec
+from gap_engine.core.config import WindowSpec
+from gap_engine.evaluate import history
+from gap_engine.evaluate.metrics import EvalSettings
+from gap_engine.pipeline.stages import loss_table as build_table
+from gap_engine.plan.front import dp_front, front_rows
+from gap_engine.plan.front_view import row_plan
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.views.jobs import manager, prune_eval_task
 
 pytestmark = pytest.mark.slow  # the real built-in model
 

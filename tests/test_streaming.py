@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from gap_engine.device import Placement
-from gap_engine.errors import CancelledError, GapError, TableError
-from gap_engine.evaluate import compare_logits, mean_nll
-from gap_engine.importance import compute_importance
-from gap_engine.layerwise import block_on, capture_calls, forward_blocks
-from gap_engine.models import place_model
-from gap_engine.tables import TableSpec, measure_table
+from gap_engine.core.device import Placement
+from gap_engine.core.errors import CancelledError
+from gap_engine.evaluate.metrics import compare_logits, mean_nll
+from gap_engine.model.layerwise import block_on, capture_calls, forward_blocks
+from gap_engine.model.loading import place_model
+from gap_engine.prune.importance import compute_importance
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.build import measure_table
 from gap_engine.tables.streaming import cell_groups, measure_exact_streamed
 
 STREAMED = Placement(device=torch.device("cpu"), dtype=torch.float32, stream=True)
@@ -76,7 +77,7 @@ def test_streamed_weights_stay_on_the_host_unchanged(make_tiny):
     resident, streamed = pair(make_tiny, "llama")
     before = streamed.fingerprint
     measure_table(streamed, spec_of(), windows_of(3, 24))
-    from gap_engine.models import weights_fingerprint
+    from gap_engine.model.loading import weights_fingerprint
 
     assert weights_fingerprint(streamed.model) == before == resident.fingerprint
 

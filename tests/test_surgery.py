@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gap_engine.adapters import adapter_for, supported_model_types
-from gap_engine.errors import UnsupportedArchitectureError
-from gap_engine.checkpoint import save_pruned
-from gap_engine.importance import CRITERIA, compute_importance
-from gap_engine.models import load_model
-from gap_engine.plan import make_plan, uniform_plan
-from gap_engine.surgery import apply_plan, select_attention
-from gap_engine.units import AttentionShape, attention_shape_for_rate, block_geometries, channels_for_rate
+from gap_engine.core.errors import UnsupportedArchitectureError
+from gap_engine.model.adapters import adapter_for, supported_model_types
+from gap_engine.model.checkpoint import save_pruned
+from gap_engine.model.loading import load_model
+from gap_engine.model.rateplan import make_plan, uniform_plan
+from gap_engine.model.units import AttentionShape, attention_shape_for_rate, block_geometries, channels_for_rate
+from gap_engine.prune.importance import CRITERIA, compute_importance
+from gap_engine.prune.surgery import apply_plan, select_attention
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
 
@@ -93,8 +93,8 @@ def test_gqa_selection_keeps_even_groups():
 
 
 def test_attention_rounding_is_gqa_valid_and_nearest():
-    from gap_engine.adapters import LayerGeometry
-    from gap_engine.units import attention_params
+    from gap_engine.model.adapters import LayerGeometry
+    from gap_engine.model.units import attention_params
 
     smol_geom = LayerGeometry(n_heads=9, n_kv_heads=3, head_dim=64, intermediate_size=1536)
     all_shapes = [AttentionShape(g, q) for g in (1, 2, 3) for q in (1, 2, 3)]

@@ -15,26 +15,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from reference import naive_build_table
 from scipy.optimize import isotonic_regression
 from scipy.stats import spearmanr
 
-from reference import naive_build_table
-
-from gap_engine.config import FULL_RATE_GRID, WindowSpec
-from gap_engine.data import calibration_windows
-from gap_engine.errors import TableError
-from gap_engine.models import weights_fingerprint
-from gap_engine.slicing import slice_attention_, slice_mlp_, zeroed_units
-from gap_engine.tables import (
-    LossTable,
-    TableSpec,
-    isotonic_smooth,
-    measure_table,
-    parse_rate_grid,
-    table_key,
-    window_cells,
-)
-from gap_engine.units import block_geometries
+from gap_engine.core.config import FULL_RATE_GRID, WindowSpec
+from gap_engine.core.errors import TableError
+from gap_engine.data.windows import calibration_windows
+from gap_engine.model.loading import weights_fingerprint
+from gap_engine.model.slicing import slice_attention_, slice_mlp_, zeroed_units
+from gap_engine.model.units import block_geometries
+from gap_engine.tables.artefact import LossTable, TableSpec, isotonic_smooth, parse_rate_grid, table_key
+from gap_engine.tables.build import measure_table
+from gap_engine.tables.exact import window_cells
 
 GRID4 = (0.0, 0.25, 0.5, 0.75)
 

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from ..config import WindowSpec
-from ..device import DeviceError, DeviceSpec, canonical_dtype
-from ..errors import BudgetError
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.deprecation import deprecation_text
+from gap_engine.core.device import DeviceError, DeviceSpec, canonical_dtype
+from gap_engine.core.errors import BudgetError
+
+if TYPE_CHECKING:
+    from gap_engine.tables.artefact import TableSpec
 
 
 def rate_arg(text: str) -> float:
@@ -84,8 +89,8 @@ def windows_from(args: argparse.Namespace, prefix: str = "") -> WindowSpec:
         data=getattr(args, f"{prefix}data"),
         n_samples=getattr(args, f"{prefix}samples"),
         seq_len=getattr(args, f"{prefix}seq_len"),
-        seed=getattr(args, "seed"),
-        batch_size=getattr(args, "batch_size"),
+        seed=args.seed,
+        batch_size=args.batch_size,
     )
 
 
@@ -130,5 +135,22 @@ class DeprecatedAlias(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(f"gap: warning: {option_string} is deprecated; use {self.new_name}", file=sys.stderr)
+        print(f"gap: warning: {deprecation_text(str(option_string), self.new_name)}", file=sys.stderr)
         setattr(namespace, self.dest, values)
+
+
+def spec_from_args(args: argparse.Namespace) -> TableSpec:
+    """The TableSpec the table options describe (TableError on bad values): `gap table` and `gap prune --budget`."""
+    from gap_engine.tables.artefact import TableSpec, parse_rate_grid  # torch: not at `gap --help` time
+
+    return TableSpec(
+        windows=windows_from(args),
+        criterion=args.criterion,
+        rate_grid=parse_rate_grid(args.rates),
+        objective=args.objective,
+        mode=args.mode,
+        estimator=args.estimator,
+        channel_multiple=args.channel_multiple,
+        refine_budgets=parse_rate_grid(args.refine_budgets, "refine budgets"),
+        refine_attention=args.refine_attention,
+    ).validate()

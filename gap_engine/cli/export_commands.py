@@ -19,11 +19,11 @@ PER_LAYER_KEYS = ("head_count", "head_count_kv", "feed_forward_length")  # long 
 
 def run_export(args: argparse.Namespace) -> int:
     if args.format == "gguf":
-        from ..deploy.gguf import export_gguf
+        from gap_engine.deploy.gguf import export_gguf
 
         summary = export_gguf(args.checkpoint, args.out, args.outtype, args.tokenizer_pre).to_dict()
     else:
-        from ..deploy.resave import resave_checkpoint
+        from gap_engine.deploy.resave import resave_checkpoint
 
         out = resave_checkpoint(args.checkpoint, args.out, args.dtype)
         size = sum(p.stat().st_size for p in out.glob("*.safetensors"))

@@ -6,20 +6,20 @@ import argparse
 import json
 import sys
 
-from ..adapters import supported_model_types
-from ..checkpoint import save_pruned
-from ..data import bos_token_id
-from ..device import DeviceError
-from ..dispatch import load_dispatched, parse_max_memory
-from ..errors import PlanError
-from ..evaluate import EvalSettings, evaluate
-from ..models import list_models, load_model
-from ..pipeline import dense_reference, iterative_prune, prune_with_plan
-from ..plan import RatePlan, uniform_plan
-from ..tables import TableSpec, parse_rate_grid
-from .arguments import device_from, windows_from
-from .output import StderrProgress
-from .table_commands import read_sources
+from gap_engine.cli.arguments import device_from, spec_from_args, windows_from
+from gap_engine.cli.output import StderrProgress
+from gap_engine.cli.table_commands import read_sources
+from gap_engine.core.device import DeviceError
+from gap_engine.core.errors import PlanError
+from gap_engine.data.windows import bos_token_id
+from gap_engine.evaluate.metrics import EvalSettings, evaluate
+from gap_engine.model.adapters import supported_model_types
+from gap_engine.model.checkpoint import save_pruned
+from gap_engine.model.dispatch import load_dispatched, parse_max_memory
+from gap_engine.model.loading import list_models, load_model
+from gap_engine.model.rateplan import RatePlan, uniform_plan
+from gap_engine.pipeline.iterative import iterative_prune
+from gap_engine.pipeline.stages import dense_reference, prune_with_plan
 
 
 def run_models(args: argparse.Namespace) -> int:
@@ -66,19 +66,12 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     """``gap prune --budget B --rounds K``: GAP's DP in rounds, each on a table of the model as it is."""
     if args.rounds < 1:
         raise PlanError(f"--rounds must be at least 1, got {args.rounds}")
-    spec = TableSpec(
-        windows=windows_from(args),
-        criterion=args.criterion,
-        rate_grid=parse_rate_grid(args.rates),
-        objective=args.objective,
-        estimator=args.estimator,
-        channel_multiple=args.channel_multiple,
-    ).validate()
+    spec = spec_from_args(args)
     read_sources(args.data)  # a bad text source fails before the model loads
-    lm = load_model(args.model)
+    lm = load_model(args.model, device_from(args))
     progress = StderrProgress("round table")
     result = iterative_prune(lm, spec, args.budget, args.rounds, progress=progress, stage=progress.stage)
-    save_pruned(result.model, result.plan, result.kept, args.out)
+    save_pruned(result.model, result.plan, result.kept, args.out, dtype=args.save_dtype)
     summary = {
         "out": str(args.out),
         "params_before": lm.param_count(),

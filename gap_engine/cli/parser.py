@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import __version__
-from ..config import (
+from gap_engine import __version__
+from gap_engine.cli.arguments import DeprecatedAlias, add_device_args, add_window_args, rate_arg
+from gap_engine.core.config import (
     ALLOCATORS,
     CLI_TABLE,
     CRITERIA,
@@ -36,7 +37,6 @@ from ..config import (
     REFINE_BUDGETS,
     SAVE_DTYPES,
 )
-from .arguments import DeprecatedAlias, add_device_args, add_window_args, rate_arg
 
 
 def _grid_text(grid) -> str:
@@ -62,15 +62,13 @@ def _add_prune(sub) -> None:
         "table of the model as the rounds before left it",
     )
     p.add_argument("--rounds", type=int, default=1, help="with --budget: rounds of table -> DP -> surgery (default: %(default)s)")
-    p.add_argument("--estimator", choices=ESTIMATORS, default=CLI_TABLE.estimator, help="with --budget: how each round's table is filled")
-    p.add_argument("--objective", choices=OBJECTIVES, default=CLI_TABLE.objective, help="with --budget: the tables' objective")
-    p.add_argument("--rates", default=_grid_text(CLI_TABLE.rate_grid), help="with --budget: the tables' rate grid")
-    p.add_argument("--criterion", default=DEFAULT_CRITERION, choices=CRITERIA, help="which heads and channels go")
-    p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE)
     p.add_argument("--out", required=True, help="output folder (replaced atomically)")
     p.add_argument("--save-dtype", default=DEFAULT_SAVE_DTYPE, choices=SAVE_DTYPES, help="storage precision of the saved weights (default: %(default)s)")
     p.add_argument("--json", action="store_true")
     add_window_args(p, CLI_TABLE.windows)
+    # The same table options as `gap table` (one builder, cli.arguments.spec_from_args, reads them for
+    # both): with --budget each round builds such a table; --criterion also picks --uniform's units.
+    _add_table_spec_args(p, CLI_TABLE.estimator)
     add_device_args(p)
     p.set_defaults(handler="model_commands:run_prune")
 

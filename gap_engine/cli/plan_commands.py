@@ -12,19 +12,23 @@ import argparse
 import json
 import sys
 
-from ..allocate import ALLOCATORS, Constraints, EvoSettings, check_reach, dp_front, front_csv, front_rows
-from ..allocate.problem import planning_problem
-from ..config import WindowSpec
-from ..errors import BudgetError, TableError
-from ..fsutil import atomic_write_text
-from ..limits import LIMITS
-from ..models import load_model
-from ..pipeline import compare, heldout_sets, loss_table, plan_for
-from ..tables import LossTable
-from ..validate import decode_text, read_bounded
-from .arguments import device_from, parse_fraction, parse_list, parse_locks
-from .output import StderrProgress, csv_text
-from .table_commands import read_sources, spec_from_args
+from gap_engine.cli.arguments import device_from, parse_fraction, parse_list, parse_locks
+from gap_engine.cli.output import StderrProgress, csv_text
+from gap_engine.cli.table_commands import read_sources, spec_from_args
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.errors import BudgetError, TableError
+from gap_engine.core.fsutil import atomic_write_text
+from gap_engine.core.limits import LIMITS
+from gap_engine.core.validate import decode_text, read_bounded
+from gap_engine.model.loading import load_model
+from gap_engine.pipeline import compare
+from gap_engine.pipeline.compare import heldout_sets
+from gap_engine.pipeline.stages import loss_table, plan_for
+from gap_engine.plan.allocators import ALLOCATORS, check_reach
+from gap_engine.plan.evo import EvoSettings
+from gap_engine.plan.front import dp_front, front_csv, front_rows
+from gap_engine.plan.problem import Constraints, planning_problem
+from gap_engine.tables.artefact import LossTable
 
 
 def constraints_from(args: argparse.Namespace) -> Constraints:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import DataError, OutputError
-from ..fsutil import cache_root, check_output
-from ..limits import LIMITS, check_at_most, check_windows
+from gap_engine.core.errors import DataError, OutputError
+from gap_engine.core.fsutil import cache_root, check_output
+from gap_engine.core.limits import LIMITS, check_at_most, check_windows
 
 # option dest -> (flag, floor, ceiling field of LIMITS or None, what one unit is)
 SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {

@@ -13,12 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-from ..models import load_model
-from ..recover import RecoveryResult, RecoverySettings, recover
-from ..recover_cost import estimate_for_checkpoint
-from ..recover_io import RecoveryError, check_output_dir
-from .arguments import device_from
-from .output import format_seconds
+from gap_engine.cli.arguments import device_from
+from gap_engine.cli.output import format_seconds
+from gap_engine.model.loading import load_model
+from gap_engine.pipeline.recovery import RecoveryResult, RecoverySettings, recover
+from gap_engine.recover.cost import estimate_for_checkpoint
+from gap_engine.recover.files import RecoveryError, check_output_dir
 
 # argparse destination -> RecoverySettings field, for the options whose None means "keep the default".
 _TUNABLES = {
@@ -72,7 +72,7 @@ def _summary(result: RecoveryResult) -> dict:
     summary = {
         "out": result.checkpoint,
         "method": result.method,
-        "objective": result.objective_note or result.objective,
+        "objective": result.objective_note.removeprefix("objective ") or result.objective,
         "saved_as": result.save_dtype,
         "dense_input": result.dense_input,
         "steps": f"{result.steps_done}/{result.steps_requested} ({result.stopped})"

@@ -13,13 +13,14 @@ import argparse
 import json
 import sys
 
-from .. import history, report
-from ..allocate import Constraints
-from ..config import DEFAULT_BUDGET
-from ..errors import BudgetError
-from ..plan import RatePlan
-from .arguments import parse_fraction
-from .plan_commands import read_table
+from gap_engine.cli.arguments import parse_fraction
+from gap_engine.cli.plan_commands import read_table
+from gap_engine.core.config import DEFAULT_BUDGET
+from gap_engine.core.errors import BudgetError
+from gap_engine.evaluate import history
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.plan.problem import Constraints
+from gap_engine.views import report
 
 
 def run_report(args: argparse.Namespace) -> int:

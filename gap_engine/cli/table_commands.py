@@ -6,31 +6,16 @@ import argparse
 import json
 from pathlib import Path
 
-from ..cache import list_tables, remove_table
-from ..config import WindowSpec
-from ..data import load_corpus
-from ..errors import TableError
-from ..fsutil import atomic_write_text
-from ..models import load_model
-from ..pipeline import loss_table
-from ..tables import TableSpec, parse_rate_grid
-from .arguments import device_from, windows_from
-from .output import StderrProgress
-
-
-def spec_from_args(args: argparse.Namespace) -> TableSpec:
-    """The TableSpec the table options describe (TableError on bad values)."""
-    return TableSpec(
-        windows=windows_from(args),
-        criterion=args.criterion,
-        rate_grid=parse_rate_grid(args.rates),
-        objective=args.objective,
-        mode=args.mode,
-        estimator=args.estimator,
-        channel_multiple=args.channel_multiple,
-        refine_budgets=parse_rate_grid(args.refine_budgets, "refine budgets"),
-        refine_attention=args.refine_attention,
-    ).validate()
+from gap_engine.cli.arguments import device_from, spec_from_args
+from gap_engine.cli.output import StderrProgress
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.errors import TableError
+from gap_engine.core.fsutil import atomic_write_text
+from gap_engine.data.windows import load_corpus
+from gap_engine.model.loading import load_model
+from gap_engine.pipeline.stages import loss_table
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.cache import list_tables, remove_table
 
 
 def read_sources(*specs: str) -> None:
@@ -75,9 +60,9 @@ def ray_cells(args: argparse.Namespace, spec: TableSpec):
     """The Ray cell executor ``--ray`` asks for, or None (ray is imported only when asked for)."""
     if args.ray is None:
         return None
-    if spec.estimator != "exact":
+    if spec.estimator != "exact":  # the engine refuses it too (pipeline.stages.loss_table); here before the model loads
         raise TableError(f"--ray spreads measured cells; the {spec.estimator} estimate is one gradient pass in one process")
-    from ..tables.distributed import RayCells, RaySettings
+    from gap_engine.tables.distributed import RayCells, RaySettings
 
     settings = RaySettings(address=None if args.ray == "local" else args.ray, workers=args.ray_workers)
     return RayCells(settings.validate())
@@ -85,23 +70,13 @@ def ray_cells(args: argparse.Namespace, spec: TableSpec):
 
 def run_dry_run(args: argparse.Namespace, spec: TableSpec) -> int:
     """Print the cost model's prediction for this build (nothing is built)."""
-    from ..costmodel import SPEC_PROFILES, estimate_build, measured_profile, model_shape
-    from ..device import resolve
+    from gap_engine.tables.costmodel import predict_build
 
-    placement = resolve(device_from(args))
-    if args.profile is not None and args.profile not in SPEC_PROFILES:
-        raise TableError(f"unknown --profile '{args.profile}'; choose one of {', '.join(SPEC_PROFILES)}")
+    workers = args.ray_workers if args.ray is not None else 1
     if args.ray_workers < 1:
         raise TableError(f"--ray-workers must be at least 1, got {args.ray_workers}")
-    shape = model_shape(args.model)
-    if args.profile:
-        profile, dtype_bytes = SPEC_PROFILES[args.profile], 2
-    else:
-        windows = spec.windows
-        profile = measured_profile(placement, shape, seq_len=min(windows.seq_len, 512), batch=min(windows.batch_size, 4))
-        dtype_bytes = placement.dtype.itemsize
-    workers = args.ray_workers if args.ray is not None else 1
-    estimate = estimate_build(shape, spec, profile, dtype_bytes, stream=placement.stream, workers=workers)
+    estimate = predict_build(args.model, spec, device_from(args), workers, profile=args.profile)
+    assert estimate is not None  # measure=True always gives one
     print("\n".join(estimate.lines()))
     return 0
 

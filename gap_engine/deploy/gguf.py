@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import GGUF_OUTTYPES
-from ..errors import ExportError
+from gap_engine.core.config import GGUF_OUTTYPES
+from gap_engine.core.errors import ExportError
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ def export_gguf(
         ModelLoadError: the model cannot be loaded (corrupt folder, missing files).
         ExportError: see ``write_gguf``.
     """
-    from ..models import load_model
+    from gap_engine.model.loading import load_model
 
     folder = Path(model)
     if folder.is_dir() and (folder / "config.json").is_file():

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..checkpoint import save_pruned
-from ..config import DEFAULT_SAVE_DTYPE
-from ..errors import ExportError
-from ..models import load_model
-from ..plan import RatePlan
-from .dtypes import parse_dtype, read_eval_report
+from gap_engine.core.config import DEFAULT_SAVE_DTYPE
+from gap_engine.core.errors import ExportError
+from gap_engine.model.checkpoint import save_pruned
+from gap_engine.model.loading import load_model
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.model.storage import parse_dtype, read_eval_report
 
 
 def resave_checkpoint(source: str | Path, out_dir: str | Path, dtype: str = DEFAULT_SAVE_DTYPE) -> Path:

@@ -6,10 +6,10 @@ planned on a table of the model the rounds before left; ``runs`` is what the exp
 background jobs do. The CLI, the jobs and the benchmarks call these.
 """
 
-from .compare import Outcome, Reference, compare, heldout_sets, measure_plan, reference_numbers
-from .iterative import IterativeResult, PlanRound, iterative_prune
-from .runs import baseline_rows, prune_and_evaluate, prune_eval_stages
-from .stages import (
+from gap_engine.pipeline.compare import Outcome, Reference, compare, heldout_sets, measure_plan, reference_numbers
+from gap_engine.pipeline.iterative import IterativeResult, PlanRound, iterative_prune
+from gap_engine.pipeline.runs import baseline_rows, prune_and_evaluate, prune_eval_stages
+from gap_engine.pipeline.stages import (
     dense_reference,
     importance_for,
     loss_table,

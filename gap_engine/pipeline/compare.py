@@ -9,21 +9,23 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..allocate import Constraints, EvoSettings, check_reach, evolve, plan_from_table
-from ..config import ALLOCATORS, WindowSpec
-from ..data import calibration_windows, heldout_windows
-from ..errors import PlanError
-from ..evaluate import mean_nll
-from ..importance import ImportanceScores, compute_importance
-from ..models import LoadedModel
-from ..plan import RatePlan
-from ..tables import LossTable
-from .stages import objective_increase, pruned_copy
+from gap_engine.core.config import ALLOCATORS, WindowSpec
+from gap_engine.core.errors import PlanError
+from gap_engine.data.windows import calibration_windows, heldout_windows
+from gap_engine.evaluate.metrics import mean_nll
+from gap_engine.model.loading import LoadedModel
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.pipeline.stages import objective_increase, pruned_copy
+from gap_engine.plan.allocators import check_reach, plan_from_table
+from gap_engine.plan.evo import EvoSettings, evolve
+from gap_engine.plan.problem import Constraints
+from gap_engine.prune.importance import ImportanceScores, compute_importance
+from gap_engine.tables.artefact import LossTable
 
 
 @dataclass
@@ -63,7 +65,7 @@ class Outcome:
         return out
 
     @classmethod
-    def from_row(cls, row: Mapping[str, str]) -> "Outcome":
+    def from_row(cls, row: Mapping[str, str]) -> Outcome:
         """The Outcome a CSV row written from ``row()`` holds (floats as written; empty cells dropped).
 
         Scalar fields are parsed by their declared type, so a field added to the class is read

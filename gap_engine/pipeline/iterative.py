@@ -21,15 +21,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..allocate import Constraints
-from ..data import calibration_windows
-from ..importance import compute_importance
-from ..models import LoadedModel
-from ..plan import RatePlan, make_plan
-from ..progress import CancelToken, ProgressFn, StageFn, check_cancelled
-from ..tables import TableSpec
-from ..units import block_geometries
-from .stages import loss_table, objective_increase, plan_for, prune_with_plan
+from gap_engine.core.progress import CancelToken, ProgressFn, StageFn, check_cancelled
+from gap_engine.data.windows import calibration_windows
+from gap_engine.model.loading import LoadedModel
+from gap_engine.model.rateplan import RatePlan, make_plan
+from gap_engine.model.units import block_geometries
+from gap_engine.pipeline.stages import loss_table, objective_increase, plan_for, prune_with_plan
+from gap_engine.plan.problem import Constraints
+from gap_engine.prune.importance import compute_importance
+from gap_engine.tables.artefact import TableSpec
 
 log = logging.getLogger(__name__)
 

@@ -8,24 +8,37 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Sequence
 
-from .. import history
-from ..allocate import Constraints
-from ..checkpoint import save_pruned
-from ..config import WindowSpec
-from ..data import calibration_windows
-from ..errors import BudgetError, GapError
-from ..evaluate import EvalSettings, evaluate
-from ..importance import compute_importance
-from ..models import LoadedModel
-from ..plan import RatePlan
-from ..interrupt import cancel_checks, run_unless_cancelled
-from ..progress import GENERATE, HELD_OUT, LOAD_MODEL, MEASURE, PLAN, PRUNE, SAVE, THROUGHPUT, CancelToken, StageFn, StageTimer, check_cancelled
-from ..tables import LossTable
-from .stages import objective_increase, plan_for, prune_with_plan
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.errors import BudgetError, GapError
+from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
+from gap_engine.core.progress import (
+    GENERATE,
+    HELD_OUT,
+    LOAD_MODEL,
+    MEASURE,
+    PLAN,
+    PRUNE,
+    SAVE,
+    THROUGHPUT,
+    CancelToken,
+    StageFn,
+    StageTimer,
+    check_cancelled,
+)
+from gap_engine.data.windows import calibration_windows
+from gap_engine.evaluate import history
+from gap_engine.evaluate.metrics import EvalSettings, evaluate
+from gap_engine.model.checkpoint import save_pruned
+from gap_engine.model.loading import LoadedModel
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.pipeline.stages import objective_increase, plan_for, prune_with_plan
+from gap_engine.plan.problem import Constraints
+from gap_engine.prune.importance import compute_importance
+from gap_engine.tables.artefact import LossTable
 
 StepFn = Callable[[str, int, int], None]  # (message, steps done, steps total)
 

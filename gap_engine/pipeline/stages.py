@@ -12,20 +12,34 @@ import logging
 
 import torch
 
-from ..allocate import Constraints, EvoSettings, needs_windows, plan_from_table
-from ..cache import PartialCells, get_table, lock, put_table
-from ..config import DEFAULT_N_BUCKETS, WindowSpec
-from ..data import batches, calibration_windows, load_corpus, text_start
-from ..device import DeviceSpec
-from ..errors import ModelLoadError
-from ..importance import ImportanceScores, compute_importance
-from ..models import LoadedModel, load_model
-from ..plan import RatePlan
-from ..interrupt import cancel_checks, run_unless_cancelled
-from ..progress import GRADIENT_PASS, CELLS, DENSE_PASS, LOAD_MODEL, READ_TEXT, SCORE_UNITS, CancelToken, ProgressFn, StageFn, StageTimer
-from ..surgery import PruneResult, apply_plan
-from ..tables import LossTable, TableSpec, measure_table, table_key
-from ..tables.cells import objective_positions, objective_sum
+from gap_engine.core.config import DEFAULT_N_BUCKETS, WindowSpec
+from gap_engine.core.device import DeviceSpec
+from gap_engine.core.errors import ModelLoadError, TableError
+from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
+from gap_engine.core.progress import (
+    CELLS,
+    DENSE_PASS,
+    GRADIENT_PASS,
+    LOAD_MODEL,
+    READ_TEXT,
+    SCORE_UNITS,
+    CancelToken,
+    ProgressFn,
+    StageFn,
+    StageTimer,
+)
+from gap_engine.data.windows import batches, calibration_windows, load_corpus, text_start
+from gap_engine.model.loading import LoadedModel, load_model
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.plan.allocators import needs_windows, plan_from_table
+from gap_engine.plan.evo import EvoSettings
+from gap_engine.plan.problem import Constraints
+from gap_engine.prune.importance import ImportanceScores, compute_importance
+from gap_engine.prune.surgery import PruneResult, apply_plan
+from gap_engine.tables.artefact import LossTable, TableSpec, table_key
+from gap_engine.tables.build import measure_table
+from gap_engine.tables.cache import PartialCells, get_table, lock, put_table
+from gap_engine.tables.cells import objective_positions, objective_sum
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +85,12 @@ def loss_table(
             their times go into the cache entry's metadata.
         cells: who measures exact cells (``tables.distributed.RayCells``); default: this process.
     Raises:
-        TableError: a bad spec. CancelledError: cancelled. DataError: unusable text source.
+        TableError: a bad spec, or Ray workers asked for a table that no cell measures.
+        CancelledError: cancelled. DataError: unusable text source.
     """
     spec.validate()
+    if cells is not None and spec.estimator != "exact":
+        raise TableError(f"Ray workers measure exact cells; the {spec.estimator} estimate is one gradient pass in one process")
     timer = StageTimer(stage)
     timer(READ_TEXT)
     log.info("reading the calibration text %s", spec.windows.data)

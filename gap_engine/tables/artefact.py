@@ -24,12 +24,24 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from ..device import SHORT_DTYPE_NAMES, dtype_name, placement_of
-from ..config import CRITERIA, DEFAULT_CHANNEL_MULTIPLE, DEFAULT_CRITERION, ESTIMATORS, MODES, OBJECTIVES, REFERENCE_TABLE, REFINE_ATTENTION, REFINE_BUDGETS, WindowSpec
-from ..data import WINDOW_STARTS, window_start
-from ..errors import DataError, TableError, first_line
-from ..units import block_geometries
-from ..validate import check_table_document, parse_json
+from gap_engine.core.config import (
+    CRITERIA,
+    DEFAULT_CHANNEL_MULTIPLE,
+    DEFAULT_CRITERION,
+    ESTIMATORS,
+    MODES,
+    OBJECTIVES,
+    REFERENCE_TABLE,
+    REFINE_ATTENTION,
+    REFINE_BUDGETS,
+    WindowSpec,
+)
+from gap_engine.core.deprecation import warn_deprecated
+from gap_engine.core.device import SHORT_DTYPE_NAMES, dtype_name, placement_of
+from gap_engine.core.errors import DataError, TableError, first_line
+from gap_engine.core.validate import check_table_document, parse_json
+from gap_engine.data.windows import WINDOW_STARTS, window_start
+from gap_engine.model.units import block_geometries
 
 # 2: windows start as the model expects (its BOS token, never counted), and every cell
 # records whether it was measured and on how many positions. Tables of version 1 were
@@ -56,7 +68,7 @@ class TableSpec:
     refine_attention: str = "chosen"  # refine: "chosen" attention cells only, or "all" attention cells from the start
     refine_neighbours: int = 1  # refine: grid steps measured on each side of a chosen rate
 
-    def validate(self) -> "TableSpec":
+    def validate(self) -> TableSpec:
         """Raise TableError (one line) for any value the builder cannot use."""
         if not isinstance(self.windows, WindowSpec):
             raise TableError("table windows must be a WindowSpec")
@@ -118,10 +130,12 @@ class TableSpec:
         return self.summary() | {"batch_size": self.windows.batch_size}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TableSpec":
+    def from_dict(cls, data: dict) -> TableSpec:
         """The spec of a table file (flat fields; the old name "method" is read as "estimator")."""
         if not isinstance(data, dict):
             raise TableError("table spec must be an object")
+        if "method" in data:
+            warn_deprecated('the table spec field "method"', '"estimator"')
         values = {("estimator" if k == "method" else k): v for k, v in data.items()}
         window_names = set(_WINDOW_FIELDS) | {"batch_size"}
         known = {f.name for f in fields(cls) if f.name != "windows"} | window_names
@@ -267,7 +281,7 @@ class LossTable:
         return json.dumps(self.to_dict(), separators=(",", ":")) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "LossTable":
+    def from_json(cls, text: str) -> LossTable:
         """Parse and check a table; TableError (one line) on anything malformed."""
         data = parse_json(text, "loss table", TableError)
         check_table_document(data)  # types, ranges, sizes: refuses tables no build can produce
@@ -280,7 +294,7 @@ class LossTable:
             raise TableError(f"malformed loss table: {detail}") from None
 
     @classmethod
-    def _from_dict(cls, data) -> "LossTable":
+    def _from_dict(cls, data) -> LossTable:
         if not isinstance(data, dict):
             raise TableError("malformed loss table: expected a JSON object")
         version = data.get("format_version")

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..bos import next_token_nll
-from ..device import wide
-from ..importance import ImportanceScores
-from ..surgery import removed_units
+from gap_engine.core.device import wide
+from gap_engine.data.bos import next_token_nll
+from gap_engine.prune.importance import ImportanceScores
+from gap_engine.prune.surgery import removed_units
 
 
 @dataclass(frozen=True)

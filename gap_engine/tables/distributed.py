@@ -27,23 +27,23 @@ import copy
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..device import DeviceSpec, dtype_name, is_streamed, placement_of
-from ..errors import CancelledError, GapError, one_line
-from ..layerwise import tree_to
-from ..progress import CancelToken, ProgressFn
-from .artefact import TableSpec
-from .cells import objective_positions, unit_cuts
-from .exact import DenseState, PartialStore, dense_pass, distinct_cuts
-from .ledger import CellLedger, block_costs
-from .streaming import streamed_dense_state
+from gap_engine.core.device import DeviceSpec, dtype_name, is_streamed, placement_of
+from gap_engine.core.errors import CancelledError, GapError, one_line
+from gap_engine.core.progress import CancelToken, ProgressFn
+from gap_engine.model.layerwise import tree_to
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.cells import objective_positions, unit_cuts
+from gap_engine.tables.exact import DenseState, PartialStore, dense_pass, distinct_cuts
+from gap_engine.tables.ledger import CellLedger, block_costs
+from gap_engine.tables.streaming import streamed_dense_state
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class RaySettings:
     max_restarts: int = 2  # a killed worker process is restarted this often (its calls retried)
     object_store_bytes: int | None = None  # local instance only: shared-memory object store size (None: Ray's default)
 
-    def validate(self) -> "RaySettings":
+    def validate(self) -> RaySettings:
         for name in ("workers", "cpus_per_worker"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -154,7 +154,7 @@ class CellWorker:
     """
 
     def __init__(self, device: DeviceSpec, threads: int):
-        from ..device import resolve
+        from gap_engine.core.device import resolve
 
         torch.set_num_threads(threads)
         self.placement = resolve(device)
@@ -169,8 +169,8 @@ class CellWorker:
     def _setup(self, refs: dict) -> None:
         import ray
 
-        from ..adapters import adapter_for
-        from ..models import LoadedModel
+        from gap_engine.model.adapters import adapter_for
+        from gap_engine.model.loading import LoadedModel
 
         model, layers_name = ray.get(refs["shell"])
         model = model.to(self.placement.device)
@@ -202,8 +202,8 @@ class CellWorker:
         """Cells of one layer: [(job index, objective per position)], with this process's id."""
         import ray
 
-        from .exact import run_cell
-        from .streaming import streamed_cells
+        from gap_engine.tables.exact import run_cell
+        from gap_engine.tables.streaming import streamed_cells
 
         if self.build != refs["build"]:
             self._setup(refs)

@@ -23,13 +23,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..bos import next_token_nll
-from ..data import batches, text_start
-from ..device import host64, input_device, is_streamed, placement_of
-from ..layerwise import backward_blocks
-from ..progress import CancelToken, EtaClock, ProgressFn, check_cancelled
-from .artefact import TableSpec
-from .cells import objective_positions, unit_cuts
+from gap_engine.core.device import host64, input_device, is_streamed, placement_of
+from gap_engine.core.progress import CancelToken, EtaClock, ProgressFn, check_cancelled
+from gap_engine.data.bos import next_token_nll
+from gap_engine.data.windows import batches, text_start
+from gap_engine.model.layerwise import backward_blocks
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.cells import objective_positions, unit_cuts
 
 
 def _install_gates(adapter, layers, geoms, masks: dict) -> list:

@@ -26,13 +26,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import batches, text_start
-from ..device import input_device
-from ..importance import compute_importance
-from ..progress import CancelToken, EtaClock, ProgressFn, check_cancelled
-from ..slicing import zeroed_units
-from .artefact import TableSpec, removed_table, table_components
-from .cells import Cut, objective_per_window, objective_positions, unit_cuts
+from gap_engine.core.device import input_device
+from gap_engine.core.progress import CancelToken, EtaClock, ProgressFn, check_cancelled
+from gap_engine.data.windows import batches, text_start
+from gap_engine.model.slicing import zeroed_units
+from gap_engine.prune.importance import compute_importance
+from gap_engine.tables.artefact import TableSpec, removed_table, table_components
+from gap_engine.tables.cells import Cut, objective_per_window, objective_positions, unit_cuts
 
 log = logging.getLogger(__name__)
 

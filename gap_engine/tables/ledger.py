@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
-from ..progress import EtaClock, ProgressFn
-from .cells import Cut
-from .exact import PARTIAL_SAVE_CELLS, PARTIAL_SAVE_SECONDS, PartialStore
+from gap_engine.core.progress import EtaClock, ProgressFn
+from gap_engine.tables.cells import Cut
+from gap_engine.tables.exact import PARTIAL_SAVE_CELLS, PARTIAL_SAVE_SECONDS, PartialStore
 
 log = logging.getLogger(__name__)
 

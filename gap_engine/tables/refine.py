@@ -29,22 +29,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 import torch
 
-from ..config import DEFAULT_MAX_RATE, DEFAULT_N_BUCKETS
-from ..device import is_streamed
-from ..errors import BudgetError
-from ..planner import constraint_mask, solve_budget
-from ..progress import CancelToken, ProgressFn
-from .artefact import TableSpec, isotonic_smooth, removed_table
-from .cells import objective_positions, unit_cuts
-from .estimate import estimate_cells
-from .exact import PartialStore, dense_pass, distinct_cuts, measure_cells
-from .streaming import measure_cells_streamed, streamed_dense_state
+from gap_engine.core.config import DEFAULT_MAX_RATE, DEFAULT_N_BUCKETS
+from gap_engine.core.device import is_streamed
+from gap_engine.core.errors import BudgetError
+from gap_engine.core.knapsack import constraint_mask, solve_budget
+from gap_engine.core.progress import CancelToken, ProgressFn
+from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
+from gap_engine.tables.cells import objective_positions, unit_cuts
+from gap_engine.tables.estimate import estimate_cells
+from gap_engine.tables.exact import PartialStore, dense_pass, distinct_cuts, measure_cells
+from gap_engine.tables.streaming import measure_cells_streamed, streamed_dense_state
 
 log = logging.getLogger(__name__)
 

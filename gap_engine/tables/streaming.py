@@ -26,15 +26,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import text_start
-from ..device import placement_of
-from ..layerwise import block_on, forward_blocks, layer_output, to_host
-from ..progress import CancelToken, EtaClock, ProgressFn, check_cancelled
-from ..slicing import zeroed_units
-from .artefact import TableSpec
-from .cells import Cut, objective_per_window, objective_positions, unit_cuts
-from .exact import MAX_STORED_LOGPROB_BYTES, DenseState, PartialStore, dense_logprobs, distinct_cuts
-from .ledger import CellLedger
+from gap_engine.core.device import placement_of
+from gap_engine.core.progress import CancelToken, EtaClock, ProgressFn, check_cancelled
+from gap_engine.data.windows import text_start
+from gap_engine.model.layerwise import block_on, forward_blocks, layer_output, to_host
+from gap_engine.model.slicing import zeroed_units
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.cells import Cut, objective_per_window, objective_positions, unit_cuts
+from gap_engine.tables.exact import MAX_STORED_LOGPROB_BYTES, DenseState, PartialStore, dense_logprobs, distinct_cuts
+from gap_engine.tables.ledger import CellLedger
 
 # Memory for the hidden states of the cells measured together (one (N, T, d) tensor each)
 # where the free device memory is not known (CPU, MPS); CUDA uses half of what is free.

@@ -1,0 +1,151 @@
+"""The view in the address bar: a reload, a second tab or a shared link opens the same view.
+
+The page is the URL's path (``/planner``, Streamlit's own); the rest is in the query string:
+
+    table      the cache key of the loss table on screen
+    budget     the chosen budget, written so it reads back to the same front row
+    allocator  the allocator Prune & evaluate runs
+    runs       the runs compared on Prune & evaluate
+    jobs       this tab's running jobs: a reload attaches to them, shows their progress
+               and gets their results when they end
+
+`restore` reads it once per session, before any page draws (so a reload opens the table
+the user had, not the newest cached one, and a running build is watched again with its
+form filled in); `sync` writes the session's view back after every run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from explorer import common
+from gap_engine.core.config import ALLOCATORS
+from gap_engine.core.errors import GapError, one_line
+from gap_engine.data.windows import BUILTIN_SOURCES
+from gap_engine.model.loading import BUILTIN_MODELS
+from gap_engine.tables import cache
+from gap_engine.views.jobs import manager
+
+PARAMS = ("table", "budget", "allocator", "runs", "jobs")
+_RESTORED = "app_url_restored"
+
+
+def _split(value: str | None) -> list[str]:
+    return [part for part in (value or "").split(",") if part]
+
+
+def setup_form(model: str, spec: dict) -> None:
+    """Fill the Setup form with a table's model and settings (``TableSpec.to_dict()``)."""
+    ss = st.session_state
+    if model in BUILTIN_MODELS:
+        ss["setup_model_kind"], ss["setup_builtin"] = "Built-in", model
+    elif Path(model).exists():
+        ss["setup_model_kind"], ss["setup_local_path"] = "Local folder", model
+    else:
+        ss["setup_model_kind"], ss["setup_hub_id"] = "Hub id", model
+    data = spec.get("data", "")
+    if data in BUILTIN_SOURCES:
+        ss["setup_data_kind"], ss["setup_builtin_data"] = "Built-in sample", data
+    elif data:
+        ss["setup_data_kind"], ss["setup_uploaded_path"] = "Uploaded file", data
+    fields = {
+        "criterion": "setup_criterion", "objective": "setup_objective", "mode": "setup_mode",
+        "estimator": "setup_estimator", "n_samples": "setup_samples", "seq_len": "setup_seq_len",
+        "seed": "setup_seed", "batch_size": "setup_batch", "channel_multiple": "setup_channel_multiple",
+    }  # fmt: skip
+    for name, key in fields.items():
+        if name in spec:
+            ss[key] = spec[name]
+    if spec.get("rate_grid"):
+        ss["setup_rate_grid"] = ", ".join(f"{float(r):g}" for r in spec["rate_grid"])
+
+
+def _attach_jobs(ids: list[str]) -> bool:
+    """Watch the jobs named in the URL again; True when one was found."""
+    found = False
+    for job_id in ids:
+        job = manager().get(job_id)
+        if job is None:
+            common.set_message("setup", "warning", f"The job {job_id} from the link is gone (the server was restarted).")
+            continue
+        common.remember_job(job.kind, job)
+        if job.kind == "table" and job.params.get("model"):
+            setup_form(job.params["model"], job.params.get("spec") or {})
+        found = True
+    return found
+
+
+def _load_table(key: str) -> bool:
+    try:
+        table = cache.get_table(key)
+    except GapError as exc:
+        common.set_message("setup", "error", f"The table in the link cannot be read: {one_line(exc)}")
+        return False
+    if table is None:
+        common.set_message("setup", "warning", f"The table {key} from the link is not in the cache; build it or pick another.")
+        return False
+    common.set_table(table)
+    setup_form(table.model, table.spec.to_dict())
+    return True
+
+
+def restore() -> bool:
+    """Once per session: take the table, budget, allocator, runs and jobs from the URL.
+
+    Returns:
+        True when the URL named a table, or a job that was found: the newest cached table is
+        then not loaded in its place (a table the cache lacks leaves a warning and no table).
+    """
+    ss = st.session_state
+    if _RESTORED in ss:
+        return ss[_RESTORED]
+    params = st.query_params
+    named = _attach_jobs(_split(params.get("jobs")))
+    if params.get("table") and common.current_table() is None:
+        _load_table(params["table"])
+        named = True  # a table the link names and the cache lacks is said so, not swapped for another
+    try:
+        budget = float(params.get("budget", ""))
+    except ValueError:
+        budget = None
+    if budget is not None and 0.0 <= budget < 1.0:
+        ss["app_budget"] = budget
+    if params.get("allocator") in ALLOCATORS:
+        ss["eval_allocator"] = params["allocator"]
+    runs = [int(r) for r in _split(params.get("runs")) if r.isdigit()]
+    if runs:
+        ss["eval_compare"] = runs
+    ss[_RESTORED] = named
+    return named
+
+
+def view() -> dict:
+    """The query string this session's view calls for (absent keys are removed)."""
+    ss = st.session_state
+    want = {}
+    table = common.current_table()
+    if table is not None:
+        want["table"] = table.key
+        want["budget"] = repr(float(ss["app_budget"]))  # repr reads back to the same float
+    if ss.get("eval_allocator") in ALLOCATORS:
+        want["allocator"] = ss["eval_allocator"]
+    if ss.get("eval_compare"):
+        want["runs"] = ",".join(str(r) for r in ss["eval_compare"])
+    running = [job_id for job_id in ss.get("app_jobs", {}).values() if (job := manager().get(job_id)) is not None and job.active]
+    if running:
+        want["jobs"] = ",".join(running)
+    return want
+
+
+def sync() -> None:
+    """Write the session's view into the query string, touching only what changed."""
+    want = view()
+    params = st.query_params
+    for name in PARAMS:
+        if name not in want:
+            if name in params:
+                del params[name]
+        elif params.get(name) != want[name]:
+            params[name] = want[name]

@@ -1,0 +1,131 @@
+"""Settings and named defaults that every surface (CLI, app, benchmarks) reads.
+
+Three choices of the method have three distinct nouns, used the same way in code, flags,
+app labels and the README:
+
+- the **criterion** decides *which* heads and channels of a layer go (``importance``);
+- the **estimator** decides *how a loss table is filled*: measured cell by cell (``exact``),
+  estimated from one gradient pass (``fisher``, ``taylor``), or estimated and then measured
+  exactly where the plans go (``refine``) (``tables``);
+- the **allocator** decides *how much* each layer loses under one global budget: GAP's
+  exact DP or a baseline (``allocate``).
+
+``WindowSpec`` is the one description of "which token windows a stage reads" shared by
+loss tables, importance scores, evaluation and the baselines. This module imports nothing
+heavy, so the CLI can build its parser from it before torch is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from gap_engine.core.errors import DataError
+
+# ---- the three choices ------------------------------------------------------------------
+CRITERIA = ("magnitude", "wanda", "flap", "taylor")  # within-layer importance
+DEFAULT_CRITERION = "wanda"
+ESTIMATORS = ("exact", "fisher", "taylor", "refine")  # how a loss table is filled (refine: fisher, then exact cells where plans go)
+OBJECTIVES = ("nll", "kl")  # what a table cell measures
+MODES = ("split", "block")  # split: attention and MLP are separate components
+ALLOCATORS = ("dp", "uniform", "flap", "owl", "evo")  # how the budget is spread over layers
+GRID_ALLOCATORS = ("dp", "evo")  # allocators whose plans sit on the table's rate grid
+
+# ---- budgets and the planner -------------------------------------------------------------
+DEFAULT_BUDGET = 0.2  # fraction of prunable parameters removed
+DEFAULT_MAX_RATE = 0.95  # no component loses more than this fraction unless locked
+DEFAULT_N_BUCKETS = 4096  # budget resolution of the DP (bucket = max removable / this)
+DEFAULT_CHANNEL_MULTIPLE = 8  # MLP widths are kept in multiples of this
+
+# ---- devices -----------------------------------------------------------------------------
+# accelerate's device-map strategies for evaluating a model spread over several devices
+# (``dispatch``): "auto"/"balanced" even out the accelerators, "balanced_low_0" keeps the
+# first one light (generation's logits land there), "sequential" fills them in order.
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+# ---- text --------------------------------------------------------------------------------
+DEFAULT_DATA = "wiki-sample"
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Which token windows a stage reads: one text source, how many windows, how long."""
+
+    data: str = DEFAULT_DATA  # text source: built-in name, .txt/.jsonl path or HF spec; comma-separated where a stage reads several
+    n_samples: int = 16  # windows
+    seq_len: int = 256  # tokens per window
+    seed: int = 0  # which windows are drawn
+    batch_size: int = 4  # windows per forward pass (memory only; never changes a number)
+
+    def validate(self) -> WindowSpec:
+        """DataError (one line) for a value no stage can use."""
+        if not isinstance(self.data, str) or not self.sources():
+            raise DataError("the text source must be a non-empty string")
+        for name, low in (("n_samples", 1), ("seq_len", 2), ("batch_size", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise DataError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise DataError(f"seed must be an integer, got {self.seed!r}")
+        return self
+
+    def sources(self) -> tuple[str, ...]:
+        """The text sources named in ``data`` (one, or several separated by commas)."""
+        return tuple(part.strip() for part in str(self.data).split(",") if part.strip())
+
+    def for_source(self, source: str) -> WindowSpec:
+        """The same windows read from one other source."""
+        return replace(self, data=source)
+
+
+# ---- loss tables -------------------------------------------------------------------------
+FULL_RATE_GRID = tuple(i / 16 for i in range(16))  # 0, 1/16, ..., 15/16
+QUICK_RATE_GRID = tuple(i / 8 for i in range(8))  # 0, 1/8, ..., 7/8
+# A refined table measures exactly the cells the DP's plans use at these budgets (fractions
+# of the prunable parameters), with their grid neighbours, until every chosen cell is measured.
+REFINE_BUDGETS = (0.1, 0.2, 0.3, 0.4)
+REFINE_ATTENTION = ("chosen", "all")  # "all": also every attention cell from the start
+
+
+@dataclass(frozen=True)
+class TableDefaults:
+    """A starting point for a loss table's settings."""
+
+    estimator: str  # one of ESTIMATORS
+    objective: str  # one of OBJECTIVES
+    windows: WindowSpec  # calibration windows
+    rate_grid: tuple[float, ...]  # candidate rates, ascending from 0
+
+
+# The defaults of every table, from evidence (bench/results/tables.md, bench/results/defaults.md):
+# KL to the dense model, because NLL tables are noise (seed-to-seed Spearman 0.15-0.48 against
+# 0.83-0.95 for KL); the gradient estimate, because an exact table takes about an hour on two
+# CPU cores; and the calibration size whose plans were best on held-out text among the sizes
+# that build in about 2-3 minutes there for the default model.
+DEFAULT_ESTIMATOR = "fisher"
+DEFAULT_OBJECTIVE = "kl"
+DEFAULT_TABLE_WINDOWS = WindowSpec(n_samples=16, seq_len=256)
+# What a TableSpec built in code with no settings describes: the measured reference table
+# (exact cells of NLL). Surfaces never use it as their default; they use the two below.
+REFERENCE_TABLE = TableDefaults(estimator="exact", objective="nll", windows=WindowSpec(), rate_grid=FULL_RATE_GRID)
+# `gap table`, `gap compare`, `gap prune --budget` and the benchmarks: a fine grid.
+CLI_TABLE = TableDefaults(estimator=DEFAULT_ESTIMATOR, objective=DEFAULT_OBJECTIVE, windows=DEFAULT_TABLE_WINDOWS, rate_grid=FULL_RATE_GRID)
+# The explorer: the same table on rates in eighths.
+APP_TABLE = TableDefaults(estimator=DEFAULT_ESTIMATOR, objective=DEFAULT_OBJECTIVE, windows=DEFAULT_TABLE_WINDOWS, rate_grid=QUICK_RATE_GRID)
+
+# ---- evaluation --------------------------------------------------------------------------
+EVAL_WINDOWS = WindowSpec(n_samples=16, seq_len=256)  # `gap eval`, `gap compare`
+APP_EVAL_WINDOWS = WindowSpec(n_samples=8, seq_len=128)  # the explorer's Prune & evaluate
+
+
+# ---- checkpoints and deployment ----------------------------------------------------------
+SAVE_DTYPES = ("bfloat16", "float16", "float32")  # storage precision of a pruned checkpoint
+DEFAULT_SAVE_DTYPE = "bfloat16"  # half the bytes of float32, same exponent range (no overflow)
+GGUF_OUTTYPES = ("f16", "q8_0")  # weight types of `gap export --format gguf`
+
+# ---- recovery after pruning (recover.py) -------------------------------------------------
+RECOVERY_METHODS = ("lora", "mazo", "mezo")  # LoRA (peft), masked zeroth-order, plain zeroth-order
+RECOVERY_SCHEDULES = ("constant", "linear", "cosine")  # learning-rate decay after the warm-up
+RECOVERY_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # short names of the trainable projections
+RECOVERY_OBJECTIVES = ("kd", "lm", "kd+lm")  # distil from the dense model, next-token loss, or a weighted sum
+

@@ -1,0 +1,270 @@
+"""Atomic file output, output checks and the cache root.
+
+Nothing the engine writes may be left half-written when a process is killed or an input
+turns out bad: files and folders are written under a temporary name beside their target
+and renamed into place only once complete (a rename within one filesystem is atomic).
+
+Temporary names carry the writer's process id (``.<name>.<pid>-<random>.tmp``), so the
+leftovers of a killed writer are recognised and removed by the next write of the same
+target, and by ``check_output`` when a command starts. Outputs get the permissions the
+user's umask asks for (temporary files are created private, then opened up on completion).
+A path that cannot be written is found before the work starts (``check_output``) and,
+should the disk fill up half-way, reported in one line (``OutputError``), never as a
+traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from filelock import FileLock
+
+from gap_engine.core.errors import CacheError, OutputError
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "GAP_CACHE_DIR"
+# Errors that mean "this place cannot be written", reported as OutputError.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.ENOTDIR, errno.EISDIR}
+# Temporary names written before they carried a process id are removed once this old.
+_LEGACY_TEMP_AGE_SECONDS = 3600
+
+
+def _read_umask() -> int:
+    """The process umask, read without changing it (os.umask would race with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def cache_root() -> Path:
+    """The on-disk cache root: $GAP_CACHE_DIR, else ``cache/`` beside the package.
+
+    Raises:
+        CacheError: the root is a file, or cannot be created.
+    """
+    root = os.environ.get(CACHE_ENV)
+    path = Path(root) if root else Path(__file__).resolve().parents[2] / "cache"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise CacheError(f"the cache root {path} ({CACHE_ENV if root else 'default'}) is a file, not a folder") from None
+    except OSError as exc:
+        raise CacheError(f"cannot create the cache root {path} ({CACHE_ENV if root else 'default'}): {exc.strerror}") from None
+    return path
+
+
+# ---- stale temporaries -----------------------------------------------------------------------
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # another user's process, or a value we cannot test: leave it
+    return True
+
+
+def clean_stale(target: str | Path) -> list[Path]:
+    """Remove temporaries beside ``target`` that a killed writer of it left behind.
+
+    Only names of our own making are touched: ``.<name>.<pid>-*.tmp`` and ``.<name>.old-<pid>``
+    whose process is gone, and the older pid-less ``.<name>.<random>.tmp`` after an hour.
+
+    Returns:
+        The paths removed.
+    """
+    target = Path(target)
+    name = re.escape(target.name)
+    tagged = re.compile(rf"^\.{name}\.(?:(\d+)-[A-Za-z0-9_]+\.tmp|old-(\d+))$")
+    legacy = re.compile(rf"^\.{name}\.[A-Za-z0-9_]{{8}}\.tmp$")
+    removed = []
+    try:
+        siblings = list(target.parent.iterdir()) if target.parent.is_dir() else []
+    except OSError:
+        return removed
+    now = time.time()
+    for path in siblings:
+        match = tagged.match(path.name)
+        try:
+            if match:
+                stale = not _pid_alive(int(match.group(1) or match.group(2)))
+            else:
+                stale = bool(legacy.match(path.name)) and now - path.lstat().st_mtime > _LEGACY_TEMP_AGE_SECONDS
+            if not stale:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError:
+            continue
+        log.info("removed %s, left behind by an interrupted write", path)
+        removed.append(path)
+    return removed
+
+
+# ---- checks before the work starts ----------------------------------------------------------
+def check_output(path: str | Path, folder: bool, what: str = "--out") -> Path:
+    """OutputError (one line) unless ``path`` can be written as a file (or a folder when ``folder``).
+
+    Called before slow work starts, so an unwritable output is found in a second, not after
+    an hour of measuring. Also removes temporaries a killed earlier run left beside it.
+
+    Args:
+        path: the output file or folder.
+        folder: True when a folder will be written there (it replaces an existing folder).
+        what: how the message names the path (a flag, or "the output").
+    Returns:
+        ``path`` as a Path.
+    """
+    path = Path(path)
+    if not str(path).strip():
+        raise OutputError(f"{what} is empty; give a path")
+    if path.exists() or path.is_symlink():
+        if folder and not path.is_dir():
+            raise OutputError(f"{what} {path} is an existing file, not a folder; remove it or choose another path")
+        if not folder and path.is_dir():
+            raise OutputError(f"{what} {path} is a folder; give a file name")
+        if not folder and not path.is_file():
+            raise OutputError(f"{what} {path} exists and is not a regular file")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"{what} {path} cannot be created: {ancestor} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".gap-write-probe.{os.getpid()}-", suffix=".tmp", dir=ancestor)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputError(f"{what} {path} cannot be written: {ancestor}: {exc.strerror or exc}") from None
+    clean_stale(path)
+    return path
+
+
+def _output_error(target: Path, exc: OSError) -> OutputError:
+    return OutputError(f"cannot write {target}: {exc.strerror or exc}")
+
+
+# ---- atomic writes ------------------------------------------------------------------------------
+_UMASK = _read_umask()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` under a temporary name, then rename it into place.
+
+    Raises:
+        OutputError: the path cannot be written (a folder there, read-only, disk full).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"cannot write {path}: it is a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _output_error(path, exc) from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), 0o666 & ~_UMASK)
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _output_error(path, exc) from None
+        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def _open_up(folder: Path) -> None:
+    """Give a finished temporary folder and what it holds the modes the umask asks for."""
+    os.chmod(folder, 0o777 & ~_UMASK)
+    for root, dirs, files in os.walk(folder):
+        for names, mode in ((dirs, 0o777), (files, 0o666)):
+            for name in names:
+                entry = os.path.join(root, name)
+                if not os.path.islink(entry):
+                    os.chmod(entry, mode & ~_UMASK)
+
+
+@contextlib.contextmanager
+def atomic_directory(target: str | Path, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a fresh temporary folder beside ``target``; on success it replaces ``target``.
+
+    On any exception the temporary folder is removed and ``target`` is untouched.
+
+    Raises:
+        OutputError: ``target`` is an existing file (never replaced by a folder), or the
+            folder cannot be written (read-only, disk full).
+    """
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise OutputError(f"{target} is an existing file, not a folder; remove it or choose another path")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{os.getpid()}-", suffix=".tmp", dir=target.parent))
+    except OSError as exc:
+        raise _output_error(target, exc) from None
+    try:
+        yield tmp
+        _open_up(tmp)
+        if target.exists():
+            if not overwrite:
+                raise FileExistsError(f"{target} already exists")
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS and not isinstance(exc, FileExistsError):
+            raise _output_error(target, exc) from None
+        raise
+
+
+def lock_for(path: str | Path, timeout: float = -1) -> FileLock:
+    """An inter-process lock guarding ``path`` (a sibling ``.lock`` file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(path.with_name(path.name + ".lock")), timeout=timeout)
+
+
+def lock_path(path: str | Path) -> Path:
+    """The file behind ``lock_for(path)`` (removed with the thing it guards)."""
+    path = Path(path)
+    return path.with_name(path.name + ".lock")

@@ -1,0 +1,100 @@
+"""How long engine work reports progress and is cancelled.
+
+Every long function of the engine (table builds, scoring, evaluation, the pipeline) takes
+the same two optional hooks, so the CLI, background jobs and benchmarks drive it alike:
+
+- ``progress(done, total, eta_seconds)`` after every step (cells, batches, candidates);
+  ``eta_seconds`` is None until one step was timed;
+- ``cancel``: any object with ``is_set()`` (a ``threading.Event``), polled between steps;
+  when set, the work stops with ``CancelledError``.
+
+The pipeline also names its stages through ``stage(name)`` (the names below), and
+`StageTimer` records how long each took.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from gap_engine.core.errors import CancelledError
+
+ProgressFn = Callable[[int, int, "float | None"], None]
+StageFn = Callable[[str], None]
+
+
+class CancelToken(Protocol):
+    def is_set(self) -> bool: ...
+
+
+def check_cancelled(cancel: CancelToken | None, message: str) -> None:
+    """Raise CancelledError(message) when ``cancel`` is set."""
+    if cancel is not None and cancel.is_set():
+        raise CancelledError(message)
+
+
+class EtaClock:
+    """Seconds left from the work done so far, with steps of unequal weight.
+
+    ``weights`` are the relative costs of the steps still to do (e.g. blocks a table cell
+    runs); the estimate is elapsed time per unit of weight done, times the weight left.
+    """
+
+    def __init__(self, weights: list[float] | None = None, total_steps: int | None = None):
+        self.started = time.perf_counter()
+        self.weight_left = float(sum(weights)) if weights is not None else float(total_steps or 0)
+        self.weight_done = 0.0
+
+    def step(self, weight: float = 1.0) -> float:
+        """Record one finished step of ``weight``; returns the estimated seconds left."""
+        self.weight_done += weight
+        self.weight_left = max(0.0, self.weight_left - weight)
+        elapsed = time.perf_counter() - self.started
+        return elapsed / self.weight_done * self.weight_left if self.weight_done > 0 else 0.0
+
+
+# ---- stages -----------------------------------------------------------------------------
+# The names long work announces through ``stage(name)``: what a progress bar shows, and the
+# keys under which stage times are recorded (cache metadata, run history) and predicted.
+LOAD_MODEL = "load model"
+READ_TEXT = "read text"
+SCORE_UNITS = "score units"
+DENSE_PASS = "dense pass"  # exact tables: the block inputs every cell starts from
+GRADIENT_PASS = "gradient pass"  # fisher/taylor tables: one forward and backward per calibration batch
+CELLS = "cells"
+PLAN = "plan"
+PRUNE = "prune"
+MEASURE = "measure"  # the loss increase on the calibration windows
+HELD_OUT = "held-out text"  # perplexity, KL and agreement against dense
+THROUGHPUT = "throughput"
+GENERATE = "generate"
+SAVE = "save"
+
+
+class StageTimer:
+    """A ``stage(name)`` callback that records the wall time of each stage and passes the
+    names on; a stage ends when the next one starts or at `finish`."""
+
+    def __init__(self, forward: StageFn | None = None):
+        self.forward = forward
+        self.seconds: dict[str, float] = {}
+        self._current: str | None = None
+        self._since = 0.0
+
+    def __call__(self, name: str) -> None:
+        self._close()
+        self._current, self._since = name, time.perf_counter()
+        if self.forward is not None:
+            self.forward(name)
+
+    def _close(self) -> None:
+        if self._current is not None:
+            spent = time.perf_counter() - self._since
+            self.seconds[self._current] = round(self.seconds.get(self._current, 0.0) + spent, 3)
+            self._current = None
+
+    def finish(self) -> dict[str, float]:
+        """End the current stage; seconds per stage name, in the order they ran."""
+        self._close()
+        return dict(self.seconds)

@@ -1,0 +1,517 @@
+"""Collect calibration windows: the data stage of the pipeline.
+
+A *text source* (a built-in sample, a local ``.txt``/``.jsonl`` file, or a Hugging Face
+dataset) is loaded into a :class:`TextCorpus` whose documents are split, by document,
+into a calibration part and a held-out part that never overlap. :func:`calibration_windows`
+then turns a list of documents into ``n_samples`` token windows of ``seq_len`` tokens,
+the fixed-length calibration batches that GAP (EMNLP 2025), like SparseGPT and
+EvoPress before it, feeds through the model to score components and build the loss
+table. The held-out part gives evaluation windows from text the calibration never saw.
+Every window starts the way the model was trained to read: with its BOS token when its
+tokenizer prepends one (``bos``), which no loss, KL or statistic ever counts.
+
+Built-in sources ship inside the installed ``gensim`` package (its test data), so they
+work offline:
+
+* ``wiki-sample``: real English Wikipedia articles from a shortened 2016 dump, markup
+  stripped to plain prose.
+* ``news-sample``: the Lee news corpus (Australian news articles), an out-of-domain set.
+
+Split rule (every source): a document goes to the held-out part when the first 8 hex
+digits of ``sha256(key)``, read as an integer, are divisible by 5 (so about 20%), and to
+calibration otherwise. The key is the article title for ``wiki-sample`` and the
+document text everywhere else, so identical documents always land on the same side.
+If that leaves a side empty and there are at least two documents, the document with
+the smallest hash is held out and the rest calibrate. A source with a single document
+is instead cut 80/20 by characters at the paragraph or sentence boundary nearest 80%.
+"""
+
+from __future__ import annotations
+
+import bz2
+import functools
+import hashlib
+import importlib.util
+import logging
+import re
+import threading
+import weakref
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.errors import DataError, first_line
+from gap_engine.core.limits import LIMITS, check_file_size
+from gap_engine.core.validate import parse_json
+from gap_engine.data.bos import WINDOW_STARTS, bos_token_id, text_start, window_start, with_bos  # noqa: F401 - the window convention, re-exported
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_SOURCES: dict[str, str] = {
+    "wiki-sample": "About 100 English Wikipedia articles (plain prose), shipped with gensim.",
+    "news-sample": "About 300 Australian news articles (Lee corpus), shipped with gensim; out-of-domain.",
+}
+
+_WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+_NEWS_FILE = "lee_background.cor"
+
+_HELDOUT_MODULUS = 5  # 1 in 5 hash buckets is held out: ~20%
+_SINGLE_DOC_CALIBRATION_SHARE = 0.8
+
+# Wiki cleaning: tags whose contents are not running prose, link prefixes that are
+# media or metadata rather than words, and the minimum size of a kept paragraph.
+_WIKI_DROP_TAGS = frozenset(
+    {
+        "ref", "references", "table", "gallery", "math", "chem", "timeline", "imagemap",
+        "score", "syntaxhighlight", "source", "pre", "code", "nowiki", "div", "sup", "sub",
+        "noinclude", "includeonly", "poem", "graph", "categorytree", "templatedata",
+    }
+)
+# Cut before parsing: references and comments are never prose, and removing them first
+# halves the parse time and keeps citation templates from swallowing nearby sentences.
+_WIKI_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+_WIKI_REF_SELF_CLOSING = re.compile(r"<ref\b[^>]*/>", re.IGNORECASE)
+_WIKI_REF = re.compile(r"<ref\b[^>]*>.*?</ref\s*>", re.IGNORECASE | re.DOTALL)
+_INTERWIKI_LINK = re.compile(r"^\s*:?\s*[a-z][a-z\- ]{0,20}:", re.IGNORECASE)
+# Leftover link/template/table/tag syntax, including table rows ("! a !! b", "| a || b").
+_MARKUP_LEFTOVER = re.compile(
+    r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|<ref|</?[a-z]+[ >/]|^[!|]|!!|\|\|", re.IGNORECASE
+)
+_EMPTY_PARENS = re.compile(r"\(\s*[,;]?\s*\)")
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:])")
+_MIN_PARAGRAPH_CHARS = 80
+_MIN_PARAGRAPH_WORDS = 12
+_MIN_ARTICLE_CHARS = 200
+
+# A wikitext article starts at a top-level heading row such as " = Valkyria Chronicles III = ".
+_WIKITEXT_ARTICLE_HEADING = re.compile(r"^ = [^=].* = $")
+
+_ACCEPTED_FORMS = (
+    "a built-in name ({names}), a path ending .txt (documents separated by blank lines) "
+    "or .jsonl (one {{\"text\": ...}} object per line), or a Hugging Face dataset "
+    "'name:config:split' (e.g. wikitext:wikitext-2-raw-v1:test)"
+)
+
+
+@dataclass(frozen=True)
+class TextCorpus:
+    """A text source split by document into calibration and held-out parts."""
+
+    name: str  # the spec it came from
+    calibration: tuple[str, ...]  # documents for calibration
+    heldout: tuple[str, ...]  # documents for evaluation; never overlaps calibration
+    fingerprint: str  # sha256 hex of the content (both parts), for cache keys
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_corpus(spec: str) -> TextCorpus:
+    """Load a text source and split it into calibration and held-out documents.
+
+    Args:
+        spec: a built-in name (see ``BUILTIN_SOURCES``), a local ``.txt`` or ``.jsonl``
+            path, or a Hugging Face dataset ``"name:config:split"`` (config may be empty).
+
+    Returns:
+        The corpus; built-in and Hugging Face sources are parsed once per process.
+
+    Raises:
+        DataError: unknown spec, missing/unreadable/empty/malformed file, or a dataset
+            that cannot be loaded.
+    """
+    spec = spec.strip() if isinstance(spec, str) else ""
+    if spec in BUILTIN_SOURCES:
+        return _load_builtin(spec)
+    if spec.lower().endswith((".txt", ".jsonl")):
+        return _load_local_file(spec)
+    hf_parts = spec.split(":")
+    if len(hf_parts) == 3 and hf_parts[0] and hf_parts[2]:
+        return _load_hf_dataset(spec)
+    names = ", ".join(BUILTIN_SOURCES)
+    raise DataError(f"unknown text source {spec!r}: expected " + _ACCEPTED_FORMS.format(names=names))
+
+
+@functools.cache
+def _load_builtin(name: str) -> TextCorpus:
+    if name == "wiki-sample":
+        articles = _read_wiki_articles(_gensim_test_file(_WIKI_FILE))
+        keyed = [(title, text) for title, text in articles]
+    elif name == "news-sample":
+        path = _gensim_test_file(_NEWS_FILE)
+        lines = _read_text_file(path).splitlines()
+        docs = [" ".join(line.split()) for line in lines]
+        keyed = [(doc, doc) for doc in docs if doc]
+    else:  # pragma: no cover - load_corpus only routes known names here
+        raise DataError(f"unknown built-in text source {name!r}")
+    corpus = _make_corpus(name, keyed)
+    logger.info(
+        "loaded %s: %d calibration and %d held-out documents",
+        name, len(corpus.calibration), len(corpus.heldout),
+    )
+    return corpus
+
+
+def _gensim_test_file(filename: str) -> Path:
+    """Path of a file in gensim's shipped test data, found without importing gensim (slow)."""
+    spec = importlib.util.find_spec("gensim")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("built-in text samples need the 'gensim' package, which is not installed")
+    path = Path(spec.submodule_search_locations[0]) / "test" / "test_data" / filename
+    if not path.is_file():
+        raise DataError(f"built-in sample file is missing from the gensim install: {path}")
+    return path
+
+
+def _read_wiki_articles(path: Path) -> list[tuple[str, str]]:
+    """(title, plain prose) of every main-namespace, non-redirect page of a bz2 XML dump."""
+    import mwparserfromhell  # imported here: only the wiki source needs it
+
+    articles = []
+    try:
+        with bz2.open(path, "rb") as stream:
+            for _, element in ET.iterparse(stream, events=("end",)):
+                if _local_tag(element.tag) != "page":
+                    continue
+                namespace = element.findtext("{*}ns", default="0").strip()
+                is_redirect = element.find("{*}redirect") is not None
+                title = (element.findtext("{*}title") or "").strip()
+                wikitext = element.findtext("{*}revision/{*}text") or ""
+                element.clear()  # keep memory flat while streaming
+                if namespace != "0" or is_redirect or not title:
+                    continue
+                if wikitext.lstrip()[:9].upper() == "#REDIRECT":
+                    continue
+                wikitext = _WIKI_COMMENT.sub("", wikitext)
+                wikitext = _WIKI_REF.sub("", _WIKI_REF_SELF_CLOSING.sub("", wikitext))
+                prose = _wikitext_to_prose(mwparserfromhell.parse(wikitext))
+                if len(prose) >= _MIN_ARTICLE_CHARS:
+                    articles.append((title, prose))
+    except (OSError, EOFError, ET.ParseError) as exc:
+        raise DataError(f"could not read the Wikipedia sample {path}: {first_line(exc)}") from exc
+    return articles
+
+
+def _local_tag(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def _wikitext_to_prose(wikicode) -> str:
+    """Plain paragraphs from parsed wikitext: templates, tables, refs, media and category
+    links, headings and short fragments (list stubs, captions) are dropped."""
+    from mwparserfromhell.nodes import Comment, Heading, Tag, Template, Wikilink
+
+    pieces: list[str] = []
+
+    def walk(nodes: Iterable) -> None:
+        for node in nodes:
+            if isinstance(node, (Template, Comment, Heading)):
+                continue
+            if isinstance(node, Tag):
+                if str(node.tag).strip().lower() in _WIKI_DROP_TAGS:
+                    continue
+                if node.contents is not None:
+                    walk(node.contents.nodes)
+                continue
+            # File:, Image:, Category: and interlanguage links are not words of the text.
+            if isinstance(node, Wikilink) and _INTERWIKI_LINK.match(str(node.title)):
+                continue
+            stripped = node.__strip__(normalize=True, collapse=True, keep_template_params=False)
+            if stripped:
+                pieces.append(str(stripped))
+
+    walk(wikicode.nodes)
+    paragraphs = []
+    for raw in re.split(r"\n", "".join(pieces)):
+        paragraph = " ".join(raw.split())
+        paragraph = _EMPTY_PARENS.sub("", paragraph)
+        paragraph = _SPACE_BEFORE_PUNCT.sub(r"\1", paragraph).strip()
+        if len(paragraph) < _MIN_PARAGRAPH_CHARS or len(paragraph.split()) < _MIN_PARAGRAPH_WORDS:
+            continue
+        if _MARKUP_LEFTOVER.search(paragraph):
+            continue
+        paragraphs.append(paragraph)
+    return "\n\n".join(paragraphs)
+
+
+def _read_text_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"text file is not UTF-8: {path} ({first_line(exc)})") from exc
+    except OSError as exc:
+        raise DataError(f"could not read text file {path}: {first_line(exc)}") from exc
+
+
+def _load_local_file(spec: str) -> TextCorpus:
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise DataError(f"text file not found: {path}")
+    if not path.is_file():
+        raise DataError(f"text source is not a file: {path}")
+    check_file_size(path.stat().st_size, LIMITS.text_bytes, f"text file {path}", DataError)
+    content = _read_text_file(path)
+    if path.suffix.lower() == ".jsonl":
+        docs = _jsonl_documents(content, path)
+    else:
+        docs = _txt_documents(content)
+    if not docs:
+        raise DataError(f"text file is empty: {path}")
+    if len(docs) == 1:
+        calibration, heldout = _split_single_document(docs[0])
+        corpus = TextCorpus(spec, calibration, heldout, _fingerprint(calibration, heldout))
+    else:
+        corpus = _make_corpus(spec, [(doc, doc) for doc in docs])
+    logger.info(
+        "loaded %s: %d calibration and %d held-out documents",
+        path, len(corpus.calibration), len(corpus.heldout),
+    )
+    return corpus
+
+
+def _txt_documents(content: str) -> list[str]:
+    """Documents are separated by blank lines; a single document is split into its lines."""
+    docs = [block.strip() for block in re.split(r"\n[ \t]*\n", content.replace("\r\n", "\n"))]
+    docs = [doc for doc in docs if doc]
+    if len(docs) == 1:
+        lines = [line.strip() for line in docs[0].splitlines()]
+        docs = [line for line in lines if line]
+    return docs
+
+
+def _jsonl_documents(content: str, path: Path) -> list[str]:
+    docs = []
+    for line_number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        record = parse_json(line, f"{path} line {line_number}", DataError)  # nesting bounded
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise DataError(f"{path} line {line_number}: expected an object with a string 'text' field")
+        if record["text"].strip():
+            docs.append(record["text"].strip())
+    return docs
+
+
+@functools.lru_cache(maxsize=8)
+def _load_hf_dataset(spec: str) -> TextCorpus:
+    name, config, split = spec.split(":")
+    try:
+        import datasets  # imported here: slow, and only this source needs it
+
+        dataset = datasets.load_dataset(name, config or None, split=split)
+    except Exception as exc:  # noqa: BLE001 - any failure here means "cannot get the data"
+        raise DataError(
+            f"Hugging Face dataset {spec!r} could not be loaded (no network or not cached): {first_line(exc)}"
+        ) from exc
+    column = "text" if "text" in dataset.column_names else None
+    if column is None:
+        string_columns = [c for c, f in dataset.features.items() if getattr(f, "dtype", None) == "string"]
+        if not string_columns:
+            raise DataError(f"Hugging Face dataset {spec!r} has no text column")
+        column = string_columns[0]
+    rows = list(dataset[column])
+    docs = _group_wikitext_rows(rows) if name.split("/")[-1].startswith("wikitext") else rows
+    docs = [doc.strip() for doc in docs if doc and doc.strip()]
+    if not docs:
+        raise DataError(f"Hugging Face dataset {spec!r} has no text in column {column!r}")
+    if len(docs) == 1:
+        calibration, heldout = _split_single_document(docs[0])
+        return TextCorpus(spec, calibration, heldout, _fingerprint(calibration, heldout))
+    return _make_corpus(spec, [(doc, doc) for doc in docs])
+
+
+def _group_wikitext_rows(rows: Sequence[str]) -> list[str]:
+    """Join wikitext's one-paragraph-per-row layout back into articles, so that the split
+    by document keeps each article whole on one side."""
+    articles: list[list[str]] = []
+    for row in rows:
+        line = row.rstrip("\n")
+        if _WIKITEXT_ARTICLE_HEADING.match(line) or not articles:
+            articles.append([])
+        if line.strip():
+            articles[-1].append(line.strip())
+    return ["\n\n".join(lines) for lines in articles if lines]
+
+
+# --------------------------------------------------------------------------- splitting
+
+
+def _split_bucket(key: str) -> int:
+    return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:8], 16)
+
+
+def _make_corpus(name: str, keyed_docs: Sequence[tuple[str, str]]) -> TextCorpus:
+    """Split (key, document) pairs by the module's hash rule, keeping source order."""
+    if not keyed_docs:
+        raise DataError(f"text source {name!r} contains no documents")
+    if len(keyed_docs) == 1:
+        calibration, heldout = _split_single_document(keyed_docs[0][1])
+        return TextCorpus(name, calibration, heldout, _fingerprint(calibration, heldout))
+    buckets = [_split_bucket(key) for key, _ in keyed_docs]
+    is_heldout = [bucket % _HELDOUT_MODULUS == 0 for bucket in buckets]
+    if all(is_heldout) or not any(is_heldout):
+        smallest = min(range(len(buckets)), key=buckets.__getitem__)
+        smallest_key = keyed_docs[smallest][0]
+        is_heldout = [key == smallest_key for key, _ in keyed_docs]
+    calibration = tuple(doc for (_, doc), held in zip(keyed_docs, is_heldout) if not held)
+    heldout = tuple(doc for (_, doc), held in zip(keyed_docs, is_heldout) if held)
+    return TextCorpus(name, calibration, heldout, _fingerprint(calibration, heldout))
+
+
+def _split_single_document(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Cut one document ~80/20 at the paragraph, sentence or word boundary nearest 80%."""
+    text = text.strip()
+    target = int(len(text) * _SINGLE_DOC_CALIBRATION_SHARE)
+    low, high = len(text) // 2, len(text) - max(1, len(text) // 20)
+    cut = None
+    for boundary in (r"\n\s*\n", r"\n", r"(?<=[.!?])[\"')\]]*\s+", r"\s+"):
+        candidates = [m.end() for m in re.finditer(boundary, text) if low <= m.end() <= high]
+        if candidates:
+            cut = min(candidates, key=lambda position: abs(position - target))
+            break
+    if cut is None:
+        cut = target
+    calibration, heldout = text[:cut].strip(), text[cut:].strip()
+    if not calibration or not heldout:
+        return (text,), ()
+    return (calibration,), (heldout,)
+
+
+def _fingerprint(calibration: Sequence[str], heldout: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    for part_name, docs in (("calibration", calibration), ("heldout", heldout)):
+        digest.update(part_name.encode() + b"\0" + len(docs).to_bytes(8, "little"))
+        for doc in docs:
+            encoded = doc.encode("utf-8")
+            digest.update(len(encoded).to_bytes(8, "little") + encoded)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- windows
+
+
+def calibration_windows(tokenizer, windows: WindowSpec) -> torch.LongTensor:
+    """Windows from the calibration part of ``windows.data`` (see :func:`cut_windows` and :func:`with_bos`).
+
+    Returns:
+        Token ids, shape (n_samples, text_start + seq_len), dtype int64.
+    """
+    return _corpus_windows(tokenizer, windows, "calibration")
+
+
+def heldout_windows(tokenizer, windows: WindowSpec) -> torch.LongTensor:
+    """Windows from the held-out part of ``windows.data`` (see :func:`cut_windows` and :func:`with_bos`).
+
+    Returns:
+        Token ids, shape (n_samples, text_start + seq_len), dtype int64.
+    """
+    return _corpus_windows(tokenizer, windows, "heldout")
+
+
+def batches(windows: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """Consecutive slices of at most ``batch_size`` windows: [(B, T), ...]."""
+    return [windows[start : start + batch_size] for start in range(0, windows.shape[0], batch_size)]
+
+
+# Per-tokenizer-object memo of token streams, keyed by (corpus fingerprint, part). Keyed
+# on the object itself (weakly) rather than on name_or_path, which two different
+# tokenizers can share (e.g. several GGUF files in one folder).
+_token_cache: weakref.WeakKeyDictionary[object, dict[tuple[str, str], np.ndarray]] = (
+    weakref.WeakKeyDictionary()
+)
+_token_cache_lock = threading.Lock()
+_MAX_STREAMS_PER_TOKENIZER = 8
+
+
+def _corpus_windows(tokenizer, windows: WindowSpec, part: str) -> torch.LongTensor:
+    spec, n_samples, seq_len, seed = windows.data, windows.n_samples, windows.seq_len, windows.seed
+    check_window_sizes(n_samples, seq_len)
+    corpus = load_corpus(spec)
+    texts = corpus.calibration if part == "calibration" else corpus.heldout
+    if not texts:
+        raise DataError(f"text source {spec!r} has no {part} text (it is too small to split)")
+    key = (corpus.fingerprint, part)
+    with _token_cache_lock:
+        stream = _cached_stream(tokenizer, key)
+    if stream is None:
+        stream = tokenize_stream(tokenizer, texts)
+        with _token_cache_lock:
+            _store_stream(tokenizer, key, stream)
+    return with_bos(tokenizer, cut_windows(stream, n_samples, seq_len, seed, label=f"{spec} ({part})"))
+
+
+def _cached_stream(tokenizer, key: tuple[str, str]) -> np.ndarray | None:
+    try:
+        return _token_cache.get(tokenizer, {}).get(key)
+    except TypeError:  # tokenizer is not weak-referenceable or hashable: no memo
+        return None
+
+
+def _store_stream(tokenizer, key: tuple[str, str], stream: np.ndarray) -> None:
+    try:
+        streams = _token_cache.setdefault(tokenizer, {})
+    except TypeError:
+        return
+    if len(streams) >= _MAX_STREAMS_PER_TOKENIZER:
+        streams.pop(next(iter(streams)))
+    streams[key] = stream
+
+
+def check_window_sizes(n_samples: int, seq_len: int) -> None:
+    if not isinstance(n_samples, int) or n_samples < 1:
+        raise DataError(f"n_samples must be an integer >= 1, got {n_samples!r}")
+    if not isinstance(seq_len, int) or seq_len < 2:
+        raise DataError(f"seq_len must be an integer >= 2, got {seq_len!r}")
+
+
+def tokenize_stream(tokenizer, texts: Sequence[str]) -> np.ndarray:
+    """One token stream for all documents, separator tokens between them. (L,) int64."""
+    docs = [text for text in texts if text and text.strip()]
+    if not docs:
+        raise DataError("no text to tokenize")
+    if tokenizer.eos_token_id is not None:
+        separator = [int(tokenizer.eos_token_id)]
+    else:
+        separator = list(tokenizer("\n\n", add_special_tokens=False)["input_ids"])
+    # One batched call (parallel in fast tokenizers); same ids as tokenizing the
+    # EOS-joined text, since nothing merges across a special token.
+    encoded = tokenizer(docs, add_special_tokens=False, verbose=False)["input_ids"]
+    total = sum(len(ids) for ids in encoded) + len(separator) * (len(encoded) - 1)
+    stream = np.empty(total, dtype=np.int64)
+    position = 0
+    for index, ids in enumerate(encoded):
+        if index:
+            stream[position : position + len(separator)] = separator
+            position += len(separator)
+        stream[position : position + len(ids)] = ids
+        position += len(ids)
+    return stream
+
+
+def cut_windows(
+    stream: np.ndarray, n_samples: int, seq_len: int, seed: int, label: str = "the text"
+) -> torch.LongTensor:
+    n_tokens = len(stream)
+    if n_tokens < seq_len:
+        raise DataError(
+            f"{label} has {n_tokens} tokens, but one window of seq_len={seq_len} needs at least {seq_len}"
+        )
+    rng = np.random.default_rng(seed)
+    n_slots = n_tokens // seq_len
+    if n_slots >= n_samples:
+        offset = int(rng.integers(0, n_tokens - n_slots * seq_len + 1))
+        starts = offset + seq_len * rng.choice(n_slots, size=n_samples, replace=False)
+    else:
+        n_starts = n_tokens - seq_len + 1
+        logger.warning(
+            "%s has %d tokens, fewer than n_samples*seq_len=%d: windows will overlap",
+            label, n_tokens, n_samples * seq_len,
+        )
+        starts = rng.choice(n_starts, size=n_samples, replace=n_starts < n_samples)
+    index = np.asarray(starts)[:, None] + np.arange(seq_len)[None, :]  # (n_samples, seq_len)
+    return torch.from_numpy(stream[index].astype(np.int64))  # (n_samples, seq_len)

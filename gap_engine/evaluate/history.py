@@ -1,0 +1,317 @@
+"""Run history: every prune-and-evaluate run, kept in SQLite across sessions.
+
+One row per run in ``<cache root>/runs/history.sqlite`` (table ``runs``): when it ran, the
+model and loss table, the allocator and budget, the plan itself (JSON), the
+settings used, the predicted loss increase and the measured one on the calibration
+windows, held-out perplexities, KL to the dense model, throughput ratios, greedy
+generations and where the pruned checkpoint was saved. Dict-valued fields are stored as
+JSON text; :func:`list_runs` flattens them into columns (``ppl:<source>``,
+``kl:<source>``, ...) for tables, charts and CSV export.
+
+SQLite serialises writers itself; every call opens its own short-lived connection, so the
+module is safe from several threads and processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import io
+import json
+import shutil
+import sqlite3
+import zipfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import pandas as pd
+
+from gap_engine.core.errors import HistoryError
+from gap_engine.core.fsutil import cache_root
+
+HISTORY_FILE = "history.sqlite"
+# Version 2 renamed the column "method" to "allocator" (migrated in place on open).
+SCHEMA_VERSION = 2
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created TEXT NOT NULL,
+    model TEXT NOT NULL,
+    table_key TEXT,
+    allocator TEXT NOT NULL,
+    budget REAL,
+    plan_json TEXT NOT NULL,
+    params_json TEXT NOT NULL,
+    dense_params INTEGER,
+    pruned_params INTEGER,
+    predicted_loss REAL,
+    actual_loss REAL,
+    perplexity_json TEXT NOT NULL,
+    dense_perplexity_json TEXT NOT NULL,
+    kl_json TEXT NOT NULL,
+    top1_json TEXT NOT NULL,
+    prefill_speedup REAL,
+    decode_speedup REAL,
+    generations_json TEXT NOT NULL,
+    checkpoint TEXT,
+    seconds REAL,
+    note TEXT
+);
+"""
+
+# Columns of list_runs() before the flattened per-source ones.
+BASE_COLUMNS = [
+    "id",
+    "created",
+    "model",
+    "table_key",
+    "allocator",
+    "budget",
+    "dense_params",
+    "pruned_params",
+    "predicted_loss",
+    "actual_loss",
+    "prefill_speedup",
+    "decode_speedup",
+    "checkpoint",
+    "seconds",
+    "note",
+]
+
+
+@dataclass
+class RunRecord:
+    """One prune-and-evaluate run, as stored."""
+
+    model: str  # dense model name
+    allocator: str  # how the budget was spread (dp, uniform, flap, owl, evo, manual)
+    plan: dict  # RatePlan.to_dict()
+    table_key: str | None = None  # loss table behind the plan, if any
+    budget: float | None = None  # requested fraction of prunable parameters removed
+    params: dict = field(default_factory=dict)  # calibration and evaluation settings
+    dense_params: int | None = None  # parameters before pruning
+    pruned_params: int | None = None  # parameters after
+    predicted_loss: float | None = None  # the table's predicted objective increase
+    actual_loss: float | None = None  # measured objective increase on the calibration windows
+    perplexity: dict = field(default_factory=dict)  # source -> held-out perplexity of the pruned model
+    dense_perplexity: dict = field(default_factory=dict)  # source -> the dense model's
+    kl: dict = field(default_factory=dict)  # source -> mean KL(dense || pruned) per token
+    top1: dict = field(default_factory=dict)  # source -> top-1 agreement with dense
+    prefill_speedup: float | None = None  # pruned / dense prefill tokens per second
+    decode_speedup: float | None = None  # pruned / dense decode tokens per second
+    generations: list = field(default_factory=list)  # [{"prompt", "model", "dense"}]
+    checkpoint: str | None = None  # folder of the saved pruned checkpoint
+    seconds: float | None = None  # wall time of the run
+    note: str = ""  # free text
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    id: int | None = None  # assigned by the database
+
+    @classmethod
+    def from_report(
+        cls,
+        plan: dict,
+        report: dict,
+        *,
+        allocator: str,
+        table_key: str | None = None,
+        budget: float | None = None,
+        params: dict | None = None,
+        predicted_loss: float | None = None,
+        actual_loss: float | None = None,
+        checkpoint: str | None = None,
+        seconds: float | None = None,
+    ) -> RunRecord:
+        """A record from a plan dict and an ``EvalReport.to_dict()``."""
+        dense = report.get("dense") or {}
+        throughput = report.get("throughput") or {}
+        plan_params = plan.get("params") or {}
+        return cls(
+            model=str(plan.get("model", report.get("model", "?"))),
+            allocator=allocator,
+            plan=plan,
+            table_key=table_key,
+            budget=budget,
+            params=params or {},
+            dense_params=dense.get("params", plan_params.get("dense_total")),
+            pruned_params=report.get("params"),
+            predicted_loss=predicted_loss,
+            actual_loss=actual_loss,
+            perplexity=dict(report.get("perplexity") or {}),
+            dense_perplexity=dict(dense.get("perplexity") or {}),
+            kl=dict(report.get("kl_to_dense") or {}),
+            top1=dict(report.get("top1_agreement") or {}),
+            prefill_speedup=throughput.get("prefill_speedup"),
+            decode_speedup=throughput.get("decode_speedup"),
+            generations=list(report.get("generations") or []),
+            checkpoint=checkpoint,
+            seconds=seconds if seconds is not None else report.get("seconds"),
+        )
+
+
+def history_path() -> Path:
+    """Where the history lives: ``<cache root>/runs/history.sqlite``."""
+    return cache_root() / "runs" / HISTORY_FILE
+
+
+@contextlib.contextmanager
+def _connect(path: Path | None = None) -> Iterator[sqlite3.Connection]:
+    path = Path(path) if path is not None else history_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), timeout=30)
+    except (OSError, sqlite3.Error) as exc:
+        raise HistoryError(f"cannot open the run history {path}: {exc}") from None
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.executescript(_SCHEMA)
+        _migrate(conn)
+        with conn:  # one transaction, committed on success
+            yield conn
+    except sqlite3.DatabaseError as exc:
+        raise HistoryError(f"the run history {path} is unreadable: {exc}") from None
+    finally:
+        conn.close()
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a history written by an older version to this schema, in place."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    if "method" in columns and "allocator" not in columns:
+        conn.execute("ALTER TABLE runs RENAME COLUMN method TO allocator")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+# RunRecord fields stored as JSON text, in a column named "<field>_json".
+_JSON_FIELDS = frozenset({"plan", "params", "perplexity", "dense_perplexity", "kl", "top1", "generations"})
+
+
+def _column(name: str) -> str:
+    return f"{name}_json" if name in _JSON_FIELDS else name
+
+
+def record_run(record: RunRecord, path: Path | None = None) -> int:
+    """Store one run; returns its id."""
+    values = {
+        _column(name): json.dumps(value, sort_keys=True, default=str) if name in _JSON_FIELDS else value
+        for name, value in asdict(record).items()
+        if name != "id"
+    }
+    columns = ", ".join(values)
+    marks = ", ".join(f":{name}" for name in values)
+    with _connect(path) as conn:
+        cursor = conn.execute(f"INSERT INTO runs ({columns}) VALUES ({marks})", values)
+        return int(cursor.lastrowid)
+
+
+def _record_from_row(row: sqlite3.Row) -> RunRecord:
+    values = {}
+    for spec in fields(RunRecord):
+        raw = row[_column(spec.name)]
+        values[spec.name] = json.loads(raw) if spec.name in _JSON_FIELDS else raw
+    values["note"] = values["note"] or ""
+    return RunRecord(**values)
+
+
+def get_run(run_id: int, path: Path | None = None) -> RunRecord:
+    """One stored run; HistoryError when there is none with this id."""
+    with _connect(path) as conn:
+        row = conn.execute("SELECT * FROM runs WHERE id = ?", (int(run_id),)).fetchone()
+    if row is None:
+        raise HistoryError(f"no run with id {run_id} in the history")
+    return _record_from_row(row)
+
+
+def runs(path: Path | None = None) -> list[RunRecord]:
+    """Every stored run, oldest first."""
+    with _connect(path) as conn:
+        rows = conn.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    return [_record_from_row(r) for r in rows]
+
+
+def list_runs(path: Path | None = None) -> pd.DataFrame:
+    """All runs as one flat table, oldest first.
+
+    Columns: BASE_COLUMNS, then per held-out source ``ppl:<source>``,
+    ``dense_ppl:<source>``, ``kl:<source>``, ``top1:<source>``. An empty history gives an
+    empty frame with the base columns.
+    """
+    records = runs(path)
+    rows = []
+    for record in records:
+        row = {name: getattr(record, name) for name in BASE_COLUMNS}
+        for prefix, values in (
+            ("ppl", record.perplexity),
+            ("dense_ppl", record.dense_perplexity),
+            ("kl", record.kl),
+            ("top1", record.top1),
+        ):
+            for source, value in values.items():
+                row[f"{prefix}:{source}"] = value
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return pd.DataFrame(columns=BASE_COLUMNS)
+    return frame
+
+
+def to_csv(path: Path | None = None) -> str:
+    """The flat run table as CSV text (header only when empty)."""
+    return list_runs(path).to_csv(index=False)
+
+
+def delete_run(run_id: int, path: Path | None = None, remove_checkpoint: bool = False) -> None:
+    """Remove one run; HistoryError when there is none with this id.
+
+    Args:
+        remove_checkpoint: also delete its checkpoint folder, when that folder lies under
+            ``checkpoints_root()`` (a folder elsewhere is never touched).
+    """
+    record = get_run(run_id, path)
+    with _connect(path) as conn:
+        conn.execute("DELETE FROM runs WHERE id = ?", (int(run_id),))
+    if remove_checkpoint and record.checkpoint:
+        folder = Path(record.checkpoint).resolve()
+        root = checkpoints_root().resolve()
+        if folder.is_dir() and root in folder.parents:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def checkpoints_root() -> Path:
+    """Where the app saves the pruned checkpoints of its runs: ``<cache root>/runs/checkpoints``."""
+    return cache_root() / "runs" / "checkpoints"
+
+
+def new_checkpoint_dir(allocator: str, budget: float | None) -> Path:
+    """A fresh, not yet existing folder under `checkpoints_root` for one run's checkpoint."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    tag = f"{allocator}-{budget:.3f}" if budget is not None else allocator
+    base = checkpoints_root() / f"run-{stamp}-{tag}"
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def checkpoint_zip(folder: str | Path) -> bytes:
+    """A saved checkpoint folder as zip bytes (stored, not compressed: safetensors barely shrink).
+
+    Raises:
+        HistoryError: the folder is gone.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise HistoryError(f"checkpoint folder {folder} does not exist (deleted, or saved on another machine)")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+            archive.write(file, arcname=f"{folder.name}/{file.relative_to(folder)}")
+    return buffer.getvalue()
+
+
+def clear(path: Path | None = None) -> int:
+    """Remove every run; returns how many there were."""
+    with _connect(path) as conn:
+        return int(conn.execute("DELETE FROM runs").rowcount)

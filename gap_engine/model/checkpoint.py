@@ -1,0 +1,216 @@
+"""The on-disk format of a pruned checkpoint: written by `save_pruned`, read by `read_pruned`.
+
+A pruned checkpoint is a folder with
+- ``model.safetensors`` and ``config.json`` (written by transformers' ``save_pretrained``),
+  where config.json also carries ``per_layer_config``: one entry per block with its
+  ``num_attention_heads``, ``num_key_value_heads`` and ``intermediate_size`` (the field
+  transformers uses for heterogeneous layers);
+- the tokenizer files;
+- ``plan.json``, ``plan.yaml`` and ``kept_indices.json`` (which heads, KV groups and MLP
+  channels of the dense model each block kept);
+- ``gap_pruned.json``: the marker the loader checks first (format version, base model,
+  fingerprints, parameter count, storage dtype);
+- what lets other tools use it (``deploy``): ``modeling_gap_pruned.py`` and an ``auto_map``
+  in config.json, so plain transformers builds the narrowed blocks with
+  ``trust_remote_code=True``; a model card ``README.md``; ``eval_report.json`` when the
+  model was evaluated before saving.
+
+Weights are stored in bfloat16 unless another precision is asked for; the recorded
+fingerprint is that of the stored weights upcast to float32, which is what reading back
+rebuilds (the engine computes in float32).
+
+The folder is written under a temporary name and renamed into place when complete.
+Reading builds the dense architecture without initialising weights, narrows every block to
+its recorded widths (``slicing.narrow_to_widths``), then loads the tensors strictly.
+``models.load_model`` wraps the result as a LoadedModel and checks its fingerprint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from gap_engine.core.config import DEFAULT_SAVE_DTYPE
+from gap_engine.core.errors import ModelLoadError, first_line
+from gap_engine.core.fsutil import atomic_directory
+from gap_engine.core.limits import LIMITS
+from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, read_json_file
+from gap_engine.model.adapters import adapter_for
+from gap_engine.model.model_card import write_model_card
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.model.remote_code import add_remote_code
+from gap_engine.model.slicing import layer_widths, narrow_to_widths
+from gap_engine.model.storage import (
+    EVAL_REPORT_FILE,
+    cast_state_dict,
+    dtype_name,
+    parse_dtype,
+    set_config_dtype,
+    stored_fingerprint,
+)
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT_VERSION = 1
+PRUNED_MARKER = "gap_pruned.json"  # written last; its presence makes a folder a gap checkpoint
+
+
+def is_pruned_checkpoint(path: str | Path) -> bool:
+    """True for a folder written by `save_pruned`."""
+    return (Path(path) / PRUNED_MARKER).is_file()
+
+
+def save_pruned(
+    lm,
+    plan: RatePlan,
+    kept_indices: dict,
+    out_dir: str | Path,
+    dtype: str = DEFAULT_SAVE_DTYPE,
+    eval_report: dict | None = None,
+    recovery: dict | None = None,
+) -> Path:
+    """Write a pruned LoadedModel, its plan and kept indices to ``out_dir`` (replaced atomically).
+
+    Args:
+        lm: the pruned LoadedModel (its model, tokenizer and adapter are written).
+        plan: the plan it was pruned with.
+        kept_indices: surgery's record of which heads, KV groups and channels each block kept.
+        out_dir: the checkpoint folder.
+        dtype: storage precision, one of config.SAVE_DTYPES.
+        eval_report: an ``EvalReport.to_dict()`` of this pruned model, for the model card.
+        recovery: what a recovery fine-tune ran (``recover_io.card_summary``), for the model card.
+    Returns:
+        ``out_dir``.
+    Raises:
+        ExportError: an unknown dtype, a weight beyond float16's range, a family without remote code.
+    """
+    out_dir = Path(out_dir)
+    widths = layer_widths(lm.adapter, lm.model)
+    state = cast_state_dict(lm.model, dtype)
+    with atomic_directory(out_dir) as tmp:
+        lm.model.save_pretrained(tmp, state_dict=dict(state))  # a copy: saving pops the dict's entries
+        set_config_dtype(tmp, dtype)
+        lm.tokenizer.save_pretrained(tmp)
+        config_path = tmp / "config.json"
+        config = json.loads(config_path.read_text())
+        config["per_layer_config"] = {str(i): w for i, w in enumerate(widths)}
+        config_path.write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / "plan.json").write_text(plan.to_json())
+        (tmp / "plan.yaml").write_text(plan.to_yaml())
+        (tmp / "kept_indices.json").write_text(json.dumps(kept_indices) + "\n")
+        marker = {
+            "format_version": CHECKPOINT_FORMAT_VERSION,
+            "base_model": plan.model,
+            "base_fingerprint": plan.model_fingerprint,
+            "fingerprint": stored_fingerprint(state),
+            "param_count": lm.param_count(),
+            "widths": widths,
+            "dtype": dtype_name(parse_dtype(dtype)),
+        }
+        add_remote_code(tmp)
+        if eval_report is not None:
+            (tmp / EVAL_REPORT_FILE).write_text(json.dumps(eval_report, indent=2, default=str) + "\n")
+        write_model_card(tmp, plan, marker, eval_report, out_dir.name, recovery)
+        (tmp / PRUNED_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    log.info("saved pruned checkpoint to %s (%s)", out_dir, marker["dtype"])
+    return out_dir
+
+
+@dataclass
+class PrunedCheckpoint:
+    """A checkpoint folder read back: the narrowed model and what the folder records about it."""
+
+    model: nn.Module  # the *ForCausalLM with every block at its recorded widths
+    tokenizer: object
+    plan: RatePlan | None  # plan.json, when present
+    base_model: str | None  # the dense model it was pruned from
+    base_fingerprint: str | None  # that model's weights fingerprint
+    fingerprint: str | None  # the pruned weights' fingerprint recorded at save time
+
+
+def _read_json(path: Path) -> dict:
+    data = read_json_file(path, LIMITS.metadata_bytes, str(path), ModelLoadError)
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _load_tensors(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        raise ModelLoadError(f"{folder} holds no .safetensors file")
+    state = {}
+    for shard in shards:
+        try:
+            state.update(load_file(str(shard)))
+        except Exception as exc:  # safetensors raises several kinds on a damaged file
+            raise ModelLoadError(f"cannot read {shard.name}: {first_line(exc)}") from None
+    return state
+
+
+def read_pruned(folder: str | Path) -> PrunedCheckpoint:
+    """Rebuild the model of a checkpoint written by `save_pruned`.
+
+    Raises:
+        ModelLoadError: missing or inconsistent files, or tensors that do not match.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.initialization import no_init_weights
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    folder = Path(folder)
+    marker = check_pruned_marker(_read_json(folder / PRUNED_MARKER), str(folder))
+    config_dict = _read_json(folder / "config.json")
+    if marker.get("format_version") != CHECKPOINT_FORMAT_VERSION:
+        raise ModelLoadError(f"{folder}: checkpoint format {marker.get('format_version')!r} is not supported")
+    config_dict.pop("auto_map", None)  # it points transformers at the remote code; here gap narrows the blocks
+    per_layer = config_dict.pop("per_layer_config", None)
+    widths = check_per_layer_config(per_layer, config_dict.get("num_hidden_layers"), str(folder))
+    model_type = config_dict.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ModelLoadError(f"{folder}: unknown model_type {model_type!r}")
+    try:
+        config = CONFIG_MAPPING[model_type].from_dict(config_dict)
+    except Exception as exc:  # transformers validates configs with several exception kinds
+        raise ModelLoadError(f"{folder}/config.json is not a valid {model_type} config: {first_line(exc)}") from None
+    adapter = adapter_for(config)
+    try:
+        with no_init_weights():
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    except Exception as exc:  # an edited config (0 KV heads, odd sizes) fails in many ways inside transformers
+        raise ModelLoadError(f"{folder}/config.json does not build a model: {type(exc).__name__}: {first_line(exc)}") from None
+    try:
+        narrow_to_widths(adapter, model, widths)
+    except (ValueError, KeyError, TypeError, ZeroDivisionError, IndexError) as exc:
+        raise ModelLoadError(f"{folder}: per_layer_config does not fit the architecture: {first_line(exc)}") from None
+    state = _load_tensors(folder)
+    try:
+        missing_keys, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{folder}: tensors do not match the recorded widths: {first_line(exc)}") from None
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing_keys) - tied or unexpected:
+        raise ModelLoadError(f"{folder}: missing tensors {sorted(set(missing_keys) - tied)[:3]}, unexpected {unexpected[:3]}")
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # config= stops AutoTokenizer from re-reading config.json, whose per_layer_config it cannot parse.
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), config=config, local_files_only=True)
+    except Exception as exc:  # tokenizers raise many kinds on a damaged tokenizer.json
+        raise ModelLoadError(f"{folder}: the tokenizer files cannot be read: {type(exc).__name__}: {first_line(exc)}") from None
+    plan = RatePlan.load(folder / "plan.json") if (folder / "plan.json").is_file() else None
+    return PrunedCheckpoint(
+        model=model,
+        tokenizer=tokenizer,
+        plan=plan,
+        base_model=marker.get("base_model"),
+        base_fingerprint=marker.get("base_fingerprint"),
+        fingerprint=marker.get("fingerprint"),
+    )

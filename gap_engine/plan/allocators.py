@@ -1,0 +1,173 @@
+"""Allocation: a loss table and one global budget in, a rate plan out (GAP, EMNLP 2025).
+
+GAP's own allocator (``dp``) hands the table to the exact multiple-choice-knapsack DP of
+``planner``: one grid rate per component, removing at least the budget with the least
+summed table loss (``front``). The baselines it is compared against (``baselines``:
+uniform, FLAP, OWL) and the evolutionary search (``evo``) share the same interface and
+are held to the same budget and constraints (``problem``).
+
+Units are whole heads (GQA-valid) and MLP channels in multiples of ``channel_multiple``,
+so no allocator hits a budget exactly: ``dp`` and ``evo`` remove at least the budget on
+the table's grid; the baselines are settled, whole unit by whole unit, to remove at least
+the budget and less than one further unit beyond it (``ladders``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gap_engine.core.config import ALLOCATORS, DEFAULT_N_BUCKETS, GRID_ALLOCATORS
+from gap_engine.core.errors import PlanError, TableError
+from gap_engine.model.rateplan import RatePlan, make_plan
+from gap_engine.model.units import block_geometries
+from gap_engine.plan.baselines import BASELINES, BaselineInputs
+from gap_engine.plan.evo import EvoResult, EvoSettings, evolve
+from gap_engine.plan.front import dp_choice, dp_front, front_csv, front_rows, grid_plan
+from gap_engine.plan.ladders import build_ladders, ladder_rates, ladder_reach, settle
+from gap_engine.plan.problem import (
+    Constraints,
+    check_budget_fraction,
+    planning_problem,
+    predicted_loss,
+    reach_error,
+    slot_rates,
+)
+from gap_engine.prune.importance import ImportanceScores, compute_importance
+from gap_engine.tables.artefact import LossTable
+
+assert set(ALLOCATORS) == {"dp", "evo", *BASELINES}, "config.ALLOCATORS must name every allocator"
+
+__all__ = [
+    "ALLOCATORS",
+    "Constraints",
+    "EvoResult",
+    "EvoSettings",
+    "check_reach",
+    "dp_front",
+    "evolve",
+    "front_csv",
+    "front_rows",
+    "needs_windows",
+    "plan_from_table",
+]
+
+
+def _check_allocator(allocator: str) -> None:
+    if allocator not in ALLOCATORS:
+        raise PlanError(f"unknown allocator '{allocator}'; choose one of {', '.join(ALLOCATORS)}")
+
+
+def needs_windows(allocator: str) -> bool:
+    """Whether an allocator reads calibration windows (FLAP, OWL and evo run the model)."""
+    _check_allocator(allocator)
+    return allocator == "evo" or (allocator in BASELINES and BASELINES[allocator][1])
+
+
+def check_reach(lm, table: LossTable, budget: float, allocator: str = "dp", constraints: Constraints = Constraints()) -> None:
+    """Raise what `plan_from_table` would raise for this budget, without its slow part.
+
+    Raises:
+        BudgetError: a budget outside [0, 1) or beyond the reach of ``allocator`` under
+            ``constraints`` (the message gives the reachable range); contradictory constraints.
+        PlanError: an unknown allocator.
+    """
+    _check_allocator(allocator)
+    budget = check_budget_fraction(budget)
+    problem = planning_problem(table, constraints)
+    if allocator in GRID_ALLOCATORS:
+        low, high = problem.reach()
+        if budget * problem.dense_prunable > high:
+            raise reach_error(allocator, budget, low, high, problem.dense_prunable)
+        return
+    ladders = build_ladders(block_geometries(lm), problem.slots, problem.locked, constraints, table.spec.channel_multiple)
+    ladder_reach(allocator, budget, ladders, problem.dense_prunable)
+
+
+def plan_from_table(
+    lm,
+    table: LossTable,
+    budget: float,
+    allocator: str = "dp",
+    constraints: Constraints = Constraints(),
+    windows: torch.Tensor | None = None,
+    scores: ImportanceScores | None = None,
+    evo: EvoSettings = EvoSettings(),
+    n_buckets: int = DEFAULT_N_BUCKETS,
+    smoothed: bool = True,
+) -> RatePlan:
+    """A rate plan for ``lm`` removing ``budget`` of its prunable parameters.
+
+    Args:
+        lm: the dense LoadedModel the table was built for (its geometry counts the
+            parameters; flap/owl/evo also read its weights or run it).
+        table: its loss table.
+        budget: fraction of prunable parameters to remove, in [0, 1).
+        allocator: one of ALLOCATORS.
+        constraints: locks, rate bounds, coupling (every allocator honours them).
+        windows: (N, T) calibration token ids for the allocators that read data
+            (`needs_windows`); the table's own windows keep unit choices as it measured.
+        scores: importance scores of the table's criterion on ``windows`` (computed when None).
+        evo: search settings of ``evo``.
+        n_buckets: DP budget resolution.
+        smoothed: plan on the smoothed table (else the raw deltas).
+    Returns:
+        A validated RatePlan with allocator, budget, predicted_loss (summed table loss,
+        linear between grid rates) and table_key filled in.
+    Raises:
+        BudgetError: a budget outside [0, 1) or beyond reach (the message gives the
+            reachable range), or contradictory constraints.
+        TableError: the table is for another model.
+        PlanError: an unknown allocator, or one that needs windows and got none.
+    """
+    _check_allocator(allocator)
+    budget = check_budget_fraction(budget)
+    table.check_model(lm)
+    if table.spec.channel_multiple < 1:
+        raise TableError("loss table channel_multiple must be positive")
+    if windows is None and needs_windows(allocator) and not (allocator == "flap" and scores is not None):
+        raise PlanError(f"the {allocator} allocator reads calibration windows; none were given")
+    problem = planning_problem(table, constraints, smoothed)
+    if allocator == "dp":
+        return grid_plan(lm, table, problem, dp_choice(problem, budget, n_buckets), budget, "dp")
+    if allocator == "evo":
+        if scores is None:
+            scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size)
+        return evolve(lm, table, budget, windows, scores, constraints, evo, n_buckets, smoothed).plan
+
+    return _baseline_plan(lm, table, problem, budget, allocator, constraints, windows, scores, smoothed)
+
+
+def _baseline_plan(lm, table, problem, budget, allocator, constraints, windows, scores, smoothed) -> RatePlan:
+    """An off-grid baseline's plan: its rungs, settled to the budget whole unit by whole unit."""
+    geoms = block_geometries(lm)
+    multiple = table.spec.channel_multiple
+    ladders = build_ladders(geoms, problem.slots, problem.locked, constraints, multiple)
+    ladder_reach(allocator, budget, ladders, problem.dense_prunable)
+    inputs = BaselineInputs(
+        lm=lm,
+        criterion=table.spec.criterion,
+        geoms=geoms,
+        slots=problem.slots,
+        ladders=ladders,
+        locked=problem.locked,
+        constraints=constraints,
+        target=budget * problem.dense_prunable,
+        multiple=multiple,
+        windows=windows,
+        scores=scores,
+        batch_size=table.spec.windows.batch_size,
+    )
+    rungs, wanted = BASELINES[allocator][0](inputs)
+    rungs = settle(ladders, rungs, inputs.target, wanted)
+    attention, mlp = slot_rates(problem.slots, ladder_rates(ladders, rungs), problem.num_layers)
+    return make_plan(
+        lm,
+        attention,
+        mlp,
+        table.spec.criterion,
+        multiple,
+        allocator=allocator,
+        budget=budget,
+        predicted_loss=predicted_loss(table, geoms, attention, mlp, smoothed),
+        table_key=table.key,
+    )

@@ -1,0 +1,162 @@
+"""Unit ladders: every unit-exact rate a slot can take, for the baselines that plan off the grid.
+
+A slot's ladder lists the distinct shapes its units can be rounded to (GQA-valid head
+counts, MLP widths in multiples of ``channel_multiple``), by increasing removal. The
+off-grid baselines pick a rung per slot and `settle` moves slots one rung at a time until
+the plan removes at least the budget and less than one further rung beyond it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from gap_engine.core.errors import BudgetError
+from gap_engine.model.units import AttentionShape, ComponentGeometry, attention_params
+from gap_engine.plan.problem import PARTS, RATE_TOL, Constraints, reach_error
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """The distinct unit-rounded shapes a slot may take, by increasing removal."""
+
+    rates: np.ndarray  # (K,) a rate that rounds to each shape
+    removed: np.ndarray  # (K,) int64 parameters removed, strictly increasing
+    dense: int  # the slot's dense parameters
+
+
+def _attention_fractions(geom: ComponentGeometry) -> list[float]:
+    g = geom.geometry
+    full = attention_params(g, geom.hidden, AttentionShape(g.n_kv_heads, g.group_size), geom.qkv_bias, geom.o_bias)
+    return [
+        1.0 - attention_params(g, geom.hidden, AttentionShape(kv, q), geom.qkv_bias, geom.o_bias) / full
+        for kv in range(1, g.n_kv_heads + 1)
+        for q in range(1, g.group_size + 1)
+    ]
+
+
+def _mlp_fractions(geom: ComponentGeometry, multiple: int) -> list[float]:
+    width = geom.geometry.intermediate_size
+    step = max(1, min(multiple, width))
+    return [0.0] + [1.0 - kept / width for kept in range(step, width, step)]
+
+
+def build_ladders(geoms, slots, locked: dict, constraints: Constraints, multiple: int) -> list[Ladder]:
+    out = []
+    for s, (layer, kind) in enumerate(slots):
+        geom = geoms[layer]
+        parts = PARTS[kind]
+        dense = sum(geom.params_at(part, 0.0, multiple) for part in parts)
+        if s in locked:
+            candidates = [locked[s]]
+        else:
+            candidates = {0.0}
+            if "attn" in parts:
+                candidates.update(_attention_fractions(geom))
+            if "mlp" in parts:
+                candidates.update(_mlp_fractions(geom, multiple))
+            candidates = [
+                r for r in candidates if constraints.min_rate - RATE_TOL <= r <= constraints.max_rate + RATE_TOL
+            ]
+        by_removed: dict[int, float] = {}
+        for rate in sorted(candidates):
+            removed = sum(geom.removed_at(part, rate, multiple) for part in parts)
+            by_removed.setdefault(removed, rate)
+        if not by_removed:
+            raise BudgetError(
+                f"layer {layer} {kind} has no unit-exact rate within [{constraints.min_rate:g}, {constraints.max_rate:g}]"
+            )
+        removed = np.array(sorted(by_removed), dtype=np.int64)
+        out.append(Ladder(np.array([by_removed[int(r)] for r in removed]), removed, dense))
+    return out
+
+
+def nearest_rungs(ladders: list[Ladder], wanted_removed: np.ndarray) -> np.ndarray:
+    return np.array([int(np.argmin(np.abs(ladder.removed - w))) for ladder, w in zip(ladders, wanted_removed)], dtype=np.intp)
+
+
+def settle(ladders: list[Ladder], rungs: np.ndarray, target: float, wanted_removed: np.ndarray | None = None) -> np.ndarray:
+    """Move slots one rung at a time until the plan removes at least ``target`` and less
+    than one further rung beyond it.
+
+    Up: finest steps first (ties: the slot furthest below what it wanted), each slot once
+    per pass. Down: the largest step that keeps the budget met (ties: furthest above what
+    it wanted), each slot once per pass, until no step fits. The final surplus is smaller
+    than every slot's next step down, e.g. one group of ``channel_multiple`` MLP channels.
+    """
+    rungs = rungs.copy()
+    wanted = np.zeros(len(ladders)) if wanted_removed is None else np.asarray(wanted_removed, dtype=np.float64)
+    removed = sum(int(ladder.removed[k]) for ladder, k in zip(ladders, rungs))
+
+    def now(s):
+        return int(ladders[s].removed[rungs[s]])
+
+    while removed < target:
+        ups = [
+            (int(ladders[s].removed[rungs[s] + 1]) - now(s), -(wanted[s] - now(s)), s)
+            for s in range(len(ladders))
+            if rungs[s] + 1 < len(ladders[s].removed)
+        ]
+        if not ups:
+            raise BudgetError(f"cannot remove {target:,.0f} parameters within these constraints")
+        for step, _, s in sorted(ups):
+            rungs[s] += 1
+            removed += step
+            if removed >= target:
+                break
+    lowered_any = True
+    while lowered_any:
+        lowered_any, moved = False, set()
+        while True:
+            downs = [
+                (now(s) - int(ladders[s].removed[rungs[s] - 1]), now(s) - wanted[s], s)
+                for s in range(len(ladders))
+                if rungs[s] > 0 and s not in moved
+            ]
+            fitting = [d for d in downs if removed - d[0] >= target]
+            if not fitting:
+                break
+            step, _, s = max(fitting)
+            rungs[s] -= 1
+            removed -= step
+            moved.add(s)
+            lowered_any = True
+    return rungs
+
+
+def ladder_removed(ladders, rungs) -> int:
+    return int(sum(int(ladder.removed[k]) for ladder, k in zip(ladders, rungs)))
+
+
+def ladder_rates(ladders, rungs) -> list[float]:
+    return [float(ladder.rates[k]) for ladder, k in zip(ladders, rungs)]
+
+
+def ladder_reach(allocator: str, budget: float, ladders, dense: int) -> None:
+    low = sum(int(ladder.removed[0]) for ladder in ladders)
+    high = sum(int(ladder.removed[-1]) for ladder in ladders)
+    if budget * dense > high:
+        raise reach_error(allocator, budget, low, high, dense)
+
+
+def rungs_at_rates(geoms, slots, ladders, rates, multiple) -> np.ndarray:
+    """Rung of each slot that units rounding gives at the given rates (clamped to the ladder)."""
+    wanted = np.array(
+        [sum(geoms[layer].removed_at(p, float(r), multiple) for p in PARTS[kind]) for (layer, kind), r in zip(slots, rates)],
+        dtype=np.float64,
+    )
+    return nearest_rungs(ladders, wanted)
+
+
+
+def smallest_meeting(meets: Callable[[float], bool], low: float, high: float, steps: int = 60) -> float:
+    """Bisection: the smallest x in (low, high] with meets(x), given meets(high) and not meets(low)."""
+    for _ in range(steps):
+        mid = 0.5 * (low + high)
+        if meets(mid):
+            high = mid
+        else:
+            low = mid
+    return high

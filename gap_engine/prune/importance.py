@@ -1,0 +1,264 @@
+"""Within-layer importance of prunable units: attention heads and MLP channels.
+
+GAP decides *how much* to prune per layer; which heads and channels go inside a layer is
+decided here, by one of four criteria computed on the calibration windows:
+
+- ``magnitude``: L1 norm of the unit's weights (no data needed).
+- ``wanda``: |W| times the L2 norm of the input activation it multiplies (Wanda, Sun et al.
+  2023), taken on the pruned input dimension of ``o_proj`` / ``down_proj``.
+- ``flap``: activation fluctuation (variance over tokens) times the squared column norm
+  (FLAP, An et al. 2024).
+- ``taylor``: first-order Taylor estimate |sum(W * dL/dW)| over the unit's weights
+  (LLM-Pruner, Ma et al. 2023), from one backward pass per batch.
+
+A head's score also counts the query rows of q_proj; a KV group scores as the sum of its
+query heads (surgery keeps or drops groups by that sum).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gap_engine.core.config import CRITERIA, DEFAULT_CRITERION
+from gap_engine.core.device import host64, input_device, is_streamed, wide
+from gap_engine.core.errors import GapError
+from gap_engine.core.progress import CancelToken, check_cancelled
+from gap_engine.data.bos import next_token_nll
+from gap_engine.data.windows import batches, text_start
+from gap_engine.model.layerwise import backward_blocks, forward_blocks
+from gap_engine.model.loading import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LayerScores:
+    """Importance of every unit of one block (higher = keep)."""
+
+    head: torch.Tensor  # (n_heads,) float64
+    channel: torch.Tensor  # (intermediate_size,) float64
+
+
+@dataclass
+class ImportanceScores:
+    criterion: str
+    layers: list[LayerScores]
+
+
+class InputStats:
+    """Running sum and sum of squares of a linear layer's input, per input feature (float64, on the host).
+
+    The first ``skip`` positions of every window are left out: a BOS token's activations
+    are huge outliers (an attention sink) that say nothing about the text.
+    """
+
+    def __init__(self, width: int, skip: int = 0):
+        self.total = torch.zeros(width, dtype=torch.float64)
+        self.total_sq = torch.zeros(width, dtype=torch.float64)
+        self.count = 0
+        self.skip = skip
+
+    def __call__(self, module, args):
+        x = args[0].detach()[:, self.skip :]  # (B, T-skip, width)
+        x = wide(x.reshape(-1, x.shape[-1]))  # (B*(T-skip), width), on its device
+        self.total += x.sum(0).cpu()
+        self.total_sq += (x * x).sum(0).cpu()
+        self.count += x.shape[0]
+
+    def l2(self) -> torch.Tensor:
+        return self.total_sq.sqrt()
+
+    def variance(self) -> torch.Tensor:
+        mean = self.total / max(self.count, 1)
+        return (self.total_sq / max(self.count, 1) - mean * mean).clamp_min(0.0)
+
+
+def _per_head(column_scores: torch.Tensor, head_dim: int) -> torch.Tensor:
+    return column_scores.reshape(-1, head_dim).sum(-1)  # (n_heads,)
+
+
+def _magnitude(lm: LoadedModel) -> list[LayerScores]:
+    out = []
+    for layer in lm.adapter.layers(lm.model):
+        geom = lm.adapter.geometry(layer)
+        q, _, _, o = lm.adapter.attention_projections(layer)
+        gate, up, down = lm.adapter.mlp_projections(layer)
+        q_rows = host64(wide(q.weight.detach().abs()).sum(1))  # (H*D,)
+        o_cols = host64(wide(o.weight.detach().abs()).sum(0))  # (H*D,)
+        head = _per_head(q_rows + o_cols, geom.head_dim)
+        channel = host64(
+            wide(gate.weight.detach().abs()).sum(1)
+            + wide(up.weight.detach().abs()).sum(1)
+            + wide(down.weight.detach().abs()).sum(0)
+        )
+        out.append(LayerScores(head=head, channel=channel))
+    return out
+
+
+def input_statistics(
+    lm: LoadedModel,
+    windows: torch.Tensor,
+    linears: dict[Hashable, nn.Linear],
+    batch_size: int = 4,
+    progress: Callable[[int, int], None] | None = None,
+    cancel: CancelToken | None = None,
+) -> dict[Hashable, InputStats]:
+    """Per-feature statistics of the inputs of the given linear layers over the windows.
+
+    Args:
+        lm: the model (run forward only; hooks are removed afterwards).
+        windows: (N, T) token ids.
+        linears: key -> a linear layer of ``lm.model``.
+        batch_size: windows per forward pass.
+        progress: called with (batches done, batches total).
+        cancel: polled before every batch.
+    Returns:
+        key -> InputStats of that layer's input.
+    """
+    skip = text_start(lm.tokenizer, windows)
+    stats = {key: InputStats(linear.in_features, skip) for key, linear in linears.items()}
+    handles = [linear.register_forward_pre_hook(stats[key]) for key, linear in linears.items()]
+    parts = batches(windows, batch_size)
+    try:
+        with torch.no_grad():
+            if is_streamed(lm):  # the hooks fire as each block visits the device
+                forward_blocks(lm, windows, batch_size, cancel=cancel, progress=progress)
+            else:
+                for i, batch in enumerate(parts):
+                    check_cancelled(cancel, f"activation statistics cancelled after {i} of {len(parts)} batches")
+                    lm.model(input_ids=batch.to(input_device(lm.model)), use_cache=False)
+                    if progress:
+                        progress(i + 1, len(parts))
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+def _activation_scores(lm, windows, criterion, batch_size, progress, cancel) -> list[LayerScores]:
+    layers = list(lm.adapter.layers(lm.model))
+    linears = {}
+    for i, layer in enumerate(layers):
+        linears[i, "o"] = lm.adapter.attention_projections(layer)[3]
+        linears[i, "down"] = lm.adapter.mlp_projections(layer)[2]
+    stats = input_statistics(lm, windows, linears, batch_size, progress, cancel)
+    out = []
+    for i, layer in enumerate(layers):
+        o_in, down_in = stats[i, "o"], stats[i, "down"]
+        geom = lm.adapter.geometry(layer)
+        _, _, _, o = lm.adapter.attention_projections(layer)
+        _, _, down = lm.adapter.mlp_projections(layer)
+        if criterion == "wanda":
+            o_cols = host64(wide(o.weight.detach().abs()).sum(0)) * o_in.l2()
+            d_cols = host64(wide(down.weight.detach().abs()).sum(0)) * down_in.l2()
+        else:  # flap: fluctuation of the input times the squared column norm
+            o_cols = o_in.variance() * host64(wide(o.weight.detach()).pow(2).sum(0))
+            d_cols = down_in.variance() * host64(wide(down.weight.detach()).pow(2).sum(0))
+        out.append(LayerScores(head=_per_head(o_cols, geom.head_dim), channel=d_cols))
+    return out
+
+
+def _taylor_weights(layer, adapter) -> list[torch.Tensor]:
+    """The weights whose W * grad score a block's units: q, o, gate, up, down."""
+    q, _, _, o = adapter.attention_projections(layer)
+    gate, up, down = adapter.mlp_projections(layer)
+    return [q.weight, o.weight, gate.weight, up.weight, down.weight]
+
+
+def _taylor(lm, windows, batch_size, progress, cancel) -> list[LayerScores]:
+    layers = list(lm.adapter.layers(lm.model))
+    weights = [_taylor_weights(layer, lm.adapter) for layer in layers]
+    params = [w for group in weights for w in group]
+    # accumulated W * grad per block, widened (on the weights' device when resident)
+    saliency = [[wide(torch.zeros_like(w)) for w in group] for group in weights]
+    for w in params:
+        w.requires_grad_(True)
+    start = text_start(lm.tokenizer, windows)
+    try:
+        if is_streamed(lm):
+            _taylor_streamed(lm, windows, batch_size, start, saliency, cancel)
+        else:
+            parts = batches(windows, batch_size)
+            accumulators = [acc for group in saliency for acc in group]  # in the order of params
+            for i, batch in enumerate(parts):
+                check_cancelled(cancel, f"taylor importance scores cancelled after {i} of {len(parts)} batches")
+                batch = batch.to(input_device(lm.model))
+                loss = _taylor_loss(lm.model(input_ids=batch, use_cache=False).logits, batch, start)
+                grads = torch.autograd.grad(loss, params)
+                for acc, w, g in zip(accumulators, params, grads):
+                    acc += wide(w.detach() * g)
+                if progress:
+                    progress(i + 1, len(parts))
+    finally:
+        for w in params:
+            w.requires_grad_(False)
+    out = []
+    for li, layer in enumerate(layers):
+        geom = lm.adapter.geometry(layer)
+        s_q, s_o, s_gate, s_up, s_down = saliency[li]
+        # Vector-wise Taylor: a unit's removal changes the loss by about -sum(W * g) over its weights.
+        head_rows = s_q.sum(1).reshape(-1, geom.head_dim).sum(-1)
+        head_cols = s_o.sum(0).reshape(-1, geom.head_dim).sum(-1)
+        head = host64((head_rows + head_cols).abs())
+        channel = host64((s_gate.sum(1) + s_up.sum(1) + s_down.sum(0)).abs())
+        out.append(LayerScores(head=head, channel=channel))
+    return out
+
+
+def _taylor_loss(logits: torch.Tensor, batch: torch.Tensor, start: int) -> torch.Tensor:
+    """The batch's mean NLL over its counted next tokens (what the model's own ``labels=``
+    loss computes when BOS and the prediction from BOS alone are masked)."""
+    return next_token_nll(logits.float(), batch, start).mean()
+
+
+def _taylor_streamed(lm, windows, batch_size, start: int, saliency: list, cancel) -> None:
+    """W * grad accumulated block by block (``layerwise.backward_blocks``), on the host."""
+    on_device: dict[int, list[torch.Tensor]] = {}
+
+    def leaves(i: int, layer, b: int, n: int) -> list[torch.Tensor]:
+        on_device[i] = _taylor_weights(layer, lm.adapter)  # the block's device copies (requires_grad kept)
+        return on_device[i]
+
+    def collect(stream: int, i: int, b: int, grads) -> None:
+        for acc, w, g in zip(saliency[i], on_device[i], grads):
+            acc += wide(w.detach() * g).to(acc.device)
+
+    backward_blocks(lm, windows, batch_size, lambda b, batch, logits: [_taylor_loss(logits, batch, start)], leaves, collect, cancel)
+
+
+def compute_importance(
+    lm: LoadedModel,
+    windows: torch.Tensor | None,
+    criterion: str = DEFAULT_CRITERION,
+    batch_size: int = 4,
+    progress: Callable[[int, int], None] | None = None,
+    cancel: CancelToken | None = None,
+) -> ImportanceScores:
+    """Score every head and MLP channel of every block.
+
+    Args:
+        lm: the dense model.
+        windows: (N, T) calibration token ids; unused by ``magnitude``.
+        criterion: one of CRITERIA.
+        batch_size: windows per forward pass.
+        progress: called with (batches done, batches total).
+        cancel: polled before every batch (CancelledError when set).
+    Returns:
+        ImportanceScores with one LayerScores per block.
+    """
+    if criterion not in CRITERIA:
+        raise GapError(f"unknown criterion '{criterion}'; choose one of {', '.join(CRITERIA)}")
+    if criterion == "magnitude":
+        layers = _magnitude(lm)
+    elif windows is None:
+        raise GapError(f"criterion '{criterion}' needs calibration windows")
+    elif criterion == "taylor":
+        layers = _taylor(lm, windows, batch_size, progress, cancel)
+    else:
+        layers = _activation_scores(lm, windows, criterion, batch_size, progress, cancel)
+    return ImportanceScores(criterion=criterion, layers=layers)

@@ -1,0 +1,155 @@
+"""Surgery: physically remove attention heads and MLP channels as a plan says.
+
+Each block gets its own widths: q/k/v rows and o columns of the dropped heads, and
+gate/up rows and down columns of the dropped channels, are sliced away, so the pruned model
+is smaller in memory and faster, and it runs through the model's ordinary forward (the
+attention infers its head count from the projection shapes; ``num_key_value_groups`` is
+updated by the adapter). Which units go is decided by importance scores; how many, by the
+plan's rates rounded as ``units`` says. Invariants are asserted after every block, and the
+final parameter count must equal the plan's prediction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from gap_engine.model.adapters import ArchitectureAdapter
+from gap_engine.model.rateplan import RatePlan, predicted_params
+from gap_engine.model.slicing import slice_attention_, slice_mlp_, zeroed_units
+from gap_engine.model.units import AttentionShape, attention_shape_for_rate, channels_for_rate
+from gap_engine.prune.importance import ImportanceScores, LayerScores
+
+log = logging.getLogger(__name__)
+
+
+def select_attention(head_scores: torch.Tensor, n_kv_heads: int, shape: AttentionShape) -> tuple[list[int], list[int]]:
+    """Kept KV groups and kept query heads (both ascending) for a GQA-valid shape.
+
+    Groups are ranked by the summed score of their query heads; within each kept group its
+    best ``heads_per_group`` query heads stay.
+    """
+    group_size = head_scores.numel() // n_kv_heads
+    per_group = head_scores.reshape(n_kv_heads, group_size)  # (KV, G)
+    group_rank = torch.argsort(per_group.sum(1), descending=True, stable=True)
+    kept_kv = sorted(group_rank[: shape.kv_groups].tolist())
+    kept_heads = []
+    for g in kept_kv:
+        best = torch.argsort(per_group[g], descending=True, stable=True)[: shape.heads_per_group]
+        kept_heads.extend(sorted((g * group_size + best).tolist()))
+    return kept_kv, kept_heads
+
+
+def select_channels(channel_scores: torch.Tensor, kept: int) -> list[int]:
+    """The ``kept`` highest-scoring MLP channels, ascending."""
+    return sorted(torch.argsort(channel_scores, descending=True, stable=True)[:kept].tolist())
+
+
+@dataclass
+class PruneResult:
+    """What surgery did: kept indices per block and the parameter counts before and after."""
+
+    plan: RatePlan
+    kept_kv_heads: list[list[int]] = field(default_factory=list)
+    kept_heads: list[list[int]] = field(default_factory=list)
+    kept_channels: list[list[int]] = field(default_factory=list)
+    params_before: int = 0
+    params_after: int = 0
+
+    def kept_indices(self) -> dict:
+        return {
+            "kept_kv_heads": self.kept_kv_heads,
+            "kept_heads": self.kept_heads,
+            "kept_channels": self.kept_channels,
+        }
+
+
+def layer_selection(
+    adapter: ArchitectureAdapter, layer: nn.Module, scores: LayerScores, attn_rate: float, mlp_rate: float, channel_multiple: int
+):
+    """(kept_kv, kept_heads, kept_channels) for one block at the given rates."""
+    geom = adapter.geometry(layer)
+    q, _, _, o = adapter.attention_projections(layer)
+    shape = attention_shape_for_rate(geom, q.in_features, attn_rate, q.bias is not None, o.bias is not None)
+    kept_kv, kept_heads = select_attention(scores.head, geom.n_kv_heads, shape)
+    kept_channels = select_channels(scores.channel, channels_for_rate(geom.intermediate_size, mlp_rate, channel_multiple))
+    return kept_kv, kept_heads, kept_channels
+
+
+def removed_units(
+    adapter: ArchitectureAdapter, layer: nn.Module, scores: LayerScores, attn_rate: float, mlp_rate: float, channel_multiple: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(heads, channels) of one block that the rates remove, ascending: the complement of `layer_selection`."""
+    geom = adapter.geometry(layer)
+    _, kept_heads, kept_channels = layer_selection(adapter, layer, scores, attn_rate, mlp_rate, channel_multiple)
+    heads = tuple(sorted(set(range(geom.n_heads)) - set(kept_heads)))
+    channels = tuple(sorted(set(range(geom.intermediate_size)) - set(kept_channels)))
+    return heads, channels
+
+
+@contextlib.contextmanager
+def masked_plan(lm, attention_rates, mlp_rates, scores: ImportanceScores, channel_multiple: int) -> Iterator[None]:
+    """Temporarily zero every unit a plan removes, on the dense model itself.
+
+    Units are chosen exactly as `apply_plan` chooses them, and zeroing a head's ``o_proj``
+    columns and a channel's ``down_proj`` column gives the sliced model's output (see
+    ``slicing.zeroed_units``); weights are restored exactly on exit.
+    """
+    layers = lm.adapter.layers(lm.model)
+    with contextlib.ExitStack() as stack:
+        for i, layer in enumerate(layers):
+            if attention_rates[i] <= 0 and mlp_rates[i] <= 0:
+                continue
+            heads, channels = removed_units(lm.adapter, layer, scores.layers[i], attention_rates[i], mlp_rates[i], channel_multiple)
+            stack.enter_context(zeroed_units(lm.adapter, layer, heads, channels))
+        yield
+
+
+def apply_plan(lm, plan: RatePlan, scores: ImportanceScores | None) -> PruneResult:
+    """Prune ``lm.model`` in place as ``plan`` says and return what was kept.
+
+    Args:
+        lm: a LoadedModel (its model is modified; its fingerprint is refreshed).
+        plan: a RatePlan for this model (checked).
+        scores: importance scores from the same dense model; may be None only for
+            an all-zero plan.
+    Raises:
+        PlanError: the plan is for another model.
+    """
+    plan.validate()
+    plan.check_model(lm)
+    # Recounted from this model's geometry: a hand-written plan may carry no or stale counts.
+    plan.params = predicted_params(lm, plan.attention_rates, plan.mlp_rates, plan.channel_multiple)
+    result = PruneResult(plan=plan, params_before=lm.param_count())
+    layers = lm.adapter.layers(lm.model)
+    for i, layer in enumerate(layers):
+        a_rate, m_rate = plan.attention_rates[i], plan.mlp_rates[i]
+        geom = lm.adapter.geometry(layer)
+        if scores is None:
+            if a_rate > 0 or m_rate > 0:
+                raise ValueError("importance scores are needed for a plan with non-zero rates")
+            kept_kv, kept_heads = list(range(geom.n_kv_heads)), list(range(geom.n_heads))
+            kept_channels = list(range(geom.intermediate_size))
+        else:
+            kept_kv, kept_heads, kept_channels = layer_selection(
+                lm.adapter, layer, scores.layers[i], a_rate, m_rate, plan.channel_multiple
+            )
+        if len(kept_heads) < geom.n_heads:
+            slice_attention_(lm.adapter, layer, kept_kv, kept_heads)
+        if len(kept_channels) < geom.intermediate_size:
+            slice_mlp_(lm.adapter, layer, kept_channels)
+        result.kept_kv_heads.append(kept_kv)
+        result.kept_heads.append(kept_heads)
+        result.kept_channels.append(kept_channels)
+    result.params_after = lm.param_count()
+    expected = plan.params["pruned_total"]
+    assert result.params_after == expected, f"pruned model has {result.params_after} parameters, plan predicted {expected}"
+    lm.refresh_fingerprint()
+    lm.pruned_from = {"model": plan.model, "fingerprint": plan.model_fingerprint, "plan": plan.to_dict()}
+    log.info("pruned %s: %d -> %d parameters", lm.name, result.params_before, result.params_after)
+    return result

@@ -1,0 +1,303 @@
+"""What a recovery run writes: snapshots to resume from, the recovered checkpoint, the history row.
+
+A run works in ``<out>.partial/`` beside its output folder. Every ``save_every`` steps (and on
+cancel, and when training ends) ``state/`` in there is replaced atomically
+(``fsutil.atomic_directory``) by a new snapshot:
+
+* ``state.json``: the step reached, the training time so far, the loss curve, the evaluation
+  before training, the measured memory, the fingerprint of the weights the run started from,
+  and the settings that decide the trajectory (a resumed run must share them);
+* ``tensors.safetensors``: what training changed (LoRA adapters; the masked values and mask of
+  MaZO; the projections of MeZO);
+* ``optimizer.pt``: the optimizer's state, where there is one (LoRA's AdamW).
+
+Nothing else is needed to continue exactly: every random draw of step ``t`` is derived from
+``(seed, t)``. A kill loses at most the steps since the last snapshot.
+
+At the end, :func:`write_checkpoint` writes the recovered model as an ordinary pruned
+checkpoint (``checkpoint.save_pruned``) with ``recovery.json``, ``losses.csv`` and LoRA's
+unmerged ``adapter/`` beside it, all renamed into place together; :func:`record_in_history`
+adds the run to the run history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from gap_engine.core.errors import GapError
+from gap_engine.core.fsutil import atomic_directory
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+PARTIAL_SUFFIX = ".partial"
+_STATE = "state"
+_JSON = "state.json"
+_TENSORS = "tensors.safetensors"
+_OPTIMIZER = "optimizer.pt"
+
+
+class RecoveryError(GapError):
+    """Bad recovery settings, an unusable output folder, or a saved run that does not fit."""
+
+
+@dataclass
+class RunState:
+    """Everything about a run's progress except its tensors."""
+
+    trajectory: dict  # the settings a resumed run must share (RecoverySettings.trajectory())
+    start_fingerprint: str  # weights fingerprint of the model the run started from
+    step: int = 0  # steps finished
+    train_seconds: float = 0.0  # training wall time so far, over every segment
+    curve: list[dict] = field(default_factory=list)  # one row per step: step, seconds, loss, lr
+    before: dict | None = None  # EvalReport.to_dict() of the model before training
+    calib_before: list[float] = field(default_factory=list)  # per task: NLL on its fixed calibration windows
+    inference_rss: int = 0  # bytes: peak resident memory of one forward pass at the training batch
+    peak_rss: int = 0  # bytes: peak resident memory while training, highest over segments
+    rss_method: str = ""  # how memory was measured (memory.PeakRSS.method)
+    lr: float | None = None  # the peak learning rate the probe chose (ZO without --lr); None: the settings'
+    lr_probe: list[dict] = field(default_factory=list)  # the probe's candidates: lr, loss before, loss after
+    version: int = STATE_VERSION
+
+
+def partial_dir(out_dir: Path) -> Path:
+    """The working folder of the run that writes ``out_dir``."""
+    return out_dir.with_name(out_dir.name + PARTIAL_SUFFIX)
+
+
+def save_state(work_dir: Path, state: RunState, tensors: dict[str, torch.Tensor], optimizer_state: dict | None) -> None:
+    """Replace the snapshot in ``work_dir`` atomically."""
+    from safetensors.torch import save_file
+
+    with atomic_directory(work_dir / _STATE) as tmp:
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp / _TENSORS))
+        if optimizer_state is not None:
+            torch.save(optimizer_state, tmp / _OPTIMIZER)
+        (tmp / _JSON).write_text(json.dumps(asdict(state)) + "\n")
+    log.debug("saved recovery state at step %d", state.step)
+
+
+def load_state(work_dir: Path) -> tuple[RunState, dict[str, torch.Tensor], dict | None] | None:
+    """The snapshot in ``work_dir``, or None when there is none.
+
+    Raises:
+        RecoveryError: the snapshot is unreadable or of another format version.
+    """
+    from safetensors.torch import load_file
+
+    folder = work_dir / _STATE
+    if not (folder / _JSON).is_file():
+        return None
+    try:
+        data = json.loads((folder / _JSON).read_text())
+        if data.get("version") != STATE_VERSION:
+            raise RecoveryError(f"{folder}: saved state format {data.get('version')} is not supported; remove {work_dir}")
+        state = RunState(**data)
+        tensors = load_file(str(folder / _TENSORS))
+        optimizer_state = torch.load(folder / _OPTIMIZER, weights_only=True) if (folder / _OPTIMIZER).is_file() else None
+    except RecoveryError:
+        raise
+    except Exception as exc:  # a truncated or foreign file: any reader error means "cannot resume"
+        raise RecoveryError(f"cannot read the saved recovery state in {folder}: {type(exc).__name__}; remove {work_dir}") from None
+    return state, tensors, optimizer_state
+
+
+def saved_step(out_dir: str | Path) -> int | None:
+    """The step a cancelled or killed run that writes ``out_dir`` reached, or None when none is saved."""
+    state_file = partial_dir(Path(out_dir)) / _STATE / _JSON
+    try:
+        return int(json.loads(state_file.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_resumable(state: RunState, trajectory: dict, start_fingerprint: str, work_dir: Path) -> None:
+    """RecoveryError unless the saved run can continue with these settings and this model."""
+    if state.start_fingerprint != start_fingerprint:
+        raise RecoveryError(
+            f"the run saved in {work_dir} started from other weights (fingerprint {state.start_fingerprint}, "
+            f"this model has {start_fingerprint}); start over without resume"
+        )
+    saved_objective = state.trajectory.get("objective") or "lm"  # runs saved before objectives existed trained on lm
+    if saved_objective != trajectory.get("objective"):
+        raise RecoveryError(
+            f"the run saved in {work_dir} trained with objective {saved_objective}, not {trajectory.get('objective')}; "
+            f"resume with --objective {saved_objective}, or start over without resume"
+        )
+    state.trajectory.setdefault("objective", saved_objective)
+    for key in ("temperature", "kd_weight", "teacher", "teacher_fingerprint"):  # absent from older runs
+        state.trajectory.setdefault(key, trajectory.get(key) if saved_objective == "lm" else None)
+    changed = sorted(k for k in set(trajectory) | set(state.trajectory) if trajectory.get(k) != state.trajectory.get(k))
+    if changed:
+        first = changed[0]
+        raise RecoveryError(
+            f"the run saved in {work_dir} used other settings ({first}: {state.trajectory.get(first)!r}, "
+            f"now {trajectory.get(first)!r}); start over without resume"
+        )
+
+
+def discard(work_dir: Path) -> None:
+    shutil.rmtree(work_dir, ignore_errors=True)
+
+
+# ---- output --------------------------------------------------------------------------------
+def check_output_dir(out_dir: str | Path, model_source: str | None = None) -> None:
+    """RecoveryError unless ``out_dir`` can be written and is not the model's own folder.
+
+    Args:
+        model_source: the folder the model is read from (``LoadedModel.source``), if any.
+    """
+    out_dir = Path(out_dir).expanduser()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RecoveryError(f"output {out_dir} exists and is not a folder")
+    source = Path(model_source).expanduser() if model_source else None
+    if source is not None and source.is_dir() and out_dir.resolve() == source.resolve():
+        raise RecoveryError(f"output {out_dir} is the folder the model is read from; choose another --out")
+    ancestor = out_dir.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise RecoveryError(f"cannot write {out_dir}: {ancestor} is not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".gap-write-test-", dir=ancestor)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise RecoveryError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
+
+
+def checkpoint_plan(lm):
+    """(plan, kept indices) to write with the recovered weights: the checkpoint's own, or for a
+    dense model a plan with every rate 0 (so ``gap eval`` compares it with the original)."""
+    from gap_engine.model.rateplan import RatePlan, make_plan
+
+    if lm.pruned_from is None:
+        plan = make_plan(lm, [0.0] * lm.num_layers, [0.0] * lm.num_layers, "magnitude", allocator="dense")
+        geometries = [lm.adapter.geometry(layer) for layer in lm.adapter.layers(lm.model)]
+        kept = {
+            "kept_kv_heads": [list(range(g.n_kv_heads)) for g in geometries],
+            "kept_heads": [list(range(g.n_heads)) for g in geometries],
+            "kept_channels": [list(range(g.intermediate_size)) for g in geometries],
+        }
+        return plan, kept
+    if not lm.pruned_from.get("plan"):
+        raise RecoveryError(f"{lm.source} is a gap checkpoint without its plan.json; cannot write a recovered checkpoint")
+    plan = RatePlan.from_dict(dict(lm.pruned_from["plan"]))
+    kept_file = Path(lm.source) / "kept_indices.json"
+    if kept_file.is_file():
+        kept = json.loads(kept_file.read_text())
+    else:
+        log.warning("%s has no kept_indices.json; the recovered checkpoint records none", lm.source)
+        kept = {"kept_kv_heads": [], "kept_heads": [], "kept_channels": []}
+    return plan, kept
+
+
+def _curve_csv(curve: list[dict]) -> str:
+    lines = ["step,seconds,loss,lr"]
+    lines += [f"{row['step']},{row['seconds']:.3f},{row['loss']:.6f},{row['lr']:.6g}" for row in curve]
+    return "\n".join(lines) + "\n"
+
+
+def storage_dtype(lm) -> str:
+    """The storage dtype of the folder ``lm`` was read from: a gap checkpoint's recorded dtype,
+    else its config.json's, else the default (bfloat16)."""
+    from gap_engine.core.config import DEFAULT_SAVE_DTYPE, SAVE_DTYPES
+    from gap_engine.model.checkpoint import PRUNED_MARKER
+
+    folder = Path(lm.source).expanduser() if lm.source else None
+    for name, key in ((PRUNED_MARKER, "dtype"), ("config.json", "dtype"), ("config.json", "torch_dtype")):
+        try:
+            value = json.loads((folder / name).read_text()).get(key) if folder is not None else None
+        except (OSError, ValueError, AttributeError):
+            continue
+        if value in SAVE_DTYPES:
+            return value
+    return DEFAULT_SAVE_DTYPE
+
+
+@torch.no_grad()
+def round_to_storage(model, dtype: str) -> None:
+    """Round every floating parameter to ``dtype``'s precision in place (kept in its own dtype),
+    so what is evaluated after training is exactly what the checkpoint stores."""
+    from gap_engine.model.storage import parse_dtype
+
+    target = parse_dtype(dtype)
+    for param in {id(p): p for p in model.parameters()}.values():
+        if param.is_floating_point() and param.dtype != target:
+            param.copy_(param.to(target).to(param.dtype))
+
+
+def write_checkpoint(lm, plan, kept: dict, out_dir: Path, result, adapter_dir: Path | None) -> None:
+    """The recovered model as a pruned checkpoint (``checkpoint.save_pruned``) in ``result.save_dtype``,
+    its model card saying what recovery ran, plus ``recovery.json``, ``losses.csv`` and the unmerged
+    ``adapter/``, all renamed into place together."""
+    from gap_engine.model.checkpoint import save_pruned
+
+    with atomic_directory(out_dir) as tmp:
+        save_pruned(lm, plan, kept, tmp, dtype=result.save_dtype, eval_report=result.after, recovery=card_summary(result))
+        (tmp / "recovery.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+        (tmp / "losses.csv").write_text(_curve_csv(result.curve))
+        if adapter_dir is not None:
+            shutil.copytree(adapter_dir, tmp / "adapter")
+
+
+def card_summary(result) -> dict:
+    """What the model card says about a recovery run (a recover.RecoveryResult)."""
+    before = result.before or {}
+    return {
+        "method": result.method,
+        "objective": result.objective,
+        "teacher": result.teacher,
+        "temperature": result.settings.get("temperature") if result.objective != "lm" else None,
+        "tasks": list(result.tasks),
+        "steps": result.steps_done,
+        "tokens": result.tokens_seen,
+        "train_seconds": result.train_seconds,
+        "lr": result.lr,
+        "before": {k: before.get(k) or {} for k in ("perplexity", "kl_to_dense", "top1_agreement")},
+        "after": {k: result.after.get(k) or {} for k in ("perplexity", "kl_to_dense", "top1_agreement")},
+    }
+
+
+def record_in_history(lm, plan, result, history_path: Path | None) -> int:
+    """Add a finished run (a recover.RecoveryResult) to the run history; returns its id."""
+    from gap_engine.evaluate import history
+
+    before = result.before or {}
+    recovery = {
+        key: getattr(result, key)
+        for key in ("method", "tasks", "steps_requested", "steps_done", "stopped", "lr", "train_seconds",
+                    "trainable_params", "peak_rss", "inference_rss", "rss_method", "calib_loss_before",
+                    "calib_loss_after", "dense_input")
+    }
+    recovery.update(
+        rss_ratio=result.rss_ratio,
+        source=lm.source,
+        before={k: before.get(k) for k in ("perplexity", "kl_to_dense", "top1_agreement")},
+        settings=result.settings,
+    )
+    record = history.RunRecord.from_report(
+        plan.to_dict(),
+        result.after,
+        allocator=f"{plan.allocator}+{result.method}",
+        table_key=plan.table_key,
+        budget=plan.budget,
+        params={"recovery": recovery, "eval": result.after.get("settings", {})},
+        predicted_loss=plan.predicted_loss,
+        checkpoint=result.checkpoint,
+        seconds=result.total_seconds,
+    )
+    kind = "dense model" if result.dense_input else "pruned checkpoint"
+    record.note = (
+        f"recovered {kind} {lm.source} with {result.method}: {result.steps_done} steps, {result.train_seconds:.0f} s, "
+        f"peak RSS {result.peak_rss / 2**20:.0f} MiB ({result.rss_ratio:.2f}x inference)"
+    )
+    return history.record_run(record, history_path)

@@ -1,0 +1,258 @@
+"""The training side of recovery: task batches, the multi-task loss, and one run per method.
+
+``TaskData`` cuts, per task (text source), a pool of windows from the source's calibration
+part and samples every step's batch from every pool with a generator seeded by
+``(seed, step, task)``. ``multitask_loss`` gives each task's mean next-token NLL from one
+forward pass. ``ZORun`` (MaZO with a mask, MeZO without; maths in ``recover_zo``) and
+``LoraRun`` (peft; ``recover_lora``) share one shape: ``prepare`` once, ``step``, ``tensors``
+and ``optimizer_state`` for snapshots, ``restore`` on resume, ``finish`` at the end.
+``recover.recover`` drives them; settings are ``recover.RecoverySettings``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gap_engine.core.config import RECOVERY_PROJECTIONS, WindowSpec
+from gap_engine.core.errors import DataError
+from gap_engine.data.windows import calibration_windows, load_corpus
+from gap_engine.model.loading import LoadedModel
+from gap_engine.recover import lora as recover_lora
+from gap_engine.recover import zo as recover_zo
+from gap_engine.recover.distill import Objective
+
+log = logging.getLogger(__name__)
+
+PROJECTIONS = RECOVERY_PROJECTIONS  # short names of the trainable projections
+
+
+# ---- data ----------------------------------------------------------------------------------
+class TaskData:
+    """Per task, a pool of calibration windows; each step samples ``batch_size`` from every pool."""
+
+    def __init__(self, lm: LoadedModel, settings):
+        self.settings = settings
+        self.pools: list[torch.Tensor] = []  # per task: (n_pool, T)
+        for spec in settings.tasks:
+            corpus = load_corpus(spec)
+            if not corpus.calibration:
+                raise DataError(f"text source '{spec}' has no calibration part to train on (it is too small to split)")
+            tokens = _token_count(lm.tokenizer, corpus.calibration)
+            n_pool = min(settings.pool_windows, tokens // settings.seq_len)
+            if n_pool < settings.batch_size:
+                raise DataError(
+                    f"text source '{spec}' is too short for one batch: its calibration part has {tokens} tokens, "
+                    f"a batch needs {settings.batch_size} x {settings.seq_len} = {settings.batch_size * settings.seq_len}"
+                )
+            self.pools.append(calibration_windows(lm.tokenizer, WindowSpec(data=spec, n_samples=n_pool, seq_len=settings.seq_len, seed=settings.seed)))
+
+    def batch(self, step: int) -> torch.Tensor:
+        """The windows of one step, task-major: (n_tasks * batch_size, T)."""
+        rows = []
+        for task, pool in enumerate(self.pools):
+            rng = np.random.default_rng([self.settings.seed, step, task])
+            rows.append(pool[torch.from_numpy(rng.choice(pool.shape[0], self.settings.batch_size, replace=False))])
+        return torch.cat(rows)
+
+    def fixed(self, count: int) -> list[torch.Tensor]:
+        """Per task, its first ``count`` pool windows: the calibration loss reported before and after."""
+        return [pool[:count] for pool in self.pools]
+
+
+def _token_count(tokenizer, texts) -> int:
+    encoded = tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+    return sum(len(ids) for ids in encoded) + max(0, len(encoded) - 1)
+
+
+def multitask_loss(model, batch: torch.Tensor, n_tasks: int, bf16: bool = False) -> torch.Tensor:
+    """Per-task mean next-token NLL of a task-major batch.
+
+    Args:
+        batch: (n_tasks * b, T) token ids, the windows of task i in rows i*b .. (i+1)*b - 1.
+        bf16: run the forward pass under bf16 autocast (the loss itself is float32).
+    Returns:
+        (n_tasks,) losses (with the graph, when grads are on).
+    """
+    with torch.autocast(device_type=batch.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=batch, use_cache=False).logits  # (B, T, V)
+    logits = logits[:, :-1].float()
+    vocab = logits.shape[-1]
+    nll = F.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1), reduction="none")  # (B*(T-1),)
+    per_window = nll.view(batch.shape[0], -1).mean(1)  # (B,)
+    return per_window.view(n_tasks, -1).mean(1)  # (n_tasks,)
+
+
+# ---- the two kinds of training -------------------------------------------------------------
+def projection_modules(lm: LoadedModel, short_names) -> list[tuple[str, torch.nn.Linear]]:
+    """(module path, linear) of the chosen projections of every block, in block order."""
+    paths = {id(module): name for name, module in lm.model.named_modules()}
+    out = []
+    for layer in lm.adapter.layers(lm.model):
+        q, k, v, o = lm.adapter.attention_projections(layer)
+        gate, up, down = lm.adapter.mlp_projections(layer)
+        by_short = dict(zip(PROJECTIONS, (q, k, v, o, gate, up, down)))
+        out.extend((paths[id(by_short[s])], by_short[s]) for s in PROJECTIONS if s in short_names)
+    return out
+
+
+def module_names(lm: LoadedModel, short_names) -> list[str]:
+    a = lm.adapter
+    full = dict(zip(PROJECTIONS, (a.query_name, a.key_name, a.value_name, a.output_name, a.gate_name, a.up_name, a.down_name)))
+    return [full[s] for s in PROJECTIONS if s in short_names]
+
+
+class ZORun:
+    """MaZO (with a mask) or MeZO (without): two forward passes per step (plus the teacher's
+    one when distilling), the objective's loss as the scalar the SPSA estimate differences."""
+
+    def __init__(self, lm: LoadedModel, settings, objective: Objective | None = None):
+        self.lm, self.settings = lm, settings
+        self.objective = objective or Objective(bf16=settings.bf16)
+        self.targets = [recover_zo.ZOTarget(name, lin) for name, lin in projection_modules(lm, settings.targets)]
+        self.optimizer_state = None
+        self.workspace: recover_zo.Workspace | None = None
+
+    @property
+    def trainable_params(self) -> int:
+        return sum(t.updated_params for t in self.targets)
+
+    def prepare(self, data: TaskData, say: Callable[[str], None], cancel) -> None:
+        if self.settings.method != "mazo":
+            return
+        linears = [t.linear for t in self.targets]
+        norms = []
+        for spec, pool in zip(self.settings.tasks, data.pools):
+            say(f"weight importance on {spec}")
+            norms.append(recover_zo.input_feature_norms(
+                self.lm.model, linears, pool[: self.settings.importance_windows], self.settings.batch_size, cancel
+            ))
+        for j, target in enumerate(self.targets):
+            target.columns = recover_zo.mask_columns(
+                target.linear.weight, [n[j] for n in norms], self.settings.mask_fraction, self.settings.magnitude_weight
+            )
+
+    def restore(self, tensors: dict[str, torch.Tensor], optimizer_state) -> None:
+        for target in self.targets:
+            if self.settings.method == "mazo":
+                target.columns = tensors[f"{target.name}::columns"].to(target.linear.weight.device)
+            target.load_values(tensors[f"{target.name}::values"])
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for target in self.targets:
+            out[f"{target.name}::values"] = target.trainable_values()
+            if target.columns is not None:
+                out[f"{target.name}::columns"] = target.columns
+        return out
+
+    def step(self, step: int, batch: torch.Tensor, lr: float) -> float:
+        n_tasks = len(self.settings.tasks)
+        teacher = self.objective.teacher_log_probs(batch)  # once: both perturbed passes compare with it
+
+        def loss_fn() -> float:
+            return float(self.objective.per_task(self.lm.model, batch, n_tasks, teacher).mean())
+
+        seed = recover_zo.step_seed(self.settings.seed, step)
+        if self.workspace is None:  # after prepare or restore: the mask decides its size
+            self.workspace = recover_zo.Workspace(self.targets)
+        return recover_zo.zo_step(self.lm.model, self.targets, loss_fn, seed, self.settings.eps, lr, self.workspace).loss
+
+    def finish(self, adapter_dir: Path):
+        return self.lm.model, None
+
+
+class LoraRun:
+    """LoRA adapters through peft, AdamW, merged at the end."""
+
+    def __init__(self, lm: LoadedModel, settings, objective: Objective | None = None):
+        self.lm, self.settings = lm, settings
+        self.objective = objective or Objective(bf16=settings.bf16)
+        self.peft = recover_lora.attach(
+            lm.model, module_names(lm, settings.targets), settings.rank, settings.alpha, settings.dropout, settings.seed
+        )
+        self.peft.peft_config["default"].base_model_name_or_path = lm.source
+        self.optimizer = recover_lora.make_optimizer(self.peft, settings.learning_rate())
+        self.trainable_params = sum(p.numel() for p in recover_lora.trainable(self.peft))  # adapters
+
+    def prepare(self, data, say, cancel) -> None:
+        return None
+
+    def restore(self, tensors, optimizer_state) -> None:
+        recover_lora.load_adapter_tensors(self.peft, tensors)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return recover_lora.adapter_tensors(self.peft)
+
+    @property
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def step(self, step: int, batch: torch.Tensor, lr: float) -> float:
+        n_tasks = len(self.settings.tasks)
+        teacher = self.objective.teacher_log_probs(batch)
+        return recover_lora.train_step(
+            self.peft,
+            self.optimizer,
+            lambda: self.objective.per_task(self.peft, batch, n_tasks, teacher).mean(),
+            lr,
+            recover_zo.step_seed(self.settings.seed, step),
+            self.settings.grad_clip,
+        )
+
+    def finish(self, adapter_dir: Path):
+        """Save the unmerged adapter, then merge it; returns (plain model, adapter folder)."""
+        recover_lora.save_adapter(self.peft, adapter_dir)
+        return recover_lora.merge(self.peft), adapter_dir
+
+
+# ---- the zeroth-order learning rate -------------------------------------------------------------
+PROBE_FACTORS = (3.0, 1.0, 0.3, 0.1)  # candidates, as multiples of the method's default rate, largest first
+PROBE_STEPS = 4  # ZO steps per candidate
+
+
+def probe_learning_rate(run: ZORun, data: TaskData, default_lr: float, restore: Callable[[], None],
+                        say: Callable[[str], None], cancel) -> tuple[float, list[dict]]:
+    """A ZO learning rate that lowers this model's loss: every candidate runs the first
+    ``PROBE_STEPS`` steps at a constant rate from the starting weights (``restore`` puts them
+    back, bit for bit, after each), and the one whose objective on the fixed calibration
+    windows ends lowest wins, the larger on a tie. A rate that makes the loss rise or blow up
+    loses to a smaller one, so the run starts from a rate that does not diverge on this model.
+
+    Returns:
+        (chosen rate, one row per candidate: lr, loss before, loss after).
+    """
+    from gap_engine.core.errors import CancelledError
+
+    n_tasks = len(run.settings.tasks)
+    device = next(run.lm.model.parameters()).device
+    fixed = torch.cat(data.fixed(run.settings.calib_eval_windows)).to(device)  # task-major
+    with torch.no_grad():
+        teacher = run.objective.teacher_log_probs(fixed)
+
+        def loss() -> float:
+            return float(run.objective.per_task(run.lm.model, fixed, n_tasks, teacher).mean())
+
+        start = loss()
+    rows = []
+    for factor in PROBE_FACTORS:
+        lr = default_lr * factor
+        say(f"probing the learning rate: {lr:.3g}")
+        for step in range(PROBE_STEPS):
+            if cancel is not None and cancel.is_set():
+                restore()
+                raise CancelledError("recovery cancelled while probing the learning rate")
+            run.step(step, data.batch(step).to(device), lr)
+        after = loss()
+        rows.append({"lr": lr, "loss_before": start, "loss_after": after if np.isfinite(after) else float("inf")})
+        restore()
+    best = min(rows, key=lambda row: (row["loss_after"], -row["lr"]))
+    log.info("ZO learning-rate probe: %s; chose %g", rows, best["lr"])
+    return best["lr"], rows

@@ -1,0 +1,173 @@
+"""Loss tables: the measurement stage of GAP (EMNLP 2025).
+
+``artefact`` defines the table and its settings, ``cells`` what one cell removes,
+``exact`` measures every cell, ``estimate`` fills the table from one gradient pass, and
+``refine`` starts from that estimate and measures exactly the cells the plans use.
+``measure_table`` is the entry point on given windows; ``pipeline.loss_table`` adds the
+calibration text and the on-disk cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from gap_engine.core.device import CPU_FP32, is_streamed, placement_of, resolve
+from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, SCORE_UNITS, CancelToken, ProgressFn, StageFn
+from gap_engine.data.windows import text_start
+from gap_engine.prune.importance import compute_importance
+from gap_engine.tables.artefact import (
+    TABLE_FORMAT_VERSION,
+    Filled,
+    LossTable,
+    TableSpec,
+    isotonic_smooth,
+    parse_rate_grid,
+    removed_table,
+    table_components,
+    table_key,
+)
+from gap_engine.tables.cells import objective_positions
+from gap_engine.tables.estimate import estimate_cells
+from gap_engine.tables.exact import PartialStore, WindowCells, measure_exact, window_cells
+from gap_engine.tables.refine import refine_cells
+from gap_engine.tables.streaming import measure_exact_streamed
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "TABLE_FORMAT_VERSION",
+    "LossTable",
+    "PartialStore",
+    "TableSpec",
+    "WindowCells",
+    "assemble_table",
+    "isotonic_smooth",
+    "measure_table",
+    "parse_rate_grid",
+    "table_key",
+    "window_cells",
+]
+
+
+def assemble_table(
+    lm, spec: TableSpec, key: str, data_fingerprint: str, components, objective: np.ndarray, dense: float, seconds: float, stats: dict,
+    filled: Filled | None = None,
+) -> LossTable:
+    """A LossTable from (C, R) cell objectives: deltas over dense, smoothed rows, removed parameters.
+
+    ``filled`` says which cells were measured and on how many positions (None: every cell
+    as the spec's estimator fills it, positions unknown).
+    """
+    removed, dense_prunable = removed_table(lm, components, spec.rate_grid, spec.channel_multiple)
+    delta = objective - dense
+    delta[:, 0] = 0.0
+    objective[:, 0] = dense
+    if filled is None:
+        filled = Filled(np.full(delta.shape, spec.estimator == "exact"), None, None, "text")
+    measured = filled.measured | (removed == 0)
+    return LossTable(
+        model=lm.name,
+        model_fingerprint=lm.fingerprint,
+        num_layers=lm.num_layers,
+        spec=spec,
+        data_fingerprint=data_fingerprint,
+        components=components,
+        rate_grid=np.asarray(spec.rate_grid, dtype=np.float64),
+        delta=delta,
+        removed=removed,
+        dense_objective=float(dense),
+        cell_objective=objective,
+        smoothed=isotonic_smooth(delta),
+        dense_prunable=dense_prunable,
+        build_seconds=seconds,
+        key=key,
+        extras=stats,
+        window_start=filled.window_start,
+        measured=measured,
+        cell_tokens=filled.tokens,
+        estimate=filled.estimate,
+    )
+
+
+def measure_table(
+    lm,
+    spec: TableSpec,
+    windows: torch.Tensor,
+    progress: ProgressFn | None = None,
+    cancel: CancelToken | None = None,
+    partial: PartialStore | None = None,
+    key: str = "",
+    data_fingerprint: str = "",
+    cells=None,
+    stage: StageFn | None = None,
+) -> LossTable:
+    """Build a table on given windows, with no cache (``pipeline.loss_table`` adds it).
+
+    Args:
+        lm: the dense LoadedModel (its weights are masked cell by cell and restored).
+        spec: validated here.
+        windows: (N, T) token ids; N and T should match the spec.
+        progress: called as (done, total, eta_seconds): cells for ``exact``, calibration
+            batches for the estimates, batches and then cells for ``refine`` (its total
+            grows as rounds add cells); eta is None before the first timed step.
+        cancel: polled before every cell or batch; when set, measured cells are saved and
+            CancelledError is raised.
+        partial: where measured cells are saved every few cells and read back on resume
+            (exact and refine).
+        key, data_fingerprint: recorded in the table.
+        cells: who measures exact cells, with ``exact.measure_exact``'s signature (e.g.
+            ``tables.distributed.RayCells``); default: this process, resident or streamed
+            as the model is placed.
+        stage: told each stage as it starts (``progress``'s names: score units, then the
+            dense pass and the cells, or the gradient pass; refine's cells count within it).
+    """
+    spec.validate()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    components = table_components(lm.num_layers, spec.mode)
+    stage = stage or (lambda name: None)
+    stage(SCORE_UNITS)
+    scores = compute_importance(lm, windows, spec.criterion, batch_size=spec.windows.batch_size, cancel=cancel)
+    start = text_start(lm.tokenizer, windows)
+    tokens = np.full((len(components), len(spec.rate_grid)), objective_positions(windows, spec.objective, start), dtype=np.int64)
+    window_start = "bos" if start else "text"
+    estimate = None
+    if spec.estimator == "exact":
+        measure = cells or (measure_exact_streamed if is_streamed(lm) else measure_exact)
+        stage(DENSE_PASS)
+        objective, dense, stats = measure(lm, spec, windows, scores, components, _cells_start(progress, stage), cancel, partial)
+        measured = np.ones(tokens.shape, dtype=bool)
+    elif spec.estimator == "refine":
+        stage(GRADIENT_PASS)  # its estimate's batches, then the cells it measures (one stage: its total grows)
+        objective, dense, stats, measured, estimate = refine_cells(lm, spec, windows, scores, components, progress, cancel, partial)
+    else:
+        stage(GRADIENT_PASS)
+        objective, dense, stats = estimate_cells(lm, spec, windows, scores, components, progress, cancel)
+        measured = np.zeros(tokens.shape, dtype=bool)
+    if placement_of(lm) != resolve(CPU_FP32):  # tables built the old way keep their exact extras
+        stats = stats | {"placement": placement_of(lm).describe()}
+    filled = Filled(measured, tokens, estimate, window_start)
+    stats["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # this process, all threads: fairer than wall time on a shared machine
+    table = assemble_table(
+        lm, spec, key, data_fingerprint, components, objective, dense, time.perf_counter() - started, stats, filled
+    )
+    log.info("loss table %s: %d x %d cells in %.1f s", key or "(uncached)", *table.delta.shape, table.build_seconds)
+    return table
+
+
+def _cells_start(progress: ProgressFn | None, stage: StageFn) -> ProgressFn:
+    """``progress`` that announces the cells stage at its first call: ``measure_exact``
+    reports (cells already measured, cells, None) once, as its dense pass ends."""
+    started = []
+
+    def report(done: int, total: int, eta: float | None = None) -> None:
+        if not started:
+            started.append(True)
+            stage(CELLS)
+        if progress is not None:
+            progress(done, total, eta)
+
+    return report

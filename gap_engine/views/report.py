@@ -1,0 +1,343 @@
+"""The stakeholder report: one self-contained HTML file about a loss table, a plan and its run.
+
+What a reader needs to judge a pruning, in one file that opens from disk with no server
+and no network (plotly.js is inlined once, fonts are the system's): the model and the
+loss table's settings, the sensitivity chart, the DP front with the chosen plan marked,
+the per-layer plan, and, when a run or an evaluation is given, the measured numbers
+beside the dense model's and the greedy generations side by side.
+
+`build_report` assembles the HTML from engine objects; `write_report` writes it
+atomically; `evaluation_from_run` / `evaluation_from_report` bring a history run or a
+``gap eval --json`` report into one shape. The figures are `figures`' (the app draws the
+same ones).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import math
+from pathlib import Path
+
+from gap_engine import __version__
+from gap_engine.core.config import DEFAULT_BUDGET
+from gap_engine.core.errors import GapError
+from gap_engine.core.fsutil import atomic_write_text
+from gap_engine.core.limits import LIMITS
+from gap_engine.core.validate import check_evaluation_report, read_json_file
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.plan.front import dp_front, front_rows
+from gap_engine.plan.front_view import step_at_budget
+from gap_engine.plan.problem import Constraints
+from gap_engine.views import figures
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
+
+
+class ReportError(GapError):
+    """A report cannot be made from these inputs (mismatched table, plan or run)."""
+
+
+# ---- evaluation numbers, from a run or an eval report -------------------------------------
+def evaluation_from_report(report: dict, label: str = "evaluation") -> dict:
+    """The report's view of an ``EvalReport.to_dict()`` (what ``gap eval --json`` prints).
+
+    Raises:
+        ReportError: not an evaluation report.
+    """
+    if not isinstance(report, dict) or not isinstance(report.get("perplexity"), dict):
+        raise ReportError(f"{label} is not an evaluation report (no 'perplexity' object): make it with `gap eval --json`")
+    dense = report.get("dense") or {}
+    throughput = report.get("throughput") or {}
+    return {
+        "label": label,
+        "params": report.get("params"),
+        "dense_params": dense.get("params"),
+        "perplexity": dict(report["perplexity"]),
+        "dense_perplexity": dict(dense.get("perplexity") or {}),
+        "kl": dict(report.get("kl_to_dense") or {}),
+        "top1": dict(report.get("top1_agreement") or {}),
+        "predicted_loss": None,
+        "actual_loss": None,
+        "prefill_speedup": throughput.get("prefill_speedup"),
+        "decode_speedup": throughput.get("decode_speedup"),
+        "generations": [
+            {"prompt": g.get("prompt", ""), "dense": g.get("dense", ""), "pruned": g.get("model", "")} for g in report.get("generations") or []
+        ],
+    }
+
+
+def evaluation_from_run(record) -> dict:
+    """The report's view of a `history.RunRecord`."""
+    return {
+        "label": f"run {record.id} ({record.created})",
+        "params": record.pruned_params,
+        "dense_params": record.dense_params,
+        "perplexity": dict(record.perplexity),
+        "dense_perplexity": dict(record.dense_perplexity),
+        "kl": dict(record.kl),
+        "top1": dict(record.top1),
+        "predicted_loss": record.predicted_loss,
+        "actual_loss": record.actual_loss,
+        "prefill_speedup": record.prefill_speedup,
+        "decode_speedup": record.decode_speedup,
+        "generations": [
+            {"prompt": g.get("prompt", ""), "dense": g.get("dense", ""), "pruned": g.get("model", "")} for g in record.generations or []
+        ],
+    }
+
+
+# ---- checks ---------------------------------------------------------------------------------
+def check_plan(table, plan: RatePlan) -> None:
+    """Raise ReportError when ``plan`` is not a plan for ``table``'s model (or names another table)."""
+    if plan.model != table.model or plan.num_layers != table.num_layers:
+        raise ReportError(
+            f"the plan is for {plan.model} ({plan.num_layers} layers), the loss table for {table.model} ({table.num_layers} layers)"
+        )
+    if plan.model_fingerprint and plan.model_fingerprint != table.model_fingerprint:
+        raise ReportError(f"the plan was made for other weights of {plan.model} than the loss table")
+    if plan.table_key and plan.table_key != table.key:
+        raise ReportError(f"the plan was made from loss table {plan.table_key}, not {table.key}")
+
+
+def _plan_row(table, plan: RatePlan) -> dict:
+    removed = int(plan.params.get("removed", 0))
+    return {
+        "budget": removed / table.dense_prunable if removed else float(plan.budget or 0.0),
+        "removed": removed,
+        "predicted_loss": plan.predicted_loss,
+        "attention_rates": list(plan.attention_rates),
+        "mlp_rates": list(plan.mlp_rates),
+        "label": "GAP DP" if plan.allocator == "dp" else f"{plan.allocator} plan",
+    }
+
+
+# ---- the HTML ---------------------------------------------------------------------------------
+def _plotly_js() -> str:
+    import plotly
+
+    source = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    return source.replace("</script", "<\\/script")  # cannot end the <script> element early
+
+
+def _figure_html(fig) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, config=PLOT_CONFIG)
+
+
+def _table(header: list[str], rows: list[list], cls: str = "") -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _num(value, fmt: str = "{:.4f}") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    return html.escape(fmt.format(value))
+
+
+def _settings_html(table) -> str:
+    spec = table.spec
+    rows = [
+        ["model", html.escape(table.model)],
+        ["loss table", f"<code>{html.escape(table.key)}</code>"],
+        ["estimator", html.escape(spec.estimator)],
+        ["objective", html.escape(figures.loss_label(spec.objective))],
+        ["calibration text", f"{html.escape(spec.windows.data)}: {spec.windows.n_samples} windows x {spec.windows.seq_len} tokens, seed {spec.windows.seed}"],
+        ["within-layer criterion", html.escape(spec.criterion)],
+        ["rate grid", html.escape(", ".join(f"{r:g}" for r in table.rate_grid))],
+        ["components", f"{len(table.components)} ({html.escape(spec.mode)}: {table.num_layers} layers)"],
+        ["MLP channels kept in multiples of", str(spec.channel_multiple)],
+        ["dense objective on the calibration text", _num(table.dense_objective)],
+        ["prunable parameters", f"{table.dense_prunable:,}"],
+        ["built in", f"{table.build_seconds:.0f} s"],
+    ]
+    return _table(["setting", "value"], rows, "settings")
+
+
+def _plan_table_html(row: dict) -> str:
+    rows = [[str(i), f"{a:.3f}", f"{m:.3f}"] for i, (a, m) in enumerate(zip(row["attention_rates"], row["mlp_rates"]))]
+    return _table(["layer", "attention rate", "MLP rate"], rows, "rates")
+
+
+def _evaluation_html(evaluation: dict, objective: str) -> str:
+    sources = list(evaluation["perplexity"])
+    rows = []
+    for source in sources:
+        ppl, dense = evaluation["perplexity"].get(source), evaluation["dense_perplexity"].get(source)
+        change = None if ppl is None or not dense else (ppl / dense - 1) * 100
+        rows.append(
+            [
+                html.escape(source),
+                _num(dense, "{:.2f}"),
+                _num(ppl, "{:.2f}"),
+                _num(change, "{:+.1f}%"),
+                _num(evaluation["kl"].get(source)),
+                _num(evaluation["top1"].get(source), "{:.1%}"),
+            ]
+        )
+    parts = [
+        f"<p class='note'>From {html.escape(evaluation['label'])}.</p>",
+        _table(["held-out text", "dense perplexity", "pruned perplexity", "change", "KL to dense (nats/token)", "top-1 agreement"], rows),
+    ]
+    facts = []
+    if evaluation.get("dense_params") and evaluation.get("params"):
+        facts.append(["parameters", f"{evaluation['dense_params']:,} → {evaluation['params']:,}"])
+    name = figures.OBJECTIVE_NAME.get(objective, objective)
+    if evaluation.get("predicted_loss") is not None:
+        facts.append([f"{name} increase predicted by the table", _num(evaluation["predicted_loss"], "+{:.4f}")])
+    if evaluation.get("actual_loss") is not None:
+        facts.append([f"{name} increase measured on the calibration text", _num(evaluation["actual_loss"], "+{:.4f}")])
+    if evaluation.get("prefill_speedup") is not None:
+        facts.append(["prefill speed vs dense", _num(evaluation["prefill_speedup"], "{:.2f}x")])
+    if evaluation.get("decode_speedup") is not None:
+        facts.append(["decode speed vs dense", _num(evaluation["decode_speedup"], "{:.2f}x")])
+    if facts:
+        parts.append(_table(["measure", "value"], facts))
+    if evaluation["generations"]:
+        parts.append("<h3>Greedy generations</h3>")
+        for g in evaluation["generations"]:
+            parts.append(
+                "<div class='generation'>"
+                f"<p class='prompt'><b>Prompt</b> {html.escape(g['prompt'])}</p>"
+                "<div class='pair'>"
+                f"<div><h4>dense</h4><p>{html.escape(g['dense'] or '—')}</p></div>"
+                f"<div><h4>pruned</h4><p>{html.escape(g['pruned'])}</p></div>"
+                "</div></div>"
+            )
+    return "\n".join(parts)
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #262730; margin: 0; }
+main { max-width: 1150px; margin: 0 auto; padding: 1.5rem 1rem 3rem; }
+h1 { font-size: 1.9rem; margin-bottom: 0.2rem; }
+h2 { margin-top: 2.2rem; border-bottom: 1px solid #e6e6e6; padding-bottom: 0.3rem; }
+.note { color: #6b6f76; font-size: 0.9rem; }
+.cards { display: flex; flex-wrap: wrap; gap: 0.8rem; margin-top: 1rem; }
+.card { background: #f0f2f6; border-radius: 0.6rem; padding: 0.7rem 1rem; min-width: 10rem; }
+.card .k { font-size: 0.8rem; color: #6b6f76; }
+.card .v { font-size: 1.35rem; font-weight: 600; font-variant-numeric: tabular-nums; }
+table { border-collapse: collapse; margin: 0.8rem 0; font-size: 0.9rem; }
+th, td { border-bottom: 1px solid #e6e6e6; padding: 0.3rem 0.7rem; text-align: left; vertical-align: top; }
+td { font-variant-numeric: tabular-nums; }
+.generation { margin: 1rem 0; }
+.pair { display: grid; grid-template-columns: 1fr 1fr; gap: 1rem; }
+.pair > div { background: #f7f8fa; border-radius: 0.5rem; padding: 0.2rem 0.8rem; overflow-wrap: anywhere; }
+.pair h4 { margin: 0.4rem 0 0; color: #6b6f76; font-weight: 600; }
+@media (max-width: 700px) { .pair { grid-template-columns: 1fr; } }
+"""
+
+
+def _cards_html(table, row: dict, dense_total: int | None, evaluation: dict | None) -> str:
+    """The headline numbers of the report, as cards."""
+    name = figures.OBJECTIVE_NAME.get(table.spec.objective, table.spec.objective)
+    removed = int(row["removed"])
+    cards = [
+        ("model", html.escape(table.model)),
+        ("budget (of prunable)", f"{row['budget']:.2%}"),
+        ("parameters removed", f"{removed:,}"),
+        (f"predicted {name} increase", _num(row.get("predicted_loss"), "+{:.4f}")),
+    ]
+    if dense_total:
+        cards.insert(1, ("dense parameters", f"{dense_total:,}"))
+        cards.append(("parameters left", f"{dense_total - removed:,}"))
+    if evaluation:
+        first = next(iter(evaluation["perplexity"]), None)
+        if first is not None:
+            cards.append((f"perplexity on {html.escape(first)}", _num(evaluation["perplexity"][first], "{:.2f}")))
+    return "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div></div>" for k, v in cards)
+
+
+def build_report(
+    table,
+    plan: RatePlan | None = None,
+    evaluation: dict | None = None,
+    budget: float = DEFAULT_BUDGET,
+    constraints: Constraints | None = None,
+    uniform: list[dict] | None = None,
+    baselines: list[dict] | None = None,
+    dense_total: int | None = None,
+    source: str = "",
+) -> str:
+    """The report as one HTML document.
+
+    Args:
+        table: the LossTable.
+        plan: the chosen plan (checked against the table); None: the DP front row at ``budget``.
+        evaluation: `evaluation_from_run` / `evaluation_from_report`, or None.
+        budget: without a plan, the budget whose DP front row is reported.
+        constraints: the constraints the front is solved under (those of the plan, when known).
+        uniform: `front_view.uniform_line` rows to draw (needs the model; the app passes them).
+        baselines: baseline plan rows to draw.
+        dense_total: all parameters of the dense model, when known (readouts).
+        source: how the report was made (shown in the footer).
+    Returns:
+        HTML text; plotly.js is inlined once and nothing is fetched when it opens.
+    Raises:
+        ReportError: a plan for another model or table.
+        BudgetError: contradictory constraints, or a budget outside [0, 1).
+    """
+    constraints = constraints or Constraints()
+    front = front_rows(table, dp_front(table, constraints))
+    if not front:
+        raise ReportError("no plan satisfies these constraints: the front is empty")
+    if plan is not None:
+        check_plan(table, plan)
+        row = _plan_row(table, plan)
+        what = f"{plan.allocator} plan" + (f" (budget {plan.budget:.2%})" if plan.budget is not None else "")
+        dense_total = dense_total or plan.params.get("dense_total")
+        locked = None
+    else:
+        if not 0.0 <= budget < 1.0:
+            raise ReportError(f"budget {budget:g} is outside [0, 1): it is the fraction of prunable parameters to remove")
+        row = front[step_at_budget(front, list(range(len(front))), budget)]
+        what = f"GAP DP front row at budget {row['budget']:.2%}"
+        locked = {int(k): float(v) for k, v in dict(constraints.locked).items()} or None
+    objective = table.spec.objective
+    cards_html = _cards_html(table, row, dense_total, evaluation)
+    created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    sections = [
+        f"<h1>GAP pruning report: {html.escape(table.model)}</h1>",
+        f"<p class='note'>{html.escape(what)} · made {created} with gap_engine {__version__}</p>",
+        f"<div class='cards'>{cards_html}</div>",
+        "<h2>Loss table</h2>",
+        "<p>How much the loss grows when one layer's attention heads or MLP channels are pruned, alone, at each rate. "
+        "GAP's planner spends the budget where these curves stay low.</p>",
+        _settings_html(table),
+        _figure_html(figures.sensitivity_figure(table)),
+        "<h2>The plan against the DP front</h2>",
+        "<p>Left: the pruning rate of every layer. Right: the least predicted loss the exact DP reaches at every budget, "
+        "with the reported plan marked.</p>",
+        _figure_html(figures.plan_figure(table, front, row, dense_total, locked, uniform, baselines)),
+        "<h2>Per-layer plan</h2>",
+        _plan_table_html(row),
+    ]
+    if evaluation:
+        sections += ["<h2>Evaluation</h2>", _evaluation_html(evaluation, objective)]
+    footer = f"<p class='note'>{html.escape(source)}</p>" if source else ""
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>GAP report: {html.escape(table.model)}</title>"
+        f"<style>{_CSS}</style>"
+        f"<script type='text/javascript'>{_plotly_js()}</script>"
+        "</head><body><main>\n" + "\n".join(sections) + footer + "\n</main></body></html>\n"
+    )
+
+
+def write_report(path: str | Path, text: str) -> Path:
+    """Write the report atomically (a half-written file never appears at ``path``)."""
+    return atomic_write_text(path, text)
+
+
+def read_evaluation(path: str | Path) -> dict:
+    """`evaluation_from_report` of a ``gap eval --json`` file.
+
+    Raises:
+        ReportError: unreadable, not JSON, or not an evaluation report.
+    """
+    path = Path(path)
+    what = f"evaluation {path}"
+    data = read_json_file(path, LIMITS.metadata_bytes, what, ReportError)  # size and nesting bounded (issue 13)
+    return evaluation_from_report(check_evaluation_report(data, what, ReportError), label=path.name)
