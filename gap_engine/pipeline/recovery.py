@@ -43,8 +43,8 @@ from gap_engine.core.config import RECOVERY_METHODS, RECOVERY_SCHEDULES, SAVE_DT
 from gap_engine.core.errors import CancelledError, DataError
 from gap_engine.core.memory import PeakRSS, release_free_memory
 from gap_engine.model.loading import LoadedModel, weights_fingerprint
-from gap_engine.recover.cost import STAGES
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
+from gap_engine.recover.cost import STAGES
 from gap_engine.recover.distill import OBJECTIVES, check_temperature
 from gap_engine.recover.files import (
     RecoveryError,
