@@ -28,7 +28,7 @@ from gap_engine.pipeline.recovery import recover
 from gap_engine.recover import zo as recover_zo
 from gap_engine.recover.distill import Objective, distillation_loss
 from gap_engine.recover.files import RecoveryError, partial_dir
-from gap_engine.recover.train import TaskData, ZORun
+from gap_engine.recover.train import PROBE_FACTORS, TaskData, ZORun
 
 
 @pytest.fixture(scope="module")
@@ -228,9 +228,9 @@ def test_zo_without_a_rate_probes_and_trains_as_if_the_chosen_rate_were_given(de
     settings = tiny_settings(text_file, tasks=(text_file,), method="mazo", steps=3, objective="lm")
     probed = recover(load_model(str(pruned)), settings, out_dir=tmp_path / "probed")
     rows = probed.lr_probe
-    assert len(rows) == 4 and probed.lr in [row["lr"] for row in rows]
+    assert len(rows) == len(PROBE_FACTORS) and probed.lr in [row["lr"] for row in rows]
     assert min(rows, key=lambda row: (row["loss_after"], -row["lr"]))["lr"] == probed.lr
-    assert len({row["loss_after"] for row in rows}) == 4  # every candidate really trained
+    assert len({row["loss_after"] for row in rows}) == len(PROBE_FACTORS)  # every candidate really trained
     # The probe put the starting weights back bit for bit: the run equals one given that rate outright.
     given = recover(load_model(str(pruned)), replace(settings, lr=probed.lr), out_dir=tmp_path / "given")
     assert [row["loss"] for row in given.curve] == [row["loss"] for row in probed.curve]

@@ -214,7 +214,7 @@ class LoraRun:
 
 
 # ---- the zeroth-order learning rate -------------------------------------------------------------
-PROBE_FACTORS = (3.0, 1.0, 0.3, 0.1)  # candidates, as multiples of the method's default rate, largest first
+PROBE_FACTORS = (3.0, 1.0, 0.3, 0.1, 0.01)  # candidates, as multiples of the default rate, largest first (0.01: gemma3-270m diverged at 1x)
 PROBE_STEPS = 4  # ZO steps per candidate
 
 
