@@ -76,6 +76,7 @@ def old_zo_module(rev: str):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("recover_zo_baseline", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 
@@ -93,6 +94,7 @@ def time_method(lm, teacher, method: str, args, zo_module=None) -> dict:
         run.prepare(data, lambda message: None, None)
         if zo_module is None:
             out[name] = median_seconds(lambda: run.step(0, batch, 1e-6), args.reps)
+            print(f"{method} {name}: {out[name]:.3f} s", flush=True)  # as it goes: a loaded machine may not reach the table
             continue
         targets = [zo_module.ZOTarget(t.name, t.linear, t.columns) for t in run.targets]
 
@@ -102,6 +104,7 @@ def time_method(lm, teacher, method: str, args, zo_module=None) -> dict:
             zo_module.zo_step(lm.model, targets, loss, recover_zo.step_seed(0, 0), 1e-3, 1e-6)
 
         out[name] = median_seconds(old_step, args.reps)
+        print(f"{method} {name} (baseline): {out[name]:.3f} s", flush=True)
     return out
 
 
@@ -123,6 +126,7 @@ def main(argv=None) -> int:
     forward2 = median_seconds(two_forwards, args.reps)
     with torch.no_grad():
         teacher_pass = median_seconds(lambda: Objective("kd", teacher=teacher.model).teacher_log_probs(batch), args.reps)
+    print(f"two forwards: {forward2:.3f} s, teacher pass: {teacher_pass:.3f} s, load {os.getloadavg()}", flush=True)
     rows = {m: time_method(lm, teacher, m, args) for m in ("mazo", "mezo")}
     baseline = {}
     if args.baseline_rev:
