@@ -14,19 +14,28 @@ import pandas as pd
 import streamlit as st
 
 from explorer import common
-from gap_engine.core.config import APP_EVAL_WINDOWS
+from gap_engine.core.config import APP_EVAL_WINDOWS, RECOVERY_OBJECTIVES
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
 from gap_engine.model.checkpoint import is_pruned_checkpoint
 from gap_engine.pipeline.recovery import DEFAULT_LR, RecoveryResult, RecoverySettings, app_output_dir
+from gap_engine.recover.cost import estimate_for_checkpoint
 from gap_engine.recover.files import discard, partial_dir, saved_step
 from gap_engine.recover.methods import RECOVERY_METHODS
 from gap_engine.views.jobs import manager, recover_task
 
+OBJECTIVE_HELP = {
+    "default": "kd when the dense model the checkpoint was pruned from is on this machine, else lm",
+    "kd": "distil: match the dense model's next-token distribution (KL)",
+    "lm": "next-token loss on the training text",
+    "kd+lm": "both, weighted half and half",
+}
 DEFAULTS = {
     "recover_run": None,
     "recover_method": "lora",
+    "recover_objective": "default",
+    "recover_temperature": 1.0,
     "recover_sources": ["wiki-sample", "news-sample"],
     "recover_steps": 20,
     "recover_lr": 0.0,
@@ -65,8 +74,11 @@ def run_label(record: history.RunRecord) -> str:
 def settings_from_state() -> RecoverySettings:
     """The page's RecoverySettings, validated (RecoveryError/DataError on a bad value)."""
     steps = int(ss["recover_steps"])
+    objective = ss["recover_objective"]
     return RecoverySettings(
         method=ss["recover_method"],
+        objective=None if objective == "default" else objective,
+        temperature=float(ss["recover_temperature"]),
         tasks=tuple(ss["recover_sources"]),
         steps=steps,
         lr=float(ss["recover_lr"]) or None,
@@ -117,6 +129,9 @@ with left:
     st.caption(f"`{chosen.checkpoint}`")
     st.radio("Method", RECOVERY_METHODS.names, key="recover_method", format_func=RECOVERY_METHODS.label)
     method = ss["recover_method"]
+    st.radio("Objective", ("default", *RECOVERY_OBJECTIVES), key="recover_objective", horizontal=True,
+             format_func=lambda o: o, help=" · ".join(f"{k}: {v}" for k, v in OBJECTIVE_HELP.items()))
+    st.caption(OBJECTIVE_HELP[ss["recover_objective"]])
     st.multiselect("Training text (calibration part; one task each)", list(BUILTIN_SOURCES), key="recover_sources")
     c1, c2 = st.columns(2)
     c1.number_input("Steps", min_value=1, max_value=100_000, step=10, key="recover_steps")
@@ -124,8 +139,9 @@ with left:
 with right:
     st.subheader("Settings")
     c1, c2 = st.columns(2)
+    default_lr = f"{DEFAULT_LR[method]:g}" if method == "lora" else f"probed around {DEFAULT_LR[method]:g}"
     c1.number_input(
-        f"Learning rate (0: default {DEFAULT_LR[method]:g})", min_value=0.0, max_value=1.0, step=1e-4, format="%.5f", key="recover_lr"
+        f"Learning rate (0: {default_lr})", min_value=0.0, max_value=1.0, step=1e-4, format="%.5f", key="recover_lr"
     )
     c2.number_input("Windows per task per step", min_value=1, max_value=64, step=1, key="recover_batch_size")
     c1, c2 = st.columns(2)
@@ -134,6 +150,8 @@ with right:
         c2.number_input("LoRA rank", min_value=1, max_value=256, step=1, key="recover_rank")
     elif method == "mazo":
         c2.number_input("Share of each row that trains", min_value=0.001, max_value=1.0, step=0.01, format="%.3f", key="recover_mask_fraction")
+    if ss["recover_objective"] in ("default", "kd", "kd+lm"):
+        c1.number_input("Distillation temperature", min_value=0.05, max_value=100.0, step=0.5, key="recover_temperature")
     c1, c2, c3 = st.columns(3)
     c1.number_input("Held-out samples", min_value=1, max_value=256, step=1, key="recover_eval_samples")
     c2.number_input("Tokens per sample", min_value=8, max_value=2048, step=8, key="recover_eval_seq_len")
@@ -145,6 +163,14 @@ try:
 except GapError as exc:
     out_dir = None
     st.warning(one_line(exc))
+else:
+    estimate = estimate_for_checkpoint(chosen.checkpoint, settings_from_state())
+    if estimate is not None:
+        st.caption(
+            f"Expected time: about {common.duration_text(estimate.total_s)} "
+            f"({estimate.step_s:.2g} s per step, {common.duration_text(estimate.prepare_s)} before training, "
+            f"{common.duration_text(estimate.finish_s)} after; {estimate.basis})"
+        )
 running = common.session_job("recover")
 reached = saved_step(out_dir) if out_dir is not None else None
 if reached is not None and not (running and running.active):
@@ -181,6 +207,8 @@ if result:
     st.divider()
     run_text = f" (history run {result.run_id})" if result.run_id is not None else ""
     st.subheader(f"{result.method}: {result.steps_done} of {result.steps_requested} steps{run_text}")
+    if result.objective_note:
+        st.caption(result.objective_note.capitalize() + f"; saved as {result.save_dtype}")
     c = st.columns(2) + st.columns(2)  # two per row: long values stay whole at 1400 px and on a phone
     c[0].metric("Training time", f"{result.train_seconds:.0f} s", f"stopped: {result.stopped}", delta_color="off", delta_arrow="off")
     c[1].metric(

@@ -223,7 +223,8 @@ def test_lora_checkpoint_reloads_with_the_adapter_models_logits(pruned_dir, text
     from peft import PeftModel
 
     out = tmp_path / "lora"
-    result = recover(load_model(str(pruned_dir)), tiny_settings(text_file, method="lora", lr=1e-2, steps=3), out_dir=out)
+    settings = tiny_settings(text_file, method="lora", lr=1e-2, steps=3, save_dtype="float32")  # the merged weights exactly
+    result = recover(load_model(str(pruned_dir)), settings, out_dir=out)
     assert result.adapter == str(out / "adapter")
     merged = load_model(str(out))  # a normal pruned checkpoint: load_model rebuilds the widths
     assert widths(merged) == widths(load_model(str(pruned_dir)))
@@ -347,7 +348,8 @@ def test_time_budget_stops_early_and_the_run_is_recorded(pruned_dir, text_file, 
 def test_a_dense_model_is_recovered_and_saved_as_a_checkpoint(make_tiny, text_file, tmp_path):
     lm = make_tiny("qwen3")
     original = {k: v.clone() for k, v in lm.model.state_dict().items()}
-    result = recover(lm, tiny_settings(text_file, method="mazo", lr=0.1, steps=2), out_dir=tmp_path / "dense")
+    settings = tiny_settings(text_file, method="mazo", lr=0.1, steps=2, save_dtype="float32")  # bf16 would round every weight
+    result = recover(lm, settings, out_dir=tmp_path / "dense")
     assert result.dense_input
     reloaded = load_model(str(tmp_path / "dense"))
     assert reloaded.pruned_from["plan"]["allocator"] == "dense"

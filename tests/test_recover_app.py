@@ -86,6 +86,8 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     at.number_input(key="recover_generations").set_value(0)
     at.run()
     assert at.button(key="recover_go").label == "Recover"
+    assert set(at.radio(key="recover_objective").options) == {"default", "kd", "lm", "kd+lm"}
+    assert any("Expected time: about" in str(c.value) for c in at.caption)  # before Start, from the cost model
     at.button(key="recover_go").click().run()
     assert not at.exception, [e.value for e in at.exception]
     job = manager().get(at.session_state["app_jobs"]["recover"])
@@ -93,6 +95,8 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
 
     # Stages and steps arrive as progress; cancel once two steps are saved (save_every is 1 here).
     seen = []
+    wait_for(lambda: job.snapshot()["expected_total"] is not None or not job.active, "the plan")
+    assert job.snapshot()["expected_total"] > 0  # declared before the model loads: an ETA from the first second
     wait_for(lambda: seen.append(job.snapshot()["message"]) or (saved_step(out_dir) or 0) >= 2 or not job.active, "step 2")
     assert any("calibration" in m for m in seen) and any("mazo step" in m for m in seen), seen
     job.cancel()
@@ -117,6 +121,7 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Recovery finished" in str(s.value) for s in at.success)
+    assert any("Objective lm (next-token loss): the dense base model" in str(c.value) for c in at.caption)
     [frame] = [d for d in at.dataframe if "recovered perplexity" in d.value.columns]
     table = frame.value
     assert list(table["held-out text"]) == ["news-sample"]

@@ -26,6 +26,7 @@ from gap_engine.core.config import (
     EVAL_WINDOWS,
     GGUF_OUTTYPES,
     MODES,
+    RECOVERY_OBJECTIVES,
     RECOVERY_PROJECTIONS,
     RECOVERY_SCHEDULES,
     REFINE_ATTENTION,
@@ -291,6 +292,13 @@ def _add_recover(sub) -> None:
     p.add_argument("--steps", type=int, required=True, help="training steps")
     p.add_argument("--out", required=True, help="output checkpoint folder (written atomically; work goes to OUT.partial)")
     p.add_argument("--resume", action="store_true", help="continue the run saved in OUT.partial")
+    p.add_argument("--objective", choices=RECOVERY_OBJECTIVES,
+                   help="kd: distil from the dense model (KL), lm: next-token loss, kd+lm: both "
+                   "(default: kd when the checkpoint's dense base model is reachable, else lm)")
+    p.add_argument("--temperature", type=float, help="distillation temperature, in (0, 100] (default 1)")
+    p.add_argument("--kd-weight", type=float, help="kd+lm: weight of kd in w*kd + (1-w)*lm (default 0.5)")
+    p.add_argument("--teacher", help="the dense model to distil from (default: the checkpoint's base model)")
+    p.add_argument("--save-dtype", choices=SAVE_DTYPES, help="storage precision of the recovered checkpoint (default: the input's)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: lora 3e-3, mazo 3e-4, mezo 1e-4)")
     p.add_argument("--schedule", choices=RECOVERY_SCHEDULES)
     p.add_argument("--warmup", type=int, help="warm-up steps")

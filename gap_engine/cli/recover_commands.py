@@ -18,6 +18,7 @@ from gap_engine.cli.output import format_seconds
 from gap_engine.core.progress import Hooks
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.recovery import RecoveryResult, RecoverySettings, recover
+from gap_engine.recover.cost import estimate_for_checkpoint
 from gap_engine.recover.files import RecoveryError, check_output_dir, check_saved_state, partial_dir
 
 # argparse destination -> RecoverySettings field, for the options whose None means "keep the default".
@@ -26,7 +27,8 @@ _TUNABLES = {
     "pool_windows": "pool_windows", "rank": "rank", "alpha": "alpha", "dropout": "dropout", "eps": "eps",
     "mask_fraction": "mask_fraction", "magnitude_weight": "magnitude_weight", "seed": "seed",
     "save_every": "save_every", "eval_samples": "eval_samples", "eval_seq_len": "eval_seq_len",
-    "generations": "eval_generations",
+    "generations": "eval_generations", "objective": "objective", "temperature": "temperature",
+    "kd_weight": "kd_weight", "teacher": "teacher", "save_dtype": "save_dtype",
 }  # fmt: skip
 
 
@@ -80,6 +82,8 @@ def _summary(result: RecoveryResult) -> dict:
     summary = {
         "out": result.checkpoint,
         "method": result.method,
+        "objective": result.objective_note.removeprefix("objective ") or result.objective,
+        "saved_as": result.save_dtype,
         "dense_input": result.dense_input,
         "steps": f"{result.steps_done}/{result.steps_requested} ({result.stopped})"
         + (f", resumed at {result.resumed_from}" if result.resumed_from else ""),
@@ -114,6 +118,10 @@ def run_recover(args: argparse.Namespace) -> int:
     lm = load_model(args.model, device_from(args))
     if lm.pruned_from is None:
         print(f"note: {args.model} is a dense model, not a pruned gap checkpoint: recovering it as is", file=sys.stderr)
+    estimate = estimate_for_checkpoint(args.model if Path(args.model).is_dir() else lm.source, settings, lm.placement)
+    if estimate is not None:
+        print(f"recover: expected about {format_seconds(estimate.total_s)} ({format_seconds(estimate.step_s)} per step; "
+              f"{estimate.basis})", file=sys.stderr)
     started = time.perf_counter()
     result = recover(lm, settings, _StageProgress().hooks(), out_dir=args.out, resume=args.resume)
     if args.json:

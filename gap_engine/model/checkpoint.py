@@ -76,6 +76,7 @@ def save_pruned(
     out_dir: str | Path,
     dtype: str = DEFAULT_SAVE_DTYPE,
     eval_report: dict[str, Any] | None = None,
+    recovery: dict[str, Any] | None = None,
 ) -> Path:
     """Write a pruned LoadedModel, its plan and kept indices to ``out_dir`` (replaced atomically).
 
@@ -86,6 +87,7 @@ def save_pruned(
         out_dir: the checkpoint folder.
         dtype: storage precision, one of config.SAVE_DTYPES.
         eval_report: an ``EvalReport.to_dict()`` of this pruned model, for the model card.
+        recovery: what a recovery fine-tune ran (``recover_io.card_summary``), for the model card.
     Returns:
         ``out_dir``.
     Raises:
@@ -124,7 +126,7 @@ def save_pruned(
         add_remote_code(tmp)
         if eval_report is not None:
             (tmp / EVAL_REPORT_FILE).write_text(json.dumps(eval_report, indent=2, default=str) + "\n")
-        write_model_card(tmp, plan, marker, eval_report, out_dir.name)
+        write_model_card(tmp, plan, marker, eval_report, out_dir.name, recovery)
         (tmp / PRUNED_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     log.info("saved pruned checkpoint to %s (%s)", out_dir, marker["dtype"])
     return out_dir

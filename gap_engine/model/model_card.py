@@ -130,6 +130,42 @@ def _eval_section(report: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _recovery_section(recovery: dict[str, Any]) -> list[str]:
+    """What the recovery fine-tune ran, and the held-out numbers before and after it."""
+    objective = md_text(recovery.get("objective"))
+    if recovery.get("teacher"):
+        objective += f" from {md_text(recovery['teacher'])}"
+        if recovery.get("temperature") is not None:
+            objective += f", temperature {_fmt(float(recovery['temperature']), 2)}"
+    lines = ["## Recovery", "", "| | |", "|---|---|"]
+    lines += [
+        f"| method | {md_text(recovery.get('method'))} |",
+        f"| objective | {objective} |",
+        f"| training text (calibration part) | {', '.join(md_text(t) for t in recovery.get('tasks') or [])} |",
+        f"| steps | {int(recovery.get('steps') or 0):,} |",
+        f"| training tokens | {int(recovery.get('tokens') or 0):,} |",
+        f"| training time | {float(recovery.get('train_seconds') or 0.0):.0f} s |",
+        f"| peak learning rate | {float(recovery.get('lr') or 0.0):.3g} |",
+        "",
+        "Held-out numbers before → after recovery:",
+        "",
+        "| source | perplexity | KL to dense (nats/token) | top-1 agreement |",
+        "|---|---:|---:|---:|",
+    ]
+    before, after = recovery.get("before") or {}, recovery.get("after") or {}
+
+    def pair(key: str, source: str, digits: int) -> str:
+        b, a = (before.get(key) or {}).get(source), (after.get(key) or {}).get(source)
+        return f"{_fmt(b, digits) or '–'} → {_fmt(a, digits) or '–'}"
+
+    for source in (after.get("perplexity") or {}):
+        lines.append(
+            f"| {md_text(source)} | {pair('perplexity', source, 3)} | {pair('kl_to_dense', source, 4)} "
+            f"| {pair('top1_agreement', source, 3)} |"
+        )
+    return lines + [""]
+
+
 def _params_line(params: dict[str, Any], marker: dict[str, Any]) -> str:
     after = f"{marker.get('param_count', 0):,}"
     if not isinstance(params.get("dense_total"), int):
@@ -141,7 +177,7 @@ def _params_line(params: dict[str, Any], marker: dict[str, Any]) -> str:
     return line
 
 
-def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
+def _usage_and_limits(folder_name: str, evaluated: bool, recovered: bool = False) -> list[str]:
     """The card's "Use it" (transformers, llama.cpp, gap) and "Limits" sections.
 
     The folder name lands in Python as a string literal (``repr``) and in the shell as one
@@ -181,8 +217,9 @@ def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
         "",
         "## Limits",
         "",
-        "- Pruned without any retraining or distillation: expect higher perplexity than the base model, "
-        "growing with the budget" + ("; the numbers above come from small held-out samples." if evaluated else "."),
+        ("- Recovered by the short fine-tune above only, not retrained: expect higher perplexity than the base model"
+         if recovered else "- Pruned without any retraining or distillation: expect higher perplexity than the base model, "
+         "growing with the budget") + ("; the numbers above come from small held-out samples." if evaluated else "."),
         "- The calibration text (for the importance scores and the loss table) was small and English; "
         "other domains and languages may lose more.",
         "- Loading the model with transformers needs `trust_remote_code=True` (the folder's own "
@@ -197,7 +234,10 @@ def _usage_and_limits(folder_name: str, evaluated: bool) -> list[str]:
     ]
 
 
-def render_model_card(folder_name: str, plan: RatePlan, marker: dict[str, Any], config: dict[str, Any], eval_report: dict[str, Any] | None = None) -> str:
+def render_model_card(
+    folder_name: str, plan: RatePlan, marker: dict[str, Any], config: dict[str, Any], eval_report: dict[str, Any] | None = None,
+    recovery: dict[str, Any] | None = None,
+) -> str:
     """The README.md text of a checkpoint.
 
     Args:
@@ -206,6 +246,7 @@ def render_model_card(folder_name: str, plan: RatePlan, marker: dict[str, Any], 
         marker: the gap_pruned.json content (fingerprints, parameter count, widths, dtype).
         config: the folder's config.json (dense widths, model type).
         eval_report: an ``EvalReport.to_dict()``, or None.
+        recovery: what a recovery fine-tune ran (``recover_io.card_summary``), or None.
     """
     base = marker.get("base_model") or plan.model
     front = {
@@ -259,13 +300,18 @@ def render_model_card(folder_name: str, plan: RatePlan, marker: dict[str, Any], 
     else:
         lines.append(f"None: the rates were set by the {md_text(plan.allocator)} allocator without a loss table.")
     lines.append("")
+    if recovery:
+        lines += _recovery_section(recovery)
     if eval_report:
         lines += _eval_section(eval_report)
-    lines += _usage_and_limits(folder_name, bool(eval_report))
+    lines += _usage_and_limits(folder_name, bool(eval_report), bool(recovery))
     return "\n".join(lines)
 
 
-def write_model_card(folder: str | Path, plan: RatePlan, marker: dict[str, Any], eval_report: dict[str, Any] | None = None, name: str | None = None) -> Path:
+def write_model_card(
+    folder: str | Path, plan: RatePlan, marker: dict[str, Any], eval_report: dict[str, Any] | None = None, name: str | None = None,
+    recovery: dict[str, Any] | None = None,
+) -> Path:
     """Render the card from the folder's config.json and write README.md (atomically).
 
     ``name`` is the folder name the load snippets use (the final name, when ``folder`` is
@@ -273,4 +319,4 @@ def write_model_card(folder: str | Path, plan: RatePlan, marker: dict[str, Any],
     """
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())
-    return atomic_write_text(folder / CARD_FILE, render_model_card(name or folder.name, plan, marker, config, eval_report))
+    return atomic_write_text(folder / CARD_FILE, render_model_card(name or folder.name, plan, marker, config, eval_report, recovery))

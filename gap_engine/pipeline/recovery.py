@@ -12,7 +12,8 @@ models *after* tuning. Three methods, one entry point, :func:`recover`:
   the comparison MaZO improves on.
 
 Each text source is one *task*; every step draws ``batch_size`` windows from every task and
-minimises the mean over tasks of each task's mean next-token NLL. Training reads only each
+minimises the mean over tasks of each task's objective (``recover.distill``: the next-token NLL,
+the KL to the dense model, or both; the teacher is resolved in ``recovery_dense``). Training reads only each
 source's calibration part (``data.calibration_windows``); the held-out part, which never
 overlaps it, is kept for the evaluation before and after (perplexity, KL to the dense model,
 top-1 agreement, generations; ``evaluate.evaluate``). The recovered model is written as an
@@ -37,11 +38,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gap_engine.core.config import RECOVERY_SCHEDULES
-from gap_engine.core.errors import CancelledError, DataError, ModelLoadError
+from gap_engine.core.config import RECOVERY_SCHEDULES, SAVE_DTYPES
+from gap_engine.core.errors import CancelledError, DataError
 from gap_engine.core.memory import PeakRSS, release_free_memory
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
+from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
+from gap_engine.recover.cost import STAGES
+from gap_engine.recover.distill import OBJECTIVES, check_temperature
 from gap_engine.recover.files import (
     RecoveryError,
     RunState,
@@ -52,11 +56,20 @@ from gap_engine.recover.files import (
     load_state,
     partial_dir,
     record_in_history,
+    round_to_storage,
     save_state,
+    storage_dtype,
     write_checkpoint,
 )
 from gap_engine.recover.methods import RECOVERY_METHODS
-from gap_engine.recover.train import PROJECTIONS, TaskData, multitask_loss, projection_modules
+from gap_engine.recover.train import (
+    PROBE_STEPS,
+    PROJECTIONS,
+    TaskData,
+    multitask_loss,
+    probe_learning_rate,
+    projection_modules,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +83,14 @@ MAX_RANK = 1024
 @dataclass(frozen=True)
 class RecoverySettings:
     method: str = "lora"  # lora | mazo | mezo
+    objective: str | None = None  # kd | lm | kd+lm; None: kd when the dense base model is reachable, else lm
+    temperature: float = 1.0  # distillation temperature τ, in (0, 100]
+    kd_weight: float = 0.5  # kd+lm: weight w of kd in w · kd + (1 - w) · lm
+    teacher: str | None = None  # the dense model to distil from; None: the checkpoint's base model
     tasks: tuple[str, ...] = ("wiki-sample",)  # text sources, one task each; trained on their calibration part
     split: str = "calibration"  # the only part training may read; "heldout" is refused
     steps: int = 100  # training steps (fewer when time_budget_s runs out first)
-    lr: float | None = None  # peak learning rate; None: DEFAULT_LR[method]
+    lr: float | None = None  # peak learning rate; None: LoRA DEFAULT_LR, ZO the probe's choice around DEFAULT_LR
     schedule: str = "cosine"  # constant | linear | cosine decay to 0 after the warm-up
     warmup_steps: int = 0  # linear warm-up from 0
     batch_size: int = 2  # windows per task per step
@@ -100,6 +117,7 @@ class RecoverySettings:
     evaluate_before: bool = True  # also evaluate the model before training
     compare_dense: bool = True  # load the dense model for KL, agreement and generations side by side
     record_history: bool = True  # add the run to the run history
+    save_dtype: str | None = None  # storage dtype of the recovered checkpoint; None: the input's (bf16 if unknown)
 
     def validate(self) -> RecoverySettings:
         """Check every field; returns a copy with the tasks normalised.
@@ -109,6 +127,16 @@ class RecoverySettings:
         """
         if self.method not in METHODS:
             raise RecoveryError(f"unknown recovery method '{self.method}'; choose one of {', '.join(METHODS)}")
+        if self.objective is not None and self.objective not in OBJECTIVES:
+            raise RecoveryError(f"unknown objective '{self.objective}'; choose one of {', '.join(OBJECTIVES)}")
+        bad_temperature = check_temperature(self.temperature)
+        if bad_temperature:
+            raise RecoveryError(bad_temperature)
+        _check_range("kd_weight", self.kd_weight, 0.0, 1.0)
+        if self.teacher is not None and not str(self.teacher).strip():
+            raise RecoveryError("an empty teacher model name was given")
+        if self.save_dtype is not None and self.save_dtype not in SAVE_DTYPES:
+            raise RecoveryError(f"unknown save dtype '{self.save_dtype}'; choose one of {', '.join(SAVE_DTYPES)}")
         if self.split != "calibration":
             raise DataError(_HELDOUT_REFUSAL.format(what=f"split '{self.split}'"))
         tasks = tuple(parse_task(t) for t in self.tasks)
@@ -150,12 +178,17 @@ class RecoverySettings:
     def learning_rate(self) -> float:
         return float(self.lr) if self.lr is not None else DEFAULT_LR.get(self.method, math.nan)
 
+    @property
+    def probes_lr(self) -> bool:
+        """True when a zeroth-order run chooses its learning rate by a short probe (no lr given)."""
+        return self.lr is None and self.method in ("mazo", "mezo")
+
     def trajectory(self) -> dict:
         """The settings that decide what training computes; a resumed run must share them."""
         free = {"save_every", "time_budget_s", "device", "eval_samples", "eval_seq_len", "eval_generations",
-                "evaluate_before", "compare_dense", "record_history", "split"}
+                "evaluate_before", "compare_dense", "record_history", "split", "save_dtype"}
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in free}
-        out["lr"] = self.learning_rate()
+        out["lr"] = "auto" if self.probes_lr else self.learning_rate()
         out["tasks"], out["targets"] = list(self.tasks), list(self.targets)
         return out
 
@@ -228,6 +261,7 @@ class RecoveryResult:
     resumed_from: int  # the step a resumed run continued from (0: a fresh run)
     stopped: str  # "steps" or "time budget"
     lr: float  # peak learning rate
+    lr_probe: list[dict]  # ZO without a given rate: the probed candidates (lr, loss before, loss after)
     train_seconds: float  # training wall time, over every segment
     total_seconds: float  # this call's wall time
     trainable_params: int  # LoRA adapters, or the weights ZO perturbs (masked for MaZO)
@@ -238,6 +272,10 @@ class RecoveryResult:
     calib_loss_after: list[float]
     before: dict | None  # EvalReport.to_dict() before training
     after: dict  # EvalReport.to_dict() after training
+    objective: str = "lm"  # what training minimised: kd | lm | kd+lm
+    objective_note: str = ""  # why this objective and which teacher (said in the output)
+    teacher: str | None = None  # the model distilled from
+    save_dtype: str = ""  # storage dtype of the recovered checkpoint
     curve: list[dict] = field(default_factory=list)  # per step: step, seconds, loss, lr
     run_id: int | None = None  # row in the run history
     settings: dict = field(default_factory=dict)
@@ -246,9 +284,16 @@ class RecoveryResult:
     def rss_ratio(self) -> float:
         return self.peak_rss / self.inference_rss if self.inference_rss else math.nan
 
+    @property
+    def tokens_seen(self) -> int:
+        """Training tokens read (windows of every task, every step done; repeats counted)."""
+        per_step = len(self.tasks) * int(self.settings.get("batch_size", 0)) * int(self.settings.get("seq_len", 0))
+        return self.steps_done * per_step
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["rss_ratio"] = self.rss_ratio
+        out["tokens_seen"] = self.tokens_seen
         out["rss_delta"] = self.peak_rss - self.inference_rss
         return out
 
@@ -279,6 +324,7 @@ def recover(
     out_dir: str | Path = "recovered",
     resume: bool = True,
     history_path: Path | None = None,
+    teacher: LoadedModel | None = None,
 ) -> RecoveryResult:
     """Fine-tune ``lm`` on its tasks' calibration text, evaluate it, and save it as a checkpoint.
 
@@ -286,14 +332,17 @@ def recover(
         lm: a pruned checkpoint (``load_model`` of a ``gap prune`` folder) or a dense model
             (allowed: the result says ``dense_input``). Its weights are changed in place.
         settings: the method and its settings (validated here).
-        hooks: a message for every phase and step, then progress (steps done, total steps,
-            ETA seconds or None: None at a phase); cancel polled before every step and during
-            the importance and evaluation passes, and on cancel the step reached is saved.
+        hooks: the name of each stage as it starts (``recover.cost.STAGES``: preparing, training,
+            evaluating after), a message for every phase and step, then progress (steps done,
+            total steps, ETA seconds or None: None at a phase); cancel polled before every step
+            and during the importance and evaluation passes, and on cancel the step reached is saved.
         out_dir: the recovered checkpoint's folder, written atomically at the end; the run works
             in ``<out_dir>.partial/`` until then.
         resume: continue the run saved in ``<out_dir>.partial/`` (its settings and starting
             weights must match); False discards it and starts over.
         history_path: the run history database; None: the default under the cache root.
+        teacher: the dense model to distil from, already loaded (None: ``settings.teacher``, else
+            the checkpoint's base model, loaded here on the student's device and dtype).
     Returns:
         RecoveryResult (``to_dict()`` is JSON-ready).
     Raises:
@@ -304,40 +353,37 @@ def recover(
     settings = settings.validate()
     out_dir = Path(out_dir).expanduser()
     check_output_dir(out_dir, lm.source)
-    reporter = _Reporter(hooks, settings.steps)
-    cancel = hooks.cancel
+    reporter, cancel, enter = _Reporter(hooks, settings.steps), hooks.cancel, hooks.enter
+    enter(STAGES[0])
     device = _place(lm, settings)
-    dense_input = lm.pruned_from is None
+    dense_input, start_fingerprint = lm.pruned_from is None, lm.fingerprint
     if dense_input:
         log.warning("%s is not a pruned gap checkpoint: recovering a dense model", lm.name)
     plan, kept = checkpoint_plan(lm)
-    start_fingerprint = lm.fingerprint
-    if settings.method == "lora":
-        _check_rank(lm, settings)
+    _check_rank(lm, settings)
     reporter.stage("reading the calibration text")
     data = TaskData(lm, settings)  # every input error surfaces before anything is written
+    objective, teacher, note = resolve_objective(lm, settings, teacher, reporter.stage, device)
+    settings = replace(settings, objective=objective.name)
+    reporter.stage(note)
+    trajectory = settings.trajectory() | {"teacher_fingerprint": teacher.fingerprint if teacher else None}
+    dense = teacher if teacher is not None and settings.teacher is None else None  # the dense reference, when it is one
     work = partial_dir(out_dir)
-    state, saved = _start_state(lm, settings, data, work, resume, reporter, cancel)
+    state, saved = _start_state(lm, settings, trajectory, data, work, resume, reporter, cancel, dense)
     resumed_from = state.step
     _measure_inference(lm, data, settings, state, device)
 
-    run = RECOVERY_METHODS.function(settings.method)(lm, settings)
-    if saved is None:
-        run.prepare(data, Hooks(message=reporter.stage, cancel=cancel))
-        save_state(work, state, run.tensors(), run.optimizer_state)
-    else:
-        run.restore(saved[1], saved[2])
+    run = RECOVERY_METHODS.function(settings.method)(lm, settings, objective)
+    settings = _ready(run, data, settings, state, saved, work, reporter, cancel)
+    enter(STAGES[1])
     stopped = _train(run, data, settings, state, work, reporter, cancel, device)
-
-    reporter.stage("merging adapters" if settings.method == "lora" else "finishing")
-    adapter_tmp = work / "adapter"
-    shutil.rmtree(adapter_tmp, ignore_errors=True)
-    lm.model, adapter_dir = run.finish(adapter_tmp)
-    lm.fingerprint = weights_fingerprint(lm.model)
+    enter(STAGES[2])
+    adapter_dir, save_dtype = _finish_weights(lm, run, settings, work, reporter)
     reporter.stage("calibration loss after training")
     calib_after = _calib_losses(lm, data, settings)
-    after = _evaluate(lm, settings, "after", reporter, cancel, start_fingerprint)
+    after = evaluate_heldout(lm, settings, "after", reporter.stage, cancel, start_fingerprint, dense)
     result = _result(settings, state, run, out_dir, adapter_dir, dense_input, resumed_from, stopped, calib_after, after)
+    result.objective_note, result.teacher, result.save_dtype = note, teacher.name if teacher else None, save_dtype
     reporter.stage(f"writing {out_dir}")
     result.total_seconds = time.perf_counter() - started
     write_checkpoint(lm, plan, kept, out_dir, result, adapter_dir)
@@ -358,23 +404,66 @@ def _place(lm: LoadedModel, settings: RecoverySettings) -> torch.device:
     return device
 
 
-def _start_state(lm: LoadedModel, settings: RecoverySettings, data: TaskData, work: Path, resume: bool, reporter: _Reporter, cancel):
+def _start_state(lm: LoadedModel, settings: RecoverySettings, trajectory: dict, data: TaskData, work: Path, resume: bool,
+                 reporter: _Reporter, cancel, dense: LoadedModel | None):
     """(run state, saved snapshot or None): the saved run in ``work`` when resuming, else a fresh
     state with the losses and evaluation before training (an earlier partial run is discarded)."""
     saved = load_state(work) if resume else None
     if saved is not None:
-        check_resumable(saved[0], settings.trajectory(), lm.fingerprint, work)
+        check_resumable(saved[0], trajectory, lm.fingerprint, work)
         log.info("resuming %s recovery at step %d of %d", settings.method, saved[0].step, settings.steps)
         return saved[0], saved
     if work.exists():
         log.info("discarding the earlier partial run in %s", work)
         discard(work)
-    state = RunState(trajectory=settings.trajectory(), start_fingerprint=lm.fingerprint)
+    state = RunState(trajectory=trajectory, start_fingerprint=lm.fingerprint)
     reporter.stage("calibration loss before training")
     state.calib_before = _calib_losses(lm, data, settings)
     if settings.evaluate_before:
-        state.before = _evaluate(lm, settings, "before", reporter, cancel, lm.fingerprint)
+        state.before = evaluate_heldout(lm, settings, "before", reporter.stage, cancel, lm.fingerprint, dense)
     return state, None
+
+
+def _ready(run, data: TaskData, settings: RecoverySettings, state: RunState, saved, work: Path, reporter: _Reporter, cancel):
+    """Prepare a fresh run (MaZO's mask, the first snapshot, the ZO rate probe) or restore a saved
+    one; returns the settings with the learning rate the run trains at."""
+    if saved is None:
+        run.prepare(data, Hooks(message=reporter.stage, cancel=cancel))
+        save_state(work, state, run.tensors(), run.optimizer_state)
+        if settings.probes_lr:
+            _probe(run, data, settings, state, work, reporter, cancel)
+    else:
+        run.restore(saved[1], saved[2])
+    return replace(settings, lr=state.lr) if state.lr is not None else settings
+
+
+def _finish_weights(lm: LoadedModel, run, settings: RecoverySettings, work: Path, reporter: _Reporter):
+    """Merge (LoRA) and round the trained weights to the storage dtype, so the evaluation after
+    training sees exactly what the checkpoint will hold; returns (adapter folder or None, dtype)."""
+    reporter.stage("merging adapters" if settings.method == "lora" else "finishing")
+    adapter_tmp = work / "adapter"
+    shutil.rmtree(adapter_tmp, ignore_errors=True)
+    lm.model, adapter_dir = run.finish(adapter_tmp)
+    save_dtype = settings.save_dtype or storage_dtype(lm)
+    round_to_storage(lm.model, save_dtype)
+    lm.fingerprint = weights_fingerprint(lm.model)
+    return adapter_dir, save_dtype
+
+
+def _probe(run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: _Reporter, cancel) -> None:
+    """Choose the ZO learning rate (``recover_train.probe_learning_rate``) from the snapshot just
+    saved, record it in ``state`` and save again; its time counts as training time."""
+    started = time.perf_counter()
+
+    def restore() -> None:
+        saved = load_state(work)
+        assert saved is not None, "the probe restores the snapshot saved just before it"
+        run.restore(saved[1], None)
+
+    state.lr, state.lr_probe = probe_learning_rate(run, data, settings.learning_rate(), restore, reporter.stage, cancel)
+    state.train_seconds += time.perf_counter() - started
+    reporter.stage(f"learning rate {state.lr:.3g}, the lowest loss after {PROBE_STEPS} probe steps")
+    save_state(work, state, run.tensors(), run.optimizer_state)
 
 
 def _measure_inference(lm: LoadedModel, data: TaskData, settings: RecoverySettings, state: RunState, device) -> None:
@@ -401,6 +490,7 @@ def _result(settings, state: RunState, run, out_dir: Path, adapter_dir, dense_in
         resumed_from=resumed_from,
         stopped=stopped,
         lr=settings.learning_rate(),
+        lr_probe=state.lr_probe,
         train_seconds=state.train_seconds,
         total_seconds=0.0,
         trainable_params=run.trainable_params,
@@ -411,6 +501,7 @@ def _result(settings, state: RunState, run, out_dir: Path, adapter_dir, dense_in
         calib_loss_after=calib_after,
         before=state.before,
         after=after,
+        objective=settings.objective or "lm",
         curve=state.curve,
         settings=asdict(settings),
     )
@@ -456,6 +547,8 @@ def _train(run, data: TaskData, settings: RecoverySettings, state: RunState, wor
 
 
 def _check_rank(lm: LoadedModel, settings: RecoverySettings) -> None:
+    if settings.method != "lora":
+        return
     narrowest = min(min(lin.in_features, lin.out_features) for _, lin in projection_modules(lm, settings.targets))
     if settings.rank > narrowest:
         raise RecoveryError(f"LoRA rank {settings.rank} exceeds the narrowest target projection ({narrowest} wide)")
@@ -468,45 +561,3 @@ def _calib_losses(lm: LoadedModel, data: TaskData, settings: RecoverySettings) -
         float(multitask_loss(lm.model, windows.to(device), 1, settings.bf16)[0])
         for windows in data.fixed(settings.calib_eval_windows)
     ]
-
-
-def _dense_reference(lm: LoadedModel, start_fingerprint: str) -> LoadedModel | None:
-    """The dense model to compare with: a checkpoint's base model, or a dense model as it was."""
-    from gap_engine.model.loading import load_model
-    from gap_engine.pipeline.stages import dense_reference
-
-    if lm.pruned_from is not None:
-        return dense_reference(lm)
-    try:
-        reference = load_model(lm.name)
-    except ModelLoadError:
-        return None
-    return reference if reference.fingerprint == start_fingerprint else None
-
-
-def _evaluate(lm: LoadedModel, settings: RecoverySettings, label: str, reporter: _Reporter, cancel, start_fingerprint: str) -> dict:
-    """evaluate.evaluate on every task's held-out text (on the CPU, where evaluate's windows are)."""
-    from gap_engine.core.config import WindowSpec
-    from gap_engine.evaluate.metrics import EvalSettings, evaluate
-
-    def say(message: str) -> None:
-        if cancel is not None and cancel.is_set():
-            raise CancelledError(f"recovery cancelled while evaluating {label} training")
-        reporter.stage(f"evaluating {label} training: {message}")
-
-    say("loading the dense reference")
-    dense = _dense_reference(lm, start_fingerprint) if settings.compare_dense else None
-    device = next(lm.model.parameters()).device
-    lm.model.to("cpu")
-    try:
-        eval_settings = EvalSettings(
-            windows=WindowSpec(data=",".join(settings.tasks), n_samples=settings.eval_samples, seq_len=settings.eval_seq_len),
-            throughput=False,
-            generations=settings.eval_generations,
-        )
-        return evaluate(lm, dense, eval_settings, Hooks(message=say)).to_dict()
-    finally:
-        lm.model.to(device)
-        if dense is not None:
-            del dense
-            release_free_memory()

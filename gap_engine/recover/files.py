@@ -66,6 +66,8 @@ class RunState:
     inference_rss: int = 0  # bytes: peak resident memory of one forward pass at the training batch
     peak_rss: int = 0  # bytes: peak resident memory while training, highest over segments
     rss_method: str = ""  # how memory was measured (memory.PeakRSS.method)
+    lr: float | None = None  # the peak learning rate the probe chose (ZO without --lr); None: the settings'
+    lr_probe: list[dict] = field(default_factory=list)  # the probe's candidates: lr, loss before, loss after
     version: int = STATE_VERSION
 
 
@@ -174,6 +176,15 @@ def check_resumable(state: RunState, trajectory: dict, start_fingerprint: str, w
             f"the run saved in {work_dir} started from other weights (fingerprint {state.start_fingerprint}, "
             f"this model has {start_fingerprint}); start over without resume"
         )
+    saved_objective = state.trajectory.get("objective") or "lm"  # runs saved before objectives existed trained on lm
+    if saved_objective != trajectory.get("objective"):
+        raise RecoveryError(
+            f"the run saved in {work_dir} trained with objective {saved_objective}, not {trajectory.get('objective')}; "
+            f"resume with --objective {saved_objective}, or start over without resume"
+        )
+    state.trajectory.setdefault("objective", saved_objective)
+    for key in ("temperature", "kd_weight", "teacher", "teacher_fingerprint"):  # absent from older runs
+        state.trajectory.setdefault(key, trajectory.get(key) if saved_objective == "lm" else None)
     changed = sorted(k for k in set(trajectory) | set(state.trajectory) if trajectory.get(k) != state.trajectory.get(k))
     if changed:
         first = changed[0]
@@ -247,17 +258,65 @@ def _curve_csv(curve: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def storage_dtype(lm) -> str:
+    """The storage dtype of the folder ``lm`` was read from: a gap checkpoint's recorded dtype,
+    else its config.json's, else the default (bfloat16)."""
+    from gap_engine.core.config import DEFAULT_SAVE_DTYPE, SAVE_DTYPES
+    from gap_engine.model.checkpoint import PRUNED_MARKER
+
+    folder = Path(lm.source).expanduser() if lm.source else None
+    for name, key in ((PRUNED_MARKER, "dtype"), ("config.json", "dtype"), ("config.json", "torch_dtype")):
+        try:
+            value = json.loads((folder / name).read_text()).get(key) if folder is not None else None
+        except (OSError, ValueError, AttributeError):
+            continue
+        if value in SAVE_DTYPES:
+            return value
+    return DEFAULT_SAVE_DTYPE
+
+
+@torch.no_grad()
+def round_to_storage(model, dtype: str) -> None:
+    """Round every floating parameter to ``dtype``'s precision in place (kept in its own dtype),
+    so what is evaluated after training is exactly what the checkpoint stores."""
+    from gap_engine.model.storage import parse_dtype
+
+    target = parse_dtype(dtype)
+    for param in {id(p): p for p in model.parameters()}.values():
+        if param.is_floating_point() and param.dtype != target:
+            param.copy_(param.to(target).to(param.dtype))
+
+
 def write_checkpoint(lm, plan, kept: dict, out_dir: Path, result, adapter_dir: Path | None) -> None:
-    """The recovered model as a pruned checkpoint (``checkpoint.save_pruned``), plus ``recovery.json``,
-    ``losses.csv`` and the unmerged ``adapter/``, all renamed into place together."""
+    """The recovered model as a pruned checkpoint (``checkpoint.save_pruned``) in ``result.save_dtype``,
+    its model card saying what recovery ran, plus ``recovery.json``, ``losses.csv`` and the unmerged
+    ``adapter/``, all renamed into place together."""
     from gap_engine.model.checkpoint import save_pruned
 
     with atomic_directory(out_dir) as tmp:
-        save_pruned(lm, plan, kept, tmp, dtype="float32")  # the recovered weights exactly, as trained
+        save_pruned(lm, plan, kept, tmp, dtype=result.save_dtype, eval_report=result.after, recovery=card_summary(result))
         (tmp / "recovery.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
         (tmp / "losses.csv").write_text(_curve_csv(result.curve))
         if adapter_dir is not None:
             shutil.copytree(adapter_dir, tmp / "adapter")
+
+
+def card_summary(result) -> dict:
+    """What the model card says about a recovery run (a recover.RecoveryResult)."""
+    before = result.before or {}
+    return {
+        "method": result.method,
+        "objective": result.objective,
+        "teacher": result.teacher,
+        "temperature": result.settings.get("temperature") if result.objective != "lm" else None,
+        "tasks": list(result.tasks),
+        "steps": result.steps_done,
+        "tokens": result.tokens_seen,
+        "train_seconds": result.train_seconds,
+        "lr": result.lr,
+        "before": {k: before.get(k) or {} for k in ("perplexity", "kl_to_dense", "top1_agreement")},
+        "after": {k: result.after.get(k) or {} for k in ("perplexity", "kl_to_dense", "top1_agreement")},
+    }
 
 
 def record_in_history(lm, plan, result, history_path: Path | None) -> int:

@@ -12,6 +12,7 @@ and ``optimizer_state`` for snapshots, ``restore`` on resume, ``finish`` at the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from gap_engine.data.windows import calibration_windows, load_corpus
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.recover import lora as recover_lora
 from gap_engine.recover import zo as recover_zo
+from gap_engine.recover.distill import Objective
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +110,15 @@ def module_names(lm: LoadedModel, short_names) -> list[str]:
 
 
 class ZORun:
-    """MaZO (with a mask) or MeZO (without): two forward passes per step."""
+    """MaZO (with a mask) or MeZO (without): two forward passes per step (plus the teacher's
+    one when distilling), the objective's loss as the scalar the SPSA estimate differences."""
 
-    def __init__(self, lm: LoadedModel, settings):
+    def __init__(self, lm: LoadedModel, settings, objective: Objective | None = None):
         self.lm, self.settings = lm, settings
+        self.objective = objective or Objective(bf16=settings.bf16)
         self.targets = [recover_zo.ZOTarget(name, lin) for name, lin in projection_modules(lm, settings.targets)]
         self.optimizer_state = None
+        self.workspace: recover_zo.Workspace | None = None
 
     @property
     def trainable_params(self) -> int:
@@ -150,12 +155,15 @@ class ZORun:
 
     def step(self, step: int, batch: torch.Tensor, lr: float) -> float:
         n_tasks = len(self.settings.tasks)
+        teacher = self.objective.teacher_log_probs(batch)  # once: both perturbed passes compare with it
 
         def loss_fn() -> float:
-            return float(multitask_loss(self.lm.model, batch, n_tasks, self.settings.bf16).mean())
+            return float(self.objective.per_task(self.lm.model, batch, n_tasks, teacher).mean())
 
         seed = recover_zo.step_seed(self.settings.seed, step)
-        return recover_zo.zo_step(self.lm.model, self.targets, loss_fn, seed, self.settings.eps, lr).loss
+        if self.workspace is None:  # after prepare or restore: the mask decides its size
+            self.workspace = recover_zo.Workspace(self.targets)
+        return recover_zo.zo_step(self.lm.model, self.targets, loss_fn, seed, self.settings.eps, lr, self.workspace).loss
 
     def finish(self, adapter_dir: Path):
         return self.lm.model, None
@@ -164,8 +172,9 @@ class ZORun:
 class LoraRun:
     """LoRA adapters through peft, AdamW, merged at the end."""
 
-    def __init__(self, lm: LoadedModel, settings):
+    def __init__(self, lm: LoadedModel, settings, objective: Objective | None = None):
         self.lm, self.settings = lm, settings
+        self.objective = objective or Objective(bf16=settings.bf16)
         self.peft = recover_lora.attach(
             lm.model, module_names(lm, settings.targets), settings.rank, settings.alpha, settings.dropout, settings.seed
         )
@@ -190,10 +199,11 @@ class LoraRun:
 
     def step(self, step: int, batch: torch.Tensor, lr: float) -> float:
         n_tasks = len(self.settings.tasks)
+        teacher = self.objective.teacher_log_probs(batch)
         return recover_lora.train_step(
             self.peft,
             self.optimizer,
-            lambda: multitask_loss(self.peft, batch, n_tasks, self.settings.bf16).mean(),
+            lambda: self.objective.per_task(self.peft, batch, n_tasks, teacher).mean(),
             lr,
             recover_zo.step_seed(self.settings.seed, step),
             self.settings.grad_clip,
@@ -203,3 +213,48 @@ class LoraRun:
         """Save the unmerged adapter, then merge it; returns (plain model, adapter folder)."""
         recover_lora.save_adapter(self.peft, adapter_dir)
         return recover_lora.merge(self.peft), adapter_dir
+
+
+# ---- the zeroth-order learning rate -------------------------------------------------------------
+PROBE_FACTORS = (3.0, 1.0, 0.3, 0.1, 0.01)  # candidates, as multiples of the default rate, largest first (0.01: gemma3-270m diverged at 1x)
+PROBE_STEPS = 4  # ZO steps per candidate
+
+
+def probe_learning_rate(run: ZORun, data: TaskData, default_lr: float, restore: Callable[[], None],
+                        say: Callable[[str], None], cancel) -> tuple[float, list[dict]]:
+    """A ZO learning rate that lowers this model's loss: every candidate runs the first
+    ``PROBE_STEPS`` steps at a constant rate from the starting weights (``restore`` puts them
+    back, bit for bit, after each), and the one whose objective on the fixed calibration
+    windows ends lowest wins, the larger on a tie. A rate that makes the loss rise or blow up
+    loses to a smaller one, so the run starts from a rate that does not diverge on this model.
+
+    Returns:
+        (chosen rate, one row per candidate: lr, loss before, loss after).
+    """
+    from gap_engine.core.errors import CancelledError
+
+    n_tasks = len(run.settings.tasks)
+    device = next(run.lm.model.parameters()).device
+    fixed = torch.cat(data.fixed(run.settings.calib_eval_windows)).to(device)  # task-major
+    with torch.no_grad():
+        teacher = run.objective.teacher_log_probs(fixed)
+
+        def loss() -> float:
+            return float(run.objective.per_task(run.lm.model, fixed, n_tasks, teacher).mean())
+
+        start = loss()
+    rows = []
+    for factor in PROBE_FACTORS:
+        lr = default_lr * factor
+        say(f"probing the learning rate: {lr:.3g}")
+        for step in range(PROBE_STEPS):
+            if cancel is not None and cancel.is_set():
+                restore()
+                raise CancelledError("recovery cancelled while probing the learning rate")
+            run.step(step, data.batch(step).to(device), lr)
+        after = loss()
+        rows.append({"lr": lr, "loss_before": start, "loss_after": after if np.isfinite(after) else float("inf")})
+        restore()
+    best = min(rows, key=lambda row: (row["loss_after"], -row["lr"]))
+    log.info("ZO learning-rate probe: %s; chose %g", rows, best["lr"])
+    return best["lr"], rows

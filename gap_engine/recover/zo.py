@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -94,88 +95,127 @@ def step_seed(seed: int, step: int) -> int:
     return int(state) & (2**63 - 1)
 
 
-def direction(target_index: int, target: ZOTarget, seed_of_step: int) -> torch.Tensor:
-    """The random direction ``z`` of one projection at one step, regenerated identically on
-    every call: (rows, k) for a masked projection, the weight's shape otherwise."""
-    weight = target.linear.weight
+def _matrix_generator(target_index: int, seed_of_step: int, device) -> torch.Generator:
     matrix_seed = np.random.SeedSequence([seed_of_step, target_index]).generate_state(1, np.uint64)[0]
-    generator = torch.Generator(device=weight.device)
+    generator = torch.Generator(device=device)
     generator.manual_seed(int(matrix_seed) & (2**63 - 1))
-    shape = tuple(weight.shape) if target.columns is None else tuple(target.columns.shape)
-    z = torch.randn(shape, generator=generator, device=weight.device, dtype=torch.float32)
-    return z.to(weight.dtype)
+    return generator
+
+
+def _direction_shape(target: ZOTarget) -> tuple[int, ...]:
+    return tuple(target.linear.weight.shape) if target.columns is None else tuple(target.columns.shape)
+
+
+def direction(target_index: int, target: ZOTarget, seed_of_step: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The random direction ``z`` of one projection at one step, regenerated identically on
+    every call: (rows, k) for a masked projection, the weight's shape otherwise, in the weight's
+    dtype. ``out``: a buffer of that shape and dtype to draw into (no allocation)."""
+    weight = target.linear.weight
+    generator = _matrix_generator(target_index, seed_of_step, weight.device)
+    shape = _direction_shape(target)
+    if out is None:
+        return torch.randn(shape, generator=generator, device=weight.device, dtype=weight.dtype)
+    return torch.randn(shape, generator=generator, device=weight.device, dtype=weight.dtype, out=out)
+
+
+class Workspace:
+    """Scratch tensors sized once for the largest target, reused by every perturbation and
+    update: a ZO step allocates nothing the size of a weight matrix (MeZO's clone and ``z`` per
+    projection and pass were the bulk of its overhead besides drawing ``z``)."""
+
+    def __init__(self, targets: list[ZOTarget]):
+        weight = targets[0].linear.weight
+        largest = max(math.prod(_direction_shape(t)) for t in targets)
+        self.z = torch.empty(largest, dtype=weight.dtype, device=weight.device)
+        self.saved = torch.empty(largest, dtype=weight.dtype, device=weight.device)
+        widest_mask = max((t.columns.numel() for t in targets if t.columns is not None), default=0)
+        self.columns = torch.empty(widest_mask, dtype=torch.long, device=weight.device)
+
+    def views(self, target: ZOTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(z, saved, int64 column indices or None) shaped for ``target``."""
+        shape = _direction_shape(target)
+        count = math.prod(shape)
+        columns = None
+        if target.columns is not None:
+            columns = self.columns[:count].view(shape)
+            columns.copy_(target.columns)  # int16 -> int64 in place: scatter and gather want int64
+        return self.z[:count].view(shape), self.saved[:count].view(shape), columns
 
 
 @contextlib.contextmanager
-def perturbed(model: nn.Module, targets: list[ZOTarget], seed_of_step: int, scale: float) -> Iterator[None]:
+def perturbed(model: nn.Module, targets: list[ZOTarget], seed_of_step: int, scale: float,
+              workspace: Workspace | None = None) -> Iterator[None]:
     """Inside, each target projection computes with ``W + scale · z`` (its own ``z`` of this step).
 
     The shift is applied just before the projection runs and undone right after by copying the
     saved values back, so at most one projection's ``z`` is alive and the weights are restored
-    bit for bit, also when the forward pass raises.
+    bit for bit, also when the forward pass raises. Only the masked entries are read, shifted
+    and written back.
     """
-    saved: dict[int, torch.Tensor] = {}
+    workspace = workspace or Workspace(targets)
+    active: list[int] = []  # the target whose shift is in place (at most one)
     handles = []
 
-    def restore(index: int) -> None:
+    def restore() -> None:
+        index = active.pop()
         target = targets[index]
-        original = saved.pop(index)
+        _, saved, columns = workspace.views(target)
         weight = target.linear.weight
         with torch.no_grad():
-            if target.columns is None:
-                weight.copy_(original)
+            if columns is None:
+                weight.copy_(saved)
             else:
-                weight.scatter_(1, target.columns.long(), original)
+                weight.scatter_(1, columns, saved)
 
     def make_pre_hook(index: int):
         def pre_hook(module, args):
-            if index in saved:
-                raise RuntimeError(f"{targets[index].name} ran twice in one forward pass; its perturbation would compound")
+            if active:
+                raise RuntimeError(f"{targets[index].name} ran while {targets[active[0]].name} was still perturbed")
             target = targets[index]
             weight = target.linear.weight
-            z = direction(index, target, seed_of_step)
+            z, saved, columns = workspace.views(target)
+            direction(index, target, seed_of_step, out=z)
             with torch.no_grad():
-                if target.columns is None:
-                    saved[index] = weight.detach().clone()
+                if columns is None:
+                    saved.copy_(weight)
+                    active.append(index)
                     weight.add_(z, alpha=scale)
                 else:
-                    columns = target.columns.long()
-                    original = weight.detach().gather(1, columns)  # (rows, k)
-                    saved[index] = original
-                    weight.scatter_(1, columns, original + scale * z)
+                    torch.gather(weight, 1, columns, out=saved)  # (rows, k)
+                    active.append(index)
+                    weight.scatter_(1, columns, z.mul_(scale).add_(saved))
 
         return pre_hook
 
-    def make_post_hook(index: int):
-        def post_hook(module, args, output):
-            restore(index)
-
-        return post_hook
+    def post_hook(module, args, output):
+        restore()
 
     try:
         for index, target in enumerate(targets):
             handles.append(target.linear.register_forward_pre_hook(make_pre_hook(index)))
-            handles.append(target.linear.register_forward_hook(make_post_hook(index)))
+            handles.append(target.linear.register_forward_hook(post_hook))
         yield
     finally:
         for handle in handles:
             handle.remove()
-        for index in list(saved):
-            restore(index)
+        while active:
+            restore()
 
 
-def apply_update(targets: list[ZOTarget], seed_of_step: int, coefficient: float) -> None:
+def apply_update(targets: list[ZOTarget], seed_of_step: int, coefficient: float, workspace: Workspace | None = None) -> None:
     """``W += coefficient · z`` on the masked entries of every target (z regenerated)."""
     if coefficient == 0.0:
         return
+    workspace = workspace or Workspace(targets)
     with torch.no_grad():
         for index, target in enumerate(targets):
-            z = direction(index, target, seed_of_step)
+            z, _, columns = workspace.views(target)
+            direction(index, target, seed_of_step, out=z)
             weight = target.linear.weight
-            if target.columns is None:
+            if columns is None:
                 weight.add_(z, alpha=coefficient)
             else:
-                weight.scatter_add_(1, target.columns.long(), coefficient * z)
+                weight.scatter_add_(1, columns, z.mul_(coefficient))
 
 
 @dataclass(frozen=True)
@@ -191,18 +231,20 @@ class ZOStepResult:
 
 
 def zo_step(
-    model: nn.Module, targets: list[ZOTarget], loss_fn: Callable[[], float], seed_of_step: int, eps: float, lr: float
+    model: nn.Module, targets: list[ZOTarget], loss_fn: Callable[[], float], seed_of_step: int, eps: float, lr: float,
+    workspace: Workspace | None = None,
 ) -> ZOStepResult:
     """One two-point SPSA step on the same batch: loss at ``θ + εz`` and ``θ - εz``, then
     ``θ <- θ - lr · g · z`` on the masked entries. ``loss_fn`` runs the model's forward pass
-    and returns the loss as a float."""
+    and returns the loss as a float; ``workspace`` is reused across steps when given."""
+    workspace = workspace or Workspace(targets)
     with torch.no_grad():
-        with perturbed(model, targets, seed_of_step, eps):
+        with perturbed(model, targets, seed_of_step, eps, workspace):
             loss_plus = float(loss_fn())
-        with perturbed(model, targets, seed_of_step, -eps):
+        with perturbed(model, targets, seed_of_step, -eps, workspace):
             loss_minus = float(loss_fn())
     projected_grad = (loss_plus - loss_minus) / (2.0 * eps)
-    apply_update(targets, seed_of_step, -lr * projected_grad)
+    apply_update(targets, seed_of_step, -lr * projected_grad, workspace)
     return ZOStepResult(loss_plus, loss_minus, projected_grad)
 
 

@@ -45,6 +45,8 @@ from gap_engine.model.loading import load_model
 from gap_engine.pipeline.recovery import recover
 from gap_engine.pipeline.runs import baseline_rows, prune_and_evaluate, prune_eval_stages
 from gap_engine.pipeline.stages import loss_table, table_stages
+from gap_engine.recover.cost import STAGES as RECOVERY_STAGES
+from gap_engine.recover.cost import estimate_for_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -561,6 +563,9 @@ def recover_task(checkpoint: str, settings, out_dir) -> WorkFn:
         out_dir: the recovered checkpoint's folder (see `recovery.app_output_dir`).
     """
     def work(ctx: JobContext):
+        estimate = estimate_for_checkpoint(checkpoint, settings)
+        if estimate is not None:  # the ETA from the first second; measured step times replace it
+            ctx.plan(RECOVERY_STAGES, estimate.by_stage(), estimate.basis)
         ctx.step("loading the checkpoint", 0, settings.steps)
         lm = load_model(str(checkpoint))
         ctx.check_cancelled()

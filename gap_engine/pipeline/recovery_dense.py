@@ -1,0 +1,124 @@
+"""The dense model beside a recovery run: the teacher it distils from and the reference it is measured against.
+
+``resolve_objective`` decides what a run minimises (``recover.distill``): ``kd`` by default when
+the dense model the checkpoint was pruned from loads here with the recorded weights (or the
+teacher named in the settings loads), else ``lm``, with one line saying which and why; an
+explicit ``kd`` without a reachable teacher, or a teacher with another vocabulary, is refused.
+``evaluate_heldout`` is the before/after evaluation on every task's held-out text, with the
+dense reference loaded once as the teacher when there is one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.device import DeviceSpec
+from gap_engine.core.errors import CancelledError, ModelLoadError, one_line
+from gap_engine.core.memory import release_free_memory
+from gap_engine.core.progress import Hooks
+from gap_engine.evaluate.metrics import EvalSettings, evaluate
+from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.loading import load_model
+from gap_engine.pipeline.stages import dense_reference
+from gap_engine.recover.distill import Objective, TeacherMismatch, check_compatible
+from gap_engine.recover.files import RecoveryError
+
+log = logging.getLogger(__name__)
+
+
+def resolve_objective(lm: LoadedModel, settings, teacher: LoadedModel | None, say: Callable[[str], None],
+                      device) -> tuple[Objective, LoadedModel | None, str]:
+    """(objective, teacher or None, a line saying which and why).
+
+    The default is ``kd`` when the dense model the checkpoint was pruned from is reachable, else
+    ``lm``; an explicit ``kd``/``kd+lm`` without a reachable teacher is refused (RecoveryError).
+    """
+    wanted = settings.objective
+    if wanted == "lm":
+        return Objective("lm", bf16=settings.bf16), None, "objective lm (next-token loss), as asked"
+    base = (lm.pruned_from or {}).get("model")
+    if teacher is None and (settings.teacher or base):
+        say(f"loading the teacher {settings.teacher or base}")
+        teacher, why_not = load_teacher(lm, settings.teacher)
+    else:
+        why_not = "the model is not a pruned gap checkpoint, so no dense base model is recorded"
+    if teacher is None:
+        if wanted is not None:
+            raise RecoveryError(f"objective {wanted} needs the dense model to distil from, but {why_not}; "
+                                "pass --teacher MODEL or use --objective lm")
+        return Objective("lm", bf16=settings.bf16), None, f"objective lm (next-token loss): {why_not}"
+    try:
+        check_compatible(lm, teacher)
+    except TeacherMismatch as exc:
+        raise RecoveryError(f"cannot distil: {exc}") from None
+    teacher.model.to(device).eval()
+    for p in teacher.model.parameters():
+        p.requires_grad_(False)
+    name = wanted or "kd"
+    objective = Objective(name, settings.temperature, settings.kd_weight, teacher.model, settings.bf16)
+    how = f"temperature {settings.temperature:g}" + (f", kd weight {settings.kd_weight:g}" if name == "kd+lm" else "")
+    default = "" if wanted else " (the default: the dense base model is reachable)"
+    return objective, teacher, f"objective {name}{default}: distilling from {teacher.name}, {how}"
+
+
+def load_teacher(lm: LoadedModel, name: str | None) -> tuple[LoadedModel | None, str]:
+    """(the teacher on the student's device and dtype, or None and why it is not reachable)."""
+    spec = None
+    if lm.placement is not None:
+        spec = DeviceSpec(device=str(lm.placement.device), dtype=str(lm.placement.dtype).removeprefix("torch."))
+    if name is None:
+        teacher = dense_reference(lm, spec)
+        base = (lm.pruned_from or {}).get("model")
+        return teacher, f"the dense base model '{base}' is not reachable here (or has other weights than the ones pruned)"
+    try:
+        return load_model(name, spec), ""
+    except ModelLoadError as exc:
+        return None, f"the teacher '{name}' cannot be loaded ({one_line(exc)})"
+
+
+def dense_reference_of(lm: LoadedModel, start_fingerprint: str) -> LoadedModel | None:
+    """The dense model to compare with: a checkpoint's base model, or a dense model as it was."""
+    if lm.pruned_from is not None:
+        return dense_reference(lm)
+    try:
+        reference = load_model(lm.name)
+    except ModelLoadError:
+        return None
+    return reference if reference.fingerprint == start_fingerprint else None
+
+
+def evaluate_heldout(lm: LoadedModel, settings, label: str, stage: Callable[[str], None], cancel, start_fingerprint: str,
+                     dense: LoadedModel | None = None) -> dict:
+    """evaluate.evaluate on every task's held-out text (on the CPU, where evaluate's windows are).
+
+    ``dense``: the dense reference already loaded as the teacher (reused; else loaded here)."""
+    def say(message: str) -> None:
+        if cancel is not None and cancel.is_set():
+            raise CancelledError(f"recovery cancelled while evaluating {label} training")
+        stage(f"evaluating {label} training: {message}")
+
+    shared = dense is not None and settings.compare_dense
+    if not shared:
+        say("loading the dense reference")
+        dense = dense_reference_of(lm, start_fingerprint) if settings.compare_dense else None
+    device = next(lm.model.parameters()).device
+    dense_device = next(dense.model.parameters()).device if dense is not None else None
+    lm.model.to("cpu")
+    if dense is not None:
+        dense.model.to("cpu")
+    try:
+        eval_settings = EvalSettings(
+            windows=WindowSpec(data=",".join(settings.tasks), n_samples=settings.eval_samples, seq_len=settings.eval_seq_len),
+            throughput=False,
+            generations=settings.eval_generations,
+        )
+        return evaluate(lm, dense, eval_settings, Hooks(message=say)).to_dict()
+    finally:
+        lm.model.to(device)
+        if shared and dense is not None:
+            dense.model.to(dense_device)
+        elif dense is not None:
+            del dense
+            release_free_memory()

@@ -1,0 +1,155 @@
+"""What a recovery run will cost before it starts: seconds per stage from the checkpoint's shape.
+
+The same device profile as the table builds' cost model (``costmodel.measured_profile``: this
+machine's FLOP/s on a one-layer model of the target's shape, measured once and cached) prices
+the forward passes a run makes; the checkpoint is read from its ``config.json`` alone (the
+per-layer widths of a gap checkpoint included), so nothing is loaded. Work counted, in forward
+passes of the student (``F``, over the step's tokens) and of the dense teacher (``D``):
+
+* a step: LoRA ``3F`` (forward and backward; the frozen weights need input gradients only),
+  MaZO and MeZO ``2F`` plus drawing ``z`` three times for every perturbed weight (priced by
+  timing ``torch.randn`` here), and ``D`` more with a distilling objective;
+* before training: the held-out evaluation (student and dense model over every task's
+  held-out windows, plus greedy generations), the calibration loss, MaZO's importance pass, the
+  ZO learning-rate probe (``PROBE_FACTORS x PROBE_STEPS`` steps);
+* after training: the calibration loss and the held-out evaluation again.
+
+Model loading and the checkpoint write are not counted (seconds on this machine). The estimate
+is a guide for the ETA shown from the first second; once steps run, their measured time takes over.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
+from gap_engine.tables.costmodel import ModelShape, block_flops_per_token, head_flops_per_token, measured_profile
+
+LORA_FORWARDS = 3.0  # a LoRA step in forward passes: forward, backward through the frozen blocks, adapters
+ZO_FORWARDS = 2.0  # a ZO step's two perturbed loss evaluations
+Z_DRAWS = 3  # z is drawn for the + pass, the - pass and the update
+GENERATED_TOKENS = 24  # evaluate.EvalSettings.max_new_tokens
+STAGES = ("preparing", "training", "evaluating after")
+
+
+@dataclass(frozen=True)
+class RecoveryEstimate:
+    """Expected seconds of a recovery run, per stage."""
+
+    prepare_s: float  # evaluation before, calibration loss, importance, learning-rate probe
+    step_s: float  # one training step
+    steps: int
+    finish_s: float  # calibration loss and evaluation after
+    basis: str  # where the prices come from
+    budget_s: float | None = None  # the run's time budget, which caps training
+
+    @property
+    def train_s(self) -> float:
+        seconds = self.step_s * self.steps
+        return seconds if self.budget_s is None else min(seconds, self.budget_s)
+
+    @property
+    def total_s(self) -> float:
+        return self.prepare_s + self.train_s + self.finish_s
+
+    def by_stage(self) -> dict[str, float]:
+        return dict(zip(STAGES, (self.prepare_s, self.train_s, self.finish_s)))
+
+
+def layer_shapes(config: dict, name: str = "") -> tuple[ModelShape, list[ModelShape]]:
+    """(the dense shape, one shape per block at its own widths) from a config.json's content."""
+    from types import SimpleNamespace
+
+    dense = ModelShape.from_config(SimpleNamespace(**config), name)
+    per_layer = config.get("per_layer_config") or {}
+    shapes = []
+    for i in range(dense.layers):
+        widths = per_layer.get(str(i)) or {}
+        shapes.append(replace(
+            dense,
+            heads=int(widths.get("num_attention_heads", dense.heads)),
+            kv_heads=int(widths.get("num_key_value_heads", dense.kv_heads)),
+            intermediate=int(widths.get("intermediate_size", dense.intermediate)),
+        ))
+    return dense, shapes
+
+
+@functools.lru_cache(maxsize=4)
+def _randn_seconds_per_value(device: str) -> float:
+    """Seconds to draw one normal value here (the ZO direction's price), timed once per process."""
+    import torch
+
+    buffer = torch.empty(1 << 21, device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    torch.randn(buffer.shape, generator=generator, out=buffer)
+    started = time.perf_counter()
+    for _ in range(3):
+        torch.randn(buffer.shape, generator=generator, out=buffer)
+    return (time.perf_counter() - started) / (3 * buffer.numel())
+
+
+def _perturbed_weights(shapes: list[ModelShape], settings) -> float:
+    """Weights a ZO step perturbs: the target projections, masked to MaZO's fraction."""
+    fractions = {"q": lambda s: s.heads * s.head_dim, "k": lambda s: s.kv_heads * s.head_dim,
+                 "v": lambda s: s.kv_heads * s.head_dim, "o": lambda s: s.heads * s.head_dim,
+                 "gate": lambda s: s.intermediate, "up": lambda s: s.intermediate, "down": lambda s: s.intermediate}
+    total = sum(s.hidden * fractions[t](s) for s in shapes for t in settings.targets)
+    return total * (settings.mask_fraction if settings.method == "mazo" else 1.0)
+
+
+def estimate_recovery(config: dict, settings, placement, distils: bool, measure: bool = True) -> RecoveryEstimate | None:
+    """Expected seconds of ``settings`` (a validated recover.RecoverySettings) on the model ``config`` describes.
+
+    Args:
+        config: the checkpoint's config.json content (``per_layer_config`` read when present).
+        placement: a ``device.Placement`` (where the run computes).
+        distils: whether the objective runs the dense teacher (kd, kd+lm).
+        measure: False returns None when this machine's profile is not cached yet.
+    """
+    dense, shapes = layer_shapes(config, str(config.get("_name_or_path", "")))
+    profile = measured_profile(placement, dense, seq_len=settings.seq_len, batch=settings.batch_size, measure=measure)
+    if profile is None:
+        return None
+
+    def per_token(block_shapes: list[ModelShape], seq_len: int) -> float:
+        blocks = sum(block_flops_per_token(s, seq_len) for s in block_shapes) / profile.block_flops
+        return blocks + head_flops_per_token(dense) / profile.head_flops
+
+    n_tasks = len(settings.tasks)
+    step_tokens = n_tasks * settings.batch_size * settings.seq_len
+    student, teacher = per_token(shapes, settings.seq_len), per_token([dense] * dense.layers, settings.seq_len)
+    forward, teacher_pass = student * step_tokens, teacher * step_tokens
+    if settings.method == "lora":
+        step = LORA_FORWARDS * forward
+    else:
+        step = ZO_FORWARDS * forward + Z_DRAWS * _perturbed_weights(shapes, settings) * _randn_seconds_per_value(str(placement.device))
+    step += teacher_pass if distils else 0.0
+    eval_tokens = n_tasks * settings.eval_samples * settings.eval_seq_len
+    evaluation = eval_tokens * (per_token(shapes, settings.eval_seq_len) + (teacher if settings.compare_dense else 0.0))
+    generation = settings.eval_generations * GENERATED_TOKENS * (1 + settings.compare_dense) * per_token(shapes, 1)
+    calib = n_tasks * settings.calib_eval_windows * settings.seq_len * student
+    prepare = calib + (evaluation + generation if settings.evaluate_before else 0.0)
+    if settings.method == "mazo":
+        prepare += n_tasks * settings.importance_windows * settings.seq_len * student
+    if settings.probes_lr:
+        prepare += len(PROBE_FACTORS) * (PROBE_STEPS * step + calib)
+    finish = calib + evaluation + generation
+    return RecoveryEstimate(prepare, step, settings.steps, finish, f"cost model: {profile.basis}", settings.time_budget_s)
+
+
+def estimate_for_checkpoint(folder: str | Path, settings, placement=None, measure: bool = True) -> RecoveryEstimate | None:
+    """:func:`estimate_recovery` of a checkpoint folder (CPU float32 unless ``placement`` says otherwise);
+    None when the folder has no readable config.json. Whether the run distils is guessed from the
+    objective: kd unless ``lm`` is asked (the default when the base model is reachable)."""
+    from gap_engine.core.device import DeviceSpec, resolve
+
+    try:
+        config = json.loads((Path(folder).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    placement = placement or resolve(DeviceSpec("cpu", "float32"))
+    return estimate_recovery(config, settings.validate(), placement, settings.objective != "lm", measure)
