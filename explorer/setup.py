@@ -349,7 +349,7 @@ with right:
         help=f"{common.GLOSSARY['fisher']}\n\n{common.GLOSSARY['taylor']} Choosing taylor sets the objective to nll (its KL estimate is zero).",
     )
     c1, c2, c3 = st.columns(3)
-    c1.selectbox("Criterion (which units go)", CRITERIA.names, key="setup_criterion", help=f"{common.GLOSSARY['criterion']}\n\n{CRITERIA.help()}")
+    c1.selectbox("Criterion (which units go)", CRITERIA.names, key="setup_criterion", help=f"{common.GLOSSARY['criterion']}\n\n{common.GLOSSARY['wanda']}\n\n{CRITERIA.help()}")
     c2.selectbox("Objective", OBJECTIVES.names, key="setup_objective", help=f"{OBJECTIVES.help()}\n\nBoth in {common.GLOSSARY['nats/token']}")
     c3.selectbox("Components", ("split", "block"), key="setup_mode", help=common.GLOSSARY["split"])
     st.text_input("Rate grid (comma-separated, starting at 0)", key="setup_rate_grid")

@@ -17,6 +17,7 @@ from test_app_budget import chart, release
 from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
+from gap_engine.pipeline.runs import PruneEvalResult
 from gap_engine.pipeline.stages import loss_table
 from gap_engine.tables.artefact import TableSpec
 
@@ -49,7 +50,7 @@ def test_a_reload_prunes_and_exports_the_released_plan_by_its_hash(cached_table,
     again.run()
     assert job.status == "done", job.error
     result = again.session_state["app_last_run"]
-    assert result["plan_hash"] == digest and result["plan"]["mlp_rates"] == plan.mlp_rates
+    assert result.plan_hash == digest and result.plan["mlp_rates"] == plan.mlp_rates
     assert history.runs()[-1].params["plan_hash"] == digest
     assert any(digest in str(h.value) for h in again.subheader)
     assert any(m.label.startswith("Held-out KL to dense") for m in again.metric)
@@ -63,7 +64,7 @@ def test_a_reload_prunes_and_exports_the_released_plan_by_its_hash(cached_table,
     assert not again.exception, [e.value for e in again.exception]
     source = again.selectbox(key="export_plan_source")
     assert f"dp at {plan.budget:.2%}, plan {digest}" in source.format_func("planner")
-    assert f"plan {digest}" in source.format_func(f"run-{result['run_id']}")
+    assert f"plan {digest}" in source.format_func(f"run-{result.run_id}")
     assert any(f"Plan `{digest}` · budget {plan.budget:.2%}" in t for t in texts(again.caption))
 
 
@@ -91,12 +92,13 @@ def test_a_session_without_a_table_in_its_link_says_which_table_it_opened_and_wh
 def test_a_runs_numbers_say_which_text_and_how_noisy_they_are(cached_table):
     at = start("explorer/evaluate.py")
     throughput = {"prefill_speedup": 1.12, "prefill_speedup_range": [0.95, 1.31], "decode_speedup": 1.05, "decode_speedup_range": [1.01, 1.1]}
-    at.session_state["app_last_run"] = {
-        "run_id": 7, "plan": {"allocator": "dp", "budget": 0.2503}, "plan_hash": "0123456789ab", "objective": "kl",
-        "predicted_loss": 0.52, "actual_loss": 0.77, "predicted_basis": "estimated",
-        "report": {"params": 100, "dense": {"params": 130, "perplexity": {"wiki-sample": 29.06}}, "perplexity": {"wiki-sample": 62.89},
-                   "kl_to_dense": {"wiki-sample": 0.858}, "throughput": throughput},
-    }  # fmt: skip
+    at.session_state["app_last_run"] = PruneEvalResult(
+        run_id=7, plan={"allocator": "dp", "budget": 0.2503}, plan_hash="0123456789ab", objective="kl",
+        predicted_loss=0.52, actual_loss=0.77, predicted_basis="estimated",
+        report={"params": 100, "dense": {"params": 130, "perplexity": {"wiki-sample": 29.06}}, "perplexity": {"wiki-sample": 62.89},
+                "kl_to_dense": {"wiki-sample": 0.858}, "throughput": throughput},
+        checkpoint=None, seconds=1.0, stage_seconds={}, params_before=130, params_after=100,
+    )  # fmt: skip
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     metrics = {m.label: m for m in at.metric}
