@@ -223,6 +223,10 @@ def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
     assert "no cached loss table" in capsys.readouterr().err
 
 
+def _no_model_load(*args, **kwargs):
+    raise AssertionError("the model was loaded before the bad input was refused")
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -234,15 +238,17 @@ def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
         (["--out", "table.txt"], "must end in .json or .csv"),
     ],
 )
-def test_cli_table_rejects_bad_input_before_loading_a_model(tmp_cache, tmp_path, capsys, extra, message):
-    argv = ["table", "--model", "no-such-model", "--out", str(tmp_path / "t.json"), *extra]
+def test_cli_table_rejects_bad_input_before_loading_a_model(tmp_cache, tmp_path, capsys, monkeypatch, extra, message):
+    monkeypatch.setattr("gap_engine.cli.table_commands.load_model", _no_model_load)
+    argv = ["table", "--model", "smollm2-135m", "--out", str(tmp_path / "t.json"), *extra]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gap: error: ") and message in err[0]
 
 
-def test_cli_table_old_approx_flag_still_works(tmp_cache, tmp_path, capsys):
-    argv = ["table", "--model", "no-such-model", "--approx", "fisher", "--rates", "0.25,0.5", "--out", str(tmp_path / "t.json")]
+def test_cli_table_old_approx_flag_still_works(tmp_cache, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("gap_engine.cli.table_commands.load_model", _no_model_load)
+    argv = ["table", "--model", "smollm2-135m", "--approx", "fisher", "--rates", "0.25,0.5", "--out", str(tmp_path / "t.json")]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--approx is deprecated and will be removed in gap-engine 0.3.0; use --estimator" in err and "must start at 0" in err

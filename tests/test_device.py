@@ -77,7 +77,7 @@ def test_cli_refuses_bad_devices_in_one_line(capsys, tmp_path):
         main(["table", "--model", "x", "--device", "tpu", "--out", str(tmp_path / "t.json")])
     assert info.value.code == 2 and "unknown device 'tpu'" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        assert main(["eval", "--model", "no-such-model", "--device", "cuda"]) == 2
+        assert main(["eval", "--model", "smollm2-135m", "--device", "cuda"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("gap: error: --device cuda: ")
     for command in (["prune", "--model", "m", "--uniform", "0.1", "--out", "o"], ["eval", "--model", "m"],
