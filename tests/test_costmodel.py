@@ -112,3 +112,12 @@ def test_a_build_no_earlier_job_measured_gets_the_cost_models_time_labelled_pred
     assert filled.basis.startswith(PREDICTION_WORD) and "no earlier build" in filled.basis
     measured = Expectation({stage: 1.0 for stage in stages}, 2, "from 2 earlier builds on this machine")
     assert with_prediction(measured, predicted) is measured  # measured stages are never replaced by a prediction
+
+
+def test_the_preflight_knows_the_shapes_the_dry_run_prices():
+    # The preflight refuses unknown model names before torch loads, so it keeps its own list of
+    # the cost model's planning shapes; the two must agree.
+    from gap_engine.cli.preflight import BUILTIN_NAMES, PLANNING_SHAPES
+    from gap_engine.tables.costmodel import SHAPES
+
+    assert set(SHAPES) == set(BUILTIN_NAMES) | set(PLANNING_SHAPES)

@@ -52,6 +52,10 @@ FOLDER_OUTPUTS = ("prune", "recover")
 CACHE_COMMANDS = ("table", "compare", "models", "cache")
 # The built-in model names (models.BUILTIN_MODELS; not imported: it needs torch). Loading one uses the cache.
 BUILTIN_NAMES = ("smollm2-135m", "gemma3-270m")
+# Models `gap table --dry-run` prices from their published shapes alone (costmodel.SHAPES; not
+# imported: it needs torch). They are names for planning, never loaded: the handler refuses them
+# for anything but a dry run.
+PLANNING_SHAPES = ("llama-3.1-8b", "llama-3.1-70b")
 # The file a gap checkpoint folder holds (checkpoint.PRUNED_MARKER; not imported: it needs torch).
 CHECKPOINT_MARKER = "gap_pruned.json"
 # The built-in text sources (data.BUILTIN_SOURCES; not imported: it needs torch).
@@ -192,6 +196,8 @@ def check_model_name(name: str | None, flag: str = "--model") -> None:
 
 def check_models(args: argparse.Namespace) -> None:
     """check_model_name for --model (and the checkpoint of ``gap export``)."""
+    if args.command == "table" and getattr(args, "model", None) in PLANNING_SHAPES:
+        return  # priced by --dry-run from its shape; any other use fails in the handler
     check_model_name(getattr(args, "model", None))
     if args.command == "export":
         check_model_name(getattr(args, "checkpoint", None), "the checkpoint")
