@@ -108,7 +108,7 @@ def test_zo_step_with_zero_update_restores_every_weight_under_kd(dense_and_prune
     data = TaskData(lm, settings)
     objective = Objective("kd", 2.0, teacher=teacher.model)
     run = ZORun(lm, settings, objective)
-    run.prepare(data, lambda message: None, None)
+    run.prepare(data, Hooks())
     batch = data.batch(0)
     log_p = objective.teacher_log_probs(batch)
     for masked in (True, False):
@@ -170,7 +170,7 @@ def test_card_escapes_names_from_the_user():
     })  # fmt: skip
     cells = [line.count("|") - line.count("\\|") for line in lines if line.startswith("|")]
     assert set(cells) == {3, 5}  # every row keeps its two or four cells: no name opened a new one
-    assert "<b>" not in "\n".join(lines) and "\\<b\\>\\|bad" in "\n".join(lines)
+    assert "<b>" not in "\n".join(lines) and "&lt;b&gt;\\|bad" in "\n".join(lines)
     assert "| 10.000 → 9.000 |" in "\n".join(lines)
 
 
