@@ -221,7 +221,7 @@ def test_explorer_run_records_task_accuracy_beside_dense(make_tiny, tmp_path, mo
     settings = EvalSettings(windows=WindowSpec("wiki-sample", n_samples=1, seq_len=16), throughput=False, generations=0)
     plan = uniform_plan(dense, 0.5, "magnitude", 8)
     result = prune_and_evaluate(dense, settings, plan=plan, history_path=tmp_path / "h.sqlite", tasks=prepared)
-    report = result["report"]
+    report = result.report
     expected_dense = run_tasks(dense, prepared)[OFFLINE_TASK]
     assert report["dense_task_accuracy"][OFFLINE_TASK] == expected_dense.to_dict()
     assert report["task_accuracy"][OFFLINE_TASK]["n"] == 3
