@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 from test_recover import (
-    WORDS,
     _cli,
     _crash_at,
     assert_same_tensors,
     checkpoint_tensors,
+    text_file,  # the shared calibration text fixture  # noqa: F401
     tiny_settings,
 )
 
@@ -30,17 +30,6 @@ from gap_engine.recover import zo as recover_zo
 from gap_engine.recover.distill import Objective, distillation_loss
 from gap_engine.recover.files import RecoveryError, partial_dir
 from gap_engine.recover.train import PROBE_FACTORS, TaskData, ZORun
-
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory) -> str:
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    paragraphs = [" ".join(rng.choice(WORDS, size=120)) + "." for _ in range(40)]
-    path = tmp_path_factory.mktemp("text") / "calib.txt"
-    path.write_text("\n\n".join(paragraphs))
-    return str(path)
 
 
 @pytest.fixture(scope="module")
