@@ -1,24 +1,31 @@
-"""Recovery benchmark: LoRA, MaZO and MeZO after pruning 20%, the DP plan against uniform.
+"""Recovery benchmark (issue 20): LoRA-lm, LoRA-kd, MaZO-kd and MeZO-kd after pruning 20%, DP against uniform.
 
-On smollm2-135m at 20% of the prunable parameters, with the same within-layer criterion
-(wanda) for both plans:
+On smollm2-135m at 20% of the prunable parameters, both plans from the same default loss table
+(``gap table`` with its defaults: fisher estimator, KL objective, 16 x 256 tokens of
+wiki-sample, criterion wanda). Phases, each skipped where its files exist (a killed benchmark
+resumes where it stopped):
 
-1. prepare (each step skipped when its file exists): a fisher KL loss table
-   (16 x 256 tokens, rates 0, 1/8, ..., 7/8), the DP plan at budget 0.2, the uniform plan at
-   the same budget from the same table, and both pruned checkpoints (``gap table``,
-   ``gap plan``, ``gap prune``);
-2. no tuning: ``gap eval`` of both checkpoints on held-out wiki-sample and news-sample, with
-   the dense model beside them (perplexity, KL, top-1 agreement);
-3. for each plan and method, ``gap recover`` in a process of its own (so its memory
-   measurements start clean): LoRA and MaZO for a fixed wall-clock budget, MeZO for exactly
-   the steps MaZO made (the equal-steps comparison); the same held-out evaluation after;
-4. the report: ``bench/results/recovery.md`` (perplexities, memory against plain inference
-   measured in the same process, the targets) and ``bench/results/recovery_curves.csv``
-   (loss per step with wall time).
+1. ``prepare``: the table, the DP plan and the uniform plan at the budget, both pruned
+   checkpoints (stored bf16, the default), and ``gap eval`` of both untuned checkpoints with the
+   dense model beside them (perplexity, KL to dense, top-1 agreement on held-out wiki-sample and
+   news-sample);
+2. ``wallclock``: every recipe (method + objective) for the same wall-clock training budget. The
+   DP and the uniform checkpoint of one recipe train **side by side**, one process and one torch
+   thread each, so that the comparison GAP's tuning claim is about (DP + recovery against uniform
+   + the same recovery, at equal budget and time) runs under identical machine conditions; the
+   recipes run one after another. ZO learning rates are the engine's default (the automatic
+   probe); everything else is the engine's defaults except the batch shape below;
+3. ``steps``: MaZO-kd against MeZO-kd on the DP checkpoint at an equal number of steps (1,000 by
+   default), side by side, one thread each (shorter windows, so that 1,000 steps fit);
+4. ``tasks``: zero-shot accuracy through lm-eval on the offline task ``gap_wiki_next`` for the
+   untuned and every recovered checkpoint (dense is measured once and cached by ``gap eval``);
+   not timing-sensitive, so it may share the machine;
+5. the report: ``bench/results/recovery.md`` and ``bench/results/recovery_curves.csv``.
 
-    python bench/bench_recovery.py [--budget-s 480] [--work runs/recovery]
+    python bench/bench_recovery.py --work runs/rec20 [--phases prepare,wallclock,steps,tasks]
+        [--budget-s 900] [--zo-steps 1000] [--task-limit 200]
 
-A killed benchmark resumes: finished runs are read back from ``<work>/<plan>-<method>.json``.
+The load average is written beside every run: these machines are shared.
 """
 
 from __future__ import annotations
@@ -43,296 +50,317 @@ from gap_engine.core.fsutil import atomic_write_json, atomic_write_text  # noqa:
 RESULTS = Path(__file__).resolve().parent / "results"
 SOURCES = ("wiki-sample", "news-sample")
 PLANS = ("dp", "uniform")
-METHODS = ("lora", "mazo", "mezo")
+RECIPES = (("lora", "lm"), ("lora", "kd"), ("mazo", "kd"), ("mezo", "kd"))  # (method, objective), run in this order
+ZO_RECIPES = (("mazo", "kd"), ("mezo", "kd"))
+TASK = "gap_wiki_next"
+PHASES = ("prepare", "wallclock", "steps", "tasks")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--budget", default="0.2", help="fraction of prunable parameters removed")
-    p.add_argument("--budget-s", type=float, default=480.0, help="wall-clock training budget per LoRA/MaZO run")
-    p.add_argument("--work", default="runs/recovery", help="folder for tables, plans, checkpoints and run JSON")
+    p.add_argument("--work", default="runs/rec20", help="folder for the table, plans, checkpoints and run JSON")
+    p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
+    p.add_argument("--budget-s", type=float, default=900.0, help="wall-clock training seconds per wallclock run")
+    p.add_argument("--threads-per-run", type=int, default=1, help="torch threads of each of the two side-by-side runs")
     p.add_argument("--batch-size", type=int, default=1, help="windows per task per step")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per training window")
-    p.add_argument("--eval-samples", type=int, default=4)
+    p.add_argument("--zo-steps", type=int, default=1000, help="steps of each run in the equal-steps phase")
+    p.add_argument("--zo-seq-len", type=int, default=32, help="tokens per training window in the equal-steps phase")
+    p.add_argument("--eval-samples", type=int, default=8, help="held-out windows per source")
     p.add_argument("--eval-seq-len", type=int, default=256)
-    return p.parse_args(argv)
+    p.add_argument("--task-limit", type=int, default=200, help=f"examples of {TASK} per model")
+    p.add_argument("--out", default=str(RESULTS / "recovery.md"))
+    args = p.parse_args(argv)
+    args.phases = [x for x in args.phases.split(",") if x]
+    unknown = set(args.phases) - set(PHASES)
+    if unknown:
+        p.error(f"unknown phases {sorted(unknown)}; choose from {', '.join(PHASES)}")
+    return args
 
 
 class Bench:
+    """Runs ``gap`` commands in processes of their own, side by side when asked, and keeps
+    their JSON output beside the checkpoints so that a rerun skips what is done."""
+
     def __init__(self, args):
         self.args = args
-        self.work = Path(args.work)
+        self.work = Path(args.work).resolve()
         self.work.mkdir(parents=True, exist_ok=True)
-        self.commands: list[str] = []
-        self.loads: list[tuple[str, tuple[float, float, float]]] = []
-        self.env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.log_path = self.work / "bench-log.json"
+        self.log: list[dict] = json.loads(self.log_path.read_text()) if self.log_path.exists() else []
 
-    def gap(self, argv: list[str], label: str) -> str:
-        """Run `gap ARGV` in its own process; its stderr goes to <work>/<label>.log; returns stdout."""
-        command = ["gap", *argv]
-        self.commands.append(shlex.join(command))
-        self.loads.append((f"{label} start", os.getloadavg()))
-        started = time.perf_counter()
-        with open(self.work / f"{label}.log", "w") as log:
-            proc = subprocess.run([sys.executable, "-m", "gap_engine", *argv], cwd=ROOT, env=self.env,
-                                  stdout=subprocess.PIPE, stderr=log, text=True)
-        self.loads.append((f"{label} end ({time.perf_counter() - started:.0f} s)", os.getloadavg()))
-        print(f"{label}: {time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"{shlex.join(command)} failed ({proc.returncode}); see {self.work / (label + '.log')}")
-        return proc.stdout
+    def _record(self, entry: dict) -> None:
+        self.log.append(entry)
+        atomic_write_json(self.log_path, self.log)
 
-    def once(self, path: Path, argv: list[str], label: str) -> None:
-        if path.exists():
-            self.commands.append(shlex.join(["gap", *argv]) + "   # reused")
+    def run(self, jobs: list[tuple[str, list[str], Path | None]], threads: int) -> None:
+        """Run ``jobs`` (label, gap argv, JSON output file or None) at once, ``threads`` torch
+        threads each; a job whose output file (or, without one, whose ``--out``) exists is skipped."""
+        todo = [(label, argv, out) for label, argv, out in jobs if not self._done(argv, out)]
+        if not todo:
             return
-        self.gap(argv, label)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        load_start, started = os.getloadavg(), time.perf_counter()
+        procs = []
+        for label, argv, out in todo:
+            log = open(self.work / f"{label}.log", "w")
+            stdout = subprocess.PIPE if out is not None else subprocess.DEVNULL
+            procs.append((label, argv, out, log, subprocess.Popen([sys.executable, "-m", "gap_engine", *argv], cwd=ROOT, env=env,
+                                                                  stdout=stdout, stderr=log, text=True)))
+        for label, argv, out, log, proc in procs:
+            stdout, _ = proc.communicate()
+            log.close()
+            seconds = time.perf_counter() - started
+            if proc.returncode != 0:
+                raise SystemExit(f"{shlex.join(['gap', *argv])} failed ({proc.returncode}); see {self.work / (label + '.log')}")
+            if out is not None:
+                atomic_write_json(out, json.loads(stdout))
+            self._record({"label": label, "command": shlex.join(["gap", *argv]), "threads": threads,
+                          "side_by_side": [lab for lab, *_ in todo], "seconds": round(seconds, 1),
+                          "load_start": [round(x, 2) for x in load_start], "load_end": [round(x, 2) for x in os.getloadavg()]})
+            print(f"{label}: {seconds:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
 
-    def cached_json(self, path: Path, argv: list[str], label: str) -> dict:
-        if path.exists():
-            self.commands.append(shlex.join(["gap", *argv]) + "   # reused")
-            return json.loads(path.read_text())
-        result = json.loads(self.gap(argv, label))
-        atomic_write_json(path, result)
-        return result
+    @staticmethod
+    def _done(argv: list[str], out: Path | None) -> bool:
+        if out is not None:
+            return out.exists()
+        return Path(argv[argv.index("--out") + 1]).exists()
+
+    def read(self, name: str) -> dict | None:
+        path = self.work / f"{name}.json"
+        return json.loads(path.read_text()) if path.exists() else None
 
 
-def prepare(bench: Bench) -> dict[str, Path]:
-    a, w = bench.args, bench.work
-    rates = ",".join(f"{i / 8:g}" for i in range(8))
-    bench.once(w / "t.json", ["table", "--model", a.model, "--estimator", "fisher", "--objective", "kl", "--samples", "16",
-                              "--seq-len", "256", "--rates", rates, "--out", str(w / "t.json")], "table")
-    bench.once(w / "dp.json", ["plan", "--table", str(w / "t.json"), "--budget", a.budget, "--out", str(w / "dp.json")], "plan-dp")
-    bench.once(w / "uniform.json", ["plan", "--table", str(w / "t.json"), "--budget", a.budget, "--allocator", "uniform",
-                                    "--out", str(w / "uniform.json")], "plan-uniform")
-    checkpoints = {"dp": w / "dp20", "uniform": w / "u20"}
-    for plan, folder in checkpoints.items():
-        bench.once(folder, ["prune", "--model", a.model, "--plan", str(w / f"{plan}.json"), "--out", str(folder)], f"prune-{plan}")
-    return checkpoints
-
-
-def recover_argv(bench: Bench, checkpoint: Path, method: str, out: Path, steps: int | None) -> list[str]:
+def eval_argv(bench: Bench, checkpoint: Path) -> list[str]:
     a = bench.args
-    argv = ["recover", "--model", str(checkpoint), "--method", method, "--data", ",".join(SOURCES),
-            "--batch-size", str(a.batch_size), "--seq-len", str(a.seq_len), "--schedule", "constant",
+    return ["eval", "--model", str(checkpoint), "--data", ",".join(SOURCES), "--samples", str(a.eval_samples),
+            "--seq-len", str(a.eval_seq_len), "--generations", "1", "--no-throughput", "--json"]
+
+
+def recover_argv(bench: Bench, checkpoint: Path, method: str, objective: str, out: Path, *, steps: int | None,
+                 seq_len: int) -> list[str]:
+    a = bench.args
+    argv = ["recover", "--model", str(checkpoint), "--method", method, "--objective", objective, "--data", ",".join(SOURCES),
+            "--batch-size", str(a.batch_size), "--seq-len", str(seq_len), "--schedule", "constant",
             "--eval-samples", str(a.eval_samples), "--eval-seq-len", str(a.eval_seq_len), "--generations", "1",
-            "--no-eval-before", "--save-every", "10", "--out", str(out), "--json"]
+            "--no-eval-before", "--no-history", "--save-every", "50", "--out", str(out), "--json"]
     if steps is None:  # a wall-clock budget; the step cap is never reached
-        argv += ["--steps", "100000", "--time-budget", f"{a.budget_s:g}"]
-    else:
-        argv += ["--steps", str(steps)]
-    return argv
+        return argv + ["--steps", "1000000", "--time-budget", f"{a.budget_s:g}"]
+    return argv + ["--steps", str(steps)]
 
 
-def multitask_nll(perplexity: dict) -> float:
-    """The multi-task objective on held-out text: the mean over tasks of each task's NLL."""
+def checkpoints(bench: Bench) -> dict[str, Path]:
+    return {"dp": bench.work / "dp20", "uniform": bench.work / "u20"}
+
+
+def prepare(bench: Bench) -> None:
+    a, w = bench.args, bench.work
+    bench.run([("table", ["table", "--model", a.model, "--out", str(w / "t.json")], None)], threads=2)
+    bench.run([("plan-dp", ["plan", "--table", str(w / "t.json"), "--budget", a.budget, "--out", str(w / "dp.json")], None)], 2)
+    bench.run([("plan-uniform", ["plan", "--table", str(w / "t.json"), "--budget", a.budget, "--allocator", "uniform",
+                                 "--out", str(w / "uniform.json")], None)], 2)
+    for plan, folder in checkpoints(bench).items():
+        bench.run([(f"prune-{plan}", ["prune", "--model", a.model, "--plan", str(w / f"{plan}.json"), "--out", str(folder)],
+                    None)], 2)
+    bench.run([(f"eval-{plan}", eval_argv(bench, folder), w / f"{plan}-none.json") for plan, folder in checkpoints(bench).items()],
+              a.threads_per_run)
+
+
+def wallclock(bench: Bench) -> None:
+    for method, objective in RECIPES:
+        bench.run([(f"{plan}-{method}-{objective}",
+                    recover_argv(bench, folder, method, objective, bench.work / f"{plan}-{method}-{objective}", steps=None,
+                                 seq_len=bench.args.seq_len),
+                    bench.work / f"{plan}-{method}-{objective}.json") for plan, folder in checkpoints(bench).items()],
+                  bench.args.threads_per_run)
+
+
+def equal_steps(bench: Bench) -> None:
+    a, folder = bench.args, checkpoints(bench)["dp"]
+    bench.run([(f"dp-{method}-{objective}-steps",
+                recover_argv(bench, folder, method, objective, bench.work / f"dp-{method}-{objective}-steps", steps=a.zo_steps,
+                             seq_len=a.zo_seq_len),
+                bench.work / f"dp-{method}-{objective}-steps.json") for method, objective in ZO_RECIPES], a.threads_per_run)
+
+
+def task_models(bench: Bench) -> list[tuple[str, Path]]:
+    out = [(f"{plan}-none", folder) for plan, folder in checkpoints(bench).items()]
+    out += [(f"{plan}-{m}-{o}", bench.work / f"{plan}-{m}-{o}") for m, o in RECIPES for plan in PLANS]
+    out += [(f"dp-{m}-{o}-steps", bench.work / f"dp-{m}-{o}-steps") for m, o in ZO_RECIPES]
+    return [(name, folder) for name, folder in out if folder.exists()]
+
+
+def tasks(bench: Bench) -> None:
+    a = bench.args
+    jobs = [(f"tasks-{name}", ["eval", "--model", str(folder), "--data", "wiki-sample", "--samples", "1", "--seq-len", "64",
+                               "--generations", "0", "--no-throughput", "--tasks", TASK, "--limit", str(a.task_limit),
+                               "--batch-size", "8", "--json"], bench.work / f"tasks-{name}.json")
+            for name, folder in task_models(bench)]
+    for i in range(0, len(jobs), 2):  # two at a time: two cores
+        bench.run(jobs[i : i + 2], a.threads_per_run)
+
+
+# ---- the report ------------------------------------------------------------------------------
+def nll(perplexity: dict) -> float:
+    """The multi-task held-out objective: the mean over tasks of each task's NLL (nats/token)."""
     return sum(math.log(perplexity[s]) for s in SOURCES) / len(SOURCES)
+
+
+def mean_kl(report: dict) -> float:
+    return sum(report["kl_to_dense"][s] for s in SOURCES) / len(SOURCES)
+
+
+def row(label: str, report: dict, dense: dict, extra: list[str]) -> str:
+    ppl = report["perplexity"]
+    return (f"| {label} | " + " | ".join(extra) + " | "
+            + " | ".join(f"{ppl[s]:.2f} ({ppl[s] / dense[s]:.2f}x)" for s in SOURCES)
+            + f" | {nll(ppl):.4f} | " + " | ".join(f"{report['kl_to_dense'][s]:.4f}" for s in SOURCES)
+            + " | " + " | ".join(f"{report['top1_agreement'][s]:.3f}" for s in SOURCES) + " |")
+
+
+def task_cell(result: dict | None, key: str = "task_accuracy") -> str:
+    """acc ± stderr in points of ``gap eval --json``'s ``task_accuracy`` (or ``dense_task_accuracy``)."""
+    entry = (result or {}).get(key, {}).get(TASK)
+    if entry is None:
+        return "not run"
+    return f"{100 * entry['acc']:.1f} ± {100 * entry['acc_stderr']:.1f} (n={entry['n']})"
+
+
+def markdown(bench: Bench) -> str:
+    a = bench.args
+    untuned = {plan: bench.read(f"{plan}-none") for plan in PLANS}
+    dense = untuned["dp"]["dense"]["perplexity"]
+    lines = [
+        "# Recovery after pruning 20%: LoRA-lm, LoRA-kd, MaZO-kd, MeZO-kd; DP plan against uniform",
+        "",
+        "Generated by `bench/bench_recovery.py` (its docstring describes the phases):",
+        "",
+        "```",
+        f"python bench/bench_recovery.py --work {a.work} --budget-s {a.budget_s:g} --zo-steps {a.zo_steps} "
+        f"--zo-seq-len {a.zo_seq_len} --eval-samples {a.eval_samples} --task-limit {a.task_limit}",
+        "```",
+        "",
+        f"Machine: {platform.machine()}, 2 cores, no GPU, torch {torch.__version__}. Every command below ran in a "
+        "process of its own; `threads` is its torch thread count, `side by side` the runs that shared the machine "
+        "with it. Load average (1, 5, 15 min) at its start and end:",
+        "",
+        "| run | command | threads | side by side | seconds | load start | load end |",
+        "|---|---|---:|---|---:|---|---|",
+    ]
+    for entry in bench.log:
+        lines.append(f"| {entry['label']} | `{entry['command']}` | {entry['threads']} | {', '.join(entry['side_by_side'])} | "
+                     f"{entry['seconds']:.0f} | {', '.join(f'{x:.2f}' for x in entry['load_start'])} | "
+                     f"{', '.join(f'{x:.2f}' for x in entry['load_end'])} |")
+    lines += ["", "## Settings", "",
+              "- " + "; ".join(_plan_line(bench.work / f"{plan}.json", plan) for plan in PLANS) + ".",
+              f"- Training: tasks {', '.join(SOURCES)} (calibration parts), every step {a.batch_size} window(s) x "
+              f"{a.seq_len} tokens per task, constant learning rate (ZO: the engine's automatic probe; LoRA: its default), "
+              f"kd at temperature 1 from the dense model the checkpoint was pruned from.",
+              f"- Held-out evaluation: {a.eval_samples} windows x {a.eval_seq_len} tokens per source, never overlapping the "
+              "calibration text; multi-task NLL is the mean over the two sources of the held-out NLL (nats/token); "
+              "KL is KL(dense || model) per token; top-1 is agreement of the greedy next token with dense.",
+              "- Dense: perplexity " + ", ".join(f"{s} {dense[s]:.3f}" for s in SOURCES) + f" (multi-task NLL {nll(dense):.4f}).",
+              ""]
+    header = ("| run | steps | train s | lr | peak / inference memory | ppl wiki (x dense) | ppl news (x dense) | "
+              "multi-task NLL | KL wiki | KL news | top-1 wiki | top-1 news |")
+    rule = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    lines += [f"## Equal wall clock: {a.budget_s:g} s of training per run", "", header, rule]
+    runs: dict[str, dict] = {}
+    for plan in PLANS:
+        lines.append(row(f"{plan}, none", untuned[plan], dense, ["0", "0", "", ""]))
+        for method, objective in RECIPES:
+            name = f"{plan}-{method}-{objective}"
+            r = bench.read(name)
+            if r is None:
+                continue
+            runs[name] = r
+            lines.append(row(f"{plan}, {method}-{objective}", r["after"], dense,
+                             [str(r["steps_done"]), f"{r['train_seconds']:.0f}", f"{r['lr']:.3g}", f"{r['rss_ratio']:.2f}x"]))
+    steps_runs = {m: bench.read(f"dp-{m}-kd-steps") for m, _ in ZO_RECIPES}
+    if any(steps_runs.values()):
+        lines += ["", f"## Equal steps: MaZO-kd against MeZO-kd on the DP checkpoint ({a.zo_seq_len}-token windows)", "",
+                  header, rule, row("dp, none", untuned["dp"], dense, ["0", "0", "", ""])]
+        for method, r in steps_runs.items():
+            if r is not None:
+                lines.append(row(f"dp, {method}-kd", r["after"], dense, [str(r["steps_done"]), f"{r['train_seconds']:.0f}",
+                                                                         f"{r['lr']:.3g}", f"{r['rss_ratio']:.2f}x"]))
+    task_results = {name: bench.read(f"tasks-{name}") for name, _ in task_models(bench)}
+    if any(task_results.values()):
+        first = next(r for r in task_results.values() if r is not None)
+        lines += ["", f"## Zero-shot accuracy on `{TASK}` (lm-eval, first {a.task_limit} examples, acc ± stderr in points)", "",
+                  "| model | acc |", "|---|---:|", f"| dense | {task_cell(first, 'dense_task_accuracy')} |"]
+        lines += [f"| {name} | {task_cell(r)} |" for name, r in task_results.items()]
+    lines += ["", "## Targets", "", *targets(bench, untuned, runs, steps_runs, dense), ""]
+    return "\n".join(lines)
+
+
+def _plan_line(path: Path, label: str) -> str:
+    params = json.loads(path.read_text())["params"]
+    return (f"{label} removes {params['removed']:,} of {params['dense_prunable']:,} prunable parameters "
+            f"({params['removed_fraction_of_prunable']:.2%})")
+
+
+def targets(bench: Bench, untuned: dict, runs: dict, steps_runs: dict, dense: dict) -> list[str]:
+    out = []
+    kd, lm = runs.get("dp-lora-kd"), runs.get("dp-lora-lm")
+    if kd is not None:
+        ratio = kd["after"]["perplexity"]["wiki-sample"] / dense["wiki-sample"]
+        out.append(f"- DP + LoRA-kd, {bench.args.budget_s / 60:g} min of training on one core: held-out wiki perplexity at "
+                   f"most 1.3x dense: {'met' if ratio <= 1.3 else 'MISSED'}, {ratio:.2f}x.")
+    if kd is not None and lm is not None:
+        better = [s for s in SOURCES if kd["after"]["perplexity"][s] < lm["after"]["perplexity"][s]]
+        out.append(f"- DP + LoRA-kd better than LoRA-lm at the same wall clock (held-out perplexity, both sources): "
+                   f"{'met' if len(better) == len(SOURCES) else 'MISSED'}, "
+                   + ", ".join(f"{s} {kd['after']['perplexity'][s]:.2f} vs {lm['after']['perplexity'][s]:.2f}" for s in SOURCES)
+                   + f"; KL {mean_kl(kd['after']):.4f} vs {mean_kl(lm['after']):.4f}.")
+    for method, objective in RECIPES:
+        dp, uni = runs.get(f"dp-{method}-{objective}"), runs.get(f"uniform-{method}-{objective}")
+        if dp is None or uni is None:
+            continue
+        wins = [s for s in SOURCES if dp["after"]["perplexity"][s] < uni["after"]["perplexity"][s]]
+        out.append(f"- DP + {method}-{objective} beats uniform + {method}-{objective} (equal budget and time): "
+                   f"{'met' if len(wins) == len(SOURCES) else 'MISSED'}, "
+                   + ", ".join(f"{s} {dp['after']['perplexity'][s]:.2f} vs {uni['after']['perplexity'][s]:.2f}" for s in SOURCES) + ".")
+    mazo, mezo = steps_runs.get("mazo"), steps_runs.get("mezo")
+    if mazo is not None and mezo is not None:
+        a, b = nll(mazo["after"]["perplexity"]), nll(mezo["after"]["perplexity"])
+        out.append(f"- MaZO beats MeZO at equal steps ({mazo['steps_done']} and {mezo['steps_done']}) on the held-out "
+                   f"multi-task NLL: {'met' if a < b else 'MISSED'}, {a:.4f} vs {b:.4f} (untuned {nll(untuned['dp']['perplexity']):.4f}); "
+                   f"mean KL {mean_kl(mazo['after']):.4f} vs {mean_kl(mezo['after']):.4f}.")
+    if mazo is not None:
+        out.append(f"- MaZO's peak memory at most 1.1x inference: {'met' if mazo['rss_ratio'] <= 1.1 else 'MISSED'}, "
+                   f"{mazo['rss_ratio']:.3f}x (kd: the teacher is resident in both measurements).")
+        before, after = mean_kl(untuned["dp"]), mean_kl(mazo["after"])
+        share = (before - after) / before
+        out.append(f"- MaZO removes at least a quarter of the DP plan's KL increase: {'met' if share >= 0.25 else 'MISSED'}, "
+                   f"{share:.1%} (mean KL {before:.4f} -> {after:.4f}).")
+    out.append("- Step time against two forward passes: see `bench/results/zo_step.md`.")
+    return out
+
+
+def curves_csv(bench: Bench) -> str:
+    lines = ["run,step,seconds,loss,lr"]
+    for path in sorted(bench.work.glob("*-*.json")):
+        result = json.loads(path.read_text())
+        for r in result.get("curve", []) if isinstance(result, dict) else []:
+            lines.append(f"{path.stem},{r['step']},{r['seconds']:.2f},{r['loss']:.5f},{r['lr']:.3g}")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     bench = Bench(args)
-    started = time.perf_counter()
-    checkpoints = prepare(bench)
-    eval_argv = ["--data", ",".join(SOURCES), "--samples", str(args.eval_samples), "--seq-len", str(args.eval_seq_len),
-                 "--generations", "1", "--no-throughput", "--json"]
-    untuned = {plan: bench.cached_json(bench.work / f"{plan}-none.json", ["eval", "--model", str(folder), *eval_argv],
-                                       f"eval-{plan}") for plan, folder in checkpoints.items()}
-    runs: dict[tuple[str, str], dict] = {}
-    for plan, folder in checkpoints.items():
-        for method in METHODS:
-            steps = runs[(plan, "mazo")]["steps_done"] if method == "mezo" else None
-            out = bench.work / f"{plan}-{method}"
-            runs[(plan, method)] = bench.cached_json(
-                bench.work / f"{plan}-{method}.json", recover_argv(bench, folder, method, out, steps), f"recover-{plan}-{method}"
-            )
+    for phase, fn in (("prepare", prepare), ("wallclock", wallclock), ("steps", equal_steps), ("tasks", tasks)):
+        if phase in args.phases:
+            fn(bench)
     RESULTS.mkdir(exist_ok=True)
-    atomic_write_text(RESULTS / "recovery_curves.csv", curves_csv(runs))
-    report = markdown(bench, untuned, runs, time.perf_counter() - started)
-    atomic_write_text(RESULTS / "recovery.md", report)
+    atomic_write_text(RESULTS / "recovery_curves.csv", curves_csv(bench))
+    report = markdown(bench)
+    atomic_write_text(Path(args.out), report)
     print(report)
     return 0
-
-
-def curves_csv(runs: dict) -> str:
-    lines = ["plan,method,step,seconds,loss,lr"]
-    for (plan, method), result in runs.items():
-        lines += [f"{plan},{method},{r['step']},{r['seconds']:.2f},{r['loss']:.5f},{r['lr']:.3g}" for r in result["curve"]]
-    return "\n".join(lines) + "\n"
-
-
-def _fmt_delta(after: float, before: float) -> str:
-    return f"{after:.3f} ({after - before:+.3f})"
-
-
-def markdown(bench: Bench, untuned: dict, runs: dict, seconds: float) -> str:
-    a = bench.args
-    dense = untuned["dp"]["dense"]["perplexity"]
-    lines = [
-        "# Recovery after pruning: LoRA, MaZO and MeZO at 20%, DP plan against uniform",
-        "",
-        "Generated by `bench/bench_recovery.py`:",
-        "",
-        "```",
-        f"python bench/bench_recovery.py --budget-s {a.budget_s:g} --work {a.work}",
-        "```",
-        "",
-        "which ran, each in its own process:",
-        "",
-        "```",
-        *bench.commands,
-        "```",
-        "",
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads on 2 cores shared with other sessions, "
-        f"no GPU; torch {torch.__version__}. The whole benchmark took {seconds / 60:.0f} min. Load average (1, 5, 15 min) "
-        "at the start and end of each run:",
-        "",
-        "| run | load average |",
-        "|---|---|",
-        *[f"| {label} | {l1:.2f}, {l5:.2f}, {l15:.2f} |" for label, (l1, l5, l15) in bench.loads],
-        "",
-        "## Settings",
-        "",
-        f"- Model {a.model}; both plans come from the same fisher KL table with criterion wanda: "
-        + "; ".join(_plan_line(bench.work / f"{plan}.json", plan) for plan in PLANS) + ".",
-        f"- Training: tasks {', '.join(SOURCES)} (calibration parts only), every step {a.batch_size} window(s) x "
-        f"{a.seq_len} tokens from each task, constant learning rate. LoRA and MaZO train for a wall-clock budget of "
-        f"{a.budget_s:g} s each; MeZO trains for exactly as many steps as MaZO did on the same plan.",
-        "- Learning rates (the engine's defaults; how they were chosen is in the notes below): "
-        + ", ".join(f"{m} {runs[('dp', m)]['lr']:g}" for m in METHODS)
-        + f"; LoRA rank {runs[('dp', 'lora')]['settings']['rank']}, alpha {runs[('dp', 'lora')]['settings']['alpha']:g}, "
-        f"dropout {runs[('dp', 'lora')]['settings']['dropout']:g}, all seven projections; ZO eps "
-        f"{runs[('dp', 'mazo')]['settings']['eps']:g}; MaZO keeps {runs[('dp', 'mazo')]['settings']['mask_fraction']:g} "
-        f"of every row (magnitude weight {runs[('dp', 'mazo')]['settings']['magnitude_weight']:g}).",
-        f"- Held-out evaluation: {a.eval_samples} windows x {a.eval_seq_len} tokens per source, never overlapping the "
-        "calibration text; the multi-task objective is the mean over the two tasks of the held-out NLL (nats/token).",
-        f"- Dense model: perplexity wiki-sample {dense['wiki-sample']:.3f}, news-sample {dense['news-sample']:.3f} "
-        f"(multi-task NLL {multitask_nll(dense):.4f}).",
-        "",
-        "## Held-out perplexity",
-        "",
-        "| plan | recovery | steps | train s | ppl wiki-sample | ppl news-sample | multi-task NLL | KL wiki | KL news | top-1 wiki | top-1 news |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for plan in PLANS:
-        base = untuned[plan]
-        lines.append(
-            f"| {plan} | none | 0 | 0 | {base['perplexity']['wiki-sample']:.3f} | {base['perplexity']['news-sample']:.3f} | "
-            f"{multitask_nll(base['perplexity']):.4f} | {base['kl_to_dense']['wiki-sample']:.4f} | "
-            f"{base['kl_to_dense']['news-sample']:.4f} | {base['top1_agreement']['wiki-sample']:.3f} | "
-            f"{base['top1_agreement']['news-sample']:.3f} |"
-        )
-        for method in METHODS:
-            r = runs[(plan, method)]
-            after = r["after"]
-            lines.append(
-                f"| {plan} | {method} | {r['steps_done']} | {r['train_seconds']:.0f} | "
-                f"{_fmt_delta(after['perplexity']['wiki-sample'], base['perplexity']['wiki-sample'])} | "
-                f"{_fmt_delta(after['perplexity']['news-sample'], base['perplexity']['news-sample'])} | "
-                f"{multitask_nll(after['perplexity']):.4f} | {after['kl_to_dense']['wiki-sample']:.4f} | "
-                f"{after['kl_to_dense']['news-sample']:.4f} | {after['top1_agreement']['wiki-sample']:.3f} | "
-                f"{after['top1_agreement']['news-sample']:.3f} |"
-            )
-    lines += [
-        "",
-        "Calibration loss (the training objective, on 4 fixed calibration windows of each task, before -> after):",
-        "",
-        "| plan | method | wiki-sample | news-sample | mean |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for plan in PLANS:
-        for method in METHODS:
-            r = runs[(plan, method)]
-            b, f = r["calib_loss_before"], r["calib_loss_after"]
-            lines.append(
-                f"| {plan} | {method} | {b[0]:.4f} -> {f[0]:.4f} | {b[1]:.4f} -> {f[1]:.4f} | "
-                f"{sum(b) / 2:.4f} -> {sum(f) / 2:.4f} ({sum(f) / 2 - sum(b) / 2:+.4f}) |"
-            )
-    lines += [
-        "",
-        "## Peak resident memory",
-        "",
-        "Measured in each run's process by the kernel's high-water mark (VmHWM, reset through /proc/self/clear_refs): "
-        "plain inference is one no-grad forward pass of the training batch through the same model, just before "
-        "training; training is the whole step loop. Both include the Python runtime, torch and the loaded model.",
-        "",
-        "| plan | method | trained params | inference MiB | training MiB | ratio | delta MiB |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for plan in PLANS:
-        for method in METHODS:
-            r = runs[(plan, method)]
-            lines.append(
-                f"| {plan} | {method} | {r['trainable_params']:,} | {r['inference_rss'] / 2**20:.0f} | "
-                f"{r['peak_rss'] / 2**20:.0f} | {r['rss_ratio']:.3f} | {r['rss_delta'] / 2**20:+.0f} |"
-            )
-    lines += ["", "## Targets", ""] + targets(untuned, runs, dense)
-    lines += [
-        "",
-        "## Loss curves",
-        "",
-        "Per step: the training loss (LoRA: before the update; ZO: the mean of the two perturbed evaluations) and the "
-        "wall time since training started, in `bench/results/recovery_curves.csv`. Every fifth step here:",
-        "",
-        "| plan | method | step: loss @ seconds |",
-        "|---|---|---|",
-    ]
-    for plan in PLANS:
-        for method in METHODS:
-            curve = runs[(plan, method)]["curve"]
-            picked = [row for row in curve if row["step"] % 5 == 0 or row["step"] == 1 or row is curve[-1]]
-            lines.append(f"| {plan} | {method} | " + ", ".join(f"{r['step']}: {r['loss']:.3f} @ {r['seconds']:.0f}" for r in picked) + " |")
-    lines += ["", "## Generations (greedy, 24 tokens)", ""]
-    for plan in PLANS:
-        g = untuned[plan]["generations"][0]
-        lines.append(f"- prompt {g['prompt']!r}; dense: {g['dense']!r}; {plan} untuned: {g['model']!r}")
-        for method in METHODS:
-            lines.append(f"  - {plan} + {method}: {runs[(plan, method)]['after']['generations'][0]['model']!r}")
-    return "\n".join(lines) + "\n"
-
-
-def _plan_line(path: Path, label: str) -> str:
-    params = json.loads(path.read_text())["params"]
-    return (
-        f"{label} removes {params['removed']:,} of {params['dense_prunable']:,} prunable parameters "
-        f"({params['removed_fraction_of_prunable']:.2%}; {params['pruned_total']:,} left)"
-    )
-
-
-def targets(untuned: dict, runs: dict, dense: dict) -> list[str]:
-    out = []
-    for source in SOURCES:
-        base = untuned["dp"]["perplexity"][source]
-        lora = runs[("dp", "lora")]["after"]["perplexity"][source]
-        removed = (base - lora) / (base - dense[source])
-        out.append(
-            f"- LoRA removes at least half of the DP plan's perplexity increase over dense ({source}): "
-            f"{'met' if removed >= 0.5 else 'MISSED'}, it removes {removed:.1%} "
-            f"({base:.2f} -> {lora:.2f}, dense {dense[source]:.2f})."
-        )
-    for method in METHODS:
-        dp, uni = runs[("dp", method)]["after"]["perplexity"], runs[("uniform", method)]["after"]["perplexity"]
-        wins = [s for s in SOURCES if dp[s] < uni[s]]
-        out.append(
-            f"- DP after {method} beats uniform after {method}: {'met' if len(wins) == len(SOURCES) else 'MISSED'} "
-            + ", ".join(f"{s} {dp[s]:.2f} vs {uni[s]:.2f}" for s in SOURCES) + "."
-        )
-    for plan in PLANS:
-        mazo, lora = runs[(plan, "mazo")], runs[(plan, "lora")]
-        out.append(
-            f"- MaZO's peak memory within 1.2x of inference ({plan}): {'met' if mazo['rss_ratio'] <= 1.2 else 'MISSED'}, "
-            f"{mazo['rss_ratio']:.3f}x (LoRA {lora['rss_ratio']:.3f}x, MeZO {runs[(plan, 'mezo')]['rss_ratio']:.3f}x)."
-        )
-    for plan in PLANS:
-        mazo, mezo = runs[(plan, "mazo")], runs[(plan, "mezo")]
-        a, b = multitask_nll(mazo["after"]["perplexity"]), multitask_nll(mezo["after"]["perplexity"])
-        none = multitask_nll(untuned[plan]["perplexity"])
-        out.append(
-            f"- MaZO beats MeZO at equal steps ({mazo['steps_done']} and {mezo['steps_done']}) on the held-out multi-task "
-            f"objective ({plan}): {'met' if a < b else 'MISSED'}, {a:.4f} vs {b:.4f} nats (untuned {none:.4f})."
-        )
-    return out
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from gap_engine.core.fsutil import atomic_write_text  # noqa: E402
+from gap_engine.core.progress import NO_HOOKS  # noqa: E402
 from gap_engine.model.loading import load_model  # noqa: E402
 from gap_engine.pipeline.recovery import RecoverySettings  # noqa: E402
 from gap_engine.recover import zo as recover_zo  # noqa: E402
@@ -91,7 +92,7 @@ def time_method(lm, teacher, method: str, args, zo_module=None) -> dict:
     for name in ("lm", "kd"):
         objective = Objective(name, teacher=teacher.model if name == "kd" else None)
         run = ZORun(lm, settings, objective)
-        run.prepare(data, lambda message: None, None)
+        run.prepare(data, NO_HOOKS)
         if zo_module is None:
             out[name] = median_seconds(lambda: run.step(0, batch, 1e-6), args.reps)
             print(f"{method} {name}: {out[name]:.3f} s", flush=True)  # as it goes: a loaded machine may not reach the table
