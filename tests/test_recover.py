@@ -162,6 +162,26 @@ def test_directions_regenerate_exactly_and_differ_between_steps_and_matrices(zo_
     assert first.flatten()[:8].tolist() != second.flatten()[:8].tolist()
 
 
+def test_a_direction_of_many_pieces_is_the_same_on_one_thread_or_two_and_its_pieces_are_independent():
+    linear = torch.nn.Linear(1000, 300, bias=False)  # 300,000 values: five pieces
+    target = recover_zo.ZOTarget("wide", linear)
+    seed = recover_zo.step_seed(4, 9)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = recover_zo.direction(2, target, seed)
+        torch.set_num_threads(2)
+        parallel = recover_zo.direction(2, target, seed, out=torch.empty(300, 1000))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(serial, parallel)
+    flat, size = serial.flatten(), recover_zo.DIRECTION_PIECE
+    pieces = [flat[i * size : (i + 1) * size] for i in range(4)]
+    for a, b in zip(pieces, pieces[1:]):  # a seed reused between pieces would repeat the values
+        assert abs(float(torch.corrcoef(torch.stack([a, b]))[0, 1])) < 0.02
+    assert abs(float(flat.mean())) < 0.01 and abs(float(flat.std()) - 1.0) < 0.01  # N(0, 1)
+
+
 def test_the_update_is_lr_g_z_on_masked_entries_and_nothing_elsewhere(zo_run):
     lm, settings, data, run = zo_run
     before = [t.linear.weight.detach().clone() for t in run.targets]
@@ -212,8 +232,12 @@ def test_lora_and_mazo_lower_the_calibration_loss(pruned_dir, text_file, tmp_pat
     settings = tiny_settings(text_file, method=method, lr=lr, steps=10, mask_fraction=0.1, schedule="constant")
     result = recover(lm, settings, out_dir=tmp_path / "out")
     assert result.steps_done == 10 and len(result.curve) == 10
-    for before, after in zip(result.calib_loss_before, result.calib_loss_after):
-        assert after < before - 1e-3, (result.calib_loss_before, result.calib_loss_after)
+    before, after = result.calib_loss_before, result.calib_loss_after
+    # ZO descends the mean over tasks along one random direction per step: in ten steps one
+    # task may rise while the mean falls; gradient steps (LoRA) lower every task here.
+    assert sum(after) < sum(before) - 2e-3, (before, after)
+    if method == "lora":
+        assert all(a < b - 1e-3 for a, b in zip(after, before)), (before, after)
     assert result.trainable_params > 0
     assert result.peak_rss > 0 and result.inference_rss > 0
     assert not partial_dir(tmp_path / "out").exists()  # the work folder goes once the checkpoint is in place

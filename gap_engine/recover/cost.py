@@ -8,7 +8,8 @@ passes of the student (``F``, over the step's tokens) and of the dense teacher (
 
 * a step: LoRA ``3F`` (forward and backward; the frozen weights need input gradients only),
   MaZO and MeZO ``2F`` plus drawing ``z`` three times for every perturbed weight (priced by
-  timing ``torch.randn`` here), and ``D`` more with a distilling objective;
+  timing ``recover.zo.direction`` here: on the CPU its pieces are drawn by every torch thread),
+  and ``D`` more with a distilling objective;
 * before training: the held-out evaluation (student and dense model over every task's
   held-out windows, plus greedy generations), the calibration loss, MaZO's importance pass, the
   ZO learning-rate probe (``PROBE_FACTORS x PROBE_STEPS`` steps);
@@ -79,17 +80,28 @@ def layer_shapes(config: dict, name: str = "") -> tuple[ModelShape, list[ModelSh
 
 
 @functools.lru_cache(maxsize=4)
-def _randn_seconds_per_value(device: str) -> float:
-    """Seconds to draw one normal value here (the ZO direction's price), timed once per process."""
+def _direction_seconds_per_value(device: str, threads: int) -> float:
+    """Seconds per value of a ZO direction drawn here with ``threads`` torch threads, timed
+    once per process (on a 1024 x 2048 matrix, as ``recover.zo.direction`` draws it)."""
     import torch
 
-    buffer = torch.empty(1 << 21, device=device)
-    generator = torch.Generator(device=device).manual_seed(0)
-    torch.randn(buffer.shape, generator=generator, out=buffer)
+    from gap_engine.recover import zo
+
+    target = zo.ZOTarget("cost probe", torch.nn.Linear(2048, 1024, bias=False, device=device))
+    out = torch.empty(1024, 2048, device=device)
+    zo.direction(0, target, 0, out=out)
     started = time.perf_counter()
-    for _ in range(3):
-        torch.randn(buffer.shape, generator=generator, out=buffer)
-    return (time.perf_counter() - started) / (3 * buffer.numel())
+    for step in range(1, 4):
+        zo.direction(0, target, step, out=out)
+    if out.device.type == "cuda":
+        torch.cuda.synchronize(out.device)
+    return (time.perf_counter() - started) / (3 * out.numel())
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _perturbed_weights(shapes: list[ModelShape], settings) -> float:
@@ -126,7 +138,8 @@ def estimate_recovery(config: dict, settings, placement, distils: bool, measure:
     if settings.method == "lora":
         step = LORA_FORWARDS * forward
     else:
-        step = ZO_FORWARDS * forward + Z_DRAWS * _perturbed_weights(shapes, settings) * _randn_seconds_per_value(str(placement.device))
+        step = ZO_FORWARDS * forward + Z_DRAWS * _perturbed_weights(shapes, settings) * _direction_seconds_per_value(str(placement.device),
+                                                                                         _torch_threads())
     step += teacher_pass if distils else 0.0
     eval_tokens = n_tasks * settings.eval_samples * settings.eval_seq_len
     evaluation = eval_tokens * (per_token(shapes, settings.eval_seq_len) + (teacher if settings.compare_dense else 0.0))
