@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from explorer import common
-from gap_engine.core.config import APP_EVAL_WINDOWS, RECOVERY_OBJECTIVES
+from gap_engine.core.config import APP_EVAL_WINDOWS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
@@ -22,14 +22,12 @@ from gap_engine.model.checkpoint import is_pruned_checkpoint
 from gap_engine.pipeline.recovery import DEFAULT_LR, RecoveryResult, RecoverySettings, app_output_dir
 from gap_engine.recover.cost import estimate_for_checkpoint
 from gap_engine.recover.files import discard, partial_dir, saved_step
-from gap_engine.recover.methods import RECOVERY_METHODS
+from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.views.jobs import manager, recover_task
 
 OBJECTIVE_HELP = {
     "default": "kd when the dense model the checkpoint was pruned from is on this machine, else lm",
-    "kd": "distil: match the dense model's next-token distribution (KL)",
-    "lm": "next-token loss on the training text",
-    "kd+lm": "both, weighted half and half",
+    **{name: RECOVERY_OBJECTIVES.describe(name) for name in RECOVERY_OBJECTIVES},
 }
 DEFAULTS = {
     "recover_run": None,
@@ -129,7 +127,7 @@ with left:
     st.caption(f"`{chosen.checkpoint}`")
     st.radio("Method", RECOVERY_METHODS.names, key="recover_method", format_func=RECOVERY_METHODS.label)
     method = ss["recover_method"]
-    st.radio("Objective", ("default", *RECOVERY_OBJECTIVES), key="recover_objective", horizontal=True,
+    st.radio("Objective", ("default", *RECOVERY_OBJECTIVES.names), key="recover_objective", horizontal=True,
              format_func=lambda o: o, help=" · ".join(f"{k}: {v}" for k, v in OBJECTIVE_HELP.items()))
     st.caption(OBJECTIVE_HELP[ss["recover_objective"]])
     st.multiselect("Training text (calibration part; one task each)", list(BUILTIN_SOURCES), key="recover_sources")

@@ -21,12 +21,12 @@ from gap_engine.core.registry import Choice, Registry, declared_choices
 from gap_engine.plan import allocator_registry, allocators
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.prune.criteria import CRITERIA
-from gap_engine.recover.methods import RECOVERY_METHODS
+from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
 
-REGISTRIES = (CRITERIA, ESTIMATORS, OBJECTIVES, ALLOCATORS, RECOVERY_METHODS)
+REGISTRIES = (CRITERIA, ESTIMATORS, OBJECTIVES, ALLOCATORS, RECOVERY_METHODS, RECOVERY_OBJECTIVES)
 PLAN_DIR = Path(allocator_registry.__file__).parent
 
 
@@ -52,6 +52,7 @@ def test_the_cli_offers_exactly_the_registered_choices():
     assert offered["table", "objective"] == OBJECTIVES.names
     assert offered["plan", "allocator"] == ALLOCATORS.names
     assert offered["recover", "method"] == RECOVERY_METHODS.names
+    assert offered["recover", "objective"] == RECOVERY_OBJECTIVES.names
     assert CRITERIA.names == config.CRITERIA  # what RatePlan (below prune) validates against
 
 

@@ -26,7 +26,6 @@ from gap_engine.core.config import (
     EVAL_WINDOWS,
     GGUF_OUTTYPES,
     MODES,
-    RECOVERY_OBJECTIVES,
     RECOVERY_PROJECTIONS,
     RECOVERY_SCHEDULES,
     REFINE_ATTENTION,
@@ -35,7 +34,7 @@ from gap_engine.core.config import (
 )
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.prune.criteria import CRITERIA
-from gap_engine.recover.methods import RECOVERY_METHODS
+from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
 
@@ -292,8 +291,8 @@ def _add_recover(sub) -> None:
     p.add_argument("--steps", type=int, required=True, help="training steps")
     p.add_argument("--out", required=True, help="output checkpoint folder (written atomically; work goes to OUT.partial)")
     p.add_argument("--resume", action="store_true", help="continue the run saved in OUT.partial")
-    p.add_argument("--objective", choices=RECOVERY_OBJECTIVES,
-                   help="kd: distil from the dense model (KL), lm: next-token loss, kd+lm: both "
+    p.add_argument("--objective", choices=RECOVERY_OBJECTIVES.names,
+                   help=f"{RECOVERY_OBJECTIVES.help()} "
                    "(default: kd when the checkpoint's dense base model is reachable, else lm)")
     p.add_argument("--temperature", type=float, help="distillation temperature, in (0, 100] (default 1)")
     p.add_argument("--kd-weight", type=float, help="kd+lm: weight of kd in w*kd + (1-w)*lm (default 0.5)")

@@ -125,5 +125,4 @@ GGUF_OUTTYPES = ("f16", "q8_0")  # weight types of `gap export --format gguf`
 # ---- recovery after pruning (recover.py) -------------------------------------------------
 RECOVERY_SCHEDULES = ("constant", "linear", "cosine")  # learning-rate decay after the warm-up
 RECOVERY_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # short names of the trainable projections
-RECOVERY_OBJECTIVES = ("kd", "lm", "kd+lm")  # distil from the dense model, next-token loss, or a weighted sum
 

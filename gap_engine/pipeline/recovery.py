@@ -45,7 +45,7 @@ from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
 from gap_engine.recover.cost import STAGES
-from gap_engine.recover.distill import OBJECTIVES, check_temperature
+from gap_engine.recover.distill import check_temperature
 from gap_engine.recover.files import (
     RecoveryError,
     RunState,
@@ -61,7 +61,7 @@ from gap_engine.recover.files import (
     storage_dtype,
     write_checkpoint,
 )
-from gap_engine.recover.methods import RECOVERY_METHODS
+from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.recover.train import (
     PROBE_STEPS,
     PROJECTIONS,
@@ -127,8 +127,8 @@ class RecoverySettings:
         """
         if self.method not in METHODS:
             raise RecoveryError(f"unknown recovery method '{self.method}'; choose one of {', '.join(METHODS)}")
-        if self.objective is not None and self.objective not in OBJECTIVES:
-            raise RecoveryError(f"unknown objective '{self.objective}'; choose one of {', '.join(OBJECTIVES)}")
+        if self.objective is not None and self.objective not in RECOVERY_OBJECTIVES:
+            raise RecoveryError(f"unknown objective '{self.objective}'; choose one of {', '.join(RECOVERY_OBJECTIVES)}")
         bad_temperature = check_temperature(self.temperature)
         if bad_temperature:
             raise RecoveryError(bad_temperature)

@@ -31,11 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gap_engine.core.config import RECOVERY_OBJECTIVES
-
 log = logging.getLogger(__name__)
 
-OBJECTIVES = RECOVERY_OBJECTIVES
 MAX_TEMPERATURE = 100.0
 
 
@@ -73,7 +70,7 @@ def _per_task(per_position: torch.Tensor, n_tasks: int) -> torch.Tensor:
 class Objective:
     """One recovery objective, with its teacher when it distils."""
 
-    name: str = "lm"  # one of OBJECTIVES
+    name: str = "lm"  # one of recover.methods.RECOVERY_OBJECTIVES
     temperature: float = 1.0  # τ of the distillation
     kd_weight: float = 0.5  # w of kd+lm: w · kd + (1 - w) · lm
     teacher: torch.nn.Module | None = None  # the dense model (frozen, eval mode), for kd and kd+lm
