@@ -15,12 +15,16 @@ resumes where it stopped):
    + the same recovery, at equal budget and time) runs under identical machine conditions; the
    recipes run one after another. ZO learning rates are the engine's default (the automatic
    probe); everything else is the engine's defaults except the batch shape below;
-3. ``steps``: MaZO-kd against MeZO-kd on the DP checkpoint at an equal number of steps (1,000 by
-   default), side by side, one thread each (shorter windows, so that 1,000 steps fit);
-4. ``tasks``: zero-shot accuracy through lm-eval on the offline task ``gap_wiki_next`` for the
+3. ``kd-vs-lm``: LoRA-kd against LoRA-lm on the DP checkpoint, side by side for the same
+   wall-clock budget: the objective comparison under identical machine conditions (in
+   ``wallclock`` the recipes run one after another, so the machine's load can differ between
+   them);
+4. ``steps``: MaZO-kd against MeZO-kd on the DP checkpoint at an equal number of steps (1,000 by
+   default; shorter windows, so that 1,000 steps fit), one after the other on two threads;
+5. ``tasks``: zero-shot accuracy through lm-eval on the offline task ``gap_wiki_next`` for the
    untuned and every recovered checkpoint (dense is measured once and cached by ``gap eval``);
    not timing-sensitive, so it may share the machine;
-5. the report: ``bench/results/recovery.md`` and ``bench/results/recovery_curves.csv``.
+6. the report: ``bench/results/recovery.md`` and ``bench/results/recovery_curves.csv``.
 
     python bench/bench_recovery.py --work runs/rec20 [--phases prepare,wallclock,steps,tasks]
         [--budget-s 900] [--zo-steps 1000] [--task-limit 200]
@@ -53,7 +57,7 @@ PLANS = ("dp", "uniform")
 RECIPES = (("lora", "lm"), ("lora", "kd"), ("mazo", "kd"), ("mezo", "kd"))  # (method, objective), run in this order
 ZO_RECIPES = (("mazo", "kd"), ("mezo", "kd"))
 TASK = "gap_wiki_next"
-PHASES = ("prepare", "wallclock", "steps", "tasks")
+PHASES = ("prepare", "wallclock", "kd-vs-lm", "steps", "tasks")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -68,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=128, help="tokens per training window")
     p.add_argument("--zo-steps", type=int, default=1000, help="steps of each run in the equal-steps phase")
     p.add_argument("--zo-seq-len", type=int, default=32, help="tokens per training window in the equal-steps phase")
+    p.add_argument("--steps-threads", type=int, default=2,
+                   help="equal-steps phase: torch threads per run; above 1 the runs go one after the other (not timed "
+                        "against each other: the comparison is at equal steps)")
     p.add_argument("--eval-samples", type=int, default=8, help="held-out windows per source")
     p.add_argument("--eval-seq-len", type=int, default=256)
     p.add_argument("--task-limit", type=int, default=200, help=f"examples of {TASK} per model")
@@ -177,17 +184,31 @@ def wallclock(bench: Bench) -> None:
                   bench.args.threads_per_run)
 
 
+def kd_against_lm(bench: Bench) -> None:
+    folder = checkpoints(bench)["dp"]
+    bench.run([(f"dp-lora-{objective}-sbs",
+                recover_argv(bench, folder, "lora", objective, bench.work / f"dp-lora-{objective}-sbs", steps=None,
+                             seq_len=bench.args.seq_len),
+                bench.work / f"dp-lora-{objective}-sbs.json") for objective in ("lm", "kd")], bench.args.threads_per_run)
+
+
 def equal_steps(bench: Bench) -> None:
     a, folder = bench.args, checkpoints(bench)["dp"]
-    bench.run([(f"dp-{method}-{objective}-steps",
-                recover_argv(bench, folder, method, objective, bench.work / f"dp-{method}-{objective}-steps", steps=a.zo_steps,
-                             seq_len=a.zo_seq_len),
-                bench.work / f"dp-{method}-{objective}-steps.json") for method, objective in ZO_RECIPES], a.threads_per_run)
+    jobs = [(f"dp-{method}-{objective}-steps",
+             recover_argv(bench, folder, method, objective, bench.work / f"dp-{method}-{objective}-steps", steps=a.zo_steps,
+                          seq_len=a.zo_seq_len),
+             bench.work / f"dp-{method}-{objective}-steps.json") for method, objective in ZO_RECIPES]
+    if a.steps_threads == 1:
+        bench.run(jobs, 1)
+    else:
+        for job in jobs:
+            bench.run([job], a.steps_threads)
 
 
 def task_models(bench: Bench) -> list[tuple[str, Path]]:
     out = [(f"{plan}-none", folder) for plan, folder in checkpoints(bench).items()]
     out += [(f"{plan}-{m}-{o}", bench.work / f"{plan}-{m}-{o}") for m, o in RECIPES for plan in PLANS]
+    out += [(f"dp-lora-{o}-sbs", bench.work / f"dp-lora-{o}-sbs") for o in ("lm", "kd")]
     out += [(f"dp-{m}-{o}-steps", bench.work / f"dp-{m}-{o}-steps") for m, o in ZO_RECIPES]
     return [(name, folder) for name, folder in out if folder.exists()]
 
@@ -278,6 +299,15 @@ def markdown(bench: Bench) -> str:
             runs[name] = r
             lines.append(row(f"{plan}, {method}-{objective}", r["after"], dense,
                              [str(r["steps_done"]), f"{r['train_seconds']:.0f}", f"{r['lr']:.3g}", f"{r['rss_ratio']:.2f}x"]))
+    side_by_side = {o: bench.read(f"dp-lora-{o}-sbs") for o in ("lm", "kd")}
+    if any(side_by_side.values()):
+        lines += ["", f"## LoRA-kd against LoRA-lm on the DP checkpoint, side by side ({a.budget_s:g} s each)", "",
+                  header, rule, row("dp, none", untuned["dp"], dense, ["0", "0", "", ""])]
+        for objective, r in side_by_side.items():
+            if r is not None:
+                runs[f"dp-lora-{objective}-sbs"] = r
+                lines.append(row(f"dp, lora-{objective}", r["after"], dense, [str(r["steps_done"]), f"{r['train_seconds']:.0f}",
+                                                                              f"{r['lr']:.3g}", f"{r['rss_ratio']:.2f}x"]))
     steps_runs = {m: bench.read(f"dp-{m}-kd-steps") for m, _ in ZO_RECIPES}
     if any(steps_runs.values()):
         lines += ["", f"## Equal steps: MaZO-kd against MeZO-kd on the DP checkpoint ({a.zo_seq_len}-token windows)", "",
@@ -304,14 +334,16 @@ def _plan_line(path: Path, label: str) -> str:
 
 def targets(bench: Bench, untuned: dict, runs: dict, steps_runs: dict, dense: dict) -> list[str]:
     out = []
-    kd, lm = runs.get("dp-lora-kd"), runs.get("dp-lora-lm")
+    paired = "dp-lora-kd-sbs" in runs and "dp-lora-lm-sbs" in runs  # side by side: the fair comparison
+    kd, lm = (runs["dp-lora-kd-sbs"], runs["dp-lora-lm-sbs"]) if paired else (runs.get("dp-lora-kd"), runs.get("dp-lora-lm"))
     if kd is not None:
         ratio = kd["after"]["perplexity"]["wiki-sample"] / dense["wiki-sample"]
         out.append(f"- DP + LoRA-kd, {bench.args.budget_s / 60:g} min of training on one core: held-out wiki perplexity at "
                    f"most 1.3x dense: {'met' if ratio <= 1.3 else 'MISSED'}, {ratio:.2f}x.")
     if kd is not None and lm is not None:
         better = [s for s in SOURCES if kd["after"]["perplexity"][s] < lm["after"]["perplexity"][s]]
-        out.append(f"- DP + LoRA-kd better than LoRA-lm at the same wall clock (held-out perplexity, both sources): "
+        out.append(f"- DP + LoRA-kd better than LoRA-lm at the same wall clock ({'side by side' if paired else 'one after the other'}; "
+                   "held-out perplexity, both sources): "
                    f"{'met' if len(better) == len(SOURCES) else 'MISSED'}, "
                    + ", ".join(f"{s} {kd['after']['perplexity'][s]:.2f} vs {lm['after']['perplexity'][s]:.2f}" for s in SOURCES)
                    + f"; KL {mean_kl(kd['after']):.4f} vs {mean_kl(lm['after']):.4f}.")
@@ -352,7 +384,8 @@ def curves_csv(bench: Bench) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     bench = Bench(args)
-    for phase, fn in (("prepare", prepare), ("wallclock", wallclock), ("steps", equal_steps), ("tasks", tasks)):
+    for phase, fn in (("prepare", prepare), ("wallclock", wallclock), ("kd-vs-lm", kd_against_lm), ("steps", equal_steps),
+                      ("tasks", tasks)):
         if phase in args.phases:
             fn(bench)
     RESULTS.mkdir(exist_ok=True)
