@@ -563,7 +563,7 @@ def prune_eval_task(
     return work
 
 
-def recover_task(checkpoint: str, settings, out_dir) -> WorkFn:
+def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings | None = None) -> WorkFn:
     """Fine-tune a saved checkpoint (`recovery.recover`), resuming the run saved for ``out_dir``
     when there is one; the result is its RecoveryResult.
 
@@ -571,14 +571,19 @@ def recover_task(checkpoint: str, settings, out_dir) -> WorkFn:
         checkpoint: a pruned checkpoint folder (loaded privately: training changes its weights).
         settings: recover.RecoverySettings.
         out_dir: the recovered checkpoint's folder (see `recovery.app_output_dir`).
+        task_settings: lm-eval tasks scored before and after training and on dense (None: none).
     """
     def work(ctx: JobContext):
         estimate = estimate_for_checkpoint(checkpoint, settings)
         if estimate is not None:  # the ETA from the first second; measured step times replace it
             ctx.plan(RECOVERY_STAGES, estimate.by_stage(), estimate.basis)
+        prepared = None
+        if task_settings is not None:
+            ctx.step(f"reading the tasks {', '.join(task_settings.tasks)}", 0, settings.steps)
+            prepared = run_unless_cancelled(lambda: prepare_tasks(task_settings), ctx.cancel, "cancelled while reading the tasks")
         ctx.step("loading the checkpoint", 0, settings.steps)
         lm = load_model(str(checkpoint))
         ctx.check_cancelled()
-        return recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True)
+        return recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True, lm_eval_tasks=prepared)
 
     return work
