@@ -9,6 +9,7 @@ import re
 import pytest
 
 from gap_engine.cli import main
+from gap_engine.core.errors import HistoryError
 from gap_engine.core.fsutil import cache_root
 from gap_engine.data.next_sentence import OFFLINE_TASK, build_examples, offline_task_dir
 from gap_engine.data.windows import load_corpus
@@ -149,6 +150,16 @@ EVAL_WITH_TASKS = {
 }
 
 
+def test_task_settings_read_a_picker_and_the_cli_flag_alike():
+    from gap_engine.evaluate.tasks import TaskError, task_settings
+
+    typed = task_settings(f" {OFFLINE_TASK}, my_task ,{OFFLINE_TASK}", limit=2, include_path="  ")
+    assert typed == task_settings([OFFLINE_TASK, "my_task"], limit=2) == TaskSettings((OFFLINE_TASK, "my_task"), 2)
+    for names, limit in ((" , ", None), ([], None), (OFFLINE_TASK, 0)):
+        with pytest.raises(TaskError):
+            task_settings(names, limit=limit)
+
+
 def test_history_keeps_task_accuracy_and_migrates_an_older_file(tmp_path):
     import sqlite3
 
@@ -166,6 +177,19 @@ def test_history_keeps_task_accuracy_and_migrates_an_older_file(tmp_path):
     assert frame.loc[new, f"acc:{OFFLINE_TASK}"] == 0.625 and frame.loc[new, f"dense_acc:{OFFLINE_TASK}"] == 0.75
     assert frame.loc[new, "acc_stderr:my_task"] == 0.125 and "acc_norm:my_task" not in frame.columns
     assert frame[f"acc:{OFFLINE_TASK}"].isna()[old]
+    # "Compare runs": a row per task, accuracy ± stderr against dense; the run without tasks shows a dash.
+    from gap_engine.evaluate.runcompare import comparison_frame
+
+    compared = comparison_frame([history.get_run(new, db), history.get_run(old, db)]).set_index("measure")
+    assert compared.loc[f"accuracy ({OFFLINE_TASK})"].to_dict() == {
+        "dense": "0.750 ± 0.125", f"run {new}": "0.625 ± 0.125 (-0.1250 vs dense)", f"run {old}": "—",
+    }
+    assert compared.loc["accuracy (my_task)", f"run {new}"].startswith("0.250 ± 0.125")
+    assert not any(m.startswith("accuracy") for m in comparison_frame([history.get_run(old, db)])["measure"])
+    with sqlite3.connect(db) as conn:  # a tasks column that is not an object is refused in one line, not a crash
+        conn.execute("UPDATE runs SET tasks_json = '[1]' WHERE id = ?", (old,))
+    with pytest.raises(HistoryError, match=f"history run {old} tasks must be an object"):
+        history.list_runs(db)
 
 
 @pytest.mark.slow
