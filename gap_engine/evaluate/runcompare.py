@@ -94,7 +94,7 @@ def _measures(records: list[RunRecord]) -> list[Measure]:
     ]
 
 
-def task_score(record: RunRecord, task: str, model: str = "model") -> dict:
+def task_score(record: RunRecord, task: str, model: str = "model") -> dict[str, Any]:
     """A run's stored lm-eval score of ``task`` (``model``: "model" or "dense"); {} when it has none."""
     scores = (record.tasks or {}).get(model) or {}
     score = scores.get(task) if isinstance(scores, dict) else None

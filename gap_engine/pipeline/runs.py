@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gap_engine.core.config import WindowSpec
@@ -62,8 +62,16 @@ class PruneEvalResult:
     stage_seconds: dict[str, float]  # wall time per stage (`prune_eval_stages` names)
     params_before: int  # parameters of the dense model
     params_after: int  # parameters of the pruned copy
-    task_accuracy: dict[str, dict] = field(default_factory=dict)  # lm-eval task -> TaskScore.to_dict() of the pruned model ({}: no tasks)
-    dense_task_accuracy: dict[str, dict] = field(default_factory=dict)  # the same for the dense model (cached per model+task+limit)
+
+    @property
+    def task_accuracy(self) -> dict[str, dict]:
+        """lm-eval task -> TaskScore.to_dict() of the pruned model ({}: run without tasks)."""
+        return dict(self.report.get("task_accuracy") or {})
+
+    @property
+    def dense_task_accuracy(self) -> dict[str, dict]:
+        """The same for the dense model (cached per model + task + limit, so measured once)."""
+        return dict(self.report.get("dense_task_accuracy") or {})
 
     def to_dict(self) -> dict:
         """JSON-ready."""
@@ -256,6 +264,4 @@ def prune_and_evaluate(
         stage_seconds=stage_seconds,
         params_before=result.params_before,
         params_after=result.params_after,
-        task_accuracy=dict(report.get("task_accuracy") or {}),
-        dense_task_accuracy=dict(report.get("dense_task_accuracy") or {}),
     )
