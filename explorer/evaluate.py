@@ -343,7 +343,7 @@ if frame.empty:
     st.caption("No runs yet: every prune-and-evaluate run is recorded here, across sessions.")
 else:
     st.dataframe(
-        frame.sort_values("id", ascending=False).rename(columns=figures.column_label),
+        runcompare.history_table(frame).sort_values("id", ascending=False).rename(columns=figures.column_label),
         hide_index=True,
         width="stretch",
         key="eval_history_table",

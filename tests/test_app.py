@@ -314,6 +314,8 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert accuracy.value == f"{score['acc']:.3f} ± {score['acc_stderr']:.3f}"
     assert accuracy.proto.delta == f"dense {dense_score['acc']:.3f} ± {dense_score['acc_stderr']:.3f}"
     [task_rows] = [d.value for d in at.dataframe if "pruned acc" in d.value.columns]
+    [shown] = [d.value for d in at.dataframe if "run" in d.value.columns]  # the history table
+    assert shown[f"accuracy ({OFFLINE_TASK})"][0] == accuracy.value
     assert list(task_rows["task"]) == [OFFLINE_TASK] and "pruned acc_norm" in task_rows.columns
     assert runs.loc[0, f"acc:{OFFLINE_TASK}"] == score["acc"] and runs.loc[0, f"dense_acc_stderr:{OFFLINE_TASK}"] == dense_score["acc_stderr"]
 

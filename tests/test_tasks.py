@@ -178,7 +178,7 @@ def test_history_keeps_task_accuracy_and_migrates_an_older_file(tmp_path):
     assert frame.loc[new, "acc_stderr:my_task"] == 0.125 and "acc_norm:my_task" not in frame.columns
     assert frame[f"acc:{OFFLINE_TASK}"].isna()[old]
     # "Compare runs": a row per task, accuracy ± stderr against dense; the run without tasks shows a dash.
-    from gap_engine.evaluate.runcompare import comparison_frame
+    from gap_engine.evaluate.runcompare import comparison_frame, history_table
 
     compared = comparison_frame([history.get_run(new, db), history.get_run(old, db)]).set_index("measure")
     assert compared.loc[f"accuracy ({OFFLINE_TASK})"].to_dict() == {
@@ -186,6 +186,9 @@ def test_history_keeps_task_accuracy_and_migrates_an_older_file(tmp_path):
     }
     assert compared.loc["accuracy (my_task)", f"run {new}"].startswith("0.250 ± 0.125")
     assert not any(m.startswith("accuracy") for m in comparison_frame([history.get_run(old, db)])["measure"])
+    shown = history_table(history.list_runs(db)).set_index("id")  # the explorer's history table: acc ± stderr, empty where missing
+    assert shown.loc[new, f"accuracy ({OFFLINE_TASK})"] == "0.625 ± 0.125" and shown.loc[old, f"dense accuracy ({OFFLINE_TASK})"] == ""
+    assert list(shown.columns).index(f"accuracy ({OFFLINE_TASK})") == list(shown.columns).index("budget") + 1
     with sqlite3.connect(db) as conn:  # a tasks column that is not an object is refused in one line, not a crash
         conn.execute("UPDATE runs SET tasks_json = '[1]' WHERE id = ?", (old,))
     with pytest.raises(HistoryError, match=f"history run {old} tasks must be an object"):

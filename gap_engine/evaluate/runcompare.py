@@ -182,3 +182,31 @@ def comparison_frame(records: list[RunRecord]) -> pd.DataFrame:
     for record in records:
         columns[run_label(record).split(":")[0]].append("—" if record.seconds is None else f"{record.seconds:.0f} s")
     return pd.DataFrame(columns)
+
+
+def history_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """``history.list_runs()`` for reading: each task's numeric ``acc``/``acc_stderr`` (and dense's)
+    columns become one text column 'accuracy (TASK)' / 'dense accuracy (TASK)' reading '0.375 ± 0.183',
+    placed after the budget; a run without that task has an empty cell. The numeric columns stay in
+    ``list_runs`` (charts, CSV)."""
+    tasks = list(dict.fromkeys(str(c).partition(":")[2] for c in frame.columns if str(c).startswith("acc:")))
+    if not tasks:
+        return frame
+    shown = frame.drop(columns=[c for c in frame.columns if str(c).partition(":")[0] in _TASK_PREFIXES])
+    texts = {}
+    for task in tasks:
+        for prefix, label in (("", "accuracy"), ("dense_", "dense accuracy")):
+            texts[f"{label} ({task})"] = [
+                score_text({"acc": row.get(f"{prefix}acc:{task}"), "acc_stderr": row.get(f"{prefix}acc_stderr:{task}")}) or ""
+                for row in (_finite_values(r) for r in frame.to_dict("records"))
+            ]
+    at = list(shown.columns).index("budget") + 1 if "budget" in shown.columns else len(shown.columns)
+    return pd.concat([shown.iloc[:, :at], pd.DataFrame(texts, index=frame.index), shown.iloc[:, at:]], axis=1)
+
+
+_TASK_PREFIXES = frozenset({"acc", "acc_stderr", "acc_norm", "dense_acc", "dense_acc_stderr", "dense_acc_norm"})
+
+
+def _finite_values(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with its NaN cells (runs without a task) dropped."""
+    return {key: value for key, value in row.items() if not (isinstance(value, float) and math.isnan(value))}
