@@ -126,6 +126,23 @@ def test_bad_task_is_one_line_exit_2_and_nothing_written(case, tmp_path, monkeyp
     assert not (cache / "tasks" / "dense").exists() and not (cache / "models").exists()  # refused before any model loaded
 
 
+def test_the_explorers_check_refuses_what_the_cli_refuses_and_passes_a_local_folder(tmp_path, monkeypatch):
+    """check_tasks (the explorer's Start) gives the CLI's one-line refusals without loading a data set."""
+    from gap_engine.evaluate.tasks import TaskError, check_tasks, task_settings
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    local = _task_folder(tmp_path, "t_local")
+    assert check_tasks(task_settings(f"{OFFLINE_TASK}, t_local", limit=2, include_path=str(local))) == [OFFLINE_TASK, "t_local"]
+    for argv, message in _refusal_cases(tmp_path).values():
+        if "--limit" in argv:
+            continue  # refused by task_settings itself (the picker's number field cannot go below 1)
+        folder = argv[argv.index("--include-path") + 1] if "--include-path" in argv else None
+        with pytest.raises(TaskError, match=re.escape(message)):
+            check_tasks(task_settings(argv[1], include_path=folder))
+
+
 def test_hub_probe_honours_offline_flags(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub_reachable() is False
