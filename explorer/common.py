@@ -41,7 +41,9 @@ import streamlit as st
 
 from gap_engine.core.buildtime import PREDICTION_WORD
 from gap_engine.core.config import DEFAULT_BUDGET, DEFAULT_MAX_RATE
-from gap_engine.core.errors import GapError
+from gap_engine.core.errors import GapError, one_line
+from gap_engine.data.next_sentence import OFFLINE_TASK
+from gap_engine.evaluate.tasks import DEMO_LIMIT, TaskSettings, check_tasks, task_settings
 from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.problem import Constraints
 from gap_engine.views.jobs import CANCELLED, DONE, FAILED, manager, shared_model
@@ -95,6 +97,9 @@ GLOSSARY = {
     "it is what the table predicts, so it is the measured counterpart of the predicted increase.",
     "speed-up spread": "Speed is timed in interleaved repeats of dense and pruned; the range is the lowest to highest "
     "repeat. Two speed-ups whose ranges overlap are within noise: neither is shown to be faster.",
+    "task accuracy": "Task accuracy: the share of multiple-choice questions answered right (the choice with the highest "
+    "log-likelihood), computed by EleutherAI's lm-evaluation-harness as papers report it; ± is its standard error, "
+    "and two models differ beyond noise only when their accuracies are more than about two standard errors apart.",
 }
 
 
@@ -137,6 +142,46 @@ def show_message(slot: str) -> None:
     level, text = st.session_state["app_messages"].get(slot, (None, None))
     if text:
         {"error": st.error, "warning": st.warning, "success": st.success, "info": st.info}[level](text)
+
+
+# ---- the task picker (Prune & evaluate, Recover) -------------------------------------------
+def task_defaults(prefix: str) -> dict:
+    """The picker's starting values: the offline task, a few examples so a demo stays quick."""
+    return {f"{prefix}tasks_on": True, f"{prefix}tasks": OFFLINE_TASK, f"{prefix}task_limit": DEMO_LIMIT, f"{prefix}task_folder": ""}
+
+
+def task_picker(prefix: str) -> None:
+    """Task accuracy through lm-eval: on or off, which tasks, how many examples, a local task folder."""
+    st.toggle("Task accuracy (lm-eval)", key=f"{prefix}tasks_on", help=GLOSSARY["task accuracy"])
+    if not st.session_state[f"{prefix}tasks_on"]:
+        return
+    st.text_input(
+        "Tasks (comma-separated)", key=f"{prefix}tasks",
+        help=f"{OFFLINE_TASK}: pick the true next sentence of a wiki-sample passage among four (offline, shipped). "
+        "Also lm-eval's registered names (their data sets need the hub or its cache) and the tasks of the local folder below.",
+    )
+    c1, c2 = st.columns(2)
+    c1.number_input("Examples per task", min_value=1, max_value=100_000, step=10, key=f"{prefix}task_limit",
+                    help="A few keep a demo quick; the standard error says how far the accuracy can be trusted.")
+    c2.text_input("Local task folder (optional)", key=f"{prefix}task_folder",
+                  help="A folder of lm-eval task YAMLs (dataset_path: json naming local files): lm-eval's --include-path.")
+
+
+def checked_task_settings(prefix: str, slot: str) -> tuple[bool, TaskSettings | None]:
+    """(ok, the picker's TaskSettings or None when switched off), checked by the engine as ``gap eval
+    --tasks`` checks them; a problem becomes the page's one error message and ok is False."""
+    if not st.session_state[f"{prefix}tasks_on"]:
+        return True, None
+    try:
+        settings = task_settings(
+            st.session_state[f"{prefix}tasks"], limit=int(st.session_state[f"{prefix}task_limit"]),
+            include_path=st.session_state[f"{prefix}task_folder"],
+        )
+        check_tasks(settings)
+    except GapError as exc:
+        set_message(slot, "error", one_line(exc))
+        return False, None
+    return True, settings
 
 
 # ---- PNG export ----------------------------------------------------------------------------

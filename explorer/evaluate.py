@@ -15,6 +15,7 @@ from gap_engine.core.limits import LIMITS, check_windows
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history, runcompare
 from gap_engine.evaluate.metrics import EvalSettings
+from gap_engine.evaluate.tasks import score_text, task_table_rows
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.allocator_registry import ALLOCATORS
@@ -34,7 +35,7 @@ DEFAULTS = {
     "eval_save_checkpoint": True,
     "eval_metric": None,
     "eval_compare": [],
-}
+} | common.task_defaults("eval_")
 table = common.table_page("eval_", DEFAULTS, "Prune & evaluate")
 ss = st.session_state
 if ss["eval_allocator"] == "dp" and not ss.get("app_plan") and not ss.get("app_plan_missing"):
@@ -75,7 +76,7 @@ def expected_run(settings: EvalSettings) -> Expectation:
         records = []
     allocator = ss["eval_allocator"] if ss["eval_allocator"] in ALLOCATORS else "manual"
     mine = run_settings(asdict(table.spec.windows), asdict(settings), allocator)
-    stages = prune_eval_stages(settings, bool(ss["eval_save_checkpoint"]))
+    stages = prune_eval_stages(settings, bool(ss["eval_save_checkpoint"]), bool(ss["eval_tasks_on"]))
     return run_expectation(table.model, mine, records, stages, model_load_seconds(table.model))
 
 
@@ -100,6 +101,9 @@ def start_run() -> None:
         except GapError as exc:
             common.set_message("eval", "error", one_line(exc))
             return
+    tasks_ok, task_settings = common.checked_task_settings("eval_", "eval")  # the engine's check, as for gap eval --tasks
+    if not tasks_ok:
+        return
     checkpoint_dir = None
     if ss["eval_save_checkpoint"]:
         checkpoint_dir = history.new_checkpoint_dir(plan.allocator if plan else allocator, plan.budget if plan else budget)
@@ -108,6 +112,7 @@ def start_run() -> None:
         settings,
         expected.known,
         expected.basis,
+        task_settings,
         table=table,
         budget=budget,
         allocator=allocator if plan is None else plan.allocator,
@@ -116,7 +121,7 @@ def start_run() -> None:
         checkpoint_dir=checkpoint_dir,
     )
     plan_id = plan.content_hash() if plan is not None else ""
-    key = f"{table.key}|{allocator}|{budget:.4f}|{plan_id}|{common.constraints_json(ss['app_constraints'])}|{settings}"
+    key = f"{table.key}|{allocator}|{budget:.4f}|{plan_id}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
     params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": budget, "plan_hash": plan_id or None}
     label = f"{allocator} at {budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
     job = manager().submit("prune_eval", task, key=key, label=label, params=params)
@@ -240,6 +245,7 @@ with right:
     c1, c2 = st.columns(2)
     c1.toggle("Time throughput", key="eval_throughput")
     c2.toggle("Save checkpoint", key="eval_save_checkpoint", help="Saves the pruned model under the cache; needed to download it on the Export page")
+    common.task_picker("eval_")
 
 common.expected_caption(expected_run(eval_settings()), "run")
 common.job_controls("prune_eval", "Prune and evaluate", "eval_run", start_run, ":material/play_arrow:", "Prune & evaluate", "eval", type="primary")
@@ -304,6 +310,17 @@ if result:
             hide_index=True,
             key="eval_sources_table",
         )
+    if result.task_accuracy:
+        st.markdown("**Task accuracy** (lm-eval)", help=common.GLOSSARY["task accuracy"])
+        c = st.columns(3)
+        for i, (task, score) in enumerate(result.task_accuracy.items()):
+            dense_text = score_text(result.dense_task_accuracy.get(task))
+            c[i % 3].metric(
+                f"Accuracy ({task}, {score['n']} examples)", score_text(score), f"dense {dense_text or 'not measured'}",
+                delta_color="off", delta_arrow="off", help=common.GLOSSARY["task accuracy"],
+            )  # fmt: skip
+        rows = task_table_rows([("dense", result.dense_task_accuracy), ("pruned", result.task_accuracy)])
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key="eval_tasks_table")
     if report.get("generations"):
         st.markdown("**Greedy generations**")
         st.table(  # a static table wraps long text (a dataframe cuts it off)
@@ -326,13 +343,13 @@ if frame.empty:
     st.caption("No runs yet: every prune-and-evaluate run is recorded here, across sessions.")
 else:
     st.dataframe(
-        frame.sort_values("id", ascending=False).rename(columns=figures.column_label),
+        runcompare.history_table(frame).sort_values("id", ascending=False).rename(columns=figures.column_label),
         hide_index=True,
         width="stretch",
         key="eval_history_table",
         column_config={figures.column_label("budget"): st.column_config.NumberColumn(format="percent")},
     )
-    metrics = [c for c in frame.columns if c.startswith(("ppl:", "kl:", "top1:"))] + ["actual_loss", "prefill_speedup", "decode_speedup"]
+    metrics = [c for c in frame.columns if c.startswith(("ppl:", "kl:", "top1:", "acc:"))] + ["actual_loss", "prefill_speedup", "decode_speedup"]
     metrics = [m for m in metrics if m in frame.columns and frame[m].notna().any()]
     if metrics:
         if ss["eval_metric"] not in metrics:

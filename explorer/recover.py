@@ -18,6 +18,7 @@ from gap_engine.core.config import APP_EVAL_WINDOWS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
+from gap_engine.evaluate.tasks import task_table_rows
 from gap_engine.model.checkpoint import is_pruned_checkpoint
 from gap_engine.pipeline.recovery import DEFAULT_LR, RecoveryResult, RecoverySettings, app_output_dir
 from gap_engine.recover.cost import estimate_for_checkpoint
@@ -46,7 +47,7 @@ DEFAULTS = {
     "recover_eval_samples": APP_EVAL_WINDOWS.n_samples,
     "recover_eval_seq_len": APP_EVAL_WINDOWS.seq_len,
     "recover_generations": 1,
-}
+} | common.task_defaults("recover_")
 common.init_page("recover_", DEFAULTS)
 st.title("Recover")
 ss = st.session_state
@@ -100,7 +101,10 @@ def start_recovery(checkpoint: str) -> None:
     except GapError as exc:
         common.set_message("recover", "error", one_line(exc))
         return
-    task = recover_task(checkpoint, settings, out_dir)
+    tasks_ok, task_settings = common.checked_task_settings("recover_", "recover")  # the engine's check, as for gap eval --tasks
+    if not tasks_ok:
+        return
+    task = recover_task(checkpoint, settings, out_dir, task_settings)
     job = manager().submit("recover", task, key=str(out_dir), label=f"{settings.method} on {Path(checkpoint).name}")
     common.remember_job("recover", job)
 
@@ -154,6 +158,7 @@ with right:
     c1.number_input("Held-out samples", min_value=1, max_value=256, step=1, key="recover_eval_samples")
     c2.number_input("Tokens per sample", min_value=8, max_value=2048, step=8, key="recover_eval_seq_len")
     c3.number_input("Generations", min_value=0, max_value=3, step=1, key="recover_generations")
+    common.task_picker("recover_")
 
 # ---- start, resume, cancel -----------------------------------------------------------------------
 try:
@@ -220,6 +225,15 @@ if result:
     losses = ", ".join(f"{b:.3f} → {a:.3f}" for b, a in zip(result.calib_loss_before, result.calib_loss_after))
     c[3].metric("Calibration loss per task", losses)
     st.dataframe(comparison(result), hide_index=True, width="stretch", key="recover_comparison")
+    recovered_tasks = (result.after or {}).get("task_accuracy") or {}
+    if recovered_tasks:
+        st.markdown("**Task accuracy** (lm-eval)", help=common.GLOSSARY["task accuracy"])
+        rows = task_table_rows([
+            ("dense", (result.after or {}).get("dense_task_accuracy") or {}),
+            ("unrecovered", (result.before or {}).get("task_accuracy") or {}),
+            ("recovered", recovered_tasks),
+        ])  # fmt: skip
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", key="recover_tasks_table")
     if result.curve:
         st.markdown("**Training loss** (each step's multi-task batch)")
         curve = pd.DataFrame(result.curve)

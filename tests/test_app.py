@@ -19,6 +19,7 @@ from conftest import stop_jobs
 from streamlit.testing.v1 import AppTest
 
 from gap_engine.core.config import WindowSpec
+from gap_engine.data.next_sentence import OFFLINE_TASK
 from gap_engine.data.windows import load_corpus
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
@@ -269,7 +270,12 @@ def test_pages_without_a_table_point_to_setup(fresh_cache):
 
 
 # ---- Prune & evaluate ----------------------------------------------------------------------------
-def tiny_eval(at: AppTest, save: bool = False) -> None:
+def tiny_eval(at: AppTest, save: bool = False, task_limit: int | None = None) -> None:
+    """Small held-out settings; task accuracy off unless ``task_limit`` examples of the offline task are asked for."""
+    at.toggle(key="eval_tasks_on").set_value(task_limit is not None)
+    if task_limit is not None:
+        at.run()  # the task fields are drawn once the toggle is on
+        at.number_input(key="eval_task_limit").set_value(task_limit)
     at.number_input(key="eval_samples").set_value(2)
     at.number_input(key="eval_seq_len").set_value(16)
     at.number_input(key="eval_generations").set_value(1)
@@ -282,9 +288,11 @@ def tiny_eval(at: AppTest, save: bool = False) -> None:
 def test_prune_and_evaluate_records_a_run(cached_table, smol):
     at = start("explorer/evaluate.py")
     assert any("No runs yet" in str(c.value) for c in at.caption)
-    tiny_eval(at, save=True)
+    assert at.text_input(key="eval_tasks").value == OFFLINE_TASK  # the offline task is preselected
+    tiny_eval(at, save=True, task_limit=2)
     at.button(key="eval_run").click().run()
     job = job_of(at, "prune_eval")
+    assert "task accuracy" in job.snapshot()["stages"]
     assert job.wait(400), job.snapshot()
     at.run()
     assert job.status == "done", job.error
@@ -299,6 +307,17 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert Path(result.checkpoint).is_dir()
     assert len(plotly_specs(at)) == 2  # history chart, predicted vs actual
     assert result.predicted_basis == "estimated"  # a taylor table's cells are estimates
+    # Task accuracy ± its standard error beside perplexity, for the run and for dense, on screen and in the history.
+    score, dense_score = result.task_accuracy[OFFLINE_TASK], result.dense_task_accuracy[OFFLINE_TASK]
+    assert score["n"] == 2 and dense_score["n"] == 2 and score["acc_stderr"] is not None
+    [accuracy] = [m for m in at.metric if m.label.startswith(f"Accuracy ({OFFLINE_TASK}")]
+    assert accuracy.value == f"{score['acc']:.3f} ± {score['acc_stderr']:.3f}"
+    assert accuracy.proto.delta == f"dense {dense_score['acc']:.3f} ± {dense_score['acc_stderr']:.3f}"
+    [task_rows] = [d.value for d in at.dataframe if "pruned acc" in d.value.columns]
+    [shown] = [d.value for d in at.dataframe if "run" in d.value.columns]  # the history table
+    assert shown[f"accuracy ({OFFLINE_TASK})"][0] == accuracy.value
+    assert list(task_rows["task"]) == [OFFLINE_TASK] and "pruned acc_norm" in task_rows.columns
+    assert runs.loc[0, f"acc:{OFFLINE_TASK}"] == score["acc"] and runs.loc[0, f"dense_acc_stderr:{OFFLINE_TASK}"] == dense_score["acc_stderr"]
 
     # The planner draws the measured run beside the predicted front.
     at.switch_page("explorer/planner.py")
@@ -331,6 +350,24 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     at.button(key="eval_delete").click().run()
     assert history.list_runs().empty
     assert not Path(result.checkpoint).exists()
+
+
+def test_prune_and_evaluate_refuses_a_bad_task_or_folder_before_any_job(cached_table, tmp_path):
+    at = start("explorer/evaluate.py")
+    tiny_eval(at, task_limit=2)
+    at.text_input(key="eval_tasks").set_value(f"{OFFLINE_TASK}, no_such_task_xyz")
+    at.button(key="eval_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = texts(at.error)
+    assert len(errors) == 1 and "unknown task 'no_such_task_xyz'" in errors[0] and "\n" not in errors[0], errors
+    assert "prune_eval" not in at.session_state["app_jobs"]
+    (tmp_path / "tasks").mkdir()
+    at.text_input(key="eval_tasks").set_value(OFFLINE_TASK)
+    at.text_input(key="eval_task_folder").set_value(str(tmp_path / "tasks"))
+    at.button(key="eval_run").click().run()
+    errors = texts(at.error)
+    assert len(errors) == 1 and "holds no task YAML" in errors[0], errors
+    assert "prune_eval" not in at.session_state["app_jobs"]
 
 
 def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):

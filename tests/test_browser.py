@@ -309,6 +309,7 @@ def _user_path(page, app_server, smol, tmp_path, RatePlan):
     set_number(page, "Generations", 1)
     set_number(page, "New tokens per generation", 4)
     page.get_by_text("Time throughput").click()
+    page.get_by_text("Task accuracy (lm-eval)", exact=True).first.click()  # task accuracy has its own AppTest (test_app)
     page.wait_for_timeout(500)
     page.get_by_role("button", name="Prune and evaluate").click()
     page.get_by_text("Run 1 finished", exact=False).wait_for(timeout=300_000)

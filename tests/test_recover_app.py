@@ -16,6 +16,7 @@ import pytest
 from conftest import stop_jobs
 from streamlit.testing.v1 import AppTest
 
+from gap_engine.data.next_sentence import OFFLINE_TASK
 from gap_engine.evaluate import history
 from gap_engine.recover.files import partial_dir, saved_step
 from gap_engine.views.jobs import manager
@@ -84,6 +85,8 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     at.number_input(key="recover_eval_samples").set_value(1)
     at.number_input(key="recover_eval_seq_len").set_value(16)
     at.number_input(key="recover_generations").set_value(0)
+    assert at.toggle(key="recover_tasks_on").value and at.text_input(key="recover_tasks").value == OFFLINE_TASK
+    at.number_input(key="recover_task_limit").set_value(2)
     at.run()
     assert at.button(key="recover_go").label == "Recover"
     assert set(at.radio(key="recover_objective").options) == {"default", "kd", "lm", "kd+lm"}
@@ -128,10 +131,20 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     before, after = table["unrecovered perplexity"][0], table["recovered perplexity"][0]
     assert before > 0 and after > 0 and before != after
     assert at.button(key="recover_go").label == "Recover"  # the finished run left no partial state
+    # Task accuracy: the recovered model beside the unrecovered checkpoint (scored before training,
+    # kept across the cancel) and dense (not here: the tiny model's base is nowhere, so nothing is cached).
+    [tasks_frame] = [d.value for d in at.dataframe if "recovered acc" in d.value.columns]
+    recovered, unrecovered = (getattr(resumed.result, part)["task_accuracy"][OFFLINE_TASK] for part in ("after", "before"))
+    assert recovered["n"] == unrecovered["n"] == 2
+    assert list(tasks_frame["task"]) == [OFFLINE_TASK]
+    assert tasks_frame["recovered acc"][0] == f"{recovered['acc']:.3f} ± {recovered['acc_stderr']:.3f}"
+    assert tasks_frame["unrecovered acc"][0] == f"{unrecovered['acc']:.3f} ± {unrecovered['acc_stderr']:.3f}"
+    assert tasks_frame["dense acc"].isna()[0]
 
     runs = history.runs()
     assert [r.allocator for r in runs] == ["dp", "dp+mazo"]
     assert runs[-1].checkpoint == str(out_dir)
+    assert runs[-1].tasks["model"][OFFLINE_TASK] == recovered and runs[0].tasks == {}  # rows with and without tasks load side by side
     # The recovered checkpoint is itself offered for a further recovery.
     options = at.selectbox(key="recover_run").options
     assert len(options) == 2 and options[0].startswith(f"run {runs[-1].id}: dp+mazo"), options

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from gap_engine.cli import main
+from gap_engine.core.errors import HistoryError
 from gap_engine.core.fsutil import cache_root
 from gap_engine.data.next_sentence import OFFLINE_TASK, build_examples, offline_task_dir
 from gap_engine.data.windows import load_corpus
@@ -125,6 +126,23 @@ def test_bad_task_is_one_line_exit_2_and_nothing_written(case, tmp_path, monkeyp
     assert not (cache / "tasks" / "dense").exists() and not (cache / "models").exists()  # refused before any model loaded
 
 
+def test_the_explorers_check_refuses_what_the_cli_refuses_and_passes_a_local_folder(tmp_path, monkeypatch):
+    """check_tasks (the explorer's Start) gives the CLI's one-line refusals without loading a data set."""
+    from gap_engine.evaluate.tasks import TaskError, check_tasks, task_settings
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    local = _task_folder(tmp_path, "t_local")
+    assert check_tasks(task_settings(f"{OFFLINE_TASK}, t_local", limit=2, include_path=str(local))) == [OFFLINE_TASK, "t_local"]
+    for argv, message in _refusal_cases(tmp_path).values():
+        if "--limit" in argv:
+            continue  # refused by task_settings itself (the picker's number field cannot go below 1)
+        folder = argv[argv.index("--include-path") + 1] if "--include-path" in argv else None
+        with pytest.raises(TaskError, match=re.escape(message)):
+            check_tasks(task_settings(argv[1], include_path=folder))
+
+
 def test_hub_probe_honours_offline_flags(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub_reachable() is False
@@ -149,6 +167,16 @@ EVAL_WITH_TASKS = {
 }
 
 
+def test_task_settings_read_a_picker_and_the_cli_flag_alike():
+    from gap_engine.evaluate.tasks import TaskError, task_settings
+
+    typed = task_settings(f" {OFFLINE_TASK}, my_task ,{OFFLINE_TASK}", limit=2, include_path="  ")
+    assert typed == task_settings([OFFLINE_TASK, "my_task"], limit=2) == TaskSettings((OFFLINE_TASK, "my_task"), 2)
+    for names, limit in ((" , ", None), ([], None), (OFFLINE_TASK, 0)):
+        with pytest.raises(TaskError):
+            task_settings(names, limit=limit)
+
+
 def test_history_keeps_task_accuracy_and_migrates_an_older_file(tmp_path):
     import sqlite3
 
@@ -166,6 +194,22 @@ def test_history_keeps_task_accuracy_and_migrates_an_older_file(tmp_path):
     assert frame.loc[new, f"acc:{OFFLINE_TASK}"] == 0.625 and frame.loc[new, f"dense_acc:{OFFLINE_TASK}"] == 0.75
     assert frame.loc[new, "acc_stderr:my_task"] == 0.125 and "acc_norm:my_task" not in frame.columns
     assert frame[f"acc:{OFFLINE_TASK}"].isna()[old]
+    # "Compare runs": a row per task, accuracy ± stderr against dense; the run without tasks shows a dash.
+    from gap_engine.evaluate.runcompare import comparison_frame, history_table
+
+    compared = comparison_frame([history.get_run(new, db), history.get_run(old, db)]).set_index("measure")
+    assert compared.loc[f"accuracy ({OFFLINE_TASK})"].to_dict() == {
+        "dense": "0.750 ± 0.125", f"run {new}": "0.625 ± 0.125 (-0.1250 vs dense)", f"run {old}": "—",
+    }
+    assert compared.loc["accuracy (my_task)", f"run {new}"].startswith("0.250 ± 0.125")
+    assert not any(m.startswith("accuracy") for m in comparison_frame([history.get_run(old, db)])["measure"])
+    shown = history_table(history.list_runs(db)).set_index("id")  # the explorer's history table: acc ± stderr, empty where missing
+    assert shown.loc[new, f"accuracy ({OFFLINE_TASK})"] == "0.625 ± 0.125" and shown.loc[old, f"dense accuracy ({OFFLINE_TASK})"] == ""
+    assert list(shown.columns).index(f"accuracy ({OFFLINE_TASK})") == list(shown.columns).index("budget") + 1
+    with sqlite3.connect(db) as conn:  # a tasks column that is not an object is refused in one line, not a crash
+        conn.execute("UPDATE runs SET tasks_json = '[1]' WHERE id = ?", (old,))
+    with pytest.raises(HistoryError, match=f"history run {old} tasks must be an object"):
+        history.list_runs(db)
 
 
 @pytest.mark.slow

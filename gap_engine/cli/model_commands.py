@@ -104,15 +104,14 @@ def window_convention_text(tokenizer) -> str:
 
 def task_settings_from(args: argparse.Namespace):
     """The TaskSettings of ``--tasks`` and its options, or None without ``--tasks``."""
-    from gap_engine.evaluate.tasks import TaskSettings
+    from gap_engine.evaluate.tasks import task_settings
 
     if args.tasks is None:
         for flag in ("limit", "num_fewshot", "include_path"):
             if getattr(args, flag) is not None:
                 raise PlanError(f"--{flag.replace('_', '-')} needs --tasks")
         return None
-    names = tuple(name.strip() for name in args.tasks.split(","))
-    return TaskSettings(names, args.limit, args.num_fewshot, args.batch_size, args.include_path).validate()
+    return task_settings(args.tasks, args.limit, args.num_fewshot, args.batch_size, args.include_path)
 
 
 def run_eval(args: argparse.Namespace) -> int:

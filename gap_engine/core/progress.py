@@ -119,6 +119,7 @@ MEASURE = "measure"  # the loss increase on the calibration windows
 HELD_OUT = "held-out text"  # perplexity, KL and agreement against dense
 THROUGHPUT = "throughput"
 GENERATE = "generate"
+TASKS = "task accuracy"  # lm-eval tasks on the model and (unless cached) on dense
 SAVE = "save"
 
 

@@ -224,7 +224,7 @@ def record_run(record: RunRecord, path: Path | None = None) -> int:
 
 
 # How each RunRecord field must look when read back (validate.py's rules, like any file).
-_DICT_FIELDS = frozenset({"plan", "params", "perplexity", "dense_perplexity", "kl", "top1"})
+_DICT_FIELDS = frozenset({"plan", "params", "perplexity", "dense_perplexity", "kl", "top1", "tasks"})
 _NUMBER_FIELDS = frozenset({"budget", "predicted_loss", "actual_loss", "prefill_speedup", "decode_speedup", "seconds"})
 _COUNT_FIELDS = frozenset({"dense_params", "pruned_params", "id"})
 _ROW_BYTES = 16 << 20  # one JSON column of one row

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from gap_engine.evaluate.history import RunRecord
+from gap_engine.evaluate.tasks import score_text
 
 
 def run_label(record: RunRecord) -> str:
@@ -85,12 +86,35 @@ def _measures(records: list[RunRecord]) -> list[Measure]:
             (f"held-out KL to dense ({source})", lambda r, s=source: r.kl.get(s), None, "difference", "0"),
             (f"top-1 agreement ({source})", lambda r, s=source: r.top1.get(s), None, "difference", "1"),
         ]
-    return rows + [
+    return rows + _task_measures(records) + [
         ("predicted loss increase", lambda r: r.predicted_loss, None, "difference", "0"),
         ("measured loss increase (calibration)", lambda r: r.actual_loss, None, "difference", "0"),
         ("prefill speed vs dense", lambda r: r.prefill_speedup, None, "relative", "1.00x"),
         ("decode speed vs dense", lambda r: r.decode_speedup, None, "relative", "1.00x"),
     ]
+
+
+def task_score(record: RunRecord, task: str, model: str = "model") -> dict[str, Any]:
+    """A run's stored lm-eval score of ``task`` (``model``: "model" or "dense"); {} when it has none."""
+    scores = (record.tasks or {}).get(model) or {}
+    score = scores.get(task) if isinstance(scores, dict) else None
+    return score if isinstance(score, dict) else {}
+
+
+def _task_measures(records: list[RunRecord]) -> list[Measure]:
+    """One row per lm-eval task any picked run has: accuracy ± its standard error, its changes read
+    as differences; the dense column shows dense's the same way (runs without tasks show '—')."""
+    tasks: list[str] = []
+    for record in records:
+        tasks += [t for t in ((record.tasks or {}).get("model") or {}) if t not in tasks]
+    rows: list[Measure] = []
+    for task in tasks:
+        dense = next((text for r in records if (text := score_text(task_score(r, task, "dense")))), None)
+        rows.append((
+            f"accuracy ({task})", lambda r, t=task: task_score(r, t).get("acc"),
+            lambda r, t=task: task_score(r, t, "dense").get("acc"), "difference", dense or "—",
+        ))  # fmt: skip
+    return rows
 
 
 def _number(value: float) -> str:
@@ -127,6 +151,8 @@ def _cell(
         notes.append(f"{change} vs run {reference.id}")
     if "speed" in label:
         text = speed_text(record, label.split()[0])
+    elif label.startswith("accuracy ("):  # with its standard error: a change smaller than two of them is noise
+        text = score_text(task_score(record, label[len("accuracy (") : -1])) or _number(value)
     else:
         text = _number(value)
     return text + (f" ({', '.join(notes)})" if notes else "")
@@ -156,3 +182,31 @@ def comparison_frame(records: list[RunRecord]) -> pd.DataFrame:
     for record in records:
         columns[run_label(record).split(":")[0]].append("—" if record.seconds is None else f"{record.seconds:.0f} s")
     return pd.DataFrame(columns)
+
+
+def history_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """``history.list_runs()`` for reading: each task's numeric ``acc``/``acc_stderr`` (and dense's)
+    columns become one text column 'accuracy (TASK)' / 'dense accuracy (TASK)' reading '0.375 ± 0.183',
+    placed after the budget; a run without that task has an empty cell. The numeric columns stay in
+    ``list_runs`` (charts, CSV)."""
+    tasks = list(dict.fromkeys(str(c).partition(":")[2] for c in frame.columns if str(c).startswith("acc:")))
+    if not tasks:
+        return frame
+    shown = frame.drop(columns=[c for c in frame.columns if str(c).partition(":")[0] in _TASK_PREFIXES])
+    texts = {}
+    for task in tasks:
+        for prefix, label in (("", "accuracy"), ("dense_", "dense accuracy")):
+            texts[f"{label} ({task})"] = [
+                score_text({"acc": row.get(f"{prefix}acc:{task}"), "acc_stderr": row.get(f"{prefix}acc_stderr:{task}")}) or ""
+                for row in (_finite_values(r) for r in frame.to_dict("records"))
+            ]
+    at = list(shown.columns).index("budget") + 1 if "budget" in shown.columns else len(shown.columns)
+    return pd.concat([shown.iloc[:, :at], pd.DataFrame(texts, index=frame.index), shown.iloc[:, at:]], axis=1)
+
+
+_TASK_PREFIXES = frozenset({"acc", "acc_stderr", "acc_norm", "dense_acc", "dense_acc_stderr", "dense_acc_norm"})
+
+
+def _finite_values(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with its NaN cells (runs without a task) dropped."""
+    return {key: value for key, value in row.items() if not (isinstance(value, float) and math.isnan(value))}

@@ -23,11 +23,12 @@ import copy
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -71,6 +72,45 @@ class TaskSettings:
             raise TaskError(f"--batch-size must be at least 1, got {self.batch_size}")
         check_at_most(self.batch_size, LIMITS.batch_size, "--batch-size")
         return self
+
+
+DEMO_LIMIT = 20  # examples per task where a demo should stay quick (the explorer's default)
+
+
+def task_settings(
+    names: str | Sequence[str],
+    limit: int | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int = 8,
+    include_path: str | None = None,
+) -> TaskSettings:
+    """Validated TaskSettings from what a user typed or picked: names comma-separated or a list
+    (blanks dropped, repeats kept once), a blank include path read as none. ``--tasks`` of the CLI
+    and the explorer's task picker both come through here, so both refuse the same things.
+
+    Raises:
+        TaskError: no task name, a limit or shot count out of range.
+    """
+    parts = names.split(",") if isinstance(names, str) else [part for name in names for part in str(name).split(",")]
+    cleaned = tuple(dict.fromkeys(part.strip() for part in parts if part.strip()))
+    folder = include_path.strip() if isinstance(include_path, str) else include_path
+    return TaskSettings(cleaned, limit, num_fewshot, batch_size, folder or None).validate()
+
+
+def check_tasks(settings: TaskSettings) -> list[str]:
+    """Every check of :func:`prepare_tasks` that needs no data set loaded: the names resolve
+    (the offline task, the include path's YAMLs, lm-eval's registry), each task's kind, its
+    local data files, and a hub data set that an unreachable hub would have to give. About a
+    second, so a form can refuse a mistake before it starts a job.
+
+    Returns:
+        The task names, as resolved.
+    Raises:
+        TaskError: the first problem, in one line.
+    """
+    settings = settings.validate()
+    _precheck(_manager(settings), settings)
+    return list(settings.tasks)
 
 
 @dataclass
@@ -516,3 +556,32 @@ def score_columns(scores: dict[str, TaskScore], prefix: str = "") -> dict[str, f
                 columns[f"{prefix}{metric}_{name}"] = value
         columns[f"{prefix}n_{name}"] = score.n
     return columns
+
+
+def score_text(score: dict | None, metric: str = "acc") -> str | None:
+    """'0.625 ± 0.183' (a TaskScore dict's ``metric`` and its standard error), or None when absent."""
+    value = (score or {}).get(metric)
+    if not isinstance(value, (int, float)):
+        return None
+    stderr = (score or {}).get(f"{metric}_stderr")
+    return f"{value:.3f}" + (f" ± {stderr:.3f}" if isinstance(stderr, (int, float)) and math.isfinite(stderr) else "")
+
+
+def task_table_rows(models: Sequence[tuple[str, dict]]) -> list[dict]:
+    """One row per task for a page's table: its examples, then ``<model> acc`` and (where the task
+    has it) ``<model> acc_norm`` per model, each 'value ± stderr'; None where a model has no score.
+
+    Args:
+        models: (label, {task: TaskScore.to_dict()}) in column order, e.g. dense, pruned, recovered.
+    """
+    tasks = list(dict.fromkeys(task for _, scores in models for task in scores))
+    norms = {task for _, scores in models for task, score in scores.items() if score.get("acc_norm") is not None}
+    rows = []
+    for task in tasks:
+        row: dict = {"task": task, "examples": next((s[task].get("n") for _, s in models if task in s), None)}
+        for label, scores in models:
+            row[f"{label} acc"] = score_text(scores.get(task))
+            if task in norms:
+                row[f"{label} acc_norm"] = score_text(scores.get(task), "acc_norm")
+        rows.append(row)
+    return rows

@@ -42,6 +42,7 @@ from gap_engine.core.config import RECOVERY_SCHEDULES, SAVE_DTYPES
 from gap_engine.core.errors import CancelledError, DataError
 from gap_engine.core.memory import PeakRSS, release_free_memory
 from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.evaluate.tasks import PreparedTasks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
 from gap_engine.recover.cost import STAGES
@@ -325,6 +326,7 @@ def recover(
     resume: bool = True,
     history_path: Path | None = None,
     teacher: LoadedModel | None = None,
+    lm_eval_tasks: PreparedTasks | None = None,
 ) -> RecoveryResult:
     """Fine-tune ``lm`` on its tasks' calibration text, evaluate it, and save it as a checkpoint.
 
@@ -343,6 +345,8 @@ def recover(
         history_path: the run history database; None: the default under the cache root.
         teacher: the dense model to distil from, already loaded (None: ``settings.teacher``, else
             the checkpoint's base model, loaded here on the student's device and dtype).
+        lm_eval_tasks: prepared lm-eval tasks: their accuracy before and after training and the dense
+            model's join the evaluations (``task_accuracy``, ``dense_task_accuracy``) and the history.
     Returns:
         RecoveryResult (``to_dict()`` is JSON-ready).
     Raises:
@@ -369,7 +373,7 @@ def recover(
     trajectory = settings.trajectory() | {"teacher_fingerprint": teacher.fingerprint if teacher else None}
     dense = teacher if teacher is not None and settings.teacher is None else None  # the dense reference, when it is one
     work = partial_dir(out_dir)
-    state, saved = _start_state(lm, settings, trajectory, data, work, resume, reporter, cancel, dense)
+    state, saved = _start_state(lm, settings, trajectory, data, work, resume, reporter, cancel, dense, lm_eval_tasks)
     resumed_from = state.step
     _measure_inference(lm, data, settings, state, device)
 
@@ -381,7 +385,7 @@ def recover(
     adapter_dir, save_dtype = _finish_weights(lm, run, settings, work, reporter)
     reporter.stage("calibration loss after training")
     calib_after = _calib_losses(lm, data, settings)
-    after = evaluate_heldout(lm, settings, "after", reporter.stage, cancel, start_fingerprint, dense)
+    after = evaluate_heldout(lm, settings, "after", reporter.stage, cancel, start_fingerprint, dense, lm_eval_tasks)
     result = _result(settings, state, run, out_dir, adapter_dir, dense_input, resumed_from, stopped, calib_after, after)
     result.objective_note, result.teacher, result.save_dtype = note, teacher.name if teacher else None, save_dtype
     reporter.stage(f"writing {out_dir}")
@@ -405,7 +409,7 @@ def _place(lm: LoadedModel, settings: RecoverySettings) -> torch.device:
 
 
 def _start_state(lm: LoadedModel, settings: RecoverySettings, trajectory: dict, data: TaskData, work: Path, resume: bool,
-                 reporter: _Reporter, cancel, dense: LoadedModel | None):
+                 reporter: _Reporter, cancel, dense: LoadedModel | None, lm_eval_tasks: PreparedTasks | None = None):
     """(run state, saved snapshot or None): the saved run in ``work`` when resuming, else a fresh
     state with the losses and evaluation before training (an earlier partial run is discarded)."""
     saved = load_state(work) if resume else None
@@ -420,7 +424,7 @@ def _start_state(lm: LoadedModel, settings: RecoverySettings, trajectory: dict, 
     reporter.stage("calibration loss before training")
     state.calib_before = _calib_losses(lm, data, settings)
     if settings.evaluate_before:
-        state.before = evaluate_heldout(lm, settings, "before", reporter.stage, cancel, lm.fingerprint, dense)
+        state.before = evaluate_heldout(lm, settings, "before", reporter.stage, cancel, lm.fingerprint, dense, lm_eval_tasks)
     return state, None
 
 

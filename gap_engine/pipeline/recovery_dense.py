@@ -14,11 +14,12 @@ import logging
 from collections.abc import Callable
 
 from gap_engine.core.config import WindowSpec
-from gap_engine.core.device import DeviceSpec
+from gap_engine.core.device import DeviceSpec, placement_of
 from gap_engine.core.errors import CancelledError, ModelLoadError, one_line
 from gap_engine.core.memory import release_free_memory
 from gap_engine.core.progress import Hooks
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
+from gap_engine.evaluate.tasks import PreparedTasks, dense_task_scores, run_tasks
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.stages import dense_reference
@@ -89,11 +90,30 @@ def dense_reference_of(lm: LoadedModel, start_fingerprint: str) -> LoadedModel |
     return reference if reference.fingerprint == start_fingerprint else None
 
 
+def task_accuracy(lm: LoadedModel, dense: LoadedModel | None, prepared: PreparedTasks, start_fingerprint: str) -> dict:
+    """``task_accuracy`` of ``lm`` and ``dense_task_accuracy`` of the dense model it came from (cached
+    per model + task + limit; measured with ``dense`` when it is loaded and the cache lacks them).
+
+    The dense key is the checkpoint's recorded base model, or for a dense model being recovered the
+    weights it started from: its trained weights never pass for dense.
+    """
+    scores = run_tasks(lm, prepared)
+    fingerprint = (lm.pruned_from or {}).get("fingerprint") or start_fingerprint
+    dtype = str(placement_of(lm).dtype).removeprefix("torch.")
+    measure = (lambda names: run_tasks(dense, prepared, names)) if dense is not None else None
+    dense_scores = dense_task_scores(fingerprint, dtype, prepared, measure)
+    return {
+        "task_accuracy": {name: score.to_dict() for name, score in scores.items()},
+        "dense_task_accuracy": {name: score.to_dict() for name, score in dense_scores.items()},
+    }
+
+
 def evaluate_heldout(lm: LoadedModel, settings, label: str, stage: Callable[[str], None], cancel, start_fingerprint: str,
-                     dense: LoadedModel | None = None) -> dict:
+                     dense: LoadedModel | None = None, lm_eval_tasks: PreparedTasks | None = None) -> dict:
     """evaluate.evaluate on every task's held-out text (on the CPU, where evaluate's windows are).
 
-    ``dense``: the dense reference already loaded as the teacher (reused; else loaded here)."""
+    ``dense``: the dense reference already loaded as the teacher (reused; else loaded here).
+    ``lm_eval_tasks``: also their accuracy (`task_accuracy`) and dense's (`dense_task_accuracy`)."""
     def say(message: str) -> None:
         if cancel is not None and cancel.is_set():
             raise CancelledError(f"recovery cancelled while evaluating {label} training")
@@ -114,7 +134,11 @@ def evaluate_heldout(lm: LoadedModel, settings, label: str, stage: Callable[[str
             throughput=False,
             generations=settings.eval_generations,
         )
-        return evaluate(lm, dense, eval_settings, Hooks(message=say)).to_dict()
+        report = evaluate(lm, dense, eval_settings, Hooks(message=say)).to_dict()
+        if lm_eval_tasks is not None:
+            say(f"task accuracy on {', '.join(lm_eval_tasks.tasks)} (lm-eval)")
+            report |= task_accuracy(lm, dense, lm_eval_tasks, start_fingerprint)
+        return report
     finally:
         lm.model.to(device)
         if shared and dense is not None:

@@ -25,6 +25,7 @@ from gap_engine.core.progress import (
     PLAN,
     PRUNE,
     SAVE,
+    TASKS,
     THROUGHPUT,
     Hooks,
     StageFn,
@@ -61,6 +62,16 @@ class PruneEvalResult:
     stage_seconds: dict[str, float]  # wall time per stage (`prune_eval_stages` names)
     params_before: int  # parameters of the dense model
     params_after: int  # parameters of the pruned copy
+
+    @property
+    def task_accuracy(self) -> dict[str, dict]:
+        """lm-eval task -> TaskScore.to_dict() of the pruned model ({}: run without tasks)."""
+        return dict(self.report.get("task_accuracy") or {})
+
+    @property
+    def dense_task_accuracy(self) -> dict[str, dict]:
+        """The same for the dense model (cached per model + task + limit, so measured once)."""
+        return dict(self.report.get("dense_task_accuracy") or {})
 
     def to_dict(self) -> dict:
         """JSON-ready."""
@@ -133,11 +144,13 @@ def _run_params(calib: WindowSpec, report: dict, objective: str, constraints: Co
     }
 
 
-def prune_eval_stages(eval_settings: EvalSettings, checkpoint: bool) -> tuple[str, ...]:
-    """The stages of a prune-and-evaluate job in order, from loading the dense model."""
+def prune_eval_stages(eval_settings: EvalSettings, checkpoint: bool, tasks: bool = False) -> tuple[str, ...]:
+    """The stages of a prune-and-evaluate job in order, from loading the dense model
+    (``tasks``: lm-eval task accuracy after the held-out evaluation)."""
     stages = [LOAD_MODEL, PLAN, PRUNE, MEASURE, HELD_OUT]
     stages += [THROUGHPUT] if eval_settings.throughput else []
     stages += [GENERATE] if eval_settings.generations else []
+    stages += [TASKS] if tasks else []
     return tuple(stages + ([SAVE] if checkpoint else []))
 
 
@@ -167,6 +180,7 @@ def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel
         actual = objective_increase(pruned, dense, windows, objective, calib.batch_size)
         report = evaluate(pruned, dense, eval_settings, Hooks(message=evaluation_step)).to_dict()
         if tasks is not None:
+            at(TASKS)
             report |= task_report(pruned, dense, tasks)
     return actual, report
 

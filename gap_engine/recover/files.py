@@ -333,7 +333,7 @@ def record_in_history(lm, plan, result, history_path: Path | None) -> int:
     recovery.update(
         rss_ratio=result.rss_ratio,
         source=lm.source,
-        before={k: before.get(k) for k in ("perplexity", "kl_to_dense", "top1_agreement")},
+        before={k: before.get(k) for k in ("perplexity", "kl_to_dense", "top1_agreement", "task_accuracy")},
         settings=result.settings,
     )
     record = history.RunRecord.from_report(

@@ -40,6 +40,7 @@ from gap_engine.core.errors import CacheError, CancelledError, GapError, one_lin
 from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.core.interrupt import run_unless_cancelled
 from gap_engine.core.progress import LOAD_MODEL, CancelToken, Hooks
+from gap_engine.evaluate.tasks import TaskSettings, prepare_tasks
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.recovery import recover
@@ -533,27 +534,36 @@ def baselines_task(model_name: str, table, budgets, allocators, constraints) -> 
     return work
 
 
-def prune_eval_task(model_name: str, eval_settings, expected: dict | None = None, basis: str = "", **run) -> WorkFn:
+def prune_eval_task(
+    model_name: str, eval_settings, expected: dict | None = None, basis: str = "", task_settings: TaskSettings | None = None, **run
+) -> WorkFn:
     """Prune a copy, measure, evaluate and record (`pipeline.prune_and_evaluate`); the result is its PruneEvalResult.
 
     Args:
         model_name: the dense model (built-in name, folder or hub id).
         eval_settings: evaluate.EvalSettings.
         expected, basis: stage -> expected seconds and where they come from (for the ETA).
+        task_settings: lm-eval tasks to score the pruned model and dense on (None: none); their
+            data sets load while the model does, so a data problem ends the job before pruning.
         run: the keyword arguments of `pipeline.prune_and_evaluate` (table, budget,
             allocator, constraints, plan, checkpoint_dir, history_path).
     """
 
     def work(ctx: JobContext):
-        ctx.plan(prune_eval_stages(eval_settings, run.get("checkpoint_dir") is not None), expected, basis)
+        stages = prune_eval_stages(eval_settings, run.get("checkpoint_dir") is not None, task_settings is not None)
+        ctx.plan(stages, expected, basis)
         ctx.enter(LOAD_MODEL)
+        prepared = None
+        if task_settings is not None:
+            ctx.say(f"reading the tasks {', '.join(task_settings.tasks)}")
+            prepared = run_unless_cancelled(lambda: prepare_tasks(task_settings), ctx.cancel, "cancelled while reading the tasks")
         dense = shared_model(model_name, cancel=ctx.cancel)  # forward passes only
-        return prune_and_evaluate(dense, eval_settings, hooks=ctx.hooks(), **run)
+        return prune_and_evaluate(dense, eval_settings, hooks=ctx.hooks(), tasks=prepared, **run)
 
     return work
 
 
-def recover_task(checkpoint: str, settings, out_dir) -> WorkFn:
+def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings | None = None) -> WorkFn:
     """Fine-tune a saved checkpoint (`recovery.recover`), resuming the run saved for ``out_dir``
     when there is one; the result is its RecoveryResult.
 
@@ -561,14 +571,19 @@ def recover_task(checkpoint: str, settings, out_dir) -> WorkFn:
         checkpoint: a pruned checkpoint folder (loaded privately: training changes its weights).
         settings: recover.RecoverySettings.
         out_dir: the recovered checkpoint's folder (see `recovery.app_output_dir`).
+        task_settings: lm-eval tasks scored before and after training and on dense (None: none).
     """
     def work(ctx: JobContext):
         estimate = estimate_for_checkpoint(checkpoint, settings)
         if estimate is not None:  # the ETA from the first second; measured step times replace it
             ctx.plan(RECOVERY_STAGES, estimate.by_stage(), estimate.basis)
+        prepared = None
+        if task_settings is not None:
+            ctx.step(f"reading the tasks {', '.join(task_settings.tasks)}", 0, settings.steps)
+            prepared = run_unless_cancelled(lambda: prepare_tasks(task_settings), ctx.cancel, "cancelled while reading the tasks")
         ctx.step("loading the checkpoint", 0, settings.steps)
         lm = load_model(str(checkpoint))
         ctx.check_cancelled()
-        return recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True)
+        return recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True, lm_eval_tasks=prepared)
 
     return work

@@ -56,6 +56,12 @@ _SOURCE_COLUMN_LABELS = {
     "dense_ppl": "dense perplexity ({})",
     "kl": "held-out KL to dense ({})",
     "top1": "top-1 agreement ({})",
+    "acc": "accuracy ({})",
+    "acc_stderr": "accuracy ± ({})",
+    "acc_norm": "acc_norm ({})",
+    "dense_acc": "dense accuracy ({})",
+    "dense_acc_stderr": "dense accuracy ± ({})",
+    "dense_acc_norm": "dense acc_norm ({})",
 }
 
 
