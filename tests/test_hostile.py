@@ -1506,3 +1506,54 @@ def test_the_cli_installs_the_printable_formatter_on_its_own_handler(tmp_path, m
                 root.removeHandler(handler)
         root.handlers[:] = saved
     assert len(ours) == 1
+
+
+# ---- round 3: a checkpoint's files are checked before any text is read (issue 24) ----------------
+# A text file, not a built-in: a file is read (and its "loaded" line printed) on every run, so a
+# check that came after the text read would show as a second line here.
+CALIBRATION_TEXT = "A plain sentence about pruning that is long enough to be a document.\n\n" * 40
+
+DAMAGED_CHECKPOINTS = {
+    "marker-not-json": (_write("gap_pruned.json", "{format_version: 1"), "not valid json"),
+    "config-kv-heads-zero": (_edit_json("config.json", lambda d: d.update(num_key_value_heads=0)), "does not build a model"),
+    "weights-truncated": (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:5000]), "model.safetensors"),
+    "weights-a-folder": (lambda f: ((f / "model.safetensors").unlink(), (f / "model.safetensors").mkdir()), "model.safetensors is not a regular file"),
+    "weights-missing": (lambda f: (f / "model.safetensors").unlink(), "holds no .safetensors file"),
+    "tokenizer-damaged": (_write("tokenizer.json", '{"version": "1.0", "truncated'), "tokenizer files cannot be read"),
+    "plan-nested": (_write("plan.json", "[" * DEEP + "]" * DEEP), "deeper than"),
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGED_CHECKPOINTS))
+def test_a_damaged_checkpoint_is_refused_before_the_text_is_read(cli, tmp_path, checkpoint_copy, name):
+    damage, message = DAMAGED_CHECKPOINTS[name]
+    damage(checkpoint_copy)
+    docs = write_input(tmp_path, "docs.txt", CALIBRATION_TEXT)
+    argv = ["eval", "--model", checkpoint_copy, "--no-dense", "--no-throughput", "--generations", "0", "--data", docs, "--samples", "2", "--seq-len", "16"]
+    assert_refused(cli(argv), message)
+
+
+@pytest.mark.parametrize("command", ["prune", "table", "recover", "compare"])
+def test_every_command_checks_the_checkpoint_before_the_text(cli, tmp_path, checkpoint_copy, command):
+    (checkpoint_copy / "gap_pruned.json").write_text("[1]")
+    docs = write_input(tmp_path, "docs.txt", CALIBRATION_TEXT)
+    sizes = ["--samples", "2", "--seq-len", "16"]
+    argv = {
+        "prune": ["prune", "--model", checkpoint_copy, "--uniform", "0.3", "--criterion", "wanda", "--data", docs, *sizes, "--out", work_out(tmp_path, "p")],
+        "table": ["table", "--model", checkpoint_copy, "--data", docs, *sizes, "--no-cache", "--out", work_out(tmp_path, "t.json")],
+        "recover": ["recover", "--model", checkpoint_copy, "--method", "mezo", "--steps", "1", "--data", docs, "--seq-len", "16", "--out", work_out(tmp_path, "r")],
+        "compare": ["compare", "--model", checkpoint_copy, "--data", docs, *sizes, "--out", work_out(tmp_path, "c.csv")],
+    }[command]
+    assert_refused(cli(argv), "does not hold a json object")
+
+
+def test_a_folder_without_config_is_refused_by_the_preflight(tmp_path):
+    import argparse
+
+    from gap_engine.cli.preflight import preflight
+    from gap_engine.core.errors import ModelLoadError
+
+    (tmp_path / "notes.txt").write_text("not a model")
+    args = argparse.Namespace(command="eval", model=str(tmp_path), data="wiki-sample")
+    with pytest.raises(ModelLoadError, match="a folder without config.json"):
+        preflight(args)

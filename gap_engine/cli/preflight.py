@@ -179,6 +179,8 @@ def check_model_name(name: str | None, flag: str = "--model") -> None:
             raise ModelLoadError(f"{flag} {text} is {kind}, not a model folder or file")
         if path.is_dir():
             refuse_special_files(path, ModelLoadError)  # a FIFO among the weights: refused before any text is read
+            if not (path / "config.json").is_file() and not (path / CHECKPOINT_MARKER).is_file():
+                raise ModelLoadError(f"{path} is a folder without config.json, not a model checkpoint")
         return
     if path.suffix == ".gguf":
         raise ModelLoadError(f"{flag}: GGUF file {text} does not exist")
