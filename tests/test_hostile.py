@@ -1557,3 +1557,32 @@ def test_a_folder_without_config_is_refused_by_the_preflight(tmp_path):
     args = argparse.Namespace(command="eval", model=str(tmp_path), data="wiki-sample")
     with pytest.raises(ModelLoadError, match="a folder without config.json"):
         preflight(args)
+
+
+# ---- round 3: one long line of text is tokenized in bounded pieces --------------------------------
+def test_a_long_line_is_tokenized_in_bounded_pieces_with_the_same_ids(smol_tokenizer, monkeypatch):
+    import numpy as np
+
+    from gap_engine.data import windows
+
+    words = ("pruning", "structured", "layer", "budget", "attention", "channel", "width", "token", "window,", "loss.")
+    line = " ".join(words[(i * 7) % len(words)] for i in range(60_000))  # ~400 kB, one line, one document
+    whole = np.asarray(smol_tokenizer(line, add_special_tokens=False)["input_ids"], dtype=np.int64)
+    limit = 16 * 1024
+    monkeypatch.setattr(windows, "TOKENIZE_PIECE_CHARS", limit)
+    monkeypatch.setattr(windows, "_TOKENIZE_BATCH_CHARS", limit)
+    calls: list[int] = []
+
+    class Recording:
+        eos_token_id = smol_tokenizer.eos_token_id
+
+        def __call__(self, texts, **kwargs):
+            calls.append(sum(map(len, texts)) if isinstance(texts, list) else len(texts))
+            return smol_tokenizer(texts, **kwargs)
+
+    stream = windows.tokenize_stream(Recording(), ["a short document first", line])
+    assert max(calls) <= limit, max(calls)  # no call holds the whole line (the bound on memory)
+    assert len(calls) > len(line) // limit
+    first = np.asarray(smol_tokenizer("a short document first", add_special_tokens=False)["input_ids"], dtype=np.int64)
+    expected = np.concatenate([first, [smol_tokenizer.eos_token_id], whole])
+    assert np.array_equal(stream, expected)  # byte-level BPE: cutting before a space changes no id

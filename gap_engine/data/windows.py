@@ -379,9 +379,8 @@ def _split_single_document(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]
     low, high = len(text) // 2, len(text) - max(1, len(text) // 20)
     cut = None
     for boundary in (r"\n\s*\n", r"\n", r"(?<=[.!?])[\"')\]]*\s+", r"\s+"):
-        candidates = [m.end() for m in re.finditer(boundary, text) if low <= m.end() <= high]
-        if candidates:
-            cut = min(candidates, key=lambda position: abs(position - target))
+        cut = _nearest_boundary(re.compile(boundary), text, target, low, high)
+        if cut is not None:
             break
     if cut is None:
         cut = target
@@ -389,6 +388,30 @@ def _split_single_document(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]
     if not calibration or not heldout:
         return (text,), ()
     return (calibration,), (heldout,)
+
+
+_CUT_SEARCH_CHARS = 1 << 16  # how far from the 80% point a cut is looked for before the whole text
+
+
+def _nearest_boundary(pattern: re.Pattern[str], text: str, target: int, low: int, high: int) -> int | None:
+    """The end of the match of ``pattern`` nearest ``target`` among those ending in [low, high].
+
+    Looked for within _CUT_SEARCH_CHARS of ``target`` first: a match there is nearer than any
+    outside, and a long text is not scanned whole (a 50 MB line held a list of every space).
+    """
+    near_low, near_high = max(low, target - _CUT_SEARCH_CHARS), min(high, target + _CUT_SEARCH_CHARS)
+    # (range, where the scan starts): a match that ends in the range may start before it.
+    for (start, end), scan_from in (((near_low, near_high), max(0, near_low - _CUT_SEARCH_CHARS)), ((low, high), 0)):
+        # endpos one past the range: a match it truncates ends there and is left out.
+        stop = min(end + 1, len(text))
+        best = None
+        for match in pattern.finditer(text, scan_from, stop):
+            position = match.end()
+            if start <= position <= end and (best is None or abs(position - target) < abs(best - target)):
+                best = position
+        if best is not None:
+            return best
+    return None
 
 
 def _fingerprint(calibration: Sequence[str], heldout: Sequence[str]) -> str:
@@ -478,28 +501,75 @@ def check_window_sizes(n_samples: int, seq_len: int) -> None:
         raise DataError(f"seq_len must be an integer >= 2, got {seq_len!r}")
 
 
+# Characters per tokenizer call. A fast tokenizer holds ~100 bytes of bookkeeping per token
+# (offsets, masks, Python ints) until the call returns: one 50 MB line took 5 GB in one call.
+# Pieces of at most this size keep that to tens of MB, whatever the shape of the text.
+TOKENIZE_PIECE_CHARS = 1 << 20
+# Characters per tokenizer call, pieces of several documents together (a fast tokenizer runs a
+# batch in parallel); measured on a 50 MB line: 1 MiB per call +50 MB, 8 MiB +350 MB.
+_TOKENIZE_BATCH_CHARS = 1 << 20
+
+
+def split_long_text(text: str, limit: int = TOKENIZE_PIECE_CHARS) -> list[str]:
+    """``text`` in pieces of at most ``limit`` characters, each cut just before a space.
+
+    Byte-level BPE tokenizers (Llama, SmolLM2, Qwen) start a word with its space and merge
+    nothing across words, so the pieces' ids are the whole text's; a tokenizer that merges
+    across spaces (SentencePiece-style) may differ at a cut, once per ``limit`` characters.
+    A stretch with no space in the last half of a piece is cut at the limit.
+    """
+    pieces = []
+    start = 0
+    while len(text) - start > limit:
+        cut = text.rfind(" ", start + limit // 2, start + limit)
+        if cut <= start:
+            cut = start + limit
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+def _piece_batches(docs: Sequence[str]) -> Iterable[list[tuple[int, str]]]:
+    """(document index, piece) lists of at most ~_TOKENIZE_BATCH_CHARS characters, in order."""
+    batch: list[tuple[int, str]] = []
+    size = 0
+    for index, doc in enumerate(docs):
+        for piece in split_long_text(doc, TOKENIZE_PIECE_CHARS):
+            if batch and size + len(piece) > _TOKENIZE_BATCH_CHARS:
+                yield batch
+                batch, size = [], 0
+            batch.append((index, piece))
+            size += len(piece)
+    if batch:
+        yield batch
+
+
 def tokenize_stream(tokenizer: Tokenizer, texts: Sequence[str]) -> TokenStream:
-    """One token stream for all documents, separator tokens between them. (L,) int64."""
+    """One token stream for all documents, separator tokens between them. (L,) int64.
+
+    Long documents are tokenized in pieces (``split_long_text``) and the ids kept as int64
+    arrays batch by batch, so memory stays near 8 bytes per token plus one batch's work.
+    """
     docs = [text for text in texts if text and text.strip()]
     if not docs:
         raise DataError("no text to tokenize")
     if tokenizer.eos_token_id is not None:
-        separator = [int(tokenizer.eos_token_id)]
+        separator = np.asarray([int(tokenizer.eos_token_id)], dtype=np.int64)
     else:
-        separator = list(tokenizer("\n\n", add_special_tokens=False)["input_ids"])
-    # One batched call (parallel in fast tokenizers); same ids as tokenizing the
-    # EOS-joined text, since nothing merges across a special token.
-    encoded = tokenizer(docs, add_special_tokens=False, verbose=False)["input_ids"]
-    total = sum(len(ids) for ids in encoded) + len(separator) * (len(encoded) - 1)
-    stream = np.empty(total, dtype=np.int64)
-    position = 0
-    for index, ids in enumerate(encoded):
-        if index:
-            stream[position : position + len(separator)] = separator
-            position += len(separator)
-        stream[position : position + len(ids)] = ids
-        position += len(ids)
-    return stream
+        separator = np.asarray(tokenizer("\n\n", add_special_tokens=False)["input_ids"], dtype=np.int64)
+    # Same ids as tokenizing the EOS-joined text, since nothing merges across a special token.
+    parts: list[npt.NDArray[np.int64]] = []
+    last_doc = 0
+    for batch in _piece_batches(docs):
+        encoded = tokenizer([piece for _, piece in batch], add_special_tokens=False, verbose=False)["input_ids"]
+        for (index, _), ids in zip(batch, encoded):
+            if index != last_doc:  # the first piece of the next document
+                parts.append(separator)
+                last_doc = index
+            parts.append(np.asarray(ids, dtype=np.int64))
+        del encoded
+    return np.concatenate(parts)
 
 
 def cut_windows(
