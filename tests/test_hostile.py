@@ -1511,7 +1511,7 @@ def test_the_cli_installs_the_printable_formatter_on_its_own_handler(tmp_path, m
 # ---- round 3: a checkpoint's files are checked before any text is read (issue 24) ----------------
 # A text file, not a built-in: a file is read (and its "loaded" line printed) on every run, so a
 # check that came after the text read would show as a second line here.
-CALIBRATION_TEXT = "A plain sentence about pruning that is long enough to be a document.\n\n" * 40
+CALIBRATION_TEXT = "".join(f"Document {i}: a plain sentence about pruning, long enough to be a document.\n\n" for i in range(40))
 
 DAMAGED_CHECKPOINTS = {
     "marker-not-json": (_write("gap_pruned.json", "{format_version: 1"), "not valid json"),
@@ -1586,3 +1586,30 @@ def test_a_long_line_is_tokenized_in_bounded_pieces_with_the_same_ids(smol_token
     first = np.asarray(smol_tokenizer("a short document first", add_special_tokens=False)["input_ids"], dtype=np.int64)
     expected = np.concatenate([first, [smol_tokenizer.eos_token_id], whole])
     assert np.array_equal(stream, expected)  # byte-level BPE: cutting before a space changes no id
+
+
+# ---- round 3: a cache that refuses new files ------------------------------------------------------
+# sysfs refuses new files to every user, root included (chmod 555 would not stop root, which a CI
+# runner may be): a real folder that cannot be written, as a read-only mount is.
+UNWRITABLE_CACHE = "/sys"
+
+
+@pytest.mark.parametrize("command", ["table", "prune-builtin", "recover"])
+def test_a_cache_that_cannot_be_written_is_one_line_before_work(cli, tmp_path, monkeypatch, tiny_model_dir, tiny_checkpoint, command):
+    docs = write_input(tmp_path, "docs.txt", CALIBRATION_TEXT)
+    sizes = ["--samples", "2", "--seq-len", "16"]
+    argv = {
+        "table": ["table", "--model", tiny_model_dir, "--data", docs, *sizes, "--out", work_out(tmp_path, "t.json")],
+        "prune-builtin": ["prune", "--model", "smollm2-135m", "--uniform", "0.1", "--criterion", "wanda", "--data", docs, *sizes, "--out", work_out(tmp_path, "p")],
+        "recover": ["recover", "--model", tiny_checkpoint, "--method", "mezo", "--steps", "1", "--data", docs, "--seq-len", "16", "--out", work_out(tmp_path, "r")],
+    }[command]
+    monkeypatch.setenv("GAP_CACHE_DIR", UNWRITABLE_CACHE)
+    assert_refused(cli(argv), f"the cache root {UNWRITABLE_CACHE} (GAP_CACHE_DIR) cannot be written")
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_commands_that_only_read_the_cache_work_on_one_that_cannot_be_written(cli, monkeypatch):
+    monkeypatch.setenv("GAP_CACHE_DIR", UNWRITABLE_CACHE)
+    code, err, out = cli(["cache", "ls", "--json"])
+    assert code == 0 and err == [], err
+    assert json.loads(out) == []
