@@ -1613,3 +1613,35 @@ def test_commands_that_only_read_the_cache_work_on_one_that_cannot_be_written(cl
     code, err, out = cli(["cache", "ls", "--json"])
     assert code == 0 and err == [], err
     assert json.loads(out) == []
+
+
+# ---- round 3: a table for other weights is found from the checkpoint's record, before any load ----
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_a_table_for_another_model_is_refused_before_the_model_loads(cli, tmp_path, monkeypatch, tiny_checkpoint, command):
+    from gap_engine.model import loading
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(loading, "_load", no_load)
+    table = write_input(tmp_path, "t.json", json.dumps(table_dict()))  # made for 'tiny-llama', fingerprint 0123456789abcdef
+    docs = write_input(tmp_path, "docs.txt", CALIBRATION_TEXT)
+    argv = {
+        "plan": ["plan", "--table", table, "--budget", "0.2", "--model", tiny_checkpoint, "--out", work_out(tmp_path, "p.json")],
+        "compare": ["compare", "--table", table, "--model", tiny_checkpoint, "--budgets", "0.2", "--eval-data", docs, "--out", work_out(tmp_path, "c.csv")],
+    }[command]
+    assert_refused(cli(argv), "loss table was built for 'tiny-llama' (fingerprint 0123456789abcdef), not for")
+
+
+def test_a_table_for_a_model_of_other_depth_is_refused_before_the_model_loads(cli, tmp_path, monkeypatch, tiny_model_dir):
+    from gap_engine.model import loading
+
+    monkeypatch.setattr(loading, "_load", lambda *a, **k: pytest.fail("the model was loaded before the refusal"))
+    three = copy.deepcopy(table_dict())
+    three["num_layers"] = 3
+    three["components"] = [[layer, kind] for layer in range(3) for kind in ("attn", "mlp")]
+    for field in ("delta", "smoothed", "cell_objective", "removed", "measured"):
+        three[field] = three[field] + three[field][:2]
+    table = write_input(tmp_path, "t.json", json.dumps(three))
+    argv = ["plan", "--table", table, "--budget", "0.2", "--model", tiny_model_dir, "--out", work_out(tmp_path, "p.json")]
+    assert_refused(cli(argv), "loss table is for a model with 3 layers, but")

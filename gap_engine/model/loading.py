@@ -30,7 +30,7 @@ from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_r
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import read_json_file
 from gap_engine.data.bos import Tokenizer
-from gap_engine.model.checkpoint import inspect_pruned, is_pruned_checkpoint, read_pruned, safetensors_problem
+from gap_engine.model.checkpoint import PRUNED_MARKER, inspect_pruned, is_pruned_checkpoint, read_pruned, safetensors_problem
 from gap_engine.model.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -360,6 +360,26 @@ def check_model_files(name_or_path: str | Path) -> None:
         inspect_pruned(path)
     elif not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} is a folder without config.json, not a model checkpoint")
+
+
+def recorded_identity(name_or_path: str | Path) -> tuple[int | None, str | None]:
+    """(blocks, weights fingerprint) a local model folder records, read without its weights.
+
+    The block count is config.json's ``num_hidden_layers``; the fingerprint is the one a gap
+    checkpoint recorded when it was saved (loading checks the weights against it). None for
+    what the folder does not record, or cannot be read here (the loader then says why).
+    """
+    path = Path(name_or_path).expanduser()
+    if str(name_or_path) in BUILTIN_MODELS or not path.is_dir():
+        return None, None
+    try:
+        config = read_json_file(path / "config.json", LIMITS.metadata_bytes, "config.json", ModelLoadError)
+        marker = read_json_file(path / PRUNED_MARKER, LIMITS.metadata_bytes, PRUNED_MARKER, ModelLoadError) if is_pruned_checkpoint(path) else {}
+    except (ModelLoadError, OSError):
+        return None, None
+    layers = config.get("num_hidden_layers") if isinstance(config, dict) else None
+    fingerprint = marker.get("fingerprint") if isinstance(marker, dict) else None
+    return (layers if isinstance(layers, int) and not isinstance(layers, bool) else None), (fingerprint if isinstance(fingerprint, str) else None)
 
 
 def _load_pruned(folder: Path) -> LoadedModel:
