@@ -1563,14 +1563,14 @@ def test_a_folder_without_config_is_refused_by_the_preflight(tmp_path):
 def test_a_long_line_is_tokenized_in_bounded_pieces_with_the_same_ids(smol_tokenizer, monkeypatch):
     import numpy as np
 
-    from gap_engine.data import windows
+    from gap_engine.data import tokens
 
     words = ("pruning", "structured", "layer", "budget", "attention", "channel", "width", "token", "window,", "loss.")
     line = " ".join(words[(i * 7) % len(words)] for i in range(60_000))  # ~400 kB, one line, one document
     whole = np.asarray(smol_tokenizer(line, add_special_tokens=False)["input_ids"], dtype=np.int64)
     limit = 16 * 1024
-    monkeypatch.setattr(windows, "TOKENIZE_PIECE_CHARS", limit)
-    monkeypatch.setattr(windows, "_TOKENIZE_BATCH_CHARS", limit)
+    monkeypatch.setattr(tokens, "TOKENIZE_PIECE_CHARS", limit)
+    monkeypatch.setattr(tokens, "TOKENIZE_BATCH_CHARS", limit)
     calls: list[int] = []
 
     class Recording:
@@ -1580,7 +1580,7 @@ def test_a_long_line_is_tokenized_in_bounded_pieces_with_the_same_ids(smol_token
             calls.append(sum(map(len, texts)) if isinstance(texts, list) else len(texts))
             return smol_tokenizer(texts, **kwargs)
 
-    stream = windows.tokenize_stream(Recording(), ["a short document first", line])
+    stream = tokens.tokenize_stream(Recording(), ["a short document first", line])
     assert max(calls) <= limit, max(calls)  # no call holds the whole line (the bound on memory)
     assert len(calls) > len(line) // limit
     first = np.asarray(smol_tokenizer("a short document first", add_special_tokens=False)["input_ids"], dtype=np.int64)
@@ -1645,3 +1645,21 @@ def test_a_table_for_a_model_of_other_depth_is_refused_before_the_model_loads(cl
     table = write_input(tmp_path, "t.json", json.dumps(three))
     argv = ["plan", "--table", table, "--budget", "0.2", "--model", tiny_model_dir, "--out", work_out(tmp_path, "p.json")]
     assert_refused(cli(argv), "loss table is for a model with 3 layers, but")
+
+
+# ---- round 3: a text too short for one window, found with the tokenizer alone -----------------------
+@pytest.mark.parametrize("command", ["table", "eval", "prune"])
+def test_a_text_too_short_for_one_window_is_one_line_before_the_model_loads(cli, tmp_path, monkeypatch, tiny_model_dir, tiny_checkpoint, command):
+    from gap_engine.model import loading
+
+    monkeypatch.setattr(loading, "_load", lambda *a, **k: pytest.fail("the model was loaded before the refusal"))
+    short = write_input(tmp_path, "short.txt", "Too short.\n")
+    sizes = ["--samples", "2", "--seq-len", "16"]
+    argv = {
+        "table": ["table", "--model", tiny_model_dir, "--data", short, *sizes, "--no-cache", "--out", work_out(tmp_path, "t.json")],
+        "eval": ["eval", "--model", tiny_checkpoint, "--data", short, *sizes, "--no-dense", "--no-throughput", "--generations", "0"],
+        "prune": ["prune", "--model", tiny_model_dir, "--uniform", "0.2", "--criterion", "wanda", "--data", short, *sizes, "--out", work_out(tmp_path, "p")],
+    }[command]
+    part = "heldout" if command == "eval" else "calibration"
+    line = assert_refused(cli(argv), f"short.txt ({part}) has ")
+    assert line.endswith("but one window of seq_len=16 needs at least 16"), line

@@ -14,7 +14,7 @@ import sys
 
 from gap_engine.cli.arguments import device_from, parse_fraction, parse_list, parse_locks
 from gap_engine.cli.output import StderrProgress, csv_text
-from gap_engine.cli.table_commands import read_sources, spec_from_args
+from gap_engine.cli.table_commands import check_windows_fit, read_sources, spec_from_args
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import BudgetError, TableError
 from gap_engine.core.fsutil import atomic_write_text
@@ -121,6 +121,9 @@ def run_compare(args: argparse.Namespace) -> int:
     table = read_table(args.table) if args.table else None
     if table is not None:
         check_recorded_model(args.model, table)  # before the text is read
+    eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len, seed=args.seed)
+    needs = [(eval_windows, "heldout")] + ([] if table is not None else [(spec_from_args(args).windows, "calibration")])
+    check_windows_fit(args.model, *needs)
     read_sources(args.eval_data, *(() if args.table else (args.data,)))  # before the model loads
     if table is not None:
         lm = _load_for_table(args.model, table, device_from(args))
@@ -132,7 +135,6 @@ def run_compare(args: argparse.Namespace) -> int:
     for budget in budgets:  # before anything slow: an unreachable budget fails here
         for allocator in allocators:
             check_reach(lm, table, budget, allocator, constraints)
-    eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len, seed=args.seed)
     heldout = heldout_sets(lm.tokenizer, eval_windows)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
     extra, dense_columns = _task_columns(lm, prepared)

@@ -33,6 +33,7 @@ import functools
 import hashlib
 import importlib.util
 import logging
+import os
 import re
 import threading
 import weakref
@@ -40,10 +41,9 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from gap_engine.core.config import WindowSpec
@@ -51,6 +51,7 @@ from gap_engine.core.errors import DataError, first_line
 from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import decode_text, parse_json, read_bounded
 from gap_engine.data.bos import Tokenizer, with_bos
+from gap_engine.data.tokens import TokenStream, split_long_text, tokenize_stream
 
 if TYPE_CHECKING:
     from mwparserfromhell.nodes import Node
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TokenStream: TypeAlias = npt.NDArray[np.int64]  # (L,) token ids of documents joined by separators
 
 BUILTIN_SOURCES: dict[str, str] = {
     "wiki-sample": "104 English Wikipedia articles as plain prose: the 206-page dump shipped with gensim, "
@@ -121,7 +121,20 @@ class TextCorpus:
 
 
 def load_corpus(spec: str) -> TextCorpus:
-    """Load a text source and split it into calibration and held-out documents.
+    """``read_corpus``, and the "loaded" line the first time this process reads that text."""
+    corpus = read_corpus(spec)
+    key = (os.getpid(), corpus.name, corpus.fingerprint)  # the pid: a forked worker reads (and says) it anew
+    if key not in _ANNOUNCED:
+        _ANNOUNCED.add(key)
+        logger.info("loaded %s: %d calibration and %d held-out documents", corpus.name, len(corpus.calibration), len(corpus.heldout))
+    return corpus
+
+
+_ANNOUNCED: set[tuple[int, str, str]] = set()
+
+
+def read_corpus(spec: str) -> TextCorpus:
+    """Load a text source and split it into calibration and held-out documents (printing nothing).
 
     Args:
         spec: a built-in name (see ``BUILTIN_SOURCES``), a local ``.txt`` or ``.jsonl``
@@ -158,12 +171,7 @@ def _load_builtin(name: str) -> TextCorpus:
         keyed = [(doc, doc) for doc in docs if doc]
     else:  # pragma: no cover - load_corpus only routes known names here
         raise DataError(f"unknown built-in text source {name!r}")
-    corpus = _make_corpus(name, keyed)
-    logger.info(
-        "loaded %s: %d calibration and %d held-out documents",
-        name, len(corpus.calibration), len(corpus.heldout),
-    )
-    return corpus
+    return _make_corpus(name, keyed)
 
 
 def _gensim_test_file(filename: str) -> Path:
@@ -272,10 +280,6 @@ def _load_local_file(spec: str) -> TextCorpus:
         corpus = TextCorpus(spec, calibration, heldout, _fingerprint(calibration, heldout))
     else:
         corpus = _make_corpus(spec, [(doc, doc) for doc in docs])
-    logger.info(
-        "loaded %s: %d calibration and %d held-out documents",
-        path, len(corpus.calibration), len(corpus.heldout),
-    )
     return corpus
 
 
@@ -501,75 +505,28 @@ def check_window_sizes(n_samples: int, seq_len: int) -> None:
         raise DataError(f"seq_len must be an integer >= 2, got {seq_len!r}")
 
 
-# Characters per tokenizer call. A fast tokenizer holds ~100 bytes of bookkeeping per token
-# (offsets, masks, Python ints) until the call returns: one 50 MB line took 5 GB in one call.
-# Pieces of at most this size keep that to tens of MB, whatever the shape of the text.
-TOKENIZE_PIECE_CHARS = 1 << 20
-# Characters per tokenizer call, pieces of several documents together (a fast tokenizer runs a
-# batch in parallel); measured on a 50 MB line: 1 MiB per call +50 MB, 8 MiB +350 MB.
-_TOKENIZE_BATCH_CHARS = 1 << 20
-
-
-def split_long_text(text: str, limit: int = TOKENIZE_PIECE_CHARS) -> list[str]:
-    """``text`` in pieces of at most ``limit`` characters, each cut just before a space.
-
-    Byte-level BPE tokenizers (Llama, SmolLM2, Qwen) start a word with its space and merge
-    nothing across words, so the pieces' ids are the whole text's; a tokenizer that merges
-    across spaces (SentencePiece-style) may differ at a cut, once per ``limit`` characters.
-    A stretch with no space in the last half of a piece is cut at the limit.
+def check_enough_tokens(tokenizer: Tokenizer, windows: WindowSpec, part: str) -> None:
+    """DataError now, before any model loads, when a source of ``windows.data`` has no ``part``
+    text or fewer tokens in it than one window of ``windows.seq_len`` needs (the errors the
+    windows would raise later). Tokenizes only until there are enough: a valid text costs
+    its first document or so. Prints nothing (``read_corpus``).
     """
-    pieces = []
-    start = 0
-    while len(text) - start > limit:
-        cut = text.rfind(" ", start + limit // 2, start + limit)
-        if cut <= start:
-            cut = start + limit
-        pieces.append(text[start:cut])
-        start = cut
-    pieces.append(text[start:])
-    return pieces
-
-
-def _piece_batches(docs: Sequence[str]) -> Iterable[list[tuple[int, str]]]:
-    """(document index, piece) lists of at most ~_TOKENIZE_BATCH_CHARS characters, in order."""
-    batch: list[tuple[int, str]] = []
-    size = 0
-    for index, doc in enumerate(docs):
-        for piece in split_long_text(doc, TOKENIZE_PIECE_CHARS):
-            if batch and size + len(piece) > _TOKENIZE_BATCH_CHARS:
-                yield batch
-                batch, size = [], 0
-            batch.append((index, piece))
-            size += len(piece)
-    if batch:
-        yield batch
-
-
-def tokenize_stream(tokenizer: Tokenizer, texts: Sequence[str]) -> TokenStream:
-    """One token stream for all documents, separator tokens between them. (L,) int64.
-
-    Long documents are tokenized in pieces (``split_long_text``) and the ids kept as int64
-    arrays batch by batch, so memory stays near 8 bytes per token plus one batch's work.
-    """
-    docs = [text for text in texts if text and text.strip()]
-    if not docs:
-        raise DataError("no text to tokenize")
-    if tokenizer.eos_token_id is not None:
-        separator = np.asarray([int(tokenizer.eos_token_id)], dtype=np.int64)
-    else:
-        separator = np.asarray(tokenizer("\n\n", add_special_tokens=False)["input_ids"], dtype=np.int64)
-    # Same ids as tokenizing the EOS-joined text, since nothing merges across a special token.
-    parts: list[npt.NDArray[np.int64]] = []
-    last_doc = 0
-    for batch in _piece_batches(docs):
-        encoded = tokenizer([piece for _, piece in batch], add_special_tokens=False, verbose=False)["input_ids"]
-        for (index, _), ids in zip(batch, encoded):
-            if index != last_doc:  # the first piece of the next document
-                parts.append(separator)
-                last_doc = index
-            parts.append(np.asarray(ids, dtype=np.int64))
-        del encoded
-    return np.concatenate(parts)
+    for source in windows.sources():
+        texts = getattr(read_corpus(source), part)
+        if not texts:
+            raise DataError(f"text source {source!r} has no {part} text (it is too small to split)")
+        separator = 1 if tokenizer.eos_token_id is not None else len(tokenizer("\n\n", add_special_tokens=False)["input_ids"])
+        count = 0
+        for index, doc in enumerate(text for text in texts if text and text.strip()):
+            count += separator if index else 0
+            for piece in split_long_text(doc):
+                count += len(tokenizer(piece, add_special_tokens=False, verbose=False)["input_ids"])
+                if count >= windows.seq_len:
+                    break
+            if count >= windows.seq_len:
+                break
+        else:
+            raise DataError(f"{source} ({part}) has {count} tokens, but one window of seq_len={windows.seq_len} needs at least {windows.seq_len}")
 
 
 def cut_windows(

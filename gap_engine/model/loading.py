@@ -362,6 +362,27 @@ def check_model_files(name_or_path: str | Path) -> None:
         raise ModelLoadError(f"{path} is a folder without config.json, not a model checkpoint")
 
 
+def load_tokenizer(name_or_path: str | Path) -> Tokenizer | None:
+    """The tokenizer of a local model folder or an intact converted built-in, read without the
+    weights (a fraction of a second); None where that is not cheap (a GGUF file, a built-in not
+    converted yet, a hub id) or the files do not load: the model's own load then judges them."""
+    name = str(name_or_path)
+    if name in BUILTIN_MODELS:
+        folder = cache_root() / "models" / name
+        if not (folder / CONVERTED_MARKER).is_file() or converted_problem(folder) is not None:
+            return None
+    else:
+        folder = Path(name).expanduser()
+        if not folder.is_dir():
+            return None
+    from transformers import AutoTokenizer
+
+    try:  # a gap checkpoint's config lets a plain tokenizer load read it (checkpoint.GLOBAL_WIDTH_READS)
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception:  # noqa: BLE001 - any failure here is the model load's to report, in its words
+        return None
+
+
 def recorded_identity(name_or_path: str | Path) -> tuple[int | None, str | None]:
     """(blocks, weights fingerprint) a local model folder records, read without its weights.
 
