@@ -224,9 +224,10 @@ def _read_config(folder: Path) -> tuple[Any, list[dict[str, Any]]]:
         raise ModelLoadError(f"{folder}/config.json is not a valid {model_type} config: {first_line(exc)}") from None
 
 
-def _build_narrowed(folder: Path, config: Any, widths: list[dict[str, Any]], device: str | None = None) -> nn.Module:
-    """The architecture of ``config`` with every block at ``widths``, weights uninitialised
-    (on ``device`` "meta": shapes only, no memory, for checking the files)."""
+def _build_narrowed(folder: Path, config: Any, widths: list[dict[str, Any]], device: str | None = None) -> Any:
+    """The architecture of ``config`` (a transformers *ForCausalLM, typed Any as transformers
+    returns it) with every block at ``widths``, weights uninitialised (on ``device`` "meta":
+    shapes only, no memory, for checking the files)."""
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
