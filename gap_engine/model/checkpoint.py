@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,51 @@ def _build_narrowed(folder: Path, config: Any, widths: list[dict[str, Any]], dev
     return model
 
 
+# The files a tokenizer is read from; a change to any of them (size, time) reads it again.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
+)  # fmt: skip
+_TOKENIZERS: dict[tuple, object] = {}  # (folder, its tokenizer files' stats) -> tokenizer, newest last
+_TOKENIZERS_KEPT = 8
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def read_tokenizer(folder: str | Path, config: Any = None) -> object:
+    """``AutoTokenizer.from_pretrained(folder)`` from local files, read once per process while
+    its files are unchanged: a command checks a folder's tokenizer before it loads the model
+    (and the model's load reuses it). Tokenizers are not changed after loading (a missing pad
+    token is set to EOS, the same each time), so one object serves every load.
+
+    Args:
+        folder: a model folder or checkpoint.
+        config: the transformers config, for a checkpoint whose config.json a plain read cannot parse.
+    Raises:
+        whatever transformers raises on damaged files.
+    """
+    from transformers import AutoTokenizer
+
+    folder = Path(folder).resolve()
+    stats = []
+    for name in TOKENIZER_FILES:
+        try:
+            info = (folder / name).stat()
+        except OSError:
+            continue
+        stats.append((name, info.st_size, info.st_mtime_ns))
+    key = (str(folder), tuple(stats))
+    with _TOKENIZERS_LOCK:
+        if key in _TOKENIZERS:
+            return _TOKENIZERS[key]
+    extra = {"config": config} if config is not None else {}
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **extra)
+    with _TOKENIZERS_LOCK:
+        _TOKENIZERS[key] = tokenizer
+        while len(_TOKENIZERS) > _TOKENIZERS_KEPT:
+            _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
+    return tokenizer
+
+
 def inspect_pruned(folder: str | Path) -> CheckpointFiles:
     """Check everything a checkpoint folder holds except the tensors' values, reading no tensor.
 
@@ -254,8 +300,6 @@ def inspect_pruned(folder: str | Path) -> CheckpointFiles:
     Raises:
         ModelLoadError (PlanError for plan.json): the first file found wrong.
     """
-    from transformers import AutoTokenizer
-
     folder = Path(folder)
     refuse_special_files(folder, ModelLoadError)  # a FIFO named model.safetensors would block the read
     marker = check_pruned_marker(_read_json(folder / PRUNED_MARKER), str(folder))
@@ -266,7 +310,7 @@ def inspect_pruned(folder: str | Path) -> CheckpointFiles:
     _check_weight_files(folder)
     # config= stops AutoTokenizer from re-reading config.json, whose per_layer_config it cannot parse.
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), config=config, local_files_only=True)
+        tokenizer = read_tokenizer(folder, config)
     except Exception as exc:  # tokenizers raise many kinds on a damaged tokenizer.json
         raise ModelLoadError(f"{folder}: the tokenizer files cannot be read: {type(exc).__name__}: {first_line(exc)}") from None
     plan = RatePlan.load(folder / "plan.json") if (folder / "plan.json").is_file() else None

@@ -30,7 +30,14 @@ from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_r
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import read_json_file
 from gap_engine.data.bos import Tokenizer
-from gap_engine.model.checkpoint import PRUNED_MARKER, inspect_pruned, is_pruned_checkpoint, read_pruned, safetensors_problem
+from gap_engine.model.checkpoint import (
+    PRUNED_MARKER,
+    inspect_pruned,
+    is_pruned_checkpoint,
+    read_pruned,
+    read_tokenizer,
+    safetensors_problem,
+)
 from gap_engine.model.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -220,6 +227,8 @@ def _from_folder(path: str, local_only: bool, dtype: torch.dtype | str = torch.f
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+    if local_only and Path(path).is_dir():
+        return model, read_tokenizer(path)  # the one the command's checks already read
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     return model, tokenizer
 
@@ -375,10 +384,8 @@ def load_tokenizer(name_or_path: str | Path) -> Tokenizer | None:
         folder = Path(name).expanduser()
         if not folder.is_dir():
             return None
-    from transformers import AutoTokenizer
-
     try:  # a gap checkpoint's config lets a plain tokenizer load read it (checkpoint.GLOBAL_WIDTH_READS)
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        return read_tokenizer(folder)
     except Exception:  # noqa: BLE001 - any failure here is the model load's to report, in its words
         return None
 
