@@ -250,7 +250,7 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
 )  # fmt: skip
-_TOKENIZERS: dict[tuple, object] = {}  # (folder, its tokenizer files' stats) -> tokenizer, newest last
+_TOKENIZERS: dict[tuple[str, tuple[tuple[str, int, int], ...]], object] = {}  # (folder, its tokenizer files' stats) -> tokenizer, newest last
 _TOKENIZERS_KEPT = 8
 _TOKENIZERS_LOCK = threading.Lock()
 
