@@ -1506,3 +1506,160 @@ def test_the_cli_installs_the_printable_formatter_on_its_own_handler(tmp_path, m
                 root.removeHandler(handler)
         root.handlers[:] = saved
     assert len(ours) == 1
+
+
+# ---- round 3: a checkpoint's files are checked before any text is read (issue 24) ----------------
+# A text file, not a built-in: a file is read (and its "loaded" line printed) on every run, so a
+# check that came after the text read would show as a second line here.
+CALIBRATION_TEXT = "".join(f"Document {i}: a plain sentence about pruning, long enough to be a document.\n\n" for i in range(40))
+
+DAMAGED_CHECKPOINTS = {
+    "marker-not-json": (_write("gap_pruned.json", "{format_version: 1"), "not valid json"),
+    "config-kv-heads-zero": (_edit_json("config.json", lambda d: d.update(num_key_value_heads=0)), "does not build a model"),
+    "weights-truncated": (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:5000]), "model.safetensors"),
+    "weights-a-folder": (lambda f: ((f / "model.safetensors").unlink(), (f / "model.safetensors").mkdir()), "model.safetensors is not a regular file"),
+    "weights-missing": (lambda f: (f / "model.safetensors").unlink(), "holds no .safetensors file"),
+    "tokenizer-damaged": (_write("tokenizer.json", '{"version": "1.0", "truncated'), "tokenizer files cannot be read"),
+    "plan-nested": (_write("plan.json", "[" * DEEP + "]" * DEEP), "deeper than"),
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGED_CHECKPOINTS))
+def test_a_damaged_checkpoint_is_refused_before_the_text_is_read(cli, tmp_path, checkpoint_copy, name):
+    damage, message = DAMAGED_CHECKPOINTS[name]
+    damage(checkpoint_copy)
+    docs = write_input(tmp_path, "docs.txt", CALIBRATION_TEXT)
+    argv = ["eval", "--model", checkpoint_copy, "--no-dense", "--no-throughput", "--generations", "0", "--data", docs, "--samples", "2", "--seq-len", "16"]
+    assert_refused(cli(argv), message)
+
+
+@pytest.mark.parametrize("command", ["prune", "table", "recover", "compare"])
+def test_every_command_checks_the_checkpoint_before_the_text(cli, tmp_path, checkpoint_copy, command):
+    (checkpoint_copy / "gap_pruned.json").write_text("[1]")
+    docs = write_input(tmp_path, "docs.txt", CALIBRATION_TEXT)
+    sizes = ["--samples", "2", "--seq-len", "16"]
+    argv = {
+        "prune": ["prune", "--model", checkpoint_copy, "--uniform", "0.3", "--criterion", "wanda", "--data", docs, *sizes, "--out", work_out(tmp_path, "p")],
+        "table": ["table", "--model", checkpoint_copy, "--data", docs, *sizes, "--no-cache", "--out", work_out(tmp_path, "t.json")],
+        "recover": ["recover", "--model", checkpoint_copy, "--method", "mezo", "--steps", "1", "--data", docs, "--seq-len", "16", "--out", work_out(tmp_path, "r")],
+        "compare": ["compare", "--model", checkpoint_copy, "--data", docs, *sizes, "--out", work_out(tmp_path, "c.csv")],
+    }[command]
+    assert_refused(cli(argv), "does not hold a json object")
+
+
+def test_a_folder_without_config_is_refused_by_the_preflight(tmp_path):
+    import argparse
+
+    from gap_engine.cli.preflight import preflight
+    from gap_engine.core.errors import ModelLoadError
+
+    (tmp_path / "notes.txt").write_text("not a model")
+    args = argparse.Namespace(command="eval", model=str(tmp_path), data="wiki-sample")
+    with pytest.raises(ModelLoadError, match="a folder without config.json"):
+        preflight(args)
+
+
+# ---- round 3: one long line of text is tokenized in bounded pieces --------------------------------
+def test_a_long_line_is_tokenized_in_bounded_pieces_with_the_same_ids(smol_tokenizer, monkeypatch):
+    import numpy as np
+
+    from gap_engine.data import tokens
+
+    words = ("pruning", "structured", "layer", "budget", "attention", "channel", "width", "token", "window,", "loss.")
+    line = " ".join(words[(i * 7) % len(words)] for i in range(60_000))  # ~400 kB, one line, one document
+    whole = np.asarray(smol_tokenizer(line, add_special_tokens=False)["input_ids"], dtype=np.int64)
+    limit = 16 * 1024
+    monkeypatch.setattr(tokens, "TOKENIZE_PIECE_CHARS", limit)
+    monkeypatch.setattr(tokens, "TOKENIZE_BATCH_CHARS", limit)
+    calls: list[int] = []
+
+    class Recording:
+        eos_token_id = smol_tokenizer.eos_token_id
+
+        def __call__(self, texts, **kwargs):
+            calls.append(sum(map(len, texts)) if isinstance(texts, list) else len(texts))
+            return smol_tokenizer(texts, **kwargs)
+
+    stream = tokens.tokenize_stream(Recording(), ["a short document first", line])
+    assert max(calls) <= limit, max(calls)  # no call holds the whole line (the bound on memory)
+    assert len(calls) > len(line) // limit
+    first = np.asarray(smol_tokenizer("a short document first", add_special_tokens=False)["input_ids"], dtype=np.int64)
+    expected = np.concatenate([first, [smol_tokenizer.eos_token_id], whole])
+    assert np.array_equal(stream, expected)  # byte-level BPE: cutting before a space changes no id
+
+
+# ---- round 3: a cache that refuses new files ------------------------------------------------------
+# sysfs refuses new files to every user, root included (chmod 555 would not stop root, which a CI
+# runner may be): a real folder that cannot be written, as a read-only mount is.
+UNWRITABLE_CACHE = "/sys"
+
+
+@pytest.mark.parametrize("command", ["table", "prune-builtin", "recover"])
+def test_a_cache_that_cannot_be_written_is_one_line_before_work(cli, tmp_path, monkeypatch, tiny_model_dir, tiny_checkpoint, command):
+    docs = write_input(tmp_path, "docs.txt", CALIBRATION_TEXT)
+    sizes = ["--samples", "2", "--seq-len", "16"]
+    argv = {
+        "table": ["table", "--model", tiny_model_dir, "--data", docs, *sizes, "--out", work_out(tmp_path, "t.json")],
+        "prune-builtin": ["prune", "--model", "smollm2-135m", "--uniform", "0.1", "--criterion", "wanda", "--data", docs, *sizes, "--out", work_out(tmp_path, "p")],
+        "recover": ["recover", "--model", tiny_checkpoint, "--method", "mezo", "--steps", "1", "--data", docs, "--seq-len", "16", "--out", work_out(tmp_path, "r")],
+    }[command]
+    monkeypatch.setenv("GAP_CACHE_DIR", UNWRITABLE_CACHE)
+    assert_refused(cli(argv), f"the cache root {UNWRITABLE_CACHE} (GAP_CACHE_DIR) cannot be written")
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_commands_that_only_read_the_cache_work_on_one_that_cannot_be_written(cli, monkeypatch):
+    monkeypatch.setenv("GAP_CACHE_DIR", UNWRITABLE_CACHE)
+    code, err, out = cli(["cache", "ls", "--json"])
+    assert code == 0 and err == [], err
+    assert json.loads(out) == []
+
+
+# ---- round 3: a table for other weights is found from the checkpoint's record, before any load ----
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_a_table_for_another_model_is_refused_before_the_model_loads(cli, tmp_path, monkeypatch, tiny_checkpoint, command):
+    from gap_engine.model import loading
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(loading, "_load", no_load)
+    table = write_input(tmp_path, "t.json", json.dumps(table_dict()))  # made for 'tiny-llama', fingerprint 0123456789abcdef
+    docs = write_input(tmp_path, "docs.txt", CALIBRATION_TEXT)
+    argv = {
+        "plan": ["plan", "--table", table, "--budget", "0.2", "--model", tiny_checkpoint, "--out", work_out(tmp_path, "p.json")],
+        "compare": ["compare", "--table", table, "--model", tiny_checkpoint, "--budgets", "0.2", "--eval-data", docs, "--out", work_out(tmp_path, "c.csv")],
+    }[command]
+    assert_refused(cli(argv), "loss table was built for 'tiny-llama' (fingerprint 0123456789abcdef), not for")
+
+
+def test_a_table_for_a_model_of_other_depth_is_refused_before_the_model_loads(cli, tmp_path, monkeypatch, tiny_model_dir):
+    from gap_engine.model import loading
+
+    monkeypatch.setattr(loading, "_load", lambda *a, **k: pytest.fail("the model was loaded before the refusal"))
+    three = copy.deepcopy(table_dict())
+    three["num_layers"] = 3
+    three["components"] = [[layer, kind] for layer in range(3) for kind in ("attn", "mlp")]
+    for field in ("delta", "smoothed", "cell_objective", "removed", "measured"):
+        three[field] = three[field] + three[field][:2]
+    table = write_input(tmp_path, "t.json", json.dumps(three))
+    argv = ["plan", "--table", table, "--budget", "0.2", "--model", tiny_model_dir, "--out", work_out(tmp_path, "p.json")]
+    assert_refused(cli(argv), "loss table is for a model with 3 layers, but")
+
+
+# ---- round 3: a text too short for one window, found with the tokenizer alone -----------------------
+@pytest.mark.parametrize("command", ["table", "eval", "prune"])
+def test_a_text_too_short_for_one_window_is_one_line_before_the_model_loads(cli, tmp_path, monkeypatch, tiny_model_dir, tiny_checkpoint, command):
+    from gap_engine.model import loading
+
+    monkeypatch.setattr(loading, "_load", lambda *a, **k: pytest.fail("the model was loaded before the refusal"))
+    short = write_input(tmp_path, "short.txt", "Too short.\n")
+    sizes = ["--samples", "2", "--seq-len", "16"]
+    argv = {
+        "table": ["table", "--model", tiny_model_dir, "--data", short, *sizes, "--no-cache", "--out", work_out(tmp_path, "t.json")],
+        "eval": ["eval", "--model", tiny_checkpoint, "--data", short, *sizes, "--no-dense", "--no-throughput", "--generations", "0"],
+        "prune": ["prune", "--model", tiny_model_dir, "--uniform", "0.2", "--criterion", "wanda", "--data", short, *sizes, "--out", work_out(tmp_path, "p")],
+    }[command]
+    part = "heldout" if command == "eval" else "calibration"
+    line = assert_refused(cli(argv), f"short.txt ({part}) has ")
+    assert line.endswith("but one window of seq_len=16 needs at least 16"), line

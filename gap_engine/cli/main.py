@@ -87,6 +87,18 @@ def _internal_error(argv: list[str] | None, exc: BaseException) -> int:
     return INTERNAL_ERROR
 
 
+def check_model_folders(args) -> None:
+    """Every local model folder the command reads (``--model``, ``gap export``'s checkpoint),
+    its small files checked before the handler reads any text or prints a line: a damaged
+    checkpoint is one line, not a text read and half a model load. (Here, not in the
+    preflight: the checks build the config and the tokenizer, which needs transformers.)"""
+    from gap_engine.model.loading import check_model_files
+
+    for dest in ("model", "checkpoint"):
+        if getattr(args, dest, None):
+            check_model_files(getattr(args, dest))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``gap`` command; returns its exit status."""
     args = build_parser().parse_args(argv)
@@ -106,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         preflight(args)  # sizes, sources and --out, before torch loads
         handler = getattr(importlib.import_module(f"gap_engine.cli.{module_name}"), function_name)
         _quiet_transformers()
+        check_model_folders(args)
         return handler(args)
     except GapError as exc:
         print(f"gap: error: {one_line(exc)}", file=sys.stderr)

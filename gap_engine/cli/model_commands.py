@@ -8,7 +8,7 @@ import sys
 
 from gap_engine.cli.arguments import device_from, spec_from_args, windows_from
 from gap_engine.cli.output import StderrProgress
-from gap_engine.cli.table_commands import read_sources
+from gap_engine.cli.table_commands import check_windows_fit, read_sources
 from gap_engine.core.device import DeviceError
 from gap_engine.core.errors import PlanError
 from gap_engine.core.progress import Hooks
@@ -46,6 +46,7 @@ def run_prune(args: argparse.Namespace) -> int:
         return run_prune_rounds(args)
     plan = RatePlan.load(args.plan) if args.plan else None  # validate before the slow model load
     if (plan.criterion if plan else args.criterion) != "magnitude":
+        check_windows_fit(args.model, (windows_from(args), "calibration"))
         read_sources(args.data)
     lm = load_model(args.model, device_from(args))
     if plan is None:
@@ -68,6 +69,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise PlanError(f"--rounds must be at least 1, got {args.rounds}")
     spec = spec_from_args(args)
+    check_windows_fit(args.model, (spec.windows, "calibration"))
     read_sources(args.data)  # a bad text source fails before the model loads
     lm = load_model(args.model, device_from(args))
     progress = StderrProgress("round table")
@@ -121,6 +123,7 @@ def run_eval(args: argparse.Namespace) -> int:
         from gap_engine.evaluate.tasks import prepare_tasks
 
         prepared = prepare_tasks(task_settings)
+    check_windows_fit(args.model, (windows_from(args), "heldout"))
     read_sources(args.data)
     if args.device_map:
         lm, dense = _dispatched_pair(args)

@@ -14,14 +14,14 @@ import sys
 
 from gap_engine.cli.arguments import device_from, parse_fraction, parse_list, parse_locks
 from gap_engine.cli.output import StderrProgress, csv_text
-from gap_engine.cli.table_commands import read_sources, spec_from_args
+from gap_engine.cli.table_commands import check_windows_fit, read_sources, spec_from_args
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import BudgetError, TableError
 from gap_engine.core.fsutil import atomic_write_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.progress import Hooks
 from gap_engine.core.validate import decode_text, read_bounded
-from gap_engine.model.loading import load_model
+from gap_engine.model.loading import load_model, recorded_identity
 from gap_engine.pipeline import compare
 from gap_engine.pipeline.compare import heldout_sets
 from gap_engine.pipeline.stages import loss_table, plan_for
@@ -44,8 +44,16 @@ def read_table(path: str) -> LossTable:
     return LossTable.from_json(decode_text(read_bounded(path, LIMITS.table_bytes, what, TableError), what, TableError))
 
 
+def check_recorded_model(model_arg: str | None, table: LossTable) -> None:
+    """TableError now, before any text or weights are read, when the model's folder records a
+    block count or weights fingerprint (a gap checkpoint) other than the table's."""
+    name = model_arg or table.model
+    table.check_identity(str(name), *recorded_identity(name))
+
+
 def _load_for_table(model_arg: str | None, table: LossTable, device=None):
     """The model named on the command line (or the table's own), checked against the table."""
+    check_recorded_model(model_arg, table)
     lm = load_model(model_arg or table.model, device, hub=model_arg is not None)  # a name from the table stays local
     table.check_model(lm)
     return lm
@@ -110,9 +118,14 @@ def run_compare(args: argparse.Namespace) -> int:
         raise BudgetError(f"unknown allocator '{unknown[0]}'; choose from {', '.join(ALLOCATORS)}")
     constraints = constraints_from(args)
     prepared = _prepared_tasks(args)  # before the text is read and the model loads
+    table = read_table(args.table) if args.table else None
+    if table is not None:
+        check_recorded_model(args.model, table)  # before the text is read
+    eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len, seed=args.seed)
+    needs = [(eval_windows, "heldout")] + ([] if table is not None else [(spec_from_args(args).windows, "calibration")])
+    check_windows_fit(args.model, *needs)
     read_sources(args.eval_data, *(() if args.table else (args.data,)))  # before the model loads
-    if args.table:
-        table = read_table(args.table)
+    if table is not None:
         lm = _load_for_table(args.model, table, device_from(args))
     else:
         spec = spec_from_args(args)
@@ -122,7 +135,6 @@ def run_compare(args: argparse.Namespace) -> int:
     for budget in budgets:  # before anything slow: an unreachable budget fails here
         for allocator in allocators:
             check_reach(lm, table, budget, allocator, constraints)
-    eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len, seed=args.seed)
     heldout = heldout_sets(lm.tokenizer, eval_windows)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
     extra, dense_columns = _task_columns(lm, prepared)

@@ -24,8 +24,8 @@ import threading
 import urllib.parse
 from pathlib import Path
 
-from gap_engine.core.errors import DataError, ModelLoadError, OutputError
-from gap_engine.core.fsutil import cache_root, check_not_an_input, check_output, refuse_special_files, special_kind
+from gap_engine.core.errors import CacheError, DataError, ModelLoadError, OutputError
+from gap_engine.core.fsutil import cache_root, check_not_an_input, check_output, refuse_special_files, special_kind, write_refusal
 from gap_engine.core.limits import LIMITS, check_at_most, check_windows
 from gap_engine.core.memory import parse_max_memory
 
@@ -48,8 +48,12 @@ SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
 }
 # Commands whose --out is a folder (and `export --format hf`); every other --out is a file.
 FOLDER_OUTPUTS = ("prune", "recover")
-# Commands that always use the on-disk cache (tables, converted models, the run history).
-CACHE_COMMANDS = ("table", "compare", "models", "cache")
+# Commands that always use the on-disk cache (tables, converted models, the run history, the
+# cost model's measured profile that recover writes).
+CACHE_COMMANDS = ("table", "compare", "models", "cache", "recover")
+# Commands that only read the cache (listing models and tables, a report of a recorded run):
+# they work on a read-only one.
+CACHE_READERS = ("models", "cache", "report")
 # The built-in model names (models.BUILTIN_MODELS; not imported: it needs torch). Loading one uses the cache.
 BUILTIN_NAMES = ("smollm2-135m", "gemma3-270m")
 # Models `gap table --dry-run` prices from their published shapes alone (costmodel.SHAPES; not
@@ -179,6 +183,8 @@ def check_model_name(name: str | None, flag: str = "--model") -> None:
             raise ModelLoadError(f"{flag} {text} is {kind}, not a model folder or file")
         if path.is_dir():
             refuse_special_files(path, ModelLoadError)  # a FIFO among the weights: refused before any text is read
+            if not (path / "config.json").is_file() and not (path / CHECKPOINT_MARKER).is_file():
+                raise ModelLoadError(f"{path} is a folder without config.json, not a model checkpoint")
         return
     if path.suffix == ".gguf":
         raise ModelLoadError(f"{flag}: GGUF file {text} does not exist")
@@ -287,14 +293,27 @@ def check_out(args: argparse.Namespace) -> None:
 
 
 def check_cache(args: argparse.Namespace) -> None:
-    """CacheError now, not after a text source was read, when the command needs a cache root it cannot have."""
+    """CacheError now, not after a text source was read, when the command needs a cache root it
+    cannot have: one that is a file, cannot be created, or (for a command that writes there) that
+    refuses new files. A read-only cache is refused, not worked around: converting a built-in
+    model again on every run, or a table or run that silently goes unrecorded, would be worse."""
     uses_cache = (
         args.command in CACHE_COMMANDS
         or getattr(args, "model", None) in BUILTIN_NAMES
         or getattr(args, "run", None) is not None  # `gap report --run`: the run history
     )
-    if uses_cache:
-        cache_root()
+    if not uses_cache:
+        return
+    root = cache_root()
+    if args.command in CACHE_READERS:
+        return
+    refusal = write_refusal(root)
+    if refusal:
+        where = "GAP_CACHE_DIR" if os.environ.get("GAP_CACHE_DIR") else "the default cache"
+        raise CacheError(
+            f"the cache root {root} ({where}) cannot be written: {refusal}; gap keeps converted models, tables and the "
+            "run history there: make it writable or point GAP_CACHE_DIR at a folder you can write"
+        )
 
 
 def preflight(args: argparse.Namespace) -> None:

@@ -11,8 +11,8 @@ from gap_engine.cli.output import StderrProgress
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import TableError
 from gap_engine.core.fsutil import atomic_write_text
-from gap_engine.data.windows import load_corpus
-from gap_engine.model.loading import load_model
+from gap_engine.data.windows import check_enough_tokens, load_corpus
+from gap_engine.model.loading import load_model, load_tokenizer
 from gap_engine.pipeline.stages import loss_table
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.cache import list_tables, remove_table
@@ -29,6 +29,18 @@ def read_sources(*specs: str) -> None:
             load_corpus(source)
 
 
+def check_windows_fit(model: str, *needs: tuple[WindowSpec, str]) -> None:
+    """DataError before any text is announced or a model loads, when a text source has too few
+    tokens in this model's tokenizer for one window: each need is (windows, "calibration" or
+    "heldout"). Skipped where the tokenizer does not load cheaply (``load_tokenizer``): the
+    windows then say it once the model is loaded."""
+    tokenizer = load_tokenizer(model)
+    if tokenizer is None:
+        return
+    for windows, part in needs:
+        check_enough_tokens(tokenizer, windows, part)
+
+
 def run_table(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     if args.dry_run:
@@ -40,6 +52,7 @@ def run_table(args: argparse.Namespace) -> int:
         raise TableError(f"--out must end in .json or .csv, got '{out.name}'")
     if out.is_dir():
         raise TableError(f"--out {out} is a folder; give a file name")
+    check_windows_fit(args.model, (spec.windows, "calibration"))
     read_sources(spec.windows.data)
     cells = ray_cells(args, spec)
     lm = load_model(args.model, device_from(args))

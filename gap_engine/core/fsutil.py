@@ -232,14 +232,26 @@ def check_output(path: str | Path, folder: bool, what: str = "--out") -> Path:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise OutputError(f"{what} {path} cannot be created: {ancestor} is a file, not a folder")
+    refusal = write_refusal(ancestor)
+    if refusal:
+        raise OutputError(f"{what} {path} cannot be written: {ancestor}: {refusal}")
+    clean_stale(path)
+    return path
+
+
+def write_refusal(folder: str | Path) -> str | None:
+    """Why a file cannot be created in ``folder`` (the system's words), or None when it can.
+
+    Asks by creating (and removing) an empty probe file: permission bits, read-only mounts,
+    ACLs and file systems that refuse new files all answer the same way.
+    """
     try:
-        fd, probe = tempfile.mkstemp(prefix=f".gap-write-probe.{os.getpid()}-", suffix=".tmp", dir=ancestor)
+        fd, probe = tempfile.mkstemp(prefix=f".gap-write-probe.{os.getpid()}-", suffix=".tmp", dir=folder)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise OutputError(f"{what} {path} cannot be written: {ancestor}: {exc.strerror or exc}") from None
-    clean_stale(path)
-    return path
+        return str(exc.strerror or exc)
+    return None
 
 
 def _output_error(target: Path, exc: OSError) -> OutputError:

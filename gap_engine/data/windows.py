@@ -33,6 +33,7 @@ import functools
 import hashlib
 import importlib.util
 import logging
+import os
 import re
 import threading
 import weakref
@@ -40,10 +41,9 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from gap_engine.core.config import WindowSpec
@@ -51,6 +51,7 @@ from gap_engine.core.errors import DataError, first_line
 from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import decode_text, parse_json, read_bounded
 from gap_engine.data.bos import Tokenizer, with_bos
+from gap_engine.data.tokens import TokenStream, split_long_text, tokenize_stream
 
 if TYPE_CHECKING:
     from mwparserfromhell.nodes import Node
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TokenStream: TypeAlias = npt.NDArray[np.int64]  # (L,) token ids of documents joined by separators
 
 BUILTIN_SOURCES: dict[str, str] = {
     "wiki-sample": "104 English Wikipedia articles as plain prose: the 206-page dump shipped with gensim, "
@@ -121,7 +121,20 @@ class TextCorpus:
 
 
 def load_corpus(spec: str) -> TextCorpus:
-    """Load a text source and split it into calibration and held-out documents.
+    """``read_corpus``, and the "loaded" line the first time this process reads that text."""
+    corpus = read_corpus(spec)
+    key = (os.getpid(), corpus.name, corpus.fingerprint)  # the pid: a forked worker reads (and says) it anew
+    if key not in _ANNOUNCED:
+        _ANNOUNCED.add(key)
+        logger.info("loaded %s: %d calibration and %d held-out documents", corpus.name, len(corpus.calibration), len(corpus.heldout))
+    return corpus
+
+
+_ANNOUNCED: set[tuple[int, str, str]] = set()
+
+
+def read_corpus(spec: str) -> TextCorpus:
+    """Load a text source and split it into calibration and held-out documents (printing nothing).
 
     Args:
         spec: a built-in name (see ``BUILTIN_SOURCES``), a local ``.txt`` or ``.jsonl``
@@ -158,12 +171,7 @@ def _load_builtin(name: str) -> TextCorpus:
         keyed = [(doc, doc) for doc in docs if doc]
     else:  # pragma: no cover - load_corpus only routes known names here
         raise DataError(f"unknown built-in text source {name!r}")
-    corpus = _make_corpus(name, keyed)
-    logger.info(
-        "loaded %s: %d calibration and %d held-out documents",
-        name, len(corpus.calibration), len(corpus.heldout),
-    )
-    return corpus
+    return _make_corpus(name, keyed)
 
 
 def _gensim_test_file(filename: str) -> Path:
@@ -272,10 +280,6 @@ def _load_local_file(spec: str) -> TextCorpus:
         corpus = TextCorpus(spec, calibration, heldout, _fingerprint(calibration, heldout))
     else:
         corpus = _make_corpus(spec, [(doc, doc) for doc in docs])
-    logger.info(
-        "loaded %s: %d calibration and %d held-out documents",
-        path, len(corpus.calibration), len(corpus.heldout),
-    )
     return corpus
 
 
@@ -379,9 +383,8 @@ def _split_single_document(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]
     low, high = len(text) // 2, len(text) - max(1, len(text) // 20)
     cut = None
     for boundary in (r"\n\s*\n", r"\n", r"(?<=[.!?])[\"')\]]*\s+", r"\s+"):
-        candidates = [m.end() for m in re.finditer(boundary, text) if low <= m.end() <= high]
-        if candidates:
-            cut = min(candidates, key=lambda position: abs(position - target))
+        cut = _nearest_boundary(re.compile(boundary), text, target, low, high)
+        if cut is not None:
             break
     if cut is None:
         cut = target
@@ -389,6 +392,30 @@ def _split_single_document(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]
     if not calibration or not heldout:
         return (text,), ()
     return (calibration,), (heldout,)
+
+
+_CUT_SEARCH_CHARS = 1 << 16  # how far from the 80% point a cut is looked for before the whole text
+
+
+def _nearest_boundary(pattern: re.Pattern[str], text: str, target: int, low: int, high: int) -> int | None:
+    """The end of the match of ``pattern`` nearest ``target`` among those ending in [low, high].
+
+    Looked for within _CUT_SEARCH_CHARS of ``target`` first: a match there is nearer than any
+    outside, and a long text is not scanned whole (a 50 MB line held a list of every space).
+    """
+    near_low, near_high = max(low, target - _CUT_SEARCH_CHARS), min(high, target + _CUT_SEARCH_CHARS)
+    # (range, where the scan starts): a match that ends in the range may start before it.
+    for (start, end), scan_from in (((near_low, near_high), max(0, near_low - _CUT_SEARCH_CHARS)), ((low, high), 0)):
+        # endpos one past the range: a match it truncates ends there and is left out.
+        stop = min(end + 1, len(text))
+        best = None
+        for match in pattern.finditer(text, scan_from, stop):
+            position = match.end()
+            if start <= position <= end and (best is None or abs(position - target) < abs(best - target)):
+                best = position
+        if best is not None:
+            return best
+    return None
 
 
 def _fingerprint(calibration: Sequence[str], heldout: Sequence[str]) -> str:
@@ -478,28 +505,28 @@ def check_window_sizes(n_samples: int, seq_len: int) -> None:
         raise DataError(f"seq_len must be an integer >= 2, got {seq_len!r}")
 
 
-def tokenize_stream(tokenizer: Tokenizer, texts: Sequence[str]) -> TokenStream:
-    """One token stream for all documents, separator tokens between them. (L,) int64."""
-    docs = [text for text in texts if text and text.strip()]
-    if not docs:
-        raise DataError("no text to tokenize")
-    if tokenizer.eos_token_id is not None:
-        separator = [int(tokenizer.eos_token_id)]
-    else:
-        separator = list(tokenizer("\n\n", add_special_tokens=False)["input_ids"])
-    # One batched call (parallel in fast tokenizers); same ids as tokenizing the
-    # EOS-joined text, since nothing merges across a special token.
-    encoded = tokenizer(docs, add_special_tokens=False, verbose=False)["input_ids"]
-    total = sum(len(ids) for ids in encoded) + len(separator) * (len(encoded) - 1)
-    stream = np.empty(total, dtype=np.int64)
-    position = 0
-    for index, ids in enumerate(encoded):
-        if index:
-            stream[position : position + len(separator)] = separator
-            position += len(separator)
-        stream[position : position + len(ids)] = ids
-        position += len(ids)
-    return stream
+def check_enough_tokens(tokenizer: Tokenizer, windows: WindowSpec, part: str) -> None:
+    """DataError now, before any model loads, when a source of ``windows.data`` has no ``part``
+    text or fewer tokens in it than one window of ``windows.seq_len`` needs (the errors the
+    windows would raise later). Tokenizes only until there are enough: a valid text costs
+    its first document or so. Prints nothing (``read_corpus``).
+    """
+    for source in windows.sources():
+        texts = getattr(read_corpus(source), part)
+        if not texts:
+            raise DataError(f"text source {source!r} has no {part} text (it is too small to split)")
+        separator = 1 if tokenizer.eos_token_id is not None else len(tokenizer("\n\n", add_special_tokens=False)["input_ids"])
+        count = 0
+        for index, doc in enumerate(text for text in texts if text and text.strip()):
+            count += separator if index else 0
+            for piece in split_long_text(doc):
+                count += len(tokenizer(piece, add_special_tokens=False, verbose=False)["input_ids"])
+                if count >= windows.seq_len:
+                    break
+            if count >= windows.seq_len:
+                break
+        else:
+            raise DataError(f"{source} ({part}) has {count} tokens, but one window of seq_len={windows.seq_len} needs at least {windows.seq_len}")
 
 
 def cut_windows(

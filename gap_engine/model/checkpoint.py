@@ -27,8 +27,10 @@ its recorded widths (``slicing.narrow_to_widths``), then loads the tensors stric
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ from gap_engine.core.config import DEFAULT_SAVE_DTYPE
 from gap_engine.core.errors import ModelLoadError, first_line
 from gap_engine.core.fsutil import atomic_directory, refuse_special_files
 from gap_engine.core.limits import LIMITS
-from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, read_json_file
+from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, parse_json, read_json_file
 from gap_engine.model.adapters import adapter_for
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.model_card import write_model_card
@@ -144,6 +146,17 @@ class PrunedCheckpoint:
     fingerprint: str | None  # the pruned weights' fingerprint recorded at save time
 
 
+@dataclass
+class CheckpointFiles:
+    """What a checkpoint folder's small files say, each one checked; no tensor is read."""
+
+    marker: dict[str, Any]  # gap_pruned.json, its fields type-checked
+    config: Any  # the dense architecture's transformers config (per_layer_config and auto_map left out)
+    widths: list[dict[str, Any]]  # per block: num_attention_heads, num_key_value_heads, intermediate_size
+    tokenizer: object
+    plan: RatePlan | None  # plan.json, when present
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     data = read_json_file(path, LIMITS.metadata_bytes, str(path), ModelLoadError)
     if not isinstance(data, dict):
@@ -151,19 +164,157 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _load_tensors(folder: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
+def safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file is not whole (not a regular file, an unreadable header, a header
+    that promises more or fewer bytes than the file holds), or None; reads the header only."""
+    if not path.is_file():
+        return f"{path.name} is not a regular file"
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            header_len = int.from_bytes(handle.read(8), "little")
+            if size < 8 or header_len > min(size - 8, LIMITS.metadata_bytes * 100):
+                return f"{path.name} is truncated ({size:,} bytes)"
+            header = parse_json(handle.read(header_len).decode("utf-8"), f"{path.name} header", ModelLoadError)
+        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, ModelLoadError) as exc:
+        return f"{path.name} is unreadable: {first_line(exc)}"
+    expected = 8 + header_len + max(ends, default=0)
+    if expected != size:
+        return f"{path.name} holds {size:,} bytes, its header describes {expected:,}"
+    return None
 
+
+def _check_weight_files(folder: Path) -> None:
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise ModelLoadError(f"{folder} holds no .safetensors file")
-    state = {}
     for shard in shards:
+        problem = safetensors_problem(shard)
+        if problem:
+            raise ModelLoadError(f"{folder}: {problem}")
+
+
+def _load_tensors(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    _check_weight_files(folder)
+    state = {}
+    for shard in sorted(folder.glob("*.safetensors")):
         try:
             state.update(load_file(str(shard)))
         except Exception as exc:  # safetensors raises several kinds on a damaged file
             raise ModelLoadError(f"cannot read {shard.name}: {first_line(exc)}") from None
     return state
+
+
+def _read_config(folder: Path) -> tuple[Any, list[dict[str, Any]]]:
+    """The dense architecture's config and the per-block widths of config.json."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config_dict = _read_json(folder / "config.json")
+    config_dict.pop(GLOBAL_WIDTH_READS, None)
+    config_dict.pop("auto_map", None)  # it points transformers at the remote code; here gap narrows the blocks
+    widths = check_per_layer_config(config_dict.pop("per_layer_config", None), config_dict.get("num_hidden_layers"), str(folder))
+    model_type = config_dict.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ModelLoadError(f"{folder}: unknown model_type {model_type!r}")
+    try:
+        return CONFIG_MAPPING[model_type].from_dict(config_dict), widths
+    except Exception as exc:  # transformers validates configs with several exception kinds
+        raise ModelLoadError(f"{folder}/config.json is not a valid {model_type} config: {first_line(exc)}") from None
+
+
+def _build_narrowed(folder: Path, config: Any, widths: list[dict[str, Any]], device: str | None = None) -> Any:
+    """The architecture of ``config`` (a transformers *ForCausalLM, typed Any as transformers
+    returns it) with every block at ``widths``, weights uninitialised (on ``device`` "meta":
+    shapes only, no memory, for checking the files)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    adapter = adapter_for(config)
+    try:
+        with no_init_weights(), (torch.device(device) if device else contextlib.nullcontext()):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    except Exception as exc:  # an edited config (0 KV heads, odd sizes) fails in many ways inside transformers
+        raise ModelLoadError(f"{folder}/config.json does not build a model: {type(exc).__name__}: {first_line(exc)}") from None
+    try:
+        narrow_to_widths(adapter, model, widths)
+    except (ValueError, KeyError, TypeError, ZeroDivisionError, IndexError) as exc:
+        raise ModelLoadError(f"{folder}: per_layer_config does not fit the architecture: {first_line(exc)}") from None
+    return model
+
+
+# The files a tokenizer is read from; a change to any of them (size, time) reads it again.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
+)  # fmt: skip
+_TOKENIZERS: dict[tuple[str, tuple[tuple[str, int, int], ...]], object] = {}  # (folder, its tokenizer files' stats) -> tokenizer, newest last
+_TOKENIZERS_KEPT = 8
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def read_tokenizer(folder: str | Path, config: Any = None) -> object:
+    """``AutoTokenizer.from_pretrained(folder)`` from local files, read once per process while
+    its files are unchanged: a command checks a folder's tokenizer before it loads the model
+    (and the model's load reuses it). Tokenizers are not changed after loading (a missing pad
+    token is set to EOS, the same each time), so one object serves every load.
+
+    Args:
+        folder: a model folder or checkpoint.
+        config: the transformers config, for a checkpoint whose config.json a plain read cannot parse.
+    Raises:
+        whatever transformers raises on damaged files.
+    """
+    from transformers import AutoTokenizer
+
+    folder = Path(folder).resolve()
+    stats = []
+    for name in TOKENIZER_FILES:
+        try:
+            info = (folder / name).stat()
+        except OSError:
+            continue
+        stats.append((name, info.st_size, info.st_mtime_ns))
+    key = (str(folder), tuple(stats))
+    with _TOKENIZERS_LOCK:
+        if key in _TOKENIZERS:
+            return _TOKENIZERS[key]
+    extra = {"config": config} if config is not None else {}
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **extra)
+    with _TOKENIZERS_LOCK:
+        _TOKENIZERS[key] = tokenizer
+        while len(_TOKENIZERS) > _TOKENIZERS_KEPT:
+            _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
+    return tokenizer
+
+
+def inspect_pruned(folder: str | Path) -> CheckpointFiles:
+    """Check everything a checkpoint folder holds except the tensors' values, reading no tensor.
+
+    The marker, config.json (built on the meta device and narrowed, so an edited config fails
+    here), every weights file's header, the tokenizer and plan.json. Commands call this before
+    they read any text, so a damaged checkpoint is one line and no work.
+
+    Raises:
+        ModelLoadError (PlanError for plan.json): the first file found wrong.
+    """
+    folder = Path(folder)
+    refuse_special_files(folder, ModelLoadError)  # a FIFO named model.safetensors would block the read
+    marker = check_pruned_marker(_read_json(folder / PRUNED_MARKER), str(folder))
+    if marker.get("format_version") != CHECKPOINT_FORMAT_VERSION:
+        raise ModelLoadError(f"{folder}: checkpoint format {marker.get('format_version')!r} is not supported")
+    config, widths = _read_config(folder)
+    _build_narrowed(folder, config, widths, device="meta")
+    _check_weight_files(folder)
+    # config= stops AutoTokenizer from re-reading config.json, whose per_layer_config it cannot parse.
+    try:
+        tokenizer = read_tokenizer(folder, config)
+    except Exception as exc:  # tokenizers raise many kinds on a damaged tokenizer.json
+        raise ModelLoadError(f"{folder}: the tokenizer files cannot be read: {type(exc).__name__}: {first_line(exc)}") from None
+    plan = RatePlan.load(folder / "plan.json") if (folder / "plan.json").is_file() else None
+    return CheckpointFiles(marker=marker, config=config, widths=widths, tokenizer=tokenizer, plan=plan)
 
 
 def read_pruned(folder: str | Path) -> PrunedCheckpoint:
@@ -172,37 +323,10 @@ def read_pruned(folder: str | Path) -> PrunedCheckpoint:
     Raises:
         ModelLoadError: missing or inconsistent files, or tensors that do not match.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.initialization import no_init_weights
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
     folder = Path(folder)
-    refuse_special_files(folder, ModelLoadError)  # a FIFO named model.safetensors would block the read
-    marker = check_pruned_marker(_read_json(folder / PRUNED_MARKER), str(folder))
-    config_dict = _read_json(folder / "config.json")
-    config_dict.pop(GLOBAL_WIDTH_READS, None)
-    if marker.get("format_version") != CHECKPOINT_FORMAT_VERSION:
-        raise ModelLoadError(f"{folder}: checkpoint format {marker.get('format_version')!r} is not supported")
-    config_dict.pop("auto_map", None)  # it points transformers at the remote code; here gap narrows the blocks
-    per_layer = config_dict.pop("per_layer_config", None)
-    widths = check_per_layer_config(per_layer, config_dict.get("num_hidden_layers"), str(folder))
-    model_type = config_dict.get("model_type")
-    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        raise ModelLoadError(f"{folder}: unknown model_type {model_type!r}")
-    try:
-        config = CONFIG_MAPPING[model_type].from_dict(config_dict)
-    except Exception as exc:  # transformers validates configs with several exception kinds
-        raise ModelLoadError(f"{folder}/config.json is not a valid {model_type} config: {first_line(exc)}") from None
-    adapter = adapter_for(config)
-    try:
-        with no_init_weights():
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    except Exception as exc:  # an edited config (0 KV heads, odd sizes) fails in many ways inside transformers
-        raise ModelLoadError(f"{folder}/config.json does not build a model: {type(exc).__name__}: {first_line(exc)}") from None
-    try:
-        narrow_to_widths(adapter, model, widths)
-    except (ValueError, KeyError, TypeError, ZeroDivisionError, IndexError) as exc:
-        raise ModelLoadError(f"{folder}: per_layer_config does not fit the architecture: {first_line(exc)}") from None
+    files = inspect_pruned(folder)
+    config = files.config
+    model = _build_narrowed(folder, config, files.widths)
     state = _load_tensors(folder)
     try:
         missing_keys, unexpected = model.load_state_dict(state, strict=False)
@@ -213,17 +337,11 @@ def read_pruned(folder: str | Path) -> PrunedCheckpoint:
         raise ModelLoadError(f"{folder}: missing tensors {sorted(set(missing_keys) - tied)[:3]}, unexpected {unexpected[:3]}")
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
-    # config= stops AutoTokenizer from re-reading config.json, whose per_layer_config it cannot parse.
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), config=config, local_files_only=True)
-    except Exception as exc:  # tokenizers raise many kinds on a damaged tokenizer.json
-        raise ModelLoadError(f"{folder}: the tokenizer files cannot be read: {type(exc).__name__}: {first_line(exc)}") from None
-    plan = RatePlan.load(folder / "plan.json") if (folder / "plan.json").is_file() else None
     return PrunedCheckpoint(
         model=model,
-        tokenizer=tokenizer,
-        plan=plan,
-        base_model=marker.get("base_model"),
-        base_fingerprint=marker.get("base_fingerprint"),
-        fingerprint=marker.get("fingerprint"),
+        tokenizer=files.tokenizer,
+        plan=files.plan,
+        base_model=files.marker.get("base_model"),
+        base_fingerprint=files.marker.get("base_fingerprint"),
+        fingerprint=files.marker.get("fingerprint"),
     )

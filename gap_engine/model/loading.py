@@ -30,7 +30,14 @@ from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_r
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import read_json_file
 from gap_engine.data.bos import Tokenizer
-from gap_engine.model.checkpoint import is_pruned_checkpoint, read_pruned
+from gap_engine.model.checkpoint import (
+    PRUNED_MARKER,
+    inspect_pruned,
+    is_pruned_checkpoint,
+    read_pruned,
+    read_tokenizer,
+    safetensors_problem,
+)
 from gap_engine.model.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -157,24 +164,6 @@ def list_models(verify: bool = False) -> list[dict[str, Any]]:
 
 
 # ---- the converted copy ---------------------------------------------------------------------
-def _safetensors_problem(path: Path) -> str | None:
-    """Why a .safetensors file is not whole (its header promises more bytes than it holds), or None."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            header_len = int.from_bytes(handle.read(8), "little")
-            if size < 8 or header_len > min(size - 8, LIMITS.metadata_bytes * 100):
-                return f"{path.name} is truncated ({size:,} bytes)"
-            header = json.loads(handle.read(header_len))
-        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
-        return f"{path.name} is unreadable: {first_line(exc)}"
-    expected = 8 + header_len + max(ends, default=0)
-    if expected != size:
-        return f"{path.name} holds {size:,} bytes, its header describes {expected:,}"
-    return None
-
-
 def converted_problem(folder: Path, full: bool = False) -> str | None:
     """Why a converted built-in folder cannot be trusted, or None when it is intact.
 
@@ -209,7 +198,7 @@ def converted_problem(folder: Path, full: bool = False) -> str | None:
         if full and sha256_file(path) != record.get("sha256"):
             return f"{name} does not match its recorded SHA-256"
     for path in weights:
-        problem = _safetensors_problem(path)
+        problem = safetensors_problem(path)
         if problem:
             return problem
     return None
@@ -238,6 +227,8 @@ def _from_folder(path: str, local_only: bool, dtype: torch.dtype | str = torch.f
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+    if local_only and Path(path).is_dir():
+        return model, read_tokenizer(path)  # the one the command's checks already read
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     return model, tokenizer
 
@@ -324,8 +315,7 @@ def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> Load
         refuse_special_files(path, ModelLoadError)  # a FIFO among the weights would block the load forever
         if is_pruned_checkpoint(path):
             return _load_pruned(path)
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path} is a folder without config.json, not a model checkpoint")
+        check_model_files(path)
         try:
             model, tokenizer = _from_folder(str(path), local_only=True, dtype=dtype)
         except Exception as exc:
@@ -361,6 +351,63 @@ def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> Load
         f"unknown model '{name_or_path}': not a built-in ({', '.join(BUILTIN_MODELS)}), "
         "a local model folder, a .gguf file, or a hub id 'org/name'"
     )
+
+
+def check_model_files(name_or_path: str | Path) -> None:
+    """ModelLoadError now, reading no weights, for a local model folder that cannot load.
+
+    A gap checkpoint has all its small files checked (``checkpoint.inspect_pruned``); any
+    other folder must hold config.json. Built-in names, files and hub ids pass: their loaders
+    judge them. Commands call this before they read any text (a damaged checkpoint costs
+    one line, not a text read and a model load).
+    """
+    path = Path(name_or_path).expanduser()
+    if str(name_or_path) in BUILTIN_MODELS or not path.is_dir():
+        return
+    refuse_special_files(path, ModelLoadError)  # a FIFO among the weights would block the load forever
+    if is_pruned_checkpoint(path):
+        inspect_pruned(path)
+    elif not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} is a folder without config.json, not a model checkpoint")
+
+
+def load_tokenizer(name_or_path: str | Path) -> Tokenizer | None:
+    """The tokenizer of a local model folder or an intact converted built-in, read without the
+    weights (a fraction of a second); None where that is not cheap (a GGUF file, a built-in not
+    converted yet, a hub id) or the files do not load: the model's own load then judges them."""
+    name = str(name_or_path)
+    if name in BUILTIN_MODELS:
+        folder = cache_root() / "models" / name
+        if not (folder / CONVERTED_MARKER).is_file() or converted_problem(folder) is not None:
+            return None
+    else:
+        folder = Path(name).expanduser()
+        if not folder.is_dir():
+            return None
+    try:  # a gap checkpoint's config lets a plain tokenizer load read it (checkpoint.GLOBAL_WIDTH_READS)
+        return read_tokenizer(folder)
+    except Exception:  # noqa: BLE001 - any failure here is the model load's to report, in its words
+        return None
+
+
+def recorded_identity(name_or_path: str | Path) -> tuple[int | None, str | None]:
+    """(blocks, weights fingerprint) a local model folder records, read without its weights.
+
+    The block count is config.json's ``num_hidden_layers``; the fingerprint is the one a gap
+    checkpoint recorded when it was saved (loading checks the weights against it). None for
+    what the folder does not record, or cannot be read here (the loader then says why).
+    """
+    path = Path(name_or_path).expanduser()
+    if str(name_or_path) in BUILTIN_MODELS or not path.is_dir():
+        return None, None
+    try:
+        config = read_json_file(path / "config.json", LIMITS.metadata_bytes, "config.json", ModelLoadError)
+        marker = read_json_file(path / PRUNED_MARKER, LIMITS.metadata_bytes, PRUNED_MARKER, ModelLoadError) if is_pruned_checkpoint(path) else {}
+    except (ModelLoadError, OSError):
+        return None, None
+    layers = config.get("num_hidden_layers") if isinstance(config, dict) else None
+    fingerprint = marker.get("fingerprint") if isinstance(marker, dict) else None
+    return (layers if isinstance(layers, int) and not isinstance(layers, bool) else None), (fingerprint if isinstance(fingerprint, str) else None)
 
 
 def _load_pruned(folder: Path) -> LoadedModel:

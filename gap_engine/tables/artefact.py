@@ -238,12 +238,17 @@ class LossTable:
 
     def check_model(self, lm) -> None:
         """TableError unless this table was built for ``lm``."""
-        if self.num_layers != lm.num_layers:
-            raise TableError(f"loss table is for a model with {self.num_layers} layers, but {lm.name} has {lm.num_layers}")
-        if self.model_fingerprint != lm.fingerprint:
+        self.check_identity(lm.name, lm.num_layers, lm.fingerprint)
+
+    def check_identity(self, name: str, num_layers: int | None, fingerprint: str | None) -> None:
+        """TableError unless a model of ``num_layers`` blocks and weights ``fingerprint`` is
+        the one this table was built for; None skips that part (not known before a load)."""
+        if num_layers is not None and self.num_layers != num_layers:
+            raise TableError(f"loss table is for a model with {self.num_layers} layers, but {name} has {num_layers}")
+        if fingerprint is not None and self.model_fingerprint != fingerprint:
             raise TableError(
                 f"loss table was built for '{self.model}' (fingerprint {self.model_fingerprint}), "
-                f"not for '{lm.name}' (fingerprint {lm.fingerprint})"
+                f"not for '{name}' (fingerprint {fingerprint})"
             )
 
     # ---- serialisation ---------------------------------------------------------------
