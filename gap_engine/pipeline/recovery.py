@@ -264,6 +264,7 @@ class RecoveryResult:
     lr: float  # peak learning rate
     lr_probe: list[dict]  # ZO without a given rate: the probed candidates (lr, loss before, loss after)
     train_seconds: float  # training wall time, over every segment
+    train_cpu_seconds: float  # process CPU time (every thread) while training: wall time is what a shared machine leaves
     total_seconds: float  # this call's wall time
     trainable_params: int  # LoRA adapters, or the weights ZO perturbs (masked for MaZO)
     peak_rss: int  # bytes: peak resident memory while training
@@ -457,7 +458,7 @@ def _finish_weights(lm: LoadedModel, run, settings: RecoverySettings, work: Path
 def _probe(run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: _Reporter, cancel) -> None:
     """Choose the ZO learning rate (``recover_train.probe_learning_rate``) from the snapshot just
     saved, record it in ``state`` and save again; its time counts as training time."""
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
 
     def restore() -> None:
         saved = load_state(work)
@@ -466,6 +467,7 @@ def _probe(run, data: TaskData, settings: RecoverySettings, state: RunState, wor
 
     state.lr, state.lr_probe = probe_learning_rate(run, data, settings.learning_rate(), restore, reporter.stage, cancel)
     state.train_seconds += time.perf_counter() - started
+    state.train_cpu_seconds += time.process_time() - cpu_started
     reporter.stage(f"learning rate {state.lr:.3g}, the lowest loss after {PROBE_STEPS} probe steps")
     save_state(work, state, run.tensors(), run.optimizer_state)
 
@@ -496,6 +498,7 @@ def _result(settings, state: RunState, run, out_dir: Path, adapter_dir, dense_in
         lr=settings.learning_rate(),
         lr_probe=state.lr_probe,
         train_seconds=state.train_seconds,
+        train_cpu_seconds=state.train_cpu_seconds,
         total_seconds=0.0,
         trainable_params=run.trainable_params,
         peak_rss=state.peak_rss,
@@ -514,6 +517,7 @@ def _result(settings, state: RunState, run, out_dir: Path, adapter_dir, dense_in
 def _train(run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: _Reporter, cancel, device) -> str:
     """The step loop; returns why it stopped ("steps" or "time budget")."""
     segment_start, seconds_before, first_step = time.perf_counter(), state.train_seconds, state.step
+    cpu_start, cpu_before = time.process_time(), state.train_cpu_seconds
     last_saved, stopped = state.step, "steps"
     with PeakRSS() as meter:
         try:
@@ -532,6 +536,7 @@ def _train(run, data: TaskData, settings: RecoverySettings, state: RunState, wor
                 elapsed = time.perf_counter() - segment_start
                 state.step = step + 1
                 state.train_seconds = seconds_before + elapsed
+                state.train_cpu_seconds = cpu_before + time.process_time() - cpu_start
                 state.peak_rss = max(state.peak_rss, meter.peak())
                 state.curve.append({"step": state.step, "seconds": round(state.train_seconds, 3), "loss": loss, "lr": lr})
                 eta = elapsed / (state.step - first_step) * (settings.steps - state.step)

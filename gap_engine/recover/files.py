@@ -60,6 +60,7 @@ class RunState:
     start_fingerprint: str  # weights fingerprint of the model the run started from
     step: int = 0  # steps finished
     train_seconds: float = 0.0  # training wall time so far, over every segment
+    train_cpu_seconds: float = 0.0  # CPU time of the process (all its threads) while training, over every segment
     curve: list[dict] = field(default_factory=list)  # one row per step: step, seconds, loss, lr
     before: dict | None = None  # EvalReport.to_dict() of the model before training
     calib_before: list[float] = field(default_factory=list)  # per task: NLL on its fixed calibration windows
@@ -134,6 +135,7 @@ def _checked_state(data, folder: Path, work_dir: Path) -> RunState:
     check_int(data.get("step", 0), f"{what} step", RecoveryError, 0, steps)
     check_text(data.get("start_fingerprint"), f"{what} start_fingerprint", RecoveryError)
     check_number(data.get("train_seconds", 0.0), f"{what} train_seconds", RecoveryError, low=0.0)
+    check_number(data.get("train_cpu_seconds", 0.0), f"{what} train_cpu_seconds", RecoveryError, low=0.0)
     for name in ("inference_rss", "peak_rss"):
         check_int(data.get(name, 0), f"{what} {name}", RecoveryError, 0, 1 << 50)
     curve = data.get("curve", [])
