@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
-import threading
-import urllib.parse
 from pathlib import Path
 
+from gap_engine.core import hub
 from gap_engine.core.errors import CacheError, DataError, ModelLoadError, OutputError
 from gap_engine.core.fsutil import cache_root, check_not_an_input, check_output, refuse_special_files, special_kind, write_refusal
 from gap_engine.core.limits import LIMITS, check_at_most, check_windows
@@ -119,22 +117,8 @@ def _hub_host_resolves(timeout: float = 3.0) -> bool:
     Without a name there is no network path to the hub: the libraries would spend a minute in
     retries and print a line for each before failing, so such names are judged here instead.
     """
-    if _HUB_RESOLVES:
-        return _HUB_RESOLVES[0]
-    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
-    outcome: list[bool] = []
-
-    def ask() -> None:
-        try:
-            socket.getaddrinfo(host, 443)
-            outcome.append(True)
-        except OSError:
-            outcome.append(False)
-
-    asker = threading.Thread(target=ask, daemon=True)
-    asker.start()
-    asker.join(timeout)
-    _HUB_RESOLVES.append(bool(outcome and outcome[0]))
+    if not _HUB_RESOLVES:
+        _HUB_RESOLVES.append(hub.host_resolves(timeout))
     return _HUB_RESOLVES[0]
 
 

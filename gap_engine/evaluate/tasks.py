@@ -26,13 +26,11 @@ import logging
 import math
 import os
 import re
-import socket
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
+from gap_engine.core import hub
 from gap_engine.core.errors import GapError, first_line
 from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.core.limits import LIMITS, check_at_most
@@ -148,20 +146,7 @@ def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> bool:
     """
     if any(os.environ.get(flag, "").upper() in ("1", "ON", "YES", "TRUE") for flag in _OFFLINE_FLAGS):
         return False
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    answer: list[bool] = []
-
-    def probe() -> None:
-        try:
-            with socket.create_connection((endpoint.hostname or "", endpoint.port or 443), timeout=timeout):
-                answer.append(True)
-        except OSError:
-            answer.append(False)
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(answer and answer[0])
+    return hub.accepts_connection(timeout)
 
 
 @contextlib.contextmanager

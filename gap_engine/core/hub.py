@@ -1,0 +1,58 @@
+"""Questions to the Hugging Face hub that must not hang: does its host name resolve, does it
+accept a connection. Each is asked in a daemon thread and given up after a timeout, so a DNS
+resolver or a firewall that never answers costs seconds, not the libraries' minute of retries.
+
+The CLI's preflight asks the cheaper question (a name that does not resolve means no network
+path at all); the task runner asks for a connection, because lm-eval must reach the hub's
+datasets, not just know its address.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import urllib.parse
+from collections.abc import Callable
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+def endpoint() -> tuple[str, int]:
+    """(host, port) of the hub the libraries would use ($HF_ENDPOINT, else huggingface.co)."""
+    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT)
+    return url.hostname or "huggingface.co", url.port or 443
+
+
+def answered_within(question: Callable[[], object], timeout: float) -> bool:
+    """True when ``question()`` returns within ``timeout`` seconds; False when it raises OSError
+    or is still running then (it is left to finish in its daemon thread)."""
+    outcome: list[bool] = []
+
+    def ask() -> None:
+        try:
+            question()
+            outcome.append(True)
+        except OSError:
+            outcome.append(False)
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    asker.join(timeout)
+    return bool(outcome and outcome[0])
+
+
+def host_resolves(timeout: float) -> bool:
+    """Whether the hub's host name resolves within ``timeout`` seconds."""
+    host, port = endpoint()
+    return answered_within(lambda: socket.getaddrinfo(host, port), timeout)
+
+
+def accepts_connection(timeout: float) -> bool:
+    """Whether the hub accepts a TCP connection within ``timeout`` seconds."""
+    host, port = endpoint()
+
+    def connect() -> None:
+        socket.create_connection((host, port), timeout=timeout).close()
+
+    return answered_within(connect, timeout)
