@@ -220,7 +220,8 @@ def test_zo_without_a_rate_probes_and_trains_as_if_the_chosen_rate_were_given(de
     probed = recover(load_model(str(pruned)), settings, out_dir=tmp_path / "probed")
     rows = probed.lr_probe
     assert len(rows) == len(PROBE_FACTORS) and probed.lr in [row["lr"] for row in rows]
-    assert min(rows, key=lambda row: (row["loss_after"], -row["lr"]))["lr"] == probed.lr
+    best = min(range(len(rows)), key=lambda i: (rows[i]["loss_after"], -rows[i]["lr"]))
+    assert rows[best]["best"] and probed.lr == rows[min(best + 1, len(rows) - 1)]["lr"]  # one notch below the best
     assert len({row["loss_after"] for row in rows}) == len(PROBE_FACTORS)  # every candidate really trained
     # The probe put the starting weights back bit for bit: the run equals one given that rate outright.
     given = recover(load_model(str(pruned)), replace(settings, lr=probed.lr), out_dir=tmp_path / "given")

@@ -468,7 +468,8 @@ def _probe(run, data: TaskData, settings: RecoverySettings, state: RunState, wor
     state.lr, state.lr_probe = probe_learning_rate(run, data, settings.learning_rate(), restore, reporter.stage, cancel)
     state.train_seconds += time.perf_counter() - started
     state.train_cpu_seconds += time.process_time() - cpu_started
-    reporter.stage(f"learning rate {state.lr:.3g}, the lowest loss after {PROBE_STEPS} probe steps")
+    best = next((row["lr"] for row in state.lr_probe if row.get("best")), state.lr)
+    reporter.stage(f"learning rate {state.lr:.3g}, one notch below {best:.3g} (the lowest loss after {PROBE_STEPS} probe steps)")
     save_state(work, state, run.tensors(), run.optimizer_state)
 
 
