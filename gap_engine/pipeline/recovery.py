@@ -469,7 +469,8 @@ def _probe(run, data: TaskData, settings: RecoverySettings, state: RunState, wor
     state.train_seconds += time.perf_counter() - started
     state.train_cpu_seconds += time.process_time() - cpu_started
     best = next((row["lr"] for row in state.lr_probe if row.get("best")), state.lr)
-    reporter.stage(f"learning rate {state.lr:.3g}, one notch below {best:.3g} (the lowest loss after {PROBE_STEPS} probe steps)")
+    why = f"one notch below {best:.3g}, " if best != state.lr else "the smallest candidate, "
+    reporter.stage(f"learning rate {state.lr:.3g}: {why}the lowest loss after {PROBE_STEPS} probe steps")
     save_state(work, state, run.tensors(), run.optimizer_state)
 
 
