@@ -212,6 +212,8 @@ if result:
     st.subheader(f"{result.method}: {result.steps_done} of {result.steps_requested} steps{run_text}")
     if result.objective_note:
         st.caption(result.objective_note.capitalize() + f"; saved as {result.save_dtype}")
+    if result.guard_summary:
+        st.warning("Divergence guard: " + result.guard_summary + ".")
     c = st.columns(2) + st.columns(2)  # two per row: long values stay whole at 1400 px and on a phone
     c[0].metric("Training time", f"{result.train_seconds:.0f} s", f"stopped: {result.stopped}", delta_color="off", delta_arrow="off")
     c[1].metric(

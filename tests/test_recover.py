@@ -24,7 +24,9 @@ from gap_engine.cli import main
 from gap_engine.core.errors import CancelledError, DataError, GapError
 from gap_engine.core.progress import Hooks
 from gap_engine.model.loading import load_model
-from gap_engine.pipeline.recovery import RecoverySettings, lr_at, recover
+from gap_engine.pipeline.recovery import RecoverySettings, recover
+from gap_engine.pipeline.recovery_loop import lr_at
+from gap_engine.recover import guard
 from gap_engine.recover import zo as recover_zo
 from gap_engine.recover.files import RecoveryError, partial_dir
 from gap_engine.recover.train import TaskData, ZORun, multitask_loss
@@ -416,6 +418,18 @@ def test_lr_schedules():
     assert lr_at(settings, 9) < 0.05
     assert lr_at(replace(settings, schedule="constant"), 9) == 1.0
     assert lr_at(replace(settings, schedule="linear", warmup_steps=0), 5) == pytest.approx(0.5)
+
+
+def test_the_guard_keeps_a_snapshot_within_tolerance_and_rolls_back_a_rise_then_stops():
+    assert guard.judge(1.0, 1.0, 0).action == guard.KEEP
+    assert guard.judge(1.0 * (1 + guard.TOLERANCE) - 1e-6, 1.0, 0).action == guard.KEEP  # a little above the lowest
+    assert guard.judge(0.0 + guard.ABSOLUTE_TOLERANCE / 2, 0.0, 0).action == guard.KEEP  # rounding at a zero objective
+    rise = 1.0 * (1 + guard.TOLERANCE) + 1e-3
+    assert guard.judge(rise, 1.0, 0).action == guard.ROLL_BACK
+    assert guard.judge(float("nan"), 1.0, 0).action == guard.ROLL_BACK
+    assert guard.judge(float("inf"), 1.0, guard.MAX_ROLLBACKS - 1).action == guard.ROLL_BACK
+    stop = guard.judge(rise, 1.0, guard.MAX_ROLLBACKS)
+    assert stop.action == guard.STOP and "last good snapshot" in stop.reason
 
 
 def _cli(argv, capsys) -> tuple[int, str, str]:

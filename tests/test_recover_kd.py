@@ -26,6 +26,7 @@ from gap_engine.core.errors import GapError
 from gap_engine.core.progress import Hooks
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.recovery import recover
+from gap_engine.recover import guard
 from gap_engine.recover import zo as recover_zo
 from gap_engine.recover.distill import Objective, distillation_loss
 from gap_engine.recover.files import RecoveryError, partial_dir
@@ -227,3 +228,38 @@ def test_zo_without_a_rate_probes_and_trains_as_if_the_chosen_rate_were_given(de
     given = recover(load_model(str(pruned)), replace(settings, lr=probed.lr), out_dir=tmp_path / "given")
     assert [row["loss"] for row in given.curve] == [row["loss"] for row in probed.curve]
     assert_same_tensors(checkpoint_tensors(tmp_path / "given"), checkpoint_tensors(tmp_path / "probed"))
+
+
+# ---- the divergence guard ------------------------------------------------------------------------
+def test_the_guard_rolls_back_a_rising_objective_cuts_the_rate_and_trains_on(dense_and_pruned, text_file, tmp_path):
+    """MeZO at rate 0.1 raises the kd objective on this model within two steps: the guard goes back
+    to the last good snapshot, divides the rate by 3 until the objective holds, and the run still
+    does every step, its curve one row per step."""
+    _, pruned = dense_and_pruned
+    settings = tiny_settings(text_file, method="mezo", lr=0.1, steps=6, save_every=2, schedule="constant", objective="kd")
+    result = recover(load_model(str(pruned)), settings, out_dir=tmp_path / "out")
+    assert result.stopped == "steps" and result.steps_done == 6
+    assert [row["step"] for row in result.curve] == [1, 2, 3, 4, 5, 6]
+    assert result.rollbacks and all(row["action"] == guard.ROLL_BACK for row in result.rollbacks)
+    for row in result.rollbacks:  # each one a real rise of the objective on the fixed windows
+        assert row["loss"] > row["lowest"] * (1 + guard.TOLERANCE)
+    assert result.lr_scale == pytest.approx(guard.LR_CUT ** -len(result.rollbacks))
+    assert result.curve[-1]["lr"] == pytest.approx(0.1 * result.lr_scale)
+    assert json.loads((tmp_path / "out" / "recovery.json").read_text())["rollbacks"] == result.rollbacks
+    assert "rolled back" in result.guard_summary and "trained on at" in result.guard_summary
+
+
+def test_when_no_rate_cut_helps_the_guard_stops_at_the_starting_weights(dense_and_pruned, text_file, tmp_path):
+    _, pruned = dense_and_pruned
+    settings = tiny_settings(text_file, method="mezo", lr=1.0, steps=2, save_every=2, schedule="constant",
+                             objective="kd", save_dtype="float32")
+    result = recover(load_model(str(pruned)), settings, out_dir=tmp_path / "out")
+    assert result.stopped == "diverged" and result.steps_done == 0 and not result.curve
+    assert [row["action"] for row in result.rollbacks] == [guard.ROLL_BACK] * guard.MAX_ROLLBACKS + [guard.STOP]
+    assert {row["back_to"] for row in result.rollbacks} == {0}
+    assert "stopped at the last good snapshot, step 0" in result.guard_summary
+    # The last good snapshot is the start: the checkpoint holds the pruned model's weights unchanged.
+    assert result.calib_loss_after == result.calib_loss_before
+    start = checkpoint_tensors(pruned)
+    saved = checkpoint_tensors(tmp_path / "out")
+    assert_same_tensors({k: v.float() for k, v in start.items()}, saved)

@@ -312,7 +312,9 @@ def _add_recover(sub) -> None:
     p.add_argument("--mask-fraction", type=float, help="MaZO: share of each row that trains")
     p.add_argument("--magnitude-weight", type=float, help="MaZO: weight of |W| in the importance")
     p.add_argument("--seed", type=int)
-    p.add_argument("--save-every", type=int, help="steps between saved snapshots")
+    p.add_argument("--save-every", type=int, help="steps between saved snapshots (and divergence-guard checks)")
+    p.add_argument("--no-guard", action="store_true",
+                   help="keep training when the calibration objective rises (default: roll back to the last snapshot and cut the rate)")
     p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for the training forward passes")
     p.add_argument("--eval-samples", type=int, help="held-out windows per task")

@@ -48,6 +48,7 @@ def settings_from(args: argparse.Namespace) -> RecoverySettings:
         evaluate_before=not args.no_eval_before,
         compare_dense=not args.no_dense,
         record_history=not args.no_history,
+        guard=not args.no_guard,
         **given,
     ).validate()
 
@@ -88,6 +89,7 @@ def _summary(result: RecoveryResult) -> dict:
         "steps": f"{result.steps_done}/{result.steps_requested} ({result.stopped})"
         + (f", resumed at {result.resumed_from}" if result.resumed_from else ""),
         "train_seconds": f"{result.train_seconds:.1f}",
+        **({"divergence_guard": result.guard_summary} if result.guard_summary else {}),
         "trainable_params": f"{result.trainable_params:,}",
         "peak_rss": f"{result.peak_rss / 2**20:.0f} MiB ({result.rss_ratio:.2f}x inference {result.inference_rss / 2**20:.0f} MiB)",
         "calibration_loss": ", ".join(

@@ -39,12 +39,13 @@ import numpy as np
 import torch
 
 from gap_engine.core.config import RECOVERY_SCHEDULES, SAVE_DTYPES
-from gap_engine.core.errors import CancelledError, DataError
+from gap_engine.core.errors import DataError
 from gap_engine.core.memory import PeakRSS, release_free_memory
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.evaluate.tasks import PreparedTasks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
+from gap_engine.pipeline.recovery_loop import Reporter, probe, train
 from gap_engine.recover.cost import STAGES
 from gap_engine.recover.distill import check_temperature
 from gap_engine.recover.files import (
@@ -63,14 +64,7 @@ from gap_engine.recover.files import (
     write_checkpoint,
 )
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
-from gap_engine.recover.train import (
-    PROBE_STEPS,
-    PROJECTIONS,
-    TaskData,
-    multitask_loss,
-    probe_learning_rate,
-    projection_modules,
-)
+from gap_engine.recover.train import PROJECTIONS, TaskData, multitask_loss, projection_modules
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +102,8 @@ class RecoverySettings:
     importance_windows: int = 8  # MaZO: calibration windows per task for the importance
     calib_eval_windows: int = 4  # per task: fixed calibration windows whose loss is reported before/after
     seed: int = 0  # seeds windows, adapters, dropout and ZO directions
-    save_every: int = 25  # steps between saved snapshots
+    save_every: int = 25  # steps between saved snapshots (and divergence-guard checks)
+    guard: bool = True  # at each snapshot, roll back and cut the rate when the calibration objective rose (recover.guard)
     time_budget_s: float | None = None  # stop training after this much wall time (over all segments)
     device: str | None = None  # move the model here first (e.g. "cuda"); None: leave it where it is
     bf16: bool = False  # bf16 autocast for the training forward passes where the device supports it
@@ -186,7 +181,7 @@ class RecoverySettings:
 
     def trajectory(self) -> dict:
         """The settings that decide what training computes; a resumed run must share them."""
-        free = {"save_every", "time_budget_s", "device", "eval_samples", "eval_seq_len", "eval_generations",
+        free = {"save_every", "guard", "time_budget_s", "device", "eval_samples", "eval_seq_len", "eval_generations",
                 "evaluate_before", "compare_dense", "record_history", "split", "save_dtype"}
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in free}
         out["lr"] = "auto" if self.probes_lr else self.learning_rate()
@@ -236,20 +231,6 @@ def _check_range(name: str, value, low: float, high: float, low_open: bool = Fal
         raise RecoveryError(f"{name} must be a number in {interval}, got {value!r}")
 
 
-def lr_at(settings: RecoverySettings, step: int) -> float:
-    """The learning rate of step ``step`` (0-based): linear warm-up, then the schedule's decay."""
-    peak = settings.learning_rate()
-    if step < settings.warmup_steps:
-        return peak * (step + 1) / (settings.warmup_steps + 1)
-    span = max(1, settings.steps - settings.warmup_steps)
-    progress = (step - settings.warmup_steps) / span
-    if settings.schedule == "linear":
-        return peak * (1.0 - progress)
-    if settings.schedule == "cosine":
-        return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
-    return peak
-
-
 @dataclass
 class RecoveryResult:
     method: str
@@ -260,7 +241,7 @@ class RecoveryResult:
     steps_requested: int
     steps_done: int
     resumed_from: int  # the step a resumed run continued from (0: a fresh run)
-    stopped: str  # "steps" or "time budget"
+    stopped: str  # "steps", "time budget" or "diverged" (the guard's last rate cut did not help: the last good snapshot)
     lr: float  # peak learning rate
     lr_probe: list[dict]  # ZO without a given rate: the probed candidates (lr, loss before, loss after)
     train_seconds: float  # training wall time, over every segment
@@ -279,12 +260,26 @@ class RecoveryResult:
     teacher: str | None = None  # the model distilled from
     save_dtype: str = ""  # storage dtype of the recovered checkpoint
     curve: list[dict] = field(default_factory=list)  # per step: step, seconds, loss, lr
+    rollbacks: list[dict] = field(default_factory=list)  # the divergence guard's: step, back_to, loss, lowest, lr_scale, action
+    lr_scale: float = 1.0  # the rate's factor after the guard's cuts (1: none)
     run_id: int | None = None  # row in the run history
     settings: dict = field(default_factory=dict)
 
     @property
     def rss_ratio(self) -> float:
         return self.peak_rss / self.inference_rss if self.inference_rss else math.nan
+
+    @property
+    def guard_summary(self) -> str | None:
+        """One line on what the divergence guard did, or None when it never stepped in."""
+        if not self.rollbacks:
+            return None
+        steps = ", ".join(str(row["step"]) for row in self.rollbacks)
+        if self.stopped == "diverged":
+            return (f"the calibration objective rose at every rate tried ({len(self.rollbacks)} checks, at step {steps}): "
+                    f"stopped at the last good snapshot, step {self.steps_done}")
+        return (f"the calibration objective rose {len(self.rollbacks)} time(s) (at step {steps}): rolled back to the last "
+                f"good snapshot each time and trained on at {self.lr_scale:.3g} x the rate")
 
     @property
     def tokens_seen(self) -> int:
@@ -301,24 +296,6 @@ class RecoveryResult:
 
 
 # ---- the entry point -----------------------------------------------------------------------
-class _Reporter:
-    """Tells ``hooks`` each phase and step as a message, then the steps done (the message first,
-    so a listener that prints both sees the line that goes with the count)."""
-
-    def __init__(self, hooks: Hooks, total: int):
-        self.hooks, self.total, self.done = hooks, total, 0
-
-    def stage(self, message: str) -> None:
-        log.info("%s", message)
-        self.hooks.say(message)
-        self.hooks.report(self.done, self.total, None)
-
-    def step(self, done: int, eta: float | None, message: str) -> None:
-        self.done = done
-        self.hooks.say(message)
-        self.hooks.report(done, self.total, eta)
-
-
 def recover(
     lm: LoadedModel,
     settings: RecoverySettings,
@@ -358,7 +335,7 @@ def recover(
     settings = settings.validate()
     out_dir = Path(out_dir).expanduser()
     check_output_dir(out_dir, lm.source)
-    reporter, cancel, enter = _Reporter(hooks, settings.steps), hooks.cancel, hooks.enter
+    reporter, cancel, enter = Reporter(hooks, settings.steps), hooks.cancel, hooks.enter
     enter(STAGES[0])
     device = _place(lm, settings)
     dense_input, start_fingerprint = lm.pruned_from is None, lm.fingerprint
@@ -381,7 +358,7 @@ def recover(
     run = RECOVERY_METHODS.function(settings.method)(lm, settings, objective)
     settings = _ready(run, data, settings, state, saved, work, reporter, cancel)
     enter(STAGES[1])
-    stopped = _train(run, data, settings, state, work, reporter, cancel, device)
+    stopped = train(run, data, settings, state, work, reporter, cancel, device)
     enter(STAGES[2])
     adapter_dir, save_dtype = _finish_weights(lm, run, settings, work, reporter)
     reporter.stage("calibration loss after training")
@@ -410,7 +387,7 @@ def _place(lm: LoadedModel, settings: RecoverySettings) -> torch.device:
 
 
 def _start_state(lm: LoadedModel, settings: RecoverySettings, trajectory: dict, data: TaskData, work: Path, resume: bool,
-                 reporter: _Reporter, cancel, dense: LoadedModel | None, lm_eval_tasks: PreparedTasks | None = None):
+                 reporter: Reporter, cancel, dense: LoadedModel | None, lm_eval_tasks: PreparedTasks | None = None):
     """(run state, saved snapshot or None): the saved run in ``work`` when resuming, else a fresh
     state with the losses and evaluation before training (an earlier partial run is discarded)."""
     saved = load_state(work) if resume else None
@@ -429,20 +406,20 @@ def _start_state(lm: LoadedModel, settings: RecoverySettings, trajectory: dict, 
     return state, None
 
 
-def _ready(run, data: TaskData, settings: RecoverySettings, state: RunState, saved, work: Path, reporter: _Reporter, cancel):
+def _ready(run, data: TaskData, settings: RecoverySettings, state: RunState, saved, work: Path, reporter: Reporter, cancel):
     """Prepare a fresh run (MaZO's mask, the first snapshot, the ZO rate probe) or restore a saved
     one; returns the settings with the learning rate the run trains at."""
     if saved is None:
         run.prepare(data, Hooks(message=reporter.stage, cancel=cancel))
         save_state(work, state, run.tensors(), run.optimizer_state)
         if settings.probes_lr:
-            _probe(run, data, settings, state, work, reporter, cancel)
+            probe(run, data, settings, state, work, reporter, cancel)
     else:
         run.restore(saved[1], saved[2])
     return replace(settings, lr=state.lr) if state.lr is not None else settings
 
 
-def _finish_weights(lm: LoadedModel, run, settings: RecoverySettings, work: Path, reporter: _Reporter):
+def _finish_weights(lm: LoadedModel, run, settings: RecoverySettings, work: Path, reporter: Reporter):
     """Merge (LoRA) and round the trained weights to the storage dtype, so the evaluation after
     training sees exactly what the checkpoint will hold; returns (adapter folder or None, dtype)."""
     reporter.stage("merging adapters" if settings.method == "lora" else "finishing")
@@ -453,25 +430,6 @@ def _finish_weights(lm: LoadedModel, run, settings: RecoverySettings, work: Path
     round_to_storage(lm.model, save_dtype)
     lm.fingerprint = weights_fingerprint(lm.model)
     return adapter_dir, save_dtype
-
-
-def _probe(run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: _Reporter, cancel) -> None:
-    """Choose the ZO learning rate (``recover_train.probe_learning_rate``) from the snapshot just
-    saved, record it in ``state`` and save again; its time counts as training time."""
-    started, cpu_started = time.perf_counter(), time.process_time()
-
-    def restore() -> None:
-        saved = load_state(work)
-        assert saved is not None, "the probe restores the snapshot saved just before it"
-        run.restore(saved[1], None)
-
-    state.lr, state.lr_probe = probe_learning_rate(run, data, settings.learning_rate(), restore, reporter.stage, cancel)
-    state.train_seconds += time.perf_counter() - started
-    state.train_cpu_seconds += time.process_time() - cpu_started
-    best = next((row["lr"] for row in state.lr_probe if row.get("best")), state.lr)
-    why = f"one notch below {best:.3g}, " if best != state.lr else "the smallest candidate, "
-    reporter.stage(f"learning rate {state.lr:.3g}: {why}the lowest loss after {PROBE_STEPS} probe steps")
-    save_state(work, state, run.tensors(), run.optimizer_state)
 
 
 def _measure_inference(lm: LoadedModel, data: TaskData, settings: RecoverySettings, state: RunState, device) -> None:
@@ -512,49 +470,10 @@ def _result(settings, state: RunState, run, out_dir: Path, adapter_dir, dense_in
         after=after,
         objective=settings.objective or "lm",
         curve=state.curve,
+        rollbacks=state.rollbacks,
+        lr_scale=state.lr_scale,
         settings=asdict(settings),
     )
-
-
-def _train(run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: _Reporter, cancel, device) -> str:
-    """The step loop; returns why it stopped ("steps" or "time budget")."""
-    segment_start, seconds_before, first_step = time.perf_counter(), state.train_seconds, state.step
-    cpu_start, cpu_before = time.process_time(), state.train_cpu_seconds
-    last_saved, stopped = state.step, "steps"
-    with PeakRSS() as meter:
-        try:
-            for step in range(state.step, settings.steps):
-                if cancel is not None and cancel.is_set():
-                    raise CancelledError(
-                        f"recovery cancelled after step {state.step} of {settings.steps}; resume to continue from there"
-                    )
-                if settings.time_budget_s is not None and state.train_seconds >= settings.time_budget_s:
-                    stopped = "time budget"
-                    break
-                lr = lr_at(settings, step)
-                loss = run.step(step, data.batch(step).to(device), lr)
-                if not math.isfinite(loss):
-                    raise RecoveryError(f"the loss became {loss} at step {step + 1}; lower the learning rate")
-                elapsed = time.perf_counter() - segment_start
-                state.step = step + 1
-                state.train_seconds = seconds_before + elapsed
-                state.train_cpu_seconds = cpu_before + time.process_time() - cpu_start
-                state.peak_rss = max(state.peak_rss, meter.peak())
-                state.curve.append({"step": state.step, "seconds": round(state.train_seconds, 3), "loss": loss, "lr": lr})
-                eta = elapsed / (state.step - first_step) * (settings.steps - state.step)
-                if settings.time_budget_s is not None:
-                    eta = min(eta, max(0.0, settings.time_budget_s - state.train_seconds))
-                reporter.step(state.step, eta, f"{settings.method} step {state.step}/{settings.steps}: loss {loss:.4f}")
-                if state.step % settings.save_every == 0:
-                    save_state(work, state, run.tensors(), run.optimizer_state)
-                    last_saved = state.step
-        except CancelledError:
-            if state.step > last_saved:
-                save_state(work, state, run.tensors(), run.optimizer_state)
-            raise
-    if state.step > last_saved:
-        save_state(work, state, run.tensors(), run.optimizer_state)
-    return stopped
 
 
 def _check_rank(lm: LoadedModel, settings: RecoverySettings) -> None:

@@ -69,6 +69,9 @@ class RunState:
     rss_method: str = ""  # how memory was measured (memory.PeakRSS.method)
     lr: float | None = None  # the peak learning rate the probe chose (ZO without --lr); None: the settings'
     lr_probe: list[dict] = field(default_factory=list)  # the probe's candidates: lr, loss before, loss after
+    guard_lowest: float | None = None  # the divergence guard's lowest calibration objective over kept snapshots
+    lr_scale: float = 1.0  # the guard's cuts of the learning rate so far (1: none)
+    rollbacks: list[dict] = field(default_factory=list)  # the guard's rollbacks: step, back_to, loss, lowest, lr_scale, action
     version: int = STATE_VERSION
 
 
@@ -146,6 +149,12 @@ def _checked_state(data, folder: Path, work_dir: Path) -> RunState:
         raise RecoveryError(f"{what} calib_before must be a list; remove {work_dir}")
     for value in calib:
         check_number(value, f"{what} calib_before entry", RecoveryError)
+    if data.get("guard_lowest") is not None:
+        check_number(data["guard_lowest"], f"{what} guard_lowest", RecoveryError, low=0.0)
+    check_number(data.get("lr_scale", 1.0), f"{what} lr_scale", RecoveryError, low=1e-12, high=1.0)
+    rollbacks = data.get("rollbacks", [])
+    if not isinstance(rollbacks, list) or len(rollbacks) > 64 or not all(isinstance(row, dict) for row in rollbacks):
+        raise RecoveryError(f"{what} rollbacks must list at most 64 objects; remove {work_dir}")
     if data.get("before") is not None and not isinstance(data["before"], dict):
         raise RecoveryError(f"{what} before must be an object; remove {work_dir}")
     return RunState(**data)

@@ -153,6 +153,11 @@ class ZORun:
                 out[f"{target.name}::columns"] = target.columns
         return out
 
+    @property
+    def model(self) -> nn.Module:
+        """The model the objective is evaluated on (the perturbed weights live in it)."""
+        return self.lm.model
+
     def step(self, step: int, batch: torch.Tensor, lr: float) -> float:
         n_tasks = len(self.settings.tasks)
         teacher = self.objective.teacher_log_probs(batch)  # once: both perturbed passes compare with it
@@ -194,6 +199,12 @@ class LoraRun:
         return recover_lora.adapter_tensors(self.peft)
 
     @property
+    def model(self) -> nn.Module:
+        """The model the objective is evaluated on: the peft wrapper, adapters active (eval mode
+        between steps, so no dropout)."""
+        return self.peft
+
+    @property
     def optimizer_state(self) -> dict:
         return self.optimizer.state_dict()
 
@@ -213,6 +224,29 @@ class LoraRun:
         """Save the unmerged adapter, then merge it; returns (plain model, adapter folder)."""
         recover_lora.save_adapter(self.peft, adapter_dir)
         return recover_lora.merge(self.peft), adapter_dir
+
+
+# ---- the objective on fixed windows: the probe's comparison and the divergence guard ----------
+class CalibrationObjective:
+    """The run's training objective (lm, kd or kd+lm) on the fixed calibration windows, a
+    deterministic number for one set of weights: what the learning-rate probe compares candidates
+    on and what the divergence guard (``recover.guard``) watches. The teacher's log-probabilities
+    of those windows are kept when ``keep_teacher`` (the probe measures 6 times in a row), else
+    recomputed at each call (the guard measures once per snapshot; keeping a (windows, T, vocab)
+    tensor for the whole run would add ~200 MB on smollm2-135m to a method sold on memory)."""
+
+    def __init__(self, run: ZORun | LoraRun, data: TaskData, keep_teacher: bool):
+        self.run = run
+        device = next(run.lm.model.parameters()).device
+        self.windows = torch.cat(data.fixed(run.settings.calib_eval_windows)).to(device)  # task-major
+        self.teacher = run.objective.teacher_log_probs(self.windows) if keep_teacher else None
+
+    @torch.no_grad()
+    def __call__(self) -> float:
+        objective = self.run.objective
+        teacher = self.teacher if self.teacher is not None else objective.teacher_log_probs(self.windows)
+        value = float(objective.per_task(self.run.model, self.windows, len(self.run.settings.tasks), teacher).mean())
+        return value if np.isfinite(value) else float("inf")
 
 
 # ---- the zeroth-order learning rate -------------------------------------------------------------
@@ -238,16 +272,9 @@ def probe_learning_rate(run: ZORun, data: TaskData, default_lr: float, restore: 
     """
     from gap_engine.core.errors import CancelledError
 
-    n_tasks = len(run.settings.tasks)
-    device = next(run.lm.model.parameters()).device
-    fixed = torch.cat(data.fixed(run.settings.calib_eval_windows)).to(device)  # task-major
-    with torch.no_grad():
-        teacher = run.objective.teacher_log_probs(fixed)
-
-        def loss() -> float:
-            return float(run.objective.per_task(run.lm.model, fixed, n_tasks, teacher).mean())
-
-        start = loss()
+    loss = CalibrationObjective(run, data, keep_teacher=True)  # the candidates are 5 x 4 steps apart: keep it
+    start = loss()
+    device = loss.windows.device
     rows = []
     for factor in PROBE_FACTORS:
         lr = default_lr * factor
@@ -257,8 +284,7 @@ def probe_learning_rate(run: ZORun, data: TaskData, default_lr: float, restore: 
                 restore()
                 raise CancelledError("recovery cancelled while probing the learning rate")
             run.step(step, data.batch(step).to(device), lr)
-        after = loss()
-        rows.append({"lr": lr, "loss_before": start, "loss_after": after if np.isfinite(after) else float("inf")})
+        rows.append({"lr": lr, "loss_before": start, "loss_after": loss()})
         restore()
     best = min(range(len(rows)), key=lambda i: (rows[i]["loss_after"], -rows[i]["lr"]))
     rows[best]["best"] = True
