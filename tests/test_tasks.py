@@ -298,3 +298,29 @@ def test_compare_task_columns_round_trip_through_its_csv(tmp_path, capsys):
     assert main(argv) == 2
     assert "--limit must be a positive" in capsys.readouterr().err.strip().splitlines()[-1]
     assert not (tmp_path / "c.csv").exists()
+
+
+def test_recovery_cancel_is_heard_inside_task_scoring(make_tiny, tmp_path, monkeypatch):
+    """A cancel pressed while lm-eval scores the tasks of a recovery evaluation stops it at the
+    next forward pass (the Recover page's Cancel used to wait for every request to finish)."""
+    import threading
+
+    from gap_engine.core.errors import CancelledError
+    from gap_engine.pipeline.recovery import RecoverySettings
+    from gap_engine.pipeline.recovery_dense import evaluate_heldout
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
+    lm = make_tiny("llama")
+    prepared = prepare_tasks(TaskSettings(limit=3, batch_size=1))
+    settings = RecoverySettings(tasks=("wiki-sample",), eval_samples=1, eval_seq_len=16, eval_generations=0,
+                                compare_dense=False).validate()
+    cancel, stages = threading.Event(), []
+
+    def stage(message: str) -> None:
+        stages.append(message)
+        if "task accuracy" in message:
+            cancel.set()  # the user presses Cancel as scoring starts
+
+    with pytest.raises(CancelledError, match="while scoring tasks"):
+        evaluate_heldout(lm, settings, "after", stage, cancel, lm.fingerprint, None, prepared)
+    assert any("task accuracy" in message for message in stages)

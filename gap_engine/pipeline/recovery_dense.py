@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import nullcontext
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.device import DeviceSpec, placement_of
 from gap_engine.core.errors import CancelledError, ModelLoadError, one_line
+from gap_engine.core.interrupt import cancel_checks
 from gap_engine.core.memory import release_free_memory
 from gap_engine.core.progress import Hooks
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
@@ -137,7 +139,9 @@ def evaluate_heldout(lm: LoadedModel, settings, label: str, stage: Callable[[str
         report = evaluate(lm, dense, eval_settings, Hooks(message=say)).to_dict()
         if lm_eval_tasks is not None:
             say(f"task accuracy on {', '.join(lm_eval_tasks.tasks)} (lm-eval)")
-            report |= task_accuracy(lm, dense, lm_eval_tasks, start_fingerprint)
+            stopped = f"recovery cancelled while scoring tasks {label} training"
+            with cancel_checks(lm, cancel, stopped), cancel_checks(dense, cancel, stopped) if dense is not None else nullcontext():  # lm-eval's passes poll it too
+                report |= task_accuracy(lm, dense, lm_eval_tasks, start_fingerprint)
         return report
     finally:
         lm.model.to(device)
