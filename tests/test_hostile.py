@@ -1594,7 +1594,7 @@ def test_a_long_line_is_tokenized_in_bounded_pieces_with_the_same_ids(smol_token
 UNWRITABLE_CACHE = "/sys"
 
 
-@pytest.mark.parametrize("command", ["table", "prune-builtin", "recover"])
+@pytest.mark.parametrize("command", ["table", "prune-builtin", "recover", "eval-tasks"])
 def test_a_cache_that_cannot_be_written_is_one_line_before_work(cli, tmp_path, monkeypatch, tiny_model_dir, tiny_checkpoint, command):
     docs = write_input(tmp_path, "docs.txt", CALIBRATION_TEXT)
     sizes = ["--samples", "2", "--seq-len", "16"]
@@ -1602,6 +1602,8 @@ def test_a_cache_that_cannot_be_written_is_one_line_before_work(cli, tmp_path, m
         "table": ["table", "--model", tiny_model_dir, "--data", docs, *sizes, "--out", work_out(tmp_path, "t.json")],
         "prune-builtin": ["prune", "--model", "smollm2-135m", "--uniform", "0.1", "--criterion", "wanda", "--data", docs, *sizes, "--out", work_out(tmp_path, "p")],
         "recover": ["recover", "--model", tiny_checkpoint, "--method", "mezo", "--steps", "1", "--data", docs, "--seq-len", "16", "--out", work_out(tmp_path, "r")],
+        # a model that is not built in: only the tasks' files and dense scores need the cache
+        "eval-tasks": ["eval", "--model", tiny_checkpoint, "--tasks", "gap_wiki_next", "--limit", "2", "--data", docs, *sizes, "--no-throughput"],
     }[command]
     monkeypatch.setenv("GAP_CACHE_DIR", UNWRITABLE_CACHE)
     assert_refused(cli(argv), f"the cache root {UNWRITABLE_CACHE} (GAP_CACHE_DIR) cannot be written")

@@ -285,6 +285,7 @@ def check_cache(args: argparse.Namespace) -> None:
         args.command in CACHE_COMMANDS
         or getattr(args, "model", None) in BUILTIN_NAMES
         or getattr(args, "run", None) is not None  # `gap report --run`: the run history
+        or bool(getattr(args, "tasks", None))  # --tasks: the offline task's files and the dense model's scores
     )
     if not uses_cache:
         return
@@ -295,8 +296,8 @@ def check_cache(args: argparse.Namespace) -> None:
     if refusal:
         where = "GAP_CACHE_DIR" if os.environ.get("GAP_CACHE_DIR") else "the default cache"
         raise CacheError(
-            f"the cache root {root} ({where}) cannot be written: {refusal}; gap keeps converted models, tables and the "
-            "run history there: make it writable or point GAP_CACHE_DIR at a folder you can write"
+            f"the cache root {root} ({where}) cannot be written: {refusal}; gap keeps converted models, tables, task "
+            "files, dense scores and the run history there: make it writable or point GAP_CACHE_DIR at a folder you can write"
         )
 
 
