@@ -8,6 +8,7 @@ as it is for a checkpoint of a built-in model. Text: the real news-sample plus a
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -213,6 +214,27 @@ def test_cli_refuses_bad_distillation_input_in_one_line(dense_and_pruned, text_f
         assert not out.exists() and not partial_dir(out).exists(), extra
     with pytest.raises(GapError, match="unknown objective"):
         tiny_settings(text_file, objective="kl").validate()
+
+
+def test_without_its_dense_model_the_default_objective_is_lm_said_once_without_a_warning(dense_and_pruned, text_file, tmp_path,
+                                                                                        capsys, caplog):
+    """The reason goes in the objective's line; a logged WARNING beside it read as a second,
+    alarming message (and made the hostile benchmark's full-disk recover case unclean)."""
+    import shutil
+
+    _, pruned = dense_and_pruned
+    orphan = tmp_path / "orphan"
+    shutil.copytree(pruned, orphan)
+    marker = json.loads((orphan / "gap_pruned.json").read_text())
+    (orphan / "gap_pruned.json").write_text(json.dumps(marker | {"base_model": str(tmp_path / "gone")}))
+    argv = ["recover", "--model", str(orphan), "--method", "mezo", "--lr", "0.01", "--data", text_file, "--steps", "1",
+            "--seq-len", "16", "--batch-size", "1", "--pool-windows", "2", "--no-eval-before", "--no-dense", "--no-history",
+            "--eval-samples", "1", "--eval-seq-len", "16", "--generations", "0", "--out", str(tmp_path / "out")]
+    with caplog.at_level(logging.INFO, logger="gap_engine"):
+        code, _, stderr = _cli(argv, capsys)
+    assert code == 0, stderr
+    assert sum("objective lm (next-token loss): the dense base model" in line for line in stderr.splitlines()) == 1, stderr
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_zo_without_a_rate_probes_and_trains_as_if_the_chosen_rate_were_given(dense_and_pruned, text_file, tmp_path):

@@ -72,7 +72,7 @@ def load_teacher(lm: LoadedModel, name: str | None) -> tuple[LoadedModel | None,
     if lm.placement is not None:
         spec = DeviceSpec(device=str(lm.placement.device), dtype=str(lm.placement.dtype).removeprefix("torch."))
     if name is None:
-        teacher = dense_reference(lm, spec)
+        teacher = dense_reference(lm, spec, warn=False)  # the objective's note says why not, in one line
         base = (lm.pruned_from or {}).get("model")
         return teacher, f"the dense base model '{base}' is not reachable here (or has other weights than the ones pruned)"
     try:

@@ -187,18 +187,19 @@ def objective_increase(pruned: LoadedModel, dense: LoadedModel, windows: torch.T
     return total / objective_positions(windows, objective, start)
 
 
-def dense_reference(lm: LoadedModel, device: DeviceSpec | None = None, loader=None) -> LoadedModel | None:
+def dense_reference(lm: LoadedModel, device: DeviceSpec | None = None, loader=None, warn: bool = True) -> LoadedModel | None:
     """The dense model a pruned checkpoint came from, when it can be loaded here (on ``device``,
-    or by ``loader(name)``: e.g. spread over several devices, ``dispatch.load_dispatched``)."""
+    or by ``loader(name)``: e.g. spread over several devices, ``dispatch.load_dispatched``).
+    ``warn=False``: why not is logged at info level only (a caller that says it in its own words)."""
     if not lm.pruned_from or not lm.pruned_from.get("model"):
         return None
     try:
         # The name comes from the checkpoint's files: loaded from local files only, never the network.
         dense = loader(lm.pruned_from["model"]) if loader is not None else load_model(lm.pruned_from["model"], device, hub=False)
     except ModelLoadError as exc:
-        log.warning("dense reference %s is not available: %s", lm.pruned_from["model"], exc)
+        log.log(logging.WARNING if warn else logging.INFO, "dense reference %s is not available: %s", lm.pruned_from["model"], exc)
         return None
     if lm.pruned_from.get("fingerprint") and dense.fingerprint != lm.pruned_from["fingerprint"]:
-        log.warning("dense reference %s has other weights than the ones pruned; not comparing", dense.name)
+        log.log(logging.WARNING if warn else logging.INFO, "dense reference %s has other weights than the ones pruned; not comparing", dense.name)
         return None
     return dense
