@@ -18,6 +18,7 @@ import torch
 from gap_engine.core.device import CPU_FP32, is_streamed, placement_of, resolve
 from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, NO_HOOKS, SCORE_UNITS, Hooks
 from gap_engine.data.bos import text_start
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import (
     TABLE_FORMAT_VERSION,
@@ -33,7 +34,7 @@ from gap_engine.tables.artefact import (
 from gap_engine.tables.cells import objective_positions
 from gap_engine.tables.estimate import estimate_cells
 from gap_engine.tables.exact import WindowCells, measure_exact, window_cells
-from gap_engine.tables.ledger import CellFiller, CellRequest, PartialStore
+from gap_engine.tables.ledger import BuildStats, CellFiller, CellRequest, PartialStore
 from gap_engine.tables.refine import refine_cells
 from gap_engine.tables.streaming import measure_exact_streamed
 
@@ -55,7 +56,15 @@ __all__ = [
 
 
 def assemble_table(
-    lm, spec: TableSpec, key: str, data_fingerprint: str, components, objective: np.ndarray, dense: float, seconds: float, stats: dict,
+    lm: LoadedModel,
+    spec: TableSpec,
+    key: str,
+    data_fingerprint: str,
+    components: list[tuple[int, str]],
+    objective: np.ndarray,
+    dense: float,
+    seconds: float,
+    stats: BuildStats,
     filled: Filled | None = None,
 ) -> LossTable:
     """A LossTable from (C, R) cell objectives: deltas over dense, smoothed rows, removed parameters.
@@ -95,7 +104,7 @@ def assemble_table(
 
 
 def measure_table(
-    lm,
+    lm: LoadedModel,
     spec: TableSpec,
     windows: torch.Tensor,
     hooks: Hooks = NO_HOOKS,
