@@ -22,7 +22,7 @@ from gap_engine.recover.files import RecoveryError, RunState, load_state, save_s
 from gap_engine.recover.train import PROBE_STEPS, CalibrationObjective, TaskData, probe_learning_rate
 
 if TYPE_CHECKING:
-    from gap_engine.pipeline.recovery import RecoverySettings
+    from gap_engine.recover.settings import RecoverySettings
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,8 @@ def probe(run, data: TaskData, settings: RecoverySettings, state: RunState, work
         assert saved is not None, "the probe restores the snapshot saved just before it"
         run.restore(saved[1], None)
 
-    state.lr, state.lr_probe = probe_learning_rate(run, data, settings.learning_rate(), restore, reporter.stage, cancel)
+    probe_hooks = Hooks(message=reporter.stage, cancel=cancel)  # each candidate as a phase of the run
+    state.lr, state.lr_probe = probe_learning_rate(run, data, settings.learning_rate(), restore, probe_hooks)
     state.train_seconds += time.perf_counter() - started
     state.train_cpu_seconds += time.process_time() - cpu_started
     best = next((row["lr"] for row in state.lr_probe if row.get("best")), state.lr)
