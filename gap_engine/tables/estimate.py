@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gap_engine.core.device import host64, input_device, is_streamed, placement_of
-from gap_engine.core.progress import EtaClock, Hooks
+from gap_engine.core.progress import GRADIENT_PASS, EtaClock, Hooks
 from gap_engine.data.bos import next_token_nll, text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.adapters import ArchitectureAdapter, LayerGeometry
@@ -38,7 +38,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.cells import objective_positions, unit_cuts
-from gap_engine.tables.ledger import BuildStats
+from gap_engine.tables.ledger import BuildStats, CellFiller, CellRequest, FilledCells
 
 GateHook = Callable[[nn.Module, tuple[Any, ...]], "tuple[Any, ...] | None"]  # a forward pre-hook on a projection
 
@@ -257,3 +257,11 @@ def estimate_cells(
             second = 0.5 * (float(fisher_h[cut.layer][heads].sum()) + float(fisher_c[cut.layer][channels].sum()))
             objective[c, r] = dense + first + (second if spec.estimator == "fisher" else 0.0)
     return objective, dense, {"batches": len(batches(windows, spec.windows.batch_size))}
+
+
+def fill_estimated(request: CellRequest, cells: CellFiller | None = None) -> FilledCells:
+    """The ``fisher`` and ``taylor`` estimators' table filler (``ledger.TableFiller``): the
+    gradient pass, every cell estimated (``cells`` is not used: nothing is measured)."""
+    request.hooks.enter(GRADIENT_PASS)
+    objective, dense, stats = estimate_cells(request.lm, request.spec, request.windows, request.scores, request.components, request.hooks)
+    return FilledCells(objective, dense, stats, np.zeros(objective.shape, dtype=bool), None)

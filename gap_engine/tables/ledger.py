@@ -79,6 +79,24 @@ class CellFiller(Protocol):
     def __call__(self, request: CellRequest) -> CellValues: ...
 
 
+class FilledCells(NamedTuple):
+    """What an estimator's table filler returns: every cell's objective and how it was filled."""
+
+    objective: np.ndarray  # (C, R) float64 objective per cell
+    dense: float  # the dense model's objective (0 for kl)
+    stats: BuildStats  # build statistics
+    measured: np.ndarray  # (C, R) bool: measured (True) or estimated (False)
+    estimate: np.ndarray | None  # (C, R) the gradient estimate of delta a refined table started from
+
+
+class TableFiller(Protocol):
+    """How one estimator fills a table (the function ``tables.estimators.ESTIMATORS`` registers
+    for it): enters its stages on ``request.hooks`` and returns every cell. ``cells`` measures
+    exact cells elsewhere (Ray); estimators that measure no cells of their own ignore it."""
+
+    def __call__(self, request: CellRequest, cells: CellFiller | None = None) -> FilledCells: ...
+
+
 def block_costs(lm: LoadedModel) -> tuple[int, float]:
     """(blocks, the LM head's cost in blocks): a cell at layer i costs blocks - i + head."""
     layers = lm.adapter.layers(lm.model)

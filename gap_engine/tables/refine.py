@@ -38,11 +38,12 @@ from gap_engine.core.config import DEFAULT_MAX_RATE, DEFAULT_N_BUCKETS
 from gap_engine.core.device import is_streamed
 from gap_engine.core.errors import BudgetError
 from gap_engine.core.knapsack import constraint_mask, solve_budget
+from gap_engine.core.progress import GRADIENT_PASS
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
 from gap_engine.tables.cells import objective_positions, unit_cuts
 from gap_engine.tables.estimate import estimate_cells
 from gap_engine.tables.exact import dense_pass, distinct_cuts, measure_ledger
-from gap_engine.tables.ledger import BuildStats, Cell, CellLedger, CellRequest, Owner
+from gap_engine.tables.ledger import BuildStats, Cell, CellFiller, CellLedger, CellRequest, FilledCells, Owner
 from gap_engine.tables.streaming import group_size, measure_ledger_streamed, streamed_dense_state
 
 log = logging.getLogger(__name__)
@@ -208,3 +209,11 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
     }
     log.info("refined table: %d of %d distinct cells measured in %d rounds", len(measured), len(jobs), rounds)
     return objective, dense, stats, is_measured, estimate
+
+
+def fill_refined(request: CellRequest, cells: CellFiller | None = None) -> FilledCells:
+    """The ``refine`` estimator's table filler (``ledger.TableFiller``): its estimate's batches,
+    then the cells it measures, in this process (``cells`` is not used), as one stage whose
+    total grows as rounds add cells."""
+    request.hooks.enter(GRADIENT_PASS)
+    return FilledCells(*refine_cells(request))
