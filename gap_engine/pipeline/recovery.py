@@ -120,7 +120,7 @@ def recover(
     settings = settings.validate()
     out_dir = Path(out_dir).expanduser()
     check_output_dir(out_dir, lm.source)
-    reporter, cancel, enter = Reporter(hooks, settings.steps), hooks.cancel, hooks.enter
+    reporter, enter = Reporter(hooks, settings.steps), hooks.enter
     enter(STAGES[0])
     device = _place(lm, settings)
     dense_input, start_fingerprint = lm.pruned_from is None, lm.fingerprint
@@ -136,19 +136,19 @@ def recover(
     trajectory = settings.trajectory() | {"teacher_fingerprint": teacher.fingerprint if teacher else None}
     dense = teacher if teacher is not None and settings.teacher is None else None  # the dense reference, when it is one
     work = partial_dir(out_dir)
-    state, saved = _start_state(lm, settings, trajectory, data, work, resume, reporter, cancel, dense, lm_eval_tasks)
+    state, saved = _start_state(lm, settings, trajectory, data, work, resume, reporter, dense, lm_eval_tasks)
     resumed_from = state.step
     _measure_inference(lm, data, settings, state, device)
 
     run = RECOVERY_METHODS.function(settings.method)(lm, settings, objective)
-    settings = _ready(run, data, settings, state, saved, work, reporter, cancel)
+    settings = _ready(run, data, settings, state, saved, work, reporter)
     enter(STAGES[1])
-    stopped = train(run, data, settings, state, work, reporter, cancel, device)
+    stopped = train(run, data, settings, state, work, reporter, device)
     enter(STAGES[2])
     adapter_dir, save_dtype = _finish_weights(lm, run, settings, work, reporter)
     reporter.stage("calibration loss after training")
     calib_after = _calib_losses(lm, data, settings)
-    after = evaluate_heldout(lm, settings, "after", reporter.stage, cancel, start_fingerprint, dense, lm_eval_tasks)
+    after = evaluate_heldout(lm, settings, "after", reporter.phases(), start_fingerprint, dense, lm_eval_tasks)
     result = _result(settings, state, run, out_dir, adapter_dir, dense_input, resumed_from, stopped, calib_after, after)
     result.objective_note, result.teacher, result.save_dtype = note, teacher.name if teacher else None, save_dtype
     reporter.stage(f"writing {out_dir}")
@@ -172,7 +172,7 @@ def _place(lm: LoadedModel, settings: RecoverySettings) -> torch.device:
 
 
 def _start_state(lm: LoadedModel, settings: RecoverySettings, trajectory: dict, data: TaskData, work: Path, resume: bool,
-                 reporter: Reporter, cancel, dense: LoadedModel | None, lm_eval_tasks: PreparedTasks | None = None):
+                 reporter: Reporter, dense: LoadedModel | None, lm_eval_tasks: PreparedTasks | None = None):
     """(run state, saved snapshot or None): the saved run in ``work`` when resuming, else a fresh
     state with the losses and evaluation before training (an earlier partial run is discarded)."""
     saved = load_state(work) if resume else None
@@ -187,18 +187,18 @@ def _start_state(lm: LoadedModel, settings: RecoverySettings, trajectory: dict, 
     reporter.stage("calibration loss before training")
     state.calib_before = _calib_losses(lm, data, settings)
     if settings.evaluate_before:
-        state.before = evaluate_heldout(lm, settings, "before", reporter.stage, cancel, lm.fingerprint, dense, lm_eval_tasks)
+        state.before = evaluate_heldout(lm, settings, "before", reporter.phases(), lm.fingerprint, dense, lm_eval_tasks)
     return state, None
 
 
-def _ready(run, data: TaskData, settings: RecoverySettings, state: RunState, saved, work: Path, reporter: Reporter, cancel):
+def _ready(run, data: TaskData, settings: RecoverySettings, state: RunState, saved, work: Path, reporter: Reporter):
     """Prepare a fresh run (MaZO's mask, the first snapshot, the ZO rate probe) or restore a saved
     one; returns the settings with the learning rate the run trains at."""
     if saved is None:
-        run.prepare(data, Hooks(message=reporter.stage, cancel=cancel))
+        run.prepare(data, reporter.phases())
         save_state(work, state, run.tensors(), run.optimizer_state)
         if settings.probes_lr:
-            probe(run, data, settings, state, work, reporter, cancel)
+            probe(run, data, settings, state, work, reporter)
     else:
         run.restore(saved[1], saved[2])
     return replace(settings, lr=state.lr) if state.lr is not None else settings

@@ -168,15 +168,16 @@ def _chosen_plan(dense, table, budget, allocator, constraints, plan) -> RatePlan
 _STOPPED = "prune and evaluate cancelled"
 
 
-def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at: StageFn, tasks=None) -> tuple[float, dict]:
+def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, hooks: Hooks, at: StageFn, tasks=None) -> tuple[float, dict]:
     """The measured objective increase on the calibration windows, then the held-out report (with
-    task accuracy when ``tasks`` are given); evaluate's own progress lines become stages through ``at``."""
+    task accuracy when ``tasks`` are given); evaluate's own progress lines become stages through ``at``
+    (``hooks``: only its cancel is read, polled at every block of both models)."""
 
     def evaluation_step(message: str) -> None:
         at(THROUGHPUT if message.startswith("throughput") else GENERATE if message.startswith("generating") else HELD_OUT)
 
-    with cancel_checks(dense, cancel, _STOPPED), cancel_checks(pruned, cancel, _STOPPED):
-        windows = run_unless_cancelled(lambda: calibration_windows(dense.tokenizer, calib), cancel, f"{_STOPPED} while reading the text")
+    with cancel_checks(dense, hooks, _STOPPED), cancel_checks(pruned, hooks, _STOPPED):
+        windows = run_unless_cancelled(lambda: calibration_windows(dense.tokenizer, calib), hooks, f"{_STOPPED} while reading the text")
         actual = objective_increase(pruned, dense, windows, objective, calib.batch_size)
         report = evaluate(pruned, dense, eval_settings, Hooks(message=evaluation_step)).to_dict()
         if tasks is not None:
@@ -215,7 +216,7 @@ def prune_and_evaluate(
     Returns:
         PruneEvalResult (``to_dict()`` is JSON-ready).
     """
-    started, timer, cancel = time.perf_counter(), StageTimer(hooks.stage), hooks.cancel
+    started, timer = time.perf_counter(), StageTimer(hooks.stage)
 
     def at(name: str) -> None:
         hooks.check_cancelled(f"prune and evaluate cancelled before the {name} stage")
@@ -225,12 +226,12 @@ def prune_and_evaluate(
     plan = _chosen_plan(dense, table, budget, allocator, constraints, plan)
     calib = table.spec.windows if table is not None else WindowSpec()
     at(PRUNE)
-    pruned = run_unless_cancelled(dense.copy, cancel, f"{_STOPPED} while copying the model")
-    with cancel_checks(pruned, cancel, f"{_STOPPED} while pruning"):
-        result = prune_with_plan(pruned, plan, calib, Hooks(cancel=cancel))
+    pruned = run_unless_cancelled(dense.copy, hooks, f"{_STOPPED} while copying the model")
+    with cancel_checks(pruned, hooks, f"{_STOPPED} while pruning"):
+        result = prune_with_plan(pruned, plan, calib, Hooks(cancel=hooks.cancel))
     at(MEASURE)
     objective = table.spec.objective if table is not None else "nll"
-    actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at, tasks)
+    actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, hooks, at, tasks)
     checkpoint = None
     if checkpoint_dir is not None:
         at(SAVE)
