@@ -524,7 +524,7 @@ def table_task(
 
 
 def baselines_task(model_name: str, table, budgets, allocators, constraints) -> WorkFn:
-    """Baseline plans at a few budgets (`pipeline.baseline_rows`); the result is its rows."""
+    """Baseline plans at a few budgets (`pipeline.baseline_rows`); the result is its list of BaselinePlan."""
 
     def work(ctx: JobContext):
         ctx.step("loading the model", 0, 0)
