@@ -20,12 +20,16 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
 from gap_engine.plan.front_view import budget_steps, grid_indices, step_at_budget, uniform_line
 from gap_engine.plan.problem import Constraints
 from gap_engine.views import figures
+
+if TYPE_CHECKING:
+    from gap_engine.pipeline.runs import BaselinePlan
 
 HERE = Path(__file__).resolve().parent
 CHART_KEY = "planner_budget_chart"
@@ -66,12 +70,12 @@ def _uniform_rows(table_key: str, constraints_text: str, top: float, extra: tupl
     return uniform_line(_lm, _table, Constraints.from_dict(json.loads(constraints_text)), top, extra=extra)
 
 
-def uniform_rows(table, lm, raw_constraints: dict, top: float, baselines: list[dict] | None) -> list[dict]:
+def uniform_rows(table, lm, raw_constraints: dict, top: float, baselines: list[BaselinePlan] | None) -> list[dict]:
     """`front_view.uniform_line` for the table and constraints (cached per process).
 
     The budgets of uniform baseline markers are planned too, so the markers lie on the line.
     """
-    extra = tuple(sorted({float(b["budget"]) for b in baselines or [] if b["allocator"] == "uniform" and "error" not in b}))
+    extra = tuple(sorted({float(b.budget) for b in baselines or [] if b.allocator == "uniform" and b.planned}))
     return _uniform_rows(table.key, json.dumps(raw_constraints, sort_keys=True), round(float(top), 6), extra, table, lm)
 
 
@@ -89,7 +93,7 @@ def chart_data(
     dense_total: int,
     locked: dict | None = None,
     uniform: list[dict] | None = None,
-    baselines: list[dict] | None = None,
+    baselines: list[BaselinePlan] | None = None,
     measured: list[dict] | None = None,
 ) -> dict:
     """What the browser gets: the steps (rates as grid indices), the two base figures, the start.
@@ -102,13 +106,14 @@ def chart_data(
         dense_total: all parameters of the dense model (readouts).
         locked: layer -> locked rate.
         uniform: rows of front_view.uniform_line.
-        baselines: rows of jobs.baselines_task.
+        baselines: the plans of jobs.baselines_task.
         measured: pruned and measured runs of this table (figures.measured_traces).
     Returns:
         A JSON-ready dict; ``active`` is the starting step and ``rows`` maps steps to front rows.
     """
     extras = json.dumps(
-        {"locked": locked or {}, "uniform": uniform, "baselines": baselines, "dense": int(dense_total), "measured": measured}, sort_keys=True, default=str
+        {"locked": locked or {}, "uniform": uniform, "baselines": baselines and [b.to_dict() for b in baselines], "dense": int(dense_total),
+         "measured": measured}, sort_keys=True, default=str
     )
     base = _chart_base(front_id, extras, table, front, int(dense_total), locked, uniform, baselines, measured)
     active = step_at_budget(front, base["rows"], budget)
@@ -158,7 +163,7 @@ def _legend(locked, uniform, baselines) -> list[dict]:
     ]  # fmt: skip
     if locked:
         items.append({"label": "locked layer", "color": "#666", "shape": "x"})
-    for allocator in sorted({b["allocator"] for b in baselines or [] if "error" not in b}):
+    for allocator in sorted({b.allocator for b in baselines or [] if b.planned}):
         items.append({"label": f"{allocator} plan", "color": figures.BASELINE_COLORS.get(allocator, "#888"), "shape": "dot"})
     return items
 

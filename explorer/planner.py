@@ -188,15 +188,15 @@ common.job_controls(
 if baselines:
     records = []
     for r in baselines:
-        dp_row = front_row_at(rows, r["budget"])
+        dp_row = front_row_at(rows, r.budget)
         records.append(
             {
-                "allocator": r["allocator"],
-                "budget": f"{r['budget']:.2%}",  # budgets are percentages everywhere, with two decimals
-                "removed (of prunable)": None if r.get("removed_fraction") is None else f"{r['removed_fraction']:.2%}",
-                "predicted loss": r.get("predicted_loss"),
+                "allocator": r.allocator,
+                "budget": f"{r.budget:.2%}",  # budgets are percentages everywhere, with two decimals
+                "removed (of prunable)": None if r.removed_fraction is None else f"{r.removed_fraction:.2%}",
+                "predicted loss": r.predicted_loss,
                 "GAP DP at that budget": None if dp_row is None else dp_row["predicted_loss"],
-                "note": r.get("error", ""),
+                "note": r.error or "",
             }
         )
     st.dataframe(pd.DataFrame(records), hide_index=True, width="stretch", key="planner_baselines_table")

@@ -14,6 +14,7 @@ import pytest
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import BudgetError, PlanError
+from gap_engine.pipeline.runs import BaselinePlan
 from gap_engine.pipeline.stages import loss_table as build_table
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.plan.front import dp_front, front_rows
@@ -138,8 +139,9 @@ def test_heatmap_colours_are_explicit_and_no_theme_placeholder(table):
 
 def test_planner_figure_steps_are_rows_with_one_legend_entry_each(smol, table, front):
     baselines = [
-        {"allocator": "uniform", "budget": 0.3, "removed_fraction": 0.3, "predicted_loss": 50.0},  # far above the front
-        {"allocator": "flap", "budget": 0.2, "removed_fraction": 0.2, "predicted_loss": front[0]["predicted_loss"]},
+        BaselinePlan("uniform", 0.3, removed_fraction=0.3, predicted_loss=50.0),  # far above the front
+        BaselinePlan("flap", 0.2, removed_fraction=0.2, predicted_loss=front[0]["predicted_loss"]),
+        BaselinePlan("owl", 0.9, error="beyond reach"),  # drawn nowhere
     ]
     uniform = uniform_line(smol, table, Constraints(), front[-1]["budget"], step=0.1)
     fig = figures.planner_figure(table, front, smol.param_count(), active_budget=0.2, baselines=baselines, uniform=uniform)
@@ -161,6 +163,16 @@ def test_planner_figure_steps_are_rows_with_one_legend_entry_each(smol, table, f
     assert top == pytest.approx(max(r["predicted_loss"] for r in front) * 1.08)  # the DP front fills the panel
     clipped = [t for t in fig.data if t.name == "uniform plan (above the axis)"]
     assert len(clipped) == 1 and list(clipped[0].y) == [top] and clipped[0].customdata[0][0] == 50.0
+    assert not [t.name for t in fig.data if t.name and t.name.startswith("owl")]  # a budget out of reach is drawn nowhere
+
+
+def test_baseline_plans_keep_the_columns_of_their_rows():
+    planned = BaselinePlan("uniform", 0.2, removed_fraction=0.2001, predicted_loss=1.5, attention_rates=[0.1], mlp_rates=[0.3])
+    assert planned.planned and planned.to_dict() == {
+        "allocator": "uniform", "budget": 0.2, "removed_fraction": 0.2001, "predicted_loss": 1.5, "attention_rates": [0.1], "mlp_rates": [0.3],
+    }
+    out_of_reach = BaselinePlan("owl", 0.9, error="budget 90% is beyond reach")
+    assert not out_of_reach.planned and out_of_reach.to_dict() == {"allocator": "owl", "budget": 0.9, "error": "budget 90% is beyond reach"}
 
 
 def test_an_exported_planner_opens_at_the_released_budget_itself(smol, table, front):

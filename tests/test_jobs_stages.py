@@ -16,7 +16,7 @@ from gap_engine.core import buildtime
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import CancelledError
 from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
-from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, LOAD_MODEL, READ_TEXT, SCORE_UNITS, StageTimer
+from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, LOAD_MODEL, NO_HOOKS, READ_TEXT, SCORE_UNITS, Hooks, StageTimer
 from gap_engine.pipeline.stages import table_stages
 from gap_engine.tables import cache
 from gap_engine.tables.artefact import TableSpec
@@ -112,12 +112,12 @@ def test_cancel_stops_a_forward_pass_at_the_next_block(make_tiny):
     calls, handles = _count_blocks(lm)
     trigger = lm.adapter.layers(lm.model)[0].register_forward_hook(lambda *a: cancel.set())  # cancel during block 0
     ids = torch.randint(10, 1000, (1, 8))
-    with pytest.raises(CancelledError, match="stopped here"), cancel_checks(lm, cancel, "stopped here"):
+    with pytest.raises(CancelledError, match="stopped here"), cancel_checks(lm, Hooks(cancel=cancel), "stopped here"):
         lm.model(ids)
     assert calls == [0]  # block 1 never ran
     trigger.remove()
     cancel.clear()
-    with cancel_checks(lm, cancel, "not now"):
+    with cancel_checks(lm, Hooks(cancel=cancel), "not now"):
         lm.model(ids)  # no cancel: the hooks change nothing
     assert calls == [0, 0, 1]
     for handle in handles:
@@ -130,7 +130,7 @@ def test_cancel_stops_a_backward_pass_and_only_in_its_own_thread(make_tiny):
     ids = torch.randint(10, 1000, (1, 8))
     for parameter in lm.model.parameters():
         parameter.requires_grad_(True)  # as a gradient pass has them
-    with cancel_checks(lm, cancel, "stopped in backward"):
+    with cancel_checks(lm, Hooks(cancel=cancel), "stopped in backward"):
         loss = lm.model(ids, labels=ids).loss
         cancel.set()  # after the forward pass, before the backward pass
         with pytest.raises(CancelledError, match="stopped in backward"):
@@ -155,12 +155,12 @@ def test_waiting_on_work_without_a_cancel_point_stops_at_once():
     timer = threading.Timer(0.1, cancel.set)
     timer.start()
     with pytest.raises(CancelledError, match="gave up"):
-        run_unless_cancelled(work, cancel, "gave up")
+        run_unless_cancelled(work, Hooks(cancel=cancel), "gave up")
     assert not finished.is_set()  # the caller stopped waiting while the work still ran
     release.set()
-    assert run_unless_cancelled(lambda: 2, None, "unused") == 2
+    assert run_unless_cancelled(lambda: 2, NO_HOOKS, "unused") == 2
     with pytest.raises(ValueError):
-        run_unless_cancelled(lambda: int("x"), threading.Event(), "unused")
+        run_unless_cancelled(lambda: int("x"), Hooks(cancel=threading.Event()), "unused")
 
 
 # ---- a table job on a tiny model: stages, their times, an ETA, cancel within one batch ----------

@@ -194,6 +194,36 @@ def test_a_cell_filler_gets_one_request_and_its_values_make_the_table(make_tiny)
     np.testing.assert_array_equal(got.cell_objective, expected.cell_objective)
 
 
+
+def test_measure_table_runs_the_filler_the_estimator_registers(make_tiny, monkeypatch):
+    """An estimator is one registry entry: measure_table calls the filler it names, with the
+    request and the cell filler, and builds the table from what the filler returns."""
+    from gap_engine.core.registry import Choice, Registry
+    from gap_engine.tables import build, estimate
+    from gap_engine.tables.ledger import FilledCells
+
+    lm, spec, windows = make_tiny("llama"), tiny_spec(criterion="magnitude", estimator="fisher"), random_windows(3, 24)
+    calls: list[tuple[CellRequest, object]] = []
+
+    def filler(request: CellRequest, cells=None) -> FilledCells:
+        calls.append((request, cells))
+        shape = (len(request.components), len(request.spec.rate_grid))
+        objective = 2.0 + np.tile(np.arange(shape[1], dtype=np.float64), (shape[0], 1))  # delta = the rate index
+        measured = np.zeros(shape, dtype=bool)
+        measured[:, -1] = True
+        return FilledCells(objective, 2.0, {"filler": "registered"}, measured, None)
+
+    monkeypatch.setattr(estimate, "registered_filler", filler, raising=False)
+    registry = Registry("table estimator", [Choice("fisher", "a test filler", "gap_engine.tables.estimate:registered_filler")])
+    monkeypatch.setattr(build, "ESTIMATORS", registry)
+    sentinel = object()
+    table = measure_table(lm, spec, windows, cells=sentinel)
+    assert len(calls) == 1 and calls[0][1] is sentinel and calls[0][0].windows is windows
+    assert table.extras["filler"] == "registered" and table.dense_objective == 2.0
+    np.testing.assert_array_equal(table.delta[0], np.arange(len(spec.rate_grid), dtype=np.float64))
+    assert table.measured[:, -1].all() and not table.measured[table.removed[:, 1] > 0, 1].any()
+
+
 def test_cells_with_the_same_cut_are_measured_once(make_tiny):
     lm = make_tiny("llama", initializer_range=0.2)
     # 4 heads in 2 KV groups: rates 0.05 and 0.1 round to the dense attention, 0.5 and 0.55 to one shape.

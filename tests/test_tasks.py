@@ -306,6 +306,7 @@ def test_recovery_cancel_is_heard_inside_task_scoring(make_tiny, tmp_path, monke
     import threading
 
     from gap_engine.core.errors import CancelledError
+    from gap_engine.core.progress import Hooks
     from gap_engine.pipeline.recovery import RecoverySettings
     from gap_engine.pipeline.recovery_dense import evaluate_heldout
 
@@ -322,5 +323,5 @@ def test_recovery_cancel_is_heard_inside_task_scoring(make_tiny, tmp_path, monke
             cancel.set()  # the user presses Cancel as scoring starts
 
     with pytest.raises(CancelledError, match="while scoring tasks"):
-        evaluate_heldout(lm, settings, "after", stage, cancel, lm.fingerprint, None, prepared)
+        evaluate_heldout(lm, settings, "after", Hooks(message=stage, cancel=cancel), lm.fingerprint, None, prepared)
     assert any("task accuracy" in message for message in stages)

@@ -13,14 +13,13 @@ from gap_engine.core.device import DeviceError
 from gap_engine.core.errors import PlanError
 from gap_engine.core.progress import Hooks
 from gap_engine.data.bos import bos_token_id
-from gap_engine.evaluate.metrics import EvalSettings, evaluate
+from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.model.adapters import supported_model_types
-from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.dispatch import load_dispatched, parse_max_memory
 from gap_engine.model.loading import list_models, load_model
 from gap_engine.model.rateplan import RatePlan, uniform_plan
-from gap_engine.pipeline.iterative import iterative_prune
-from gap_engine.pipeline.stages import dense_reference, prune_with_plan
+from gap_engine.pipeline.checkpoints import evaluate_model, prune_rounds_to_checkpoint, prune_to_checkpoint
+from gap_engine.pipeline.stages import dense_reference
 
 
 def run_models(args: argparse.Namespace) -> int:
@@ -51,15 +50,8 @@ def run_prune(args: argparse.Namespace) -> int:
     lm = load_model(args.model, device_from(args))
     if plan is None:
         plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple)
-    result = prune_with_plan(lm, plan, windows_from(args), StderrProgress("importance").hooks())
-    save_pruned(lm, plan, result.kept_indices(), args.out, dtype=args.save_dtype)
-    summary = {
-        "out": str(args.out),
-        "params_before": result.params_before,
-        "params_after": result.params_after,
-        "removed_fraction_of_prunable": plan.params["removed_fraction_of_prunable"],
-        "removed_fraction_of_total": plan.params["removed_fraction_of_total"],
-    }
+    pruned = prune_to_checkpoint(lm, plan, windows_from(args), args.out, args.save_dtype, StderrProgress("importance").hooks())
+    summary = pruned.to_dict()
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
 
@@ -73,9 +65,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     read_sources(args.data)  # a bad text source fails before the model loads
     lm = load_model(args.model, device_from(args))
     progress = StderrProgress("round table")
-    result = iterative_prune(lm, spec, args.budget, args.rounds, hooks=progress.hooks())
-    assert result.plan is not None, "iterative_prune records the plan it reached"
-    save_pruned(result.model, result.plan, result.kept, args.out, dtype=args.save_dtype)
+    result = prune_rounds_to_checkpoint(lm, spec, args.budget, args.rounds, args.out, args.save_dtype, progress.hooks())
     summary = {
         "out": str(args.out),
         "params_before": lm.param_count(),
@@ -131,14 +121,7 @@ def run_eval(args: argparse.Namespace) -> int:
         lm = load_model(args.model, device_from(args))
         dense = None if args.no_dense else dense_reference(lm, device_from(args))
     settings = EvalSettings(windows=windows_from(args), throughput=not args.no_throughput, generations=args.generations)
-    report = evaluate(lm, dense, settings, Hooks(message=lambda msg: print(f"eval: {msg}", file=sys.stderr)))
-    if prepared is not None:
-        from gap_engine.evaluate.tasks import model_and_dense_scores
-
-        print(f"eval: task accuracy on {', '.join(prepared.tasks)} (lm-eval)", file=sys.stderr)
-        scores, dense_scores = model_and_dense_scores(lm, None if args.no_dense else dense, prepared)
-        report.task_accuracy = {name: score.to_dict() for name, score in scores.items()}
-        report.dense_task_accuracy = {name: score.to_dict() for name, score in dense_scores.items()}
+    report = evaluate_model(lm, dense, settings, prepared, Hooks(message=lambda msg: print(f"eval: {msg}", file=sys.stderr)))
     if args.json:
         print(json.dumps(report.to_dict()))
         return 0

@@ -1,6 +1,7 @@
 """Cancel inside a forward or backward pass, and give up waiting on work that cannot stop.
 
-``progress.check_cancelled`` runs between steps (cells, batches, stages). A step of a
+Both take the work's ``progress.Hooks`` (only its cancel is read), as every long stage does.
+``Hooks.check_cancelled`` runs between steps (cells, batches, stages). A step of a
 135M-parameter model on a small, shared CPU can take tens of seconds (a calibration batch's
 forward and two backward passes), so a cancel polled only between steps is honoured late.
 `cancel_checks` polls at every decoder block instead: a forward pre-hook on each block,
@@ -28,23 +29,24 @@ from typing import Any, TypeVar
 import torch
 
 from gap_engine.core.errors import CancelledError
-from gap_engine.core.progress import CancelToken, check_cancelled
+from gap_engine.core.progress import Hooks
 
 T = TypeVar("T")
 POLL_SECONDS = 0.05  # how often a waiting caller looks at its cancel token
 
 
 @contextlib.contextmanager
-def cancel_checks(lm: Any, cancel: CancelToken | None, message: str) -> Iterator[None]:
-    """Poll ``cancel`` at every decoder block of ``lm`` while the ``with`` body runs.
+def cancel_checks(lm: Any, hooks: Hooks, message: str) -> Iterator[None]:
+    """Poll ``hooks``' cancel at every decoder block of ``lm`` while the ``with`` body runs.
 
     Args:
         lm: a LoadedModel (its adapter finds the blocks; typed Any: core sits below the model layer).
-        cancel: an object with ``is_set()``; None installs nothing.
+        hooks: the work's hooks; without a cancel token nothing is installed.
         message: the CancelledError's text when it is set.
     Raises:
-        CancelledError: from inside a forward or backward pass, once ``cancel`` is set.
+        CancelledError: from inside a forward or backward pass, once the cancel is set.
     """
+    cancel = hooks.cancel
     if cancel is None:
         yield
         return
@@ -81,21 +83,22 @@ def cancel_checks(lm: Any, cancel: CancelToken | None, message: str) -> Iterator
             handle.remove()
 
 
-def run_unless_cancelled(work: Callable[[], T], cancel: CancelToken | None, message: str, name: str = "gap-uninterruptible") -> T:
+def run_unless_cancelled(work: Callable[[], T], hooks: Hooks, message: str, name: str = "gap-uninterruptible") -> T:
     """``work()`` in a helper thread; return its result, or raise CancelledError as soon as
-    ``cancel`` is set (the work then finishes on its own, unobserved).
+    ``hooks``' cancel is set (the work then finishes on its own, unobserved).
 
     Args:
         work: a call with no cancel point of its own (a model load, a corpus read).
-        cancel: polled every POLL_SECONDS; None simply calls ``work()`` here.
+        hooks: the work's hooks; its cancel is polled every POLL_SECONDS (without one,
+            ``work()`` is simply called here).
         message: the CancelledError's text.
         name: the helper thread's name (shows in a debugger or a stack dump).
     Raises:
         CancelledError: cancelled while waiting. Whatever ``work`` raises, re-raised here.
     """
-    if cancel is None:
+    if hooks.cancel is None:
         return work()
-    check_cancelled(cancel, message)
+    hooks.check_cancelled(message)
     finished = threading.Event()
     results: list[T] = []
     errors: list[BaseException] = []
@@ -110,7 +113,7 @@ def run_unless_cancelled(work: Callable[[], T], cancel: CancelToken | None, mess
 
     threading.Thread(target=run, name=name, daemon=True).start()
     while not finished.wait(POLL_SECONDS):
-        check_cancelled(cancel, message)
+        hooks.check_cancelled(message)
     if errors:
         raise errors[0]
     return results[0]

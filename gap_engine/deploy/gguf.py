@@ -34,6 +34,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -41,6 +42,12 @@ import torch
 from gap_engine.core.config import GGUF_OUTTYPES
 from gap_engine.core.errors import ExportError, OutputError
 from gap_engine.core.fsutil import atomic_file
+from gap_engine.data.bos import Tokenizer
+from gap_engine.model.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    import gguf
+    from transformers import PretrainedConfig
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +78,7 @@ class GgufSummary:
     tokenizer_pre: str  # llama.cpp pre-tokenizer name written
     kept_f16: list[str] = field(default_factory=list)  # matrices q8_0 could not take (row length)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
@@ -87,7 +94,7 @@ def check_tokenizer_pre(name: str | None) -> None:
         )
 
 
-def check_supported(model_type: str | None) -> None:
+def check_supported(model_type: object) -> None:
     """ExportError (one line, naming what is supported) unless the family fits GGUF ``deci``."""
     if model_type in GGUF_MODEL_TYPES:
         return
@@ -101,7 +108,7 @@ def check_supported(model_type: str | None) -> None:
     )
 
 
-def detect_tokenizer_pre(tokenizer_json: dict) -> str:
+def detect_tokenizer_pre(tokenizer_json: dict[str, Any]) -> str:
     """The llama.cpp pre-tokenizer name for a byte-level BPE tokenizer.json.
 
     Raises:
@@ -109,7 +116,7 @@ def detect_tokenizer_pre(tokenizer_json: dict) -> str:
     """
     pre = tokenizer_json.get("pre_tokenizer") or {}
 
-    def is_(node: dict, pattern: dict) -> bool:
+    def is_(node: dict[str, Any], pattern: dict[str, Any]) -> bool:
         return all(node.get(k) == v for k, v in pattern.items())
 
     if is_(pre, _BYTE_LEVEL):
@@ -123,7 +130,7 @@ def detect_tokenizer_pre(tokenizer_json: dict) -> str:
     )
 
 
-def _tokenizer_metadata(writer, tokenizer, vocab_size: int, tokenizer_pre: str | None) -> str:
+def _tokenizer_metadata(writer: gguf.GGUFWriter, tokenizer: Tokenizer, vocab_size: int, tokenizer_pre: str | None) -> str:
     """Write the tokenizer keys; returns the pre-tokenizer name used."""
     import gguf
 
@@ -157,7 +164,7 @@ def _tokenizer_metadata(writer, tokenizer, vocab_size: int, tokenizer_pre: str |
                 types[index] = gguf.TokenType.UNUSED
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(pre)
-        writer.add_token_list(tokens)
+        writer.add_token_list(cast(list[str], tokens))  # every None was filled in just above
         writer.add_token_types(types)
         special = gguf.SpecialVocab(tmp, load_merges=True, n_vocab=vocab_size)
         # Whether BOS/EOS are added is behaviour that not every tokenizer file states: ask the tokenizer.
@@ -170,7 +177,7 @@ def _tokenizer_metadata(writer, tokenizer, vocab_size: int, tokenizer_pre: str |
     return pre
 
 
-def _rope_metadata(writer, config) -> np.ndarray | None:
+def _rope_metadata(writer: gguf.GGUFWriter, config: PretrainedConfig) -> np.ndarray | None:
     """Rotary settings; returns llama3-style frequency factors to store, if any."""
     rope = dict(getattr(config, "rope_parameters", None) or {})
     writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
@@ -188,7 +195,7 @@ def _rope_metadata(writer, config) -> np.ndarray | None:
     raise ExportError(f"rope type '{kind}' is not supported by the GGUF export; supported: default, linear, llama3")
 
 
-def _llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
+def _llama3_rope_factors(rope: dict[str, Any], head_dim: int) -> np.ndarray:
     """Per-frequency divisors of Llama 3.1's rope scaling (stored as llama.cpp's rope_freqs).
 
     Wavelengths shorter than original_context / high_freq_factor keep their frequency,
@@ -218,7 +225,7 @@ def _rope_pairs_interleaved(weight: torch.Tensor, head_dim: int) -> torch.Tensor
     return per_head.transpose(1, 2).reshape(weight.shape)
 
 
-def _tensor_data(name: str, tensor: torch.Tensor, outtype: str, kept_f16: list[str]):
+def _tensor_data(name: str, tensor: torch.Tensor, outtype: str, kept_f16: list[str]) -> tuple[np.ndarray, gguf.GGMLQuantizationType | None]:
     """(array, raw_dtype) for one tensor at the requested outtype."""
     import gguf
 
@@ -232,7 +239,7 @@ def _tensor_data(name: str, tensor: torch.Tensor, outtype: str, kept_f16: list[s
     return array.astype(np.float16), None
 
 
-def write_gguf(lm, out_path: str | Path, outtype: str = "f16", tokenizer_pre: str | None = None) -> GgufSummary:
+def write_gguf(lm: LoadedModel, out_path: str | Path, outtype: str = "f16", tokenizer_pre: str | None = None) -> GgufSummary:
     """Write a loaded model (pruned or dense) as a GGUF file for llama.cpp.
 
     Args:
@@ -248,7 +255,7 @@ def write_gguf(lm, out_path: str | Path, outtype: str = "f16", tokenizer_pre: st
     if outtype not in OUTTYPES:
         raise ExportError(f"unknown GGUF outtype '{outtype}'; choose one of {', '.join(OUTTYPES)}")
     check_tokenizer_pre(tokenizer_pre)
-    config = lm.model.config
+    config = cast("PretrainedConfig", lm.model.config)  # a transformers model's config (LoadedModel types the model as a Module)
     check_supported(getattr(config, "model_type", None))
     if getattr(config, "use_sliding_window", False):
         raise ExportError("a Qwen2 model that uses sliding-window attention cannot be written as GGUF deci")
@@ -264,7 +271,7 @@ def write_gguf(lm, out_path: str | Path, outtype: str = "f16", tokenizer_pre: st
     return summary
 
 
-def _write(lm, config, path: Path, outtype: str, tokenizer_pre: str | None) -> GgufSummary:
+def _write(lm: LoadedModel, config: PretrainedConfig, path: Path, outtype: str, tokenizer_pre: str | None) -> GgufSummary:
     import gguf
 
     adapter, model = lm.adapter, lm.model
@@ -286,7 +293,7 @@ def _write(lm, config, path: Path, outtype: str, tokenizer_pre: str | None) -> G
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
-    vocab_size = adapter.lm_head(model).out_features
+    vocab_size = cast(torch.nn.Linear, adapter.lm_head(model)).out_features
     writer.add_vocab_size(vocab_size)
     rope_factors = _rope_metadata(writer, config)
     file_type = gguf.LlamaFileType.MOSTLY_Q8_0 if outtype == "q8_0" else gguf.LlamaFileType.MOSTLY_F16
@@ -297,7 +304,7 @@ def _write(lm, config, path: Path, outtype: str, tokenizer_pre: str | None) -> G
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DECI, len(layers))
     kept_f16: list[str] = []
-    tied = adapter.lm_head(model).weight is model.get_input_embeddings().weight
+    tied = adapter.lm_head(model).weight is cast(Any, model).get_input_embeddings().weight  # the transformers model's own method
     count = 0
     if rope_factors is not None:
         writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", rope_factors)
@@ -355,7 +362,7 @@ def export_gguf(
     return write_gguf(load_model(str(model)), out_path, outtype, tokenizer_pre)
 
 
-def _model_type(folder: Path):
+def _model_type(folder: Path) -> object:
     """config.json's model_type, the file read through the validation layer (ExportError otherwise)."""
     from gap_engine.core.limits import LIMITS
     from gap_engine.core.validate import read_json_file

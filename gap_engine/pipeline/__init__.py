@@ -3,12 +3,13 @@
 ``stages`` runs load -> windows -> scores -> table -> plan -> prune -> measure;
 ``compare`` measures several allocators side by side; ``iterative`` prunes in rounds, each
 planned on a table of the model the rounds before left; ``runs`` is what the explorer's
-background jobs do. The CLI, the jobs and the benchmarks call these.
+background jobs do; ``checkpoints`` prunes a model into a saved checkpoint and evaluates one
+(``gap prune``, ``gap eval``). The CLI, the jobs and the benchmarks call these.
 """
 
 from gap_engine.pipeline.compare import Outcome, Reference, compare, heldout_sets, measure_plan, reference_numbers
 from gap_engine.pipeline.iterative import IterativeResult, PlanRound, iterative_prune
-from gap_engine.pipeline.runs import baseline_rows, prune_and_evaluate, prune_eval_stages
+from gap_engine.pipeline.runs import BaselinePlan, baseline_rows, prune_and_evaluate, prune_eval_stages
 from gap_engine.pipeline.stages import (
     dense_reference,
     importance_for,
@@ -21,6 +22,7 @@ from gap_engine.pipeline.stages import (
 )
 
 __all__ = [
+    "BaselinePlan",
     "IterativeResult",
     "Outcome",
     "PlanRound",

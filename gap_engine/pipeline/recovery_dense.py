@@ -16,7 +16,7 @@ from contextlib import nullcontext
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.device import DeviceSpec, placement_of
-from gap_engine.core.errors import CancelledError, ModelLoadError, one_line
+from gap_engine.core.errors import ModelLoadError, one_line
 from gap_engine.core.interrupt import cancel_checks
 from gap_engine.core.memory import release_free_memory
 from gap_engine.core.progress import Hooks
@@ -110,16 +110,16 @@ def task_accuracy(lm: LoadedModel, dense: LoadedModel | None, prepared: Prepared
     }
 
 
-def evaluate_heldout(lm: LoadedModel, settings, label: str, stage: Callable[[str], None], cancel, start_fingerprint: str,
+def evaluate_heldout(lm: LoadedModel, settings, label: str, hooks: Hooks, start_fingerprint: str,
                      dense: LoadedModel | None = None, lm_eval_tasks: PreparedTasks | None = None) -> dict:
     """evaluate.evaluate on every task's held-out text (on the CPU, where evaluate's windows are).
 
     ``dense``: the dense reference already loaded as the teacher (reused; else loaded here).
-    ``lm_eval_tasks``: also their accuracy (`task_accuracy`) and dense's (`dense_task_accuracy`)."""
+    ``lm_eval_tasks``: also their accuracy (`task_accuracy`) and dense's (`dense_task_accuracy`).
+    ``hooks``: each step said as a message; its cancel polled at every step (and every block while tasks are scored)."""
     def say(message: str) -> None:
-        if cancel is not None and cancel.is_set():
-            raise CancelledError(f"recovery cancelled while evaluating {label} training")
-        stage(f"evaluating {label} training: {message}")
+        hooks.check_cancelled(f"recovery cancelled while evaluating {label} training")
+        hooks.say(f"evaluating {label} training: {message}")
 
     shared = dense is not None and settings.compare_dense
     if not shared:
@@ -140,7 +140,7 @@ def evaluate_heldout(lm: LoadedModel, settings, label: str, stage: Callable[[str
         if lm_eval_tasks is not None:
             say(f"task accuracy on {', '.join(lm_eval_tasks.tasks)} (lm-eval)")
             stopped = f"recovery cancelled while scoring tasks {label} training"
-            with cancel_checks(lm, cancel, stopped), cancel_checks(dense, cancel, stopped) if dense is not None else nullcontext():  # lm-eval's passes poll it too
+            with cancel_checks(lm, hooks, stopped), cancel_checks(dense, hooks, stopped) if dense is not None else nullcontext():  # lm-eval's passes poll it too
                 report |= task_accuracy(lm, dense, lm_eval_tasks, start_fingerprint)
         return report
     finally:

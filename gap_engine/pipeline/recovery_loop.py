@@ -22,7 +22,7 @@ from gap_engine.recover.files import RecoveryError, RunState, load_state, save_s
 from gap_engine.recover.train import PROBE_STEPS, CalibrationObjective, TaskData, probe_learning_rate
 
 if TYPE_CHECKING:
-    from gap_engine.pipeline.recovery import RecoverySettings
+    from gap_engine.recover.settings import RecoverySettings
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +53,17 @@ class Reporter:
         self.hooks.say(message)
         self.hooks.report(self.done, self.total, None)
 
+    def phases(self) -> Hooks:
+        """Hooks for a part of the run: its lines are phases (``stage``), its cancel the run's."""
+        return Hooks(message=self.stage, cancel=self.hooks.cancel)
+
     def step(self, done: int, eta: float | None, message: str) -> None:
         self.done = done
         self.hooks.say(message)
         self.hooks.report(done, self.total, eta)
 
 
-def probe(run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: Reporter, cancel) -> None:
+def probe(run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: Reporter) -> None:
     """Choose the ZO learning rate (``recover.train.probe_learning_rate``) from the snapshot just
     saved, record it in ``state`` and save again; its time counts as training time."""
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -69,7 +73,7 @@ def probe(run, data: TaskData, settings: RecoverySettings, state: RunState, work
         assert saved is not None, "the probe restores the snapshot saved just before it"
         run.restore(saved[1], None)
 
-    state.lr, state.lr_probe = probe_learning_rate(run, data, settings.learning_rate(), restore, reporter.stage, cancel)
+    state.lr, state.lr_probe = probe_learning_rate(run, data, settings.learning_rate(), restore, reporter.phases())
     state.train_seconds += time.perf_counter() - started
     state.train_cpu_seconds += time.process_time() - cpu_started
     best = next((row["lr"] for row in state.lr_probe if row.get("best")), state.lr)
@@ -127,7 +131,7 @@ class _Snapshots:
         self.state.curve = [row for row in self.state.curve if row["step"] <= saved_state.step]
 
 
-def train(run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: Reporter, cancel, device) -> str:
+def train(run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: Reporter, device) -> str:
     """The step loop; returns why it stopped ("steps", "time budget" or "diverged")."""
     segment_start, seconds_before, steps_this_segment = time.perf_counter(), state.train_seconds, 0
     cpu_start, cpu_before = time.process_time(), state.train_cpu_seconds
@@ -135,7 +139,7 @@ def train(run, data: TaskData, settings: RecoverySettings, state: RunState, work
     with PeakRSS() as meter:
         try:
             while state.step < settings.steps:
-                if cancel is not None and cancel.is_set():
+                if reporter.hooks.is_cancelled():
                     raise CancelledError(
                         f"recovery cancelled after step {state.step} of {settings.steps}; resume to continue from there"
                     )

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import BudgetError, GapError
@@ -78,6 +79,37 @@ class PruneEvalResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class BaselinePlan:
+    """One baseline allocator's plan at one budget: a row of `baseline_rows`."""
+
+    allocator: str
+    budget: float  # the budget asked for (fraction of prunable parameters)
+    removed_fraction: float | None = None  # of prunable parameters the plan removes; None when out of reach
+    predicted_loss: float | None = None  # the plan's summed table loss; None when out of reach
+    attention_rates: list[float] | None = None  # per layer; None when out of reach
+    mlp_rates: list[float] | None = None  # per layer; None when out of reach
+    error: str | None = None  # why the allocator cannot reach the budget (one line); None: planned
+
+    @property
+    def planned(self) -> bool:
+        """Whether the allocator reached the budget (the row has a plan, not an error)."""
+        return self.error is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready row: allocator, budget and either the plan's numbers or ``error``."""
+        if self.error is not None:
+            return {"allocator": self.allocator, "budget": self.budget, "error": self.error}
+        return {
+            "allocator": self.allocator,
+            "budget": self.budget,
+            "removed_fraction": self.removed_fraction,
+            "predicted_loss": self.predicted_loss,
+            "attention_rates": self.attention_rates,
+            "mlp_rates": self.mlp_rates,
+        }
+
+
 def baseline_rows(
     lm: LoadedModel,
     table: LossTable,
@@ -85,7 +117,7 @@ def baseline_rows(
     allocators: Sequence[str],
     constraints: Constraints = Constraints(),
     hooks: Hooks = NO_HOOKS,
-) -> list[dict]:
+) -> list[BaselinePlan]:
     """Plans of the baseline allocators at a few budgets, for overlaying on the DP front.
 
     Args:
@@ -93,9 +125,9 @@ def baseline_rows(
         hooks: each step told as a message (the allocator and budget) with its progress
             (plans done, plans); cancel polled between plans.
     Returns:
-        One row per (allocator, budget): allocator, budget, removed_fraction of prunable
-        parameters, predicted_loss, attention_rates, mlp_rates; a budget an allocator
-        cannot reach gives a row with ``error`` instead.
+        One BaselinePlan per (allocator, budget): removed_fraction of prunable parameters,
+        predicted_loss, attention_rates, mlp_rates; a budget an allocator cannot reach gives
+        one with ``error`` instead.
     """
     table.check_model(lm)
     scores = None
@@ -103,7 +135,7 @@ def baseline_rows(
         _step(hooks, "importance scores for FLAP", 0, 0)
         windows = calibration_windows(lm.tokenizer, table.spec.windows)
         scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size, Hooks(cancel=hooks.cancel))
-    rows = []
+    rows: list[BaselinePlan] = []
     pairs = [(a, float(b)) for a in allocators for b in budgets]
     for i, (allocator, budget) in enumerate(pairs):
         hooks.check_cancelled(f"baseline plans cancelled after {i} of {len(pairs)}")
@@ -111,17 +143,17 @@ def baseline_rows(
         try:
             plan = plan_for(lm, table, budget, allocator, constraints, scores)
         except BudgetError as exc:
-            rows.append({"allocator": allocator, "budget": budget, "error": str(exc)})
+            rows.append(BaselinePlan(allocator, budget, error=str(exc)))
             continue
         rows.append(
-            {
-                "allocator": allocator,
-                "budget": budget,
-                "removed_fraction": float(plan.params["removed_fraction_of_prunable"]),
-                "predicted_loss": plan.predicted_loss,
-                "attention_rates": plan.attention_rates,
-                "mlp_rates": plan.mlp_rates,
-            }
+            BaselinePlan(
+                allocator,
+                budget,
+                removed_fraction=float(plan.params["removed_fraction_of_prunable"]),
+                predicted_loss=plan.predicted_loss,
+                attention_rates=plan.attention_rates,
+                mlp_rates=plan.mlp_rates,
+            )
         )
     _step(hooks, "done", len(pairs), len(pairs))
     return rows
@@ -168,15 +200,16 @@ def _chosen_plan(dense, table, budget, allocator, constraints, plan) -> RatePlan
 _STOPPED = "prune and evaluate cancelled"
 
 
-def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at: StageFn, tasks=None) -> tuple[float, dict]:
+def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, hooks: Hooks, at: StageFn, tasks=None) -> tuple[float, dict]:
     """The measured objective increase on the calibration windows, then the held-out report (with
-    task accuracy when ``tasks`` are given); evaluate's own progress lines become stages through ``at``."""
+    task accuracy when ``tasks`` are given); evaluate's own progress lines become stages through ``at``
+    (``hooks``: only its cancel is read, polled at every block of both models)."""
 
     def evaluation_step(message: str) -> None:
         at(THROUGHPUT if message.startswith("throughput") else GENERATE if message.startswith("generating") else HELD_OUT)
 
-    with cancel_checks(dense, cancel, _STOPPED), cancel_checks(pruned, cancel, _STOPPED):
-        windows = run_unless_cancelled(lambda: calibration_windows(dense.tokenizer, calib), cancel, f"{_STOPPED} while reading the text")
+    with cancel_checks(dense, hooks, _STOPPED), cancel_checks(pruned, hooks, _STOPPED):
+        windows = run_unless_cancelled(lambda: calibration_windows(dense.tokenizer, calib), hooks, f"{_STOPPED} while reading the text")
         actual = objective_increase(pruned, dense, windows, objective, calib.batch_size)
         report = evaluate(pruned, dense, eval_settings, Hooks(message=evaluation_step)).to_dict()
         if tasks is not None:
@@ -215,7 +248,7 @@ def prune_and_evaluate(
     Returns:
         PruneEvalResult (``to_dict()`` is JSON-ready).
     """
-    started, timer, cancel = time.perf_counter(), StageTimer(hooks.stage), hooks.cancel
+    started, timer = time.perf_counter(), StageTimer(hooks.stage)
 
     def at(name: str) -> None:
         hooks.check_cancelled(f"prune and evaluate cancelled before the {name} stage")
@@ -225,12 +258,12 @@ def prune_and_evaluate(
     plan = _chosen_plan(dense, table, budget, allocator, constraints, plan)
     calib = table.spec.windows if table is not None else WindowSpec()
     at(PRUNE)
-    pruned = run_unless_cancelled(dense.copy, cancel, f"{_STOPPED} while copying the model")
-    with cancel_checks(pruned, cancel, f"{_STOPPED} while pruning"):
-        result = prune_with_plan(pruned, plan, calib, Hooks(cancel=cancel))
+    pruned = run_unless_cancelled(dense.copy, hooks, f"{_STOPPED} while copying the model")
+    with cancel_checks(pruned, hooks, f"{_STOPPED} while pruning"):
+        result = prune_with_plan(pruned, plan, calib, Hooks(cancel=hooks.cancel))
     at(MEASURE)
     objective = table.spec.objective if table is not None else "nll"
-    actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, cancel, at, tasks)
+    actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, hooks, at, tasks)
     checkpoint = None
     if checkpoint_dir is not None:
         at(SAVE)

@@ -91,21 +91,20 @@ def loss_table(
         raise TableError(f"Ray workers measure exact cells; the {spec.estimator} estimate is one gradient pass in one process")
     timer = StageTimer(hooks.stage)
     hooks = hooks.but(stage=timer)
-    cancel = hooks.cancel
     hooks.enter(READ_TEXT)
     log.info("reading the calibration text %s", spec.windows.data)
     data_fingerprint = run_unless_cancelled(
-        lambda: load_corpus(spec.windows.data).fingerprint, cancel, "loss table build cancelled while reading the text", "gap-read-text"
+        lambda: load_corpus(spec.windows.data).fingerprint, hooks, "loss table build cancelled while reading the text", "gap-read-text"
     )
     key = table_key(lm, spec, data_fingerprint)
 
     def measure(partial):
         windows = run_unless_cancelled(
-            lambda: calibration_windows(lm.tokenizer, spec.windows), cancel, "loss table build cancelled while reading the text"
+            lambda: calibration_windows(lm.tokenizer, spec.windows), hooks, "loss table build cancelled while reading the text"
         )
         if cells is not None:  # Ray workers poll cancel between layers; hooks on the blocks would not pickle
             return measure_table(lm, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
-        with cancel_checks(lm, cancel, f"loss table build cancelled during the {spec.estimator} measurement"):
+        with cancel_checks(lm, hooks, f"loss table build cancelled during the {spec.estimator} measurement"):
             return measure_table(lm, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
 
     if not use_cache:

@@ -19,15 +19,17 @@ import torch
 from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.errors import PlanError, TableError
 from gap_engine.core.registry import Choice
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import block_geometries
 from gap_engine.plan.allocator_registry import ALLOCATORS, GRID_ALLOCATORS, needs_windows
-from gap_engine.plan.baselines import BaselineInputs
+from gap_engine.plan.baselines import Baseline, BaselineInputs
 from gap_engine.plan.evo import EvoResult, EvoSettings, evolve
 from gap_engine.plan.front import dp_choice, dp_front, front_csv, front_rows, grid_plan
 from gap_engine.plan.ladders import build_ladders, ladder_rates, ladder_reach, settle
 from gap_engine.plan.problem import (
     Constraints,
+    PlanningProblem,
     check_budget_fraction,
     planning_problem,
     predicted_loss,
@@ -59,7 +61,7 @@ def _check_allocator(allocator: str) -> None:
     ALLOCATORS.check(allocator)
 
 
-def check_reach(lm, table: LossTable, budget: float, allocator: str = "dp", constraints: Constraints = Constraints()) -> None:
+def check_reach(lm: LoadedModel, table: LossTable, budget: float, allocator: str = "dp", constraints: Constraints = Constraints()) -> None:
     """Raise what `plan_from_table` would raise for this budget, without its slow part.
 
     Raises:
@@ -80,7 +82,7 @@ def check_reach(lm, table: LossTable, budget: float, allocator: str = "dp", cons
 
 
 def plan_from_table(
-    lm,
+    lm: LoadedModel,
     table: LossTable,
     budget: float,
     allocator: str = "dp",
@@ -134,7 +136,17 @@ def plan_from_table(
     return _baseline_plan(lm, table, problem, budget, allocator, constraints, windows, scores, smoothed)
 
 
-def _baseline_plan(lm, table, problem, budget, allocator, constraints, windows, scores, smoothed) -> RatePlan:
+def _baseline_plan(
+    lm: LoadedModel,
+    table: LossTable,
+    problem: PlanningProblem,
+    budget: float,
+    allocator: str,
+    constraints: Constraints,
+    windows: torch.Tensor | None,
+    scores: ImportanceScores | None,
+    smoothed: bool,
+) -> RatePlan:
     """An off-grid baseline's plan: its rungs, settled to the budget whole unit by whole unit."""
     geoms = block_geometries(lm)
     multiple = table.spec.channel_multiple
@@ -154,7 +166,8 @@ def _baseline_plan(lm, table, problem, budget, allocator, constraints, windows, 
         scores=scores,
         batch_size=table.spec.windows.batch_size,
     )
-    rungs, wanted = ALLOCATORS.function(allocator)(inputs)
+    baseline: Baseline = ALLOCATORS.function(allocator)
+    rungs, wanted = baseline(inputs)
     rungs = settle(ladders, rungs, inputs.target, wanted)
     attention, mlp = slot_rates(problem.slots, ladder_rates(ladders, rungs), problem.num_layers)
     return make_plan(

@@ -47,7 +47,7 @@ class BaselineInputs:
     geoms: list[ComponentGeometry]  # per-layer counting geometry
     slots: tuple[tuple[int, str], ...]  # (layer, kind) per slot
     ladders: list[Ladder]  # unit-exact rates per slot
-    locked: dict  # slot -> locked rate
+    locked: dict[int, float]  # slot -> locked rate
     constraints: Constraints  # rate bounds
     target: float  # parameters to remove (at least)
     multiple: int  # MLP channel multiple
@@ -61,7 +61,7 @@ def uniform_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked
     constraints, target, multiple = inputs.constraints, inputs.target, inputs.multiple
 
-    def rungs_at(rate):
+    def rungs_at(rate: float) -> np.ndarray:
         rates = [locked.get(s, rate) for s in range(len(slots))]
         return rungs_at_rates(geoms, slots, ladders, rates, multiple)
 
@@ -79,10 +79,19 @@ def uniform_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
 def _standardised(scores: torch.Tensor) -> np.ndarray:
     values = scores.detach().double().cpu().numpy()
     std = values.std()
-    return (values - values.mean()) / (std if std > 0 else 1.0)
+    standardised: np.ndarray = (values - values.mean()) / (std if std > 0 else 1.0)
+    return standardised
 
 
-def _flap_wanted(geoms, slots, ladders, locked, scores: ImportanceScores, target: float, max_rate: float) -> np.ndarray:
+def _flap_wanted(
+    geoms: list[ComponentGeometry],
+    slots: tuple[tuple[int, str], ...],
+    ladders: list[Ladder],
+    locked: dict[int, float],
+    scores: ImportanceScores,
+    target: float,
+    max_rate: float,
+) -> np.ndarray:
     """Per-slot parameters FLAP's global threshold removes (before unit rounding).
 
     Scores are z-scored within each layer and unit type; units then go globally, lowest
@@ -90,7 +99,9 @@ def _flap_wanted(geoms, slots, ladders, locked, scores: ImportanceScores, target
     head costs its q/o slice plus its share of its group's k/v; a channel its gate/up/down
     column, 3 * hidden.
     """
-    z_parts, unit_params, unit_slot = [], [], []
+    z_parts: list[np.ndarray] = []  # per layer and unit type: the units' z-scores
+    unit_params: list[np.ndarray] = []  # parameters each unit removes
+    unit_slot: list[np.ndarray] = []  # the slot each unit belongs to
     fixed = 0
     for s, (layer, kind) in enumerate(slots):
         if s in locked:
@@ -141,7 +152,7 @@ def flap_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, np.ndarray]:
     return nearest_rungs(inputs.ladders, wanted), wanted
 
 
-def outlier_ratios(lm, windows: torch.Tensor, m: float = OWL_OUTLIER_M, batch_size: int = 4) -> np.ndarray:
+def outlier_ratios(lm: LoadedModel, windows: torch.Tensor, m: float = OWL_OUTLIER_M, batch_size: int = 4) -> np.ndarray:
     """OWL's layerwise outlier ratio D_l: the share of a layer's |W| * ||X|| entries above
     ``m`` times their mean, over all seven projections of the layer.
 
@@ -165,7 +176,7 @@ def outlier_ratios(lm, windows: torch.Tensor, m: float = OWL_OUTLIER_M, batch_si
     stats = input_statistics(lm, windows, {key: linears[0] for key, linears in groups.items()}, batch_size)
     ratios = np.zeros(len(layers))
     for i in range(len(layers)):
-        metrics = []
+        metrics: list[torch.Tensor] = []
         for name in ("qkv", "o", "gate_up", "down"):
             norm = stats[i, name].l2()  # (in,)
             for linear in groups[i, name]:
@@ -183,7 +194,8 @@ def owl_offsets(ratios: np.ndarray, lam: float = OWL_LAMBDA) -> np.ndarray:
     ratios = np.asarray(ratios, dtype=np.float64)
     spread = ratios.max() - ratios.min()
     scaled = np.zeros_like(ratios) if spread <= 0 else (ratios - ratios.min()) / spread * (2.0 * lam)
-    return scaled.mean() - scaled
+    offsets: np.ndarray = scaled.mean() - scaled
+    return offsets
 
 
 def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
@@ -195,7 +207,7 @@ def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     offsets = owl_offsets(ratios)
     log.info("owl: outlier ratios %s", np.array2string(ratios, precision=4))
 
-    def rungs_at(shift):
+    def rungs_at(shift: float) -> np.ndarray:
         rates = [
             locked.get(s, float(np.clip(shift + offsets[layer], constraints.min_rate, constraints.max_rate)))
             for s, (layer, _) in enumerate(slots)

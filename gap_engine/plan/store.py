@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from gap_engine.core.errors import CacheError, GapError, PlanError, first_line
 from gap_engine.core.fsutil import atomic_write_json, cache_root
@@ -37,7 +38,7 @@ def plan_path(plan_hash: str) -> Path:
     return plans_root() / f"{plan_hash}.json"
 
 
-def put_plan(plan: RatePlan, constraints: dict | None = None) -> str:
+def put_plan(plan: RatePlan, constraints: dict[str, Any] | None = None) -> str:
     """Store ``plan`` (and the constraints it was chosen under) by its hash; returns the hash.
 
     Writing the same plan again leaves the file as it is (same identity, same content).
@@ -49,7 +50,7 @@ def put_plan(plan: RatePlan, constraints: dict | None = None) -> str:
     return digest
 
 
-def get_plan(plan_hash: str) -> tuple[RatePlan, dict | None] | None:
+def get_plan(plan_hash: str) -> tuple[RatePlan, dict[str, Any] | None] | None:
     """The stored plan of ``plan_hash`` and its constraints; None when no plan has that hash.
 
     Raises:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -141,14 +140,14 @@ def input_statistics(
     return stats
 
 
-def _activation_scores(lm: LoadedModel, windows, criterion, batch_size, hooks: Hooks) -> list[LayerScores]:
+def _activation_scores(lm: LoadedModel, windows: torch.Tensor, criterion: str, batch_size: int, hooks: Hooks) -> list[LayerScores]:
     layers = list(lm.adapter.layers(lm.model))
     linears: dict[Hashable, nn.Linear] = {}
     for i, layer in enumerate(layers):
         linears[i, "o"] = lm.adapter.attention_projections(layer)[3]
         linears[i, "down"] = lm.adapter.mlp_projections(layer)[2]
     stats = input_statistics(lm, windows, linears, batch_size, hooks)
-    out = []
+    out: list[LayerScores] = []
     for i, layer in enumerate(layers):
         o_in, down_in = stats[i, "o"], stats[i, "down"]
         geom = lm.adapter.geometry(layer)
@@ -191,7 +190,7 @@ def _taylor_weights(layer: nn.Module, adapter: ArchitectureAdapter) -> list[torc
     return [q.weight, o.weight, gate.weight, up.weight, down.weight]
 
 
-def _taylor(lm: LoadedModel, windows, batch_size, hooks: Hooks) -> list[LayerScores]:
+def _taylor(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
     layers = list(lm.adapter.layers(lm.model))
     weights = [_taylor_weights(layer, lm.adapter) for layer in layers]
     params = [w for group in weights for w in group]
@@ -217,7 +216,7 @@ def _taylor(lm: LoadedModel, windows, batch_size, hooks: Hooks) -> list[LayerSco
     finally:
         for w in params:
             w.requires_grad_(False)
-    out = []
+    out: list[LayerScores] = []
     for li, layer in enumerate(layers):
         geom = lm.adapter.geometry(layer)
         s_q, s_o, s_gate, s_up, s_down = saliency[li]
@@ -236,7 +235,9 @@ def _taylor_loss(logits: torch.Tensor, batch: torch.Tensor, start: int) -> torch
     return next_token_nll(logits.float(), batch, start).mean()
 
 
-def _taylor_streamed(lm: LoadedModel, windows, batch_size, start: int, saliency: list[Any], hooks: Hooks) -> None:
+def _taylor_streamed(
+    lm: LoadedModel, windows: torch.Tensor, batch_size: int, start: int, saliency: list[list[torch.Tensor]], hooks: Hooks
+) -> None:
     """W * grad accumulated block by block (``layerwise.backward_blocks``), on the host."""
     on_device: dict[int, list[torch.Tensor]] = {}
 

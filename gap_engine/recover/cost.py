@@ -24,11 +24,17 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
 from gap_engine.tables.costmodel import ModelShape, block_flops_per_token, head_flops_per_token, measured_profile
+
+if TYPE_CHECKING:
+    from gap_engine.core.device import Placement
+    from gap_engine.recover.settings import RecoverySettings
 
 LORA_FORWARDS = 3.0  # a LoRA step in forward passes: forward, backward through the frozen blocks, adapters
 ZO_FORWARDS = 2.0  # a ZO step's two perturbed loss evaluations
@@ -61,7 +67,7 @@ class RecoveryEstimate:
         return dict(zip(STAGES, (self.prepare_s, self.train_s, self.finish_s)))
 
 
-def layer_shapes(config: dict, name: str = "") -> tuple[ModelShape, list[ModelShape]]:
+def layer_shapes(config: dict[str, Any], name: str = "") -> tuple[ModelShape, list[ModelShape]]:
     """(the dense shape, one shape per block at its own widths) from a config.json's content."""
     from types import SimpleNamespace
 
@@ -104,16 +110,16 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def _perturbed_weights(shapes: list[ModelShape], settings) -> float:
+def _perturbed_weights(shapes: list[ModelShape], settings: RecoverySettings) -> float:
     """Weights a ZO step perturbs: the target projections, masked to MaZO's fraction."""
-    fractions = {"q": lambda s: s.heads * s.head_dim, "k": lambda s: s.kv_heads * s.head_dim,
+    fractions: dict[str, Callable[[ModelShape], int]] = {"q": lambda s: s.heads * s.head_dim, "k": lambda s: s.kv_heads * s.head_dim,
                  "v": lambda s: s.kv_heads * s.head_dim, "o": lambda s: s.heads * s.head_dim,
                  "gate": lambda s: s.intermediate, "up": lambda s: s.intermediate, "down": lambda s: s.intermediate}
-    total = sum(s.hidden * fractions[t](s) for s in shapes for t in settings.targets)
+    total: int = sum(s.hidden * fractions[t](s) for s in shapes for t in settings.targets)
     return total * (settings.mask_fraction if settings.method == "mazo" else 1.0)
 
 
-def estimate_recovery(config: dict, settings, placement, distils: bool, measure: bool = True) -> RecoveryEstimate | None:
+def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placement: Placement, distils: bool, measure: bool = True) -> RecoveryEstimate | None:
     """Expected seconds of ``settings`` (a validated recover.RecoverySettings) on the model ``config`` describes.
 
     Args:
@@ -154,7 +160,8 @@ def estimate_recovery(config: dict, settings, placement, distils: bool, measure:
     return RecoveryEstimate(prepare, step, settings.steps, finish, f"cost model: {profile.basis}", settings.time_budget_s)
 
 
-def estimate_for_checkpoint(folder: str | Path, settings, placement=None, measure: bool = True) -> RecoveryEstimate | None:
+def estimate_for_checkpoint(
+    folder: str | Path, settings: RecoverySettings, placement: Placement | None = None, measure: bool = True) -> RecoveryEstimate | None:
     """:func:`estimate_recovery` of a checkpoint folder (CPU float32 unless ``placement`` says otherwise);
     None when the folder has no readable config.json. Whether the run distils is guessed from the
     objective: kd unless ``lm`` is asked (the default when the base model is reachable)."""

@@ -27,9 +27,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from gap_engine.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +44,30 @@ class TeacherMismatch(ValueError):
     """The teacher cannot supervise the student (another tokenizer or vocabulary)."""
 
 
-def check_compatible(student, teacher) -> None:
+def check_compatible(student: LoadedModel, teacher: LoadedModel) -> None:
     """TeacherMismatch unless ``teacher`` (a LoadedModel) reads and writes the student's tokens.
 
     Both the tokenizers' vocabularies and the LM heads' output widths must agree: KL between two
     distributions is only defined over one shared set of tokens.
     """
-    s_width = student.model.get_output_embeddings().weight.shape[0]
-    t_width = teacher.model.get_output_embeddings().weight.shape[0]
+    s_width, t_width = _output_width(student), _output_width(teacher)
     if s_width != t_width:
         raise TeacherMismatch(f"the teacher {teacher.name} predicts {t_width} tokens, the student {s_width}")
     if student.tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
         raise TeacherMismatch(f"the teacher {teacher.name} has another tokenizer vocabulary than the student")
 
 
-def _forward_logits(model, batch: torch.Tensor, bf16: bool) -> torch.Tensor:
+def _output_width(lm: LoadedModel) -> int:
+    """Tokens the LM head predicts (``get_output_embeddings`` is the transformers model's own
+    method; LoadedModel types the model as a Module)."""
+    head = cast(nn.Linear, cast(Any, lm.model).get_output_embeddings())
+    return int(head.weight.shape[0])
+
+
+def _forward_logits(model: nn.Module, batch: torch.Tensor, bf16: bool) -> torch.Tensor:
     """(B, T-1, V) float32 logits of the positions that predict a next token."""
     with torch.autocast(device_type=batch.device.type, dtype=torch.bfloat16, enabled=bf16):
-        logits = model(input_ids=batch, use_cache=False).logits  # (B, T, V)
+        logits: torch.Tensor = model(input_ids=batch, use_cache=False).logits  # (B, T, V)
     return logits[:, :-1].float()
 
 
@@ -89,7 +99,7 @@ class Objective:
             raise ValueError(f"objective {self.name} needs a teacher")
         return F.log_softmax(_forward_logits(self.teacher, batch, self.bf16) / self.temperature, dim=-1)
 
-    def per_task(self, model, batch: torch.Tensor, n_tasks: int, teacher_log_probs: torch.Tensor | None) -> torch.Tensor:
+    def per_task(self, model: nn.Module, batch: torch.Tensor, n_tasks: int, teacher_log_probs: torch.Tensor | None) -> torch.Tensor:
         """Per-task loss of a task-major batch (with the graph when grads are on).
 
         Args:
@@ -130,9 +140,8 @@ def distillation_loss(student_logits: torch.Tensor, teacher_log_probs: torch.Ten
     return kl * (temperature * temperature)
 
 
-def check_temperature(value) -> str | None:
+def check_temperature(value: object) -> str | None:
     """None when ``value`` is a usable temperature, else why not (one line)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and 0.0 < value <= MAX_TEMPERATURE:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0.0 < value <= MAX_TEMPERATURE:
         return None
     return f"temperature must be a number in (0, {MAX_TEMPERATURE:g}], got {value!r}"

@@ -30,13 +30,19 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from gap_engine.core.errors import GapError
 from gap_engine.core.fsutil import atomic_directory, refuse_special_files
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_int, check_keys, check_number, check_text, read_json_file
+from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.rateplan import RatePlan
+
+# RecoveryError is raised and caught under this module's name too (callers import it from here).
+from gap_engine.recover.settings import CurveRow, ProbeRow, RecoveryResult
+from gap_engine.recover.settings import RecoveryError as RecoveryError
 
 log = logging.getLogger(__name__)
 
@@ -48,30 +54,26 @@ _TENSORS = "tensors.safetensors"
 _OPTIMIZER = "optimizer.pt"
 
 
-class RecoveryError(GapError):
-    """Bad recovery settings, an unusable output folder, or a saved run that does not fit."""
-
-
 @dataclass
 class RunState:
     """Everything about a run's progress except its tensors."""
 
-    trajectory: dict  # the settings a resumed run must share (RecoverySettings.trajectory())
+    trajectory: dict[str, Any]  # the settings a resumed run must share (RecoverySettings.trajectory())
     start_fingerprint: str  # weights fingerprint of the model the run started from
     step: int = 0  # steps finished
     train_seconds: float = 0.0  # training wall time so far, over every segment
     train_cpu_seconds: float = 0.0  # CPU time of the process (all its threads) while training, over every segment
-    curve: list[dict] = field(default_factory=list)  # one row per step: step, seconds, loss, lr
-    before: dict | None = None  # EvalReport.to_dict() of the model before training
+    curve: list[CurveRow] = field(default_factory=list)  # one row per step: step, seconds, loss, lr
+    before: dict[str, Any] | None = None  # EvalReport.to_dict() of the model before training
     calib_before: list[float] = field(default_factory=list)  # per task: NLL on its fixed calibration windows
     inference_rss: int = 0  # bytes: peak resident memory of one forward pass at the training batch
     peak_rss: int = 0  # bytes: peak resident memory while training, highest over segments
     rss_method: str = ""  # how memory was measured (memory.PeakRSS.method)
     lr: float | None = None  # the peak learning rate the probe chose (ZO without --lr); None: the settings'
-    lr_probe: list[dict] = field(default_factory=list)  # the probe's candidates: lr, loss before, loss after
+    lr_probe: list[ProbeRow] = field(default_factory=list)  # the probe's candidates: lr, loss before, loss after
     guard_lowest: float | None = None  # the divergence guard's lowest calibration objective over kept snapshots
     lr_scale: float = 1.0  # the guard's cuts of the learning rate so far (1: none)
-    rollbacks: list[dict] = field(default_factory=list)  # the guard's rollbacks: step, back_to, loss, lowest, lr_scale, action
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)  # the guard's rollbacks: step, back_to, loss, lowest, lr_scale, action
     version: int = STATE_VERSION
 
 
@@ -80,7 +82,7 @@ def partial_dir(out_dir: Path) -> Path:
     return out_dir.with_name(out_dir.name + PARTIAL_SUFFIX)
 
 
-def save_state(work_dir: Path, state: RunState, tensors: dict[str, torch.Tensor], optimizer_state: dict | None) -> None:
+def save_state(work_dir: Path, state: RunState, tensors: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None) -> None:
     """Replace the snapshot in ``work_dir`` atomically."""
     from safetensors.torch import save_file
 
@@ -97,7 +99,7 @@ def save_state(work_dir: Path, state: RunState, tensors: dict[str, torch.Tensor]
     log.debug("saved recovery state at step %d", state.step)
 
 
-def load_state(work_dir: Path) -> tuple[RunState, dict[str, torch.Tensor], dict | None] | None:
+def load_state(work_dir: Path) -> tuple[RunState, dict[str, torch.Tensor], dict[str, Any] | None] | None:
     """The snapshot in ``work_dir``, or None when there is none.
 
     Raises:
@@ -121,10 +123,10 @@ def load_state(work_dir: Path) -> tuple[RunState, dict[str, torch.Tensor], dict 
     return state, tensors, optimizer_state
 
 
-def _checked_state(data, folder: Path, work_dir: Path) -> RunState:
+def _checked_state(data: object, folder: Path, work_dir: Path) -> RunState:
     """A RunState from state.json's object, every field type- and range-checked (validate.py)."""
     what = f"{folder}/{_JSON}"
-    check_keys(data, what, RecoveryError)
+    data = check_keys(data, what, RecoveryError)
     if data.get("version") != STATE_VERSION:
         raise RecoveryError(f"{folder}: saved state format {str(data.get('version'))[:20]} is not supported; remove {work_dir}")
     known = {f.name for f in fields(RunState)}
@@ -180,7 +182,7 @@ def saved_step(out_dir: str | Path) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
-def check_resumable(state: RunState, trajectory: dict, start_fingerprint: str, work_dir: Path) -> None:
+def check_resumable(state: RunState, trajectory: dict[str, Any], start_fingerprint: str, work_dir: Path) -> None:
     """RecoveryError unless the saved run can continue with these settings and this model."""
     if state.start_fingerprint != start_fingerprint:
         raise RecoveryError(
@@ -235,10 +237,10 @@ def check_output_dir(out_dir: str | Path, model_source: str | None = None) -> No
         raise RecoveryError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
 
 
-def checkpoint_plan(lm):
+def checkpoint_plan(lm: LoadedModel) -> tuple[RatePlan, dict[str, list[list[int]]]]:
     """(plan, kept indices) to write with the recovered weights: the checkpoint's own, or for a
     dense model a plan with every rate 0 (so ``gap eval`` compares it with the original)."""
-    from gap_engine.model.rateplan import RatePlan, make_plan
+    from gap_engine.model.rateplan import make_plan
 
     if lm.pruned_from is None:
         plan = make_plan(lm, [0.0] * lm.num_layers, [0.0] * lm.num_layers, "magnitude", allocator="dense")
@@ -263,13 +265,13 @@ def checkpoint_plan(lm):
     return plan, kept
 
 
-def _curve_csv(curve: list[dict]) -> str:
+def _curve_csv(curve: list[CurveRow]) -> str:
     lines = ["step,seconds,loss,lr"]
     lines += [f"{row['step']},{row['seconds']:.3f},{row['loss']:.6f},{row['lr']:.6g}" for row in curve]
     return "\n".join(lines) + "\n"
 
 
-def storage_dtype(lm) -> str:
+def storage_dtype(lm: LoadedModel) -> str:
     """The storage dtype of the folder ``lm`` was read from: a gap checkpoint's recorded dtype,
     else its config.json's, else the default (bfloat16)."""
     from gap_engine.core.config import DEFAULT_SAVE_DTYPE, SAVE_DTYPES
@@ -282,12 +284,12 @@ def storage_dtype(lm) -> str:
         except (OSError, ValueError, AttributeError):
             continue
         if value in SAVE_DTYPES:
-            return value
+            return str(value)
     return DEFAULT_SAVE_DTYPE
 
 
 @torch.no_grad()
-def round_to_storage(model, dtype: str) -> None:
+def round_to_storage(model: torch.nn.Module, dtype: str) -> None:
     """Round every floating parameter to ``dtype``'s precision in place (kept in its own dtype),
     so what is evaluated after training is exactly what the checkpoint stores."""
     from gap_engine.model.storage import parse_dtype
@@ -298,7 +300,9 @@ def round_to_storage(model, dtype: str) -> None:
             param.copy_(param.to(target).to(param.dtype))
 
 
-def write_checkpoint(lm, plan, kept: dict, out_dir: Path, result, adapter_dir: Path | None) -> None:
+def write_checkpoint(
+    lm: LoadedModel, plan: RatePlan, kept: dict[str, list[list[int]]], out_dir: Path, result: RecoveryResult, adapter_dir: Path | None
+) -> None:
     """The recovered model as a pruned checkpoint (``checkpoint.save_pruned``) in ``result.save_dtype``,
     its model card saying what recovery ran, plus ``recovery.json``, ``losses.csv`` and the unmerged
     ``adapter/``, all renamed into place together."""
@@ -312,7 +316,7 @@ def write_checkpoint(lm, plan, kept: dict, out_dir: Path, result, adapter_dir: P
             shutil.copytree(adapter_dir, tmp / "adapter")
 
 
-def card_summary(result) -> dict:
+def card_summary(result: RecoveryResult) -> dict[str, Any]:
     """What the model card says about a recovery run (a recover.RecoveryResult)."""
     before = result.before or {}
     return {
@@ -330,7 +334,7 @@ def card_summary(result) -> dict:
     }
 
 
-def record_in_history(lm, plan, result, history_path: Path | None) -> int:
+def record_in_history(lm: LoadedModel, plan: RatePlan, result: RecoveryResult, history_path: Path | None) -> int:
     """Add a finished run (a recover.RecoveryResult) to the run history; returns its id."""
     from gap_engine.evaluate import history
 

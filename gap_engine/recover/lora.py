@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+
 log = logging.getLogger(__name__)
 
 
-def attach(model: nn.Module, target_names: list[str], rank: int, alpha: float, dropout: float, seed: int):
+def attach(model: nn.Module, target_names: list[str], rank: int, alpha: float, dropout: float, seed: int) -> PeftModel:
     """Wrap ``model`` (in place) with LoRA adapters on every module named in ``target_names``.
 
     Args:
@@ -52,17 +56,17 @@ def attach(model: nn.Module, target_names: list[str], rank: int, alpha: float, d
     return peft_model
 
 
-def trainable(peft_model) -> list[torch.nn.Parameter]:
+def trainable(peft_model: PeftModel) -> list[torch.nn.Parameter]:
     return [p for p in peft_model.parameters() if p.requires_grad]
 
 
-def make_optimizer(peft_model, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(peft_model: PeftModel, lr: float) -> torch.optim.Optimizer:
     """AdamW on the adapters (no weight decay: the run is short and B starts at zero)."""
     return torch.optim.AdamW(trainable(peft_model), lr=lr, betas=(0.9, 0.999), weight_decay=0.0)
 
 
 def train_step(
-    peft_model,
+    peft_model: PeftModel,
     optimizer: torch.optim.Optimizer,
     loss_fn: Callable[[], torch.Tensor],
     lr: float,
@@ -95,7 +99,7 @@ def train_step(
     return float(loss.detach())
 
 
-def adapter_tensors(peft_model) -> dict[str, torch.Tensor]:
+def adapter_tensors(peft_model: PeftModel) -> dict[str, torch.Tensor]:
     """The adapters' weights (peft's own state-dict names), copied to the CPU."""
     from peft import get_peft_model_state_dict
 
@@ -105,7 +109,7 @@ def adapter_tensors(peft_model) -> dict[str, torch.Tensor]:
     return {name: t.detach().to("cpu").clone() for name, t in state.items()}
 
 
-def load_adapter_tensors(peft_model, tensors: dict[str, torch.Tensor]) -> None:
+def load_adapter_tensors(peft_model: PeftModel, tensors: dict[str, torch.Tensor]) -> None:
     """Put weights saved by :func:`adapter_tensors` back (every adapter must be matched)."""
     from peft import set_peft_model_state_dict
 
@@ -115,11 +119,12 @@ def load_adapter_tensors(peft_model, tensors: dict[str, torch.Tensor]) -> None:
         raise ValueError(f"saved adapters do not fit the model: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}")
 
 
-def save_adapter(peft_model, folder) -> None:
+def save_adapter(peft_model: PeftModel, folder: str | Path) -> None:
     """The unmerged adapter in peft's format (``PeftModel.from_pretrained`` reads it)."""
     peft_model.save_pretrained(str(folder), save_embedding_layers=False)
 
 
-def merge(peft_model) -> nn.Module:
+def merge(peft_model: PeftModel) -> nn.Module:
     """Fold every adapter into its projection and return the plain transformers model."""
-    return peft_model.merge_and_unload()
+    merged: nn.Module = peft_model.merge_and_unload()
+    return merged

@@ -12,8 +12,9 @@ and ``optimizer_state`` for snapshots, ``restore`` on resume, ``finish`` at the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,11 +24,13 @@ from torch import nn
 from gap_engine.core.config import RECOVERY_PROJECTIONS, WindowSpec
 from gap_engine.core.errors import DataError
 from gap_engine.core.progress import Hooks
+from gap_engine.data.bos import Tokenizer
 from gap_engine.data.windows import calibration_windows, load_corpus
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.recover import lora as recover_lora
 from gap_engine.recover import zo as recover_zo
 from gap_engine.recover.distill import Objective
+from gap_engine.recover.settings import ProbeRow, RecoverySettings
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ PROJECTIONS = RECOVERY_PROJECTIONS  # short names of the trainable projections
 class TaskData:
     """Per task, a pool of calibration windows; each step samples ``batch_size`` from every pool."""
 
-    def __init__(self, lm: LoadedModel, settings):
+    def __init__(self, lm: LoadedModel, settings: RecoverySettings):
         self.settings = settings
         self.pools: list[torch.Tensor] = []  # per task: (n_pool, T)
         for spec in settings.tasks:
@@ -67,12 +70,12 @@ class TaskData:
         return [pool[:count] for pool in self.pools]
 
 
-def _token_count(tokenizer, texts) -> int:
+def _token_count(tokenizer: Tokenizer, texts: Iterable[str]) -> int:
     encoded = tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
     return sum(len(ids) for ids in encoded) + max(0, len(encoded) - 1)
 
 
-def multitask_loss(model, batch: torch.Tensor, n_tasks: int, bf16: bool = False) -> torch.Tensor:
+def multitask_loss(model: nn.Module, batch: torch.Tensor, n_tasks: int, bf16: bool = False) -> torch.Tensor:
     """Per-task mean next-token NLL of a task-major batch.
 
     Args:
@@ -91,7 +94,7 @@ def multitask_loss(model, batch: torch.Tensor, n_tasks: int, bf16: bool = False)
 
 
 # ---- the two kinds of training -------------------------------------------------------------
-def projection_modules(lm: LoadedModel, short_names) -> list[tuple[str, torch.nn.Linear]]:
+def projection_modules(lm: LoadedModel, short_names: Iterable[str]) -> list[tuple[str, torch.nn.Linear]]:
     """(module path, linear) of the chosen projections of every block, in block order."""
     paths = {id(module): name for name, module in lm.model.named_modules()}
     out: list[tuple[str, nn.Linear]] = []
@@ -103,7 +106,7 @@ def projection_modules(lm: LoadedModel, short_names) -> list[tuple[str, torch.nn
     return out
 
 
-def module_names(lm: LoadedModel, short_names) -> list[str]:
+def module_names(lm: LoadedModel, short_names: Iterable[str]) -> list[str]:
     a = lm.adapter
     full = dict(zip(PROJECTIONS, (a.query_name, a.key_name, a.value_name, a.output_name, a.gate_name, a.up_name, a.down_name)))
     return [full[s] for s in PROJECTIONS if s in short_names]
@@ -113,11 +116,11 @@ class ZORun:
     """MaZO (with a mask) or MeZO (without): two forward passes per step (plus the teacher's
     one when distilling), the objective's loss as the scalar the SPSA estimate differences."""
 
-    def __init__(self, lm: LoadedModel, settings, objective: Objective | None = None):
+    def __init__(self, lm: LoadedModel, settings: RecoverySettings, objective: Objective | None = None):
         self.lm, self.settings = lm, settings
         self.objective = objective or Objective(bf16=settings.bf16)
         self.targets = [recover_zo.ZOTarget(name, lin) for name, lin in projection_modules(lm, settings.targets)]
-        self.optimizer_state = None
+        self.optimizer_state: dict[str, Any] | None = None  # ZO keeps no optimizer state
         self.workspace: recover_zo.Workspace | None = None
 
     @property
@@ -128,7 +131,7 @@ class ZORun:
         if self.settings.method != "mazo":
             return
         linears = [t.linear for t in self.targets]
-        norms = []
+        norms: list[list[torch.Tensor]] = []  # per task: per target
         for spec, pool in zip(self.settings.tasks, data.pools):
             hooks.say(f"weight importance on {spec}")
             norms.append(recover_zo.input_feature_norms(
@@ -139,14 +142,14 @@ class ZORun:
                 target.linear.weight, [n[j] for n in norms], self.settings.mask_fraction, self.settings.magnitude_weight
             )
 
-    def restore(self, tensors: dict[str, torch.Tensor], optimizer_state) -> None:
+    def restore(self, tensors: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None) -> None:
         for target in self.targets:
             if self.settings.method == "mazo":
                 target.columns = tensors[f"{target.name}::columns"].to(target.linear.weight.device)
             target.load_values(tensors[f"{target.name}::values"])
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        out = {}
+        out: dict[str, torch.Tensor] = {}
         for target in self.targets:
             out[f"{target.name}::values"] = target.trainable_values()
             if target.columns is not None:
@@ -170,14 +173,14 @@ class ZORun:
             self.workspace = recover_zo.Workspace(self.targets)
         return recover_zo.zo_step(self.lm.model, self.targets, loss_fn, seed, self.settings.eps, lr, self.workspace).loss
 
-    def finish(self, adapter_dir: Path):
+    def finish(self, adapter_dir: Path) -> tuple[nn.Module, Path | None]:
         return self.lm.model, None
 
 
 class LoraRun:
     """LoRA adapters through peft, AdamW, merged at the end."""
 
-    def __init__(self, lm: LoadedModel, settings, objective: Objective | None = None):
+    def __init__(self, lm: LoadedModel, settings: RecoverySettings, objective: Objective | None = None):
         self.lm, self.settings = lm, settings
         self.objective = objective or Objective(bf16=settings.bf16)
         self.peft = recover_lora.attach(
@@ -190,7 +193,7 @@ class LoraRun:
     def prepare(self, data: TaskData, hooks: Hooks) -> None:
         return None
 
-    def restore(self, tensors, optimizer_state) -> None:
+    def restore(self, tensors: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None) -> None:
         recover_lora.load_adapter_tensors(self.peft, tensors)
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
@@ -205,7 +208,7 @@ class LoraRun:
         return self.peft
 
     @property
-    def optimizer_state(self) -> dict:
+    def optimizer_state(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
     def step(self, step: int, batch: torch.Tensor, lr: float) -> float:
@@ -220,7 +223,7 @@ class LoraRun:
             self.settings.grad_clip,
         )
 
-    def finish(self, adapter_dir: Path):
+    def finish(self, adapter_dir: Path) -> tuple[nn.Module, Path | None]:
         """Save the unmerged adapter, then merge it; returns (plain model, adapter folder)."""
         recover_lora.save_adapter(self.peft, adapter_dir)
         return recover_lora.merge(self.peft), adapter_dir
@@ -254,8 +257,9 @@ PROBE_FACTORS = (3.0, 1.0, 0.3, 0.1, 0.01)  # candidates, as multiples of the de
 PROBE_STEPS = 4  # ZO steps per candidate
 
 
-def probe_learning_rate(run: ZORun, data: TaskData, default_lr: float, restore: Callable[[], None],
-                        say: Callable[[str], None], cancel) -> tuple[float, list[dict]]:
+def probe_learning_rate(
+    run: ZORun, data: TaskData, default_lr: float, restore: Callable[[], None], hooks: Hooks
+) -> tuple[float, list[ProbeRow]]:
     """A ZO learning rate that lowers this model's loss without diverging later: every
     candidate runs the first ``PROBE_STEPS`` steps at a constant rate from the starting weights
     (``restore`` puts them back, bit for bit, after each); the one whose objective on the fixed
@@ -266,6 +270,9 @@ def probe_learning_rate(run: ZORun, data: TaskData, default_lr: float, restore: 
     smollm2-135m the best of the probe (9e-4, MaZO-kd) was lowest after 4 steps and took held-out
     perplexity from 207 to 2,737 in 69 (bench/results/recovery.md).
 
+    Args:
+        hooks: told each candidate as a message; its cancel is polled before every probe step
+            (the starting weights are put back first).
     Returns:
         (chosen rate, one row per candidate: lr, loss before, loss after, and ``best`` on the
         lowest one).
@@ -275,12 +282,12 @@ def probe_learning_rate(run: ZORun, data: TaskData, default_lr: float, restore: 
     loss = CalibrationObjective(run, data, keep_teacher=True)  # the candidates are 5 x 4 steps apart: keep it
     start = loss()
     device = loss.windows.device
-    rows = []
+    rows: list[ProbeRow] = []
     for factor in PROBE_FACTORS:
         lr = default_lr * factor
-        say(f"probing the learning rate: {lr:.3g}")
+        hooks.say(f"probing the learning rate: {lr:.3g}")
         for step in range(PROBE_STEPS):
-            if cancel is not None and cancel.is_set():
+            if hooks.is_cancelled():
                 restore()
                 raise CancelledError("recovery cancelled while probing the learning rate")
             run.step(step, data.batch(step).to(device), lr)

@@ -44,6 +44,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -239,8 +240,8 @@ def perturbed(model: nn.Module, targets: list[ZOTarget], seed_of_step: int, scal
             else:
                 weight.scatter_(1, columns, saved)
 
-    def make_pre_hook(index: int):
-        def pre_hook(module, args):
+    def make_pre_hook(index: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def pre_hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             if active:
                 raise RuntimeError(f"{targets[index].name} ran while {targets[active[0]].name} was still perturbed")
             target = targets[index]
@@ -259,7 +260,7 @@ def perturbed(model: nn.Module, targets: list[ZOTarget], seed_of_step: int, scal
 
         return pre_hook
 
-    def post_hook(module, args, output):
+    def post_hook(module: nn.Module, args: tuple[Any, ...], output: object) -> None:
         restore()
 
     try:
@@ -324,10 +325,10 @@ def zo_step(
 class _InputNorms:
     """Sum over tokens of the squared input of one linear layer, per input feature."""
 
-    def __init__(self, width: int, device) -> None:
+    def __init__(self, width: int, device: torch.device) -> None:
         self.sum_sq = torch.zeros(width, dtype=torch.float64, device=device)
 
-    def __call__(self, module, args) -> None:
+    def __call__(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
         x = args[0].detach()
         self.sum_sq += x.reshape(-1, x.shape[-1]).double().pow(2).sum(0)  # (in,)
 

@@ -21,6 +21,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +43,13 @@ from gap_engine.model.units import block_geometries
 from gap_engine.prune.criteria import CRITERIA
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    import numpy.typing as npt
+
+    from gap_engine.model.loaded import LoadedModel
 
 # 2: windows start as the model expects (its BOS token, never counted), and every cell
 # records whether it was measured and on how many positions. Tables of version 1 were
@@ -110,7 +118,7 @@ class TableSpec:
             raise TableError(f"unknown refine_attention '{self.refine_attention}'; choose one of {', '.join(REFINE_ATTENTION)}")
         check_int(self.refine_neighbours, "refine_neighbours", TableError, low=0, high=3)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """The fields that identify a table, flat, for listings, cache metadata and the key."""
         out = {name: getattr(self.windows, name) for name in _WINDOW_FIELDS}
         skipped = {"windows"} | (set() if self.estimator == "refine" else set(_REFINE_FIELDS))
@@ -120,12 +128,12 @@ class TableSpec:
             out["refine_budgets"] = list(self.refine_budgets)
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The summary plus the batch size: what a table file records."""
         return self.summary() | {"batch_size": self.windows.batch_size}
 
     @classmethod
-    def from_dict(cls, data: dict) -> TableSpec:
+    def from_dict(cls, data: object) -> TableSpec:
         """The spec of a table file (flat fields; the old name "method" is read as "estimator")."""
         if not isinstance(data, dict):
             raise TableError("table spec must be an object")
@@ -189,7 +197,7 @@ class LossTable:
     dense_prunable: int  # prunable parameters of the dense model (all attention + MLP projections)
     build_seconds: float  # wall time of the build (0 for a resumed build's reused part)
     key: str  # cache key (see table_key)
-    extras: dict = field(default_factory=dict)  # build statistics (cells measured, reused, ...)
+    extras: dict[str, Any] = field(default_factory=dict)  # build statistics (cells measured, reused, ...)
     window_start: str = "text"  # how every calibration window started: "bos" (the model's BOS token, never counted) or "text"
     measured: np.ndarray | None = None  # (C, R) bool: True where the value was measured (or the cell removes nothing), False where estimated
     cell_tokens: np.ndarray | None = None  # (C, R) int64: token positions the cell's value was measured or estimated on
@@ -205,9 +213,10 @@ class LossTable:
         """(C, R) bool: which cells hold a measured value (every cell of an exact table)."""
         if self.measured is not None:
             return self.measured
-        return np.full(self.delta.shape, self.spec.estimator == "exact") | (self.removed == 0)
+        cells: np.ndarray = np.full(self.delta.shape, self.spec.estimator == "exact") | (self.removed == 0)
+        return cells
 
-    def basis(self, cells) -> str:
+    def basis(self, cells: Iterable[tuple[int, int]]) -> str:
         """What a prediction summed over ``cells`` ((component, rate index) pairs) rests on.
 
         Returns:
@@ -220,13 +229,13 @@ class LossTable:
             return "measured"
         return "estimated" if not any(flags) else "mixed"
 
-    def cells_for(self, attention_rates, mlp_rates) -> list[tuple[int, int]]:
+    def cells_for(self, attention_rates: Sequence[float], mlp_rates: Sequence[float]) -> list[tuple[int, int]]:
         """The cells a plan's predicted loss reads: its grid rate, or the two grid rates around an off-grid one.
 
         Args:
             attention_rates, mlp_rates: per-layer rates of a plan (a block row reads the attention rate).
         """
-        cells = []
+        cells: list[tuple[int, int]] = []
         grid = np.asarray(self.rate_grid, dtype=np.float64)
         for c, (layer, kind) in enumerate(self.components):
             rate = float((mlp_rates if kind == "mlp" else attention_rates)[layer])
@@ -236,7 +245,7 @@ class LossTable:
                 cells.append((c, upper - 1))
         return cells
 
-    def check_model(self, lm) -> None:
+    def check_model(self, lm: LoadedModel) -> None:
         """TableError unless this table was built for ``lm``."""
         self.check_identity(lm.name, lm.num_layers, lm.fingerprint)
 
@@ -252,7 +261,7 @@ class LossTable:
             )
 
     # ---- serialisation ---------------------------------------------------------------
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "format_version": TABLE_FORMAT_VERSION,
             "key": self.key,
@@ -294,7 +303,7 @@ class LossTable:
             raise TableError(f"malformed loss table: {detail}") from None
 
     @classmethod
-    def _from_dict(cls, data) -> LossTable:
+    def _from_dict(cls, data: object) -> LossTable:
         if not isinstance(data, dict):
             raise TableError("malformed loss table: expected a JSON object")
         version = data.get("format_version")
@@ -315,7 +324,7 @@ class LossTable:
             raise TableError("malformed loss table: rate_grid differs from the spec's grid")
         shape = (len(components), len(rate_grid))
 
-        def matrix(name: str, dtype) -> np.ndarray:
+        def matrix(name: str, dtype: npt.DTypeLike) -> np.ndarray:
             arr = np.asarray(data[name], dtype=dtype)
             if arr.shape != shape:
                 raise TableError(f"malformed loss table: {name} has shape {arr.shape}, expected {shape}")
@@ -413,7 +422,7 @@ def isotonic_smooth(delta: np.ndarray) -> np.ndarray:
     return out
 
 
-def table_key(lm, spec: TableSpec, data_fingerprint: str) -> str:
+def table_key(lm: LoadedModel, spec: TableSpec, data_fingerprint: str) -> str:
     """Cache key: a readable prefix and a hash of everything that changes the numbers.
 
     Args:
@@ -445,7 +454,9 @@ def table_components(num_layers: int, mode: str) -> list[tuple[int, str]]:
     return [(layer, kind) for layer in range(num_layers) for kind in kinds]
 
 
-def removed_table(lm, components, rate_grid, channel_multiple) -> tuple[np.ndarray, int]:
+def removed_table(
+    lm: LoadedModel, components: Sequence[tuple[int, str]], rate_grid: Sequence[float] | np.ndarray, channel_multiple: int
+) -> tuple[np.ndarray, int]:
     """(C, R) parameters removed per cell and the dense prunable count, from units."""
     geoms = block_geometries(lm)
     removed = np.zeros((len(components), len(rate_grid)), dtype=np.int64)

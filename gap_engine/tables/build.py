@@ -2,7 +2,9 @@
 
 ``artefact`` defines the table and its settings, ``cells`` what one cell removes,
 ``exact`` measures every cell, ``estimate`` fills the table from one gradient pass, and
-``refine`` starts from that estimate and measures exactly the cells the plans use.
+``refine`` starts from that estimate and measures exactly the cells the plans use. Each
+estimator's registry entry (``estimators.ESTIMATORS``) names the filler that does its part,
+so adding an estimator is one entry and its function.
 ``measure_table`` is the entry point on given windows; ``pipeline.loss_table`` adds the
 calibration text and the on-disk cache.
 """
@@ -15,9 +17,10 @@ import time
 import numpy as np
 import torch
 
-from gap_engine.core.device import CPU_FP32, is_streamed, placement_of, resolve
-from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, NO_HOOKS, SCORE_UNITS, Hooks
+from gap_engine.core.device import CPU_FP32, placement_of, resolve
+from gap_engine.core.progress import NO_HOOKS, SCORE_UNITS, Hooks
 from gap_engine.data.bos import text_start
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import (
     TABLE_FORMAT_VERSION,
@@ -31,11 +34,9 @@ from gap_engine.tables.artefact import (
     table_key,
 )
 from gap_engine.tables.cells import objective_positions
-from gap_engine.tables.estimate import estimate_cells
-from gap_engine.tables.exact import WindowCells, measure_exact, window_cells
-from gap_engine.tables.ledger import CellFiller, CellRequest, PartialStore
-from gap_engine.tables.refine import refine_cells
-from gap_engine.tables.streaming import measure_exact_streamed
+from gap_engine.tables.estimators import ESTIMATORS
+from gap_engine.tables.exact import WindowCells, window_cells
+from gap_engine.tables.ledger import BuildStats, CellFiller, CellRequest, PartialStore, TableFiller
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,15 @@ __all__ = [
 
 
 def assemble_table(
-    lm, spec: TableSpec, key: str, data_fingerprint: str, components, objective: np.ndarray, dense: float, seconds: float, stats: dict,
+    lm: LoadedModel,
+    spec: TableSpec,
+    key: str,
+    data_fingerprint: str,
+    components: list[tuple[int, str]],
+    objective: np.ndarray,
+    dense: float,
+    seconds: float,
+    stats: BuildStats,
     filled: Filled | None = None,
 ) -> LossTable:
     """A LossTable from (C, R) cell objectives: deltas over dense, smoothed rows, removed parameters.
@@ -95,7 +104,7 @@ def assemble_table(
 
 
 def measure_table(
-    lm,
+    lm: LoadedModel,
     spec: TableSpec,
     windows: torch.Tensor,
     hooks: Hooks = NO_HOOKS,
@@ -131,19 +140,8 @@ def measure_table(
     start = text_start(lm.tokenizer, windows)
     tokens = np.full((len(components), len(spec.rate_grid)), objective_positions(windows, spec.objective, start), dtype=np.int64)
     window_start = "bos" if start else "text"
-    estimate = None
-    if spec.estimator == "exact":
-        measure: CellFiller = cells or (measure_exact_streamed if is_streamed(lm) else measure_exact)
-        hooks.enter(DENSE_PASS)
-        objective, dense, stats = measure(CellRequest(lm, spec, windows, scores, components, _cells_start(hooks), partial))
-        measured = np.ones(tokens.shape, dtype=bool)
-    elif spec.estimator == "refine":
-        hooks.enter(GRADIENT_PASS)  # its estimate's batches, then the cells it measures (one stage: its total grows)
-        objective, dense, stats, measured, estimate = refine_cells(CellRequest(lm, spec, windows, scores, components, hooks, partial))
-    else:
-        hooks.enter(GRADIENT_PASS)
-        objective, dense, stats = estimate_cells(lm, spec, windows, scores, components, hooks)
-        measured = np.zeros(tokens.shape, dtype=bool)
+    fill: TableFiller = ESTIMATORS.function(spec.estimator)  # the estimator's own filler enters its stages
+    objective, dense, stats, measured, estimate = fill(CellRequest(lm, spec, windows, scores, components, hooks, partial), cells)
     if placement_of(lm) != resolve(CPU_FP32):  # tables built the old way keep their exact extras
         stats = stats | {"placement": placement_of(lm).describe()}
     filled = Filled(measured, tokens, estimate, window_start)
@@ -154,16 +152,3 @@ def measure_table(
     log.info("loss table %s: %d x %d cells in %.1f s", key or "(uncached)", *table.delta.shape, table.build_seconds)
     return table
 
-
-def _cells_start(hooks: Hooks) -> Hooks:
-    """``hooks`` whose progress announces the cells stage at its first call: ``measure_exact``
-    reports (cells already measured, cells, None) once, as its dense pass ends."""
-    started: list[bool] = []
-
-    def report(done: int, total: int, eta: float | None = None) -> None:
-        if not started:
-            started.append(True)
-            hooks.enter(CELLS)
-        hooks.report(done, total, eta)
-
-    return hooks.but(progress=report)

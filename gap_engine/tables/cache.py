@@ -24,6 +24,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -45,12 +46,12 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _cells_sha256(cells: list) -> str:
+def _cells_sha256(cells: list[list[float]]) -> str:
     """Checksum of partial cells ([component, rate index, value] rows) in their JSON form."""
     return _sha256(json.dumps(cells, separators=(",", ":")).encode("utf-8"))
 
 
-def _cell_index(cell) -> tuple[int, int]:
+def _cell_index(cell: object) -> tuple[int, int]:
     if not isinstance(cell, list) or len(cell) != 3:
         raise CacheError("a cell must be [component, rate index, value]")
     return check_int(cell[0], "a cell component", CacheError, 0), check_int(cell[1], "a cell rate index", CacheError, 0)
@@ -95,7 +96,7 @@ def get_table(key: str) -> LossTable | None:
     return table
 
 
-def put_table(table: LossTable, stage_seconds: dict | None = None) -> Path:
+def put_table(table: LossTable, stage_seconds: dict[str, float] | None = None) -> Path:
     """Store a finished table (table.json, then meta.json) and drop its partial cells.
 
     Args:
@@ -126,10 +127,10 @@ def put_table(table: LossTable, stage_seconds: dict | None = None) -> Path:
     return folder
 
 
-def list_tables() -> list[dict]:
+def list_tables() -> list[dict[str, Any]]:
     """Finished entries: key, model, spec summary, created, size (bytes), build seconds, stage seconds."""
     root = tables_root()
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     if not root.is_dir():
         return rows
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):

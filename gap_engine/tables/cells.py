@@ -10,6 +10,7 @@ to the dense model (T); a leading BOS token (``data.text_start``) is never count
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from gap_engine.core.device import wide
 from gap_engine.data.bos import next_token_nll
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.prune.surgery import removed_units
 from gap_engine.tables.objectives import OBJECTIVES
@@ -35,12 +37,14 @@ class Cut:
         return not self.heads and not self.channels
 
 
-def unit_cuts(lm, scores: ImportanceScores, components, rate_grid, channel_multiple) -> list[list[Cut]]:
+def unit_cuts(
+    lm: LoadedModel, scores: ImportanceScores, components: Sequence[tuple[int, str]], rate_grid: Sequence[float], channel_multiple: int
+) -> list[list[Cut]]:
     """[component][rate] the units removed, chosen exactly as surgery chooses them."""
     layers = lm.adapter.layers(lm.model)
-    out = []
+    out: list[list[Cut]] = []
     for layer_index, kind in components:
-        row = []
+        row: list[Cut] = []
         for rate in rate_grid:
             heads, channels = removed_units(
                 lm.adapter,
@@ -71,7 +75,8 @@ def objective_per_window(
     from BOS alone are never counted and both window conventions score the same text.
     Logits of a bf16/fp16 model are taken to float32 first, whatever the model's dtype.
     """
-    return OBJECTIVES.function(objective)(logits.float(), input_ids, dense_logprobs, start)  # .float(): no copy when they already are
+    per_window: torch.Tensor = OBJECTIVES.function(objective)(logits.float(), input_ids, dense_logprobs, start)  # .float(): no copy when they already are
+    return per_window
 
 
 def nll_per_window(logits: torch.Tensor, input_ids: torch.Tensor, dense_logprobs: torch.Tensor | None, start: int) -> torch.Tensor:
@@ -88,7 +93,7 @@ def kl_per_window(logits: torch.Tensor, input_ids: torch.Tensor, dense_logprobs:
     return wide(per_token).sum(1)
 
 
-def objective_sum(logits: torch.Tensor, input_ids: torch.Tensor, objective: str, dense_logprobs, start: int = 0) -> float:
+def objective_sum(logits: torch.Tensor, input_ids: torch.Tensor, objective: str, dense_logprobs: torch.Tensor | None, start: int = 0) -> float:
     """Objective summed over all counted positions of a batch (see objective_per_window)."""
     return float(objective_per_window(logits, input_ids, objective, dense_logprobs, start).sum())
 

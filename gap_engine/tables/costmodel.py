@@ -31,7 +31,10 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, SCORE_UNITS
@@ -39,6 +42,12 @@ from gap_engine.model.adapters import LayerGeometry
 from gap_engine.model.units import ComponentGeometry, attention_shape_for_rate, channels_for_rate
 from gap_engine.tables.exact import MAX_STORED_LOGPROB_BYTES
 from gap_engine.tables.streaming import STREAM_GROUP_BYTES
+
+if TYPE_CHECKING:
+    import torch
+
+    from gap_engine.core.device import DeviceSpec, Placement
+    from gap_engine.tables.artefact import TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +73,12 @@ class ModelShape:
     qkv_bias: bool = False
 
     @classmethod
-    def from_config(cls, config, name: str = "") -> ModelShape:
-        """From a transformers config (any family with the Llama naming of its fields)."""
+    def from_config(cls, config: Any, name: str = "") -> ModelShape:
+        """From a transformers config (any family with the Llama naming of its fields).
+
+        ``config`` is read by attribute name only, so it may be a transformers config or a
+        namespace of a config.json's fields (``recover.cost``): typed Any for that reason.
+        """
         heads = config.num_attention_heads
         return cls(
             name=name or getattr(config, "_name_or_path", "") or config.model_type,
@@ -111,7 +124,7 @@ SHAPES = {
 }
 
 
-def distinct_cuts_per_layer(shape: ModelShape, rate_grid, mode: str, channel_multiple: int) -> int:
+def distinct_cuts_per_layer(shape: ModelShape, rate_grid: Sequence[float], mode: str, channel_multiple: int) -> int:
     """Distinct non-empty cuts of one layer: cells that are really measured (as ``exact.distinct_cuts``)."""
     g = shape.geometry
     full_attn = attention_shape_for_rate(g.geometry, g.hidden, 0.0, g.qkv_bias, g.o_bias)
@@ -174,13 +187,13 @@ def head_flops_per_token(shape: ModelShape) -> float:
     return 2.0 * shape.head_params
 
 
-def _profile_path(key: dict):
+def _profile_path(key: dict[str, object]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_root() / "costmodel" / f"profile-{digest}.json"
 
 
 def measured_profile(
-    placement, shape: ModelShape, seq_len: int = 256, batch: int = 2, refresh: bool = False, measure: bool = True
+    placement: Placement, shape: ModelShape, seq_len: int = 256, batch: int = 2, refresh: bool = False, measure: bool = True
 ) -> DeviceProfile | None:
     """This machine's speed on a one-layer model of ``shape`` (narrowed), measured once and cached.
 
@@ -212,7 +225,7 @@ def measured_profile(
     return profile
 
 
-def _time(fn, device, repeats: int = 3) -> float:
+def _time(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
     from gap_engine.core.device import synchronize
 
     fn()  # warm-up
@@ -226,7 +239,7 @@ def _time(fn, device, repeats: int = 3) -> float:
     return best
 
 
-def _measure(placement, calib: ModelShape, seq_len: int, batch: int) -> DeviceProfile:
+def _measure(placement: Placement, calib: ModelShape, seq_len: int, batch: int) -> DeviceProfile:
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -277,11 +290,11 @@ class BuildEstimate:
     stream: bool  # blocks streamed from the host
     cells: int  # distinct cells measured (exact, refine)
     seconds: float  # predicted wall time
-    parts: dict  # seconds per part: importance, dense pass, cells, transfers, ...
+    parts: dict[str, float]  # seconds per part: importance, dense pass, cells, transfers, ...
     device_bytes: float  # peak device memory of the busiest process
     host_bytes: float  # peak host memory of the driver
     device_memory: float  # the device's memory (0: unknown)
-    notes: list  # assumptions worth reading
+    notes: list[str]  # assumptions worth reading
 
     @property
     def fits(self) -> bool | None:
@@ -302,11 +315,11 @@ class BuildEstimate:
         out.append(f"basis: {self.basis}")
         return out + [f"assumes: {note}" for note in self.notes]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"fits": self.fits}
 
 
-def stage_seconds(estimate: BuildEstimate) -> dict:
+def stage_seconds(estimate: BuildEstimate) -> dict[str, float]:
     """The estimate's parts as the table job's stages (``progress`` names), for its time-left
     before this machine has built a comparable table (transfers and shipping go to the
     stage that moves the data)."""
@@ -333,7 +346,7 @@ def _bytes(value: float) -> str:
     return f"{value / 1e9:.1f} GB" if value >= 1e8 else f"{value / 1e6:.0f} MB"
 
 
-def layer_cells(shape: ModelShape, spec) -> list[int]:
+def layer_cells(shape: ModelShape, spec: TableSpec) -> list[int]:
     """Distinct cells per layer (the same for every layer of a dense model)."""
     return [distinct_cuts_per_layer(shape, spec.rate_grid, spec.mode, spec.channel_multiple)] * shape.layers
 
@@ -347,7 +360,7 @@ def _seconds_per_token(shape: ModelShape, profile: DeviceProfile, seq_len: int) 
     return block, head
 
 
-def estimate_build(shape: ModelShape, spec, profile: DeviceProfile, dtype_bytes: int, stream: bool = False, workers: int = 1) -> BuildEstimate:
+def estimate_build(shape: ModelShape, spec: TableSpec, profile: DeviceProfile, dtype_bytes: int, stream: bool = False, workers: int = 1) -> BuildEstimate:
     """Predicted time and peak memory of building ``spec``'s table for ``shape``.
 
     Args:
@@ -369,7 +382,7 @@ def estimate_build(shape: ModelShape, spec, profile: DeviceProfile, dtype_bytes:
     parts = {"importance": criterion_passes * forward}
     notes = ["no overlap of transfers with compute", "backward = 2 x forward FLOPs"]
     per_layer = layer_cells(shape, spec)
-    cells, cell_costs = 0, {}
+    cells, cell_costs = 0, dict[int, float]()
     if spec.estimator in ("exact", "refine"):
         measured = per_layer if spec.estimator == "exact" else [min(c, REFINE_CELLS * (2 if spec.mode == "split" else 1)) for c in per_layer]
         if spec.estimator == "refine":
@@ -421,7 +434,7 @@ def _stream_moves(per_layer: list[int], layers: int, state_bytes: int, budget: f
     return sum(layers - ordered[g] for g in range(0, len(ordered), per_group)), per_group
 
 
-def _working_bytes(shape: ModelShape, spec, dtype_bytes: int, kind: str, gradients: bool = False) -> float:
+def _working_bytes(shape: ModelShape, spec: TableSpec, dtype_bytes: int, kind: str, gradients: bool = False) -> float:
     """One batch's working set: the widest activations and the float32 logits (every block's
     activations when a backward pass follows)."""
     b, t, d = spec.windows.batch_size, spec.windows.seq_len, shape.hidden
@@ -432,7 +445,9 @@ def _working_bytes(shape: ModelShape, spec, dtype_bytes: int, kind: str, gradien
     return logits + (shape.layers if gradients else 1) * activations
 
 
-def _memory(shape: ModelShape, spec, dtype_bytes: int, stream: bool, workers: int, ranges, in_flight: float, kind: str) -> tuple[float, float]:
+def _memory(
+    shape: ModelShape, spec: TableSpec, dtype_bytes: int, stream: bool, workers: int, ranges: list[list[int]], in_flight: float, kind: str
+) -> tuple[float, float]:
     """(peak device bytes of the busiest process, peak host bytes of the driver); ``in_flight``:
     the streamed cells' states held on the device."""
     n, t = spec.windows.n_samples, spec.windows.seq_len
@@ -456,6 +471,8 @@ def _memory(shape: ModelShape, spec, dtype_bytes: int, stream: bool, workers: in
     if spec.objective == "kl" and n * t * shape.vocab * 4 <= MAX_STORED_LOGPROB_BYTES:
         stored += n * t * shape.vocab * 4
     non_block = weights - L * block
+    device: float
+    host: float
     if stream:
         device, host = non_block + block + working + in_flight + state, weights + stored
     else:
@@ -472,7 +489,6 @@ def model_shape(name_or_path: str) -> ModelShape:
     config where one is on disk (no weights loaded), else from the loaded model."""
     if name_or_path in SHAPES:
         return SHAPES[name_or_path]
-    from pathlib import Path
 
     from transformers import AutoConfig
 
@@ -485,7 +501,7 @@ def model_shape(name_or_path: str) -> ModelShape:
 
 
 def predict_build(
-    model: str, spec, device, workers: int = 1, profile: str | None = None, measure: bool = True
+    model: str, spec: TableSpec, device: DeviceSpec, workers: int = 1, profile: str | None = None, measure: bool = True
 ) -> BuildEstimate | None:
     """The predicted time and memory of building ``spec``'s table for ``model``: what `gap table
     --dry-run` prints and the explorer's Setup shows before Build (one assembly for both).

@@ -30,7 +30,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import torch
 from torch import nn
@@ -39,16 +40,54 @@ from gap_engine.core.device import DeviceSpec, dtype_name, is_streamed, placemen
 from gap_engine.core.errors import CancelledError, GapError, one_line
 from gap_engine.core.progress import Hooks
 from gap_engine.core.validate import check_int
-from gap_engine.model.layerwise import tree_to
-from gap_engine.tables.cells import objective_positions, unit_cuts
+from gap_engine.model.adapters import ArchitectureAdapter
+from gap_engine.model.layerwise import BlockCall, tree_to
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.cells import Cut, objective_positions, unit_cuts
 from gap_engine.tables.exact import DenseState, dense_pass, distinct_cuts
-from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues, block_costs
+from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues, Job, block_costs
 from gap_engine.tables.streaming import streamed_dense_state
 
 if TYPE_CHECKING:
     from gap_engine.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
+
+# Ray is an optional dependency imported on first use, so the module travels as a ModuleType
+# (its attributes are Any to mypy); actor handles and object references get their
+# `.remote` methods at run time, so they are Any as well.
+Actor = Any  # a CellWorker actor handle
+ObjectRef = Any  # a ray.ObjectRef
+
+
+class SharedRefs(TypedDict):
+    """What every call of one build shares, put in Ray's object store once."""
+
+    build: str  # which build (a worker set up for another one sets itself up again)
+    shell: ObjectRef  # (the model without its blocks, the decoder attribute that holds them)
+    blocks: list[ObjectRef | None]  # [j] host copy of block j; None before the earliest layer with work
+    calls: ObjectRef  # [b][j] BlockCall
+    batches: ObjectRef  # [b] (B, T) token ids
+    final: ObjectRef | None  # [b] (B, T, d) final hidden states (kl objective only)
+    layer_inputs: dict[int, ObjectRef]  # layer -> [b] (B, T, d) its dense inputs, put when first needed
+    objective: str
+    positions: int  # counted positions the objective is divided by
+    start: int  # leading non-text positions (BOS), never counted
+
+
+class UnitRefs(TypedDict):
+    """What one call of ``CellWorker.measure`` is given: the shared references and one layer's inputs."""
+
+    build: str
+    shell: ObjectRef
+    blocks: list[ObjectRef | None]
+    calls: ObjectRef
+    batches: ObjectRef
+    final: ObjectRef | None
+    objective: str
+    positions: int
+    start: int
+    inputs: ObjectRef  # [b] (B, T, d) inputs of the layer measured
 
 
 class RayError(GapError):
@@ -71,7 +110,7 @@ class RaySettings:
         return self
 
 
-def import_ray():
+def import_ray() -> ModuleType:
     try:
         import ray
     except ImportError:
@@ -130,7 +169,7 @@ def layer_ranges(costs: dict[int, float], workers: int) -> list[list[int]]:
 
 
 # ---- the worker --------------------------------------------------------------------------------
-def shell_of(model: nn.Module, adapter) -> tuple[nn.Module, str]:
+def shell_of(model: nn.Module, adapter: ArchitectureAdapter) -> tuple[nn.Module, str]:
     """A host copy of the model without its blocks (embeddings, final norm, LM head, config),
     and the name of the decoder attribute that holds the blocks."""
     decoder, layers = adapter.decoder(model), adapter.layers(model)
@@ -159,7 +198,7 @@ class CellWorker:
 
         torch.set_num_threads(threads)
         self.placement = resolve(device)
-        self.build = None  # which build the model below belongs to
+        self.build: str | None = None  # which build the model below belongs to
         self.lm: LoadedModel | None = None  # set up from the first call of a build
         self.loaded: set[int] = set()
         self.shared: dict[str, object] = {}
@@ -167,7 +206,7 @@ class CellWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def _setup(self, refs: dict) -> None:
+    def _setup(self, refs: UnitRefs) -> None:
         import ray
 
         from gap_engine.model.adapters import adapter_for
@@ -181,7 +220,7 @@ class CellWorker:
         self.lm = LoadedModel(name="ray-worker", model=model, tokenizer=None, adapter=adapter, fingerprint="", source="ray", placement=self.placement)
         self.build, self.loaded, self.shared = refs["build"], set(), {}
 
-    def _get(self, ref):
+    def _get(self, ref: ObjectRef) -> Any:
         import ray
 
         key = ref.hex()
@@ -189,18 +228,20 @@ class CellWorker:
             self.shared[key] = tree_to(ray.get(ref), self.placement.device)
         return self.shared[key]
 
-    def _load_blocks(self, block_refs: list, first: int) -> None:
+    def _load_blocks(self, block_refs: list[ObjectRef | None], first: int) -> None:
         import ray
 
         assert self.lm is not None, "_setup runs first"
         layers = self.lm.adapter.layers(self.lm.model)
         for j in range(first, len(layers)):
             if j not in self.loaded:
-                block = ray.get(block_refs[j])
+                ref = block_refs[j]
+                assert ref is not None, "blocks from the first layer with work on are shipped"
+                block = cast(nn.Module, ray.get(ref))
                 layers[j] = block if self.placement.stream else block.to(self.placement.device)
                 self.loaded.add(j)
 
-    def measure(self, layer: int, jobs: list, refs: dict) -> tuple[int, list[tuple[int, float]]]:
+    def measure(self, layer: int, jobs: list[tuple[int, Cut]], refs: UnitRefs) -> tuple[int, list[tuple[int, float]]]:
         """Cells of one layer: [(job index, objective per position)], with this process's id."""
         import ray
 
@@ -210,7 +251,8 @@ class CellWorker:
         if self.build != refs["build"]:
             self._setup(refs)
         self._load_blocks(refs["blocks"], layer)
-        calls, batches = self._get(refs["calls"]), self._get(refs["batches"])
+        calls: list[list[BlockCall]] = self._get(refs["calls"])
+        batches: list[torch.Tensor] = self._get(refs["batches"])
         final = self._get(refs["final"]) if refs["final"] is not None else [None] * len(batches)
         inputs = tree_to(ray.get(refs["inputs"]), self.placement.device)  # [b] (B, T, d)
         assert self.lm is not None, "_setup runs first"
@@ -231,16 +273,16 @@ class CellWorker:
 # ---- the driver --------------------------------------------------------------------------------
 # Workers outlive one build (starting a process that imports torch takes seconds): the app
 # and the tests build several tables in one process. Keyed by the actor options.
-WORKERS: dict[str, list] = {}
+WORKERS: dict[str, list[Actor]] = {}
 
 
-def worker_pool(ray, count: int, options: dict, args: tuple) -> list:
+def worker_pool(ray: ModuleType, count: int, options: dict[str, int], args: tuple[DeviceSpec, int]) -> list[Actor]:
     """``count`` live CellWorker actors with these options, reusing the ones from earlier builds."""
     key = repr((sorted(options.items()), args))
     for other in [k for k in WORKERS if k != key]:  # one pool at a time: idle actors still hold their CPUs/GPUs
         for actor in WORKERS.pop(other):
             ray.kill(actor)
-    pool = []
+    pool: list[Actor] = []
     for actor in WORKERS.get(key, []):
         try:
             ray.get(actor.pid.remote(), timeout=60)
@@ -291,10 +333,10 @@ class RayCells:
         stats |= {"ray_workers": self.settings.workers, "ray_worker_processes": len(self.result_pids), "ray_seconds": round(time.perf_counter() - started, 3)}
         return CellValues(objective, dense_objective, stats)
 
-    def _run(self, lm, spec, state: DenseState, jobs, ledger: CellLedger, positions: int, hooks: Hooks) -> None:
+    def _run(self, lm: LoadedModel, spec: TableSpec, state: DenseState, jobs: list[Job], ledger: CellLedger, positions: int, hooks: Hooks) -> None:
         ray = import_ray()
         started_here = start_ray(self.settings)
-        actors = []
+        actors: list[Actor] = []
         try:
             by_layer = self._units(ledger)
             refs = self._put_shared(ray, lm, spec, state, positions, min(by_layer))
@@ -302,13 +344,12 @@ class RayCells:
             device = DeviceSpec("cuda" if placement.device.type == "cuda" else str(placement.device.type), dtype_name(placement.dtype), placement.stream)
             options = dict(num_cpus=self.settings.cpus_per_worker, num_gpus=1 if placement.device.type == "cuda" else 0,
                            max_restarts=self.settings.max_restarts, max_task_retries=self.settings.max_restarts)
-            refs["shell"] = ray.put(shell_of(lm.model, lm.adapter))
             blocks, head = block_costs(lm)
             costs = {layer: sum(blocks - layer + head for _ in ks) for layer, ks in by_layer.items()}
             ranges = layer_ranges(costs, self.settings.workers)
             actors = worker_pool(ray, len(ranges), options, (device, self.settings.cpus_per_worker))
             self.worker_pids = ray.get([a.pid.remote() for a in actors])
-            pending = {}
+            pending: dict[ObjectRef, tuple[int, int]] = {}  # call -> (worker, layer)
             for w, run in enumerate(ranges):
                 for layer in sorted(run, reverse=True):  # latest first: each block is loaded when first needed
                     pending[self._submit(actors[w], layer, by_layer[layer], jobs, refs, state)] = (w, layer)
@@ -328,11 +369,12 @@ class RayCells:
         return by_layer
 
     @staticmethod
-    def _put_shared(ray, lm, spec, state: DenseState, positions: int, first_layer: int) -> dict:
+    def _put_shared(ray: ModuleType, lm: LoadedModel, spec: TableSpec, state: DenseState, positions: int, first_layer: int) -> SharedRefs:
         host = torch.device("cpu")
         layers = lm.adapter.layers(lm.model)
         return {
             "build": f"{os.getpid()}-{time.time_ns()}",
+            "shell": ray.put(shell_of(lm.model, lm.adapter)),
             # Blocks before the earliest layer with work are needed by no cell: never shipped.
             "blocks": [ray.put(host_block(layer)) if j >= first_layer else None for j, layer in enumerate(layers)],
             "calls": ray.put(tree_to(state.block_calls, host)),
@@ -345,16 +387,30 @@ class RayCells:
         }
 
     @staticmethod
-    def _submit(actor, layer: int, ks: list[int], jobs, refs: dict, state: DenseState):
+    def _submit(actor: Actor, layer: int, ks: list[int], jobs: list[Job], refs: SharedRefs, state: DenseState) -> ObjectRef:
         import ray
 
         if layer not in refs["layer_inputs"]:
             refs["layer_inputs"][layer] = ray.put([inputs[layer].cpu() for inputs in state.block_inputs])
-        unit_refs = {key: refs[key] for key in ("build", "shell", "blocks", "calls", "batches", "final", "objective", "positions", "start")}
-        unit_refs["inputs"] = refs["layer_inputs"][layer]
+        unit_refs = UnitRefs(
+            build=refs["build"], shell=refs["shell"], blocks=refs["blocks"], calls=refs["calls"], batches=refs["batches"],
+            final=refs["final"], objective=refs["objective"], positions=refs["positions"], start=refs["start"],
+            inputs=refs["layer_inputs"][layer],
+        )
         return actor.measure.remote(layer, [(k, jobs[k][2]) for k in ks], unit_refs)
 
-    def _collect(self, ray, actors, pending: dict, by_layer, jobs, refs, state, ledger: CellLedger, hooks: Hooks) -> None:
+    def _collect(
+        self,
+        ray: ModuleType,
+        actors: list[Actor],
+        pending: dict[ObjectRef, tuple[int, int]],
+        by_layer: dict[int, list[int]],
+        jobs: list[Job],
+        refs: SharedRefs,
+        state: DenseState,
+        ledger: CellLedger,
+        hooks: Hooks,
+    ) -> None:
         """Record results as they come; give a dead worker's layers to a live one."""
         alive = set(range(len(actors)))
         while pending:

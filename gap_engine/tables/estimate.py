@@ -19,26 +19,47 @@ With g_n the gradient of window n's mean objective with respect to the masks:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from gap_engine.core.device import host64, input_device, is_streamed, placement_of
-from gap_engine.core.progress import EtaClock, Hooks
+from gap_engine.core.progress import GRADIENT_PASS, EtaClock, Hooks
 from gap_engine.data.bos import next_token_nll, text_start
 from gap_engine.data.windows import batches
+from gap_engine.model.adapters import ArchitectureAdapter, LayerGeometry
 from gap_engine.model.layerwise import backward_blocks
+from gap_engine.model.loaded import LoadedModel
+from gap_engine.prune.importance import ImportanceScores
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.cells import objective_positions, unit_cuts
+from gap_engine.tables.ledger import BuildStats, CellFiller, CellRequest, FilledCells
+
+GateHook = Callable[[nn.Module, tuple[Any, ...]], "tuple[Any, ...] | None"]  # a forward pre-hook on a projection
 
 
-def _install_gates(adapter, layers, geoms, masks: dict) -> list:
+@dataclass
+class _Masks:
+    """The unit masks the gates read, per block: (B, H) heads and (B, I) channels; None: no gate."""
+
+    heads: list[torch.Tensor | None]
+    channels: list[torch.Tensor | None]
+
+
+def _install_gates(
+    adapter: ArchitectureAdapter, layers: list[nn.Module], geoms: list[LayerGeometry], masks: _Masks
+) -> list[torch.utils.hooks.RemovableHandle]:
     """Pre-hooks that multiply every head's o_proj input and every channel's down_proj input
-    by its mask, read from ``masks["heads"][layer]`` (B, H) and ``masks["channels"][layer]`` (B, I)."""
+    by its mask, read from ``masks.heads[layer]`` (B, H) and ``masks.channels[layer]`` (B, I)."""
 
-    def head_gate(index):
-        def hook(module, args):
-            mask = masks["heads"][index]  # (B, H); None: no gate (a streamed pass's forward sweep)
+    def head_gate(index: int) -> GateHook:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+            mask = masks.heads[index]  # (B, H); None: no gate (a streamed pass's forward sweep)
             if mask is None:
                 return None
             gate = mask.repeat_interleave(geoms[index].head_dim, dim=1)[:, None, :]  # (B, 1, H*D)
@@ -46,16 +67,16 @@ def _install_gates(adapter, layers, geoms, masks: dict) -> list:
 
         return hook
 
-    def channel_gate(index):
-        def hook(module, args):
-            mask = masks["channels"][index]  # (B, I)
+    def channel_gate(index: int) -> GateHook:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+            mask = masks.channels[index]  # (B, I)
             if mask is None:
                 return None
             return ((args[0] * mask[:, None, :]).to(args[0].dtype),) + tuple(args[1:])  # (B, T, I)
 
         return hook
 
-    handles = []
+    handles: list[torch.utils.hooks.RemovableHandle] = []
     for i, layer in enumerate(layers):
         handles.append(adapter.attention_projections(layer)[3].register_forward_pre_hook(head_gate(i)))
         handles.append(adapter.mlp_projections(layer)[2].register_forward_pre_hook(channel_gate(i)))
@@ -66,7 +87,7 @@ class _GradientSums:
     """What the gradient pass accumulates: per block, float64 sums over windows of the mask
     gradients (stream "grad": first order) and of their squares (stream "fisher")."""
 
-    def __init__(self, geoms, streams: list[str]):
+    def __init__(self, geoms: list[LayerGeometry], streams: list[str]):
         self.streams = streams
         self.grad_heads = [torch.zeros(g.n_heads, dtype=torch.float64) for g in geoms]
         self.grad_channels = [torch.zeros(g.intermediate_size, dtype=torch.float64) for g in geoms]
@@ -83,7 +104,7 @@ class _GradientSums:
             self.fisher_heads[layer] += (host64(heads) ** 2).sum(0)
             self.fisher_channels[layer] += (host64(channels) ** 2).sum(0)
 
-    def head_losses(self, logits: torch.Tensor, batch: torch.Tensor, start: int, objective: str, generator) -> list[torch.Tensor]:
+    def head_losses(self, logits: torch.Tensor, batch: torch.Tensor, start: int, objective: str, generator: torch.Generator) -> list[torch.Tensor]:
         """The scalar losses whose mask gradients the streams need, for one batch's logits.
 
         "grad": each window's mean NLL of its real next tokens, summed over windows (so each
@@ -94,7 +115,7 @@ class _GradientSums:
         vocab = logits.shape[-1]
         real = next_token_nll(logits, batch, start)  # (B, T-1-start)
         self.dense_sum += float(real.detach().double().sum())
-        losses = []
+        losses: list[torch.Tensor] = []
         for stream in self.streams:
             if stream == "grad":
                 losses.append(real.mean(1).sum())
@@ -108,8 +129,8 @@ class _GradientSums:
 
 
 def _mask_gradients(
-    lm, spec: TableSpec, windows: torch.Tensor, hooks: Hooks
-) -> tuple[list, list, list, list, float]:
+    lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, hooks: Hooks
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], float]:
     """Per-unit mean gradients G and diagonal Fisher F of the mean objective wrt unit masks.
 
     A streamed model gets the same sums from a block-by-block backward pass
@@ -128,7 +149,7 @@ def _mask_gradients(
     # Labels are sampled on the model's device: another device draws other labels (same distribution).
     generator = torch.Generator(device=device).manual_seed(spec.windows.seed)
     start = text_start(lm.tokenizer, windows)  # a leading BOS position is never counted
-    masks: dict = {"heads": [None] * len(layers), "channels": [None] * len(layers)}
+    masks = _Masks([None] * len(layers), [None] * len(layers))
     handles = _install_gates(lm.adapter, layers, geoms, masks)
     try:
         if is_streamed(lm):
@@ -148,7 +169,17 @@ def _mask_gradients(
     return sums.grad_heads, sums.grad_channels, sums.fisher_heads, sums.fisher_channels, dense
 
 
-def _resident_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, start: int, generator, hooks: Hooks) -> None:
+def _resident_pass(
+    lm: LoadedModel,
+    spec: TableSpec,
+    windows: torch.Tensor,
+    sums: _GradientSums,
+    masks: _Masks,
+    geoms: list[LayerGeometry],
+    start: int,
+    generator: torch.Generator,
+    hooks: Hooks,
+) -> None:
     """One forward and backward pass per batch through the whole model on its device."""
     device = input_device(lm.model)
     parts = batches(windows, spec.windows.batch_size)
@@ -156,9 +187,10 @@ def _resident_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, s
     for b, batch in enumerate(parts):
         hooks.check_cancelled(f"loss table estimate cancelled after {b} of {len(parts)} batches")
         n, batch = batch.shape[0], batch.to(device)
-        masks["heads"] = [torch.ones(n, g.n_heads, device=device, requires_grad=True) for g in geoms]
-        masks["channels"] = [torch.ones(n, g.intermediate_size, device=device, requires_grad=True) for g in geoms]
-        leaves = masks["heads"] + masks["channels"]
+        heads = [torch.ones(n, g.n_heads, device=device, requires_grad=True) for g in geoms]
+        channels = [torch.ones(n, g.intermediate_size, device=device, requires_grad=True) for g in geoms]
+        masks.heads, masks.channels = list(heads), list(channels)
+        leaves = heads + channels
         with torch.enable_grad():
             logits = lm.model(input_ids=batch, use_cache=False).logits  # (B, T, V)
             losses = sums.head_losses(logits, batch, start, spec.objective, generator)
@@ -170,19 +202,30 @@ def _resident_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, s
         hooks.report(b + 1, len(parts), clock.step())
 
 
-def _streamed_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, start: int, generator, hooks: Hooks) -> None:
+def _streamed_pass(
+    lm: LoadedModel,
+    spec: TableSpec,
+    windows: torch.Tensor,
+    sums: _GradientSums,
+    masks: _Masks,
+    geoms: list[LayerGeometry],
+    start: int,
+    generator: torch.Generator,
+    hooks: Hooks,
+) -> None:
     """The blocks visit the device one at a time, forward and then backward (``backward_blocks``);
     progress counts blocks of the backward pass."""
     device = placement_of(lm).device
     clock = EtaClock(total_steps=len(geoms))
     seen: set[int] = set()
 
-    def leaves(i: int, layer, b: int, n: int) -> list[torch.Tensor]:
-        masks["heads"][i] = torch.ones(n, geoms[i].n_heads, device=device, requires_grad=True)
-        masks["channels"][i] = torch.ones(n, geoms[i].intermediate_size, device=device, requires_grad=True)
-        return [masks["heads"][i], masks["channels"][i]]
+    def leaves(i: int, layer: nn.Module, b: int, n: int) -> list[torch.Tensor]:
+        heads = torch.ones(n, geoms[i].n_heads, device=device, requires_grad=True)
+        channels = torch.ones(n, geoms[i].intermediate_size, device=device, requires_grad=True)
+        masks.heads[i], masks.channels[i] = heads, channels
+        return [heads, channels]
 
-    def collect(stream: int, i: int, b: int, grads) -> None:
+    def collect(stream: int, i: int, b: int, grads: tuple[torch.Tensor, ...]) -> None:
         sums.add(stream, i, grads[0], grads[1])
         if i not in seen:
             seen.add(i)
@@ -200,8 +243,8 @@ def _streamed_pass(lm, spec, windows, sums: _GradientSums, masks: dict, geoms, s
 
 
 def estimate_cells(
-    lm, spec: TableSpec, windows: torch.Tensor, scores, components, hooks: Hooks
-) -> tuple[np.ndarray, float, dict]:
+    lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, scores: ImportanceScores, components: list[tuple[int, str]], hooks: Hooks
+) -> tuple[np.ndarray, float, BuildStats]:
     """(C, R) estimated objectives, the dense objective and build statistics (``hooks``:
     progress over calibration batches, or blocks of a streamed backward pass; cancel)."""
     grad_h, grad_c, fisher_h, fisher_c, dense = _mask_gradients(lm, spec, windows, hooks)
@@ -214,3 +257,11 @@ def estimate_cells(
             second = 0.5 * (float(fisher_h[cut.layer][heads].sum()) + float(fisher_c[cut.layer][channels].sum()))
             objective[c, r] = dense + first + (second if spec.estimator == "fisher" else 0.0)
     return objective, dense, {"batches": len(batches(windows, spec.windows.batch_size))}
+
+
+def fill_estimated(request: CellRequest, cells: CellFiller | None = None) -> FilledCells:
+    """The ``fisher`` and ``taylor`` estimators' table filler (``ledger.TableFiller``): the
+    gradient pass, every cell estimated (``cells`` is not used: nothing is measured)."""
+    request.hooks.enter(GRADIENT_PASS)
+    objective, dense, stats = estimate_cells(request.lm, request.spec, request.windows, request.scores, request.components, request.hooks)
+    return FilledCells(objective, dense, stats, np.zeros(objective.shape, dtype=bool), None)

@@ -19,16 +19,21 @@ from another thread meanwhile.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from gap_engine.core.device import input_device
 from gap_engine.core.progress import NO_HOOKS, EtaClock, Hooks
 from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches
+from gap_engine.model.layerwise import BlockCall
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.slicing import zeroed_units
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import TableSpec, removed_table, table_components
@@ -50,7 +55,7 @@ class DenseState:
 
     batches: list[torch.Tensor]  # [b] (B, T) token ids
     block_inputs: list[list[torch.Tensor]]  # [b][i] (B, T, d) hidden states entering block i
-    block_calls: list[list[tuple[tuple, dict]]]  # [b][i] the other positional args and kwargs block i got
+    block_calls: list[list[BlockCall]]  # [b][i] the other positional args and kwargs block i got
     final_hidden: list[torch.Tensor]  # [b] (B, T, d) output of the last block
     dense_logprobs: list[torch.Tensor] | None  # [b] (B, T, V) for the KL objective, when stored
     dense_nll: list[torch.Tensor]  # [b] (B,) float64 dense NLL summed over each window's counted positions
@@ -62,24 +67,24 @@ class DenseState:
         return float(sum(float(part.sum()) for part in self.dense_nll))
 
 
-def _layer_output(out):
+def _layer_output(out: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-def dense_pass(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...]) -> DenseState:
+def dense_pass(lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...]) -> DenseState:
     model, adapter = lm.model, lm.adapter
     layers = list(adapter.layers(model))
     parts = [batch.to(input_device(model)) for batch in batches(windows, batch_size)]
     state = DenseState(parts, [], [], [], None, [], text_start(lm.tokenizer, windows))
-    vocab = adapter.lm_head(model).out_features
+    vocab = cast(nn.Linear, adapter.lm_head(model)).out_features
     store_logprobs = "kl" in objectives and windows.numel() * vocab * 4 <= MAX_STORED_LOGPROB_BYTES
     logprobs: list[torch.Tensor] = []
     if store_logprobs:
         state.dense_logprobs = logprobs
-    current: dict = {}
+    current: dict[str, Any] = {}  # this batch's captures: inputs, calls (per block) and the final hidden states
 
-    def capture(index):
-        def hook(module, args, kwargs):
+    def capture(index: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             kwargs = dict(kwargs)
             hidden = args[0] if args else kwargs.pop("hidden_states")
             current["inputs"][index] = hidden
@@ -87,7 +92,7 @@ def dense_pass(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str
 
         return hook
 
-    def capture_last(module, args, kwargs, output):
+    def capture_last(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
         current["final"] = _layer_output(output)
 
     handles = [layer.register_forward_pre_hook(capture(i), with_kwargs=True) for i, layer in enumerate(layers)]
@@ -110,7 +115,7 @@ def dense_pass(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str
     return state
 
 
-def dense_logprobs(lm, state: DenseState, b: int) -> torch.Tensor:
+def dense_logprobs(lm: LoadedModel, state: DenseState, b: int) -> torch.Tensor:
     device = input_device(lm.model)  # stored states may wait on the host (streamed builds)
     if state.dense_logprobs is not None:
         return state.dense_logprobs[b].to(device)
@@ -118,7 +123,7 @@ def dense_logprobs(lm, state: DenseState, b: int) -> torch.Tensor:
 
 
 
-def cell_per_window(lm, state: DenseState, cut: Cut, objectives: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def cell_per_window(lm: LoadedModel, state: DenseState, cut: Cut, objectives: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Objective of the model with ``cut`` applied, per window: {objective: (N,) float64 sums}.
 
     Runs only blocks cut.layer..L-1 and the LM head, from the stored input of the cut block.
@@ -138,7 +143,7 @@ def cell_per_window(lm, state: DenseState, cut: Cut, objectives: tuple[str, ...]
     return {name: torch.cat(parts) for name, parts in sums.items()}
 
 
-def run_cell(lm, state: DenseState, cut: Cut, objective: str) -> float:
+def run_cell(lm: LoadedModel, state: DenseState, cut: Cut, objective: str) -> float:
     """Objective of the model with ``cut`` applied, summed over all positions."""
     return float(cell_per_window(lm, state, cut, (objective,))[objective].sum())
 
@@ -167,7 +172,7 @@ def distinct_cuts(cuts: list[list[Cut]]) -> tuple[list[tuple[int, int, Cut]], di
     return jobs, owner
 
 
-def measure_ledger(lm, state: DenseState, ledger: CellLedger, objective: str, positions: int) -> None:
+def measure_ledger(lm: LoadedModel, state: DenseState, ledger: CellLedger, objective: str, positions: int) -> None:
     """Measure the cells ``ledger`` still lacks, one at a time, each divided by ``positions``
     (its objective per counted position); the ledger saves and reports them, and what is
     measured is saved when the loop ends or is cancelled (``ledger.hooks``' cancel polled
@@ -212,7 +217,7 @@ class WindowCells:
     dense_nll: np.ndarray  # (N,) per-window mean dense NLL
 
 
-def window_cells(lm, spec: TableSpec, windows: torch.Tensor, hooks: Hooks = NO_HOOKS) -> WindowCells:
+def window_cells(lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, hooks: Hooks = NO_HOOKS) -> WindowCells:
     """Measure every distinct cell of an exact table per window, NLL and KL together.
 
     Args:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import numpy as np
 import torch
@@ -40,6 +40,8 @@ PARTIAL_SAVE_CELLS = 16
 
 Job = tuple[int, int, Cut]  # (component, rate index, cut) of one distinct cell
 Cell = tuple[int, int]  # (component, rate index)
+Owner = dict[Cell, Cell | None]  # cell -> the distinct cell whose value it reads (None: removes nothing, reads dense)
+BuildStats = dict[str, Any]  # build statistics a table file keeps in its extras (a JSON object)
 
 
 class PartialStore(Protocol):
@@ -68,13 +70,31 @@ class CellValues(NamedTuple):
 
     objective: np.ndarray  # (C, R) float64 objective per cell (cells sharing a cut share it)
     dense: float  # the dense model's objective (0 for kl)
-    stats: dict  # build statistics: cells measured, resumed, distinct; the filler's extras
+    stats: BuildStats  # build statistics: cells measured, resumed, distinct; the filler's extras
 
 
 class CellFiller(Protocol):
     """Measures the exact cells of a table (``exact``, ``streaming``, ``distributed``)."""
 
     def __call__(self, request: CellRequest) -> CellValues: ...
+
+
+class FilledCells(NamedTuple):
+    """What an estimator's table filler returns: every cell's objective and how it was filled."""
+
+    objective: np.ndarray  # (C, R) float64 objective per cell
+    dense: float  # the dense model's objective (0 for kl)
+    stats: BuildStats  # build statistics
+    measured: np.ndarray  # (C, R) bool: measured (True) or estimated (False)
+    estimate: np.ndarray | None  # (C, R) the gradient estimate of delta a refined table started from
+
+
+class TableFiller(Protocol):
+    """How one estimator fills a table (the function ``tables.estimators.ESTIMATORS`` registers
+    for it): enters its stages on ``request.hooks`` and returns every cell. ``cells`` measures
+    exact cells elsewhere (Ray); estimators that measure no cells of their own ignore it."""
+
+    def __call__(self, request: CellRequest, cells: CellFiller | None = None) -> FilledCells: ...
 
 
 def block_costs(lm: LoadedModel) -> tuple[int, float]:
@@ -146,10 +166,10 @@ class CellLedger:
     def done_message(self) -> str:
         return f"{len(self.measured)} of {self.total} cells"
 
-    def table(self, owner: dict, shape: tuple[int, int], dense_objective: float) -> tuple[np.ndarray, dict]:
+    def table(self, owner: Owner, shape: tuple[int, int], dense_objective: float) -> tuple[np.ndarray, BuildStats]:
         """(C, R) objectives (cells sharing a cut read its value) and the build statistics."""
         objective = np.empty(shape, dtype=np.float64)
         for (c, r), source in owner.items():
             objective[c, r] = dense_objective if source is None else self.measured[source]
-        stats = {"cells_measured": len(self.jobs) - self.resumed, "cells_resumed": self.resumed, "distinct_cells": len(self.jobs)}
+        stats: BuildStats = {"cells_measured": len(self.jobs) - self.resumed, "cells_resumed": self.resumed, "distinct_cells": len(self.jobs)}
         return objective, stats

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -38,18 +38,24 @@ from gap_engine.core.config import DEFAULT_MAX_RATE, DEFAULT_N_BUCKETS
 from gap_engine.core.device import is_streamed
 from gap_engine.core.errors import BudgetError
 from gap_engine.core.knapsack import constraint_mask, solve_budget
+from gap_engine.core.progress import GRADIENT_PASS
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
 from gap_engine.tables.cells import objective_positions, unit_cuts
 from gap_engine.tables.estimate import estimate_cells
 from gap_engine.tables.exact import dense_pass, distinct_cuts, measure_ledger
-from gap_engine.tables.ledger import CellLedger, CellRequest
+from gap_engine.tables.ledger import BuildStats, Cell, CellFiller, CellLedger, CellRequest, FilledCells, Owner
 from gap_engine.tables.streaming import group_size, measure_ledger_streamed, streamed_dense_state
 
 log = logging.getLogger(__name__)
 
 
 def chosen_cells(
-    removed: np.ndarray, losses: np.ndarray, budgets, dense_prunable: int, max_rate: float = DEFAULT_MAX_RATE, rate_grid=None
+    removed: np.ndarray,
+    losses: np.ndarray,
+    budgets: Iterable[float],
+    dense_prunable: int,
+    max_rate: float = DEFAULT_MAX_RATE,
+    rate_grid: Sequence[float] | None = None,
 ) -> set[tuple[int, int]]:
     """(component, rate index) of every cell the DP's plans use at the given budgets.
 
@@ -71,7 +77,7 @@ def chosen_cells(
     return out
 
 
-def neighbour_cells(cells, owner: dict, n_rates: int, steps: int) -> set[tuple[int, int]]:
+def neighbour_cells(cells: Iterable[Cell], owner: Owner, n_rates: int, steps: int) -> set[Cell]:
     """The cells measuring the ``steps`` nearest distinct cuts below and above each given cell's.
 
     Rates that round to the same units share one measured cell (``owner``); neighbours are
@@ -91,7 +97,7 @@ def neighbour_cells(cells, owner: dict, n_rates: int, steps: int) -> set[tuple[i
     return out
 
 
-def current_objective(dense: float, estimate: np.ndarray, owner: dict, measured: dict) -> np.ndarray:
+def current_objective(dense: float, estimate: np.ndarray, owner: Owner, measured: dict[Cell, float]) -> np.ndarray:
     """(C, R) objectives: the measured value where a cell's cut was measured, dense + estimate elsewhere."""
     objective = dense + estimate
     for (c, r), source in owner.items():
@@ -107,14 +113,16 @@ class RefineProblem:
     """What the rounds of a refinement decide on (no model: the measuring is a callback)."""
 
     estimate: np.ndarray  # (C, R) estimated increase over dense
-    owner: dict  # cell -> the cell that measures its cut (None: removes nothing)
+    owner: Owner  # cell -> the cell that measures its cut (None: removes nothing)
     removed: np.ndarray  # (C, R) parameters each cell removes
     dense_prunable: int  # prunable parameters of the dense model
     kinds: tuple[str, ...]  # component kind per row ("attn", "mlp", "block")
     dense: float  # the dense objective measured cells are compared with
 
 
-def refinement_rounds(problem: RefineProblem, spec: TableSpec, measure: Callable[[list[tuple[int, int]], dict], None]) -> tuple[dict, int]:
+def refinement_rounds(
+    problem: RefineProblem, spec: TableSpec, measure: Callable[[list[Cell], dict[Cell, float]], None]
+) -> tuple[dict[Cell, float], int]:
     """Run the rounds (steps 2-4 of the module docstring) until every chosen cell is measured.
 
     Args:
@@ -132,7 +140,7 @@ def refinement_rounds(problem: RefineProblem, spec: TableSpec, measure: Callable
     while True:
         losses = isotonic_smooth(current_objective(problem.dense, problem.estimate, problem.owner, measured) - problem.dense)
         chosen = chosen_cells(problem.removed, losses, spec.refine_budgets, problem.dense_prunable, rate_grid=spec.rate_grid)
-        missing = {problem.owner[cell] for cell in chosen if problem.owner[cell] is not None} - measured.keys()
+        missing = {source for cell in chosen if (source := problem.owner[cell]) is not None} - measured.keys()
         wanted = missing | (first if rounds == 0 else set())
         if not wanted - measured.keys():
             return measured, rounds
@@ -143,7 +151,7 @@ def refinement_rounds(problem: RefineProblem, spec: TableSpec, measure: Callable
         measure(todo, measured)
 
 
-def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, dict, np.ndarray, np.ndarray]:
+def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, np.ndarray, np.ndarray]:
     """Estimate, then measure exactly where the DP's plans go, until they rest on measured cells.
 
     Args:
@@ -175,7 +183,7 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, dict, np.ndar
     stored = partial.load() if partial is not None else {}
     resumed = 0
 
-    def measure(todo: list[tuple[int, int]], measured: dict) -> None:
+    def measure(todo: list[Cell], measured: dict[Cell, float]) -> None:
         nonlocal resumed
         reused = {cell: stored[cell] for cell in todo if cell in stored}
         measured.update(reused)
@@ -191,7 +199,7 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, dict, np.ndar
     measured, rounds = refinement_rounds(problem, spec, measure)
     objective = current_objective(dense, estimate, owner, measured)
     is_measured = np.array([[owner[c, r] is None or owner[c, r] in measured for r in range(len(spec.rate_grid))] for c in range(len(components))])
-    stats = {
+    stats: BuildStats = {
         "cells_measured": len(measured) - resumed,
         "cells_resumed": resumed,
         "distinct_cells": len(jobs),
@@ -201,3 +209,11 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, dict, np.ndar
     }
     log.info("refined table: %d of %d distinct cells measured in %d rounds", len(measured), len(jobs), rounds)
     return objective, dense, stats, is_measured, estimate
+
+
+def fill_refined(request: CellRequest, cells: CellFiller | None = None) -> FilledCells:
+    """The ``refine`` estimator's table filler (``ledger.TableFiller``): its estimate's batches,
+    then the cells it measures, in this process (``cells`` is not used), as one stage whose
+    total grows as rounds add cells."""
+    request.hooks.enter(GRADIENT_PASS)
+    return FilledCells(*refine_cells(request))

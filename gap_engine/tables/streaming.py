@@ -21,25 +21,28 @@ resumes a resident one and the other way round.
 from __future__ import annotations
 
 import contextlib
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from gap_engine.core.device import placement_of
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.bos import text_start
 from gap_engine.model.layerwise import block_on, forward_blocks, layer_output, to_host
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.slicing import zeroed_units
 from gap_engine.tables.cells import Cut, objective_per_window, objective_positions, unit_cuts
 from gap_engine.tables.exact import MAX_STORED_LOGPROB_BYTES, DenseState, dense_logprobs, distinct_cuts
-from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues
+from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues, Job
 
 # Memory for the hidden states of the cells measured together (one (N, T, d) tensor each)
 # where the free device memory is not known (CPU, MPS); CUDA uses half of what is free.
 STREAM_GROUP_BYTES = 4 << 30
 
 
-def streamed_dense_state(lm, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS) -> DenseState:
+def streamed_dense_state(lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS) -> DenseState:
     """The dense pass of ``tables.exact`` done block by block, its states kept on the host
     (``hooks``: only its cancel is polled, before every block).
 
@@ -52,7 +55,7 @@ def streamed_dense_state(lm, windows: torch.Tensor, batch_size: int, objectives:
     n_batches = len(done.batches)
     block_inputs = [[by_block[i][b] for i in range(len(by_block))] for b in range(n_batches)]  # [b][i]
     state = DenseState(done.batches, block_inputs, done.calls, done.final_hidden, None, [], text_start(lm.tokenizer, windows))
-    vocab = lm.adapter.lm_head(lm.model).out_features
+    vocab = cast(nn.Linear, lm.adapter.lm_head(lm.model)).out_features
     if "kl" in objectives and windows.numel() * vocab * 4 <= MAX_STORED_LOGPROB_BYTES:
         state.dense_logprobs = []
     device = placement_of(lm).device
@@ -65,7 +68,7 @@ def streamed_dense_state(lm, windows: torch.Tensor, batch_size: int, objectives:
     return state
 
 
-def streamed_cells(lm, state: DenseState, cuts: list[Cut], objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS) -> list[dict[str, torch.Tensor]]:
+def streamed_cells(lm: LoadedModel, state: DenseState, cuts: list[Cut], objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS) -> list[dict[str, torch.Tensor]]:
     """Per-window objective sums of several cuts, the blocks streamed once for all of them.
 
     Args:
@@ -96,7 +99,7 @@ def streamed_cells(lm, state: DenseState, cuts: list[Cut], objectives: tuple[str
                             layer_output(layer(states, *state.block_calls[b][j][0], **state.block_calls[b][j][1]))
                             for b, states in enumerate(hidden)
                         ]
-        out = []
+        out: list[dict[str, torch.Tensor]] = []
         for k in range(len(cuts)):
             sums: dict[str, list[torch.Tensor]] = {name: [] for name in objectives}
             for b, (batch, states) in enumerate(zip(state.batches, in_flight[k])):
@@ -108,20 +111,21 @@ def streamed_cells(lm, state: DenseState, cuts: list[Cut], objectives: tuple[str
     return out
 
 
-def cell_groups(jobs, todo: list[int], per_group: int) -> list[list[int]]:
+def cell_groups(jobs: list[Job], todo: list[int], per_group: int) -> list[list[int]]:
     """Jobs to measure, sorted by layer (then as listed) and cut into groups of ``per_group``."""
     ordered = sorted(todo, key=lambda k: (jobs[k][2].layer, k))
     return [ordered[i : i + per_group] for i in range(0, len(ordered), per_group)]
 
 
-def group_size(n_tokens: int, lm, budget_bytes: int | None = None) -> int:
+def group_size(n_tokens: int, lm: LoadedModel, budget_bytes: int | None = None) -> int:
     """Cells measured together: as many (N, T, d) states (``n_tokens`` = N * T) as fit the
     budget, at least one.
 
     The budget: ``budget_bytes`` when given, else half the free memory of a CUDA device, else
     ``STREAM_GROUP_BYTES``.
     """
-    embed = lm.model.get_input_embeddings().weight
+    # lm.model is typed as a Module; get_input_embeddings is the transformers model's own method.
+    embed = cast(nn.Embedding, cast(Any, lm.model).get_input_embeddings()).weight
     if budget_bytes is None:
         device = placement_of(lm).device
         budget_bytes = torch.cuda.mem_get_info(device)[0] // 2 if device.type == "cuda" else STREAM_GROUP_BYTES
@@ -129,7 +133,7 @@ def group_size(n_tokens: int, lm, budget_bytes: int | None = None) -> int:
     return max(1, int(budget_bytes // max(per_cell, 1)))
 
 
-def measure_ledger_streamed(lm, state: DenseState, ledger: CellLedger, objective: str, positions: int, per_group: int) -> None:
+def measure_ledger_streamed(lm: LoadedModel, state: DenseState, ledger: CellLedger, objective: str, positions: int, per_group: int) -> None:
     """``exact.measure_ledger`` for a streamed model: the cells ``ledger`` still lacks, in groups
     of ``per_group`` sorted by layer, the blocks streamed once per group."""
     hooks = ledger.hooks

@@ -39,7 +39,7 @@ from gap_engine.core.device import DeviceSpec
 from gap_engine.core.errors import CacheError, CancelledError, GapError, one_line
 from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.core.interrupt import run_unless_cancelled
-from gap_engine.core.progress import LOAD_MODEL, CancelToken, Hooks
+from gap_engine.core.progress import LOAD_MODEL, NO_HOOKS, Hooks
 from gap_engine.evaluate.tasks import TaskSettings, prepare_tasks
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
@@ -435,12 +435,12 @@ _shared_lock = threading.Lock()
 _load_seconds: dict[str, float] = {}  # name -> how long its last load in this process took
 
 
-def shared_model(name: str, device: DeviceSpec | None = None, cancel: CancelToken | None = None) -> LoadedModel:
+def shared_model(name: str, device: DeviceSpec | None = None, hooks: Hooks = NO_HOOKS) -> LoadedModel:
     """The dense LoadedModel for ``name`` (on ``device``; None: CPU float32), loaded once per process. Never modify it.
 
     Args:
-        cancel: stop waiting for a load at once when set (CancelledError); transformers
-            cannot stop a load half-way, so it finishes in the background and is kept.
+        hooks: the job's hooks: at its cancel, stop waiting for a load at once (CancelledError);
+            transformers cannot stop a load half-way, so it finishes in the background and is kept.
     Raises:
         GapError: from models.load_model (unknown name, unreadable weights, a device this machine lacks, ...).
     """
@@ -461,7 +461,7 @@ def shared_model(name: str, device: DeviceSpec | None = None, cancel: CancelToke
 
     if key in _shared:
         return load()
-    return run_unless_cancelled(load, cancel, f"cancelled while loading {name} (the load finishes in the background)", "gap-load-model")
+    return run_unless_cancelled(load, hooks, f"cancelled while loading {name} (the load finishes in the background)", "gap-load-model")
 
 
 LOAD_TIMES_FILE = "model_load_seconds.json"  # under the cache root: name -> seconds of its last load
@@ -511,8 +511,8 @@ def table_task(
     def work(ctx: JobContext):
         ctx.plan(table_stages(spec), expected, basis)
         ctx.enter(LOAD_MODEL)
-        lm = shared_model(model_name, device, ctx.cancel)
-        lm = run_unless_cancelled(lm.copy, ctx.cancel, "table job cancelled while copying the model")  # an exact build masks weights
+        lm = shared_model(model_name, device, ctx.hooks())
+        lm = run_unless_cancelled(lm.copy, ctx.hooks(), "table job cancelled while copying the model")  # an exact build masks weights
         unit = "cells" if spec.estimator == "exact" else "calibration batches"
 
         def progress(done: int, total: int, eta: float | None = None) -> None:
@@ -524,11 +524,11 @@ def table_task(
 
 
 def baselines_task(model_name: str, table, budgets, allocators, constraints) -> WorkFn:
-    """Baseline plans at a few budgets (`pipeline.baseline_rows`); the result is its rows."""
+    """Baseline plans at a few budgets (`pipeline.baseline_rows`); the result is its list of BaselinePlan."""
 
     def work(ctx: JobContext):
         ctx.step("loading the model", 0, 0)
-        lm = shared_model(model_name, cancel=ctx.cancel).copy()  # FLAP and OWL hook the model
+        lm = shared_model(model_name, hooks=ctx.hooks()).copy()  # FLAP and OWL hook the model
         return baseline_rows(lm, table, budgets, allocators, constraints, ctx.hooks())
 
     return work
@@ -556,8 +556,8 @@ def prune_eval_task(
         prepared = None
         if task_settings is not None:
             ctx.say(f"reading the tasks {', '.join(task_settings.tasks)}")
-            prepared = run_unless_cancelled(lambda: prepare_tasks(task_settings), ctx.cancel, "cancelled while reading the tasks")
-        dense = shared_model(model_name, cancel=ctx.cancel)  # forward passes only
+            prepared = run_unless_cancelled(lambda: prepare_tasks(task_settings), ctx.hooks(), "cancelled while reading the tasks")
+        dense = shared_model(model_name, hooks=ctx.hooks())  # forward passes only
         return prune_and_evaluate(dense, eval_settings, hooks=ctx.hooks(), tasks=prepared, **run)
 
     return work
@@ -580,7 +580,7 @@ def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings
         prepared = None
         if task_settings is not None:
             ctx.step(f"reading the tasks {', '.join(task_settings.tasks)}", 0, settings.steps)
-            prepared = run_unless_cancelled(lambda: prepare_tasks(task_settings), ctx.cancel, "cancelled while reading the tasks")
+            prepared = run_unless_cancelled(lambda: prepare_tasks(task_settings), ctx.hooks(), "cancelled while reading the tasks")
         ctx.step("loading the checkpoint", 0, settings.steps)
         lm = load_model(str(checkpoint))
         ctx.check_cancelled()

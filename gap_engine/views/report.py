@@ -19,6 +19,7 @@ import html
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gap_engine import __version__
 from gap_engine.core.config import DEFAULT_BUDGET
@@ -32,6 +33,9 @@ from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.front_view import step_at_budget
 from gap_engine.plan.problem import Constraints
 from gap_engine.views import figures
+
+if TYPE_CHECKING:
+    from gap_engine.pipeline.runs import BaselinePlan
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 
@@ -296,7 +300,7 @@ def build_report(
     budget: float = DEFAULT_BUDGET,
     constraints: Constraints | None = None,
     uniform: list[dict] | None = None,
-    baselines: list[dict] | None = None,
+    baselines: list[BaselinePlan] | None = None,
     dense_total: int | None = None,
     source: str = "",
 ) -> str:

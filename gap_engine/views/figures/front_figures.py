@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -21,6 +23,9 @@ from gap_engine.views.figures.style import (
     UNIFORM_COLOR,
     loss_label,
 )
+
+if TYPE_CHECKING:
+    from gap_engine.pipeline.runs import BaselinePlan
 
 BASIS_TEXT = {"measured": "sum of measured cells", "estimated": "sum of estimated cells", "mixed": "sum of measured and estimated cells"}
 
@@ -110,7 +115,7 @@ def rate_traces(num_layers: int, row: dict, locked: dict | None = None) -> list:
     return traces
 
 
-def front_traces(front: list[dict], row: dict | None, uniform: list[dict] | None, baselines: list[dict] | None, y_top: float) -> list:
+def front_traces(front: list[dict], row: dict | None, uniform: list[dict] | None, baselines: list[BaselinePlan] | None, y_top: float) -> list:
     """DP front, exact uniform plans, baseline plans and the current point, all in % of prunable.
 
     The current point (when ``row`` is given) is the last trace. Baseline plans above ``y_top`` are drawn
@@ -142,16 +147,21 @@ def front_traces(front: list[dict], row: dict | None, uniform: list[dict] | None
             )
         )
     baselines = baselines or []
-    for allocator in sorted({b["allocator"] for b in baselines if "error" not in b}):
-        points = [b for b in baselines if b["allocator"] == allocator and "error" not in b]
-        inside = [b for b in points if b["predicted_loss"] <= y_top]
-        above = [b for b in points if b["predicted_loss"] > y_top]
+    for allocator in sorted({b.allocator for b in baselines if b.planned}):
+        # (removed fraction, predicted loss) of every budget the allocator reached (only those have both)
+        planned = [
+            (b.removed_fraction, b.predicted_loss)
+            for b in baselines
+            if b.allocator == allocator and b.removed_fraction is not None and b.predicted_loss is not None
+        ]
+        inside = [(removed, loss) for removed, loss in planned if loss <= y_top]
+        above = [(removed, loss) for removed, loss in planned if loss > y_top]
         color = BASELINE_COLORS.get(allocator, "#888")
         if inside:
             traces.append(
                 go.Scatter(
-                    x=[b["removed_fraction"] * 100 for b in inside],
-                    y=[b["predicted_loss"] for b in inside],
+                    x=[removed * 100 for removed, _ in inside],
+                    y=[loss for _, loss in inside],
                     mode="markers",
                     name=f"{allocator} plan",
                     legendgroup=allocator,
@@ -162,7 +172,7 @@ def front_traces(front: list[dict], row: dict | None, uniform: list[dict] | None
         if above:
             traces.append(
                 go.Scatter(
-                    x=[b["removed_fraction"] * 100 for b in above],
+                    x=[removed * 100 for removed, _ in above],
                     y=[y_top] * len(above),
                     mode="markers",
                     name=f"{allocator} plan (above the axis)",
@@ -170,7 +180,7 @@ def front_traces(front: list[dict], row: dict | None, uniform: list[dict] | None
                     showlegend=not inside,
                     cliponaxis=False,
                     marker=dict(size=10, symbol="triangle-up-open", color=color, line=dict(width=2)),
-                    customdata=[[b["predicted_loss"]] for b in above],
+                    customdata=[[loss] for _, loss in above],
                     hovertemplate="budget %{x:.2f}%<br>predicted +%{customdata[0]:.4f} (above the axis)<extra>" + allocator + "</extra>",
                 )
             )
@@ -236,7 +246,7 @@ def planner_figure(
     dense_total: int | None,
     active_budget: float = 0.2,
     locked: dict | None = None,
-    baselines: list[dict] | None = None,
+    baselines: list[BaselinePlan] | None = None,
     steps: int = SLIDER_STEPS,
     uniform: list[dict] | None = None,
     title: str | None = None,
@@ -254,7 +264,7 @@ def planner_figure(
         active_budget: the chosen budget; the first row removing at least it is shown, and is
             always a step of its own (thinning never moves the file to a neighbouring budget).
         locked: layer -> locked rate, marked on the bars.
-        baselines: rows of pipeline.baseline_rows (allocator, budget, removed_fraction, predicted_loss).
+        baselines: pipeline.baseline_rows' plans (allocator, budget, removed_fraction, predicted_loss).
         steps: the most slider steps (rows are thinned evenly in budget).
         uniform: rows of front_view.uniform_line (the exact uniform plans), or None.
         title: a line above the chart (the released plan's hash and budget, say), or None.
@@ -368,7 +378,7 @@ def plan_figure(
     dense_total: int | None = None,
     locked: dict | None = None,
     uniform: list[dict] | None = None,
-    baselines: list[dict] | None = None,
+    baselines: list[BaselinePlan] | None = None,
 ) -> go.Figure:
     """One plan beside the DP front: its per-layer rates, and its point on loss-vs-budget (static).
 

@@ -1,0 +1,105 @@
+"""Pruning a model into a saved checkpoint, and evaluating one: what ``gap prune`` and
+``gap eval`` run.
+
+Two ways to a pruned checkpoint: a given plan (a plan file, or one uniform rate) applied
+once (``prune_to_checkpoint``), or GAP's DP to a budget in rounds, each planned on a table of
+the model the rounds before left (``prune_rounds_to_checkpoint``). ``evaluate_model`` is the
+held-out evaluation with the lm-eval task accuracy of the model and of its dense original
+beside it. The CLI only parses flags, loads and prints; the stages are strung together here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gap_engine.core.config import DEFAULT_SAVE_DTYPE, WindowSpec
+from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.evaluate.metrics import EvalReport, EvalSettings, evaluate
+from gap_engine.evaluate.tasks import PreparedTasks, model_and_dense_scores
+from gap_engine.model.checkpoint import save_pruned
+from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.pipeline.iterative import IterativeResult, iterative_prune
+from gap_engine.pipeline.stages import prune_with_plan
+from gap_engine.tables.artefact import TableSpec
+
+
+@dataclass(frozen=True)
+class PrunedCheckpoint:
+    """What ``gap prune --plan/--uniform`` wrote."""
+
+    out: str  # the checkpoint folder
+    params_before: int
+    params_after: int
+    removed_fraction_of_prunable: float
+    removed_fraction_of_total: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "out": self.out,
+            "params_before": self.params_before,
+            "params_after": self.params_after,
+            "removed_fraction_of_prunable": self.removed_fraction_of_prunable,
+            "removed_fraction_of_total": self.removed_fraction_of_total,
+        }
+
+
+def prune_to_checkpoint(
+    lm: LoadedModel, plan: RatePlan, windows: WindowSpec, out: str | Path, save_dtype: str = DEFAULT_SAVE_DTYPE, hooks: Hooks = NO_HOOKS
+) -> PrunedCheckpoint:
+    """Prune ``lm`` in place by ``plan`` (units chosen on ``windows``) and save it to ``out``.
+
+    Args:
+        save_dtype: the checkpoint's storage dtype.
+        hooks: the importance scores' progress and cancel.
+    """
+    result = prune_with_plan(lm, plan, windows, hooks)
+    save_pruned(lm, plan, result.kept_indices(), out, dtype=save_dtype)
+    return PrunedCheckpoint(
+        out=str(out),
+        params_before=result.params_before,
+        params_after=result.params_after,
+        removed_fraction_of_prunable=plan.params["removed_fraction_of_prunable"],
+        removed_fraction_of_total=plan.params["removed_fraction_of_total"],
+    )
+
+
+def prune_rounds_to_checkpoint(
+    lm: LoadedModel,
+    spec: TableSpec,
+    budget: float,
+    rounds: int,
+    out: str | Path,
+    save_dtype: str = DEFAULT_SAVE_DTYPE,
+    hooks: Hooks = NO_HOOKS,
+) -> IterativeResult:
+    """GAP's DP to ``budget`` in ``rounds`` rounds (``iterative.iterative_prune``) on a copy of
+    ``lm``, the result saved to ``out`` in ``save_dtype``; returns the rounds' record."""
+    result = iterative_prune(lm, spec, budget, rounds, hooks=hooks)
+    assert result.plan is not None, "iterative_prune records the plan it reached"
+    save_pruned(result.model, result.plan, result.kept, out, dtype=save_dtype)
+    return result
+
+
+def evaluate_model(
+    lm: LoadedModel,
+    dense: LoadedModel | None,
+    settings: EvalSettings,
+    tasks: PreparedTasks | None = None,
+    hooks: Hooks = NO_HOOKS,
+) -> EvalReport:
+    """The held-out report of ``lm`` against ``dense`` (None: alone), with the accuracy of the
+    prepared lm-eval ``tasks`` for both when given.
+
+    Args:
+        hooks: evaluate's steps, and the task stage, said as messages.
+    """
+    report = evaluate(lm, dense, settings, hooks)
+    if tasks is not None:
+        hooks.say(f"task accuracy on {', '.join(tasks.tasks)} (lm-eval)")
+        scores, dense_scores = model_and_dense_scores(lm, dense, tasks)
+        report.task_accuracy = {name: score.to_dict() for name, score in scores.items()}
+        report.dense_task_accuracy = {name: score.to_dict() for name, score in dense_scores.items()}
+    return report
