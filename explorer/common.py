@@ -464,7 +464,8 @@ def expected_caption(expected, what: str) -> None:
     """
     total, known = expected.total, expected.known
     if total is not None:
-        st.caption(f"Expected time: about {duration_text(total)} ({expected.basis}).")
+        label = "Predicted time (not yet measured here)" if PREDICTION_WORD in expected.basis else "Expected time"
+        st.caption(f"{label}: about {duration_text(total)} ({expected.basis}).")
     elif known and sum(known.values()) >= 1.0:  # "about 0 s for the stages measured before" tells nothing
         missing = ", ".join(expected.unknown())
         st.caption(f"Expected time: about {duration_text(sum(known.values()))} for the stages measured before ({expected.basis}), plus {missing}.")
