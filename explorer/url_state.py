@@ -8,6 +8,8 @@ The page is the URL's path (``/planner``, Streamlit's own); the rest is in the q
                a reload prunes and exports that plan, or says it cannot restore it
     allocator  the allocator Prune & evaluate runs
     runs       the runs compared on Prune & evaluate
+    run        the run whose result Prune & evaluate shows: a reload shows the same panel
+               (read back from the run history)
     jobs       this tab's running jobs: a reload attaches to them, shows their progress
                and gets their results when they end
 
@@ -25,13 +27,15 @@ import streamlit as st
 from explorer import common
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
+from gap_engine.evaluate import history
 from gap_engine.model.loading import BUILTIN_MODELS
+from gap_engine.pipeline.runs import PruneEvalResult
 from gap_engine.plan import store as planstore
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.tables import cache
 from gap_engine.views.jobs import manager
 
-PARAMS = ("table", "budget", "plan", "allocator", "runs", "jobs")
+PARAMS = ("table", "budget", "plan", "allocator", "runs", "run", "jobs")
 _RESTORED = "app_url_restored"
 
 
@@ -124,6 +128,15 @@ def _restore_plan(plan_hash: str) -> None:
         ss["planner_coupled"] = bool(constraints.get("coupled", False))
 
 
+def _restore_run(run_id: int) -> None:
+    """The finished run the link names, as its history row keeps it (gone: nothing shown)."""
+    try:
+        record = history.get_run(run_id)
+    except GapError:
+        return  # deleted since, or an unreadable history (the history table says so)
+    st.session_state["app_last_run"] = PruneEvalResult.from_record(record, common.current_table())
+
+
 def restore() -> bool:
     """Once per session: take the table, budget, allocator, runs and jobs from the URL.
 
@@ -152,6 +165,8 @@ def restore() -> bool:
     runs = [int(r) for r in _split(params.get("runs")) if r.isdigit()]
     if runs:
         ss["eval_compare"] = runs
+    if str(params.get("run", "")).isdigit() and not ss.get("app_last_run"):
+        _restore_run(int(params["run"]))
     ss[_RESTORED] = named
     return named
 
@@ -168,6 +183,8 @@ def view() -> dict:
             want["plan"] = ss["app_plan_hash"]
     if ss.get("eval_allocator") in ALLOCATORS:
         want["allocator"] = ss["eval_allocator"]
+    if ss.get("app_last_run"):
+        want["run"] = str(ss["app_last_run"].run_id)
     if ss.get("eval_compare"):
         want["runs"] = ",".join(str(r) for r in ss["eval_compare"])
     running = [job_id for job_id in ss.get("app_jobs", {}).values() if (job := manager().get(job_id)) is not None and job.active]

@@ -125,3 +125,32 @@ def test_runs_compared_side_by_side_with_changes_and_kept_in_the_url(cached_tabl
     assert at.query_params["runs"] == f"{ids[0]},{ids[1]}"
     again = reload(at, "explorer/evaluate.py")
     assert again.multiselect(key="eval_compare").value == ids
+
+
+def test_a_reload_shows_the_finished_runs_result_panel(cached_table, smol):
+    """The run on screen is in the URL, so a reload (a new session, the job's result gone) shows
+    its panel again, read back from the history, instead of only its history row."""
+    from gap_engine.evaluate import history
+    from gap_engine.plan.allocators import plan_from_table
+
+    plan = plan_from_table(smol, cached_table, 0.2, "dp")
+    throughput = {"prefill_speedup": 1.2, "prefill_speedup_repeats": [1.1, 1.3, 1.2], "prefill_speedup_range": [1.1, 1.3]}
+    record = history.RunRecord.from_report(
+        plan.to_dict(),
+        {"params": 80, "dense": {"params": 100, "perplexity": {"wiki-sample": 10.0}}, "perplexity": {"wiki-sample": 12.5},
+         "kl_to_dense": {"wiki-sample": 0.25}, "throughput": throughput, "generations": [{"prompt": "The", "model": "a", "dense": "b"}]},
+        allocator="dp", table_key=cached_table.key, budget=0.2, predicted_loss=plan.predicted_loss, actual_loss=0.3,
+        params={"throughput": throughput, "plan_hash": plan.content_hash(), "objective": cached_table.spec.objective},
+    )  # fmt: skip
+    run_id = history.record_run(record)
+    first = start("explorer/evaluate.py", query={"table": cached_table.key, "run": str(run_id)})
+    again = reload(first, "explorer/evaluate.py")
+    for at in (first, again):
+        assert not at.exception
+        assert at.query_params["run"] == str(run_id)
+        assert any(h.value.startswith(f"Run {run_id}: dp at 20.00%") and plan.content_hash() in h.value for h in at.subheader)
+        metrics = {m.label: m.value for m in at.metric}
+        assert metrics["Perplexity (wiki-sample)"] == "12.50"
+        assert metrics["Held-out KL to dense (wiki-sample)"] == "0.2500"
+        assert metrics["Prefill speed vs dense"] == "1.20x"
+    assert "run" not in start("explorer/evaluate.py", query={"table": cached_table.key}).query_params  # no run: no panel, nothing in the URL
