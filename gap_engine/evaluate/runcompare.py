@@ -188,10 +188,11 @@ def history_table(frame: pd.DataFrame) -> pd.DataFrame:
     """``history.list_runs()`` for reading: each task's numeric ``acc``/``acc_stderr`` (and dense's)
     columns become one text column 'accuracy (TASK)' / 'dense accuracy (TASK)' reading '0.375 ± 0.183',
     placed after the budget; a run without that task has an empty cell. The numeric columns stay in
-    ``list_runs`` (charts, CSV)."""
+    ``list_runs`` (charts, CSV). The long context columns (the loss table's key, the time, the plan
+    hash, the checkpoint folder) go last, so the measured numbers are on screen without scrolling."""
     tasks = list(dict.fromkeys(str(c).partition(":")[2] for c in frame.columns if str(c).startswith("acc:")))
     if not tasks:
-        return frame
+        return _context_last(frame)
     shown = frame.drop(columns=[c for c in frame.columns if str(c).partition(":")[0] in _TASK_PREFIXES])
     texts = {}
     for task in tasks:
@@ -201,7 +202,15 @@ def history_table(frame: pd.DataFrame) -> pd.DataFrame:
                 for row in (_finite_values(r) for r in frame.to_dict("records"))
             ]
     at = list(shown.columns).index("budget") + 1 if "budget" in shown.columns else len(shown.columns)
-    return pd.concat([shown.iloc[:, :at], pd.DataFrame(texts, index=frame.index), shown.iloc[:, at:]], axis=1)
+    return _context_last(pd.concat([shown.iloc[:, :at], pd.DataFrame(texts, index=frame.index), shown.iloc[:, at:]], axis=1))
+
+
+_CONTEXT_COLUMNS = ("created", "table_key", "plan_hash", "checkpoint", "note")  # long, and not what a reader compares
+
+
+def _context_last(frame: pd.DataFrame) -> pd.DataFrame:
+    context = [c for c in _CONTEXT_COLUMNS if c in frame.columns]
+    return frame[[c for c in frame.columns if c not in context] + context]
 
 
 _TASK_PREFIXES = frozenset({"acc", "acc_stderr", "acc_norm", "dense_acc", "dense_acc_stderr", "dense_acc_norm"})
