@@ -10,6 +10,10 @@ The page is the URL's path (``/planner``, Streamlit's own); the rest is in the q
     runs       the runs compared on Prune & evaluate
     run        the run whose result Prune & evaluate shows: a reload shows the same panel
                (read back from the run history)
+    eval_tasks, eval_task_limit, eval_task_folder, recover_tasks, recover_task_limit,
+    recover_task_folder
+               the task pickers of Prune & evaluate and Recover (``off`` when switched off),
+               written only where they differ from the picker's defaults
     jobs       this tab's running jobs: a reload attaches to them, shows their progress
                and gets their results when they end
 
@@ -35,7 +39,10 @@ from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.tables import cache
 from gap_engine.views.jobs import manager
 
-PARAMS = ("table", "budget", "plan", "allocator", "runs", "run", "jobs")
+TASK_PAGES = ("eval_", "recover_")  # the pages with a task picker (``common.task_picker``), by key prefix
+PARAMS = ("table", "budget", "plan", "allocator", "runs", "run", "jobs") + tuple(
+    f"{prefix}{name}" for prefix in TASK_PAGES for name in ("tasks", "task_limit", "task_folder")
+)
 _RESTORED = "app_url_restored"
 
 
@@ -128,6 +135,40 @@ def _restore_plan(plan_hash: str) -> None:
         ss["planner_coupled"] = bool(constraints.get("coupled", False))
 
 
+def _restore_task_pickers(params) -> None:
+    """The task pickers' settings from the link (checked by the engine when Start is pressed)."""
+    ss = st.session_state
+    for prefix in TASK_PAGES:
+        tasks = params.get(f"{prefix}tasks")
+        if tasks == "off":
+            ss[f"{prefix}tasks_on"] = False
+        elif tasks:
+            ss[f"{prefix}tasks_on"], ss[f"{prefix}tasks"] = True, tasks[:1000]
+        limit = str(params.get(f"{prefix}task_limit", ""))
+        if limit.isdigit() and 1 <= int(limit) <= 100_000:
+            ss[f"{prefix}task_limit"] = int(limit)
+        if params.get(f"{prefix}task_folder"):
+            ss[f"{prefix}task_folder"] = params[f"{prefix}task_folder"][:1000]
+
+
+def _task_picker_view(ss) -> dict:
+    """The task pickers' settings that differ from their defaults, as query parameters."""
+    want = {}
+    for prefix in TASK_PAGES:
+        if f"{prefix}tasks_on" not in ss:
+            continue  # the page was not opened in this session
+        defaults = common.task_defaults(prefix)
+        if not ss[f"{prefix}tasks_on"]:
+            want[f"{prefix}tasks"] = "off"
+        elif ss[f"{prefix}tasks"] != defaults[f"{prefix}tasks"]:
+            want[f"{prefix}tasks"] = str(ss[f"{prefix}tasks"])
+        if ss.get(f"{prefix}task_limit") != defaults[f"{prefix}task_limit"]:
+            want[f"{prefix}task_limit"] = str(ss[f"{prefix}task_limit"])
+        if ss.get(f"{prefix}task_folder"):
+            want[f"{prefix}task_folder"] = str(ss[f"{prefix}task_folder"])
+    return want
+
+
 def _restore_run(run_id: int) -> None:
     """The finished run the link names, as its history row keeps it (gone: nothing shown)."""
     try:
@@ -165,6 +206,7 @@ def restore() -> bool:
     runs = [int(r) for r in _split(params.get("runs")) if r.isdigit()]
     if runs:
         ss["eval_compare"] = runs
+    _restore_task_pickers(params)
     if str(params.get("run", "")).isdigit() and not ss.get("app_last_run"):
         _restore_run(int(params["run"]))
     ss[_RESTORED] = named
@@ -187,6 +229,7 @@ def view() -> dict:
         want["run"] = str(ss["app_last_run"].run_id)
     if ss.get("eval_compare"):
         want["runs"] = ",".join(str(r) for r in ss["eval_compare"])
+    want |= _task_picker_view(ss)
     running = [job_id for job_id in ss.get("app_jobs", {}).values() if (job := manager().get(job_id)) is not None and job.active]
     if running:
         want["jobs"] = ",".join(running)

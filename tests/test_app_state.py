@@ -154,3 +154,21 @@ def test_a_reload_shows_the_finished_runs_result_panel(cached_table, smol):
         assert metrics["Held-out KL to dense (wiki-sample)"] == "0.2500"
         assert metrics["Prefill speed vs dense"] == "1.20x"
     assert "run" not in start("explorer/evaluate.py", query={"table": cached_table.key}).query_params  # no run: no panel, nothing in the URL
+
+
+def test_the_task_pickers_settings_are_kept_in_the_url(cached_table):
+    """Issue 21's picker follows the URL state like the other settings: on/off, names, examples, folder."""
+    at = start("explorer/evaluate.py")
+    assert "eval_tasks" not in at.query_params  # the defaults leave the URL short
+    at.text_input(key="eval_tasks").set_value("gap_wiki_next,my_task").run()
+    at.number_input(key="eval_task_limit").set_value(7).run()
+    at.text_input(key="eval_task_folder").set_value("/data/my-tasks").run()
+    assert at.query_params["eval_tasks"] == "gap_wiki_next,my_task" and at.query_params["eval_task_limit"] == "7"
+    again = reload(at, "explorer/evaluate.py")
+    assert again.toggle(key="eval_tasks_on").value is True
+    assert again.text_input(key="eval_tasks").value == "gap_wiki_next,my_task"
+    assert again.number_input(key="eval_task_limit").value == 7
+    assert again.text_input(key="eval_task_folder").value == "/data/my-tasks"
+    again.toggle(key="eval_tasks_on").set_value(False).run()
+    assert again.query_params["eval_tasks"] == "off"
+    assert reload(again, "explorer/evaluate.py").toggle(key="eval_tasks_on").value is False
