@@ -154,3 +154,24 @@ def run_prediction(
 
 def _basis(profile: DeviceProfile) -> str:
     return f"the cost model on {profile.basis}" if profile.basis == NOMINAL_BASIS else f"the cost model ({profile.basis})"
+
+
+GGUF_SECONDS_PER_PARAM = {"q8_0": 5e-8, "f16": 5e-9}  # nominal: quantizing to q8_0 (numpy, one thread) vs casting to float16
+GGUF_FIXED_S = 1.5  # nominal: reading the tokenizer, writing the metadata
+
+
+def gguf_seconds(checkpoint: str | Path, outtype: str) -> float | None:
+    """Predicted seconds to build the GGUF file of ``checkpoint`` (``deploy.gguf.gguf_bytes``):
+    loading it, converting every matrix, writing the file; None without a readable config.json."""
+    import json
+
+    from gap_engine.recover.cost import layer_shapes
+
+    folder = Path(checkpoint).expanduser()
+    try:
+        dense, blocks = layer_shapes(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    params = dense.total_params - dense.layers * dense.block_params + sum(block.block_params for block in blocks)
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors")) or 4 * params
+    return GGUF_FIXED_S + size / (2 * LOAD_BYTES_PER_S) + params * GGUF_SECONDS_PER_PARAM.get(outtype, GGUF_SECONDS_PER_PARAM["q8_0"])
