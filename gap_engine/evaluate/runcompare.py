@@ -188,8 +188,9 @@ def history_table(frame: pd.DataFrame) -> pd.DataFrame:
     """``history.list_runs()`` for reading: each task's numeric ``acc``/``acc_stderr`` (and dense's)
     columns become one text column 'accuracy (TASK)' / 'dense accuracy (TASK)' reading '0.375 ± 0.183',
     placed after the budget; a run without that task has an empty cell. The numeric columns stay in
-    ``list_runs`` (charts, CSV). The long context columns (the loss table's key, the time, the plan
-    hash, the checkpoint folder) go last, so the measured numbers are on screen without scrolling."""
+    ``list_runs`` (charts, CSV). Perplexity and KL follow the accuracy, and the long context columns
+    (the loss table's key, the time, the plan hash, the checkpoint folder) go last, so the measured
+    numbers are on screen at 1400 px without scrolling."""
     tasks = list(dict.fromkeys(str(c).partition(":")[2] for c in frame.columns if str(c).startswith("acc:")))
     if not tasks:
         return _context_last(frame)
@@ -209,8 +210,13 @@ _CONTEXT_COLUMNS = ("created", "table_key", "plan_hash", "checkpoint", "note")  
 
 
 def _context_last(frame: pd.DataFrame) -> pd.DataFrame:
-    context = [c for c in _CONTEXT_COLUMNS if c in frame.columns]
-    return frame[[c for c in frame.columns if c not in context] + context]
+    """The budget, then what was measured (task accuracy, perplexity, KL), then the other numbers,
+    the long context columns last."""
+    columns = list(frame.columns)
+    context = [c for c in _CONTEXT_COLUMNS if c in columns]
+    lead = [c for c in columns[: columns.index("budget") + 1] if c not in context] if "budget" in columns else []
+    measured = [c for c in columns if str(c).startswith(("accuracy (", "dense accuracy (", "ppl:", "dense_ppl:", "kl:")) and c not in lead]
+    return frame[lead + measured + [c for c in columns if c not in lead + measured + context] + context]
 
 
 _TASK_PREFIXES = frozenset({"acc", "acc_stderr", "acc_norm", "dense_acc", "dense_acc_stderr", "dense_acc_norm"})
