@@ -44,7 +44,8 @@ from gap_engine.core.buildtime import PREDICTION_WORD
 from gap_engine.core.config import DEFAULT_BUDGET, DEFAULT_MAX_RATE
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.next_sentence import OFFLINE_TASK
-from gap_engine.evaluate.tasks import DEMO_LIMIT, TaskSettings, check_tasks, import_in_background, lm_eval_imported, task_settings
+from gap_engine.evaluate.lm_eval_import import import_in_background, lm_eval_imported
+from gap_engine.evaluate.tasks import DEMO_LIMIT, TaskSettings, check_tasks, task_settings
 from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.problem import Constraints
 from gap_engine.views.jobs import CANCELLED, DONE, FAILED, manager, shared_model

@@ -468,8 +468,8 @@ def test_a_first_run_shows_a_predicted_time_before_start(cached_table):
     assert not any("not known yet" in t for t in texts)
     # Issue 21: with the task picker on, lm-eval is imported in the background as the page draws,
     # so the first Start does not block on it for seconds.
-    from gap_engine.evaluate import tasks
+    from gap_engine.evaluate import lm_eval_import
 
-    assert at.toggle(key="eval_tasks_on").value and tasks._warm_up is not None
-    tasks._warm_up.join(120)
-    assert tasks.lm_eval_imported()
+    assert at.toggle(key="eval_tasks_on").value and lm_eval_import._warm_up is not None
+    lm_eval_import._warm_up.join(120)
+    assert lm_eval_import.lm_eval_imported()

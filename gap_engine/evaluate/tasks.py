@@ -21,14 +21,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib
 import json
 import logging
 import math
 import os
 import re
-import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -76,39 +73,6 @@ class TaskSettings:
 
 
 DEMO_LIMIT = 20  # examples per task where a demo should stay quick (the explorer's default)
-
-
-LM_EVAL_MODULES = ("lm_eval.tasks", "lm_eval.evaluator", "lm_eval.models.huggingface")  # what checking and running tasks import
-_warm_up: threading.Thread | None = None
-_warm_up_lock = threading.Lock()
-
-
-def import_in_background() -> threading.Thread:
-    """Start importing lm-eval in a daemon thread, once per process, and return that thread.
-
-    lm-eval's first import takes 5-8 s on two cores; a page that offers task accuracy calls
-    this when it draws, so the first Start finds the modules loaded instead of blocking on them
-    (issue 21). An import that fails here fails again, with its message, where it is used.
-    """
-    global _warm_up
-    with _warm_up_lock:
-        if _warm_up is None:
-            def load() -> None:
-                for name in LM_EVAL_MODULES:
-                    try:
-                        importlib.import_module(name)
-                    except Exception as exc:  # noqa: BLE001 - reported where the module is really needed
-                        log.info("lm-eval import in the background failed: %s", first_line(exc))
-                        return
-
-            _warm_up = threading.Thread(target=load, name="gap-import-lm-eval", daemon=True)
-            _warm_up.start()
-        return _warm_up
-
-
-def lm_eval_imported() -> bool:
-    """Whether lm-eval's modules are loaded in this process (a check is then quick)."""
-    return all(name in sys.modules for name in LM_EVAL_MODULES)
 
 
 def task_settings(
