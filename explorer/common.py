@@ -33,6 +33,7 @@ its job; a page that runs a new kind of job adds it to `JOB_KINDS`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -43,6 +44,7 @@ from gap_engine.core.buildtime import PREDICTION_WORD
 from gap_engine.core.config import DEFAULT_BUDGET, DEFAULT_MAX_RATE
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.next_sentence import OFFLINE_TASK
+from gap_engine.evaluate.lm_eval_import import import_in_background, lm_eval_imported
 from gap_engine.evaluate.tasks import DEMO_LIMIT, TaskSettings, check_tasks, task_settings
 from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.problem import Constraints
@@ -155,6 +157,7 @@ def task_picker(prefix: str) -> None:
     st.toggle("Task accuracy (lm-eval)", key=f"{prefix}tasks_on", help=GLOSSARY["task accuracy"])
     if not st.session_state[f"{prefix}tasks_on"]:
         return
+    import_in_background()  # lm-eval's first import takes seconds: done while the user reads the form
     st.text_input(
         "Tasks (comma-separated)", key=f"{prefix}tasks",
         help=f"{OFFLINE_TASK}: pick the true next sentence of a wiki-sample passage among four (offline, shipped). "
@@ -177,7 +180,10 @@ def checked_task_settings(prefix: str, slot: str) -> tuple[bool, TaskSettings | 
             st.session_state[f"{prefix}tasks"], limit=int(st.session_state[f"{prefix}task_limit"]),
             include_path=st.session_state[f"{prefix}task_folder"],
         )
-        check_tasks(settings)
+        busy = contextlib.nullcontext() if lm_eval_imported() else st.spinner("Loading lm-eval to check the tasks (first use after a server start: a few seconds) ...")
+        with busy:
+            import_in_background().join()
+            check_tasks(settings)
     except GapError as exc:
         set_message(slot, "error", one_line(exc))
         return False, None
@@ -464,7 +470,8 @@ def expected_caption(expected, what: str) -> None:
     """
     total, known = expected.total, expected.known
     if total is not None:
-        st.caption(f"Expected time: about {duration_text(total)} ({expected.basis}).")
+        label = "Predicted time (not yet measured here)" if PREDICTION_WORD in expected.basis else "Expected time"
+        st.caption(f"{label}: about {duration_text(total)} ({expected.basis}).")
     elif known and sum(known.values()) >= 1.0:  # "about 0 s for the stages measured before" tells nothing
         missing = ", ".join(expected.unknown())
         st.caption(f"Expected time: about {duration_text(sum(known.values()))} for the stages measured before ({expected.basis}), plus {missing}.")

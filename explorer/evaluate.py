@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from explorer import common
-from gap_engine.core.buildtime import Expectation, run_expectation, run_settings
+from gap_engine.core.buildtime import Expectation, run_expectation, run_settings, with_prediction
 from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
@@ -17,6 +17,7 @@ from gap_engine.evaluate import history, runcompare
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.evaluate.tasks import score_text, task_table_rows
 from gap_engine.model.rateplan import RatePlan
+from gap_engine.pipeline.expected import run_prediction
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.views import figures
@@ -69,7 +70,8 @@ def eval_settings() -> EvalSettings:
 
 def expected_run(settings: EvalSettings) -> Expectation:
     """What the run the form describes is expected to take here, stage by stage (earlier runs
-    of this model in the history, and whether the model is in memory)."""
+    of this model in the history, and whether the model is in memory; the cost model's
+    prediction for the stages no earlier run measured)."""
     try:
         records = history.runs()
     except GapError:
@@ -77,7 +79,15 @@ def expected_run(settings: EvalSettings) -> Expectation:
     allocator = ss["eval_allocator"] if ss["eval_allocator"] in ALLOCATORS else "manual"
     mine = run_settings(asdict(table.spec.windows), asdict(settings), allocator)
     stages = prune_eval_stages(settings, bool(ss["eval_save_checkpoint"]), bool(ss["eval_tasks_on"]))
-    return run_expectation(table.model, mine, records, stages, model_load_seconds(table.model))
+    expected = run_expectation(table.model, mine, records, stages, model_load_seconds(table.model))
+    if expected.total is not None:
+        return expected
+    try:  # stages no earlier run measured: the cost model's prediction
+        tasks = len(str(ss["eval_tasks"]).split(",")) * int(ss["eval_task_limit"] or 0) if ss["eval_tasks_on"] else 0
+        predicted = run_prediction(table.model, table.spec.windows, settings, stages, allocator, tasks)
+    except Exception:  # noqa: BLE001 - an estimate is optional: without one the job measures its stages
+        predicted = None
+    return expected if predicted is None else with_prediction(expected, *predicted)
 
 
 def start_run() -> None:

@@ -15,6 +15,7 @@ from gap_engine.core.validate import decode_text
 from gap_engine.deploy import gguf
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
+from gap_engine.pipeline.expected import gguf_seconds
 from gap_engine.views import figures
 
 DEFAULTS = {
@@ -91,6 +92,12 @@ def render_gguf_download(folder: str) -> None:
         disabled=problem is not None,
         help=problem or "llama.cpp's deci architecture with per-layer widths; run it with flash attention on",
     )
+    seconds = None if problem is not None else gguf_seconds(folder, outtype)
+    if seconds is not None:
+        st.caption(
+            f"Building the {outtype} GGUF file takes about {common.duration_text(seconds)} (predicted by the cost model from "
+            "the checkpoint's size; not yet measured here): the download starts once it is built."
+        )
 
 
 def check_uploaded_plan(uploaded) -> None:

@@ -187,21 +187,23 @@ common.job_controls(
 
 # ---- the latest recovery beside the unrecovered model ----------------------------------------------
 def comparison(result: RecoveryResult) -> pd.DataFrame:
-    """Per task: dense, unrecovered (the checkpoint before training) and recovered numbers."""
+    """One row per measure and held-out text, one column each for dense, the unrecovered
+    checkpoint and the recovered model: four columns, so a 390 px phone shows them whole."""
     before, after = result.before or {}, result.after
     dense = (after.get("dense") or {}).get("perplexity", {})
     rows = []
-    for task, ppl in after["perplexity"].items():
-        rows.append({
-            "held-out text": task,
-            "dense perplexity": dense.get(task),
-            "unrecovered perplexity": before.get("perplexity", {}).get(task),
-            "recovered perplexity": ppl,
-            "unrecovered held-out KL": before.get("kl_to_dense", {}).get(task),
-            "recovered held-out KL": after.get("kl_to_dense", {}).get(task),
-            "unrecovered top-1 agreement": before.get("top1_agreement", {}).get(task),
-            "recovered top-1 agreement": after.get("top1_agreement", {}).get(task),
-        })  # fmt: skip
+    for task in after["perplexity"]:
+        for measure, key, dense_value in (
+            ("perplexity", "perplexity", dense.get(task)),
+            ("held-out KL to dense", "kl_to_dense", 0.0),
+            ("top-1 agreement with dense", "top1_agreement", 1.0),
+        ):
+            rows.append({
+                "measure": f"{measure} ({task})",
+                "dense": dense_value,
+                "unrecovered": before.get(key, {}).get(task),
+                "recovered": after.get(key, {}).get(task),
+            })  # fmt: skip
     return pd.DataFrame(rows)
 
 

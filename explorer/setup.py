@@ -26,11 +26,11 @@ from gap_engine.core.fsutil import atomic_write_bytes, cache_root
 from gap_engine.core.limits import LIMITS, check_at_most, check_file_size, check_windows
 from gap_engine.data.windows import BUILTIN_SOURCES, load_corpus
 from gap_engine.model.loading import BUILTIN_MODELS
+from gap_engine.pipeline.expected import table_prediction
 from gap_engine.pipeline.stages import table_stages
 from gap_engine.prune.criteria import CRITERIA
 from gap_engine.tables import cache
 from gap_engine.tables.artefact import TableSpec, parse_rate_grid
-from gap_engine.tables.costmodel import stage_seconds
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
 from gap_engine.views.jobs import manager, model_load_seconds, table_task
@@ -191,8 +191,8 @@ def expected_build(name: str, spec: TableSpec) -> Expectation:
 
     From this machine's earlier builds (the stage times in the table cache) and whether the
     model is in memory; stages no earlier build measured come from the cost model
-    (``costmodel.estimate_build``) once this machine is calibrated, and the basis says they
-    are predicted. The running job replaces them with its own measured rates.
+    (``pipeline.expected.table_prediction``: this machine's measured prices, else nominal ones),
+    and the basis says they are predicted. The running job replaces them with its own measured rates.
     """
     try:
         rows = cache.list_tables()
@@ -201,11 +201,11 @@ def expected_build(name: str, spec: TableSpec) -> Expectation:
     expected = table_expectation(name, spec.summary(), rows, table_stages(spec), model_load_seconds(name))
     if expected.total is not None or ss["setup_model_kind"] == "Hub id":
         return expected  # measured here already; a hub config may wait on the network
-    try:  # stages no earlier build measured: the cost model's prediction, when this machine is calibrated
-        estimate = predicted_cost(name, spec, device_from_widgets(), 1, calibrate=False)
+    try:  # stages no earlier build measured: the cost model's prediction (nominal prices until this machine is measured)
+        predicted = table_prediction(name, spec, device_from_widgets())
     except Exception:  # noqa: BLE001 - an estimate is optional; the Estimate button says what is wrong
-        estimate = None
-    return with_prediction(expected, None if estimate is None else stage_seconds(estimate))
+        predicted = None
+    return expected if predicted is None else with_prediction(expected, *predicted)
 
 
 def show_expected_time() -> None:

@@ -8,6 +8,12 @@ The page is the URL's path (``/planner``, Streamlit's own); the rest is in the q
                a reload prunes and exports that plan, or says it cannot restore it
     allocator  the allocator Prune & evaluate runs
     runs       the runs compared on Prune & evaluate
+    run        the run whose result Prune & evaluate shows: a reload shows the same panel
+               (read back from the run history)
+    eval_tasks, eval_task_limit, eval_task_folder, recover_tasks, recover_task_limit,
+    recover_task_folder
+               the task pickers of Prune & evaluate and Recover (``off`` when switched off),
+               written only where they differ from the picker's defaults
     jobs       this tab's running jobs: a reload attaches to them, shows their progress
                and gets their results when they end
 
@@ -25,13 +31,18 @@ import streamlit as st
 from explorer import common
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
+from gap_engine.evaluate import history
 from gap_engine.model.loading import BUILTIN_MODELS
+from gap_engine.pipeline.runs import PruneEvalResult
 from gap_engine.plan import store as planstore
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.tables import cache
 from gap_engine.views.jobs import manager
 
-PARAMS = ("table", "budget", "plan", "allocator", "runs", "jobs")
+TASK_PAGES = ("eval_", "recover_")  # the pages with a task picker (``common.task_picker``), by key prefix
+PARAMS = ("table", "budget", "plan", "allocator", "runs", "run", "jobs") + tuple(
+    f"{prefix}{name}" for prefix in TASK_PAGES for name in ("tasks", "task_limit", "task_folder")
+)
 _RESTORED = "app_url_restored"
 
 
@@ -124,6 +135,49 @@ def _restore_plan(plan_hash: str) -> None:
         ss["planner_coupled"] = bool(constraints.get("coupled", False))
 
 
+def _restore_task_pickers(params) -> None:
+    """The task pickers' settings from the link (checked by the engine when Start is pressed)."""
+    ss = st.session_state
+    for prefix in TASK_PAGES:
+        tasks = params.get(f"{prefix}tasks")
+        if tasks == "off":
+            ss[f"{prefix}tasks_on"] = False
+        elif tasks:
+            ss[f"{prefix}tasks_on"], ss[f"{prefix}tasks"] = True, tasks[:1000]
+        limit = str(params.get(f"{prefix}task_limit", ""))
+        if limit.isdigit() and 1 <= int(limit) <= 100_000:
+            ss[f"{prefix}task_limit"] = int(limit)
+        if params.get(f"{prefix}task_folder"):
+            ss[f"{prefix}task_folder"] = params[f"{prefix}task_folder"][:1000]
+
+
+def _task_picker_view(ss) -> dict:
+    """The task pickers' settings that differ from their defaults, as query parameters."""
+    want = {}
+    for prefix in TASK_PAGES:
+        if f"{prefix}tasks_on" not in ss:
+            continue  # the page was not opened in this session
+        defaults = common.task_defaults(prefix)
+        if not ss[f"{prefix}tasks_on"]:
+            want[f"{prefix}tasks"] = "off"
+        elif ss[f"{prefix}tasks"] != defaults[f"{prefix}tasks"]:
+            want[f"{prefix}tasks"] = str(ss[f"{prefix}tasks"])
+        if ss.get(f"{prefix}task_limit") != defaults[f"{prefix}task_limit"]:
+            want[f"{prefix}task_limit"] = str(ss[f"{prefix}task_limit"])
+        if ss.get(f"{prefix}task_folder"):
+            want[f"{prefix}task_folder"] = str(ss[f"{prefix}task_folder"])
+    return want
+
+
+def _restore_run(run_id: int) -> None:
+    """The finished run the link names, as its history row keeps it (gone: nothing shown)."""
+    try:
+        record = history.get_run(run_id)
+    except GapError:
+        return  # deleted since, or an unreadable history (the history table says so)
+    st.session_state["app_last_run"] = PruneEvalResult.from_record(record, common.current_table())
+
+
 def restore() -> bool:
     """Once per session: take the table, budget, allocator, runs and jobs from the URL.
 
@@ -152,6 +206,9 @@ def restore() -> bool:
     runs = [int(r) for r in _split(params.get("runs")) if r.isdigit()]
     if runs:
         ss["eval_compare"] = runs
+    _restore_task_pickers(params)
+    if str(params.get("run", "")).isdigit() and not ss.get("app_last_run"):
+        _restore_run(int(params["run"]))
     ss[_RESTORED] = named
     return named
 
@@ -168,8 +225,11 @@ def view() -> dict:
             want["plan"] = ss["app_plan_hash"]
     if ss.get("eval_allocator") in ALLOCATORS:
         want["allocator"] = ss["eval_allocator"]
+    if ss.get("app_last_run"):
+        want["run"] = str(ss["app_last_run"].run_id)
     if ss.get("eval_compare"):
         want["runs"] = ",".join(str(r) for r in ss["eval_compare"])
+    want |= _task_picker_view(ss)
     running = [job_id for job_id in ss.get("app_jobs", {}).values() if (job := manager().get(job_id)) is not None and job.active]
     if running:
         want["jobs"] = ",".join(running)

@@ -125,3 +125,50 @@ def test_runs_compared_side_by_side_with_changes_and_kept_in_the_url(cached_tabl
     assert at.query_params["runs"] == f"{ids[0]},{ids[1]}"
     again = reload(at, "explorer/evaluate.py")
     assert again.multiselect(key="eval_compare").value == ids
+
+
+def test_a_reload_shows_the_finished_runs_result_panel(cached_table, smol):
+    """The run on screen is in the URL, so a reload (a new session, the job's result gone) shows
+    its panel again, read back from the history, instead of only its history row."""
+    from gap_engine.evaluate import history
+    from gap_engine.plan.allocators import plan_from_table
+
+    plan = plan_from_table(smol, cached_table, 0.2, "dp")
+    throughput = {"prefill_speedup": 1.2, "prefill_speedup_repeats": [1.1, 1.3, 1.2], "prefill_speedup_range": [1.1, 1.3]}
+    record = history.RunRecord.from_report(
+        plan.to_dict(),
+        {"params": 80, "dense": {"params": 100, "perplexity": {"wiki-sample": 10.0}}, "perplexity": {"wiki-sample": 12.5},
+         "kl_to_dense": {"wiki-sample": 0.25}, "throughput": throughput, "generations": [{"prompt": "The", "model": "a", "dense": "b"}]},
+        allocator="dp", table_key=cached_table.key, budget=0.2, predicted_loss=plan.predicted_loss, actual_loss=0.3,
+        params={"throughput": throughput, "plan_hash": plan.content_hash(), "objective": cached_table.spec.objective},
+    )  # fmt: skip
+    run_id = history.record_run(record)
+    first = start("explorer/evaluate.py", query={"table": cached_table.key, "run": str(run_id)})
+    again = reload(first, "explorer/evaluate.py")
+    for at in (first, again):
+        assert not at.exception
+        assert at.query_params["run"] == str(run_id)
+        assert any(h.value.startswith(f"Run {run_id}: dp at 20.00%") and plan.content_hash() in h.value for h in at.subheader)
+        metrics = {m.label: m.value for m in at.metric}
+        assert metrics["Perplexity (wiki-sample)"] == "12.50"
+        assert metrics["Held-out KL to dense (wiki-sample)"] == "0.2500"
+        assert metrics["Prefill speed vs dense"] == "1.20x"
+    assert "run" not in start("explorer/evaluate.py", query={"table": cached_table.key}).query_params  # no run: no panel, nothing in the URL
+
+
+def test_the_task_pickers_settings_are_kept_in_the_url(cached_table):
+    """Issue 21's picker follows the URL state like the other settings: on/off, names, examples, folder."""
+    at = start("explorer/evaluate.py")
+    assert "eval_tasks" not in at.query_params  # the defaults leave the URL short
+    at.text_input(key="eval_tasks").set_value("gap_wiki_next,my_task").run()
+    at.number_input(key="eval_task_limit").set_value(7).run()
+    at.text_input(key="eval_task_folder").set_value("/data/my-tasks").run()
+    assert at.query_params["eval_tasks"] == "gap_wiki_next,my_task" and at.query_params["eval_task_limit"] == "7"
+    again = reload(at, "explorer/evaluate.py")
+    assert again.toggle(key="eval_tasks_on").value is True
+    assert again.text_input(key="eval_tasks").value == "gap_wiki_next,my_task"
+    assert again.number_input(key="eval_task_limit").value == 7
+    assert again.text_input(key="eval_task_folder").value == "/data/my-tasks"
+    again.toggle(key="eval_tasks_on").set_value(False).run()
+    assert again.query_params["eval_tasks"] == "off"
+    assert reload(again, "explorer/evaluate.py").toggle(key="eval_tasks_on").value is False

@@ -125,10 +125,11 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     assert not at.exception, [e.value for e in at.exception]
     assert any("Recovery finished" in str(s.value) for s in at.success)
     assert any("Objective lm (next-token loss): the dense base model" in str(c.value) for c in at.caption)
-    [frame] = [d for d in at.dataframe if "recovered perplexity" in d.value.columns]
-    table = frame.value
-    assert list(table["held-out text"]) == ["news-sample"]
-    before, after = table["unrecovered perplexity"][0], table["recovered perplexity"][0]
+    [frame] = [d for d in at.dataframe if "measure" in d.value.columns and "recovered" in d.value.columns]
+    table = frame.value.set_index("measure")
+    assert list(table.columns) == ["dense", "unrecovered", "recovered"]  # four columns in all: whole on a 390 px phone
+    assert list(table.index) == ["perplexity (news-sample)", "held-out KL to dense (news-sample)", "top-1 agreement with dense (news-sample)"]
+    before, after = table.loc["perplexity (news-sample)", "unrecovered"], table.loc["perplexity (news-sample)", "recovered"]
     assert before > 0 and after > 0 and before != after
     assert at.button(key="recover_go").label == "Recover"  # the finished run left no partial state
     # Task accuracy: the recovered model beside the unrecovered checkpoint (scored before training,

@@ -206,6 +206,10 @@ def test_history_keeps_task_accuracy_and_migrates_an_older_file(tmp_path):
     shown = history_table(history.list_runs(db)).set_index("id")  # the explorer's history table: acc ± stderr, empty where missing
     assert shown.loc[new, f"accuracy ({OFFLINE_TASK})"] == "0.625 ± 0.125" and shown.loc[old, f"dense accuracy ({OFFLINE_TASK})"] == ""
     assert list(shown.columns).index(f"accuracy ({OFFLINE_TASK})") == list(shown.columns).index("budget") + 1
+    # Issue 22: the numbers a reader compares come before the long loss-table key (off-screen at 1400 px otherwise).
+    assert list(shown.columns).index(f"dense accuracy ({OFFLINE_TASK})") < list(shown.columns).index("table_key")
+    columns = list(shown.columns)
+    assert columns.index(f"dense accuracy ({OFFLINE_TASK})") < columns.index("ppl:wiki-sample") < columns.index("dense_params") < columns.index("table_key")
     with sqlite3.connect(db) as conn:  # a tasks column that is not an object is refused in one line, not a crash
         conn.execute("UPDATE runs SET tasks_json = '[1]' WHERE id = ?", (old,))
     with pytest.raises(HistoryError, match=f"history run {old} tasks must be an object"):

@@ -25,6 +25,7 @@ from gap_engine.core.errors import DataError, GapError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.bos import text_start, window_start
 from gap_engine.data.windows import heldout_windows
+from gap_engine.evaluate import dense_numbers
 from gap_engine.model.layerwise import logits_batches
 from gap_engine.model.loaded import LoadedModel
 
@@ -219,7 +220,7 @@ def evaluate(
             continue
         nll_m, nll_d, kl, agree = compare_logits(lm, dense, windows, batch_size)
         report.perplexity[source] = math.exp(nll_m)
-        dense_perplexity[source] = math.exp(nll_d)
+        dense_perplexity[source] = dense_numbers.dense_perplexity(dense.fingerprint, windows, math.exp(nll_d))  # one value on every page
         report.kl_to_dense[source] = kl
         report.top1_agreement[source] = agree
     streamed = is_streamed(lm) or (dense is not None and is_streamed(dense))

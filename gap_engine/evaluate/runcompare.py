@@ -188,10 +188,12 @@ def history_table(frame: pd.DataFrame) -> pd.DataFrame:
     """``history.list_runs()`` for reading: each task's numeric ``acc``/``acc_stderr`` (and dense's)
     columns become one text column 'accuracy (TASK)' / 'dense accuracy (TASK)' reading '0.375 ± 0.183',
     placed after the budget; a run without that task has an empty cell. The numeric columns stay in
-    ``list_runs`` (charts, CSV)."""
+    ``list_runs`` (charts, CSV). Perplexity and KL follow the accuracy, and the long context columns
+    (the loss table's key, the time, the plan hash, the checkpoint folder) go last, so the measured
+    numbers are on screen at 1400 px without scrolling."""
     tasks = list(dict.fromkeys(str(c).partition(":")[2] for c in frame.columns if str(c).startswith("acc:")))
     if not tasks:
-        return frame
+        return _context_last(frame)
     shown = frame.drop(columns=[c for c in frame.columns if str(c).partition(":")[0] in _TASK_PREFIXES])
     texts = {}
     for task in tasks:
@@ -201,7 +203,20 @@ def history_table(frame: pd.DataFrame) -> pd.DataFrame:
                 for row in (_finite_values(r) for r in frame.to_dict("records"))
             ]
     at = list(shown.columns).index("budget") + 1 if "budget" in shown.columns else len(shown.columns)
-    return pd.concat([shown.iloc[:, :at], pd.DataFrame(texts, index=frame.index), shown.iloc[:, at:]], axis=1)
+    return _context_last(pd.concat([shown.iloc[:, :at], pd.DataFrame(texts, index=frame.index), shown.iloc[:, at:]], axis=1))
+
+
+_CONTEXT_COLUMNS = ("created", "table_key", "plan_hash", "checkpoint", "note")  # long, and not what a reader compares
+
+
+def _context_last(frame: pd.DataFrame) -> pd.DataFrame:
+    """The budget, then what was measured (task accuracy, perplexity, KL), then the other numbers,
+    the long context columns last."""
+    columns = list(frame.columns)
+    context = [c for c in _CONTEXT_COLUMNS if c in columns]
+    lead = [c for c in columns[: columns.index("budget") + 1] if c not in context] if "budget" in columns else []
+    measured = [c for c in columns if str(c).startswith(("accuracy (", "dense accuracy (", "ppl:", "dense_ppl:", "kl:")) and c not in lead]
+    return frame[lead + measured + [c for c in columns if c not in lead + measured + context] + context]
 
 
 _TASK_PREFIXES = frozenset({"acc", "acc_stderr", "acc_norm", "dense_acc", "dense_acc_stderr", "dense_acc_norm"})

@@ -78,6 +78,37 @@ class PruneEvalResult:
         """JSON-ready."""
         return asdict(self)
 
+    @classmethod
+    def from_record(cls, record: history.RunRecord, table: LossTable | None = None) -> PruneEvalResult:
+        """The result of a finished run as its history row keeps it, so a page reloaded after
+        the job's result was gone (a new session) shows the same panel; ``table``: the run's loss
+        table, for the basis of its prediction (None: not stated)."""
+        params = record.params or {}
+        report = {
+            "model": record.model,
+            "params": record.pruned_params,
+            "dense": {"params": record.dense_params, "perplexity": dict(record.dense_perplexity)},
+            "perplexity": dict(record.perplexity),
+            "kl_to_dense": dict(record.kl),
+            "top1_agreement": dict(record.top1),
+            "throughput": params.get("throughput"),
+            "generations": list(record.generations),
+            "settings": params.get("eval") or {},
+            "task_accuracy": dict((record.tasks or {}).get("model") or {}),
+            "dense_task_accuracy": dict((record.tasks or {}).get("dense") or {}),
+        }
+        plan = RatePlan.from_dict(dict(record.plan))
+        basis = None
+        if table is not None and record.table_key == table.key:
+            basis = table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates))
+        return cls(
+            run_id=int(record.id or 0), plan=dict(record.plan), plan_hash=str(params.get("plan_hash") or plan.content_hash()),
+            report=report, predicted_loss=record.predicted_loss, predicted_basis=basis, actual_loss=record.actual_loss,
+            objective=str(params.get("objective") or "nll"), checkpoint=record.checkpoint, seconds=float(record.seconds or 0.0),
+            stage_seconds=dict(params.get("stage_seconds") or {}), params_before=int(record.dense_params or 0),
+            params_after=int(record.pruned_params or 0),
+        )
+
 
 @dataclass(frozen=True)
 class BaselinePlan:
