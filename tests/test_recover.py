@@ -418,6 +418,12 @@ def test_lr_schedules():
     assert lr_at(settings, 9) < 0.05
     assert lr_at(replace(settings, schedule="constant"), 9) == 1.0
     assert lr_at(replace(settings, schedule="linear", warmup_steps=0), 5) == pytest.approx(0.5)
+    # Bounded by time: the decay follows the time spent when that horizon comes first.
+    timed = replace(settings, steps=1000, time_budget_s=100.0, warmup_steps=0)
+    assert lr_at(timed, 10, train_seconds=50.0) == pytest.approx(0.5)  # half the time, 1% of the steps
+    assert lr_at(timed, 10, train_seconds=100.0) == pytest.approx(0.0, abs=1e-12)
+    assert lr_at(timed, 900, train_seconds=1.0) == lr_at(replace(timed, time_budget_s=None), 900)  # steps first
+    assert lr_at(replace(timed, schedule="constant"), 10, train_seconds=99.0) == 1.0
 
 
 def test_the_guard_keeps_a_snapshot_within_tolerance_and_rolls_back_a_rise_then_stops():
