@@ -40,6 +40,7 @@ def test_the_key_is_the_fingerprint_and_the_exact_tokens():
     assert dense_key("abc", windows) == dense_key("abc", windows.clone())
     assert dense_key("abc", windows) != dense_key("abd", windows)
     assert dense_key("abc", windows) != dense_key("abc", windows.reshape(4, 8))
+    assert dense_key("abc", windows, "float32") != dense_key("abc", windows, "bfloat16")  # two measurements
     shifted = windows.clone()
     shifted[1, 3] += 1
     assert dense_key("abc", windows) != dense_key("abc", shifted)

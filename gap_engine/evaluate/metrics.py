@@ -220,7 +220,8 @@ def evaluate(
             continue
         nll_m, nll_d, kl, agree = compare_logits(lm, dense, windows, batch_size)
         report.perplexity[source] = math.exp(nll_m)
-        dense_perplexity[source] = dense_numbers.dense_perplexity(dense.fingerprint, windows, math.exp(nll_d))  # one value on every page
+        dense_perplexity[source] = dense_numbers.dense_perplexity(  # one value on every page
+            dense.fingerprint, windows, math.exp(nll_d), str(placement_of(dense).dtype).removeprefix("torch."))
         report.kl_to_dense[source] = kl
         report.top1_agreement[source] = agree
     streamed = is_streamed(lm) or (dense is not None and is_streamed(dense))
