@@ -41,7 +41,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 
 # RecoveryError is raised and caught under this module's name too (callers import it from here).
-from gap_engine.recover.settings import CurveRow, ProbeRow, RecoveryResult
+from gap_engine.recover.settings import CurveRow, ProbeRow, RecoveryResult, RollbackRow
 from gap_engine.recover.settings import RecoveryError as RecoveryError
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class RunState:
     lr_probe: list[ProbeRow] = field(default_factory=list)  # the probe's candidates: lr, loss before, loss after
     guard_lowest: float | None = None  # the divergence guard's lowest calibration objective over kept snapshots
     lr_scale: float = 1.0  # the guard's cuts of the learning rate so far (1: none)
-    rollbacks: list[dict[str, Any]] = field(default_factory=list)  # the guard's rollbacks: step, back_to, loss, lowest, lr_scale, action
+    rollbacks: list[RollbackRow] = field(default_factory=list)  # the guard's rollbacks: step, back_to, loss, lowest, lr_scale, action
     version: int = STATE_VERSION
 
 

@@ -43,6 +43,17 @@ class ProbeRow(TypedDict, total=False):
     loss_after: float  # after them (inf when it blew up)
     best: bool  # present (True) on the candidate whose loss ended lowest
 
+
+class RollbackRow(TypedDict):
+    """One intervention of the divergence guard (``recover.guard``)."""
+
+    step: int  # the step whose snapshot was judged
+    back_to: int  # the step of the snapshot restored
+    loss: float | None  # the calibration objective judged (None: not finite)
+    lowest: float  # the lowest kept so far
+    lr_scale: float  # the rate's factor before this intervention's cut
+    action: str  # guard.ROLL_BACK or guard.STOP
+
 METHODS = RECOVERY_METHODS.names
 SCHEDULES = RECOVERY_SCHEDULES
 DEFAULT_LR = {"lora": 3e-3, "mazo": 3e-4, "mezo": 1e-4}  # for SmolLM2-135M; see bench/results/recovery.md
@@ -230,7 +241,7 @@ class RecoveryResult:
     teacher: str | None = None  # the model distilled from
     save_dtype: str = ""  # storage dtype of the recovered checkpoint
     curve: list[CurveRow] = field(default_factory=list)  # per step: step, seconds, loss, lr
-    rollbacks: list[dict[str, Any]] = field(default_factory=list)  # the divergence guard's: step, back_to, loss, lowest, lr_scale, action
+    rollbacks: list[RollbackRow] = field(default_factory=list)  # the divergence guard's: step, back_to, loss, lowest, lr_scale, action
     lr_scale: float = 1.0  # the rate's factor after the guard's cuts (1: none)
     run_id: int | None = None  # row in the run history
     settings: dict[str, Any] = field(default_factory=dict)  # RecoverySettings.trajectory() and the teacher's fingerprint
