@@ -38,7 +38,8 @@ def test_prune_uniform_then_eval_and_reload(model_name, tmp_path, capsys):
     for name in ("model.safetensors", "config.json", "plan.json", "plan.yaml", "kept_indices.json", "gap_pruned.json"):
         assert (out_dir / name).is_file(), name
     config = json.loads((out_dir / "config.json").read_text())
-    assert len(config["per_layer_config"]) == load_model(model_name).num_layers
+    in_memory = load_model(model_name)  # loaded once: its layer count here, its pruned logits below
+    assert len(config["per_layer_config"]) == in_memory.num_layers
 
     report = _run_json(capsys, ["eval", "--model", str(out_dir), "--data", "wiki-sample", "--json", *EVAL_SMALL])
     ppl, dense_ppl = report["perplexity"]["wiki-sample"], report["dense"]["perplexity"]["wiki-sample"]
@@ -55,7 +56,6 @@ def test_prune_uniform_then_eval_and_reload(model_name, tmp_path, capsys):
     from gap_engine.pipeline.stages import prune_with_plan
 
     reloaded = load_model(str(out_dir))
-    in_memory = load_model(model_name)
     prune_with_plan(in_memory, RatePlan.load(out_dir / "plan.json"), WindowSpec(n_samples=4, seq_len=64))
     ids = in_memory.tokenizer("Structured pruning keeps the model dense but smaller.", return_tensors="pt").input_ids
     with torch.no_grad():

@@ -67,10 +67,25 @@ def test_missing_gguf_file(tmp_path):
         load_model(str(tmp_path / "absent.gguf"))
 
 
-def test_hub_id_fails_cleanly_offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ModelLoadError, match="cannot load 'someone/not-cached-model' from the Hugging Face hub"):
+@pytest.mark.parametrize("why", ["switched off", "no network"])
+def test_hub_id_fails_cleanly_offline(monkeypatch, why):
+    """Judged from the local hub cache before transformers is asked: transformers looks for an
+    adapter_config.json on the hub even with local_files_only, and its retries took 24 s in a
+    process whose huggingface_hub was imported before HF_HUB_OFFLINE was set."""
+    from gap_engine.core import hub as hub_access
+    from gap_engine.model import loading
+
+    if why == "switched off":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        for flag in hub_access.OFFLINE_FLAGS:
+            monkeypatch.delenv(flag, raising=False)
+        monkeypatch.setattr(hub_access, "host_resolves", lambda timeout: False)
+    asked: list[str] = []
+    monkeypatch.setattr(loading, "_from_folder", lambda *args, **kwargs: asked.append(args[0]))
+    with pytest.raises(ModelLoadError, match=rf"cannot load 'someone/not-cached-model' from the Hugging Face hub \({why}"):
         load_model("someone/not-cached-model")
+    assert asked == []
 
 
 def test_chunk_assembly_verifies_the_checksum(tmp_path):

@@ -108,9 +108,6 @@ def check_sources(args: argparse.Namespace) -> None:
             raise DataError(f"{flag} names no text source; give wiki-sample, news-sample, a .txt/.jsonl file or an HF spec")
 
 
-_OFF = ("1", "true", "yes", "on")
-
-
 def _hub_host_resolves(timeout: float = 3.0) -> bool:
     """Whether the hub's host name resolves (asked once per process, at most ``timeout`` seconds).
 
@@ -128,8 +125,7 @@ _HUB_RESOLVES: list[bool] = []
 def hub_offline() -> bool:
     """True when the Hugging Face hub cannot be used: switched off (HF_HUB_OFFLINE,
     TRANSFORMERS_OFFLINE, HF_DATASETS_OFFLINE) or its host name does not resolve."""
-    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
-    if any(os.environ.get(name, "").strip().lower() in _OFF for name in names):
+    if hub.switched_off():
         return True
     return not _hub_host_resolves()
 

@@ -16,6 +16,17 @@ import urllib.parse
 from collections.abc import Callable
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
+OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+_ON = ("1", "true", "yes", "on")
+
+
+def switched_off() -> bool:
+    """Whether the user switched the hub off (any of ``OFFLINE_FLAGS`` set to a true value).
+
+    Read from the environment on every call: huggingface_hub reads its flag once, at import,
+    so a flag set later in the process (a test, a notebook) is seen here and not there.
+    """
+    return any(os.environ.get(name, "").strip().lower() in _ON for name in OFFLINE_FLAGS)
 
 
 def endpoint() -> tuple[str, int]:

@@ -16,7 +16,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gap_engine.core import hub as hub_access
 from gap_engine.core.device import DeviceSpec, Placement, resolve
 from gap_engine.core.errors import ModelLoadError, first_line
 from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for, refuse_special_files
@@ -327,17 +327,9 @@ def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> Load
         model, tokenizer = _from_gguf(path.resolve())
         return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
     if name_or_path.count("/") == 1 and not path.exists() and not name_or_path.startswith((".", "/", "~")):
-        local_only = not hub or os.environ.get("HF_HUB_OFFLINE") == "1"
-        if not hub:
-            # transformers looks for an adapter_config.json on the hub even with local_files_only;
-            # a name read from a file that the local hub cache does not hold goes no further.
-            from huggingface_hub import try_to_load_from_cache
-
-            if not isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
-                raise ModelLoadError(
-                    f"'{name_or_path}' (a name read from a file) is not in the local hub cache; "
-                    "names read from files never reach the network"
-                )
+        local_only = not hub or hub_access.switched_off() or not hub_access.host_resolves(HUB_RESOLVE_SECONDS)
+        if local_only:
+            _refuse_uncached(name_or_path, hub)
         try:
             model, tokenizer = _from_folder(name_or_path, local_only=local_only, dtype=dtype)
         except Exception as exc:
@@ -350,6 +342,30 @@ def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> Load
     raise ModelLoadError(
         f"unknown model '{name_or_path}': not a built-in ({', '.join(BUILTIN_MODELS)}), "
         "a local model folder, a .gguf file, or a hub id 'org/name'"
+    )
+
+
+HUB_RESOLVE_SECONDS = 3.0  # a resolver that never answers costs this, not the libraries' retries
+
+
+def _refuse_uncached(name_or_path: str, hub: bool) -> None:
+    """ModelLoadError at once for a hub id the local hub cache does not hold, when the network
+    may not or cannot be used: transformers would otherwise look for the model's files on the
+    hub even with local_files_only (its adapter_config.json), and spend tens of seconds in
+    retries before failing."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
+        return
+    if not hub:
+        raise ModelLoadError(
+            f"'{name_or_path}' (a name read from a file) is not in the local hub cache; "
+            "names read from files never reach the network"
+        )
+    why = "switched off by " + "/".join(hub_access.OFFLINE_FLAGS) if hub_access.switched_off() else "no network: its host name does not resolve"
+    raise ModelLoadError(
+        f"cannot load '{name_or_path}' from the Hugging Face hub ({why}) and it is not in the local hub cache; "
+        "give a local model folder or a .gguf file"
     )
 
 
