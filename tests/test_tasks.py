@@ -329,3 +329,21 @@ def test_recovery_cancel_is_heard_inside_task_scoring(make_tiny, tmp_path, monke
     with pytest.raises(CancelledError, match="while scoring tasks"):
         evaluate_heldout(lm, settings, "after", Hooks(message=stage, cancel=cancel), lm.fingerprint, None, prepared)
     assert any("task accuracy" in message for message in stages)
+
+
+def test_a_saved_runs_numbers_are_its_checkpoints(make_tiny, tmp_path, monkeypatch):
+    """prune_and_evaluate with a checkpoint measures the weights as stored (bfloat16 by default),
+    so the Recover page and `gap eval`, which read the checkpoint, show the same perplexity."""
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.evaluate.metrics import EvalSettings, evaluate
+    from gap_engine.model.loading import load_model
+    from gap_engine.model.rateplan import uniform_plan
+    from gap_engine.pipeline.runs import prune_and_evaluate
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
+    dense = make_tiny("llama", initializer_range=0.2)
+    settings = EvalSettings(windows=WindowSpec("wiki-sample", n_samples=2, seq_len=32), throughput=False, generations=0)
+    plan = uniform_plan(dense, 0.5, "magnitude", 8)
+    saved = prune_and_evaluate(dense, settings, plan=plan, checkpoint_dir=tmp_path / "ckpt", history_path=tmp_path / "h.sqlite")
+    reread = evaluate(load_model(str(tmp_path / "ckpt")), dense, settings).to_dict()
+    assert saved.report["perplexity"] == reread["perplexity"]  # the float32 copy in memory gave another number
