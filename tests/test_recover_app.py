@@ -150,6 +150,32 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     options = at.selectbox(key="recover_run").options
     assert len(options) == 2 and options[0].startswith(f"run {runs[-1].id}: dp+mazo"), options
 
+    # A reload (a new session given the URL, the job's result gone) shows the same result panel,
+    # read back from the recovered checkpoint's recovery.json.
+    assert at.query_params["recovery"] == str(runs[-1].id)
+    again = AppTest.from_file(APP, default_timeout=240)
+    again.query_params.update(at.query_params)
+    again.run()
+    again.switch_page(RECOVER_PAGE)
+    again.run()
+    assert not again.exception, [e.value for e in again.exception]
+    assert again.session_state["app_jobs"].get("recover") is None  # nothing but the URL carried it
+    shown = panel(at)
+    assert len(shown["tables"]) == 2 and len(shown["metrics"]) == 4 and len(shown["captions"]) == 2, shown
+    assert panel(again) == shown
+    assert any(f"history run {runs[-1].id}" in h for h in panel(again)["headings"]), panel(again)["headings"]
+    assert any(str(out_dir) in c for c in panel(again)["captions"])
+
+
+def panel(at: AppTest) -> dict:
+    """What the result panel shows: headings, metrics, tables and captions."""
+    return {
+        "headings": [str(h.value) for h in at.subheader],
+        "metrics": [(m.label, m.value, str(m.proto.delta)) for m in at.metric],
+        "tables": [d.value.to_json() for d in at.dataframe if "recovered" in d.value.columns or "recovered acc" in d.value.columns],
+        "captions": [str(c.value) for c in at.caption if str(c.value).startswith(("Recovered checkpoint", "Objective"))],
+    }
+
 
 def test_recover_page_without_checkpoints_points_to_prune_and_evaluate(tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
