@@ -90,7 +90,7 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     at.run()
     assert at.button(key="recover_go").label == "Recover"
     assert set(at.radio(key="recover_objective").options) == {"default", "kd", "lm", "kd+lm"}
-    assert any("Expected time: about" in str(c.value) for c in at.caption)  # before Start, from the cost model
+    assert any("Expected time: about" in str(c.value) and "of it scoring tasks" in str(c.value) for c in at.caption)  # before Start, from the cost model
     at.button(key="recover_go").click().run()
     assert not at.exception, [e.value for e in at.exception]
     job = manager().get(at.session_state["app_jobs"]["recover"])
@@ -165,6 +165,15 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     assert panel(again) == shown
     assert any(f"history run {runs[-1].id}" in h for h in panel(again)["headings"]), panel(again)["headings"]
     assert any(str(out_dir) in c for c in panel(again)["captions"])
+    (out_dir / "recovery.json").write_text('{"method": "lora"}')  # a result file that is not one: said, not shown
+    broken = AppTest.from_file(APP, default_timeout=240)
+    broken.query_params.update(at.query_params)
+    broken.run()
+    broken.switch_page(RECOVER_PAGE)
+    broken.run()
+    assert not broken.exception and not panel(broken)["tables"]
+    assert any(f"recovery run {runs[-1].id} from the link cannot be shown" in str(w.value) and "is not a recovery result" in str(w.value)
+               for w in broken.warning), [w.value for w in broken.warning]
 
 
 def panel(at: AppTest) -> dict:
