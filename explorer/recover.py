@@ -167,12 +167,13 @@ except GapError as exc:
     out_dir = None
     st.warning(one_line(exc))
 else:
-    estimate = estimate_for_checkpoint(chosen.checkpoint, settings_from_state())
+    estimate = estimate_for_checkpoint(chosen.checkpoint, settings_from_state(), task_examples=common.task_examples("recover_"))
     if estimate is not None:
+        scoring = f", {common.duration_text(estimate.tasks_s)} of it scoring tasks" if estimate.tasks_s else ""
         st.caption(
             f"Expected time: about {common.duration_text(estimate.total_s)} "
             f"({estimate.step_s:.2g} s per step, {common.duration_text(estimate.prepare_s)} before training, "
-            f"{common.duration_text(estimate.finish_s)} after; {estimate.basis})"
+            f"{common.duration_text(estimate.finish_s)} after{scoring}; {estimate.basis})"
         )
 running = common.session_job("recover")
 reached = saved_step(out_dir) if out_dir is not None else None
