@@ -221,3 +221,43 @@ def test_the_report_opens_from_a_file_with_no_request(browser, phone_server, tmp
     assert main(["report", "--table", str(table_path), "--budget", "0.3", "--out", str(out)]) == 0
     text = open_report_offline(browser, out, "report-from-cli")
     assert phone_server["table"].key in text and "Per-layer plan" in text
+
+
+def test_predicted_vs_actual_fits_a_phone_with_its_toolbar_shown(browser, tmp_path):
+    """Issue 22, finding 9: on a phone the chart's x-axis title was clipped and its toolbar covered
+    the legend. Drawn by plotly.js in Chromium at the width Streamlit gives a chart on a 390 px
+    screen, toolbar forced on (a touch shows it): the axis titles lie inside the figure and the
+    legend clear of the toolbar. No server: the figure's own HTML."""
+    import pandas as pd
+
+    from gap_engine.views.figures.run_figures import predicted_vs_actual_figure
+
+    runs = pd.DataFrame({"id": [1, 2, 3], "allocator": ["dp", "uniform", "owl"], "budget": [0.2, 0.2, 0.3],
+                         "predicted_loss": [0.52, 0.71, 0.9], "actual_loss": [0.77, 0.95, 1.2]})  # fmt: skip
+    page = browser.new_page(viewport=PHONE)
+    try:
+        from pathlib import Path
+
+        import plotly
+
+        script = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").as_uri()  # plotly's own copy, read from disk
+        html = predicted_vs_actual_figure(runs).to_html(include_plotlyjs=script, full_html=True, default_width="358px",
+                                                         config={"displayModeBar": True})  # fmt: skip
+        (tmp_path / "chart.html").write_text(html)
+        page.goto((tmp_path / "chart.html").as_uri())
+        page.locator(".modebar").first.wait_for(timeout=30_000)
+        boxes = page.evaluate(
+            """() => { const box = (s) => { const r = document.querySelector(s).getBoundingClientRect();
+                                             return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; };
+                       return {figure: box('.main-svg'), x: box('.g-xtitle'), y: box('.g-ytitle'), legend: box('.legend'),
+                               toolbar: box('.modebar')}; }"""
+        )
+    finally:
+        page.close()
+    figure = boxes["figure"]
+    for title in ("x", "y"):
+        assert figure["left"] <= boxes[title]["left"] and boxes[title]["right"] <= figure["right"], (title, boxes)
+        assert figure["top"] <= boxes[title]["top"] and boxes[title]["bottom"] <= figure["bottom"], (title, boxes)
+    legend, toolbar = boxes["legend"], boxes["toolbar"]
+    apart = legend["right"] <= toolbar["left"] or toolbar["right"] <= legend["left"] or legend["bottom"] <= toolbar["top"] or toolbar["bottom"] <= legend["top"]
+    assert apart, boxes
