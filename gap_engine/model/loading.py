@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gap_engine.core import hub as core_hub
 from gap_engine.core.device import DeviceSpec, Placement, resolve
 from gap_engine.core.errors import ModelLoadError, first_line
 from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for, refuse_special_files
@@ -47,7 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONVERTED_MARKER = "gap_converted.json"  # written last into a converted built-in folder
-HUB_PROBE_SECONDS = 2.0  # a hub id whose hub does not resolve is said within this, not after a minute of retries
 
 
 # ---- built-in models ------------------------------------------------------------------
@@ -329,25 +327,17 @@ def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> Load
         model, tokenizer = _from_gguf(path.resolve())
         return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
     if name_or_path.count("/") == 1 and not path.exists() and not name_or_path.startswith((".", "/", "~")):
-        from huggingface_hub import try_to_load_from_cache
-
         local_only = not hub or os.environ.get("HF_HUB_OFFLINE") == "1"
-        cached = isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
-        if not hub and not cached:
+        if not hub:
             # transformers looks for an adapter_config.json on the hub even with local_files_only;
             # a name read from a file that the local hub cache does not hold goes no further.
-            raise ModelLoadError(
-                f"'{name_or_path}' (a name read from a file) is not in the local hub cache; "
-                "names read from files never reach the network"
-            )
-        if not local_only and not core_hub.host_resolves(HUB_PROBE_SECONDS):
-            # No network path to the hub: transformers would retry for a minute, silently, before failing.
-            if not cached:
+            from huggingface_hub import try_to_load_from_cache
+
+            if not isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
                 raise ModelLoadError(
-                    f"cannot load '{name_or_path}': the Hugging Face hub ({core_hub.endpoint()[0]}) is not reachable from here "
-                    "and the model is not in the local hub cache; copy it into a local folder and load that"
+                    f"'{name_or_path}' (a name read from a file) is not in the local hub cache; "
+                    "names read from files never reach the network"
                 )
-            local_only = True
         try:
             model, tokenizer = _from_folder(name_or_path, local_only=local_only, dtype=dtype)
         except Exception as exc:
