@@ -152,6 +152,16 @@ def task_defaults(prefix: str) -> dict:
     return {f"{prefix}tasks_on": True, f"{prefix}tasks": OFFLINE_TASK, f"{prefix}task_limit": DEMO_LIMIT, f"{prefix}task_folder": ""}
 
 
+def task_examples(prefix: str) -> int:
+    """Examples the picker asks lm-eval to score per model, every task's together (0: switched off);
+    what the pages' time estimates price."""
+    ss = st.session_state
+    if not ss[f"{prefix}tasks_on"]:
+        return 0
+    names = [name for name in str(ss[f"{prefix}tasks"]).split(",") if name.strip()]
+    return len(names) * int(ss[f"{prefix}task_limit"] or 0)
+
+
 def task_picker(prefix: str) -> None:
     """Task accuracy through lm-eval: on or off, which tasks, how many examples, a local task folder."""
     st.toggle("Task accuracy (lm-eval)", key=f"{prefix}tasks_on", help=GLOSSARY["task accuracy"])

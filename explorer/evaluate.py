@@ -83,8 +83,7 @@ def expected_run(settings: EvalSettings) -> Expectation:
     if expected.total is not None:
         return expected
     try:  # stages no earlier run measured: the cost model's prediction
-        tasks = len(str(ss["eval_tasks"]).split(",")) * int(ss["eval_task_limit"] or 0) if ss["eval_tasks_on"] else 0
-        predicted = run_prediction(table.model, table.spec.windows, settings, stages, allocator, tasks)
+        predicted = run_prediction(table.model, table.spec.windows, settings, stages, allocator, common.task_examples("eval_"))
     except Exception:  # noqa: BLE001 - an estimate is optional: without one the job measures its stages
         predicted = None
     return expected if predicted is None else with_prediction(expected, *predicted)

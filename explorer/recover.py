@@ -18,7 +18,7 @@ from gap_engine.core.config import APP_EVAL_WINDOWS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
-from gap_engine.evaluate.tasks import task_table_rows
+from gap_engine.evaluate.tasks import score_text
 from gap_engine.model.checkpoint import is_pruned_checkpoint
 from gap_engine.pipeline.recovery import DEFAULT_LR, RecoveryResult, RecoverySettings, app_output_dir
 from gap_engine.recover.cost import estimate_for_checkpoint
@@ -167,12 +167,13 @@ except GapError as exc:
     out_dir = None
     st.warning(one_line(exc))
 else:
-    estimate = estimate_for_checkpoint(chosen.checkpoint, settings_from_state())
+    estimate = estimate_for_checkpoint(chosen.checkpoint, settings_from_state(), task_examples=common.task_examples("recover_"))
     if estimate is not None:
+        scoring = f", {common.duration_text(estimate.tasks_s)} of it scoring tasks" if estimate.tasks_s else ""
         st.caption(
             f"Expected time: about {common.duration_text(estimate.total_s)} "
             f"({estimate.step_s:.2g} s per step, {common.duration_text(estimate.prepare_s)} before training, "
-            f"{common.duration_text(estimate.finish_s)} after; {estimate.basis})"
+            f"{common.duration_text(estimate.finish_s)} after{scoring}; {estimate.basis})"
         )
 running = common.session_job("recover")
 reached = saved_step(out_dir) if out_dir is not None else None
@@ -186,25 +187,53 @@ common.job_controls(
 
 
 # ---- the latest recovery beside the unrecovered model ----------------------------------------------
-def comparison(result: RecoveryResult) -> pd.DataFrame:
-    """One row per measure and held-out text, one column each for dense, the unrecovered
-    checkpoint and the recovered model: four columns, so a 390 px phone shows them whole."""
+# Short row names, explained once: a 390 px phone shows the four columns whole.
+MEASURES = (("perplexity", "perplexity"), ("held-out KL", "kl_to_dense"), ("top-1 agreement", "top1_agreement"))
+CALIBRATION_HELP = "Calibration loss: the next-token loss on fixed windows of the text's calibration part, which training read."
+MEASURE_HELP = (
+    "On each text's held-out part: perplexity; held-out KL, the KL divergence from dense in nats/token; top-1 agreement, "
+    "the share of tokens whose most likely next token is dense's. " + CALIBRATION_HELP
+)
+NUMBERS = st.column_config.NumberColumn(format="%.5g")  # 51115.1673 as 51115 and 10.8134 as 10.813: five digits fit a phone
+
+
+def comparison(result: RecoveryResult) -> dict[str, pd.DataFrame]:
+    """Per held-out text, one row per measure and one column each for dense, the unrecovered
+    checkpoint and the recovered model."""
     before, after = result.before or {}, result.after
     dense = (after.get("dense") or {}).get("perplexity", {})
-    rows = []
+    calibration = {task: pair for task, *pair in zip(result.tasks, result.calib_loss_before, result.calib_loss_after)}
+    tables = {}
     for task in after["perplexity"]:
-        for measure, key, dense_value in (
-            ("perplexity", "perplexity", dense.get(task)),
-            ("held-out KL to dense", "kl_to_dense", 0.0),
-            ("top-1 agreement with dense", "top1_agreement", 1.0),
-        ):
-            rows.append({
-                "measure": f"{measure} ({task})",
-                "dense": dense_value,
-                "unrecovered": before.get(key, {}).get(task),
-                "recovered": after.get(key, {}).get(task),
-            })  # fmt: skip
-    return pd.DataFrame(rows)
+        rows = [
+            {"measure": measure, "dense": dense.get(task) if key == "perplexity" else (0.0 if key == "kl_to_dense" else 1.0),
+             "unrecovered": before.get(key, {}).get(task), "recovered": after.get(key, {}).get(task)}
+            for measure, key in MEASURES
+        ]  # fmt: skip
+        if task in calibration:
+            rows.append({"measure": "calibration loss", "dense": None, "unrecovered": calibration[task][0], "recovered": calibration[task][1]})
+        tables[task] = pd.DataFrame(rows)
+    return tables
+
+
+def task_tables(result: RecoveryResult) -> dict[str, pd.DataFrame]:
+    """Per lm-eval task, one row each for dense, the unrecovered checkpoint and the recovered model
+    (three narrow columns rather than one wide row per task)."""
+    models = (
+        ("dense", (result.after or {}).get("dense_task_accuracy") or {}),
+        ("unrecovered", (result.before or {}).get("task_accuracy") or {}),
+        ("recovered", (result.after or {}).get("task_accuracy") or {}),
+    )
+    tables = {}
+    for task in (result.after or {}).get("task_accuracy") or {}:
+        rows = [{"model": label, "acc": score_text(scores.get(task)), "acc_norm": score_text(scores.get(task), "acc_norm")} for label, scores in models]
+        frame = pd.DataFrame(rows)
+        tables[task] = frame if frame["acc_norm"].notna().any() else frame.drop(columns="acc_norm")
+    return tables
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
 
 
 result = ss.get("app_last_recovery")
@@ -226,18 +255,24 @@ if result:
         delta_arrow="off",
     )
     c[2].metric("Trained parameters", f"{result.trainable_params:,}")
-    losses = ", ".join(f"{b:.3f} → {a:.3f}" for b, a in zip(result.calib_loss_before, result.calib_loss_after))
-    c[3].metric("Calibration loss per task", losses)
-    st.dataframe(comparison(result), hide_index=True, width="stretch", key="recover_comparison")
-    recovered_tasks = (result.after or {}).get("task_accuracy") or {}
-    if recovered_tasks:
+    texts = len(result.calib_loss_after)
+    c[3].metric(
+        "Calibration loss", f"{mean(result.calib_loss_after):.3f}",
+        f"from {mean(result.calib_loss_before):.3f}" + (f", mean of {texts} texts" if texts > 1 else ""),
+        delta_color="off", delta_arrow="off", help=CALIBRATION_HELP + " Per text in the tables below.",
+    )  # fmt: skip
+    st.markdown("**Dense, unrecovered and recovered**", help=MEASURE_HELP)
+    for i, (task, frame) in enumerate(comparison(result).items()):
+        st.caption(f"{task}")
+        st.dataframe(frame, hide_index=True, width="stretch", key=f"recover_comparison_{i}",
+                     column_config={name: NUMBERS for name in ("dense", "unrecovered", "recovered")})  # fmt: skip
+    by_task = task_tables(result)
+    if by_task:
         st.markdown("**Task accuracy** (lm-eval)", help=common.GLOSSARY["task accuracy"])
-        rows = task_table_rows([
-            ("dense", (result.after or {}).get("dense_task_accuracy") or {}),
-            ("unrecovered", (result.before or {}).get("task_accuracy") or {}),
-            ("recovered", recovered_tasks),
-        ])  # fmt: skip
-        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", key="recover_tasks_table")
+        for i, (task, frame) in enumerate(by_task.items()):
+            examples = ((result.after or {}).get("task_accuracy") or {}).get(task, {}).get("n")
+            st.caption(f"{task}" + (f", {examples} examples" if examples else ""))
+            st.dataframe(frame, hide_index=True, width="stretch", key=f"recover_tasks_table_{i}")
     if result.curve:
         st.markdown("**Training loss** (each step's multi-task batch)")
         curve = pd.DataFrame(result.curve)
@@ -246,13 +281,14 @@ if result:
     if generations:
         before_text = {g["prompt"]: g["model"] for g in (result.before or {}).get("generations", [])}
         st.markdown("**Greedy generations**")
-        st.table(
-            pd.DataFrame(
-                [
-                    {"prompt": g["prompt"], "dense": g.get("dense", ""), "unrecovered": before_text.get(g["prompt"], ""), "recovered": g["model"]}
-                    for g in generations
-                ]
-            ),
-            hide_index=True,
-        )
+        for g in generations:  # one narrow table per prompt: the continuations wrap whole on a phone
+            st.table(
+                pd.DataFrame([
+                    {"model": "prompt", "continuation": g["prompt"]},
+                    {"model": "dense", "continuation": g.get("dense", "")},
+                    {"model": "unrecovered", "continuation": before_text.get(g["prompt"], "")},
+                    {"model": "recovered", "continuation": g["model"]},
+                ]),
+                hide_index=True,
+            )  # fmt: skip
     st.caption(f"Recovered checkpoint: `{result.checkpoint}`" + (f" · unmerged adapter: `{result.adapter}`" if result.adapter else ""))

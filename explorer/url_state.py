@@ -10,6 +10,8 @@ The page is the URL's path (``/planner``, Streamlit's own); the rest is in the q
     runs       the runs compared on Prune & evaluate
     run        the run whose result Prune & evaluate shows: a reload shows the same panel
                (read back from the run history)
+    recovery   the history id of the recovery whose result Recover shows: a reload shows the
+               same panel (read back from the recovered checkpoint's recovery.json)
     eval_tasks, eval_task_limit, eval_task_folder, recover_tasks, recover_task_limit,
     recover_task_folder
                the task pickers of Prune & evaluate and Recover (``off`` when switched off),
@@ -33,6 +35,7 @@ from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
 from gap_engine.model.loading import BUILTIN_MODELS
+from gap_engine.pipeline.recovery import finished_recovery
 from gap_engine.pipeline.runs import PruneEvalResult
 from gap_engine.plan import store as planstore
 from gap_engine.plan.allocator_registry import ALLOCATORS
@@ -40,7 +43,7 @@ from gap_engine.tables import cache
 from gap_engine.views.jobs import manager
 
 TASK_PAGES = ("eval_", "recover_")  # the pages with a task picker (``common.task_picker``), by key prefix
-PARAMS = ("table", "budget", "plan", "allocator", "runs", "run", "jobs") + tuple(
+PARAMS = ("table", "budget", "plan", "allocator", "runs", "run", "recovery", "jobs") + tuple(
     f"{prefix}{name}" for prefix in TASK_PAGES for name in ("tasks", "task_limit", "task_folder")
 )
 _RESTORED = "app_url_restored"
@@ -178,6 +181,15 @@ def _restore_run(run_id: int) -> None:
     st.session_state["app_last_run"] = PruneEvalResult.from_record(record, common.current_table())
 
 
+def _restore_recovery(run_id: int) -> None:
+    """The finished recovery the link names, read back from its recovered checkpoint; when that
+    cannot be read, Recover says so (the run's history row is still listed in the history)."""
+    try:
+        st.session_state["app_last_recovery"] = finished_recovery(run_id)
+    except GapError as exc:
+        common.set_message("recover", "warning", f"The recovery run {run_id} from the link cannot be shown: {one_line(exc)}")
+
+
 def restore() -> bool:
     """Once per session: take the table, budget, allocator, runs and jobs from the URL.
 
@@ -209,6 +221,8 @@ def restore() -> bool:
     _restore_task_pickers(params)
     if str(params.get("run", "")).isdigit() and not ss.get("app_last_run"):
         _restore_run(int(params["run"]))
+    if str(params.get("recovery", "")).isdigit() and not ss.get("app_last_recovery"):
+        _restore_recovery(int(params["recovery"]))
     ss[_RESTORED] = named
     return named
 
@@ -227,6 +241,8 @@ def view() -> dict:
         want["allocator"] = ss["eval_allocator"]
     if ss.get("app_last_run"):
         want["run"] = str(ss["app_last_run"].run_id)
+    if ss.get("app_last_recovery") and ss["app_last_recovery"].run_id is not None:
+        want["recovery"] = str(ss["app_last_recovery"].run_id)
     if ss.get("eval_compare"):
         want["runs"] = ",".join(str(r) for r in ss["eval_compare"])
     want |= _task_picker_view(ss)

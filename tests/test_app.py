@@ -335,6 +335,8 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert not at.exception
     labels = {b.proto.label for b in at.get("download_button")}
     assert {"Plan (JSON)", "Plan (YAML)", "Loss table (CSV)", "Run history (CSV)", "Checkpoint (zip)"} <= labels
+    # Issue 22, finding 9: the charts' buttons read as words ("pred_vs_actual (HT…" was cut on screen).
+    assert {"predicted vs actual (HTML)", "run history (HTML)"} <= labels and not any("_" in label for label in labels), labels
     assert at.selectbox(key="export_plan_source").value == "planner" or at.selectbox(key="export_plan_source").value.startswith("run-")
     zipped = history.checkpoint_zip(result.checkpoint)
     assert zipped[:2] == b"PK" and len(zipped) > 1_000_000

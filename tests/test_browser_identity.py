@@ -2,8 +2,8 @@
 
 A budget released on the planner (mouse drag) shows a plan hash; Prune & evaluate shows the
 same hash and predicted loss after the browser reloads the page; Export offers that plan
-under a file name with its budget and hash, and the exported planner chart opens at that
-budget. The same pages are photographed at 1400 px and at 390 px. The app's cache holds
+under a file name with its budget and hash (and its report under one that says it is the
+planner's, not a run's), and the exported planner chart opens at that budget. The same pages are photographed at 1400 px and at 390 px. The app's cache holds
 the tiny real table of tests/test_browser_layout.py.
 """
 
@@ -52,6 +52,9 @@ def test_the_released_plan_survives_a_reload_into_the_exports(browser, phone_ser
         with page.expect_download() as download:
             page.get_by_role("button", name="Plan (JSON)").click()
         assert download.value.suggested_filename == f"plan-dp-{budget.rstrip('%')}pct-{digest}.json"
+        with page.expect_download(timeout=120_000) as download:  # the planner's report: never a run's report's name
+            page.get_by_role("button", name="Download report (HTML)").click()
+        assert download.value.suggested_filename == f"gap-report-planner-plan-dp-{budget.rstrip('%')}pct-{digest}.html"
         with page.expect_download() as download:
             page.get_by_role("button", name="planner (HTML)").click()
         html = tmp_path / "planner.html"

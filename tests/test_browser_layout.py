@@ -137,12 +137,65 @@ def test_planner_on_a_phone_has_no_overlapping_text(phone, phone_server):
     shot(phone, "phone-3-planner")
 
 
-def test_every_page_on_a_phone(phone):
+# Pieces of the page wider than the box that shows them: a table that scrolls sideways, a
+# metric cut with an ellipsis, a static table clipped at the right.
+CUT_OFF_JS = """() => {
+  const wider = (selector) => [...document.querySelectorAll(selector)]
+      .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => [e.textContent.slice(0, 40), e.scrollWidth, e.clientWidth]);
+  return {tables: wider('[data-testid="stDataFrame"] .dvn-scroller'), metrics: wider('[data-testid="stMetric"] .stMarkdownEllipsis'),
+          static: wider('[data-testid="stTable"], [data-testid="stTable"] > div'), main: wider('[data-testid="stMain"]'),
+          count: document.querySelectorAll('[data-testid="stDataFrame"]').length};
+}"""
+
+
+def recovered_run(cache_dir, tokenizer, monkeypatch) -> int:
+    """A real, tiny recovery in the app's cache (a two-layer Llama with the real tokenizer, pruned,
+    two LoRA steps on the page's two default texts, the offline task on two examples, one
+    generation); its history id. About 11 CPU-seconds, most of it tokenizing the two texts."""
+    from conftest import tiny_lm
+
+    from gap_engine.evaluate import history
+    from gap_engine.evaluate.tasks import TaskSettings, prepare_tasks
+    from gap_engine.model.checkpoint import save_pruned
+    from gap_engine.model.loading import load_model
+    from gap_engine.model.rateplan import make_plan
+    from gap_engine.pipeline.recovery import RecoverySettings, app_output_dir, recover
+    from gap_engine.pipeline.stages import prune_with_plan
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(cache_dir))
+    lm = tiny_lm("llama", tokenizer)
+    plan = make_plan(lm, [0.5, 0.0], [0.25, 0.5], "wanda", allocator="dp", budget=0.2)
+    pruned = prune_with_plan(lm, plan, WindowSpec(data="news-sample", n_samples=2, seq_len=32, batch_size=2))
+    folder = history.new_checkpoint_dir("dp", 0.2)
+    save_pruned(lm, plan, pruned.kept_indices(), folder)
+    history.record_run(history.RunRecord(model=lm.name, allocator="dp", plan=plan.to_dict(), budget=0.2, checkpoint=str(folder)))
+    settings = RecoverySettings(tasks=("wiki-sample", "news-sample"), steps=2, batch_size=1, seq_len=16, eval_samples=1,
+                                eval_seq_len=16, eval_generations=1)  # fmt: skip
+    result = recover(load_model(str(folder)), settings, out_dir=app_output_dir(folder, settings), lm_eval_tasks=prepare_tasks(TaskSettings(limit=2)))
+    assert result.run_id is not None
+    return result.run_id
+
+
+def test_every_page_on_a_phone(phone, phone_server, smol, monkeypatch):
     for number, title in enumerate(("Setup", "Sensitivity", "Budget planner", "Prune & evaluate", "Export"), start=1):
         open_page(phone, title)
         phone.wait_for_timeout(1500)
         assert phone.locator('[data-testid="stException"]').count() == 0, title
         shot(phone, f"phone-{number}-{title.lower().replace(' & ', '-').replace(' ', '-')}")
+
+    # Issue 22: Recover's finished result (opened from its link, as after a reload) whole on a phone
+    # and at 1400 px: no table scrolls sideways, no metric is cut with an ellipsis.
+    run_id = recovered_run(phone_server["cache"], smol.tokenizer, monkeypatch)
+    for width, name in ((PHONE["width"], "phone-6-recover"), (1400, "desktop-recover")):
+        phone.set_viewport_size({"width": width, "height": PHONE["height"]})
+        phone.goto(f"{phone_server['url']}/recover?recovery={run_id}")
+        phone.get_by_text("Recovered checkpoint:").first.wait_for(timeout=120_000)
+        phone.locator('[data-testid="stDataFrame"] .dvn-scroller').nth(2).wait_for(timeout=60_000)  # two texts' results, one task
+        phone.wait_for_timeout(1500)
+        assert phone.locator('[data-testid="stException"]').count() == 0
+        cut = phone.evaluate(CUT_OFF_JS)
+        assert cut["count"] == 3 and cut["tables"] == cut["metrics"] == cut["static"] == cut["main"] == [], (width, cut)
+        shot(phone, name)
 
 
 def test_heatmap_in_the_app_has_the_colours_of_its_export(phone):
@@ -168,3 +221,43 @@ def test_the_report_opens_from_a_file_with_no_request(browser, phone_server, tmp
     assert main(["report", "--table", str(table_path), "--budget", "0.3", "--out", str(out)]) == 0
     text = open_report_offline(browser, out, "report-from-cli")
     assert phone_server["table"].key in text and "Per-layer plan" in text
+
+
+def test_predicted_vs_actual_fits_a_phone_with_its_toolbar_shown(browser, tmp_path):
+    """Issue 22, finding 9: on a phone the chart's x-axis title was clipped and its toolbar covered
+    the legend. Drawn by plotly.js in Chromium at the width Streamlit gives a chart on a 390 px
+    screen, toolbar forced on (a touch shows it): the axis titles lie inside the figure and the
+    legend clear of the toolbar. No server: the figure's own HTML."""
+    import pandas as pd
+
+    from gap_engine.views.figures.run_figures import predicted_vs_actual_figure
+
+    runs = pd.DataFrame({"id": [1, 2, 3], "allocator": ["dp", "uniform", "owl"], "budget": [0.2, 0.2, 0.3],
+                         "predicted_loss": [0.52, 0.71, 0.9], "actual_loss": [0.77, 0.95, 1.2]})  # fmt: skip
+    page = browser.new_page(viewport=PHONE)
+    try:
+        from pathlib import Path
+
+        import plotly
+
+        script = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").as_uri()  # plotly's own copy, read from disk
+        html = predicted_vs_actual_figure(runs).to_html(include_plotlyjs=script, full_html=True, default_width="358px",
+                                                         config={"displayModeBar": True})  # fmt: skip
+        (tmp_path / "chart.html").write_text(html)
+        page.goto((tmp_path / "chart.html").as_uri())
+        page.locator(".modebar").first.wait_for(timeout=30_000)
+        boxes = page.evaluate(
+            """() => { const box = (s) => { const r = document.querySelector(s).getBoundingClientRect();
+                                             return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; };
+                       return {figure: box('.main-svg'), x: box('.g-xtitle'), y: box('.g-ytitle'), legend: box('.legend'),
+                               toolbar: box('.modebar')}; }"""
+        )
+    finally:
+        page.close()
+    figure = boxes["figure"]
+    for title in ("x", "y"):
+        assert figure["left"] <= boxes[title]["left"] and boxes[title]["right"] <= figure["right"], (title, boxes)
+        assert figure["top"] <= boxes[title]["top"] and boxes[title]["bottom"] <= figure["bottom"], (title, boxes)
+    legend, toolbar = boxes["legend"], boxes["toolbar"]
+    apart = legend["right"] <= toolbar["left"] or toolbar["right"] <= legend["left"] or legend["bottom"] <= toolbar["top"] or toolbar["bottom"] <= legend["top"]
+    assert apart, boxes

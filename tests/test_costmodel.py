@@ -155,3 +155,42 @@ def test_the_pre_run_prediction_is_within_2x_of_a_real_build_at_two_sizes(smol, 
         wall, cpu = time.perf_counter() - wall, (time.process_time() - cpu) / torch.get_num_threads()
         ratios = [sum(predicted.values()) / actual for actual in (wall, cpu)]
         assert any(0.5 <= ratio <= 2.0 for ratio in ratios), (n_samples, seq_len, predicted, wall, cpu, timer.finish())
+
+
+def test_the_recovery_estimate_prices_task_scoring_as_prune_and_evaluate_does():
+    """Issue 22: Recover said "about 21 s" for a run that took 116 s scoring tasks before and
+    after training. With tasks on, the estimate grows by lm-eval's import plus three scoring
+    passes (the checkpoint and dense before, the recovered model after), each priced as Prune &
+    evaluate prices one (``expected.forward_seconds`` of the model over the task's tokens)."""
+    from dataclasses import replace
+
+    from gap_engine.core.device import DeviceSpec
+    from gap_engine.evaluate.tasks import TASK_CHOICES, TASK_IMPORT_S, TASK_TOKENS
+    from gap_engine.pipeline import expected
+    from gap_engine.recover.cost import estimate_recovery
+    from gap_engine.recover.settings import RecoverySettings
+
+    dense = SHAPES["smollm2-135m"]
+    config = {
+        "model_type": "llama", "num_hidden_layers": dense.layers, "hidden_size": dense.hidden, "num_attention_heads": dense.heads,
+        "num_key_value_heads": dense.kv_heads, "head_dim": dense.head_dim, "intermediate_size": dense.intermediate,
+        "vocab_size": dense.vocab, "tie_word_embeddings": dense.tied_embeddings,
+        "per_layer_config": {str(i): {"intermediate_size": dense.intermediate // 2} for i in range(dense.layers)},
+    }  # fmt: skip
+    pruned = replace(dense, intermediate=dense.intermediate // 2)
+    profile, placement = expected.nominal_profile(2), resolve(DeviceSpec("cpu", "float32"))
+    settings = RecoverySettings(steps=2, tasks=("wiki-sample", "news-sample"), eval_samples=2, eval_seq_len=64).validate()
+    without = estimate_recovery(config, settings, placement, distils=False, profile=profile)
+    examples = 20
+    with_tasks = estimate_recovery(config, settings, placement, distils=False, task_examples=examples, profile=profile)
+    assert without is not None and with_tasks is not None and without.tasks_s == 0.0
+
+    def one_pass(shape: ModelShape) -> float:  # Prune & evaluate's price of scoring one model
+        return examples * expected.forward_seconds(shape, profile, TASK_CHOICES * TASK_TOKENS, TASK_TOKENS, 1)
+
+    scoring = TASK_IMPORT_S + 2 * one_pass(pruned) + one_pass(dense)
+    assert with_tasks.total_s - without.total_s == pytest.approx(scoring, rel=0.02)
+    assert with_tasks.tasks_s == pytest.approx(scoring, rel=0.02)
+    assert with_tasks.prepare_s - without.prepare_s == pytest.approx(TASK_IMPORT_S + one_pass(pruned) + one_pass(dense), rel=0.02)
+    assert with_tasks.step_s == without.step_s
+    assert with_tasks.total_s > 3 * without.total_s  # at these settings scoring is most of the run, as in the issue

@@ -90,7 +90,7 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     at.run()
     assert at.button(key="recover_go").label == "Recover"
     assert set(at.radio(key="recover_objective").options) == {"default", "kd", "lm", "kd+lm"}
-    assert any("Expected time: about" in str(c.value) for c in at.caption)  # before Start, from the cost model
+    assert any("Expected time: about" in str(c.value) and "of it scoring tasks" in str(c.value) for c in at.caption)  # before Start, from the cost model
     at.button(key="recover_go").click().run()
     assert not at.exception, [e.value for e in at.exception]
     job = manager().get(at.session_state["app_jobs"]["recover"])
@@ -125,22 +125,26 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     assert not at.exception, [e.value for e in at.exception]
     assert any("Recovery finished" in str(s.value) for s in at.success)
     assert any("Objective lm (next-token loss): the dense base model" in str(c.value) for c in at.caption)
-    [frame] = [d for d in at.dataframe if "measure" in d.value.columns and "recovered" in d.value.columns]
+    [frame] = [d for d in at.dataframe if "measure" in d.value.columns and "recovered" in d.value.columns]  # one per held-out text
     table = frame.value.set_index("measure")
     assert list(table.columns) == ["dense", "unrecovered", "recovered"]  # four columns in all: whole on a 390 px phone
-    assert list(table.index) == ["perplexity (news-sample)", "held-out KL to dense (news-sample)", "top-1 agreement with dense (news-sample)"]
-    before, after = table.loc["perplexity (news-sample)", "unrecovered"], table.loc["perplexity (news-sample)", "recovered"]
+    assert list(table.index) == ["perplexity", "held-out KL", "top-1 agreement", "calibration loss"]  # short names, explained in help
+    before, after = table.loc["perplexity", "unrecovered"], table.loc["perplexity", "recovered"]
     assert before > 0 and after > 0 and before != after
+    calibration = table.loc["calibration loss"]  # per text, where the metric's one line was cut off
+    assert [calibration["unrecovered"], calibration["recovered"]] == [resumed.result.calib_loss_before[0], resumed.result.calib_loss_after[0]]
+    assert {m.label: m.value for m in at.metric}["Calibration loss"] == f"{resumed.result.calib_loss_after[0]:.3f}"
     assert at.button(key="recover_go").label == "Recover"  # the finished run left no partial state
     # Task accuracy: the recovered model beside the unrecovered checkpoint (scored before training,
     # kept across the cancel) and dense (not here: the tiny model's base is nowhere, so nothing is cached).
-    [tasks_frame] = [d.value for d in at.dataframe if "recovered acc" in d.value.columns]
+    [tasks_frame] = [d.value.set_index("model") for d in at.dataframe if "model" in d.value.columns]  # one per task, a row per model
     recovered, unrecovered = (getattr(resumed.result, part)["task_accuracy"][OFFLINE_TASK] for part in ("after", "before"))
     assert recovered["n"] == unrecovered["n"] == 2
-    assert list(tasks_frame["task"]) == [OFFLINE_TASK]
-    assert tasks_frame["recovered acc"][0] == f"{recovered['acc']:.3f} ± {recovered['acc_stderr']:.3f}"
-    assert tasks_frame["unrecovered acc"][0] == f"{unrecovered['acc']:.3f} ± {unrecovered['acc_stderr']:.3f}"
-    assert tasks_frame["dense acc"].isna()[0]
+    assert any(c == f"{OFFLINE_TASK}, 2 examples" for c in texts(at.caption))
+    assert list(tasks_frame.index) == ["dense", "unrecovered", "recovered"]
+    assert tasks_frame.loc["recovered", "acc"] == f"{recovered['acc']:.3f} ± {recovered['acc_stderr']:.3f}"
+    assert tasks_frame.loc["unrecovered", "acc"] == f"{unrecovered['acc']:.3f} ± {unrecovered['acc_stderr']:.3f}"
+    assert tasks_frame.isna().loc["dense", "acc"]
 
     runs = history.runs()
     assert [r.allocator for r in runs] == ["dp", "dp+mazo"]
@@ -149,6 +153,45 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     # The recovered checkpoint is itself offered for a further recovery.
     options = at.selectbox(key="recover_run").options
     assert len(options) == 2 and options[0].startswith(f"run {runs[-1].id}: dp+mazo"), options
+
+    # A reload (a new session given the URL, the job's result gone) shows the same result panel,
+    # read back from the recovered checkpoint's recovery.json.
+    assert at.query_params["recovery"] == str(runs[-1].id)
+    again = AppTest.from_file(APP, default_timeout=240)
+    again.query_params.update(at.query_params)
+    again.run()
+    again.switch_page(RECOVER_PAGE)
+    again.run()
+    assert not again.exception, [e.value for e in again.exception]
+    assert again.session_state["app_jobs"].get("recover") is None  # nothing but the URL carried it
+    shown = panel(at)
+    assert len(shown["tables"]) == 2 and len(shown["metrics"]) == 4 and len(shown["captions"]) == 2, shown
+    assert panel(again) == shown
+    assert any(f"history run {runs[-1].id}" in h for h in panel(again)["headings"]), panel(again)["headings"]
+    assert any(str(out_dir) in c for c in panel(again)["captions"])
+    (out_dir / "recovery.json").write_text('{"method": "lora"}')  # a result file that is not one: said, not shown
+    broken = AppTest.from_file(APP, default_timeout=240)
+    broken.query_params.update(at.query_params)
+    broken.run()
+    broken.switch_page(RECOVER_PAGE)
+    broken.run()
+    assert not broken.exception and not panel(broken)["tables"]
+    assert any(f"recovery run {runs[-1].id} from the link cannot be shown" in str(w.value) and "is not a recovery result" in str(w.value)
+               for w in broken.warning), [w.value for w in broken.warning]
+
+
+def texts(elements) -> list[str]:
+    return [str(e.value) for e in elements]
+
+
+def panel(at: AppTest) -> dict:
+    """What the result panel shows: headings, metrics, tables and captions."""
+    return {
+        "headings": [str(h.value) for h in at.subheader],
+        "metrics": [(m.label, m.value, str(m.proto.delta)) for m in at.metric],
+        "tables": [d.value.to_json() for d in at.dataframe if "recovered" in d.value.columns or "model" in d.value.columns],
+        "captions": [str(c.value) for c in at.caption if str(c.value).startswith(("Recovered checkpoint", "Objective"))],
+    }
 
 
 def test_recover_page_without_checkpoints_points_to_prune_and_evaluate(tmp_path, monkeypatch):

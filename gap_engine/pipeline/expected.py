@@ -34,6 +34,7 @@ from gap_engine.core.progress import (
     THROUGHPUT,
 )
 from gap_engine.evaluate.metrics import THROUGHPUT_REPEATS, EvalSettings
+from gap_engine.evaluate.tasks import TASK_IMPORT_S, scoring_seconds
 from gap_engine.model.loading import BUILTIN_MODELS, CONVERTED_MARKER
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.costmodel import DeviceProfile, ModelShape, estimate_build, measured_profile, model_shape, stage_seconds
@@ -51,8 +52,6 @@ LOAD_FIXED_S = 2.0  # nominal: tokenizer, config, model construction
 DEQUANT_S_PER_PARAM = 2.5e-7  # nominal: a built-in's first use de-quantizes its GGUF (README: 20-60 s)
 READ_TEXT_S = 3.0  # nominal: the first read of a built-in text (parsing, tokenizing) takes seconds
 SAVE_BYTES_PER_S = 100e6  # nominal: writing a checkpoint (safetensors, model card, remote code)
-TASK_IMPORT_S = 6.0  # nominal: lm-eval's first import in a process (issue 21: 5-8 s)
-TASK_CHOICES, TASK_TOKENS = 4, 160  # the offline task: four continuations of about this many tokens each
 NOMINAL_BASIS = "a nominal CPU speed (this machine not measured yet: Setup's Estimate measures it)"
 
 
@@ -150,7 +149,7 @@ def run_prediction(
         HELD_OUT: 2 * sources * held_out,
         THROUGHPUT: throughput,
         GENERATE: 2 * settings.generations * settings.max_new_tokens * decode_step,
-        TASKS: TASK_IMPORT_S + 2 * task_examples * forward_seconds(shape, profile, TASK_CHOICES * TASK_TOKENS, TASK_TOKENS, 1),
+        TASKS: TASK_IMPORT_S + 2 * scoring_seconds(task_examples, lambda tokens, seq_len: forward_seconds(shape, profile, tokens, seq_len, 1)),
         SAVE: LOAD_FIXED_S + 4 * shape.total_params / SAVE_BYTES_PER_S,
     }
     return {stage: by_stage[stage] for stage in stages if stage in by_stage}, _basis(profile)

@@ -52,6 +52,7 @@ from gap_engine.recover.files import (
     discard,
     load_state,
     partial_dir,
+    read_result,
     record_in_history,
     round_to_storage,
     save_state,
@@ -66,7 +67,7 @@ log = logging.getLogger(__name__)
 
 # The settings and the result are recovery's own data (recover.settings); callers keep importing
 # them from here, beside the stage that takes and returns them.
-__all__ = ["DEFAULT_LR", "RecoveryResult", "RecoverySettings", "app_output_dir", "recover"]
+__all__ = ["DEFAULT_LR", "RecoveryResult", "RecoverySettings", "app_output_dir", "finished_recovery", "recover"]
 
 
 def app_output_dir(checkpoint: str | Path, settings: RecoverySettings) -> Path:
@@ -78,6 +79,25 @@ def app_output_dir(checkpoint: str | Path, settings: RecoverySettings) -> Path:
     settings = settings.validate()
     digest = hashlib.sha256(json.dumps(settings.trajectory(), sort_keys=True).encode()).hexdigest()[:10]
     return checkpoints_root() / f"{Path(checkpoint).name}-{settings.method}-{digest}"
+
+
+def finished_recovery(run_id: int, history_path: Path | None = None) -> RecoveryResult:
+    """The result of the history's recovery run ``run_id``, as its recovered checkpoint's
+    ``recovery.json`` keeps it (the history row holds only part of it: no curve, generations,
+    guard rows or dense task scores), with its history id.
+
+    Raises:
+        RecoveryError, HistoryError: no such run, a run that is not a recovery, or a checkpoint
+            folder that is gone or holds no readable result.
+    """
+    from gap_engine.evaluate import history
+
+    record = history.get_run(run_id, history_path)
+    if "recovery" not in record.params or not record.checkpoint:
+        raise RecoveryError(f"run {run_id} of the history is not a recovery with a checkpoint")
+    result = read_result(record.checkpoint)
+    result.run_id = record.id
+    return result
 
 
 # ---- the entry point -----------------------------------------------------------------------

@@ -13,7 +13,10 @@ passes of the student (``F``, over the step's tokens) and of the dense teacher (
 * before training: the held-out evaluation (student and dense model over every task's
   held-out windows, plus greedy generations), the calibration loss, MaZO's importance pass, the
   ZO learning-rate probe (``PROBE_FACTORS x PROBE_STEPS`` steps);
-* after training: the calibration loss and the held-out evaluation again.
+* after training: the calibration loss and the held-out evaluation again;
+* lm-eval tasks, when asked: lm-eval's import, the checkpoint's and the dense model's scores
+  before training, the recovered model's after (the dense scores are cached by then), each
+  priced as Prune & evaluate prices them (``evaluate.tasks.scoring_seconds``).
 
 Model loading and the checkpoint write are not counted (seconds on this machine). The estimate
 is a guide for the ETA shown from the first second; once steps run, their measured time takes over.
@@ -29,8 +32,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gap_engine.evaluate.tasks import TASK_IMPORT_S, scoring_seconds
 from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
-from gap_engine.tables.costmodel import ModelShape, block_flops_per_token, head_flops_per_token, measured_profile
+from gap_engine.tables.costmodel import DeviceProfile, ModelShape, block_flops_per_token, head_flops_per_token, measured_profile
 
 if TYPE_CHECKING:
     from gap_engine.core.device import Placement
@@ -53,6 +57,7 @@ class RecoveryEstimate:
     finish_s: float  # calibration loss and evaluation after
     basis: str  # where the prices come from
     budget_s: float | None = None  # the run's time budget, which caps training
+    tasks_s: float = 0.0  # of prepare_s and finish_s: scoring lm-eval tasks
 
     @property
     def train_s(self) -> float:
@@ -119,7 +124,8 @@ def _perturbed_weights(shapes: list[ModelShape], settings: RecoverySettings) -> 
     return total * (settings.mask_fraction if settings.method == "mazo" else 1.0)
 
 
-def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placement: Placement, distils: bool, measure: bool = True) -> RecoveryEstimate | None:
+def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placement: Placement, distils: bool, measure: bool = True,
+                      task_examples: int = 0, profile: DeviceProfile | None = None) -> RecoveryEstimate | None:
     """Expected seconds of ``settings`` (a validated recover.RecoverySettings) on the model ``config`` describes.
 
     Args:
@@ -127,9 +133,11 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
         placement: a ``device.Placement`` (where the run computes).
         distils: whether the objective runs the dense teacher (kd, kd+lm).
         measure: False returns None when this machine's profile is not cached yet.
+        task_examples: lm-eval examples scored per model (every task's together; 0: no tasks).
+        profile: the prices to use (None: this machine's measured profile).
     """
     dense, shapes = layer_shapes(config, str(config.get("_name_or_path", "")))
-    profile = measured_profile(placement, dense, seq_len=settings.seq_len, batch=settings.batch_size, measure=measure)
+    profile = profile or measured_profile(placement, dense, seq_len=settings.seq_len, batch=settings.batch_size, measure=measure)
     if profile is None:
         return None
 
@@ -139,7 +147,10 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
 
     n_tasks = len(settings.tasks)
     step_tokens = n_tasks * settings.batch_size * settings.seq_len
-    student, teacher = per_token(shapes, settings.seq_len), per_token([dense] * dense.layers, settings.seq_len)
+    def teacher_per_token(seq_len: int) -> float:
+        return per_token([dense] * dense.layers, seq_len)
+
+    student, teacher = per_token(shapes, settings.seq_len), teacher_per_token(settings.seq_len)
     forward, teacher_pass = student * step_tokens, teacher * step_tokens
     if settings.method == "lora":
         step = LORA_FORWARDS * forward
@@ -157,14 +168,23 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
     if settings.probes_lr:
         prepare += len(PROBE_FACTORS) * (PROBE_STEPS * step + calib)
     finish = calib + evaluation + generation
-    return RecoveryEstimate(prepare, step, settings.steps, finish, f"cost model: {profile.basis}", settings.time_budget_s)
+    tasks_before = tasks_after = 0.0
+    if task_examples > 0:
+        scored = scoring_seconds(task_examples, lambda tokens, seq_len: tokens * per_token(shapes, seq_len))
+        dense_scored = scoring_seconds(task_examples, lambda tokens, seq_len: tokens * teacher_per_token(seq_len)) if settings.compare_dense else 0.0
+        first = TASK_IMPORT_S + scored + dense_scored  # the dense model is scored once, then read from the cache
+        tasks_before, tasks_after = (first, scored) if settings.evaluate_before else (0.0, first)
+    return RecoveryEstimate(prepare + tasks_before, step, settings.steps, finish + tasks_after, f"cost model: {profile.basis}",
+                            settings.time_budget_s, tasks_before + tasks_after)
 
 
 def estimate_for_checkpoint(
-    folder: str | Path, settings: RecoverySettings, placement: Placement | None = None, measure: bool = True) -> RecoveryEstimate | None:
+    folder: str | Path, settings: RecoverySettings, placement: Placement | None = None, measure: bool = True, task_examples: int = 0
+) -> RecoveryEstimate | None:
     """:func:`estimate_recovery` of a checkpoint folder (CPU float32 unless ``placement`` says otherwise);
     None when the folder has no readable config.json. Whether the run distils is guessed from the
-    objective: kd unless ``lm`` is asked (the default when the base model is reachable)."""
+    objective: kd unless ``lm`` is asked (the default when the base model is reachable).
+    ``task_examples``: lm-eval examples scored per model (0: no tasks)."""
     from gap_engine.core.device import DeviceSpec, resolve
 
     try:
@@ -172,4 +192,4 @@ def estimate_for_checkpoint(
     except (OSError, ValueError):
         return None
     placement = placement or resolve(DeviceSpec("cpu", "float32"))
-    return estimate_recovery(config, settings.validate(), placement, settings.objective != "lm", measure)
+    return estimate_recovery(config, settings.validate(), placement, settings.objective != "lm", measure, task_examples)

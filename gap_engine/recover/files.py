@@ -17,7 +17,8 @@ Nothing else is needed to continue exactly: every random draw of step ``t`` is d
 At the end, :func:`write_checkpoint` writes the recovered model as an ordinary pruned
 checkpoint (``checkpoint.save_pruned``) with ``recovery.json``, ``losses.csv`` and LoRA's
 unmerged ``adapter/`` beside it, all renamed into place together; :func:`record_in_history`
-adds the run to the run history.
+adds the run to the run history, and :func:`read_result` reads ``recovery.json`` back (the
+explorer's Recover page shows a finished run again after a reload from it).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ import torch
 
 from gap_engine.core.fsutil import atomic_directory, refuse_special_files
 from gap_engine.core.limits import LIMITS
-from gap_engine.core.validate import check_int, check_keys, check_number, check_text, read_json_file
+from gap_engine.core.validate import check_evaluation_report, check_int, check_keys, check_number, check_text, read_json_file
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 
@@ -52,6 +53,7 @@ _STATE = "state"
 _JSON = "state.json"
 _TENSORS = "tensors.safetensors"
 _OPTIMIZER = "optimizer.pt"
+RESULT_FILE = "recovery.json"  # in the recovered checkpoint: RecoveryResult.to_dict()
 
 
 @dataclass
@@ -310,10 +312,61 @@ def write_checkpoint(
 
     with atomic_directory(out_dir) as tmp:
         save_pruned(lm, plan, kept, tmp, dtype=result.save_dtype, eval_report=result.after, recovery=card_summary(result))
-        (tmp / "recovery.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+        (tmp / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
         (tmp / "losses.csv").write_text(_curve_csv(result.curve))
         if adapter_dir is not None:
             shutil.copytree(adapter_dir, tmp / "adapter")
+
+
+_RESULT_TEXTS = ("method", "stopped", "rss_method", "objective", "objective_note", "save_dtype")
+_RESULT_COUNTS = ("steps_requested", "steps_done", "resumed_from", "trainable_params", "peak_rss", "inference_rss")
+_RESULT_SECONDS = ("lr", "train_seconds", "train_cpu_seconds", "total_seconds", "lr_scale")
+
+
+def read_result(folder: str | Path) -> RecoveryResult:
+    """The RecoveryResult a finished run wrote into its recovered checkpoint (``recovery.json``),
+    every field the explorer shows type-checked first.
+
+    Raises:
+        RecoveryError: (one line) no such file, or one that is not a recovery result.
+    """
+    what = f"{Path(folder)}/{RESULT_FILE}"
+    data = check_keys(read_json_file(Path(folder).expanduser() / RESULT_FILE, LIMITS.metadata_bytes * 16, what, RecoveryError),
+                      what, RecoveryError)  # fmt: skip
+    missing = [f.name for f in fields(RecoveryResult) if f.name not in data and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise RecoveryError(f"{what} is not a recovery result: it has no '{missing[0]}'")
+    for name in _RESULT_TEXTS:
+        check_text(data.get(name, ""), f"{what} {name}", RecoveryError, max_len=4 * LIMITS.text_field)
+    for name in ("checkpoint", "adapter", "teacher"):
+        check_text(data.get(name), f"{what} {name}", RecoveryError, optional=name != "checkpoint", max_len=8 * LIMITS.text_field)
+    steps = check_int(data["steps_requested"], f"{what} steps_requested", RecoveryError, 1, 10**9)
+    for name in _RESULT_COUNTS:
+        check_int(data[name], f"{what} {name}", RecoveryError, 0, max(steps, 1 << 50))
+    for name in _RESULT_SECONDS:
+        check_number(data.get(name, 1.0), f"{what} {name}", RecoveryError, low=0.0)
+    if not isinstance(data["tasks"], list) or not data["tasks"]:
+        raise RecoveryError(f"{what} tasks must be a non-empty list")
+    for task in data["tasks"]:
+        check_text(task, f"{what} tasks entry", RecoveryError, max_len=8 * LIMITS.text_field)
+    for name in ("calib_loss_before", "calib_loss_after"):
+        if not isinstance(data[name], list) or len(data[name]) > len(data["tasks"]):
+            raise RecoveryError(f"{what} {name} must list at most one loss per task")
+        for value in data[name]:
+            check_number(value, f"{what} {name} entry", RecoveryError, low=0.0)
+    check_evaluation_report(data["after"], f"{what} after", RecoveryError)
+    if data["before"] is not None:
+        check_evaluation_report(data["before"], f"{what} before", RecoveryError)
+    for name, most in (("curve", steps), ("rollbacks", 64), ("lr_probe", 64)):
+        rows = data.get(name, [])
+        if not isinstance(rows, list) or len(rows) > most or not all(isinstance(row, dict) for row in rows):
+            raise RecoveryError(f"{what} {name} must list at most {most} objects")
+    for row in data.get("curve", []):
+        if not all(isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool) for key in ("step", "loss")):
+            raise RecoveryError(f"{what} curve rows must have a numeric step and loss")
+    if not isinstance(data.get("settings", {}), dict):
+        raise RecoveryError(f"{what} settings must be an object")
+    return RecoveryResult.from_dict(data)
 
 
 def card_summary(result: RecoveryResult) -> dict[str, Any]:

@@ -274,3 +274,10 @@ class RecoveryResult:
         out["tokens_seen"] = self.tokens_seen
         out["rss_delta"] = self.peak_rss - self.inference_rss
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RecoveryResult:
+        """The result ``to_dict()`` gave (``recovery.json``), its derived keys dropped; the
+        values are taken as they are (``recover.files.read_result`` checks them first)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in names})
