@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from explorer import common
-from gap_engine.core.buildtime import Expectation, table_expectation, with_prediction
+from gap_engine.core.buildtime import Expectation, cached_table_expectation, table_expectation, with_prediction
 from gap_engine.core.config import (
     APP_TABLE,
     DEFAULT_CHANNEL_MULTIPLE,
@@ -20,7 +20,7 @@ from gap_engine.core.config import (
     DEFAULT_MODEL,
     WindowSpec,
 )
-from gap_engine.core.device import DTYPE_CHOICES, DeviceSpec, available_devices
+from gap_engine.core.device import DTYPE_CHOICES, DeviceSpec, available_devices, dtype_name, resolve
 from gap_engine.core.errors import DataError, GapError, one_line
 from gap_engine.core.fsutil import atomic_write_bytes, cache_root
 from gap_engine.core.limits import LIMITS, check_at_most, check_file_size, check_windows
@@ -30,7 +30,7 @@ from gap_engine.pipeline.expected import table_prediction
 from gap_engine.pipeline.stages import table_stages
 from gap_engine.prune.criteria import CRITERIA
 from gap_engine.tables import cache
-from gap_engine.tables.artefact import TableSpec, parse_rate_grid
+from gap_engine.tables.artefact import TableSpec, key_prefix, parse_rate_grid
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
 from gap_engine.views.jobs import manager, model_load_seconds, table_task
@@ -198,6 +198,13 @@ def expected_build(name: str, spec: TableSpec) -> Expectation:
         rows = cache.list_tables()
     except GapError:
         rows = []
+    try:
+        prefix = key_prefix(name, dtype_name(resolve(device_from_widgets()).dtype), spec)
+    except GapError:
+        prefix = None  # a device this machine lacks: Build says so
+    cached = None if prefix is None else cached_table_expectation(name, spec.summary(), prefix, rows, model_load_seconds(name))
+    if cached is not None:
+        return cached
     expected = table_expectation(name, spec.summary(), rows, table_stages(spec), model_load_seconds(name))
     if expected.total is not None or ss["setup_model_kind"] == "Hub id":
         return expected  # measured here already; a hub config may wait on the network

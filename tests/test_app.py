@@ -182,6 +182,13 @@ def test_setup_builds_in_the_background_then_loads_from_the_cache(fresh_cache):
     build_time = next(str(m.value) for m in at.metric if m.label == "Build time")
     assert f"ready in {build_time} (" in ready, (ready, build_time)  # one number for the job's time
     assert [row["key"] for row in cache.list_tables()] == [table.key]
+    # The same settings again are a cache hit: priced as one (load and text), not as a build;
+    # another rate grid is a build again.
+    expected = next(t for t in texts(at.caption) if t.startswith(("Expected time", "Predicted time")))
+    assert "cached here: Build reads it instead of building" in expected, expected
+    at.text_input(key="setup_rate_grid").set_value("0, 0.5").run()
+    expected = next(t for t in texts(at.caption) if t.startswith(("Expected time", "Predicted time")))
+    assert "cached here" not in expected, expected
 
     # A new session (a later visit) starts from the cached table at once, without a job.
     again = start()

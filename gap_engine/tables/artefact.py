@@ -443,9 +443,15 @@ def table_key(lm: LoadedModel, spec: TableSpec, data_fingerprint: str) -> str:
     if dtype != "float32":  # float32 keys stay what they always were
         content["dtype"] = dtype
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(lm.name))[-40:].strip("._-") or "model"
+    return key_prefix(str(lm.name), dtype, spec) + digest
+
+
+def key_prefix(model_name: str, dtype: str, spec: TableSpec) -> str:
+    """The readable start of ``table_key`` (model name, the dtype when not float32, objective,
+    mode, estimator): what can be known of a key before the model's weights are read."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)[-40:].strip("._-") or "model"
     slug += "" if dtype == "float32" else f".{SHORT_DTYPE_NAMES.get(dtype, dtype)}"
-    return f"{slug}-{spec.objective}-{spec.mode}-{spec.estimator}-{digest}"
+    return f"{slug}-{spec.objective}-{spec.mode}-{spec.estimator}-"
 
 
 def table_components(num_layers: int, mode: str) -> list[tuple[int, str]]:
