@@ -172,3 +172,39 @@ def test_the_task_pickers_settings_are_kept_in_the_url(cached_table):
     again.toggle(key="eval_tasks_on").set_value(False).run()
     assert again.query_params["eval_tasks"] == "off"
     assert reload(again, "explorer/evaluate.py").toggle(key="eval_tasks_on").value is False
+
+
+def test_while_a_job_stops_the_sidebar_says_cancelling_with_no_time_left_and_no_live_cancel(fresh_cache):
+    """Finding 9 of the demo walkthrough: for ~7 s after Cancel the sidebar still showed a time
+    left and an active Cancel. A real job in the app's manager that is mid-batch when cancelled
+    (it notices at the end of its batch, as a build does) shows what the sidebar draws meanwhile."""
+    import threading
+
+    from gap_engine.views.jobs import manager
+
+    batch_done = threading.Event()
+
+    def work(ctx):
+        ctx.plan(("load model", "cells"), expected={"load model": 5.0, "cells": 60.0}, basis="from 1 earlier build")
+        ctx.enter("cells")
+        ctx.progress(1, 10, eta=50.0, message="cell 1 of 10")
+        batch_done.wait(60)  # the batch in flight when Cancel is pressed
+        ctx.check_cancelled()
+
+    job = manager().submit("table", work, label="a build in another tab")
+    try:
+        deadline = time.monotonic() + 30
+        while job.snapshot()["message"] != "cell 1 of 10" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        at = start()
+        (before,) = [t for t in progress_texts(at) if "a build in another tab" in t]
+        assert " left" in before and "cancelling" not in before, before
+        at.button(key=f"app_sidebar_cancel_{job.id}").click().run()
+        assert job.active and job.snapshot()["cancelling"]  # still finishing its batch
+        (during,) = [t for t in progress_texts(at) if "a build in another tab" in t]
+        assert "cancelling…" in during and " left" not in during, during
+        button = at.button(key=f"app_sidebar_cancel_{job.id}")
+        assert button.disabled and button.label == "Cancelling…"
+    finally:
+        batch_done.set()
+    assert job.wait(30) and job.status == "cancelled"
