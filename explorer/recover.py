@@ -8,6 +8,7 @@ stages, an ETA and Cancel; the same request after a cancel resumes from the last
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -105,7 +106,10 @@ def start_recovery(checkpoint: str) -> None:
     if not tasks_ok:
         return
     task = recover_task(checkpoint, settings, out_dir, task_settings)
-    job = manager().submit("recover", task, key=str(out_dir), label=f"{settings.method} on {Path(checkpoint).name}")
+    job = manager().submit(
+        "recover", task, key=str(out_dir), label=f"{settings.method} on {Path(checkpoint).name}",
+        params={"checkpoint": checkpoint, "settings": asdict(settings)},  # a reload fills the form from them
+    )  # fmt: skip
     common.remember_job("recover", job)
 
 
@@ -202,7 +206,8 @@ def comparison(result: RecoveryResult) -> dict[str, pd.DataFrame]:
     checkpoint and the recovered model."""
     before, after = result.before or {}, result.after
     dense = (after.get("dense") or {}).get("perplexity", {})
-    calibration = {task: pair for task, *pair in zip(result.tasks, result.calib_loss_before, result.calib_loss_after)}
+    dense_calibration = after.get("dense_calib_loss") or [None] * len(result.tasks)  # results written before it was measured: blank
+    calibration = {task: triple for task, *triple in zip(result.tasks, dense_calibration, result.calib_loss_before, result.calib_loss_after)}
     tables = {}
     for task in after["perplexity"]:
         rows = [
@@ -211,7 +216,8 @@ def comparison(result: RecoveryResult) -> dict[str, pd.DataFrame]:
             for measure, key in MEASURES
         ]  # fmt: skip
         if task in calibration:
-            rows.append({"measure": "calibration loss", "dense": None, "unrecovered": calibration[task][0], "recovered": calibration[task][1]})
+            dense_loss, before_loss, after_loss = calibration[task]
+            rows.append({"measure": "calibration loss", "dense": dense_loss, "unrecovered": before_loss, "recovered": after_loss})
         tables[task] = pd.DataFrame(rows)
     return tables
 

@@ -90,8 +90,42 @@ def _attach_jobs(ids: list[str]) -> bool:
         common.remember_job(job.kind, job)
         if job.kind == "table" and job.params.get("model"):
             setup_form(job.params["model"], job.params.get("spec") or {})
+        if job.kind == "recover" and job.params.get("settings"):
+            recover_form(job.params.get("checkpoint"), job.params["settings"])
         found = True
     return found
+
+
+# Recover's form fields, by the RecoverySettings field each shows (the task picker travels in the URL).
+_RECOVER_FIELDS = {
+    "method": "recover_method", "temperature": "recover_temperature", "steps": "recover_steps",
+    "batch_size": "recover_batch_size", "seq_len": "recover_seq_len", "rank": "recover_rank",
+    "mask_fraction": "recover_mask_fraction", "eval_samples": "recover_eval_samples",
+    "eval_seq_len": "recover_eval_seq_len", "eval_generations": "recover_generations",
+}  # fmt: skip
+
+
+def recover_form(checkpoint: str | None, settings: dict) -> None:
+    """Fill Recover's form with a recovery's checkpoint and settings (``asdict(RecoverySettings)``),
+    so a reload shows what the run on screen was asked, not the page's defaults."""
+    ss = st.session_state
+    for name, key in _RECOVER_FIELDS.items():
+        if settings.get(name) is not None:
+            ss[key] = settings[name]
+    ss["recover_objective"] = settings.get("objective") or "default"  # None: the page's "default"
+    ss["recover_lr"] = float(settings.get("lr") or 0.0)  # 0: the method's default rate
+    ss["recover_minutes"] = float(settings.get("time_budget_s") or 0.0) / 60
+    sources = [name for name in settings.get("tasks") or () if name in BUILTIN_SOURCES]
+    if sources:
+        ss["recover_sources"] = sources
+    if checkpoint:
+        source = Path(checkpoint).resolve()
+        try:
+            found = [r.id for r in history.runs() if r.checkpoint and Path(r.checkpoint).resolve() == source]
+        except GapError:
+            found = []  # an unreadable history: Recover says so and offers what it can
+        if found:
+            ss["recover_run"] = int(found[-1])
 
 
 def _load_table(key: str) -> bool:
@@ -185,9 +219,13 @@ def _restore_recovery(run_id: int) -> None:
     """The finished recovery the link names, read back from its recovered checkpoint; when that
     cannot be read, Recover says so (the run's history row is still listed in the history)."""
     try:
-        st.session_state["app_last_recovery"] = finished_recovery(run_id)
+        result = finished_recovery(run_id)
+        source = history.get_run(run_id).params["recovery"].get("source")
     except GapError as exc:
         common.set_message("recover", "warning", f"The recovery run {run_id} from the link cannot be shown: {one_line(exc)}")
+        return
+    st.session_state["app_last_recovery"] = result
+    recover_form(source, result.settings)
 
 
 def restore() -> bool:

@@ -95,6 +95,8 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     assert not at.exception, [e.value for e in at.exception]
     job = manager().get(at.session_state["app_jobs"]["recover"])
     out_dir = Path(job.key)
+    asked, job_link = form(at), dict(at.query_params)
+    assert asked["recover_run"] == saved_run.id and asked["recover_steps"] == STEPS and "jobs" in job_link
 
     # Stages and steps arrive as progress; cancel once two steps are saved (save_every is 1 here).
     seen = []
@@ -107,6 +109,14 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     assert job.status == "cancelled", job.error
     reached = saved_step(out_dir)
     assert reached is not None and 2 <= reached < STEPS and not out_dir.exists()
+
+    # The link of the running job (a reload during the run, read here once it stopped): the form is the job's.
+    reloaded = AppTest.from_file(APP, default_timeout=240)
+    reloaded.query_params.update(job_link)
+    reloaded.run()
+    reloaded.switch_page(RECOVER_PAGE)
+    reloaded.run()
+    assert reloaded.session_state["app_jobs"]["recover"] == job.id and form(reloaded) == asked
 
     at.run()
     assert any("Recovery was cancelled" in str(w.value) for w in at.warning)
@@ -164,6 +174,8 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     again.run()
     assert not again.exception, [e.value for e in again.exception]
     assert again.session_state["app_jobs"].get("recover") is None  # nothing but the URL carried it
+    # The run's settings and checkpoint, not the page's defaults; "default" as the objective it resolved to.
+    assert form(again) == asked | {"recover_objective": "lm"}
     shown = panel(at)
     assert len(shown["tables"]) == 2 and len(shown["metrics"]) == 4 and len(shown["captions"]) == 2, shown
     assert panel(again) == shown
@@ -178,6 +190,16 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     assert not broken.exception and not panel(broken)["tables"]
     assert any(f"recovery run {runs[-1].id} from the link cannot be shown" in str(w.value) and "is not a recovery result" in str(w.value)
                for w in broken.warning), [w.value for w in broken.warning]
+
+
+FORM = ("recover_run", "recover_method", "recover_objective", "recover_sources", "recover_steps", "recover_lr", "recover_batch_size",
+        "recover_seq_len", "recover_rank", "recover_mask_fraction", "recover_eval_samples", "recover_eval_seq_len", "recover_generations",
+        "recover_minutes")  # fmt: skip
+
+
+def form(at: AppTest) -> dict:
+    """Recover's form as the page draws it."""
+    return {key: at.session_state[key] for key in FORM}
 
 
 def texts(elements) -> list[str]:
