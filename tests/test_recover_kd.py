@@ -125,6 +125,9 @@ def test_kd_is_the_default_and_lowers_the_heldout_kl(dense_and_pruned, text_file
     for task in settings.tasks:
         before, after = result.before["kl_to_dense"][task], result.after["kl_to_dense"][task]
         assert after < 0.95 * before, (task, before, after)
+    # Dense's calibration loss on the same fixed windows: the number the pruned one is read against.
+    dense_loss = result.after["dense_calib_loss"]
+    assert len(dense_loss) == len(settings.tasks) and all(0 < d != b for d, b in zip(dense_loss, result.calib_loss_before)), dense_loss
 
 
 def test_recovered_checkpoint_keeps_bf16_and_its_card_says_what_ran(dense_and_pruned, text_file, tmp_path):

@@ -168,7 +168,8 @@ def recover(
     adapter_dir, save_dtype = _finish_weights(lm, run, settings, work, reporter)
     reporter.stage("calibration loss after training")
     calib_after = _calib_losses(lm, data, settings)
-    after = evaluate_heldout(lm, settings, "after", reporter.phases(), start_fingerprint, dense, lm_eval_tasks)
+    after = evaluate_heldout(lm, settings, "after", reporter.phases(), start_fingerprint, dense, lm_eval_tasks,
+                             calibration=lambda model: _calib_losses(model, data, settings))
     result = _result(settings, state, run, out_dir, adapter_dir, dense_input, resumed_from, stopped, calib_after, after)
     result.objective_note, result.teacher, result.save_dtype = note, teacher.name if teacher else None, save_dtype
     reporter.stage(f"writing {out_dir}")

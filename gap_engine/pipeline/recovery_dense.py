@@ -111,11 +111,14 @@ def task_accuracy(lm: LoadedModel, dense: LoadedModel | None, prepared: Prepared
 
 
 def evaluate_heldout(lm: LoadedModel, settings, label: str, hooks: Hooks, start_fingerprint: str,
-                     dense: LoadedModel | None = None, lm_eval_tasks: PreparedTasks | None = None) -> dict:
+                     dense: LoadedModel | None = None, lm_eval_tasks: PreparedTasks | None = None,
+                     calibration: Callable[[LoadedModel], list[float]] | None = None) -> dict:
     """evaluate.evaluate on every task's held-out text (on the CPU, where evaluate's windows are).
 
     ``dense``: the dense reference already loaded as the teacher (reused; else loaded here).
     ``lm_eval_tasks``: also their accuracy (`task_accuracy`) and dense's (`dense_task_accuracy`).
+    ``calibration``: the calibration loss per task of a model; given, dense's is kept as
+    ``dense_calib_loss`` (the number the pruned model's calibration loss is read against).
     ``hooks``: each step said as a message; its cancel polled at every step (and every block while tasks are scored)."""
     def say(message: str) -> None:
         hooks.check_cancelled(f"recovery cancelled while evaluating {label} training")
@@ -137,6 +140,9 @@ def evaluate_heldout(lm: LoadedModel, settings, label: str, hooks: Hooks, start_
             generations=settings.eval_generations,
         )
         report = evaluate(lm, dense, eval_settings, Hooks(message=say)).to_dict()
+        if dense is not None and calibration is not None:
+            say("the dense model's calibration loss")
+            report["dense_calib_loss"] = calibration(dense)
         if lm_eval_tasks is not None:
             say(f"task accuracy on {', '.join(lm_eval_tasks.tasks)} (lm-eval)")
             stopped = f"recovery cancelled while scoring tasks {label} training"
