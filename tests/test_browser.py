@@ -211,6 +211,15 @@ def release_budget(page, fraction: float) -> dict:
     page.mouse.move(box["x"] + box["width"] * fraction, box["y"] + box["height"] / 2, steps=3)
     page.wait_for_timeout(120)
     page.mouse.up()
+    # The readout draws asynchronously (a Plotly animation per step): under load it can still show
+    # an earlier step, even the budget before the drag, whose plan the URL already names. Wait
+    # until it shows the released step, which the thumb sits on.
+    page.wait_for_function(
+        """() => { const root = document.querySelector('.gap-budget');
+                   const value = parseFloat(root.querySelector('.gap-budget-value').textContent);
+                   return Math.abs(value - Number(root.querySelector('.gap-budget-slider').value)) < 0.006; }""",
+        timeout=60_000,
+    )
     return page.evaluate(PLANNER_STATE_JS)
 
 
