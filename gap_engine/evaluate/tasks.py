@@ -46,13 +46,26 @@ _OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 # Nominal prices of scoring, for the pre-run predictions of every job that scores tasks
 # (``pipeline.expected``, ``recover.cost``), so their estimates price it alike.
 TASK_IMPORT_S = 6.0  # lm-eval's first import in a process (issue 21: 5-8 s)
-TASK_CHOICES, TASK_TOKENS = 4, 160  # the offline task: four continuations of about this many tokens each
+# The offline task: four requests per example (passage and one choice), 88 tokens each on average
+# (all 2,000 requests of gap_wiki_next with SmolLM2's tokenizer; 160 was assumed before, which with
+# a profile measured on short windows made Recover predict 7 min 03 s of scoring that took ~100 s).
+TASK_CHOICES, TASK_TOKENS = 4, 88
+TASK_BATCH = 8  # requests per forward pass (``task_settings``'s default, the explorer's)
 
 
 def scoring_seconds(examples: int, forward: Callable[[int, int], float]) -> float:
     """Predicted seconds to score one model on ``examples`` task examples, given
     ``forward(tokens, seq_len)``: the price of one forward pass (one call) over ``tokens``."""
     return examples * forward(TASK_CHOICES * TASK_TOKENS, TASK_TOKENS)
+
+
+def scoring_profile(placement, shape, measure: bool):
+    """This machine's prices at the shape lm-eval's scoring runs (``TASK_BATCH`` requests of
+    ``TASK_TOKENS``): a profile measured on a training batch of 2 x 32 tokens priced it 2.8x
+    too slow. None when not cached and ``measure`` is False (measuring takes a few seconds, once)."""
+    from gap_engine.tables.costmodel import measured_profile
+
+    return measured_profile(placement, shape, seq_len=TASK_TOKENS, batch=TASK_BATCH, measure=measure)
 
 
 class TaskError(GapError):
@@ -89,7 +102,7 @@ def task_settings(
     names: str | Sequence[str],
     limit: int | None = None,
     num_fewshot: int | None = None,
-    batch_size: int = 8,
+    batch_size: int = TASK_BATCH,
     include_path: str | None = None,
 ) -> TaskSettings:
     """Validated TaskSettings from what a user typed or picked: names comma-separated or a list

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gap_engine.evaluate.tasks import TASK_IMPORT_S, scoring_seconds
+from gap_engine.evaluate.tasks import TASK_IMPORT_S, scoring_profile, scoring_seconds
 from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
 from gap_engine.tables.costmodel import DeviceProfile, ModelShape, block_flops_per_token, head_flops_per_token, measured_profile
 
@@ -137,13 +137,16 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
         profile: the prices to use (None: this machine's measured profile).
     """
     dense, shapes = layer_shapes(config, str(config.get("_name_or_path", "")))
+    given = profile
     profile = profile or measured_profile(placement, dense, seq_len=settings.seq_len, batch=settings.batch_size, measure=measure)
     if profile is None:
         return None
+    # lm-eval scores in its own batches: priced at that shape when this machine was measured there.
+    scoring = (given or scoring_profile(placement, dense, measure) or profile) if task_examples > 0 else profile
 
-    def per_token(block_shapes: list[ModelShape], seq_len: int) -> float:
-        blocks = sum(block_flops_per_token(s, seq_len) for s in block_shapes) / profile.block_flops
-        return blocks + head_flops_per_token(dense) / profile.head_flops
+    def per_token(block_shapes: list[ModelShape], seq_len: int, prices: DeviceProfile = profile) -> float:
+        blocks = sum(block_flops_per_token(s, seq_len) for s in block_shapes) / prices.block_flops
+        return blocks + head_flops_per_token(dense) / prices.head_flops
 
     n_tasks = len(settings.tasks)
     step_tokens = n_tasks * settings.batch_size * settings.seq_len
@@ -170,8 +173,9 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
     finish = calib + evaluation + generation
     tasks_before = tasks_after = 0.0
     if task_examples > 0:
-        scored = scoring_seconds(task_examples, lambda tokens, seq_len: tokens * per_token(shapes, seq_len))
-        dense_scored = scoring_seconds(task_examples, lambda tokens, seq_len: tokens * teacher_per_token(seq_len)) if settings.compare_dense else 0.0
+        scored = scoring_seconds(task_examples, lambda tokens, seq_len: tokens * per_token(shapes, seq_len, scoring))
+        dense_scored = (scoring_seconds(task_examples, lambda tokens, seq_len: tokens * per_token([dense] * dense.layers, seq_len, scoring))
+                        if settings.compare_dense else 0.0)
         first = TASK_IMPORT_S + scored + dense_scored  # the dense model is scored once, then read from the cache
         tasks_before, tasks_after = (first, scored) if settings.evaluate_before else (0.0, first)
     return RecoveryEstimate(prepare + tasks_before, step, settings.steps, finish + tasks_after, f"cost model: {profile.basis}",
