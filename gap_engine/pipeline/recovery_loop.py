@@ -98,7 +98,7 @@ class _Snapshots:
     def __init__(self, run, data: TaskData, settings: RecoverySettings, state: RunState, work: Path, reporter: Reporter):
         self.run, self.settings, self.state, self.work, self.reporter = run, settings, state, work, reporter
         self.last_saved = state.step
-        self.objective = CalibrationObjective(run, data, keep_teacher=False) if settings.guard else None
+        self.objective = CalibrationObjective(run, data) if settings.guard else None
         if self.objective is not None and state.guard_lowest is None:
             state.guard_lowest = self.objective()  # the starting weights: the first kept snapshot
 
