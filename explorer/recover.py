@@ -171,7 +171,8 @@ except GapError as exc:
     out_dir = None
     st.warning(one_line(exc))
 else:
-    estimate = estimate_for_checkpoint(chosen.checkpoint, settings_from_state(), task_examples=common.task_examples("recover_"))
+    with st.spinner("Measuring this machine's speed for the estimate (a few seconds, once) ..."):  # shown only when it takes a while
+        estimate = estimate_for_checkpoint(chosen.checkpoint, settings_from_state(), task_examples=common.task_examples("recover_"))
     if estimate is not None:
         scoring = f", {common.duration_text(estimate.tasks_s)} of it scoring tasks" if estimate.tasks_s else ""
         st.caption(
