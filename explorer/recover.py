@@ -170,9 +170,16 @@ try:
 except GapError as exc:
     out_dir = None
     st.warning(one_line(exc))
-    estimate_slot = None
 else:
-    estimate_slot = st.empty()  # filled below the buttons' code: measuring this machine the first time must not hold them back
+    # Never measured here (a busy machine's reading would be cached): the cached profile, else nominal prices.
+    estimate = estimate_for_checkpoint(chosen.checkpoint, settings_from_state(), measure=False, task_examples=common.task_examples("recover_"))
+    if estimate is not None:
+        scoring = f", {common.duration_text(estimate.tasks_s)} of it scoring tasks" if estimate.tasks_s else ""
+        st.caption(
+            f"Expected time: about {common.duration_text(estimate.total_s)} "
+            f"({estimate.step_s:.2g} s per step, {common.duration_text(estimate.prepare_s)} before training, "
+            f"{common.duration_text(estimate.finish_s)} after{scoring}; {estimate.basis})"
+        )
 running = common.session_job("recover")
 reached = saved_step(out_dir) if out_dir is not None else None
 if reached is not None and not (running and running.active):
@@ -182,18 +189,6 @@ label = "Resume recovery" if reached is not None else "Recover"
 common.job_controls(
     "recover", label, "recover_go", start_recovery, ":material/healing:", "Recovery", "recover", args=(chosen.checkpoint,), type="primary"
 )
-if estimate_slot is not None:
-    with estimate_slot.container():
-        with st.spinner("Measuring this machine's speed for the estimate (a few seconds, once) ..."):  # shown only when it takes a while
-            estimate = estimate_for_checkpoint(chosen.checkpoint, settings_from_state(), task_examples=common.task_examples("recover_"))
-        if estimate is not None:
-            scoring = f", {common.duration_text(estimate.tasks_s)} of it scoring tasks" if estimate.tasks_s else ""
-            st.caption(
-                f"Expected time: about {common.duration_text(estimate.total_s)} "
-                f"({estimate.step_s:.2g} s per step, {common.duration_text(estimate.prepare_s)} before training, "
-                f"{common.duration_text(estimate.finish_s)} after{scoring}; {estimate.basis})"
-            )
-
 
 # ---- the latest recovery beside the unrecovered model ----------------------------------------------
 # Short row names, explained once: a 390 px phone shows the four columns whole.

@@ -91,6 +91,11 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     assert at.button(key="recover_go").label == "Recover"
     assert set(at.radio(key="recover_objective").options) == {"default", "kd", "lm", "kd+lm"}
     assert any("Expected time: about" in str(c.value) and "of it scoring tasks" in str(c.value) for c in at.caption)  # before Start, from the cost model
+    from gap_engine.core.fsutil import cache_root
+
+    # ... at nominal prices: a page view never measures this machine (a busy machine's reading, cached,
+    # priced a 112 s run at 13 min 50 s in a walkthrough).
+    assert any("nominal CPU speed" in str(c.value) for c in at.caption) and not list(cache_root().glob("costmodel/profile-*.json"))
     at.button(key="recover_go").click().run()
     assert not at.exception, [e.value for e in at.exception]
     job = manager().get(at.session_state["app_jobs"]["recover"])
@@ -102,6 +107,7 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     seen = []
     wait_for(lambda: job.snapshot()["expected_total"] is not None or not job.active, "the plan")
     assert job.snapshot()["expected_total"] > 0  # declared before the model loads: an ETA from the first second
+    assert not list(cache_root().glob("costmodel/profile-*.json"))  # nor does the job's first ETA
     wait_for(lambda: seen.append(job.snapshot()["message"]) or (saved_step(out_dir) or 0) >= 2 or not job.active, "step 2")
     assert any("calibration" in m for m in seen) and any("mazo step" in m for m in seen), seen
     job.cancel()

@@ -124,6 +124,13 @@ def _perturbed_weights(shapes: list[ModelShape], settings: RecoverySettings) -> 
     return total * (settings.mask_fraction if settings.method == "mazo" else 1.0)
 
 
+def _nominal_profile(placement: Placement) -> DeviceProfile | None:
+    """Nominal prices of this CPU (Prune & evaluate's fallback too); None on an accelerator."""
+    from gap_engine.pipeline.expected import nominal_profile
+
+    return nominal_profile(_torch_threads()) if placement.device.type == "cpu" else None
+
+
 def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placement: Placement, distils: bool, measure: bool = True,
                       task_examples: int = 0, profile: DeviceProfile | None = None) -> RecoveryEstimate | None:
     """Expected seconds of ``settings`` (a validated recover.RecoverySettings) on the model ``config`` describes.
@@ -132,17 +139,21 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
         config: the checkpoint's config.json content (``per_layer_config`` read when present).
         placement: a ``device.Placement`` (where the run computes).
         distils: whether the objective runs the dense teacher (kd, kd+lm).
-        measure: False returns None when this machine's profile is not cached yet.
+        measure: False never measures: this machine's cached profile, else nominal CPU prices
+            (``pipeline.expected.nominal_profile``), else None (an accelerator never measured).
+            A page view and a job's first ETA use False: measured on a busy machine, one layer's
+            millisecond calls read 1.25 GFLOP/s in a walkthrough and priced a 112 s run at 13 min 50 s.
         task_examples: lm-eval examples scored per model (every task's together; 0: no tasks).
         profile: the prices to use (None: this machine's measured profile).
     """
     dense, shapes = layer_shapes(config, str(config.get("_name_or_path", "")))
     given = profile
-    profile = profile or measured_profile(placement, dense, seq_len=settings.seq_len, batch=settings.batch_size, measure=measure)
+    nominal = _nominal_profile(placement)
+    profile = profile or measured_profile(placement, dense, seq_len=settings.seq_len, batch=settings.batch_size, measure=measure) or nominal
     if profile is None:
         return None
     # lm-eval scores in its own batches: priced at that shape when this machine was measured there.
-    scoring = (given or scoring_profile(placement, dense, measure) or profile) if task_examples > 0 else profile
+    scoring = (given or scoring_profile(placement, dense, measure) or nominal or profile) if task_examples > 0 else profile
 
     def per_token(block_shapes: list[ModelShape], seq_len: int, prices: DeviceProfile = profile) -> float:
         blocks = sum(block_flops_per_token(s, seq_len) for s in block_shapes) / prices.block_flops

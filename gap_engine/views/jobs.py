@@ -575,7 +575,7 @@ def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings
     """
     def work(ctx: JobContext):
         examples = len(task_settings.tasks) * (task_settings.limit or 0) if task_settings is not None else 0
-        estimate = estimate_for_checkpoint(checkpoint, settings, task_examples=examples)
+        estimate = estimate_for_checkpoint(checkpoint, settings, measure=False, task_examples=examples)
         if estimate is not None:  # the ETA from the first second; measured step times replace it
             ctx.plan(RECOVERY_STAGES, estimate.by_stage(), estimate.basis)
         prepared = None
