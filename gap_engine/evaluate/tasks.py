@@ -59,15 +59,6 @@ def scoring_seconds(examples: int, forward: Callable[[int, int], float]) -> floa
     return examples * forward(TASK_CHOICES * TASK_TOKENS, TASK_TOKENS)
 
 
-def scoring_profile(placement, shape, measure: bool):
-    """This machine's prices at the shape lm-eval's scoring runs (``TASK_BATCH`` requests of
-    ``TASK_TOKENS``): a profile measured on a training batch of 2 x 32 tokens priced it 2.8x
-    too slow. None when not cached and ``measure`` is False (measuring takes a few seconds, once)."""
-    from gap_engine.tables.costmodel import measured_profile
-
-    return measured_profile(placement, shape, seq_len=TASK_TOKENS, batch=TASK_BATCH, measure=measure)
-
-
 class TaskError(GapError):
     """A task that cannot be evaluated: unknown, of an unsupported kind, or with bad data."""
 

@@ -34,34 +34,28 @@ from gap_engine.core.progress import (
     THROUGHPUT,
 )
 from gap_engine.evaluate.metrics import THROUGHPUT_REPEATS, EvalSettings
-from gap_engine.evaluate.tasks import TASK_IMPORT_S, scoring_profile, scoring_seconds
+from gap_engine.evaluate.tasks import TASK_IMPORT_S, scoring_seconds
 from gap_engine.model.loading import BUILTIN_MODELS, CONVERTED_MARKER
 from gap_engine.tables.artefact import TableSpec
-from gap_engine.tables.costmodel import DeviceProfile, ModelShape, estimate_build, measured_profile, model_shape, stage_seconds
+from gap_engine.tables.costmodel import (  # the nominal prices live with the profiles; re-exported for the pages' estimates
+    LOAD_BYTES_PER_S,
+    LOAD_FIXED_S,
+    NOMINAL_BANDWIDTH,
+    NOMINAL_BASIS,
+    DeviceProfile,
+    ModelShape,
+    estimate_build,
+    measured_profile,
+    model_shape,
+    nominal_profile,
+    scoring_profile,
+    stage_seconds,
+)
 
-# Nominal float32 FLOP/s per torch thread on a CPU, from fisher builds of SmolLM2-135M on 2-core
-# machines of the kind CI runs on: the gradient pass ran at 36-63 GFLOP/s a thread with other work
-# beside it, and at 60-100 on a quiet one (a clean CI run: a 4x128 build in 4.2 s that 40 priced at
-# 10.5 s, 2.5x, past the 2x issue 22 allows). 60 sits in the middle: within 2x of both ends, and of
-# lm-eval scoring the offline task on a quiet machine (tests/test_tasks.py).
-NOMINAL_BLOCK_FLOPS_PER_THREAD = 60e9  # transformer blocks
-NOMINAL_HEAD_FLOPS_PER_THREAD = 60e9  # the LM head with its log-softmax
-NOMINAL_BANDWIDTH = 5e9  # nominal: host memory bytes/s
 CALL_SECONDS_PER_BLOCK = 4e-4  # nominal: Python and kernel-launch cost of one block call (decode steps are made of them)
-LOAD_BYTES_PER_S = 150e6  # nominal: reading a safetensors folder and building the model
-LOAD_FIXED_S = 2.0  # nominal: tokenizer, config, model construction
 DEQUANT_S_PER_PARAM = 2.5e-7  # nominal: a built-in's first use de-quantizes its GGUF (README: 20-60 s)
 READ_TEXT_S = 3.0  # nominal: the first read of a built-in text (parsing, tokenizing) takes seconds
 SAVE_BYTES_PER_S = 100e6  # nominal: writing a checkpoint (safetensors, model card, remote code)
-NOMINAL_BASIS = "a nominal CPU speed (this machine not measured yet: Setup's Estimate measures it)"
-
-
-def nominal_profile(threads: int) -> DeviceProfile:
-    """Prices for a CPU nobody has measured: nominal rates per thread, times ``threads``."""
-    return DeviceProfile(
-        name="cpu float32", block_flops=NOMINAL_BLOCK_FLOPS_PER_THREAD * threads, head_flops=NOMINAL_HEAD_FLOPS_PER_THREAD * threads,
-        bandwidth=NOMINAL_BANDWIDTH, host_link=NOMINAL_BANDWIDTH, memory=0.0, basis=NOMINAL_BASIS, kind="cpu",
-    )  # fmt: skip
 
 
 def profile_for(device: DeviceSpec, shape: ModelShape, windows: WindowSpec) -> DeviceProfile | None:

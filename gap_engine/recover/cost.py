@@ -18,7 +18,8 @@ passes of the student (``F``, over the step's tokens) and of the dense teacher (
   before training, the recovered model's after (the dense scores are cached by then), each
   priced as Prune & evaluate prices them (``evaluate.tasks.scoring_seconds``).
 
-Model loading and the checkpoint write are not counted (seconds on this machine). The estimate
+Loading the checkpoint and the dense model is priced as Prune & evaluate prices a load; the
+checkpoint write is not counted (seconds on this machine). The estimate
 is a guide for the ETA shown from the first second; once steps run, their measured time takes over.
 """
 
@@ -32,9 +33,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gap_engine.evaluate.tasks import TASK_IMPORT_S, scoring_profile, scoring_seconds
+from gap_engine.evaluate.tasks import TASK_IMPORT_S, scoring_seconds
 from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
-from gap_engine.tables.costmodel import DeviceProfile, ModelShape, block_flops_per_token, head_flops_per_token, measured_profile
+from gap_engine.tables.costmodel import (
+    LOAD_BYTES_PER_S,
+    LOAD_FIXED_S,
+    DeviceProfile,
+    ModelShape,
+    block_flops_per_token,
+    head_flops_per_token,
+    measured_profile,
+    nominal_profile,
+    scoring_profile,
+)
 
 if TYPE_CHECKING:
     from gap_engine.core.device import Placement
@@ -126,8 +137,6 @@ def _perturbed_weights(shapes: list[ModelShape], settings: RecoverySettings) -> 
 
 def _nominal_profile(placement: Placement) -> DeviceProfile | None:
     """Nominal prices of this CPU (Prune & evaluate's fallback too); None on an accelerator."""
-    from gap_engine.pipeline.expected import nominal_profile
-
     return nominal_profile(_torch_threads()) if placement.device.type == "cpu" else None
 
 
@@ -140,7 +149,7 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
         placement: a ``device.Placement`` (where the run computes).
         distils: whether the objective runs the dense teacher (kd, kd+lm).
         measure: False never measures: this machine's cached profile, else nominal CPU prices
-            (``pipeline.expected.nominal_profile``), else None (an accelerator never measured).
+            (``costmodel.nominal_profile``), else None (an accelerator never measured).
             A page view and a job's first ETA use False: measured on a busy machine, one layer's
             millisecond calls read 1.25 GFLOP/s in a walkthrough and priced a 112 s run at 13 min 50 s.
         task_examples: lm-eval examples scored per model (every task's together; 0: no tasks).
@@ -207,4 +216,16 @@ def estimate_for_checkpoint(
     except (OSError, ValueError):
         return None
     placement = placement or resolve(DeviceSpec("cpu", "float32"))
-    return estimate_recovery(config, settings.validate(), placement, settings.objective != "lm", measure, task_examples)
+    estimate = estimate_recovery(config, settings.validate(), placement, settings.objective != "lm", measure, task_examples)
+    if estimate is None:
+        return None
+    # The job loads the checkpoint, and the dense model when it distils or compares with it.
+    return replace(estimate, prepare_s=estimate.prepare_s + _load_seconds(Path(folder).expanduser(), config, settings))
+
+
+def _load_seconds(folder: Path, config: dict[str, Any], settings: RecoverySettings) -> float:
+    """Loading the checkpoint and the dense model, at the loading prices Prune & evaluate uses."""
+    dense, _ = layer_shapes(config, str(config.get("_name_or_path", "")))
+    checkpoint = sum(f.stat().st_size for f in folder.glob("*.safetensors")) or 4 * dense.total_params
+    teacher = LOAD_FIXED_S + 4 * dense.total_params / LOAD_BYTES_PER_S if settings.objective != "lm" or settings.compare_dense else 0.0
+    return LOAD_FIXED_S + checkpoint / LOAD_BYTES_PER_S + teacher

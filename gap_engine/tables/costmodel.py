@@ -187,6 +187,36 @@ def head_flops_per_token(shape: ModelShape) -> float:
     return 2.0 * shape.head_params
 
 
+# Nominal float32 FLOP/s per torch thread on a CPU, from fisher builds of SmolLM2-135M on 2-core
+# machines of the kind CI runs on: the gradient pass ran at 36-63 GFLOP/s a thread with other work
+# beside it, and at 60-100 on a quiet one (a clean CI run: a 4x128 build in 4.2 s that 40 priced at
+# 10.5 s, 2.5x, past the 2x issue 22 allows). 60 sits in the middle: within 2x of both ends, and of
+# lm-eval scoring the offline task on a quiet machine (tests/test_tasks.py).
+NOMINAL_BLOCK_FLOPS_PER_THREAD = 60e9  # transformer blocks
+NOMINAL_HEAD_FLOPS_PER_THREAD = 60e9  # the LM head with its log-softmax
+NOMINAL_BANDWIDTH = 5e9  # nominal: host memory bytes/s
+LOAD_BYTES_PER_S = 150e6  # nominal: reading a safetensors folder and building the model
+LOAD_FIXED_S = 2.0  # nominal: tokenizer, config, model construction
+NOMINAL_BASIS = "a nominal CPU speed (this machine not measured yet: Setup's Estimate measures it)"
+
+
+def nominal_profile(threads: int) -> DeviceProfile:
+    """Prices for a CPU nobody has measured: nominal rates per thread, times ``threads``."""
+    return DeviceProfile(
+        name="cpu float32", block_flops=NOMINAL_BLOCK_FLOPS_PER_THREAD * threads, head_flops=NOMINAL_HEAD_FLOPS_PER_THREAD * threads,
+        bandwidth=NOMINAL_BANDWIDTH, host_link=NOMINAL_BANDWIDTH, memory=0.0, basis=NOMINAL_BASIS, kind="cpu",
+    )  # fmt: skip
+
+
+def scoring_profile(placement: Placement, shape: ModelShape, measure: bool) -> DeviceProfile | None:
+    """This machine's prices at the shape lm-eval's scoring runs (``TASK_BATCH`` requests of
+    ``TASK_TOKENS``): a profile measured on a training batch of 2 x 32 tokens priced it 2.8x
+    too slow. None when not cached and ``measure`` is False (measuring takes a few seconds, once)."""
+    from gap_engine.evaluate.tasks import TASK_BATCH, TASK_TOKENS
+
+    return measured_profile(placement, shape, seq_len=TASK_TOKENS, batch=TASK_BATCH, measure=measure)
+
+
 def _profile_path(key: dict[str, object]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_root() / "costmodel" / f"profile-{digest}.json"
