@@ -47,7 +47,8 @@ from gap_engine.tables.costmodel import (  # the nominal prices live with the pr
     estimate_build,
     measured_profile,
     model_shape,
-    nominal_profile,
+    nominal_for,
+    nominal_profile,  # noqa: F401 - re-exported: the tests price with it as the pages do
     scoring_profile,
     stage_seconds,
 )
@@ -61,13 +62,9 @@ SAVE_BYTES_PER_S = 100e6  # nominal: writing a checkpoint (safetensors, model ca
 def profile_for(device: DeviceSpec, shape: ModelShape, windows: WindowSpec) -> DeviceProfile | None:
     """This machine's measured profile when cached (never measured here: that takes seconds),
     else the nominal CPU profile; None on an accelerator never measured (no honest prior)."""
-    import torch
-
     placement = resolve(device)
     measured = measured_profile(placement, shape, seq_len=min(windows.seq_len, 512), batch=min(windows.batch_size, 4), measure=False)
-    if measured is not None:
-        return measured
-    return nominal_profile(torch.get_num_threads()) if placement.device.type == "cpu" else None
+    return measured if measured is not None else nominal_for(placement)
 
 
 def load_seconds(model: str, shape: ModelShape) -> float:

@@ -43,7 +43,7 @@ from gap_engine.tables.costmodel import (
     block_flops_per_token,
     head_flops_per_token,
     measured_profile,
-    nominal_profile,
+    nominal_for,
     scoring_profile,
 )
 
@@ -135,11 +135,6 @@ def _perturbed_weights(shapes: list[ModelShape], settings: RecoverySettings) -> 
     return total * (settings.mask_fraction if settings.method == "mazo" else 1.0)
 
 
-def _nominal_profile(placement: Placement) -> DeviceProfile | None:
-    """Nominal prices of this CPU (Prune & evaluate's fallback too); None on an accelerator."""
-    return nominal_profile(_torch_threads()) if placement.device.type == "cpu" else None
-
-
 def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placement: Placement, distils: bool, measure: bool = True,
                       task_examples: int = 0, profile: DeviceProfile | None = None) -> RecoveryEstimate | None:
     """Expected seconds of ``settings`` (a validated recover.RecoverySettings) on the model ``config`` describes.
@@ -149,7 +144,7 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
         placement: a ``device.Placement`` (where the run computes).
         distils: whether the objective runs the dense teacher (kd, kd+lm).
         measure: False never measures: this machine's cached profile, else nominal CPU prices
-            (``costmodel.nominal_profile``), else None (an accelerator never measured).
+            (``costmodel.nominal_for``), else None (an accelerator never measured).
             A page view and a job's first ETA use False: measured on a busy machine, one layer's
             millisecond calls read 1.25 GFLOP/s in a walkthrough and priced a 112 s run at 13 min 50 s.
         task_examples: lm-eval examples scored per model (every task's together; 0: no tasks).
@@ -157,7 +152,7 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
     """
     dense, shapes = layer_shapes(config, str(config.get("_name_or_path", "")))
     given = profile
-    nominal = _nominal_profile(placement)
+    nominal = nominal_for(placement)
     profile = profile or measured_profile(placement, dense, seq_len=settings.seq_len, batch=settings.batch_size, measure=measure) or nominal
     if profile is None:
         return None

@@ -208,6 +208,13 @@ def nominal_profile(threads: int) -> DeviceProfile:
     )  # fmt: skip
 
 
+def nominal_for(placement: Placement) -> DeviceProfile | None:
+    """The nominal profile of this CPU at torch's thread count; None on an accelerator (no honest prior)."""
+    import torch
+
+    return nominal_profile(torch.get_num_threads()) if placement.device.type == "cpu" else None
+
+
 def scoring_profile(placement: Placement, shape: ModelShape, measure: bool) -> DeviceProfile | None:
     """This machine's prices at the shape lm-eval's scoring runs (``TASK_BATCH`` requests of
     ``TASK_TOKENS``): a profile measured on a training batch of 2 x 32 tokens priced it 2.8x
