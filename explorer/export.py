@@ -155,8 +155,10 @@ else:
     stem = f"plan-{plan.allocator}-{(plan.budget or 0) * 100:.2f}pct-{plan.content_hash()}"  # the budget and identity the app shows
     st.caption(f"Plan `{plan.content_hash()}` · budget {(plan.budget or 0):.2%} of prunable parameters.", help=common.GLOSSARY["plan hash"])
     c1, c2, c3 = st.columns(3)
-    c1.download_button("Plan (JSON)", plan.to_json(), file_name=f"{stem}.json", mime="application/json", key="export_plan_json", icon=":material/download:")
-    c2.download_button("Plan (YAML)", plan.to_yaml(), file_name=f"{stem}.yaml", mime="application/x-yaml", key="export_plan_yaml", icon=":material/download:")
+    # Every download on this page ignores the click for reruns: a rerun replaces the files built on
+    # click, so the report clicked right after the plan asked for one the rerun had just dropped.
+    c1.download_button("Plan (JSON)", plan.to_json(), file_name=f"{stem}.json", mime="application/json", key="export_plan_json", on_click="ignore", icon=":material/download:")
+    c2.download_button("Plan (YAML)", plan.to_yaml(), file_name=f"{stem}.yaml", mime="application/x-yaml", key="export_plan_yaml", on_click="ignore", icon=":material/download:")
     problem = report_export.report_problem(table, plan_dict)
     run_id = report_export.run_of_plan(plan_dict) if chosen == "planner" else int(chosen.split("-", 1)[1])
     c3.download_button(
@@ -176,8 +178,8 @@ else:
 st.subheader("Loss table and run history")
 c1, c2, c3 = st.columns(3)
 if table is not None:
-    c1.download_button("Loss table (CSV)", table.to_csv(), file_name=f"{table.key}.csv", mime="text/csv", key="export_table_csv", icon=":material/table:")
-    c2.download_button("Loss table (JSON)", table.to_json(), file_name=f"{table.key}.json", mime="application/json", key="export_table_json", icon=":material/data_object:")
+    c1.download_button("Loss table (CSV)", table.to_csv(), file_name=f"{table.key}.csv", mime="text/csv", key="export_table_csv", on_click="ignore", icon=":material/table:")
+    c2.download_button("Loss table (JSON)", table.to_json(), file_name=f"{table.key}.json", mime="application/json", key="export_table_json", on_click="ignore", icon=":material/data_object:")
 else:
     c1.caption("No loss table loaded.")
 try:
@@ -186,7 +188,7 @@ except GapError as exc:
     history_csv = None
     st.error(one_line(exc))
 if history_csv is not None:
-    c3.download_button("Run history (CSV)", history_csv, file_name="gap-run-history.csv", mime="text/csv", key="export_history_csv", icon=":material/history:")
+    c3.download_button("Run history (CSV)", history_csv, file_name="gap-run-history.csv", mime="text/csv", key="export_history_csv", on_click="ignore", icon=":material/history:")
 
 # ---- checkpoints ---------------------------------------------------------------------------------
 st.subheader("Pruned checkpoint")
@@ -213,6 +215,7 @@ else:
         file_name=f"{Path(folder).name}.zip",
         mime="application/zip",
         key="export_checkpoint_zip",
+        on_click="ignore",
         icon=":material/folder_zip:",
         help=f"{size_mb:.0f} MB: weights in {checkpoint_dtype(folder)}, tokenizer, plan, model card and the modeling file for transformers",
     )
@@ -241,6 +244,7 @@ else:
             file_name=f"gap-{name}.html",
             mime="text/html",
             key=f"export_html_{name}",
+            on_click="ignore",
             icon=":material/code:",
         )
     st.button(
@@ -259,7 +263,7 @@ else:
     if ss["export_png"]:
         columns = st.columns(CHART_COLUMNS)
         for i, (name, png) in enumerate(ss["export_png"].items()):
-            columns[i % CHART_COLUMNS].download_button(f"{CHART_LABELS.get(name, name)} (PNG)", png, file_name=f"gap-{name}.png", mime="image/png", key=f"export_png_{name}", icon=":material/image:")
+            columns[i % CHART_COLUMNS].download_button(f"{CHART_LABELS.get(name, name)} (PNG)", png, file_name=f"gap-{name}.png", mime="image/png", key=f"export_png_{name}", on_click="ignore", icon=":material/image:")
 
 # ---- import --------------------------------------------------------------------------------------
 st.subheader("Import a plan")
