@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -62,6 +63,7 @@ def test_estimates_move_the_right_way():
 
 def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))  # a quiet machine, whatever else runs beside the test
     placement, shape = resolve(None), SHAPES["llama-3.1-8b"]
     assert measured_profile(placement, shape, seq_len=16, batch=1, measure=False) is None
     profile = measured_profile(placement, shape, seq_len=16, batch=1)
@@ -70,6 +72,23 @@ def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch):
     monkeypatch.setattr(costmodel, "_measure", lambda *a: pytest.fail("measured twice"))
     assert measured_profile(placement, shape, seq_len=16, batch=1) == profile
     assert len(list((tmp_path / "costmodel").glob("profile-*.json"))) == 1
+
+
+def test_a_profile_measured_on_a_busy_machine_prices_this_estimate_and_is_not_kept(tmp_path, monkeypatch):
+    """A reading taken while other work holds the cores is this moment's speed, not the
+    machine's: kept, it priced every later estimate (a 2-minute recovery at 14 minutes)."""
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    placement, shape = resolve(None), SHAPES["smollm2-135m"]
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 2.0, 1.0))
+    busy = measured_profile(placement, shape, seq_len=16, batch=1)
+    assert busy is not None and busy.block_flops > 1e6 and busy.basis.endswith("not kept: this machine was busy (load 3.5 on 2 cores)")
+    assert not list(tmp_path.glob("costmodel/profile-*.json"))
+    assert measured_profile(placement, shape, seq_len=16, batch=1, measure=False) is None  # later estimates: nominal, not the busy reading
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.4, 2.0, 1.0))  # quiet again: less than one core of other work
+    quiet = measured_profile(placement, shape, seq_len=16, batch=1)
+    assert quiet is not None and "not kept" not in quiet.basis
+    assert measured_profile(placement, shape, seq_len=16, batch=1, measure=False) == quiet
 
 
 def test_cli_dry_run_prints_a_prediction_and_builds_nothing(capsys, tmp_path, monkeypatch):

@@ -257,9 +257,31 @@ def measured_profile(
             log.warning("ignoring an unreadable cost-model profile %s", path)
     if not measure:
         return None
+    busy = busy_cpu(placement)  # read before measuring: the measurement's own threads add to the load
     profile = _measure(placement, calib, seq_len, batch)
+    if busy is not None:  # right for this estimate, wrong to keep: it would price every later one
+        return replace(profile, basis=f"{profile.basis}; not kept: this machine was busy ({busy})")
     atomic_write_json(path, {"key": key, "profile": asdict(profile)})
     return profile
+
+
+def busy_cpu(placement: Placement) -> str | None:
+    """Why a CPU measurement now would read this machine slow, or None when it is quiet enough.
+
+    Other work keeping at least half the cores busy (the 1-minute load average): a profile
+    measured at load 4 on two cores read 14 GFLOP/s where a quiet one reads 60-100, and once
+    cached it priced a 2-minute recovery at 14 minutes. A GPU's speed does not depend on it.
+    """
+    import os
+
+    if placement.device.type != "cpu":
+        return None
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this platform
+        return None
+    cores = os.cpu_count() or 1
+    return f"load {load:.1f} on {cores} cores" if load >= max(1.0, cores / 2) else None
 
 
 def _time(fn: Callable[[], object], device: torch.device, repeats: int = 3, min_seconds: float = 0.3, max_repeats: int = 30) -> float:
