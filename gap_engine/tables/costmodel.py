@@ -268,9 +268,9 @@ def measured_profile(
 def busy_cpu(placement: Placement) -> str | None:
     """Why a CPU measurement now would read this machine slow, or None when it is quiet enough.
 
-    Other work keeping at least half the cores busy (the 1-minute load average): a profile
-    measured at load 4 on two cores read 14 GFLOP/s where a quiet one reads 60-100, and once
-    cached it priced a 2-minute recovery at 14 minutes. A GPU's speed does not depend on it.
+    Other work keeping at least half the cores busy (the 1-minute load average): readings taken
+    on a busy two-core machine were 1.25-36 GFLOP/s where a quiet one reads 60-100, and one, once
+    cached, priced a 2-minute recovery at 14 minutes. A GPU's speed does not depend on it.
     """
     import os
 
