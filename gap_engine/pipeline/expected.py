@@ -45,6 +45,7 @@ from gap_engine.tables.costmodel import (  # the nominal prices live with the pr
     DeviceProfile,
     ModelShape,
     estimate_build,
+    folder_load_seconds,
     measured_profile,
     model_shape,
     nominal_for,
@@ -70,11 +71,9 @@ def profile_for(device: DeviceSpec, shape: ModelShape, windows: WindowSpec) -> D
 def load_seconds(model: str, shape: ModelShape) -> float:
     """Predicted seconds to load ``model`` (built-ins: de-quantizing the GGUF on first use)."""
     folder = cache_root() / "models" / model if model in BUILTIN_MODELS else Path(model).expanduser()
-    files = [f for f in folder.glob("*.safetensors")] if folder.is_dir() else []
     if model in BUILTIN_MODELS and not (folder / CONVERTED_MARKER).is_file():
-        return LOAD_FIXED_S + shape.total_params * DEQUANT_S_PER_PARAM + 4 * shape.total_params / LOAD_BYTES_PER_S
-    size = sum(f.stat().st_size for f in files) or 4 * shape.total_params
-    return LOAD_FIXED_S + size / LOAD_BYTES_PER_S
+        return folder_load_seconds(None, shape.total_params) + shape.total_params * DEQUANT_S_PER_PARAM
+    return folder_load_seconds(folder, shape.total_params)
 
 
 def forward_seconds(shape: ModelShape, profile: DeviceProfile, tokens: float, seq_len: int, calls: float = 0.0) -> float:

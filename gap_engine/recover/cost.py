@@ -36,11 +36,10 @@ from typing import TYPE_CHECKING, Any
 from gap_engine.evaluate.tasks import TASK_IMPORT_S, scoring_seconds
 from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
 from gap_engine.tables.costmodel import (
-    LOAD_BYTES_PER_S,
-    LOAD_FIXED_S,
     DeviceProfile,
     ModelShape,
     block_flops_per_token,
+    folder_load_seconds,
     head_flops_per_token,
     measured_profile,
     nominal_for,
@@ -221,6 +220,5 @@ def estimate_for_checkpoint(
 def _load_seconds(folder: Path, config: dict[str, Any], settings: RecoverySettings) -> float:
     """Loading the checkpoint and the dense model, at the loading prices Prune & evaluate uses."""
     dense, _ = layer_shapes(config, str(config.get("_name_or_path", "")))
-    checkpoint = sum(f.stat().st_size for f in folder.glob("*.safetensors")) or 4 * dense.total_params
-    teacher = LOAD_FIXED_S + 4 * dense.total_params / LOAD_BYTES_PER_S if settings.objective != "lm" or settings.compare_dense else 0.0
-    return LOAD_FIXED_S + checkpoint / LOAD_BYTES_PER_S + teacher
+    teacher = folder_load_seconds(None, dense.total_params) if settings.objective != "lm" or settings.compare_dense else 0.0
+    return folder_load_seconds(folder, dense.total_params) + teacher

@@ -197,7 +197,7 @@ NOMINAL_HEAD_FLOPS_PER_THREAD = 60e9  # the LM head with its log-softmax
 NOMINAL_BANDWIDTH = 5e9  # nominal: host memory bytes/s
 LOAD_BYTES_PER_S = 150e6  # nominal: reading a safetensors folder and building the model
 LOAD_FIXED_S = 2.0  # nominal: tokenizer, config, model construction
-NOMINAL_BASIS = "a nominal CPU speed (this machine not measured yet: Setup's Estimate measures it)"
+NOMINAL_BASIS = "a nominal CPU speed (no speed of this machine kept yet: Setup's Estimate measures it)"
 
 
 def nominal_profile(threads: int) -> DeviceProfile:
@@ -206,6 +206,12 @@ def nominal_profile(threads: int) -> DeviceProfile:
         name="cpu float32", block_flops=NOMINAL_BLOCK_FLOPS_PER_THREAD * threads, head_flops=NOMINAL_HEAD_FLOPS_PER_THREAD * threads,
         bandwidth=NOMINAL_BANDWIDTH, host_link=NOMINAL_BANDWIDTH, memory=0.0, basis=NOMINAL_BASIS, kind="cpu",
     )  # fmt: skip
+
+
+def folder_load_seconds(folder: Path | None, params: int) -> float:
+    """Loading a saved model at nominal prices: its safetensors files, or ``4 x params`` bytes when none are there."""
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder is not None and folder.is_dir() else 0
+    return LOAD_FIXED_S + (size or 4 * params) / LOAD_BYTES_PER_S
 
 
 def nominal_for(placement: Placement) -> DeviceProfile | None:
@@ -268,9 +274,8 @@ def measured_profile(
 def busy_cpu(placement: Placement) -> str | None:
     """Why a CPU measurement now would read this machine slow, or None when it is quiet enough.
 
-    Other work keeping at least half the cores busy (the 1-minute load average): readings taken
-    on a busy two-core machine were 1.25-36 GFLOP/s where a quiet one reads 60-100, and one, once
-    cached, priced a 2-minute recovery at 14 minutes. A GPU's speed does not depend on it.
+    Other work keeping at least half the cores busy (1-minute load average): busy two-core readings were
+    1.25-36 GFLOP/s (quiet: 60-100), and one, cached, priced a 2-minute recovery at 14 minutes. Not for a GPU.
     """
     import os
 
