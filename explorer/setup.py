@@ -169,14 +169,14 @@ def show_prediction() -> None:
     if not name:
         return
     # A callback, not the button's return value: a rerun of the app before this line would drop the click.
-    st.button("Estimate time and memory", key="setup_estimate", help="Measures this machine once (a few seconds)",
+    st.button("Estimate time and memory", key="setup_estimate", help="Measures this machine (a few seconds); kept for later estimates unless other work was keeping it busy",
               on_click=lambda: ss.update(setup_calibrate=True))
     calibrate = bool(ss.pop("setup_calibrate", False))
     if ss["setup_model_kind"] == "Hub id" and not calibrate:
         return  # reading a hub config may wait on the network: only when asked
     try:
         workers = 2 if ss["setup_ray"] and os.environ.get(RAY_ADDRESS_ENV) else 1
-        with st.spinner("Measuring this machine's speed for the estimate (about 15 s, once) ...") if calibrate else contextlib.nullcontext():
+        with st.spinner("Measuring this machine's speed for the estimate (about 15 s) ...") if calibrate else contextlib.nullcontext():
             estimate = predicted_cost(name, spec_from_widgets(), device_from_widgets(), workers, calibrate)
     except Exception as exc:  # a config the hub cannot give offline, a bad value: one line, never a traceback
         st.caption(f"No estimate: {one_line(exc)}")
