@@ -105,10 +105,20 @@ def phone(browser, phone_server):
 
 
 def open_page(page, title: str) -> None:
-    """Open a page from the sidebar (collapsed on a phone)."""
+    """Open a page from the sidebar (collapsed on a phone).
+
+    Streamlit collapses the sidebar a moment after the window turns narrow: checking once whether
+    it is collapsed raced that (CI clicked a link that had just slid off the screen), so this
+    waits until the link is on screen, expanding the sidebar whenever its button shows."""
     expand = page.locator('[data-testid="stExpandSidebarButton"]').first
-    if expand.is_visible():
-        expand.click()
+    link = page.locator('[data-testid="stSidebarNav"] a', has_text=title).first
+    for _ in range(100):
+        if expand.is_visible():
+            expand.click()
+        box = link.bounding_box() if link.is_visible() else None
+        if box is not None and box["x"] >= 0 and box["x"] + box["width"] <= page.viewport_size["width"]:
+            break
+        page.wait_for_timeout(200)
     go_to(page, title)
     collapse = page.locator('[data-testid="stSidebarCollapseButton"] button, button[data-testid="stSidebarCollapseButton"]').first
     if collapse.is_visible():
