@@ -151,14 +151,19 @@ def _basis(profile: DeviceProfile) -> str:
     return f"the cost model on {profile.basis}" if profile.basis == NOMINAL_BASIS else f"the cost model ({profile.basis})"
 
 
-GGUF_SECONDS_PER_PARAM = {"q8_0": 5e-8, "f16": 5e-9}  # nominal: quantizing to q8_0 (numpy, one thread) vs casting to float16
+GGUF_SECONDS_PER_PARAM = {"q8_0": 1.5e-8, "f16": 5e-9}  # nominal: quantizing to q8_0 (numpy, one thread) vs casting to float16
 GGUF_FIXED_S = 1.5  # nominal: reading the tokenizer, writing the metadata
+# nominal: importing transformers' model code, which the first build in a process pays: it was
+# 4-6 s of a cold 9 s q8_0 build of a 113M-parameter checkpoint, whose warm builds took 3-4 s
+GGUF_IMPORT_S = 4.0
 
 
 def gguf_seconds(checkpoint: str | Path, outtype: str) -> float | None:
     """Predicted seconds to build the GGUF file of ``checkpoint`` (``deploy.gguf.gguf_bytes``):
-    loading it, converting every matrix, writing the file; None without a readable config.json."""
+    loading it, converting every matrix, writing the file, and importing transformers' model code
+    where this process has not yet; None without a readable config.json."""
     import json
+    import sys
 
     from gap_engine.recover.cost import layer_shapes
 
@@ -169,4 +174,5 @@ def gguf_seconds(checkpoint: str | Path, outtype: str) -> float | None:
         return None
     params = dense.total_params - dense.layers * dense.block_params + sum(block.block_params for block in blocks)
     size = sum(f.stat().st_size for f in folder.glob("*.safetensors")) or 4 * params
-    return GGUF_FIXED_S + size / (2 * LOAD_BYTES_PER_S) + params * GGUF_SECONDS_PER_PARAM.get(outtype, GGUF_SECONDS_PER_PARAM["q8_0"])
+    imports = 0.0 if "transformers.modeling_utils" in sys.modules else GGUF_IMPORT_S
+    return GGUF_FIXED_S + imports + size / (2 * LOAD_BYTES_PER_S) + params * GGUF_SECONDS_PER_PARAM.get(outtype, GGUF_SECONDS_PER_PARAM["q8_0"])
