@@ -10,8 +10,9 @@ measures it), else with a nominal CPU profile scaled by torch's thread count. Th
 which, and the pages label the result a prediction; the running job's own rates replace it.
 
 Constants marked "nominal" are priors, not measurements of any machine; the test
-``tests/test_costmodel.py`` checks the whole prediction against real builds of the built-in
-model (within 2x, as issue 22 asks).
+``bench/bench_expected.py`` measures the predictions against real table builds, task scoring and
+GGUF builds of the built-in model (within 2x, as issue 22 asks; a benchmark, since a clock in a
+test fails on a busy machine).
 """
 
 from __future__ import annotations

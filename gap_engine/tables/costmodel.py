@@ -191,7 +191,7 @@ def head_flops_per_token(shape: ModelShape) -> float:
 # machines of the kind CI runs on: the gradient pass ran at 36-63 GFLOP/s a thread with other work
 # beside it, and at 60-100 on a quiet one (a clean CI run: a 4x128 build in 4.2 s that 40 priced at
 # 10.5 s, 2.5x, past the 2x issue 22 allows). 60 sits in the middle: within 2x of both ends, and of
-# lm-eval scoring the offline task on a quiet machine (tests/test_tasks.py).
+# lm-eval scoring the offline task on a quiet machine (bench/bench_expected.py).
 NOMINAL_BLOCK_FLOPS_PER_THREAD = 60e9  # transformer blocks
 NOMINAL_HEAD_FLOPS_PER_THREAD = 60e9  # the LM head with its log-softmax
 NOMINAL_BANDWIDTH = 5e9  # nominal: host memory bytes/s
