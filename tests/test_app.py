@@ -11,10 +11,10 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from conftest import stop_jobs
 from streamlit.testing.v1 import AppTest
@@ -124,7 +124,7 @@ def test_setup_defaults_keep_a_first_build_short(fresh_cache):
 
 @pytest.mark.heavy
 def test_setup_offers_devices_and_estimates_the_build_before_it_runs(fresh_cache, monkeypatch):
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))  # a quiet machine keeps its measured speed (busy: test_costmodel)
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: 5.0)  # a quiet machine keeps its measured speed (busy: test_costmodel)
     at = start()
     assert at.selectbox(key="setup_device").value == "auto" and "cpu" in at.selectbox(key="setup_device").options
     assert at.selectbox(key="setup_dtype").value == "auto" and at.checkbox(key="setup_stream").value is False

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
+import psutil
 import pytest
 import torch
 
@@ -63,7 +65,7 @@ def test_estimates_move_the_right_way():
 
 def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))  # a quiet machine, whatever else runs beside the test
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: 5.0)  # a quiet machine, whatever else runs beside the test
     placement, shape = resolve(None), SHAPES["llama-3.1-8b"]
     assert measured_profile(placement, shape, seq_len=16, batch=1, measure=False) is None
     profile = measured_profile(placement, shape, seq_len=16, batch=1)
@@ -76,19 +78,25 @@ def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch):
 
 def test_a_profile_measured_on_a_busy_machine_prices_this_estimate_and_is_not_kept(tmp_path, monkeypatch):
     """A reading taken while other work holds the cores is this moment's speed, not the
-    machine's: kept, it priced every later estimate (a 2-minute recovery at 14 minutes)."""
+    machine's: kept, it priced every later estimate (a 2-minute recovery at 14 minutes). Busy is
+    sampled just before measuring: the 1-minute load average also counted the app's own model
+    load that had just ended, so an Estimate right after it was never kept."""
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 2.0, 1.0))  # a busy minute that is over: not read
+    sampled = []
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: sampled.append(interval) or 90.0)
     placement, shape = resolve(None), SHAPES["smollm2-135m"]
-    monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 2.0, 1.0))
     busy = measured_profile(placement, shape, seq_len=16, batch=1)
-    assert busy is not None and busy.block_flops > 1e6 and busy.basis.endswith("not kept: this machine was busy (load 3.5 on 2 cores)")
+    assert sampled == [0.5]  # a half-second sample, taken before the measurement's own threads start
+    assert busy is not None and busy.block_flops > 1e6 and busy.basis.endswith("not kept: this machine was busy (1.8 of 2 cores in use)")
     assert not list(tmp_path.glob("costmodel/profile-*.json"))
     assert measured_profile(placement, shape, seq_len=16, batch=1, measure=False) is None  # later estimates: nominal, not the busy reading
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.4, 2.0, 1.0))  # quiet again: less than one core of other work
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: 20.0)  # quiet again: less than one core in use
     quiet = measured_profile(placement, shape, seq_len=16, batch=1)
     assert quiet is not None and "not kept" not in quiet.basis
     assert measured_profile(placement, shape, seq_len=16, batch=1, measure=False) == quiet
+    assert costmodel.busy_cpu(dataclasses.replace(placement, device=torch.device("meta"))) is None  # not sampled off the CPU
 
 
 def test_cli_dry_run_prints_a_prediction_and_builds_nothing(capsys, tmp_path, monkeypatch):

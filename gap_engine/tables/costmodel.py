@@ -271,22 +271,20 @@ def measured_profile(
     return profile
 
 
-def busy_cpu(placement: Placement) -> str | None:
+def busy_cpu(placement: Placement, window: float = 0.5) -> str | None:
     """Why a CPU measurement now would read this machine slow, or None when it is quiet enough.
 
-    Other work keeping at least half the cores busy (1-minute load average): busy two-core readings were
-    1.25-36 GFLOP/s (quiet: 60-100), and one, cached, priced a 2-minute recovery at 14 minutes. Not for a GPU.
+    At least half the cores in use over the last ``window`` seconds (sampled: the 1-minute load average also
+    counted work that had just ended, like the app loading the model): busy two-core readings were 1.25-36
+    GFLOP/s (quiet: 60-100), and one, cached, priced a 2-minute recovery at 14 minutes. Not for a GPU.
     """
-    import os
+    import psutil
 
     if placement.device.type != "cpu":
         return None
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average on this platform
-        return None
-    cores = os.cpu_count() or 1
-    return f"load {load:.1f} on {cores} cores" if load >= max(1.0, cores / 2) else None
+    cores = psutil.cpu_count() or 1
+    in_use = psutil.cpu_percent(interval=window) / 100 * cores  # every process, this one's other threads too
+    return f"{in_use:.1f} of {cores} cores in use" if in_use >= max(1.0, cores / 2) else None
 
 
 def _time(fn: Callable[[], object], device: torch.device, repeats: int = 3, min_seconds: float = 0.3, max_repeats: int = 30) -> float:
