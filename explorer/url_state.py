@@ -273,7 +273,10 @@ def view() -> dict:
     if table is not None:
         want["table"] = table.key
         want["budget"] = repr(float(ss["app_budget"]))  # repr reads back to the same float
-        if ss.get("app_plan") and ss.get("app_plan_hash"):
+        if ss.get("app_plan") and ss.get("app_plan_hash") and ss["app_plan"].get("budget") == ss["app_budget"]:
+            # A run interrupted by the next one (a release under load) has set the new budget and
+            # not yet released its plan; this sync runs in app.py's finally all the same. Pairing
+            # that budget with the old plan's hash put a plan of another budget in the link.
             want["plan"] = ss["app_plan_hash"]
     if ss.get("eval_allocator") in ALLOCATORS:
         want["allocator"] = ss["eval_allocator"]

@@ -68,6 +68,28 @@ def test_a_reload_prunes_and_exports_the_released_plan_by_its_hash(cached_table,
     assert any(f"Plan `{digest}` · budget {plan.budget:.2%}" in t for t in texts(again.caption))
 
 
+def test_the_link_never_pairs_a_budget_with_the_plan_of_another(cached_table):
+    """A CI run of tests/test_browser_identity.py read the link of a release under load: the new
+    budget beside the previous plan's hash. The run the release started was interrupted by the
+    next one after it had set the budget and before it released the plan, and app.py syncs the
+    URL in a finally all the same. That half-done state is set up here directly: the link then
+    names the budget and no plan, and the next full run names both."""
+    at = start("explorer/planner.py")
+    data = chart(at)
+    release(at, data, int(np.searchsorted(data["budgets"], 0.3)))
+    digest, released = at.session_state["app_plan_hash"], at.session_state["app_budget"]
+    assert at.query_params["plan"] == digest
+    later = data["budgets"][int(np.searchsorted(data["budgets"], 0.4))]
+    at.session_state["app_budget"] = later  # what the interrupted run leaves: the budget, not yet the plan
+    at.switch_page("explorer/sensitivity.py")
+    at.run()
+    assert at.query_params["budget"] == repr(float(later)) and "plan" not in at.query_params, dict(at.query_params)
+    at.switch_page("explorer/planner.py")
+    at.run()
+    assert at.session_state["app_plan"]["budget"] == at.session_state["app_budget"] == later != released
+    assert at.query_params["plan"] == at.session_state["app_plan_hash"] != digest
+
+
 def test_a_plan_the_link_names_but_cannot_restore_is_said_so_and_not_replaced(cached_table):
     at = start("explorer/evaluate.py", query={"table": cached_table.key, "budget": "0.3", "plan": "0123456789ab"})
     warned = [t for t in texts(at.warning) if "0123456789ab" in t]
