@@ -19,7 +19,7 @@ endif
 LLAMA_CPP_STAMP := $(VENV)/.llama-cpp-$(shell printf '%s' '$(LLAMA_CPP_CMAKE_ARGS)' | cksum | cut -d' ' -f1)
 PORT ?= 8501
 # Loopback only: anyone who can reach the app can read server paths, upload files and start
-# long jobs. `make run HOST=0.0.0.0` serves every network interface (see README, "Serving").
+# long jobs. `make run HOST=0.0.0.0` serves every network interface (see docs/serving.md).
 HOST ?= 127.0.0.1
 
 .PHONY: setup run demo lint test test-all test-fast bench browser-deps clean-cache
@@ -61,7 +61,7 @@ $(LLAMA_CPP_STAMP): | $(REQUIREMENTS_STAMP)
 	  echo "$(PY) -m pip install -q $(LLAMA_CPP_WHEELS)/*.whl"; \
 	  $(PY) -m pip install -q $(LLAMA_CPP_WHEELS)/*.whl; \
 	else \
-	  echo "compiling llama.cpp for llama-cpp-python (once; see README: Deploying a pruned model)"; \
+	  echo "compiling llama.cpp for llama-cpp-python (once; see docs/deploying.md)"; \
 	  CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PY) -m pip install -q --no-cache-dir llama-cpp-python==0.3.36; \
 	fi
 	touch $@
@@ -82,10 +82,11 @@ demo: setup
 browser-deps:
 	bash scripts/ensure_chromium.sh
 
-# ruff on the whole repository, mypy on gap_engine/ (strict on the foundation layers); both
+# ruff (format and lint) on the whole repository, mypy on gap_engine/ (strict on the foundation layers); both
 # read their settings from pyproject.toml. mypy keeps its cache in .mypy_cache/: the first run
 # analyses torch and transformers (minutes), later runs recheck only what changed.
 lint: setup
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 

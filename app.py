@@ -2,18 +2,18 @@
 
 Six pages in the order of the method: Setup (model, calibration, loss table) ->
 Sensitivity -> Budget planner -> Prune & evaluate -> Recover -> Export. Long work (table builds,
-baseline plans, prune-and-evaluate, recovery) runs as background jobs (gap_engine.views.jobs), so it
+baseline plans, prune-and-evaluate, recovery) runs as background jobs (gap_engine.pipeline.jobs), so it
 survives reruns, page switches and reloads; this file applies finished jobs' results to the
 session whatever page is open, lists every running job in the sidebar, and keeps the view
-in the URL (explorer/url_state.py) so a reload or a shared link opens it again.
+in the URL (pages/url_state.py) so a reload or a shared link opens it again.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from explorer import common, url_state
 from gap_engine.core.progress import SCORE_UNITS
+from pages import common, url_state
 
 st.set_page_config(page_title="GAP explorer", page_icon="✂️", layout="wide")
 
@@ -32,10 +32,7 @@ def apply_finished_jobs() -> None:
         if SCORE_UNITS not in snap["stage_seconds"]:  # nothing was measured: the cache had it
             text = f"Loss table loaded from the cache in {common.duration_text(snap['elapsed'])}: {shape} ({table.key})."
         else:
-            text = (
-                f"Loss table ready in {common.duration_text(snap['elapsed'])} ({common.stage_times_text(snap)}): "
-                f"{shape} ({table.key})."
-            )
+            text = f"Loss table ready in {common.duration_text(snap['elapsed'])} ({common.stage_times_text(snap)}): {shape} ({table.key})."
         common.set_message("setup", "success", text)
         # The Current table's Build time shows this same number, not the measurement alone.
         st.session_state.setdefault("app_table_job_seconds", {})[table.key] = snap["elapsed"]
@@ -47,7 +44,8 @@ def apply_finished_jobs() -> None:
     if job is not None and common.report_finished(job, "Prune and evaluate", "eval"):
         st.session_state["app_last_run"] = job.result
         common.set_message(
-            "eval", "success",
+            "eval",
+            "success",
             f"Run {job.result.run_id} finished in {common.duration_text(job.elapsed)} and was added to the history (plan {job.result.plan_hash}).",
         )
     job = common.unseen_finished("recover")

@@ -4,7 +4,7 @@ Starts ``streamlit run app.py`` on a loopback port with its own cache holding on
 table of SmolLM2-135M (30 layers, 60 components, 8 rates; built here with the fast taylor
 method on a few windows: the figure's size, not the table's accuracy, is what is timed),
 opens the Budget planner in headless Chromium and drags the budget chart's slider
-(explorer/budget_chart.js) across the rail, forwards and back, with the mouse button held.
+(pages/budget_chart.js) across the rail, forwards and back, with the mouse button held.
 
 Timed in the page (performance.now()):
 - client step: from the slider's ``input`` event (the pointer moved it; read in the
@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_browser import CHROMIUM, CHROMIUM_ARGS, link_models, start_app, stop_app  # noqa: E402
+from test_browser import CHROMIUM, CHROMIUM_ARGS, link_models, start_app, stop_app
 
-from gap_engine.plan.front_view import MAX_STEPS  # noqa: E402
+from gap_engine.plan.front_view import MAX_STEPS
 
 TARGET_MS = 100.0
 BENCH_SPEC = dict(data="wiki-sample", n_samples=2, seq_len=32, estimator="taylor", rate_grid=tuple(i / 8 for i in range(8)))
@@ -139,7 +139,9 @@ def server_steps(page, steps: int) -> list[float]:
         page.wait_for_function("() => !document.querySelector('.gap-budget').classList.contains('gap-budget-pending')")
         before = page.evaluate(READ_METRIC)
         rail = page.locator(".gap-budget-slider").bounding_box()
-        state = page.evaluate("() => { const s = document.querySelector('.gap-budget-slider'); return [Number(s.value), Number(s.min), Number(s.max)]; }")
+        state = page.evaluate(
+            "() => { const s = document.querySelector('.gap-budget-slider'); return [Number(s.value), Number(s.min), Number(s.max)]; }"
+        )
         at = (state[0] - state[1]) / (state[2] - state[1])
         y = rail["y"] + rail["height"] / 2
         page.mouse.move(rail["x"] + 8 + (rail["width"] - 16) * at, y)
@@ -148,8 +150,7 @@ def server_steps(page, steps: int) -> list[float]:
         started = time.perf_counter()
         page.mouse.up()
         page.wait_for_function(
-            "(before) => { const m = document.querySelector('[data-testid=\"stMetricValue\"]');"
-            " return m && m.textContent !== before; }",
+            "(before) => { const m = document.querySelector('[data-testid=\"stMetricValue\"]'); return m && m.textContent !== before; }",
             arg=before,
             timeout=30_000,
         )
@@ -203,7 +204,10 @@ def main() -> int:
         f"(at most {MAX_STEPS}), dragged over {args.positions} even pointer positions",
         f"- Chromium {version} headless, plotly.js {plotly_js_version()} from the plotly package; CPython {platform.python_version()}, "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs, load average "
-        + " ".join(f"{x:.2f}" for x in load_before) + " before the drags, " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " after",
+        + " ".join(f"{x:.2f}" for x in load_before)
+        + " before the drags, "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+        + " after",
         f"- {len(records)} slider steps timed ({args.sweeps} drags over the rail, mouse button held)",
         "",
         "| from a budget step to | median ms | p90 ms | max ms |",

@@ -17,22 +17,22 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
-import math  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
 
-import torch  # noqa: E402
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import machine_line, write_report  # noqa: E402
+from report import machine_line, write_report
 
-from gap_engine.core.config import WindowSpec  # noqa: E402
-from gap_engine.data.bos import bos_token_id, window_start  # noqa: E402
-from gap_engine.data.windows import batches, heldout_windows  # noqa: E402
-from gap_engine.model.loading import load_model  # noqa: E402
-from gap_engine.tables.cells import objective_per_window, objective_positions  # noqa: E402
+from gap_engine.core.config import WindowSpec
+from gap_engine.data.bos import bos_token_id, window_start
+from gap_engine.data.windows import batches, heldout_windows
+from gap_engine.model.loading import load_model
+from gap_engine.tables.cells import objective_per_window, objective_positions
 
 
 def perplexity(lm, windows: torch.Tensor, start: int, batch_size: int = 4) -> float:

@@ -17,27 +17,27 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
-import logging  # noqa: E402
-import math  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import logging
+import math
+import sys
+import time
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import add_eval_args, machine_line, write_report  # noqa: E402
+from report import add_eval_args, machine_line, write_report
 
-from gap_engine.core.config import QUICK_RATE_GRID, WindowSpec  # noqa: E402
-from gap_engine.data.windows import calibration_windows  # noqa: E402
-from gap_engine.evaluate.metrics import mean_nll  # noqa: E402
-from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.core.config import QUICK_RATE_GRID, WindowSpec
+from gap_engine.data.windows import calibration_windows
+from gap_engine.evaluate.metrics import mean_nll
+from gap_engine.model.loading import load_model
 from gap_engine.pipeline.compare import heldout_sets
 from gap_engine.pipeline.stages import loss_table, pruned_copy
-from gap_engine.plan.allocators import plan_from_table  # noqa: E402
-from gap_engine.prune.importance import compute_importance  # noqa: E402
-from gap_engine.tables.artefact import TableSpec, parse_rate_grid  # noqa: E402
+from gap_engine.plan.allocators import plan_from_table
+from gap_engine.prune.importance import compute_importance
+from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 
 log = logging.getLogger("bench_defaults")
 
@@ -102,7 +102,8 @@ def main(argv=None) -> int:
                     ppl[budget, source].append(result[source])
                 per_seed.append(
                     f"| {objective} | {n} x {t} | {seed} | {budget:.0%} | {plan.predicted_loss:.4f} | "
-                    + " | ".join(f"{result[s]:.3f}" for s in sources) + " |"
+                    + " | ".join(f"{result[s]:.3f}" for s in sources)
+                    + " |"
                 )
                 log.info(per_seed[-1])
         wall, cpu, load = (float(np.mean(x)) for x in zip(*builds))
@@ -127,7 +128,8 @@ def main(argv=None) -> int:
         "## Mean held-out perplexity over seeds",
         "",
         "| objective | windows x tokens | build wall | build CPU | load | "
-        + " | ".join(f"{b:.0%} {s}" for b in budgets for s in sources) + " |",
+        + " | ".join(f"{b:.0%} {s}" for b in budgets for s in sources)
+        + " |",
         "|---|---|---:|---:|---:|" + "---:|" * (len(budgets) * len(sources)),
         *rows,
         "",

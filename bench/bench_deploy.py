@@ -36,17 +36,27 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gap_engine.cli import main as gap  # noqa: E402
-from gap_engine.core.config import WindowSpec  # noqa: E402
-from gap_engine.core.fsutil import atomic_write_text  # noqa: E402
-from gap_engine.data.windows import heldout_windows  # noqa: E402
-from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.cli import main as gap
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.fsutil import atomic_write_text
+from gap_engine.data.windows import heldout_windows
+from gap_engine.model.loading import load_model
 
 log = logging.getLogger("bench_deploy")
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m"
-TABLE_ARGS = ["--estimator", "fisher", "--objective", "kl", "--samples", "16", "--seq-len", "256",
-              "--rates", "0,0.125,0.25,0.375,0.5,0.625,0.75,0.875"]
+TABLE_ARGS = [
+    "--estimator",
+    "fisher",
+    "--objective",
+    "kl",
+    "--samples",
+    "16",
+    "--seq-len",
+    "256",
+    "--rates",
+    "0,0.125,0.25,0.375,0.5,0.625,0.75,0.875",
+]
 PRUNE_ARGS = ["--samples", "16", "--seq-len", "256"]
 METRICS = ("prefill_cpu", "decode_cpu", "prefill_wall", "decode_wall")
 
@@ -99,8 +109,16 @@ def llama(path: Path, threads: int, logits_all: bool, n_ctx: int):
 
     # Flash attention, as llama.cpp's own CLI enables on CPU: without it llama.cpp pads every
     # layer's V cache to the widest layer's, undoing the KV savings of pruned layers.
-    return Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                 logits_all=logits_all, flash_attn=True, verbose=False)
+    return Llama(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=logits_all,
+        flash_attn=True,
+        verbose=False,
+    )
 
 
 def time_once(llm, prompt: list[int], decode_tokens: int) -> dict[str, float]:

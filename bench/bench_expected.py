@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import machine_line, write_report  # noqa: E402
+from report import machine_line, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
@@ -45,7 +45,7 @@ HEADER = "| work | runs | predicted | wall | CPU | predicted / wall | predicted 
 # GGUF builds of one checkpoint in one fresh process, each timed with the prediction taken just before it.
 GGUF_BUILDS = """
 import json, sys, time
-from gap_engine.deploy import gguf
+from gap_engine.export import gguf
 from gap_engine.pipeline.expected import gguf_seconds
 folder, outtype, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rows = []

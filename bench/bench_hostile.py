@@ -132,16 +132,32 @@ def build_fixtures(base: Path) -> None:
     from gap_engine.pipeline.stages import prune_with_plan
 
     tokenizer = load_model("smollm2-135m").tokenizer
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(base / "tiny-llama")
     tokenizer.save_pretrained(base / "tiny-llama")
-    dense = LoadedModel.from_transformers(AutoModelForCausalLM.from_pretrained(base / "tiny-llama", dtype=torch.float32), tokenizer, "tiny-llama", "config")
+    dense = LoadedModel.from_transformers(
+        AutoModelForCausalLM.from_pretrained(base / "tiny-llama", dtype=torch.float32), tokenizer, "tiny-llama", "config"
+    )
     (base / "tiny-llama.fingerprint").write_text(dense.fingerprint)
-    for name, make in (("ck", lambda lm: uniform_plan(lm, 0.5, "magnitude")), ("dp", lambda lm: make_plan(lm, [0.5, 0.0], [0.5, 0.25], "magnitude", allocator="dp"))):
-        lm = LoadedModel.from_transformers(AutoModelForCausalLM.from_pretrained(base / "tiny-llama", dtype=torch.float32), tokenizer, "tiny-llama", "config")
+    for name, make in (
+        ("ck", lambda lm: uniform_plan(lm, 0.5, "magnitude")),
+        ("dp", lambda lm: make_plan(lm, [0.5, 0.0], [0.5, 0.25], "magnitude", allocator="dp")),
+    ):
+        lm = LoadedModel.from_transformers(
+            AutoModelForCausalLM.from_pretrained(base / "tiny-llama", dtype=torch.float32), tokenizer, "tiny-llama", "config"
+        )
         plan = make(lm)
         result = prune_with_plan(lm, plan, WindowSpec(n_samples=2, seq_len=16))
         save_pruned(lm, plan, result.kept_indices(), base / name)
@@ -203,8 +219,16 @@ TABLE_VALUES = {
     "smoothed": ["x", [[0.0, -1.0]] * 4, [[0.0, 0.1]] * 5, [[0.0, "BIG"]] * 4],
     "removed": [None, [[0, 1e30]] * 4, [[0, 0.5]] * 4, [[0, -1]] * 4, [[0, "BIG"]] * 4, "x", [[0, 4000]] * 3],
     "cell_objective": [None, [[0.0, "x"]] * 4, [[0.0, "INF"]] * 4, [1, 2]],
-    "components": [None, [[0, "attn"]] * 4, [[0.7, "attn"], [0, "mlp"], [1, "attn"], [1, "mlp"]], [[0, "x"], [0, "mlp"], [1, "attn"], [1, "mlp"]],
-                   [[5, "attn"], [0, "mlp"], [1, "attn"], [1, "mlp"]], [["BIG", "attn"], [0, "mlp"], [1, "attn"], [1, "mlp"]], "x", [[0], [0], [1], [1]]],
+    "components": [
+        None,
+        [[0, "attn"]] * 4,
+        [[0.7, "attn"], [0, "mlp"], [1, "attn"], [1, "mlp"]],
+        [[0, "x"], [0, "mlp"], [1, "attn"], [1, "mlp"]],
+        [[5, "attn"], [0, "mlp"], [1, "attn"], [1, "mlp"]],
+        [["BIG", "attn"], [0, "mlp"], [1, "attn"], [1, "mlp"]],
+        "x",
+        [[0], [0], [1], [1]],
+    ],
     "rate_grid": [None, [0.0], "x", [0.0, 0.9], [0.0, "x"]],
     "spec": [None, "x", {"seq_len": 10**9}, {"n_samples": "2"}, {"seed": -1}, {"seq_len": "BIG"}],
     "measured": [[[2, 1]] * 4, [[{"a": 1}, True]] * 4, [["BIG", True]] * 4, [[0.5, True]] * 4, "x"],
@@ -246,11 +270,29 @@ def table_cases() -> list[Case]:
                     "report": ["report", "--table", "{d}/t.json", "--budget", "0.2", "--out", "{d}/out/r.html"],
                 }[command]
                 cases.append(Case(f"table {field_name}={str(value)[:30]} ({command})", "tables", argv, write("t.json", text)))
-    bombs = {"nested-200k": "[" * DEEP + "]" * DEEP, "truncated": json.dumps(table_dict())[:-30], "not-utf8": b"\xff" + json.dumps(table_dict()).encode(),
-             "empty": "", "a-list": "[1, 2]", "null": "null", "nul-bytes": "{\x00}", "yaml-in-json": "a: [b"}
+    bombs = {
+        "nested-200k": "[" * DEEP + "]" * DEEP,
+        "truncated": json.dumps(table_dict())[:-30],
+        "not-utf8": b"\xff" + json.dumps(table_dict()).encode(),
+        "empty": "",
+        "a-list": "[1, 2]",
+        "null": "null",
+        "nul-bytes": "{\x00}",
+        "yaml-in-json": "a: [b",
+    }
     for name, text in bombs.items():
-        cases.append(Case(f"table file {name}", "tables", ["front", "--table", "{d}/t.json", "--out", "{d}/out/f.csv"], write("t.json", text)))
-    cases.append(Case("table control (valid)", "tables", ["front", "--table", "{d}/t.json", "--out", "{d}/out/f.csv"], write("t.json", _table_text("extras", {})), expect="ok"))
+        cases.append(
+            Case(f"table file {name}", "tables", ["front", "--table", "{d}/t.json", "--out", "{d}/out/f.csv"], write("t.json", text))
+        )
+    cases.append(
+        Case(
+            "table control (valid)",
+            "tables",
+            ["front", "--table", "{d}/t.json", "--out", "{d}/out/f.csv"],
+            write("t.json", _table_text("extras", {})),
+            expect="ok",
+        )
+    )
     return cases
 
 
@@ -275,7 +317,14 @@ def plan_cases() -> list[Case]:
         for value in values:
             data = plan_dict() | {field_name: value}
             text = json.dumps(data).replace('"BIG"', BIG_INT).replace('"INF"', "1e999")
-            cases.append(Case(f"plan {field_name}={str(value)[:30]}", "plans", [a.replace("{file}", "plan.json") for a in argv], write("plan.json", text)))
+            cases.append(
+                Case(
+                    f"plan {field_name}={str(value)[:30]}",
+                    "plans",
+                    [a.replace("{file}", "plan.json") for a in argv],
+                    write("plan.json", text),
+                )
+            )
     fields_yaml = lambda skip: "\n".join(f"{k}: {json.dumps(v)}" for k, v in plan_dict().items() if k != skip)  # noqa: E731
     yaml_lines = {
         "created 2024-02-30": ("created", "created: 2024-02-30"),
@@ -301,7 +350,15 @@ def plan_cases() -> list[Case]:
     for name, (skip, line) in yaml_lines.items():
         text = line + "\n" + fields_yaml(skip) + "\n"
         cases.append(Case(f"plan.yaml {name}", "plans", [a.replace("{file}", "plan.yaml") for a in argv], write("plan.yaml", text)))
-    cases.append(Case("plan control (valid)", "plans", [a.replace("{file}", "plan.json") for a in argv], write("plan.json", json.dumps(plan_dict())), expect="ok"))
+    cases.append(
+        Case(
+            "plan control (valid)",
+            "plans",
+            [a.replace("{file}", "plan.json") for a in argv],
+            write("plan.json", json.dumps(plan_dict())),
+            expect="ok",
+        )
+    )
     return cases
 
 
@@ -318,7 +375,10 @@ def option_cases() -> list[Case]:
         "prune no rate": (["prune", *model, "--out", "{d}/o"], None),
         "prune two rates": (["prune", *model, "--uniform", "0.1", "--budget", "0.1", "--out", "{d}/o"], None),
         "prune --channel-multiple 0": (["prune", *model, "--uniform", "0.1", "--channel-multiple", "0", "--out", "{d}/o"], None),
-        "prune --channel-multiple huge": (["prune", *model, "--uniform", "0.1", "--channel-multiple", "99999999999", "--out", "{d}/o"], None),
+        "prune --channel-multiple huge": (
+            ["prune", *model, "--uniform", "0.1", "--channel-multiple", "99999999999", "--out", "{d}/o"],
+            None,
+        ),
         "prune --rounds 0": (["prune", *model, "--budget", "0.1", "--rounds", "0", "--out", "{d}/o"], None),
         "prune --rounds 999": (["prune", *model, "--budget", "0.1", "--rounds", "999", "--out", "{d}/o"], None),
         "prune --seq-len 1": (["prune", *model, "--uniform", "0.1", "--seq-len", "1", "--out", "{d}/o"], None),
@@ -347,12 +407,27 @@ def option_cases() -> list[Case]:
         "plan --budget x": (["plan", *t, "--budget", "x", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"], table_file),
         "plan --keep-params 0": (["plan", *t, "--keep-params", "0", "--out", "{d}/p.json"], table_file),
         "plan --keep-params and --budget": (["plan", *t, "--keep-params", "5", "--budget", "0.2", "--out", "{d}/p.json"], table_file),
-        "plan --lock 99": (["plan", *t, "--budget", "0.2", "--lock", "99", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"], table_file),
+        "plan --lock 99": (
+            ["plan", *t, "--budget", "0.2", "--lock", "99", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"],
+            table_file,
+        ),
         "plan --lock x": (["plan", *t, "--budget", "0.2", "--lock", "x", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"], table_file),
-        "plan --lock 0:2": (["plan", *t, "--budget", "0.2", "--lock", "0:2", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"], table_file),
-        "plan --lock 0.5": (["plan", *t, "--budget", "0.2", "--lock", "0.5", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"], table_file),
-        "plan --min-rate > --max-rate": (["plan", *t, "--budget", "0.2", "--min-rate", "0.5", "--max-rate", "0.1", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"], table_file),
-        "plan --max-rate x": (["plan", *t, "--budget", "0.2", "--max-rate", "x", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"], table_file),
+        "plan --lock 0:2": (
+            ["plan", *t, "--budget", "0.2", "--lock", "0:2", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"],
+            table_file,
+        ),
+        "plan --lock 0.5": (
+            ["plan", *t, "--budget", "0.2", "--lock", "0.5", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"],
+            table_file,
+        ),
+        "plan --min-rate > --max-rate": (
+            ["plan", *t, "--budget", "0.2", "--min-rate", "0.5", "--max-rate", "0.1", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"],
+            table_file,
+        ),
+        "plan --max-rate x": (
+            ["plan", *t, "--budget", "0.2", "--max-rate", "x", "--model", "{fx}/tiny-llama", "--out", "{d}/p.json"],
+            table_file,
+        ),
         "plan for another model": (["plan", *t, "--budget", "0.2", "--model", "{fx}/ck", "--out", "{d}/p.json"], table_file),
         "front --n-buckets 0": (["front", *t, "--n-buckets", "0", "--out", "{d}/f.csv"], table_file),
         "front --n-buckets 10^9": (["front", *t, "--n-buckets", "1000000000", "--out", "{d}/f.csv"], table_file),
@@ -377,11 +452,23 @@ def option_cases() -> list[Case]:
         "recover --steps 0": (["recover", "--model", "{fx}/ck", "--method", "mezo", "--steps", "0", "--out", "{d}/r"], None),
         "recover --steps -1": (["recover", "--model", "{fx}/ck", "--method", "mezo", "--steps", "-1", "--out", "{d}/r"], None),
         "recover --lr nan": (["recover", "--model", "{fx}/ck", "--method", "mezo", "--steps", "1", "--lr", "nan", "--out", "{d}/r"], None),
-        "recover --split heldout": (["recover", "--model", "{fx}/ck", "--method", "mezo", "--steps", "1", "--split", "heldout", "--out", "{d}/r"], None),
+        "recover --split heldout": (
+            ["recover", "--model", "{fx}/ck", "--method", "mezo", "--steps", "1", "--split", "heldout", "--out", "{d}/r"],
+            None,
+        ),
         "recover --rank 0": (["recover", "--model", "{fx}/ck", "--method", "lora", "--steps", "1", "--rank", "0", "--out", "{d}/r"], None),
-        "recover --mask-fraction 2": (["recover", "--model", "{fx}/ck", "--method", "mazo", "--steps", "1", "--mask-fraction", "2", "--out", "{d}/r"], None),
-        "recover --targets x_proj": (["recover", "--model", "{fx}/ck", "--method", "lora", "--steps", "1", "--targets", "x_proj", "--out", "{d}/r"], None),
-        "recover --time-budget -1": (["recover", "--model", "{fx}/ck", "--method", "mezo", "--steps", "1", "--time-budget", "-1", "--out", "{d}/r"], None),
+        "recover --mask-fraction 2": (
+            ["recover", "--model", "{fx}/ck", "--method", "mazo", "--steps", "1", "--mask-fraction", "2", "--out", "{d}/r"],
+            None,
+        ),
+        "recover --targets x_proj": (
+            ["recover", "--model", "{fx}/ck", "--method", "lora", "--steps", "1", "--targets", "x_proj", "--out", "{d}/r"],
+            None,
+        ),
+        "recover --time-budget -1": (
+            ["recover", "--model", "{fx}/ck", "--method", "mezo", "--steps", "1", "--time-budget", "-1", "--out", "{d}/r"],
+            None,
+        ),
         "unknown command": (["frobnicate"], None),
         "unknown option": (["front", "--tabel", "x"], None),
         "cache rm absent key": (["cache", "rm", "no-such-key"], None),
@@ -391,14 +478,30 @@ def option_cases() -> list[Case]:
 
 
 def _eval(folder: str) -> list:
-    return ["eval", "--model", folder, "--no-dense", "--no-throughput", "--generations", "0", "--data", "news-sample", "--samples", "2", "--seq-len", "16"]
+    return [
+        "eval",
+        "--model",
+        folder,
+        "--no-dense",
+        "--no-throughput",
+        "--generations",
+        "0",
+        "--data",
+        "news-sample",
+        "--samples",
+        "2",
+        "--seq-len",
+        "16",
+    ]
 
 
 def checkpoint_cases() -> list[Case]:
     edits = {
         "config kv 0": edit_json("ck/config.json", lambda c: c.update(num_key_value_heads=0)),
         "config layer heads text": edit_json("ck/config.json", lambda c: c["per_layer_config"]["0"].update(num_attention_heads="two")),
-        "config layer heads 400 digits": edit_json("ck/config.json", lambda c: json.dumps(c).replace('"num_attention_heads": 2', '"num_attention_heads": ' + BIG_INT, 1)),
+        "config layer heads 400 digits": edit_json(
+            "ck/config.json", lambda c: json.dumps(c).replace('"num_attention_heads": 2', '"num_attention_heads": ' + BIG_INT, 1)
+        ),
         "config layers 3": edit_json("ck/config.json", lambda c: c.update(num_hidden_layers=3)),
         "config model_type list": edit_json("ck/config.json", lambda c: c.update(model_type=["llama"])),
         "config model_type bert": edit_json("ck/config.json", lambda c: c.update(model_type="bert")),
@@ -412,7 +515,9 @@ def checkpoint_cases() -> list[Case]:
         "marker base_model list": edit_json("ck/gap_pruned.json", lambda m: m.update(base_model=["a"] * 5)),
         "marker base_model newline": edit_json("ck/gap_pruned.json", lambda m: m.update(base_model="a\nb")),
         "marker format 2": edit_json("ck/gap_pruned.json", lambda m: m.update(format_version=2)),
-        "marker format 400 digits": edit_json("ck/gap_pruned.json", lambda m: json.dumps(m).replace('"format_version": 1', '"format_version": ' + BIG_INT)),
+        "marker format 400 digits": edit_json(
+            "ck/gap_pruned.json", lambda m: json.dumps(m).replace('"format_version": 1', '"format_version": ' + BIG_INT)
+        ),
         "marker fingerprint wrong": edit_json("ck/gap_pruned.json", lambda m: m.update(fingerprint="0" * 16)),
         "marker param_count -1": edit_json("ck/gap_pruned.json", lambda m: m.update(param_count=-1)),
         "marker a FIFO": fifo("ck/gap_pruned.json"),
@@ -428,25 +533,60 @@ def checkpoint_cases() -> list[Case]:
         "tokenizer_config a FIFO": fifo("ck/tokenizer_config.json"),
         "plan.json nested": write("ck/plan.json", "[" * DEEP + "]" * DEEP),
         "plan.json a FIFO": fifo("ck/plan.json"),
-        "a socket-like device link": lambda d: (d / "ck/model.safetensors").unlink() or (d / "ck/model.safetensors").symlink_to("/dev/zero"),
+        "a socket-like device link": lambda d: (
+            (d / "ck/model.safetensors").unlink() or (d / "ck/model.safetensors").symlink_to("/dev/zero")
+        ),
     }
-    cases = [Case(f"checkpoint {name} (eval)", "checkpoints", _eval("{d}/ck"), both(copy_fixture("ck"), edit)) for name, edit in edits.items()]
+    cases = [
+        Case(f"checkpoint {name} (eval)", "checkpoints", _eval("{d}/ck"), both(copy_fixture("ck"), edit)) for name, edit in edits.items()
+    ]
     kept = {
-        "nested 200k": "[" * DEEP + "]" * DEEP, "not utf8": b"\xff\xfe{}", "a list": "[1]", "truncated": '{"kept_heads": [[0, 1]',
+        "nested 200k": "[" * DEEP + "]" * DEEP,
+        "not utf8": b"\xff\xfe{}",
+        "a list": "[1]",
+        "truncated": '{"kept_heads": [[0, 1]',
         "index text": json.dumps({"kept_kv_heads": [["a"]], "kept_heads": [[0]], "kept_channels": [[0]]}),
         "index 400 digits": '{"kept_kv_heads": [[' + BIG_INT + ']], "kept_heads": [[0]], "kept_channels": [[0]]}',
         "index fraction": json.dumps({"kept_kv_heads": [[0.5]], "kept_heads": [[0]], "kept_channels": [[0]]}),
         "index repeated": json.dumps({"kept_kv_heads": [[0, 0]], "kept_heads": [[0]], "kept_channels": [[0]]}),
     }
     for name, content in kept.items():
-        cases.append(Case(f"checkpoint kept_indices {name} (export hf)", "checkpoints", ["export", "{d}/ck", "--format", "hf", "--out", "{d}/out"], both(copy_fixture("ck"), write("ck/kept_indices.json"[0:], content))))
-    cases.append(Case("checkpoint kept_indices a FIFO (export hf)", "checkpoints", ["export", "{d}/ck", "--format", "hf", "--out", "{d}/out"], both(copy_fixture("ck"), fifo("ck/kept_indices.json"))))
+        cases.append(
+            Case(
+                f"checkpoint kept_indices {name} (export hf)",
+                "checkpoints",
+                ["export", "{d}/ck", "--format", "hf", "--out", "{d}/out"],
+                both(copy_fixture("ck"), write("ck/kept_indices.json"[0:], content)),
+            )
+        )
+    cases.append(
+        Case(
+            "checkpoint kept_indices a FIFO (export hf)",
+            "checkpoints",
+            ["export", "{d}/ck", "--format", "hf", "--out", "{d}/out"],
+            both(copy_fixture("ck"), fifo("ck/kept_indices.json")),
+        )
+    )
     for name, edit in list(edits.items())[:12]:
-        cases.append(Case(f"checkpoint {name} (export gguf)", "checkpoints", ["export", "{d}/ck", "--out", "{d}/m.gguf"], both(copy_fixture("ck"), edit)))
+        cases.append(
+            Case(
+                f"checkpoint {name} (export gguf)",
+                "checkpoints",
+                ["export", "{d}/ck", "--out", "{d}/m.gguf"],
+                both(copy_fixture("ck"), edit),
+            )
+        )
     cases.append(Case("checkpoint control (eval)", "checkpoints", _eval("{d}/ck"), copy_fixture("ck"), expect="ok"))
     cases.append(Case("dp checkpoint control (eval)", "checkpoints", _eval("{d}/dp"), copy_fixture("dp"), expect="ok"))
-    cases.append(Case("checkpoint base_model a hub id (eval, dense reference local only)", "checkpoints", _eval("{d}/ck")[:3] + _eval("{d}/ck")[4:],
-                      both(copy_fixture("ck"), edit_json("ck/gap_pruned.json", lambda m: m.update(base_model="some-org/some-model"))), expect="ok"))
+    cases.append(
+        Case(
+            "checkpoint base_model a hub id (eval, dense reference local only)",
+            "checkpoints",
+            _eval("{d}/ck")[:3] + _eval("{d}/ck")[4:],
+            both(copy_fixture("ck"), edit_json("ck/gap_pruned.json", lambda m: m.update(base_model="some-org/some-model"))),
+            expect="ok",
+        )
+    )
     return cases
 
 
@@ -467,12 +607,37 @@ def text_cases() -> list[Case]:
     }
     cases = []
     for name, (file_name, content) in files.items():
-        argv = ["table", "--model", "{fx}/tiny-llama", "--data", "{d}/" + file_name, "--estimator", "fisher", "--samples", "2", "--seq-len", "16", "--rates", "0,0.5", "--no-cache", "--out", "{d}/out/t.json"]
+        argv = [
+            "table",
+            "--model",
+            "{fx}/tiny-llama",
+            "--data",
+            "{d}/" + file_name,
+            "--estimator",
+            "fisher",
+            "--samples",
+            "2",
+            "--seq-len",
+            "16",
+            "--rates",
+            "0,0.5",
+            "--no-cache",
+            "--out",
+            "{d}/out/t.json",
+        ]
         cases.append(Case(f"text {name}", "texts", argv, write(file_name, content)))
     specs = {
-        "x::train": "x::train", "unknown name": "wikipedia-full", "missing txt": "{d}/absent.txt", "a folder .txt": "{d}/folder.txt",
-        "FIFO .txt": "{d}/pipe.txt", "FIFO .jsonl": "{d}/pipe.jsonl", "/dev/zero as .txt link": "{d}/zero.txt", "split with slash": "a:b:c/d",
-        "empty spec": "", "only commas": ",,,", "hub dataset offline": "someone/data::test",
+        "x::train": "x::train",
+        "unknown name": "wikipedia-full",
+        "missing txt": "{d}/absent.txt",
+        "a folder .txt": "{d}/folder.txt",
+        "FIFO .txt": "{d}/pipe.txt",
+        "FIFO .jsonl": "{d}/pipe.jsonl",
+        "/dev/zero as .txt link": "{d}/zero.txt",
+        "split with slash": "a:b:c/d",
+        "empty spec": "",
+        "only commas": ",,,",
+        "hub dataset offline": "someone/data::test",
     }
 
     def prepare_specials(d: Path) -> None:
@@ -484,9 +649,36 @@ def text_cases() -> list[Case]:
     for name, spec in specs.items():
         for command in ("table", "eval"):
             if command == "table":
-                argv = ["table", "--model", "{fx}/tiny-llama", "--data", spec, "--samples", "2", "--seq-len", "16", "--no-cache", "--out", "{d}/out/t.json"]
+                argv = [
+                    "table",
+                    "--model",
+                    "{fx}/tiny-llama",
+                    "--data",
+                    spec,
+                    "--samples",
+                    "2",
+                    "--seq-len",
+                    "16",
+                    "--no-cache",
+                    "--out",
+                    "{d}/out/t.json",
+                ]
             else:
-                argv = ["eval", "--model", "{fx}/ck", "--data", spec, "--samples", "2", "--seq-len", "16", "--no-dense", "--no-throughput", "--generations", "0"]
+                argv = [
+                    "eval",
+                    "--model",
+                    "{fx}/ck",
+                    "--data",
+                    spec,
+                    "--samples",
+                    "2",
+                    "--seq-len",
+                    "16",
+                    "--no-dense",
+                    "--no-throughput",
+                    "--generations",
+                    "0",
+                ]
             cases.append(Case(f"text spec {name} ({command})", "texts", argv, prepare_specials))
     return cases
 
@@ -495,34 +687,98 @@ def output_cases() -> list[Case]:
     table_file = write("t.json", _table_text("extras", {}))
     text_file = write("docs.txt", "one document about pruning\n\nanother document about pruning\n")
     raw = {
-        "plan --out = --table": (["plan", "--table", "{d}/t.json", "--budget", "0.2", "--model", "{fx}/tiny-llama", "--out", "{d}/t.json"], table_file, None),
+        "plan --out = --table": (
+            ["plan", "--table", "{d}/t.json", "--budget", "0.2", "--model", "{fx}/tiny-llama", "--out", "{d}/t.json"],
+            table_file,
+            None,
+        ),
         "front --out = --table": (["front", "--table", "{d}/t.json", "--out", "{d}/t.json"], table_file, None),
         "report --out = --table": (["report", "--table", "{d}/t.json", "--budget", "0.2", "--out", "{d}/t.json"], table_file, None),
-        "report --out = --plan": (["report", "--table", "{d}/t.json", "--plan", "{d}/p.json", "--out", "{d}/p.json"], both(table_file, write("p.json", json.dumps(plan_dict()))), None),
-        "prune --out = --model": (["prune", "--model", "{d}/ck", "--uniform", "0.3", "--criterion", "magnitude", "--out", "{d}/ck"], copy_fixture("ck"), None),
-        "prune --out . in the model": (["prune", "--model", ".", "--uniform", "0.3", "--criterion", "magnitude", "--out", "."], copy_fixture("ck"), "ck"),
-        "prune --out holds the model": (["prune", "--model", "{d}/ck", "--uniform", "0.3", "--criterion", "magnitude", "--out", "{d}"], copy_fixture("ck"), None),
-        "prune --out inside the model": (["prune", "--model", "{d}/ck", "--uniform", "0.3", "--criterion", "magnitude", "--out", "{d}/ck/sub"], copy_fixture("ck"), None),
-        "prune --out = --plan": (["prune", "--model", "{fx}/tiny-llama", "--plan", "{d}/p.json", "--out", "{d}/p.json"], write("p.json", json.dumps(plan_dict())), None),
-        "prune --out a link to the model": (["prune", "--model", "{d}/ck", "--uniform", "0.3", "--criterion", "magnitude", "--out", "{d}/link"], both(copy_fixture("ck"), lambda d: (d / "link").symlink_to(d / "ck")), None),
+        "report --out = --plan": (
+            ["report", "--table", "{d}/t.json", "--plan", "{d}/p.json", "--out", "{d}/p.json"],
+            both(table_file, write("p.json", json.dumps(plan_dict()))),
+            None,
+        ),
+        "prune --out = --model": (
+            ["prune", "--model", "{d}/ck", "--uniform", "0.3", "--criterion", "magnitude", "--out", "{d}/ck"],
+            copy_fixture("ck"),
+            None,
+        ),
+        "prune --out . in the model": (
+            ["prune", "--model", ".", "--uniform", "0.3", "--criterion", "magnitude", "--out", "."],
+            copy_fixture("ck"),
+            "ck",
+        ),
+        "prune --out holds the model": (
+            ["prune", "--model", "{d}/ck", "--uniform", "0.3", "--criterion", "magnitude", "--out", "{d}"],
+            copy_fixture("ck"),
+            None,
+        ),
+        "prune --out inside the model": (
+            ["prune", "--model", "{d}/ck", "--uniform", "0.3", "--criterion", "magnitude", "--out", "{d}/ck/sub"],
+            copy_fixture("ck"),
+            None,
+        ),
+        "prune --out = --plan": (
+            ["prune", "--model", "{fx}/tiny-llama", "--plan", "{d}/p.json", "--out", "{d}/p.json"],
+            write("p.json", json.dumps(plan_dict())),
+            None,
+        ),
+        "prune --out a link to the model": (
+            ["prune", "--model", "{d}/ck", "--uniform", "0.3", "--criterion", "magnitude", "--out", "{d}/link"],
+            both(copy_fixture("ck"), lambda d: (d / "link").symlink_to(d / "ck")),
+            None,
+        ),
         "export gguf --out in the checkpoint": (["export", "{d}/ck", "--out", "{d}/ck/model.safetensors"], copy_fixture("ck"), None),
         "export gguf --out = checkpoint": (["export", "{d}/ck", "--out", "{d}/ck"], copy_fixture("ck"), None),
         "export hf --out = checkpoint": (["export", "{d}/ck", "--format", "hf", "--out", "{d}/ck"], copy_fixture("ck"), None),
         "export hf --out holds checkpoint": (["export", "{d}/ck", "--format", "hf", "--out", "{d}"], copy_fixture("ck"), None),
-        "recover --out = --model": (["recover", "--model", "{d}/ck", "--method", "mezo", "--steps", "1", "--out", "{d}/ck"], copy_fixture("ck"), None),
-        "recover --out inside --model": (["recover", "--model", "{d}/ck", "--method", "mezo", "--steps", "1", "--out", "{d}/ck/r"], copy_fixture("ck"), None),
-        "recover OUT.partial = --model": (["recover", "--model", "{d}/r.partial", "--method", "mezo", "--steps", "1", "--out", "{d}/r"], copy_fixture("ck", "r.partial"), None),
-        "table --out = --data": (["table", "--model", "{fx}/tiny-llama", "--data", "{d}/docs.txt", "--samples", "2", "--seq-len", "16", "--out", "{d}/docs.txt"], text_file, None),
-        "table --out in the model": (["table", "--model", "{d}/ck", "--samples", "2", "--seq-len", "16", "--out", "{d}/ck/t.json"], copy_fixture("ck"), None),
-        "compare --out = --table": (["compare", "--model", "{fx}/tiny-llama", "--table", "{d}/t.json", "--out", "{d}/t.json"], table_file, None),
+        "recover --out = --model": (
+            ["recover", "--model", "{d}/ck", "--method", "mezo", "--steps", "1", "--out", "{d}/ck"],
+            copy_fixture("ck"),
+            None,
+        ),
+        "recover --out inside --model": (
+            ["recover", "--model", "{d}/ck", "--method", "mezo", "--steps", "1", "--out", "{d}/ck/r"],
+            copy_fixture("ck"),
+            None,
+        ),
+        "recover OUT.partial = --model": (
+            ["recover", "--model", "{d}/r.partial", "--method", "mezo", "--steps", "1", "--out", "{d}/r"],
+            copy_fixture("ck", "r.partial"),
+            None,
+        ),
+        "table --out = --data": (
+            ["table", "--model", "{fx}/tiny-llama", "--data", "{d}/docs.txt", "--samples", "2", "--seq-len", "16", "--out", "{d}/docs.txt"],
+            text_file,
+            None,
+        ),
+        "table --out in the model": (
+            ["table", "--model", "{d}/ck", "--samples", "2", "--seq-len", "16", "--out", "{d}/ck/t.json"],
+            copy_fixture("ck"),
+            None,
+        ),
+        "compare --out = --table": (
+            ["compare", "--model", "{fx}/tiny-llama", "--table", "{d}/t.json", "--out", "{d}/t.json"],
+            table_file,
+            None,
+        ),
         "front --out /dev/null": (["front", "--table", "{d}/t.json", "--out", "/dev/null"], table_file, None),
         "front --out a FIFO": (["front", "--table", "{d}/t.json", "--out", "{d}/pipe"], both(table_file, fifo("pipe")), None),
         "front --out under a file": (["front", "--table", "{d}/t.json", "--out", "{d}/t.json/f.csv"], table_file, None),
         "front --out a folder": (["front", "--table", "{d}/t.json", "--out", "{d}"], table_file, None),
         "front --out blank": (["front", "--table", "{d}/t.json", "--out", " "], table_file, None),
         "front --out /proc": (["front", "--table", "{d}/t.json", "--out", "/proc/gap-bench/f.csv"], table_file, None),
-        "prune --out a foreign folder": (["prune", "--model", "{fx}/tiny-llama", "--uniform", "0.1", "--criterion", "magnitude", "--out", "{d}/thesis"], write("thesis/thesis.tex", "precious"), None),
-        "prune --out an existing file": (["prune", "--model", "{fx}/tiny-llama", "--uniform", "0.1", "--criterion", "magnitude", "--out", "{d}/notes.txt"], write("notes.txt", "keep"), None),
+        "prune --out a foreign folder": (
+            ["prune", "--model", "{fx}/tiny-llama", "--uniform", "0.1", "--criterion", "magnitude", "--out", "{d}/thesis"],
+            write("thesis/thesis.tex", "precious"),
+            None,
+        ),
+        "prune --out an existing file": (
+            ["prune", "--model", "{fx}/tiny-llama", "--uniform", "0.1", "--criterion", "magnitude", "--out", "{d}/notes.txt"],
+            write("notes.txt", "keep"),
+            None,
+        ),
     }
     return [Case(name, "outputs", argv, prepare, cwd=cwd) for name, (argv, prepare, cwd) in raw.items()]
 
@@ -530,26 +786,43 @@ def output_cases() -> list[Case]:
 def environment_cases() -> list[Case]:
     cases = []
     commands = {
-        "models": ["models"], "cache ls": ["cache", "ls"],
+        "models": ["models"],
+        "cache ls": ["cache", "ls"],
         "table": ["table", "--model", "{fx}/tiny-llama", "--samples", "2", "--seq-len", "16", "--out", "{d}/t.json"],
         "eval builtin": ["eval", "--model", "smollm2-135m", "--samples", "2", "--seq-len", "16"],
         "report --run": ["report", "--table", "{d}/absent.json", "--run", "1", "--out", "{d}/r.html"],
     }
-    for where, value, prepare in (("a file", "{d}/cachefile", write("cachefile", "x")), ("under a file", "{d}/cachefile/sub", write("cachefile", "x")),
-                                  ("a FIFO", "{d}/cachefifo", fifo("cachefifo"))):
+    for where, value, prepare in (
+        ("a file", "{d}/cachefile", write("cachefile", "x")),
+        ("under a file", "{d}/cachefile/sub", write("cachefile", "x")),
+        ("a FIFO", "{d}/cachefifo", fifo("cachefifo")),
+    ):
         for name, argv in commands.items():
             cases.append(Case(f"GAP_CACHE_DIR {where} ({name})", "environment", argv, prepare, env={"GAP_CACHE_DIR": value}))
-    hub = {"hub id offline (table)": ["table", "--model", "nobody-here/no-such-model", "--samples", "2", "--seq-len", "16", "--out", "{d}/t.json"],
-           "hub id offline (eval)": ["eval", "--model", "nobody-here/no-such-model"],
-           "hub id malformed": ["eval", "--model", "bad id/x y"],
-           "unknown builtin smollm2-153m": ["table", "--model", "smollm2-153m", "--samples", "2", "--seq-len", "16", "--out", "{d}/t.json"],
-           "gguf file absent": ["eval", "--model", "{d}/absent.gguf"],
-           "model a FIFO": ["eval", "--model", "{d}/pipe"],
-           "model /dev/zero": ["eval", "--model", "/dev/zero"],
-           "model a folder without config": ["eval", "--model", "{d}"]}
+    hub = {
+        "hub id offline (table)": [
+            "table",
+            "--model",
+            "nobody-here/no-such-model",
+            "--samples",
+            "2",
+            "--seq-len",
+            "16",
+            "--out",
+            "{d}/t.json",
+        ],
+        "hub id offline (eval)": ["eval", "--model", "nobody-here/no-such-model"],
+        "hub id malformed": ["eval", "--model", "bad id/x y"],
+        "unknown builtin smollm2-153m": ["table", "--model", "smollm2-153m", "--samples", "2", "--seq-len", "16", "--out", "{d}/t.json"],
+        "gguf file absent": ["eval", "--model", "{d}/absent.gguf"],
+        "model a FIFO": ["eval", "--model", "{d}/pipe"],
+        "model /dev/zero": ["eval", "--model", "/dev/zero"],
+        "model a folder without config": ["eval", "--model", "{d}"],
+    }
     for name, argv in hub.items():
         cases.append(Case(name, "environment", argv, fifo("pipe") if "FIFO" in name else None, env={"HF_HUB_OFFLINE": "1"}))
     for name, argv in (("converted copy a FIFO (models)", ["models"]), ("converted copy a FIFO (models --verify)", ["models", "--verify"])):
+
         def prepare(d: Path) -> None:
             folder = d / "cache" / "models" / "smollm2-135m"
             folder.mkdir(parents=True)
@@ -565,73 +838,223 @@ def disk_cases() -> list[Case]:
     small = 512  # a table, front or report file is a few kB
     raw = {
         "prune": (["prune", "--model", "{fx}/tiny-llama", "--uniform", "0.5", "--criterion", "magnitude", "--out", "{d}/out/pruned"], None),
-        "prune dp checkpoint again": (["prune", "--model", "{fx}/dp", "--uniform", "0.2", "--criterion", "magnitude", "--out", "{d}/out/pruned"], None),
+        "prune dp checkpoint again": (
+            ["prune", "--model", "{fx}/dp", "--uniform", "0.2", "--criterion", "magnitude", "--out", "{d}/out/pruned"],
+            None,
+        ),
         "export hf": (["export", "{fx}/ck", "--format", "hf", "--dtype", "float32", "--out", "{d}/out/hf"], None),
         "export gguf": (["export", "{fx}/ck", "--out", "{d}/out/m.gguf"], None),
-        "recover": (["recover", "--model", "{fx}/ck", "--method", "mezo", "--steps", "1", "--data", "news-sample", "--seq-len", "16", "--batch-size", "1",
-                     "--pool-windows", "2", "--no-eval-before", "--no-dense", "--no-history", "--eval-samples", "1", "--eval-seq-len", "16",
-                     "--generations", "0", "--out", "{d}/out/rec"], None),
-        "table": (["table", "--model", "{fx}/tiny-llama", "--estimator", "fisher", "--samples", "2", "--seq-len", "16", "--rates", "0,0.5", "--no-cache", "--out", "{d}/out/t.json"], None),
-        "front": (["front", "--table", "{d}/t.json", "--n-buckets", "200000", "--out", "{d}/out/f.csv"], write("t.json", _table_text("extras", {}))),
-        "report": (["report", "--table", "{d}/t.json", "--budget", "0.2", "--out", "{d}/out/r.html"], write("t.json", _table_text("extras", {}))),
+        "recover": (
+            [
+                "recover",
+                "--model",
+                "{fx}/ck",
+                "--method",
+                "mezo",
+                "--steps",
+                "1",
+                "--data",
+                "news-sample",
+                "--seq-len",
+                "16",
+                "--batch-size",
+                "1",
+                "--pool-windows",
+                "2",
+                "--no-eval-before",
+                "--no-dense",
+                "--no-history",
+                "--eval-samples",
+                "1",
+                "--eval-seq-len",
+                "16",
+                "--generations",
+                "0",
+                "--out",
+                "{d}/out/rec",
+            ],
+            None,
+        ),
+        "table": (
+            [
+                "table",
+                "--model",
+                "{fx}/tiny-llama",
+                "--estimator",
+                "fisher",
+                "--samples",
+                "2",
+                "--seq-len",
+                "16",
+                "--rates",
+                "0,0.5",
+                "--no-cache",
+                "--out",
+                "{d}/out/t.json",
+            ],
+            None,
+        ),
+        "front": (
+            ["front", "--table", "{d}/t.json", "--n-buckets", "200000", "--out", "{d}/out/f.csv"],
+            write("t.json", _table_text("extras", {})),
+        ),
+        "report": (
+            ["report", "--table", "{d}/t.json", "--budget", "0.2", "--out", "{d}/out/r.html"],
+            write("t.json", _table_text("extras", {})),
+        ),
     }
     cases = []
     for name, (argv, prepare) in raw.items():
         step = both(prepare, lambda d: (d / "out").mkdir()) if prepare else (lambda d: (d / "out").mkdir())
-        cases.append(Case(f"full disk during {name}", "full disk", argv, step, file_limit=small if name in ("table", "report") else 64 if name == "front" else limit))
+        cases.append(
+            Case(
+                f"full disk during {name}",
+                "full disk",
+                argv,
+                step,
+                file_limit=small if name in ("table", "report") else 64 if name == "front" else limit,
+            )
+        )
     return cases
 
 
 def history_cases() -> list[Case]:
     values = {
-        "plan nested": ("plan_json", "[" * DEEP + "]" * DEEP), "plan truncated": ("plan_json", "{x"), "plan a list": ("plan_json", "[1]"),
-        "perplexity text": ("perplexity_json", json.dumps({"news-sample": "high"})), "perplexity list": ("perplexity_json", "[1]"),
-        "generations object": ("generations_json", "{}"), "budget text": ("budget", "a lot"), "params 1e300": ("pruned_params", 1e300),
-        "params text": ("dense_params", "many"), "model a blob": ("model", b"\xff\x00"), "plan 400 digits": ("plan_json", '{"num_layers": ' + BIG_INT + "}"),
+        "plan nested": ("plan_json", "[" * DEEP + "]" * DEEP),
+        "plan truncated": ("plan_json", "{x"),
+        "plan a list": ("plan_json", "[1]"),
+        "perplexity text": ("perplexity_json", json.dumps({"news-sample": "high"})),
+        "perplexity list": ("perplexity_json", "[1]"),
+        "generations object": ("generations_json", "{}"),
+        "budget text": ("budget", "a lot"),
+        "params 1e300": ("pruned_params", 1e300),
+        "params text": ("dense_params", "many"),
+        "model a blob": ("model", b"\xff\x00"),
+        "plan 400 digits": ("plan_json", '{"num_layers": ' + BIG_INT + "}"),
         "plan not json": ("plan_json", "\xff"),
     }
     cases = []
     for name, (column, value) in values.items():
+
         def prepare(d: Path, column=column, value=value) -> None:
             (d / "t.json").write_text(_table_text("extras", {}))
             os.environ["GAP_CACHE_DIR"] = str(d / "cache")
             from gap_engine.evaluate import history
 
-            run_id = history.record_run(history.RunRecord(model="tiny-llama", allocator="manual", plan=plan_dict(), perplexity={"news-sample": 10.0}))
+            run_id = history.record_run(
+                history.RunRecord(model="tiny-llama", allocator="manual", plan=plan_dict(), perplexity={"news-sample": 10.0})
+            )
             with sqlite3.connect(history.history_path()) as conn:
                 conn.execute(f"UPDATE runs SET {column} = ? WHERE id = ?", (value, run_id))
 
-        cases.append(Case(f"history row {name}", "history", ["report", "--table", "{d}/t.json", "--run", "1", "--out", "{d}/r.html"], prepare, env={"GAP_CACHE_DIR": "{d}/cache"}))
-    cases.append(Case("history file not a database", "history", ["report", "--table", "{d}/t.json", "--run", "1", "--out", "{d}/r.html"],
-                      both(write("t.json", _table_text("extras", {})), write("cache/runs/history.sqlite", "not sqlite")), env={"GAP_CACHE_DIR": "{d}/cache"}))
+        cases.append(
+            Case(
+                f"history row {name}",
+                "history",
+                ["report", "--table", "{d}/t.json", "--run", "1", "--out", "{d}/r.html"],
+                prepare,
+                env={"GAP_CACHE_DIR": "{d}/cache"},
+            )
+        )
+    cases.append(
+        Case(
+            "history file not a database",
+            "history",
+            ["report", "--table", "{d}/t.json", "--run", "1", "--out", "{d}/r.html"],
+            both(write("t.json", _table_text("extras", {})), write("cache/runs/history.sqlite", "not sqlite")),
+            env={"GAP_CACHE_DIR": "{d}/cache"},
+        )
+    )
     return cases
 
 
 def recover_state_cases() -> list[Case]:
     """Tampered resume state: a run's OUT.partial/state/state.json (``recover --resume``)."""
-    base = ["recover", "--model", "{fx}/ck", "--method", "mezo", "--steps", "4", "--data", "news-sample", "--seq-len", "16", "--batch-size", "1",
-            "--pool-windows", "2", "--no-eval-before", "--no-dense", "--no-history", "--eval-samples", "1", "--eval-seq-len", "16", "--generations", "0",
-            "--resume", "--out", "{d}/rec"]
-    changes = {"step 1000000": {"step": 1_000_000}, "step -1": {"step": -1}, "step text": {"step": "3"}, "unknown field": {"x": 1},
-               "curve a dict": {"curve": {}}, "version 9": {"version": 9}, "trajectory a list": {"trajectory": []}}
+    base = [
+        "recover",
+        "--model",
+        "{fx}/ck",
+        "--method",
+        "mezo",
+        "--steps",
+        "4",
+        "--data",
+        "news-sample",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "1",
+        "--pool-windows",
+        "2",
+        "--no-eval-before",
+        "--no-dense",
+        "--no-history",
+        "--eval-samples",
+        "1",
+        "--eval-seq-len",
+        "16",
+        "--generations",
+        "0",
+        "--resume",
+        "--out",
+        "{d}/rec",
+    ]
+    changes = {
+        "step 1000000": {"step": 1_000_000},
+        "step -1": {"step": -1},
+        "step text": {"step": "3"},
+        "unknown field": {"x": 1},
+        "curve a dict": {"curve": {}},
+        "version 9": {"version": 9},
+        "trajectory a list": {"trajectory": []},
+    }
     cases = []
     for name, change in changes.items():
+
         def prepare(d: Path, change=change) -> None:
             folder = d / "rec.partial" / "state"
             folder.mkdir(parents=True)
-            state = {"trajectory": {"steps": 4}, "start_fingerprint": "x", "step": 2, "train_seconds": 0.0, "curve": [], "before": None,
-                     "calib_before": [], "inference_rss": 0, "peak_rss": 0, "rss_method": "", "version": 1}
+            state = {
+                "trajectory": {"steps": 4},
+                "start_fingerprint": "x",
+                "step": 2,
+                "train_seconds": 0.0,
+                "curve": [],
+                "before": None,
+                "calib_before": [],
+                "inference_rss": 0,
+                "peak_rss": 0,
+                "rss_method": "",
+                "version": 1,
+            }
             (folder / "state.json").write_text(json.dumps(state | change))
             (folder / "tensors.safetensors").write_bytes(b"\x00" * 16)
 
         cases.append(Case(f"resume state {name}", "resume", base, prepare))
-    cases.append(Case("resume state a FIFO", "resume", base, both(lambda d: (d / "rec.partial" / "state").mkdir(parents=True), fifo("rec.partial/state/state.json"))))
+    cases.append(
+        Case(
+            "resume state a FIFO",
+            "resume",
+            base,
+            both(lambda d: (d / "rec.partial" / "state").mkdir(parents=True), fifo("rec.partial/state/state.json")),
+        )
+    )
     return cases
 
 
 def all_cases() -> list[Case]:
-    return (table_cases() + plan_cases() + option_cases() + checkpoint_cases() + text_cases() + output_cases() + environment_cases()
-            + disk_cases() + history_cases() + recover_state_cases())
+    return (
+        table_cases()
+        + plan_cases()
+        + option_cases()
+        + checkpoint_cases()
+        + text_cases()
+        + output_cases()
+        + environment_cases()
+        + disk_cases()
+        + history_cases()
+        + recover_state_cases()
+    )
 
 
 # ---- running and classifying ------------------------------------------------------------------
@@ -689,7 +1112,7 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
                 code = exc.code if isinstance(exc.code, int) else 2
             sys.stderr.flush()
             sys.stdout.flush()
-        except BaseException:  # noqa: BLE001 - escaped main(): counted as unclean
+        except BaseException:
             import traceback
 
             traceback.print_exc()
@@ -746,8 +1169,16 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
         verdict = "clean after work"  # the error needed the model (a fingerprint, a token count): its progress lines come first
     else:
         verdict = "unclean"
-    return {"name": case.name, "family": case.family, "verdict": verdict, "code": code, "seconds": round(seconds, 2),
-            "lines": len(err_lines), "first": (err_lines[-1] if err_lines else "")[:200], "destroyed": destroyed[:3]}
+    return {
+        "name": case.name,
+        "family": case.family,
+        "verdict": verdict,
+        "code": code,
+        "seconds": round(seconds, 2),
+        "lines": len(err_lines),
+        "first": (err_lines[-1] if err_lines else "")[:200],
+        "destroyed": destroyed[:3],
+    }
 
 
 def _build_fixture_tree(base: Path) -> None:
@@ -757,7 +1188,7 @@ def _build_fixture_tree(base: Path) -> None:
             os.environ["GAP_CACHE_DIR"] = str(CACHE)
             build_fixtures(base)
             os._exit(0)
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             import traceback
 
             traceback.print_exc()
@@ -785,7 +1216,21 @@ def _warm_up(work: Path) -> None:
     torch.set_num_threads(1)
     os.environ["GAP_CACHE_DIR"] = str(CACHE)
     runs = [
-        ["eval", "--model", str(FIXTURES / "ck"), "--no-dense", "--no-throughput", "--generations", "0", "--data", "news-sample,wiki-sample", "--samples", "2", "--seq-len", "16"],
+        [
+            "eval",
+            "--model",
+            str(FIXTURES / "ck"),
+            "--no-dense",
+            "--no-throughput",
+            "--generations",
+            "0",
+            "--data",
+            "news-sample,wiki-sample",
+            "--samples",
+            "2",
+            "--seq-len",
+            "16",
+        ],
         ["export", str(FIXTURES / "ck"), "--out", str(work / "warm.gguf")],
         ["front", "--table", str(work / "warm.json"), "--out", str(work / "warm.csv")],
     ]
@@ -822,11 +1267,15 @@ def write_report(results: list[dict], out: Path, command: str, seconds: float, l
         label = "**all**" if family == "all" else family
         lines.append(f"| {label} | {len(rows)} | " + " | ".join(str(c) for c in counts) + " |")
     clean = sum(r["verdict"] in CLEAN for r in results)
-    lines += ["", f"Clean: {clean} of {len(results)} ({100 * clean / max(len(results), 1):.1f}%). "
-              "Clean means exit 2 with exactly one `gap: error:` line for bad input (exit 0 for the valid controls), "
-              "no input file changed, within the time limit; \"clean after work\" is the same line preceded only by the "
-              "command's own progress lines, for inputs whose fault shows only once the model is loaded "
-              "(a table made for other weights, a text too short for one window in this tokenizer, a full disk).", ""]
+    lines += [
+        "",
+        f"Clean: {clean} of {len(results)} ({100 * clean / max(len(results), 1):.1f}%). "
+        "Clean means exit 2 with exactly one `gap: error:` line for bad input (exit 0 for the valid controls), "
+        'no input file changed, within the time limit; "clean after work" is the same line preceded only by the '
+        "command's own progress lines, for inputs whose fault shows only once the model is loaded "
+        "(a table made for other weights, a text too short for one window in this tokenizer, a full disk).",
+        "",
+    ]
     bad = [r for r in results if r["verdict"] not in CLEAN]
     if bad:
         lines += ["## Cases that were not clean", "", "| case | verdict | exit | lines | last stderr line |", "|---|---|---:|---:|---|"]
@@ -835,7 +1284,9 @@ def write_report(results: list[dict], out: Path, command: str, seconds: float, l
         lines.append("")
     lines += ["## Every case", "", "| family | case | verdict | exit | s | stderr line |", "|---|---|---|---:|---:|---|"]
     for r in results:
-        lines.append(f"| {r['family']} | {r['name'].replace('|', '/')} | {r['verdict']} | {r['code']} | {r['seconds']} | {r['first'][:120].replace('|', '/')} |")
+        lines.append(
+            f"| {r['family']} | {r['name'].replace('|', '/')} | {r['verdict']} | {r['code']} | {r['seconds']} | {r['first'][:120].replace('|', '/')} |"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
 
@@ -851,11 +1302,11 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch  # noqa: F401 - imported once here, before the forks
 
-    import gap_engine.cli.export_commands  # noqa: F401
-    import gap_engine.cli.model_commands  # noqa: F401
-    import gap_engine.cli.plan_commands  # noqa: F401
-    import gap_engine.cli.recover_commands  # noqa: F401
-    import gap_engine.cli.report_commands  # noqa: F401
+    import gap_engine.cli.export_commands
+    import gap_engine.cli.model_commands
+    import gap_engine.cli.plan_commands
+    import gap_engine.cli.recover_commands
+    import gap_engine.cli.report_commands
     import gap_engine.cli.table_commands  # noqa: F401
 
     work = Path(tempfile.mkdtemp(prefix="gap-hostile-"))

@@ -18,25 +18,25 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
-import logging  # noqa: E402
-import math  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import logging
+import math
+import sys
+import time
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import add_eval_args, machine_line, write_report  # noqa: E402
+from report import add_eval_args, machine_line, write_report
 
-from gap_engine.core.config import CLI_TABLE, WindowSpec  # noqa: E402
+from gap_engine.core.config import CLI_TABLE, WindowSpec
 from gap_engine.core.progress import Hooks
-from gap_engine.data.windows import calibration_windows  # noqa: E402
-from gap_engine.evaluate.metrics import mean_nll  # noqa: E402
-from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.data.windows import calibration_windows
+from gap_engine.evaluate.metrics import mean_nll
+from gap_engine.model.loading import load_model
 from gap_engine.pipeline.compare import heldout_sets
 from gap_engine.pipeline.iterative import iterative_prune
 from gap_engine.pipeline.stages import objective_increase
-from gap_engine.tables.artefact import TableSpec, parse_rate_grid  # noqa: E402
+from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 
 log = logging.getLogger("bench_interaction")
 
@@ -83,7 +83,8 @@ def main(argv=None) -> int:
             summary.append(
                 f"| {budget:.0%} | {k} | {result.removed_fraction:.2%} | {result.predicted_loss:.4f} | {total:.4f} | "
                 f"{gap:+.4f} ({gap / max(result.predicted_loss, 1e-12):+.0%}) | {nll:.4f} | "
-                + " | ".join(f"{ppl[s]:.3f}" for s in sources) + f" | {seconds:.0f} s |"
+                + " | ".join(f"{ppl[s]:.3f}" for s in sources)
+                + f" | {seconds:.0f} s |"
             )
             log.info(summary[-1])
             for r in result.rounds:
@@ -112,7 +113,8 @@ def main(argv=None) -> int:
         "and surgery (tables read from the cache count as read).",
         "",
         f"| budget | rounds | removed | predicted {args.objective} | measured {args.objective} | gap | calib. +NLL | "
-        + " | ".join(f"ppl {s}" for s in sources) + " | time |",
+        + " | ".join(f"ppl {s}" for s in sources)
+        + " | time |",
         "|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(sources) + "---:|",
         *summary,
         "",

@@ -21,13 +21,13 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the target says
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the grid-uniform reference
-from reference import uniform_choice  # noqa: E402
+from reference import uniform_choice
 
-from gap_engine.core.knapsack import solve_budget, solve_front  # noqa: E402
+from gap_engine.core.knapsack import solve_budget, solve_front
 
 N_COMPONENTS = 64
 N_RATES = 16
@@ -104,16 +104,15 @@ def main() -> None:
         ms = median_ms(lambda: solve_budget(costs, losses, removed_params=budget, n_buckets=N_BUCKETS), args.repeats)
         path = "covering DP" if 2 * budget <= total else "slack DP from the top"
         rows.append((f"one budget, {share:.0%} of removable (`solve_budget`, {path})", ms))
-    ref_ms = median_ms(
-        lambda: reference_front(bucketed.tolist(), losses.tolist(), int(front.budgets[-1])), args.reference_repeats
-    )
+    ref_ms = median_ms(lambda: reference_front(bucketed.tolist(), losses.tolist(), int(front.budgets[-1])), args.reference_repeats)
     rows.append(("full front, pure Python reference", ref_ms))
 
     print(f"## {N_COMPONENTS} components x {N_RATES} rates x {N_BUCKETS} buckets\n")
-    print(f"- {platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}, "
-          f"{cpu_name()} ({os.cpu_count()} logical CPUs; numpy elementwise ops run on one)")
-    print(f"- most removable W = {total:,} parameters, bucket size {size:,}, "
-          f"B + 1 = {len(front.budgets)} budgets")
+    print(
+        f"- {platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}, "
+        f"{cpu_name()} ({os.cpu_count()} logical CPUs; numpy elementwise ops run on one)"
+    )
+    print(f"- most removable W = {total:,} parameters, bucket size {size:,}, B + 1 = {len(front.budgets)} budgets")
     print(f"- median of {args.repeats} runs (pure Python: {args.reference_repeats}), after one warm-up\n")
     print("| solve | median ms |")
     print("|---|---:|")
@@ -129,9 +128,11 @@ def main() -> None:
     planned = front.plan_at(budget)
     uniform = uniform_choice(costs, rate_grid, budget)
     picked = np.arange(N_COMPONENTS)
-    print(f"- at 30% of removable: DP summed loss {losses[picked, planned].sum():.4f} "
-          f"(removes {costs[picked, planned].sum():,}) vs uniform rate {rate_grid[uniform[0]]:.2f} "
-          f"{losses[picked, uniform].sum():.4f} (removes {costs[picked, uniform].sum():,})")
+    print(
+        f"- at 30% of removable: DP summed loss {losses[picked, planned].sum():.4f} "
+        f"(removes {costs[picked, planned].sum():,}) vs uniform rate {rate_grid[uniform[0]]:.2f} "
+        f"{losses[picked, uniform].sum():.4f} (removes {costs[picked, uniform].sum():,})"
+    )
     if not agree:
         sys.exit("numpy and pure-Python DPs disagree")
 

@@ -35,22 +35,22 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import RESULTS, add_eval_args, machine_line  # noqa: E402
+from report import RESULTS, add_eval_args, machine_line
 
-from gap_engine.cli.output import csv_text  # noqa: E402
-from gap_engine.core.config import CLI_TABLE, WindowSpec  # noqa: E402
-from gap_engine.core.fsutil import atomic_write_text  # noqa: E402
+from gap_engine.cli.output import csv_text
+from gap_engine.core.config import CLI_TABLE, WindowSpec
+from gap_engine.core.fsutil import atomic_write_text
 from gap_engine.core.progress import Hooks
-from gap_engine.data.windows import calibration_windows  # noqa: E402
-from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.data.windows import calibration_windows
+from gap_engine.model.loading import load_model
 from gap_engine.pipeline import compare
 from gap_engine.pipeline.compare import Outcome, heldout_sets, measure_plan, reference_numbers
 from gap_engine.pipeline.stages import loss_table
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.problem import Constraints
-from gap_engine.prune.importance import compute_importance  # noqa: E402
-from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid  # noqa: E402
+from gap_engine.prune.importance import compute_importance
+from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid
 
 log = logging.getLogger("bench_quality")
 TARGET_RATIO = 0.15
@@ -189,7 +189,11 @@ def target_lines(outcomes, sources) -> list[str]:
     budgets = sorted({round(o.budget, 6) for o in outcomes})
     lines = ["", "## DP against uniform", ""]
     lines.append(f"Ratio = (DP perplexity - dense) / (uniform perplexity - dense); target <= {TARGET_RATIO} at 20%.")
-    lines += ["", "| budget | " + " | ".join(f"ratio {s}" for s in sources) + " | calib. NLL ratio |", "|---:|" + "---:|" * (len(sources) + 1)]
+    lines += [
+        "",
+        "| budget | " + " | ".join(f"ratio {s}" for s in sources) + " | calib. NLL ratio |",
+        "|---:|" + "---:|" * (len(sources) + 1),
+    ]
     for budget in budgets:
         dp, uni = by_key.get((budget, "dp")), by_key.get((budget, "uniform"))
         if dp is not None and uni is not None:
@@ -207,7 +211,11 @@ def target_lines(outcomes, sources) -> list[str]:
                     f"- {budget:.0%}: {o.allocator} beats dp on "
                     + ", ".join(f"{s} ({o.perplexity[s]:.3f} vs {dp.perplexity[s]:.3f})" for s in worse)
                 )
-    lines += ["", f"## Where DP loses to a baseline or to its own MLP-only plan (held-out perplexity; target: nowhere against '{MLP_ONLY}')", ""]
+    lines += [
+        "",
+        f"## Where DP loses to a baseline or to its own MLP-only plan (held-out perplexity; target: nowhere against '{MLP_ONLY}')",
+        "",
+    ]
     return lines + (losses or ["- nowhere in this run."])
 
 

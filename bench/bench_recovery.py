@@ -49,7 +49,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from gap_engine.core.fsutil import atomic_write_json, atomic_write_text  # noqa: E402
+from gap_engine.core.fsutil import atomic_write_json, atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SOURCES = ("wiki-sample", "news-sample")
@@ -72,9 +72,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=128, help="tokens per training window")
     p.add_argument("--zo-steps", type=int, default=1000, help="steps of each run in the equal-steps phase")
     p.add_argument("--zo-seq-len", type=int, default=32, help="tokens per training window in the equal-steps phase")
-    p.add_argument("--steps-threads", type=int, default=2,
-                   help="equal-steps phase: torch threads per run; above 1 the runs go one after the other (not timed "
-                        "against each other: the comparison is at equal steps)")
+    p.add_argument(
+        "--steps-threads",
+        type=int,
+        default=2,
+        help="equal-steps phase: torch threads per run; above 1 the runs go one after the other (not timed "
+        "against each other: the comparison is at equal steps)",
+    )
     p.add_argument("--eval-samples", type=int, default=8, help="held-out windows per source")
     p.add_argument("--eval-seq-len", type=int, default=256)
     p.add_argument("--task-limit", type=int, default=200, help=f"examples of {TASK} per model")
@@ -114,8 +118,15 @@ class Bench:
         for label, argv, out in todo:
             log = open(self.work / f"{label}.log", "w")
             stdout = subprocess.PIPE if out is not None else subprocess.DEVNULL
-            procs.append((label, argv, out, log, subprocess.Popen([sys.executable, "-m", "gap_engine", *argv], cwd=ROOT, env=env,
-                                                                  stdout=stdout, stderr=log, text=True)))
+            procs.append(
+                (
+                    label,
+                    argv,
+                    out,
+                    log,
+                    subprocess.Popen([sys.executable, "-m", "gap_engine", *argv], cwd=ROOT, env=env, stdout=stdout, stderr=log, text=True),
+                )
+            )
         for label, argv, out, log, proc in procs:
             stdout, _ = proc.communicate()
             log.close()
@@ -124,9 +135,17 @@ class Bench:
                 raise SystemExit(f"{shlex.join(['gap', *argv])} failed ({proc.returncode}); see {self.work / (label + '.log')}")
             if out is not None:
                 atomic_write_json(out, json.loads(stdout))
-            self._record({"label": label, "command": shlex.join(["gap", *argv]), "threads": threads,
-                          "side_by_side": [lab for lab, *_ in todo], "seconds": round(seconds, 1),
-                          "load_start": [round(x, 2) for x in load_start], "load_end": [round(x, 2) for x in os.getloadavg()]})
+            self._record(
+                {
+                    "label": label,
+                    "command": shlex.join(["gap", *argv]),
+                    "threads": threads,
+                    "side_by_side": [lab for lab, *_ in todo],
+                    "seconds": round(seconds, 1),
+                    "load_start": [round(x, 2) for x in load_start],
+                    "load_end": [round(x, 2) for x in os.getloadavg()],
+                }
+            )
             print(f"{label}: {seconds:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
 
     @staticmethod
@@ -142,17 +161,55 @@ class Bench:
 
 def eval_argv(bench: Bench, checkpoint: Path) -> list[str]:
     a = bench.args
-    return ["eval", "--model", str(checkpoint), "--data", ",".join(SOURCES), "--samples", str(a.eval_samples),
-            "--seq-len", str(a.eval_seq_len), "--generations", "1", "--no-throughput", "--json"]
+    return [
+        "eval",
+        "--model",
+        str(checkpoint),
+        "--data",
+        ",".join(SOURCES),
+        "--samples",
+        str(a.eval_samples),
+        "--seq-len",
+        str(a.eval_seq_len),
+        "--generations",
+        "1",
+        "--no-throughput",
+        "--json",
+    ]
 
 
-def recover_argv(bench: Bench, checkpoint: Path, method: str, objective: str, out: Path, *, steps: int | None,
-                 seq_len: int) -> list[str]:
+def recover_argv(bench: Bench, checkpoint: Path, method: str, objective: str, out: Path, *, steps: int | None, seq_len: int) -> list[str]:
     a = bench.args
-    argv = ["recover", "--model", str(checkpoint), "--method", method, "--objective", objective, "--data", ",".join(SOURCES),
-            "--batch-size", str(a.batch_size), "--seq-len", str(seq_len), "--schedule", "constant",
-            "--eval-samples", str(a.eval_samples), "--eval-seq-len", str(a.eval_seq_len), "--generations", "1",
-            "--no-eval-before", "--no-history", "--save-every", "50", "--out", str(out), "--json"]
+    argv = [
+        "recover",
+        "--model",
+        str(checkpoint),
+        "--method",
+        method,
+        "--objective",
+        objective,
+        "--data",
+        ",".join(SOURCES),
+        "--batch-size",
+        str(a.batch_size),
+        "--seq-len",
+        str(seq_len),
+        "--schedule",
+        "constant",
+        "--eval-samples",
+        str(a.eval_samples),
+        "--eval-seq-len",
+        str(a.eval_seq_len),
+        "--generations",
+        "1",
+        "--no-eval-before",
+        "--no-history",
+        "--save-every",
+        "50",
+        "--out",
+        str(out),
+        "--json",
+    ]
     if steps is None:  # a wall-clock budget; the step cap is never reached
         return argv + ["--steps", "1000000", "--time-budget", f"{a.budget_s:g}"]
     return argv + ["--steps", str(steps)]
@@ -166,38 +223,76 @@ def prepare(bench: Bench) -> None:
     a, w = bench.args, bench.work
     bench.run([("table", ["table", "--model", a.model, "--out", str(w / "t.json")], None)], threads=2)
     bench.run([("plan-dp", ["plan", "--table", str(w / "t.json"), "--budget", a.budget, "--out", str(w / "dp.json")], None)], 2)
-    bench.run([("plan-uniform", ["plan", "--table", str(w / "t.json"), "--budget", a.budget, "--allocator", "uniform",
-                                 "--out", str(w / "uniform.json")], None)], 2)
+    bench.run(
+        [
+            (
+                "plan-uniform",
+                ["plan", "--table", str(w / "t.json"), "--budget", a.budget, "--allocator", "uniform", "--out", str(w / "uniform.json")],
+                None,
+            )
+        ],
+        2,
+    )
     for plan, folder in checkpoints(bench).items():
-        bench.run([(f"prune-{plan}", ["prune", "--model", a.model, "--plan", str(w / f"{plan}.json"), "--out", str(folder)],
-                    None)], 2)
-    bench.run([(f"eval-{plan}", eval_argv(bench, folder), w / f"{plan}-none.json") for plan, folder in checkpoints(bench).items()],
-              a.threads_per_run)
+        bench.run([(f"prune-{plan}", ["prune", "--model", a.model, "--plan", str(w / f"{plan}.json"), "--out", str(folder)], None)], 2)
+    bench.run(
+        [(f"eval-{plan}", eval_argv(bench, folder), w / f"{plan}-none.json") for plan, folder in checkpoints(bench).items()],
+        a.threads_per_run,
+    )
 
 
 def wallclock(bench: Bench) -> None:
     for method, objective in RECIPES:
-        bench.run([(f"{plan}-{method}-{objective}",
-                    recover_argv(bench, folder, method, objective, bench.work / f"{plan}-{method}-{objective}", steps=None,
-                                 seq_len=bench.args.seq_len),
-                    bench.work / f"{plan}-{method}-{objective}.json") for plan, folder in checkpoints(bench).items()],
-                  bench.args.threads_per_run)
+        bench.run(
+            [
+                (
+                    f"{plan}-{method}-{objective}",
+                    recover_argv(
+                        bench,
+                        folder,
+                        method,
+                        objective,
+                        bench.work / f"{plan}-{method}-{objective}",
+                        steps=None,
+                        seq_len=bench.args.seq_len,
+                    ),
+                    bench.work / f"{plan}-{method}-{objective}.json",
+                )
+                for plan, folder in checkpoints(bench).items()
+            ],
+            bench.args.threads_per_run,
+        )
 
 
 def kd_against_lm(bench: Bench) -> None:
     folder = checkpoints(bench)["dp"]
-    bench.run([(f"dp-lora-{objective}-sbs",
-                recover_argv(bench, folder, "lora", objective, bench.work / f"dp-lora-{objective}-sbs", steps=None,
-                             seq_len=bench.args.seq_len),
-                bench.work / f"dp-lora-{objective}-sbs.json") for objective in ("lm", "kd")], bench.args.threads_per_run)
+    bench.run(
+        [
+            (
+                f"dp-lora-{objective}-sbs",
+                recover_argv(
+                    bench, folder, "lora", objective, bench.work / f"dp-lora-{objective}-sbs", steps=None, seq_len=bench.args.seq_len
+                ),
+                bench.work / f"dp-lora-{objective}-sbs.json",
+            )
+            for objective in ("lm", "kd")
+        ],
+        bench.args.threads_per_run,
+    )
 
 
 def equal_steps(bench: Bench) -> None:
     a, folder = bench.args, checkpoints(bench)["dp"]
-    jobs = [(f"dp-{method}-{objective}-steps",
-             recover_argv(bench, folder, method, objective, bench.work / f"dp-{method}-{objective}-steps", steps=a.zo_steps,
-                          seq_len=a.zo_seq_len),
-             bench.work / f"dp-{method}-{objective}-steps.json") for method, objective in ZO_RECIPES]
+    jobs = [
+        (
+            f"dp-{method}-{objective}-steps",
+            recover_argv(
+                bench, folder, method, objective, bench.work / f"dp-{method}-{objective}-steps", steps=a.zo_steps, seq_len=a.zo_seq_len
+            ),
+            bench.work / f"dp-{method}-{objective}-steps.json",
+        )
+        for method, objective in ZO_RECIPES
+    ]
     if a.steps_threads == 1:
         bench.run(jobs, 1)
     else:
@@ -215,10 +310,34 @@ def task_models(bench: Bench) -> list[tuple[str, Path]]:
 
 def tasks(bench: Bench) -> None:
     a = bench.args
-    jobs = [(f"tasks-{name}", ["eval", "--model", str(folder), "--data", "wiki-sample", "--samples", "1", "--seq-len", "64",
-                               "--generations", "0", "--no-throughput", "--tasks", TASK, "--limit", str(a.task_limit),
-                               "--batch-size", "8", "--json"], bench.work / f"tasks-{name}.json")
-            for name, folder in task_models(bench)]
+    jobs = [
+        (
+            f"tasks-{name}",
+            [
+                "eval",
+                "--model",
+                str(folder),
+                "--data",
+                "wiki-sample",
+                "--samples",
+                "1",
+                "--seq-len",
+                "64",
+                "--generations",
+                "0",
+                "--no-throughput",
+                "--tasks",
+                TASK,
+                "--limit",
+                str(a.task_limit),
+                "--batch-size",
+                "8",
+                "--json",
+            ],
+            bench.work / f"tasks-{name}.json",
+        )
+        for name, folder in task_models(bench)
+    ]
     for i in range(0, len(jobs), 2):  # two at a time: two cores
         bench.run(jobs[i : i + 2], a.threads_per_run)
 
@@ -235,10 +354,17 @@ def mean_kl(report: dict) -> float:
 
 def row(label: str, report: dict, dense: dict, extra: list[str]) -> str:
     ppl = report["perplexity"]
-    return (f"| {label} | " + " | ".join(extra) + " | "
-            + " | ".join(f"{ppl[s]:.2f} ({ppl[s] / dense[s]:.2f}x)" for s in SOURCES)
-            + f" | {nll(ppl):.4f} | " + " | ".join(f"{report['kl_to_dense'][s]:.4f}" for s in SOURCES)
-            + " | " + " | ".join(f"{report['top1_agreement'][s]:.3f}" for s in SOURCES) + " |")
+    return (
+        f"| {label} | "
+        + " | ".join(extra)
+        + " | "
+        + " | ".join(f"{ppl[s]:.2f} ({ppl[s] / dense[s]:.2f}x)" for s in SOURCES)
+        + f" | {nll(ppl):.4f} | "
+        + " | ".join(f"{report['kl_to_dense'][s]:.4f}" for s in SOURCES)
+        + " | "
+        + " | ".join(f"{report['top1_agreement'][s]:.3f}" for s in SOURCES)
+        + " |"
+    )
 
 
 def train_time(result: dict) -> str:
@@ -278,21 +404,29 @@ def markdown(bench: Bench) -> str:
         "|---|---|---:|---|---:|---|---|",
     ]
     for entry in bench.log:
-        lines.append(f"| {entry['label']} | `{entry['command']}` | {entry['threads']} | {', '.join(entry['side_by_side'])} | "
-                     f"{entry['seconds']:.0f} | {', '.join(f'{x:.2f}' for x in entry['load_start'])} | "
-                     f"{', '.join(f'{x:.2f}' for x in entry['load_end'])} |")
-    lines += ["", "## Settings", "",
-              "- " + "; ".join(_plan_line(bench.work / f"{plan}.json", plan) for plan in PLANS) + ".",
-              f"- Training: tasks {', '.join(SOURCES)} (calibration parts), every step {a.batch_size} window(s) x "
-              f"{a.seq_len} tokens per task, constant learning rate (ZO: the engine's automatic probe; LoRA: its default), "
-              f"kd at temperature 1 from the dense model the checkpoint was pruned from.",
-              f"- Held-out evaluation: {a.eval_samples} windows x {a.eval_seq_len} tokens per source, never overlapping the "
-              "calibration text; multi-task NLL is the mean over the two sources of the held-out NLL (nats/token); "
-              "KL is KL(dense || model) per token; top-1 is agreement of the greedy next token with dense.",
-              "- Dense: perplexity " + ", ".join(f"{s} {dense[s]:.3f}" for s in SOURCES) + f" (multi-task NLL {nll(dense):.4f}).",
-              ""]
-    header = ("| run | steps | train s (wall / CPU) | lr | peak / inference memory | ppl wiki (x dense) | ppl news (x dense) | "
-              "multi-task NLL | KL wiki | KL news | top-1 wiki | top-1 news |")
+        lines.append(
+            f"| {entry['label']} | `{entry['command']}` | {entry['threads']} | {', '.join(entry['side_by_side'])} | "
+            f"{entry['seconds']:.0f} | {', '.join(f'{x:.2f}' for x in entry['load_start'])} | "
+            f"{', '.join(f'{x:.2f}' for x in entry['load_end'])} |"
+        )
+    lines += [
+        "",
+        "## Settings",
+        "",
+        "- " + "; ".join(_plan_line(bench.work / f"{plan}.json", plan) for plan in PLANS) + ".",
+        f"- Training: tasks {', '.join(SOURCES)} (calibration parts), every step {a.batch_size} window(s) x "
+        f"{a.seq_len} tokens per task, constant learning rate (ZO: the engine's automatic probe; LoRA: its default), "
+        f"kd at temperature 1 from the dense model the checkpoint was pruned from.",
+        f"- Held-out evaluation: {a.eval_samples} windows x {a.eval_seq_len} tokens per source, never overlapping the "
+        "calibration text; multi-task NLL is the mean over the two sources of the held-out NLL (nats/token); "
+        "KL is KL(dense || model) per token; top-1 is agreement of the greedy next token with dense.",
+        "- Dense: perplexity " + ", ".join(f"{s} {dense[s]:.3f}" for s in SOURCES) + f" (multi-task NLL {nll(dense):.4f}).",
+        "",
+    ]
+    header = (
+        "| run | steps | train s (wall / CPU) | lr | peak / inference memory | ppl wiki (x dense) | ppl news (x dense) | "
+        "multi-task NLL | KL wiki | KL news | top-1 wiki | top-1 news |"
+    )
     rule = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     lines += [f"## Equal wall clock: {a.budget_s:g} s of training per run", "", header, rule]
     runs: dict[str, dict] = {}
@@ -304,30 +438,66 @@ def markdown(bench: Bench) -> str:
             if r is None:
                 continue
             runs[name] = r
-            lines.append(row(f"{plan}, {method}-{objective}", r["after"], dense,
-                             [str(r["steps_done"]), train_time(r), f"{r['lr']:.3g}", f"{r['rss_ratio']:.2f}x"]))
+            lines.append(
+                row(
+                    f"{plan}, {method}-{objective}",
+                    r["after"],
+                    dense,
+                    [str(r["steps_done"]), train_time(r), f"{r['lr']:.3g}", f"{r['rss_ratio']:.2f}x"],
+                )
+            )
     side_by_side = {o: bench.read(f"dp-lora-{o}-sbs") for o in ("lm", "kd")}
     if any(side_by_side.values()):
-        lines += ["", f"## LoRA-kd against LoRA-lm on the DP checkpoint, side by side ({a.budget_s:g} s each)", "",
-                  header, rule, row("dp, none", untuned["dp"], dense, ["0", "0", "", ""])]
+        lines += [
+            "",
+            f"## LoRA-kd against LoRA-lm on the DP checkpoint, side by side ({a.budget_s:g} s each)",
+            "",
+            header,
+            rule,
+            row("dp, none", untuned["dp"], dense, ["0", "0", "", ""]),
+        ]
         for objective, r in side_by_side.items():
             if r is not None:
                 runs[f"dp-lora-{objective}-sbs"] = r
-                lines.append(row(f"dp, lora-{objective}", r["after"], dense, [str(r["steps_done"]), train_time(r),
-                                                                              f"{r['lr']:.3g}", f"{r['rss_ratio']:.2f}x"]))
+                lines.append(
+                    row(
+                        f"dp, lora-{objective}",
+                        r["after"],
+                        dense,
+                        [str(r["steps_done"]), train_time(r), f"{r['lr']:.3g}", f"{r['rss_ratio']:.2f}x"],
+                    )
+                )
     steps_runs = {m: bench.read(f"dp-{m}-kd-steps") for m, _ in ZO_RECIPES}
     if any(steps_runs.values()):
-        lines += ["", f"## Equal steps: MaZO-kd against MeZO-kd on the DP checkpoint ({a.zo_seq_len}-token windows)", "",
-                  header, rule, row("dp, none", untuned["dp"], dense, ["0", "0", "", ""])]
+        lines += [
+            "",
+            f"## Equal steps: MaZO-kd against MeZO-kd on the DP checkpoint ({a.zo_seq_len}-token windows)",
+            "",
+            header,
+            rule,
+            row("dp, none", untuned["dp"], dense, ["0", "0", "", ""]),
+        ]
         for method, r in steps_runs.items():
             if r is not None:
-                lines.append(row(f"dp, {method}-kd", r["after"], dense, [str(r["steps_done"]), train_time(r),
-                                                                         f"{r['lr']:.3g}", f"{r['rss_ratio']:.2f}x"]))
+                lines.append(
+                    row(
+                        f"dp, {method}-kd",
+                        r["after"],
+                        dense,
+                        [str(r["steps_done"]), train_time(r), f"{r['lr']:.3g}", f"{r['rss_ratio']:.2f}x"],
+                    )
+                )
     task_results = {name: bench.read(f"tasks-{name}") for name, _ in task_models(bench)}
     if any(task_results.values()):
         first = next(r for r in task_results.values() if r is not None)
-        lines += ["", f"## Zero-shot accuracy on `{TASK}` (lm-eval, first {a.task_limit} examples, acc ± stderr in points)", "",
-                  "| model | acc |", "|---|---:|", f"| dense | {task_cell(first, 'dense_task_accuracy')} |"]
+        lines += [
+            "",
+            f"## Zero-shot accuracy on `{TASK}` (lm-eval, first {a.task_limit} examples, acc ± stderr in points)",
+            "",
+            "| model | acc |",
+            "|---|---:|",
+            f"| dense | {task_cell(first, 'dense_task_accuracy')} |",
+        ]
         lines += [f"| {name} | {task_cell(r)} |" for name, r in task_results.items()]
     lines += ["", "## Targets", "", *targets(bench, untuned, runs, steps_runs, dense), ""]
     return "\n".join(lines)
@@ -335,8 +505,10 @@ def markdown(bench: Bench) -> str:
 
 def _plan_line(path: Path, label: str) -> str:
     params = json.loads(path.read_text())["params"]
-    return (f"{label} removes {params['removed']:,} of {params['dense_prunable']:,} prunable parameters "
-            f"({params['removed_fraction_of_prunable']:.2%})")
+    return (
+        f"{label} removes {params['removed']:,} of {params['dense_prunable']:,} prunable parameters "
+        f"({params['removed_fraction_of_prunable']:.2%})"
+    )
 
 
 def targets(bench: Bench, untuned: dict, runs: dict, steps_runs: dict, dense: dict) -> list[str]:
@@ -347,36 +519,49 @@ def targets(bench: Bench, untuned: dict, runs: dict, steps_runs: dict, dense: di
         ratio = kd["after"]["perplexity"]["wiki-sample"] / dense["wiki-sample"]
         cpu = kd.get("train_cpu_seconds")
         spent = f"{cpu / 60:.1f} CPU-minutes" if cpu is not None else "CPU time not recorded"
-        out.append(f"- DP + LoRA-kd, {bench.args.budget_s / 60:g} wall-clock minutes of training on one thread ({spent}): "
-                   f"held-out wiki perplexity at most 1.3x dense: {'met' if ratio <= 1.3 else 'MISSED'}, {ratio:.2f}x.")
+        out.append(
+            f"- DP + LoRA-kd, {bench.args.budget_s / 60:g} wall-clock minutes of training on one thread ({spent}): "
+            f"held-out wiki perplexity at most 1.3x dense: {'met' if ratio <= 1.3 else 'MISSED'}, {ratio:.2f}x."
+        )
     if kd is not None and lm is not None:
         better = [s for s in SOURCES if kd["after"]["perplexity"][s] < lm["after"]["perplexity"][s]]
-        out.append(f"- DP + LoRA-kd better than LoRA-lm at the same wall clock ({'side by side' if paired else 'one after the other'}; "
-                   "held-out perplexity, both sources): "
-                   f"{'met' if len(better) == len(SOURCES) else 'MISSED'}, "
-                   + ", ".join(f"{s} {kd['after']['perplexity'][s]:.2f} vs {lm['after']['perplexity'][s]:.2f}" for s in SOURCES)
-                   + f"; KL {mean_kl(kd['after']):.4f} vs {mean_kl(lm['after']):.4f}.")
+        out.append(
+            f"- DP + LoRA-kd better than LoRA-lm at the same wall clock ({'side by side' if paired else 'one after the other'}; "
+            "held-out perplexity, both sources): "
+            f"{'met' if len(better) == len(SOURCES) else 'MISSED'}, "
+            + ", ".join(f"{s} {kd['after']['perplexity'][s]:.2f} vs {lm['after']['perplexity'][s]:.2f}" for s in SOURCES)
+            + f"; KL {mean_kl(kd['after']):.4f} vs {mean_kl(lm['after']):.4f}."
+        )
     for method, objective in RECIPES:
         dp, uni = runs.get(f"dp-{method}-{objective}"), runs.get(f"uniform-{method}-{objective}")
         if dp is None or uni is None:
             continue
         wins = [s for s in SOURCES if dp["after"]["perplexity"][s] < uni["after"]["perplexity"][s]]
-        out.append(f"- DP + {method}-{objective} beats uniform + {method}-{objective} (equal budget and time): "
-                   f"{'met' if len(wins) == len(SOURCES) else 'MISSED'}, "
-                   + ", ".join(f"{s} {dp['after']['perplexity'][s]:.2f} vs {uni['after']['perplexity'][s]:.2f}" for s in SOURCES) + ".")
+        out.append(
+            f"- DP + {method}-{objective} beats uniform + {method}-{objective} (equal budget and time): "
+            f"{'met' if len(wins) == len(SOURCES) else 'MISSED'}, "
+            + ", ".join(f"{s} {dp['after']['perplexity'][s]:.2f} vs {uni['after']['perplexity'][s]:.2f}" for s in SOURCES)
+            + "."
+        )
     mazo, mezo = steps_runs.get("mazo"), steps_runs.get("mezo")
     if mazo is not None and mezo is not None:
         a, b = nll(mazo["after"]["perplexity"]), nll(mezo["after"]["perplexity"])
-        out.append(f"- MaZO beats MeZO at equal steps ({mazo['steps_done']} and {mezo['steps_done']}) on the held-out "
-                   f"multi-task NLL: {'met' if a < b else 'MISSED'}, {a:.4f} vs {b:.4f} (untuned {nll(untuned['dp']['perplexity']):.4f}); "
-                   f"mean KL {mean_kl(mazo['after']):.4f} vs {mean_kl(mezo['after']):.4f}.")
+        out.append(
+            f"- MaZO beats MeZO at equal steps ({mazo['steps_done']} and {mezo['steps_done']}) on the held-out "
+            f"multi-task NLL: {'met' if a < b else 'MISSED'}, {a:.4f} vs {b:.4f} (untuned {nll(untuned['dp']['perplexity']):.4f}); "
+            f"mean KL {mean_kl(mazo['after']):.4f} vs {mean_kl(mezo['after']):.4f}."
+        )
     if mazo is not None:
-        out.append(f"- MaZO's peak memory at most 1.1x inference: {'met' if mazo['rss_ratio'] <= 1.1 else 'MISSED'}, "
-                   f"{mazo['rss_ratio']:.3f}x (kd: the teacher is resident in both measurements).")
+        out.append(
+            f"- MaZO's peak memory at most 1.1x inference: {'met' if mazo['rss_ratio'] <= 1.1 else 'MISSED'}, "
+            f"{mazo['rss_ratio']:.3f}x (kd: the teacher is resident in both measurements)."
+        )
         before, after = mean_kl(untuned["dp"]), mean_kl(mazo["after"])
         share = (before - after) / before
-        out.append(f"- MaZO removes at least a quarter of the DP plan's KL increase: {'met' if share >= 0.25 else 'MISSED'}, "
-                   f"{share:.1%} (mean KL {before:.4f} -> {after:.4f}).")
+        out.append(
+            f"- MaZO removes at least a quarter of the DP plan's KL increase: {'met' if share >= 0.25 else 'MISSED'}, "
+            f"{share:.1%} (mean KL {before:.4f} -> {after:.4f})."
+        )
     out.append("- Step time against two forward passes: see `bench/results/zo_step.md`.")
     return out
 
@@ -393,8 +578,13 @@ def curves_csv(bench: Bench) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     bench = Bench(args)
-    for phase, fn in (("prepare", prepare), ("wallclock", wallclock), ("kd-vs-lm", kd_against_lm), ("steps", equal_steps),
-                      ("tasks", tasks)):
+    for phase, fn in (
+        ("prepare", prepare),
+        ("wallclock", wallclock),
+        ("kd-vs-lm", kd_against_lm),
+        ("steps", equal_steps),
+        ("tasks", tasks),
+    ):
         if phase in args.phases:
             fn(bench)
     RESULTS.mkdir(exist_ok=True)

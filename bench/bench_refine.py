@@ -22,27 +22,27 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
-import logging  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-from scipy.stats import spearmanr  # noqa: E402
+import numpy as np
+from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import add_eval_args, machine_line, write_report  # noqa: E402
+from report import add_eval_args, machine_line, write_report
 
-from gap_engine.core.config import QUICK_RATE_GRID, WindowSpec  # noqa: E402
+from gap_engine.core.config import QUICK_RATE_GRID, WindowSpec
 from gap_engine.core.progress import Hooks
-from gap_engine.data.windows import calibration_windows  # noqa: E402
-from gap_engine.model.loading import load_model  # noqa: E402
+from gap_engine.data.windows import calibration_windows
+from gap_engine.model.loading import load_model
 from gap_engine.pipeline.compare import heldout_sets, measure_plan, reference_numbers
 from gap_engine.pipeline.stages import loss_table
-from gap_engine.plan.allocators import plan_from_table  # noqa: E402
-from gap_engine.prune.importance import compute_importance  # noqa: E402
-from gap_engine.tables.artefact import TableSpec, parse_rate_grid  # noqa: E402
+from gap_engine.plan.allocators import plan_from_table
+from gap_engine.prune.importance import compute_importance
+from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 
 log = logging.getLogger("bench_refine")
 
@@ -104,7 +104,10 @@ def seed_section(lm, args, seed: int, heldout, sources) -> tuple[list[str], dict
     scores = compute_importance(lm, calib, exact.spec.criterion, 8)
     reference = reference_numbers(lm, calib, heldout, 8)
     lines = [f"### Seed {seed}: {args.samples} x {args.seq_len} calibration tokens", "", "Build:", ""]
-    lines += ["| table | wall | CPU | cells measured | of exact's | wall vs exact | CPU vs exact | rounds |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| table | wall | CPU | cells measured | of exact's | wall vs exact | CPU vs exact | rounds |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     n_distinct = exact.extras["distinct_cells"]
     for label, table in tables.items():
         cpu = table.extras.get("cpu_seconds", float("nan"))
@@ -113,7 +116,11 @@ def seed_section(lm, args, seed: int, heldout, sources) -> tuple[list[str], dict
             f"| {label} | {table.build_seconds:.0f} s | {cpu:.0f} s | {cells} | {cells / n_distinct:.0%} | "
             f"{table.build_seconds / exact.build_seconds:.1%} | {cpu / exact.extras['cpu_seconds']:.1%} | {table.extras.get('refine_rounds', '-')} |"
         )
-    lines += ["", "Plans (DP on each table; KL in nats per token; regret: the plan's summed loss on the exact table minus the exact optimum):", ""]
+    lines += [
+        "",
+        "Plans (DP on each table; KL in nats per token; regret: the plan's summed loss on the exact table minus the exact optimum):",
+        "",
+    ]
     lines += [
         "| budget | table | predicted | measured calib. KL | regret on exact | " + " | ".join(f"ppl {s}" for s in sources) + " |",
         "|---:|---|---:|---:|---:|" + "---:|" * len(sources),
@@ -144,7 +151,10 @@ def seed_section(lm, args, seed: int, heldout, sources) -> tuple[list[str], dict
 
 def pricing(exact, fisher) -> list[str]:
     lines = ["Attention pricing (fisher estimate against the exact cells, distinct cells that remove something):", ""]
-    lines += ["| component | cells | Spearman | median estimate / exact | share under half the exact value | late layers (last third): median ratio |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| component | cells | Spearman | median estimate / exact | share under half the exact value | late layers (last third): median ratio |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     distinct = exact.removed > 0
     late = max(layer for layer, _ in exact.components) * 2 // 3
     for kind in ("attn", "mlp"):
@@ -179,7 +189,11 @@ def summary(args, per_seed: dict, sources) -> list[str]:
         ]
         for budget in budgets:
             for source in sources:
-                ppl = {(s, label): per_seed[s]["results"][budget, label].perplexity[source] for s in (a, b) for label in ("exact", "refine", "fisher")}
+                ppl = {
+                    (s, label): per_seed[s]["results"][budget, label].perplexity[source]
+                    for s in (a, b)
+                    for label in ("exact", "refine", "fisher")
+                }
                 noise = abs(ppl[a, "exact"] - ppl[b, "exact"])
                 cells = [abs(ppl[s, label] - ppl[s, "exact"]) for s in (a, b) for label in ("refine", "fisher")]
                 lines.append(f"| {budget:.0%} | {source} | {noise:.3f} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")

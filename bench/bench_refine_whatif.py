@@ -3,7 +3,7 @@
 A refined table's rounds decide only from the estimate and the cells measured so far
 (``tables.refine.refinement_rounds``), so replaying them against a full exact table on the
 same windows gives exactly the cells a real build would measure, without measuring again
-(tests/test_refine.py checks the replay against a real build). For every setting this
+(tests/tables/test_refine.py checks the replay against a real build). For every setting this
 reports the cells measured (count, and their share of the exact build's cost: a cell of
 layer i runs blocks i..L-1 and the LM head) and, at every budget, the regret of the refined
 table's DP plan on the exact table (its summed exact loss minus the exact optimum; 0 means
@@ -19,25 +19,25 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import machine_line, write_report  # noqa: E402
+from report import machine_line, write_report
 
-from gap_engine.core.config import WindowSpec  # noqa: E402
-from gap_engine.data.windows import calibration_windows, load_corpus  # noqa: E402
-from gap_engine.model.loading import load_model  # noqa: E402
-from gap_engine.plan.allocators import plan_from_table  # noqa: E402
-from gap_engine.prune.importance import compute_importance  # noqa: E402
-from gap_engine.tables import cache  # noqa: E402
-from gap_engine.tables.artefact import TableSpec, isotonic_smooth, parse_rate_grid, table_key  # noqa: E402
-from gap_engine.tables.cells import unit_cuts  # noqa: E402
-from gap_engine.tables.exact import distinct_cuts  # noqa: E402
-from gap_engine.tables.refine import RefineProblem, current_objective, refinement_rounds  # noqa: E402
+from gap_engine.core.config import WindowSpec
+from gap_engine.data.windows import calibration_windows, load_corpus
+from gap_engine.model.loading import load_model
+from gap_engine.plan.allocators import plan_from_table
+from gap_engine.prune.importance import compute_importance
+from gap_engine.tables import cache
+from gap_engine.tables.artefact import TableSpec, isotonic_smooth, parse_rate_grid, table_key
+from gap_engine.tables.cells import unit_cuts
+from gap_engine.tables.exact import distinct_cuts
+from gap_engine.tables.refine import RefineProblem, current_objective, refinement_rounds
 
 SETTINGS = [
     {"refine_neighbours": 0},
@@ -83,18 +83,32 @@ def seed_rows(lm, args, seed: int, budgets, exact_tables: dict) -> list[str]:
     block = sum(p.numel() for p in lm.adapter.layers(lm.model)[0].parameters())
     cost = {(c, r): lm.num_layers - cut.layer + head.in_features * head.out_features / block for c, r, cut in jobs}
     total_cost = sum(cost.values())
-    problem = RefineProblem(fisher.delta, owner, exact.removed, exact.dense_prunable, tuple(k for _, k in exact.components), exact.dense_objective)
-    rows = [f"| {seed} | fisher (nothing measured) | 0 | 0% | - | " + " | ".join(f"{regret(lm, fisher, exact, b):.4f}" for b in budgets) + " |"]
+    problem = RefineProblem(
+        fisher.delta, owner, exact.removed, exact.dense_prunable, tuple(k for _, k in exact.components), exact.dense_objective
+    )
+    rows = [
+        f"| {seed} | fisher (nothing measured) | 0 | 0% | - | " + " | ".join(f"{regret(lm, fisher, exact, b):.4f}" for b in budgets) + " |"
+    ]
     for other_seed, other in others.items():  # noise: another seed's exact plans, scored on this seed's exact table
-        rows.append(f"| {seed} | noise: seed {other_seed}'s exact plans | - | - | - | " + " | ".join(f"{regret(lm, other, exact, b):.4f}" for b in budgets) + " |")
+        rows.append(
+            f"| {seed} | noise: seed {other_seed}'s exact plans | - | - | - | "
+            + " | ".join(f"{regret(lm, other, exact, b):.4f}" for b in budgets)
+            + " |"
+        )
     # The least any refinement can measure and still end with the exact table's plans resting
     # on measured cells: the cells those plans use (search for them costs more on top).
     plans = [plan_from_table(lm, exact, b) for b in budgets]
     needed = {owner[cell] for plan in plans for cell in exact.cells_for(plan.attention_rates, plan.mlp_rates)} - {None}
-    rows.append(f"| {seed} | bound: only the exact plans' own cells | {len(needed)} of {len(jobs)} | {sum(cost[c] for c in needed) / total_cost:.0%} | - | " + " | ".join("0" for _ in budgets) + " |")
+    rows.append(
+        f"| {seed} | bound: only the exact plans' own cells | {len(needed)} of {len(jobs)} | {sum(cost[c] for c in needed) / total_cost:.0%} | - | "
+        + " | ".join("0" for _ in budgets)
+        + " |"
+    )
     for setting in SETTINGS:
         spec = dataclasses.replace(base, estimator="refine", **({"refine_budgets": budgets} | setting))
-        measured, rounds = refinement_rounds(problem, spec, lambda todo, m: m.update({cell: float(exact.cell_objective[cell]) for cell in todo}))
+        measured, rounds = refinement_rounds(
+            problem, spec, lambda todo, m: m.update({cell: float(exact.cell_objective[cell]) for cell in todo})
+        )
         objective = current_objective(exact.dense_objective, fisher.delta, owner, measured)
         delta = objective - exact.dense_objective
         refined = dataclasses.replace(exact, delta=delta, smoothed=isotonic_smooth(delta), cell_objective=objective)
@@ -102,7 +116,8 @@ def seed_rows(lm, args, seed: int, budgets, exact_tables: dict) -> list[str]:
         label = ", ".join(f"{k.removeprefix('refine_')}={v}" for k, v in setting.items())
         rows.append(
             f"| {seed} | {label} | {len(measured)} of {len(jobs)} | {share:.0%} | {rounds} | "
-            + " | ".join(f"{regret(lm, refined, exact, b):.4f}" for b in budgets) + " |"
+            + " | ".join(f"{regret(lm, refined, exact, b):.4f}" for b in budgets)
+            + " |"
         )
     return rows
 

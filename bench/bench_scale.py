@@ -27,29 +27,29 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see bench_tables.py: shared cores
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import resource  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gap_engine.core.config import WindowSpec  # noqa: E402
-from gap_engine.core.device import DeviceSpec, resolve  # noqa: E402
-from gap_engine.data.windows import calibration_windows, heldout_windows  # noqa: E402
-from gap_engine.evaluate.metrics import perplexity  # noqa: E402
-from gap_engine.model.loading import load_model  # noqa: E402
-from gap_engine.pipeline.stages import plan_for, pruned_copy  # noqa: E402
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.device import DeviceSpec, resolve
+from gap_engine.data.windows import calibration_windows, heldout_windows
+from gap_engine.evaluate.metrics import perplexity
+from gap_engine.model.loading import load_model
+from gap_engine.pipeline.stages import plan_for, pruned_copy
 from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 from gap_engine.tables.build import measure_table
-from gap_engine.tables.costmodel import ModelShape, estimate_build, measured_profile  # noqa: E402
+from gap_engine.tables.costmodel import ModelShape, estimate_build, measured_profile
 
 BUDGET = 0.2
 
@@ -129,8 +129,20 @@ def child_build(args) -> None:
 def streaming(args) -> list[str]:
     results = {}
     for kind in ("resident", "streamed"):
-        command = [sys.executable, __file__, "--child", kind, "--samples", str(args.samples), "--seq-len", str(args.seq_len),
-                   "--rates", args.rates, "--batch-size", str(args.batch_size)]
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            kind,
+            "--samples",
+            str(args.samples),
+            "--seq-len",
+            str(args.seq_len),
+            "--rates",
+            args.rates,
+            "--batch-size",
+            str(args.batch_size),
+        ]
         note(f"child process: {kind}")
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         results[kind] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -143,7 +155,9 @@ def streaming(args) -> list[str]:
         "|---|---:|---:|---:|---:|---|",
     ]
     for kind, res in results.items():
-        out.append(f"| {kind} | {res['wall']:.1f} s | {res['cpu']:.1f} s | {res['peak_kb'] / 1024:.0f} MiB | {res['rss_before_kb'] / 1024:.0f} MiB | {same if kind == 'streamed' else '-'} |")
+        out.append(
+            f"| {kind} | {res['wall']:.1f} s | {res['cpu']:.1f} s | {res['peak_kb'] / 1024:.0f} MiB | {res['rss_before_kb'] / 1024:.0f} MiB | {same if kind == 'streamed' else '-'} |"
+        )
     out += [
         "",
         f"Streamed / resident: **{s['wall'] / r['wall']:.2f}x wall, {s['cpu'] / r['cpu']:.2f}x CPU**. On the CPU the device *is* "
@@ -180,7 +194,9 @@ def ray_workers(args) -> list[str]:
         timed(f"ray warm-up, {workers} worker(s)", lambda: measure_table(lm, spec, windows[:, : min(8, args.seq_len)], cells=cells))
         table, (wall, cpu) = timed(f"ray, {workers} worker(s)", lambda: measure_table(lm, spec, windows, cells=cells))
         same = np.array_equal(table.cell_objective, single.cell_objective)
-        out.append(f"| Ray, {workers} worker(s) | {wall:.1f} s | {cpu:.1f} s | {wall / single_wall:.2f}x | {table.extras['ray_worker_processes']} | {same} |")
+        out.append(
+            f"| Ray, {workers} worker(s) | {wall:.1f} s | {cpu:.1f} s | {wall / single_wall:.2f}x | {table.extras['ray_worker_processes']} | {same} |"
+        )
     ray.shutdown()
     out += [
         "",
@@ -204,16 +220,22 @@ def cost_model(args) -> list[str]:
     for name in ("smollm2-135m", "gemma3-270m"):
         lm = load_model(name)
         shape = ModelShape.from_config(lm.model.config, name)
-        profile, (calib_wall, _) = timed(f"profile of {name}", lambda: measured_profile(
-            placement, shape, seq_len=min(args.seq_len, 512), batch=min(args.batch_size, 4), refresh=True))
+        profile, (calib_wall, _) = timed(
+            f"profile of {name}",
+            lambda: measured_profile(placement, shape, seq_len=min(args.seq_len, 512), batch=min(args.batch_size, 4), refresh=True),
+        )
         for estimator in ("exact", "fisher"):
             spec = spec_for(args, estimator=estimator)
             windows = calibration_windows(lm.tokenizer, spec.windows)
             predicted = estimate_build(shape, spec, profile, dtype_bytes=4)
             table, (wall, _) = timed(f"{estimator} table of {name}", lambda: measure_table(lm, spec, windows))
             cells = table.extras.get("distinct_cells", 0)
-            out.append(f"| {name} | {estimator} | {cells} (predicted {predicted.cells}) | {predicted.seconds:.1f} s | {wall:.1f} s | {wall / predicted.seconds:.2f} |")
-        out.append(f"| | profile | | {profile.block_flops / 1e9:.1f} GFLOP/s blocks, {profile.head_flops / 1e9:.1f} GFLOP/s LM head, measured in {calib_wall:.1f} s | | |")
+            out.append(
+                f"| {name} | {estimator} | {cells} (predicted {predicted.cells}) | {predicted.seconds:.1f} s | {wall:.1f} s | {wall / predicted.seconds:.2f} |"
+            )
+        out.append(
+            f"| | profile | | {profile.block_flops / 1e9:.1f} GFLOP/s blocks, {profile.head_flops / 1e9:.1f} GFLOP/s LM head, measured in {calib_wall:.1f} s | | |"
+        )
     out += [
         "",
         "Each profile was measured right before its model's builds (`refresh=True`), so both saw about the same load.",
@@ -271,8 +293,14 @@ def before_after(args) -> list[str]:
     for repeat in range(args.repeats):
         for label, path in (("before", base_dir), ("after", root)):
             note(f"{label} ({repeat + 1}/{args.repeats}): exact + fisher tables and a perplexity")
-            done = subprocess.run([sys.executable, "-c", BEFORE_AFTER_CHILD, str(args.samples), str(args.seq_len), args.rates, str(args.batch_size)],
-                                  capture_output=True, text=True, check=True, env=env | {"PYTHONPATH": str(path)}, cwd=str(path))
+            done = subprocess.run(
+                [sys.executable, "-c", BEFORE_AFTER_CHILD, str(args.samples), str(args.seq_len), args.rates, str(args.batch_size)],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env | {"PYTHONPATH": str(path)},
+                cwd=str(path),
+            )
             runs[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
     out = [
         f"## 5. Before and after on the CPU (float32): base `{args.base}` vs this checkout, {args.repeats} alternated runs each",
@@ -285,8 +313,16 @@ def before_after(args) -> list[str]:
         a = min(r[step]["cpu"] for r in runs["after"]), min(r[step]["wall"] for r in runs["after"])
         key = "cells" if step != "perplexity" else "value"
         same = runs["before"][0][step][key] == runs["after"][0][step][key]
-        out.append(f"| {step} table | {b[0]:.1f} | {a[0]:.1f} | {a[0] / b[0]:.2f}x | {b[1]:.1f} | {a[1]:.1f} | {same} |".replace("perplexity table", "held-out perplexity"))
-    out += ["", "Best of the alternated runs: the load of other sessions only ever adds time, so the minimum is the fairest estimate of each.", ""]
+        out.append(
+            f"| {step} table | {b[0]:.1f} | {a[0]:.1f} | {a[0] / b[0]:.2f}x | {b[1]:.1f} | {a[1]:.1f} | {same} |".replace(
+                "perplexity table", "held-out perplexity"
+            )
+        )
+    out += [
+        "",
+        "Best of the alternated runs: the load of other sessions only ever adds time, so the minimum is the fairest estimate of each.",
+        "",
+    ]
     return out
 
 
@@ -319,7 +355,13 @@ def main() -> int:
         "",
     ]
     print("\n".join(report), flush=True)  # each part as it completes: a failure later keeps the earlier ones
-    for name, part in (("precision", precision), ("streaming", streaming), ("ray", ray_workers), ("cost", cost_model), ("before-after", before_after)):
+    for name, part in (
+        ("precision", precision),
+        ("streaming", streaming),
+        ("ray", ray_workers),
+        ("cost", cost_model),
+        ("before-after", before_after),
+    ):
         if name not in skip:
             lines = part(args) + [f"(load average after this part: {load_avg()})", ""]
             print("\n".join(lines), flush=True)

@@ -25,25 +25,25 @@ import os
 # small op wait for a time slice (25x slower blocks were seen). Passive waiting avoids it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
-import platform  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import argparse
+import platform
+import sys
+import time
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from scipy.stats import spearmanr  # noqa: E402
+import numpy as np
+import torch
+from scipy.stats import spearmanr
 
 # The naive build is a test reference (tests/reference.py), not part of the package.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from reference import naive_build_table  # noqa: E402
+from reference import naive_build_table
 
-from gap_engine.core.config import FULL_RATE_GRID as DEFAULT_RATE_GRID  # noqa: E402
-from gap_engine.core.config import WindowSpec  # noqa: E402
-from gap_engine.core.knapsack import solve_budget  # noqa: E402
-from gap_engine.data.windows import calibration_windows  # noqa: E402
-from gap_engine.model.loading import load_model  # noqa: E402
-from gap_engine.model.units import block_geometries  # noqa: E402
+from gap_engine.core.config import FULL_RATE_GRID as DEFAULT_RATE_GRID
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.knapsack import solve_budget
+from gap_engine.data.windows import calibration_windows
+from gap_engine.model.loading import load_model
+from gap_engine.model.units import block_geometries
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth
 from gap_engine.tables.build import measure_table
 from gap_engine.tables.exact import window_cells
@@ -159,10 +159,7 @@ def speed_and_estimates(lm, args) -> list[str]:
     budget = BUDGET * exact16.dense_prunable
     smooth_truth, raw_truth = exact16.losses(), exact16.losses(smoothed=False)
     exact_plan = plan_for(exact16.removed, smooth_truth, budget)
-    out.append(
-        f"| exact | {t_exact16} | 1x | 1 | 1 | {plan_loss(exact_plan, smooth_truth):.4f} | "
-        f"{plan_loss(exact_plan, raw_truth):.4f} |"
-    )
+    out.append(f"| exact | {t_exact16} | 1x | 1 | 1 | {plan_loss(exact_plan, smooth_truth):.4f} | {plan_loss(exact_plan, raw_truth):.4f} |")
     for method in ("taylor", "fisher"):
         spec = TableSpec(estimator=method, rate_grid=DEFAULT_RATE_GRID, **base)
         approx, seconds = timed(f"{method} estimate", lambda: measure_table(lm, spec, windows))

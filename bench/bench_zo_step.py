@@ -35,13 +35,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from gap_engine.core.fsutil import atomic_write_text  # noqa: E402
-from gap_engine.core.progress import NO_HOOKS  # noqa: E402
-from gap_engine.model.loading import load_model  # noqa: E402
-from gap_engine.pipeline.recovery import RecoverySettings  # noqa: E402
-from gap_engine.recover import zo as recover_zo  # noqa: E402
-from gap_engine.recover.distill import Objective  # noqa: E402
-from gap_engine.recover.train import TaskData, ZORun, multitask_loss  # noqa: E402
+from gap_engine.core.fsutil import atomic_write_text
+from gap_engine.core.progress import NO_HOOKS
+from gap_engine.model.loading import load_model
+from gap_engine.pipeline.recovery import RecoverySettings
+from gap_engine.recover import zo as recover_zo
+from gap_engine.recover.distill import Objective
+from gap_engine.recover.train import TaskData, ZORun, multitask_loss
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ZO_PATHS = {"13348a0": "gap_engine/recover_zo.py"}  # where recover_zo lived before the layered packages
@@ -71,8 +71,12 @@ def median_seconds(fn, reps: int) -> float:
 
 def old_zo_module(rev: str):
     """recover_zo as it was at ``rev``, imported under another name."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{ZO_PATHS.get(rev, 'gap_engine/recover/zo.py')}"], check=True,
-                            capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{rev}:{ZO_PATHS.get(rev, 'gap_engine/recover/zo.py')}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     path = Path(tempfile.mkdtemp()) / "recover_zo_baseline.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("recover_zo_baseline", path)
@@ -84,8 +88,9 @@ def old_zo_module(rev: str):
 
 def time_method(lm, teacher, method: str, args, zo_module=None) -> dict:
     """Median seconds of one step of ``method`` with each objective (the module's zo_step when given)."""
-    settings = RecoverySettings(method=method, tasks=("wiki-sample", "news-sample"), batch_size=args.batch_size,
-                                seq_len=args.seq_len, lr=1e-6).validate()
+    settings = RecoverySettings(
+        method=method, tasks=("wiki-sample", "news-sample"), batch_size=args.batch_size, seq_len=args.seq_len, lr=1e-6
+    ).validate()
     data = TaskData(lm, settings)
     batch = data.batch(0)
     out = {}

@@ -41,16 +41,16 @@ from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gap_engine.core.config import WindowSpec  # noqa: E402
-from gap_engine.core.device import DeviceSpec, resolve  # noqa: E402
-from gap_engine.data.windows import calibration_windows, load_corpus  # noqa: E402
-from gap_engine.evaluate.metrics import EvalSettings, evaluate  # noqa: E402
-from gap_engine.model.dispatch import describe_device_map, load_dispatched  # noqa: E402
-from gap_engine.model.loading import load_model  # noqa: E402
-from gap_engine.pipeline.stages import plan_for, pruned_copy  # noqa: E402
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.device import DeviceSpec, resolve
+from gap_engine.data.windows import calibration_windows, load_corpus
+from gap_engine.evaluate.metrics import EvalSettings, evaluate
+from gap_engine.model.dispatch import describe_device_map, load_dispatched
+from gap_engine.model.loading import load_model
+from gap_engine.pipeline.stages import plan_for, pruned_copy
 from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid, table_key
 from gap_engine.tables.build import measure_table
-from gap_engine.tables.costmodel import ModelShape, estimate_build, measured_profile  # noqa: E402
+from gap_engine.tables.costmodel import ModelShape, estimate_build, measured_profile
 
 REFERENCE = Path(__file__).resolve().parent / "results" / "gpu_check_reference.json"
 RATES = "0,0.125,0.25,0.375,0.5,0.625,0.75,0.875"
@@ -61,7 +61,11 @@ def note(message: str) -> None:
 
 
 def spec_of(args, estimator: str = "exact") -> TableSpec:
-    return TableSpec(windows=WindowSpec("wiki-sample", args.samples, args.seq_len, 0, args.batch_size), rate_grid=parse_rate_grid(args.rates), estimator=estimator)
+    return TableSpec(
+        windows=WindowSpec("wiki-sample", args.samples, args.seq_len, 0, args.batch_size),
+        rate_grid=parse_rate_grid(args.rates),
+        estimator=estimator,
+    )
 
 
 def cpu_references(args, names: list[str]) -> dict[str, dict[str, LossTable]]:
@@ -128,8 +132,11 @@ def agreement(table: LossTable, reference: LossTable) -> dict:
 def check_model(args, name: str, reference: dict[str, LossTable]) -> dict:
     result: dict = {"model": name}
     spec = spec_of(args)
-    for label, device in (("fp32", DeviceSpec(args.device, "float32")), ("bf16", DeviceSpec(args.device, "bfloat16")),
-                          ("bf16_streamed", DeviceSpec(args.device, "bfloat16", stream=True))):
+    for label, device in (
+        ("fp32", DeviceSpec(args.device, "float32")),
+        ("bf16", DeviceSpec(args.device, "bfloat16")),
+        ("bf16_streamed", DeviceSpec(args.device, "bfloat16", stream=True)),
+    ):
         note(f"{name}: exact table on the GPU, {label}")
         table, stats = gpu_table(name, spec, device)
         result[f"exact_{label}"] = stats | agreement(table, reference["exact"])
@@ -173,8 +180,11 @@ def prune_and_evaluate(args, name: str, table: LossTable) -> dict:
         pruned, _ = pruned_copy(dense, plan, table.spec.windows)
         report = evaluate(pruned, dense, settings if gpu else EvalSettings(settings.windows, throughput=False, generations=0))
         out[f"eval_{label}"] = {
-            "perplexity": report.perplexity, "dense_perplexity": report.dense["perplexity"], "kl_to_dense": report.kl_to_dense,
-            "throughput": report.throughput, "peak_gpu_bytes": peak_bytes() if gpu else None,
+            "perplexity": report.perplexity,
+            "dense_perplexity": report.dense["perplexity"],
+            "kl_to_dense": report.kl_to_dense,
+            "throughput": report.throughput,
+            "peak_gpu_bytes": peak_bytes() if gpu else None,
         }
     if args.device != "cpu":
         note(f"{name}: the dense model evaluated with --device-map auto (accelerate, every visible GPU)")
@@ -190,31 +200,54 @@ def cost_model(args, name: str, spec: TableSpec, measured: dict) -> dict:
     shape = ModelShape.from_config(lm.model.config, name)
     profile = measured_profile(placement, shape, seq_len=args.seq_len, batch=args.batch_size, refresh=True)
     predicted = estimate_build(shape, spec, profile, dtype_bytes=2)
-    return {"cost_model": {"profile": profile.__dict__, "predicted_seconds": predicted.seconds, "predicted_device_bytes": predicted.device_bytes,
-                           "measured_seconds": measured["seconds"], "measured_peak_gpu_bytes": measured["peak_gpu_bytes"]}}
+    return {
+        "cost_model": {
+            "profile": profile.__dict__,
+            "predicted_seconds": predicted.seconds,
+            "predicted_device_bytes": predicted.device_bytes,
+            "measured_seconds": measured["seconds"],
+            "measured_peak_gpu_bytes": measured["peak_gpu_bytes"],
+        }
+    }
 
 
 def markdown(results: list[dict], env: dict) -> str:
     lines = ["# GPU check (bench/gpu_check.py)", "", f"- {env}", ""]
-    lines += ["| model | table | seconds | peak GPU memory | cell-tokens/s | max abs diff vs CPU fp32 | Spearman vs CPU |",
-              "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| model | table | seconds | peak GPU memory | cell-tokens/s | max abs diff vs CPU fp32 | Spearman vs CPU |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         for label in ("exact_fp32", "exact_bf16", "exact_bf16_streamed", "fisher_bf16", "fisher_bf16_streamed"):
             s = r[label]
-            lines.append(f"| {r['model']} | {label} | {s['seconds']:.1f} | {s['peak_gpu_bytes'] / 2**30:.2f} GiB | "
-                         f"{s['cell_tokens_per_s']:.3g} | {s['max_abs_cell_diff']:.2e} | {s['spearman_delta']:.3f} |")
-    lines += ["", "| model | streamed vs resident bf16 (max abs) | Ray vs resident bf16 (max abs) | ppl GPU bf16 (wiki) | ppl CPU fp32 (wiki) | prefill speed-up | "
-              "decode speed-up | predicted / measured build s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            lines.append(
+                f"| {r['model']} | {label} | {s['seconds']:.1f} | {s['peak_gpu_bytes'] / 2**30:.2f} GiB | "
+                f"{s['cell_tokens_per_s']:.3g} | {s['max_abs_cell_diff']:.2e} | {s['spearman_delta']:.3f} |"
+            )
+    lines += [
+        "",
+        "| model | streamed vs resident bf16 (max abs) | Ray vs resident bf16 (max abs) | ppl GPU bf16 (wiki) | ppl CPU fp32 (wiki) | prefill speed-up | "
+        "decode speed-up | predicted / measured build s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         g, c, cm = r["eval_gpu_bf16"], r["eval_cpu_fp32"], r["cost_model"]
         t = g["throughput"] or {}
-        lines.append(f"| {r['model']} | {r['streamed_vs_resident_max_abs']:.2e} | {r.get('ray_vs_resident_max_abs', float('nan')):.2e} | {g['perplexity']['wiki-sample']:.3f} | "
-                     f"{c['perplexity']['wiki-sample']:.3f} | {t.get('prefill_speedup', float('nan')):.2f} | "
-                     f"{t.get('decode_speedup', float('nan')):.2f} | {cm['predicted_seconds']:.1f} / {cm['measured_seconds']:.1f} |")
-    lines += ["", "| model | fisher streamed vs resident bf16 (max abs) | dense ppl, --device-map auto (wiki) | its device map |", "|---|---:|---:|---|"]
+        lines.append(
+            f"| {r['model']} | {r['streamed_vs_resident_max_abs']:.2e} | {r.get('ray_vs_resident_max_abs', float('nan')):.2e} | {g['perplexity']['wiki-sample']:.3f} | "
+            f"{c['perplexity']['wiki-sample']:.3f} | {t.get('prefill_speedup', float('nan')):.2f} | "
+            f"{t.get('decode_speedup', float('nan')):.2f} | {cm['predicted_seconds']:.1f} / {cm['measured_seconds']:.1f} |"
+        )
+    lines += [
+        "",
+        "| model | fisher streamed vs resident bf16 (max abs) | dense ppl, --device-map auto (wiki) | its device map |",
+        "|---|---:|---:|---|",
+    ]
     for r in results:
         spread = r.get("eval_device_map") or {"perplexity": {"wiki-sample": float("nan")}, "device_map": "-"}
-        lines.append(f"| {r['model']} | {r['fisher_streamed_vs_resident_max_abs']:.2e} | {spread['perplexity']['wiki-sample']:.3f} | {spread['device_map']} |")
+        lines.append(
+            f"| {r['model']} | {r['fisher_streamed_vs_resident_max_abs']:.2e} | {spread['perplexity']['wiki-sample']:.3f} | {spread['device_map']} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gap_engine.core.config import FULL_RATE_GRID, WindowSpec  # noqa: E402
-from gap_engine.tables.artefact import TableSpec  # noqa: E402
-from gap_engine.tables.costmodel import REFINE_CELLS, SHAPES, SPEC_PROFILES, estimate_build  # noqa: E402
+from gap_engine.core.config import FULL_RATE_GRID, WindowSpec
+from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.costmodel import REFINE_CELLS, SHAPES, SPEC_PROFILES, estimate_build
 
 
 def rows(args) -> list[str]:

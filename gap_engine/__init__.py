@@ -1,9 +1,10 @@
 """gap_engine: layer-adaptive structured pruning of causal LMs (GAP, EMNLP 2025).
 
-Pipeline, one module per stage:
-    models (load) -> data (calibration windows) -> importance (within-layer scores)
-    -> tables (loss table) -> planner (DP over a global budget) -> plan (declared rates)
-    -> surgery (physical pruning) -> evaluate -> export.
+One package per stage or foundation, from the bottom up (docs/layout.md):
+    core -> data (calibration windows) -> model (adapters, units, rate plans, checkpoints)
+    -> prune (importance, surgery) -> evaluate -> tables (loss tables) -> plan (the DP front,
+    baselines) -> recover -> export (GGUF, re-saving) -> pipeline (the stages strung together,
+    background jobs) -> views (figures, report) -> cli.
 This package never imports streamlit.
 """
 

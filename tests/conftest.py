@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: the real built-in model, its tokenizer, and tiny models from configs."""
+"""Shared pytest fixtures: the real built-in model (``smol``: its name says it loads the weights),
+its tokenizer alone (``smol_tokenizer``), and tiny models from configs (``make_tiny``: tokenizer only)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,14 @@ def smol():
 
 
 @pytest.fixture(scope="session")
-def smol_tokenizer(smol):
-    """The real SmolLM2-135M tokenizer."""
-    return smol.tokenizer
+def smol_tokenizer():
+    """The real SmolLM2-135M tokenizer, read without the weights from the converted copy (tiny
+    models read real text through it). Only a cache that never converted the built-in model
+    loads it once, to convert it."""
+    from gap_engine.model.loading import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer("smollm2-135m")
+    return tokenizer if tokenizer is not None else load_model("smollm2-135m").tokenizer
 
 
 def tiny_config(model_type: str, **overrides):
@@ -82,3 +88,15 @@ def wait_jobs(manager, timeout: float) -> bool:
 
     deadline = time.monotonic() + timeout
     return all(job.wait(max(0.0, deadline - time.monotonic())) for job in manager.jobs())
+
+
+def wait_for(predicate, timeout=5.0):
+    """Poll ``predicate`` until it holds; True when it did within ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False

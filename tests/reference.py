@@ -30,9 +30,7 @@ from gap_engine.tables.build import assemble_table
 from gap_engine.tables.cells import objective_positions, objective_sum
 
 
-def brute_force(
-    costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray | None, min_removed: float
-) -> tuple[float, np.ndarray]:
+def brute_force(costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray | None, min_removed: float) -> tuple[float, np.ndarray]:
     """Exhaustive reference for tests: enumerate every choice (small C and R only).
 
     Args:
@@ -85,15 +83,10 @@ def uniform_choice(costs: np.ndarray, rate_grid: np.ndarray, removed_params: flo
         if totals[r] >= removed_params:
             return np.full(costs_arr.shape[0], r, dtype=np.intp)
     top = int(np.argmax(totals))
-    raise BudgetError(
-        f"uniform pruning cannot remove {removed_params:,.0f} parameters: "
-        f"at most {int(totals[top]):,} (rate {grid[top]:g})"
-    )
+    raise BudgetError(f"uniform pruning cannot remove {removed_params:,.0f} parameters: at most {int(totals[top]):,} (rate {grid[top]:g})")
 
 
-def naive_build_table(
-    lm, spec: TableSpec, progress: ProgressFn | None = None, windows: torch.Tensor | None = None
-) -> LossTable:
+def naive_build_table(lm, spec: TableSpec, progress: ProgressFn | None = None, windows: torch.Tensor | None = None) -> LossTable:
     """Reference build: one full forward of the whole model per cell, on a sliced copy.
 
     Every cell (rate > 0) deep-copies its block, slices it with surgery's own functions,
@@ -162,9 +155,7 @@ def naive_build_table(
     return assemble_table(lm, spec, key, data_fingerprint, components, objective, dense, seconds, {"cells_measured": total})
 
 
-def make_windows(
-    tokenizer, texts: Sequence[str], n_samples: int, seq_len: int, seed: int = 0
-) -> torch.LongTensor:
+def make_windows(tokenizer, texts: Sequence[str], n_samples: int, seq_len: int, seed: int = 0) -> torch.LongTensor:
     """Reference composition of the window stage on a list of documents (the engine cuts windows
     from text sources; tests use this to check its pieces on hand-written texts).
 

@@ -20,8 +20,8 @@ MAX_FUNCTION_LINES = 80
 # Figure builders spell out one Plotly figure each, trace by trace; they may run longer.
 FIGURE_PACKAGE = "gap_engine.views.figures"
 # The engine's packages from foundation to surface: a module may import its own package and the
-# packages before it, never one after it. README's "Layout" lists the same order (checked below).
-LAYERS = ("core", "data", "model", "prune", "evaluate", "tables", "plan", "recover", "deploy", "pipeline", "views", "cli")
+# packages before it, never one after it. docs/layout.md lists the same order (checked below).
+LAYERS = ("core", "data", "model", "prune", "evaluate", "tables", "plan", "recover", "export", "pipeline", "views", "cli")
 # Top-level files beside the packages: the package marker and `python -m gap_engine`.
 TOP_LEVEL_FILES = ("__init__.py", "__main__.py")
 
@@ -117,7 +117,7 @@ def test_no_import_cycles_inside_the_engine():
         state[node] = 1
         for dep in sorted(graph[node]):
             if state.get(dep) == 1:
-                cycles.append(stack[stack.index(dep):] + [dep])
+                cycles.append(stack[stack.index(dep) :] + [dep])
             elif dep not in state:
                 visit(dep, stack + [dep])
         state[node] = 2
@@ -149,7 +149,7 @@ def test_the_engine_never_imports_streamlit():
             if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "streamlit":
                 offenders.append(name)
     assert not offenders, offenders
-    code = "import sys, gap_engine.pipeline, gap_engine.views.jobs, gap_engine.cli; print('streamlit' in sys.modules)"
+    code = "import sys, gap_engine.pipeline, gap_engine.pipeline.jobs, gap_engine.cli; print('streamlit' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
 
@@ -174,9 +174,7 @@ def test_no_private_name_crosses_a_module_boundary():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("gap_engine")):
                 crossings += [
-                    f"{name} imports {alias.name}"
-                    for alias in node.names
-                    if alias.name.startswith("_") and not alias.name.endswith("__")
+                    f"{name} imports {alias.name}" for alias in node.names if alias.name.startswith("_") and not alias.name.endswith("__")
                 ]
     assert not crossings, crossings
 
@@ -273,17 +271,18 @@ def test_package_inits_only_re_export():
         for node in ast.parse(path.read_text()).body:
             is_doc = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
             is_all = isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
-            own = isinstance(node, ast.ImportFrom) and (node.module or "").startswith(name + ".") or (
-                isinstance(node, ast.ImportFrom) and node.module == "__future__"
+            own = (
+                isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith(name + ".")
+                or (isinstance(node, ast.ImportFrom) and node.module == "__future__")
             )
             if not (is_doc or is_all or own):
                 offenders.append(f"{name}: line {node.lineno}")
     assert not offenders, offenders
 
 
-def test_the_readme_lists_the_layers_in_order():
-    readme = (PACKAGE.parent / "README.md").read_text()
-    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+def test_the_layout_doc_lists_the_layers_in_order():
+    section = (PACKAGE.parent / "docs" / "layout.md").read_text()
     listed = [line.split()[0].rstrip("/") for line in section.splitlines() if line.startswith("  ") and line.split()[0].endswith("/")]
     assert tuple(listed) == LAYERS, listed
 
@@ -297,3 +296,20 @@ def test_files_found_beside_the_source_are_where_they_were(monkeypatch):
     monkeypatch.delenv(fsutil.CACHE_ENV, raising=False)
     assert fsutil.cache_root() == PACKAGE.parent / "cache"
     assert remote_code.MODELING_SOURCE.is_file()
+
+
+# Folders of tests/ beside the engine's layers: the explorer's pages (AppTest) and the real browser.
+APP_TEST_FOLDERS = ("pages", "browser")
+
+
+def test_tests_mirror_the_packages():
+    # A change to gap_engine/plan/ has its tests in tests/plan/; only shared helpers and this
+    # whole-package check sit at the top of tests/.
+    tests = PACKAGE.parent / "tests"
+    folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
+    assert set(folders) <= set(LAYERS + APP_TEST_FOLDERS), folders
+    top_level_tests = sorted(p.name for p in tests.glob("test_*.py"))
+    assert top_level_tests == ["test_layout.py"], top_level_tests
+    # Test module names stay unique: the folders are not packages, so two equal names would collide.
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

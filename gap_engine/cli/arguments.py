@@ -76,7 +76,11 @@ def parse_locks(values: list[str] | None) -> dict[int, float]:
 
 def add_window_args(p: argparse.ArgumentParser, defaults: WindowSpec, what: str = "calibration") -> None:
     """--data, --samples, --seq-len, --seed, --batch-size for one WindowSpec."""
-    p.add_argument("--data", default=defaults.data, help=f"{what} text: wiki-sample, news-sample, a .txt/.jsonl file, or an HF spec (default: %(default)s)")
+    p.add_argument(
+        "--data",
+        default=defaults.data,
+        help=f"{what} text: wiki-sample, news-sample, a .txt/.jsonl file, or an HF spec (default: %(default)s)",
+    )
     p.add_argument("--samples", type=int, default=defaults.n_samples, help=f"{what} windows (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per window (default: %(default)s)")
     p.add_argument("--seed", type=int, default=defaults.seed, help="which windows are drawn (default: %(default)s)")
@@ -115,9 +119,23 @@ def dtype_arg(text: str) -> str:
 def add_device_args(p: argparse.ArgumentParser) -> None:
     """--device, --dtype and --stream, for every command that runs a model (one group, reused)."""
     group = p.add_argument_group("device and precision")
-    group.add_argument("--device", type=device_arg, default="auto", help="auto (the accelerator when there is one, else cpu), cpu, cuda, cuda:N or mps (default: %(default)s)")
-    group.add_argument("--dtype", type=dtype_arg, default="auto", help="auto (bfloat16 on an accelerator, float32 on the CPU), float32, bfloat16 or float16")
-    group.add_argument("--stream", action="store_true", help="keep the model on the host and move one block at a time to the device (models larger than the accelerator)")
+    group.add_argument(
+        "--device",
+        type=device_arg,
+        default="auto",
+        help="auto (the accelerator when there is one, else cpu), cpu, cuda, cuda:N or mps (default: %(default)s)",
+    )
+    group.add_argument(
+        "--dtype",
+        type=dtype_arg,
+        default="auto",
+        help="auto (bfloat16 on an accelerator, float32 on the CPU), float32, bfloat16 or float16",
+    )
+    group.add_argument(
+        "--stream",
+        action="store_true",
+        help="keep the model on the host and move one block at a time to the device (models larger than the accelerator)",
+    )
 
 
 def device_from(args: argparse.Namespace) -> DeviceSpec:

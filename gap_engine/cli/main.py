@@ -75,7 +75,7 @@ def write_crash_file(argv: list[str] | None, exc: BaseException) -> Path | None:
     for folder in (lambda: cache_root() / "crashes", lambda: Path(tempfile.gettempdir()) / "gap-crashes"):
         try:
             return atomic_write_text(folder() / name, text)
-        except Exception:  # noqa: BLE001 - a crash report must not crash; try the next place
+        except Exception:
             continue
     return None
 
@@ -132,5 +132,5 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gap: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, a crash file, exit 70
+    except Exception as exc:
         return _internal_error(argv, exc)

@@ -72,9 +72,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
         "params_after": result.model.param_count(),
         "removed_fraction_of_prunable": result.removed_fraction,
         "predicted": result.predicted_loss,
-        "rounds": [
-            {"round": r.index, "predicted": r.predicted, "measured": r.measured, "removed": r.removed} for r in result.rounds
-        ],
+        "rounds": [{"round": r.index, "predicted": r.predicted, "measured": r.measured, "removed": r.removed} for r in result.rounds],
     }
     if args.json:
         print(json.dumps(summary))
@@ -82,7 +80,9 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     for key in ("out", "params_before", "params_after", "removed_fraction_of_prunable"):
         print(f"{key}: {summary[key]}")
     for r in result.rounds:
-        print(f"round {r.index}: removed {r.removed:,}, predicted {spec.objective} +{r.predicted:.4f} (table cells, summed), measured +{r.measured:.4f}")
+        print(
+            f"round {r.index}: removed {r.removed:,}, predicted {spec.objective} +{r.predicted:.4f} (table cells, summed), measured +{r.measured:.4f}"
+        )
     return 0
 
 

@@ -63,7 +63,12 @@ def _add_prune(sub) -> None:
     )
     p.add_argument("--rounds", type=int, default=1, help="with --budget: rounds of table -> DP -> surgery (default: %(default)s)")
     p.add_argument("--out", required=True, help="output folder (replaced atomically)")
-    p.add_argument("--save-dtype", default=DEFAULT_SAVE_DTYPE, choices=SAVE_DTYPES, help="storage precision of the saved weights (default: %(default)s)")
+    p.add_argument(
+        "--save-dtype",
+        default=DEFAULT_SAVE_DTYPE,
+        choices=SAVE_DTYPES,
+        help="storage precision of the saved weights (default: %(default)s)",
+    )
     p.add_argument("--json", action="store_true")
     add_window_args(p, CLI_TABLE.windows)
     # The same table options as `gap table` (one builder, cli.arguments.spec_from_args, reads them for
@@ -114,7 +119,9 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> 
         default=DEFAULT_CRITERION,
         help=f"within-layer importance: which units a rate removes ({CRITERIA.help()}; default: %(default)s)",
     )
-    p.add_argument("--rates", default=_grid_text(CLI_TABLE.rate_grid), help="comma-separated rate grid starting at 0 (default: 0, 1/16, ..., 15/16)")
+    p.add_argument(
+        "--rates", default=_grid_text(CLI_TABLE.rate_grid), help="comma-separated rate grid starting at 0 (default: 0, 1/16, ..., 15/16)"
+    )
     p.add_argument("--objective", choices=OBJECTIVES.names, default=CLI_TABLE.objective, help=f"{OBJECTIVES.help()} (default: %(default)s)")
     p.add_argument("--mode", choices=MODES, default="split", help="split: attention and MLP apart; block: together")
     p.add_argument(
@@ -134,7 +141,14 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> 
         default="chosen",
         help="refine: measure the chosen attention cells only, or every attention cell (default: %(default)s)",
     )
-    p.add_argument("--approx", dest="estimator", choices=ESTIMATORS.tagged("gradient"), action=DeprecatedAlias, new_name="--estimator", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--approx",
+        dest="estimator",
+        choices=ESTIMATORS.tagged("gradient"),
+        action=DeprecatedAlias,
+        new_name="--estimator",
+        help=argparse.SUPPRESS,
+    )
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE, help="MLP width granularity")
 
 
@@ -152,10 +166,20 @@ def _add_table(sub) -> None:
     p.add_argument("--out", help="where to write the table (.json, or .csv for the long format); not needed with --dry-run")
     add_device_args(p)
     scale = p.add_argument_group("spreading and planning the work")
-    scale.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS", help="measure exact cells on Ray workers: a local instance, or the cluster at ADDRESS")
-    scale.add_argument("--ray-workers", type=int, default=2, help="Ray worker processes (one per GPU on accelerators; default: %(default)s)")
+    scale.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="measure exact cells on Ray workers: a local instance, or the cluster at ADDRESS",
+    )
+    scale.add_argument(
+        "--ray-workers", type=int, default=2, help="Ray worker processes (one per GPU on accelerators; default: %(default)s)"
+    )
     scale.add_argument("--dry-run", action="store_true", help="print the predicted time and peak memory of the build and stop")
-    scale.add_argument("--profile", help="with --dry-run: price the work on a spec sheet (h200, h100, a100) instead of measuring this machine")
+    scale.add_argument(
+        "--profile", help="with --dry-run: price the work on a spec sheet (h200, h100, a100) instead of measuring this machine"
+    )
     p.set_defaults(handler="table_commands:run_table")
 
     cache = sub.add_parser("cache", help="list or remove cached loss tables")
@@ -191,8 +215,15 @@ def _add_plan(sub) -> None:
     p.add_argument("--table", required=True, help="a loss table JSON file")
     p.add_argument("--budget", help="fraction of prunable parameters to remove, in [0, 1)")
     p.add_argument("--keep-params", type=int, help="instead of --budget: total parameters the pruned model may keep")
-    p.add_argument("--allocator", default="dp", choices=ALLOCATORS.names, help=f"how the budget is spread over layers: {ALLOCATORS.help()} (default: %(default)s)")
-    p.add_argument("--method", dest="allocator", choices=ALLOCATORS.names, action=DeprecatedAlias, new_name="--allocator", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--allocator",
+        default="dp",
+        choices=ALLOCATORS.names,
+        help=f"how the budget is spread over layers: {ALLOCATORS.help()} (default: %(default)s)",
+    )
+    p.add_argument(
+        "--method", dest="allocator", choices=ALLOCATORS.names, action=DeprecatedAlias, new_name="--allocator", help=argparse.SUPPRESS
+    )
     p.add_argument("--model", help="the model (default: the one the table names); its fingerprint must match the table")
     p.add_argument("--out", required=True, help="plan file: .json, or .yaml/.yml")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -291,9 +322,11 @@ def _add_recover(sub) -> None:
     p.add_argument("--steps", type=int, required=True, help="training steps")
     p.add_argument("--out", required=True, help="output checkpoint folder (written atomically; work goes to OUT.partial)")
     p.add_argument("--resume", action="store_true", help="continue the run saved in OUT.partial")
-    p.add_argument("--objective", choices=RECOVERY_OBJECTIVES.names,
-                   help=f"{RECOVERY_OBJECTIVES.help()} "
-                   "(default: kd when the checkpoint's dense base model is reachable, else lm)")
+    p.add_argument(
+        "--objective",
+        choices=RECOVERY_OBJECTIVES.names,
+        help=f"{RECOVERY_OBJECTIVES.help()} (default: kd when the checkpoint's dense base model is reachable, else lm)",
+    )
     p.add_argument("--temperature", type=float, help="distillation temperature, in (0, 100] (default 1)")
     p.add_argument("--kd-weight", type=float, help="kd+lm: weight of kd in w*kd + (1-w)*lm (default 0.5)")
     p.add_argument("--teacher", help="the dense model to distil from (default: the checkpoint's base model)")
@@ -313,8 +346,11 @@ def _add_recover(sub) -> None:
     p.add_argument("--magnitude-weight", type=float, help="MaZO: weight of |W| in the importance")
     p.add_argument("--seed", type=int)
     p.add_argument("--save-every", type=int, help="steps between saved snapshots (and divergence-guard checks)")
-    p.add_argument("--no-guard", action="store_true",
-                   help="keep training when the calibration objective rises (default: roll back to the last snapshot and cut the rate)")
+    p.add_argument(
+        "--no-guard",
+        action="store_true",
+        help="keep training when the calibration objective rises (default: roll back to the last snapshot and cut the rate)",
+    )
     p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for the training forward passes")
     p.add_argument("--eval-samples", type=int, help="held-out windows per task")
@@ -340,6 +376,6 @@ def build_parser() -> argparse.ArgumentParser:
         sub.choices[name].add_argument(
             "--force-size",
             action="store_true",
-            help="accept sizes past the ceilings that protect this machine (also: GAP_FORCE_SIZE=1; see README)",
+            help="accept sizes past the ceilings that protect this machine (also: GAP_FORCE_SIZE=1; see docs/errors-and-limits.md)",
         )
     return parser

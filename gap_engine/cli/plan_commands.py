@@ -66,8 +66,7 @@ def budget_for_kept_params(dense_total: int, dense_prunable: int, keep: int) -> 
         return 0.0
     if keep <= fixed:
         raise BudgetError(
-            f"cannot keep only {keep:,} parameters: embeddings, norms and the LM head alone hold {fixed:,} "
-            f"(the model has {dense_total:,})"
+            f"cannot keep only {keep:,} parameters: embeddings, norms and the LM head alone hold {fixed:,} (the model has {dense_total:,})"
         )
     return (dense_total - keep) / dense_prunable
 

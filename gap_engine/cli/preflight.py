@@ -98,7 +98,9 @@ def check_sizes(args: argparse.Namespace) -> None:
         check_at_most(_count(args.rates), LIMITS.rates, f"--rates lists {_count(args.rates):,} rates, which", force)
     for dest, flag in (("budgets", "--budgets"), ("refine_budgets", "--refine-budgets")):
         if getattr(args, dest, None) is not None:
-            check_at_most(_count(getattr(args, dest)), LIMITS.budgets, f"{flag} lists {_count(getattr(args, dest)):,} budgets, which", force)
+            check_at_most(
+                _count(getattr(args, dest)), LIMITS.budgets, f"{flag} lists {_count(getattr(args, dest)):,} budgets, which", force
+            )
 
 
 def check_sources(args: argparse.Namespace) -> None:
@@ -175,8 +177,7 @@ def check_model_name(name: str | None, flag: str = "--model") -> None:
             raise ModelLoadError(f"{flag} {text}: the Hugging Face hub is not reachable (offline) and this model is not in its local cache")
         return
     raise ModelLoadError(
-        f"unknown model '{text}': not a built-in ({', '.join(BUILTIN_NAMES)}), "
-        "a local model folder, a .gguf file, or a hub id 'org/name'"
+        f"unknown model '{text}': not a built-in ({', '.join(BUILTIN_NAMES)}), a local model folder, a .gguf file, or a hub id 'org/name'"
     )
 
 
@@ -200,7 +201,9 @@ def check_source_spec(spec: str, flag: str) -> None:
             raise DataError(f"{flag}: text file not found: {spec}")
         kind = special_kind(path)
         if kind or not path.is_file():
-            raise DataError(f"{flag}: text source {spec} is {kind + ', not a regular file' if kind else 'not a regular file'}; give a .txt or .jsonl file")
+            raise DataError(
+                f"{flag}: text source {spec} is {kind + ', not a regular file' if kind else 'not a regular file'}; give a .txt or .jsonl file"
+            )
         return
     parts = spec.split(":")
     if len(parts) == 3 and parts[0] and parts[2]:
@@ -244,7 +247,13 @@ def _cache_path() -> Path:
 def command_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(flag, path) of every file or folder the command reads: what no output may be."""
     inputs = []
-    for dest, flag in (("model", "--model"), ("plan", "--plan"), ("table", "--table"), ("eval", "--eval"), ("checkpoint", "the checkpoint")):
+    for dest, flag in (
+        ("model", "--model"),
+        ("plan", "--plan"),
+        ("table", "--table"),
+        ("eval", "--eval"),
+        ("checkpoint", "the checkpoint"),
+    ):
         value = getattr(args, dest, None)
         if value:
             inputs.append((flag, str(value)))

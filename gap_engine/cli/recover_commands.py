@@ -122,8 +122,10 @@ def run_recover(args: argparse.Namespace) -> int:
         print(f"note: {args.model} is a dense model, not a pruned gap checkpoint: recovering it as is", file=sys.stderr)
     estimate = estimate_for_checkpoint(args.model if Path(args.model).is_dir() else lm.source, settings, lm.placement)
     if estimate is not None:
-        print(f"recover: expected about {format_seconds(estimate.total_s)} ({format_seconds(estimate.step_s)} per step; "
-              f"{estimate.basis})", file=sys.stderr)
+        print(
+            f"recover: expected about {format_seconds(estimate.total_s)} ({format_seconds(estimate.step_s)} per step; {estimate.basis})",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
     result = recover(lm, settings, _StageProgress().hooks(), out_dir=args.out, resume=args.resume)
     if args.json:

@@ -24,9 +24,7 @@ from gap_engine.views import report
 
 def run_report(args: argparse.Namespace) -> int:
     table = read_table(args.table)
-    inputs = report.report_inputs(
-        RatePlan.load(args.plan) if args.plan else None, args.run, args.eval, plan_name=str(args.plan)
-    )
+    inputs = report.report_inputs(RatePlan.load(args.plan) if args.plan else None, args.run, args.eval, plan_name=str(args.plan))
     plan, evaluation, constraints = inputs.plan, inputs.evaluation, inputs.constraints
     if args.recovered_eval:
         if evaluation is None:

@@ -92,7 +92,9 @@ def _table_matches(row_spec: dict[str, Any], spec: dict[str, Any], stage: str) -
     return all(row_spec.get(name) == spec.get(name) for name in same)
 
 
-def table_expectation(model: str, spec: dict[str, Any], rows: list[dict[str, Any]], stages: tuple[str, ...], load_seconds: float | None) -> Expectation:
+def table_expectation(
+    model: str, spec: dict[str, Any], rows: list[dict[str, Any]], stages: tuple[str, ...], load_seconds: float | None
+) -> Expectation:
     """Expected seconds of each stage of a table job, from earlier builds of the same model.
 
     Args:
@@ -123,7 +125,9 @@ def table_expectation(model: str, spec: dict[str, Any], rows: list[dict[str, Any
     return Expectation(seconds, len(used), _basis(len(used), "build"))
 
 
-def _older_builds(rows: list[dict[str, Any]], spec: dict[str, Any], stages: tuple[str, ...], seconds: dict[str, float | None], used: set[str]) -> None:
+def _older_builds(
+    rows: list[dict[str, Any]], spec: dict[str, Any], stages: tuple[str, ...], seconds: dict[str, float | None], used: set[str]
+) -> None:
     """Entries without stage times (older ones): their build_seconds covers scoring and the
     measurement; give it to the main stage when nothing better is known."""
     main = stages[-1]
@@ -154,7 +158,9 @@ def run_settings(calibration: dict[str, Any], evaluation: dict[str, Any], alloca
     return {
         "allocator": allocator,
         "calib_tokens": float(calibration.get("n_samples") or 0) * float(calibration.get("seq_len") or 0),
-        "eval_tokens": float(windows.get("n_samples") or 0) * float(windows.get("seq_len") or 0) * max(len(str(windows.get("data") or "").split(",")), 1),
+        "eval_tokens": float(windows.get("n_samples") or 0)
+        * float(windows.get("seq_len") or 0)
+        * max(len(str(windows.get("data") or "").split(",")), 1),
         "generated": float(evaluation.get("generations") or 0) * float(evaluation.get("max_new_tokens") or 0),
     }
 
@@ -169,7 +175,9 @@ def _run_work(settings: dict[str, Any], stage: str) -> float:
     return work.get(stage, 1.0)
 
 
-def run_expectation(model: str, settings: dict[str, Any], records: list[Any], stages: tuple[str, ...], load_seconds: float | None) -> Expectation:
+def run_expectation(
+    model: str, settings: dict[str, Any], records: list[Any], stages: tuple[str, ...], load_seconds: float | None
+) -> Expectation:
     """Expected seconds of each stage of a prune-and-evaluate job, from earlier runs.
 
     Args:
@@ -183,7 +191,9 @@ def run_expectation(model: str, settings: dict[str, Any], records: list[Any], st
     for record in records:
         params = record.params or {}
         if record.model == model and params.get("stage_seconds"):
-            earlier.append((params["stage_seconds"], run_settings(params.get("calibration") or {}, params.get("eval") or {}, record.allocator)))
+            earlier.append(
+                (params["stage_seconds"], run_settings(params.get("calibration") or {}, params.get("eval") or {}, record.allocator))
+            )
     seconds: dict[str, float | None] = {}
     used = 0
     for stage in stages:
@@ -255,4 +265,3 @@ def _basis(count: int, what: str) -> str:
     if not count:
         return f"no earlier {what} of this model on this machine"
     return f"from {count} earlier {what}{'s' if count > 1 else ''} on this machine"
-

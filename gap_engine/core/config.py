@@ -110,7 +110,9 @@ REFERENCE_TABLE = TableDefaults(estimator="exact", objective="nll", windows=Wind
 # `gap table`, `gap compare`, `gap prune --budget` and the benchmarks: a fine grid.
 CLI_TABLE = TableDefaults(estimator=DEFAULT_ESTIMATOR, objective=DEFAULT_OBJECTIVE, windows=DEFAULT_TABLE_WINDOWS, rate_grid=FULL_RATE_GRID)
 # The explorer: the same table on rates in eighths.
-APP_TABLE = TableDefaults(estimator=DEFAULT_ESTIMATOR, objective=DEFAULT_OBJECTIVE, windows=DEFAULT_TABLE_WINDOWS, rate_grid=QUICK_RATE_GRID)
+APP_TABLE = TableDefaults(
+    estimator=DEFAULT_ESTIMATOR, objective=DEFAULT_OBJECTIVE, windows=DEFAULT_TABLE_WINDOWS, rate_grid=QUICK_RATE_GRID
+)
 
 # ---- evaluation --------------------------------------------------------------------------
 EVAL_WINDOWS = WindowSpec(n_samples=16, seq_len=256)  # `gap eval`, `gap compare`
@@ -125,4 +127,3 @@ GGUF_OUTTYPES = ("f16", "q8_0")  # weight types of `gap export --format gguf`
 # ---- recovery after pruning (recover.py) -------------------------------------------------
 RECOVERY_SCHEDULES = ("constant", "linear", "cosine")  # learning-rate decay after the warm-up
 RECOVERY_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # short names of the trainable projections
-

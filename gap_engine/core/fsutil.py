@@ -40,7 +40,10 @@ CACHE_ENV = "GAP_CACHE_DIR"
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.ENOTDIR, errno.EISDIR}
 # What libraries that write through their own code (safetensors, torch) say instead of an errno.
 _WRITE_FAILURE_TEXTS = (
-    "no space left on device", "file too large", "disk quota exceeded", "read-only file system",
+    "no space left on device",
+    "file too large",
+    "disk quota exceeded",
+    "read-only file system",
     "pytorchstreamwriter failed writing",  # torch.save's text for a write the OS refused
 )
 # Temporary names written before they carried a process id are removed once this old.

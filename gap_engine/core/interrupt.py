@@ -106,7 +106,7 @@ def run_unless_cancelled(work: Callable[[], T], hooks: Hooks, message: str, name
     def run() -> None:
         try:
             results.append(work())
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+        except BaseException as exc:
             errors.append(exc)
         finally:
             finished.set()

@@ -125,9 +125,7 @@ class ParetoFront:
         return int(self.removed[reachable].max())
 
 
-def check_inputs(
-    costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def check_inputs(costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Validate and normalise the tables: int64 costs, float64 losses, bool mask, all (C, R)."""
     costs_arr = np.asarray(costs)
     losses_arr = np.asarray(losses, dtype=np.float64)
@@ -163,9 +161,7 @@ def _max_removable(costs: np.ndarray, allowed: np.ndarray) -> int:
     return int(np.where(allowed, costs, -1).max(axis=1).sum())
 
 
-def _dp_tables(
-    bucketed: np.ndarray, losses: np.ndarray, allowed: np.ndarray, width: int, at_least: bool
-) -> tuple[np.ndarray, np.ndarray]:
+def _dp_tables(bucketed: np.ndarray, losses: np.ndarray, allowed: np.ndarray, width: int, at_least: bool) -> tuple[np.ndarray, np.ndarray]:
     """The DP over budgets 0..width-1, vectorised over the budget axis.
 
     Args:
@@ -225,9 +221,7 @@ def _read_back(bucketed: np.ndarray, pointers: np.ndarray, rows: np.ndarray) -> 
     return choices
 
 
-def _front(
-    costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray, bucket_size: int, n_budget: int
-) -> ParetoFront:
+def _front(costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray, bucket_size: int, n_budget: int) -> ParetoFront:
     """The covering DP over budgets 0..n_budget (buckets of bucket_size) on validated tables."""
     n_comp = costs.shape[0]
     width = n_budget + 1
@@ -242,9 +236,7 @@ def _front(
     arrays = dict(budgets=np.arange(width), best_loss=values, choices=choices, removed=removed)
     for arr in arrays.values():
         arr.setflags(write=False)
-    return ParetoFront(
-        bucket_size=float(bucket_size), max_removable=_max_removable(costs, allowed), **arrays
-    )
+    return ParetoFront(bucket_size=float(bucket_size), max_removable=_max_removable(costs, allowed), **arrays)
 
 
 def solve_front(
@@ -276,9 +268,7 @@ def solve_front(
     return _front(costs_int, losses_arr, mask, bucket_size, n_budget)
 
 
-def _solve_from_top(
-    costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray, removed_params: float, n_buckets: int
-) -> np.ndarray:
+def _solve_from_top(costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray, removed_params: float, n_buckets: int) -> np.ndarray:
     """One budget as a packing problem on the slack below each component's largest cost.
 
     With m_c the largest allowed cost of component c, removing at least the request is
@@ -331,8 +321,7 @@ def solve_budget(
     max_removable = _max_removable(costs_int, mask)
     if removed_params > max_removable:
         raise BudgetError(
-            f"cannot remove {removed_params:,.0f} parameters: at most "
-            f"{max_removable:,} can be removed under these constraints"
+            f"cannot remove {removed_params:,.0f} parameters: at most {max_removable:,} can be removed under these constraints"
         )
     if 2 * removed_params <= max_removable:
         target = max(0, math.ceil(removed_params))

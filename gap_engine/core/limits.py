@@ -79,7 +79,11 @@ def check_at_most(value: int, limit: int, what: str, force: bool = False, advice
 
 
 def check_windows(
-    n_samples: int, seq_len: int, batch_size: int, names: tuple[str, str, str] = ("--samples", "--seq-len", "--batch-size"), force: bool = False
+    n_samples: int,
+    seq_len: int,
+    batch_size: int,
+    names: tuple[str, str, str] = ("--samples", "--seq-len", "--batch-size"),
+    force: bool = False,
 ) -> None:
     """SizeLimitError for window sizes past their ceilings, alone or multiplied together.
 

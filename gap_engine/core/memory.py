@@ -59,6 +59,7 @@ def parse_max_memory(text: str | None, error: type[Exception]) -> dict[int | str
             raise error(f"--max-memory: unknown device '{name[:40]}' (cuda:N, cpu or mps)")
     return out
 
+
 log = logging.getLogger(__name__)
 
 _STATUS = Path("/proc/self/status")

@@ -66,7 +66,9 @@ def read_bounded(path: str | Path, limit: int, what: str, error: type[GapError])
     try:
         if not path.is_file():
             kind = special_kind(path)
-            reason = "it is a folder" if path.is_dir() else "no such file" if not path.exists() else f"{kind or 'something'}, not a regular file"
+            reason = (
+                "it is a folder" if path.is_dir() else "no such file" if not path.exists() else f"{kind or 'something'}, not a regular file"
+            )
             raise error(f"cannot read {what}: {reason}")
         check_file_size(path.stat().st_size, limit, what, error)
         with open(path, "rb") as handle:
@@ -175,7 +177,7 @@ BoundedSafeLoader.add_constructor("tag:yaml.org,2002:timestamp", _refuse_timesta
 def parse_yaml(text: str, what: str, error: type[GapError]) -> Any:
     """The single YAML document in ``text``: safe types only, no aliases, bounded nesting."""
     try:
-        return yaml.load(text, Loader=BoundedSafeLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=BoundedSafeLoader)
     except _Refused as exc:
         raise error(f"{what} {exc}") from None
     except RecursionError:
@@ -225,7 +227,13 @@ def check_int(value: object, name: str, error: type[GapError], low: int | None =
         shown = value if isinstance(value, (int, float)) else _type_name(value)
         raise error(f"{name} must be an integer, got {shown}")
     if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"between {low:,} and {high:,}" if low is not None and high is not None else f">= {low:,}" if low is not None else f"<= {high:,}"
+        bounds = (
+            f"between {low:,} and {high:,}"
+            if low is not None and high is not None
+            else f">= {low:,}"
+            if low is not None
+            else f"<= {high:,}"
+        )
         raise error(f"{name} must be {bounds}, got {value:,}")
     return value
 
@@ -269,7 +277,13 @@ def check_keys(data: Any, name: str, error: type[GapError]) -> dict[str, Any]:
 
 
 def check_matrix(
-    value: object, name: str, shape: tuple[int, int], error: type[GapError], low: float | None = None, whole: bool = False, high: float | None = None
+    value: object,
+    name: str,
+    shape: tuple[int, int],
+    error: type[GapError],
+    low: float | None = None,
+    whole: bool = False,
+    high: float | None = None,
 ) -> None:
     """A (rows, cols) list of lists of finite numbers in [``low``, ``high``], whole numbers if ``whole``."""
     rows, cols = shape

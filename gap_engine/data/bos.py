@@ -91,5 +91,7 @@ def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor, start: int) ->
     so neither BOS nor the prediction made from BOS alone counts). Logits are taken as given;
     callers widen them first where they need to."""
     batch, vocab = input_ids.shape[0], logits.shape[-1]
-    per_token = torch.nn.functional.cross_entropy(logits[:, start:-1].reshape(-1, vocab), input_ids[:, start + 1 :].reshape(-1), reduction="none")
+    per_token = torch.nn.functional.cross_entropy(
+        logits[:, start:-1].reshape(-1, vocab), input_ids[:, start + 1 :].reshape(-1), reduction="none"
+    )
     return per_token.view(batch, -1)

@@ -101,7 +101,11 @@ def _distractors(pool, article: int, answer: str, rng: random.Random) -> list[st
     words = len(answer.split())
     for low, high in ((words / _LENGTH_RATIO, words * _LENGTH_RATIO), (0, float("inf"))):
         candidates = [
-            text for length in sorted(pool) if low <= length <= high for text, found_in in pool[length] if article not in found_in and text != answer
+            text
+            for length in sorted(pool)
+            if low <= length <= high
+            for text, found_in in pool[length]
+            if article not in found_in and text != answer
         ]
         if len(candidates) >= _CHOICES - 1:
             return rng.sample(candidates, _CHOICES - 1)

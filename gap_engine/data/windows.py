@@ -76,9 +76,29 @@ _SINGLE_DOC_CALIBRATION_SHARE = 0.8
 # media or metadata rather than words, and the minimum size of a kept paragraph.
 _WIKI_DROP_TAGS = frozenset(
     {
-        "ref", "references", "table", "gallery", "math", "chem", "timeline", "imagemap",
-        "score", "syntaxhighlight", "source", "pre", "code", "nowiki", "div", "sup", "sub",
-        "noinclude", "includeonly", "poem", "graph", "categorytree", "templatedata",
+        "ref",
+        "references",
+        "table",
+        "gallery",
+        "math",
+        "chem",
+        "timeline",
+        "imagemap",
+        "score",
+        "syntaxhighlight",
+        "source",
+        "pre",
+        "code",
+        "nowiki",
+        "div",
+        "sup",
+        "sub",
+        "noinclude",
+        "includeonly",
+        "poem",
+        "graph",
+        "categorytree",
+        "templatedata",
     }
 )
 # Cut before parsing: references and comments are never prose, and removing them first
@@ -88,9 +108,7 @@ _WIKI_REF_SELF_CLOSING = re.compile(r"<ref\b[^>]*/>", re.IGNORECASE)
 _WIKI_REF = re.compile(r"<ref\b[^>]*>.*?</ref\s*>", re.IGNORECASE | re.DOTALL)
 _INTERWIKI_LINK = re.compile(r"^\s*:?\s*[a-z][a-z\- ]{0,20}:", re.IGNORECASE)
 # Leftover link/template/table/tag syntax, including table rows ("! a !! b", "| a || b").
-_MARKUP_LEFTOVER = re.compile(
-    r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|<ref|</?[a-z]+[ >/]|^[!|]|!!|\|\|", re.IGNORECASE
-)
+_MARKUP_LEFTOVER = re.compile(r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|<ref|</?[a-z]+[ >/]|^[!|]|!!|\|\|", re.IGNORECASE)
 _EMPTY_PARENS = re.compile(r"\(\s*[,;]?\s*\)")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:])")
 _MIN_PARAGRAPH_CHARS = 80
@@ -102,7 +120,7 @@ _WIKITEXT_ARTICLE_HEADING = re.compile(r"^ = [^=].* = $")
 
 _ACCEPTED_FORMS = (
     "a built-in name ({names}), a path ending .txt (documents separated by blank lines) "
-    "or .jsonl (one {{\"text\": ...}} object per line), or a Hugging Face dataset "
+    'or .jsonl (one {{"text": ...}} object per line), or a Hugging Face dataset '
     "'name:config:split' (e.g. wikitext:wikitext-2-raw-v1:test)"
 )
 
@@ -304,7 +322,9 @@ def _jsonl_documents(content: str, path: Path) -> list[str]:
         try:
             record["text"].encode("utf-8")
         except UnicodeEncodeError:  # a JSON escape of half a surrogate pair
-            raise DataError(f"{path} line {line_number}: the text holds a lone surrogate (\\ud800-\\udfff escape), not Unicode text") from None
+            raise DataError(
+                f"{path} line {line_number}: the text holds a lone surrogate (\\ud800-\\udfff escape), not Unicode text"
+            ) from None
         if record["text"].strip():
             docs.append(record["text"].strip())
     return docs
@@ -317,10 +337,8 @@ def _load_hf_dataset(spec: str) -> TextCorpus:
         import datasets  # imported here: slow, and only this source needs it
 
         dataset = datasets.load_dataset(name, config or None, split=split)
-    except Exception as exc:  # noqa: BLE001 - any failure here means "cannot get the data"
-        raise DataError(
-            f"Hugging Face dataset {spec!r} could not be loaded (no network or not cached): {first_line(exc)}"
-        ) from exc
+    except Exception as exc:
+        raise DataError(f"Hugging Face dataset {spec!r} could not be loaded (no network or not cached): {first_line(exc)}") from exc
     column = "text" if "text" in dataset.column_names else None
     if column is None:
         string_columns = [c for c, f in dataset.features.items() if getattr(f, "dtype", None) == "string"]
@@ -457,9 +475,7 @@ def batches(windows: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
 # Per-tokenizer-object memo of token streams, keyed by (corpus fingerprint, part). Keyed
 # on the object itself (weakly) rather than on name_or_path, which two different
 # tokenizers can share (e.g. several GGUF files in one folder).
-_token_cache: weakref.WeakKeyDictionary[object, dict[tuple[str, str], TokenStream]] = (
-    weakref.WeakKeyDictionary()
-)
+_token_cache: weakref.WeakKeyDictionary[object, dict[tuple[str, str], TokenStream]] = weakref.WeakKeyDictionary()
 _token_cache_lock = threading.Lock()
 _MAX_STREAMS_PER_TOKENIZER = 8
 
@@ -526,17 +542,15 @@ def check_enough_tokens(tokenizer: Tokenizer, windows: WindowSpec, part: str) ->
             if count >= windows.seq_len:
                 break
         else:
-            raise DataError(f"{source} ({part}) has {count} tokens, but one window of seq_len={windows.seq_len} needs at least {windows.seq_len}")
+            raise DataError(
+                f"{source} ({part}) has {count} tokens, but one window of seq_len={windows.seq_len} needs at least {windows.seq_len}"
+            )
 
 
-def cut_windows(
-    stream: TokenStream, n_samples: int, seq_len: int, seed: int, label: str = "the text"
-) -> torch.Tensor:
+def cut_windows(stream: TokenStream, n_samples: int, seq_len: int, seed: int, label: str = "the text") -> torch.Tensor:
     n_tokens = len(stream)
     if n_tokens < seq_len:
-        raise DataError(
-            f"{label} has {n_tokens} tokens, but one window of seq_len={seq_len} needs at least {seq_len}"
-        )
+        raise DataError(f"{label} has {n_tokens} tokens, but one window of seq_len={seq_len} needs at least {seq_len}")
     rng = np.random.default_rng(seed)
     n_slots = n_tokens // seq_len
     if n_slots >= n_samples:
@@ -546,7 +560,9 @@ def cut_windows(
         n_starts = n_tokens - seq_len + 1
         logger.warning(
             "%s has %d tokens, fewer than n_samples*seq_len=%d: windows will overlap",
-            label, n_tokens, n_samples * seq_len,
+            label,
+            n_tokens,
+            n_samples * seq_len,
         )
         starts = rng.choice(n_starts, size=n_samples, replace=n_starts < n_samples)
     index = np.asarray(starts)[:, None] + np.arange(seq_len)[None, :]  # (n_samples, seq_len)

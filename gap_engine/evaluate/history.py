@@ -110,7 +110,9 @@ class RunRecord:
     checkpoint: str | None = None  # folder of the saved pruned checkpoint
     seconds: float | None = None  # wall time of the run
     note: str = ""  # free text
-    tasks: dict[str, Any] = field(default_factory=dict)  # {"model": {task: score}, "dense": {task: score}} from lm-eval (``gap eval --tasks``)
+    tasks: dict[str, Any] = field(
+        default_factory=dict
+    )  # {"model": {task: score}, "dense": {task: score}} from lm-eval (``gap eval --tasks``)
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     id: int | None = None  # assigned by the database
 

@@ -30,11 +30,12 @@ def import_in_background() -> threading.Thread:
     global _warm_up
     with _warm_up_lock:
         if _warm_up is None:
+
             def load() -> None:
                 for name in LM_EVAL_MODULES:
                     try:
                         importlib.import_module(name)
-                    except Exception as exc:  # noqa: BLE001 - reported where the module is really needed
+                    except Exception as exc:
                         log.info("lm-eval import in the background failed: %s", first_line(exc))
                         return
 

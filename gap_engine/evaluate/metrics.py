@@ -133,7 +133,12 @@ def _time_decode(lm: LoadedModel, ids: torch.Tensor, new_tokens: int) -> float:
 
 
 def measure_throughput(
-    lm: LoadedModel, dense: LoadedModel | None, prompt_len: int = 128, batch: int = 4, new_tokens: int = 16, repeats: int = THROUGHPUT_REPEATS
+    lm: LoadedModel,
+    dense: LoadedModel | None,
+    prompt_len: int = 128,
+    batch: int = 4,
+    new_tokens: int = 16,
+    repeats: int = THROUGHPUT_REPEATS,
 ) -> dict[str, Any]:
     """Prefill and decode tokens/s of the model and, interleaved with it, of dense.
 
@@ -210,7 +215,12 @@ def evaluate(
     report = EvalReport(model=lm.name, params=lm.param_count(), size_bytes=lm.size_bytes(), perplexity={})
     dense_perplexity: dict[str, float] = {}
     if dense is not None:
-        report.dense = {"model": dense.name, "params": dense.param_count(), "size_bytes": dense.size_bytes(), "perplexity": dense_perplexity}
+        report.dense = {
+            "model": dense.name,
+            "params": dense.param_count(),
+            "size_bytes": dense.size_bytes(),
+            "perplexity": dense_perplexity,
+        }
     batch_size = settings.windows.batch_size
     for source in settings.windows.sources():
         say(f"perplexity on {source}")
@@ -221,7 +231,8 @@ def evaluate(
         nll_m, nll_d, kl, agree = compare_logits(lm, dense, windows, batch_size)
         report.perplexity[source] = math.exp(nll_m)
         dense_perplexity[source] = dense_numbers.dense_perplexity(  # one value on every page
-            dense.fingerprint, windows, math.exp(nll_d), str(placement_of(dense).dtype).removeprefix("torch."))
+            dense.fingerprint, windows, math.exp(nll_d), str(placement_of(dense).dtype).removeprefix("torch.")
+        )
         report.kl_to_dense[source] = kl
         report.top1_agreement[source] = agree
     streamed = is_streamed(lm) or (dense is not None and is_streamed(dense))

@@ -82,16 +82,26 @@ def _measures(records: list[RunRecord]) -> list[Measure]:
     rows: list[Measure] = [("parameters", lambda r: r.pruned_params, lambda r: r.dense_params, "relative", None)]
     for source in sources:
         rows += [
-            (f"perplexity ({source})", lambda r, s=source: r.perplexity.get(s), lambda r, s=source: r.dense_perplexity.get(s), "relative", None),
+            (
+                f"perplexity ({source})",
+                lambda r, s=source: r.perplexity.get(s),
+                lambda r, s=source: r.dense_perplexity.get(s),
+                "relative",
+                None,
+            ),
             (f"held-out KL to dense ({source})", lambda r, s=source: r.kl.get(s), None, "difference", "0"),
             (f"top-1 agreement ({source})", lambda r, s=source: r.top1.get(s), None, "difference", "1"),
         ]
-    return rows + _task_measures(records) + [
-        ("predicted loss increase", lambda r: r.predicted_loss, None, "difference", "0"),
-        ("measured loss increase (calibration)", lambda r: r.actual_loss, None, "difference", "0"),
-        ("prefill speed vs dense", lambda r: r.prefill_speedup, None, "relative", "1.00x"),
-        ("decode speed vs dense", lambda r: r.decode_speedup, None, "relative", "1.00x"),
-    ]
+    return (
+        rows
+        + _task_measures(records)
+        + [
+            ("predicted loss increase", lambda r: r.predicted_loss, None, "difference", "0"),
+            ("measured loss increase (calibration)", lambda r: r.actual_loss, None, "difference", "0"),
+            ("prefill speed vs dense", lambda r: r.prefill_speedup, None, "relative", "1.00x"),
+            ("decode speed vs dense", lambda r: r.decode_speedup, None, "relative", "1.00x"),
+        ]
+    )
 
 
 def task_score(record: RunRecord, task: str, model: str = "model") -> dict[str, Any]:

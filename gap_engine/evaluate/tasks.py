@@ -177,9 +177,8 @@ def hub_offline(offline: bool = True) -> Iterator[None]:
     import huggingface_hub.constants as hub_constants
 
     saved_env = {flag: os.environ.get(flag) for flag in _OFFLINE_FLAGS}
-    saved = [(module, name, getattr(module, name)) for module, name in (
-        (hub_constants, "HF_HUB_OFFLINE"), (datasets_config, "HF_HUB_OFFLINE"), (datasets_config, "HF_DATASETS_OFFLINE"),
-    ) if hasattr(module, name)]
+    flags = ((hub_constants, "HF_HUB_OFFLINE"), (datasets_config, "HF_HUB_OFFLINE"), (datasets_config, "HF_DATASETS_OFFLINE"))
+    saved = [(module, name, getattr(module, name)) for module, name in flags if hasattr(module, name)]
     os.environ.update({flag: "1" for flag in _OFFLINE_FLAGS})
     for module, name, _ in saved:
         setattr(module, name, True)
@@ -399,7 +398,9 @@ def _load_failure(name: str, online: bool, exc: Exception | None) -> TaskError:
             "does not hold it): give a local copy instead, --include-path DIR with a task YAML whose dataset_path: json "
             "names local files"
         )
-    return TaskError(f"task {name!r}: its data set could not be loaded: {type(exc).__name__}: {first_line(exc) if exc is not None else 'unknown'}")
+    return TaskError(
+        f"task {name!r}: its data set could not be loaded: {type(exc).__name__}: {first_line(exc) if exc is not None else 'unknown'}"
+    )
 
 
 # ---- scoring --------------------------------------------------------------------------------
@@ -422,8 +423,11 @@ def _wrap(lm, batch_size: int):
                 return next(iter(logits_batches(lm, inps, inps.shape[0])))[1]
 
     wrapped = LoadedModelLM(
-        pretrained=lm.model, tokenizer=copy.deepcopy(lm.tokenizer), backend="causal",
-        batch_size=batch_size, softmax_dtype=torch.float32,
+        pretrained=lm.model,
+        tokenizer=copy.deepcopy(lm.tokenizer),
+        backend="causal",
+        batch_size=batch_size,
+        softmax_dtype=torch.float32,
     )
     wrapped._device = torch.device(placement_of(lm).device if is_streamed(lm) else input_device(lm.model))
     return wrapped
@@ -441,8 +445,12 @@ def run_tasks(lm, prepared: PreparedTasks, names: list[str] | None = None) -> di
     chosen = [prepared.tasks[n] for n in (names or list(prepared.tasks))]
     with hub_offline():  # every data set is loaded already: nothing may go to the network now
         results = simple_evaluate(
-            model=_wrap(lm, settings.batch_size), tasks=chosen, task_manager=prepared.manager,
-            num_fewshot=settings.num_fewshot, limit=settings.limit, log_samples=False,
+            model=_wrap(lm, settings.batch_size),
+            tasks=chosen,
+            task_manager=prepared.manager,
+            num_fewshot=settings.num_fewshot,
+            limit=settings.limit,
+            log_samples=False,
         )
     return {name: _score(name, results) for name in results["results"] if name in prepared.tasks}
 
@@ -474,8 +482,13 @@ def _dense_key(fingerprint: str, dtype: str, prepared: PreparedTasks, name: str)
 
     settings = prepared.settings
     key = {
-        "model": fingerprint, "dtype": dtype, "task": name, "task_fingerprint": prepared.fingerprints[name],
-        "limit": settings.limit, "num_fewshot": settings.num_fewshot, "lm_eval": getattr(lm_eval, "__version__", "?"),
+        "model": fingerprint,
+        "dtype": dtype,
+        "task": name,
+        "task_fingerprint": prepared.fingerprints[name],
+        "limit": settings.limit,
+        "num_fewshot": settings.num_fewshot,
+        "lm_eval": getattr(lm_eval, "__version__", "?"),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
 

@@ -234,7 +234,7 @@ def _build_narrowed(folder: Path, config: Any, widths: list[dict[str, Any]], dev
 
     adapter = adapter_for(config)
     try:
-        with no_init_weights(), (torch.device(device) if device else contextlib.nullcontext()):
+        with no_init_weights(), torch.device(device) if device else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     except Exception as exc:  # an edited config (0 KV heads, odd sizes) fails in many ways inside transformers
         raise ModelLoadError(f"{folder}/config.json does not build a model: {type(exc).__name__}: {first_line(exc)}") from None
@@ -250,7 +250,9 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja",
 )  # fmt: skip
-_TOKENIZERS: dict[tuple[str, tuple[tuple[str, int, int], ...]], object] = {}  # (folder, its tokenizer files' stats) -> tokenizer, newest last
+_TOKENIZERS: dict[
+    tuple[str, tuple[tuple[str, int, int], ...]], object
+] = {}  # (folder, its tokenizer files' stats) -> tokenizer, newest last
 _TOKENIZERS_KEPT = 8
 _TOKENIZERS_LOCK = threading.Lock()
 

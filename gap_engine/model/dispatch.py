@@ -11,7 +11,7 @@ and what does not fit the host goes to an offload folder on disk.
 
 The model is loaded on the host in the asked dtype first (a gap checkpoint's per-layer
 shapes need our own loader), then dispatched. Numbers are those of the same model on one
-device: the same arithmetic, only on other devices (``tests/test_dispatch.py`` checks it on
+device: the same arithmetic, only on other devices (``tests/model/test_dispatch.py`` checks it on
 the CPU, with blocks offloaded to disk).
 """
 
@@ -31,6 +31,7 @@ from gap_engine.model.loading import load_model
 log = logging.getLogger(__name__)
 
 MaxMemory = dict[int | str, str]  # accelerate's max_memory: GPU index or "cpu"/"mps"/"disk" -> size
+
 
 def parse_max_memory(text: str | None) -> MaxMemory | None:
     """``cuda:0=70GiB,cpu=200GiB`` -> {0: '70GiB', 'cpu': '200GiB'} (``memory.parse_max_memory``).
@@ -56,7 +57,9 @@ def plan_device_map(lm: LoadedModel, strategy: str = "auto", max_memory: MaxMemo
     no_split = sorted({type(layer).__name__ for layer in lm.adapter.layers(model)})
     dtype = next(model.parameters()).dtype
     if strategy != "sequential":
-        max_memory = get_balanced_memory(model, max_memory, no_split_module_classes=no_split, dtype=dtype, low_zero=strategy == "balanced_low_0")
+        max_memory = get_balanced_memory(
+            model, max_memory, no_split_module_classes=no_split, dtype=dtype, low_zero=strategy == "balanced_low_0"
+        )
     return dict(infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dtype))
 
 
@@ -74,7 +77,9 @@ def dispatch_lm(lm: LoadedModel, device_map: dict[str, str | int], offload_dir: 
 
     disk = sorted(name or "(the whole model)" for name, device in device_map.items() if device == "disk")
     if disk and offload_dir is None:
-        raise DeviceError(f"the model does not fit the devices' memory ({', '.join(disk[:3])} would go to disk): give --offload-dir, or more --max-memory")
+        raise DeviceError(
+            f"the model does not fit the devices' memory ({', '.join(disk[:3])} would go to disk): give --offload-dir, or more --max-memory"
+        )
     accelerators = sorted({device for device in device_map.values() if device not in ("cpu", "disk")}, key=str)
     main = accelerators[0] if accelerators else "cpu"
     if offload_dir is not None:

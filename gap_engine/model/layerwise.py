@@ -12,7 +12,7 @@ it receives (rotary embeddings, attention masks; Gemma 3 alternates sliding and 
 attention, so each block keeps its own) are recorded once per batch by running the decoder
 with every block replaced by a pass-through (``capture_calls``). The same recorded calls
 drive the exact table's cells, so a streamed run computes the same numbers as a resident
-one (``tests/test_streaming.py`` checks tables, scores and perplexity for equality).
+one (``tests/tables/test_streaming.py`` checks tables, scores and perplexity for equality).
 
 Functions here know nothing about tables or plans; they serve importance scores,
 evaluation and ``tables.streaming``.
@@ -249,7 +249,7 @@ def backward_blocks(
     gradient arriving at its output: the leaves inside it get their gradients and the
     gradient at its input travels down. This is backpropagation with one block recomputed
     at a time, so its gradients are those of a resident backward pass (the same chain rule
-    over the same arithmetic; ``tests/test_streaming.py`` checks them).
+    over the same arithmetic; ``tests/tables/test_streaming.py`` checks them).
 
     Args:
         lm: a LoadedModel, streamed or resident.
@@ -266,7 +266,9 @@ def backward_blocks(
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)
     inputs: list[list[torch.Tensor]] = []
-    done = forward_blocks(lm, windows, batch_size, on_input=lambda i, hidden: inputs.append(hidden), hooks=hooks.but(progress=None), for_backward=True)
+    done = forward_blocks(
+        lm, windows, batch_size, on_input=lambda i, hidden: inputs.append(hidden), hooks=hooks.but(progress=None), for_backward=True
+    )
     arriving: list[list[torch.Tensor]] = []  # [stream][b] gradient at the current block's output, host
     for b, (batch, final) in enumerate(zip(done.batches, done.final_hidden)):
         final = final.to(device).detach().requires_grad_(True)

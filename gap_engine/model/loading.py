@@ -87,9 +87,7 @@ def assemble_chunks(chunks: list[Path], expected_sha256: str, target: Path) -> P
         parts.append(data)
     actual = digest.hexdigest()
     if actual != expected_sha256:
-        raise ModelLoadError(
-            f"checksum mismatch for {target.name}: expected sha256 {expected_sha256[:16]}..., got {actual[:16]}..."
-        )
+        raise ModelLoadError(f"checksum mismatch for {target.name}: expected sha256 {expected_sha256[:16]}..., got {actual[:16]}...")
     atomic_write_bytes(target, b"".join(parts))
     return target
 
@@ -333,11 +331,12 @@ def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> Load
         try:
             model, tokenizer = _from_folder(name_or_path, local_only=local_only, dtype=dtype)
         except Exception as exc:
-            where = "the local hub cache (a name read from a file never reaches the network)" if not hub else "the Hugging Face hub (no network, or not cached)"
-            raise ModelLoadError(
-                f"cannot load '{name_or_path}' from {where}: "
-                f"{type(exc).__name__}: {first_line(exc, 160)}"
-            ) from exc
+            where = (
+                "the local hub cache (a name read from a file never reaches the network)"
+                if not hub
+                else "the Hugging Face hub (no network, or not cached)"
+            )
+            raise ModelLoadError(f"cannot load '{name_or_path}' from {where}: {type(exc).__name__}: {first_line(exc, 160)}") from exc
         return LoadedModel.from_transformers(model, tokenizer, name_or_path, "hub")
     raise ModelLoadError(
         f"unknown model '{name_or_path}': not a built-in ({', '.join(BUILTIN_MODELS)}), "
@@ -359,10 +358,13 @@ def _refuse_uncached(name_or_path: str, hub: bool) -> None:
         return
     if not hub:
         raise ModelLoadError(
-            f"'{name_or_path}' (a name read from a file) is not in the local hub cache; "
-            "names read from files never reach the network"
+            f"'{name_or_path}' (a name read from a file) is not in the local hub cache; names read from files never reach the network"
         )
-    why = "switched off by " + "/".join(hub_access.OFFLINE_FLAGS) if hub_access.switched_off() else "no network: its host name does not resolve"
+    why = (
+        "switched off by " + "/".join(hub_access.OFFLINE_FLAGS)
+        if hub_access.switched_off()
+        else "no network: its host name does not resolve"
+    )
     raise ModelLoadError(
         f"cannot load '{name_or_path}' from the Hugging Face hub ({why}) and it is not in the local hub cache; "
         "give a local model folder or a .gguf file"
@@ -402,7 +404,7 @@ def load_tokenizer(name_or_path: str | Path) -> Tokenizer | None:
             return None
     try:  # a gap checkpoint's config lets a plain tokenizer load read it (checkpoint.GLOBAL_WIDTH_READS)
         return read_tokenizer(folder)
-    except Exception:  # noqa: BLE001 - any failure here is the model load's to report, in its words
+    except Exception:
         return None
 
 
@@ -418,12 +420,16 @@ def recorded_identity(name_or_path: str | Path) -> tuple[int | None, str | None]
         return None, None
     try:
         config = read_json_file(path / "config.json", LIMITS.metadata_bytes, "config.json", ModelLoadError)
-        marker = read_json_file(path / PRUNED_MARKER, LIMITS.metadata_bytes, PRUNED_MARKER, ModelLoadError) if is_pruned_checkpoint(path) else {}
+        marker = (
+            read_json_file(path / PRUNED_MARKER, LIMITS.metadata_bytes, PRUNED_MARKER, ModelLoadError) if is_pruned_checkpoint(path) else {}
+        )
     except (ModelLoadError, OSError):
         return None, None
     layers = config.get("num_hidden_layers") if isinstance(config, dict) else None
     fingerprint = marker.get("fingerprint") if isinstance(marker, dict) else None
-    return (layers if isinstance(layers, int) and not isinstance(layers, bool) else None), (fingerprint if isinstance(fingerprint, str) else None)
+    return (layers if isinstance(layers, int) and not isinstance(layers, bool) else None), (
+        fingerprint if isinstance(fingerprint, str) else None
+    )
 
 
 def _load_pruned(folder: Path) -> LoadedModel:

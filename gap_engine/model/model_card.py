@@ -118,7 +118,10 @@ def _eval_section(report: dict[str, Any]) -> list[str]:
     throughput = report.get("throughput") or {}
     ratios = {k: v for k, v in throughput.items() if k.endswith("speedup") and isinstance(v, (int, float))}
     if ratios:
-        lines += ["", "PyTorch throughput against the dense model, same run: " + ", ".join(f"{md_text(k)} {v:.2f}x" for k, v in ratios.items())]
+        lines += [
+            "",
+            "PyTorch throughput against the dense model, same run: " + ", ".join(f"{md_text(k)} {v:.2f}x" for k, v in ratios.items()),
+        ]
     generations = report.get("generations") or []
     if generations:
         lines += ["", "Greedy generations:", ""]
@@ -158,7 +161,7 @@ def _recovery_section(recovery: dict[str, Any]) -> list[str]:
         b, a = (before.get(key) or {}).get(source), (after.get(key) or {}).get(source)
         return f"{_fmt(b, digits) or '–'} → {_fmt(a, digits) or '–'}"
 
-    for source in (after.get("perplexity") or {}):
+    for source in after.get("perplexity") or {}:
         lines.append(
             f"| {md_text(source)} | {pair('perplexity', source, 3)} | {pair('kl_to_dense', source, 4)} "
             f"| {pair('top1_agreement', source, 3)} |"
@@ -217,9 +220,12 @@ def _usage_and_limits(folder_name: str, evaluated: bool, recovered: bool = False
         "",
         "## Limits",
         "",
-        ("- Recovered by the short fine-tune above only, not retrained: expect higher perplexity than the base model"
-         if recovered else "- Pruned without any retraining or distillation: expect higher perplexity than the base model, "
-         "growing with the budget") + ("; the numbers above come from small held-out samples." if evaluated else "."),
+        (
+            "- Recovered by the short fine-tune above only, not retrained: expect higher perplexity than the base model"
+            if recovered
+            else "- Pruned without any retraining or distillation: expect higher perplexity than the base model, growing with the budget"
+        )
+        + ("; the numbers above come from small held-out samples." if evaluated else "."),
         "- The calibration text (for the importance scores and the loss table) was small and English; "
         "other domains and languages may lose more.",
         "- Loading the model with transformers needs `trust_remote_code=True` (the folder's own "
@@ -235,7 +241,11 @@ def _usage_and_limits(folder_name: str, evaluated: bool, recovered: bool = False
 
 
 def render_model_card(
-    folder_name: str, plan: RatePlan, marker: dict[str, Any], config: dict[str, Any], eval_report: dict[str, Any] | None = None,
+    folder_name: str,
+    plan: RatePlan,
+    marker: dict[str, Any],
+    config: dict[str, Any],
+    eval_report: dict[str, Any] | None = None,
     recovery: dict[str, Any] | None = None,
 ) -> str:
     """The README.md text of a checkpoint.
@@ -292,7 +302,9 @@ def render_model_card(
     table = table_settings(plan.table_key)
     lines += ["## Loss table", ""]
     if table:
-        lines.append("The allocator read this sensitivity table (per layer and rate, the loss increase when only that component is pruned):")
+        lines.append(
+            "The allocator read this sensitivity table (per layer and rate, the loss increase when only that component is pruned):"
+        )
         lines.append("")
         lines += [f"- {md_text(k)}: {md_text(v)}" for k, v in table.items()]
         if isinstance(plan.predicted_loss, float):
@@ -309,7 +321,11 @@ def render_model_card(
 
 
 def write_model_card(
-    folder: str | Path, plan: RatePlan, marker: dict[str, Any], eval_report: dict[str, Any] | None = None, name: str | None = None,
+    folder: str | Path,
+    plan: RatePlan,
+    marker: dict[str, Any],
+    eval_report: dict[str, Any] | None = None,
+    name: str | None = None,
     recovery: dict[str, Any] | None = None,
 ) -> Path:
     """Render the card from the folder's config.json and write README.md (atomically).

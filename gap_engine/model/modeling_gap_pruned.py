@@ -77,9 +77,7 @@ def _dense_view(config: PreTrainedConfig) -> Iterator[PreTrainedConfig]:
 
 def _resized_linear(old: nn.Linear, in_features: int, out_features: int) -> nn.Linear:
     """A linear of the new shape on the old one's device and dtype (its values are loaded later)."""
-    return nn.Linear(
-        in_features, out_features, bias=old.bias is not None, device=old.weight.device, dtype=old.weight.dtype
-    )
+    return nn.Linear(in_features, out_features, bias=old.bias is not None, device=old.weight.device, dtype=old.weight.dtype)
 
 
 def narrow_layers(model: PreTrainedModel) -> None:

@@ -83,8 +83,14 @@ class RatePlan:
         A plan is read from files and uploads; a field holding a huge or nested value (a YAML
         alias bomb in ``model``) would be copied and written into every checkpoint made from it.
         """
-        for name, optional in (("model", False), ("model_fingerprint", True), ("criterion", False),
-                               ("allocator", False), ("table_key", True), ("created", False)):
+        for name, optional in (
+            ("model", False),
+            ("model_fingerprint", True),
+            ("criterion", False),
+            ("allocator", False),
+            ("table_key", True),
+            ("created", False),
+        ):
             check_text(getattr(self, name), f"plan {name}", PlanError, optional=optional)
         if self.budget is not None:
             check_number(self.budget, "plan budget", PlanError, 0.0, 1.0)

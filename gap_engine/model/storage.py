@@ -60,7 +60,13 @@ def cast_state_dict(model: nn.Module, dtype: str | torch.dtype) -> dict[str, tor
     out = {}
     for name, tensor in model.state_dict().items():
         # Same memory, same view: the tied copies of one parameter.
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), name if not tensor.numel() else "")
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.stride(),
+            name if not tensor.numel() else "",
+        )
         if key not in cast:
             converted = tensor.detach().to(target) if tensor.is_floating_point() else tensor.detach()
             if target == torch.float16 and tensor.is_floating_point() and not torch.isfinite(converted).all():

@@ -53,14 +53,10 @@ def mlp_params(hidden: int, channels: int, bias: bool) -> int:
 
 @lru_cache(maxsize=4096)
 def _attention_shapes(geom: LayerGeometry) -> tuple[AttentionShape, ...]:
-    return tuple(
-        AttentionShape(g, q) for g in range(geom.n_kv_heads, 0, -1) for q in range(geom.group_size, 0, -1)
-    )
+    return tuple(AttentionShape(g, q) for g in range(geom.n_kv_heads, 0, -1) for q in range(geom.group_size, 0, -1))
 
 
-def attention_shape_for_rate(
-    geom: LayerGeometry, hidden: int, rate: float, qkv_bias: bool = False, o_bias: bool = False
-) -> AttentionShape:
+def attention_shape_for_rate(geom: LayerGeometry, hidden: int, rate: float, qkv_bias: bool = False, o_bias: bool = False) -> AttentionShape:
     full = AttentionShape(geom.n_kv_heads, geom.group_size)
     if rate <= 0:
         return full

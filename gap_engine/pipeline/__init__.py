@@ -4,7 +4,9 @@
 ``compare`` measures several allocators side by side; ``iterative`` prunes in rounds, each
 planned on a table of the model the rounds before left; ``runs`` is what the explorer's
 background jobs do; ``checkpoints`` prunes a model into a saved checkpoint and evaluates one
-(``gap prune``, ``gap eval``). The CLI, the jobs and the benchmarks call these.
+(``gap prune``, ``gap eval``); ``recovery`` strings the recovery stage around ``recover``'s step
+loop; ``jobs`` runs any of these as a background job the explorer watches. The CLI, the jobs and
+the benchmarks call these.
 """
 
 from gap_engine.pipeline.compare import Outcome, Reference, compare, heldout_sets, measure_plan, reference_numbers

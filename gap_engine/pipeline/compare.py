@@ -54,7 +54,9 @@ class Outcome:
     dense_calib_loss: float  # dense mean NLL on the calibration windows
     extras: dict = field(default_factory=dict)  # allocator-specific numbers (evo: the DP seed's)
     objective: str = "nll"  # the table's objective, which predicted_loss and calib_objective_increase are in
-    calib_objective_increase: float | None = None  # the measured increase of that objective on the calibration windows (what predicted_loss predicts)
+    calib_objective_increase: float | None = (
+        None  # the measured increase of that objective on the calibration windows (what predicted_loss predicts)
+    )
     predicted_basis: str | None = None  # what the prediction sums: "measured", "estimated" or "mixed" table cells
 
     def row(self) -> dict:

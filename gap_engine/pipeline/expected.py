@@ -82,7 +82,9 @@ def forward_seconds(shape: ModelShape, profile: DeviceProfile, tokens: float, se
     fixed cost of ``calls`` model calls (one call runs every block once)."""
     from gap_engine.tables.costmodel import block_flops_per_token, head_flops_per_token
 
-    per_token = shape.layers * block_flops_per_token(shape, seq_len) / profile.block_flops + head_flops_per_token(shape) / profile.head_flops
+    per_token = (
+        shape.layers * block_flops_per_token(shape, seq_len) / profile.block_flops + head_flops_per_token(shape) / profile.head_flops
+    )
     return tokens * per_token + calls * shape.layers * CALL_SECONDS_PER_BLOCK
 
 
@@ -109,8 +111,13 @@ def table_prediction(model: str, spec: TableSpec, device: DeviceSpec = DeviceSpe
 
 
 def run_prediction(
-    model: str, calibration: WindowSpec, settings: EvalSettings, stages: tuple[str, ...], allocator: str = "dp",
-    task_examples: int = 0, device: DeviceSpec = DeviceSpec(),
+    model: str,
+    calibration: WindowSpec,
+    settings: EvalSettings,
+    stages: tuple[str, ...],
+    allocator: str = "dp",
+    task_examples: int = 0,
+    device: DeviceSpec = DeviceSpec(),
 ) -> tuple[dict[str, float], str] | None:
     """(stage -> predicted seconds, basis) of a prune-and-evaluate run (``runs.prune_eval_stages``).
 
@@ -142,7 +149,8 @@ def run_prediction(
         HELD_OUT: 2 * sources * held_out,
         THROUGHPUT: throughput,
         GENERATE: 2 * settings.generations * settings.max_new_tokens * decode_step,
-        TASKS: TASK_IMPORT_S + 2 * scoring_seconds(task_examples, lambda tokens, seq_len: forward_seconds(shape, scoring, tokens, seq_len, 1)),
+        TASKS: TASK_IMPORT_S
+        + 2 * scoring_seconds(task_examples, lambda tokens, seq_len: forward_seconds(shape, scoring, tokens, seq_len, 1)),
         SAVE: LOAD_FIXED_S + 4 * shape.total_params / SAVE_BYTES_PER_S,
     }
     return {stage: by_stage[stage] for stage in stages if stage in by_stage}, _basis(profile)
@@ -176,4 +184,9 @@ def gguf_seconds(checkpoint: str | Path, outtype: str) -> float | None:
     params = dense.total_params - dense.layers * dense.block_params + sum(block.block_params for block in blocks)
     size = sum(f.stat().st_size for f in folder.glob("*.safetensors")) or 4 * params
     imports = 0.0 if "transformers.modeling_utils" in sys.modules else GGUF_IMPORT_S
-    return GGUF_FIXED_S + imports + size / (2 * LOAD_BYTES_PER_S) + params * GGUF_SECONDS_PER_PARAM.get(outtype, GGUF_SECONDS_PER_PARAM["q8_0"])
+    return (
+        GGUF_FIXED_S
+        + imports
+        + size / (2 * LOAD_BYTES_PER_S)
+        + params * GGUF_SECONDS_PER_PARAM.get(outtype, GGUF_SECONDS_PER_PARAM["q8_0"])
+    )

@@ -137,8 +137,14 @@ def iterative_prune(
     out.attention_rates = [1.0 - a / d for a, d in zip(attention, dense_attention)]
     out.mlp_rates = [1.0 - m / d for m, d in zip(mlp, dense_mlp)]
     out.plan = make_plan(
-        dense, out.attention_rates, out.mlp_rates, spec.criterion, spec.channel_multiple,
-        allocator="dp-iterative", budget=budget, predicted_loss=out.predicted_loss,
+        dense,
+        out.attention_rates,
+        out.mlp_rates,
+        spec.criterion,
+        spec.channel_multiple,
+        allocator="dp-iterative",
+        budget=budget,
+        predicted_loss=out.predicted_loss,
     )
     if out.plan.params["pruned_total"] != current.param_count():
         raise AssertionError(f"the rounds left {current.param_count()} parameters, their widths say {out.plan.params['pruned_total']}")

@@ -32,6 +32,7 @@ import logging
 import shutil
 import time
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -41,7 +42,6 @@ from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.evaluate.tasks import PreparedTasks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
-from gap_engine.pipeline.recovery_loop import Reporter, probe, train
 from gap_engine.recover.cost import STAGES
 from gap_engine.recover.files import (
     RecoveryError,
@@ -59,6 +59,7 @@ from gap_engine.recover.files import (
     storage_dtype,
     write_checkpoint,
 )
+from gap_engine.recover.loop import Reporter, probe, train
 from gap_engine.recover.methods import RECOVERY_METHODS
 from gap_engine.recover.settings import DEFAULT_LR, RecoveryResult, RecoverySettings
 from gap_engine.recover.train import TaskData, multitask_loss, projection_modules
@@ -168,8 +169,9 @@ def recover(
     adapter_dir, save_dtype = _finish_weights(lm, run, settings, work, reporter)
     reporter.stage("calibration loss after training")
     calib_after = _calib_losses(lm, data, settings)
-    after = evaluate_heldout(lm, settings, "after", reporter.phases(), start_fingerprint, dense, lm_eval_tasks,
-                             calibration=lambda model: _calib_losses(model, data, settings))
+
+    calibration = partial(_calib_losses, data=data, settings=settings)
+    after = evaluate_heldout(lm, settings, "after", reporter.phases(), start_fingerprint, dense, lm_eval_tasks, calibration=calibration)
     result = _result(settings, state, run, out_dir, adapter_dir, dense_input, resumed_from, stopped, calib_after, after)
     result.objective_note, result.teacher, result.save_dtype = note, teacher.name if teacher else None, save_dtype
     reporter.stage(f"writing {out_dir}")
@@ -192,8 +194,17 @@ def _place(lm: LoadedModel, settings: RecoverySettings) -> torch.device:
     return device
 
 
-def _start_state(lm: LoadedModel, settings: RecoverySettings, trajectory: dict, data: TaskData, work: Path, resume: bool,
-                 reporter: Reporter, dense: LoadedModel | None, lm_eval_tasks: PreparedTasks | None = None):
+def _start_state(
+    lm: LoadedModel,
+    settings: RecoverySettings,
+    trajectory: dict,
+    data: TaskData,
+    work: Path,
+    resume: bool,
+    reporter: Reporter,
+    dense: LoadedModel | None,
+    lm_eval_tasks: PreparedTasks | None = None,
+):
     """(run state, saved snapshot or None): the saved run in ``work`` when resuming, else a fresh
     state with the losses and evaluation before training (an earlier partial run is discarded)."""
     saved = load_state(work) if resume else None
@@ -248,8 +259,18 @@ def _measure_inference(lm: LoadedModel, data: TaskData, settings: RecoverySettin
         state.rss_method = meter.method
 
 
-def _result(settings, state: RunState, run, out_dir: Path, adapter_dir, dense_input: bool, resumed_from: int, stopped: str,
-            calib_after: list[float], after: dict) -> RecoveryResult:
+def _result(
+    settings,
+    state: RunState,
+    run,
+    out_dir: Path,
+    adapter_dir,
+    dense_input: bool,
+    resumed_from: int,
+    stopped: str,
+    calib_after: list[float],
+    after: dict,
+) -> RecoveryResult:
     """The RecoveryResult of a finished run."""
     return RecoveryResult(
         method=settings.method,
@@ -293,7 +314,4 @@ def _check_rank(lm: LoadedModel, settings: RecoverySettings) -> None:
 @torch.no_grad()
 def _calib_losses(lm: LoadedModel, data: TaskData, settings: RecoverySettings) -> list[float]:
     device = next(lm.model.parameters()).device
-    return [
-        float(multitask_loss(lm.model, windows.to(device), 1, settings.bf16)[0])
-        for windows in data.fixed(settings.calib_eval_windows)
-    ]
+    return [float(multitask_loss(lm.model, windows.to(device), 1, settings.bf16)[0]) for windows in data.fixed(settings.calib_eval_windows)]

@@ -31,8 +31,9 @@ from gap_engine.recover.files import RecoveryError
 log = logging.getLogger(__name__)
 
 
-def resolve_objective(lm: LoadedModel, settings, teacher: LoadedModel | None, say: Callable[[str], None],
-                      device) -> tuple[Objective, LoadedModel | None, str]:
+def resolve_objective(
+    lm: LoadedModel, settings, teacher: LoadedModel | None, say: Callable[[str], None], device
+) -> tuple[Objective, LoadedModel | None, str]:
     """(objective, teacher or None, a line saying which and why).
 
     The default is ``kd`` when the dense model the checkpoint was pruned from is reachable, else
@@ -49,8 +50,9 @@ def resolve_objective(lm: LoadedModel, settings, teacher: LoadedModel | None, sa
         why_not = "the model is not a pruned gap checkpoint, so no dense base model is recorded"
     if teacher is None:
         if wanted is not None:
-            raise RecoveryError(f"objective {wanted} needs the dense model to distil from, but {why_not}; "
-                                "pass --teacher MODEL or use --objective lm")
+            raise RecoveryError(
+                f"objective {wanted} needs the dense model to distil from, but {why_not}; pass --teacher MODEL or use --objective lm"
+            )
         return Objective("lm", bf16=settings.bf16), None, f"objective lm (next-token loss): {why_not}"
     try:
         check_compatible(lm, teacher)
@@ -110,9 +112,16 @@ def task_accuracy(lm: LoadedModel, dense: LoadedModel | None, prepared: Prepared
     }
 
 
-def evaluate_heldout(lm: LoadedModel, settings, label: str, hooks: Hooks, start_fingerprint: str,
-                     dense: LoadedModel | None = None, lm_eval_tasks: PreparedTasks | None = None,
-                     calibration: Callable[[LoadedModel], list[float]] | None = None) -> dict:
+def evaluate_heldout(
+    lm: LoadedModel,
+    settings,
+    label: str,
+    hooks: Hooks,
+    start_fingerprint: str,
+    dense: LoadedModel | None = None,
+    lm_eval_tasks: PreparedTasks | None = None,
+    calibration: Callable[[LoadedModel], list[float]] | None = None,
+) -> dict:
     """evaluate.evaluate on every task's held-out text (on the CPU, where evaluate's windows are).
 
     ``dense``: the dense reference already loaded as the teacher (reused; else loaded here).
@@ -120,6 +129,7 @@ def evaluate_heldout(lm: LoadedModel, settings, label: str, hooks: Hooks, start_
     ``calibration``: the calibration loss per task of a model; given, dense's is kept as
     ``dense_calib_loss`` (the number the pruned model's calibration loss is read against).
     ``hooks``: each step said as a message; its cancel polled at every step (and every block while tasks are scored)."""
+
     def say(message: str) -> None:
         hooks.check_cancelled(f"recovery cancelled while evaluating {label} training")
         hooks.say(f"evaluating {label} training: {message}")
@@ -146,7 +156,10 @@ def evaluate_heldout(lm: LoadedModel, settings, label: str, hooks: Hooks, start_
         if lm_eval_tasks is not None:
             say(f"task accuracy on {', '.join(lm_eval_tasks.tasks)} (lm-eval)")
             stopped = f"recovery cancelled while scoring tasks {label} training"
-            with cancel_checks(lm, hooks, stopped), cancel_checks(dense, hooks, stopped) if dense is not None else nullcontext():  # lm-eval's passes poll it too
+            with (
+                cancel_checks(lm, hooks, stopped),
+                cancel_checks(dense, hooks, stopped) if dense is not None else nullcontext(),
+            ):  # lm-eval's passes poll it too
                 report |= task_accuracy(lm, dense, lm_eval_tasks, start_fingerprint)
         return report
     finally:

@@ -104,10 +104,18 @@ class PruneEvalResult:
         if table is not None and record.table_key == table.key:
             basis = table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates))
         return cls(
-            run_id=int(record.id or 0), plan=dict(record.plan), plan_hash=str(params.get("plan_hash") or plan.content_hash()),
-            report=report, predicted_loss=record.predicted_loss, predicted_basis=basis, actual_loss=record.actual_loss,
-            objective=str(params.get("objective") or "nll"), checkpoint=record.checkpoint, seconds=float(record.seconds or 0.0),
-            stage_seconds=dict(params.get("stage_seconds") or {}), params_before=int(record.dense_params or 0),
+            run_id=int(record.id or 0),
+            plan=dict(record.plan),
+            plan_hash=str(params.get("plan_hash") or plan.content_hash()),
+            report=report,
+            predicted_loss=record.predicted_loss,
+            predicted_basis=basis,
+            actual_loss=record.actual_loss,
+            objective=str(params.get("objective") or "nll"),
+            checkpoint=record.checkpoint,
+            seconds=float(record.seconds or 0.0),
+            stage_seconds=dict(params.get("stage_seconds") or {}),
+            params_before=int(record.dense_params or 0),
             params_after=int(record.pruned_params or 0),
         )
 

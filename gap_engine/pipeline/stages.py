@@ -199,6 +199,10 @@ def dense_reference(lm: LoadedModel, device: DeviceSpec | None = None, loader=No
         log.log(logging.WARNING if warn else logging.INFO, "dense reference %s is not available: %s", lm.pruned_from["model"], exc)
         return None
     if lm.pruned_from.get("fingerprint") and dense.fingerprint != lm.pruned_from["fingerprint"]:
-        log.log(logging.WARNING if warn else logging.INFO, "dense reference %s has other weights than the ones pruned; not comparing", dense.name)
+        log.log(
+            logging.WARNING if warn else logging.INFO,
+            "dense reference %s has other weights than the ones pruned; not comparing",
+            dense.name,
+        )
         return None
     return dense

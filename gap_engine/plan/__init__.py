@@ -1,4 +1,4 @@
-"""Choosing per-layer rates under one budget: GAP's exact DP (dp.py, pure numpy), the
+"""Choosing per-layer rates under one budget: GAP's DP front (front.py, over ``core.knapsack``, pure numpy), the
 planning problem, the DP front, the baseline allocators, evolutionary search, and the front as
 the explorer shows it.
 

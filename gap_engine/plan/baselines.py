@@ -146,9 +146,7 @@ def flap_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, np.ndarray]:
     scores = inputs.scores
     if scores is None:
         scores = compute_importance(inputs.lm, inputs.windows, inputs.criterion, inputs.batch_size)
-    wanted = _flap_wanted(
-        inputs.geoms, inputs.slots, inputs.ladders, inputs.locked, scores, inputs.target, inputs.constraints.max_rate
-    )
+    wanted = _flap_wanted(inputs.geoms, inputs.slots, inputs.ladders, inputs.locked, scores, inputs.target, inputs.constraints.max_rate)
     return nearest_rungs(inputs.ladders, wanted), wanted
 
 

@@ -170,7 +170,10 @@ def evolve(
     )
     log.info(
         "evo: DP predicted %.4f, DP actual %.4f, evo actual %.4f (%d plans scored)",
-        result.seed_predicted, result.seed_actual, result.actual, result.evaluations,
+        result.seed_predicted,
+        result.seed_actual,
+        result.actual,
+        result.evaluations,
     )
     return result
 

@@ -46,7 +46,9 @@ def choice_rates(table: LossTable, choice: Choice) -> tuple[list[float], list[fl
     """(attention_rates, mlp_rates) for a row of a `dp_front` (L columns: coupled; 2L: split)."""
     coupled = len(choice) == table.num_layers
     if not coupled and len(choice) != 2 * table.num_layers:
-        raise BudgetError(f"a choice for {table.num_layers} layers has {table.num_layers} or {2 * table.num_layers} entries, got {len(choice)}")
+        raise BudgetError(
+            f"a choice for {table.num_layers} layers has {table.num_layers} or {2 * table.num_layers} entries, got {len(choice)}"
+        )
     slots = layer_slots(table.num_layers, coupled)
     return slot_rates(slots, [float(table.rate_grid[int(r)]) for r in choice], table.num_layers)
 

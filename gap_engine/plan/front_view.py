@@ -122,7 +122,9 @@ def row_plan(lm: LoadedModel, table: LossTable, row: dict[str, Any]) -> RatePlan
     return plan
 
 
-def uniform_line(lm: LoadedModel, table: LossTable, constraints: Constraints, top: float, step: float = UNIFORM_STEP, extra: Sequence[float] = ()) -> list[dict[str, Any]]:
+def uniform_line(
+    lm: LoadedModel, table: LossTable, constraints: Constraints, top: float, step: float = UNIFORM_STEP, extra: Sequence[float] = ()
+) -> list[dict[str, Any]]:
     """Exact uniform plans along the budget axis, scored by the table like the baselines.
 
     Args:

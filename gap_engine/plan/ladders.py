@@ -60,17 +60,13 @@ def build_ladders(
                 fractions.update(_attention_fractions(geom))
             if "mlp" in parts:
                 fractions.update(_mlp_fractions(geom, multiple))
-            candidates = [
-                r for r in fractions if constraints.min_rate - RATE_TOL <= r <= constraints.max_rate + RATE_TOL
-            ]
+            candidates = [r for r in fractions if constraints.min_rate - RATE_TOL <= r <= constraints.max_rate + RATE_TOL]
         by_removed: dict[int, float] = {}
         for rate in sorted(candidates):
             removed = sum(geom.removed_at(part, rate, multiple) for part in parts)
             by_removed.setdefault(removed, rate)
         if not by_removed:
-            raise BudgetError(
-                f"layer {layer} {kind} has no unit-exact rate within [{constraints.min_rate:g}, {constraints.max_rate:g}]"
-            )
+            raise BudgetError(f"layer {layer} {kind} has no unit-exact rate within [{constraints.min_rate:g}, {constraints.max_rate:g}]")
         rung_removed = np.array(sorted(by_removed), dtype=np.int64)
         out.append(Ladder(np.array([by_removed[int(r)] for r in rung_removed]), rung_removed, dense))
     return out
@@ -153,7 +149,6 @@ def rungs_at_rates(
         dtype=np.float64,
     )
     return nearest_rungs(ladders, wanted)
-
 
 
 def smallest_meeting(meets: Callable[[float], bool], low: float, high: float, steps: int = 60) -> float:

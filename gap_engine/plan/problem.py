@@ -29,13 +29,14 @@ PARTS = {"attn": ("attn",), "mlp": ("mlp",), "block": ("attn", "mlp")}  # slot k
 Choice: TypeAlias = Sequence[int] | np.ndarray
 
 
-
 # ---- constraints -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Constraints:
     """What a plan must respect besides the budget (the same for every method)."""
 
-    locked: Mapping[int, float] = field(default_factory=dict)  # layer -> rate of both its components; negative counts from the end; overrides min/max
+    locked: Mapping[int, float] = field(
+        default_factory=dict
+    )  # layer -> rate of both its components; negative counts from the end; overrides min/max
     min_rate: float = 0.0  # lowest rate of every unlocked component
     max_rate: float = DEFAULT_MAX_RATE  # highest rate of every unlocked component
     coupled: bool = False  # a layer's attention and MLP share one rate (always so with a block-mode table)
@@ -230,7 +231,11 @@ def _interp_row(removed_row: np.ndarray, loss_row: np.ndarray, removed: float) -
 
 
 def predicted_loss(
-    table: LossTable, geometries: Sequence[ComponentGeometry], attention_rates: Sequence[float], mlp_rates: Sequence[float], smoothed: bool = True
+    table: LossTable,
+    geometries: Sequence[ComponentGeometry],
+    attention_rates: Sequence[float],
+    mlp_rates: Sequence[float],
+    smoothed: bool = True,
 ) -> float:
     """Summed table loss of a plan; between grid rates the table is read linearly.
 

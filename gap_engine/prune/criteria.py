@@ -16,7 +16,12 @@ CRITERIA = Registry(
         Choice("magnitude", "weight magnitude (no calibration text)", "gap_engine.prune.importance:magnitude_scores"),
         Choice("wanda", "weight magnitude times input activation norm (Wanda)", "gap_engine.prune.importance:wanda_scores", ("windows",)),
         Choice("flap", "input fluctuation times squared column norm (FLAP)", "gap_engine.prune.importance:flap_scores", ("windows",)),
-        Choice("taylor", "first-order Taylor saliency |W * grad| (one backward pass)", "gap_engine.prune.importance:taylor_scores", ("windows",)),
+        Choice(
+            "taylor",
+            "first-order Taylor saliency |W * grad| (one backward pass)",
+            "gap_engine.prune.importance:taylor_scores",
+            ("windows",),
+        ),
     ],
 )
 # RatePlan (model layer, below this one) validates a plan's criterion against config.CRITERIA.

@@ -94,9 +94,7 @@ def _magnitude(lm: LoadedModel) -> list[LayerScores]:
         o_cols = host64(wide(o.weight.detach().abs()).sum(0))  # (H*D,)
         head = _per_head(q_rows + o_cols, geom.head_dim)
         channel = host64(
-            wide(gate.weight.detach().abs()).sum(1)
-            + wide(up.weight.detach().abs()).sum(1)
-            + wide(down.weight.detach().abs()).sum(0)
+            wide(gate.weight.detach().abs()).sum(1) + wide(up.weight.detach().abs()).sum(1) + wide(down.weight.detach().abs()).sum(0)
         )
         out.append(LayerScores(head=head, channel=channel))
     return out

@@ -95,7 +95,9 @@ def removed_units(
 
 
 @contextlib.contextmanager
-def masked_plan(lm: LoadedModel, attention_rates: Sequence[float], mlp_rates: Sequence[float], scores: ImportanceScores, channel_multiple: int) -> Iterator[None]:
+def masked_plan(
+    lm: LoadedModel, attention_rates: Sequence[float], mlp_rates: Sequence[float], scores: ImportanceScores, channel_multiple: int
+) -> Iterator[None]:
     """Temporarily zero every unit a plan removes, on the dense model itself.
 
     Units are chosen exactly as `apply_plan` chooses them, and zeroing a head's ``o_proj``
@@ -138,9 +140,7 @@ def apply_plan(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores | None)
             kept_kv, kept_heads = list(range(geom.n_kv_heads)), list(range(geom.n_heads))
             kept_channels = list(range(geom.intermediate_size))
         else:
-            kept_kv, kept_heads, kept_channels = layer_selection(
-                lm.adapter, layer, scores.layers[i], a_rate, m_rate, plan.channel_multiple
-            )
+            kept_kv, kept_heads, kept_channels = layer_selection(lm.adapter, layer, scores.layers[i], a_rate, m_rate, plan.channel_multiple)
         if len(kept_heads) < geom.n_heads:
             slice_attention_(lm.adapter, layer, kept_kv, kept_heads)
         if len(kept_channels) < geom.intermediate_size:

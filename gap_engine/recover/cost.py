@@ -91,12 +91,14 @@ def layer_shapes(config: dict[str, Any], name: str = "") -> tuple[ModelShape, li
     shapes = []
     for i in range(dense.layers):
         widths = per_layer.get(str(i)) or {}
-        shapes.append(replace(
-            dense,
-            heads=int(widths.get("num_attention_heads", dense.heads)),
-            kv_heads=int(widths.get("num_key_value_heads", dense.kv_heads)),
-            intermediate=int(widths.get("intermediate_size", dense.intermediate)),
-        ))
+        shapes.append(
+            replace(
+                dense,
+                heads=int(widths.get("num_attention_heads", dense.heads)),
+                kv_heads=int(widths.get("num_key_value_heads", dense.kv_heads)),
+                intermediate=int(widths.get("intermediate_size", dense.intermediate)),
+            )
+        )
     return dense, shapes
 
 
@@ -127,15 +129,28 @@ def _torch_threads() -> int:
 
 def _perturbed_weights(shapes: list[ModelShape], settings: RecoverySettings) -> float:
     """Weights a ZO step perturbs: the target projections, masked to MaZO's fraction."""
-    fractions: dict[str, Callable[[ModelShape], int]] = {"q": lambda s: s.heads * s.head_dim, "k": lambda s: s.kv_heads * s.head_dim,
-                 "v": lambda s: s.kv_heads * s.head_dim, "o": lambda s: s.heads * s.head_dim,
-                 "gate": lambda s: s.intermediate, "up": lambda s: s.intermediate, "down": lambda s: s.intermediate}
+    fractions: dict[str, Callable[[ModelShape], int]] = {
+        "q": lambda s: s.heads * s.head_dim,
+        "k": lambda s: s.kv_heads * s.head_dim,
+        "v": lambda s: s.kv_heads * s.head_dim,
+        "o": lambda s: s.heads * s.head_dim,
+        "gate": lambda s: s.intermediate,
+        "up": lambda s: s.intermediate,
+        "down": lambda s: s.intermediate,
+    }
     total: int = sum(s.hidden * fractions[t](s) for s in shapes for t in settings.targets)
     return total * (settings.mask_fraction if settings.method == "mazo" else 1.0)
 
 
-def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placement: Placement, distils: bool, measure: bool = True,
-                      task_examples: int = 0, profile: DeviceProfile | None = None) -> RecoveryEstimate | None:
+def estimate_recovery(
+    config: dict[str, Any],
+    settings: RecoverySettings,
+    placement: Placement,
+    distils: bool,
+    measure: bool = True,
+    task_examples: int = 0,
+    profile: DeviceProfile | None = None,
+) -> RecoveryEstimate | None:
     """Expected seconds of ``settings`` (a validated recover.RecoverySettings) on the model ``config`` describes.
 
     Args:
@@ -164,6 +179,7 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
 
     n_tasks = len(settings.tasks)
     step_tokens = n_tasks * settings.batch_size * settings.seq_len
+
     def teacher_per_token(seq_len: int) -> float:
         return per_token([dense] * dense.layers, seq_len)
 
@@ -172,8 +188,9 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
     if settings.method == "lora":
         step = LORA_FORWARDS * forward
     else:
-        step = ZO_FORWARDS * forward + Z_DRAWS * _perturbed_weights(shapes, settings) * _direction_seconds_per_value(str(placement.device),
-                                                                                         _torch_threads())
+        step = ZO_FORWARDS * forward + Z_DRAWS * _perturbed_weights(shapes, settings) * _direction_seconds_per_value(
+            str(placement.device), _torch_threads()
+        )
     step += teacher_pass if distils else 0.0
     eval_tokens = n_tasks * settings.eval_samples * settings.eval_seq_len
     evaluation = eval_tokens * (per_token(shapes, settings.eval_seq_len) + (teacher if settings.compare_dense else 0.0))
@@ -188,12 +205,22 @@ def estimate_recovery(config: dict[str, Any], settings: RecoverySettings, placem
     tasks_before = tasks_after = 0.0
     if task_examples > 0:
         scored = scoring_seconds(task_examples, lambda tokens, seq_len: tokens * per_token(shapes, seq_len, scoring))
-        dense_scored = (scoring_seconds(task_examples, lambda tokens, seq_len: tokens * per_token([dense] * dense.layers, seq_len, scoring))
-                        if settings.compare_dense else 0.0)
+        dense_scored = (
+            scoring_seconds(task_examples, lambda tokens, seq_len: tokens * per_token([dense] * dense.layers, seq_len, scoring))
+            if settings.compare_dense
+            else 0.0
+        )
         first = TASK_IMPORT_S + scored + dense_scored  # the dense model is scored once, then read from the cache
         tasks_before, tasks_after = (first, scored) if settings.evaluate_before else (0.0, first)
-    return RecoveryEstimate(prepare + tasks_before, step, settings.steps, finish + tasks_after, f"cost model: {profile.basis}",
-                            settings.time_budget_s, tasks_before + tasks_after)
+    return RecoveryEstimate(
+        prepare + tasks_before,
+        step,
+        settings.steps,
+        finish + tasks_after,
+        f"cost model: {profile.basis}",
+        settings.time_budget_s,
+        tasks_before + tasks_after,
+    )
 
 
 def estimate_for_checkpoint(

@@ -19,7 +19,7 @@ two perturbed passes share them), by the dense model loaded once, frozen, in inf
 Not cached to disk: exact full-vocabulary KL instead of a top-k truncation, and a run draws
 each pool window about ``steps · batch / pool`` times, fewer than once for runs shorter than
 the pool, so a cache of the whole pool would cost more teacher passes than it saves (see the
-README's recovery section and bench/results/zo_step.md for the measured cost).
+docs/recovery.md and bench/results/zo_step.md for the measured cost).
 """
 
 from __future__ import annotations

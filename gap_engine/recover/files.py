@@ -394,9 +394,22 @@ def record_in_history(lm: LoadedModel, plan: RatePlan, result: RecoveryResult, h
     before = result.before or {}
     recovery = {
         key: getattr(result, key)
-        for key in ("method", "tasks", "steps_requested", "steps_done", "stopped", "lr", "train_seconds",
-                    "trainable_params", "peak_rss", "inference_rss", "rss_method", "calib_loss_before",
-                    "calib_loss_after", "dense_input")
+        for key in (
+            "method",
+            "tasks",
+            "steps_requested",
+            "steps_done",
+            "stopped",
+            "lr",
+            "train_seconds",
+            "trainable_params",
+            "peak_rss",
+            "inference_rss",
+            "rss_method",
+            "calib_loss_before",
+            "calib_loss_after",
+            "dense_input",
+        )
     }
     recovery.update(
         rss_ratio=result.rss_ratio,

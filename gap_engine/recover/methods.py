@@ -14,7 +14,9 @@ RECOVERY_METHODS = Registry(
     "recovery method",
     [
         Choice("lora", "LoRA adapters (peft) on every projection, merged into the weights", "gap_engine.recover.train:LoraRun"),
-        Choice("mazo", "masked zeroth-order (MaZO): forward passes only, the important weights of each row", "gap_engine.recover.train:ZORun"),
+        Choice(
+            "mazo", "masked zeroth-order (MaZO): forward passes only, the important weights of each row", "gap_engine.recover.train:ZORun"
+        ),
         Choice("mezo", "zeroth-order (MeZO): forward passes only, every projection weight", "gap_engine.recover.train:ZORun"),
     ],
 )
@@ -22,7 +24,9 @@ RECOVERY_METHODS = Registry(
 RECOVERY_OBJECTIVES = Registry(
     "recovery objective",
     [
-        Choice("kd", "distil from the dense model: KL(dense || pruned) of the next-token distributions", "gap_engine.recover.distill:Objective"),
+        Choice(
+            "kd", "distil from the dense model: KL(dense || pruned) of the next-token distributions", "gap_engine.recover.distill:Objective"
+        ),
         Choice("lm", "next-token loss on the training text", "gap_engine.recover.distill:Objective"),
         Choice("kd+lm", "both, weighted: w * kd + (1 - w) * lm (w = 0.5 unless set)", "gap_engine.recover.distill:Objective"),
     ],

@@ -54,6 +54,7 @@ class RollbackRow(TypedDict):
     lr_scale: float  # the rate's factor before this intervention's cut
     action: str  # guard.ROLL_BACK or guard.STOP
 
+
 METHODS = RECOVERY_METHODS.names
 SCHEDULES = RECOVERY_SCHEDULES
 DEFAULT_LR = {"lora": 3e-3, "mazo": 3e-4, "mezo": 1e-4}  # for SmolLM2-135M; see bench/results/recovery.md
@@ -167,17 +168,27 @@ class RecoverySettings:
 
     def trajectory(self) -> dict[str, Any]:
         """The settings that decide what training computes; a resumed run must share them."""
-        free = {"save_every", "guard", "time_budget_s", "device", "eval_samples", "eval_seq_len", "eval_generations",
-                "evaluate_before", "compare_dense", "record_history", "split", "save_dtype"}
+        free = {
+            "save_every",
+            "guard",
+            "time_budget_s",
+            "device",
+            "eval_samples",
+            "eval_seq_len",
+            "eval_generations",
+            "evaluate_before",
+            "compare_dense",
+            "record_history",
+            "split",
+            "save_dtype",
+        }
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in free}
         out["lr"] = "auto" if self.probes_lr else self.learning_rate()
         out["tasks"], out["targets"] = list(self.tasks), list(self.targets)
         return out
 
 
-_HELDOUT_REFUSAL = (
-    "recovery trains on the calibration split only ({what} requested); the held-out split is kept for evaluation"
-)
+_HELDOUT_REFUSAL = "recovery trains on the calibration split only ({what} requested); the held-out split is kept for evaluation"
 
 
 def parse_task(spec: str) -> str:
@@ -191,7 +202,6 @@ def parse_task(spec: str) -> str:
     if not spec:
         raise DataError("an empty text source was given")
     return spec
-
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:
@@ -257,10 +267,14 @@ class RecoveryResult:
             return None
         steps = ", ".join(str(row["step"]) for row in self.rollbacks)
         if self.stopped == "diverged":
-            return (f"the calibration objective rose at every rate tried ({len(self.rollbacks)} checks, at step {steps}): "
-                    f"stopped at the last good snapshot, step {self.steps_done}")
-        return (f"the calibration objective rose {len(self.rollbacks)} time(s) (at step {steps}): rolled back to the last "
-                f"good snapshot each time and trained on at {self.lr_scale:.3g} x the rate")
+            return (
+                f"the calibration objective rose at every rate tried ({len(self.rollbacks)} checks, at step {steps}): "
+                f"stopped at the last good snapshot, step {self.steps_done}"
+            )
+        return (
+            f"the calibration objective rose {len(self.rollbacks)} time(s) (at step {steps}): rolled back to the last "
+            f"good snapshot each time and trained on at {self.lr_scale:.3g} x the rate"
+        )
 
     @property
     def tokens_seen(self) -> int:

@@ -55,7 +55,9 @@ class TaskData:
                     f"text source '{spec}' is too short for one batch: its calibration part has {tokens} tokens, "
                     f"a batch needs {settings.batch_size} x {settings.seq_len} = {settings.batch_size * settings.seq_len}"
                 )
-            self.pools.append(calibration_windows(lm.tokenizer, WindowSpec(data=spec, n_samples=n_pool, seq_len=settings.seq_len, seed=settings.seed)))
+            self.pools.append(
+                calibration_windows(lm.tokenizer, WindowSpec(data=spec, n_samples=n_pool, seq_len=settings.seq_len, seed=settings.seed))
+            )
 
     def batch(self, step: int) -> torch.Tensor:
         """The windows of one step, task-major: (n_tasks * batch_size, T)."""
@@ -134,9 +136,11 @@ class ZORun:
         norms: list[list[torch.Tensor]] = []  # per task: per target
         for spec, pool in zip(self.settings.tasks, data.pools):
             hooks.say(f"weight importance on {spec}")
-            norms.append(recover_zo.input_feature_norms(
-                self.lm.model, linears, pool[: self.settings.importance_windows], self.settings.batch_size, hooks
-            ))
+            norms.append(
+                recover_zo.input_feature_norms(
+                    self.lm.model, linears, pool[: self.settings.importance_windows], self.settings.batch_size, hooks
+                )
+            )
         for j, target in enumerate(self.targets):
             target.columns = recover_zo.mask_columns(
                 target.linear.weight, [n[j] for n in norms], self.settings.mask_fraction, self.settings.magnitude_weight
@@ -251,8 +255,7 @@ class CalibrationObjective:
     def __call__(self) -> float:
         objective = self.run.objective
         losses = [
-            float(objective.per_task(self.run.model, window, 1, objective.teacher_log_probs(window))[0])
-            for window in self.windows.split(1)
+            float(objective.per_task(self.run.model, window, 1, objective.teacher_log_probs(window))[0]) for window in self.windows.split(1)
         ]
         value = sum(losses) / len(losses)
         return value if np.isfinite(value) else float("inf")

@@ -216,8 +216,9 @@ class Workspace:
 
 
 @contextlib.contextmanager
-def perturbed(model: nn.Module, targets: list[ZOTarget], seed_of_step: int, scale: float,
-              workspace: Workspace | None = None) -> Iterator[None]:
+def perturbed(
+    model: nn.Module, targets: list[ZOTarget], seed_of_step: int, scale: float, workspace: Workspace | None = None
+) -> Iterator[None]:
     """Inside, each target projection computes with ``W + scale · z`` (its own ``z`` of this step).
 
     The shift is applied just before the projection runs and undone right after by copying the
@@ -304,7 +305,12 @@ class ZOStepResult:
 
 
 def zo_step(
-    model: nn.Module, targets: list[ZOTarget], loss_fn: Callable[[], float], seed_of_step: int, eps: float, lr: float,
+    model: nn.Module,
+    targets: list[ZOTarget],
+    loss_fn: Callable[[], float],
+    seed_of_step: int,
+    eps: float,
+    lr: float,
     workspace: Workspace | None = None,
 ) -> ZOStepResult:
     """One two-point SPSA step on the same batch: loss at ``θ + εz`` and ``θ - εz``, then
@@ -362,9 +368,7 @@ def _row_normalised(scores: torch.Tensor) -> torch.Tensor:
     return scores / scores.sum(1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)  # (rows, in)
 
 
-def mask_columns(
-    weight: torch.Tensor, task_norms: list[torch.Tensor], fraction: float, magnitude_weight: float
-) -> torch.Tensor:
+def mask_columns(weight: torch.Tensor, task_norms: list[torch.Tensor], fraction: float, magnitude_weight: float) -> torch.Tensor:
     """MaZO's update mask of one weight matrix: the top-k columns of every row.
 
     Args:

@@ -166,7 +166,6 @@ def parse_rate_grid(text: str, what: str = "rates") -> tuple[float, ...]:
     return rates
 
 
-
 # ---- the artefact ----------------------------------------------------------------------
 @dataclass
 class Filled:
@@ -199,7 +198,9 @@ class LossTable:
     key: str  # cache key (see table_key)
     extras: dict[str, Any] = field(default_factory=dict)  # build statistics (cells measured, reused, ...)
     window_start: str = "text"  # how every calibration window started: "bos" (the model's BOS token, never counted) or "text"
-    measured: np.ndarray | None = None  # (C, R) bool: True where the value was measured (or the cell removes nothing), False where estimated
+    measured: np.ndarray | None = (
+        None  # (C, R) bool: True where the value was measured (or the cell removes nothing), False where estimated
+    )
     cell_tokens: np.ndarray | None = None  # (C, R) int64: token positions the cell's value was measured or estimated on
     estimate: np.ndarray | None = None  # (C, R) the gradient estimate of delta a refined table started from (None otherwise)
 
@@ -309,8 +310,7 @@ class LossTable:
         version = data.get("format_version")
         if version != TABLE_FORMAT_VERSION:
             raise TableError(
-                f"loss table format version {version!r} is not supported (expected {TABLE_FORMAT_VERSION}); "
-                "rebuild it with `gap table`"
+                f"loss table format version {version!r} is not supported (expected {TABLE_FORMAT_VERSION}); rebuild it with `gap table`"
             )
         spec = TableSpec.from_dict(data["spec"])
         components = [(int(layer), str(kind)) for layer, kind in data["components"]]

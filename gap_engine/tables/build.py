@@ -145,10 +145,9 @@ def measure_table(
     if placement_of(lm) != resolve(CPU_FP32):  # tables built the old way keep their exact extras
         stats = stats | {"placement": placement_of(lm).describe()}
     filled = Filled(measured, tokens, estimate, window_start)
-    stats["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # this process, all threads: fairer than wall time on a shared machine
-    table = assemble_table(
-        lm, spec, key, data_fingerprint, components, objective, dense, time.perf_counter() - started, stats, filled
-    )
+    stats["cpu_seconds"] = round(
+        time.process_time() - cpu_started, 3
+    )  # this process, all threads: fairer than wall time on a shared machine
+    table = assemble_table(lm, spec, key, data_fingerprint, components, objective, dense, time.perf_counter() - started, stats, filled)
     log.info("loss table %s: %d x %d cells in %.1f s", key or "(uncached)", *table.delta.shape, table.build_seconds)
     return table
-

@@ -37,6 +37,7 @@ from gap_engine.tables.artefact import TABLE_FORMAT_VERSION, LossTable
 
 log = logging.getLogger(__name__)
 
+
 def lock(key: str, timeout: float = -1) -> FileLock:
     """The inter-process lock of one entry (held while the table is built or removed)."""
     return lock_for(entry_dir(key), timeout=timeout)

@@ -75,7 +75,9 @@ def objective_per_window(
     from BOS alone are never counted and both window conventions score the same text.
     Logits of a bf16/fp16 model are taken to float32 first, whatever the model's dtype.
     """
-    per_window: torch.Tensor = OBJECTIVES.function(objective)(logits.float(), input_ids, dense_logprobs, start)  # .float(): no copy when they already are
+    per_window: torch.Tensor = OBJECTIVES.function(objective)(
+        logits.float(), input_ids, dense_logprobs, start
+    )  # .float(): no copy when they already are
     return per_window
 
 
@@ -93,7 +95,9 @@ def kl_per_window(logits: torch.Tensor, input_ids: torch.Tensor, dense_logprobs:
     return wide(per_token).sum(1)
 
 
-def objective_sum(logits: torch.Tensor, input_ids: torch.Tensor, objective: str, dense_logprobs: torch.Tensor | None, start: int = 0) -> float:
+def objective_sum(
+    logits: torch.Tensor, input_ids: torch.Tensor, objective: str, dense_logprobs: torch.Tensor | None, start: int = 0
+) -> float:
     """Objective summed over all counted positions of a batch (see objective_per_window)."""
     return float(objective_per_window(logits, input_ids, objective, dense_logprobs, start).sum())
 

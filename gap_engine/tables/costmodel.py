@@ -155,12 +155,33 @@ class DeviceProfile:
 # large bf16 GEMMs reach 60-75% of peak; a whole transformer block with attention, norms and
 # small kernels less, so 50% for blocks and 60% for the LM head's single large GEMM.
 SPEC_PROFILES = {
-    "h200": DeviceProfile("NVIDIA H200 bfloat16 (spec sheet)", 0.50 * 989e12, 0.60 * 989e12, 4.8e12, 50e9, 141e9,
-                          "spec sheet: 989 TFLOP/s dense bf16 x 50% (blocks) / 60% (LM head), 4.8 TB/s HBM3e, 141 GB, ~50 GB/s PCIe Gen5"),
-    "h100": DeviceProfile("NVIDIA H100 SXM bfloat16 (spec sheet)", 0.50 * 989e12, 0.60 * 989e12, 3.35e12, 50e9, 80e9,
-                          "spec sheet: 989 TFLOP/s dense bf16 x 50% / 60%, 3.35 TB/s HBM3, 80 GB, ~50 GB/s PCIe Gen5"),
-    "a100": DeviceProfile("NVIDIA A100 SXM bfloat16 (spec sheet)", 0.50 * 312e12, 0.60 * 312e12, 2.0e12, 25e9, 80e9,
-                          "spec sheet: 312 TFLOP/s dense bf16 x 50% / 60%, 2.0 TB/s HBM2e, 80 GB, ~25 GB/s PCIe Gen4"),
+    "h200": DeviceProfile(
+        "NVIDIA H200 bfloat16 (spec sheet)",
+        0.50 * 989e12,
+        0.60 * 989e12,
+        4.8e12,
+        50e9,
+        141e9,
+        "spec sheet: 989 TFLOP/s dense bf16 x 50% (blocks) / 60% (LM head), 4.8 TB/s HBM3e, 141 GB, ~50 GB/s PCIe Gen5",
+    ),
+    "h100": DeviceProfile(
+        "NVIDIA H100 SXM bfloat16 (spec sheet)",
+        0.50 * 989e12,
+        0.60 * 989e12,
+        3.35e12,
+        50e9,
+        80e9,
+        "spec sheet: 989 TFLOP/s dense bf16 x 50% / 60%, 3.35 TB/s HBM3, 80 GB, ~50 GB/s PCIe Gen5",
+    ),
+    "a100": DeviceProfile(
+        "NVIDIA A100 SXM bfloat16 (spec sheet)",
+        0.50 * 312e12,
+        0.60 * 312e12,
+        2.0e12,
+        25e9,
+        80e9,
+        "spec sheet: 312 TFLOP/s dense bf16 x 50% / 60%, 2.0 TB/s HBM2e, 80 GB, ~25 GB/s PCIe Gen4",
+    ),
 }
 
 
@@ -173,8 +194,13 @@ def calibration_shape(shape: ModelShape) -> ModelShape:
     kv = max(1, min(heads, round(shape.kv_heads * scale)))
     heads -= heads % kv
     return replace(
-        shape, layers=1, hidden=CALIBRATION_HIDDEN_CAP, heads=heads, kv_heads=kv,
-        intermediate=int(shape.intermediate * scale), vocab=min(shape.vocab, 65536),
+        shape,
+        layers=1,
+        hidden=CALIBRATION_HIDDEN_CAP,
+        heads=heads,
+        kv_heads=kv,
+        intermediate=int(shape.intermediate * scale),
+        vocab=min(shape.vocab, 65536),
     )
 
 
@@ -251,8 +277,13 @@ def measured_profile(
 
     calib = calibration_shape(shape)
     key = {
-        "device": str(placement.device), "dtype": str(placement.dtype), "shape": asdict(calib), "seq_len": seq_len,
-        "batch": batch, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "device": str(placement.device),
+        "dtype": str(placement.dtype),
+        "shape": asdict(calib),
+        "seq_len": seq_len,
+        "batch": batch,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(placement.device) if placement.device.type == "cuda" else None,
     }
     path = _profile_path(key)
@@ -313,8 +344,13 @@ def _measure(placement: Placement, calib: ModelShape, seq_len: int, batch: int) 
 
     device, dtype = placement.device, placement.dtype
     config = LlamaConfig(
-        vocab_size=256, hidden_size=calib.hidden, intermediate_size=calib.intermediate, num_hidden_layers=1,
-        num_attention_heads=calib.heads, num_key_value_heads=calib.kv_heads, head_dim=calib.head_dim,
+        vocab_size=256,
+        hidden_size=calib.hidden,
+        intermediate_size=calib.intermediate,
+        num_hidden_layers=1,
+        num_attention_heads=calib.heads,
+        num_key_value_heads=calib.kv_heads,
+        head_dim=calib.head_dim,
         max_position_embeddings=max(seq_len, 512),
     )
     torch.manual_seed(0)
@@ -374,7 +410,8 @@ class BuildEstimate:
             f"predicted {self.estimator} table of {self.model} on {where}: {_duration(self.seconds)} ({parts})",
             f"peak memory: {_bytes(self.device_bytes)} on the device"
             + (f" of {_bytes(self.device_memory)}" if self.device_memory else "")
-            + f", {_bytes(self.host_bytes)} on the host" + (f"; {self.cells:,} distinct cells" if self.cells else ""),
+            + f", {_bytes(self.host_bytes)} on the host"
+            + (f"; {self.cells:,} distinct cells" if self.cells else ""),
         ]
         if self.fits is False:
             out.append("does not fit the device: add --stream (blocks from the host), fewer/shorter windows, or --ray workers")
@@ -426,7 +463,9 @@ def _seconds_per_token(shape: ModelShape, profile: DeviceProfile, seq_len: int) 
     return block, head
 
 
-def estimate_build(shape: ModelShape, spec: TableSpec, profile: DeviceProfile, dtype_bytes: int, stream: bool = False, workers: int = 1) -> BuildEstimate:
+def estimate_build(
+    shape: ModelShape, spec: TableSpec, profile: DeviceProfile, dtype_bytes: int, stream: bool = False, workers: int = 1
+) -> BuildEstimate:
     """Predicted time and peak memory of building ``spec``'s table for ``shape``.
 
     Args:
@@ -450,7 +489,9 @@ def estimate_build(shape: ModelShape, spec: TableSpec, profile: DeviceProfile, d
     per_layer = layer_cells(shape, spec)
     cells, cell_costs = 0, dict[int, float]()
     if spec.estimator in ("exact", "refine"):
-        measured = per_layer if spec.estimator == "exact" else [min(c, REFINE_CELLS * (2 if spec.mode == "split" else 1)) for c in per_layer]
+        measured = (
+            per_layer if spec.estimator == "exact" else [min(c, REFINE_CELLS * (2 if spec.mode == "split" else 1)) for c in per_layer]
+        )
         if spec.estimator == "refine":
             notes.append(f"refine = a fisher pass + {REFINE_CELLS} measured cells per component")
         cells = sum(measured)
@@ -465,7 +506,11 @@ def estimate_build(shape: ModelShape, spec: TableSpec, profile: DeviceProfile, d
     block_bytes = shape.block_params * dtype_bytes
     per_group = 0
     if stream:
-        free = profile.memory - (shape.total_params - (L - 1) * shape.block_params) * dtype_bytes - _working_bytes(shape, spec, dtype_bytes, profile.kind)
+        free = (
+            profile.memory
+            - (shape.total_params - (L - 1) * shape.block_params) * dtype_bytes
+            - _working_bytes(shape, spec, dtype_bytes, profile.kind)
+        )
         budget = free / 2 if profile.memory else STREAM_GROUP_BYTES
         moves, per_group = _stream_moves(per_layer if spec.estimator == "exact" else [0] * L, L, state_bytes, budget)
         passes = (criterion_passes > 0) + ("dense pass" in parts)
@@ -487,9 +532,19 @@ def estimate_build(shape: ModelShape, spec: TableSpec, profile: DeviceProfile, d
     if stream and spec.estimator in ("fisher", "taylor", "refine"):
         notes.append("the gradient pass streams too: one block on the device, recomputed for its backward")
     return BuildEstimate(
-        model=shape.name, estimator=spec.estimator, device=profile.name, basis=profile.basis, workers=max(1, len(ranges)) if workers > 1 else 1,
-        stream=stream, cells=cells, seconds=sum(parts.values()), parts=parts, device_bytes=device_bytes, host_bytes=host_bytes,
-        device_memory=profile.memory, notes=notes,
+        model=shape.name,
+        estimator=spec.estimator,
+        device=profile.name,
+        basis=profile.basis,
+        workers=max(1, len(ranges)) if workers > 1 else 1,
+        stream=stream,
+        cells=cells,
+        seconds=sum(parts.values()),
+        parts=parts,
+        device_bytes=device_bytes,
+        host_bytes=host_bytes,
+        device_memory=profile.memory,
+        notes=notes,
     )
 
 

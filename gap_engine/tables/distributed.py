@@ -17,7 +17,7 @@ single-process build (``CellLedger``, ``cache.PartialCells``), so a killed drive
 from what it saved, and a lost worker's cells are simply measured again: Ray restarts the
 actor and retries its calls, and when restarts run out the driver gives the dead worker's
 layers to a live one. Cells are the same arithmetic on the same inputs as in one process,
-so the table is the same (``tests/test_distributed.py``). Without ``--ray`` nothing here
+so the table is the same (``tests/tables/test_distributed.py``). Without ``--ray`` nothing here
 runs and ray is never imported.
 """
 
@@ -217,7 +217,9 @@ class CellWorker:
         adapter = adapter_for(model)
         placeholders = nn.ModuleList([nn.Identity() for _ in refs["blocks"]])  # run only once loaded
         setattr(adapter.decoder(model), layers_name, placeholders)
-        self.lm = LoadedModel(name="ray-worker", model=model, tokenizer=None, adapter=adapter, fingerprint="", source="ray", placement=self.placement)
+        self.lm = LoadedModel(
+            name="ray-worker", model=model, tokenizer=None, adapter=adapter, fingerprint="", source="ray", placement=self.placement
+        )
         self.build, self.loaded, self.shared = refs["build"], set(), {}
 
     def _get(self, ref: ObjectRef) -> Any:
@@ -330,10 +332,16 @@ class RayCells:
         finally:
             ledger.flush()
         objective, stats = ledger.table(owner, (len(request.components), len(spec.rate_grid)), dense_objective)
-        stats |= {"ray_workers": self.settings.workers, "ray_worker_processes": len(self.result_pids), "ray_seconds": round(time.perf_counter() - started, 3)}
+        stats |= {
+            "ray_workers": self.settings.workers,
+            "ray_worker_processes": len(self.result_pids),
+            "ray_seconds": round(time.perf_counter() - started, 3),
+        }
         return CellValues(objective, dense_objective, stats)
 
-    def _run(self, lm: LoadedModel, spec: TableSpec, state: DenseState, jobs: list[Job], ledger: CellLedger, positions: int, hooks: Hooks) -> None:
+    def _run(
+        self, lm: LoadedModel, spec: TableSpec, state: DenseState, jobs: list[Job], ledger: CellLedger, positions: int, hooks: Hooks
+    ) -> None:
         ray = import_ray()
         started_here = start_ray(self.settings)
         actors: list[Actor] = []
@@ -341,9 +349,15 @@ class RayCells:
             by_layer = self._units(ledger)
             refs = self._put_shared(ray, lm, spec, state, positions, min(by_layer))
             placement = placement_of(lm)
-            device = DeviceSpec("cuda" if placement.device.type == "cuda" else str(placement.device.type), dtype_name(placement.dtype), placement.stream)
-            options = dict(num_cpus=self.settings.cpus_per_worker, num_gpus=1 if placement.device.type == "cuda" else 0,
-                           max_restarts=self.settings.max_restarts, max_task_retries=self.settings.max_restarts)
+            device = DeviceSpec(
+                "cuda" if placement.device.type == "cuda" else str(placement.device.type), dtype_name(placement.dtype), placement.stream
+            )
+            options = dict(
+                num_cpus=self.settings.cpus_per_worker,
+                num_gpus=1 if placement.device.type == "cuda" else 0,
+                max_restarts=self.settings.max_restarts,
+                max_task_retries=self.settings.max_restarts,
+            )
             blocks, head = block_costs(lm)
             costs = {layer: sum(blocks - layer + head for _ in ks) for layer, ks in by_layer.items()}
             ranges = layer_ranges(costs, self.settings.workers)
@@ -393,8 +407,15 @@ class RayCells:
         if layer not in refs["layer_inputs"]:
             refs["layer_inputs"][layer] = ray.put([inputs[layer].cpu() for inputs in state.block_inputs])
         unit_refs = UnitRefs(
-            build=refs["build"], shell=refs["shell"], blocks=refs["blocks"], calls=refs["calls"], batches=refs["batches"],
-            final=refs["final"], objective=refs["objective"], positions=refs["positions"], start=refs["start"],
+            build=refs["build"],
+            shell=refs["shell"],
+            blocks=refs["blocks"],
+            calls=refs["calls"],
+            batches=refs["batches"],
+            final=refs["final"],
+            objective=refs["objective"],
+            positions=refs["positions"],
+            start=refs["start"],
             inputs=refs["layer_inputs"][layer],
         )
         return actor.measure.remote(layer, [(k, jobs[k][2]) for k in ks], unit_refs)
@@ -428,7 +449,9 @@ class RayCells:
                 except ray.exceptions.RayError as exc:  # the process was lost (killed, out of memory, node gone)
                     alive.discard(w)
                     if not alive:
-                        raise RayError(f"every Ray worker was lost ({type(exc).__name__}); measured cells are saved, run again to resume") from None
+                        raise RayError(
+                            f"every Ray worker was lost ({type(exc).__name__}); measured cells are saved, run again to resume"
+                        ) from None
                     heir = min(alive, key=lambda a: sum(1 for owner, _ in pending.values() if owner == a))
                     log.warning("Ray worker %d was lost; layer %d goes to worker %d", w, layer, heir)
                     pending[self._submit(actors[heir], layer, by_layer[layer], jobs, refs, state)] = (heir, layer)

@@ -104,7 +104,9 @@ class _GradientSums:
             self.fisher_heads[layer] += (host64(heads) ** 2).sum(0)
             self.fisher_channels[layer] += (host64(channels) ** 2).sum(0)
 
-    def head_losses(self, logits: torch.Tensor, batch: torch.Tensor, start: int, objective: str, generator: torch.Generator) -> list[torch.Tensor]:
+    def head_losses(
+        self, logits: torch.Tensor, batch: torch.Tensor, start: int, objective: str, generator: torch.Generator
+    ) -> list[torch.Tensor]:
         """The scalar losses whose mask gradients the streams need, for one batch's logits.
 
         "grad": each window's mean NLL of its real next tokens, summed over windows (so each

@@ -18,8 +18,18 @@ from gap_engine.core.registry import Choice, Registry
 ESTIMATORS = Registry(
     "table estimator",
     [
-        Choice("fisher", "fast: second-order estimate (one forward and backward pass)", "gap_engine.tables.estimate:fill_estimated", ("gradient",)),
-        Choice("taylor", "fast: first-order estimate (one forward and backward pass)", "gap_engine.tables.estimate:fill_estimated", ("gradient",)),
+        Choice(
+            "fisher",
+            "fast: second-order estimate (one forward and backward pass)",
+            "gap_engine.tables.estimate:fill_estimated",
+            ("gradient",),
+        ),
+        Choice(
+            "taylor",
+            "fast: first-order estimate (one forward and backward pass)",
+            "gap_engine.tables.estimate:fill_estimated",
+            ("gradient",),
+        ),
         Choice(
             "refine",
             "trusted: the fisher estimate, then every cell the plans use measured exactly (minutes)",

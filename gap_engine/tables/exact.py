@@ -92,7 +92,9 @@ def dense_pass(lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectiv
 
         return hook
 
-    def capture_last(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
+    def capture_last(
+        module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor | tuple[torch.Tensor, ...]
+    ) -> None:
         current["final"] = _layer_output(output)
 
     handles = [layer.register_forward_pre_hook(capture(i), with_kwargs=True) for i, layer in enumerate(layers)]
@@ -120,7 +122,6 @@ def dense_logprobs(lm: LoadedModel, state: DenseState, b: int) -> torch.Tensor:
     if state.dense_logprobs is not None:
         return state.dense_logprobs[b].to(device)
     return F.log_softmax(lm.adapter.logits_from_hidden(lm.model, state.final_hidden[b].to(device)).float(), dim=-1)
-
 
 
 def cell_per_window(lm: LoadedModel, state: DenseState, cut: Cut, objectives: tuple[str, ...]) -> dict[str, torch.Tensor]:

@@ -118,7 +118,9 @@ class CellLedger:
             one holding the wanted cells that ``partial`` already has.
     """
 
-    def __init__(self, lm: LoadedModel, jobs: list[Job], partial: PartialStore | None, hooks: Hooks, measured: dict[Cell, float] | None = None):
+    def __init__(
+        self, lm: LoadedModel, jobs: list[Job], partial: PartialStore | None, hooks: Hooks, measured: dict[Cell, float] | None = None
+    ):
         self.jobs = jobs
         self.partial = partial
         self.hooks = hooks
@@ -171,5 +173,9 @@ class CellLedger:
         objective = np.empty(shape, dtype=np.float64)
         for (c, r), source in owner.items():
             objective[c, r] = dense_objective if source is None else self.measured[source]
-        stats: BuildStats = {"cells_measured": len(self.jobs) - self.resumed, "cells_resumed": self.resumed, "distinct_cells": len(self.jobs)}
+        stats: BuildStats = {
+            "cells_measured": len(self.jobs) - self.resumed,
+            "cells_resumed": self.resumed,
+            "distinct_cells": len(self.jobs),
+        }
         return objective, stats

@@ -163,7 +163,14 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
         (C, R) objectives, the dense objective, build statistics, (C, R) bool measured
         cells, and (C, R) the estimate of delta the build started from.
     """
-    lm, spec, windows, scores, components, hooks = request.lm, request.spec, request.windows, request.scores, request.components, request.hooks
+    lm, spec, windows, scores, components, hooks = (
+        request.lm,
+        request.spec,
+        request.windows,
+        request.scores,
+        request.components,
+        request.hooks,
+    )
     partial = request.partial
     started = time.perf_counter()
     est_objective, est_dense, _ = estimate_cells(lm, replace(spec, estimator="fisher"), windows, scores, components, hooks)
@@ -198,7 +205,9 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
     problem = RefineProblem(estimate, owner, removed, dense_prunable, tuple(kind for _, kind in components), dense)
     measured, rounds = refinement_rounds(problem, spec, measure)
     objective = current_objective(dense, estimate, owner, measured)
-    is_measured = np.array([[owner[c, r] is None or owner[c, r] in measured for r in range(len(spec.rate_grid))] for c in range(len(components))])
+    is_measured = np.array(
+        [[owner[c, r] is None or owner[c, r] in measured for r in range(len(spec.rate_grid))] for c in range(len(components))]
+    )
     stats: BuildStats = {
         "cells_measured": len(measured) - resumed,
         "cells_resumed": resumed,

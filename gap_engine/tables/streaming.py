@@ -8,7 +8,7 @@ last visits the device once, while all of the group's cells (and all their batch
 through it. A cell entering its own block has its units masked there
 (``slicing.zeroed_units``, on the device copy of the block), exactly as the resident builder
 masks them, so both builders do the same arithmetic on the same inputs and produce the
-same table (``tests/test_streaming.py``).
+same table (``tests/tables/test_streaming.py``).
 
 What waits on the host: the dense inputs of every block (the resident build keeps them on
 the device). The hidden states of the cells in flight stay on the device from the cell's
@@ -42,7 +42,9 @@ from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues, Job
 STREAM_GROUP_BYTES = 4 << 30
 
 
-def streamed_dense_state(lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS) -> DenseState:
+def streamed_dense_state(
+    lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS
+) -> DenseState:
     """The dense pass of ``tables.exact`` done block by block, its states kept on the host
     (``hooks``: only its cancel is polled, before every block).
 
@@ -68,7 +70,9 @@ def streamed_dense_state(lm: LoadedModel, windows: torch.Tensor, batch_size: int
     return state
 
 
-def streamed_cells(lm: LoadedModel, state: DenseState, cuts: list[Cut], objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS) -> list[dict[str, torch.Tensor]]:
+def streamed_cells(
+    lm: LoadedModel, state: DenseState, cuts: list[Cut], objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS
+) -> list[dict[str, torch.Tensor]]:
     """Per-window objective sums of several cuts, the blocks streamed once for all of them.
 
     Args:

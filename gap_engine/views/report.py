@@ -68,7 +68,8 @@ def evaluation_from_report(report: dict, label: str = "evaluation") -> dict:
         "prefill_speedup": throughput.get("prefill_speedup"),
         "decode_speedup": throughput.get("decode_speedup"),
         "generations": [
-            {"prompt": g.get("prompt", ""), "dense": g.get("dense", ""), "pruned": g.get("model", "")} for g in report.get("generations") or []
+            {"prompt": g.get("prompt", ""), "dense": g.get("dense", ""), "pruned": g.get("model", "")}
+            for g in report.get("generations") or []
         ],
         "tasks": dict(report.get("task_accuracy") or {}),
         "dense_tasks": dict(report.get("dense_task_accuracy") or {}),
@@ -153,7 +154,10 @@ def _settings_html(table) -> str:
         ["loss table", f"<code>{html.escape(table.key)}</code>"],
         ["estimator", html.escape(spec.estimator)],
         ["objective", html.escape(figures.loss_label(spec.objective))],
-        ["calibration text", f"{html.escape(spec.windows.data)}: {spec.windows.n_samples} windows x {spec.windows.seq_len} tokens, seed {spec.windows.seed}"],
+        [
+            "calibration text",
+            f"{html.escape(spec.windows.data)}: {spec.windows.n_samples} windows x {spec.windows.seq_len} tokens, seed {spec.windows.seed}",
+        ],
         ["within-layer criterion", html.escape(spec.criterion)],
         ["rate grid", html.escape(", ".join(f"{r:g}" for r in table.rate_grid))],
         ["components", f"{len(table.components)} ({html.escape(spec.mode)}: {table.num_layers} layers)"],
@@ -188,7 +192,10 @@ def _evaluation_html(evaluation: dict, objective: str) -> str:
         )
     parts = [
         f"<p class='note'>From {html.escape(evaluation['label'])}.</p>",
-        _table(["held-out text", "dense perplexity", "pruned perplexity", "change", "held-out KL to dense (nats/token)", "top-1 agreement"], rows),
+        _table(
+            ["held-out text", "dense perplexity", "pruned perplexity", "change", "held-out KL to dense (nats/token)", "top-1 agreement"],
+            rows,
+        ),
     ]
     facts = []
     if evaluation.get("dense_params") and evaluation.get("params"):

@@ -115,7 +115,9 @@ def rate_traces(num_layers: int, row: dict, locked: dict | None = None) -> list:
     return traces
 
 
-def front_traces(front: list[dict], row: dict | None, uniform: list[dict] | None, baselines: list[BaselinePlan] | None, y_top: float) -> list:
+def front_traces(
+    front: list[dict], row: dict | None, uniform: list[dict] | None, baselines: list[BaselinePlan] | None, y_top: float
+) -> list:
     """DP front, exact uniform plans, baseline plans and the current point, all in % of prunable.
 
     The current point (when ``row`` is given) is the last trace. Baseline plans above ``y_top`` are drawn
@@ -366,7 +368,12 @@ def planner_figure(
     fig.update_xaxes(title_text="layer", range=[-0.6, table.num_layers - 0.4], row=2, col=1)
     fig.update_yaxes(title_text="rate (fraction removed)", range=[0, 1.06], row=2, col=1)
     top_budget = front[-1]["budget"] * 100
-    fig.update_xaxes(title_text="budget (% of prunable parameters removed)", range=[-max(1.0, top_budget) * 0.03, max(1.0, top_budget) * 1.02], row=2, col=2)
+    fig.update_xaxes(
+        title_text="budget (% of prunable parameters removed)",
+        range=[-max(1.0, top_budget) * 0.03, max(1.0, top_budget) * 1.02],
+        row=2,
+        col=2,
+    )
     fig.update_yaxes(title_text=loss_label(objective), range=[0, y_top], row=2, col=2)
     return fig
 
@@ -411,6 +418,11 @@ def plan_figure(
     fig.update_xaxes(title_text="layer", range=[-0.6, table.num_layers - 0.4], row=1, col=1)
     fig.update_yaxes(title_text="rate (fraction removed)", range=[0, 1.06], row=1, col=1)
     top_budget = max([r["budget"] for r in front] + [row["budget"]]) * 100
-    fig.update_xaxes(title_text="budget (% of prunable parameters removed)", range=[-max(1.0, top_budget) * 0.03, max(1.0, top_budget) * 1.02], row=1, col=2)
+    fig.update_xaxes(
+        title_text="budget (% of prunable parameters removed)",
+        range=[-max(1.0, top_budget) * 0.03, max(1.0, top_budget) * 1.02],
+        row=1,
+        col=2,
+    )
     fig.update_yaxes(title_text=loss_label(objective), range=[0, y_top], row=1, col=2)
     return fig

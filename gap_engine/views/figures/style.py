@@ -93,4 +93,3 @@ def log_ticks(low: float, high: float) -> tuple[list[float], list[str]]:
     first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
     values = [10.0**e for e in range(first, last + 1)]
     return values, [f"{v:g}" for v in values]
-

@@ -33,9 +33,7 @@ def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = T
     rates = np.asarray(table.rate_grid, dtype=float)
     n_layers = max(2, table.num_layers)
     colors = sample_colorscale(DEPTH_SCALE, np.linspace(0, 1, n_layers))
-    fig = make_subplots(
-        rows=1, cols=len(kinds), shared_yaxes=True, horizontal_spacing=0.04, subplot_titles=[KIND_LABEL[k] for k in kinds]
-    )
+    fig = make_subplots(rows=1, cols=len(kinds), shared_yaxes=True, horizontal_spacing=0.04, subplot_titles=[KIND_LABEL[k] for k in kinds])
     scale_shown = False
     for col, kind in enumerate(kinds, start=1):
         for row, (layer, k) in enumerate(table.components):
@@ -111,9 +109,7 @@ def heatmap_figure(table, smoothed: bool = True, log_color: bool = False) -> go.
     cutting = table.removed > 0
     marked = table.measured_cells() & cutting
     mixed = bool(marked.any()) and not bool(marked[cutting].all())
-    fig = make_subplots(
-        rows=1, cols=len(kinds), shared_yaxes=True, horizontal_spacing=0.04, subplot_titles=[KIND_LABEL[k] for k in kinds]
-    )
+    fig = make_subplots(rows=1, cols=len(kinds), shared_yaxes=True, horizontal_spacing=0.04, subplot_titles=[KIND_LABEL[k] for k in kinds])
     zmax = float(np.max(losses)) if losses.size else 1.0
     for col, kind in enumerate(kinds, start=1):
         rows = [r for r, (_, k) in enumerate(table.components) if k == kind]
@@ -138,9 +134,13 @@ def heatmap_figure(table, smoothed: bool = True, log_color: bool = False) -> go.
             cells = [(rates[r], table.components[c][0]) for c in rows for r in range(len(rates)) if marked[c, r]]
             fig.add_trace(
                 go.Scatter(
-                    x=[x for x, _ in cells], y=[y for _, y in cells], mode="markers", name="measured exactly",
+                    x=[x for x, _ in cells],
+                    y=[y for _, y in cells],
+                    mode="markers",
+                    name="measured exactly",
                     marker=dict(symbol="circle-open", size=7, color="#00B5E2", line=dict(width=2)),
-                    showlegend=col == 1, hoverinfo="skip",
+                    showlegend=col == 1,
+                    hoverinfo="skip",
                 ),
                 row=1,
                 col=col,
@@ -160,5 +160,3 @@ def heatmap_figure(table, smoothed: bool = True, log_color: bool = False) -> go.
         ),
     )
     return fig
-
-

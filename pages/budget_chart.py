@@ -1,0 +1,212 @@
+"""The budget chart: the app's one budget control (a bidirectional Streamlit v2 component).
+
+The whole DP front (one step per front row, thinned to `front_view.MAX_STEPS`) goes to the
+browser once; while the pointer moves, the slider swaps the bars, the uniform line, the
+current point and the readout there, with no round trip (`budget_chart.js`). On release
+the component reports the step (front, row index, removed parameters, budget) back;
+`apply_release` checks it against the current front and makes that row's budget the
+app-wide ``app_budget``. The chart always starts at the step of ``app_budget``, so the two
+directions agree, and the step's budget is its row's own removed fraction, so the value
+under the thumb is what the page's plan removes.
+
+plotly.js is inlined from the installed plotly package by a second, constant component
+(`load_plotly`): after the first page load its element is a cached message, and no
+request leaves the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from gap_engine.plan.front_view import budget_steps, grid_indices, step_at_budget, uniform_line
+from gap_engine.plan.problem import Constraints
+from gap_engine.views import figures
+
+if TYPE_CHECKING:
+    from gap_engine.pipeline.runs import BaselinePlan
+
+HERE = Path(__file__).resolve().parent
+CHART_KEY = "planner_budget_chart"
+RELEASE_KEY = "planner_budget_release"  # the last release, kept for the page run that follows it
+_PLOTLY_KEY = "app_plotly_js"
+
+
+@lru_cache(maxsize=1)
+def _plotly_component():
+    import plotly
+
+    source = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    # Run as a classic script (the bundle is written for one, not for a module's strict scope);
+    # it sets window.Plotly.
+    js = (
+        f"const SOURCE = {json.dumps(source)};\n"
+        "export default function () {\n"
+        "  if (window.Plotly || document.getElementById('gap-plotly-js')) return;\n"
+        "  const script = document.createElement('script');\n"
+        "  script.id = 'gap-plotly-js';\n"
+        "  script.text = SOURCE;\n"
+        "  document.head.appendChild(script);\n"
+        "}\n"
+    )
+    return st.components.v2.component("gap_plotly_js", js=js, isolate_styles=False)
+
+
+@lru_cache(maxsize=1)
+def _chart_component():
+    js = (HERE / "budget_chart.js").read_text(encoding="utf-8")
+    css = (HERE / "budget_chart.css").read_text(encoding="utf-8")
+    # Not isolated: plotly.js styles its hover labels and drag layers from document.head.
+    return st.components.v2.component("gap_budget_chart", js=js, css=css, isolate_styles=False)
+
+
+@st.cache_data(max_entries=32, show_spinner="Planning uniform pruning along the budget axis ...")
+def _uniform_rows(table_key: str, constraints_text: str, top: float, extra: tuple, _table, _lm) -> list[dict]:
+    return uniform_line(_lm, _table, Constraints.from_dict(json.loads(constraints_text)), top, extra=extra)
+
+
+def uniform_rows(table, lm, raw_constraints: dict, top: float, baselines: list[BaselinePlan] | None) -> list[dict]:
+    """`front_view.uniform_line` for the table and constraints (cached per process).
+
+    The budgets of uniform baseline markers are planned too, so the markers lie on the line.
+    """
+    extra = tuple(sorted({float(b.budget) for b in baselines or [] if b.allocator == "uniform" and b.planned}))
+    return _uniform_rows(table.key, json.dumps(raw_constraints, sort_keys=True), round(float(top), 6), extra, table, lm)
+
+
+def load_plotly() -> None:
+    """Put plotly.js (from the installed plotly package) into the page, once per browser tab."""
+    with st.sidebar:
+        _plotly_component()(key=_PLOTLY_KEY)
+
+
+def chart_data(
+    table,
+    front: list[dict],
+    budget: float,
+    front_id: str,
+    dense_total: int,
+    locked: dict | None = None,
+    uniform: list[dict] | None = None,
+    baselines: list[BaselinePlan] | None = None,
+    measured: list[dict] | None = None,
+) -> dict:
+    """What the browser gets: the steps (rates as grid indices), the two base figures, the start.
+
+    Args:
+        table: the LossTable.
+        front: allocation.front_rows under the current constraints.
+        budget: the app's budget; the chart starts at the first step removing at least it.
+        front_id: names this front (table key and constraints); a release echoes it.
+        dense_total: all parameters of the dense model (readouts).
+        locked: layer -> locked rate.
+        uniform: rows of front_view.uniform_line.
+        baselines: the plans of jobs.baselines_task.
+        measured: pruned and measured runs of this table (figures.measured_traces).
+    Returns:
+        A JSON-ready dict; ``active`` is the starting step and ``rows`` maps steps to front rows.
+    """
+    extras = json.dumps(
+        {
+            "locked": locked or {},
+            "uniform": uniform,
+            "baselines": baselines and [b.to_dict() for b in baselines],
+            "dense": int(dense_total),
+            "measured": measured,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    base = _chart_base(front_id, extras, table, front, int(dense_total), locked, uniform, baselines, measured)
+    active = step_at_budget(front, base["rows"], budget)
+    return base | {"active": active, "version": f"{base['version']}:{active}"}
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _chart_base(front_id: str, extras: str, _table, _front, dense_total, _locked, _uniform, _baselines, _measured=None) -> dict:
+    """Everything but the starting step (the browser draws any step itself), once per front."""
+    table, front = _table, _front
+    steps = budget_steps(front)
+    first = front[steps[0]]
+    rates = figures.rates_figure(table, first, _locked)
+    front_fig = figures.front_figure(table, front, None, _uniform, _baselines, measured=_measured)  # the browser draws the moving point
+    data = {
+        "front_id": front_id,
+        "objective": figures.OBJECTIVE_NAME.get(table.spec.objective, table.spec.objective),
+        "dense_total": dense_total,
+        "prunable": int(table.dense_prunable),
+        "grid": [float(r) for r in table.rate_grid],
+        "rows": steps,
+        "budgets": [float(front[i]["budget"]) for i in steps],
+        "removed": [int(front[i]["removed"]) for i in steps],
+        "loss": [float(front[i]["predicted_loss"]) for i in steps],
+        "attn": [grid_indices(table.rate_grid, front[i]["attention_rates"]) for i in steps],
+        "mlp": [grid_indices(table.rate_grid, front[i]["mlp_rates"]) for i in steps],
+        "marker_color": figures.CURRENT_COLOR,
+        "rates_figure": rates.to_json(),
+        "front_figure": front_fig.to_json(),
+        "legend": _legend(_locked, _uniform, _baselines)
+        + ([{"label": "pruned and measured (x; hover: predicted)", "color": figures.DP_COLOR, "shape": "x"}] if _measured else []),
+    }
+    data["version"] = hashlib.sha1((front_id + extras).encode()).hexdigest()[:16]
+    return data
+
+
+def _legend(locked, uniform, baselines) -> list[dict]:
+    """The chart's legend, drawn in HTML so it wraps on a narrow screen."""
+    items = [
+        {"label": "attention rate (GAP DP)", "color": figures.ATTN_COLOR, "shape": "bar"},
+        {"label": "MLP rate (GAP DP)", "color": figures.MLP_COLOR, "shape": "bar"},
+        {"label": "GAP DP front", "color": figures.DP_COLOR, "shape": "line"},
+        {"label": "uniform: every layer at the budget's rate" + (" (exact plans on the right)" if uniform else ""),
+         "color": figures.UNIFORM_COLOR, "shape": "dash"},
+        {"label": "chosen budget", "color": figures.CURRENT_COLOR, "shape": "dot"},
+    ]  # fmt: skip
+    if locked:
+        items.append({"label": "locked layer", "color": "#666", "shape": "x"})
+    for allocator in sorted({b.allocator for b in baselines or [] if b.planned}):
+        items.append({"label": f"{allocator} plan", "color": figures.BASELINE_COLORS.get(allocator, "#888"), "shape": "dot"})
+    return items
+
+
+def release_of(front: list[dict], front_id: str, payload) -> dict | None:
+    """The front row a release names, or None when it is stale or malformed.
+
+    A release is honoured only for the front it was made on (the same table and
+    constraints) and only if its row index and removed parameters agree with that row.
+    """
+    if not isinstance(payload, dict) or payload.get("front_id") != front_id:
+        return None
+    index = payload.get("row")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(front):
+        return None
+    row = front[index]
+    if payload.get("removed") != int(row["removed"]):
+        return None
+    return row
+
+
+def _remember_release() -> None:
+    value = (st.session_state.get(CHART_KEY) or {}).get("release")
+    if value is not None:
+        st.session_state[RELEASE_KEY] = value
+
+
+def apply_release(front: list[dict], front_id: str) -> dict | None:
+    """Make a pending release's row budget the app's budget; returns that row (or None)."""
+    payload = st.session_state.pop(RELEASE_KEY, None)
+    row = release_of(front, front_id, payload)
+    if row is not None:
+        st.session_state["app_budget"] = float(row["budget"])
+    return row
+
+
+def show(data: dict) -> None:
+    """Mount the chart (plotly.js first); a release lands in `apply_release` on the next run."""
+    load_plotly()
+    _chart_component()(key=CHART_KEY, data=data, on_release_change=_remember_release)

@@ -1,0 +1,413 @@
+"""Prune & evaluate: prune a copy of the model with the chosen plan, measure it, keep the run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pandas as pd
+import streamlit as st
+
+from gap_engine.core.buildtime import Expectation, run_expectation, run_settings, with_prediction
+from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
+from gap_engine.core.errors import GapError, one_line
+from gap_engine.core.limits import LIMITS, check_windows
+from gap_engine.data.windows import BUILTIN_SOURCES
+from gap_engine.evaluate import history, runcompare
+from gap_engine.evaluate.metrics import EvalSettings
+from gap_engine.evaluate.tasks import score_text, task_table_rows
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.pipeline.expected import run_prediction
+from gap_engine.pipeline.jobs import manager, model_load_seconds, prune_eval_task
+from gap_engine.pipeline.runs import prune_eval_stages
+from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.views import figures
+from pages import common
+
+UPLOADED = "uploaded plan"
+ALLOCATOR_HELP = {name: ALLOCATORS.describe(name) for name in ALLOCATORS} | {UPLOADED: "the plan uploaded on the Export page"}
+DEFAULTS = {
+    "eval_allocator": "dp",
+    "eval_sources": [APP_EVAL_WINDOWS.data],
+    "eval_samples": APP_EVAL_WINDOWS.n_samples,
+    "eval_seq_len": APP_EVAL_WINDOWS.seq_len,
+    "eval_throughput": True,
+    "eval_generations": 3,
+    "eval_max_new_tokens": 24,
+    "eval_save_checkpoint": True,
+    "eval_metric": None,
+    "eval_compare": [],
+} | common.task_defaults("eval_")
+table = common.table_page("eval_", DEFAULTS, "Prune & evaluate")
+ss = st.session_state
+if ss["eval_allocator"] == "dp" and not ss.get("app_plan") and not ss.get("app_plan_missing"):
+    try:  # the planner was not opened in this session: its plan for this budget, released as it would be
+        common.release_current_plan(table)
+    except GapError as exc:
+        st.error(f"Cannot make the planner's plan: {one_line(exc)}")
+budget = float(ss["app_budget"])
+uploaded = ss.get("app_uploaded_plan")
+allocators = list(ALLOCATORS) + ([UPLOADED] if uploaded else [])
+if ss["eval_allocator"] not in allocators:
+    ss["eval_allocator"] = "dp"
+
+
+def eval_settings() -> EvalSettings:
+    """The evaluation the form describes."""
+    windows = WindowSpec(
+        data=",".join(ss["eval_sources"]) or APP_EVAL_WINDOWS.data,
+        n_samples=int(ss["eval_samples"]),
+        seq_len=int(ss["eval_seq_len"]),
+        # The batch never changes a number; long windows go fewer at a time to stay within memory.
+        batch_size=max(1, min(APP_EVAL_WINDOWS.batch_size, LIMITS.batch_tokens // int(ss["eval_seq_len"]))),
+    )
+    return EvalSettings(
+        windows=windows,
+        throughput=bool(ss["eval_throughput"]),
+        generations=int(ss["eval_generations"]),
+        max_new_tokens=int(ss["eval_max_new_tokens"]),
+    )
+
+
+def expected_run(settings: EvalSettings) -> Expectation:
+    """What the run the form describes is expected to take here, stage by stage (earlier runs
+    of this model in the history, and whether the model is in memory; the cost model's
+    prediction for the stages no earlier run measured)."""
+    try:
+        records = history.runs()
+    except GapError:
+        records = []
+    allocator = ss["eval_allocator"] if ss["eval_allocator"] in ALLOCATORS else "manual"
+    mine = run_settings(asdict(table.spec.windows), asdict(settings), allocator)
+    stages = prune_eval_stages(settings, bool(ss["eval_save_checkpoint"]), bool(ss["eval_tasks_on"]))
+    expected = run_expectation(table.model, mine, records, stages, model_load_seconds(table.model))
+    if expected.total is not None:
+        return expected
+    try:  # stages no earlier run measured: the cost model's prediction
+        predicted = run_prediction(table.model, table.spec.windows, settings, stages, allocator, common.task_examples("eval_"))
+    except Exception:
+        predicted = None
+    return expected if predicted is None else with_prediction(expected, *predicted)
+
+
+def start_run() -> None:
+    common.clear_message("eval")
+    settings = eval_settings()
+    windows = settings.windows
+    try:
+        check_windows(windows.n_samples, windows.seq_len, windows.batch_size, ("Held-out samples", "Tokens per sample", "Batch size"))
+    except GapError as exc:
+        common.set_message("eval", "error", one_line(exc))
+        return
+    expected = expected_run(settings)
+    allocator = ss["eval_allocator"]
+    plan = planner_plan() if allocator == "dp" else None  # prune exactly what the planner released
+    if allocator == "dp" and plan is None:  # never a re-derived plan in its place
+        common.set_message("eval", "error", missing_plan_text())
+        return
+    if allocator == UPLOADED:
+        try:
+            plan = RatePlan.from_dict(dict(uploaded))
+        except GapError as exc:
+            common.set_message("eval", "error", one_line(exc))
+            return
+    tasks_ok, task_settings = common.checked_task_settings("eval_", "eval")  # the engine's check, as for gap eval --tasks
+    if not tasks_ok:
+        return
+    checkpoint_dir = None
+    if ss["eval_save_checkpoint"]:
+        checkpoint_dir = history.new_checkpoint_dir(plan.allocator if plan else allocator, plan.budget if plan else budget)
+    task = prune_eval_task(
+        table.model,
+        settings,
+        expected.known,
+        expected.basis,
+        task_settings,
+        table=table,
+        budget=budget,
+        allocator=allocator if plan is None else plan.allocator,
+        constraints=common.constraints_from_state(),
+        plan=plan,
+        checkpoint_dir=checkpoint_dir,
+    )
+    plan_id = plan.content_hash() if plan is not None else ""
+    key = f"{table.key}|{allocator}|{budget:.4f}|{plan_id}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
+    params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": budget, "plan_hash": plan_id or None}
+    label = f"{allocator} at {budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
+    job = manager().submit("prune_eval", task, key=key, label=label, params=params)
+    common.remember_job("prune_eval", job)
+
+
+def planner_plan():
+    """The plan the planner released (or the link restored) when it belongs to this table and budget."""
+    stored = ss.get("app_plan")
+    if not stored or stored.get("table_key") != table.key or stored.get("budget") != budget:
+        return None
+    try:
+        return RatePlan.from_dict(dict(stored))
+    except GapError:
+        return None
+
+
+def missing_plan_text() -> str:
+    """Why there is no planner plan to prune, and what to do (a dp run is refused, not re-planned)."""
+    why = ss.get("app_plan_missing") or "No plan has been released on the Budget planner for this table and budget yet."
+    return f"{why} Open the Budget planner and release a budget: Prune & evaluate prunes the plan the planner shows, never another one."
+
+
+def delete_run(run_id: int) -> None:
+    try:
+        history.delete_run(int(run_id), remove_checkpoint=True)
+    except GapError as exc:
+        common.set_message("eval_history", "error", one_line(exc))
+    else:
+        common.set_message("eval_history", "success", f"Deleted run {run_id} and its checkpoint.")
+
+
+def speed_spread(throughput: dict) -> str | None:
+    """'prefill 1.31-1.55x, decode 1.02-1.20x over 5 repeats' when the repeats were kept."""
+    parts = [
+        f"{kind} {low:.2f}–{high:.2f}x" for kind in ("prefill", "decode") if (span := throughput.get(f"{kind}_speedup_range")) for low, high in [span]
+    ]  # fmt: skip
+    repeats = len(throughput.get("prefill_speedup_repeats") or [])
+    return f"Median of {repeats} interleaved repeats; range {', '.join(parts)}." if parts else None
+
+
+def speed_delta(throughput: dict) -> str:
+    """'range 1.02–1.54x, within noise · decode 1.10x': the spread beside the median, and whether
+    dense speed (1.00x) lies inside it."""
+    parts = []
+    for kind in ("prefill", "decode"):
+        span, median = throughput.get(f"{kind}_speedup_range"), throughput.get(f"{kind}_speedup", float("nan"))
+        text = f"{median:.2f}x" if kind == "decode" else ""
+        if span:
+            low, high = span
+            noise = ", within noise" if low <= 1.0 <= high else ""
+            text = f"{text} ({low:.2f}–{high:.2f}x{noise})" if text else f"range {low:.2f}–{high:.2f}x{noise}"
+        parts.append(f"decode {text}" if kind == "decode" else text)
+    return " · ".join(p for p in parts if p)
+
+
+def compare_runs(run_ids: list[int]) -> None:
+    """Picked runs side by side with their changes against dense and against the first picked,
+    and their per-layer rates overlaid."""
+    ss["eval_compare"] = [i for i in ss["eval_compare"] if i in run_ids]
+    st.markdown("**Compare runs**")
+    st.multiselect(
+        "Runs to compare (the first one picked is the reference)", run_ids[::-1], key="eval_compare", format_func=lambda i: f"run {i}"
+    )
+    if not ss["eval_compare"]:
+        st.caption("Pick two or more runs to see them side by side.")
+        return
+    try:
+        by_id = {record.id: record for record in history.runs()}
+    except GapError as exc:
+        st.error(one_line(exc))
+        return
+    records = [by_id[i] for i in ss["eval_compare"] if i in by_id]
+    st.dataframe(runcompare.comparison_frame(records), hide_index=True, width="stretch", key="eval_compare_table")
+    rates = [
+        (runcompare.run_label(r), r.plan.get("attention_rates") or [], r.plan.get("mlp_rates") or []) for r in records if isinstance(r.plan, dict)
+    ]  # fmt: skip
+    st.plotly_chart(figures.runs_rates_figure(rates), key="eval_compare_rates", width="stretch", theme=None)
+
+
+# ---- what to run ---------------------------------------------------------------------------------
+left, right = st.columns([1, 1], gap="large")
+with left:
+    st.subheader("Plan")
+    st.selectbox(
+        "Allocator",
+        allocators,
+        key="eval_allocator",
+        format_func=lambda m: f"{m} — {ALLOCATOR_HELP[m]}",
+        help="How the budget is spread over the layers. " + common.GLOSSARY["DP front"],
+    )
+    if ss["eval_allocator"] == UPLOADED:
+        up_budget = uploaded.get("budget")
+        st.caption(
+            f"Uploaded plan `{RatePlan.from_dict(dict(uploaded)).content_hash()}` for {uploaded['model']}: allocator {uploaded.get('allocator')}, "
+            f"budget {'not stated' if up_budget is None else f'{up_budget:.2%}'} of prunable parameters."
+        )
+    else:
+        st.metric("Budget from the planner (of prunable parameters)", f"{budget:.2%}", help=common.GLOSSARY["prunable"])
+        chosen = planner_plan() if ss["eval_allocator"] == "dp" else None
+        if chosen is not None:
+            st.caption(
+                f"The planner's DP plan `{chosen.content_hash()}`: removes {chosen.params['removed']:,} parameters, "
+                f"predicted {figures.loss_label(table.spec.objective)} +{chosen.predicted_loss:.4f}.",
+                help=common.GLOSSARY["plan hash"],
+            )
+        elif ss["eval_allocator"] == "dp":
+            st.warning(missing_plan_text())
+        locked = ss["app_constraints"].get("locked") or {}
+        if locked:
+            st.caption(f"Locked layers: {', '.join(sorted(locked, key=int))}")
+        st.page_link(common.PLANNER_PAGE, label="Change the budget on the planner", icon=":material/tune:")
+with right:
+    st.subheader("Evaluation")
+    calibration_source = table.spec.windows.data
+    extra_sources = [calibration_source] if calibration_source not in BUILTIN_SOURCES else []
+    st.multiselect("Held-out text", list(BUILTIN_SOURCES) + extra_sources, key="eval_sources")
+    c1, c2 = st.columns(2)
+    c1.number_input("Held-out samples", min_value=1, max_value=256, step=1, key="eval_samples")
+    c2.number_input("Tokens per sample", min_value=8, max_value=2048, step=8, key="eval_seq_len")
+    c1, c2 = st.columns(2)
+    c1.number_input("Generations", min_value=0, max_value=3, step=1, key="eval_generations")
+    c2.number_input("New tokens per generation", min_value=1, max_value=128, step=1, key="eval_max_new_tokens")
+    c1, c2 = st.columns(2)
+    c1.toggle("Time throughput", key="eval_throughput")
+    c2.toggle(
+        "Save checkpoint",
+        key="eval_save_checkpoint",
+        help="Saves the pruned model under the cache; needed to download it on the Export page",
+    )
+    common.task_picker("eval_")
+
+common.expected_caption(expected_run(eval_settings()), "run")
+common.job_controls(
+    "prune_eval", "Prune and evaluate", "eval_run", start_run, ":material/play_arrow:", "Prune & evaluate", "eval", type="primary"
+)
+
+# ---- the latest run ------------------------------------------------------------------------------
+result = ss.get("app_last_run")
+if result:
+    report = result.report
+    dense = report.get("dense") or {}
+    run_hash = result.plan_hash
+    st.subheader(
+        f"Run {result.run_id}: {result.plan['allocator']} at {(result.plan.get('budget') or 0):.2%}"
+        + (f" · plan `{run_hash}`" if run_hash else "")
+    )
+    c = st.columns(3)
+    c[0].metric(
+        "Parameters",
+        f"{report['params'] / 1e6:.1f}M",
+        f"{(report['params'] - dense.get('params', report['params'])) / 1e6:+.1f}M vs dense",
+        delta_color="off",
+        delta_arrow="off",
+    )
+    source = next(iter(report["perplexity"]), None)
+    if source:
+        c[1].metric(
+            f"Perplexity ({source})",
+            f"{report['perplexity'][source]:.2f}",
+            f"dense {dense.get('perplexity', {}).get(source, float('nan')):.2f}",
+            delta_color="off",
+            delta_arrow="off",
+        )
+        c[2].metric(
+            f"Held-out KL to dense ({source})",
+            f"{report.get('kl_to_dense', {}).get(source, float('nan')):.4f}",
+            help=common.GLOSSARY["held-out KL"],
+        )
+    c = st.columns(3)
+    predicted, actual = result.predicted_loss, result.actual_loss
+    objective = result.objective
+    basis = result.predicted_basis
+    c[0].metric(
+        f"Predicted {objective} increase ({'estimate' if basis != 'measured' else 'table'})",
+        "—" if predicted is None else f"{predicted:.4f}",
+        figures.BASIS_TEXT.get(basis, "table cells, summed"),
+        delta_color="off",
+        delta_arrow="off",
+        help="The loss table's single-component increases added up: an estimate of the plan's loss, never a measurement of it.",
+    )
+    c[1].metric(
+        "Calibration KL to dense (measured)" if objective == "kl" else f"Measured {objective} increase (calibration)",
+        "—" if actual is None else f"{actual:.4f}",
+        None if actual is None or predicted is None else f"{actual - predicted:+.4f} vs predicted",
+        delta_color="off",
+        delta_arrow="off",
+        help=common.GLOSSARY["calibration KL"]
+        if objective == "kl"
+        else "Measured on the calibration windows the table was built from: "
+        "the measured counterpart of the predicted increase (held-out numbers are above).",
+    )
+    throughput = report.get("throughput") or {}
+    if throughput:
+        c[2].metric(
+            "Prefill speed vs dense",
+            f"{throughput.get('prefill_speedup', float('nan')):.2f}x",
+            speed_delta(throughput),
+            help=" ".join(filter(None, [speed_spread(throughput), common.GLOSSARY["speed-up spread"]])),
+            delta_color="off",
+            delta_arrow="off",
+        )
+    else:
+        c[2].metric("Throughput", "not timed")
+    if len(report["perplexity"]) > 1:
+        st.dataframe(
+            pd.DataFrame(
+                {
+                    "source": list(report["perplexity"]),
+                    "pruned perplexity": list(report["perplexity"].values()),
+                    "dense perplexity": [dense.get("perplexity", {}).get(s) for s in report["perplexity"]],
+                    "held-out KL to dense": [report.get("kl_to_dense", {}).get(s) for s in report["perplexity"]],
+                    "top-1 agreement": [report.get("top1_agreement", {}).get(s) for s in report["perplexity"]],
+                }
+            ),
+            hide_index=True,
+            key="eval_sources_table",
+        )
+    if result.task_accuracy:
+        st.markdown("**Task accuracy** (lm-eval)", help=common.GLOSSARY["task accuracy"])
+        c = st.columns(3)
+        for i, (task, score) in enumerate(result.task_accuracy.items()):
+            dense_text = score_text(result.dense_task_accuracy.get(task))
+            c[i % 3].metric(
+                f"Accuracy ({task}, {score['n']} examples)", score_text(score), f"dense {dense_text or 'not measured'}",
+                delta_color="off", delta_arrow="off", help=common.GLOSSARY["task accuracy"],
+            )  # fmt: skip
+        rows = task_table_rows([("dense", result.dense_task_accuracy), ("pruned", result.task_accuracy)])
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key="eval_tasks_table")
+    if report.get("generations"):
+        st.markdown("**Greedy generations**")
+        st.table(  # a static table wraps long text (a dataframe cuts it off)
+            pd.DataFrame([{"prompt": g["prompt"], "dense": g.get("dense", ""), "pruned": g["model"]} for g in report["generations"]]),
+            hide_index=True,
+        )
+    if result.checkpoint:
+        st.caption(f"Checkpoint saved to `{result.checkpoint}`")
+
+# ---- history -------------------------------------------------------------------------------------
+st.divider()
+st.subheader("Run history")
+try:
+    frame = history.list_runs()
+except GapError as exc:
+    st.error(one_line(exc))
+    frame = pd.DataFrame()
+common.show_message("eval_history")
+if frame.empty:
+    st.caption("No runs yet: every prune-and-evaluate run is recorded here, across sessions.")
+else:
+    st.dataframe(
+        runcompare.history_table(frame).sort_values("id", ascending=False).rename(columns=figures.column_label),
+        hide_index=True,
+        width="stretch",
+        key="eval_history_table",
+        column_config={figures.column_label("budget"): st.column_config.NumberColumn(format="percent")},
+    )
+    metrics = [c for c in frame.columns if c.startswith(("ppl:", "kl:", "top1:", "acc:"))] + [
+        "actual_loss",
+        "prefill_speedup",
+        "decode_speedup",
+    ]
+    metrics = [m for m in metrics if m in frame.columns and frame[m].notna().any()]
+    if metrics:
+        if ss["eval_metric"] not in metrics:
+            ss["eval_metric"] = metrics[0]
+        c1, c2 = st.columns(2)
+        with c1:
+            st.selectbox("Compare runs by", metrics, key="eval_metric", format_func=figures.column_label)
+            st.plotly_chart(figures.history_figure(frame, ss["eval_metric"]), key="eval_history_chart", width="stretch", theme=None)
+        with c2:
+            st.markdown("**Predicted vs actual loss increase**")
+            st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch", theme=None)
+    run_ids = [int(i) for i in frame["id"]]
+    compare_runs(run_ids)
+    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+    if ss.get("eval_delete_id") not in run_ids:
+        ss["eval_delete_id"] = run_ids[-1]
+    c1.selectbox("Run", run_ids[::-1], key="eval_delete_id", format_func=lambda i: f"run {i}")
+    c2.button("Delete run", key="eval_delete", on_click=delete_run, args=(ss["eval_delete_id"],), icon=":material/delete:")

@@ -1,0 +1,230 @@
+"""Budget planner: one global budget, the DP's per-layer rates, and the baselines beside them.
+
+The whole Pareto front is computed once per table and constraints and shipped to the
+budget chart (pages/budget_chart.py); its slider swaps the bars in the browser while the
+pointer moves and, on release, sets the one budget every page uses (``app_budget``). The
+plan below the chart is the released front row itself, so the numbers agree with it.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from gap_engine.core.config import DEFAULT_MAX_RATE
+from gap_engine.core.errors import GapError, one_line
+from gap_engine.evaluate import history
+from gap_engine.pipeline.jobs import baselines_task, manager
+from gap_engine.plan.allocator_registry import ALLOCATORS, BASELINE_ALLOCATORS
+from gap_engine.plan.front_view import baseline_budgets, front_row_at, row_plan
+from gap_engine.views import figures
+from pages import budget_chart, common
+
+DEFAULTS = {
+    "planner_table_key": None,
+    "planner_locked": [],
+    "planner_lock_rate": 0.0,
+    "planner_max_rate": DEFAULT_MAX_RATE,
+    "planner_coupled": False,
+    "planner_baseline_allocators": ["uniform", "flap"],
+}
+table = common.table_page("planner_", DEFAULTS, "Budget planner")
+ss = st.session_state
+if ss["planner_table_key"] != table.key:  # a new table: its own locks, a budget it can reach
+    ss["planner_table_key"] = table.key
+    ss["planner_locked"] = [layer for layer in ss["planner_locked"] if layer < table.num_layers]
+    grid = [float(r) for r in table.rate_grid]
+    if ss["planner_lock_rate"] not in grid:
+        ss["planner_lock_rate"] = 0.0
+try:
+    lm = common.reference_model(table.model)
+    table.check_model(lm)
+except GapError as exc:
+    st.error(f"Cannot plan with this table: {one_line(exc)}")
+    st.stop()
+
+st.caption(
+    "Drag the budget slider: the per-layer rates chosen by GAP's exact DP follow the pointer, and releasing it sets "
+    "the budget that Prune & evaluate and Export use. The dashed green line is uniform pruning at the same budget.",
+    help=f"{common.GLOSSARY['DP front']}\n\n{common.GLOSSARY['prunable']}",
+)
+
+with st.expander("Constraints", expanded=bool(ss["planner_locked"])):
+    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+    c1.multiselect(
+        "Lock layers",
+        list(range(table.num_layers)),
+        key="planner_locked",
+        format_func=lambda layer: f"layer {layer}",
+        help="Locked layers keep the rate on the right; the front is recomputed.",
+    )
+    c2.selectbox("at rate", [float(r) for r in table.rate_grid], key="planner_lock_rate", format_func=lambda r: f"{r:g}")
+    c1, c2 = st.columns([1, 3], vertical_alignment="bottom")
+    c1.number_input("Max rate", min_value=0.05, max_value=DEFAULT_MAX_RATE, step=0.05, key="planner_max_rate")
+    c2.toggle("Couple attention and MLP", key="planner_coupled", help="One rate per layer for both components")
+
+raw_constraints = {
+    "locked": {str(layer): float(ss["planner_lock_rate"]) for layer in sorted(ss["planner_locked"])},
+    "max_rate": float(ss["planner_max_rate"]),
+    "coupled": bool(ss["planner_coupled"]),
+}
+ss["app_constraints"] = raw_constraints
+constraints = common.constraints_from_state()
+try:
+    rows = common.pareto_rows(table.key, common.constraints_json(raw_constraints), table)
+except GapError as exc:
+    st.error(one_line(exc))
+    st.stop()
+if not rows:
+    st.error("No plan satisfies these constraints.")
+    st.stop()
+
+front_id = table.key + "|" + common.constraints_json(raw_constraints)
+budget_chart.apply_release(rows, front_id)  # a released step becomes the app's budget before anything is drawn
+
+top_pct, low_pct = rows[-1]["budget"] * 100, rows[0]["budget"] * 100
+if top_pct - low_pct < 0.5:
+    st.warning(
+        f"Under these constraints every plan removes {low_pct:.1f}% to {top_pct:.1f}% of the prunable parameters: "
+        "unlock layers or raise the max rate to open the budget range."
+    )
+
+stored = ss.get("app_baselines")
+baselines = stored["rows"] if stored and stored.get("key", "").startswith(front_id + "|") else None
+
+
+def measured_runs() -> list[dict]:
+    """Prune & evaluate runs of this table: where the predicted front meets measurement."""
+    try:
+        frame = history.list_runs()
+    except GapError:
+        return []
+    if frame.empty:
+        return []
+    frame = frame[(frame["table_key"] == table.key) & frame["actual_loss"].notna() & frame["budget"].notna()]
+    return frame[["id", "allocator", "budget", "predicted_loss", "actual_loss"]].to_dict("records")
+
+
+uniform = budget_chart.uniform_rows(table, lm, raw_constraints, rows[-1]["budget"], baselines)
+data = budget_chart.chart_data(
+    table,
+    rows,
+    float(ss["app_budget"]),
+    front_id,
+    dense_total=lm.param_count(),
+    locked={int(k): v for k, v in raw_constraints["locked"].items()},
+    uniform=uniform,
+    baselines=baselines,
+    measured=measured_runs(),
+)
+budget_chart.show(data)
+
+row = rows[data["rows"][data["active"]]]
+ss["app_budget"] = float(row["budget"])  # the budget every page uses is this row's own
+try:
+    plan = row_plan(lm, table, row)
+except GapError as exc:
+    ss["app_plan"], ss["app_plan_hash"] = None, None
+    st.error(one_line(exc))
+else:
+    common.release_plan(plan, raw_constraints)
+    params = plan.params
+    objective = figures.loss_label(table.spec.objective)
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric(
+        "Removed parameters",
+        f"{params['removed']:,}",
+        f"{plan.budget:.2%} of prunable · {params['removed_fraction_of_total']:.2%} of all",
+        delta_color="off",
+        delta_arrow="off",
+        help=common.GLOSSARY["prunable"],
+    )
+    c2.metric(
+        "Parameters left",
+        f"{params['pruned_total'] / 1e6:.1f}M",
+        f"of {params['dense_total'] / 1e6:.1f}M",
+        delta_color="off",
+        delta_arrow="off",
+    )
+    c3.metric("Size (fp32)", f"{params['pruned_total'] * figures.BYTES_PER_PARAM / 2**20:.0f} MiB")
+    basis = figures.row_basis(table, row)
+    c4.metric(
+        f"Predicted {objective}",
+        f"+{plan.predicted_loss:.4f}",
+        figures.BASIS_TEXT[basis],
+        delta_color="off",
+        delta_arrow="off",
+        help="The table's single-component increases added up; components interact, so the measured increase "
+        "(Prune & evaluate) is usually larger. Measured runs of this table appear as x marks on the loss panel.\n\n"
+        + common.GLOSSARY["nats/token"]
+        + "\n\n"
+        + common.GLOSSARY["DP front"],
+    )
+    st.caption(
+        f"Plan `{ss['app_plan_hash']}` (its content hash): Prune & evaluate prunes this very plan, and the run, "
+        "the checkpoint and every export carry the same hash and budget.",
+        help=common.GLOSSARY["plan hash"],
+    )
+    with st.expander("Per-layer rates of this plan"):
+        st.dataframe(
+            pd.DataFrame({"layer": range(table.num_layers), "attention rate": plan.attention_rates, "MLP rate": plan.mlp_rates}),
+            hide_index=True,
+            width="stretch",
+            key="planner_rates_table",
+        )
+    st.page_link(common.EVALUATE_PAGE, label="Prune & evaluate this plan", icon=":material/science:")
+
+st.subheader("Baseline allocations")
+st.caption(
+    "The exact plans of the baselines at a few budgets, scored by the same table (markers on the right panel). "
+    "FLAP and OWL read the model's activations, so this runs in the background."
+)
+c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+c1.multiselect(
+    "Allocators",
+    BASELINE_ALLOCATORS,
+    key="planner_baseline_allocators",
+    help="; ".join(ALLOCATORS.label(name) for name in BASELINE_ALLOCATORS),
+)
+
+
+def start_baselines() -> None:
+    allocators = list(ss["planner_baseline_allocators"])
+    if not allocators:
+        common.set_message("planner", "warning", "Pick at least one baseline allocator.")
+        return
+    job = manager().submit(
+        "baselines",
+        baselines_task(table.model, table, baseline_budgets(rows[-1]["budget"]), allocators, constraints),
+        key=front_id + "|" + ",".join(allocators),
+        label="baseline plans",
+    )
+    common.remember_job("baselines", job)
+    common.clear_message("planner")
+
+
+common.job_controls(
+    "baselines",
+    "Compute baselines",
+    "planner_compute_baselines",
+    start_baselines,
+    ":material/calculate:",
+    "Baseline plans",
+    "planner",
+    where=c2,
+)
+if baselines:
+    records = []
+    for r in baselines:
+        dp_row = front_row_at(rows, r.budget)
+        records.append(
+            {
+                "allocator": r.allocator,
+                "budget": f"{r.budget:.2%}",  # budgets are percentages everywhere, with two decimals
+                "removed (of prunable)": None if r.removed_fraction is None else f"{r.removed_fraction:.2%}",
+                "predicted loss": r.predicted_loss,
+                "GAP DP at that budget": None if dp_row is None else dp_row["predicted_loss"],
+                "note": r.error or "",
+            }
+        )
+    st.dataframe(pd.DataFrame(records), hide_index=True, width="stretch", key="planner_baselines_table")

@@ -1,0 +1,68 @@
+"""Sensitivity: how much each layer's loss grows with its pruning rate (the loss table, drawn)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from gap_engine.views import figures
+from pages import common
+
+DEFAULTS = {
+    "sens_kinds": ["attn", "mlp"],
+    "sens_log_y": True,  # one steep curve flattens the rest on a linear axis
+    "sens_smoothed": True,
+    "sens_log_color": False,
+}
+table = common.table_page("sens_", DEFAULTS, "Sensitivity")
+ss = st.session_state
+kinds = [k for k in ("attn", "mlp", "block") if any(kind == k for _, kind in table.components)]
+if not set(ss["sens_kinds"]) & set(kinds):
+    ss["sens_kinds"] = kinds
+
+cutting = table.removed > 0
+n_measured = int(table.measured_cells()[cutting].sum())
+st.caption(
+    f"Each curve is one layer: the increase of the {table.spec.objective} objective when only that component is pruned "
+    f"at a rate and everything else stays dense ({table.spec.estimator} table, dense objective {table.dense_objective:.4f}). "
+    f"{n_measured} of {int(cutting.sum())} cells are measured exactly"
+    + (" (ringed on the heatmap)" if 0 < n_measured < int(cutting.sum()) else "")
+    + "; the others are estimated from one gradient pass."
+)
+c1, c2, c3, c4 = st.columns([2, 1, 1, 1], vertical_alignment="bottom")
+c1.multiselect("Components", kinds, key="sens_kinds", format_func=lambda k: figures.KIND_LABEL[k])
+c2.radio("Y axis", (False, True), key="sens_log_y", format_func=lambda v: "log" if v else "linear", horizontal=True)
+c3.toggle(
+    "Smoothed", key="sens_smoothed", help="Isotonic (non-decreasing, non-negative) version of the measured rows; the planner uses it."
+)
+c4.toggle("Log colours", key="sens_log_color", help="Heatmap colour on a log10 scale")
+
+shown = ss["sens_kinds"] or kinds
+st.plotly_chart(
+    figures.sensitivity_figure(table, shown, log_y=ss["sens_log_y"], smoothed=ss["sens_smoothed"]),
+    key="sens_curves",
+    width="stretch",
+    theme=None,  # the figure's own template and colours, as in its HTML/PNG export
+)
+st.subheader("Layers x rates")
+st.plotly_chart(
+    figures.heatmap_figure(table, smoothed=ss["sens_smoothed"], log_color=ss["sens_log_color"]),
+    key="sens_heatmap",
+    width="stretch",
+    theme=None,
+)
+
+with st.expander("Most and least sensitive components at the middle rate"):
+    middle = len(table.rate_grid) // 2
+    losses = table.losses(ss["sens_smoothed"])[:, middle]
+    frame = pd.DataFrame(
+        {
+            "layer": [layer for layer, _ in table.components],
+            "component": [figures.KIND_LABEL[kind] for _, kind in table.components],
+            f"loss increase at rate {table.rate_grid[middle]:g}": losses,
+            "removes": table.removed[:, middle],
+        }
+    ).sort_values(f"loss increase at rate {table.rate_grid[middle]:g}", ascending=False)
+    st.dataframe(frame, hide_index=True, width="stretch", key="sens_ranking")
+    st.caption(f"Negative raw values are measurement noise: {int(np.sum(table.delta < 0))} cells of {table.delta.size}.")

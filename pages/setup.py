@@ -1,0 +1,454 @@
+"""Setup: pick the model and the calibration text, then build (or load) a loss table."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+
+import pandas as pd
+import streamlit as st
+
+from gap_engine.core.buildtime import Expectation, cached_table_expectation, table_expectation, with_prediction
+from gap_engine.core.config import (
+    APP_TABLE,
+    DEFAULT_CHANNEL_MULTIPLE,
+    DEFAULT_CRITERION,
+    DEFAULT_MODEL,
+    WindowSpec,
+)
+from gap_engine.core.device import DTYPE_CHOICES, DeviceSpec, available_devices, dtype_name, resolve
+from gap_engine.core.errors import DataError, GapError, one_line
+from gap_engine.core.fsutil import atomic_write_bytes, cache_root
+from gap_engine.core.limits import LIMITS, check_at_most, check_file_size, check_windows
+from gap_engine.data.windows import BUILTIN_SOURCES, load_corpus
+from gap_engine.model.loading import BUILTIN_MODELS
+from gap_engine.pipeline.expected import table_prediction
+from gap_engine.pipeline.jobs import manager, model_load_seconds, table_task
+from gap_engine.pipeline.stages import table_stages
+from gap_engine.prune.criteria import CRITERIA
+from gap_engine.tables import cache
+from gap_engine.tables.artefact import TableSpec, key_prefix, parse_rate_grid
+from gap_engine.tables.estimators import ESTIMATORS
+from gap_engine.tables.objectives import OBJECTIVES
+from pages import common
+
+MODEL_KINDS = ("Built-in", "Local folder", "Hub id")
+DATA_KINDS = ("Built-in sample", "Uploaded file")
+DEFAULTS = {
+    "setup_model_kind": "Built-in",
+    "setup_builtin": DEFAULT_MODEL,
+    "setup_local_path": "",
+    "setup_hub_id": "",
+    "setup_data_kind": "Built-in sample",
+    "setup_builtin_data": "wiki-sample",
+    "setup_uploaded_path": "",
+    "setup_criterion": DEFAULT_CRITERION,
+    "setup_objective": APP_TABLE.objective,
+    "setup_mode": "split",
+    "setup_estimator": APP_TABLE.estimator,
+    "setup_rate_grid": ", ".join(f"{r:g}" for r in APP_TABLE.rate_grid),
+    "setup_samples": APP_TABLE.windows.n_samples,
+    "setup_seq_len": APP_TABLE.windows.seq_len,
+    "setup_seed": APP_TABLE.windows.seed,
+    "setup_batch": APP_TABLE.windows.batch_size,
+    "setup_channel_multiple": DEFAULT_CHANNEL_MULTIPLE,
+    "setup_device": "auto",
+    "setup_dtype": "auto",
+    "setup_stream": False,
+    "setup_ray": False,
+}
+RAY_ADDRESS_ENV = "GAP_RAY_ADDRESS"  # a configured Ray cluster ("local" for one on this machine) offers --ray here
+common.init_page("setup_", DEFAULTS)
+ss = st.session_state
+
+
+def model_name() -> str:
+    kind = ss["setup_model_kind"]
+    if kind == "Built-in":
+        return ss["setup_builtin"]
+    return (ss["setup_local_path"] if kind == "Local folder" else ss["setup_hub_id"]).strip()
+
+
+def data_source() -> str:
+    if ss["setup_data_kind"] == "Built-in sample":
+        return ss["setup_builtin_data"]
+    return ss["setup_uploaded_path"]
+
+
+def save_upload(uploaded) -> str:
+    """Store an uploaded text file under the cache (named by content) and return its path."""
+    check_file_size(uploaded.size, LIMITS.upload_bytes, uploaded.name, DataError)  # before reading it
+    data = uploaded.getvalue()
+    suffix = ".jsonl" if uploaded.name.lower().endswith(".jsonl") else ".txt"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", uploaded.name.rsplit(".", 1)[0])[:40] or "upload"
+    path = cache_root() / "uploads" / f"{hashlib.sha256(data).hexdigest()[:12]}-{stem}{suffix}"
+    if not path.is_file():
+        atomic_write_bytes(path, data)
+    return str(path)
+
+
+def spec_from_widgets() -> TableSpec:
+    """The TableSpec the form describes; TableError (one line) when a value is unusable."""
+    windows = WindowSpec(
+        data=data_source(),
+        n_samples=int(ss["setup_samples"]),
+        seq_len=int(ss["setup_seq_len"]),
+        seed=int(ss["setup_seed"]),
+        batch_size=int(ss["setup_batch"]),
+    )
+    check_windows(windows.n_samples, windows.seq_len, windows.batch_size, ("Calibration samples", "Tokens per sample", "Batch size"))
+    rate_grid = parse_rate_grid(ss["setup_rate_grid"])
+    check_at_most(len(rate_grid), LIMITS.rates, f"Rates lists {len(rate_grid):,} rates, which")  # each is a column of cells to measure
+    return TableSpec(
+        windows=windows,
+        criterion=ss["setup_criterion"],
+        rate_grid=rate_grid,
+        objective=ss["setup_objective"],
+        mode=ss["setup_mode"],
+        estimator=ss["setup_estimator"],
+        channel_multiple=int(ss["setup_channel_multiple"]),
+    ).validate()
+
+
+def start_build() -> None:
+    """Button callback: validate the form and start (or attach to) the table job."""
+    common.clear_message("setup")
+    name = model_name()
+    if not name:
+        common.set_message("setup", "error", "Enter a model: a local folder path or a hub id like 'org/name'.")
+        return
+    if ss["setup_data_kind"] == "Uploaded file" and not ss["setup_uploaded_path"]:
+        common.set_message("setup", "error", "Upload a .txt or .jsonl calibration file first (or pick a built-in sample).")
+        return
+    try:
+        spec = spec_from_widgets()
+    except GapError as exc:
+        common.set_message("setup", "error", one_line(exc))
+        return
+    device = device_from_widgets()
+    cells = None
+    if ss["setup_ray"] and os.environ.get(RAY_ADDRESS_ENV):
+        if spec.estimator != "exact":
+            common.set_message(
+                "setup",
+                "error",
+                f"Ray workers measure exact cells; the {spec.estimator} estimate is one gradient pass in one process: choose exact, or untick Ray.",
+            )
+            return
+        from gap_engine.tables.distributed import RayCells, RaySettings
+
+        address = os.environ[RAY_ADDRESS_ENV]
+        cells = RayCells(RaySettings(address=None if address == "local" else address))
+    job_key = name + "|" + json.dumps(spec.summary(), sort_keys=True) + f"|{device}"
+    expected = expected_build(name, spec)
+    job = manager().submit(
+        "table",
+        table_task(name, spec, device, cells, expected.known, expected.basis),
+        key=job_key,
+        label=f"{spec.estimator} table of {name}",
+        params={"model": name, "spec": spec.to_dict(), "device": str(device)},
+    )
+    common.remember_job("table", job)
+
+
+def device_from_widgets() -> DeviceSpec:
+    return DeviceSpec(ss["setup_device"], ss["setup_dtype"], bool(ss["setup_stream"]))
+
+
+def predicted_cost(name: str, spec: TableSpec, device: DeviceSpec, workers: int, calibrate: bool):
+    """The cost model's ``BuildEstimate`` for this build; None when this machine is not
+    calibrated yet and ``calibrate`` is False (calibrating takes a few seconds, once)."""
+    from gap_engine.tables.costmodel import predict_build
+
+    return predict_build(name, spec, device, workers, measure=calibrate)
+
+
+def show_prediction() -> None:
+    """What the build will cost, shown before Build: at once when this machine's speed is
+    cached, else after one click (nothing when the form is not valid yet)."""
+    name = model_name()
+    if not name:
+        return
+    # A callback, not the button's return value: a rerun of the app before this line would drop the click.
+    st.button(
+        "Estimate time and memory",
+        key="setup_estimate",
+        help="Measures this machine (a few seconds); kept for later estimates unless other work was keeping it busy",
+        on_click=lambda: ss.update(setup_calibrate=True),
+    )
+    calibrate = bool(ss.pop("setup_calibrate", False))
+    if ss["setup_model_kind"] == "Hub id" and not calibrate:
+        return  # reading a hub config may wait on the network: only when asked
+    try:
+        workers = 2 if ss["setup_ray"] and os.environ.get(RAY_ADDRESS_ENV) else 1
+        with st.spinner("Measuring this machine's speed for the estimate (about 15 s) ...") if calibrate else contextlib.nullcontext():
+            estimate = predicted_cost(name, spec_from_widgets(), device_from_widgets(), workers, calibrate)
+    except Exception as exc:  # a config the hub cannot give offline, a bad value: one line, never a traceback
+        st.caption(f"No estimate: {one_line(exc)}")
+        return
+    if estimate is not None:
+        lines = estimate.lines()
+        st.caption("  \n".join(lines[:2]), help="\n\n".join(lines[2:]))
+
+
+def expected_build(name: str, spec: TableSpec) -> Expectation:
+    """What building ``spec`` for ``name`` is expected to take here, stage by stage.
+
+    From this machine's earlier builds (the stage times in the table cache) and whether the
+    model is in memory; stages no earlier build measured come from the cost model
+    (``pipeline.expected.table_prediction``: this machine's measured prices, else nominal ones),
+    and the basis says they are predicted. The running job replaces them with its own measured rates.
+    """
+    try:
+        rows = cache.list_tables()
+    except GapError:
+        rows = []
+    try:
+        prefix = key_prefix(name, dtype_name(resolve(device_from_widgets()).dtype), spec)
+    except GapError:
+        prefix = None  # a device this machine lacks: Build says so
+    cached = None if prefix is None else cached_table_expectation(name, spec.summary(), prefix, rows, model_load_seconds(name))
+    if cached is not None:
+        return cached
+    expected = table_expectation(name, spec.summary(), rows, table_stages(spec), model_load_seconds(name))
+    if expected.total is not None or ss["setup_model_kind"] == "Hub id":
+        return expected  # measured here already; a hub config may wait on the network
+    try:  # stages no earlier build measured: the cost model's prediction (nominal prices until this machine is measured)
+        predicted = table_prediction(name, spec, device_from_widgets())
+    except Exception:
+        predicted = None
+    return expected if predicted is None else with_prediction(expected, *predicted)
+
+
+def show_expected_time() -> None:
+    """The expected time of the build the form describes, shown before Build is pressed."""
+    name = model_name()
+    try:
+        spec = spec_from_widgets()
+    except GapError:
+        return  # the Build button says what is wrong
+    if not name:
+        return
+    common.expected_caption(expected_build(name, spec), "build")
+
+
+def load_cached(key: str) -> None:
+    """Callback: make a cached table the current one."""
+    common.clear_message("setup")
+    try:
+        table = cache.get_table(key)
+    except GapError as exc:
+        common.set_message("setup", "error", one_line(exc))
+        return
+    if table is None:
+        common.set_message("setup", "error", f"The cached table {key} is gone or was corrupt; build it again.")
+        return
+    common.set_table(table)
+    common.set_message("setup", "success", f"Loaded cached table {key}.")
+
+
+def delete_cached(key: str) -> None:
+    common.clear_message("setup")
+    try:
+        cache.remove_table(key)
+    except GapError as exc:
+        common.set_message("setup", "error", one_line(exc))
+        return
+    current = common.current_table()
+    if current is not None and current.key == key:
+        common.set_message("setup", "warning", f"Deleted {key} from the cache; it stays loaded in this session.")
+    else:
+        common.set_message("setup", "success", f"Deleted {key} from the cache.")
+
+
+def cached_frame(rows: list[dict]) -> pd.DataFrame:
+    records = []
+    for row in rows:
+        spec = row.get("spec") or {}
+        grid = spec.get("rate_grid") or []
+        records.append(
+            {
+                "key": row["key"],
+                "model": row.get("model"),
+                "data": spec.get("data"),
+                "estimator": spec.get("estimator"),
+                "objective": spec.get("objective"),
+                "mode": spec.get("mode"),
+                "criterion": spec.get("criterion"),
+                "samples x tokens": f"{spec.get('n_samples')} x {spec.get('seq_len')}",
+                "rates": len(grid),
+                "max rate": max(grid) if grid else None,
+                "built in (s)": row.get("build_seconds"),
+                "created": (row.get("created") or "")[:19].replace("T", " "),  # to the second
+            }
+        )
+    return pd.DataFrame(records)
+
+
+# ---- page ----------------------------------------------------------------------------------
+st.title("Setup")
+st.caption(
+    "Pick a model and calibration text, then measure the per-layer sensitivity table that the budget planner uses. "
+    "Tables are cached: a table built once loads instantly afterwards."
+)
+
+try:
+    cached_rows = cache.list_tables()
+except GapError as exc:
+    cached_rows = []
+    st.error(one_line(exc))
+
+left, right = st.columns(2, gap="large")
+with left:
+    st.subheader("Model")
+    st.radio("Model source", MODEL_KINDS, key="setup_model_kind", horizontal=True)
+    if ss["setup_model_kind"] == "Built-in":
+        st.selectbox(
+            "Built-in model",
+            list(BUILTIN_MODELS),
+            key="setup_builtin",
+            format_func=lambda n: f"{n} — {BUILTIN_MODELS[n].description.split('(')[0].strip()}",
+        )
+        st.caption(BUILTIN_MODELS[ss["setup_builtin"]].description)
+    elif ss["setup_model_kind"] == "Local folder":
+        st.text_input("Model folder (with config.json, or a gap checkpoint)", key="setup_local_path", placeholder="/path/to/model")
+    else:
+        st.text_input("Hugging Face hub id", key="setup_hub_id", placeholder="HuggingFaceTB/SmolLM2-135M")
+        st.caption("Hub ids need the model in the local Hugging Face cache or network access.")
+
+    st.subheader("Calibration text")
+    st.radio("Source", DATA_KINDS, key="setup_data_kind", horizontal=True)
+    if ss["setup_data_kind"] == "Built-in sample":
+        st.selectbox("Sample", list(BUILTIN_SOURCES), key="setup_builtin_data", format_func=lambda n: n)
+        st.caption(BUILTIN_SOURCES[ss["setup_builtin_data"]])
+    else:
+        uploaded = st.file_uploader(
+            'A .txt file (documents separated by blank lines) or .jsonl (one {"text": ...} per line)',
+            type=["txt", "jsonl"],
+            key="setup_upload",
+        )
+        if uploaded is not None:
+            try:
+                path = save_upload(uploaded)
+                corpus = load_corpus(path)
+            except GapError as exc:
+                ss["setup_uploaded_path"] = ""
+                st.error(one_line(exc))
+            else:
+                ss["setup_uploaded_path"] = path
+                st.success(f"{uploaded.name}: {len(corpus.calibration)} calibration and {len(corpus.heldout)} held-out documents.")
+        elif ss["setup_uploaded_path"]:
+            st.caption(f"Using the earlier upload {ss['setup_uploaded_path']}")
+
+
+def _objective_for_estimator() -> None:
+    # The first-order (taylor) estimate of KL is identically zero: taylor tables measure NLL.
+    if ss["setup_estimator"] == "taylor" and ss["setup_objective"] == "kl":
+        ss["setup_objective"] = "nll"
+
+
+with right:
+    st.subheader("Loss table")
+    st.radio(
+        "Estimator (how the table is filled)",
+        ESTIMATORS.names,
+        key="setup_estimator",
+        format_func=ESTIMATORS.label,
+        on_change=_objective_for_estimator,
+        help=f"{common.GLOSSARY['fisher']}\n\n{common.GLOSSARY['taylor']} Choosing taylor sets the objective to nll (its KL estimate is zero).",
+    )
+    c1, c2, c3 = st.columns(3)
+    c1.selectbox(
+        "Criterion (which units go)",
+        CRITERIA.names,
+        key="setup_criterion",
+        help=f"{common.GLOSSARY['criterion']}\n\n{common.GLOSSARY['wanda']}\n\n{CRITERIA.help()}",
+    )
+    c2.selectbox(
+        "Objective", OBJECTIVES.names, key="setup_objective", help=f"{OBJECTIVES.help()}\n\nBoth in {common.GLOSSARY['nats/token']}"
+    )
+    c3.selectbox("Components", ("split", "block"), key="setup_mode", help=common.GLOSSARY["split"])
+    st.text_input("Rate grid (comma-separated, starting at 0)", key="setup_rate_grid")
+    c1, c2, c3 = st.columns(3)
+    c1.number_input("Calibration samples", min_value=1, max_value=512, step=1, key="setup_samples")
+    c2.number_input("Tokens per sample", min_value=8, max_value=4096, step=8, key="setup_seq_len")
+    c3.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1, key="setup_seed")
+    with st.expander("Advanced"):
+        c1, c2 = st.columns(2)
+        c1.number_input("Batch size (memory only)", min_value=1, max_value=64, step=1, key="setup_batch")
+        c2.number_input("MLP channels kept in multiples of", min_value=1, max_value=256, step=1, key="setup_channel_multiple")
+        c1, c2, c3 = st.columns(3)
+        c1.selectbox("Device", available_devices(), key="setup_device", help="auto: the accelerator when there is one, else the CPU")
+        c2.selectbox("Precision", DTYPE_CHOICES, key="setup_dtype", help="auto: bfloat16 on an accelerator, float32 on the CPU")
+        c3.checkbox(
+            "Stream blocks",
+            key="setup_stream",
+            help="keep the model on the host, one block at a time on the device (models larger than the accelerator)",
+        )
+        if os.environ.get(RAY_ADDRESS_ENV):
+            st.checkbox(
+                f"Measure cells on Ray ({os.environ[RAY_ADDRESS_ENV]})",
+                key="setup_ray",
+                help="exact tables only: each worker measures the cells of a range of layers",
+            )
+
+    show_prediction()
+
+    show_expected_time()
+    common.job_controls(
+        "table",
+        "Build table",
+        "setup_build",
+        start_build,
+        ":material/play_arrow:",
+        "Building the loss table",
+        "setup",
+        type="primary",
+        help="Reads the cache first: an identical table loads at once.",
+    )
+
+st.divider()
+st.subheader("Current table")
+table = common.current_table()
+if table is None:
+    st.info("No table loaded yet. Build one above, or load a cached one below.")
+else:
+    spec = table.spec
+    c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
+    c1.metric("Model", table.model)
+    c2.metric("Components x rates", f"{table.delta.shape[0]} x {table.delta.shape[1]}")
+    c3.metric(f"Dense {spec.objective} (nats/token)", f"{table.dense_objective:.4f}", help=common.GLOSSARY["dense objective"])
+    job_seconds = ss.get("app_table_job_seconds", {}).get(table.key)
+    if job_seconds is not None:  # built by this session: the job's own time, as its message says
+        c4.metric(
+            "Build time",
+            common.duration_text(job_seconds),
+            help=f"The whole job; measuring the table took {common.duration_text(table.build_seconds)} of it.",
+        )
+    else:
+        c4.metric(
+            "Build time",
+            common.duration_text(table.build_seconds),
+            help="Measuring the table when it was built (loading the model and reading the text not included).",
+        )
+    st.caption(
+        f"`{table.key}` · {spec.estimator} · {spec.objective} · {spec.mode} · criterion {spec.criterion} · "
+        f"{spec.windows.data} · {spec.windows.n_samples} x {spec.windows.seq_len} tokens · rates {', '.join(f'{r:g}' for r in table.rate_grid)}"
+    )
+
+st.subheader("Cached tables")
+if not cached_rows:
+    st.caption("The cache holds no finished table yet.")
+else:
+    frame = cached_frame(cached_rows)
+    st.dataframe(frame, hide_index=True, width="stretch", key="setup_cached_table")
+    keys = list(frame["key"])
+    if ss.get("setup_cached_key") not in keys:
+        ss["setup_cached_key"] = keys[-1]
+    c1, c2, c3 = st.columns([4, 1, 1], vertical_alignment="bottom")
+    c1.selectbox("Cached table", keys, key="setup_cached_key")
+    c2.button("Load", key="setup_load", on_click=load_cached, args=(ss["setup_cached_key"],), icon=":material/upload:")
+    c3.button("Delete", key="setup_delete", on_click=delete_cached, args=(ss["setup_cached_key"],), icon=":material/delete:")

@@ -1,0 +1,207 @@
+"""The one budget, through AppTest: the budget chart's data, a release, and every page after it.
+
+The chart's JavaScript runs only in a browser (tests/browser/test_browser.py drags it); here the
+Python half is checked: what the chart is given (the front rows, the start at the app's
+budget), what a release does (the hand-off the component's callback makes, under
+``budget_chart.RELEASE_KEY``), and that Prune & evaluate and Export then use exactly the
+released row. Same tiny real table and fresh cache as tests/pages/test_app.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from app_fixtures import cached_table, fresh_cache, job_of, plotly_specs, start, texts, tiny_eval, tiny_table  # noqa: F401
+
+from gap_engine.evaluate import history
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.plan.front import dp_front, front_rows
+from gap_engine.plan.problem import Constraints
+from pages import budget_chart
+
+pytestmark = pytest.mark.slow  # the real built-in model behind every page
+
+
+def chart(at) -> dict:
+    """The data the budget chart was mounted with."""
+    found = [e.proto for e in at.get("bidi_component") if e.proto.component_name == "gap_budget_chart"]
+    assert len(found) == 1
+    return json.loads(found[0].json)
+
+
+def metric(at, label: str) -> str:
+    return next(str(m.value) for m in at.metric if m.label.startswith(label))
+
+
+def release(at, data: dict, step: int, **override) -> None:
+    """What the component's release callback leaves for the next run (see budget_chart)."""
+    payload = {
+        "front_id": data["front_id"],
+        "step": step,
+        "row": data["rows"][step],
+        "removed": data["removed"][step],
+        "budget": data["budgets"][step],
+    } | override
+    at.session_state[budget_chart.RELEASE_KEY] = payload
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def test_the_chart_carries_the_front_rows_and_starts_at_the_apps_budget(cached_table, smol):
+    at = start("pages/planner.py")
+    data = chart(at)
+    front = front_rows(cached_table, dp_front(cached_table))
+    steps = data["rows"]
+    assert steps == list(range(len(front)))  # a small front: every row is a step
+    assert data["budgets"] == [r["budget"] for r in front]
+    assert data["removed"] == [r["removed"] for r in front]
+    grid = data["grid"]
+    for i in (0, len(steps) // 2, len(steps) - 1):
+        assert [grid[k] for k in data["attn"][i]] == front[steps[i]]["attention_rates"]
+        assert [grid[k] for k in data["mlp"][i]] == front[steps[i]]["mlp_rates"]
+    active = front[steps[data["active"]]]
+    assert active["budget"] >= 0.2 > front[steps[data["active"] - 1]]["budget"]  # the first row removing 20%
+    # Readouts, plan and budget are that row, to the parameter.
+    assert at.session_state["app_budget"] == active["budget"]
+    plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
+    plan.check_model(smol)
+    assert plan.params["removed"] == active["removed"] and plan.attention_rates == active["attention_rates"]
+    assert metric(at, "Removed parameters") == f"{active['removed']:,}"
+    assert metric(at, "Predicted") == f"+{active['predicted_loss']:.4f}"
+    # The figures the browser starts from; legends are HTML there (they wrap on a phone).
+    front_fig = json.loads(data["front_figure"])
+    assert not front_fig["layout"]["showlegend"]
+    assert "chosen budget" not in [t.get("name") for t in front_fig["data"]]  # the browser draws the moving point
+    assert front_fig["layout"]["yaxis"]["range"][1] == pytest.approx(max(r["predicted_loss"] for r in front) * 1.08)
+    labels = [item["label"] for item in data["legend"]]
+    assert len(labels) == len(set(labels)) and sum(label.startswith("uniform") for label in labels) == 1
+    # plotly.js comes from the installed package, through the constant loader component.
+    loader = [e.proto for e in at.get("bidi_component") if e.proto.component_name == "gap_plotly_js"]
+    assert len(loader) == 1 and "plotly.js v" in loader[0].js_content and "window.Plotly" in loader[0].js_content
+    assert not plotly_specs(at)  # no separate Plotly chart and no second budget slider
+    assert not at.slider
+
+
+def test_a_release_sets_the_one_budget_every_page_uses(cached_table, smol):
+    at = start("pages/planner.py")
+    data = chart(at)
+    step = int(np.searchsorted(data["budgets"], 0.4))
+    before = at.session_state["app_budget"]
+    release(at, data, step, front_id="another table|{}")  # a stale release is ignored
+    assert at.session_state["app_budget"] == before
+    release(at, data, step, removed=data["removed"][step] + 1)  # and so is one that names another row
+    assert at.session_state["app_budget"] == before
+
+    release(at, data, step)
+    budget, removed = data["budgets"][step], data["removed"][step]
+    assert at.session_state["app_budget"] == budget
+    assert chart(at)["active"] == step  # the chart starts where it was released
+    assert metric(at, "Removed parameters") == f"{removed:,}"
+    plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
+    assert plan.params["removed"] == removed and plan.budget == budget
+
+    at.switch_page("pages/evaluate.py")
+    at.run()
+    assert metric(at, "Budget from the planner") == f"{budget:.2%}"
+    assert any(f"removes {removed:,} parameters" in t for t in texts(at.caption))
+
+    at.switch_page("pages/export.py")
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="export_plan_source").value == "planner"
+    assert f"dp at {budget:.2%}" in at.selectbox(key="export_plan_source").format_func("planner")
+    buttons = {b.proto.label: b.proto for b in at.get("download_button")}
+    assert "Download report (HTML)" in buttons and not buttons["Download report (HTML)"].disabled
+    # A download never reruns the page: a rerun re-registers every file built on click, and a
+    # second click in the meantime (the report right after the plan) asked for one just dropped.
+    assert all(b.ignore_rerun for b in buttons.values()), [label for label, b in buttons.items() if not b.ignore_rerun]
+
+
+@pytest.mark.heavy
+def test_locks_hold_in_every_step(cached_table):
+    at = start("pages/planner.py")
+    at.multiselect(key="planner_locked").set_value([0, 29]).run()
+    assert at.session_state["app_constraints"]["locked"] == {"0": 0.0, "29": 0.0}
+    data = chart(at)
+    zero = data["grid"].index(0.0)
+    assert all(a[0] == m[0] == a[29] == m[29] == zero for a, m in zip(data["attn"], data["mlp"]))
+    assert "locked layer" in [item["label"] for item in data["legend"]]
+    plan = at.session_state["app_plan"]
+    assert plan["attention_rates"][0] == plan["mlp_rates"][29] == 0.0
+    # Locking every layer leaves no budget to choose: a warning, no crash.
+    at.multiselect(key="planner_locked").set_value(list(range(30))).run()
+    assert not at.exception
+    assert any("unlock layers" in t for t in texts(at.warning))
+
+
+@pytest.mark.heavy
+def test_baseline_markers_lie_on_the_uniform_line(cached_table):
+    at = start("pages/planner.py")
+    at.multiselect(key="planner_baseline_allocators").set_value(["uniform"]).run()
+    at.button(key="planner_compute_baselines").click().run()
+    job = job_of(at, "baselines")
+    assert job.wait(240), job.snapshot()
+    at.run()
+    assert job.status == "done", job.error
+    front = json.loads(chart(at)["front_figure"])
+    traces = {t.get("name"): t for t in front["data"]}
+    markers = [t for name, t in traces.items() if name and name.startswith("uniform plan")]
+    assert markers, list(traces)
+    line = next(t for name, t in traces.items() if name and name.startswith("uniform:"))
+    points = set(zip(np.round(line["x"], 9), np.round(line["y"], 9)))
+    for trace in markers:
+        for x, y, extra in zip(trace["x"], trace["y"], trace.get("customdata") or [None] * len(trace["x"])):
+            y = extra[0] if extra else y  # a clipped marker carries its true value
+            assert (round(x, 9), round(y, 9)) in points
+    assert "uniform plan" in [item["label"] for item in chart(at)["legend"]]
+    assert not at.exception
+
+
+def test_sensitivity_is_readable_by_default_and_drawn_as_exported(cached_table):
+    at = start("pages/sensitivity.py")
+    charts = at.get("plotly_chart")
+    assert [c.proto.theme for c in charts] == ["", ""]  # theme=None: the figure's own colours, as in a PNG
+    curves, heatmap = (json.loads(c.proto.spec) for c in charts)
+    assert curves["layout"]["yaxis"]["type"] == "log" and "nats/token" in curves["layout"]["yaxis"]["title"]["text"]
+    assert sum(1 for t in curves["data"] if t.get("marker", {}).get("showscale")) == 1
+    assert not any(t.get("showlegend", True) for t in curves["data"])
+    assert heatmap["layout"]["coloraxis"]["colorscale"][-1][1] == "#010005"
+
+
+@pytest.mark.heavy  # the browser test drags, releases and evaluates the same way
+def test_evaluate_prunes_the_released_row_and_shows_it_readably(cached_table, smol):
+    at = start("pages/planner.py")
+    data = chart(at)
+    step = int(np.searchsorted(data["budgets"], 0.35))
+    release(at, data, step)
+    row_removed = data["removed"][step]
+    at.switch_page("pages/evaluate.py")
+    at.run()
+    tiny_eval(at)
+    at.button(key="eval_run").click().run()
+    job = job_of(at, "prune_eval")
+    assert job.wait(400), job.snapshot()
+    at.run()
+    assert job.status == "done", job.error
+    result = at.session_state["app_last_run"]
+    assert result.params_before - result.params_after == row_removed  # pruned exactly the released row
+    assert result.plan["attention_rates"] == at.session_state["app_plan"]["attention_rates"]
+    assert result.plan["budget"] == data["budgets"][step]
+    # People's names in the history table; generations in a table that wraps.
+    tables = [list(d.value.columns) for d in at.dataframe]
+    columns = next(c for c in tables if "run" in c)  # the history table
+    assert "perplexity (news-sample)" in columns and "allocator" in columns
+    assert not any(c.startswith(("ppl:", "kl:")) for c in columns)
+    assert len(at.table) == 1 and list(at.table[0].value.columns) == ["prompt", "dense", "pruned"]
+    assert at.selectbox(key="eval_metric").format_func(at.selectbox(key="eval_metric").value) == "perplexity (news-sample)"
+    assert history.list_runs()["budget"].tolist() == [data["budgets"][step]]
+
+
+def test_release_of_checks_front_row_and_count(cached_table):
+    front = front_rows(cached_table, dp_front(cached_table, Constraints()))
+    good = {"front_id": "f", "row": 5, "removed": front[5]["removed"]}
+    assert budget_chart.release_of(front, "f", good) is front[5]
+    for bad in (None, "x", good | {"front_id": "g"}, good | {"row": len(front)}, good | {"row": True}, good | {"removed": 1}):
+        assert budget_chart.release_of(front, "f", bad) is None

@@ -1,0 +1,150 @@
+"""The stakeholder report and ``gap report``: one self-contained HTML file, checked inputs.
+
+A tiny real loss table of SmolLM2-135M, one real prune-and-evaluate run (tiny settings) in a
+fresh history, and the CLI in-process. What the file must be: plotly.js inlined exactly
+once, no address to fetch anything from, the table's settings, the plan's per-layer rates,
+and, for a run or an evaluation file, its numbers and generations.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gap_engine.cli import main
+from gap_engine.core.config import WindowSpec
+from gap_engine.evaluate import history
+from gap_engine.evaluate.metrics import EvalSettings
+from gap_engine.pipeline.jobs import manager, prune_eval_task
+from gap_engine.pipeline.stages import loss_table as build_table
+from gap_engine.plan.front import dp_front, front_rows
+from gap_engine.plan.front_view import row_plan
+from gap_engine.tables.artefact import TableSpec
+
+pytestmark = pytest.mark.slow  # the real built-in model
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_SPEC = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="taylor", rate_grid=(0.0, 0.25, 0.5, 0.75))
+PLOTLY_HEADER = re.compile(r"plotly\.js v\d+\.\d+\.\d+")
+
+
+@pytest.fixture(scope="module")
+def table(smol):
+    return build_table(smol, TINY_SPEC, use_cache=False)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, table):
+    folder = tmp_path_factory.mktemp("report")
+    (folder / "table.json").write_text(table.to_json())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, smol, table, files):
+    """One real run of the DP plan at about 30% (tiny evaluation), recorded in its own history."""
+    front = front_rows(table, dp_front(table))
+    row = next(r for r in front if r["budget"] >= 0.3)
+    plan = row_plan(smol, table, row)
+    plan.save(files / "plan.json")
+    cache_dir = tmp_path_factory.mktemp("cache")
+    history_path = cache_dir / "runs" / history.HISTORY_FILE  # where `gap report --run` looks with GAP_CACHE_DIR=cache_dir
+    settings = EvalSettings(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), throughput=False, generations=1, max_new_tokens=4)
+    job = manager().submit("prune_eval", prune_eval_task(table.model, settings, table=table, plan=plan, history_path=history_path))
+    assert job.wait(600), job.snapshot()
+    assert job.status == "done", job.error
+    (files / "eval.json").write_text(json.dumps(job.result.report))
+    return {"row": row, "plan": plan, "result": job.result, "cache": cache_dir}
+
+
+def report_cli(*args) -> int:
+    return main(["report", *map(str, args)])
+
+
+def assert_self_contained(text: str) -> str:
+    """Check the file fetches nothing; returns it without the inlined plotly.js."""
+    assert text.startswith("<!DOCTYPE html>")
+    assert len(PLOTLY_HEADER.findall(text)) == 1  # plotly.js inlined once
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)\s*=", text)  # nothing to fetch
+    start = text.index("<script type='text/javascript'>")
+    rest = text[:start] + text[text.index("</script>", start) :]  # all but plotly.js (its geo default names a CDN)
+    assert "http://" not in rest and "https://" not in rest
+    return rest
+
+
+def test_report_of_a_table_alone_marks_the_dp_row(files, table, capsys):
+    out = files / "table-only.html"
+    assert report_cli("--table", files / "table.json", "--budget", "0.25", "--out", out) == 0
+    assert str(out) in capsys.readouterr().out
+    text = out.read_text()
+    rest = assert_self_contained(text)
+    front = front_rows(table, dp_front(table))
+    row = next(r for r in front if r["budget"] >= 0.25)
+    assert f"GAP DP front row at budget {row['budget']:.2%}" in text
+    assert f"{row['removed']:,}" in text
+    assert html.escape(table.key) in text and "news-sample: 2 windows x 16 tokens" in text
+    assert rest.count("Plotly.newPlot(") == 2  # the sensitivity chart, the plan against the front
+    rates = re.findall(r"<tr><td>(\d+)</td><td>([\d.]+)</td><td>([\d.]+)</td></tr>", text)
+    assert [int(layer) for layer, _, _ in rates] == list(range(table.num_layers))
+    assert [float(a) for _, a, _ in rates] == pytest.approx(row["attention_rates"])
+    assert "<h2>Evaluation</h2>" not in text
+
+
+def test_report_of_a_run_carries_its_numbers_and_generations(files, run, table, monkeypatch):
+    monkeypatch.setenv("GAP_CACHE_DIR", str(run["cache"]))
+    out = files / "run.html"
+    assert report_cli("--table", files / "table.json", "--run", run["result"].run_id, "--out", out) == 0
+    text = out.read_text()
+    assert_self_contained(text)
+    report = run["result"].report
+    source = next(iter(report["perplexity"]))
+    assert f"<td>{report['perplexity'][source]:.2f}</td>" in text
+    assert f"<td>{report['dense']['perplexity'][source]:.2f}</td>" in text
+    assert f"{run['row']['removed']:,}" in text and f"{run['plan'].budget:.2%}" in text
+    generation = report["generations"][0]
+    assert html.escape(generation["model"]) in text and html.escape(generation["dense"]) in text
+    assert f"+{run['result'].actual_loss:.4f}" in text  # measured beside predicted
+    assert f"+{run['plan'].predicted_loss:.4f}" in text
+
+
+def test_report_of_an_eval_file_with_its_plan(files, run):
+    out = files / "eval.html"
+    assert report_cli("--table", files / "table.json", "--plan", files / "plan.json", "--eval", files / "eval.json", "--out", out) == 0
+    text = out.read_text()
+    assert_self_contained(text)
+    assert "From eval.json." in text and "<h2>Evaluation</h2>" in text
+    assert html.escape(run["result"].report["generations"][0]["model"]) in text
+
+
+def test_bad_inputs_give_one_line_and_write_nothing(files, table, smol, capsys, tmp_path):
+    out = tmp_path / "never.html"
+    cases = [
+        (["--table", tmp_path / "missing.json"], "cannot read loss table"),
+        (["--table", files / "table.json", "--eval", files / "table.json", "--plan", files / "plan.json"], "is not an evaluation report"),
+        (["--table", files / "table.json", "--eval", files / "table.json"], "--eval needs --plan"),
+        (["--table", files / "table.json", "--budget", "1.5"], "outside [0, 1)"),
+        (["--table", files / "table.json", "--plan", files / "plan.json", "--budget", "0.2"], "--budget picks a DP front row"),
+    ]
+    foreign = json.loads((files / "plan.json").read_text()) | {"model": "another-model"}
+    (tmp_path / "foreign.json").write_text(json.dumps(foreign))
+    cases.append((["--table", files / "table.json", "--plan", tmp_path / "foreign.json"], "the plan is for another-model"))
+    for args, message in cases:
+        assert report_cli(*args, "--out", out) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("gap: error: ") and message in err[0], (args, err)
+        assert not out.exists()
+
+
+def test_report_and_figures_do_not_import_streamlit():
+    code = (
+        "import sys, gap_engine.views.report, gap_engine.views.figures, gap_engine.cli.report_commands; print('streamlit' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
