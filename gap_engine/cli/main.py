@@ -41,6 +41,9 @@ def _quiet_transformers() -> None:
 
     hub_logging.set_verbosity_error()
     logging.getLogger("datasets").setLevel(logging.ERROR)
+    from gap_engine.model.remote_code import forbid_code_prompts
+
+    forbid_code_prompts()  # no load in this process may ask to run a folder's code; each refuses
 
 
 INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug, never the user's input

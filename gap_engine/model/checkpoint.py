@@ -47,7 +47,7 @@ from gap_engine.model.adapters import adapter_for
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.model_card import write_model_card
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.model.remote_code import add_remote_code
+from gap_engine.model.remote_code import add_remote_code, refuse_foreign_code
 from gap_engine.model.slicing import layer_widths, narrow_to_widths
 from gap_engine.model.storage import (
     EVAL_REPORT_FILE,
@@ -235,7 +235,7 @@ def _build_narrowed(folder: Path, config: Any, widths: list[dict[str, Any]], dev
     adapter = adapter_for(config)
     try:
         with no_init_weights(), torch.device(device) if device else contextlib.nullcontext():
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
     except Exception as exc:  # an edited config (0 KV heads, odd sizes) fails in many ways inside transformers
         raise ModelLoadError(f"{folder}/config.json does not build a model: {type(exc).__name__}: {first_line(exc)}") from None
     try:
@@ -272,6 +272,7 @@ def read_tokenizer(folder: str | Path, config: Any = None) -> object:
     from transformers import AutoTokenizer
 
     folder = Path(folder).resolve()
+    refuse_foreign_code(folder, is_pruned_checkpoint(folder))
     stats = []
     for name in TOKENIZER_FILES:
         try:
@@ -284,7 +285,7 @@ def read_tokenizer(folder: str | Path, config: Any = None) -> object:
         if key in _TOKENIZERS:
             return _TOKENIZERS[key]
     extra = {"config": config} if config is not None else {}
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **extra)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False, **extra)
     with _TOKENIZERS_LOCK:
         _TOKENIZERS[key] = tokenizer
         while len(_TOKENIZERS) > _TOKENIZERS_KEPT:
@@ -307,6 +308,7 @@ def inspect_pruned(folder: str | Path) -> CheckpointFiles:
     marker = check_pruned_marker(_read_json(folder / PRUNED_MARKER), str(folder))
     if marker.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         raise ModelLoadError(f"{folder}: checkpoint format {marker.get('format_version')!r} is not supported")
+    refuse_foreign_code(folder, gap_checkpoint=True)
     config, widths = _read_config(folder)
     _build_narrowed(folder, config, widths, device="meta")
     _check_weight_files(folder)

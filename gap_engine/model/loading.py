@@ -39,6 +39,7 @@ from gap_engine.model.checkpoint import (
     safetensors_problem,
 )
 from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.remote_code import forbid_code_prompts, refuse_foreign_code
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -206,9 +207,10 @@ def converted_problem(folder: Path, full: bool = False) -> str | None:
 def _from_gguf(gguf: Path) -> tuple[PreTrainedModel, Tokenizer]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    forbid_code_prompts()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False)
     except Exception as exc:  # transformers raises many kinds on a bad file
         raise ModelLoadError(f"cannot read GGUF file {gguf}: {type(exc).__name__}: {first_line(exc, 200)}") from exc
     # The de-quantized model still carries a gguf quantization_config, which blocks save_pretrained.
@@ -224,11 +226,26 @@ def _from_gguf(gguf: Path) -> tuple[PreTrainedModel, Tokenizer]:
 def _from_folder(path: str, local_only: bool, dtype: torch.dtype | str = torch.float32) -> tuple[PreTrainedModel, Tokenizer]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+    if Path(path).is_dir():
+        refuse_foreign_code(path, gap_checkpoint=False)
+    else:
+        _refuse_cached_code(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only, trust_remote_code=False)
     if local_only and Path(path).is_dir():
         return model, read_tokenizer(path)  # the one the command's checks already read
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only, trust_remote_code=False)
     return model, tokenizer
+
+
+def _refuse_cached_code(hub_id: str) -> None:
+    """ModelLoadError when the local hub cache's snapshot of ``hub_id`` names code of its own;
+    one not cached yet is refused by transformers itself (``trust_remote_code=False``)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    forbid_code_prompts()
+    config = try_to_load_from_cache(hub_id, "config.json")
+    if isinstance(config, str):
+        refuse_foreign_code(Path(config).parent, gap_checkpoint=False)
 
 
 def _convert_builtin(spec: BuiltinModel, folder: Path) -> LoadedModel:
@@ -316,6 +333,8 @@ def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> Load
         check_model_files(path)
         try:
             model, tokenizer = _from_folder(str(path), local_only=True, dtype=dtype)
+        except ModelLoadError:
+            raise
         except Exception as exc:
             raise ModelLoadError(f"cannot load the model in {path}: {type(exc).__name__}: {first_line(exc, 200)}") from exc
         return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
@@ -330,6 +349,8 @@ def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> Load
             _refuse_uncached(name_or_path, hub)
         try:
             model, tokenizer = _from_folder(name_or_path, local_only=local_only, dtype=dtype)
+        except ModelLoadError:
+            raise
         except Exception as exc:
             where = (
                 "the local hub cache (a name read from a file never reaches the network)"
@@ -387,6 +408,8 @@ def check_model_files(name_or_path: str | Path) -> None:
         inspect_pruned(path)
     elif not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} is a folder without config.json, not a model checkpoint")
+    else:
+        refuse_foreign_code(path, gap_checkpoint=False)
 
 
 def load_tokenizer(name_or_path: str | Path) -> Tokenizer | None:

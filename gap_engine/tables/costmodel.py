@@ -613,11 +613,14 @@ def model_shape(name_or_path: str) -> ModelShape:
 
     from transformers import AutoConfig
 
+    from gap_engine.model.checkpoint import is_pruned_checkpoint
     from gap_engine.model.loading import BUILTIN_MODELS, CONVERTED_MARKER, load_model
+    from gap_engine.model.remote_code import refuse_foreign_code
 
     folder = cache_root() / "models" / name_or_path if name_or_path in BUILTIN_MODELS else Path(name_or_path).expanduser()
     if (folder / "config.json").is_file() and (name_or_path not in BUILTIN_MODELS or (folder / CONVERTED_MARKER).is_file()):
-        return ModelShape.from_config(AutoConfig.from_pretrained(str(folder)), name_or_path)
+        refuse_foreign_code(folder, is_pruned_checkpoint(folder))
+        return ModelShape.from_config(AutoConfig.from_pretrained(str(folder), trust_remote_code=False), name_or_path)
     return ModelShape.from_config(load_model(name_or_path).model.config, name_or_path)
 
 
