@@ -19,7 +19,7 @@ and a time limit. Each is classified:
 - **input destroyed**: any input file of the case changed or vanished;
 - **unclean**: anything else (more than one line, another status, a traceback).
 
-    python bench/bench_hostile.py [--out bench/results/hostile.md] [--timeout 60] [--only SUBSTRING]
+    python bench/bench_hostile.py [--out bench/results/hostile.md] [--timeout 60] [--only SUBSTRING] [--family PREFIX]
 """
 
 from __future__ import annotations
@@ -63,6 +63,14 @@ class Case:
     env: dict = field(default_factory=dict)
     cwd: str | None = None  # relative to the case folder
     file_limit: int | None = None  # RLIMIT_FSIZE bytes in the child: a full disk
+    # issue 34: a stdin that stays open and silent (a prompt would wait on it), files that must not
+    # appear (a marker a folder's code writes when imported: "code executed"; anything else written
+    # where it does not belong: "foreign write"), stderr sent elsewhere, a working folder deleted first.
+    stdin_open: bool = False
+    marker: str | None = None  # relative to the case folder
+    absent: tuple = ()  # globs relative to the case folder
+    stderr_to: str | None = None  # e.g. /dev/full: then only the exit status is judged
+    cwd_gone: bool = False
 
 
 # ---- the valid artefacts every variant starts from -----------------------------------------------
@@ -254,6 +262,11 @@ def _table_text(field_name: str, value) -> str:
         data[field_name] = value
     text = json.dumps(data)
     return text.replace('"BIG"', BIG_INT).replace('"INF"', "1e999")
+
+
+def valid_table_text() -> str:
+    """The valid two-layer table of the tiny model (every family's control)."""
+    return _table_text("extras", {})
 
 
 def table_cases() -> list[Case]:
@@ -1054,7 +1067,15 @@ def all_cases() -> list[Case]:
         + disk_cases()
         + history_cases()
         + recover_state_cases()
+        + issue34_cases()
     )
+
+
+def issue34_cases() -> list[Case]:
+    """Issue 34 items 1, 2, 3 (paths), 6 and 7: bench/hostile_issue34.py, given this module."""
+    from hostile_issue34 import cases
+
+    return cases(sys.modules[__name__])
 
 
 # ---- running and classifying ------------------------------------------------------------------
@@ -1089,6 +1110,7 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
     # Pipes, not files, carry the child's output: RLIMIT_FSIZE (a full disk) limits files only.
     err_read, err_write = os.pipe()
     out_read, out_write = os.pipe()
+    in_read, in_write = os.pipe()  # the child's stdin: open and silent until the case ends
     started = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # the child: one gap command, then _exit (no atexit, no pytest)
@@ -1096,14 +1118,23 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
         try:
             os.close(err_read)
             os.close(out_read)
+            os.close(in_write)
             os.environ.update(env)
             if "GAP_CACHE_DIR" not in env:
                 os.environ["GAP_CACHE_DIR"] = str(CACHE)
             os.chdir(folder / case.cwd if case.cwd else folder)
+            if case.cwd_gone:
+                os.rmdir(os.getcwd())
             if case.file_limit:
                 resource.setrlimit(resource.RLIMIT_FSIZE, (case.file_limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-            os.dup2(err_write, 2)
+            if case.stderr_to:
+                os.dup2(os.open(case.stderr_to, os.O_WRONLY), 2)
+            else:
+                os.dup2(err_write, 2)
             os.dup2(out_write, 1)
+            if case.stdin_open:
+                os.dup2(in_read, 0)
+                sys.stdin = os.fdopen(0, "r")
             sys.stderr = os.fdopen(2, "w", buffering=1)
             sys.stdout = os.fdopen(1, "w", buffering=1)
             try:
@@ -1121,6 +1152,7 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
             os._exit(code)
     os.close(err_write)
     os.close(out_write)
+    os.close(in_read)
     chunks = {err_read: [], out_read: []}
 
     def drain(fd: int) -> None:
@@ -1146,19 +1178,32 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
         os.waitpid(pid, 0)
     for reader in readers:
         reader.join(5)
+    os.close(in_write)
     seconds = time.perf_counter() - started
     hung = status is None
     code = None if hung else os.waitstatus_to_exitcode(status)
-    err_text = b"".join(chunks[err_read]).decode(errors="replace")
+    err_bytes, out_bytes = b"".join(chunks[err_read]), b"".join(chunks[out_read])
+    err_text = err_bytes.decode(errors="replace")
     err_lines = [line for line in err_text.splitlines() if line.strip()]
     after = _snapshot(folder)
     destroyed = sorted(name for name, digest in before.items() if after.get(name) != digest)
+    foreign = sorted(str(p.relative_to(folder)) for pattern in case.absent for p in folder.glob(pattern))
     if hung:
         verdict = "hang"
+    elif case.marker and (folder / case.marker).exists():
+        verdict = "code executed"
+    elif b"[y/N]" in out_bytes + err_bytes:
+        verdict = "prompted"
     elif destroyed:
         verdict = "input destroyed"
+    elif foreign:
+        verdict = "foreign write"
     elif code == 70:
         verdict = "internal error"
+    elif any(ch in out_bytes + err_bytes for ch in (b"\x1b", b"\x07", b"\x08")):
+        verdict = "unsafe output"  # a control character reached the terminal
+    elif case.stderr_to:
+        verdict = "clean" if code == (0 if case.expect == "ok" else 2) else "unclean"
     elif case.expect == "ok":
         verdict = "clean" if code == 0 else "unclean"
     elif code == 0:
@@ -1177,7 +1222,7 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
         "seconds": round(seconds, 2),
         "lines": len(err_lines),
         "first": (err_lines[-1] if err_lines else "")[:200],
-        "destroyed": destroyed[:3],
+        "destroyed": (destroyed or foreign)[:3],
     }
 
 
@@ -1248,7 +1293,19 @@ def _warm_up(work: Path) -> None:
 
 
 def write_report(results: list[dict], out: Path, command: str, seconds: float, load: str) -> None:
-    verdicts = ["clean", "clean after work", "internal error", "hang", "wrong success", "input destroyed", "unclean"]
+    verdicts = [
+        "clean",
+        "clean after work",
+        "internal error",
+        "hang",
+        "wrong success",
+        "input destroyed",
+        "code executed",
+        "prompted",
+        "foreign write",
+        "unsafe output",
+        "unclean",
+    ]
     families = sorted({r["family"] for r in results}, key=lambda f: [r["family"] for r in results].index(f))
     lines = [
         "# Hostile inputs against the `gap` command line (issue 24)",
@@ -1297,6 +1354,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "hostile.md")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a case counts as a hang")
     parser.add_argument("--only", help="run only cases whose name contains this")
+    parser.add_argument("--family", help="run only cases whose family starts with this (e.g. 'i34' for issue 34's)")
     args = parser.parse_args()
     load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -1322,7 +1380,7 @@ def main() -> int:
     started = time.perf_counter()
     _build_fixture_tree(FIXTURES)
     _warm_up(work)
-    cases = [c for c in all_cases() if not args.only or args.only in c.name]
+    cases = [c for c in all_cases() if (not args.only or args.only in c.name) and (not args.family or c.family.startswith(args.family))]
     results = []
     for i, case in enumerate(cases):
         result = run_case(case, work / "cases" / f"c{i:04d}", args.timeout)
@@ -1330,7 +1388,11 @@ def main() -> int:
         mark = "" if result["verdict"] in CLEAN else f"  <-- {result['verdict']}: {result['first'][:100]}"
         print(f"[{i + 1}/{len(cases)}] {case.family}: {case.name} ({result['seconds']} s){mark}", flush=True)
     seconds = time.perf_counter() - started
-    command = "python bench/bench_hostile.py" + (f" --only {args.only!r}" if args.only else "")
+    command = (
+        "python bench/bench_hostile.py"
+        + (f" --only {args.only!r}" if args.only else "")
+        + (f" --family {args.family}" if args.family else "")
+    )
     write_report(results, args.out, command, seconds, " ".join(load))
     shutil.rmtree(work, ignore_errors=True)
     clean = sum(r["verdict"] in CLEAN for r in results)

@@ -26,6 +26,7 @@ import time
 import traceback
 from pathlib import Path
 
+from gap_engine.cli.output import TerminalSafe, printable
 from gap_engine.cli.parser import build_parser
 from gap_engine.cli.preflight import preflight
 from gap_engine.core.errors import GapError, one_line
@@ -61,8 +62,7 @@ class _PrintableFormatter(logging.Formatter):
     escape sequence (or a newline) must not drive the terminal or forge a second line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+        return printable(super().format(record))
 
 
 def write_crash_file(argv: list[str] | None, exc: BaseException) -> Path | None:
@@ -74,6 +74,9 @@ def write_crash_file(argv: list[str] | None, exc: BaseException) -> Path | None:
         f"python {sys.version.split()[0]}, pid {os.getpid()}, {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n\n"
         + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     )
+    # An argument or message may hold bytes that are not UTF-8 (a file name as the system gave it):
+    # shown escaped, so the report of one failure cannot fail itself.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
     for folder in (lambda: cache_root() / "crashes", lambda: Path(tempfile.gettempdir()) / "gap-crashes"):
         try:
@@ -84,10 +87,46 @@ def write_crash_file(argv: list[str] | None, exc: BaseException) -> Path | None:
 
 
 def _internal_error(argv: list[str] | None, exc: BaseException) -> int:
-    crash = write_crash_file(argv, exc)
+    try:
+        crash = write_crash_file(argv, exc)
+    except Exception:  # the last line of defence never raises itself
+        crash = None
     where = f"details in {crash}" if crash else "the traceback could not be written"
-    print(f"gap: internal error: {one_line(exc)[:300]}; {where}", file=sys.stderr)
+    say(f"gap: internal error: {one_line(exc)[:300]}; {where}")
     return INTERNAL_ERROR
+
+
+def say(line: str) -> None:
+    """One line on stderr. A stderr that cannot take it (``2>/dev/full``, a closed pipe) loses the
+    line, not the exit status: stderr is then pointed at the null device, so neither this write
+    nor the interpreter's last flush turns a refusal (2) into a failure of another kind."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        _drop_stream("stderr")
+
+
+def _drop_stream(name: str) -> None:
+    """Point sys.<name> (and its file descriptor) at the null device, dropping what it still buffers."""
+    stream = getattr(sys, name)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, stream.fileno())  # what is still buffered goes nowhere, without an error
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(null)
+    setattr(sys, name, open(os.devnull, "w"))  # lives as long as the process
+
+
+def _working_folder_problem() -> str | None:
+    """Why the process has no usable working folder (it was deleted), or None. Checked before torch
+    loads: its libraries would otherwise abort the process with a fatal error of their own."""
+    try:
+        os.getcwd()
+    except OSError as exc:
+        return f"the working folder is gone ({exc.strerror}): it was deleted or moved; cd into an existing folder and run gap again"
+    return None
 
 
 def check_model_folders(args) -> None:
@@ -103,7 +142,21 @@ def check_model_folders(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one ``gap`` command; returns its exit status."""
+    """Run one ``gap`` command; returns its exit status. What it prints goes through
+    ``TerminalSafe`` (control characters in names read from disk shown as escapes)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = TerminalSafe(sys.stdout), TerminalSafe(sys.stderr, progress=True)
+    try:
+        return _run(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _run(argv: list[str] | None) -> int:
+    problem = _working_folder_problem()
+    if problem:
+        say(f"gap: error: {problem}")
+        return 2
     args = build_parser().parse_args(argv)
     existing = list(logging.getLogger().handlers)
     logging.basicConfig(
@@ -124,16 +177,16 @@ def main(argv: list[str] | None = None) -> int:
         check_model_folders(args)
         return handler(args)
     except GapError as exc:
-        print(f"gap: error: {one_line(exc)}", file=sys.stderr)
+        say(f"gap: error: {one_line(exc)}")
         return 2
     except OSError as exc:  # the file system said no somewhere no GapError names it
-        print(f"gap: error: {one_line(exc)}", file=sys.stderr)
+        say(f"gap: error: {one_line(exc)}")
         return 2
     except MemoryError:
-        print("gap: error: out of memory; lower the sizes (--samples, --seq-len, --batch-size)", file=sys.stderr)
+        say("gap: error: out of memory; lower the sizes (--samples, --seq-len, --batch-size)")
         return 2
     except KeyboardInterrupt:
-        print("gap: interrupted", file=sys.stderr)
+        say("gap: interrupted")
         return 130
     except Exception as exc:
         return _internal_error(argv, exc)

@@ -10,6 +10,43 @@ import time
 from gap_engine.core.progress import Hooks
 
 
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with every character a terminal would act on (ESC, BEL, backspace, a carriage
+    return, C1 controls, bidi overrides...) shown as its Python escape, except those in ``keep``.
+    A name read from disk (a cache folder called ``ESC[2J``) must not clear the screen or forge a line."""
+    return "".join(ch if ch.isprintable() or ch in keep else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+class TerminalSafe(io.TextIOBase):
+    """A text stream that writes through ``printable``: what gap prints, names read from disk
+    included, reaches the terminal as text. Newlines and tabs pass; with ``progress``, so does a
+    carriage return that starts a write (StderrProgress rewriting its own line)."""
+
+    def __init__(self, stream, progress: bool = False):
+        self.stream = stream
+        self.progress = progress
+
+    def write(self, text: str) -> int:
+        if self.progress and text.startswith("\r"):
+            self.stream.write("\r" + printable(text[1:], "\n\t"))
+        else:
+            self.stream.write(printable(text, "\n\t"))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]  # TextIOBase declares it read-only
+        return getattr(self.stream, "encoding", "utf-8")
+
+
 def format_seconds(seconds: float | None) -> str:
     """'42s', '3m05s', '1h02m', or '?' when unknown."""
     if seconds is None:

@@ -23,7 +23,16 @@ from pathlib import Path
 
 from gap_engine.core import hub
 from gap_engine.core.errors import CacheError, DataError, ModelLoadError, OutputError
-from gap_engine.core.fsutil import cache_root, check_not_an_input, check_output, refuse_special_files, special_kind, write_refusal
+from gap_engine.core.fsutil import (
+    CACHE_ENV,
+    cache_root,
+    check_not_an_input,
+    check_output,
+    refuse_special_files,
+    special_kind,
+    user_path,
+    write_refusal,
+)
 from gap_engine.core.limits import LIMITS, check_at_most, check_windows
 from gap_engine.core.memory import parse_max_memory
 
@@ -66,8 +75,10 @@ BUILTIN_TEXTS = ("wiki-sample", "news-sample")
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 # A dataset split: a name, optionally sliced as datasets allows (train[:10%]).
 SPLIT = re.compile(r"^[A-Za-z0-9_.-]{1,64}(\[[0-9:%+-]{0,32}\])?$")
+# How messages name the cache root: an input of every command (tables, converted models, the run history).
+CACHE_INPUT = "the cache"
 # Inputs read as whole folders: an output inside one changes the input.
-FOLDER_INPUTS = ("--model", "the checkpoint")
+FOLDER_INPUTS = ("--model", "the checkpoint", "--teacher", "--include-path", CACHE_INPUT)
 # Where an output of each command lives besides --out (recover works in OUT.partial).
 PARTIAL_SUFFIX = ".partial"
 
@@ -241,19 +252,31 @@ def check_max_memory(args: argparse.Namespace) -> None:
 
 def _cache_path() -> Path:
     """fsutil.cache_root's path, without creating it (check_cache does, later)."""
-    return Path(os.environ.get("GAP_CACHE_DIR") or Path(__file__).resolve().parents[2] / "cache")
+    root = os.environ.get(CACHE_ENV)
+    return Path(user_path(root, CACHE_ENV, CacheError) if root else Path(__file__).resolve().parents[2] / "cache")
+
+
+# option dest -> how a message names it: every file or folder a command reads.
+INPUT_OPTIONS = (
+    ("model", "--model"),
+    ("plan", "--plan"),
+    ("table", "--table"),
+    ("eval", "--eval"),
+    ("recovered_eval", "--recovered-eval"),
+    ("teacher", "--teacher"),
+    ("include_path", "--include-path"),
+    ("checkpoint", "the checkpoint"),
+)
 
 
 def command_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(flag, path) of every file or folder the command reads: what no output may be."""
+    """(flag, path) of every file or folder the command reads: what no output may be.
+
+    The cache counts as an input of every command: commands read their tables, converted
+    models and run history there, and an output written into it would replace or hide an entry.
+    """
     inputs = []
-    for dest, flag in (
-        ("model", "--model"),
-        ("plan", "--plan"),
-        ("table", "--table"),
-        ("eval", "--eval"),
-        ("checkpoint", "the checkpoint"),
-    ):
+    for dest, flag in INPUT_OPTIONS:
         value = getattr(args, dest, None)
         if value:
             inputs.append((flag, str(value)))
@@ -261,21 +284,33 @@ def command_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
                 inputs.append((flag, str(_cache_path() / "models" / value)))
     for dest, flag in (("data", "--data"), ("eval_data", "--eval-data")):
         for part in str(getattr(args, dest, None) or "").split(","):
+            if args.command == "recover" and "@" in part:
+                part = part.rsplit("@", 1)[0]  # recover's SOURCE@PART names the file before the '@'
             if part.strip().lower().endswith((".txt", ".jsonl")):
                 inputs.append((flag, part.strip()))
+    inputs.append((CACHE_INPUT, str(_cache_path())))
     return inputs
 
 
 def check_out(args: argparse.Namespace) -> None:
-    """OutputError unless --out can be written as what the command writes there, and is no input."""
+    """OutputError unless --out can be written as what the command writes there, and is no input
+    (nor lies inside the cache); the same for --offload-dir, where --device-map writes weights."""
+    inputs = command_inputs(args)
+    if getattr(args, "offload_dir", None):
+        check_not_an_input(args.offload_dir, inputs, False, "--offload-dir", containers=FOLDER_INPUTS)
     out = getattr(args, "out", None)
     if out is None:
         return
     folder = args.command in FOLDER_OUTPUTS or (args.command == "export" and getattr(args, "format", None) == "hf")
-    inputs = command_inputs(args)
     check_not_an_input(out, inputs, folder, containers=FOLDER_INPUTS)
     if args.command == "recover":
-        check_not_an_input(str(out) + PARTIAL_SUFFIX, inputs, True, "--out's work folder", containers=FOLDER_INPUTS)
+        work = Path(str(out) + PARTIAL_SUFFIX)
+        check_not_an_input(work, inputs, True, "--out's work folder", containers=FOLDER_INPUTS)
+        if work.is_symlink() or (work.exists() and not work.is_dir()):
+            raise OutputError(
+                f"--out's work folder {work} is {'a symbolic link' if work.is_symlink() else 'not a folder'}; "
+                "gap writes its run state only into a folder of its own: remove it or choose another --out"
+            )
     path = check_output(out, folder=folder)
     if folder and path.is_dir() and any(path.iterdir()) and not (path / CHECKPOINT_MARKER).is_file():
         raise OutputError(f"--out {path} is a folder that is neither empty nor a gap checkpoint; refusing to replace it")
@@ -292,6 +327,9 @@ def check_cache(args: argparse.Namespace) -> None:
         or getattr(args, "run", None) is not None  # `gap report --run`: the run history
         or bool(getattr(args, "tasks", None))  # --tasks: the offline task's files and the dense model's scores
     )
+    inputs = [(flag, path) for flag, path in command_inputs(args) if flag != CACHE_INPUT]
+    # Before the root is created: a cache inside a model folder would be written into that input.
+    check_not_an_input(_cache_path(), inputs, False, f"the cache ({CACHE_ENV})", containers=FOLDER_INPUTS)
     if not uses_cache:
         return
     root = cache_root()
@@ -306,8 +344,35 @@ def check_cache(args: argparse.Namespace) -> None:
         )
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """Every path the command names through one normaliser (``fsutil.user_path``), in place:
+    ``~`` expanded, and a path no file system call could take (bytes that are not UTF-8, an
+    unknown ``~user``, a loop of symbolic links, a name too long) refused in one line."""
+    for dest, flag in (*INPUT_OPTIONS, ("out", "--out"), ("offload_dir", "--offload-dir")):
+        value = getattr(args, dest, None)
+        if value is not None:
+            normal = user_path(value, flag, DataError)
+            setattr(args, dest, Path(normal) if isinstance(value, Path) else normal)
+    for dest, flag in (("data", "--data"), ("eval_data", "--eval-data")):
+        value = getattr(args, dest, None)
+        if value:
+            parts = [part.strip() for part in str(value).split(",")]
+            setattr(args, dest, ",".join(_normal_source(part, flag) for part in parts))
+    if args.command == "recover" and getattr(args, "out", None):
+        user_path(str(args.out) + PARTIAL_SUFFIX, "--out's work folder", DataError)  # OUT.partial must fit NAME_MAX too
+
+
+def _normal_source(part: str, flag: str) -> str:
+    """A text source of --data: a .txt/.jsonl path normalised (recover's SOURCE@PART keeps its part)."""
+    path, at, where = part.rpartition("@") if "@" in part else (part, "", "")
+    if path.strip().lower().endswith((".txt", ".jsonl")):
+        return user_path(path.strip(), flag, DataError) + at + where
+    return part
+
+
 def preflight(args: argparse.Namespace) -> None:
-    """Every check above, in the order a user fixes them: sizes, names, sources, output, cache."""
+    """Every check above, in the order a user fixes them: paths, sizes, names, sources, output, cache."""
+    check_paths(args)
     check_sizes(args)
     check_sources(args)
     check_models(args)

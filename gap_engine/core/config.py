@@ -77,6 +77,27 @@ class WindowSpec:
         return replace(self, data=source)
 
 
+@dataclass(frozen=True, eq=False)
+class StoredWindowSpec(WindowSpec):
+    """A WindowSpec read from a file (a loss table's spec): its text sources never reach the
+    network. Only what a user typed may be fetched from the Hugging Face hub; a dataset named
+    inside a file loads from the local datasets cache or not at all (``data.windows``).
+
+    Equal to the WindowSpec of the same values (a table read back still matches the spec it was
+    built for), and ``replace``/``for_source`` keep the class, so the rule travels with it.
+    """
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WindowSpec):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in WINDOW_FIELDS)
+
+    __hash__ = WindowSpec.__hash__
+
+
+WINDOW_FIELDS = ("data", "n_samples", "seq_len", "seed", "batch_size")
+
+
 # ---- loss tables -------------------------------------------------------------------------
 FULL_RATE_GRID = tuple(i / 16 for i in range(16))  # 0, 1/16, ..., 15/16
 QUICK_RATE_GRID = tuple(i / 8 for i in range(8))  # 0, 1/8, ..., 7/8

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from gap_engine.core.errors import CacheError, OutputError
+from gap_engine.core.errors import CacheError, GapError, OutputError
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ _WRITE_FAILURE_TEXTS = (
 )
 # Temporary names written before they carried a process id are removed once this old.
 _LEGACY_TEMP_AGE_SECONDS = 3600
+NAME_MAX = 255  # bytes in one file name (Linux, macOS)
+# What a temporary adds around its target's name: ".", ".<pid>-<8 random>.tmp" or ".old-<pid>", ".lock".
+_TEMP_EXTRA_BYTES = 32
 
 
 def _read_umask() -> int:
@@ -63,6 +67,49 @@ def _read_umask() -> int:
     return mask
 
 
+# ---- paths a user names ----------------------------------------------------------------------
+def user_path(value: str | os.PathLike[str], what: str, error: type[GapError] = OutputError) -> str:
+    """``value`` with a leading ``~`` or ``~user`` expanded, checked so no file system call on it
+    can fail in a way a command does not expect: every path option and GAP_CACHE_DIR goes
+    through here before anything else reads it.
+
+    Args:
+        value: the path as given (a command-line value, an environment variable).
+        what: how the message names it (``--out``, ``GAP_CACHE_DIR``).
+        error: the GapError raised.
+    Returns:
+        The path, expanded (other values, such as a built-in model name or a hub id, unchanged).
+    Raises:
+        ``error`` (one line): bytes that are not UTF-8 in the path (the system hands them over as
+        they are, and they cannot be written into JSON, the history or a crash report), ``~user``
+        for no such user (or ``~`` with no home), a symbolic-link loop on the way, a name past
+        NAME_MAX bytes.
+    """
+    text = os.fspath(value)
+    shown = text.encode("utf-8", "backslashreplace").decode("utf-8")[:300]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise error(f"{what} {shown} holds bytes that are not UTF-8; rename it, or give another path") from None
+    if text.startswith("~"):
+        expanded = os.path.expanduser(text)
+        if expanded.startswith("~"):  # os.path.expanduser leaves what it cannot expand
+            user = text[1:].split("/", 1)[0]
+            why = f"there is no user named {user!r}" if user else "there is no home folder (HOME is not set)"
+            raise error(f"{what} {shown}: {why} to expand the ~; give the full path")
+        text = expanded
+    try:
+        os.stat(text)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise error(f"{what} {shown} runs into a loop of symbolic links; give a path that ends somewhere") from None
+        if exc.errno == errno.ENAMETOOLONG:
+            raise error(f"{what} {shown[:80]}...: a name in it is longer than the file system allows ({NAME_MAX} bytes)") from None
+    except ValueError:  # a NUL byte (only an environment variable can carry one here)
+        raise error(f"{what} holds a NUL byte; give a path") from None
+    return text
+
+
 def cache_root() -> Path:
     """The on-disk cache root: $GAP_CACHE_DIR, else ``cache/`` beside the package.
 
@@ -70,7 +117,7 @@ def cache_root() -> Path:
         CacheError: the root is a file, or cannot be created.
     """
     root = os.environ.get(CACHE_ENV)
-    path = Path(root) if root else Path(__file__).resolve().parents[2] / "cache"
+    path = Path(user_path(root, CACHE_ENV, CacheError)) if root else Path(__file__).resolve().parents[2] / "cache"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -78,6 +125,17 @@ def cache_root() -> Path:
     except OSError as exc:
         raise CacheError(f"cannot create the cache root {path} ({CACHE_ENV if root else 'default'}): {exc.strerror}") from None
     return path
+
+
+def temp_stem(name: str) -> str:
+    """``name`` as the temporaries and lock beside it spell it: the name itself, or when the name
+    and a temporary's own characters would pass NAME_MAX (a legal 255-byte output name), its
+    first bytes and a hash of the whole, so every legal name can be written atomically."""
+    encoded = os.fsencode(name)
+    if len(encoded) + _TEMP_EXTRA_BYTES <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(encoded).hexdigest()[:16]
+    return os.fsdecode(encoded[: NAME_MAX - _TEMP_EXTRA_BYTES - len(digest) - 1]) + "~" + digest
 
 
 # ---- stale temporaries -----------------------------------------------------------------------
@@ -103,7 +161,7 @@ def clean_stale(target: str | Path) -> list[Path]:
         The paths removed.
     """
     target = Path(target)
-    name = re.escape(target.name)
+    name = re.escape(temp_stem(target.name))
     tagged = re.compile(rf"^\.{name}\.(?:(\d+)-[A-Za-z0-9_]+\.tmp|old-(\d+))$")
     legacy = re.compile(rf"^\.{name}\.[A-Za-z0-9_]{{8}}\.tmp$")
     removed: list[Path] = []
@@ -297,7 +355,7 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         clean_stale(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{temp_stem(path.name)}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
         os.close(fd)
     except OSError as exc:
         raise _output_error(path, exc) from None
@@ -367,7 +425,7 @@ def atomic_directory(target: str | Path, overwrite: bool = True) -> Iterator[Pat
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         clean_stale(target)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{os.getpid()}-", suffix=".tmp", dir=target.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{temp_stem(target.name)}.{os.getpid()}-", suffix=".tmp", dir=target.parent))
     except OSError as exc:
         raise _output_error(target, exc) from None
     try:
@@ -376,10 +434,13 @@ def atomic_directory(target: str | Path, overwrite: bool = True) -> Iterator[Pat
         if target.exists():
             if not overwrite:
                 raise FileExistsError(f"{target} already exists")
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            old = target.with_name(f".{temp_stem(target.name)}.old-{os.getpid()}")
             os.replace(target, old)
             os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_symlink():
+                old.unlink()  # the link itself: the folder it pointed at is not ours to remove
+            else:
+                shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, target)
     except BaseException as exc:
@@ -394,10 +455,10 @@ def lock_for(path: str | Path, timeout: float = -1) -> FileLock:
     """An inter-process lock guarding ``path`` (a sibling ``.lock`` file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(path.with_name(path.name + ".lock")), timeout=timeout)
+    return FileLock(str(lock_path(path)), timeout=timeout)
 
 
 def lock_path(path: str | Path) -> Path:
     """The file behind ``lock_for(path)`` (removed with the thing it guards)."""
     path = Path(path)
-    return path.with_name(path.name + ".lock")
+    return path.with_name(temp_stem(path.name) + ".lock")

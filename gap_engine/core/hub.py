@@ -9,11 +9,13 @@ datasets, not just know its address.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
@@ -67,3 +69,44 @@ def accepts_connection(timeout: float) -> bool:
         socket.create_connection((host, port), timeout=timeout).close()
 
     return answered_within(connect, timeout)
+
+
+@contextlib.contextmanager
+def offline(switch_off: bool = True) -> Iterator[None]:
+    """Within the block, datasets and huggingface_hub read only their caches (when ``switch_off``).
+
+    Both libraries read the flags once at import, so their module constants are set too, and
+    everything is restored afterwards: the caller's own settings outside the block stay.
+    """
+    if not switch_off:
+        yield
+        return
+    import datasets.config as datasets_config
+    import huggingface_hub.constants as hub_constants
+
+    saved_env = {flag: os.environ.get(flag) for flag in OFFLINE_FLAGS}
+    flags = ((hub_constants, "HF_HUB_OFFLINE"), (datasets_config, "HF_HUB_OFFLINE"), (datasets_config, "HF_DATASETS_OFFLINE"))
+    saved = [(module, name, getattr(module, name)) for module, name in flags if hasattr(module, name)]
+    os.environ.update({flag: "1" for flag in OFFLINE_FLAGS})
+    for module, name, _ in saved:
+        setattr(module, name, True)
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+        for flag, value in saved_env.items():
+            if value is None:
+                os.environ.pop(flag, None)
+            else:
+                os.environ[flag] = value
+
+
+def dataset_cached(dataset: str) -> bool:
+    """Whether the datasets or hub cache has a folder for this hub data set (then loading may work offline)."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    return (Path(datasets.config.HF_DATASETS_CACHE) / dataset.replace("/", "___")).exists() or (
+        Path(huggingface_hub.constants.HF_HUB_CACHE) / f"datasets--{dataset.replace('/', '--')}"
+    ).exists()

@@ -23,7 +23,9 @@ calibration otherwise. The key is the article title for ``wiki-sample`` and the
 document text everywhere else, so identical documents always land on the same side.
 If that leaves a side empty and there are at least two documents, the document with
 the smallest hash is held out and the rest calibrate. A source with a single document
-is instead cut 80/20 by characters at the paragraph or sentence boundary nearest 80%.
+is instead cut 80/20 by characters at the paragraph or sentence boundary nearest 80%; so is
+a source whose documents are all the same text (a million copies of one line): the copies
+add no text, and split by the rule above every copy would land on one side.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from gap_engine.core.config import WindowSpec
+from gap_engine.core import hub as hub_access
+from gap_engine.core.config import StoredWindowSpec, WindowSpec
 from gap_engine.core.errors import DataError, first_line
 from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import decode_text, parse_json, read_bounded
@@ -138,9 +141,9 @@ class TextCorpus:
 # --------------------------------------------------------------------------- loading
 
 
-def load_corpus(spec: str) -> TextCorpus:
+def load_corpus(spec: str, hub: bool = True) -> TextCorpus:
     """``read_corpus``, and the "loaded" line the first time this process reads that text."""
-    corpus = read_corpus(spec)
+    corpus = read_corpus(spec, hub)
     key = (os.getpid(), corpus.name, corpus.fingerprint)  # the pid: a forked worker reads (and says) it anew
     if key not in _ANNOUNCED:
         _ANNOUNCED.add(key)
@@ -151,12 +154,14 @@ def load_corpus(spec: str) -> TextCorpus:
 _ANNOUNCED: set[tuple[int, str, str]] = set()
 
 
-def read_corpus(spec: str) -> TextCorpus:
+def read_corpus(spec: str, hub: bool = True) -> TextCorpus:
     """Load a text source and split it into calibration and held-out documents (printing nothing).
 
     Args:
         spec: a built-in name (see ``BUILTIN_SOURCES``), a local ``.txt`` or ``.jsonl``
             path, or a Hugging Face dataset ``"name:config:split"`` (config may be empty).
+        hub: whether a dataset may be fetched from the hub. False for a name read from a file
+            (``may_fetch``): such a dataset loads from the local datasets cache or not at all.
 
     Returns:
         The corpus; built-in and Hugging Face sources are parsed once per process.
@@ -172,7 +177,7 @@ def read_corpus(spec: str) -> TextCorpus:
         return _load_local_file(spec)
     hf_parts = spec.split(":")
     if len(hf_parts) == 3 and hf_parts[0] and hf_parts[2]:
-        return _load_hf_dataset(spec)
+        return _load_hf_dataset(spec, hub)
     names = ", ".join(BUILTIN_SOURCES)
     raise DataError(f"unknown text source {spec!r}: expected " + _ACCEPTED_FORMS.format(names=names))
 
@@ -330,13 +335,25 @@ def _jsonl_documents(content: str, path: Path) -> list[str]:
     return docs
 
 
+def may_fetch(windows: WindowSpec) -> bool:
+    """Whether the text sources of ``windows`` may reach the network: only those a user typed,
+    never those named inside a file (a loss table's spec is a ``StoredWindowSpec``)."""
+    return not isinstance(windows, StoredWindowSpec)
+
+
 @functools.lru_cache(maxsize=8)
-def _load_hf_dataset(spec: str) -> TextCorpus:
+def _load_hf_dataset(spec: str, hub: bool = True) -> TextCorpus:
     name, config, split = spec.split(":")
+    if not hub and not hub_access.dataset_cached(name):
+        raise DataError(
+            f"Hugging Face dataset {spec!r} (named in a file) is not in the local datasets cache; "
+            "names read from files never reach the network: load it once by naming it on the command line"
+        )
     try:
         import datasets  # imported here: slow, and only this source needs it
 
-        dataset = datasets.load_dataset(name, config or None, split=split)
+        with hub_access.offline(not hub):
+            dataset = datasets.load_dataset(name, config or None, split=split)
     except Exception as exc:
         raise DataError(f"Hugging Face dataset {spec!r} could not be loaded (no network or not cached): {first_line(exc)}") from exc
     column = "text" if "text" in dataset.column_names else None
@@ -380,7 +397,9 @@ def _make_corpus(name: str, keyed_docs: Sequence[tuple[str, str]]) -> TextCorpus
     """Split (key, document) pairs by the module's hash rule, keeping source order."""
     if not keyed_docs:
         raise DataError(f"text source {name!r} contains no documents")
-    if len(keyed_docs) == 1:
+    if len({key for key, _ in keyed_docs}) == 1:
+        if len(keyed_docs) > 1:  # copies of one text: either side alone would hold all of it
+            logger.info("text source %s holds %d copies of one document: it is read as that one document", name, len(keyed_docs))
         calibration, heldout = _split_single_document(keyed_docs[0][1])
         return TextCorpus(name, calibration, heldout, _fingerprint(calibration, heldout))
     buckets = [_split_bucket(key) for key, _ in keyed_docs]
@@ -483,7 +502,7 @@ _MAX_STREAMS_PER_TOKENIZER = 8
 def _corpus_windows(tokenizer: Tokenizer, windows: WindowSpec, part: str) -> torch.Tensor:
     spec, n_samples, seq_len, seed = windows.data, windows.n_samples, windows.seq_len, windows.seed
     check_window_sizes(n_samples, seq_len)
-    corpus = load_corpus(spec)
+    corpus = load_corpus(spec, may_fetch(windows))
     texts = corpus.calibration if part == "calibration" else corpus.heldout
     if not texts:
         raise DataError(f"text source {spec!r} has no {part} text (it is too small to split)")
@@ -528,7 +547,7 @@ def check_enough_tokens(tokenizer: Tokenizer, windows: WindowSpec, part: str) ->
     its first document or so. Prints nothing (``read_corpus``).
     """
     for source in windows.sources():
-        texts = getattr(read_corpus(source), part)
+        texts = getattr(read_corpus(source, may_fetch(windows)), part)
         if not texts:
             raise DataError(f"text source {source!r} has no {part} text (it is too small to split)")
         separator = 1 if tokenizer.eos_token_id is not None else len(tokenizer("\n\n", add_special_tokens=False)["input_ids"])

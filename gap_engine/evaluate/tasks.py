@@ -18,7 +18,6 @@ Two steps, so that every mistake is found before a model loads:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
@@ -26,7 +25,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -163,37 +162,6 @@ def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> bool:
     return hub.accepts_connection(timeout)
 
 
-@contextlib.contextmanager
-def hub_offline(offline: bool = True) -> Iterator[None]:
-    """Within the block, datasets and huggingface_hub read only their caches (when ``offline``).
-
-    Both libraries read the flags once at import, so their module constants are set too, and
-    everything is restored afterwards: the caller's own settings outside the block stay.
-    """
-    if not offline:
-        yield
-        return
-    import datasets.config as datasets_config
-    import huggingface_hub.constants as hub_constants
-
-    saved_env = {flag: os.environ.get(flag) for flag in _OFFLINE_FLAGS}
-    flags = ((hub_constants, "HF_HUB_OFFLINE"), (datasets_config, "HF_HUB_OFFLINE"), (datasets_config, "HF_DATASETS_OFFLINE"))
-    saved = [(module, name, getattr(module, name)) for module, name in flags if hasattr(module, name)]
-    os.environ.update({flag: "1" for flag in _OFFLINE_FLAGS})
-    for module, name, _ in saved:
-        setattr(module, name, True)
-    try:
-        yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
-        for flag, value in saved_env.items():
-            if value is None:
-                os.environ.pop(flag, None)
-            else:
-                os.environ[flag] = value
-
-
 # ---- resolving and checking -------------------------------------------------------------------
 def _include_dirs(settings: TaskSettings) -> list[Path]:
     """The folders lm-eval may read task YAMLs from: the offline task's, and the user's."""
@@ -261,18 +229,8 @@ def _refuse_uncached_hub_tasks(names: list[str], registry: dict[str, set[Path]])
                     dataset = load_yaml(path, resolve_func=False).get("dataset_path")
                 except Exception:  # lm-eval's loader: let the full load report it
                     return
-                if isinstance(dataset, str) and dataset not in _LOCAL_BUILDERS and not _in_local_cache(dataset):
+                if isinstance(dataset, str) and dataset not in _LOCAL_BUILDERS and not hub.dataset_cached(dataset):
                     raise _load_failure(name, False, None)
-
-
-def _in_local_cache(dataset: str) -> bool:
-    """Whether the datasets or hub cache has a folder for this hub data set (then loading may work offline)."""
-    import datasets.config
-    import huggingface_hub.constants
-
-    return (Path(datasets.config.HF_DATASETS_CACHE) / dataset.replace("/", "___")).exists() or (
-        Path(huggingface_hub.constants.HF_HUB_CACHE) / f"datasets--{dataset.replace('/', '--')}"
-    ).exists()
 
 
 def _registry_dirs(name: str) -> set[Path]:
@@ -380,7 +338,7 @@ def prepare_tasks(settings: TaskSettings) -> PreparedTasks:
     loaded = {}
     for name in settings.tasks:
         try:
-            with hub_offline(not online):
+            with hub.offline(not online):
                 loaded.update(manager.load([name])["tasks"])
         except GapError:
             raise
@@ -443,7 +401,7 @@ def run_tasks(lm, prepared: PreparedTasks, names: list[str] | None = None) -> di
 
     settings = prepared.settings
     chosen = [prepared.tasks[n] for n in (names or list(prepared.tasks))]
-    with hub_offline():  # every data set is loaded already: nothing may go to the network now
+    with hub.offline():  # every data set is loaded already: nothing may go to the network now
         results = simple_evaluate(
             model=_wrap(lm, settings.batch_size),
             tasks=chosen,

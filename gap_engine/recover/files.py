@@ -215,7 +215,8 @@ def discard(work_dir: Path) -> None:
 
 # ---- output --------------------------------------------------------------------------------
 def check_output_dir(out_dir: str | Path, model_source: str | None = None) -> None:
-    """RecoveryError unless ``out_dir`` can be written and is not the model's own folder.
+    """RecoveryError unless ``out_dir`` can be written and is not the model's own folder, and its
+    work folder ``OUT.partial`` is absent or a real folder (never a link to somewhere else).
 
     Args:
         model_source: the folder the model is read from (``LoadedModel.source``), if any.
@@ -223,6 +224,10 @@ def check_output_dir(out_dir: str | Path, model_source: str | None = None) -> No
     out_dir = Path(out_dir).expanduser()
     if out_dir.exists() and not out_dir.is_dir():
         raise RecoveryError(f"output {out_dir} exists and is not a folder")
+    work = partial_dir(out_dir)
+    if work.is_symlink() or (work.exists() and not work.is_dir()):
+        # a link would have the run state written into (and removed from) a folder that is not the run's
+        raise RecoveryError(f"the work folder {work} is {'a symbolic link' if work.is_symlink() else 'not a folder'}; remove it")
     source = Path(model_source).expanduser() if model_source else None
     if source is not None and source.is_dir() and out_dir.resolve() == source.resolve():
         raise RecoveryError(f"output {out_dir} is the folder the model is read from; choose another --out")

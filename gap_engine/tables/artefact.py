@@ -32,6 +32,7 @@ from gap_engine.core.config import (
     REFERENCE_TABLE,
     REFINE_ATTENTION,
     REFINE_BUDGETS,
+    StoredWindowSpec,
     WindowSpec,
 )
 from gap_engine.core.deprecation import warn_deprecated
@@ -145,7 +146,7 @@ class TableSpec:
         unknown = sorted(set(values) - known)
         if unknown:
             raise TableError(f"table spec has unknown field(s): {', '.join(unknown)}")
-        windows = WindowSpec(**{k: v for k, v in values.items() if k in window_names})
+        windows = StoredWindowSpec(**{k: v for k, v in values.items() if k in window_names})  # names from a file: local only
         rest = {k: v for k, v in values.items() if k not in window_names}
         for name in ("rate_grid", "refine_budgets"):
             if name in rest:
