@@ -308,8 +308,8 @@ def inspect_pruned(folder: str | Path) -> CheckpointFiles:
     marker = check_pruned_marker(_read_json(folder / PRUNED_MARKER), str(folder))
     if marker.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         raise ModelLoadError(f"{folder}: checkpoint format {marker.get('format_version')!r} is not supported")
+    config, widths = _read_config(folder)  # reads config.json as data (its auto_map left out): no code runs
     refuse_foreign_code(folder, gap_checkpoint=True)
-    config, widths = _read_config(folder)
     _build_narrowed(folder, config, widths, device="meta")
     _check_weight_files(folder)
     # config= stops AutoTokenizer from re-reading config.json, whose per_layer_config it cannot parse.

@@ -137,7 +137,7 @@ def code_refusal(folder: str | Path, gap_checkpoint: bool) -> str | None:
 def _is_our_auto_map(folder: Path, auto_map: object) -> bool:
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))  # parsed already by _auto_map
     model_type = config.get("model_type")
-    return model_type in REMOTE_CLASSES and auto_map == auto_map_for(model_type)
+    return isinstance(model_type, str) and model_type in REMOTE_CLASSES and auto_map == auto_map_for(model_type)
 
 
 def _is_our_modeling_file(path: Path) -> bool:
