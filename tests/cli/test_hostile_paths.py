@@ -89,17 +89,14 @@ def tiny(tmp_path_factory, smol_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def tiny_table(tiny, tmp_path_factory):
-    """A loss table of the tiny model (fisher, two rates), built once through the command line."""
-    folder = tmp_path_factory.mktemp("table")
-    old = os.environ.get("GAP_CACHE_DIR")
-    os.environ["GAP_CACHE_DIR"] = str(folder / "cache")
-    try:
-        argv = ["table", "--model", tiny[0], "--samples", "2", "--seq-len", "16", "--rates", "0,0.5", "--out", folder / "t.json"]
-        assert main([str(a) for a in argv]) == 0
-    finally:
-        os.environ.pop("GAP_CACHE_DIR") if old is None else os.environ.__setitem__("GAP_CACHE_DIR", old)
-    return folder / "t.json"
+def tiny_table(tiny, smol_tokenizer):
+    """A synthetic loss table of the tiny model (its real removed counts, made-up losses), beside it."""
+    from conftest import tiny_lm
+    from synthetic_tables import synthetic_table
+
+    path = tiny[0].parent / "t.json"
+    path.write_text(synthetic_table(tiny_lm("llama", smol_tokenizer), model=str(tiny[0])).to_json())
+    return path
 
 
 # ---- item 1: a model folder's code never runs ---------------------------------------------------------
@@ -265,16 +262,16 @@ def test_prune_over_a_link_leaves_no_old_link_behind(gap, tiny, tmp_path):
 
 
 # ---- item 7: what gap prints and writes ---------------------------------------------------------------
-def test_cache_ls_shows_a_terminal_escape_read_from_disk_as_text(gap, tiny_table, tmp_path, monkeypatch):
-    import shutil
-
-    shutil.copytree(tiny_table.parent / "cache", tmp_path / "cache", dirs_exist_ok=True)
-    (meta,) = (tmp_path / "cache" / "tables").glob("*/meta.json")
-    data = json.loads(meta.read_text())
-    data["spec"]["data"] = "\x1b[2Jwiki\x07"
-    meta.write_text(json.dumps(data))
+def test_cache_ls_shows_a_terminal_escape_read_from_disk_as_text(gap, tmp_path):
+    key = "tiny-kl-split-fisher-0123456789abcdef0123"
+    entry = tmp_path / "cache" / "tables" / key
+    entry.mkdir(parents=True)
+    (entry / "table.json").write_text("{}")
+    spec = {"data": "\x1b[2Jwiki\x07", "n_samples": 2, "seq_len": 16, "rate_grid": [0.0, 0.5]}
+    meta = {"key": key, "format_version": 2, "table_sha256": "0" * 64, "model": "tiny", "spec": spec, "created": "2026-12-03"}
+    (entry / "meta.json").write_text(json.dumps(meta))
     code, _, out = gap("cache", "ls")
-    assert code == 0 and "\\x1b[2Jwiki\\x07" in out and "\x1b" not in out and "\x07" not in out
+    assert code == 0 and key in out and "\\x1b[2Jwiki\\x07" in out and "\x1b" not in out and "\x07" not in out
 
 
 def test_a_legal_255_byte_output_name_is_written(gap, tiny_table, tmp_path):
@@ -301,7 +298,19 @@ def test_stderr_on_a_full_device_still_exits_2(tmp_path):
     env = os.environ | {"PYTHONPATH": str(ROOT), "GAP_CACHE_DIR": str(tmp_path / "cache")}
     with open("/dev/full", "w") as full:
         result = subprocess.run(
-            [sys.executable, "-m", "gap_engine", "front", "--table", str(tmp_path / "absent.json"), "--out", str(tmp_path / "f.csv")],
+            # refused by the checks before torch loads: the process stays cheap
+            [
+                sys.executable,
+                "-m",
+                "gap_engine",
+                "front",
+                "--table",
+                str(tmp_path / "t.json"),
+                "--out",
+                str(tmp_path / "f.csv"),
+                "--n-buckets",
+                "0",
+            ],
             stderr=full,
             env=env,
             timeout=120,
