@@ -356,18 +356,21 @@ def check_paths(args: argparse.Namespace) -> None:
     for dest, flag in (("data", "--data"), ("eval_data", "--eval-data")):
         value = getattr(args, dest, None)
         if value:
-            parts = [part.strip() for part in str(value).split(",")]
-            setattr(args, dest, ",".join(_normal_source(part, flag) for part in parts))
+            parts = str(value).split(",")
+            normal = [_normal_source(part, flag, args.command == "recover") for part in parts]
+            if normal != parts:  # only a path that was expanded changes the text (it is part of a table's key)
+                setattr(args, dest, ",".join(normal))
     if args.command == "recover" and getattr(args, "out", None):
         user_path(str(args.out) + PARTIAL_SUFFIX, "--out's work folder", DataError)  # OUT.partial must fit NAME_MAX too
 
 
-def _normal_source(part: str, flag: str) -> str:
+def _normal_source(part: str, flag: str, recover: bool) -> str:
     """A text source of --data: a .txt/.jsonl path normalised (recover's SOURCE@PART keeps its part)."""
-    path, at, where = part.rpartition("@") if "@" in part else (part, "", "")
-    if path.strip().lower().endswith((".txt", ".jsonl")):
-        return user_path(path.strip(), flag, DataError) + at + where
-    return part
+    path, at, where = part.rpartition("@") if recover and "@" in part else (part, "", "")
+    if not path.strip().lower().endswith((".txt", ".jsonl")):
+        return part
+    normal = user_path(path.strip(), flag, DataError)
+    return part if normal == path.strip() else normal + at + where
 
 
 def preflight(args: argparse.Namespace) -> None:
