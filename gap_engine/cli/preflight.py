@@ -351,8 +351,8 @@ def check_paths(args: argparse.Namespace) -> None:
     for dest, flag in (*INPUT_OPTIONS, ("out", "--out"), ("offload_dir", "--offload-dir")):
         value = getattr(args, dest, None)
         if value is not None:
-            normal = user_path(value, flag, DataError)
-            setattr(args, dest, Path(normal) if isinstance(value, Path) else normal)
+            normal_path = user_path(value, flag, DataError)
+            setattr(args, dest, Path(normal_path) if isinstance(value, Path) else normal_path)
     for dest, flag in (("data", "--data"), ("eval_data", "--eval-data")):
         value = getattr(args, dest, None)
         if value:
