@@ -22,7 +22,7 @@ from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.iterative import IterativeResult, iterative_prune
-from gap_engine.pipeline.stages import prune_with_plan
+from gap_engine.pipeline.stages import pruned_as_saved
 from gap_engine.tables.artefact import TableSpec
 
 
@@ -49,20 +49,23 @@ class PrunedCheckpoint:
 def prune_to_checkpoint(
     lm: LoadedModel, plan: RatePlan, windows: WindowSpec, out: str | Path, save_dtype: str = DEFAULT_SAVE_DTYPE, hooks: Hooks = NO_HOOKS
 ) -> PrunedCheckpoint:
-    """Prune ``lm`` in place by ``plan`` (units chosen on ``windows``) and save it to ``out``.
+    """Prune ``lm`` by ``plan`` (units chosen on ``windows``) and save it to ``out``.
+
+    ``lm`` itself is pruned (``stages.pruned_as_saved`` with ``keep_dense=False``: the command
+    loaded it for this alone), as the explorer's runs and ``gap compare`` prune their copies.
 
     Args:
         save_dtype: the checkpoint's storage dtype.
         hooks: the importance scores' progress and cancel.
     """
-    result = prune_with_plan(lm, plan, windows, hooks)
-    save_pruned(lm, plan, result.kept_indices(), out, dtype=save_dtype)
+    pruned, result = pruned_as_saved(lm, plan, windows, save_dtype=save_dtype, keep_dense=False, hooks=hooks)
+    save_pruned(pruned, result.plan, result.kept_indices(), out, dtype=save_dtype)
     return PrunedCheckpoint(
         out=str(out),
         params_before=result.params_before,
         params_after=result.params_after,
-        removed_fraction_of_prunable=plan.params["removed_fraction_of_prunable"],
-        removed_fraction_of_total=plan.params["removed_fraction_of_total"],
+        removed_fraction_of_prunable=result.plan.params["removed_fraction_of_prunable"],
+        removed_fraction_of_total=result.plan.params["removed_fraction_of_total"],
     )
 
 

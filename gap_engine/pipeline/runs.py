@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gap_engine.core.config import DEFAULT_SAVE_DTYPE, WindowSpec
+from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import BudgetError, GapError
 from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
 from gap_engine.core.progress import (
@@ -39,12 +39,10 @@ from gap_engine.evaluate.tasks import PreparedTasks, task_report
 from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.pipeline.stages import objective_increase, plan_for, prune_with_plan
+from gap_engine.pipeline.stages import objective_increase, plan_for, pruned_as_saved
 from gap_engine.plan.allocator_registry import needs_windows
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.importance import compute_importance
-from gap_engine.prune.surgery import PruneResult
-from gap_engine.recover.files import round_to_storage
 from gap_engine.tables.artefact import LossTable
 
 
@@ -259,19 +257,6 @@ def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, hooks:
     return actual, report
 
 
-def _pruned_copy(dense: LoadedModel, plan: RatePlan, calib: WindowSpec, hooks: Hooks, stored: bool) -> tuple[LoadedModel, PruneResult]:
-    """A pruned copy of ``dense``; when it will be ``stored``, rounded to the checkpoint's dtype
-    first: the Recover page and `gap eval` read the stored weights, so the run's numbers must be
-    the checkpoint's, not those of the float32 copy in memory (a demo showed 62.89 here and
-    62.93 on Recover for one checkpoint)."""
-    pruned = run_unless_cancelled(dense.copy, hooks, f"{_STOPPED} while copying the model")
-    with cancel_checks(pruned, hooks, f"{_STOPPED} while pruning"):
-        result = prune_with_plan(pruned, plan, calib, Hooks(cancel=hooks.cancel))
-    if stored:
-        round_to_storage(pruned.model, DEFAULT_SAVE_DTYPE)
-    return pruned, result
-
-
 def prune_and_evaluate(
     dense: LoadedModel,
     eval_settings: EvalSettings,
@@ -312,14 +297,17 @@ def prune_and_evaluate(
     plan = _chosen_plan(dense, table, budget, allocator, constraints, plan)
     calib = table.spec.windows if table is not None else WindowSpec()
     at(PRUNE)
-    pruned, result = _pruned_copy(dense, plan, calib, hooks, stored=checkpoint_dir is not None)
+    # Rounded to the checkpoint's dtype whether or not it is saved: the Recover page, `gap eval`
+    # and `gap compare` measure the stored weights, so a run's numbers are the checkpoint's.
+    pruned, result = pruned_as_saved(dense, plan, calib, hooks=Hooks(cancel=hooks.cancel))
+    plan = result.plan  # with the parameter counts recounted from the model (a hand-written plan may lack them)
     at(MEASURE)
     objective = table.spec.objective if table is not None else "nll"
     actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, hooks, at, tasks)
     checkpoint = None
     if checkpoint_dir is not None:
         at(SAVE)
-        checkpoint = str(save_pruned(pruned, plan, result.kept_indices(), checkpoint_dir, eval_report=report))
+        checkpoint = str(save_pruned(pruned, result.plan, result.kept_indices(), checkpoint_dir, eval_report=report))
     stage_seconds = timer.finish()
     seconds = time.perf_counter() - started
     record = history.RunRecord.from_report(
