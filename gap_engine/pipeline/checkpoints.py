@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gap_engine.core.config import DEFAULT_SAVE_DTYPE, WindowSpec
+from gap_engine.core.errors import InvariantError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.evaluate.metrics import EvalReport, EvalSettings, evaluate
 from gap_engine.evaluate.tasks import PreparedTasks, model_and_dense_scores
@@ -81,7 +82,8 @@ def prune_rounds_to_checkpoint(
     """GAP's DP to ``budget`` in ``rounds`` rounds (``iterative.iterative_prune``) on a copy of
     ``lm``, the result saved to ``out`` in ``save_dtype``; returns the rounds' record."""
     result = iterative_prune(lm, spec, budget, rounds, hooks=hooks)
-    assert result.plan is not None, "iterative_prune records the plan it reached"
+    if result.plan is None:
+        raise InvariantError("iterative_prune recorded no plan")
     save_pruned(result.model, result.plan, result.kept, out, dtype=save_dtype)
     return result
 

@@ -160,7 +160,7 @@ def baseline_rows(
     """Plans of the baseline allocators at a few budgets, for overlaying on the DP front.
 
     Args:
-        lm: the dense model (FLAP and OWL hook it; pass a private copy when it is shared).
+        lm: the dense model (FLAP and OWL hook it: a shared one is copied first).
         hooks: each step told as a message (the allocator and budget) with its progress
             (plans done, plans); cancel polled between plans.
     Returns:
@@ -169,6 +169,8 @@ def baseline_rows(
         one with ``error`` instead.
     """
     table.check_model(lm)
+    if any(needs_windows(allocator) for allocator in allocators):
+        lm = lm.private()  # once for every plan: they hook or mask it
     scores = None
     if "flap" in allocators:
         _step(hooks, "importance scores for FLAP", 0, 0)
@@ -232,8 +234,7 @@ def _chosen_plan(dense, table, budget, allocator, constraints, plan) -> RatePlan
         return plan
     if table is None or budget is None:
         raise GapError("a run needs either a plan or a loss table and a budget")
-    planner_lm = dense.copy() if needs_windows(allocator) else dense  # those that read windows hook or mask the model
-    return plan_for(planner_lm, table, budget, allocator, constraints or Constraints())
+    return plan_for(dense, table, budget, allocator, constraints or Constraints())
 
 
 _STOPPED = "prune and evaluate cancelled"

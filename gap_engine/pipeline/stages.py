@@ -100,13 +100,15 @@ def loss_table(
     key = table_key(lm, spec, data_fingerprint)
 
     def measure(partial):
+        # An exact build masks the weights cell by cell: never those of a model other threads run.
+        owned = run_unless_cancelled(lm.private, hooks, "loss table build cancelled while copying the model")
         windows = run_unless_cancelled(
             lambda: calibration_windows(lm.tokenizer, spec.windows), hooks, "loss table build cancelled while reading the text"
         )
         if cells is not None:  # Ray workers poll cancel between layers; hooks on the blocks would not pickle
-            return measure_table(lm, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
-        with cancel_checks(lm, hooks, f"loss table build cancelled during the {spec.estimator} measurement"):
-            return measure_table(lm, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
+            return measure_table(owned, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
+        with cancel_checks(owned, hooks, f"loss table build cancelled during the {spec.estimator} measurement"):
+            return measure_table(owned, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
 
     if not use_cache:
         return measure(None)
@@ -183,7 +185,7 @@ def pruned_as_saved(
         save_dtype: the storage dtype (one of ``config.SAVE_DTYPES``); float32 leaves the weights as they are.
         keep_dense: True prunes a copy and leaves ``dense`` as it was; False prunes ``dense``
             itself, sparing the copy's memory (a caller that loaded it for this alone, as
-            ``gap prune``).
+            ``gap prune``), unless it is ``shared``: a model other threads run is never pruned.
         hooks: the importance scores' progress; cancel polled while copying and at every
             decoder block while scoring.
     Returns:
@@ -191,7 +193,7 @@ def pruned_as_saved(
         ``plan`` carries the parameter counts recounted from the model's geometry).
     """
     pruned = dense
-    if keep_dense:
+    if keep_dense or dense.shared:
         pruned = run_unless_cancelled(dense.copy, hooks, "pruning cancelled while copying the model")
     with cancel_checks(pruned, hooks, "pruning cancelled"):
         result = prune_with_plan(pruned, plan, windows, hooks, scores=scores)
