@@ -298,8 +298,7 @@ def prune_and_evaluate(
     plan = _chosen_plan(dense, table, budget, allocator, constraints, plan)
     calib = table.spec.windows if table is not None else WindowSpec()
     at(PRUNE)
-    # Rounded to the checkpoint's dtype whether or not it is saved: the Recover page, `gap eval`
-    # and `gap compare` measure the stored weights, so a run's numbers are the checkpoint's.
+    # As stored, saved or not: Recover, `gap eval` and `gap compare` measure the stored weights.
     pruned, result = pruned_as_saved(dense, plan, calib, hooks=Hooks(cancel=hooks.cancel))
     plan = result.plan  # with the parameter counts recounted from the model (a hand-written plan may lack them)
     at(MEASURE)
