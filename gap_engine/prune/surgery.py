@@ -75,12 +75,20 @@ class PruneResult:
 
 
 def layer_selection(
-    adapter: ArchitectureAdapter, layer: nn.Module, scores: LayerScores, attn_rate: float, mlp_rate: float, channel_multiple: int
+    adapter: ArchitectureAdapter,
+    layer: nn.Module,
+    scores: LayerScores,
+    attn_rate: float,
+    mlp_rate: float,
+    channel_multiple: int,
+    shape: AttentionShape | None = None,
 ) -> tuple[list[int], list[int], list[int]]:
-    """(kept_kv, kept_heads, kept_channels) for one block at the given rates."""
+    """(kept_kv, kept_heads, kept_channels) for one block at the given rates (``shape``: the
+    attention shape a plan recorded, in place of the one ``attn_rate`` rounds to)."""
     geom = adapter.geometry(layer)
     q, _, _, o = adapter.attention_projections(layer)
-    shape = attention_shape_for_rate(geom, q.in_features, attn_rate, q.bias is not None, o.bias is not None)
+    if shape is None:
+        shape = attention_shape_for_rate(geom, q.in_features, attn_rate, q.bias is not None, o.bias is not None)
     kept_kv, kept_heads = select_attention(scores.head, geom.n_kv_heads, shape)
     kept_channels = select_channels(scores.channel, channels_for_rate(geom.intermediate_size, mlp_rate, channel_multiple))
     return kept_kv, kept_heads, kept_channels
@@ -175,5 +183,11 @@ def _layer_choice(
         geom = lm.adapter.geometry(layer)
         return list(range(geom.n_kv_heads)), list(range(geom.n_heads)), list(range(geom.intermediate_size))
     return layer_selection(
-        lm.adapter, layer, scores.layers[index], plan.attention_rates[index], plan.mlp_rates[index], plan.channel_multiple
+        lm.adapter,
+        layer,
+        scores.layers[index],
+        plan.attention_rates[index],
+        plan.mlp_rates[index],
+        plan.channel_multiple,
+        plan.attention_shape(index),
     )

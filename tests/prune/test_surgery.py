@@ -101,18 +101,23 @@ def test_attention_rounding_is_gqa_valid_and_nearest():
     smol_geom = LayerGeometry(n_heads=9, n_kv_heads=3, head_dim=64, intermediate_size=1536)
     all_shapes = [AttentionShape(g, q) for g in (1, 2, 3) for q in (1, 2, 3)]
     dense = attention_params(smol_geom, 576, AttentionShape(3, 3), False, False)
-    kept_counts = set()
-    for i in range(16):
-        rate = i / 16
+    reached = set()
+    for i in range(2000):
+        rate = i / 2000
         shape = attention_shape_for_rate(smol_geom, 576, rate)
-        kept_counts.add(shape.n_heads)
+        reached.add(shape)
         gap = abs(1 - attention_params(smol_geom, 576, shape, False, False) / dense - rate)
         best = min(abs(1 - attention_params(smol_geom, 576, s, False, False) / dense - rate) for s in all_shapes)
         assert gap == pytest.approx(best)
-    assert kept_counts <= {9, 6, 4, 3, 2, 1} and 9 in kept_counts and len(kept_counts) >= 5
+    # Ties keep more query heads: (2, 2) over (3, 1), (1, 3) over (2, 1); nothing else is left out.
+    assert reached == {AttentionShape(g, q) for g, q in ((3, 3), (3, 2), (2, 3), (2, 2), (1, 3), (1, 2), (1, 1))}
+    assert {shape.n_heads for shape in reached} == {9, 6, 4, 3, 2, 1}  # what the units docstring says
+    assert attention_shape_for_rate(smol_geom, 576, 0.5) == AttentionShape(2, 2)
+    assert attention_shape_for_rate(smol_geom, 576, 2 / 3) == AttentionShape(1, 3)
+    for shape in reached:  # every reachable shape comes back from the rate it removes
+        assert attention_shape_for_rate(smol_geom, 576, 1 - attention_params(smol_geom, 576, shape, False, False) / dense) == shape
     gemma_geom = LayerGeometry(n_heads=4, n_kv_heads=1, head_dim=256, intermediate_size=2048)
-    assert attention_shape_for_rate(gemma_geom, 640, 0.0).n_heads == 4
-    assert attention_shape_for_rate(gemma_geom, 640, 0.9).n_heads == 1
+    assert {attention_shape_for_rate(gemma_geom, 640, i / 2000).n_heads for i in range(2000)} == {4, 3, 2, 1}
     assert channels_for_rate(1536, 0.2) == 1232  # 0.8 * 1536 = 1228.8 -> nearest multiple of 8
     assert channels_for_rate(1536, 0.999) == 8  # never below one multiple
     assert channels_for_rate(100, 0.0) == 100  # rate 0 keeps a width that is not a multiple
