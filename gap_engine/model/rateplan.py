@@ -1,7 +1,9 @@
 """The rate plan: a validated, versioned declaration of how much to prune where.
 
 A plan says, per block and per component (attention, MLP), what fraction of that
-component's parameters to remove. It records the model it was made for (name, weight
+component's parameters to remove. Where a rate alone could name either of two attention
+shapes with one parameter count (``units``: a tie), a plan made from a pruned model's widths
+(iterative planning) records each block's shape too, so applying it always gives those widths. It records the model it was made for (name, weight
 fingerprint, layer count), the within-layer criterion, and the parameter counts the plan
 produces, so ``surgery`` can check its result against them. Plans round-trip through JSON
 and YAML; executing one is ``surgery.apply_plan``'s job, not this module's.
@@ -34,7 +36,7 @@ from gap_engine.core.validate import (
     read_bounded,
 )
 from gap_engine.model.loaded import LoadedModel
-from gap_engine.model.units import block_geometries
+from gap_engine.model.units import AttentionShape, block_geometries, channels_for_rate
 
 # Version 2 renamed the field "method" to "allocator"; version-1 plans are read and upgraded.
 PLAN_FORMAT_VERSION = 2
@@ -54,6 +56,9 @@ class RatePlan:
     budget: float | None = None  # requested fraction of prunable parameters to remove
     predicted_loss: float | None = None  # the table's predicted summed loss increase
     table_key: str | None = None  # cache key of the loss table behind a dp plan
+    # Per block [KV groups, query heads per group] kept, where they were reached, not rounded
+    # from the rate (iterative plans); each has the parameter count its rate rounds to. None: the rates say it.
+    attention_shapes: list[list[int]] | None = None
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     format_version: int = PLAN_FORMAT_VERSION
 
@@ -75,7 +80,26 @@ class RatePlan:
         if self.criterion not in CRITERIA:
             raise PlanError(f"plan criterion '{self.criterion}' is unknown; choose one of {', '.join(CRITERIA)}")
         check_int(self.channel_multiple, "plan channel_multiple", PlanError, 1, LIMITS.channel_multiple)
+        if self.attention_shapes is not None:
+            self.attention_shapes = self._validated_shapes(self.attention_shapes)
         return self
+
+    def _validated_shapes(self, shapes: object) -> list[list[int]]:
+        if not isinstance(shapes, list) or len(shapes) != self.num_layers:
+            raise PlanError(f"plan attention_shapes must list {self.num_layers} [KV groups, heads per group] pairs")
+        out = []
+        for i, shape in enumerate(shapes):
+            if not isinstance(shape, list) or len(shape) != 2:
+                raise PlanError(f"plan attention_shapes[{i}] must be [KV groups, query heads per group]")
+            out.append([check_int(n, f"plan attention_shapes[{i}]", PlanError, 1, LIMITS.layers) for n in shape])
+        return out
+
+    def attention_shape(self, index: int) -> AttentionShape | None:
+        """Block ``index``'s recorded attention shape, or None where its rate says it."""
+        if self.attention_shapes is None:
+            return None
+        kv_groups, heads_per_group = self.attention_shapes[index]
+        return AttentionShape(kv_groups, heads_per_group)
 
     def _validate_metadata(self) -> None:
         """Types and sizes of the descriptive fields: short single-line texts, finite numbers.
@@ -104,7 +128,9 @@ class RatePlan:
             check_number(value, f"plan params {key}", PlanError)
 
     def check_model(self, lm: LoadedModel) -> None:
-        """PlanError unless this plan was made for ``lm`` (layer count, and fingerprint when recorded)."""
+        """PlanError unless this plan was made for ``lm`` (layer count, and fingerprint when
+        recorded) and its recorded attention shapes fit ``lm``'s blocks, each with the parameter
+        count its rate rounds to (a shape only settles a tie the rate leaves open)."""
         if self.num_layers != lm.num_layers:
             raise PlanError(f"plan is for a model with {self.num_layers} layers, but {lm.name} has {lm.num_layers}")
         if self.model_fingerprint and self.model_fingerprint != lm.fingerprint:
@@ -112,10 +138,24 @@ class RatePlan:
                 f"plan was made for model '{self.model}' (fingerprint {self.model_fingerprint}), "
                 f"not for '{lm.name}' (fingerprint {lm.fingerprint})"
             )
+        for i, (counts, rate) in enumerate(zip(block_geometries(lm), self.attention_rates)):
+            shape = self.attention_shape(i)
+            geom = counts.geometry
+            if shape is None:
+                continue
+            named = f"plan attention_shapes[{i}] = [{shape.kv_groups}, {shape.heads_per_group}]"
+            if shape.kv_groups > geom.n_kv_heads or shape.heads_per_group > geom.group_size:
+                raise PlanError(f"{named} does not fit {lm.name}'s {geom.n_kv_heads} KV groups of {geom.group_size} heads")
+            if counts.attention_params_of(shape) != counts.attention_params_at(rate):
+                raise PlanError(f"{named} does not have the size its attention rate {rate:g} rounds to")
 
     # ---- serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready; ``attention_shapes`` only where recorded (a plan without them reads as before)."""
+        data = asdict(self)
+        if data["attention_shapes"] is None:
+            del data["attention_shapes"]
+        return data
 
     @classmethod
     def from_dict(cls, data: object) -> RatePlan:
@@ -170,11 +210,13 @@ class RatePlan:
         """The plan's identity: 12 hex digits of a SHA-256 over what it prunes and claims.
 
         Covers the model, rates, criterion, channel multiple, allocator, budget, predicted
-        loss and table key; leaves out ``created`` (the same plan made twice is the same
+        loss, table key and the attention shapes where recorded; leaves out ``created`` (the same plan made twice is the same
         plan) and ``params`` (counted from the geometry, so fixed by the rest). A plan file,
         a run and a checkpoint made from one plan show the same hash.
         """
         identity = {name: getattr(self, name) for name in PLAN_IDENTITY_FIELDS}
+        if self.attention_shapes is not None:  # only where recorded: hashes of plans without them stay
+            identity["attention_shapes"] = self.attention_shapes
         text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=float)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:PLAN_HASH_DIGITS]
 
@@ -236,8 +278,21 @@ def make_plan(
         channel_multiple=channel_multiple,
         **meta,
     ).validate()
+    if plan.attention_shapes is not None:
+        plan.check_model(lm)  # the shapes fit the blocks, each the size of its rate
     plan.params = predicted_params(lm, plan.attention_rates, plan.mlp_rates, channel_multiple)
     return plan
+
+
+def plan_widths(lm: LoadedModel, plan: RatePlan) -> list[dict[str, int]]:
+    """Per block, the widths ``plan`` gives ``lm`` (the form of ``slicing.layer_widths``):
+    query and KV heads of its recorded shape or of its rate's, and the MLP channels of its rate."""
+    widths = []
+    for i, counts in enumerate(block_geometries(lm)):
+        shape = plan.attention_shape(i) or counts.attention_shape_at(plan.attention_rates[i])
+        channels = channels_for_rate(counts.geometry.intermediate_size, plan.mlp_rates[i], plan.channel_multiple)
+        widths.append({"num_attention_heads": shape.n_heads, "num_key_value_heads": shape.kv_groups, "intermediate_size": channels})
+    return widths
 
 
 def uniform_plan(lm: LoadedModel, rate: float, criterion: str, channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE) -> RatePlan:

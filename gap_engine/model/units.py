@@ -7,8 +7,15 @@ layer:
 - Attention is GQA-aware: a block keeps ``g`` of its KV groups and the same number ``q`` of
   query heads in every kept group, so the kept query heads still divide evenly over the kept
   KV heads. Every (g, q) is a candidate; the one whose removed fraction is nearest the rate
-  wins (ties keep more heads). With 3 KV groups of 3 heads that gives 9, 6, 4, 3, 2 or 1
-  kept heads; with 1 KV head of 4 (Gemma 3 270M), 4, 3, 2 or 1.
+  wins. Parameters go as g * (q + 1), so two shapes can tie: of those, the one with more
+  query heads wins ((2, 2) over (3, 1), (1, 3) over (2, 1) with 3 KV groups of 3). On
+  SmolLM2-135M it lost less KL to the dense model in 11 of 14 exact cells outside layer 0,
+  and about 0.6x as much in sum; in layer 0 keeping KV groups loses less, but half of its
+  attention costs 0.6-1.5 KL either way, against 0.01-0.17 elsewhere (``bench/results/attention_ties.md``).
+  With 3 KV groups of 3 heads the rates reach exactly 9, 6, 4, 3, 2 or 1 kept heads; with 1
+  KV head of 4 (Gemma 3 270M), 4, 3, 2 or 1. A shape reached another way (iterative planning
+  prunes a pruned model) may be the tie's other shape: a plan then records it
+  (``RatePlan.attention_shapes``).
 - MLP channels are kept in multiples of ``channel_multiple`` (default 8), at least one
   multiple; rate 0 keeps the full width even when it is not a multiple.
 
@@ -24,6 +31,10 @@ from functools import lru_cache
 from gap_engine.core.config import DEFAULT_CHANNEL_MULTIPLE
 from gap_engine.model.adapters import LayerGeometry
 from gap_engine.model.loaded import LoadedModel
+
+# How a rate settles a tie between two attention shapes of one size (see the module docstring);
+# a loss table of a model with ties records it in its cache key.
+ATTENTION_TIE_RULE = "more-query-heads"
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,9 @@ def mlp_params(hidden: int, channels: int, bias: bool) -> int:
 
 @lru_cache(maxsize=4096)
 def _attention_shapes(geom: LayerGeometry) -> tuple[AttentionShape, ...]:
-    return tuple(AttentionShape(g, q) for g in range(geom.n_kv_heads, 0, -1) for q in range(geom.group_size, 0, -1))
+    """Every GQA shape, most query heads first (then most KV groups): the order ties are settled in."""
+    shapes = [AttentionShape(g, q) for g in range(geom.n_kv_heads, 0, -1) for q in range(geom.group_size, 0, -1)]
+    return tuple(sorted(shapes, key=lambda s: (-s.n_heads, -s.kv_groups)))
 
 
 def attention_shape_for_rate(geom: LayerGeometry, hidden: int, rate: float, qkv_bias: bool = False, o_bias: bool = False) -> AttentionShape:
@@ -65,7 +78,7 @@ def attention_shape_for_rate(geom: LayerGeometry, hidden: int, rate: float, qkv_
     for shape in _attention_shapes(geom):
         removed = 1.0 - attention_params(geom, hidden, shape, qkv_bias, o_bias) / dense
         gap = abs(removed - rate)
-        # Strictly better only: the enumeration goes from most heads to fewest, so ties keep more heads.
+        # Strictly better only: the enumeration goes from most query heads to fewest, so ties keep more heads.
         if best_gap is None or gap < best_gap - 1e-12:
             best, best_gap = shape, gap
     return best
@@ -89,9 +102,19 @@ class ComponentGeometry:
     o_bias: bool
     mlp_bias: bool
 
-    def attention_params_at(self, rate: float) -> int:
-        shape = attention_shape_for_rate(self.geometry, self.hidden, rate, self.qkv_bias, self.o_bias)
+    def attention_shape_at(self, rate: float) -> AttentionShape:
+        return attention_shape_for_rate(self.geometry, self.hidden, rate, self.qkv_bias, self.o_bias)
+
+    def attention_params_of(self, shape: AttentionShape) -> int:
         return attention_params(self.geometry, self.hidden, shape, self.qkv_bias, self.o_bias)
+
+    def attention_params_at(self, rate: float) -> int:
+        return self.attention_params_of(self.attention_shape_at(rate))
+
+    def has_attention_ties(self) -> bool:
+        """Whether two GQA shapes of this block have one parameter count (the tie rule picks one)."""
+        sizes = [self.attention_params_of(shape) for shape in _attention_shapes(self.geometry)]
+        return len(set(sizes)) < len(sizes)
 
     def mlp_params_at(self, rate: float, multiple: int = DEFAULT_CHANNEL_MULTIPLE) -> int:
         return mlp_params(self.hidden, channels_for_rate(self.geometry.intermediate_size, rate, multiple), self.mlp_bias)

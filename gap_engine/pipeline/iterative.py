@@ -11,9 +11,11 @@ model's own fingerprint, resumable, cancellable).
 
 The result is a pruned model, not a plan for the dense model: the units each round removes
 are chosen by importance scores of the model at that round. Its plan (the share of each
-component's dense parameters gone, on the dense model's fingerprint) records the widths, and
-its kept indices (composed over the rounds, into the dense model's heads and channels) say
-which units survived, so it saves as an ordinary pruned checkpoint.
+component's dense parameters gone, on the dense model's fingerprint, and every block's
+attention shape: rounds can reach a shape that ties in size with the one its rate rounds
+to, see ``units``) gives exactly the widths, and its kept indices (composed over the rounds,
+into the dense model's heads and channels) say which units survived, so it saves as an
+ordinary pruned checkpoint.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from gap_engine.core.errors import InvariantError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import calibration_windows
 from gap_engine.model.loaded import LoadedModel
-from gap_engine.model.rateplan import RatePlan, make_plan
+from gap_engine.model.rateplan import RatePlan, make_plan, plan_widths
+from gap_engine.model.slicing import layer_widths
 from gap_engine.model.units import block_geometries
 from gap_engine.pipeline.stages import loss_table, objective_increase, plan_for, prune_with_plan
 from gap_engine.plan.problem import Constraints
@@ -74,6 +78,31 @@ def prunable_params(lm: LoadedModel, channel_multiple: int) -> tuple[int, list[i
     return sum(attention) + sum(mlp), attention, mlp
 
 
+def widths_plan(dense: LoadedModel, pruned: LoadedModel, criterion: str, channel_multiple: int, **meta) -> RatePlan:
+    """A plan for ``dense`` that gives it ``pruned``'s widths: each component's share of its dense
+    parameters gone, and every block's attention shape as reached (a rate alone may round to
+    another shape of the same size).
+
+    Raises:
+        InvariantError: the plan's widths are not ``pruned``'s (a bug).
+    """
+    _, dense_attention, dense_mlp = prunable_params(dense, channel_multiple)
+    _, attention, mlp = prunable_params(pruned, channel_multiple)
+    shapes = [[g.n_kv_heads, g.group_size] for g in (pruned.adapter.geometry(layer) for layer in pruned.adapter.layers(pruned.model))]
+    plan = make_plan(
+        dense,
+        [1.0 - a / d for a, d in zip(attention, dense_attention)],
+        [1.0 - m / d for m, d in zip(mlp, dense_mlp)],
+        criterion,
+        channel_multiple,
+        attention_shapes=shapes,
+        **meta,
+    )
+    if plan_widths(dense, plan) != layer_widths(pruned.adapter, pruned.model):
+        raise InvariantError("a plan made from a pruned model's widths gives other widths")
+    return plan
+
+
 def compose_kept(kept: dict, round_kept: dict) -> dict:
     """Kept indices into the dense model after one more round (``round_kept`` indexes the round's model)."""
     return {name: [[layer[i] for i in chosen] for layer, chosen in zip(kept[name], round_kept[name])] for name in kept}
@@ -105,7 +134,7 @@ def iterative_prune(
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     current = dense.copy()
-    total, dense_attention, dense_mlp = prunable_params(dense, spec.channel_multiple)
+    total = prunable_params(dense, spec.channel_multiple)[0]
     out = IterativeResult(current, budget, 0, 0.0, [], [])
     geoms = [dense.adapter.geometry(layer) for layer in dense.adapter.layers(dense.model)]
     out.kept = {
@@ -120,7 +149,8 @@ def iterative_prune(
         now = prunable_params(current, spec.channel_multiple)[0]
         share = max(0.0, (budget * total * index / rounds - (total - now)) / now)
         plan = plan_for(current, table, share, "dp", constraints)
-        assert plan.predicted_loss is not None, "a plan from a table carries its predicted loss"
+        if plan.predicted_loss is None:
+            raise InvariantError("a plan made from a table has no predicted loss")
         windows = calibration_windows(current.tokenizer, spec.windows)
         scores = compute_importance(current, windows, spec.criterion, spec.windows.batch_size, Hooks(cancel=hooks.cancel))
         before = current.copy() if measure else None
@@ -131,22 +161,12 @@ def iterative_prune(
         removed = now - prunable_params(current, spec.channel_multiple)[0]
         out.rounds.append(PlanRound(index, table.key, share, removed, float(plan.predicted_loss), measured))
         log.info("round %d/%d: removed %d parameters, predicted %.4f, measured %s", index, rounds, removed, plan.predicted_loss, measured)
-    left, attention, mlp = prunable_params(current, spec.channel_multiple)
-    out.removed = total - left
+    out.removed = total - prunable_params(current, spec.channel_multiple)[0]
     out.removed_fraction = out.removed / total
-    out.attention_rates = [1.0 - a / d for a, d in zip(attention, dense_attention)]
-    out.mlp_rates = [1.0 - m / d for m, d in zip(mlp, dense_mlp)]
-    out.plan = make_plan(
-        dense,
-        out.attention_rates,
-        out.mlp_rates,
-        spec.criterion,
-        spec.channel_multiple,
-        allocator="dp-iterative",
-        budget=budget,
-        predicted_loss=out.predicted_loss,
-    )
+    meta = {"allocator": "dp-iterative", "budget": budget, "predicted_loss": out.predicted_loss}
+    out.plan = widths_plan(dense, current, spec.criterion, spec.channel_multiple, **meta)
+    out.attention_rates, out.mlp_rates = out.plan.attention_rates, out.plan.mlp_rates
     if out.plan.params["pruned_total"] != current.param_count():
-        raise AssertionError(f"the rounds left {current.param_count()} parameters, their widths say {out.plan.params['pruned_total']}")
+        raise InvariantError(f"the rounds left {current.param_count()} parameters, their widths say {out.plan.params['pruned_total']}")
     current.pruned_from = {"model": dense.name, "fingerprint": dense.fingerprint, "plan": out.plan.to_dict()}
     return out

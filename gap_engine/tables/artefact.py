@@ -40,7 +40,7 @@ from gap_engine.core.device import SHORT_DTYPE_NAMES, dtype_name, placement_of
 from gap_engine.core.errors import DataError, TableError, first_line
 from gap_engine.core.validate import check_int, check_table_document, parse_json
 from gap_engine.data.bos import WINDOW_STARTS, window_start
-from gap_engine.model.units import block_geometries
+from gap_engine.model.units import ATTENTION_TIE_RULE, block_geometries
 from gap_engine.prune.criteria import CRITERIA
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
@@ -428,8 +428,8 @@ def table_key(lm: LoadedModel, spec: TableSpec, data_fingerprint: str) -> str:
 
     Args:
         lm: the model (its name gives the prefix; its fingerprint, whether its windows start
-            with a BOS token, and the dtype it computes in when that is not float32 enter the
-            hash: ``name.bf16-...``).
+            with a BOS token, the dtype it computes in when that is not float32 (``name.bf16-...``)
+            and, when two of its attention shapes tie in size, the rule that picks one enter the hash).
         spec: the table's settings.
         data_fingerprint: the content hash of the calibration text source.
     """
@@ -440,6 +440,9 @@ def table_key(lm: LoadedModel, spec: TableSpec, data_fingerprint: str) -> str:
         "window_start": window_start(lm.tokenizer),
         **spec.summary(),
     }
+    if any(counts.has_attention_ties() for counts in block_geometries(lm)):
+        # Cells at a tie measure the shape the rule picks; the rule changed once (it kept more KV groups).
+        content["attention_ties"] = ATTENTION_TIE_RULE
     dtype = dtype_name(placement_of(lm).dtype)
     if dtype != "float32":  # float32 keys stay what they always were
         content["dtype"] = dtype

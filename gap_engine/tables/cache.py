@@ -6,8 +6,9 @@ The folder layout is the schema::
                               meta.json      key, sha256 of table.json, format version,
                                              created, model, spec summary, build and stage
                                              seconds; written last
-                              partial.json   measured cells of a build in progress, with
-                                             their own sha256 (checked before a resume)
+                              partial.json   measured cells of a build in progress, each with a
+                                             hash of the units it removed, and their own
+                                             sha256 (checked before a resume)
     <cache root>/tables/<key>.lock           inter-process lock of that entry
 
 ``<key>`` is ``tables.table_key``: a readable prefix (model, objective, mode, estimator) and a
@@ -32,7 +33,7 @@ from gap_engine.core.cachepaths import META_FILE, PARTIAL_FILE, TABLE_FILE, entr
 from gap_engine.core.errors import CacheError, TableError, first_line
 from gap_engine.core.fsutil import atomic_write_json, atomic_write_text, lock_for, lock_path
 from gap_engine.core.limits import LIMITS
-from gap_engine.core.validate import check_cache_meta, check_int, check_keys, check_number, read_bounded, read_json_file
+from gap_engine.core.validate import check_cache_meta, check_int, check_keys, check_number, check_text, read_bounded, read_json_file
 from gap_engine.tables.artefact import TABLE_FORMAT_VERSION, LossTable
 
 log = logging.getLogger(__name__)
@@ -47,15 +48,20 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _cells_sha256(cells: list[list[float]]) -> str:
-    """Checksum of partial cells ([component, rate index, value] rows) in their JSON form."""
+def _cells_sha256(cells: list[list[Any]]) -> str:
+    """Checksum of partial cells ([component, rate index, value, units key] rows) in their JSON form."""
     return _sha256(json.dumps(cells, separators=(",", ":")).encode("utf-8"))
 
 
-def _cell_index(cell: object) -> tuple[int, int]:
-    if not isinstance(cell, list) or len(cell) != 3:
-        raise CacheError("a cell must be [component, rate index, value]")
-    return check_int(cell[0], "a cell component", CacheError, 0), check_int(cell[1], "a cell rate index", CacheError, 0)
+def _saved_cell(cell: object) -> tuple[tuple[int, int], tuple[float, str]]:
+    """((component, rate index), (value, units key)) of one saved row."""
+    if not isinstance(cell, list) or len(cell) != 4:
+        raise CacheError("a cell must be [component, rate index, value, units key]")
+    index = check_int(cell[0], "a cell component", CacheError, 0), check_int(cell[1], "a cell rate index", CacheError, 0)
+    return index, (
+        check_number(cell[2], "a cell value", CacheError),
+        str(check_text(cell[3], "a cell's units key", CacheError, max_len=64)),
+    )
 
 
 def _discard(folder: Path, reason: str) -> None:
@@ -180,8 +186,10 @@ class PartialCells:
         self.key = key
         self.path = entry_dir(key) / PARTIAL_FILE
 
-    def load(self) -> dict[tuple[int, int], float]:
-        """The saved cells, or {} (and the file removed) when absent, corrupt or changed since saved."""
+    def load(self) -> dict[tuple[int, int], tuple[float, str]]:
+        """The saved cells, cell -> (value, key of the units it removed; ``cells.Cut.units_key``),
+        or {} (and the file removed) when absent, corrupt, changed since saved or written before
+        cells carried their units."""
         if not self.path.is_file():
             return {}
         try:
@@ -192,14 +200,15 @@ class PartialCells:
             cells = data.get("cells")
             if not isinstance(cells, list) or _cells_sha256(cells) != data.get("cells_sha256"):
                 raise CacheError("its cells do not match their checksum")
-            return {_cell_index(cell): check_number(cell[2], "a cell value", CacheError) for cell in cells}
+            return dict(_saved_cell(cell) for cell in cells)
         except (CacheError, TypeError, IndexError) as exc:
             log.warning("ignoring unreadable partial cells %s (%s)", self.path, first_line(exc))
             self.path.unlink(missing_ok=True)
             return {}
 
-    def save(self, cells: dict[tuple[int, int], float]) -> None:
-        rows = [[c, r, v] for (c, r), v in sorted(cells.items())]
+    def save(self, cells: dict[tuple[int, int], tuple[float, str]]) -> None:
+        """Write cell -> (value, units key) in place of what was saved."""
+        rows = [[c, r, value, units] for (c, r), (value, units) in sorted(cells.items())]
         data = {
             "key": self.key,
             "format_version": TABLE_FORMAT_VERSION,

@@ -10,6 +10,7 @@ to the dense model (T); a leading BOS token (``data.text_start``) is never count
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,14 @@ class Cut:
     @property
     def empty(self) -> bool:
         return not self.heads and not self.channels
+
+    @property
+    def units_key(self) -> str:
+        """16 hex digits of a SHA-256 over the units the cut removes: a saved cell is reused on
+        resume only where the build now removes the same units (scores recomputed on resume can
+        rank two near-equal units the other way)."""
+        text = f"{self.layer}|{','.join(map(str, self.heads))}|{','.join(map(str, self.channels))}"
+        return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
 
 
 def unit_cuts(

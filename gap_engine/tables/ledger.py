@@ -12,7 +12,11 @@ request and measures its rounds through the same ledger.
 build already saved (``PartialStore``, i.e. ``cache.PartialCells``), and records new ones as
 they arrive in any order: saved every few cells or seconds, progress with an ETA weighted
 by what each cell costs (the blocks it runs). Every path writes the same partial file, so a
-build started one way resumes another way.
+build started one way resumes another way. A saved cell carries the key of the units it
+removed (``cells.Cut.units_key``) and is reused only where the build removes the same units
+now: the importance scores are computed again on resume, and a near-tie in their ranking
+that flips (another device, streaming, another thread count) must not seal cells cut on
+different units into one table.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ PARTIAL_SAVE_CELLS = 16
 
 Job = tuple[int, int, Cut]  # (component, rate index, cut) of one distinct cell
 Cell = tuple[int, int]  # (component, rate index)
+SavedCell = tuple[float, str]  # (objective, the units key of the cut it was measured on)
 Owner = dict[Cell, Cell | None]  # cell -> the distinct cell whose value it reads (None: removes nothing, reads dense)
 BuildStats = dict[str, Any]  # build statistics a table file keeps in its extras (a JSON object)
 
@@ -47,9 +52,19 @@ BuildStats = dict[str, Any]  # build statistics a table file keeps in its extras
 class PartialStore(Protocol):
     """Where a resumable build keeps its measured cells (see cache.PartialCells)."""
 
-    def load(self) -> dict[Cell, float]: ...
+    def load(self) -> dict[Cell, SavedCell]: ...
 
-    def save(self, cells: dict[Cell, float]) -> None: ...
+    def save(self, cells: dict[Cell, SavedCell]) -> None: ...
+
+
+def resumable(saved: dict[Cell, SavedCell], units: dict[Cell, str]) -> dict[Cell, float]:
+    """The saved cells a build can reuse: those it wants (``units``: cell -> key of the units it
+    removes now) that were measured on those same units."""
+    reused = {cell: value for cell, (value, key) in saved.items() if units.get(cell) == key}
+    changed = sum(1 for cell, (_, key) in saved.items() if cell in units and units[cell] != key)
+    if changed:
+        log.info("%d saved cells removed other units than this build does (scores ranked them anew): measured again", changed)
+    return reused
 
 
 @dataclass(frozen=True)
@@ -115,18 +130,27 @@ class CellLedger:
         hooks: told (cells measured, cells, eta) now and after every new cell.
         measured: the dict to record into, holding cells measured before (a refined table's
             earlier rounds: they count as done, and every save writes them too); None: a new
-            one holding the wanted cells that ``partial`` already has.
+            one holding the wanted cells that ``partial`` already has, measured on the same units.
+        units: cell -> units key of every cell ``measured`` may hold (saved beside its value);
+            None: those of ``jobs``.
     """
 
     def __init__(
-        self, lm: LoadedModel, jobs: list[Job], partial: PartialStore | None, hooks: Hooks, measured: dict[Cell, float] | None = None
+        self,
+        lm: LoadedModel,
+        jobs: list[Job],
+        partial: PartialStore | None,
+        hooks: Hooks,
+        measured: dict[Cell, float] | None = None,
+        units: dict[Cell, str] | None = None,
     ):
         self.jobs = jobs
         self.partial = partial
         self.hooks = hooks
+        self.units = units if units is not None else {(c, r): cut.units_key for c, r, cut in jobs}
         wanted = {(c, r) for c, r, _ in jobs}
         if measured is None:
-            stored = partial.load() if partial is not None else {}
+            stored = resumable(partial.load(), self.units) if partial is not None else {}
             measured = {cell: v for cell, v in stored.items() if cell in wanted}
             self.resumed = len(measured)
         else:
@@ -158,7 +182,7 @@ class CellLedger:
     def flush(self) -> None:
         """Save what is measured now (nothing to do without a partial store)."""
         if self.partial is not None and self.unsaved:
-            self.partial.save(self.measured)
+            self.partial.save({cell: (value, self.units[cell]) for cell, value in self.measured.items()})
         self.last_save, self.unsaved = time.perf_counter(), 0
 
     def missing(self) -> list[int]:

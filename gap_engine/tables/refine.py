@@ -43,7 +43,7 @@ from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
 from gap_engine.tables.cells import objective_positions, unit_cuts
 from gap_engine.tables.estimate import estimate_cells
 from gap_engine.tables.exact import dense_pass, distinct_cuts, measure_ledger
-from gap_engine.tables.ledger import BuildStats, Cell, CellFiller, CellLedger, CellRequest, FilledCells, Owner
+from gap_engine.tables.ledger import BuildStats, Cell, CellFiller, CellLedger, CellRequest, FilledCells, Owner, resumable
 from gap_engine.tables.streaming import group_size, measure_ledger_streamed, streamed_dense_state
 
 log = logging.getLogger(__name__)
@@ -179,6 +179,7 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
     estimate_seconds = time.perf_counter() - started
     jobs, owner = distinct_cuts(unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple))
     job_of = {(c, r): (c, r, cut) for c, r, cut in jobs}
+    units = {(c, r): cut.units_key for c, r, cut in jobs}
     removed, dense_prunable = removed_table(lm, components, spec.rate_grid, spec.channel_multiple)
     streamed = is_streamed(lm)
     state = (streamed_dense_state if streamed else dense_pass)(lm, windows, spec.windows.batch_size, (spec.objective,))
@@ -187,7 +188,7 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
     dense = state.objective_sum / positions if spec.objective == "nll" else 0.0
     # A resumed build replays the rounds: a round's cells come from ``stored`` when the
     # cancelled build had measured them, so the same choices follow as without the break.
-    stored = partial.load() if partial is not None else {}
+    stored = resumable(partial.load(), units) if partial is not None else {}
     resumed = 0
 
     def measure(todo: list[Cell], measured: dict[Cell, float]) -> None:
@@ -196,7 +197,7 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
         measured.update(reused)
         resumed += len(reused)
         jobs_left = [job_of[cell] for cell in todo if cell not in reused]
-        ledger = CellLedger(lm, jobs_left, partial, hooks, measured)
+        ledger = CellLedger(lm, jobs_left, partial, hooks, measured, units)
         if streamed:
             measure_ledger_streamed(lm, state, ledger, spec.objective, positions, per_group)
         else:

@@ -750,8 +750,8 @@ def test_partial_cells_carry_a_checksum(tmp_path, monkeypatch):
 
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     store = PartialCells("tiny-key-1")
-    store.save({(0, 1): 0.5, (1, 1): 0.25})
-    assert store.load() == {(0, 1): 0.5, (1, 1): 0.25}
+    store.save({(0, 1): (0.5, "units-a"), (1, 1): (0.25, "units-b")})
+    assert store.load() == {(0, 1): (0.5, "units-a"), (1, 1): (0.25, "units-b")}
     store.path.write_text(store.path.read_text().replace("0.5", "0.75"))
     assert store.load() == {} and not store.path.exists()
 

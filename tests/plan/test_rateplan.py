@@ -47,6 +47,9 @@ def test_uniform_plan_removes_about_its_rate(smol):
         ({"criterion": "psychic"}, "criterion 'psychic' is unknown"),
         ({"format_version": 99}, "format version 99"),
         ({"surprise": 1}, "unknown field"),
+        ({"attention_shapes": [[2, 2]]}, "must list 2"),
+        ({"attention_shapes": [[2, 2], [2]]}, r"attention_shapes\[1\] must be"),
+        ({"attention_shapes": [[2, 2], [0, 1]]}, r"attention_shapes\[1\] must be between 1"),
     ],
 )
 def test_malformed_plans_are_rejected(make_tiny, change, message):
@@ -104,3 +107,14 @@ def test_a_plan_has_one_identity_that_survives_files_and_the_store(make_tiny, tm
         planstore.get_plan(digest)
     with pytest.raises(CacheError, match="not a plan hash"):
         planstore.get_plan("../../etc/passwd")
+
+
+def test_recorded_attention_shapes_join_the_plans_identity_only_where_recorded(make_tiny):
+    lm = make_tiny("llama")
+    plan = make_plan(lm, [0.25, 0.0], [0.5, 0.125], "wanda")
+    assert "attention_shapes" not in plan.to_dict()  # a plan without them reads and hashes as it did
+    digest = plan.content_hash()
+    shaped = make_plan(lm, [0.25, 0.0], [0.5, 0.125], "wanda", attention_shapes=[[2, 1], [2, 2]])
+    assert shaped.content_hash() != digest
+    again = RatePlan.from_text(shaped.to_json(), "plan.json")
+    assert again.attention_shapes == [[2, 1], [2, 2]] and again.content_hash() == shaped.content_hash()

@@ -115,7 +115,7 @@ def test_a_corrupt_entry_is_detected_removed_and_rebuilt(tmp_cache, tiny, damage
 
 def test_an_unfinished_entry_is_not_a_table(tmp_cache, tiny):
     key = key_of(tiny, SPEC)
-    cache.PartialCells(key).save({(0, 1): 1.0})
+    cache.PartialCells(key).save({(0, 1): (1.0, "units")})
     assert cache.get_table(key) is None
     assert cache.list_tables() == []
 
@@ -138,6 +138,41 @@ def test_cancel_then_resume_gives_the_uninterrupted_table(tmp_cache, tiny):
     assert resumed.extras == {"cells_measured": total - 3, "cells_resumed": 3, "distinct_cells": total}
     assert_same_table(reference, resumed)
     assert not cache.PartialCells(reference.key).path.exists()
+
+
+@pytest.mark.parametrize("estimator", ["exact", "refine"])
+def test_a_resume_whose_scores_rank_units_anew_measures_those_cells_again(tmp_cache, tiny, monkeypatch, estimator):
+    from dataclasses import replace
+
+    from gap_engine.tables import build
+
+    spec = replace(SPEC, estimator=estimator)
+    event = threading.Event()
+
+    def progress(done, total, eta):
+        if total > 1 and done >= 5:  # refine's estimate is one batch here: past it, cells are counted
+            event.set()
+
+    with pytest.raises(CancelledError):
+        build_table(tiny, spec, hooks=Hooks(progress=progress, cancel=event))
+    saved = cache.PartialCells(key_of(tiny, spec)).load()
+    kept = [cell for cell in saved if cell[0] != 1]  # cells of every component but layer 0's MLP (component 1)
+    assert 0 < len(kept) < len(saved)  # some of layer 0's MLP cells were measured before the cancel
+    # The resume scores layer 0's MLP channels in the reverse order, as a near-tie can flip on
+    # another device: its MLP cells now remove other channels; every other cell, the same units.
+    score = build.compute_importance
+
+    def channels_reversed(*args, **kwargs):
+        scores = score(*args, **kwargs)
+        scores.layers[0].channel = scores.layers[0].channel.flip(0)
+        return scores
+
+    monkeypatch.setattr(build, "compute_importance", channels_reversed)
+    resumed = build_table(tiny, spec)
+    assert_same_table(build_table(tiny, spec, use_cache=False), resumed)  # as if nothing had been saved
+    assert resumed.extras["cells_resumed"] <= len(kept)  # never a cell cut on other channels
+    if estimator == "exact":  # (refine's rounds may not ask for every saved cell again)
+        assert resumed.extras["cells_resumed"] == len(kept)
 
 
 def test_unreadable_partial_cells_are_ignored(tmp_cache, tiny, caplog):

@@ -325,6 +325,20 @@ def test_table_key_depends_on_what_changes_the_numbers(tiny_table):
         assert table_key(lm, changed, "data-a") != key
 
 
+def test_table_key_names_the_attention_tie_rule_only_where_shapes_tie(make_tiny, monkeypatch):
+    from gap_engine.tables import artefact
+
+    untied = make_tiny("llama")  # 2 KV groups of 2: no two shapes of one size
+    tied = make_tiny("llama", hidden_size=72, num_attention_heads=9, num_key_value_heads=3, head_dim=8)  # SmolLM2's 3 of 3
+    assert [c.has_attention_ties() for c in block_geometries(untied)] == [False, False]
+    assert [c.has_attention_ties() for c in block_geometries(tied)] == [True, True]
+    spec = spec_of(n_samples=2, seq_len=16)
+    keys = {lm.name + str(i): table_key(lm, spec, "data-a") for i, lm in enumerate((untied, tied))}
+    monkeypatch.setattr(artefact, "ATTENTION_TIE_RULE", "another-rule")
+    assert table_key(untied, spec, "data-a") == keys[untied.name + "0"]  # its keys stay what they were
+    assert table_key(tied, spec, "data-a") != keys[tied.name + "1"]  # a table measured under another rule is not reused
+
+
 # ---- the real model -------------------------------------------------------------------------------
 REAL = dict(n_samples=2, seq_len=32, rate_grid=(0.0, 0.25, 0.5), batch_size=2, mode="block")
 
