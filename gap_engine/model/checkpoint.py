@@ -41,6 +41,7 @@ from torch import nn
 from gap_engine.core.config import DEFAULT_SAVE_DTYPE
 from gap_engine.core.errors import ModelLoadError, first_line
 from gap_engine.core.fsutil import atomic_directory, refuse_special_files
+from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, parse_json, read_json_file
 from gap_engine.model.adapters import adapter_for
@@ -111,10 +112,10 @@ def save_pruned(
         # its width checks read the global head counts; this lets them read the dense values
         # (the remote code narrows the blocks, and turns the strict reads back on once built).
         config[GLOBAL_WIDTH_READS] = True
-        config_path.write_text(json.dumps(config, indent=2) + "\n")
+        config_path.write_text(json_text(config, "config.json", indent=2) + "\n")
         (tmp / "plan.json").write_text(plan.to_json())
         (tmp / "plan.yaml").write_text(plan.to_yaml())
-        (tmp / "kept_indices.json").write_text(json.dumps(kept_indices) + "\n")
+        (tmp / "kept_indices.json").write_text(json_text(kept_indices, "kept_indices.json") + "\n")
         marker = {
             "format_version": CHECKPOINT_FORMAT_VERSION,
             "base_model": plan.model,
@@ -127,9 +128,9 @@ def save_pruned(
         }
         add_remote_code(tmp)
         if eval_report is not None:
-            (tmp / EVAL_REPORT_FILE).write_text(json.dumps(eval_report, indent=2, default=str) + "\n")
+            (tmp / EVAL_REPORT_FILE).write_text(json_text(eval_report, EVAL_REPORT_FILE, indent=2, default=str) + "\n")
         write_model_card(tmp, plan, marker, eval_report, out_dir.name, recovery)
-        (tmp / PRUNED_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        (tmp / PRUNED_MARKER).write_text(json_text(marker, PRUNED_MARKER, indent=2) + "\n")
     log.info("saved pruned checkpoint to %s (%s)", out_dir, marker["dtype"])
     return out_dir
 
