@@ -182,10 +182,11 @@ def check_model_name(name: str | None, flag: str = "--model") -> None:
 
 
 def check_models(args: argparse.Namespace) -> None:
-    """check_model_name for --model (and the checkpoint of ``gap export``)."""
+    """check_model_name for --model and --teacher (and the checkpoint of ``gap export``)."""
     if args.command == "table" and getattr(args, "model", None) in PLANNING_SHAPES:
         return  # priced by --dry-run from its shape; any other use fails in the handler
     check_model_name(getattr(args, "model", None))
+    check_model_name(getattr(args, "teacher", None), "--teacher")  # a named teacher that cannot load is refused, not dropped
     if args.command == "export":
         check_model_name(getattr(args, "checkpoint", None), "the checkpoint")
 
