@@ -164,3 +164,29 @@ def check_plan_params(params: Mapping[str, Any], error: type[GapError]) -> None:
             raise error(f"plan params {name} = {fraction:g} is outside [0, 1)")
         if "removed" in counts and counts.get(whole) and not _close(fraction, counts["removed"] / counts[whole]):
             raise error(f"plan params {name} {fraction:g} is not removed / {whole} = {counts['removed'] / counts[whole]:g}")
+
+
+# kept_indices.json key -> (the per-block width it must list, the dense config field its indices lie below)
+KEPT_WIDTHS = {
+    "kept_heads": ("num_attention_heads", "num_attention_heads"),
+    "kept_kv_heads": ("num_key_value_heads", "num_key_value_heads"),
+    "kept_channels": ("intermediate_size", "intermediate_size"),
+}
+
+
+def check_kept_fits(kept: Mapping[str, Any], widths: Sequence[Mapping[str, Any]], dense: Mapping[str, Any], where: str,
+                    error: type[GapError]) -> None:  # fmt: skip
+    """``error`` unless a checkpoint's kept indices (type-checked by ``validate.check_kept_indices``)
+    describe its blocks: one list per block of config.json, each as long as the block's recorded
+    width, every index below the dense model's count (``dense``: config.json's top-level fields)."""
+    what = f"{where}/kept_indices.json"
+    for key, (width, whole) in KEPT_WIDTHS.items():
+        rows = kept[key]
+        if len(rows) != len(widths):
+            raise error(f"{what} {key} lists {len(rows)} blocks, but config.json has {len(widths)} layers")
+        limit = dense.get(whole)
+        for i, row in enumerate(rows):
+            if len(row) != widths[i][width]:
+                raise error(f"{what} {key}[{i}] lists {len(row)} units, but config.json keeps {widths[i][width]} in that block")
+            if isinstance(limit, int) and row and max(row) >= limit:
+                raise error(f"{what} {key}[{i}] names unit {max(row)}, but the dense model has {limit} ({whole})")

@@ -39,11 +39,12 @@ import torch
 from torch import nn
 
 from gap_engine.core.config import DEFAULT_SAVE_DTYPE
-from gap_engine.core.errors import ModelLoadError, first_line
+from gap_engine.core.errors import ModelLoadError, PlanError, first_line
 from gap_engine.core.fsutil import atomic_directory, refuse_special_files
 from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS
-from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, parse_json, read_json_file
+from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, parse_json, read_json_file, read_kept_indices
+from gap_engine.core.validate_meaning import check_kept_fits
 from gap_engine.model.adapters import adapter_for
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.model_card import write_model_card
@@ -297,7 +298,8 @@ def inspect_pruned(folder: str | Path) -> CheckpointFiles:
     """Check everything a checkpoint folder holds except the tensors' values, reading no tensor.
 
     The marker, config.json (built on the meta device and narrowed, so an edited config fails
-    here), every weights file's header, the tokenizer and plan.json. Commands call this before
+    here), every weights file's header, the tokenizer, plan.json (its layer count that of
+    config.json) and kept_indices.json (`validate_meaning.check_kept_fits`). Commands call this before
     they read any text, so a damaged checkpoint is one line and no work.
 
     Raises:
@@ -317,6 +319,11 @@ def inspect_pruned(folder: str | Path) -> CheckpointFiles:
     except Exception as exc:  # tokenizers raise many kinds on a damaged tokenizer.json
         raise ModelLoadError(f"{folder}: the tokenizer files cannot be read: {type(exc).__name__}: {first_line(exc)}") from None
     plan = RatePlan.load(folder / "plan.json") if (folder / "plan.json").is_file() else None
+    if plan is not None and plan.num_layers != len(widths):
+        raise PlanError(f"{folder}/plan.json is for {plan.num_layers} layers, but config.json has {len(widths)}")
+    if (folder / "kept_indices.json").exists():  # copied into every re-saved and recovered checkpoint
+        dense = {name: getattr(config, name, None) for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size")}
+        check_kept_fits(read_kept_indices(folder, ModelLoadError), widths, dense, str(folder), ModelLoadError)
     return CheckpointFiles(marker=marker, config=config, widths=widths, tokenizer=tokenizer, plan=plan)
 
 
