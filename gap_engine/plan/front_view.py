@@ -189,11 +189,13 @@ def plan_figures(table: LossTable, plan: RatePlan) -> dict[str, Any]:
     count and prediction are used only when they lie within those bounds.
 
     Returns:
-        {"removed", "budget" (removed over the table's prunable parameters), "predicted_loss"
-        (None when the plan records none and it cannot be summed from the cells)}.
+        {"removed" (None: off the grid and recorded nowhere), "removed_range" (the fewest and
+        most parameters the rates can remove), "budget" (removed, else the range's middle, over
+        the table's prunable parameters), "predicted_loss" (None when the plan records none
+        and it cannot be summed from the cells)}.
     Raises:
         PlanError: a recorded count or prediction outside what the plan's rates allow in this
-            table, or an off-grid plan that records no count.
+            table, or counts for another model.
     """
     grid = np.asarray(table.rate_grid, dtype=np.float64)
     low = high = 0
@@ -223,12 +225,7 @@ def plan_figures(table: LossTable, plan: RatePlan) -> dict[str, Any]:
         raise PlanError(
             f"the plan counts {int(plan.params['dense_prunable']):,} prunable parameters, the loss table {table.dense_prunable:,}"
         )
-    if not exact and recorded is None:
-        raise PlanError(
-            f"the plan's rates lie between the loss table's grid rates and it records no parameter count: it removes "
-            f"{low:,} to {high:,}; make it with `gap plan` or `gap prune`, which count it"
-        )
-    removed = low if exact else int(recorded)
+    removed = low if exact else None if recorded is None else int(recorded)
     predicted = plan.predicted_loss
     if predicted is not None:
         slack = TOLERANCE * max(1.0, abs(predicted))
@@ -241,4 +238,5 @@ def plan_figures(table: LossTable, plan: RatePlan) -> dict[str, Any]:
             )
     elif exact:
         predicted = losses["smoothed"][0]
-    return {"removed": removed, "budget": removed / table.dense_prunable, "predicted_loss": predicted}
+    shown = removed if removed is not None else (low + high) / 2
+    return {"removed": removed, "removed_range": (low, high), "budget": shown / table.dense_prunable, "predicted_loss": predicted}

@@ -118,10 +118,13 @@ def _plan_row(table, plan: RatePlan) -> dict:
         figures_ = plan_figures(table, plan)
     except PlanError as exc:
         raise ReportError(str(exc)) from None
+    known = figures_["removed"] is not None  # off the grid with no count of its own: only its range is known
     return {
         "budget": figures_["budget"],
-        "removed": figures_["removed"],
-        "predicted_loss": figures_["predicted_loss"],
+        "removed": figures_["removed"] if known else int(sum(figures_["removed_range"]) // 2),
+        "removed_range": None if known else figures_["removed_range"],
+        "predicted_loss": figures_["predicted_loss"] if known else None,  # no point drawn where the count is unknown
+        "claimed_loss": figures_["predicted_loss"],
         "attention_rates": list(plan.attention_rates),
         "mlp_rates": list(plan.mlp_rates),
         "label": "GAP DP" if plan.allocator == "dp" else f"{plan.allocator} plan",
@@ -279,15 +282,19 @@ def _cards_html(table, row: dict, dense_total: int | None, evaluation: dict | No
     """The headline numbers of the report, as cards."""
     name = figures.OBJECTIVE_NAME.get(table.spec.objective, table.spec.objective)
     removed = int(row["removed"])
+    span = row.get("removed_range")  # a plan between the grid rates with no count of its own
+    prunable = table.dense_prunable
     cards = [
         ("model", html.escape(table.model)),
-        ("budget (of prunable)", f"{row['budget']:.2%}"),
-        ("parameters removed", f"{removed:,}"),
-        (f"predicted {name} increase", _num(row.get("predicted_loss"), "{:+.4f}")),
+        ("budget (of prunable)", f"{span[0] / prunable:.2%} to {span[1] / prunable:.2%}" if span else f"{row['budget']:.2%}"),
+        ("parameters removed", f"{span[0]:,} to {span[1]:,}" if span else f"{removed:,}"),
+        (f"predicted {name} increase", _num(row.get("claimed_loss", row.get("predicted_loss")), "{:+.4f}")),
     ]
     if dense_total:
         cards.insert(1, ("dense parameters", f"{dense_total:,}"))
-        cards.append(("parameters left", f"{dense_total - removed:,}"))
+        cards.append(
+            ("parameters left", f"{dense_total - span[1]:,} to {dense_total - span[0]:,}" if span else f"{dense_total - removed:,}")
+        )
     if evaluation:
         first = next(iter(evaluation["perplexity"]), None)
         if first is not None:
@@ -341,7 +348,9 @@ def build_report(
     if plan is not None:
         check_plan(table, plan)
         row = _plan_row(table, plan)
-        what = f"{plan.allocator} plan {plan.content_hash()} (removes {row['budget']:.2%} of prunable parameters)"
+        span = row["removed_range"]
+        share = f"{span[0] / table.dense_prunable:.2%} to {span[1] / table.dense_prunable:.2%}" if span else f"{row['budget']:.2%}"
+        what = f"{plan.allocator} plan {plan.content_hash()} (removes {share} of prunable parameters)"
         dense_total = dense_total or plan.params.get("dense_total")
         locked = None
     else:

@@ -158,7 +158,6 @@ def test_a_reported_plan_is_counted_from_the_table_cells():
     [
         ({"params": {"removed": 0}, "budget": 0.01}, "says it removes 0 parameters, but its rates remove 30,720"),
         ({"predicted_loss": -5.0}, "predicts a loss increase of -5"),
-        ({"attention_rates": [0.3, 0.3]}, "records no parameter count"),
         ({"attention_rates": [0.3, 0.3], "params": {"removed": 50_000}}, "remove 18,432 to 30,720"),
         ({"params": {"removed": 30_720, "dense_prunable": 99_999}}, "counts 99,999 prunable"),
     ],
@@ -173,6 +172,8 @@ def test_an_off_grid_plans_recorded_count_is_shown_when_the_cells_allow_it():
     table = LossTable.from_json(json.dumps(table_dict()))
     figures = plan_figures(table, plan(attention_rates=[0.3, 0.3], params={"removed": 24_000}, predicted_loss=1.0))
     assert figures["removed"] == 24_000 and figures["predicted_loss"] == 1.0
+    unknown = plan_figures(table, plan(attention_rates=[0.3, 0.3]))  # no count of its own: only the range is known
+    assert unknown["removed"] is None and unknown["removed_range"] == (18_432, 30_720) and unknown["predicted_loss"] is None
 
 
 # ---- checkpoints -----------------------------------------------------------------------------------
