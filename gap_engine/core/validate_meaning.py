@@ -33,6 +33,12 @@ PLAN_COUNTS = ("dense_total", "dense_prunable", "pruned_prunable", "pruned_total
 PLAN_FRACTIONS = {"removed_fraction_of_prunable": "dense_prunable", "removed_fraction_of_total": "dense_total"}
 
 
+def _first(mask: np.ndarray) -> tuple[int, int]:
+    """(row, column) of the first True cell of a (C, R) mask."""
+    row, column = np.argwhere(mask)[0]
+    return int(row), int(column)
+
+
 def _close(a: float, b: float, scale: float = 1.0) -> bool:
     return abs(a - b) <= REL_TOL * max(scale, abs(a), abs(b), 1.0)
 
@@ -68,19 +74,20 @@ def check_table_cells(
     what = "loss table"
     if not 0.0 <= dense_objective <= MAX_OBJECTIVE:
         raise error(f"{what} dense_objective {dense_objective:g} is not a loss (NLL and KL lie in [0, {MAX_OBJECTIVE:g}])")
-    zero = np.flatnonzero(np.asarray(rate_grid) == 0.0)
-    for r in zero:
-        bad = np.flatnonzero(removed[:, r] != 0)
+    for dense_column in (int(i) for i in np.flatnonzero(np.asarray(rate_grid) == 0.0)):
+        bad = np.flatnonzero(removed[:, dense_column] != 0)
         if bad.size:
-            c = int(bad[0])
-            raise error(f"{what} {rows[c]} removes {int(removed[c, r]):,} parameters at rate 0; a rate of 0 removes nothing")
-        bad = np.flatnonzero((delta[:, r] != 0.0) | (cell_objective[:, r] != dense_objective))
+            row = int(bad[0])
+            raise error(f"{what} {rows[row]} removes {int(removed[row, dense_column]):,} parameters at rate 0; a rate of 0 removes nothing")
+        bad = np.flatnonzero((delta[:, dense_column] != 0.0) | (cell_objective[:, dense_column] != dense_objective))
         if bad.size:
-            c = int(bad[0])
-            raise error(f"{what} {rows[c]} changes the loss at rate 0 (delta {delta[c, r]:g}); a rate of 0 is the dense model")
+            row = int(bad[0])
+            raise error(
+                f"{what} {rows[row]} changes the loss at rate 0 (delta {delta[row, dense_column]:g}); a rate of 0 is the dense model"
+            )
     steps = np.diff(removed, axis=1)
     if np.any(steps < 0):
-        c, r = (int(i) for i in np.argwhere(steps < 0)[0])
+        c, r = _first(steps < 0)
         raise error(
             f"{what} {rows[c]} removes {int(removed[c, r + 1]):,} parameters at rate {rate_grid[r + 1]:g}, fewer than "
             f"{int(removed[c, r]):,} at rate {rate_grid[r]:g}; a higher rate never removes less"
@@ -93,28 +100,28 @@ def check_table_cells(
         )
     for name, values in (("delta", delta), ("cell_objective", cell_objective)):
         if np.any(np.abs(values) > MAX_OBJECTIVE):
-            c, r = (int(i) for i in np.argwhere(np.abs(values) > MAX_OBJECTIVE)[0])
+            c, r = _first(np.abs(values) > MAX_OBJECTIVE)
             raise error(
                 f"{what} {name} of {rows[c]} at rate {rate_grid[r]:g} is {values[c, r]:g}: no loss is that far past {MAX_OBJECTIVE:g}"
             )
     recomputed = cell_objective - dense_objective
     off = np.abs(delta - recomputed) > REL_TOL * np.maximum(1.0, np.abs(cell_objective))
     if np.any(off):
-        c, r = (int(i) for i in np.argwhere(off)[0])
+        c, r = _first(off)
         raise error(
             f"{what} delta of {rows[c]} at rate {rate_grid[r]:g} is {delta[c, r]:g}, but its cell objective "
             f"{cell_objective[c, r]:g} minus the dense {dense_objective:g} is {recomputed[c, r]:g}"
         )
     negative = np.asarray(measured, dtype=bool) & (cell_objective < -REL_TOL * max(1.0, dense_objective))
     if np.any(negative):
-        c, r = (int(i) for i in np.argwhere(negative)[0])
+        c, r = _first(negative)
         raise error(
             f"{what} {rows[c]} at rate {rate_grid[r]:g} holds a measured loss of {cell_objective[c, r]:g}; NLL and KL are never negative"
         )
     if smoothed is not None and expected_smoothed is not None:
         off = np.abs(smoothed - expected_smoothed) > REL_TOL * np.maximum(1.0, np.abs(expected_smoothed))
         if np.any(off):
-            c, r = (int(i) for i in np.argwhere(off)[0])
+            c, r = _first(off)
             raise error(
                 f"{what} smoothed value of {rows[c]} at rate {rate_grid[r]:g} is {smoothed[c, r]:g}, but smoothing its "
                 f"delta row gives {expected_smoothed[c, r]:g}"
@@ -130,7 +137,7 @@ def check_removed_matches(removed: np.ndarray, expected: np.ndarray, dense_pruna
         )
     off = removed != expected
     if np.any(off):
-        c, r = (int(i) for i in np.argwhere(off)[0])
+        c, r = _first(off)
         raise error(
             f"loss table {rows[c]} removes {int(removed[c, r]):,} parameters at rate {rate_grid[r]:g}, but in {model} "
             f"that rate removes {int(expected[c, r]):,}: it is another model's table"
