@@ -43,6 +43,23 @@ def _close(a: float, b: float, scale: float = 1.0) -> bool:
     return abs(a - b) <= REL_TOL * max(scale, abs(a), abs(b), 1.0)
 
 
+def _check_rate_zero(rate_grid: np.ndarray, removed: np.ndarray, delta: np.ndarray, cell_objective: np.ndarray,
+                     dense_objective: float, rows: Sequence[str], error: type[GapError]) -> None:  # fmt: skip
+    """``error`` unless the rate-0 column is the dense model: nothing removed, no change of the loss."""
+    what = "loss table"
+    for dense_column in (int(i) for i in np.flatnonzero(np.asarray(rate_grid) == 0.0)):
+        bad = np.flatnonzero(removed[:, dense_column] != 0)
+        if bad.size:
+            row = int(bad[0])
+            raise error(f"{what} {rows[row]} removes {int(removed[row, dense_column]):,} parameters at rate 0; a rate of 0 removes nothing")
+        bad = np.flatnonzero((delta[:, dense_column] != 0.0) | (cell_objective[:, dense_column] != dense_objective))
+        if bad.size:
+            row = int(bad[0])
+            raise error(
+                f"{what} {rows[row]} changes the loss at rate 0 (delta {delta[row, dense_column]:g}); a rate of 0 is the dense model"
+            )
+
+
 def check_table_cells(
     *,
     rate_grid: np.ndarray,
@@ -74,17 +91,7 @@ def check_table_cells(
     what = "loss table"
     if not 0.0 <= dense_objective <= MAX_OBJECTIVE:
         raise error(f"{what} dense_objective {dense_objective:g} is not a loss (NLL and KL lie in [0, {MAX_OBJECTIVE:g}])")
-    for dense_column in (int(i) for i in np.flatnonzero(np.asarray(rate_grid) == 0.0)):
-        bad = np.flatnonzero(removed[:, dense_column] != 0)
-        if bad.size:
-            row = int(bad[0])
-            raise error(f"{what} {rows[row]} removes {int(removed[row, dense_column]):,} parameters at rate 0; a rate of 0 removes nothing")
-        bad = np.flatnonzero((delta[:, dense_column] != 0.0) | (cell_objective[:, dense_column] != dense_objective))
-        if bad.size:
-            row = int(bad[0])
-            raise error(
-                f"{what} {rows[row]} changes the loss at rate 0 (delta {delta[row, dense_column]:g}); a rate of 0 is the dense model"
-            )
+    _check_rate_zero(rate_grid, removed, delta, cell_objective, dense_objective, rows, error)
     steps = np.diff(removed, axis=1)
     if np.any(steps < 0):
         c, r = _first(steps < 0)
