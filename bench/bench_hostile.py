@@ -1070,7 +1070,7 @@ RESUME = [
     "--data", "news-sample", "--seq-len", "16", "--batch-size", "1", "--pool-windows", "2", "--no-eval-before",
     "--no-dense", "--no-history", "--eval-samples", "1", "--eval-seq-len", "16", "--generations", "0",
 ]  # fmt: skip
-TABLE34 = ["table", "--estimator", "fisher", "--samples", "2", "--seq-len", "16", "--rates", "0,0.5"]
+TABLE34 = ["table", "--estimator", "fisher", "--data", "news-sample", "--samples", "2", "--seq-len", "16", "--rates", "0,0.5"]
 
 
 def build_issue34_fixtures(base: Path) -> None:
