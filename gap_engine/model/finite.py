@@ -40,13 +40,15 @@ def config_problem(config: Any) -> str | None:
 def weights_problem(model: nn.Module) -> str | None:
     """Where a model's weights hold non-finite values ("3 non-finite values, first in NAME"), or None.
 
-    One pass over every materialised parameter (meta tensors, not loaded yet, are skipped):
-    about a tenth of a second for a 135M-parameter model on a CPU.
+    One float32 sum per materialised parameter (meta tensors, not loaded yet, are skipped): a NaN
+    or infinity anywhere makes the sum non-finite, and only then are the values counted.
     """
     first, count = None, 0
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.device.type == "meta" or not param.is_floating_point():
+                continue
+            if bool(torch.isfinite(param.sum(dtype=torch.float32))):
                 continue
             bad = int((~torch.isfinite(param)).sum())
             if bad:
