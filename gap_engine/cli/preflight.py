@@ -177,7 +177,8 @@ def check_model_name(name: str | None, flag: str = "--model") -> None:
             raise ModelLoadError(f"{flag} {text}: the Hugging Face hub is not reachable (offline) and this model is not in its local cache")
         return
     raise ModelLoadError(
-        f"unknown model '{text}': not a built-in ({', '.join(BUILTIN_NAMES)}), a local model folder, a .gguf file, or a hub id 'org/name'"
+        ("" if flag == "--model" else f"{flag}: ")
+        + f"unknown model '{text}': not a built-in ({', '.join(BUILTIN_NAMES)}), a local model folder, a .gguf file, or a hub id 'org/name'"
     )
 
 
