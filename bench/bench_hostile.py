@@ -19,7 +19,7 @@ and a time limit. Each is classified:
 - **input destroyed**: any input file of the case changed or vanished;
 - **unclean**: anything else (more than one line, another status, a traceback).
 
-    python bench/bench_hostile.py [--out bench/results/hostile.md] [--timeout 60] [--only SUBSTRING] [--family SUBSTRING]
+    python bench/bench_hostile.py [--out bench/results/hostile.md] [--timeout 60] [--only SUBSTRING] [--family PREFIX]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import hostile_issue34_meaning  # beside this file: issue 34's saved files, numbers, inputs and links
 
 DEEP = 200_000
 # "gap: error: ..." or argparse's "gap prune: error: ..." (OneLineParser: one line too).
@@ -60,10 +61,10 @@ class Case:
     argv: list  # gap arguments; "{d}" in an item is replaced by the case's folder
     prepare: Callable[[Path], None] | None = None  # writes the case's inputs into its folder
     expect: str = "refuse"  # "refuse" (exit 2, one line) or "ok" (a valid control)
+    verify: Callable[[Path], str | None] | None = None  # after exit 0 of an "ok" case: why its output is wrong, or None
     env: dict = field(default_factory=dict)
     cwd: str | None = None  # relative to the case folder
     file_limit: int | None = None  # RLIMIT_FSIZE bytes in the child: a full disk
-    verify: Callable[[Path], str | None] | None = None  # after exit 0: why the output is wrong, or None
 
 
 # ---- the valid artefacts every variant starts from -----------------------------------------------
@@ -1043,6 +1044,11 @@ def recover_state_cases() -> list[Case]:
     return cases
 
 
+def issue34_meaning_cases() -> list[Case]:
+    """Issue 34 items 3 (saved files), 4, 5 and 8: bench/hostile_issue34_meaning.py, given this module."""
+    return hostile_issue34_meaning.cases(sys.modules[__name__])
+
+
 def all_cases() -> list[Case]:
     return (
         table_cases()
@@ -1055,237 +1061,8 @@ def all_cases() -> list[Case]:
         + disk_cases()
         + history_cases()
         + recover_state_cases()
-        + issue34_cases()
+        + issue34_meaning_cases()
     )
-
-
-# ==== issue 34: items 3 (saved files), 4, 5 and 8 ====================================================
-# Files read for meaning (a cache entry's spec, a resume state, a model with a NaN weight), numbers that
-# lie (tables no build makes, plans whose numbers contradict their rates, kept indices that disagree with
-# the config, a NaN perplexity), inputs silently dropped or misread (a teacher that cannot load, a
-# device named twice, a forged cache entry) and crafted explorer links (opened with AppTest).
-LINK = "__link__"  # argv[0] of a case that opens the explorer at a query string instead of running gap
-RESUME = [
-    "recover", "--model", "{fx}/ck", "--method", "mezo", "--steps", "4", "--lr", "0.001", "--save-every", "2",
-    "--data", "news-sample", "--seq-len", "16", "--batch-size", "1", "--pool-windows", "2", "--no-eval-before",
-    "--no-dense", "--no-history", "--eval-samples", "1", "--eval-seq-len", "16", "--generations", "0",
-]  # fmt: skip
-TABLE34 = ["table", "--estimator", "fisher", "--data", "news-sample", "--samples", "2", "--seq-len", "16", "--rates", "0,0.5"]
-
-
-def build_issue34_fixtures(base: Path) -> None:
-    """Resume states saved by real runs (MeZO on ck and on dp, stopped after step 2), a cache holding
-    the tables of tiny-llama and ck, a model with one NaN weight and one whose norm epsilon is -1.0."""
-    import math
-
-    from safetensors.torch import load_file, save_file
-
-    from gap_engine.cli import main
-    from gap_engine.core.progress import Hooks
-    from gap_engine.model.loading import load_model
-    from gap_engine.pipeline.recovery import RecoverySettings, recover
-
-    def stop_after_2(done, total, eta):
-        if eta is not None and done == 3:
-            raise RuntimeError("stopped for the fixture")
-
-    settings = RecoverySettings(
-        method="mezo", tasks=("news-sample",), steps=4, lr=1e-3, save_every=2, seq_len=16, batch_size=1, pool_windows=2,
-        evaluate_before=False, compare_dense=False, record_history=False, eval_samples=1, eval_seq_len=16, eval_generations=0,
-    ).validate()  # fmt: skip
-    for name in ("ck", "dp"):
-        try:
-            recover(load_model(str(base / name)), settings, Hooks(progress=stop_after_2), out_dir=base / f"resume-{name}")
-        except RuntimeError:
-            pass
-    os.environ["GAP_CACHE_DIR"] = str(base / "cache34")
-    for name in ("tiny-llama", "ck"):
-        main([*TABLE34, "--model", str(base / name), "--out", str(base / f"table34-{name}.json")])
-    for name, change in (("nan-llama", "weight"), ("eps-llama", "config")):
-        shutil.copytree(base / "tiny-llama", base / name)
-        if change == "weight":
-            tensors = load_file(str(base / name / "model.safetensors"))
-            tensors["model.layers.0.mlp.down_proj.weight"][0, 0] = math.nan
-            save_file(tensors, str(base / name / "model.safetensors"), metadata={"format": "pt"})
-        else:
-            config = json.loads((base / name / "config.json").read_text())
-            (base / name / "config.json").write_text(json.dumps(config | {"rms_norm_eps": -1.0}))
-
-
-def open_link(args: list[str]) -> int:
-    """Open the explorer at ``k=v`` query items (after an optional page): 0 when it opens with no
-    exception, every task picker the link names complete and at most a one-line message about the
-    link; 70 (an internal error) when the page raised."""
-    from streamlit.testing.v1 import AppTest
-
-    page = args[0] if args and args[0].endswith(".py") else None
-    query = dict(item.split("=", 1) for item in args[1 if page else 0 :])
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
-    at.query_params.update(query)
-    at.run()
-    if page and not at.exception:
-        at.switch_page(page).run()
-    if at.exception:
-        print(f"gap: internal error: the page raised {str(at.exception[0].value)[:200]}", file=sys.stderr)
-        return 70
-    for prefix in {name.split("_")[0] + "_" for name in query if "task" in name}:
-        missing = [
-            f"{prefix}{key}" for key in ("tasks_on", "tasks", "task_limit", "task_folder") if f"{prefix}{key}" not in at.session_state
-        ]
-        if missing:
-            print(f"gap: internal error: the link left the task picker without {missing[0]}", file=sys.stderr)
-            return 70
-    message = at.session_state["app_messages"].get("link")
-    print(f"opened; {message[1] if message else 'no message about the link'}", file=sys.stderr)  # the report's last line
-    return 1 if message is not None and len(str(message[1]).splitlines()) > 1 else 0
-
-
-def _tampered_table(change: Callable[[dict], None]) -> Callable[[Path], None]:
-    def prepare(d: Path) -> None:
-        data = json.loads(_table_text("extras", {}))
-        change(data)
-        (d / "t.json").write_text(json.dumps(data))
-
-    return prepare
-
-
-def _three_rates(d: dict) -> None:
-    d["rate_grid"] = d["spec"]["rate_grid"] = [0.0, 0.25, 0.5]
-    d.update(removed=[[0, 4_000, 2_000]] * 4, delta=[[0.0, 0.1, 0.2]] * 4, smoothed=[[0.0, 0.1, 0.2]] * 4)
-    d.update(cell_objective=[[3.5, 3.6, 3.7]] * 4, measured=[[True, False, False]] * 4)
-
-
-def _plan34(**changes) -> Callable[[Path], None]:
-    """A plan for the tiny model (rates 0.5, on the table's grid) with ``changes``, beside the valid table."""
-
-    def prepare(d: Path) -> None:
-        (d / "t.json").write_text(_table_text("extras", {}))
-        plan = plan_dict() | {"model": str(FIXTURES / "tiny-llama"), "attention_rates": [0.5, 0.5], "mlp_rates": [0.5, 0.5]}
-        (d / "p.json").write_text(json.dumps(plan | changes))
-
-    return prepare
-
-
-def _outside(d: Path, suffix: str) -> Path:
-    """A sibling of the case folder: what a case legitimately changes (a cache entry it rebuilds, a
-    resume state it consumes) lives there, so the input snapshot of the case folder stays exact."""
-    return d.with_name(d.name + suffix)
-
-
-def _cache_entry(spec_change: dict) -> Callable[[Path], None]:
-    def prepare(d: Path) -> None:
-        shutil.copytree(FIXTURES / "cache34", d / "cache", ignore=shutil.ignore_patterns("models"))
-        for meta in (d / "cache" / "tables").glob("*/meta.json"):
-            data = json.loads(meta.read_text())
-            meta.write_text(json.dumps(data | {"spec": data["spec"] | spec_change}))
-
-    return prepare
-
-
-def _forged_cache(d: Path) -> None:
-    """The tiny model's cache entry holding ck's table, its key and checksum made to match (in
-    ``{d}-cache``: the entry is rebuilt, which the case folder's snapshot would count as destroyed)."""
-    cache = _outside(d, "-cache")
-    shutil.copytree(FIXTURES / "cache34", cache, ignore=shutil.ignore_patterns("models"))
-    entries = [p for p in (cache / "tables").iterdir() if p.is_dir()]
-    victim = next(p for p in entries if "tiny-llama" in p.name)
-    other = next(p for p in entries if "tiny-llama" not in p.name)
-    table = json.loads((other / "table.json").read_text()) | {"key": victim.name}
-    text = json.dumps(table, separators=(",", ":")) + "\n"
-    (victim / "table.json").write_text(text)
-    meta = json.loads((victim / "meta.json").read_text())
-    (victim / "meta.json").write_text(json.dumps(meta | {"table_sha256": hashlib.sha256(text.encode()).hexdigest()}))
-
-
-def _served_this_models_table(d: Path) -> str | None:
-    served = json.loads((d / "t.json").read_text())["model_fingerprint"]
-    mine = (FIXTURES / "tiny-llama.fingerprint").read_text()
-    return None if served == mine else f"served the table of weights {served}, not the model's {mine}"
-
-
-def _resume_state(
-    edit: Callable[[dict], None] | None = None, tensors_of: str | None = None, outside: bool = False
-) -> Callable[[Path], None]:
-    """The saved state of a stopped run as ``{d}/rec.partial`` (``{d}-rec.partial`` when the run may
-    consume it: a valid resume removes its work folder), changed by ``edit`` or given dp's tensors."""
-
-    def prepare(d: Path) -> None:
-        partial = _outside(d, "-rec.partial") if outside else d / "rec.partial"
-        shutil.copytree(FIXTURES / "resume-ck.partial", partial)
-        state = partial / "state"
-        if edit is not None:
-            data = json.loads((state / "state.json").read_text())
-            edit(data)
-            (state / "state.json").write_text(json.dumps(data))  # a NaN goes in bare, as a tamperer writes it
-        if tensors_of is not None:
-            shutil.copy(FIXTURES / f"resume-{tensors_of}.partial" / "state" / "tensors.safetensors", state / "tensors.safetensors")
-
-    return prepare
-
-
-def _kept34(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
-    return both(copy_fixture("dp"), edit_json(f"dp/{name}", change))
-
-
-def issue34_cases() -> list[Case]:
-    front = ["front", "--table", "{d}/t.json", "--out", "{d}/out.csv"]
-    report = ["report", "--table", "{d}/t.json", "--plan", "{d}/p.json", "--out", "{d}/r.html"]
-    export_hf = ["export", "{d}/dp", "--format", "hf", "--out", "{d}/hf"]
-    quiet_eval = ["--samples", "2", "--seq-len", "16", "--no-throughput", "--no-dense", "--generations", "0", "--data", "news-sample"]
-    recover1 = [*RESUME[:6], "1", *RESUME[7:], "--out", "{d}/rec"]
-    cases = [
-        # item 3, saved files
-        Case("cache ls: meta.json spec rate_grid 5", "issue 34 files", ["cache", "ls"], _cache_entry({"rate_grid": 5}), "ok", {"GAP_CACHE_DIR": "{d}/cache"}),
-        Case("cache ls: meta.json spec rate_grid null", "issue 34 files", ["cache", "ls"], _cache_entry({"rate_grid": None}), "ok", {"GAP_CACHE_DIR": "{d}/cache"}),
-        Case("resume: another model's tensors", "issue 34 files", [*RESUME, "--resume", "--out", "{d}/rec"], _resume_state(tensors_of="dp")),
-        Case("resume: saved lr 1e308", "issue 34 files", [*RESUME, "--resume", "--out", "{d}/rec"], _resume_state(lambda s: s.update(lr=1e308))),
-        Case("table on a model with a NaN weight", "issue 34 files", [*TABLE34, "--model", "{fx}/nan-llama", "--no-cache", "--out", "{d}/t.json"]),
-        Case("resume control (valid)", "issue 34 files", [*RESUME, "--resume", "--out", "{d}-rec"], _resume_state(outside=True), "ok"),
-        # item 4, numbers that lie
-        Case("front: a cell removes parameters at rate 0", "issue 34 numbers", front, _tampered_table(lambda t: t["removed"].__setitem__(0, [100, 6_144]))),
-        Case("front: removals shrink as the rate grows", "issue 34 numbers", front, _tampered_table(_three_rates)),
-        Case("front: cells remove everything", "issue 34 numbers", front, _tampered_table(lambda t: t.update(removed=[[0, 61_440]] * 4))),
-        Case("front: delta -1e300", "issue 34 numbers", front, _tampered_table(lambda t: t.update(delta=[[0.0, -1e300]] * 4, smoothed=None))),
-        Case("front: a predicted loss of -1e300", "issue 34 numbers", front, _tampered_table(lambda t: t.update(cell_objective=[[3.5, -1e300]] * 4, delta=[[0.0, -1e300 - 3.5]] * 4, smoothed=None))),
-        Case("front: smoothed is not the smoothing", "issue 34 numbers", front, _tampered_table(lambda t: t["smoothed"].__setitem__(0, [0.0, 5.0]))),
-        Case("report: plan budget 1% removed 0 for rates 0.5", "issue 34 numbers", report, _plan34(budget=0.01, params={"removed": 0})),
-        Case("report: plan removes 1e300", "issue 34 numbers", report, _plan34(params={"removed": 1e300})),
-        Case("report: plan removes -20000 (-50%)", "issue 34 numbers", report, _plan34(params={"removed": -20_000})),
-        Case("report: plan predicts -5", "issue 34 numbers", report, _plan34(predicted_loss=-5.0)),
-        Case("report: plan control (valid)", "issue 34 numbers", report, _plan34(), "ok"),
-        Case("export hf: kept head 99 of 4", "issue 34 numbers", export_hf, _kept34("kept_indices.json", lambda k: k["kept_heads"][0].__setitem__(0, 99))),
-        Case("export hf: 10 channels where 48 are kept", "issue 34 numbers", export_hf, _kept34("kept_indices.json", lambda k: k["kept_channels"].__setitem__(0, list(range(10))))),
-        Case("export hf: 3 blocks for 2 layers", "issue 34 numbers", export_hf, _kept34("kept_indices.json", lambda k: [k[x].append(k[x][0]) for x in ("kept_heads", "kept_kv_heads", "kept_channels")])),
-        Case("export hf: plan.json for 3 layers", "issue 34 numbers", export_hf, _kept34("plan.json", lambda p: p.update(num_layers=3, attention_rates=[0.5, 0.0, 0.0], mlp_rates=[0.5, 0.25, 0.0]))),
-        Case("eval: one NaN weight", "issue 34 numbers", ["eval", "--model", "{fx}/nan-llama", *quiet_eval]),
-        Case("eval: rms_norm_eps -1.0", "issue 34 numbers", ["eval", "--model", "{fx}/eps-llama", *quiet_eval]),
-        # item 5, inputs silently dropped or misread
-        Case("recover --teacher nobody/none offline", "issue 34 inputs", [*recover1, "--teacher", "nobody/none"], env={"HF_HUB_OFFLINE": "1"}),
-        Case("recover --teacher /dev/zero", "issue 34 inputs", [*recover1, "--teacher", "/dev/zero"]),
-        Case("recover --teacher with a NaN weight", "issue 34 inputs", [*recover1, "--teacher", "{fx}/nan-llama"]),
-        Case("recover --teacher beside --objective lm", "issue 34 inputs", [*recover1, "--teacher", "{fx}/tiny-llama", "--objective", "lm"]),
-        Case("eval --max-memory cpu=1GB,cpu=2GB", "issue 34 inputs", ["eval", "--model", "{fx}/ck", "--device-map", "auto", "--max-memory", "cpu=1GB,cpu=2GB"]),
-        Case("eval --max-memory cuda:²=1GB", "issue 34 inputs", ["eval", "--model", "{fx}/ck", "--device-map", "auto", "--max-memory", "cuda:²=1GB"]),
-        Case("resume: saved lr -1", "issue 34 inputs", [*RESUME, "--resume", "--out", "{d}/rec"], _resume_state(lambda s: s.update(lr=-1.0))),
-        Case("resume: NaN in the loss curve", "issue 34 inputs", [*RESUME, "--resume", "--out", "{d}/rec"], _resume_state(lambda s: s["curve"][0].update(loss=float("nan")))),
-        Case("table: a forged cache entry (another model's table)", "issue 34 inputs", [*TABLE34, "--model", "{fx}/tiny-llama", "--out", "{d}/t.json"], _forged_cache, "ok", {"GAP_CACHE_DIR": "{d}-cache"}, verify=_served_this_models_table),
-    ]  # fmt: skip
-    links = {
-        "run=²": [], "runs=1,²": [], "eval_task_limit=²": [], "recovery=²": [],
-        "eval_tasks=gap_wiki_next": ["pages/evaluate.py"], "recover_tasks=off": ["pages/recover.py"],
-        "table=../../etc": [], "budget=nan": ["pages/planner.py"],
-    }  # fmt: skip
-    for query, page in links.items():
-        cases.append(
-            Case(
-                f"link ?{query}" + (f" on {page[0]}" if page else ""),
-                "issue 34 links",
-                [LINK, *page, query],
-                expect="ok",
-                env={"GAP_CACHE_DIR": "{d}/cache"},
-            )
-        )
-    return cases
 
 
 # ---- running and classifying ------------------------------------------------------------------
@@ -1338,7 +1115,8 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
             sys.stderr = os.fdopen(2, "w", buffering=1)
             sys.stdout = os.fdopen(1, "w", buffering=1)
             try:
-                code = open_link(argv[1:]) if argv[:1] == [LINK] else main(argv)
+                link = argv[:1] == [hostile_issue34_meaning.LINK]  # an explorer link (AppTest), not a gap command
+                code = hostile_issue34_meaning.open_link(argv[1:]) if link else main(argv)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 2
             sys.stderr.flush()
@@ -1530,7 +1308,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "hostile.md")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a case counts as a hang")
     parser.add_argument("--only", help="run only cases whose name contains this")
-    parser.add_argument("--family", help="run only cases whose family contains this (e.g. 'issue 34')")
+    parser.add_argument("--family", help="run only cases whose family starts with this (e.g. 'i34' for issue 34's)")
     args = parser.parse_args()
     load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -1555,9 +1333,9 @@ def main() -> int:
     FIXTURES.mkdir()
     started = time.perf_counter()
     _build_fixture_tree(FIXTURES)
-    _build_fixture_tree(FIXTURES, build_issue34_fixtures)
+    _build_fixture_tree(FIXTURES, hostile_issue34_meaning.build_fixtures)
     _warm_up(work)
-    cases = [c for c in all_cases() if (not args.only or args.only in c.name) and (not args.family or args.family in c.family)]
+    cases = [c for c in all_cases() if (not args.only or args.only in c.name) and (not args.family or c.family.startswith(args.family))]
     results = []
     for i, case in enumerate(cases):
         result = run_case(case, work / "cases" / f"c{i:04d}", args.timeout)
@@ -1568,7 +1346,7 @@ def main() -> int:
     command = (
         "python bench/bench_hostile.py"
         + (f" --only {args.only!r}" if args.only else "")
-        + (f" --family {args.family!r}" if args.family else "")
+        + (f" --family {args.family}" if args.family else "")
     )
     write_report(results, args.out, command, seconds, " ".join(load))
     shutil.rmtree(work, ignore_errors=True)
