@@ -67,6 +67,7 @@ with st.sidebar:
         st.caption(f"Model **{table.model}** · table `{table.key}`")
     else:
         st.caption("No loss table loaded yet.")
+    common.show_message(url_state.LINK_MESSAGE)  # what of the link was ignored, in one line
 common.sidebar_jobs()
 
 pages = [

@@ -43,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import hostile_issue34_meaning  # beside this file: issue 34's saved files, numbers, inputs and links
 
 DEEP = 200_000
 # "gap: error: ..." or argparse's "gap prune: error: ..." (OneLineParser: one line too).
@@ -60,6 +61,7 @@ class Case:
     argv: list  # gap arguments; "{d}" in an item is replaced by the case's folder
     prepare: Callable[[Path], None] | None = None  # writes the case's inputs into its folder
     expect: str = "refuse"  # "refuse" (exit 2, one line) or "ok" (a valid control)
+    verify: Callable[[Path], str | None] | None = None  # after exit 0 of an "ok" case: why its output is wrong, or None
     env: dict = field(default_factory=dict)
     cwd: str | None = None  # relative to the case folder
     file_limit: int | None = None  # RLIMIT_FSIZE bytes in the child: a full disk
@@ -86,12 +88,12 @@ def table_dict() -> dict:
         "components": [[0, "attn"], [0, "mlp"], [1, "attn"], [1, "mlp"]],
         "rate_grid": [0.0, 0.5],
         "dense_objective": 3.5,
-        "dense_prunable": 40_000,
+        "dense_prunable": 61_440,  # the tiny Llama's geometry: a table for it removes what it removes
         "build_seconds": 1.0,
         "delta": [[0.0, 0.2], [0.0, 0.4], [0.0, -0.01], [0.0, 0.3]],
         "smoothed": [[0.0, 0.2], [0.0, 0.4], [0.0, 0.0], [0.0, 0.3]],
         "cell_objective": [[3.5, 3.7], [3.5, 3.9], [3.5, 3.49], [3.5, 3.8]],
-        "removed": [[0, 4_000], [0, 6_000], [0, 4_000], [0, 6_000]],
+        "removed": [[0, 6_144], [0, 9_216], [0, 6_144], [0, 9_216]],
         "extras": {},
         "window_start": "bos",
         "measured": [[True, False]] * 4,
@@ -1055,6 +1057,11 @@ def recover_state_cases() -> list[Case]:
     return cases
 
 
+def issue34_meaning_cases() -> list[Case]:
+    """Issue 34 items 3 (saved files), 4, 5 and 8: bench/hostile_issue34_meaning.py, given this module."""
+    return hostile_issue34_meaning.cases(sys.modules[__name__])
+
+
 def all_cases() -> list[Case]:
     return (
         table_cases()
@@ -1068,6 +1075,7 @@ def all_cases() -> list[Case]:
         + history_cases()
         + recover_state_cases()
         + issue34_cases()
+        + issue34_meaning_cases()
     )
 
 
@@ -1138,7 +1146,8 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
             sys.stderr = os.fdopen(2, "w", buffering=1)
             sys.stdout = os.fdopen(1, "w", buffering=1)
             try:
-                code = main(argv)
+                link = argv[:1] == [hostile_issue34_meaning.LINK]  # an explorer link (AppTest), not a gap command
+                code = hostile_issue34_meaning.open_link(argv[1:]) if link else main(argv)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 2
             sys.stderr.flush()
@@ -1205,7 +1214,9 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
     elif case.stderr_to:
         verdict = "clean" if code == (0 if case.expect == "ok" else 2) else "unclean"
     elif case.expect == "ok":
-        verdict = "clean" if code == 0 else "unclean"
+        wrong = case.verify(folder) if code == 0 and case.verify else None
+        verdict = "wrong success" if wrong else "clean" if code == 0 else "unclean"
+        err_lines = [wrong] if wrong else err_lines
     elif code == 0:
         verdict = "wrong success"
     elif code == 2 and len(err_lines) == 1 and ERROR_LINE.match(err_lines[0]):
@@ -1226,12 +1237,12 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
     }
 
 
-def _build_fixture_tree(base: Path) -> None:
+def _build_fixture_tree(base: Path, build: Callable[[Path], None] | None = None) -> None:
     pid = os.fork()
     if pid == 0:
         try:
             os.environ["GAP_CACHE_DIR"] = str(CACHE)
-            build_fixtures(base)
+            (build or build_fixtures)(base)
             os._exit(0)
         except BaseException:
             import traceback
@@ -1379,6 +1390,7 @@ def main() -> int:
     FIXTURES.mkdir()
     started = time.perf_counter()
     _build_fixture_tree(FIXTURES)
+    _build_fixture_tree(FIXTURES, hostile_issue34_meaning.build_fixtures)
     _warm_up(work)
     cases = [c for c in all_cases() if (not args.only or args.only in c.name) and (not args.family or c.family.startswith(args.family))]
     results = []

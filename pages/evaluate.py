@@ -234,7 +234,7 @@ with left:
         if chosen is not None:
             st.caption(
                 f"The planner's DP plan `{chosen.content_hash()}`: removes {chosen.params['removed']:,} parameters, "
-                f"predicted {figures.loss_label(table.spec.objective)} +{chosen.predicted_loss:.4f}.",
+                f"predicted {figures.loss_label(table.spec.objective)} {chosen.predicted_loss:+.4f}.",
                 help=common.GLOSSARY["plan hash"],
             )
         elif ss["eval_allocator"] == "dp":

@@ -13,7 +13,7 @@ from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import decode_text
 from gap_engine.evaluate import history
 from gap_engine.export import gguf
-from gap_engine.model.rateplan import RatePlan
+from gap_engine.model.rateplan import RatePlan, predicted_params
 from gap_engine.pipeline.expected import gguf_seconds
 from gap_engine.views import figures
 from pages import common, report_export
@@ -113,14 +113,17 @@ def check_uploaded_plan(uploaded) -> None:
         st.warning("Load a loss table on Setup first, so the plan can be checked against its model.")
         return
     try:
-        plan.check_model(common.reference_model(model))
+        reference = common.reference_model(model)
+        plan.check_model(reference)
     except GapError as exc:
         ss["app_uploaded_plan"] = None
         st.error(f"This plan does not fit the current model: {one_line(exc)}")
         return
     ss["app_uploaded_plan"] = plan.to_dict()
+    # Counted from the model's geometry, not read from the file: a plan's own counts may be stale or made up.
+    counts = predicted_params(reference, plan.attention_rates, plan.mlp_rates, plan.channel_multiple)
     st.success(
-        f"Plan for {plan.model} accepted ({plan.allocator}, removes {plan.params.get('removed_fraction_of_prunable', 0):.2%} of prunable "
+        f"Plan for {plan.model} accepted ({plan.allocator}, removes {counts['removed_fraction_of_prunable']:.2%} of prunable "
         "parameters). Pick 'uploaded plan' on Prune & evaluate to run it."
     )
 

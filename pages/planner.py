@@ -150,7 +150,7 @@ else:
     basis = figures.row_basis(table, row)
     c4.metric(
         f"Predicted {objective}",
-        f"+{plan.predicted_loss:.4f}",
+        f"{plan.predicted_loss:+.4f}",
         figures.BASIS_TEXT[basis],
         delta_color="off",
         delta_arrow="off",

@@ -26,10 +26,15 @@ form filled in); `sync` writes the session's view back after every run.
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import streamlit as st
 
+from gap_engine.core.cachepaths import KEY_PATTERN
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
@@ -47,10 +52,114 @@ PARAMS = ("table", "budget", "plan", "allocator", "runs", "run", "recovery", "jo
     f"{prefix}{name}" for prefix in TASK_PAGES for name in ("tasks", "task_limit", "task_folder")
 )
 _RESTORED = "app_url_restored"
+LINK_MESSAGE = "link"  # the message slot the sidebar shows: what of the link was ignored, and why
+WHOLE = re.compile(r"[0-9]{1,18}")  # ASCII digits only: "²".isdigit() is True, int("²") fails
+PLAN_HASH = re.compile(r"[0-9a-f]{12}")
+TEXT_CHARS = 1000  # longest task list or folder a link may set
+TASK_LIMIT = (1, 100_000)  # the picker's own range
 
 
 def _split(value: str | None) -> list[str]:
     return [part for part in (value or "").split(",") if part]
+
+
+@dataclass
+class Link:
+    """What a query string asks for, each value parsed or left out (``problems`` says which and why)."""
+
+    table: str | None = None
+    budget: float | None = None
+    plan: str | None = None
+    allocator: str | None = None
+    runs: list[int] = field(default_factory=list)
+    run: int | None = None
+    recovery: int | None = None
+    jobs: list[str] = field(default_factory=list)
+    pickers: dict[str, dict] = field(default_factory=dict)  # prefix -> every field of its task picker
+    problems: list[str] = field(default_factory=list)  # one short line per ignored parameter
+
+
+def _whole(text: str, low: int = 1, high: int = 10**18) -> int | None:
+    """A whole number in [low, high] written in ASCII digits, or None."""
+    if not WHOLE.fullmatch(text):
+        return None
+    value = int(text)
+    return value if low <= value <= high else None
+
+
+def _shown(value: str) -> str:
+    return repr(value[:40] + ("..." if len(value) > 40 else ""))
+
+
+def parse_link(params: Mapping[str, str]) -> Link:
+    """The one parser of the app's query string: every value checked for what it must be (whole
+    numbers in ASCII digits and in range, a budget in [0, 1), a known allocator, a plan hash);
+    one that is not is left out and named in ``problems``, never raised. A task picker the link
+    names gets its other fields' defaults (``common.task_defaults``), so no page meets a picker
+    half set."""
+    link = Link()
+
+    def bad(name: str, why: str) -> None:
+        link.problems.append(f"{name}={_shown(str(params[name]))} {why}")
+
+    if params.get("table"):
+        key = str(params["table"])
+        link.table = key if KEY_PATTERN.fullmatch(key) and ".." not in key else None
+        if link.table is None:
+            bad("table", "is not a loss-table cache key")
+    if params.get("budget"):
+        try:
+            link.budget = float(params["budget"])
+        except ValueError:
+            link.budget = None
+        if link.budget is None or not (math.isfinite(link.budget) and 0.0 <= link.budget < 1.0):
+            link.budget = None
+            bad("budget", "is not a budget in [0, 1)")
+    if params.get("plan"):
+        link.plan = params["plan"] if PLAN_HASH.fullmatch(params["plan"]) else None
+        if link.plan is None:
+            bad("plan", "is not a plan hash (12 hex digits)")
+    if params.get("allocator"):
+        link.allocator = params["allocator"] if params["allocator"] in ALLOCATORS else None
+        if link.allocator is None:
+            bad("allocator", f"is not one of {', '.join(ALLOCATORS)}")
+    for name in ("run", "recovery"):
+        if params.get(name):
+            setattr(link, name, _whole(params[name]))
+            if getattr(link, name) is None:
+                bad(name, "is not a run number")
+    if params.get("runs"):
+        runs = [_whole(part) for part in _split(params["runs"])]
+        link.runs = [] if None in runs else [int(r) for r in runs if r is not None]
+        if not link.runs:
+            bad("runs", "is not a list of run numbers")
+    link.jobs = [job[:100] for job in _split(params.get("jobs"))]
+    for prefix in TASK_PAGES:
+        _parse_picker(params, prefix, link, bad)
+    return link
+
+
+def _parse_picker(params: Mapping[str, str], prefix: str, link: Link, bad) -> None:
+    """The task picker of one page: its fields from the link, the defaults for those it leaves out."""
+    names = [f"{prefix}{name}" for name in ("tasks", "task_limit", "task_folder")]
+    if not any(params.get(name) for name in names):
+        return
+    picker = dict(common.task_defaults(prefix))
+    tasks = params.get(names[0])
+    if tasks == "off":
+        picker[f"{prefix}tasks_on"] = False
+    elif tasks:
+        picker[f"{prefix}tasks_on"], picker[names[0]] = True, tasks[:TEXT_CHARS]
+    limit = params.get(names[1])
+    if limit:
+        value = _whole(limit, *TASK_LIMIT)
+        if value is None:
+            bad(names[1], f"is not a number of examples from {TASK_LIMIT[0]} to {TASK_LIMIT[1]:,}")
+        else:
+            picker[names[1]] = value
+    if params.get(names[2]):
+        picker[names[2]] = params[names[2]][:TEXT_CHARS]
+    link.pickers[prefix] = picker
 
 
 def setup_form(model: str, spec: dict) -> None:
@@ -172,22 +281,6 @@ def _restore_plan(plan_hash: str) -> None:
         ss["planner_coupled"] = bool(constraints.get("coupled", False))
 
 
-def _restore_task_pickers(params) -> None:
-    """The task pickers' settings from the link (checked by the engine when Start is pressed)."""
-    ss = st.session_state
-    for prefix in TASK_PAGES:
-        tasks = params.get(f"{prefix}tasks")
-        if tasks == "off":
-            ss[f"{prefix}tasks_on"] = False
-        elif tasks:
-            ss[f"{prefix}tasks_on"], ss[f"{prefix}tasks"] = True, tasks[:1000]
-        limit = str(params.get(f"{prefix}task_limit", ""))
-        if limit.isdigit() and 1 <= int(limit) <= 100_000:
-            ss[f"{prefix}task_limit"] = int(limit)
-        if params.get(f"{prefix}task_folder"):
-            ss[f"{prefix}task_folder"] = params[f"{prefix}task_folder"][:1000]
-
-
 def _task_picker_view(ss) -> dict:
     """The task pickers' settings that differ from their defaults, as query parameters."""
     want = {}
@@ -238,29 +331,27 @@ def restore() -> bool:
     ss = st.session_state
     if _RESTORED in ss:
         return ss[_RESTORED]
-    params = st.query_params
-    named = _attach_jobs(_split(params.get("jobs")))
-    if params.get("table") and common.current_table() is None:
-        _load_table(params["table"])
+    link = parse_link({name: str(st.query_params[name]) for name in PARAMS if name in st.query_params})
+    if link.problems:
+        common.set_message(LINK_MESSAGE, "warning", "Ignored from the link: " + "; ".join(link.problems) + ".")
+    named = _attach_jobs(link.jobs)
+    if link.table and common.current_table() is None:
+        _load_table(link.table)
         named = True  # a table the link names and the cache lacks is said so, not swapped for another
-    try:
-        budget = float(params.get("budget", ""))
-    except ValueError:
-        budget = None
-    if budget is not None and 0.0 <= budget < 1.0:
-        ss["app_budget"] = budget
-    if params.get("plan"):
-        _restore_plan(params["plan"])
-    if params.get("allocator") in ALLOCATORS:
-        ss["eval_allocator"] = params["allocator"]
-    runs = [int(r) for r in _split(params.get("runs")) if r.isdigit()]
-    if runs:
-        ss["eval_compare"] = runs
-    _restore_task_pickers(params)
-    if str(params.get("run", "")).isdigit() and not ss.get("app_last_run"):
-        _restore_run(int(params["run"]))
-    if str(params.get("recovery", "")).isdigit() and not ss.get("app_last_recovery"):
-        _restore_recovery(int(params["recovery"]))
+    if link.budget is not None:
+        ss["app_budget"] = link.budget
+    if link.plan:
+        _restore_plan(link.plan)
+    if link.allocator:
+        ss["eval_allocator"] = link.allocator
+    if link.runs:
+        ss["eval_compare"] = link.runs
+    for picker in link.pickers.values():  # the engine checks the tasks when Start is pressed
+        ss.update(picker)
+    if link.run is not None and not ss.get("app_last_run"):
+        _restore_run(link.run)
+    if link.recovery is not None and not ss.get("app_last_recovery"):
+        _restore_recovery(link.recovery)
     ss[_RESTORED] = named
     return named
 

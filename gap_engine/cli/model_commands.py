@@ -11,6 +11,7 @@ from gap_engine.cli.output import StderrProgress
 from gap_engine.cli.table_commands import check_windows_fit, read_sources
 from gap_engine.core.device import DeviceError
 from gap_engine.core.errors import PlanError
+from gap_engine.core.jsontext import json_text
 from gap_engine.core.progress import Hooks
 from gap_engine.data.bos import bos_token_id
 from gap_engine.evaluate.metrics import EvalSettings
@@ -81,7 +82,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
         print(f"{key}: {summary[key]}")
     for r in result.rounds:
         print(
-            f"round {r.index}: removed {r.removed:,}, predicted {spec.objective} +{r.predicted:.4f} (table cells, summed), measured +{r.measured:.4f}"
+            f"round {r.index}: removed {r.removed:,}, predicted {spec.objective} {r.predicted:+.4f} (table cells, summed), measured {r.measured:+.4f}"
         )
     return 0
 
@@ -123,7 +124,7 @@ def run_eval(args: argparse.Namespace) -> int:
     settings = EvalSettings(windows=windows_from(args), throughput=not args.no_throughput, generations=args.generations)
     report = evaluate_model(lm, dense, settings, prepared, Hooks(message=lambda msg: print(f"eval: {msg}", file=sys.stderr)))
     if args.json:
-        print(json.dumps(report.to_dict()))
+        print(json_text(report.to_dict(), "evaluation report"))
         return 0
     print(f"model: {report.model}  params: {report.params:,}  size: {report.size_bytes / 2**20:.1f} MiB")
     print(f"windows: {window_convention_text(lm.tokenizer)}")

@@ -188,15 +188,17 @@ def check_model_name(name: str | None, flag: str = "--model") -> None:
             raise ModelLoadError(f"{flag} {text}: the Hugging Face hub is not reachable (offline) and this model is not in its local cache")
         return
     raise ModelLoadError(
-        f"unknown model '{text}': not a built-in ({', '.join(BUILTIN_NAMES)}), a local model folder, a .gguf file, or a hub id 'org/name'"
+        ("" if flag == "--model" else f"{flag}: ")
+        + f"unknown model '{text}': not a built-in ({', '.join(BUILTIN_NAMES)}), a local model folder, a .gguf file, or a hub id 'org/name'"
     )
 
 
 def check_models(args: argparse.Namespace) -> None:
-    """check_model_name for --model (and the checkpoint of ``gap export``)."""
+    """check_model_name for --model and --teacher (and the checkpoint of ``gap export``)."""
     if args.command == "table" and getattr(args, "model", None) in PLANNING_SHAPES:
         return  # priced by --dry-run from its shape; any other use fails in the handler
     check_model_name(getattr(args, "model", None))
+    check_model_name(getattr(args, "teacher", None), "--teacher")  # a named teacher that cannot load is refused, not dropped
     if args.command == "export":
         check_model_name(getattr(args, "checkpoint", None), "the checkpoint")
 

@@ -8,13 +8,13 @@ Progress goes to stderr, the summary (or with ``--json`` one JSON object) to std
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from gap_engine.cli.arguments import device_from
 from gap_engine.cli.output import format_seconds
+from gap_engine.core.jsontext import json_text
 from gap_engine.core.progress import Hooks
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.recovery import RecoveryResult, RecoverySettings, recover
@@ -129,7 +129,7 @@ def run_recover(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     result = recover(lm, settings, _StageProgress().hooks(), out_dir=args.out, resume=args.resume)
     if args.json:
-        print(json.dumps(result.to_dict(), default=str))
+        print(json_text(result.to_dict(), "recovery result", default=str))
         return 0
     summary = _summary(result)
     summary["wall_seconds"] = f"{time.perf_counter() - started:.1f}"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import logging
 import os
 import re
@@ -33,6 +32,7 @@ from typing import Any
 from filelock import FileLock
 
 from gap_engine.core.errors import CacheError, GapError, OutputError
+from gap_engine.core.jsontext import json_text
 
 log = logging.getLogger(__name__)
 
@@ -395,7 +395,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    return atomic_write_text(path, json_text(obj, str(path), indent=2, sort_keys=False) + "\n")
 
 
 def _open_up(folder: Path) -> None:

@@ -48,15 +48,19 @@ def parse_max_memory(text: str | None, error: type[Exception]) -> dict[int | str
             raise error(f"--max-memory entry '{part.strip()[:80]}' is not DEVICE=SIZE (e.g. cuda:0=70GiB,cpu=200GiB)")
         if not _SIZE.match(size):
             raise error(f"--max-memory: '{size[:40]}' is not a size (bytes, or a number with KB/MB/GB/TB or KiB/MiB/GiB/TiB)")
+        key: int | str
         if name.startswith("cuda"):
             index = name.partition(":")[2] or "0"
-            if not index.isdigit() or len(index) > 4:
+            if not (index.isascii() and index.isdigit()) or len(index) > 4:  # "²".isdigit() is True, int("²") fails
                 raise error(f"--max-memory: '{name[:40]}' is not cuda or cuda:N")
-            out[int(index)] = size
+            key = int(index)
         elif name in ("cpu", "mps", "disk"):
-            out[name] = size
+            key = name
         else:
             raise error(f"--max-memory: unknown device '{name[:40]}' (cuda:N, cpu or mps)")
+        if key in out:  # "cpu=1GB,cpu=2GB" would keep the last one silently
+            raise error(f"--max-memory names {'cuda:' + str(key) if isinstance(key, int) else key} twice; give each device one size")
+        out[key] = size
     return out
 
 

@@ -382,8 +382,11 @@ def _check_table_spec(spec: dict[str, Any]) -> None:
         check_int(spec["seed"], f"{what} seed", TableError, 0, LIMITS.seed)
     if "channel_multiple" in spec:
         check_int(spec["channel_multiple"], f"{what} channel_multiple", TableError, 1, LIMITS.channel_multiple)
-    if "rate_grid" in spec and (not isinstance(spec["rate_grid"], list) or len(spec["rate_grid"]) > LIMITS.rates):
-        raise TableError(f"{what} rate_grid must list at most {LIMITS.rates} rates")
+    if "rate_grid" in spec:
+        if not isinstance(spec["rate_grid"], list) or len(spec["rate_grid"]) > LIMITS.rates:
+            raise TableError(f"{what} rate_grid must list at most {LIMITS.rates} rates")
+        for rate in spec["rate_grid"]:
+            check_number(rate, f"{what} rate_grid entry", TableError, 0.0, 1.0)
 
 
 def check_cache_meta(meta: object, key: str) -> dict[str, Any]:
@@ -398,6 +401,10 @@ def check_cache_meta(meta: object, key: str) -> dict[str, Any]:
         check_text(meta.get(name), f"meta.json {name}", CacheError, optional=True)
     if not isinstance(meta.get("spec", {}), dict):
         raise CacheError("meta.json spec must be an object")
+    try:  # `gap cache ls` shows the spec's fields: held to a table file's rules
+        _check_table_spec(meta.get("spec", {}))
+    except TableError as exc:
+        raise CacheError(f"meta.json {exc}") from None
     if "build_seconds" in meta and meta["build_seconds"] is not None:
         check_number(meta["build_seconds"], "meta.json build_seconds", CacheError, low=0.0)
     return meta

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import io
-import json
 import shutil
 import sqlite3
 import zipfile
@@ -30,6 +29,7 @@ import pandas as pd
 
 from gap_engine.core.errors import HistoryError, InvariantError
 from gap_engine.core.fsutil import cache_root
+from gap_engine.core.jsontext import json_text
 from gap_engine.core.validate import MAX_PARAMS, check_int, check_number, parse_json
 
 HISTORY_FILE = "history.sqlite"
@@ -212,7 +212,7 @@ def _column(name: str) -> str:
 def record_run(record: RunRecord, path: Path | None = None) -> int:
     """Store one run; returns its id."""
     values = {
-        _column(name): json.dumps(value, sort_keys=True, default=str) if name in _JSON_FIELDS else value
+        _column(name): json_text(value, f"run history {name}", sort_keys=True, default=str) if name in _JSON_FIELDS else value
         for name, value in asdict(record).items()
         if name != "id"
     }

@@ -26,11 +26,13 @@ from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.bos import text_start, window_start
 from gap_engine.data.windows import heldout_windows
 from gap_engine.evaluate import dense_numbers
+from gap_engine.model.finite import check_finite
 from gap_engine.model.layerwise import logits_batches
 from gap_engine.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
+MAX_LOG_PERPLEXITY = 700.0  # math.exp overflows a float64 just past 709
 THROUGHPUT_REPEATS = 5  # timed repeats per model; the speedup is their median ratio
 
 DEFAULT_PROMPTS = (
@@ -89,6 +91,15 @@ def mean_nll(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> flo
 
 def perplexity(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> float:
     return math.exp(mean_nll(lm, windows, batch_size))
+
+
+def measured_perplexity(nll: float, lm: LoadedModel, source: str) -> float:
+    """exp(``nll``) as a reported perplexity: GapError (one line, naming the cause) when the mean
+    NLL is not a number or its perplexity overflows a float, never a printed ``nan``."""
+    check_finite(nll, f"the mean NLL of {lm.name} on {source}", lm.model, GapError)
+    if nll > MAX_LOG_PERPLEXITY:
+        raise GapError(f"the mean NLL of {lm.name} on {source} is {nll:.4g} nats per token: its perplexity is past any float")
+    return math.exp(nll)
 
 
 @torch.inference_mode()
@@ -226,14 +237,14 @@ def evaluate(
         say(f"perplexity on {source}")
         windows = heldout_windows(lm.tokenizer, settings.windows.for_source(source))
         if dense is None:
-            report.perplexity[source] = perplexity(lm, windows, batch_size)
+            report.perplexity[source] = measured_perplexity(mean_nll(lm, windows, batch_size), lm, source)
             continue
         nll_m, nll_d, kl, agree = compare_logits(lm, dense, windows, batch_size)
-        report.perplexity[source] = math.exp(nll_m)
+        report.perplexity[source] = measured_perplexity(nll_m, lm, source)
         dense_perplexity[source] = dense_numbers.dense_perplexity(  # one value on every page
-            dense.fingerprint, windows, math.exp(nll_d), str(placement_of(dense).dtype).removeprefix("torch.")
+            dense.fingerprint, windows, measured_perplexity(nll_d, dense, source), str(placement_of(dense).dtype).removeprefix("torch.")
         )
-        report.kl_to_dense[source] = kl
+        report.kl_to_dense[source] = check_finite(kl, f"the KL of {lm.name} to dense on {source}", lm.model, GapError)
         report.top1_agreement[source] = agree
     streamed = is_streamed(lm) or (dense is not None and is_streamed(dense))
     if streamed and (settings.throughput or settings.generations):

@@ -39,10 +39,12 @@ import torch
 from torch import nn
 
 from gap_engine.core.config import DEFAULT_SAVE_DTYPE
-from gap_engine.core.errors import ModelLoadError, first_line
+from gap_engine.core.errors import ModelLoadError, PlanError, first_line
 from gap_engine.core.fsutil import atomic_directory, refuse_special_files
+from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS
-from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, parse_json, read_json_file
+from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, parse_json, read_json_file, read_kept_indices
+from gap_engine.core.validate_meaning import check_kept_fits
 from gap_engine.model.adapters import adapter_for
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.model_card import write_model_card
@@ -111,10 +113,10 @@ def save_pruned(
         # its width checks read the global head counts; this lets them read the dense values
         # (the remote code narrows the blocks, and turns the strict reads back on once built).
         config[GLOBAL_WIDTH_READS] = True
-        config_path.write_text(json.dumps(config, indent=2) + "\n")
+        config_path.write_text(json_text(config, "config.json", indent=2) + "\n")
         (tmp / "plan.json").write_text(plan.to_json())
         (tmp / "plan.yaml").write_text(plan.to_yaml())
-        (tmp / "kept_indices.json").write_text(json.dumps(kept_indices) + "\n")
+        (tmp / "kept_indices.json").write_text(json_text(kept_indices, "kept_indices.json") + "\n")
         marker = {
             "format_version": CHECKPOINT_FORMAT_VERSION,
             "base_model": plan.model,
@@ -127,9 +129,9 @@ def save_pruned(
         }
         add_remote_code(tmp)
         if eval_report is not None:
-            (tmp / EVAL_REPORT_FILE).write_text(json.dumps(eval_report, indent=2, default=str) + "\n")
+            (tmp / EVAL_REPORT_FILE).write_text(json_text(eval_report, EVAL_REPORT_FILE, indent=2, default=str) + "\n")
         write_model_card(tmp, plan, marker, eval_report, out_dir.name, recovery)
-        (tmp / PRUNED_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        (tmp / PRUNED_MARKER).write_text(json_text(marker, PRUNED_MARKER, indent=2) + "\n")
     log.info("saved pruned checkpoint to %s (%s)", out_dir, marker["dtype"])
     return out_dir
 
@@ -297,7 +299,8 @@ def inspect_pruned(folder: str | Path) -> CheckpointFiles:
     """Check everything a checkpoint folder holds except the tensors' values, reading no tensor.
 
     The marker, config.json (built on the meta device and narrowed, so an edited config fails
-    here), every weights file's header, the tokenizer and plan.json. Commands call this before
+    here), every weights file's header, the tokenizer, plan.json (its layer count that of
+    config.json) and kept_indices.json (`validate_meaning.check_kept_fits`). Commands call this before
     they read any text, so a damaged checkpoint is one line and no work.
 
     Raises:
@@ -318,6 +321,11 @@ def inspect_pruned(folder: str | Path) -> CheckpointFiles:
     except Exception as exc:  # tokenizers raise many kinds on a damaged tokenizer.json
         raise ModelLoadError(f"{folder}: the tokenizer files cannot be read: {type(exc).__name__}: {first_line(exc)}") from None
     plan = RatePlan.load(folder / "plan.json") if (folder / "plan.json").is_file() else None
+    if plan is not None and plan.num_layers != len(widths):
+        raise PlanError(f"{folder}/plan.json is for {plan.num_layers} layers, but config.json has {len(widths)}")
+    if (folder / "kept_indices.json").exists():  # copied into every re-saved and recovered checkpoint
+        dense = {name: getattr(config, name, None) for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size")}
+        check_kept_fits(read_kept_indices(folder, ModelLoadError), widths, dense, str(folder), ModelLoadError)
     return CheckpointFiles(marker=marker, config=config, widths=widths, tokenizer=tokenizer, plan=plan)
 
 

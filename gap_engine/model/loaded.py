@@ -18,6 +18,7 @@ from gap_engine.core.errors import SharedModelError
 from gap_engine.core.fingerprint import state_fingerprint
 from gap_engine.data.bos import Tokenizer
 from gap_engine.model.adapters import ArchitectureAdapter, adapter_for
+from gap_engine.model.finite import check_model_finite
 
 
 @dataclass
@@ -56,8 +57,11 @@ class LoadedModel:
 
         Raises:
             UnsupportedArchitectureError: a model family without an adapter.
+            ModelLoadError: weights that hold a non-finite value, or a normalisation epsilon
+                that is not a small positive number (``finite.check_model_finite``).
         """
         adapter = adapter_for(model)
+        check_model_finite(model, name)  # one NaN weight would make every measurement NaN
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)

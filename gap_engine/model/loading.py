@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from gap_engine.core import hub as hub_access
 from gap_engine.core.device import DeviceSpec, Placement, resolve
 from gap_engine.core.errors import ModelLoadError, first_line
 from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for, refuse_special_files
+from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import read_json_file
 from gap_engine.data.bos import Tokenizer
@@ -258,7 +258,7 @@ def _convert_builtin(spec: BuiltinModel, folder: Path) -> LoadedModel:
         tokenizer.save_pretrained(tmp)
         files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir()) if p.is_file()}
         meta = {"builtin": spec.name, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size, "files": files}
-        (tmp / CONVERTED_MARKER).write_text(json.dumps(meta, indent=2))
+        (tmp / CONVERTED_MARKER).write_text(json_text(meta, CONVERTED_MARKER, indent=2))
     return LoadedModel.from_transformers(model, tokenizer, spec.name, str(gguf))
 
 

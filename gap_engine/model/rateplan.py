@@ -25,6 +25,7 @@ from gap_engine.core.config import CRITERIA, DEFAULT_CHANNEL_MULTIPLE
 from gap_engine.core.deprecation import warn_deprecated
 from gap_engine.core.errors import PlanError
 from gap_engine.core.fsutil import atomic_write_text
+from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import (
     check_int,
@@ -35,6 +36,7 @@ from gap_engine.core.validate import (
     parse_json_or_yaml,
     read_bounded,
 )
+from gap_engine.core.validate_meaning import check_plan_params
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.units import AttentionShape, block_geometries, channels_for_rate
 
@@ -126,6 +128,7 @@ class RatePlan:
         for key, value in self.params.items():
             check_text(key, "plan params key", PlanError, max_len=64)
             check_number(value, f"plan params {key}", PlanError)
+        check_plan_params(self.params, PlanError)  # counts that agree with each other (validate_meaning)
 
     def check_model(self, lm: LoadedModel) -> None:
         """PlanError unless this plan was made for ``lm`` (layer count, and fingerprint when
@@ -177,7 +180,7 @@ class RatePlan:
         return cls(**data).validate()
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2) + "\n"
+        return json_text(self.to_dict(), "plan", indent=2) + "\n"
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

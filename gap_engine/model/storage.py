@@ -19,6 +19,7 @@ from torch import nn
 from gap_engine.core.config import SAVE_DTYPES as SAVE_DTYPE_NAMES
 from gap_engine.core.errors import ExportError
 from gap_engine.core.fingerprint import state_fingerprint
+from gap_engine.core.jsontext import json_text
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def set_config_dtype(folder: Path, dtype: str | torch.dtype) -> None:
     path = folder / "config.json"
     config = json.loads(path.read_text())
     config["dtype"] = dtype_name(parse_dtype(dtype))
-    path.write_text(json.dumps(config, indent=2) + "\n")
+    path.write_text(json_text(config, str(path), indent=2) + "\n")
 
 
 def read_eval_report(folder: Path) -> dict[str, Any] | None:

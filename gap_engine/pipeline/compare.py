@@ -209,5 +209,5 @@ def compare(
             outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference, table, extra)
             outcome.extras = outcome.extras | extras | {"seconds": round(time.perf_counter() - started, 1)}
             outcomes.append(outcome)
-            hooks.say(f"{allocator} at {budget:.0%}: calibration loss +{outcome.calib_loss_increase:.4f}")
+            hooks.say(f"{allocator} at {budget:.0%}: calibration loss {outcome.calib_loss_increase:+.4f}")
     return outcomes

@@ -46,6 +46,8 @@ def resolve_objective(
     if teacher is None and (settings.teacher or base):
         say(f"loading the teacher {settings.teacher or base}")
         teacher, why_not = load_teacher(lm, settings.teacher)
+        if teacher is None and settings.teacher:  # a teacher asked for by name is never swapped for the lm objective
+            raise RecoveryError(f"cannot distil: {why_not}")
     else:
         why_not = "the model is not a pruned gap checkpoint, so no dense base model is recorded"
     if teacher is None:

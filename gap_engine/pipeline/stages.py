@@ -116,13 +116,26 @@ def loss_table(
     if not use_cache:
         return measure(None)
     with lock(key):
-        cached = get_table(key)
+        cached = get_table(key, verify=lambda table: check_cached_table(table, lm, spec, data_fingerprint))
         if cached is not None:
             log.info("loss table %s read from the cache", key)
             return cached
         table = measure(PartialCells(key))
         put_table(table, stage_seconds=timer.finish())
         return table
+
+
+def check_cached_table(table: LossTable, lm: LoadedModel, spec: TableSpec, data_fingerprint: str) -> None:
+    """TableError unless a cached table is the one a build of ``spec`` on ``lm`` would make: the
+    model's name, layers, fingerprint and geometry, the text's fingerprint and the spec's
+    summary (what the cache key hashes, read back from the table itself)."""
+    table.check_model(lm)
+    if table.model != lm.name:
+        raise TableError(f"it was built for {table.model!r}, not {lm.name!r}")
+    if table.data_fingerprint != data_fingerprint:
+        raise TableError(f"it was measured on text {table.data_fingerprint[:16]}, not {data_fingerprint[:16]}")
+    if table.spec.summary() != spec.summary():
+        raise TableError("it was built with other settings")
 
 
 def table_stages(spec: TableSpec) -> tuple[str, ...]:

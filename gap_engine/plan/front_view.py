@@ -167,3 +167,77 @@ def front_row_at(front: Sequence[dict[str, Any]], budget: float) -> dict[str, An
 def baseline_budgets(top_budget: float, n: int = 5, low: float = 0.1, high: float = 0.6) -> list[float]:
     """A few budgets at which to compute baseline plans: ``n`` from ``low`` to ``high`` (or 95% of the reachable top)."""
     return [round(float(b), 3) for b in np.linspace(low, min(high, top_budget * 0.95), n) if b <= top_budget]
+
+
+# ---- a plan's numbers, from the table alone ---------------------------------------------------
+TOLERANCE = 1e-9  # rates closer than this to a grid rate are on it; sums may differ by float noise
+
+
+def _row_bracket(grid: np.ndarray, rate: float) -> tuple[int, int | None]:
+    """(lower, upper) grid indices around ``rate``: equal on the grid; upper None past the last rate."""
+    upper = int(np.searchsorted(grid, rate - TOLERANCE))
+    if upper < len(grid) and abs(grid[upper] - rate) <= TOLERANCE:
+        return upper, upper
+    return upper - 1, (upper if upper < len(grid) else None)
+
+
+def plan_figures(table: LossTable, plan: RatePlan) -> dict[str, Any]:
+    """The removal and predicted loss a report may print for ``plan``, recomputed or checked.
+
+    Removal grows with the rate, and so do the smoothed losses, so the cells of the grid rates
+    around each of the plan's rates bound what it removes and what the table predicts for it.
+    On the grid both are the sums of the plan's own cells; off the grid the plan's recorded
+    count and prediction are used only when they lie within those bounds.
+
+    Returns:
+        {"removed" (None: off the grid and recorded nowhere), "removed_range" (the fewest and
+        most parameters the rates can remove), "budget" (removed, else the range's middle, over
+        the table's prunable parameters), "predicted_loss" (None when the plan records none
+        and it cannot be summed from the cells)}.
+    Raises:
+        PlanError: a recorded count or prediction outside what the plan's rates allow in this
+            table, or counts for another model.
+    """
+    grid = np.asarray(table.rate_grid, dtype=np.float64)
+    low = high = 0
+    losses = {"smoothed": [0.0, 0.0], "raw": [0.0, 0.0]}
+    exact = True
+    for c, (layer, kind) in enumerate(table.components):
+        rates = [plan.mlp_rates[layer]] if kind == "mlp" else [plan.attention_rates[layer]]
+        if kind == "block":
+            rates.append(plan.mlp_rates[layer])
+        brackets = [_row_bracket(grid, float(rate)) for rate in rates]
+        lower, upper = min(b[0] for b in brackets), max((b[1] for b in brackets), key=lambda u: len(grid) if u is None else u)
+        exact &= lower == upper
+        low += int(table.removed[c, lower])
+        high += int(table.removed[c, upper]) if upper is not None else table.dense_prunable
+        for name, values in (("smoothed", table.losses(True)), ("raw", table.delta)):
+            cells = values[c, lower : (len(grid) if upper is None else upper + 1)]
+            losses[name][0] += float(cells.min())
+            losses[name][1] += float(cells.max()) if upper is not None else np.inf
+    recorded = plan.params.get("removed")
+    if recorded is not None and not low <= int(recorded) <= high:
+        raise PlanError(
+            f"the plan says it removes {int(recorded):,} parameters, but its rates remove "
+            + (f"{low:,}" if low == high else f"{low:,} to {high:,}")
+            + " in this loss table: the plan's numbers contradict its rates"
+        )
+    if plan.params.get("dense_prunable") not in (None, table.dense_prunable):
+        raise PlanError(
+            f"the plan counts {int(plan.params['dense_prunable']):,} prunable parameters, the loss table {table.dense_prunable:,}"
+        )
+    removed = low if exact else None if recorded is None else int(recorded)
+    predicted = plan.predicted_loss
+    if predicted is not None:
+        slack = TOLERANCE * max(1.0, abs(predicted))
+        if not any(lo - slack <= predicted <= hi + slack for lo, hi in losses.values()):
+            raise PlanError(
+                f"the plan predicts a loss increase of {predicted:g}, but its cells in this loss table sum to "
+                f"{losses['smoothed'][0]:g}"
+                + ("" if exact else f" to {losses['smoothed'][1]:g}")
+                + ": the plan's numbers contradict its rates"
+            )
+    elif exact:
+        predicted = losses["smoothed"][0]
+    shown = removed if removed is not None else (low + high) / 2
+    return {"removed": removed, "removed_range": (low, high), "budget": shown / table.dense_prunable, "predicted_loss": predicted}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from gap_engine.core.fsutil import atomic_directory, refuse_special_files
+from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_evaluation_report, check_int, check_keys, check_number, check_text, read_json_file
 from gap_engine.model.loaded import LoadedModel
@@ -93,7 +95,7 @@ def save_state(work_dir: Path, state: RunState, tensors: dict[str, torch.Tensor]
             save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp / _TENSORS))
             if optimizer_state is not None:
                 torch.save(optimizer_state, tmp / _OPTIMIZER)
-            (tmp / _JSON).write_text(json.dumps(asdict(state)) + "\n")
+            (tmp / _JSON).write_text(json_text(asdict(state), "recovery state") + "\n")
     except BaseException:
         with contextlib.suppress(OSError):
             work_dir.rmdir()  # only when empty: a first snapshot that failed leaves no empty OUT.partial
@@ -148,6 +150,7 @@ def _checked_state(data: object, folder: Path, work_dir: Path) -> RunState:
     curve = data.get("curve", [])
     if not isinstance(curve, list) or len(curve) > steps or not all(isinstance(row, dict) for row in curve):
         raise RecoveryError(f"{what} curve must list at most {steps} rows; remove {work_dir}")
+    _check_state_rows(data, steps, what)
     calib = data.get("calib_before", [])
     if not isinstance(calib, list):
         raise RecoveryError(f"{what} calib_before must be a list; remove {work_dir}")
@@ -159,9 +162,39 @@ def _checked_state(data: object, folder: Path, work_dir: Path) -> RunState:
     rollbacks = data.get("rollbacks", [])
     if not isinstance(rollbacks, list) or len(rollbacks) > 64 or not all(isinstance(row, dict) for row in rollbacks):
         raise RecoveryError(f"{what} rollbacks must list at most 64 objects; remove {work_dir}")
-    if data.get("before") is not None and not isinstance(data["before"], dict):
-        raise RecoveryError(f"{what} before must be an object; remove {work_dir}")
+    if data.get("before") is not None:
+        check_evaluation_report(data["before"], f"{what} before", RecoveryError)
     return RunState(**data)
+
+
+def _optional_number(value: object, name: str, low: float | None = None, high: float | None = None) -> None:
+    """A finite number in [low, high], or None: a step whose loss was not finite is saved as null."""
+    if value is not None:
+        check_number(value, name, RecoveryError, low, high)
+
+
+def _check_state_rows(data: dict[str, Any], steps: int, what: str) -> None:
+    """The saved learning rate and the rows of the curve, the probe and the guard, for meaning:
+    a rate in (0, 1] (the settings' own range), steps within the run, losses finite or null."""
+    _optional_number(data.get("lr"), f"{what} lr", 1e-12, 1.0)
+    for i, row in enumerate(data.get("curve", [])):
+        check_int(row.get("step"), f"{what} curve[{i}] step", RecoveryError, 1, steps)
+        check_number(row.get("seconds"), f"{what} curve[{i}] seconds", RecoveryError, low=0.0)
+        _optional_number(row.get("loss"), f"{what} curve[{i}] loss", 0.0)
+        check_number(row.get("lr"), f"{what} curve[{i}] lr", RecoveryError, 0.0, 1.0)
+    probe = data.get("lr_probe", [])
+    if not isinstance(probe, list) or len(probe) > 64 or not all(isinstance(row, dict) for row in probe):
+        raise RecoveryError(f"{what} lr_probe must list at most 64 objects")
+    for i, row in enumerate(probe):
+        check_number(row.get("lr"), f"{what} lr_probe[{i}] lr", RecoveryError, 1e-12, 1.0)
+        for name in ("loss_before", "loss_after"):
+            _optional_number(row.get(name), f"{what} lr_probe[{i}] {name}", 0.0)
+    for i, row in enumerate(data.get("rollbacks", [])):
+        for name in ("step", "back_to"):
+            check_int(row.get(name), f"{what} rollbacks[{i}] {name}", RecoveryError, 0, steps)
+        _optional_number(row.get("loss"), f"{what} rollbacks[{i}] loss", 0.0)
+        _optional_number(row.get("lowest"), f"{what} rollbacks[{i}] lowest", 0.0)
+        check_number(row.get("lr_scale"), f"{what} rollbacks[{i}] lr_scale", RecoveryError, 1e-12, 1.0)
 
 
 def check_saved_state(work_dir: Path) -> None:
@@ -273,9 +306,17 @@ def checkpoint_plan(lm: LoadedModel) -> tuple[RatePlan, dict[str, list[list[int]
 
 
 def _curve_csv(curve: list[CurveRow]) -> str:
+    """losses.csv; a step whose loss was not finite (null in the saved state) has an empty loss."""
     lines = ["step,seconds,loss,lr"]
-    lines += [f"{row['step']},{row['seconds']:.3f},{row['loss']:.6f},{row['lr']:.6g}" for row in curve]
+    lines += [
+        f"{row['step']},{row['seconds']:.3f},{'' if not _finite(row['loss']) else format(row['loss'], '.6f')},{row['lr']:.6g}"
+        for row in curve
+    ]
     return "\n".join(lines) + "\n"
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def storage_dtype(lm: LoadedModel) -> str:
@@ -306,7 +347,7 @@ def write_checkpoint(
 
     with atomic_directory(out_dir) as tmp:
         save_pruned(lm, plan, kept, tmp, dtype=result.save_dtype, eval_report=result.after, recovery=card_summary(result))
-        (tmp / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+        (tmp / RESULT_FILE).write_text(json_text(result.to_dict(), RESULT_FILE, indent=2, default=str) + "\n")
         (tmp / "losses.csv").write_text(_curve_csv(result.curve))
         if adapter_dir is not None:
             shutil.copytree(adapter_dir, tmp / "adapter")
@@ -356,8 +397,8 @@ def read_result(folder: str | Path) -> RecoveryResult:
         if not isinstance(rows, list) or len(rows) > most or not all(isinstance(row, dict) for row in rows):
             raise RecoveryError(f"{what} {name} must list at most {most} objects")
     for row in data.get("curve", []):
-        if not all(isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool) for key in ("step", "loss")):
-            raise RecoveryError(f"{what} curve rows must have a numeric step and loss")
+        check_int(row.get("step"), f"{what} curve step", RecoveryError, 0, steps)
+        _optional_number(row.get("loss"), f"{what} curve loss")  # null: a step whose loss was not finite
     if not isinstance(data.get("settings", {}), dict):
         raise RecoveryError(f"{what} settings must be an object")
     return RecoveryResult.from_dict(data)

@@ -30,7 +30,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.recover import lora as recover_lora
 from gap_engine.recover import zo as recover_zo
 from gap_engine.recover.distill import Objective
-from gap_engine.recover.settings import ProbeRow, RecoverySettings
+from gap_engine.recover.settings import ProbeRow, RecoveryError, RecoverySettings
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,31 @@ def module_names(lm: LoadedModel, short_names: Iterable[str]) -> list[str]:
     return [full[s] for s in PROJECTIONS if s in short_names]
 
 
+def check_saved_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...] | None]) -> None:
+    """RecoveryError unless a snapshot holds exactly the tensors ``expected`` names, each of its
+    shape (None: any) and finite: the snapshot of another model, or a tampered one, is refused,
+    never half-loaded or broadcast into the weights."""
+    unknown, missing = sorted(set(tensors) - set(expected)), sorted(set(expected) - set(tensors))
+    if unknown or missing:
+        name, why = (unknown[0], "that this model has no place for") if unknown else (missing[0], "missing")
+        raise RecoveryError(f"the saved recovery state is not this model's: tensor {name[:120]} {why}; start over without resume")
+    for name, shape in expected.items():
+        tensor = tensors[name]
+        if shape is not None and tuple(tensor.shape) != shape:
+            raise RecoveryError(
+                f"the saved tensor {name[:120]} has shape {tuple(tensor.shape)}, this model's {shape}; start over without resume"
+            )
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise RecoveryError(f"the saved tensor {name[:120]} holds non-finite values; start over without resume")
+
+
+def _fits_mask(columns: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether saved MaZO columns index ``weight``: (rows, k) integers within its width."""
+    if columns.is_floating_point() or columns.dim() != 2 or columns.shape[0] != weight.shape[0]:
+        return False
+    return columns.numel() == 0 or bool(((columns >= 0) & (columns < weight.shape[1])).all())
+
+
 class ZORun:
     """MaZO (with a mask) or MeZO (without): two forward passes per step (plus the teacher's
     one when distilling), the objective's loss as the scalar the SPSA estimate differences."""
@@ -147,8 +172,23 @@ class ZORun:
             )
 
     def restore(self, tensors: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None) -> None:
+        """Put a snapshot back; RecoveryError when its tensors are not this run's (another
+        model's names or shapes, a mask pointing outside its weight, non-finite values)."""
+        masked = self.settings.method == "mazo"
+        expected: dict[str, tuple[int, ...] | None] = {}
         for target in self.targets:
-            if self.settings.method == "mazo":
+            weight = target.linear.weight
+            columns = tensors.get(f"{target.name}::columns") if masked else None
+            if masked:
+                expected[f"{target.name}::columns"] = None  # its own shape, checked below
+                if columns is not None and not _fits_mask(columns, weight):
+                    raise RecoveryError(
+                        f"the saved mask of {target.name} does not fit its {tuple(weight.shape)} weight; start over without resume"
+                    )
+            expected[f"{target.name}::values"] = tuple(columns.shape) if columns is not None else tuple(weight.shape)
+        check_saved_tensors(tensors, expected)
+        for target in self.targets:
+            if masked:
                 target.columns = tensors[f"{target.name}::columns"].to(target.linear.weight.device)
             target.load_values(tensors[f"{target.name}::values"])
 
@@ -198,9 +238,16 @@ class LoraRun:
         return None
 
     def restore(self, tensors: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None) -> None:
+        """Put a snapshot back; RecoveryError when its adapters or optimizer state are not this run's."""
+        check_saved_tensors(tensors, {name: tuple(t.shape) for name, t in recover_lora.adapter_tensors(self.peft).items()})
         recover_lora.load_adapter_tensors(self.peft, tensors)
         if optimizer_state is not None:
-            self.optimizer.load_state_dict(optimizer_state)
+            try:
+                self.optimizer.load_state_dict(optimizer_state)
+            except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+                raise RecoveryError(
+                    f"the saved optimizer state does not fit this run ({type(exc).__name__}); start over without resume"
+                ) from None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return recover_lora.adapter_tensors(self.peft)

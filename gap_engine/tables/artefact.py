@@ -38,7 +38,9 @@ from gap_engine.core.config import (
 from gap_engine.core.deprecation import warn_deprecated
 from gap_engine.core.device import SHORT_DTYPE_NAMES, dtype_name, placement_of
 from gap_engine.core.errors import DataError, TableError, first_line
+from gap_engine.core.jsontext import json_text
 from gap_engine.core.validate import check_int, check_table_document, parse_json
+from gap_engine.core.validate_meaning import check_removed_matches, check_table_cells
 from gap_engine.data.bos import WINDOW_STARTS, window_start
 from gap_engine.model.units import ATTENTION_TIE_RULE, block_geometries
 from gap_engine.prune.criteria import CRITERIA
@@ -248,8 +250,34 @@ class LossTable:
         return cells
 
     def check_model(self, lm: LoadedModel) -> None:
-        """TableError unless this table was built for ``lm``."""
+        """TableError unless this table was built for ``lm``: its layer count, its weights'
+        fingerprint, and the parameters each cell removes at its rate in ``lm``'s geometry."""
         self.check_identity(lm.name, lm.num_layers, lm.fingerprint)
+        expected, prunable = removed_table(lm, self.components, self.rate_grid, self.spec.channel_multiple)
+        check_removed_matches(self.removed, expected, self.dense_prunable, prunable, self.row_names(), self.rate_grid, lm.name, TableError)
+
+    def row_names(self) -> list[str]:
+        """A name per row for messages: "layer 3 attn"."""
+        return [f"layer {layer} {kind}" for layer, kind in self.components]
+
+    def check_meaning(self) -> LossTable:
+        """TableError unless the cells are what a build produces (``validate_meaning.check_table_cells``):
+        nothing removed at rate 0, removals that grow with the rate and leave part of every
+        layer, deltas that are their cells' objective over dense, the smoothing of the raw rows."""
+        check_table_cells(
+            rate_grid=self.rate_grid,
+            removed=self.removed,
+            delta=self.delta,
+            cell_objective=self.cell_objective,
+            dense_objective=self.dense_objective,
+            dense_prunable=self.dense_prunable,
+            measured=self.measured_cells(),
+            rows=self.row_names(),
+            smoothed=self.smoothed,
+            expected_smoothed=None if self.smoothed is None else isotonic_smooth(self.delta),
+            error=TableError,
+        )
+        return self
 
     def check_identity(self, name: str, num_layers: int | None, fingerprint: str | None) -> None:
         """TableError unless a model of ``num_layers`` blocks and weights ``fingerprint`` is
@@ -289,7 +317,7 @@ class LossTable:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":")) + "\n"
+        return json_text(self.to_dict(), "loss table", separators=(",", ":")) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> LossTable:
@@ -297,12 +325,13 @@ class LossTable:
         data = parse_json(text, "loss table", TableError)
         check_table_document(data)  # types, ranges, sizes: refuses tables no build can produce
         try:
-            return cls._from_dict(data)
+            table = cls._from_dict(data)
         except TableError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else first_line(exc)
             raise TableError(f"malformed loss table: {detail}") from None
+        return table.check_meaning()  # the numbers agree with each other (validate_meaning)
 
     @classmethod
     def _from_dict(cls, data: object) -> LossTable:

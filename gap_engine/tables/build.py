@@ -18,8 +18,10 @@ import numpy as np
 import torch
 
 from gap_engine.core.device import CPU_FP32, placement_of, resolve
+from gap_engine.core.errors import TableError
 from gap_engine.core.progress import NO_HOOKS, SCORE_UNITS, Hooks
 from gap_engine.data.bos import text_start
+from gap_engine.model.finite import NonFiniteMeasurement, check_finite, non_finite_cause
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import (
@@ -103,6 +105,19 @@ def assemble_table(
     )
 
 
+def check_finite_cells(lm: LoadedModel, spec: TableSpec, components: list[tuple[int, str]], objective: np.ndarray, dense: float) -> None:
+    """TableError naming the first cell (and the likeliest cause) when a measurement is not a number:
+    a table of NaN cells would be written, cached and planned on as if measured."""
+    check_finite(dense, f"the dense model's {spec.objective} on the calibration windows", lm.model, TableError)
+    bad = np.argwhere(~np.isfinite(objective))
+    if bad.size:
+        c, r = (int(i) for i in bad[0])
+        layer, kind = components[c]
+        check_finite(
+            float(objective[c, r]), f"the {spec.objective} of layer {layer} {kind} at rate {spec.rate_grid[r]:g}", lm.model, TableError
+        )
+
+
 def measure_table(
     lm: LoadedModel,
     spec: TableSpec,
@@ -143,7 +158,11 @@ def measure_table(
     tokens = np.full((len(components), len(spec.rate_grid)), objective_positions(windows, spec.objective, start), dtype=np.int64)
     window_start = "bos" if start else "text"
     fill: TableFiller = ESTIMATORS.function(spec.estimator)  # the estimator's own filler enters its stages
-    objective, dense, stats, measured, estimate = fill(CellRequest(lm, spec, windows, scores, components, hooks, partial), cells)
+    try:
+        objective, dense, stats, measured, estimate = fill(CellRequest(lm, spec, windows, scores, components, hooks, partial), cells)
+    except NonFiniteMeasurement as exc:
+        raise TableError(f"{exc}: {non_finite_cause(lm.model)}") from None
+    check_finite_cells(lm, spec, components, objective, dense)
     if placement_of(lm) != resolve(CPU_FP32):  # tables built the old way keep their exact extras
         stats = stats | {"placement": placement_of(lm).describe()}
     filled = Filled(measured, tokens, estimate, window_start)

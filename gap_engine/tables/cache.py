@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from filelock import FileLock, Timeout
 from gap_engine.core.cachepaths import META_FILE, PARTIAL_FILE, TABLE_FILE, entry_dir, tables_root
 from gap_engine.core.errors import CacheError, TableError, first_line
 from gap_engine.core.fsutil import atomic_write_json, atomic_write_text, lock_for, lock_path
+from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_cache_meta, check_int, check_keys, check_number, check_text, read_bounded, read_json_file
 from gap_engine.tables.artefact import TABLE_FORMAT_VERSION, LossTable
@@ -50,7 +51,7 @@ def _sha256(data: bytes) -> str:
 
 def _cells_sha256(cells: list[list[Any]]) -> str:
     """Checksum of partial cells ([component, rate index, value, units key] rows) in their JSON form."""
-    return _sha256(json.dumps(cells, separators=(",", ":")).encode("utf-8"))
+    return _sha256(json_text(cells, "partial cells", separators=(",", ":")).encode("utf-8"))
 
 
 def _saved_cell(cell: object) -> tuple[tuple[int, int], tuple[float, str]]:
@@ -70,8 +71,15 @@ def _discard(folder: Path, reason: str) -> None:
         (folder / name).unlink(missing_ok=True)
 
 
-def get_table(key: str) -> LossTable | None:
-    """The cached table for ``key``, or None when absent, unfinished or corrupt."""
+def get_table(key: str, verify: Callable[[LossTable], None] | None = None) -> LossTable | None:
+    """The cached table for ``key``, or None when absent, unfinished or corrupt.
+
+    Args:
+        verify: raises TableError when the table is not the one asked for (another model's
+            table under this key, its checksum updated to match): the entry is then removed
+            like a corrupt one, and rebuilt by the caller. The checksum only proves the entry
+            is whole, not whose it is.
+    """
     folder = entry_dir(key)
     meta_path, table_path = folder / META_FILE, folder / TABLE_FILE
     if not meta_path.is_file():
@@ -100,6 +108,12 @@ def get_table(key: str) -> LossTable | None:
     if table.key != key:
         _discard(folder, f"table.json holds key {table.key}")
         return None
+    if verify is not None:
+        try:
+            verify(table)
+        except TableError as exc:
+            _discard(folder, f"it is not the table asked for: {first_line(exc)}")
+            return None
     return table
 
 
@@ -216,7 +230,7 @@ class PartialCells:
             "cells_sha256": _cells_sha256(rows),  # checked on load, like a finished table's
             "cells": rows,
         }
-        atomic_write_text(self.path, json.dumps(data) + "\n")
+        atomic_write_text(self.path, json_text(data, str(self.path)) + "\n")
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)

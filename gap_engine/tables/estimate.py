@@ -33,6 +33,7 @@ from gap_engine.core.progress import GRADIENT_PASS, EtaClock, Hooks
 from gap_engine.data.bos import next_token_nll, text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.adapters import ArchitectureAdapter, LayerGeometry
+from gap_engine.model.finite import NonFiniteMeasurement
 from gap_engine.model.layerwise import backward_blocks
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import ImportanceScores
@@ -115,6 +116,8 @@ class _GradientSums:
         """
         n, logits = batch.shape[0], logits.float()  # (B, T, V)
         vocab = logits.shape[-1]
+        if not bool(torch.isfinite(logits).all()):  # sampling labels from NaN probabilities would fail inside torch
+            raise NonFiniteMeasurement("the dense model's logits on the calibration windows are not all finite")
         real = next_token_nll(logits, batch, start)  # (B, T-1-start)
         self.dense_sum += float(real.detach().double().sum())
         losses: list[torch.Tensor] = []

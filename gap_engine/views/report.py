@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING
 
 from gap_engine import __version__
 from gap_engine.core.config import DEFAULT_BUDGET
-from gap_engine.core.errors import GapError
+from gap_engine.core.errors import GapError, PlanError
 from gap_engine.core.fsutil import atomic_write_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_evaluation_report, read_json_file
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.front import dp_front, front_rows
-from gap_engine.plan.front_view import step_at_budget
+from gap_engine.plan.front_view import plan_figures, step_at_budget
 from gap_engine.plan.problem import Constraints
 from gap_engine.views import figures
 
@@ -112,11 +112,19 @@ def check_plan(table, plan: RatePlan) -> None:
 
 
 def _plan_row(table, plan: RatePlan) -> dict:
-    removed = int(plan.params.get("removed", 0))
+    """The plan as a front row; its removal and prediction recomputed from the table's cells, or
+    checked against them (`front_view.plan_figures`): a plan's own numbers are never shown unchecked."""
+    try:
+        figures_ = plan_figures(table, plan)
+    except PlanError as exc:
+        raise ReportError(str(exc)) from None
+    known = figures_["removed"] is not None  # off the grid with no count of its own: only its range is known
     return {
-        "budget": removed / table.dense_prunable if removed else float(plan.budget or 0.0),
-        "removed": removed,
-        "predicted_loss": plan.predicted_loss,
+        "budget": figures_["budget"],
+        "removed": figures_["removed"] if known else int(sum(figures_["removed_range"]) // 2),
+        "removed_range": None if known else figures_["removed_range"],
+        "predicted_loss": figures_["predicted_loss"] if known else None,  # no point drawn where the count is unknown
+        "claimed_loss": figures_["predicted_loss"],
         "attention_rates": list(plan.attention_rates),
         "mlp_rates": list(plan.mlp_rates),
         "label": "GAP DP" if plan.allocator == "dp" else f"{plan.allocator} plan",
@@ -202,9 +210,9 @@ def _evaluation_html(evaluation: dict, objective: str) -> str:
         facts.append(["parameters", f"{evaluation['dense_params']:,} → {evaluation['params']:,}"])
     name = figures.OBJECTIVE_NAME.get(objective, objective)
     if evaluation.get("predicted_loss") is not None:
-        facts.append([f"{name} increase predicted by the table", _num(evaluation["predicted_loss"], "+{:.4f}")])
+        facts.append([f"{name} increase predicted by the table", _num(evaluation["predicted_loss"], "{:+.4f}")])
     if evaluation.get("actual_loss") is not None:
-        facts.append([f"{name} increase measured on the calibration text", _num(evaluation["actual_loss"], "+{:.4f}")])
+        facts.append([f"{name} increase measured on the calibration text", _num(evaluation["actual_loss"], "{:+.4f}")])
     if evaluation.get("prefill_speedup") is not None:
         facts.append(["prefill speed vs dense", _num(evaluation["prefill_speedup"], "{:.2f}x")])
     if evaluation.get("decode_speedup") is not None:
@@ -274,15 +282,19 @@ def _cards_html(table, row: dict, dense_total: int | None, evaluation: dict | No
     """The headline numbers of the report, as cards."""
     name = figures.OBJECTIVE_NAME.get(table.spec.objective, table.spec.objective)
     removed = int(row["removed"])
+    span = row.get("removed_range")  # a plan between the grid rates with no count of its own
+    prunable = table.dense_prunable
     cards = [
         ("model", html.escape(table.model)),
-        ("budget (of prunable)", f"{row['budget']:.2%}"),
-        ("parameters removed", f"{removed:,}"),
-        (f"predicted {name} increase", _num(row.get("predicted_loss"), "+{:.4f}")),
+        ("budget (of prunable)", f"{span[0] / prunable:.2%} to {span[1] / prunable:.2%}" if span else f"{row['budget']:.2%}"),
+        ("parameters removed", f"{span[0]:,} to {span[1]:,}" if span else f"{removed:,}"),
+        (f"predicted {name} increase", _num(row.get("claimed_loss", row.get("predicted_loss")), "{:+.4f}")),
     ]
     if dense_total:
         cards.insert(1, ("dense parameters", f"{dense_total:,}"))
-        cards.append(("parameters left", f"{dense_total - removed:,}"))
+        cards.append(
+            ("parameters left", f"{dense_total - span[1]:,} to {dense_total - span[0]:,}" if span else f"{dense_total - removed:,}")
+        )
     if evaluation:
         first = next(iter(evaluation["perplexity"]), None)
         if first is not None:
@@ -336,7 +348,9 @@ def build_report(
     if plan is not None:
         check_plan(table, plan)
         row = _plan_row(table, plan)
-        what = f"{plan.allocator} plan {plan.content_hash()}" + (f" (budget {plan.budget:.2%})" if plan.budget is not None else "")
+        span = row["removed_range"]
+        share = f"{span[0] / table.dense_prunable:.2%} to {span[1] / table.dense_prunable:.2%}" if span else f"{row['budget']:.2%}"
+        what = f"{plan.allocator} plan {plan.content_hash()} (removes {share} of prunable parameters)"
         dense_total = dense_total or plan.params.get("dense_total")
         locked = None
     else:

@@ -43,7 +43,7 @@ def step_readout(row: dict, dense_total: int | None, objective: str, basis: str 
     if dense_total:
         left = dense_total - removed
         text += f" ({removed / dense_total:.1%} of all) · {left / 1e6:.1f}M params left, {left * BYTES_PER_PARAM / 2**20:.0f} MiB fp32"
-    text += f" · predicted {OBJECTIVE_NAME.get(objective, objective)} +{row['predicted_loss']:.4f} nats/token"
+    text += f" · predicted {OBJECTIVE_NAME.get(objective, objective)} {row['predicted_loss']:+.4f} nats/token"
     return text + (f" ({BASIS_TEXT[basis]})" if basis else "")
 
 
