@@ -39,7 +39,6 @@ from gap_engine.core.device import SHORT_DTYPE_NAMES, dtype_name, placement_of
 from gap_engine.core.errors import DataError, TableError, first_line
 from gap_engine.core.validate import check_int, check_table_document, parse_json
 from gap_engine.data.bos import WINDOW_STARTS, window_start
-from gap_engine.model.units import block_geometries
 from gap_engine.prune.criteria import CRITERIA
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
@@ -432,18 +431,24 @@ def table_key(lm: LoadedModel, spec: TableSpec, data_fingerprint: str) -> str:
         spec: the table's settings.
         data_fingerprint: the content hash of the calibration text source.
     """
+    return key_for(str(lm.name), lm.fingerprint, window_start(lm.tokenizer), dtype_name(placement_of(lm).dtype), spec, data_fingerprint)
+
+
+def key_for(model_name: str, model_fingerprint: str, start: str, dtype: str, spec: TableSpec, data_fingerprint: str) -> str:
+    """`table_key` from what identifies its inputs, so a key can be computed without loading them
+    (``tables.lookup``): the model's name, weights fingerprint, window start ("bos" or "text")
+    and compute dtype name ("float32", "bfloat16", ...), the settings and the text's hash."""
     content = {
         "format_version": TABLE_FORMAT_VERSION,
-        "model_fingerprint": lm.fingerprint,
+        "model_fingerprint": model_fingerprint,
         "data_fingerprint": data_fingerprint,
-        "window_start": window_start(lm.tokenizer),
+        "window_start": start,
         **spec.summary(),
     }
-    dtype = dtype_name(placement_of(lm).dtype)
     if dtype != "float32":  # float32 keys stay what they always were
         content["dtype"] = dtype
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]
-    return key_prefix(str(lm.name), dtype, spec) + digest
+    return key_prefix(model_name, dtype, spec) + digest
 
 
 def key_prefix(model_name: str, dtype: str, spec: TableSpec) -> str:
@@ -464,6 +469,8 @@ def removed_table(
     lm: LoadedModel, components: Sequence[tuple[int, str]], rate_grid: Sequence[float] | np.ndarray, channel_multiple: int
 ) -> tuple[np.ndarray, int]:
     """(C, R) parameters removed per cell and the dense prunable count, from units."""
+    from gap_engine.model.units import block_geometries  # torch: not for the cache's no-load lookup of a table
+
     geoms = block_geometries(lm)
     removed = np.zeros((len(components), len(rate_grid)), dtype=np.int64)
     for c, (layer, kind) in enumerate(components):
