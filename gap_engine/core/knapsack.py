@@ -234,6 +234,7 @@ def _dp_tables(bucketed: np.ndarray, losses: np.ndarray, allowed: np.ndarray, wi
     cand_buffer = np.empty(n_opt * width)
     equal_buffer = np.empty(n_opt * width, dtype=bool)
     key_dtype = np.min_scalar_type(n_opt)
+    key_buffer = np.empty(n_opt * width, dtype=key_dtype)
     for c in range(n_comp):
         opts = np.flatnonzero(kept[c])  # (k,) option indices, in rate order
         k, n = len(opts), int(reach[c]) + 1
@@ -247,8 +248,10 @@ def _dp_tables(bucketed: np.ndarray, losses: np.ndarray, allowed: np.ndarray, wi
         equal = equal_buffer[: k * n].reshape(k, n)
         np.equal(cand, best, equal)
         countdown = (n_opt - opts).astype(key_dtype)[:, None]  # (k, 1)
+        key = key_buffer[: k * n].reshape(k, n)
+        np.multiply(equal.view(np.uint8), countdown, key)
         row = pointers[c, :n]
-        np.subtract(n_opt, np.maximum.reduce(equal.view(np.uint8) * countdown, axis=0), row, casting="unsafe")
+        np.subtract(n_opt, np.maximum.reduce(key, axis=0), row, casting="unsafe")
         if at_least:
             nxt[:pad] = best[0]
         else:
