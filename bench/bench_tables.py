@@ -378,8 +378,10 @@ def main() -> int:
     if "cache" not in skip:
         report += cache_hit_and_miss(args)
     load_after = os.getloadavg()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     report += [
-        f"Total bench time {time.perf_counter() - started:.0f} s ({time.process_time() - cpu_started:.0f} s CPU); load average at the end "
+        f"Total bench time {time.perf_counter() - started:.0f} s ({time.process_time() - cpu_started:.0f} s CPU here, "
+        f"{children.ru_utime + children.ru_stime:.0f} s in the `gap` processes of part 4); load average at the end "
         f"{load_after[0]:.1f} / {load_after[1]:.1f} / {load_after[2]:.1f}.",
     ]
     print("\n".join(report))
