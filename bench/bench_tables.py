@@ -12,8 +12,13 @@ Three questions, one run:
    tables from disjoint window groups play the part of two seeds. Reported: the share of
    negative cells, the group-to-group agreement, and how isotonic smoothing, more tokens
    and the KL objective change it.
+4. The cache (issue 35): `gap table` of the default table of smollm2-135m in a fresh process
+   each, in an empty cache: the miss (a build), the hit found before anything loads
+   (``tables.lookup``), and the hit the old way (the recorded stamps removed: the model
+   loaded and the text read before the cache is read). Target: the hit at most 2 s and at
+   least 10x faster than the miss.
 
-Usage: python bench/bench_tables.py [--samples 2 --seq-len 64 --noise-samples 16 --noise-seq-len 32]
+Usage: python bench/bench_tables.py [--samples 2 --seq-len 64 --noise-samples 16 --noise-seq-len 32] [--skip speed,noise,cache]
 Prints a markdown report on stdout (progress on stderr).
 """
 
@@ -27,8 +32,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import platform
+import resource
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,6 +51,7 @@ from reference import naive_build_table
 
 from gap_engine.core.config import FULL_RATE_GRID as DEFAULT_RATE_GRID
 from gap_engine.core.config import WindowSpec
+from gap_engine.core.fsutil import cache_root
 from gap_engine.core.knapsack import solve_budget
 from gap_engine.data.windows import calibration_windows
 from gap_engine.model.loading import load_model
@@ -272,6 +284,62 @@ def noise(lm, args) -> list[str]:
     return out
 
 
+# ---- 4: the cache ----------------------------------------------------------------------------------
+def gap_table_run(env: dict, out: Path) -> Clock:
+    """`gap table` of the default table of smollm2-135m in a fresh process: its wall and CPU seconds."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "gap_engine", "table", "--model", "smollm2-135m", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    wall = time.perf_counter() - wall
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"gap table failed ({done.returncode}): {done.stderr[-2000:]}")
+    return Clock(wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+
+
+def cache_hit_and_miss(args) -> list[str]:
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        cache_dir = Path(tmp) / "cache"
+        cache_dir.mkdir()
+        (cache_dir / "models").symlink_to(cache_root() / "models", target_is_directory=True)  # the converted model, not its conversion
+        env = dict(os.environ, GAP_CACHE_DIR=str(cache_dir), PYTHONPATH=str(root))
+        outs = [Path(tmp) / f"table-{i}.json" for i in range(2 + args.hit_repeats + 1)]
+        note("miss: building the default table in an empty cache ...")
+        miss = gap_table_run(env, outs[0])
+        note(f"miss: {miss}")
+        hits = [gap_table_run(env, out) for out in outs[1 : 1 + args.hit_repeats]]
+        note(f"hits: {', '.join(map(str, hits))}")
+        shutil.rmtree(cache_dir / "stamps")  # what the build's load and read recorded: the lookup cannot know the inputs
+        old = gap_table_run(env, outs[1 + args.hit_repeats])
+        note(f"hit the old way: {old}")
+        again = gap_table_run(env, outs[-1])  # the old way's load recorded them again
+        identical = len({out.read_bytes() for out in outs}) == 1
+    hit = Clock(statistics.median(h.wall for h in hits), statistics.median(h.cpu for h in hits))
+    verdict = "met" if hit.wall <= 2.0 and miss.wall >= 10 * hit.wall else "MISSED"
+    return [
+        "## 4. The cache: `gap table --model smollm2-135m` (the default table) in a fresh process each, in an empty cache",
+        "",
+        "| run | wall (CPU of the process) |",
+        "|---|---:|",
+        f"| miss: the table built (model loaded, text read, fisher pass) | {miss} |",
+        f"| hit, found before anything loads (median of {args.hit_repeats}) | **{hit}** |",
+        f"| hit the old way (stamps removed: model loaded and text read first, then the cache) | {old} |",
+        f"| hit after the old way (its load recorded the stamps again) | {again} |",
+        "",
+        f"- miss / hit: **{miss.ratio(hit)}**; old-way hit / hit: {old.ratio(hit)}",
+        f"- the {len(outs)} written tables are byte-identical: {identical}",
+        f"- target hit <= 2 s and >= 10x faster than the miss: {verdict}",
+        "",
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=2, help="windows for the speed and estimate parts")
@@ -282,22 +350,24 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--calibration-forwards", type=int, default=20, help="full forwards timed after the 16-rate build")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: speed, noise")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: speed, noise, cache")
+    parser.add_argument("--hit-repeats", type=int, default=3, help="cache hits timed (each a fresh process)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     started, cpu_started = time.perf_counter(), time.process_time()
     load_before = os.getloadavg()
-    lm, load_clock = timed("load smollm2-135m", lambda: load_model("smollm2-135m"))
+    lm, load_clock = timed("load smollm2-135m", lambda: load_model("smollm2-135m")) if {"speed", "noise"} - skip else (None, None)
     report = [
         "# Loss-table benchmark",
         "",
         f"- command: `python bench/bench_tables.py {' '.join(sys.argv[1:])}`".rstrip(),
         f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
         f"with {torch.get_num_threads()} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}",
-        f"- model: smollm2-135m (30 blocks, 9 heads / 3 KV heads, MLP 1536, vocab 49152), loaded in {load_clock.wall:.1f} s; "
-        f"data: wiki-sample calibration windows; criterion wanda; objective nll unless stated",
+        "- model: smollm2-135m (30 blocks, 9 heads / 3 KV heads, MLP 1536, vocab 49152)"
+        + (f", loaded in {load_clock.wall:.1f} s" if load_clock else "")
+        + "; data: wiki-sample calibration windows; criterion wanda; objective nll unless stated (part 4: the CLI's defaults)",
         f"- load average at start (1/5/15 min): {load_before[0]:.1f} / {load_before[1]:.1f} / {load_before[2]:.1f}",
         "",
     ]
@@ -305,9 +375,13 @@ def main() -> int:
         report += speed_and_estimates(lm, args)
     if "noise" not in skip:
         report += noise(lm, args)
+    if "cache" not in skip:
+        report += cache_hit_and_miss(args)
     load_after = os.getloadavg()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     report += [
-        f"Total bench time {time.perf_counter() - started:.0f} s ({time.process_time() - cpu_started:.0f} s CPU); load average at the end "
+        f"Total bench time {time.perf_counter() - started:.0f} s ({time.process_time() - cpu_started:.0f} s CPU here, "
+        f"{children.ru_utime + children.ru_stime:.0f} s in the `gap` processes of part 4); load average at the end "
         f"{load_after[0]:.1f} / {load_after[1]:.1f} / {load_after[2]:.1f}.",
     ]
     print("\n".join(report))

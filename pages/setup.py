@@ -29,7 +29,7 @@ from gap_engine.pipeline.expected import table_prediction
 from gap_engine.pipeline.jobs import manager, model_load_seconds, table_task
 from gap_engine.pipeline.stages import table_stages
 from gap_engine.prune.criteria import CRITERIA
-from gap_engine.tables import cache
+from gap_engine.tables import cache, lookup
 from gap_engine.tables.artefact import TableSpec, key_prefix, parse_rate_grid
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
@@ -129,6 +129,14 @@ def start_build() -> None:
         common.set_message("setup", "error", one_line(exc))
         return
     device = device_from_widgets()
+    try:
+        cached = lookup.find_table(name, spec, device)  # before any model loads or text is read
+    except GapError:
+        cached = None  # a device this machine lacks: the job says so
+    if cached is not None:
+        common.set_table(cached)
+        common.set_message("setup", "success", f"Loaded the cached table {cached.key} (found without loading the model).")
+        return
     cells = None
     if ss["setup_ray"] and os.environ.get(RAY_ADDRESS_ENV):
         if spec.estimator != "exact":

@@ -86,6 +86,52 @@ def uniform_choice(costs: np.ndarray, rate_grid: np.ndarray, removed_params: flo
     raise BudgetError(f"uniform pruning cannot remove {removed_params:,.0f} parameters: at most {int(totals[top]):,} (rate {grid[top]:g})")
 
 
+def loop_front(costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray | None = None, n_buckets: int = 4096) -> dict[str, np.ndarray]:
+    """`solve_front` as it was before issue 35: one option at a time, masked copies.
+
+    The same covering DP over the same buckets (see core/knapsack.py's docstring), looped
+    over components and then options, each a pass over every budget. Kept to check the
+    vectorised planner against (identical values, choices and removals) and to time it.
+
+    Returns:
+        dict of ``bucket_size``, ``best_loss`` (B+1,), ``choices`` (B+1, C) and ``removed`` (B+1,).
+    """
+    costs_int, losses_arr, mask = check_inputs(costs, losses, allowed)
+    n_comp, n_opt = costs_int.shape
+    max_removable = int(np.where(mask, costs_int, -1).max(axis=1).sum())
+    bucket_size = max(1, -(-max_removable // n_buckets))
+    n_budget = -(-max_removable // bucket_size)
+    width = n_budget + 1
+    bucketed = np.minimum((costs_int + bucket_size // 2) // bucket_size, n_budget)
+    pointers = np.empty((n_comp, width), dtype=np.int16 if n_opt <= np.iinfo(np.int16).max else np.int32)
+    prev = np.full(width, np.inf)
+    prev[0] = 0.0
+    best, cand, better = np.empty(width), np.empty(width), np.empty(width, dtype=bool)
+    for c in range(n_comp):
+        row = pointers[c]
+        row.fill(-1)
+        best.fill(np.inf)
+        for r in np.flatnonzero(mask[c]):
+            shift = min(int(bucketed[c, r]), width)
+            cand[:shift] = prev[0] + losses_arr[c, r]
+            np.add(prev[: width - shift], losses_arr[c, r], out=cand[shift:])
+            np.less(cand, best, out=better)  # strict: the smaller rate keeps a tie
+            np.copyto(best, cand, where=better)
+            np.copyto(row, r, where=better)
+        prev, best = best, prev
+    reachable = np.isfinite(prev)
+    choices = np.empty((width, n_comp), dtype=pointers.dtype)
+    budget_left = np.arange(width)
+    for c in range(n_comp - 1, -1, -1):
+        picked = pointers[c, budget_left]
+        choices[:, c] = picked
+        budget_left = np.maximum(budget_left - bucketed[c, picked], 0)
+    choices[~reachable] = -1
+    removed = costs_int[np.arange(n_comp), choices].sum(axis=1)
+    removed[~reachable] = -1
+    return {"bucket_size": np.array(bucket_size), "best_loss": prev, "choices": choices, "removed": removed}
+
+
 def naive_build_table(lm, spec: TableSpec, progress: ProgressFn | None = None, windows: torch.Tensor | None = None) -> LossTable:
     """Reference build: one full forward of the whole model per cell, on a sliced copy.
 

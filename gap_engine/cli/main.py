@@ -31,20 +31,23 @@ from gap_engine.cli.parser import build_parser
 from gap_engine.cli.preflight import preflight
 from gap_engine.core.errors import GapError, one_line
 
+# What _quiet_transformers sets, as the libraries read it when they are imported: a command
+# that finds its table in the cache never imports them (seconds), one that loads a model does.
+_QUIET_ENVIRONMENT = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
 
 def _quiet_transformers() -> None:
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    for name, value in _QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
     # huggingface_hub and datasets log through their own handlers (retries, one line each).
-    from huggingface_hub.utils import logging as hub_logging
-
-    hub_logging.set_verbosity_error()
     logging.getLogger("datasets").setLevel(logging.ERROR)
-    from gap_engine.model.remote_code import forbid_code_prompts
+    if "transformers" in sys.modules:  # imported before main ran (an embedding application, tests)
+        import transformers
+        from huggingface_hub.utils import logging as hub_logging
 
-    forbid_code_prompts()  # no load in this process may ask to run a folder's code; each refuses
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+        hub_logging.set_verbosity_error()
 
 
 INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug, never the user's input
@@ -134,11 +137,20 @@ def check_model_folders(args) -> None:
     its small files checked before the handler reads any text or prints a line: a damaged
     checkpoint is one line, not a text read and half a model load. (Here, not in the
     preflight: the checks build the config and the tokenizer, which needs transformers.)"""
+    folders = [getattr(args, dest) for dest in ("model", "checkpoint") if getattr(args, dest, None) and _maybe_folder(getattr(args, dest))]
+    if not folders:
+        return  # nothing to check: the loader (and torch) is not imported for a built-in name
     from gap_engine.model.loading import check_model_files
 
-    for dest in ("model", "checkpoint"):
-        if getattr(args, dest, None):
-            check_model_files(getattr(args, dest))
+    for folder in folders:
+        check_model_files(folder)
+
+
+def _maybe_folder(value: str) -> bool:
+    try:
+        return Path(value).expanduser().is_dir()
+    except (OSError, RuntimeError, ValueError):  # an unknown ~user, a link loop: check_model_files says it
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from gap_engine.model.loading import list_models, load_model
 from gap_engine.model.rateplan import RatePlan, uniform_plan
 from gap_engine.pipeline.checkpoints import evaluate_model, prune_rounds_to_checkpoint, prune_to_checkpoint
 from gap_engine.pipeline.stages import dense_reference
+from gap_engine.tables.lookup import find_table
 
 
 def run_models(args: argparse.Namespace) -> int:
@@ -62,11 +63,12 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise PlanError(f"--rounds must be at least 1, got {args.rounds}")
     spec = spec_from_args(args)
-    check_windows_fit(args.model, (spec.windows, "calibration"))
+    first_table = find_table(args.model, spec, device_from(args))  # round 1's table, looked up before anything loads
+    check_windows_fit(args.model, (spec.windows, "calibration"))  # the scores read the windows all the same
     read_sources(args.data)  # a bad text source fails before the model loads
     lm = load_model(args.model, device_from(args))
     progress = StderrProgress("round table")
-    result = prune_rounds_to_checkpoint(lm, spec, args.budget, args.rounds, args.out, args.save_dtype, progress.hooks())
+    result = prune_rounds_to_checkpoint(lm, spec, args.budget, args.rounds, args.out, args.save_dtype, progress.hooks(), first_table)
     summary = {
         "out": str(args.out),
         "params_before": lm.param_count(),

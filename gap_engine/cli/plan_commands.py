@@ -30,6 +30,7 @@ from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.front import dp_front, front_csv, front_rows
 from gap_engine.plan.problem import Constraints, planning_problem
 from gap_engine.tables.artefact import LossTable
+from gap_engine.tables.lookup import find_table
 
 
 def constraints_from(args: argparse.Namespace) -> Constraints:
@@ -120,17 +121,22 @@ def run_compare(args: argparse.Namespace) -> int:
     table = read_table(args.table) if args.table else None
     if table is not None:
         check_recorded_model(args.model, table)  # before the text is read
+    spec = None if table is not None else spec_from_args(args)
+    cached = None if spec is None else find_table(args.model, spec, device_from(args))  # before anything loads
     eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len, seed=args.seed)
-    needs = [(eval_windows, "heldout")] + ([] if table is not None else [(spec_from_args(args).windows, "calibration")])
-    check_windows_fit(args.model, *needs)
-    read_sources(args.eval_data, *(() if args.table else (args.data,)))  # before the model loads
+    # The table's text is read only to build the table.
+    calibration = [] if spec is None or cached is not None else [(spec.windows, "calibration")]
+    check_windows_fit(args.model, (eval_windows, "heldout"), *calibration)
+    read_sources(args.eval_data, *((args.data,) if calibration else ()))  # before the model loads
     if table is not None:
         lm = _load_for_table(args.model, table, device_from(args))
     else:
-        spec = spec_from_args(args)
         lm = load_model(args.model, device_from(args))
-        progress = StderrProgress("loss table")
-        table = loss_table(lm, spec, progress.hooks())
+        if cached is not None and cached.model_fingerprint == lm.fingerprint:
+            table = cached
+        else:
+            progress = StderrProgress("loss table")
+            table = loss_table(lm, spec_from_args(args), progress.hooks())
     for budget in budgets:  # before anything slow: an unreachable budget fails here
         for allocator in allocators:
             check_reach(lm, table, budget, allocator, constraints)

@@ -35,6 +35,7 @@ from gap_engine.core.fsutil import (
 )
 from gap_engine.core.limits import LIMITS, check_at_most, check_windows
 from gap_engine.core.memory import parse_max_memory
+from gap_engine.model.identity import BUILTIN_MODEL_NAMES
 
 # option dest -> (flag, floor, ceiling field of LIMITS or None, what one unit is)
 SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
@@ -61,8 +62,8 @@ CACHE_COMMANDS = ("table", "compare", "models", "cache", "recover")
 # Commands that only read the cache (listing models and tables, a report of a recorded run):
 # they work on a read-only one.
 CACHE_READERS = ("models", "cache", "report")
-# The built-in model names (models.BUILTIN_MODELS; not imported: it needs torch). Loading one uses the cache.
-BUILTIN_NAMES = ("smollm2-135m", "gemma3-270m")
+# The built-in model names (model.identity names loading.BUILTIN_MODELS without torch). Loading one uses the cache.
+BUILTIN_NAMES = BUILTIN_MODEL_NAMES
 # Models `gap table --dry-run` prices from their published shapes alone (costmodel.SHAPES; not
 # imported: it needs torch). They are names for planning, never loaded: the handler refuses them
 # for anything but a dry run.

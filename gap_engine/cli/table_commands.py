@@ -1,4 +1,9 @@
-"""``gap table`` and ``gap cache``: build loss tables and manage the table cache."""
+"""``gap table`` and ``gap cache``: build loss tables and manage the table cache.
+
+A table already in the cache is found before anything loads (``tables.lookup``), so the
+modules that load models and read text (and torch with them) are imported only when a table
+must be built.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +16,9 @@ from gap_engine.cli.output import StderrProgress
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import InvariantError, TableError
 from gap_engine.core.fsutil import atomic_write_text
-from gap_engine.data.windows import check_enough_tokens, load_corpus
-from gap_engine.model.loading import load_model, load_tokenizer
-from gap_engine.pipeline.stages import loss_table
-from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.artefact import LossTable, TableSpec
 from gap_engine.tables.cache import list_tables, remove_table
+from gap_engine.tables.lookup import find_table
 
 
 def read_sources(*specs: str) -> None:
@@ -24,6 +27,8 @@ def read_sources(*specs: str) -> None:
     Reading is cheap next to a model load, and the corpus of a built-in source is kept for
     the stage that cuts its windows.
     """
+    from gap_engine.data.windows import load_corpus
+
     for spec in specs:
         for source in WindowSpec(data=spec).sources():
             load_corpus(source)
@@ -34,6 +39,9 @@ def check_windows_fit(model: str, *needs: tuple[WindowSpec, str]) -> None:
     tokens in this model's tokenizer for one window: each need is (windows, "calibration" or
     "heldout"). Skipped where the tokenizer does not load cheaply (``load_tokenizer``): the
     windows then say it once the model is loaded."""
+    from gap_engine.data.windows import check_enough_tokens
+    from gap_engine.model.loading import load_tokenizer
+
     tokenizer = load_tokenizer(model)
     if tokenizer is None:
         return
@@ -52,13 +60,13 @@ def run_table(args: argparse.Namespace) -> int:
         raise TableError(f"--out must end in .json or .csv, got '{out.name}'")
     if out.is_dir():
         raise TableError(f"--out {out} is a folder; give a file name")
-    check_windows_fit(args.model, (spec.windows, "calibration"))
-    read_sources(spec.windows.data)
-    cells = ray_cells(args, spec)
-    lm = load_model(args.model, device_from(args))
-    unit = {"exact": "cells", "refine": "batches, then cells"}.get(spec.estimator, "batches")
-    progress = StderrProgress(f"table {unit}")
-    table = loss_table(lm, spec, progress.hooks(), use_cache=not args.no_cache, cells=cells)
+    if (
+        args.ray is not None and spec.estimator != "exact"
+    ):  # the engine refuses it too (pipeline.stages.loss_table); here before the model loads
+        raise TableError(f"--ray spreads measured cells; the {spec.estimator} estimate is one gradient pass in one process")
+    table = None if args.no_cache else find_table(args.model, spec, device_from(args))
+    if table is None:
+        table = build_table(args, spec)
     atomic_write_text(out, table.to_csv() if out.suffix == ".csv" else table.to_json())
     measured = int(table.measured_cells()[table.removed > 0].sum())
     print(
@@ -69,12 +77,25 @@ def run_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def build_table(args: argparse.Namespace, spec: TableSpec) -> LossTable:
+    """The table the long way: check and read the text, load the model, then `loss_table`
+    (which still reads the cache first, under the key of the loaded model)."""
+    from gap_engine.model.loading import load_model
+    from gap_engine.pipeline.stages import loss_table
+
+    check_windows_fit(args.model, (spec.windows, "calibration"))
+    read_sources(spec.windows.data)
+    cells = ray_cells(args, spec)
+    lm = load_model(args.model, device_from(args))
+    unit = {"exact": "cells", "refine": "batches, then cells"}.get(spec.estimator, "batches")
+    progress = StderrProgress(f"table {unit}")
+    return loss_table(lm, spec, progress.hooks(), use_cache=not args.no_cache, cells=cells)
+
+
 def ray_cells(args: argparse.Namespace, spec: TableSpec):
     """The Ray cell executor ``--ray`` asks for, or None (ray is imported only when asked for)."""
     if args.ray is None:
         return None
-    if spec.estimator != "exact":  # the engine refuses it too (pipeline.stages.loss_table); here before the model loads
-        raise TableError(f"--ray spreads measured cells; the {spec.estimator} estimate is one gradient pass in one process")
     from gap_engine.tables.distributed import RayCells, RaySettings
 
     settings = RaySettings(address=None if args.ray == "local" else args.ray, workers=args.ray_workers)

@@ -148,3 +148,7 @@ GGUF_OUTTYPES = ("f16", "q8_0")  # weight types of `gap export --format gguf`
 # ---- recovery after pruning (recover.py) -------------------------------------------------
 RECOVERY_SCHEDULES = ("constant", "linear", "cosine")  # learning-rate decay after the warm-up
 RECOVERY_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # short names of the trainable projections
+
+# How a rate settles a tie between two attention shapes of one size (``model.units``'s docstring);
+# a loss table of a model with ties records it in its cache key.
+ATTENTION_TIE_RULE = "more-query-heads"

@@ -22,9 +22,12 @@ torch is imported only when a spec is resolved, so importing this module is chea
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gap_engine.core.errors import GapError
@@ -151,6 +154,36 @@ def resolve(spec: DeviceSpec | None) -> Placement:
     if device.type == "cpu" and dtype == torch.float16:
         log.warning("float16 on the CPU is slow and gains nothing over bfloat16; consider --dtype bfloat16")
     return Placement(device=device, dtype=dtype, stream=bool(spec.stream))
+
+
+def dtype_without_torch(spec: DeviceSpec | None) -> str | None:
+    """The dtype name `resolve` gives ``spec``, when it can be told without importing torch.
+
+    That is on the CPU, and for ``auto`` where this torch build cannot reach an accelerator
+    (its version file names no CUDA and no ROCm, and this is not macOS, where MPS may be);
+    None otherwise, and then `resolve` must answer (it imports torch, about two seconds).
+    The cache's no-load lookup uses it: a float32 CPU table is found without torch.
+    """
+    spec = (spec or CPU_FP32).validate()
+    device, dtype = spec.device.strip().lower(), canonical_dtype(spec.dtype)
+    if device == "cpu" or (device == "auto" and not _torch_may_reach_an_accelerator()):
+        return "float32" if dtype == "auto" else dtype
+    return None
+
+
+def _torch_may_reach_an_accelerator() -> bool:
+    """False only when torch's own version file says it was built for the CPU alone."""
+    if sys.platform == "darwin":
+        return True
+    found = importlib.util.find_spec("torch")
+    if found is None or not found.submodule_search_locations:
+        return True
+    try:
+        text = (Path(found.submodule_search_locations[0]) / "version.py").read_text()
+    except OSError:
+        return True
+    builds = dict(re.findall(r"^(cuda|hip)\b[^=\n]*=\s*(.+?)\s*$", text, re.MULTILINE))
+    return not (builds.get("cuda") == "None" and builds.get("hip") == "None")
 
 
 # ---- helpers the stages share ----------------------------------------------------------------

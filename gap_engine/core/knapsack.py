@@ -36,8 +36,17 @@ the extra pass. F_C is non-decreasing in b whatever the sign of the losses, sinc
 feasible choices only shrinks as b grows; negative losses (noise in a measured table) need
 no special care because every component picks exactly one option. The choice for budget b
 is read back through the pointer tables from the last component down, starting at b:
-r_c = P_c(b), then b <- max(b - q[c, r_c], 0), for all budgets at once [choices]. Time is O(C * R * B), vectorised over b; memory is the
-(C, B+1) pointer table.
+r_c = P_c(b), then b <- max(b - q[c, r_c], 0), for all budgets at once [choices].
+
+Time is O(C * R * B). Each component is a few numpy passes over a (k, n) table of
+candidates (options by budgets), not a Python loop over options, because at a 70B model's
+shape (160 components x 32 rates x 8,192 buckets) one call per option cost more in call
+overhead than in arithmetic. Two exact savings shrink the table: F_{c+1}(b) is finite
+exactly up to n - 1 = the summed largest bucketed costs of components 0..c (the
+all-largest choice covers any smaller b), so only those n columns are computed; and an
+option that an earlier option dominates (`undominated`: rates rounding to the same bucket,
+the larger no better) can never be P_c, ties included, so it gets no row. Memory is the
+(C, B+1) pointer table and one (R, B+1) candidate table.
 
 Rounding
 --------
@@ -161,8 +170,31 @@ def _max_removable(costs: np.ndarray, allowed: np.ndarray) -> int:
     return int(np.where(allowed, costs, -1).max(axis=1).sum())
 
 
+def undominated(bucketed: np.ndarray, losses: np.ndarray, allowed: np.ndarray, at_least: bool = True) -> np.ndarray:
+    """The allowed options that no earlier option dominates.
+
+    Covering (``at_least``), option r of component c is dropped when an earlier allowed
+    option r' < r removes at least as many buckets for no more loss (q[c, r'] >= q[c, r]
+    and l[c, r'] <= l[c, r]): two rates that round to the same bucket, the larger no
+    better. Packing, ``bucketed`` is the slack p, and r' must keep no more of it
+    (p[c, r'] <= p[c, r]). Dropping r changes nothing, not even a tie: F_c is
+    non-decreasing in b (G_c non-increasing in j) and rounded addition is monotone, so
+    r's candidate is nowhere below r''s, and r' comes first.
+
+    Returns:
+        (C, R) bool, ``allowed`` without the dominated options.
+    """
+    n_opt = bucketed.shape[1]
+    gain = bucketed if at_least else -bucketed  # (C, R) larger is better
+    loss = np.where(allowed, losses, np.inf)  # (C, R); disallowed entries may be NaN
+    earlier = np.tri(n_opt, n_opt, -1, dtype=bool)  # (R, R) [r, r'] = r' < r
+    by = allowed[:, None, :] & earlier[None, :, :] & (gain[:, None, :] >= gain[:, :, None]) & (loss[:, None, :] <= loss[:, :, None])
+    kept: np.ndarray = allowed & ~by.any(axis=2)  # (C, R); by[c, r, r']: r' dominates r
+    return kept
+
+
 def _dp_tables(bucketed: np.ndarray, losses: np.ndarray, allowed: np.ndarray, width: int, at_least: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The DP over budgets 0..width-1, vectorised over the budget axis.
+    """The DP over budgets 0..width-1, vectorised over the options and the budgets.
 
     Args:
         bucketed: (C, R) int >= 0 costs in buckets.
@@ -173,65 +205,88 @@ def _dp_tables(bucketed: np.ndarray, losses: np.ndarray, allowed: np.ndarray, wi
             G_0 = 0 everywhere (cost <= j), used by `solve_budget` near the top.
     Returns:
         values (B+1,) F_C or G_C, +inf where unreachable; pointers (C, B+1), -1 where none.
+
+    Per component, the k options kept by `undominated` are k shifted copies of the previous
+    values plus their losses, one row each of a (k, n) candidate table; F_{c+1} is its
+    column minimum and P_c the first row attaining it (the smallest r on ties, as the
+    recurrence says). Covering values are finite exactly up to the summed largest costs so
+    far (the all-largest choice reaches any budget below), so only those n columns are
+    computed; the rest stay +inf with pointer -1.
     """
     n_comp, n_opt = bucketed.shape
+    kept = undominated(bucketed, losses, allowed, at_least)
+    kept &= bucketed < width  # packing: an option whose slack alone exceeds the capacity never fits
     ptr_dtype = np.int16 if n_opt <= np.iinfo(np.int16).max else np.int32
-    pointers = np.empty((n_comp, width), dtype=ptr_dtype)  # (C, B+1) P_c(b)
+    pointers = np.full((n_comp, width), -1, dtype=ptr_dtype)  # (C, B+1) P_c(b)
     if at_least:
-        prev = np.full(width, np.inf)  # F_0
-        prev[0] = 0.0
+        reach = np.minimum(np.cumsum(np.where(kept, bucketed, 0).max(axis=1)), width - 1)  # (C,) last finite b of F_{c+1}
     else:
-        prev = np.zeros(width)  # G_0
-    best = np.empty(width)
-    cand = np.empty(width)
-    better = np.empty(width, dtype=bool)
+        reach = np.full(n_comp, width - 1)
+    pad = int(np.where(kept, bucketed, 0).max())
+    # prev[pad + b] = F_c(b); prev[:pad] stands for the budgets below 0: F_c(0) when
+    # covering (the clamp max(b - q, 0)), +inf when packing (j - p < 0 does not fit).
+    prev = np.full(pad + width, np.inf)
+    if at_least:
+        prev[: pad + 1] = 0.0  # F_0
+    else:
+        prev[pad:] = 0.0  # G_0
+    nxt = prev.copy()
+    cand_buffer = np.empty(n_opt * width)
+    equal_buffer = np.empty(n_opt * width, dtype=bool)
+    key_dtype = np.min_scalar_type(n_opt)
+    key_buffer = np.empty(n_opt * width, dtype=key_dtype)
     for c in range(n_comp):
-        row = pointers[c]
-        row.fill(-1)
-        best.fill(np.inf)
-        for r in np.flatnonzero(allowed[c]):
-            shift = min(int(bucketed[c, r]), width)
-            loss = losses[c, r]
-            if at_least:
-                cand[:shift] = prev[0] + loss  # max(b - q, 0) == 0
-            elif shift == width:
-                continue  # the option alone exceeds the capacity
-            else:
-                cand[:shift] = np.inf
-            np.add(prev[: width - shift], loss, out=cand[shift:])
-            # Strict '<' keeps the smaller rate on ties (options are visited in rate order).
-            np.less(cand, best, out=better)
-            np.copyto(best, cand, where=better)
-            np.copyto(row, r, where=better)
-        prev, best = best, prev
-    return prev, pointers
+        opts = np.flatnonzero(kept[c])  # (k,) option indices, in rate order
+        k, n = len(opts), int(reach[c]) + 1
+        cand = cand_buffer[: k * n].reshape(k, n)  # (k, n) candidate of option opts[i] at budget b
+        for i, (shift, loss) in enumerate(zip(bucketed[c, opts].tolist(), losses[c, opts].tolist())):
+            np.add(prev[pad - shift : pad - shift + n], loss, cand[i])
+        best = nxt[pad : pad + n]  # (n,) F_{c+1}(b)
+        np.minimum.reduce(cand, axis=0, out=best)
+        # The first row attaining the minimum has the smallest option index, so the
+        # largest n_opt - r among the equal rows names it.
+        equal = equal_buffer[: k * n].reshape(k, n)
+        np.equal(cand, best, equal)
+        countdown = (n_opt - opts).astype(key_dtype)[:, None]  # (k, 1)
+        key = key_buffer[: k * n].reshape(k, n)
+        np.multiply(equal.view(np.uint8), countdown, key)
+        row = pointers[c, :n]
+        np.subtract(n_opt, np.maximum.reduce(key, axis=0), row, casting="unsafe")
+        if at_least:
+            nxt[:pad] = best[0]
+        else:
+            row[np.isinf(best)] = -1  # no option fits; covering values below reach are all finite
+        prev, nxt = nxt, prev
+    return prev[pad:].copy(), pointers
 
 
-def _read_back(bucketed: np.ndarray, pointers: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Choices (len(rows), C) for the given budget rows, following the pointers back."""
+def _read_back(bucketed: np.ndarray, costs: np.ndarray, pointers: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Choices (len(rows), C) for the given budget rows, following the pointers back, and
+    the exact parameters (len(rows),) each removes."""
     n_comp = bucketed.shape[0]
-    choices = np.empty((len(rows), n_comp), dtype=pointers.dtype)
-    budget_left = np.asarray(rows, dtype=np.int64).copy()
+    choices = np.empty((n_comp, len(rows)), dtype=pointers.dtype)  # (C, N): rows are cheap to fill; returned transposed
+    removed = np.zeros(len(rows), dtype=np.int64)
+    budget_left = np.array(rows, dtype=np.intp)
     for c in range(n_comp - 1, -1, -1):
-        picked = pointers[c, budget_left]
-        choices[:, c] = picked
-        # Unreachable rows carry -1 pointers (indexing wraps); callers overwrite those rows.
+        picked = choices[c]
+        np.take(pointers[c], budget_left, out=picked)
+        # Unreachable rows carry -1 pointers (take wraps); callers overwrite those rows.
         # Covering: max(b - q, 0). Packing: j - p, already >= 0 on reachable rows.
-        budget_left = np.maximum(budget_left - bucketed[c, picked], 0)
-    return choices
+        budget_left -= bucketed[c].take(picked)
+        np.maximum(budget_left, 0, out=budget_left)
+        removed += costs[c].take(picked)
+    return choices.T, removed
 
 
 def _front(costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray, bucket_size: int, n_budget: int) -> ParetoFront:
     """The covering DP over budgets 0..n_budget (buckets of bucket_size) on validated tables."""
-    n_comp = costs.shape[0]
     width = n_budget + 1
     # Round half up in integers; capping at n_budget keeps every shift inside the table.
     bucketed = np.minimum((costs + bucket_size // 2) // bucket_size, n_budget)  # (C, R)
     values, pointers = _dp_tables(bucketed, losses, allowed, width, at_least=True)
     reachable = np.isfinite(values)
-    choices = _read_back(bucketed, pointers, np.arange(width))  # (B+1, C)
+    choices, removed = _read_back(bucketed, costs, pointers, np.arange(width))  # (B+1, C), (B+1,)
     choices[~reachable] = -1
-    removed = costs[np.arange(n_comp), choices].sum(axis=1)  # (B+1,)
     removed[~reachable] = -1
     arrays = dict(budgets=np.arange(width), best_loss=values, choices=choices, removed=removed)
     for arr in arrays.values():
@@ -286,7 +341,7 @@ def _solve_from_top(costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray, 
     values, pointers = _dp_tables(bucketed, losses, allowed, width, at_least=False)
     if not np.isfinite(values[-1]):
         raise InvariantError("the all-largest plan does not fit the capacity it defines")
-    return np.array(_read_back(bucketed, pointers, np.array([width - 1]))[0], dtype=np.intp)
+    return np.array(_read_back(bucketed, costs, pointers, np.array([width - 1]))[0][0], dtype=np.intp)
 
 
 def solve_budget(

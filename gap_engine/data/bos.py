@@ -11,9 +11,10 @@ statistics) asks :func:`text_start` where the text begins.
 from __future__ import annotations
 
 import weakref
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 WINDOW_STARTS = ("bos", "text")  # the two conventions, as tables and reports name them
 _BOS_PROBE = "The text begins here."
@@ -78,6 +79,8 @@ def text_start(tokenizer: Tokenizer, windows: torch.Tensor) -> int:
 
 def with_bos(tokenizer: Tokenizer, windows: torch.Tensor) -> torch.Tensor:
     """The windows with the model's BOS token in front when it expects one: (N, T) -> (N, 1 + T)."""
+    import torch  # here, not at the top: the cache's no-load lookup reads `window_start`'s names without torch
+
     bos = bos_token_id(tokenizer)
     if bos is None:
         return windows
@@ -90,6 +93,8 @@ def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor, start: int) ->
     start+1..T-1, each predicted from the position before it (``start`` = :func:`text_start`,
     so neither BOS nor the prediction made from BOS alone counts). Logits are taken as given;
     callers widen them first where they need to."""
+    import torch
+
     batch, vocab = input_ids.shape[0], logits.shape[-1]
     per_token = torch.nn.functional.cross_entropy(
         logits[:, start:-1].reshape(-1, vocab), input_ids[:, start + 1 :].reshape(-1), reduction="none"

@@ -33,7 +33,6 @@ from __future__ import annotations
 import bz2
 import functools
 import hashlib
-import importlib.util
 import logging
 import os
 import re
@@ -54,6 +53,7 @@ from gap_engine.core.errors import DataError, first_line
 from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import decode_text, parse_json, read_bounded
 from gap_engine.data.bos import Tokenizer, with_bos
+from gap_engine.data.sources import BUILTIN_FILES, gensim_test_file, record_fingerprint, text_stamps
 from gap_engine.data.tokens import TokenStream, split_long_text, tokenize_stream
 
 if TYPE_CHECKING:
@@ -68,9 +68,6 @@ BUILTIN_SOURCES: dict[str, str] = {
     "less its 100 redirects and 2 pages too short to use.",
     "news-sample": "300 Australian news articles (the Lee corpus), shipped with gensim; out-of-domain.",
 }
-
-_WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
-_NEWS_FILE = "lee_background.cor"
 
 _HELDOUT_MODULUS = 5  # 1 in 5 hash buckets is held out: ~20%
 _SINGLE_DOC_CALIBRATION_SHARE = 0.8
@@ -184,28 +181,20 @@ def read_corpus(spec: str, hub: bool = True) -> TextCorpus:
 
 @functools.cache
 def _load_builtin(name: str) -> TextCorpus:
+    stamped = text_stamps(name)  # before reading: a record can be too old, never wrong
     if name == "wiki-sample":
-        articles = _read_wiki_articles(_gensim_test_file(_WIKI_FILE))
+        articles = _read_wiki_articles(gensim_test_file(BUILTIN_FILES[name]))
         keyed = [(title, text) for title, text in articles]
     elif name == "news-sample":
-        path = _gensim_test_file(_NEWS_FILE)
+        path = gensim_test_file(BUILTIN_FILES[name])
         lines = _read_text_file(path).splitlines()
         docs = [" ".join(line.split()) for line in lines]
         keyed = [(doc, doc) for doc in docs if doc]
     else:  # pragma: no cover - load_corpus only routes known names here
         raise DataError(f"unknown built-in text source {name!r}")
-    return _make_corpus(name, keyed)
-
-
-def _gensim_test_file(filename: str) -> Path:
-    """Path of a file in gensim's shipped test data, found without importing gensim (slow)."""
-    spec = importlib.util.find_spec("gensim")
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError("built-in text samples need the 'gensim' package, which is not installed")
-    path = Path(spec.submodule_search_locations[0]) / "test" / "test_data" / filename
-    if not path.is_file():
-        raise DataError(f"built-in sample file is missing from the gensim install: {path}")
-    return path
+    corpus = _make_corpus(name, keyed)
+    record_fingerprint(stamped, corpus.fingerprint)
+    return corpus
 
 
 def _read_wiki_articles(path: Path) -> list[tuple[str, str]]:
@@ -286,6 +275,7 @@ def _read_text_file(path: Path) -> str:
 
 def _load_local_file(spec: str) -> TextCorpus:
     path = Path(spec).expanduser()
+    stamped = text_stamps(spec)  # before reading: a record can be too old, never wrong
     if not path.exists():
         raise DataError(f"text file not found: {path}")
     if not path.is_file():
@@ -303,6 +293,7 @@ def _load_local_file(spec: str) -> TextCorpus:
         corpus = TextCorpus(spec, calibration, heldout, _fingerprint(calibration, heldout))
     else:
         corpus = _make_corpus(spec, [(doc, doc) for doc in docs])
+    record_fingerprint(stamped, corpus.fingerprint)
     return corpus
 
 

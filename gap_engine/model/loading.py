@@ -25,11 +25,12 @@ import torch
 from gap_engine.core import hub as hub_access
 from gap_engine.core.device import DeviceSpec, Placement, resolve
 from gap_engine.core.errors import ModelLoadError, first_line
+from gap_engine.core.filestamps import Stamps
 from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for, refuse_special_files
 from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import read_json_file
-from gap_engine.data.bos import Tokenizer
+from gap_engine.data.bos import Tokenizer, window_start
 from gap_engine.model.checkpoint import (
     PRUNED_MARKER,
     inspect_pruned,
@@ -38,8 +39,10 @@ from gap_engine.model.checkpoint import (
     read_tokenizer,
     safetensors_problem,
 )
+from gap_engine.model.identity import BUILTIN_MODEL_NAMES, ModelIdentity, builtin_folder, model_stamps, record_model
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.remote_code import forbid_code_prompts, refuse_foreign_code
+from gap_engine.model.units import has_attention_ties
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -263,7 +266,7 @@ def _convert_builtin(spec: BuiltinModel, folder: Path) -> LoadedModel:
 
 
 def _load_builtin(spec: BuiltinModel, dtype: torch.dtype | str = torch.float32) -> LoadedModel:
-    folder = cache_root() / "models" / spec.name
+    folder = builtin_folder(spec.name)
     with lock_for(folder):
         clean_stale(folder)  # what a killed conversion left (the lock says none is running)
         if not (folder / CONVERTED_MARKER).is_file():
@@ -297,10 +300,23 @@ def load_model(name_or_path: str, device: DeviceSpec | None = None, hub: bool = 
         DeviceError: a device or dtype this machine cannot provide (checked before loading).
     """
     placement = resolve(device)
+    stamped = model_stamps(name_or_path)  # before the weights are read: a record can be too old, never wrong
     # float32 keeps the old path bit for bit; otherwise read the stored dtype ("auto") and
     # cast once, instead of holding a float32 copy of a bf16 checkpoint.
     lm = _load(name_or_path, torch.float32 if placement.dtype == torch.float32 else "auto", hub)
+    _record_identity(name_or_path, stamped, lm)
     return place_model(lm, placement)
+
+
+def _record_identity(name_or_path: str, before: tuple[str, Stamps | None] | None, lm: LoadedModel) -> None:
+    """Record what this load found (``model.identity``), so the table cache can find this
+    model's tables next time without loading it; nothing when a file changed while loading."""
+    after = model_stamps(name_or_path)
+    if before is None or before[1] is None:
+        before = after if name_or_path in BUILTIN_MODEL_NAMES else None  # converted by this load: the files just fingerprinted
+    if before is None or after != before:
+        return
+    record_model(before, ModelIdentity(lm.fingerprint, lm.num_layers, window_start(lm.tokenizer), has_attention_ties(lm)))
 
 
 def place_model(lm: LoadedModel, placement: Placement) -> LoadedModel:

@@ -32,10 +32,6 @@ from gap_engine.core.config import DEFAULT_CHANNEL_MULTIPLE
 from gap_engine.model.adapters import LayerGeometry
 from gap_engine.model.loaded import LoadedModel
 
-# How a rate settles a tie between two attention shapes of one size (see the module docstring);
-# a loss table of a model with ties records it in its cache key.
-ATTENTION_TIE_RULE = "more-query-heads"
-
 
 @dataclass(frozen=True)
 class AttentionShape:
@@ -142,3 +138,8 @@ def block_geometries(lm: LoadedModel) -> list[ComponentGeometry]:
             )
         )
     return out
+
+
+def has_attention_ties(lm: LoadedModel) -> bool:
+    """Whether any block of ``lm`` has two GQA shapes of one size (tables then key the tie rule)."""
+    return any(counts.has_attention_ties() for counts in block_geometries(lm))

@@ -24,7 +24,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.iterative import IterativeResult, iterative_prune
 from gap_engine.pipeline.stages import pruned_as_saved
-from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.artefact import LossTable, TableSpec
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,11 @@ def prune_rounds_to_checkpoint(
     out: str | Path,
     save_dtype: str = DEFAULT_SAVE_DTYPE,
     hooks: Hooks = NO_HOOKS,
+    first_table: LossTable | None = None,
 ) -> IterativeResult:
-    """GAP's DP to ``budget`` in ``rounds`` rounds (``iterative.iterative_prune``) on a copy of
-    ``lm``, the result saved to ``out`` in ``save_dtype``; returns the rounds' record."""
-    result = iterative_prune(lm, spec, budget, rounds, hooks=hooks)
+    """GAP's DP to ``budget`` in ``rounds`` rounds (``iterative.iterative_prune``, which takes
+    ``first_table``) on a copy of ``lm``, the result saved to ``out`` in ``save_dtype``; returns the rounds' record."""
+    result = iterative_prune(lm, spec, budget, rounds, hooks=hooks, first_table=first_table)
     if result.plan is None:
         raise InvariantError("iterative_prune recorded no plan")
     save_pruned(result.model, result.plan, result.kept, out, dtype=save_dtype)

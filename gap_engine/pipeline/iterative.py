@@ -33,7 +33,7 @@ from gap_engine.model.units import block_geometries
 from gap_engine.pipeline.stages import loss_table, objective_increase, plan_for, prune_with_plan
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.importance import compute_importance
-from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.artefact import LossTable, TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,7 @@ def iterative_prune(
     measure: bool = True,
     hooks: Hooks = NO_HOOKS,
     use_cache: bool = True,
+    first_table: LossTable | None = None,
 ) -> IterativeResult:
     """Prune a copy of ``dense`` to ``budget`` in ``rounds`` rounds of table -> DP -> surgery.
 
@@ -128,6 +129,9 @@ def iterative_prune(
         constraints: as for the DP, in every round.
         measure: also measure each round's objective increase on the calibration windows.
         hooks, use_cache: as for ``loss_table``; each round is also announced as a message.
+        first_table: the dense model's table under ``spec`` when it is already at hand (found in
+            the cache before the model loaded, ``tables.lookup``); used for round 1 only when
+            it is for these weights, else round 1 reads or builds its own.
     Returns:
         IterativeResult with the pruned model.
     """
@@ -145,7 +149,10 @@ def iterative_prune(
     for index in range(1, rounds + 1):
         hooks.check_cancelled(f"iterative planning cancelled before round {index} of {rounds}")
         hooks.say(f"round {index} of {rounds}: loss table of the model as it is")
-        table = loss_table(current, spec, hooks, use_cache)
+        if index == 1 and first_table is not None and first_table.model_fingerprint == current.fingerprint:
+            table = first_table
+        else:
+            table = loss_table(current, spec, hooks, use_cache)
         now = prunable_params(current, spec.channel_multiple)[0]
         share = max(0.0, (budget * total * index / rounds - (total - now)) / now)
         plan = plan_for(current, table, share, "dp", constraints)

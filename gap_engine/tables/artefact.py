@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gap_engine.core.config import (
+    ATTENTION_TIE_RULE,
     DEFAULT_CHANNEL_MULTIPLE,
     DEFAULT_CRITERION,
     MODES,
@@ -42,7 +43,6 @@ from gap_engine.core.jsontext import json_text
 from gap_engine.core.validate import check_int, check_table_document, parse_json
 from gap_engine.core.validate_meaning import check_removed_matches, check_table_cells
 from gap_engine.data.bos import WINDOW_STARTS, window_start
-from gap_engine.model.units import ATTENTION_TIE_RULE, block_geometries
 from gap_engine.prune.criteria import CRITERIA
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
@@ -462,21 +462,33 @@ def table_key(lm: LoadedModel, spec: TableSpec, data_fingerprint: str) -> str:
         spec: the table's settings.
         data_fingerprint: the content hash of the calibration text source.
     """
+    start, dtype = window_start(lm.tokenizer), dtype_name(placement_of(lm).dtype)
+    from gap_engine.model.units import has_attention_ties  # torch: the key found without a model must not load it
+
+    return key_for(str(lm.name), lm.fingerprint, start, dtype, spec, data_fingerprint, has_attention_ties(lm))
+
+
+def key_for(
+    model_name: str, model_fingerprint: str, start: str, dtype: str, spec: TableSpec, data_fingerprint: str, attention_ties: bool
+) -> str:
+    """`table_key` from what identifies its inputs, so a key can be computed without loading them
+    (``tables.lookup``): the model's name, weights fingerprint, window start ("bos" or "text")
+    and compute dtype name ("float32", "bfloat16", ...), the settings, the text's hash and
+    whether two attention shapes of a block tie in size."""
     content = {
         "format_version": TABLE_FORMAT_VERSION,
-        "model_fingerprint": lm.fingerprint,
+        "model_fingerprint": model_fingerprint,
         "data_fingerprint": data_fingerprint,
-        "window_start": window_start(lm.tokenizer),
+        "window_start": start,
         **spec.summary(),
     }
-    if any(counts.has_attention_ties() for counts in block_geometries(lm)):
+    if attention_ties:
         # Cells at a tie measure the shape the rule picks; the rule changed once (it kept more KV groups).
         content["attention_ties"] = ATTENTION_TIE_RULE
-    dtype = dtype_name(placement_of(lm).dtype)
     if dtype != "float32":  # float32 keys stay what they always were
         content["dtype"] = dtype
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]
-    return key_prefix(str(lm.name), dtype, spec) + digest
+    return key_prefix(model_name, dtype, spec) + digest
 
 
 def key_prefix(model_name: str, dtype: str, spec: TableSpec) -> str:
@@ -497,6 +509,9 @@ def removed_table(
     lm: LoadedModel, components: Sequence[tuple[int, str]], rate_grid: Sequence[float] | np.ndarray, channel_multiple: int
 ) -> tuple[np.ndarray, int]:
     """(C, R) parameters removed per cell and the dense prunable count, from units."""
+
+    from gap_engine.model.units import block_geometries  # torch (see table_key)
+
     geoms = block_geometries(lm)
     removed = np.zeros((len(components), len(rate_grid)), dtype=np.int64)
     for c, (layer, kind) in enumerate(components):

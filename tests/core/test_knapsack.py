@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import brute_force, uniform_choice
+from reference import brute_force, loop_front, uniform_choice
 
 from gap_engine.core.errors import BudgetError
-from gap_engine.core.knapsack import ParetoFront, constraint_mask, solve_budget, solve_front
+from gap_engine.core.knapsack import ParetoFront, constraint_mask, solve_budget, solve_front, undominated
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -155,6 +155,50 @@ def test_solve_budget_in_the_upper_half_is_exact_within_n_buckets_of_the_top(ins
     assert chosen_cost(costs, choice) >= request
     assert allowed[np.arange(len(choice)), choice].all()
     assert same_loss(chosen_loss(losses, choice), expected)
+
+
+# --- the vectorised DP against the loop it replaced (issue 35) ------------------------------
+
+
+def assert_same_front(front, before):
+    assert front.bucket_size == float(before["bucket_size"])
+    assert np.array_equal(front.best_loss, before["best_loss"])
+    assert np.array_equal(front.choices, before["choices"])
+    assert np.array_equal(front.removed, before["removed"])
+
+
+@FAST
+@given(instances(max_comp=6, max_opt=6, max_cost=1000), st.integers(1, 80))
+def test_front_is_identical_to_the_loop_it_replaced(instance, n_buckets):
+    costs, losses, allowed = instance
+    assert_same_front(solve_front(costs, losses, allowed, n_buckets=n_buckets), loop_front(costs, losses, allowed, n_buckets))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_front_is_identical_to_the_loop_on_a_larger_table_full_of_ties(seed):
+    # 40 components x 12 rates: costs repeat within a row (rates that round to one bucket)
+    # and losses are small integers, so equal candidates are everywhere.
+    rng = np.random.default_rng(seed)
+    costs = np.sort(rng.integers(0, 6, (40, 12)), axis=1) * rng.integers(1, 4000, (40, 1))
+    losses = rng.integers(-2, 4, (40, 12)).astype(float)
+    allowed = rng.random((40, 12)) < 0.8
+    allowed[:, 0] = True
+    for n_buckets in (7, 300, 2048):
+        assert_same_front(solve_front(costs, losses, allowed, n_buckets=n_buckets), loop_front(costs, losses, allowed, n_buckets))
+
+
+def test_undominated_drops_later_options_that_remove_no_more_for_no_less():
+    bucketed = np.array([[0, 5, 5, 5, 7, 6]])
+    losses = np.array([[0.0, 2.0, 2.0, 1.0, 3.0, 4.0]])
+    allowed = np.array([[True, True, True, True, True, True]])
+    # Option 2 ties option 1 (same bucket, same loss) and option 5 removes less than 4
+    # for more loss; option 3 shares 1's bucket but is cheaper, so both stay.
+    assert undominated(bucketed, losses, allowed).tolist() == [[True, True, False, True, True, False]]
+    # Packing reads slack: less of it is better, so the order reverses.
+    assert undominated(bucketed, losses, allowed, at_least=False).tolist() == [[True, False, False, False, False, False]]
+    # A disallowed option dominates nothing, and stays out.
+    allowed[0, 1] = False
+    assert undominated(bucketed, losses, allowed).tolist() == [[True, False, True, True, True, False]]
 
 
 # --- budgets out of reach ------------------------------------------------------------------

@@ -35,6 +35,7 @@ from app_fixtures import (  # noqa: F401
 from gap_engine.data.next_sentence import OFFLINE_TASK
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
+from gap_engine.model.units import has_attention_ties
 from gap_engine.tables import cache
 
 pytestmark = pytest.mark.slow  # the real built-in model behind every page
@@ -159,6 +160,35 @@ def test_cached_tables_are_listed_loaded_and_deleted(cached_table):
     at.button(key="setup_delete").click().run()
     assert cache.list_tables() == []
     assert any("Deleted" in t for t in texts(at.warning) + texts(at.success))
+
+
+def test_build_with_a_cached_tables_settings_loads_it_without_a_job(cached_table, smol):
+    from gap_engine.data.bos import window_start
+    from gap_engine.data.sources import record_fingerprint, text_stamps
+    from gap_engine.data.windows import load_corpus
+    from gap_engine.model.identity import ModelIdentity, model_stamps, record_model
+
+    # What loading the model and reading the text record in this cache (tests/tables/test_lookup.py
+    # sees the loader and the reader record them).
+    record_model(
+        model_stamps("smollm2-135m"),
+        ModelIdentity(smol.fingerprint, smol.num_layers, window_start(smol.tokenizer), has_attention_ties(smol)),
+    )
+    record_fingerprint(text_stamps("news-sample"), load_corpus("news-sample").fingerprint)
+    at = start()
+    at.session_state["app_table"] = None
+    at.selectbox(key="setup_builtin_data").set_value("news-sample")
+    at.radio(key="setup_estimator").set_value("taylor")
+    at.selectbox(key="setup_objective").set_value("nll")
+    at.number_input(key="setup_samples").set_value(2)
+    at.number_input(key="setup_seq_len").set_value(16)
+    at.text_input(key="setup_rate_grid").set_value("0, 0.25, 0.5, 0.75")
+    at.selectbox(key="setup_device").set_value("cpu")
+    at.button(key="setup_build").click().run()
+    assert not at.exception
+    assert at.session_state["app_table"].key == cached_table.key
+    assert any("found without loading the model" in t for t in texts(at.success))
+    assert "table" not in at.session_state["app_jobs"]
 
 
 # ---- Sensitivity ---------------------------------------------------------------------------------

@@ -290,7 +290,7 @@ def _no_model_load(*args, **kwargs):
     ],
 )
 def test_cli_table_rejects_bad_input_before_loading_a_model(tmp_cache, tmp_path, capsys, monkeypatch, extra, message):
-    monkeypatch.setattr("gap_engine.cli.table_commands.load_model", _no_model_load)
+    monkeypatch.setattr("gap_engine.model.loading.load_model", _no_model_load)
     argv = ["table", "--model", "smollm2-135m", "--out", str(tmp_path / "t.json"), *extra]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -298,7 +298,7 @@ def test_cli_table_rejects_bad_input_before_loading_a_model(tmp_cache, tmp_path,
 
 
 def test_cli_table_old_approx_flag_still_works(tmp_cache, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("gap_engine.cli.table_commands.load_model", _no_model_load)
+    monkeypatch.setattr("gap_engine.model.loading.load_model", _no_model_load)
     argv = ["table", "--model", "smollm2-135m", "--approx", "fisher", "--rates", "0.25,0.5", "--out", str(tmp_path / "t.json")]
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -1,0 +1,96 @@
+"""A model's identity as its last load found it, read back without loading it.
+
+What a loss table's cache key needs of a model (``tables.artefact.key_for``) is known only
+once its weights are read: the weights fingerprint, the number of blocks, and whether its
+windows start with a BOS token (the tokenizer's). ``loading.load_model`` records these
+against the stamps of every file of the model's folder (``core.filestamps``): a built-in's
+converted copy under ``cache/models/<name>/``, a local folder (plain or a gap checkpoint), or
+a ``.gguf`` file. The cache's no-load lookup (``tables.lookup``) reads them back while no
+file has changed; a rewritten, added or removed file is a miss, and the next load records
+again. Hub ids have no folder of their own to stamp here: they are only known once loaded.
+
+torch-free, like everything the no-load lookup imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gap_engine.core.errors import CacheError
+from gap_engine.core.filestamps import Stamps, recall, remember, stamp_files
+from gap_engine.core.fsutil import cache_root
+from gap_engine.data.bos import WINDOW_STARTS
+
+BUILTIN_MODEL_NAMES = ("smollm2-135m", "gemma3-270m")  # loading.BUILTIN_MODELS, named without importing torch
+_KIND = "model"
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What a table's key and its identity checks read of a model."""
+
+    fingerprint: str  # weights fingerprint (``loaded.weights_fingerprint``)
+    num_layers: int  # decoder blocks
+    window_start: str  # "bos" or "text" (``data.bos.window_start`` of its tokenizer)
+    attention_ties: bool  # two GQA shapes of a block have one size (``units.BlockCounts.has_attention_ties``)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "fingerprint": self.fingerprint,
+            "num_layers": self.num_layers,
+            "window_start": self.window_start,
+            "attention_ties": self.attention_ties,
+        }
+
+
+def builtin_folder(name: str) -> Path:
+    """Where a built-in model's converted copy lives."""
+    return cache_root() / "models" / name
+
+
+def model_files(name_or_path: str) -> tuple[str, list[Path]] | None:
+    """(subject, files) a model loads from: every visible regular file of its folder, or its
+    ``.gguf`` file; None for a hub id, a built-in not converted yet, or nothing here."""
+    name = str(name_or_path)
+    try:
+        if name in BUILTIN_MODEL_NAMES:
+            folder = builtin_folder(name)
+        else:
+            path = Path(name).expanduser()
+            if path.suffix == ".gguf" and path.is_file():
+                return str(path.resolve()), [path.resolve()]
+            folder = path.resolve()
+        if not folder.is_dir():
+            return None
+        files = sorted(p for p in folder.iterdir() if not p.name.startswith(".") and p.is_file())
+    except (CacheError, OSError, RuntimeError):  # an unusable cache root, an unreadable folder, a link loop
+        return None
+    return (str(folder), files) if files else None
+
+
+def model_stamps(name_or_path: str) -> tuple[str, Stamps | None] | None:
+    """(subject, stamps of its files) of a model; None where `model_files` finds none."""
+    found = model_files(name_or_path)
+    return None if found is None else (found[0], stamp_files(found[1]))
+
+
+def recorded_model(name_or_path: str) -> ModelIdentity | None:
+    """The identity the last load of ``name_or_path`` recorded, if none of its files changed since."""
+    stamped = model_stamps(name_or_path)
+    value = None if stamped is None else recall(_KIND, *stamped)
+    if value is None:
+        return None
+    fingerprint, layers, start = value.get("fingerprint"), value.get("num_layers"), value.get("window_start")
+    ties = value.get("attention_ties")  # absent in records made before ties were keyed: a miss
+    if not isinstance(fingerprint, str) or isinstance(layers, bool) or not isinstance(layers, int) or start not in WINDOW_STARTS:
+        return None
+    if not isinstance(ties, bool):
+        return None
+    return ModelIdentity(fingerprint, layers, start, ties)
+
+
+def record_model(stamped: tuple[str, Stamps | None] | None, identity: ModelIdentity) -> None:
+    """Record what a load found, under the stamps `model_stamps` took before the weights were read."""
+    if stamped is not None:
+        remember(_KIND, stamped[0], stamped[1], identity.to_dict())
