@@ -38,11 +38,10 @@ from pathlib import Path
 import torch
 
 from gap_engine.core.memory import PeakRSS, release_free_memory
-from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.core.progress import EVALUATING_AFTER, NO_HOOKS, PREPARING, TRAINING, Hooks
 from gap_engine.evaluate.tasks import PreparedTasks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
-from gap_engine.recover.cost import STAGES
 from gap_engine.recover.files import (
     RecoveryError,
     RunState,
@@ -118,7 +117,7 @@ def recover(
         lm: a pruned checkpoint (``load_model`` of a ``gap prune`` folder) or a dense model
             (allowed: the result says ``dense_input``). Its weights are changed in place.
         settings: the method and its settings (validated here).
-        hooks: the name of each stage as it starts (``recover.cost.STAGES``: preparing, training,
+        hooks: the name of each stage as it starts (``core.progress.RECOVERY_STAGES``: preparing, training,
             evaluating after), a message for every phase and step, then progress (steps done,
             total steps, ETA seconds or None: None at a phase); cancel polled before every step
             and during the importance and evaluation passes, and on cancel the step reached is saved.
@@ -142,7 +141,7 @@ def recover(
     out_dir = Path(out_dir).expanduser()
     check_output_dir(out_dir, lm.source)
     reporter, enter = Reporter(hooks, settings.steps), hooks.enter
-    enter(STAGES[0])
+    enter(PREPARING)
     device = _place(lm, settings)
     dense_input, start_fingerprint = lm.pruned_from is None, lm.fingerprint
     if dense_input:
@@ -163,9 +162,9 @@ def recover(
 
     run = RECOVERY_METHODS.function(settings.method)(lm, settings, objective)
     settings = _ready(run, data, settings, state, saved, work, reporter)
-    enter(STAGES[1])
+    enter(TRAINING)
     stopped = train(run, data, settings, state, work, reporter, device)
-    enter(STAGES[2])
+    enter(EVALUATING_AFTER)
     adapter_dir, save_dtype = _finish_weights(lm, run, settings, work, reporter)
     reporter.stage("calibration loss after training")
     calib_after = _calib_losses(lm, data, settings)
