@@ -78,17 +78,19 @@ def _handler_modules(module: str, path: Path, known: set[str]) -> set[str]:
 
 
 def _choice_modules(module: str, path: Path, known: set[str]) -> set[str]:
-    """Modules named by registered choices, ``Choice(name, description, "module:function")``
-    (``core.registry``: imported by name on first use; ``":function"`` is the module itself)."""
+    """Modules a registry reads its choices from, ``Registry(kind, ("module", "package", ...))``
+    (``core.registry``: read from source, imported by name on first use; a package is all its modules)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Choice"):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Registry"):
             continue
-        given = node.args[2] if len(node.args) > 2 else next((k.value for k in node.keywords if k.arg == "function"), None)
-        if isinstance(given, ast.Constant) and isinstance(given.value, str):
-            target = given.value.split(":")[0] or module
-            if target != module:
-                found.add(target if target in known else f"{target} (missing)")
+        given = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "sources"), None)
+        for source in given.elts if isinstance(given, (ast.Tuple, ast.List)) else []:
+            if not (isinstance(source, ast.Constant) and isinstance(source.value, str)):
+                continue
+            inside = {name for name in known if name.startswith(source.value + ".")}
+            targets = ({source.value} & known) | inside if source.value in known or inside else {f"{source.value} (missing)"}
+            found |= targets - {module}
     return found
 
 
@@ -233,14 +235,14 @@ def test_the_layer_check_finds_an_upward_import(tmp_path, monkeypatch):
 
 
 def test_a_registered_choice_of_a_higher_layer_counts(tmp_path, monkeypatch):
-    # A registry names its functions as strings, imported on first use: one above its layer is upward too.
+    # A registry names the modules its choices are declared in, imported on first use: one above its layer is upward too.
     package = tmp_path / "gap_engine"
     for layer in ("core", "plan"):
         (package / layer).mkdir(parents=True)
         (package / layer / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     (package / "plan" / "dp.py").write_text("def solve():\n    return 1\n")
-    (package / "core" / "choices.py").write_text('CHOICES = (Choice("dp", "the DP", "gap_engine.plan.dp:solve"),)\n')
+    (package / "core" / "choices.py").write_text('CHOICES = Registry("allocator", ("gap_engine.plan.dp",))\n')
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
     with pytest.raises(AssertionError, match=r"gap_engine.core.choices \(core\) imports gap_engine.plan.dp \(plan\)"):
         test_imports_only_go_down_the_layers()

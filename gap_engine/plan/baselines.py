@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gap_engine.core.registry import Choice
+from gap_engine.core.registry import register
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.units import ComponentGeometry
 from gap_engine.plan.ladders import Ladder, ladder_removed, nearest_rungs, rungs_at_rates, smallest_meeting
@@ -56,6 +56,7 @@ class BaselineInputs:
     batch_size: int  # windows per forward pass
 
 
+@register("allocator", "uniform", "same rate everywhere")
 def uniform_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """The smallest common rate (bisection) whose unit-rounded plan removes the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked
@@ -141,6 +142,7 @@ def _flap_wanted(
     return wanted
 
 
+@register("allocator", "flap", "FLAP adaptive structure search", ("windows",))
 def flap_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, np.ndarray]:
     """FLAP's global threshold on standardised unit scores, rounded to each slot's nearest rung."""
     scores = inputs.scores
@@ -196,6 +198,7 @@ def owl_offsets(ratios: np.ndarray, lam: float = OWL_LAMBDA) -> np.ndarray:
     return offsets
 
 
+@register("allocator", "owl", "OWL outlier-weighted layer rates", ("windows",))
 def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """Rungs at rates clip(t + offset_l) with the smallest shift t (bisection) that meets the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked
@@ -219,9 +222,3 @@ def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
 
 
 Baseline = Callable[[BaselineInputs], "tuple[np.ndarray, np.ndarray | None]"]  # the rungs it picks, what it wanted
-# Registered in allocator_registry (read from here without importing this module).
-DECLARED_ALLOCATORS = (
-    Choice("uniform", "same rate everywhere", ":uniform_rungs"),
-    Choice("flap", "FLAP adaptive structure search", ":flap_rungs", ("windows",)),
-    Choice("owl", "OWL outlier-weighted layer rates", ":owl_rungs", ("windows",)),
-)
