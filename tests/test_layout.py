@@ -151,9 +151,35 @@ def test_the_engine_never_imports_streamlit():
             if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "streamlit":
                 offenders.append(name)
     assert not offenders, offenders
-    code = "import sys, gap_engine.pipeline, gap_engine.pipeline.jobs, gap_engine.cli; print('streamlit' in sys.modules)"
+    # Nor any optional package (a pyproject extra) before a feature asks for it.
+    code = (
+        "import sys, gap_engine.pipeline, gap_engine.pipeline.jobs, gap_engine.cli; from gap_engine.cli.main import OPTIONAL_MODULES; "
+        "print(sorted(name for name in ('streamlit', *OPTIONAL_MODULES) if name in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "False"
+    assert out == "[]", out
+
+
+def test_optional_packages_are_extras_of_their_own():
+    """The core install leaves out what one feature imports on first use; the CLI names the extra
+    that installs each (cli/main.py: OPTIONAL_MODULES), and that extra must install it."""
+    import importlib.metadata
+    import re
+
+    import tomllib
+
+    from gap_engine.cli.main import OPTIONAL_MODULES
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+    installed = importlib.metadata.packages_distributions()
+    for module, extra in OPTIONAL_MODULES.items():
+        distributions = {d.lower().replace("_", "-") for d in installed[module]}
+        assert distributions & names(project["optional-dependencies"][extra]), (module, extra)
+        assert not distributions & names(project["dependencies"]), f"{module} is optional but in the core dependencies"
 
 
 def test_modules_and_functions_stay_small():
