@@ -341,3 +341,21 @@ def test_tests_mirror_the_packages():
     # Test module names stay unique: the folders are not packages, so two equal names would collide.
     names = [p.name for p in tests.rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_every_time_budget_names_tests_that_exist():
+    """tests/budgets.toml (read by conftest's summary of the slowest tests) must not keep budgets of
+    tests that moved or went: each key is a test folder, a test file or file::test function."""
+    import tomllib
+    from conftest import time_budget
+
+    root = PACKAGE.parent
+    table = tomllib.loads((root / "tests" / "budgets.toml").read_text())
+    for key in table["budgets"]:
+        path, _, test = key.partition("::")
+        assert (root / path).exists(), key
+        if test:
+            names = {node.name for node in ast.walk(ast.parse((root / path).read_text())) if isinstance(node, ast.FunctionDef)}
+            assert test.split("[")[0] in names, key
+    assert time_budget("tests/browser/test_browser_jobs.py::test_x", table) == table["budgets"]["tests/browser/test_browser_jobs.py"]
+    assert time_budget("tests/plan/test_allocators.py::test_x", table) == table["default"]
