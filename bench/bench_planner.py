@@ -1,4 +1,4 @@
-"""Benchmark of gap_engine.planner at the target size: 64 components x 16 rates x 4096 buckets.
+"""Benchmark of gap_engine.core.knapsack at the target size: 64 components x 16 rates x 4096 buckets.
 
 Times (median of repeats, time.perf_counter) the full Pareto front, single-budget solves,
 and a pure-Python version of the same covering DP on the same bucketed instance, checks

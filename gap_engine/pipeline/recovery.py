@@ -5,23 +5,23 @@ brings LLaMA-7B at 20% from perplexity 19.1 back to 17.4), and GAP's own claim i
 models *after* tuning. Three methods, one entry point, :func:`recover`:
 
 * ``lora``: LoRA adapters through ``peft`` on every attention and MLP projection at its pruned
-  width, AdamW, merged into the weights at the end (``recover_lora``);
+  width, AdamW, merged into the weights at the end (``recover.lora``);
 * ``mazo``: masked zeroth-order training (MaZO, EMNLP 2025): forward passes only, memory at
-  inference level, and only the weights that matter for the tasks are perturbed (``recover_zo``);
+  inference level, and only the weights that matter for the tasks are perturbed (``recover.zo``);
 * ``mezo``: the same two-point SPSA step on every projection weight (MeZO, Malladi et al. 2023),
   the comparison MaZO improves on.
 
 Each text source is one *task*; every step draws ``batch_size`` windows from every task and
 minimises the mean over tasks of each task's objective (``recover.distill``: the next-token NLL,
 the KL to the dense model, or both; the teacher is resolved in ``recovery_dense``). Training reads only each
-source's calibration part (``data.calibration_windows``); the held-out part, which never
+source's calibration part (``data.windows.calibration_windows``); the held-out part, which never
 overlaps it, is kept for the evaluation before and after (perplexity, KL to the dense model,
-top-1 agreement, generations; ``evaluate.evaluate``). The recovered model is written as an
-ordinary pruned checkpoint (``checkpoint.save_pruned``'s format, so ``load_model`` reloads it) with
+top-1 agreement, generations; ``evaluate.metrics.evaluate``). The recovered model is written as an
+ordinary pruned checkpoint (``model.checkpoint.save_pruned``'s format, so ``load_model`` reloads it) with
 ``recovery.json`` and ``losses.csv`` beside the weights, LoRA's unmerged adapter in ``adapter/``;
 the run goes into the run history. Progress can be saved, cancelled and resumed
-(``recover_io``); peak resident memory of training and of plain inference is measured the
-same way in the same process (``memory``).
+(``recover.files``); peak resident memory of training and of plain inference is measured the
+same way in the same process (``core.memory``).
 """
 
 from __future__ import annotations
