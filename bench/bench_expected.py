@@ -100,7 +100,7 @@ def table_builds(lm, repeats: int, kept: dict) -> list[tuple[str, list[float]]]:
     for n_samples, seq_len in ((2, 64), (4, 128)):
         spec = TableSpec(windows=WindowSpec(n_samples=n_samples, seq_len=seq_len), estimator="fisher", objective="kl")
         prediction = expected.table_prediction(MODEL, spec)
-        assert prediction.basis == f"{expected.PREDICTED} ({expected.NOMINAL_BASIS})", prediction.basis  # a fresh cache
+        assert prediction.basis == f"{expected.PREDICTED}: {expected.NOMINAL_BASIS}", prediction.basis  # a fresh cache
         predicted = sum(seconds for stage, seconds in prediction.seconds.items() if stage not in (LOAD_MODEL, READ_TEXT))
         calibration_windows(lm.tokenizer, spec.windows)  # the text read and cached before: not timed
         timings = [timed(lambda: kept.update(table=loss_table(lm, spec, use_cache=False))) for _ in range(repeats)]

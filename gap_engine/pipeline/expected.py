@@ -405,9 +405,9 @@ def table_prediction(model: str, spec: TableSpec, device: DeviceSpec | None = No
     shape, profile = priced
     first = {stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, shape.total_params), stage.READ_TEXT: READ_TEXT_S}
     if cached:  # the cache hit it is
-        return Prediction(first, f"cached here: Build reads it instead of building; {PREDICTED} ({profile.basis})")
+        return Prediction(first, f"cached here: Build reads it instead of building; {PREDICTED}: {profile.basis}")
     parts = estimate_build(shape, spec, profile, placement.dtype.itemsize, placement.stream).parts
-    return Prediction(first | parts, f"{PREDICTED} ({profile.basis})")
+    return Prediction(first | parts, f"{PREDICTED}: {profile.basis}")
 
 
 def run_prediction(
@@ -439,7 +439,7 @@ def run_prediction(
         stage.SAVE: LOAD_FIXED_S + 4 * params / SAVE_BYTES_PER_S,
     }
     seconds = {name: by_stage[name] for name in stages if name in by_stage}
-    return Prediction(seconds, f"{PREDICTED} ({profile.basis})", tasks_s=seconds.get(stage.TASKS, 0.0))
+    return Prediction(seconds, f"{PREDICTED}: {profile.basis}", tasks_s=seconds.get(stage.TASKS, 0.0))
 
 
 def recovery_prediction(
@@ -483,7 +483,7 @@ def recovery_prediction(
         first, after = (first, after) if s.evaluate_before else (0.0, first)
     training = step * s.steps if s.time_budget_s is None else min(step * s.steps, s.time_budget_s)
     seconds = {stage.PREPARING: prepare + first, stage.TRAINING: training, stage.EVALUATING_AFTER: calib + evaluation + after}
-    return Prediction(seconds, f"{PREDICTED} ({profile.basis})", step_s=step, tasks_s=first + after)
+    return Prediction(seconds, f"{PREDICTED}: {profile.basis}", step_s=step, tasks_s=first + after)
 
 
 def gguf_seconds(checkpoint: str | Path, outtype: str) -> float | None:

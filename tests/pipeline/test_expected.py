@@ -76,7 +76,7 @@ def test_a_table_jobs_predicted_stages_are_the_jobs_own(estimator, tmp_path, mon
     spec = spec_of(estimator=estimator, objective="nll")
     built = expected.table_prediction("smollm2-135m", spec)
     assert built is not None and list(built.seconds) == list(table_stages(spec)) and all(s > 0 for s in built.seconds.values())
-    assert built.basis == f"{expected.PREDICTED} ({NOMINAL_BASIS})"  # never measured on a page view
+    assert built.basis == f"{expected.PREDICTED}: {NOMINAL_BASIS}"  # never measured on a page view
     hit = expected.table_prediction("smollm2-135m", spec, cached=True)
     assert list(hit.seconds) == [LOAD_MODEL, READ_TEXT] and hit.total < built.total and "cached here" in hit.basis
     assert expected.table_prediction("smollm2-135m", spec, loaded=True).seconds[LOAD_MODEL] == 0.0
