@@ -46,10 +46,10 @@ from gap_engine.core.device import DeviceSpec, resolve
 from gap_engine.data.windows import calibration_windows, heldout_windows
 from gap_engine.evaluate.metrics import perplexity
 from gap_engine.model.loading import load_model
+from gap_engine.pipeline.expected import ModelShape, estimate_build, measured_profile
 from gap_engine.pipeline.stages import plan_for, pruned_as_saved
 from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 from gap_engine.tables.build import measure_table
-from gap_engine.tables.costmodel import ModelShape, estimate_build, measured_profile
 
 BUDGET = 0.2
 
@@ -259,10 +259,10 @@ try:  # the layered package (this commit on)
     from gap_engine.tables.artefact import TableSpec, parse_rate_grid
     from gap_engine.tables.build import measure_table
 except ImportError:  # the base commit's flat modules
-    from gap_engine.config import WindowSpec
+    from gap_engine.core.config import WindowSpec
     from gap_engine.data import calibration_windows, heldout_windows
     from gap_engine.evaluate import perplexity
-    from gap_engine.models import load_model
+    from gap_engine.model.loading import load_model
     from gap_engine.tables import TableSpec, measure_table, parse_rate_grid
 samples, seq_len, rates, batch = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 lm = load_model("smollm2-135m")

@@ -8,7 +8,7 @@ Three questions, one run:
 2. Estimates: the first-order (taylor) and second-order (fisher) tables: time, speed-up
    over the exact table, Spearman rank correlation with it, and what the planner makes of
    each at a 20% budget (the plan's loss read off the exact table).
-3. Noise: one exact build that keeps every window's value apart (``tables.window_cells``);
+3. Noise: one exact build that keeps every window's value apart (``tables.exact.window_cells``);
    tables from disjoint window groups play the part of two seeds. Reported: the share of
    negative cells, the group-to-group agreement, and how isotonic smoothing, more tokens
    and the KL objective change it.

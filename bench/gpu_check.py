@@ -47,10 +47,10 @@ from gap_engine.data.windows import calibration_windows, load_corpus
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
 from gap_engine.model.dispatch import describe_device_map, load_dispatched
 from gap_engine.model.loading import load_model
+from gap_engine.pipeline.expected import ModelShape, estimate_build, measured_profile
 from gap_engine.pipeline.stages import plan_for, pruned_as_saved
 from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid, table_key
 from gap_engine.tables.build import measure_table
-from gap_engine.tables.costmodel import ModelShape, estimate_build, measured_profile
 
 REFERENCE = Path(__file__).resolve().parent / "results" / "gpu_check_reference.json"
 RATES = "0,0.125,0.25,0.375,0.5,0.625,0.75,0.875"

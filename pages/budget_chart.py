@@ -100,7 +100,7 @@ def chart_data(
 
     Args:
         table: the LossTable.
-        front: allocation.front_rows under the current constraints.
+        front: plan.front.front_rows under the current constraints.
         budget: the app's budget; the chart starts at the first step removing at least it.
         front_id: names this front (table key and constraints); a release echoes it.
         dense_total: all parameters of the dense model (readouts).

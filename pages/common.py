@@ -40,7 +40,6 @@ import threading
 
 import streamlit as st
 
-from gap_engine.core.buildtime import PREDICTION_WORD
 from gap_engine.core.config import DEFAULT_BUDGET, DEFAULT_MAX_RATE
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.next_sentence import OFFLINE_TASK
@@ -470,8 +469,10 @@ def progress_text(snap: dict, title: str) -> str:
     if snap["cancelling"]:
         parts.append("cancelling…")
     elif snap["seconds_left"] is not None:
-        predicted = snap["eta"] is None and PREDICTION_WORD in (snap.get("expected_basis") or "")
-        parts.append(f"about {duration_text(snap['seconds_left'])} left" + (" (predicted, not yet measured)" if predicted else ""))
+        # Until the stage times its own steps, the time left is the prediction's.
+        parts.append(
+            f"about {duration_text(snap['seconds_left'])} left" + (" (predicted, not yet measured)" if snap["eta"] is None else "")
+        )
     elif snap["eta"] is not None:
         parts.append(f"this stage about {duration_text(snap['eta'])} left")
     parts.append(f"{duration_text(snap['elapsed'])} elapsed")
@@ -479,33 +480,27 @@ def progress_text(snap: dict, title: str) -> str:
 
 
 def expected_text(snap: dict) -> str | None:
-    """What earlier jobs of this kind say the whole job takes, when they say it."""
+    """What the whole job was predicted to take, when every stage has a prediction."""
     total = snap.get("expected_total")
     if total is None:
         return None
     return f"Expected about {duration_text(total)} in all ({snap['expected_basis']})."
 
 
-def expected_caption(expected, what: str) -> None:
-    """What a job the form describes is expected to take, before it is started.
+def expected_caption(predicted, what: str) -> None:
+    """What a job the form describes is predicted to take, before it is started.
 
     Args:
-        expected: a ``buildtime.Expectation``.
+        predicted: a ``pipeline.expected.Prediction``, or None when nothing honest can be said.
         what: the job in one word ("build", "run").
     """
-    total, known = expected.total, expected.known
-    if total is not None:
-        label = "Predicted time (not yet measured here)" if PREDICTION_WORD in expected.basis else "Expected time"
-        st.caption(f"{label}: about {duration_text(total)} ({expected.basis}).")
-    elif known and sum(known.values()) >= 1.0:  # "about 0 s for the stages measured before" tells nothing
-        missing = ", ".join(expected.unknown())
-        st.caption(
-            f"Expected time: about {duration_text(sum(known.values()))} for the stages measured before ({expected.basis}), plus {missing}."
-        )
+    if predicted is not None:
+        stages = ", ".join(f"{name} {duration_text(seconds)}" for name, seconds in predicted.seconds.items())
+        st.caption(f"Predicted time (not yet measured here): about {duration_text(predicted.total)} ({stages}; {predicted.basis}).")
     else:
-        missing = ", ".join(expected.unknown())
         st.caption(
-            f"Expected time: not known yet ({expected.basis}; no measurement of {missing}); the time left shows as the {what} measures its stages."
+            f"Expected time: not known yet (a model whose shape needs the network, or a device not measured yet: Estimate "
+            f"measures it); the time left shows as the {what} measures its stages."
         )
 
 

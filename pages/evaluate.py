@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import pandas as pd
 import streamlit as st
 
-from gap_engine.core.buildtime import Expectation, run_expectation, run_settings, with_prediction
 from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
@@ -16,8 +13,8 @@ from gap_engine.evaluate import history, runcompare
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.evaluate.tasks import score_text, task_table_rows
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.pipeline.expected import run_prediction
-from gap_engine.pipeline.jobs import manager, model_load_seconds, prune_eval_task
+from gap_engine.pipeline.expected import Prediction, run_prediction
+from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.views import figures
@@ -68,25 +65,16 @@ def eval_settings() -> EvalSettings:
     )
 
 
-def expected_run(settings: EvalSettings) -> Expectation:
-    """What the run the form describes is expected to take here, stage by stage (earlier runs
-    of this model in the history, and whether the model is in memory; the cost model's
-    prediction for the stages no earlier run measured)."""
-    try:
-        records = history.runs()
-    except GapError:
-        records = []
+def expected_run(settings: EvalSettings) -> Prediction | None:
+    """What the run the form describes is predicted to take here, stage by stage (the cost model;
+    loading costs nothing when the model is in memory); None when nothing honest can be said."""
     allocator = ss["eval_allocator"] if ss["eval_allocator"] in ALLOCATORS else "manual"
-    mine = run_settings(asdict(table.spec.windows), asdict(settings), allocator)
     stages = prune_eval_stages(settings, bool(ss["eval_save_checkpoint"]), bool(ss["eval_tasks_on"]))
-    expected = run_expectation(table.model, mine, records, stages, model_load_seconds(table.model))
-    if expected.total is not None:
-        return expected
-    try:  # stages no earlier run measured: the cost model's prediction
-        predicted = run_prediction(table.model, table.spec.windows, settings, stages, allocator, common.task_examples("eval_"))
-    except Exception:
-        predicted = None
-    return expected if predicted is None else with_prediction(expected, *predicted)
+    try:
+        examples = common.task_examples("eval_")
+        return run_prediction(table.model, table.spec.windows, settings, stages, allocator, examples, loaded=model_loaded(table.model))
+    except Exception:  # an unreadable config: the run itself says what is wrong
+        return None
 
 
 def start_run() -> None:
@@ -119,8 +107,8 @@ def start_run() -> None:
     task = prune_eval_task(
         table.model,
         settings,
-        expected.known,
-        expected.basis,
+        expected.seconds if expected else None,
+        expected.basis if expected else "",
         task_settings,
         table=table,
         budget=budget,

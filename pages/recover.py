@@ -20,9 +20,9 @@ from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
 from gap_engine.evaluate.tasks import score_text
 from gap_engine.model.checkpoint import is_pruned_checkpoint
+from gap_engine.pipeline.expected import recovery_prediction
 from gap_engine.pipeline.jobs import manager, recover_task
 from gap_engine.pipeline.recovery import DEFAULT_LR, RecoveryResult, RecoverySettings, app_output_dir
-from gap_engine.recover.cost import estimate_for_checkpoint
 from gap_engine.recover.files import discard, partial_dir, saved_step
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from pages import common
@@ -177,16 +177,15 @@ except GapError as exc:
     out_dir = None
     st.warning(one_line(exc))
 else:
-    # Never measured here (a busy machine's reading would be cached): the cached profile, else nominal prices.
-    estimate = estimate_for_checkpoint(
-        chosen.checkpoint, settings_from_state(), measure=False, task_examples=common.task_examples("recover_")
-    )
-    if estimate is not None:
-        scoring = f", {common.duration_text(estimate.tasks_s)} of it scoring tasks" if estimate.tasks_s else ""
+    # This machine's cached speed, else nominal CPU prices (never measured on a page view: it takes seconds).
+    predicted = recovery_prediction(chosen.checkpoint, settings_from_state(), task_examples=common.task_examples("recover_"))
+    if predicted is not None:
+        before, _, after = predicted.seconds.values()
+        scoring = f", {common.duration_text(predicted.tasks_s)} of it scoring tasks" if predicted.tasks_s else ""
         st.caption(
-            f"Expected time: about {common.duration_text(estimate.total_s)} "
-            f"({estimate.step_s:.2g} s per step, {common.duration_text(estimate.prepare_s)} before training, "
-            f"{common.duration_text(estimate.finish_s)} after{scoring}; {estimate.basis})"
+            f"Predicted time: about {common.duration_text(predicted.total)} "
+            f"({predicted.step_s:.2g} s per step, {common.duration_text(before)} before training, "
+            f"{common.duration_text(after)} after{scoring}; {predicted.basis})"
         )
 running = common.session_job("recover")
 reached = saved_step(out_dir) if out_dir is not None else None

@@ -11,7 +11,6 @@ import re
 import pandas as pd
 import streamlit as st
 
-from gap_engine.core.buildtime import Expectation, cached_table_expectation, table_expectation, with_prediction
 from gap_engine.core.config import (
     APP_TABLE,
     DEFAULT_CHANNEL_MULTIPLE,
@@ -25,9 +24,8 @@ from gap_engine.core.fsutil import atomic_write_bytes, cache_root
 from gap_engine.core.limits import LIMITS, check_at_most, check_file_size, check_windows
 from gap_engine.data.windows import BUILTIN_SOURCES, load_corpus
 from gap_engine.model.loading import BUILTIN_MODELS
-from gap_engine.pipeline.expected import table_prediction
-from gap_engine.pipeline.jobs import manager, model_load_seconds, table_task
-from gap_engine.pipeline.stages import table_stages
+from gap_engine.pipeline.expected import Prediction, predict_build, table_prediction
+from gap_engine.pipeline.jobs import manager, model_loaded, table_task
 from gap_engine.prune.criteria import CRITERIA
 from gap_engine.tables import cache, lookup
 from gap_engine.tables.artefact import TableSpec, key_prefix, parse_rate_grid
@@ -154,7 +152,7 @@ def start_build() -> None:
     expected = expected_build(name, spec)
     job = manager().submit(
         "table",
-        table_task(name, spec, device, cells, expected.known, expected.basis),
+        table_task(name, spec, device, cells, expected.seconds if expected else None, expected.basis if expected else ""),
         key=job_key,
         label=f"{spec.estimator} table of {name}",
         params={"model": name, "spec": spec.to_dict(), "device": str(device)},
@@ -164,14 +162,6 @@ def start_build() -> None:
 
 def device_from_widgets() -> DeviceSpec:
     return DeviceSpec(ss["setup_device"], ss["setup_dtype"], bool(ss["setup_stream"]))
-
-
-def predicted_cost(name: str, spec: TableSpec, device: DeviceSpec, workers: int, calibrate: bool):
-    """The cost model's ``BuildEstimate`` for this build; None when this machine is not
-    calibrated yet and ``calibrate`` is False (calibrating takes a few seconds, once)."""
-    from gap_engine.tables.costmodel import predict_build
-
-    return predict_build(name, spec, device, workers, measure=calibrate)
 
 
 def show_prediction() -> None:
@@ -184,7 +174,7 @@ def show_prediction() -> None:
     st.button(
         "Estimate time and memory",
         key="setup_estimate",
-        help="Measures this machine (a few seconds); kept for later estimates unless other work was keeping it busy",
+        help="Measures this machine (a few seconds) and keeps its speed for later estimates; click again to measure again",
         on_click=lambda: ss.update(setup_calibrate=True),
     )
     calibrate = bool(ss.pop("setup_calibrate", False))
@@ -193,7 +183,7 @@ def show_prediction() -> None:
     try:
         workers = 2 if ss["setup_ray"] and os.environ.get(RAY_ADDRESS_ENV) else 1
         with st.spinner("Measuring this machine's speed for the estimate (about 15 s) ...") if calibrate else contextlib.nullcontext():
-            estimate = predicted_cost(name, spec_from_widgets(), device_from_widgets(), workers, calibrate)
+            estimate = predict_build(name, spec_from_widgets(), device_from_widgets(), workers, measure=False, refresh=calibrate)
     except Exception as exc:  # a config the hub cannot give offline, a bad value: one line, never a traceback
         st.caption(f"No estimate: {one_line(exc)}")
         return
@@ -202,33 +192,21 @@ def show_prediction() -> None:
         st.caption("  \n".join(lines[:2]), help="\n\n".join(lines[2:]))
 
 
-def expected_build(name: str, spec: TableSpec) -> Expectation:
-    """What building ``spec`` for ``name`` is expected to take here, stage by stage.
-
-    From this machine's earlier builds (the stage times in the table cache) and whether the
-    model is in memory; stages no earlier build measured come from the cost model
-    (``pipeline.expected.table_prediction``: this machine's measured prices, else nominal ones),
-    and the basis says they are predicted. The running job replaces them with its own measured rates.
-    """
+def expected_build(name: str, spec: TableSpec) -> Prediction | None:
+    """What building ``spec`` for ``name`` is predicted to take here, stage by stage
+    (``pipeline.expected.table_prediction``: this machine's measured prices, else nominal ones); a
+    table the cache holds is priced as the cache hit it is; the running job's own rates replace it.
+    None when nothing honest can be said (a hub id, an accelerator nobody measured)."""
+    if ss["setup_model_kind"] == "Hub id":
+        return None  # its config may wait on the network
     try:
-        rows = cache.list_tables()
-    except GapError:
-        rows = []
-    try:
-        prefix = key_prefix(name, dtype_name(resolve(device_from_widgets()).dtype), spec)
-    except GapError:
-        prefix = None  # a device this machine lacks: Build says so
-    cached = None if prefix is None else cached_table_expectation(name, spec.summary(), prefix, rows, model_load_seconds(name))
-    if cached is not None:
-        return cached
-    expected = table_expectation(name, spec.summary(), rows, table_stages(spec), model_load_seconds(name))
-    if expected.total is not None or ss["setup_model_kind"] == "Hub id":
-        return expected  # measured here already; a hub config may wait on the network
-    try:  # stages no earlier build measured: the cost model's prediction (nominal prices until this machine is measured)
-        predicted = table_prediction(name, spec, device_from_widgets())
-    except Exception:
-        predicted = None
-    return expected if predicted is None else with_prediction(expected, *predicted)
+        device = device_from_widgets()
+        prefix = key_prefix(name, dtype_name(resolve(device).dtype), spec)
+        summary, rows = spec.summary(), cache.list_tables()
+        cached = any(r.get("model") == name and r.get("spec") == summary and str(r.get("key", "")).startswith(prefix) for r in rows)
+        return table_prediction(name, spec, device, loaded=model_loaded(name, device), cached=cached)
+    except Exception:  # a device this machine lacks, an unreadable config: Build says what is wrong
+        return None
 
 
 def show_expected_time() -> None:

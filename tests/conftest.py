@@ -3,6 +3,9 @@ its tokenizer alone (``smol_tokenizer``), and tiny models from configs (``make_t
 
 from __future__ import annotations
 
+from collections import defaultdict
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -100,3 +103,41 @@ def wait_for(predicate, timeout=5.0):
             return True
         time.sleep(0.005)
     return False
+
+
+# ---- the slowest tests against their budgets ----------------------------------------------------
+BUDGETS = Path(__file__).with_name("budgets.toml")
+SLOWEST_SHOWN = 10
+
+
+def time_budget(nodeid: str, table: dict) -> float:
+    """The budget of a test: the longest ``budgets`` key its node id starts with, else ``default``."""
+    keys = [key for key in table.get("budgets", {}) if nodeid.startswith(key)]
+    return float(table["budgets"][max(keys, key=len)] if keys else table["default"])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The ten slowest tests beside their budgets (tests/budgets.toml), those over it flagged;
+    never a failure: a busy machine stretches every time."""
+    seconds: dict[str, float] = defaultdict(float)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                seconds[report.nodeid] += report.duration  # setup, call and teardown
+    try:
+        import tomllib  # Python 3.11 on, as CI runs
+    except ModuleNotFoundError:
+        return
+    if not seconds:
+        return
+    table = tomllib.loads(BUDGETS.read_text(encoding="utf-8"))
+    over = {nodeid for nodeid, spent in seconds.items() if spent > time_budget(nodeid, table)}
+    terminalreporter.write_sep("=", f"the {SLOWEST_SHOWN} slowest tests and their budgets (tests/budgets.toml)")
+    for nodeid, spent in sorted(seconds.items(), key=lambda item: -item[1])[:SLOWEST_SHOWN]:
+        flag = "  OVER BUDGET" if nodeid in over else ""
+        terminalreporter.write_line(f"{spent:8.1f} s  of {time_budget(nodeid, table):5.0f} s  {nodeid}{flag}")
+    slowest = set(sorted(seconds, key=lambda nodeid: -seconds[nodeid])[:SLOWEST_SHOWN])
+    for nodeid in sorted(over - slowest):
+        terminalreporter.write_line(f"{seconds[nodeid]:8.1f} s  of {time_budget(nodeid, table):5.0f} s  {nodeid}  OVER BUDGET")
+    if over:
+        terminalreporter.write_line(f"{len(over)} test(s) over their budget (a report, not a failure)")

@@ -78,17 +78,19 @@ def _handler_modules(module: str, path: Path, known: set[str]) -> set[str]:
 
 
 def _choice_modules(module: str, path: Path, known: set[str]) -> set[str]:
-    """Modules named by registered choices, ``Choice(name, description, "module:function")``
-    (``core.registry``: imported by name on first use; ``":function"`` is the module itself)."""
+    """Modules a registry reads its choices from, ``Registry(kind, ("module", "package", ...))``
+    (``core.registry``: read from source, imported by name on first use; a package is all its modules)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Choice"):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Registry"):
             continue
-        given = node.args[2] if len(node.args) > 2 else next((k.value for k in node.keywords if k.arg == "function"), None)
-        if isinstance(given, ast.Constant) and isinstance(given.value, str):
-            target = given.value.split(":")[0] or module
-            if target != module:
-                found.add(target if target in known else f"{target} (missing)")
+        given = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "sources"), None)
+        for source in given.elts if isinstance(given, (ast.Tuple, ast.List)) else []:
+            if not (isinstance(source, ast.Constant) and isinstance(source.value, str)):
+                continue
+            inside = {name for name in known if name.startswith(source.value + ".")}
+            targets = ({source.value} & known) | inside if source.value in known or inside else {f"{source.value} (missing)"}
+            found |= targets - {module}
     return found
 
 
@@ -149,9 +151,35 @@ def test_the_engine_never_imports_streamlit():
             if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "streamlit":
                 offenders.append(name)
     assert not offenders, offenders
-    code = "import sys, gap_engine.pipeline, gap_engine.pipeline.jobs, gap_engine.cli; print('streamlit' in sys.modules)"
+    # Nor any optional package (a pyproject extra) before a feature asks for it.
+    code = (
+        "import sys, gap_engine.pipeline, gap_engine.pipeline.jobs, gap_engine.cli; from gap_engine.cli.main import OPTIONAL_MODULES; "
+        "print(sorted(name for name in ('streamlit', *OPTIONAL_MODULES) if name in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "False"
+    assert out == "[]", out
+
+
+def test_optional_packages_are_extras_of_their_own():
+    """The core install leaves out what one feature imports on first use; the CLI names the extra
+    that installs each (cli/main.py: OPTIONAL_MODULES), and that extra must install it."""
+    import importlib.metadata
+    import re
+
+    import tomllib
+
+    from gap_engine.cli.main import OPTIONAL_MODULES
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+    installed = importlib.metadata.packages_distributions()
+    for module, extra in OPTIONAL_MODULES.items():
+        distributions = {d.lower().replace("_", "-") for d in installed[module]}
+        assert distributions & names(project["optional-dependencies"][extra]), (module, extra)
+        assert not distributions & names(project["dependencies"]), f"{module} is optional but in the core dependencies"
 
 
 def test_modules_and_functions_stay_small():
@@ -244,14 +272,14 @@ def test_the_layer_check_finds_an_upward_import(tmp_path, monkeypatch):
 
 
 def test_a_registered_choice_of_a_higher_layer_counts(tmp_path, monkeypatch):
-    # A registry names its functions as strings, imported on first use: one above its layer is upward too.
+    # A registry names the modules its choices are declared in, imported on first use: one above its layer is upward too.
     package = tmp_path / "gap_engine"
     for layer in ("core", "plan"):
         (package / layer).mkdir(parents=True)
         (package / layer / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     (package / "plan" / "dp.py").write_text("def solve():\n    return 1\n")
-    (package / "core" / "choices.py").write_text('CHOICES = (Choice("dp", "the DP", "gap_engine.plan.dp:solve"),)\n')
+    (package / "core" / "choices.py").write_text('CHOICES = Registry("allocator", ("gap_engine.plan.dp",))\n')
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
     with pytest.raises(AssertionError, match=r"gap_engine.core.choices \(core\) imports gap_engine.plan.dp \(plan\)"):
         test_imports_only_go_down_the_layers()
@@ -324,3 +352,21 @@ def test_tests_mirror_the_packages():
     # Test module names stay unique: the folders are not packages, so two equal names would collide.
     names = [p.name for p in tests.rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_every_time_budget_names_tests_that_exist():
+    """tests/budgets.toml (read by conftest's summary of the slowest tests) must not keep budgets of
+    tests that moved or went: each key is a test folder, a test file or file::test function."""
+    import tomllib
+    from conftest import time_budget
+
+    root = PACKAGE.parent
+    table = tomllib.loads((root / "tests" / "budgets.toml").read_text())
+    for key in table["budgets"]:
+        path, _, test = key.partition("::")
+        assert (root / path).exists(), key
+        if test:
+            names = {node.name for node in ast.walk(ast.parse((root / path).read_text())) if isinstance(node, ast.FunctionDef)}
+            assert test.split("[")[0] in names, key
+    assert time_budget("tests/browser/test_browser_jobs.py::test_x", table) == table["budgets"]["tests/browser/test_browser_jobs.py"]
+    assert time_budget("tests/plan/test_allocators.py::test_x", table) == table["default"]

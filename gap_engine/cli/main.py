@@ -6,7 +6,8 @@ command runs, so ``gap --help`` answers before torch is loaded. Handlers print r
 stdout (``--json`` prints exactly one JSON object) and progress on stderr. User errors are
 one line on stderr and exit status 2 (sizes, names, text sources and ``--out`` are checked
 by ``preflight`` before a handler is imported); an interrupt exits 130. Anything else is a
-bug of ours, not the user's: the last line of defence prints one line,
+bug of ours, not the user's, except a missing optional package (``OPTIONAL_MODULES``: one line
+naming the pyproject extra that installs it, exit 2): the last line of defence prints one line,
 ``gap: internal error: ...; details in <crash file>``, exits 70 (EX_SOFTWARE) and writes the
 traceback to ``<cache>/crashes/`` (atomically; the system's temporary folder when the cache
 cannot be written).
@@ -51,6 +52,17 @@ def _quiet_transformers() -> None:
 
 
 INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug, never the user's input
+# Packages one feature imports on first use, and the pyproject extra that installs each (the core
+# install leaves them out; tests/test_layout.py checks both lists against pyproject.toml).
+OPTIONAL_MODULES = {
+    "lm_eval": "tasks",
+    "datasets": "tasks",
+    "peft": "recovery",
+    "ray": "ray",
+    "plotly": "report",
+    "kaleido": "app",
+    "streamlit": "app",
+}
 
 
 class _OursOrSerious(logging.Filter):
@@ -200,5 +212,14 @@ def _run(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         say("gap: interrupted")
         return 130
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in OPTIONAL_MODULES:
+            return _internal_error(argv, exc)
+        print(
+            f"gap: error: this command needs {missing}, which is not installed: pip install 'gap-engine[{OPTIONAL_MODULES[missing]}]'",
+            file=sys.stderr,
+        )
+        return 2
     except Exception as exc:
         return _internal_error(argv, exc)

@@ -57,20 +57,20 @@ SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
 # Commands whose --out is a folder (and `export --format hf`); every other --out is a file.
 FOLDER_OUTPUTS = ("prune", "recover")
 # Commands that always use the on-disk cache (tables, converted models, the run history, the
-# cost model's measured profile that recover writes).
+# cost model's measured profile that table --dry-run writes).
 CACHE_COMMANDS = ("table", "compare", "models", "cache", "recover")
 # Commands that only read the cache (listing models and tables, a report of a recorded run):
 # they work on a read-only one.
 CACHE_READERS = ("models", "cache", "report")
 # The built-in model names (model.identity names loading.BUILTIN_MODELS without torch). Loading one uses the cache.
 BUILTIN_NAMES = BUILTIN_MODEL_NAMES
-# Models `gap table --dry-run` prices from their published shapes alone (costmodel.SHAPES; not
+# Models `gap table --dry-run` prices from their published shapes alone (pipeline.expected.SHAPES; not
 # imported: it needs torch). They are names for planning, never loaded: the handler refuses them
 # for anything but a dry run.
 PLANNING_SHAPES = ("llama-3.1-8b", "llama-3.1-70b")
-# The file a gap checkpoint folder holds (checkpoint.PRUNED_MARKER; not imported: it needs torch).
+# The file a gap checkpoint folder holds (model.checkpoint.PRUNED_MARKER; not imported: it needs torch).
 CHECKPOINT_MARKER = "gap_pruned.json"
-# The built-in text sources (data.BUILTIN_SOURCES; not imported: it needs torch).
+# The built-in text sources (data.windows.BUILTIN_SOURCES; not imported: it needs torch).
 BUILTIN_TEXTS = ("wiki-sample", "news-sample")
 # A Hugging Face hub id as the hub spells them: owner/name, letters, digits, '-', '_', '.'.
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")

@@ -17,8 +17,8 @@ from gap_engine.cli.output import format_seconds
 from gap_engine.core.jsontext import json_text
 from gap_engine.core.progress import Hooks
 from gap_engine.model.loading import load_model
+from gap_engine.pipeline.expected import recovery_prediction
 from gap_engine.pipeline.recovery import RecoveryResult, RecoverySettings, recover
-from gap_engine.recover.cost import estimate_for_checkpoint
 from gap_engine.recover.files import RecoveryError, check_output_dir, check_saved_state, partial_dir
 
 # argparse destination -> RecoverySettings field, for the options whose None means "keep the default".
@@ -120,10 +120,10 @@ def run_recover(args: argparse.Namespace) -> int:
     lm = load_model(args.model, device_from(args))
     if lm.pruned_from is None:
         print(f"note: {args.model} is a dense model, not a pruned gap checkpoint: recovering it as is", file=sys.stderr)
-    estimate = estimate_for_checkpoint(args.model if Path(args.model).is_dir() else lm.source, settings, lm.placement)
-    if estimate is not None:
+    predicted = recovery_prediction(args.model if Path(args.model).is_dir() else lm.source, settings, lm.placement)
+    if predicted is not None:
         print(
-            f"recover: expected about {format_seconds(estimate.total_s)} ({format_seconds(estimate.step_s)} per step; {estimate.basis})",
+            f"recover: expected about {format_seconds(predicted.total)} ({format_seconds(predicted.step_s)} per step; {predicted.basis})",
             file=sys.stderr,
         )
     started = time.perf_counter()

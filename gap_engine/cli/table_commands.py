@@ -104,11 +104,11 @@ def ray_cells(args: argparse.Namespace, spec: TableSpec):
 
 def run_dry_run(args: argparse.Namespace, spec: TableSpec) -> int:
     """Print the cost model's prediction for this build (nothing is built)."""
-    from gap_engine.tables.costmodel import predict_build
+    from gap_engine.pipeline.expected import predict_build
 
-    workers = args.ray_workers if args.ray is not None else 1
     if args.ray_workers < 1:
         raise TableError(f"--ray-workers must be at least 1, got {args.ray_workers}")
+    workers = args.ray_workers if args.ray is not None else 1
     estimate = predict_build(args.model, spec, device_from(args), workers, profile=args.profile)
     if estimate is None:
         raise InvariantError("the cost model gave no prediction (measure=True always gives one)")

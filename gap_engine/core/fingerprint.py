@@ -1,8 +1,8 @@
 """The weights fingerprint: plans, tables and checkpoints are keyed by it.
 
-It sits below ``checkpoint`` and ``models`` because both compute it: ``models`` for every
-model it loads, ``checkpoint`` for the weights as a folder stores them (see
-``deploy.dtypes.stored_fingerprint``).
+It sits below ``model.checkpoint`` and ``model.loading`` because both compute it: loading for
+every model it loads, the checkpoint for the weights as a folder stores them (see
+``model.storage.stored_fingerprint``).
 """
 
 from __future__ import annotations

@@ -121,6 +121,9 @@ THROUGHPUT = "throughput"
 GENERATE = "generate"
 TASKS = "task accuracy"  # lm-eval tasks on the model and (unless cached) on dense
 SAVE = "save"
+# A recovery run (``pipeline.recovery``): evaluation, calibration loss and the rate probe; the steps; the evaluation after.
+PREPARING, TRAINING, EVALUATING_AFTER = "preparing", "training", "evaluating after"
+RECOVERY_STAGES = (PREPARING, TRAINING, EVALUATING_AFTER)
 
 
 class StageTimer:

@@ -1,28 +1,39 @@
 """Registries of choices: every criterion, estimator, objective, allocator and recovery method
-is registered once, with its name, a one-line description and the function that does it.
+is declared once, on the function (or class) that does it, and a registry collects them.
+
+    @register("allocator", "owl", "OWL outlier-weighted layer rates", tags=("windows",))
+    def owl_rungs(inputs): ...
+
+    ALLOCATORS = Registry("allocator", ("gap_engine.plan",), PlanError, first=("dp", "uniform"))
 
 The CLI's ``choices=`` and help texts, the explorer's selectors and the validators
-(``TableSpec``, ``RatePlan``, recovery settings) all read the same registry, so a name, its
-description and its code cannot drift apart. A registry module holds no heavy imports: a
-`Choice` names its function as ``"package.module:attribute"`` and imports it on first use,
-so ``gap --help`` and the parser never load torch.
-
-Allocators are found rather than listed (`declared_choices`): a module of ``gap_engine.plan``
-that assigns ``DECLARED_ALLOCATORS = (Choice(...), ...)`` declares them, and the registry
-reads those declarations from the source without importing it. Adding an allocator is one
-new file.
+(``TableSpec``, ``RatePlan``, recovery settings) all read the registry, so a name, its
+description and its code cannot drift apart. A registry reads the declarations from the source
+of the modules (or every module of the packages) it names, with ``ast``, without importing
+them, so ``gap --help`` and the parser never load torch; a choice's function is imported on
+first use. The decorator's arguments must therefore be literals; at run time it returns the
+function unchanged. A name declared twice for one registry is refused, both places named
+(``RegistryError``), and so is a module still declaring choices in the retired
+``DECLARED_*`` tuples. Adding an allocator is one new file in ``plan/``.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gap_engine.core.errors import GapError
+
+F = TypeVar("F")
+
+
+class RegistryError(GapError):
+    """A registry's declarations contradict each other (a name declared twice, an order naming nothing)."""
 
 
 @dataclass(frozen=True)
@@ -41,13 +52,42 @@ class Choice:
         return function
 
 
+def register(kind: str, name: str, description: str, tags: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Declare the decorated function or class as the choice ``name`` of the registry of ``kind``
+    ("criterion", "table estimator", ...), with a one-line ``description`` and ``tags``. Every
+    argument must be a literal: the registry reads them from the source (see the module docstring)."""
+
+    def declared(function: F) -> F:
+        return function
+
+    return declared
+
+
 class Registry:
     """The choices of one kind, in the order surfaces list them."""
 
-    def __init__(self, kind: str, choices: Iterable[Choice], error: type[GapError] = GapError):
-        self.kind = kind  # "criterion", "allocator", ...: the noun error messages use
-        self.error = error  # what `check` raises
-        self._choices = {choice.name: choice for choice in choices}
+    def __init__(self, kind: str, sources: Iterable[str], error: type[GapError] = GapError, first: Iterable[str] = ()):
+        """
+        Args:
+            kind: the registry's noun ("criterion", "allocator", ...): what ``@register`` names and error messages use.
+            sources: dotted names of the modules, or packages, whose ``@register(kind, ...)`` declarations it collects.
+            error: what `check` raises for an unknown name.
+            first: names listed first, in this order; the others follow in declaration order (module by module).
+        Raises:
+            RegistryError: a name declared twice, or ``first`` naming a choice nobody declared.
+        """
+        self.kind = kind
+        self.error = error
+        found: dict[str, Choice] = {}
+        for choice in declared_choices(kind, sources):
+            if choice.name in found:
+                raise RegistryError(f"{kind} '{choice.name}' is declared twice: by {found[choice.name].function} and by {choice.function}")
+            found[choice.name] = choice
+        missing = [name for name in first if name not in found]
+        if missing:
+            raise RegistryError(f"the {kind} registry lists {', '.join(missing)} first, but nothing declares them")
+        order = list(dict.fromkeys([*first, *found]))
+        self._choices = {name: found[name] for name in order}
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -92,37 +132,53 @@ class Registry:
         return self[name].load()
 
 
-def declared_choices(folder: Path, package: str, variable: str, first: tuple[str, ...] = ()) -> list[Choice]:
-    """The choices that the modules of ``folder`` declare, read from their source.
-
-    A module declares its choices by assigning ``<variable> = (Choice(...), ...)`` at its top
-    level; the arguments must be literals. No module is imported.
-
-    Args:
-        folder: the package's folder; package: its dotted name (a ``function`` without a
-            module part means this module: ``":rungs"``).
-        first: names listed first, in this order; the others follow by name.
-    """
-    found: dict[str, Choice] = {}
-    for path in sorted(folder.glob("*.py")):
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == variable for t in node.targets):
-                if not isinstance(node.value, (ast.Tuple, ast.List)):
-                    raise TypeError(f"{path}: {variable} must be a tuple of Choice(...) calls")
-                for call in node.value.elts:
-                    choice = _literal_choice(call, f"{package}.{path.stem}")
-                    found[choice.name] = choice
-    order = [name for name in first if name in found] + sorted(name for name in found if name not in first)
-    return [found[name] for name in order]
+def source_files(source: str) -> list[tuple[str, Path]]:
+    """(module name, file) of ``source``: a module, or every module of a package, found without
+    importing it (only its parent packages, whose ``__init__`` files import nothing)."""
+    spec = importlib.util.find_spec(source)
+    if spec is None or spec.origin is None:
+        raise RegistryError(f"registry source '{source}' is not a module or package")
+    if spec.submodule_search_locations is None:
+        return [(source, Path(spec.origin))]
+    folder = Path(spec.origin).parent
+    return [(f"{source}.{path.stem}", path) for path in sorted(folder.glob("*.py")) if path.name != "__init__.py"]
 
 
-def _literal_choice(call: ast.expr, module: str) -> Choice:
-    """A ``Choice(...)`` call with literal arguments, as a Choice."""
-    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Choice"):
-        raise TypeError(f"{module}: a declared choice must be a Choice(...) call")
-    fields = ("name", "description", "function", "tags")
-    values = dict(zip(fields, (ast.literal_eval(arg) for arg in call.args)))
-    values |= {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
-    if values.get("function", "").startswith(":"):
-        values["function"] = module + values["function"]
-    return Choice(**values)
+def declared_choices(kind: str, sources: Iterable[str]) -> list[Choice]:
+    """Every ``@register(kind, ...)`` declaration in ``sources``, in module and line order."""
+    found: list[Choice] = []
+    for source in sources:
+        for module, path in source_files(source):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in tree.body:
+                _refuse_retired_declarations(node, module)
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    calls = [call for call in node.decorator_list if isinstance(call, ast.Call) and _declares(call, kind)]
+                    found += [_choice(call, module, node.name) for call in calls]
+    return found
+
+
+def _declares(decorator: ast.Call, kind: str) -> bool:
+    """Whether ``decorator`` is ``register(kind, ...)`` (or ``registry.register(kind, ...)``)."""
+    if not decorator.args:
+        return False
+    func = decorator.func
+    called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    first = decorator.args[0]
+    return called == "register" and isinstance(first, ast.Constant) and first.value == kind
+
+
+def _choice(call: ast.Call, module: str, attribute: str) -> Choice:
+    """The Choice a ``@register(kind, name, description, tags)`` call declares."""
+    try:
+        fields = {key: ast.literal_eval(arg) for key, arg in zip(("kind", "name", "description", "tags"), call.args)}
+        fields |= {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
+        return Choice(fields["name"], fields["description"], f"{module}:{attribute}", tuple(fields.get("tags", ())))
+    except (ValueError, KeyError):
+        raise RegistryError(f"{module}.{attribute}: @register takes a literal kind, name, description and tags") from None
+
+
+def _refuse_retired_declarations(node: ast.stmt, module: str) -> None:
+    """A module still declaring choices the old way would be left out in silence: say so."""
+    if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.startswith("DECLARED_") for t in node.targets):
+        raise RegistryError(f"{module} declares its choices in a DECLARED_* tuple: declare each with @register(...) on its function")

@@ -76,7 +76,7 @@ def mean_nll(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> flo
     """Mean next-token negative log-likelihood over all windows (nats per token).
 
     Counts the text tokens that have text before them: a leading BOS token
-    (``data.text_start``) is context only, never a target nor the sole context.
+    (``data.bos.text_start``) is context only, never a target nor the sole context.
     """
     start = text_start(lm.tokenizer, windows)
     total, count = 0.0, 0

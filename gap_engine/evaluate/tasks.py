@@ -42,20 +42,7 @@ SUPPORTED_OUTPUT_TYPES = ("multiple_choice", "loglikelihood")  # scored by likel
 HUB_PROBE_SECONDS = 2.0  # an unreachable hub is said in one line within this, not after a hang
 _LOCAL_BUILDERS = ("json", "csv", "text", "parquet")  # datasets builders that read data_files from disk
 _OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-# Nominal prices of scoring, for the pre-run predictions of every job that scores tasks
-# (``pipeline.expected``, ``recover.cost``), so their estimates price it alike.
-TASK_IMPORT_S = 6.0  # lm-eval's first import in a process (issue 21: 5-8 s)
-# The offline task: four requests per example (passage and one choice), 88 tokens each on average
-# (all 2,000 requests of gap_wiki_next with SmolLM2's tokenizer; 160 was assumed before, which with
-# a profile measured on short windows made Recover predict 7 min 03 s of scoring that took ~100 s).
-TASK_CHOICES, TASK_TOKENS = 4, 88
 TASK_BATCH = 8  # requests per forward pass (``task_settings``'s default, the explorer's)
-
-
-def scoring_seconds(examples: int, forward: Callable[[int, int], float]) -> float:
-    """Predicted seconds to score one model on ``examples`` task examples, given
-    ``forward(tokens, seq_len)``: the price of one forward pass (one call) over ``tokens``."""
-    return examples * forward(TASK_CHOICES * TASK_TOKENS, TASK_TOKENS)
 
 
 class TaskError(GapError):

@@ -91,7 +91,7 @@ def save_pruned(
         out_dir: the checkpoint folder.
         dtype: storage precision, one of config.SAVE_DTYPES.
         eval_report: an ``EvalReport.to_dict()`` of this pruned model, for the model card.
-        recovery: what a recovery fine-tune ran (``recover_io.card_summary``), for the model card.
+        recovery: what a recovery fine-tune ran (``recover.files.card_summary``), for the model card.
     Returns:
         ``out_dir``.
     Raises:

@@ -256,7 +256,7 @@ def render_model_card(
         marker: the gap_pruned.json content (fingerprints, parameter count, widths, dtype).
         config: the folder's config.json (dense widths, model type).
         eval_report: an ``EvalReport.to_dict()``, or None.
-        recovery: what a recovery fine-tune ran (``recover_io.card_summary``), or None.
+        recovery: what a recovery fine-tune ran (``recover.files.card_summary``), or None.
     """
     base = marker.get("base_model") or plan.model
     front = {

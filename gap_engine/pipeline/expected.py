@@ -1,192 +1,503 @@
-"""What a job will take before any job like it ran on this machine: the cost model's prediction.
+"""What a job will take before it starts, as an honest order of magnitude (once it runs, its own progress gives
+the time left: ``pipeline.jobs``); `gap table --dry-run` adds a table build's peak memory.
 
-``core.buildtime`` expects a stage to take what the same stage of earlier jobs took here. On
-a fresh machine, for a new model or a first run there is no such job, and a time-left that
-appears only once the job has measured itself comes too late to be of use (issue 22: a first
-default build showed none for 73% of its run). This module fills those stages from the cost
-model (``tables.costmodel``): the work of each stage counted in forward passes and priced with
-this machine's measured profile when one is cached (the Setup page's "Estimate" or a recovery
-measures it), else with a nominal CPU profile scaled by torch's thread count. The basis says
-which, and the pages label the result a prediction; the running job's own rates replace it.
-
-Constants marked "nominal" are priors, not measurements of any machine; the test
-``bench/bench_expected.py`` measures the predictions against real table builds, task scoring and
-GGUF builds of the built-in model (within 2x, as issue 22 asks; a benchmark, since a clock in a
-test fails on a busy machine).
+Work is counted from the model's shape (nothing is loaded) in forward passes: 2 x parameters FLOPs a token, causal
+attention 2 x T x heads x head_dim more, a backward pass two forwards, a fixed cost per block call; an exact table runs
+blocks i..L-1 and the LM head once per distinct cell of layer i. A `DeviceProfile` prices it: measured on this machine
+when asked (Setup's Estimate, the dry run), a spec sheet (``--profile``) or nominal CPU prices per torch thread; an
+accelerator nobody measured gets no prediction. ``bench/bench_expected.py`` checks them against real jobs: within 2x.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import torch
+import torch.nn.functional as F
+
+from gap_engine.core import progress as stage
 from gap_engine.core.config import WindowSpec
-from gap_engine.core.device import DeviceSpec, resolve
-from gap_engine.core.fsutil import cache_root
-from gap_engine.core.progress import (
-    GENERATE,
-    HELD_OUT,
-    LOAD_MODEL,
-    MEASURE,
-    PLAN,
-    PRUNE,
-    READ_TEXT,
-    SAVE,
-    TASKS,
-    THROUGHPUT,
-)
+from gap_engine.core.device import DeviceSpec, Placement, resolve, synchronize
+from gap_engine.core.errors import TableError
+from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.evaluate.metrics import THROUGHPUT_REPEATS, EvalSettings
-from gap_engine.evaluate.tasks import TASK_IMPORT_S, scoring_seconds
-from gap_engine.model.loading import BUILTIN_MODELS, CONVERTED_MARKER
+from gap_engine.model.adapters import LayerGeometry
+from gap_engine.model.checkpoint import is_pruned_checkpoint
+from gap_engine.model.loading import BUILTIN_MODELS, CONVERTED_MARKER, load_model
+from gap_engine.model.remote_code import refuse_foreign_code
+from gap_engine.model.units import ComponentGeometry, attention_shape_for_rate, channels_for_rate
+from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
 from gap_engine.tables.artefact import TableSpec
-from gap_engine.tables.costmodel import (  # the nominal prices live with the profiles; re-exported for the pages' estimates
-    LOAD_BYTES_PER_S,
-    LOAD_FIXED_S,
-    NOMINAL_BANDWIDTH,
-    NOMINAL_BASIS,
-    DeviceProfile,
-    ModelShape,
-    estimate_build,
-    folder_load_seconds,
-    measured_profile,
-    model_shape,
-    nominal_for,
-    nominal_profile,  # noqa: F401 - re-exported: the tests price with it as the pages do
-    scoring_profile,
-    stage_seconds,
+from gap_engine.tables.estimators import ESTIMATORS
+from gap_engine.tables.exact import MAX_STORED_LOGPROB_BYTES
+from gap_engine.tables.streaming import STREAM_GROUP_BYTES
+
+if TYPE_CHECKING:
+    from gap_engine.recover.settings import RecoverySettings
+
+log = logging.getLogger(__name__)
+
+# Nominal CPU speed: fisher builds of SmolLM2-135M on 2-core machines ran at 36-63 GFLOP/s a thread
+# beside other work and 60-100 on a quiet one; 60 is within 2x of both, and of lm-eval scoring.
+NOMINAL_FLOPS_PER_THREAD = 60e9
+NOMINAL_BANDWIDTH = 5e9  # host memory bytes/s
+NOMINAL_BASIS = "a nominal CPU speed (no speed of this machine kept yet: Setup's Estimate measures it)"
+CALL_SECONDS_PER_BLOCK = 4e-4  # nominal: Python and kernel launches of one block call
+LOAD_BYTES_PER_S, LOAD_FIXED_S = 150e6, 2.0  # nominal: reading safetensors and building the model; tokenizer and config
+DEQUANT_S_PER_PARAM = 2.5e-7  # nominal: a built-in's first use de-quantizes its GGUF (20-60 s)
+READ_TEXT_S = 3.0  # nominal: reading and tokenizing a built-in text
+SAVE_BYTES_PER_S = 100e6  # nominal: writing a checkpoint
+Z_DRAW_S_PER_VALUE = 8e-9  # nominal: one ZO direction value drawn by one CPU thread (torch's normal sampler)
+# The offline task's 4 requests per example, 88 tokens each (its 2,000 requests, SmolLM2's tokenizer); lm-eval's first import.
+TASK_CHOICES, TASK_TOKENS, TASK_IMPORT_S = 4, 88, 6.0
+# GGUF: q8_0 (numpy, one thread) or f16 per parameter, the rest, transformers' model code's first import (4-6 s of a cold 9 s).
+GGUF_S_PER_PARAM, GGUF_FIXED_S, GGUF_IMPORT_S = {"q8_0": 1.5e-8, "f16": 5e-9}, 1.5, 4.0
+REFINE_CELLS = 4  # measured cells per component assumed for refine: 3.8 on SmolLM2 (bench/results/refine.md)
+CALIBRATION_HIDDEN_CAP = 1024  # the measured one-layer model is at most this wide
+PREDICTED = "predicted by the cost model"  # how every basis starts (the pages label the time a prediction)
+
+
+# ---- the model's shape ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions that set a job's cost (a dense decoder-only transformer)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+
+    @classmethod
+    def from_config(cls, config: Any, name: str = "") -> ModelShape:
+        """From a transformers config or a config.json's dict (Llama's names for the fields)."""
+
+        def get(key: str) -> Any:
+            return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+        heads, hidden = get("num_attention_heads"), get("hidden_size")
+        return cls(
+            name or get("_name_or_path") or get("model_type") or "", get("num_hidden_layers"), hidden, heads,
+            get("num_key_value_heads") or heads, get("head_dim") or hidden // heads, get("intermediate_size"),
+            get("vocab_size"), bool(get("tie_word_embeddings")), bool(get("attention_bias") or get("model_type") == "qwen2"),
+        )  # fmt: skip
+
+    @property
+    def geometry(self) -> ComponentGeometry:
+        layer = LayerGeometry(self.heads, self.kv_heads, self.head_dim, self.intermediate)
+        return ComponentGeometry(layer, self.hidden, self.qkv_bias, o_bias=False, mlp_bias=False)
+
+    @property
+    def block_params(self) -> int:
+        return self.geometry.params_at("attn", 0.0) + self.geometry.params_at("mlp", 0.0) + 2 * self.hidden
+
+    @property
+    def total_params(self) -> int:
+        return self.layers * self.block_params + self.hidden * self.vocab * (1 if self.tied_embeddings else 2) + self.hidden
+
+    def flops(self, seq_len: int) -> float:
+        """Matmul FLOPs of one block per token, causal attention included."""
+        return 2.0 * self.block_params + 2.0 * seq_len * self.heads * self.head_dim
+
+
+# Public architecture numbers (config.json of the released checkpoints), for planning on paper.
+_PUBLISHED = (
+    ModelShape("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256),
+    ModelShape("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256),
+    ModelShape("smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152, tied_embeddings=True),
+    ModelShape("gemma3-270m", 18, 640, 4, 1, 256, 2048, 262144, tied_embeddings=True),
 )
-
-CALL_SECONDS_PER_BLOCK = 4e-4  # nominal: Python and kernel-launch cost of one block call (decode steps are made of them)
-DEQUANT_S_PER_PARAM = 2.5e-7  # nominal: a built-in's first use de-quantizes its GGUF (README: 20-60 s)
-READ_TEXT_S = 3.0  # nominal: the first read of a built-in text (parsing, tokenizing) takes seconds
-SAVE_BYTES_PER_S = 100e6  # nominal: writing a checkpoint (safetensors, model card, remote code)
+SHAPES = {shape.name: shape for shape in _PUBLISHED}
 
 
-def profile_for(device: DeviceSpec, shape: ModelShape, windows: WindowSpec) -> DeviceProfile | None:
-    """This machine's measured profile when cached (never measured here: that takes seconds),
-    else the nominal CPU profile; None on an accelerator never measured (no honest prior)."""
-    placement = resolve(device)
-    measured = measured_profile(placement, shape, seq_len=min(windows.seq_len, 512), batch=min(windows.batch_size, 4), measure=False)
-    return measured if measured is not None else nominal_for(placement)
+def model_shape(name_or_path: str) -> ModelShape:
+    """A named shape (``SHAPES``), else the model's config.json on disk (no weights read), else the loaded model's."""
+    if name_or_path in SHAPES:
+        return SHAPES[name_or_path]
+    from transformers import AutoConfig
+
+    folder = cache_root() / "models" / name_or_path if name_or_path in BUILTIN_MODELS else Path(name_or_path).expanduser()
+    if (folder / "config.json").is_file() and (name_or_path not in BUILTIN_MODELS or (folder / CONVERTED_MARKER).is_file()):
+        refuse_foreign_code(folder, is_pruned_checkpoint(folder))
+        return ModelShape.from_config(AutoConfig.from_pretrained(str(folder), trust_remote_code=False), name_or_path)
+    return ModelShape.from_config(load_model(name_or_path).model.config, name_or_path)
 
 
-def load_seconds(model: str, shape: ModelShape) -> float:
-    """Predicted seconds to load ``model`` (built-ins: de-quantizing the GGUF on first use)."""
-    folder = cache_root() / "models" / model if model in BUILTIN_MODELS else Path(model).expanduser()
-    if model in BUILTIN_MODELS and not (folder / CONVERTED_MARKER).is_file():
-        return folder_load_seconds(None, shape.total_params) + shape.total_params * DEQUANT_S_PER_PARAM
-    return folder_load_seconds(folder, shape.total_params)
-
-
-def forward_seconds(shape: ModelShape, profile: DeviceProfile, tokens: float, seq_len: int, calls: float = 0.0) -> float:
-    """One forward pass of the whole model over ``tokens`` in windows of ``seq_len``, plus the
-    fixed cost of ``calls`` model calls (one call runs every block once)."""
-    from gap_engine.tables.costmodel import block_flops_per_token, head_flops_per_token
-
-    per_token = (
-        shape.layers * block_flops_per_token(shape, seq_len) / profile.block_flops + head_flops_per_token(shape) / profile.head_flops
-    )
-    return tokens * per_token + calls * shape.layers * CALL_SECONDS_PER_BLOCK
-
-
-def cheap_shape(model: str) -> ModelShape | None:
-    """The model's shape when it can be read without loading weights (a built-in, a folder with
-    its config.json); None otherwise: a prediction must never load a model."""
-    folder = Path(model).expanduser()
-    if model in BUILTIN_MODELS or (folder / "config.json").is_file():
-        return model_shape(model)
-    return None
-
-
-def table_prediction(model: str, spec: TableSpec, device: DeviceSpec = DeviceSpec()) -> tuple[dict[str, float], str] | None:
-    """(stage -> predicted seconds, basis) of building ``spec``'s table of ``model``; None when
-    nothing honest can be said (an accelerator never measured, a model whose shape is unknown)."""
-    shape = cheap_shape(model)
-    profile = None if shape is None else profile_for(device, shape, spec.windows)
-    if shape is None or profile is None:
+def checkpoint_shapes(folder: str | Path) -> tuple[ModelShape, list[ModelShape]] | None:
+    """(the dense shape, each block's shape at its own widths) from a checkpoint's config.json; None: unreadable."""
+    try:
+        config = json.loads((Path(folder).expanduser() / "config.json").read_text(encoding="utf-8"))
+        dense, per_layer = ModelShape.from_config(config), config.get("per_layer_config") or {}
+        widths = [per_layer.get(str(i)) or {} for i in range(dense.layers)]
+        return dense, [
+            replace(dense, heads=int(w.get("num_attention_heads", dense.heads)), kv_heads=int(w.get("num_key_value_heads", dense.kv_heads)),
+                    intermediate=int(w.get("intermediate_size", dense.intermediate)))
+            for w in widths
+        ]  # fmt: skip
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
+
+
+def distinct_cuts_per_layer(shape: ModelShape, rate_grid: tuple[float, ...], mode: str, channel_multiple: int) -> int:
+    """Distinct non-empty cuts of one layer: the cells really measured (as ``tables.exact.distinct_cuts``)."""
+    g = shape.geometry
+    attn = [attention_shape_for_rate(g.geometry, g.hidden, r, g.qkv_bias, g.o_bias) for r in rate_grid]
+    mlp = [channels_for_rate(shape.intermediate, r, channel_multiple) for r in rate_grid]
+    if mode == "block":
+        return len(set(zip(attn[1:], mlp[1:])) - {(attn[0], shape.intermediate)})
+    return len(set(attn[1:]) - {attn[0]}) + len(set(mlp[1:]) - {shape.intermediate})
+
+
+# ---- what a device costs ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Prices of the work on one device in one dtype."""
+
+    name: str  # e.g. "cpu float32", "NVIDIA H200 bfloat16"
+    block_flops: float  # FLOP/s achieved by transformer blocks
+    head_flops: float  # FLOP/s achieved by the LM head with its log-softmax
+    memory: float  # device memory bytes (0: unknown/host)
+    basis: str  # where the numbers come from
+    kind: str = "cuda"  # device type: on "cpu" attention materialises its T x T scores, CUDA kernels do not
+
+
+# Spec sheets: peak dense bf16 x an assumed utilisation (large GEMMs reach 60-75% of peak, a whole block
+# with attention, norms and small kernels less: 50% for blocks, 60% for the LM head's one GEMM) and memory.
+SPEC_PROFILES = {
+    key: DeviceProfile(f"{gpu} bfloat16 (spec sheet)", 0.5e12 * tflops, 0.6e12 * tflops, gb * 1e9,
+                       f"spec sheet: {tflops:g} TFLOP/s dense bf16 x 50% (blocks) / 60% (LM head), {gb:g} GB")
+    for key, gpu, tflops, gb in (("h200", "NVIDIA H200", 989, 141), ("h100", "NVIDIA H100 SXM", 989, 80),
+                                 ("a100", "NVIDIA A100 SXM", 312, 80))
+}  # fmt: skip
+
+
+def nominal_profile(threads: int) -> DeviceProfile:
+    """Prices for a CPU nobody measured: nominal rates per thread, times ``threads``."""
+    return DeviceProfile("cpu float32", NOMINAL_FLOPS_PER_THREAD * threads, NOMINAL_FLOPS_PER_THREAD * threads, 0.0, NOMINAL_BASIS, "cpu")
+
+
+def measured_profile(placement: Placement, shape: ModelShape, seq_len=256, batch=2, refresh=False, measure=True) -> DeviceProfile | None:
+    """This machine's speed on one layer of ``shape`` (at most CALIBRATION_HIDDEN_CAP wide) over ``batch`` x ``seq_len``
+    tokens, measured once and cached; ``refresh`` measures again (a reading taken while other work held the cores is
+    replaced by the next Estimate); with ``measure`` False, None instead of measuring when nothing is cached."""
+    scale = min(1.0, CALIBRATION_HIDDEN_CAP / shape.hidden)
+    heads, kv = max(1, round(shape.heads * scale)), max(1, round(shape.kv_heads * scale))
+    heads, kv = heads - heads % min(kv, heads), min(kv, heads)
+    calib = replace(shape, layers=1, hidden=min(shape.hidden, CALIBRATION_HIDDEN_CAP), heads=heads, kv_heads=kv,
+                    intermediate=int(shape.intermediate * scale), vocab=min(shape.vocab, 65536))  # fmt: skip
+    gpu = torch.cuda.get_device_name(placement.device) if placement.device.type == "cuda" else None
+    key = {"device": str(placement.device), "dtype": str(placement.dtype), "shape": asdict(calib), "seq_len": seq_len, "batch": batch}
+    key |= {"torch": torch.__version__, "threads": torch.get_num_threads(), "gpu": gpu}
+    path = cache_root() / "costmodel" / f"profile-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.json"
+    if path.is_file() and not refresh:
+        try:
+            return DeviceProfile(**json.loads(path.read_text())["profile"])
+        except (OSError, ValueError, TypeError, KeyError):
+            log.warning("ignoring an unreadable cost-model profile %s", path)
+    if not (measure or refresh):
+        return None
+    profile = _measure(placement, calib, seq_len, batch)
+    atomic_write_json(path, {"key": key, "profile": asdict(profile)})
+    return profile
+
+
+def _best_seconds(fn: Callable[[], object], device: Any) -> float:
+    """The best call after a warm-up, of 3 to 30 until 0.3 s went by (the best of 3 once read 14 GFLOP/s for a 69)."""
+    times: list[float] = []
+    while len(times) < 4 or (sum(times) < 0.3 and len(times) < 30):
+        started = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - started)
+    return min(times[1:])
+
+
+def _measure(placement: Placement, calib: ModelShape, seq_len: int, batch: int) -> DeviceProfile:
+    from transformers import LlamaConfig, LlamaModel
+
+    device, dtype, c = placement.device, placement.dtype, calib
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=c.hidden, intermediate_size=c.intermediate, num_hidden_layers=1, num_attention_heads=c.heads,
+        num_key_value_heads=c.kv_heads, head_dim=c.head_dim, max_position_embeddings=max(seq_len, 512),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    block: torch.nn.Module = LlamaModel(config)  # as a Module: transformers' typing of PreTrainedModel.to is off
+    block = block.to(device=device, dtype=dtype).eval()
+    embeds = torch.randn(batch, seq_len, c.hidden, device=device, dtype=dtype)  # (B, T, d)
+    head = torch.nn.Linear(c.hidden, c.vocab, bias=False, device=device, dtype=dtype)
+    with torch.inference_mode():
+        block_s = _best_seconds(lambda: block(inputs_embeds=embeds, use_cache=False), device)
+        head_s = _best_seconds(lambda: F.log_softmax(head(embeds).float(), dim=-1), device)
+    tokens, memory = batch * seq_len, torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+    basis = f"measured on this machine {time.strftime('%Y-%m-%d %H:%M')} (one {c.hidden}-wide layer, {batch} x {seq_len} tokens)"
+    flops = (tokens * c.flops(seq_len) / block_s, tokens * 2.0 * c.hidden * c.vocab / head_s)
+    return DeviceProfile(f"{device} {str(dtype).removeprefix('torch.')}", *flops, float(memory), basis, device.type)
+
+
+def _prices(model: str | ModelShape, placement: Placement, seq_len: int, batch: int) -> tuple[ModelShape, DeviceProfile] | None:
+    """(shape, prices) before Start: this machine's cached profile (never measured here: it takes seconds), else nominal
+    CPU prices; None where the shape needs the network or a load (a hub id), or on an accelerator nobody measured."""
+    if isinstance(model, str) and model not in SHAPES and not (Path(model).expanduser() / "config.json").is_file():
+        return None
+    shape = model_shape(model) if isinstance(model, str) else model
+    profile = measured_profile(placement, shape, min(seq_len, 512), min(batch, 4), measure=False)
+    profile = profile or (nominal_profile(torch.get_num_threads()) if placement.device.type == "cpu" else None)
+    return None if profile is None else (shape, profile)
+
+
+def forward_seconds(shape: ModelShape, profile: DeviceProfile, tokens: float, seq_len: int, calls=0.0, blocks=None) -> float:
+    """A forward pass over ``tokens`` in windows of ``seq_len`` in ``calls`` calls; ``blocks``: a pruned model's per layer."""
+    blocks = blocks or [shape] * shape.layers
+    per_token = sum(b.flops(seq_len) for b in blocks) / profile.block_flops + 2.0 * shape.hidden * shape.vocab / profile.head_flops
+    return tokens * per_token + calls * len(blocks) * CALL_SECONDS_PER_BLOCK
+
+
+def scoring_seconds(examples: int, forward: Callable[[float, int], float]) -> float:
+    """Scoring ``examples`` examples of the offline task, given ``forward(tokens, seq_len)`` of one call."""
+    return examples * forward(TASK_CHOICES * TASK_TOKENS, TASK_TOKENS)
+
+
+def load_seconds(model: str, params: int) -> float:
+    """Loading ``model`` (a built-in de-quantizes its GGUF on first use): its safetensors, else 4 x params bytes."""
+    folder = cache_root() / "models" / model if model in BUILTIN_MODELS else Path(model).expanduser()
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0
+    dequant = params * DEQUANT_S_PER_PARAM if model in BUILTIN_MODELS and not (folder / CONVERTED_MARKER).is_file() else 0.0
+    return LOAD_FIXED_S + (size or 4 * params) / LOAD_BYTES_PER_S + dequant
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted seconds per stage of one job (its ETA until its own progress takes over)."""
+
+    seconds: dict[str, float]  # stage -> predicted seconds
+    basis: str  # where the prices come from, in a few words
+    step_s: float = 0.0  # a recovery: one training step
+    tasks_s: float = 0.0  # of the total: scoring lm-eval tasks
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.seconds.values()))
+
+
+# ---- a table build (`gap table --dry-run`, Setup's Estimate) -------------------------------------
+@dataclass
+class BuildEstimate:
+    """Predicted time and peak memory of one table build."""
+
+    model: str  # the shape's name
+    estimator: str  # exact | fisher | taylor | refine
+    device: str  # the profile's name
+    basis: str  # where the prices come from
+    workers: int  # Ray workers (1: one process)
+    stream: bool  # blocks streamed from the host
+    cells: int  # distinct cells measured (exact, refine)
+    parts: dict[str, float]  # seconds per stage of the job after the load and the text (``table_stages``)
+    device_bytes: float  # peak device memory of the busiest process
+    host_bytes: float  # peak host memory of the driver
+    device_memory: float  # the device's memory (0: unknown)
+    notes: list[str]  # assumptions worth reading
+
+    @property
+    def seconds(self) -> float:
+        return float(sum(self.parts.values()))
+
+    @property
+    def fits(self) -> bool | None:
+        return None if not self.device_memory else self.device_bytes <= self.device_memory
+
+    def lines(self) -> list[str]:
+        """A short human report (the CLI prints it; Setup shows it before Build)."""
+        t = lambda s: f"{s:.1f} s" if s < 60 else f"{s / 60:.1f} min" if s < 3600 else f"{s / 3600:.1f} h"  # noqa: E731
+        b = lambda v: f"{v / 1e9:.1f} GB" if v >= 1e8 else f"{v / 1e6:.0f} MB"  # noqa: E731
+        where = self.device + (", streamed" if self.stream else "") + (f", {self.workers} Ray workers" if self.workers > 1 else "")
+        parts = ", ".join(f"{name} {t(s)}" for name, s in self.parts.items() if s > 0)
+        of, cells = f" of {b(self.device_memory)}" if self.device_memory else "", f"; {self.cells:,} distinct cells" if self.cells else ""
+        out = [f"predicted {self.estimator} table of {self.model} on {where}: {t(self.seconds)} ({parts})"]
+        out.append(f"peak memory: {b(self.device_bytes)} on the device{of}, {b(self.host_bytes)} on the host{cells}")
+        if self.fits is False:
+            out.append("does not fit the device: add --stream (blocks from the host), fewer/shorter windows, or --ray workers")
+        return out + [f"basis: {self.basis}"] + [f"assumes: {note}" for note in self.notes]
+
+
+def estimate_build(shape: ModelShape, spec: TableSpec, profile: DeviceProfile, dtype_bytes: int, stream=False, workers=1) -> BuildEstimate:
+    """Time and peak memory of building ``spec``'s table for ``shape``: ``dtype_bytes`` a value, ``workers`` Ray workers."""
+    tags, L, tokens = ESTIMATORS[spec.estimator].tags, shape.layers, spec.windows.n_samples * spec.windows.seq_len
+    block_t, head_t = shape.flops(spec.windows.seq_len) / profile.block_flops, 2.0 * shape.hidden * shape.vocab / profile.head_flops
+    forward = tokens * (L * block_t + head_t)
+    notes, per_layer = ["backward = 2 x forward FLOPs", "host transfers not counted"], 0
+    main = stage.GRADIENT_PASS if "gradient" in tags else stage.CELLS  # the stage that measures the table
+    parts = {stage.SCORE_UNITS: {"magnitude": 0.0, "taylor": 3.0}.get(spec.criterion, 1.0) * forward}
+    if "gradient" in tags:  # forward and backward(s); streamed, each block runs forward again before its backward
+        parts[main] = ((3.0 if spec.estimator == "taylor" else 5.0) + stream) * forward
+    if "cells" in tags:  # a dense pass, then the cells (exact: stages of their own; refine: inside its gradient pass's)
+        parts[stage.DENSE_PASS if main == stage.CELLS else main] = parts.get(main, 0.0) + forward
+        parts.setdefault(main, 0.0)
+        per_layer = distinct_cuts_per_layer(shape, spec.rate_grid, spec.mode, spec.channel_multiple)
+        if "gradient" in tags:  # refine measures the cells the plans use
+            per_layer = min(per_layer, REFINE_CELLS * (2 if spec.mode == "split" else 1))
+            notes.append(f"{spec.estimator} = a fisher pass + {REFINE_CELLS} measured cells per component")
+    costs = {i: per_layer * tokens * ((L - i) * block_t + head_t) for i in range(L)} if per_layer else {}
+    n_workers = min(workers, sum(1 for c in costs.values() if c)) if workers > 1 and costs else 1
+    parts[main] += sum(costs.values()) / n_workers  # Ray workers share the cells evenly
+    state, in_flight = tokens * shape.hidden * dtype_bytes, 0.0  # one (N, T, d) hidden state
+    if stream and per_layer:  # streamed cells go in groups whose states fill half the free device memory
+        free = profile.memory - (shape.total_params - (L - 1) * shape.block_params) * dtype_bytes
+        in_flight = min(per_layer * L * state, free / 2 if profile.memory else STREAM_GROUP_BYTES)
+    device_bytes, host_bytes = _memory(shape, spec, dtype_bytes, stream, n_workers, in_flight, profile.kind)
+    return BuildEstimate(shape.name, spec.estimator, profile.name, profile.basis, n_workers, stream, per_layer * L, parts,
+                         device_bytes, host_bytes, profile.memory, notes)  # fmt: skip
+
+
+def _memory(shape: ModelShape, spec: TableSpec, dtype_bytes: int, stream: bool, workers: int, in_flight: float, kind: str) -> tuple:
+    """(peak device bytes of the busiest process, peak host bytes of the driver); ``in_flight``: the
+    streamed cells' states held on the device."""
+    n, t, b, L, tags = spec.windows.n_samples, spec.windows.seq_len, spec.windows.batch_size, shape.layers, ESTIMATORS[spec.estimator].tags
+    weights, block, state = shape.total_params * dtype_bytes, shape.block_params * dtype_bytes, n * t * shape.hidden * dtype_bytes
+    resident = weights - (L - 1) * block if stream else weights  # streamed: one block on the device at a time
+    # One batch: model-dtype logits with their float32 copy and log-probabilities, the widest activations (the
+    # CPU's attention holds its T x T scores), every block's when a resident backward pass follows (twice streamed).
+    activations = b * t * (2 * shape.intermediate + 4 * shape.hidden) * dtype_bytes
+    activations += b * shape.heads * t * t * dtype_bytes if kind == "cpu" else 0
+    working = b * t * shape.vocab * (dtype_bytes + 8) + activations
+    gradient = resident + (2 * working + 2 * state if stream else working + (L - 1) * activations) if "gradient" in tags else 0.0
+    host = weights + (L + 2) * state if stream and "gradient" in tags else 0.0  # a streamed gradient pass keeps each block's input
+    if "cells" in tags:  # dense block inputs and final states, and the dense log-probabilities where they are kept
+        logprobs = n * t * shape.vocab * 4
+        stored = (L + 1) * state + (logprobs if spec.objective == "kl" and logprobs <= MAX_STORED_LOGPROB_BYTES else 0)
+        gradient = max(gradient, resident + working + (in_flight + state if stream else stored / workers))  # Ray: each its layers' inputs
+        host = max(host, weights + stored if stream else 0.0)
+    return float(gradient), float(host)
+
+
+def predict_build(
+    model: str, spec: TableSpec, device: DeviceSpec | None, workers: int = 1, profile: str | None = None, measure=True, refresh=False
+) -> BuildEstimate | None:
+    """What `gap table --dry-run` prints and Setup's Estimate shows for ``model`` (a built-in or planning name, folder
+    or hub id: its config is read), priced on a spec sheet (``profile``) or this machine's speed, measured when
+    nothing is cached and ``measure`` (else None is returned), or again when ``refresh``."""
+    placement, shape, w = resolve(device), model_shape(model), spec.windows
+    if profile is not None:
+        if profile not in SPEC_PROFILES:
+            raise TableError(f"unknown --profile '{profile}'; choose one of {', '.join(SPEC_PROFILES)}")
+        return estimate_build(shape, spec, SPEC_PROFILES[profile], 2, placement.stream, workers)
+    prices = measured_profile(placement, shape, min(w.seq_len, 512), min(w.batch_size, 4), refresh, measure)
+    return None if prices is None else estimate_build(shape, spec, prices, placement.dtype.itemsize, placement.stream, workers)
+
+
+# ---- each job's stages before Start -------------------------------------------------------------
+def table_prediction(model: str, spec: TableSpec, device: DeviceSpec | None = None, loaded=False, cached=False) -> Prediction | None:
+    """The stages of a table job (``stages.table_stages``; None when nothing honest can be said); ``loaded``: the model
+    is in memory; ``cached``: the cache holds the table (the job loads the model and reads the text, then the table)."""
     placement = resolve(device)
-    estimate = estimate_build(shape, spec, profile, placement.dtype.itemsize, stream=placement.stream)
-    stages = {LOAD_MODEL: load_seconds(model, shape), READ_TEXT: READ_TEXT_S} | stage_seconds(estimate)
-    return stages, _basis(profile)
+    priced = _prices(model, placement, spec.windows.seq_len, spec.windows.batch_size)
+    if priced is None:
+        return None
+    shape, profile = priced
+    first = {stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, shape.total_params), stage.READ_TEXT: READ_TEXT_S}
+    if cached:  # the cache hit it is
+        return Prediction(first, f"cached here: Build reads it instead of building; {PREDICTED}: {profile.basis}")
+    parts = estimate_build(shape, spec, profile, placement.dtype.itemsize, placement.stream).parts
+    return Prediction(first | parts, f"{PREDICTED}: {profile.basis}")
 
 
 def run_prediction(
-    model: str,
-    calibration: WindowSpec,
-    settings: EvalSettings,
-    stages: tuple[str, ...],
-    allocator: str = "dp",
-    task_examples: int = 0,
-    device: DeviceSpec = DeviceSpec(),
-) -> tuple[dict[str, float], str] | None:
-    """(stage -> predicted seconds, basis) of a prune-and-evaluate run (``runs.prune_eval_stages``).
-
-    Work per stage, in forward passes of the dense model (the pruned copy is priced as dense:
-    an upper bound): planning (one calibration pass for allocators that read windows), the
-    importance scores (one calibration pass), the measured increase (dense and pruned over the
-    calibration windows), the held-out evaluation (both models over every source's windows),
-    throughput (``THROUGHPUT_REPEATS`` x both models: a 4 x 128 prefill and 16 decode steps),
-    greedy generations (both models, one call per new token), lm-eval tasks (both models, four
-    continuations per example, plus lm-eval's import) and the checkpoint write.
-    """
-    shape = cheap_shape(model)
-    profile = None if shape is None else profile_for(device, shape, settings.windows)
-    if shape is None or profile is None:
+    model: str, calibration: WindowSpec, settings: EvalSettings, stages: tuple[str, ...], allocator: str = "dp",
+    task_examples: int = 0, device: DeviceSpec | None = None, loaded: bool = False,
+) -> Prediction | None:  # fmt: skip
+    """The stages of a prune-and-evaluate run (``runs.prune_eval_stages``) in forward passes of the dense model (the pruned
+    copy priced as dense: an upper bound): planning (a calibration pass for allocators that read windows, 20 for evo), scores,
+    the measured increase, held-out text, throughput, generations and lm-eval tasks of both models, the checkpoint write."""
+    priced = _prices(model, resolve(device), settings.windows.seq_len, settings.windows.batch_size)
+    if priced is None:
         return None
-    calib_tokens = calibration.n_samples * calibration.seq_len
-    calib = forward_seconds(shape, profile, calib_tokens, calibration.seq_len, calibration.n_samples / calibration.batch_size)
-    windows = settings.windows
-    sources = max(len(windows.sources()), 1)
-    held_out = forward_seconds(shape, profile, windows.n_samples * windows.seq_len, windows.seq_len, windows.n_samples / windows.batch_size)
-    decode_step = forward_seconds(shape, profile, 1, 1, 1)
-    scoring = (scoring_profile(resolve(device), shape, measure=False) or profile) if task_examples else profile  # lm-eval's own batches
-    throughput = THROUGHPUT_REPEATS * 2 * (forward_seconds(shape, profile, 4 * 128, 128, 1) + 16 * forward_seconds(shape, profile, 4, 1, 1))
+    shape, profile = priced
+
+    def forward(tokens: float, seq_len: int, calls: float = 1.0) -> float:
+        return forward_seconds(shape, profile, tokens, seq_len, calls)
+
+    c, w, params = calibration, settings.windows, shape.total_params
+    calib = forward(c.n_samples * c.seq_len, c.seq_len, c.n_samples / c.batch_size)
     by_stage = {
-        LOAD_MODEL: load_seconds(model, shape),
-        PLAN: calib if allocator in ("flap", "owl") else (20 * calib if allocator == "evo" else 0.5),
-        PRUNE: calib + 4 * shape.total_params / NOMINAL_BANDWIDTH,  # scores, then a copy of the weights
-        MEASURE: 2 * calib,
-        HELD_OUT: 2 * sources * held_out,
-        THROUGHPUT: throughput,
-        GENERATE: 2 * settings.generations * settings.max_new_tokens * decode_step,
-        TASKS: TASK_IMPORT_S
-        + 2 * scoring_seconds(task_examples, lambda tokens, seq_len: forward_seconds(shape, scoring, tokens, seq_len, 1)),
-        SAVE: LOAD_FIXED_S + 4 * shape.total_params / SAVE_BYTES_PER_S,
+        stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, params),
+        stage.PLAN: calib if allocator in ("flap", "owl") else (20 * calib if allocator == "evo" else 0.5),
+        stage.PRUNE: calib + 4 * params / NOMINAL_BANDWIDTH,  # scores, then a copy of the weights
+        stage.MEASURE: 2 * calib,
+        stage.HELD_OUT: 2 * max(len(w.sources()), 1) * forward(w.n_samples * w.seq_len, w.seq_len, w.n_samples / w.batch_size),
+        stage.THROUGHPUT: THROUGHPUT_REPEATS * 2 * (forward(4 * 128, 128) + 16 * forward(4, 1)),
+        stage.GENERATE: 2 * settings.generations * settings.max_new_tokens * forward(1, 1),
+        stage.TASKS: (0.0 if "lm_eval" in sys.modules else TASK_IMPORT_S) + 2 * scoring_seconds(task_examples, forward),
+        stage.SAVE: LOAD_FIXED_S + 4 * params / SAVE_BYTES_PER_S,
     }
-    return {stage: by_stage[stage] for stage in stages if stage in by_stage}, _basis(profile)
+    seconds = {name: by_stage[name] for name in stages if name in by_stage}
+    return Prediction(seconds, f"{PREDICTED}: {profile.basis}", tasks_s=seconds.get(stage.TASKS, 0.0))
 
 
-def _basis(profile: DeviceProfile) -> str:
-    return f"the cost model on {profile.basis}" if profile.basis == NOMINAL_BASIS else f"the cost model ({profile.basis})"
+def recovery_prediction(
+    folder: str | Path, settings: RecoverySettings, placement: Placement | None = None, task_examples: int = 0
+) -> Prediction | None:
+    """The stages of recovering the checkpoint in ``folder`` (``core.progress.RECOVERY_STAGES``; None without a config.json).
+    A LoRA step is 3 forward passes of the student, a ZO step 2 plus drawing ``z`` thrice per perturbed weight, distilling (kd
+    unless ``lm`` is asked) a teacher pass more; the loads, evaluations, calibration loss, MaZO's importance and ZO rate probe."""
+    s, shapes = settings.validate(), checkpoint_shapes(folder)
+    priced = None if shapes is None else _prices(shapes[0], placement or resolve(None), s.seq_len, s.batch_size)
+    if shapes is None or priced is None:
+        return None
+    (dense, blocks), profile, tasks = shapes, priced[1], len(s.tasks)
 
+    def student(tokens: float, seq_len: int, calls: float = 1.0) -> float:
+        return forward_seconds(dense, profile, tokens, seq_len, calls, blocks)
 
-GGUF_SECONDS_PER_PARAM = {"q8_0": 1.5e-8, "f16": 5e-9}  # nominal: quantizing to q8_0 (numpy, one thread) vs casting to float16
-GGUF_FIXED_S = 1.5  # nominal: reading the tokenizer, writing the metadata
-# nominal: importing transformers' model code, which the first build in a process pays: it was
-# 4-6 s of a cold 9 s q8_0 build of a 113M-parameter checkpoint, whose warm builds took 3-4 s
-GGUF_IMPORT_S = 4.0
+    def teacher(tokens: float, seq_len: int, calls: float = 1.0) -> float:
+        return forward_seconds(dense, profile, tokens, seq_len, calls) if s.compare_dense else 0.0
+
+    batch = (tasks * s.batch_size * s.seq_len, s.seq_len, tasks)
+    rows = {"q": "heads", "o": "heads", "k": "kv_heads", "v": "kv_heads"}  # a ZO step perturbs the targets (MaZO: a fraction)
+    perturbed = sum(b.hidden * (getattr(b, rows[t]) * b.head_dim if t in rows else b.intermediate) for b in blocks for t in s.targets)
+    drawn = perturbed * (s.mask_fraction if s.method == "mazo" else 1.0)
+    z_draw = Z_DRAW_S_PER_VALUE * NOMINAL_FLOPS_PER_THREAD / profile.block_flops if profile.kind == "cpu" else 0.0  # GPUs: memory speed
+    step = 3.0 * student(*batch) if s.method == "lora" else 2.0 * student(*batch) + 3 * drawn * z_draw
+    step += forward_seconds(dense, profile, *batch) if s.objective != "lm" else 0.0
+    held_out = (tasks * s.eval_samples * s.eval_seq_len, s.eval_seq_len, tasks * s.eval_samples / 4)
+    evaluation = (
+        student(*held_out) + teacher(*held_out) + s.eval_generations * EvalSettings().max_new_tokens * (student(1, 1) + teacher(1, 1))
+    )
+    calib = student(tasks * s.calib_eval_windows * s.seq_len, s.seq_len, tasks)
+    prepare = calib + (evaluation if s.evaluate_before else 0.0)
+    prepare += student(tasks * s.importance_windows * s.seq_len, s.seq_len, tasks) if s.method == "mazo" else 0.0
+    prepare += len(PROBE_FACTORS) * (PROBE_STEPS * step + calib) if s.probes_lr else 0.0
+    prepare += load_seconds(str(folder), dense.total_params) * (2 if s.objective != "lm" or s.compare_dense else 1)
+    first = after = 0.0
+    if task_examples > 0:
+        after = scoring_seconds(task_examples, student)
+        first = (0.0 if "lm_eval" in sys.modules else TASK_IMPORT_S) + after + scoring_seconds(task_examples, teacher)
+        first, after = (first, after) if s.evaluate_before else (0.0, first)
+    training = step * s.steps if s.time_budget_s is None else min(step * s.steps, s.time_budget_s)
+    seconds = {stage.PREPARING: prepare + first, stage.TRAINING: training, stage.EVALUATING_AFTER: calib + evaluation + after}
+    return Prediction(seconds, f"{PREDICTED}: {profile.basis}", step_s=step, tasks_s=first + after)
 
 
 def gguf_seconds(checkpoint: str | Path, outtype: str) -> float | None:
-    """Predicted seconds to build the GGUF file of ``checkpoint`` (``deploy.gguf.gguf_bytes``):
-    loading it, converting every matrix, writing the file, and importing transformers' model code
-    where this process has not yet; None without a readable config.json."""
-    import json
-    import sys
-
-    from gap_engine.recover.cost import layer_shapes
-
-    folder = Path(checkpoint).expanduser()
-    try:
-        dense, blocks = layer_shapes(json.loads((folder / "config.json").read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    """Building the GGUF file of ``checkpoint`` (``export.gguf.gguf_bytes``): loading it, converting every
+    matrix, writing the file, and importing transformers' model code where this process has not yet
+    (a first build); None without a readable config.json."""
+    shapes = checkpoint_shapes(checkpoint)
+    if shapes is None:
         return None
-    params = dense.total_params - dense.layers * dense.block_params + sum(block.block_params for block in blocks)
-    size = sum(f.stat().st_size for f in folder.glob("*.safetensors")) or 4 * params
-    imports = 0.0 if "transformers.modeling_utils" in sys.modules else GGUF_IMPORT_S
-    return (
-        GGUF_FIXED_S
-        + imports
-        + size / (2 * LOAD_BYTES_PER_S)
-        + params * GGUF_SECONDS_PER_PARAM.get(outtype, GGUF_SECONDS_PER_PARAM["q8_0"])
-    )
+    dense, blocks = shapes
+    params = dense.total_params - dense.layers * dense.block_params + sum(b.block_params for b in blocks)
+    size = sum(f.stat().st_size for f in Path(checkpoint).expanduser().glob("*.safetensors")) or 4 * params
+    convert = params * GGUF_S_PER_PARAM.get(outtype, GGUF_S_PER_PARAM["q8_0"])
+    return GGUF_FIXED_S + (0.0 if "transformers.modeling_utils" in sys.modules else GGUF_IMPORT_S) + size / (2 * LOAD_BYTES_PER_S) + convert

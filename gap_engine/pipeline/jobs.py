@@ -14,7 +14,7 @@ Rules:
 * a work function receives a :class:`JobContext`: ``ctx.cancel`` is a ``threading.Event``
   it should poll, ``ctx.progress(done, total, eta)`` / ``ctx.say(message)`` report
   progress, and ``ctx.hooks()`` is all of that as the engine's ``Hooks``;
-* a :class:`~gap_engine.errors.GapError` ends the job as ``failed`` with its one-line
+* a :class:`~gap_engine.core.errors.GapError` ends the job as ``failed`` with its one-line
   message (``CancelledError``, or any failure after a cancel request, as ``cancelled``);
   any other exception ends it as ``failed`` with a one-line summary, and the traceback goes
   to the log, never to the user;
@@ -27,7 +27,6 @@ This module has no dependency on any UI toolkit.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import threading
 import time
@@ -36,18 +35,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gap_engine.core.device import DeviceSpec
-from gap_engine.core.errors import CacheError, CancelledError, GapError, one_line
-from gap_engine.core.fsutil import atomic_write_json, cache_root
+from gap_engine.core.errors import CancelledError, GapError, one_line
 from gap_engine.core.interrupt import run_unless_cancelled
-from gap_engine.core.progress import LOAD_MODEL, NO_HOOKS, Hooks
+from gap_engine.core.progress import LOAD_MODEL, NO_HOOKS, RECOVERY_STAGES, Hooks
 from gap_engine.evaluate.tasks import TaskSettings, prepare_tasks
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
+from gap_engine.pipeline.expected import recovery_prediction
 from gap_engine.pipeline.recovery import recover
 from gap_engine.pipeline.runs import baseline_rows, prune_and_evaluate, prune_eval_stages
 from gap_engine.pipeline.stages import loss_table, table_stages
-from gap_engine.recover.cost import STAGES as RECOVERY_STAGES
-from gap_engine.recover.cost import estimate_for_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +65,7 @@ class JobProgress:
     stage: int = -1  # index of the current stage; -1 before the first
     stage_started: float | None = None  # time.time() the current stage began
     stage_seconds: dict = field(default_factory=dict)  # stage -> seconds it took, for the stages that ended
-    expected: dict = field(default_factory=dict)  # stage -> seconds it is expected to take (earlier runs; may be partial)
+    expected: dict = field(default_factory=dict)  # stage -> seconds it is expected to take (``pipeline.expected``; may be partial)
     expected_basis: str = ""  # where ``expected`` comes from, in a few words
 
     @property
@@ -212,7 +209,7 @@ class Job:
         Besides the fields below: ``stage`` (the current stage's name, '' before the first),
         ``stage_index``, ``stages``, ``overall`` (the whole job's fraction), ``seconds_left``
         (the whole job's, None until it can be told), ``expected_total`` and
-        ``expected_basis`` (what earlier runs say), ``stage_seconds``, ``cancelling`` and
+        ``expected_basis`` (what the prediction rests on), ``stage_seconds``, ``cancelling`` and
         ``cancel_latency`` (seconds from the cancel request to the end).
         """
         now = time.time()
@@ -430,7 +427,6 @@ def manager() -> JobManager:
 MAX_SHARED_MODELS = 2
 _shared: dict[str, LoadedModel] = {}
 _shared_lock = threading.Lock()
-_load_seconds: dict[str, float] = {}  # name -> how long its last load in this process took
 
 
 def shared_model(name: str, device: DeviceSpec | None = None, hooks: Hooks = NO_HOOKS) -> LoadedModel:
@@ -440,19 +436,16 @@ def shared_model(name: str, device: DeviceSpec | None = None, hooks: Hooks = NO_
         hooks: the job's hooks: at its cancel, stop waiting for a load at once (CancelledError);
             transformers cannot stop a load half-way, so it finishes in the background and is kept.
     Raises:
-        GapError: from models.load_model (unknown name, unreadable weights, a device this machine lacks, ...).
+        GapError: from model.loading.load_model (unknown name, unreadable weights, a device this machine lacks, ...).
     """
-    key = name if device is None else f"{name}|{device.device}|{device.dtype}|{device.stream}"
+    key = _shared_key(name, device)
 
     def load() -> LoadedModel:
         with _shared_lock:
             lm = _shared.pop(key, None)
             if lm is None:
-                started = time.perf_counter()
                 lm = load_model(name, device)
                 lm.shared = True
-                _load_seconds[name] = time.perf_counter() - started
-                _remember_load_seconds(name, _load_seconds[name])
             _shared[key] = lm  # most recently used last
             while len(_shared) > MAX_SHARED_MODELS:
                 _shared.pop(next(iter(_shared)))
@@ -463,32 +456,13 @@ def shared_model(name: str, device: DeviceSpec | None = None, hooks: Hooks = NO_
     return run_unless_cancelled(load, hooks, f"cancelled while loading {name} (the load finishes in the background)", "gap-load-model")
 
 
-LOAD_TIMES_FILE = "model_load_seconds.json"  # under the cache root: name -> seconds of its last load
+def _shared_key(name: str, device: DeviceSpec | None) -> str:
+    return name if device is None else f"{name}|{device.device}|{device.dtype}|{device.stream}"
 
 
-def _stored_load_seconds() -> dict:
-    try:
-        stored = json.loads((cache_root() / LOAD_TIMES_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, CacheError):  # CacheError: an unusable cache root (the page says so elsewhere)
-        return {}
-    return stored if isinstance(stored, dict) else {}
-
-
-def _remember_load_seconds(name: str, seconds: float) -> None:
-    """Keep a load's time on disk: a restarted server still knows what a first job costs."""
-    try:
-        atomic_write_json(cache_root() / LOAD_TIMES_FILE, _stored_load_seconds() | {name: round(seconds, 3)})
-    except (OSError, CacheError) as exc:
-        log.warning("could not record the load time of %s: %s", name, one_line(exc))
-
-
-def model_load_seconds(name: str) -> float | None:
-    """What loading ``name`` costs a job now: 0 when it is in memory, else its last load's
-    seconds (this process, else the cache's record), or None when it was never loaded here."""
-    if name in _shared:
-        return 0.0
-    seconds = _load_seconds.get(name, _stored_load_seconds().get(name))
-    return float(seconds) if isinstance(seconds, (int, float)) else None
+def model_loaded(name: str, device: DeviceSpec | None = None) -> bool:
+    """Whether ``name`` is in memory on ``device`` (a job's load then costs nothing)."""
+    return _shared_key(name, device) in _shared
 
 
 # ---- the tasks the app runs --------------------------------------------------------------
@@ -503,7 +477,7 @@ def table_task(
     Args:
         device: where the model runs (None: CPU float32).
         cells: who measures exact cells (``tables.distributed.RayCells``); None: this process.
-        expected: stage -> expected seconds (``buildtime.expected_table_seconds``), for the ETA.
+        expected: stage -> expected seconds (``expected.table_prediction``), for the ETA.
         basis: where ``expected`` comes from, in a few words.
     """
 
@@ -574,9 +548,9 @@ def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings
 
     def work(ctx: JobContext):
         examples = len(task_settings.tasks) * (task_settings.limit or 0) if task_settings is not None else 0
-        estimate = estimate_for_checkpoint(checkpoint, settings, measure=False, task_examples=examples)
-        if estimate is not None:  # the ETA from the first second; measured step times replace it
-            ctx.plan(RECOVERY_STAGES, estimate.by_stage(), estimate.basis)
+        predicted = recovery_prediction(checkpoint, settings, task_examples=examples)
+        if predicted is not None:  # the ETA from the first second; measured step times replace it
+            ctx.plan(RECOVERY_STAGES, predicted.seconds, predicted.basis)
         prepared = None
         if task_settings is not None:
             ctx.step(f"reading the tasks {', '.join(task_settings.tasks)}", 0, settings.steps)

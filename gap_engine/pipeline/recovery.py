@@ -5,23 +5,23 @@ brings LLaMA-7B at 20% from perplexity 19.1 back to 17.4), and GAP's own claim i
 models *after* tuning. Three methods, one entry point, :func:`recover`:
 
 * ``lora``: LoRA adapters through ``peft`` on every attention and MLP projection at its pruned
-  width, AdamW, merged into the weights at the end (``recover_lora``);
+  width, AdamW, merged into the weights at the end (``recover.lora``);
 * ``mazo``: masked zeroth-order training (MaZO, EMNLP 2025): forward passes only, memory at
-  inference level, and only the weights that matter for the tasks are perturbed (``recover_zo``);
+  inference level, and only the weights that matter for the tasks are perturbed (``recover.zo``);
 * ``mezo``: the same two-point SPSA step on every projection weight (MeZO, Malladi et al. 2023),
   the comparison MaZO improves on.
 
 Each text source is one *task*; every step draws ``batch_size`` windows from every task and
 minimises the mean over tasks of each task's objective (``recover.distill``: the next-token NLL,
 the KL to the dense model, or both; the teacher is resolved in ``recovery_dense``). Training reads only each
-source's calibration part (``data.calibration_windows``); the held-out part, which never
+source's calibration part (``data.windows.calibration_windows``); the held-out part, which never
 overlaps it, is kept for the evaluation before and after (perplexity, KL to the dense model,
-top-1 agreement, generations; ``evaluate.evaluate``). The recovered model is written as an
-ordinary pruned checkpoint (``checkpoint.save_pruned``'s format, so ``load_model`` reloads it) with
+top-1 agreement, generations; ``evaluate.metrics.evaluate``). The recovered model is written as an
+ordinary pruned checkpoint (``model.checkpoint.save_pruned``'s format, so ``load_model`` reloads it) with
 ``recovery.json`` and ``losses.csv`` beside the weights, LoRA's unmerged adapter in ``adapter/``;
 the run goes into the run history. Progress can be saved, cancelled and resumed
-(``recover_io``); peak resident memory of training and of plain inference is measured the
-same way in the same process (``memory``).
+(``recover.files``); peak resident memory of training and of plain inference is measured the
+same way in the same process (``core.memory``).
 """
 
 from __future__ import annotations
@@ -38,12 +38,11 @@ from pathlib import Path
 import torch
 
 from gap_engine.core.memory import PeakRSS, release_free_memory
-from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.core.progress import EVALUATING_AFTER, NO_HOOKS, PREPARING, TRAINING, Hooks
 from gap_engine.evaluate.tasks import PreparedTasks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
 from gap_engine.model.storage import round_to_storage
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
-from gap_engine.recover.cost import STAGES
 from gap_engine.recover.files import (
     RecoveryError,
     RunState,
@@ -118,7 +117,7 @@ def recover(
         lm: a pruned checkpoint (``load_model`` of a ``gap prune`` folder) or a dense model
             (allowed: the result says ``dense_input``). Its weights are changed in place.
         settings: the method and its settings (validated here).
-        hooks: the name of each stage as it starts (``recover.cost.STAGES``: preparing, training,
+        hooks: the name of each stage as it starts (``core.progress.RECOVERY_STAGES``: preparing, training,
             evaluating after), a message for every phase and step, then progress (steps done,
             total steps, ETA seconds or None: None at a phase); cancel polled before every step
             and during the importance and evaluation passes, and on cancel the step reached is saved.
@@ -142,7 +141,7 @@ def recover(
     out_dir = Path(out_dir).expanduser()
     check_output_dir(out_dir, lm.source)
     reporter, enter = Reporter(hooks, settings.steps), hooks.enter
-    enter(STAGES[0])
+    enter(PREPARING)
     device = _place(lm, settings)
     dense_input, start_fingerprint = lm.pruned_from is None, lm.fingerprint
     if dense_input:
@@ -163,9 +162,9 @@ def recover(
 
     run = RECOVERY_METHODS.function(settings.method)(lm, settings, objective)
     settings = _ready(run, data, settings, state, saved, work, reporter)
-    enter(STAGES[1])
+    enter(TRAINING)
     stopped = train(run, data, settings, state, work, reporter, device)
-    enter(STAGES[2])
+    enter(EVALUATING_AFTER)
     adapter_dir, save_dtype = _finish_weights(lm, run, settings, work, reporter)
     reporter.stage("calibration loss after training")
     calib_after = _calib_losses(lm, data, settings)

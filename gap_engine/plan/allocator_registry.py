@@ -1,9 +1,9 @@
 """The allocators: how the budget is spread over the layers (the registry).
 
-Every module of ``gap_engine.plan`` may declare allocators with a top-level
-``DECLARED_ALLOCATORS = (Choice(name, description, function, tags), ...)``; this module reads
-those declarations from the source (``core.registry.declared_choices``, nothing imported),
-so the CLI's choices stay light and adding an allocator is one new file in ``plan/``.
+Every module of ``gap_engine.plan`` may declare allocators on their functions with
+``@register("allocator", name, description, tags)`` (``core.registry``); this registry reads the
+declarations from the source, nothing imported, so the CLI's choices stay light and adding an
+allocator is one new file in ``plan/`` (docs/layout.md). A name declared twice is refused.
 
 Tags: ``grid`` for allocators whose plans sit on the table's rate grid (``dp``, ``evo``;
 ``allocators.plan_from_table`` runs them itself); ``windows`` for those that read
@@ -14,16 +14,10 @@ calibration windows. Every other allocator is a baseline: its function takes a
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gap_engine.core.errors import PlanError
-from gap_engine.core.registry import Registry, declared_choices
+from gap_engine.core.registry import Registry
 
-ALLOCATORS = Registry(
-    "allocator",
-    declared_choices(Path(__file__).parent, "gap_engine.plan", "DECLARED_ALLOCATORS", first=("dp", "uniform", "flap", "owl", "evo")),
-    PlanError,
-)
+ALLOCATORS = Registry("allocator", ("gap_engine.plan",), PlanError, first=("dp", "uniform", "flap", "owl", "evo"))
 GRID_ALLOCATORS = ALLOCATORS.tagged("grid")  # plans on the table's rate grid
 BASELINE_ALLOCATORS = tuple(name for name in ALLOCATORS if name not in GRID_ALLOCATORS)  # settled unit by unit
 

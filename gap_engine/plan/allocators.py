@@ -18,7 +18,6 @@ import torch
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.errors import InvariantError, PlanError, TableError
-from gap_engine.core.registry import Choice
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import block_geometries
@@ -38,9 +37,6 @@ from gap_engine.plan.problem import (
 )
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.tables.artefact import LossTable
-
-# Registered in allocator_registry (read from here without importing this module).
-DECLARED_ALLOCATORS = (Choice("dp", "GAP: the exact DP on the loss table", "gap_engine.plan.front:dp_choice", ("grid",)),)
 
 __all__ = [
     "ALLOCATORS",

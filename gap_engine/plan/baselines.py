@@ -2,7 +2,7 @@
 
 Each baseline decides how many parameters every slot loses; which heads and channels go
 is the table's criterion for all of them, so a comparison isolates *where* the parameters
-are taken from. Each is one function declared in `DECLARED_ALLOCATORS`, returning unit-ladder
+are taken from. Each is one function declared with `@register("allocator", ...)`, returning unit-ladder
 rungs (and, for FLAP, what each slot wanted before rounding) that `settle` then fixes to
 the budget:
 
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from gap_engine.core.errors import InvariantError
-from gap_engine.core.registry import Choice
+from gap_engine.core.registry import register
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.units import ComponentGeometry
 from gap_engine.plan.ladders import Ladder, ladder_removed, nearest_rungs, rungs_at_rates, smallest_meeting
@@ -57,6 +57,7 @@ class BaselineInputs:
     batch_size: int  # windows per forward pass
 
 
+@register("allocator", "uniform", "same rate everywhere")
 def uniform_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """The smallest common rate (bisection) whose unit-rounded plan removes the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked
@@ -142,6 +143,7 @@ def _flap_wanted(
     return wanted
 
 
+@register("allocator", "flap", "FLAP adaptive structure search", ("windows",))
 def flap_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, np.ndarray]:
     """FLAP's global threshold on standardised unit scores, rounded to each slot's nearest rung."""
     scores = inputs.scores
@@ -198,6 +200,7 @@ def owl_offsets(ratios: np.ndarray, lam: float = OWL_LAMBDA) -> np.ndarray:
     return offsets
 
 
+@register("allocator", "owl", "OWL outlier-weighted layer rates", ("windows",))
 def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """Rungs at rates clip(t + offset_l) with the smallest shift t (bisection) that meets the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked
@@ -222,9 +225,3 @@ def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
 
 
 Baseline = Callable[[BaselineInputs], "tuple[np.ndarray, np.ndarray | None]"]  # the rungs it picks, what it wanted
-# Registered in allocator_registry (read from here without importing this module).
-DECLARED_ALLOCATORS = (
-    Choice("uniform", "same rate everywhere", ":uniform_rungs"),
-    Choice("flap", "FLAP adaptive structure search", ":flap_rungs", ("windows",)),
-    Choice("owl", "OWL outlier-weighted layer rates", ":owl_rungs", ("windows",)),
-)

@@ -18,7 +18,7 @@ import torch
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.progress import NO_HOOKS, Hooks
-from gap_engine.core.registry import Choice
+from gap_engine.core.registry import register
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
@@ -29,11 +29,6 @@ from gap_engine.prune.surgery import masked_plan
 from gap_engine.tables.artefact import LossTable
 
 log = logging.getLogger(__name__)
-
-# Registered in allocator_registry (read from here without importing this module).
-DECLARED_ALLOCATORS = (
-    Choice("evo", "EvoPress-style search seeded with the DP (slow: runs the model per candidate)", ":evolve", ("grid", "windows")),
-)
 
 
 @dataclass(frozen=True)
@@ -109,6 +104,7 @@ def _mutate(problem: PlanningProblem, choice: np.ndarray, target: float, rng: np
     return None if np.array_equal(new, choice) else new
 
 
+@register("allocator", "evo", "EvoPress-style search seeded with the DP (slow: runs the model per candidate)", ("grid", "windows"))
 def evolve(
     lm: LoadedModel,
     table: LossTable,

@@ -8,26 +8,7 @@ objective is one ``recover.distill.Objective`` under its name (the class compute
 
 from __future__ import annotations
 
-from gap_engine.core.registry import Choice, Registry
+from gap_engine.core.registry import Registry
 
-RECOVERY_METHODS = Registry(
-    "recovery method",
-    [
-        Choice("lora", "LoRA adapters (peft) on every projection, merged into the weights", "gap_engine.recover.train:LoraRun"),
-        Choice(
-            "mazo", "masked zeroth-order (MaZO): forward passes only, the important weights of each row", "gap_engine.recover.train:ZORun"
-        ),
-        Choice("mezo", "zeroth-order (MeZO): forward passes only, every projection weight", "gap_engine.recover.train:ZORun"),
-    ],
-)
-
-RECOVERY_OBJECTIVES = Registry(
-    "recovery objective",
-    [
-        Choice(
-            "kd", "distil from the dense model: KL(dense || pruned) of the next-token distributions", "gap_engine.recover.distill:Objective"
-        ),
-        Choice("lm", "next-token loss on the training text", "gap_engine.recover.distill:Objective"),
-        Choice("kd+lm", "both, weighted: w * kd + (1 - w) * lm (w = 0.5 unless set)", "gap_engine.recover.distill:Objective"),
-    ],
-)
+RECOVERY_METHODS = Registry("recovery method", ("gap_engine.recover.train",), first=("lora",))  # declared on the run classes
+RECOVERY_OBJECTIVES = Registry("recovery objective", ("gap_engine.recover.distill",))  # declared on the Objective class

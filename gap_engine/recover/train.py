@@ -3,10 +3,10 @@
 ``TaskData`` cuts, per task (text source), a pool of windows from the source's calibration
 part and samples every step's batch from every pool with a generator seeded by
 ``(seed, step, task)``. ``multitask_loss`` gives each task's mean next-token NLL from one
-forward pass. ``ZORun`` (MaZO with a mask, MeZO without; maths in ``recover_zo``) and
-``LoraRun`` (peft; ``recover_lora``) share one shape: ``prepare`` once, ``step``, ``tensors``
+forward pass. ``ZORun`` (MaZO with a mask, MeZO without; maths in ``recover.zo``) and
+``LoraRun`` (peft; ``recover.lora``) share one shape: ``prepare`` once, ``step``, ``tensors``
 and ``optimizer_state`` for snapshots, ``restore`` on resume, ``finish`` at the end.
-``recovery.recover`` drives them; settings are ``recover.RecoverySettings``.
+``pipeline.recovery.recover`` drives them; settings are ``recover.settings.RecoverySettings``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch import nn
 from gap_engine.core.config import RECOVERY_PROJECTIONS, WindowSpec
 from gap_engine.core.errors import DataError
 from gap_engine.core.progress import Hooks
+from gap_engine.core.registry import register
 from gap_engine.data.bos import Tokenizer
 from gap_engine.data.windows import calibration_windows, load_corpus
 from gap_engine.model.loaded import LoadedModel
@@ -139,6 +140,8 @@ def _fits_mask(columns: torch.Tensor, weight: torch.Tensor) -> bool:
     return columns.numel() == 0 or bool(((columns >= 0) & (columns < weight.shape[1])).all())
 
 
+@register("recovery method", "mazo", "masked zeroth-order (MaZO): forward passes only, the important weights of each row")
+@register("recovery method", "mezo", "zeroth-order (MeZO): forward passes only, every projection weight")
 class ZORun:
     """MaZO (with a mask) or MeZO (without): two forward passes per step (plus the teacher's
     one when distilling), the objective's loss as the scalar the SPSA estimate differences."""
@@ -221,6 +224,7 @@ class ZORun:
         return self.lm.model, None
 
 
+@register("recovery method", "lora", "LoRA adapters (peft) on every projection, merged into the weights")
 class LoraRun:
     """LoRA adapters through peft, AdamW, merged at the end."""
 

@@ -11,7 +11,7 @@ The folder layout is the schema::
                                              sha256 (checked before a resume)
     <cache root>/tables/<key>.lock           inter-process lock of that entry
 
-``<key>`` is ``tables.table_key``: a readable prefix (model, objective, mode, estimator) and a
+``<key>`` is ``tables.artefact.table_key``: a readable prefix (model, objective, mode, estimator) and a
 hash of everything that changes the numbers. An entry counts only once its meta.json
 exists and the checksum in it matches table.json, so a build killed half-way never looks
 finished; an entry that fails those checks is logged, removed and rebuilt, never used.

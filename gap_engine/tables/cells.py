@@ -5,7 +5,7 @@ chosen by ``surgery.layer_selection`` on importance scores computed once per tab
 table measures exactly what surgery later cuts. Objectives are summed per window and
 divided by the number of counted positions: the text tokens that have text before them
 for the next-token NLL (T-1 per window of T text tokens), every text position for the KL
-to the dense model (T); a leading BOS token (``data.text_start``) is never counted.
+to the dense model (T); a leading BOS token (``data.bos.text_start``) is never counted.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from gap_engine.core.device import wide
+from gap_engine.core.registry import register
 from gap_engine.data.bos import next_token_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import ImportanceScores
@@ -80,7 +81,7 @@ def objective_per_window(
     nll: next-token cross entropy of the targets at positions start+1..T-1 (T-1-start per
     window). kl: KL(dense || pruned) of the next-token distributions at positions
     start..T-1 (T-start per window); ``dense_logprobs`` is (B, T, V), all positions. ``start`` is the number of leading non-text positions
-    (``data.text_start``: 1 for a BOS token), so the BOS position and the prediction made
+    (``data.bos.text_start``: 1 for a BOS token), so the BOS position and the prediction made
     from BOS alone are never counted and both window conventions score the same text.
     Logits of a bf16/fp16 model are taken to float32 first, whatever the model's dtype.
     """
@@ -90,11 +91,13 @@ def objective_per_window(
     return per_window
 
 
+@register("table objective", "nll", "next-token loss: the increase of the mean NLL over the dense model")
 def nll_per_window(logits: torch.Tensor, input_ids: torch.Tensor, dense_logprobs: torch.Tensor | None, start: int) -> torch.Tensor:
     """The ``nll`` objective per window, (B,) (``dense_logprobs`` is not read)."""
     return wide(next_token_nll(logits, input_ids, start)).sum(1)
 
 
+@register("table objective", "kl", "KL(dense || pruned) of the next-token distributions")
 def kl_per_window(logits: torch.Tensor, input_ids: torch.Tensor, dense_logprobs: torch.Tensor | None, start: int) -> torch.Tensor:
     """The ``kl`` objective per window, (B,): KL(dense || pruned) against (B, T, V) ``dense_logprobs``."""
     if dense_logprobs is None:

@@ -114,7 +114,7 @@ def import_ray() -> ModuleType:
     try:
         import ray
     except ImportError:
-        raise RayError("--ray needs the 'ray' package (pip install ray)") from None
+        raise RayError("--ray needs the 'ray' package: pip install 'gap-engine[ray]'") from None
     return ray
 
 

@@ -172,3 +172,16 @@ def test_prune_budget_honours_device_dtype_stream_and_save_dtype(tmp_path, capsy
     with safe_open(str(out_dir / "model.safetensors"), "pt") as weights:
         dtypes = {weights.get_slice(name).get_dtype() for name in weights.keys()}
     assert dtypes == {"F32"}, dtypes
+
+
+def test_a_missing_optional_package_is_one_line_naming_its_extra(tmp_path, monkeypatch, capsys):
+    """The core install leaves out what one feature imports (pyproject extras): asking for the
+    feature says which extra installs it, in one line, exit 2, not an internal error."""
+    table = tmp_path / "table.json"
+    table.write_text("{}")
+    for name in [m for m in sys.modules if m.startswith(("gap_engine.views", "gap_engine.cli.report_commands"))]:
+        monkeypatch.delitem(sys.modules, name)  # imported again by the handler, as in a fresh process
+    monkeypatch.setitem(sys.modules, "plotly", None)  # as if it were not installed
+    assert main(["report", "--table", str(table), "--out", str(tmp_path / "report.html")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gap: error: this command needs plotly, which is not installed: pip install 'gap-engine[report]'"]

@@ -1,4 +1,4 @@
-"""Tests of gap_engine.planner: the DP equals brute force for every budget, and constraints hold."""
+"""Tests of gap_engine.core.knapsack: the DP equals brute force for every budget, and constraints hold."""
 
 import math
 

@@ -1,10 +1,11 @@
 """Registries of choices (core.registry): one declaration per criterion, estimator, objective,
-allocator and recovery method, read by the CLI, the validators and the planner; adding an
-allocator is one new file."""
+allocator and recovery method, on the function that does it, read by the CLI, the validators and
+the planner; a name declared twice is refused; adding an allocator is one new file."""
 
 from __future__ import annotations
 
 import argparse
+import ast
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from synthetic_tables import mlp_unit, synthetic_table
 from gap_engine.cli.parser import build_parser
 from gap_engine.core import config
 from gap_engine.core.errors import PlanError, TableError
-from gap_engine.core.registry import Choice, Registry, declared_choices
+from gap_engine.core.registry import Choice, Registry, RegistryError
 from gap_engine.plan import allocator_registry, allocators
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.prune.criteria import CRITERIA
@@ -71,54 +72,87 @@ def test_the_parser_and_the_registries_load_no_torch():
     assert out.stdout.strip() == "False"
 
 
-NEW_ALLOCATOR = '''
-"""A test allocator: the uniform rungs, counted."""
+NEW_ALLOCATOR = """
+\"\"\"A test allocator: the uniform rungs, counted.\"\"\"
 
-from gap_engine.core.registry import Choice
+from gap_engine.core.registry import register
 from gap_engine.plan.baselines import uniform_rungs
 
 CALLS = []
-DECLARED_ALLOCATORS = (Choice("counted", "uniform rungs, counting its calls", ":rungs"),)
 
 
+@register("allocator", "counted", "uniform rungs, counting its calls")
 def rungs(inputs):
     CALLS.append(inputs.target)
     return uniform_rungs(inputs)
-'''
+"""
+
+
+def _package(tmp_path, name: str, files: dict[str, str]) -> str:
+    """A package on the import path holding ``files`` (its modules' sources); returns its name."""
+    package = tmp_path / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for module, source in files.items():
+        (package / f"{module}.py").write_text(textwrap.dedent(source))
+    return name
 
 
 def test_an_allocator_is_one_new_file(tmp_path, monkeypatch, make_tiny):
-    # Found in plan/ beside the others, from its source alone ...
-    copy = tmp_path / "plan"
-    shutil.copytree(PLAN_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "counted.py").write_text(textwrap.dedent(NEW_ALLOCATOR))
-    found = declared_choices(copy, "gap_engine.plan", "DECLARED_ALLOCATORS", first=ALLOCATORS.names)
-    assert [c.name for c in found] == [*ALLOCATORS.names, "counted"]
-    assert found[-1].function == "gap_engine.plan.counted:rungs"
-    # ... and, once registered, planned with like any baseline (the file importable as a module).
-    package = tmp_path / "extra"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "counted.py").write_text(textwrap.dedent(NEW_ALLOCATOR))
+    """Copied beside the others in a plan package, the new file is found from its source alone
+    (nothing imported) and planned with like any baseline."""
+    shutil.copytree(PLAN_DIR, tmp_path / "plan_copy", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "plan_copy" / "counted.py").write_text(textwrap.dedent(NEW_ALLOCATOR))
     monkeypatch.syspath_prepend(str(tmp_path))
-    extended = Registry(
-        "allocator", [ALLOCATORS[n] for n in ALLOCATORS] + declared_choices(package, "extra", "DECLARED_ALLOCATORS"), PlanError
-    )
+    extended = Registry("allocator", ("plan_copy",), PlanError, first=ALLOCATORS.names)
+    assert extended.names == (*ALLOCATORS.names, "counted")
+    assert extended["counted"].function == "plan_copy.counted:rungs" and "plan_copy.counted" not in sys.modules
+    assert extended["flap"].tags == ALLOCATORS["flap"].tags
     monkeypatch.setattr(allocators, "ALLOCATORS", extended)
     monkeypatch.setattr(allocator_registry, "ALLOCATORS", extended)
     lm = make_tiny("llama")
     plan = allocators.plan_from_table(lm, synthetic_table(lm), 0.3, "counted")
-    from extra.counted import CALLS
+    from plan_copy.counted import CALLS
 
     assert plan.allocator == "counted" and len(CALLS) == 1
     assert 0 <= plan.params["removed"] - 0.3 * plan.params["dense_prunable"] < mlp_unit(lm)
 
 
-def test_a_declaration_must_be_literal_choices(tmp_path):
-    (tmp_path / "bad.py").write_text("DECLARED_ALLOCATORS = Choice('x', 'y', ':f')\n")
-    with pytest.raises(TypeError, match="must be a tuple"):
-        declared_choices(tmp_path, "pkg", "DECLARED_ALLOCATORS")
-    (tmp_path / "bad.py").write_text("DECLARED_ALLOCATORS = (make('x'),)\n")
-    with pytest.raises(TypeError, match="Choice"):
-        declared_choices(tmp_path, "pkg", "DECLARED_ALLOCATORS")
+def test_a_name_declared_twice_is_refused_naming_both(tmp_path, monkeypatch):
+    """A second "flap" allocator used to win in silence; now the registry names both declarations."""
+    twice = '@register("allocator", "flap", "another FLAP")\ndef flap_again(inputs):\n    return None\n'
+    name = _package(
+        tmp_path, "twice", {"a": "from gap_engine.core.registry import register\n\n\n" + twice.replace("flap_again", "flap_one")}
+    )
+    (tmp_path / name / "b.py").write_text("from gap_engine.core.registry import register\n\n\n" + twice)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RegistryError, match=r"allocator 'flap' is declared twice: by twice.a:flap_one and by twice.b:flap_again"):
+        Registry("allocator", (name,))
+
+
+def test_a_declaration_must_be_literal_and_in_the_one_style(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _package(
+        tmp_path,
+        "computed",
+        {"m": 'from gap_engine.core.registry import register\nNAME = "x"\n\n\n@register("allocator", NAME, "y")\ndef f(): ...\n'},
+    )
+    with pytest.raises(RegistryError, match=r"computed.m.f: @register takes a literal"):
+        Registry("allocator", ("computed",))
+    _package(tmp_path, "retired", {"m": "DECLARED_ALLOCATORS = (Choice('x', 'y', ':f'),)\n"})  # how allocators were declared before
+    with pytest.raises(RegistryError, match="declares its choices in a DECLARED_\\* tuple"):
+        Registry("allocator", ("retired",))
+    with pytest.raises(RegistryError, match="lists nowhere first, but nothing declares them"):
+        Registry("allocator", ("gap_engine.plan",), first=("nowhere",))
     assert Choice("x", "y", "gap_engine.core.registry:Registry").load() is Registry
+
+
+def test_every_declaration_is_in_its_registry():
+    """A ``@register`` in a module no registry reads would be dropped in silence."""
+    declared = set()
+    for path in Path(allocator_registry.__file__).parents[1].rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "register" and len(node.args) >= 2:
+                declared.add((node.args[0].value, node.args[1].value))
+    registered = {(registry.kind, name) for registry in REGISTRIES for name in registry}
+    assert declared == registered

@@ -80,30 +80,6 @@ def test_dense_accuracy_equals_lm_eval_hf_backend_on_the_saved_folder(smol, caps
     assert cached[OFFLINE_TASK].acc == ours["acc"] and cached[OFFLINE_TASK].n == LIMIT
 
 
-def test_the_scoring_estimate_prices_the_offline_tasks_real_requests(smol):
-    """Issue 22: Recover predicted 7 min 03 s of task scoring for a run that took 127 s in all.
-    The estimate's tokens per request are the offline task's own (its passages and choices under
-    the model's tokenizer), and its price grows with the examples scored. How close the nominal
-    prediction comes to real lm-eval runs is measured by bench/bench_expected.py (no clock here)."""
-    import torch
-
-    from gap_engine.evaluate.tasks import TASK_CHOICES, TASK_TOKENS, scoring_seconds
-    from gap_engine.pipeline import expected
-
-    docs = [json.loads(line) for line in next(offline_task_dir().glob("*.jsonl")).read_text().splitlines()[:100]]
-    lengths = [len(smol.tokenizer(d["passage"] + " " + c)["input_ids"]) for d in docs for c in d["choices"]]
-    assert len(lengths) == TASK_CHOICES * len(docs) and abs(sum(lengths) / len(lengths) / TASK_TOKENS - 1) < 0.15, sum(lengths) / len(
-        lengths
-    )
-
-    shape, profile = expected.model_shape("smollm2-135m"), expected.nominal_profile(torch.get_num_threads())
-    priced = {
-        n: scoring_seconds(n, lambda tokens, seq_len: expected.forward_seconds(shape, profile, tokens, seq_len, 1))
-        for n in (LIMIT, 4 * LIMIT)
-    }
-    assert 0 < priced[LIMIT] and priced[4 * LIMIT] == pytest.approx(4 * priced[LIMIT])
-
-
 def _task_folder(root, name: str, output_type: str = "multiple_choice", data: str | None = '{"q": "a", "c": ["x", "y"], "l": 0}\n'):
     folder = root / name
     folder.mkdir()

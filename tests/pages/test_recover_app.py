@@ -91,12 +91,11 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     assert at.button(key="recover_go").label == "Recover"
     assert set(at.radio(key="recover_objective").options) == {"default", "kd", "lm", "kd+lm"}
     assert any(
-        "Expected time: about" in str(c.value) and "of it scoring tasks" in str(c.value) for c in at.caption
+        "Predicted time: about" in str(c.value) and "of it scoring tasks" in str(c.value) for c in at.caption
     )  # before Start, from the cost model
     from gap_engine.core.fsutil import cache_root
 
-    # ... at nominal prices: a page view never measures this machine (a busy machine's reading, cached,
-    # priced a 112 s run at 13 min 50 s in a walkthrough).
+    # ... at nominal prices: a page view never measures this machine (it takes seconds).
     assert any("nominal CPU speed" in str(c.value) for c in at.caption) and not list(cache_root().glob("costmodel/profile-*.json"))
     at.button(key="recover_go").click().run()
     assert not at.exception, [e.value for e in at.exception]

@@ -1,4 +1,4 @@
-"""Job stages, the ETA from earlier runs, and cancel inside a forward or backward pass.
+"""Job stages, the ETA from the predicted stage times, and cancel inside a forward or backward pass.
 
 Tiny two-layer models read real tokenised text (the SmolLM2 tokenizer); a table job runs the
 pipeline's real stages on one of them, placed in the job layer's model pool.
@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import wait_for
 
-from gap_engine.core import buildtime
 from gap_engine.core.config import WindowSpec
+from gap_engine.core.device import DeviceSpec
 from gap_engine.core.errors import CancelledError
 from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
 from gap_engine.core.progress import CELLS, DENSE_PASS, GRADIENT_PASS, LOAD_MODEL, NO_HOOKS, READ_TEXT, SCORE_UNITS, Hooks, StageTimer
@@ -32,7 +32,6 @@ def pool(monkeypatch, tmp_path):
     """The job layer's model pool holding a tiny llama (as if loaded), in a fresh cache."""
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(jobs, "_shared", {})
-    monkeypatch.setattr(jobs, "_load_seconds", {})
     return jobs._shared
 
 
@@ -164,7 +163,7 @@ def test_waiting_on_work_without_a_cancel_point_stops_at_once():
 
 
 # ---- a table job on a tiny model: stages, their times, an ETA, cancel within one batch ----------
-def test_table_job_stages_are_recorded_and_predict_the_next_build(pool, make_tiny):
+def test_table_job_stages_are_recorded(pool, make_tiny):
     lm = make_tiny("llama")
     pool[lm.name] = lm
     m = JobManager()
@@ -175,18 +174,6 @@ def test_table_job_stages_are_recorded_and_predict_the_next_build(pool, make_tin
     assert set(snap["stage_seconds"]) == set(snap["stages"])
     row = next(r for r in cache.list_tables() if r["key"] == job.result.key)
     assert set(row["stage_seconds"]) == {READ_TEXT, SCORE_UNITS, DENSE_PASS, CELLS}  # what the engine timed
-
-    bigger = TableSpec(
-        windows=WindowSpec("news-sample", n_samples=8, seq_len=16, batch_size=1), estimator="exact", rate_grid=(0.0, 0.25, 0.5)
-    )
-    expected = buildtime.table_expectation(
-        lm.name, bigger.summary(), cache.list_tables(), table_stages(bigger), jobs.model_load_seconds(lm.name)
-    )
-    assert expected.jobs == 1 and expected.total is not None and expected.seconds[LOAD_MODEL] == 0.0
-    assert expected.seconds[CELLS] == pytest.approx(row["stage_seconds"][CELLS] * 4)  # twice the tokens, twice the rates
-    assert expected.seconds[DENSE_PASS] == pytest.approx(row["stage_seconds"][DENSE_PASS] * 2)
-    fisher = buildtime.table_expectation(lm.name, FISHER.summary(), cache.list_tables(), table_stages(FISHER), None)
-    assert fisher.seconds[GRADIENT_PASS] is None and fisher.total is None and fisher.unknown() == [LOAD_MODEL, GRADIENT_PASS]
 
 
 @pytest.mark.parametrize("spec, stage", [(EXACT, DENSE_PASS), (FISHER, GRADIENT_PASS)])
@@ -231,13 +218,10 @@ def test_stage_timer_adds_up_a_stage_entered_twice():
     assert timer.finish() == seconds
 
 
-def test_a_model_load_time_is_kept_for_the_next_server(pool, make_tiny, monkeypatch):
+def test_a_model_in_memory_costs_its_next_job_no_load(pool, make_tiny, monkeypatch):
     lm = make_tiny("llama")
     monkeypatch.setattr(jobs, "load_model", lambda name, device=None: lm)
-    assert jobs.model_load_seconds("some-model") is None
+    assert not jobs.model_loaded("some-model")
     assert jobs.shared_model("some-model") is lm
-    assert jobs.model_load_seconds("some-model") == 0.0  # in memory: loading costs nothing
-    pool.clear()
-    jobs._load_seconds.clear()  # a restarted server: only the cache's record is left
-    stored = jobs.model_load_seconds("some-model")
-    assert stored is not None and stored >= 0.0
+    assert jobs.model_loaded("some-model")  # what the pages price at 0 s
+    assert not jobs.model_loaded("some-model", DeviceSpec("cpu", "bfloat16"))  # another placement loads again

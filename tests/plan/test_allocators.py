@@ -1,4 +1,4 @@
-"""Tests of gap_engine.allocate and the plan/front/compare CLI, on synthetic loss tables.
+"""Tests of gap_engine.plan (allocators, the DP front, baselines) and the plan/front/compare CLI, on synthetic loss tables.
 
 A synthetic table has the real parameter counts of its model (from units) and smooth,
 increasing made-up losses, so the planner's answer is known without measuring anything.

@@ -1,4 +1,4 @@
-"""Tests of gap_engine.cache and the table commands: hits, corruption, cancel/resume, locking, CLI.
+"""Tests of gap_engine.tables.cache and the table commands: hits, corruption, cancel/resume, locking, CLI.
 
 Every test builds through ``pipeline.loss_table`` on a tiny model with real tokenised text, in a
 cache folder of its own (GAP_CACHE_DIR points at tmp_path; the real model is never loaded

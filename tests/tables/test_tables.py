@@ -192,12 +192,21 @@ def test_a_cell_filler_gets_one_request_and_its_values_make_the_table(make_tiny)
     np.testing.assert_array_equal(got.cell_objective, expected.cell_objective)
 
 
-def test_measure_table_runs_the_filler_the_estimator_registers(make_tiny, monkeypatch):
-    """An estimator is one registry entry: measure_table calls the filler it names, with the
-    request and the cell filler, and builds the table from what the filler returns."""
-    from gap_engine.core.registry import Choice, Registry
-    from gap_engine.tables import build, estimate
+def test_measure_table_runs_the_filler_the_estimator_registers(make_tiny, monkeypatch, tmp_path):
+    """An estimator is one declared filler: measure_table calls it, with the request and the cell
+    filler, and builds the table from what the filler returns."""
+    import importlib
+
+    from gap_engine.core.registry import Registry
+    from gap_engine.tables import build
     from gap_engine.tables.ledger import FilledCells
+
+    (tmp_path / "fake_fillers.py").write_text(
+        "from gap_engine.core.registry import register\n\n\n"
+        '@register("table estimator", "fisher", "a test filler")\n'
+        "def registered_filler(request, cells=None):\n    raise NotImplementedError\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
 
     lm, spec, windows = make_tiny("llama"), tiny_spec(criterion="magnitude", estimator="fisher"), random_windows(3, 24)
     calls: list[tuple[CellRequest, object]] = []
@@ -210,8 +219,8 @@ def test_measure_table_runs_the_filler_the_estimator_registers(make_tiny, monkey
         measured[:, -1] = True
         return FilledCells(objective, 2.0, {"filler": "registered"}, measured, None)
 
-    monkeypatch.setattr(estimate, "registered_filler", filler, raising=False)
-    registry = Registry("table estimator", [Choice("fisher", "a test filler", "gap_engine.tables.estimate:registered_filler")])
+    monkeypatch.setattr(importlib.import_module("fake_fillers"), "registered_filler", filler)
+    registry = Registry("table estimator", ("fake_fillers",))
     monkeypatch.setattr(build, "ESTIMATORS", registry)
     sentinel = object()
     table = measure_table(lm, spec, windows, cells=sentinel)
