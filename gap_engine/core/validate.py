@@ -370,7 +370,7 @@ def check_table_document(data: Any) -> None:
 def _check_table_spec(spec: dict[str, Any]) -> None:
     what = "loss table spec"
     check_keys(spec, what, TableError)
-    for name in ("data", "criterion", "objective", "mode", "estimator", "method"):
+    for name in ("data", "criterion", "objective", "mode", "estimator", "method", "compensation"):
         if name in spec:
             check_text(spec[name], f"{what} {name}", TableError)
     sizes = (("n_samples", 1, LIMITS.samples), ("seq_len", 2, LIMITS.seq_len), ("batch_size", 1, LIMITS.batch_size))

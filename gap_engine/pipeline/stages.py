@@ -89,6 +89,8 @@ def loss_table(
     spec.validate()
     if cells is not None and spec.estimator != "exact":
         raise TableError(f"Ray workers measure exact cells; the {spec.estimator} estimate is one gradient pass in one process")
+    if cells is not None and spec.compensation != "none":
+        raise TableError(f"Ray workers measure cells without compensation; measure a '{spec.compensation}' table in one process")
     timer = StageTimer(hooks.stage)
     hooks = hooks.but(stage=timer)
     hooks.enter(READ_TEXT)
