@@ -34,7 +34,7 @@ from gap_engine.data.windows import calibration_windows
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.compare import heldout_sets
-from gap_engine.pipeline.stages import loss_table, pruned_copy
+from gap_engine.pipeline.stages import loss_table, pruned_as_saved
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import TableSpec, parse_rate_grid
@@ -69,7 +69,7 @@ def held_out(lm, plan, windows_spec, scores, heldout, seen: dict) -> dict[str, f
     """Held-out perplexity per source of the model pruned with ``plan`` (measured once per distinct plan)."""
     key = (tuple(plan.attention_rates), tuple(plan.mlp_rates), windows_spec)
     if key not in seen:
-        pruned, _ = pruned_copy(lm, plan, windows_spec, scores)
+        pruned, _ = pruned_as_saved(lm, plan, windows_spec, scores=scores, save_dtype="float32")  # float32, as the recorded results
         seen[key] = {source: math.exp(mean_nll(pruned, ids, 8)) for source, ids in heldout.items()}
     return seen[key]
 

@@ -46,7 +46,7 @@ from gap_engine.core.device import DeviceSpec, resolve
 from gap_engine.data.windows import calibration_windows, heldout_windows
 from gap_engine.evaluate.metrics import perplexity
 from gap_engine.model.loading import load_model
-from gap_engine.pipeline.stages import plan_for, pruned_copy
+from gap_engine.pipeline.stages import plan_for, pruned_as_saved
 from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 from gap_engine.tables.build import measure_table
 from gap_engine.tables.costmodel import ModelShape, estimate_build, measured_profile
@@ -88,7 +88,7 @@ def precision(args) -> list[str]:
         windows = calibration_windows(lm.tokenizer, spec.windows)
         table, (wall, cpu) = timed(f"exact table, {label}", lambda: measure_table(lm, spec, windows))
         plan = plan_for(fp32, table, BUDGET)
-        pruned, _ = pruned_copy(fp32, plan, spec.windows)
+        pruned, _ = pruned_as_saved(fp32, plan, spec.windows, save_dtype="float32")
         ppl = perplexity(pruned, heldout, args.batch_size)
         tables[label] = table
         rows.append((label, wall, cpu, plan.predicted_loss, ppl, plan))

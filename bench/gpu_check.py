@@ -47,7 +47,7 @@ from gap_engine.data.windows import calibration_windows, load_corpus
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
 from gap_engine.model.dispatch import describe_device_map, load_dispatched
 from gap_engine.model.loading import load_model
-from gap_engine.pipeline.stages import plan_for, pruned_copy
+from gap_engine.pipeline.stages import plan_for, pruned_as_saved
 from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid, table_key
 from gap_engine.tables.build import measure_table
 from gap_engine.tables.costmodel import ModelShape, estimate_build, measured_profile
@@ -177,7 +177,7 @@ def prune_and_evaluate(args, name: str, table: LossTable) -> dict:
         plan = plan_for(dense, table, 0.2)
         gpu = label == "gpu_bf16"
         reset_peak()
-        pruned, _ = pruned_copy(dense, plan, table.spec.windows)
+        pruned, _ = pruned_as_saved(dense, plan, table.spec.windows, save_dtype="float32")  # each in its own dtype, as before
         report = evaluate(pruned, dense, settings if gpu else EvalSettings(settings.windows, throughput=False, generations=0))
         out[f"eval_{label}"] = {
             "perplexity": report.perplexity,

@@ -168,6 +168,17 @@ def test_modules_and_functions_stay_small():
     assert not too_long, too_long
 
 
+def test_the_engine_raises_named_errors_instead_of_asserting():
+    # `python -O` strips assert statements: an engine invariant checked by one would vanish there.
+    asserts = [
+        f"{name}:{node.lineno}"
+        for name, path in _modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assert)
+    ]
+    assert not asserts, asserts
+
+
 def test_no_private_name_crosses_a_module_boundary():
     crossings = []
     for name, path in _modules().items():

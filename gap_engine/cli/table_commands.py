@@ -9,7 +9,7 @@ from pathlib import Path
 from gap_engine.cli.arguments import device_from, spec_from_args
 from gap_engine.cli.output import StderrProgress
 from gap_engine.core.config import WindowSpec
-from gap_engine.core.errors import TableError
+from gap_engine.core.errors import InvariantError, TableError
 from gap_engine.core.fsutil import atomic_write_text
 from gap_engine.data.windows import check_enough_tokens, load_corpus
 from gap_engine.model.loading import load_model, load_tokenizer
@@ -89,7 +89,8 @@ def run_dry_run(args: argparse.Namespace, spec: TableSpec) -> int:
     if args.ray_workers < 1:
         raise TableError(f"--ray-workers must be at least 1, got {args.ray_workers}")
     estimate = predict_build(args.model, spec, device_from(args), workers, profile=args.profile)
-    assert estimate is not None  # measure=True always gives one
+    if estimate is None:
+        raise InvariantError("the cost model gave no prediction (measure=True always gives one)")
     print("\n".join(estimate.lines()))
     return 0
 

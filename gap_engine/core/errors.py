@@ -2,7 +2,8 @@
 
 Every failure a user can cause (a bad model name, a corrupt file, a plan for another
 model, a budget the grid cannot reach) raises a subclass of ``GapError`` with a
-one-line message. The CLI prints that line and exits non-zero; the app shows it.
+one-line message. The CLI prints that line and exits non-zero; the app shows it. A broken
+engine invariant (a bug) raises ``InvariantError`` instead, which is no GapError.
 """
 
 
@@ -60,6 +61,18 @@ class OutputError(GapError):
 
 class SizeLimitError(GapError):
     """A size past a resource ceiling (see ``limits``): too many tokens, buckets, bytes, levels."""
+
+
+class InvariantError(RuntimeError):
+    """An engine invariant broke: a shape after slicing, a parameter count against the plan's
+    prediction, a step that ran out of order. A bug, not a user's mistake, so it is not a
+    GapError: surfaces report it as an internal error with its traceback. Raised, never
+    asserted, so it still fires under ``python -O``."""
+
+
+class SharedModelError(InvariantError):
+    """An in-place change (surgery, masking) asked of a model that several threads use at once
+    (``LoadedModel.shared``, the explorer's dense models): work on ``LoadedModel.private()``."""
 
 
 def one_line(exc: BaseException) -> str:

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS
-from gap_engine.core.errors import BudgetError
+from gap_engine.core.errors import BudgetError, InvariantError
 
 # Rates closer than this are the same grid point (grids come from linspace and JSON).
 _RATE_ATOL = 1e-9
@@ -284,7 +284,8 @@ def _solve_from_top(costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray, 
     width = capacity // bucket_size + 1
     bucketed = -(-slack // bucket_size)  # ceil: bucketed fit implies exact fit
     values, pointers = _dp_tables(bucketed, losses, allowed, width, at_least=False)
-    assert np.isfinite(values[-1]), "the all-largest plan always fits"
+    if not np.isfinite(values[-1]):
+        raise InvariantError("the all-largest plan does not fit the capacity it defines")
     return np.array(_read_back(bucketed, pointers, np.array([width - 1]))[0], dtype=np.intp)
 
 

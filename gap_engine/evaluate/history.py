@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from gap_engine.core.errors import HistoryError
+from gap_engine.core.errors import HistoryError, InvariantError
 from gap_engine.core.fsutil import cache_root
 from gap_engine.core.validate import MAX_PARAMS, check_int, check_number, parse_json
 
@@ -221,7 +221,8 @@ def record_run(record: RunRecord, path: Path | None = None) -> int:
     with _connect(path) as conn:
         cursor = conn.execute(f"INSERT INTO runs ({columns}) VALUES ({marks})", values)
         run_id = cursor.lastrowid
-        assert run_id is not None, "an INSERT sets lastrowid"
+        if run_id is None:
+            raise InvariantError("the INSERT set no row id")
         return run_id
 
 

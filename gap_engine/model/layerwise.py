@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from gap_engine.core.device import input_device, is_streamed, placement_of, synchronize
+from gap_engine.core.errors import InvariantError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import batches
 from gap_engine.model.adapters import ArchitectureAdapter
@@ -143,7 +144,8 @@ def capture_calls(lm: LoadedModel, batch: torch.Tensor) -> tuple[torch.Tensor, l
         for layer in layers:
             del layer.forward
     recorded = [call for call in calls if call is not None]
-    assert len(recorded) == len(layers), "the decoder did not call every block"
+    if len(recorded) != len(layers):
+        raise InvariantError("the decoder did not call every block")
     return first["hidden"], recorded
 
 

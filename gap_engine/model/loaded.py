@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from gap_engine.core.device import Placement
+from gap_engine.core.errors import SharedModelError
 from gap_engine.core.fingerprint import state_fingerprint
 from gap_engine.data.bos import Tokenizer
 from gap_engine.model.adapters import ArchitectureAdapter, adapter_for
@@ -33,6 +34,7 @@ class LoadedModel:
     extras: dict[str, Any] = field(default_factory=dict)
     placement: Placement | None = None  # device, dtype, streaming; None: as built (CPU float32)
     device_map: dict[str, str | int] | None = None  # module -> device when accelerate dispatched it (model.dispatch)
+    shared: bool = False  # several threads run it at once (the explorer's pool): never hooked, masked or pruned in place
 
     @property
     def num_layers(self) -> int:
@@ -80,7 +82,18 @@ class LoadedModel:
         out = copy.copy(self)
         out.model = copy.deepcopy(self.model)
         out.extras = dict(self.extras)
+        out.shared = False
         return out
+
+    def private(self) -> LoadedModel:
+        """This model, or a copy when it is ``shared``: what an engine operation that hooks or
+        masks the weights works on, so a model other threads run is never changed under them."""
+        return self.copy() if self.shared else self
+
+    def refuse_shared(self, operation: str) -> None:
+        """SharedModelError when this model is ``shared``: ``operation`` would change it in place."""
+        if self.shared:
+            raise SharedModelError(f"{operation} would change {self.name} in place, and other threads run it; use a private() copy")
 
 
 def weights_fingerprint(model: nn.Module) -> str:

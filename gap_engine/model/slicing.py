@@ -12,12 +12,13 @@ columns of o_proj; MLP channel ``c`` owns row ``c`` of gate/up and column ``c`` 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from gap_engine.core.errors import InvariantError
 from gap_engine.model.adapters import ArchitectureAdapter
 
 
@@ -62,9 +63,14 @@ def slice_attention_(adapter: ArchitectureAdapter, layer: nn.Module, kept_kv: li
     setattr(attn, adapter.output_name, slice_linear(o, cols=head_rows))
     adapter.set_head_counts(layer, len(kept_heads), len(kept_kv))
     after = adapter.geometry(layer)
-    assert after.n_heads == len(kept_heads) and after.n_kv_heads == len(kept_kv), "attention slice lost its shape"
-    assert after.n_heads % after.n_kv_heads == 0, "GQA groups became uneven"
-    assert adapter.attention_projections(layer)[3].in_features == after.n_heads * geom.head_dim
+    if after.n_heads != len(kept_heads) or after.n_kv_heads != len(kept_kv):
+        raise InvariantError(
+            f"attention slice lost its shape: {after.n_heads}/{after.n_kv_heads} heads, asked {len(kept_heads)}/{len(kept_kv)}"
+        )
+    if after.n_heads % after.n_kv_heads:
+        raise InvariantError(f"GQA groups became uneven: {after.n_heads} query heads over {after.n_kv_heads} KV heads")
+    if adapter.attention_projections(layer)[3].in_features != after.n_heads * geom.head_dim:
+        raise InvariantError("o_proj's input width does not match the kept query heads")
 
 
 def slice_mlp_(adapter: ArchitectureAdapter, layer: nn.Module, kept_channels: list[int]) -> None:
@@ -78,7 +84,37 @@ def slice_mlp_(adapter: ArchitectureAdapter, layer: nn.Module, kept_channels: li
     if hasattr(mlp, "intermediate_size"):
         mlp.intermediate_size = len(kept_channels)
     g, u, d = adapter.mlp_projections(layer)
-    assert g.out_features == u.out_features == d.in_features == len(kept_channels), "MLP slice lost its shape"
+    if not g.out_features == u.out_features == d.in_features == len(kept_channels):
+        raise InvariantError(f"MLP slice lost its shape: {g.out_features}/{u.out_features}/{d.in_features}, asked {len(kept_channels)}")
+
+
+# What a block's slicing replaces: bookkeeping attributes of the attention and MLP modules.
+_ATTENTION_COUNTS = ("num_key_value_groups", "num_heads", "num_key_value_heads")
+_MLP_COUNTS = ("intermediate_size",)
+
+
+@contextlib.contextmanager
+def restored_on_failure(adapter: ArchitectureAdapter, layers: Iterable[nn.Module]) -> Iterator[None]:
+    """Put every block of ``layers`` back as it was if the ``with`` body raises.
+
+    Slicing sets new projection modules and never writes into the old ones, so keeping the old
+    modules and the head/channel counts is enough to undo it exactly: the weights, and so the
+    fingerprint, are the ones from before.
+    """
+    saved: list[tuple[Any, str, Any]] = []  # (owner module, attribute, value before)
+    for layer in layers:
+        attn, mlp = adapter.attention(layer), adapter.mlp(layer)
+        modules = [(attn, name) for name in (adapter.query_name, adapter.key_name, adapter.value_name, adapter.output_name)]
+        modules += [(mlp, name) for name in (adapter.gate_name, adapter.up_name, adapter.down_name)]
+        counts = [(attn, name) for name in _ATTENTION_COUNTS if hasattr(attn, name)]
+        counts += [(mlp, name) for name in _MLP_COUNTS if hasattr(mlp, name)]
+        saved.extend((owner, name, getattr(owner, name)) for owner, name in modules + counts)
+    try:
+        yield
+    except BaseException:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+        raise
 
 
 def layer_widths(adapter: ArchitectureAdapter, model: nn.Module) -> list[dict[str, Any]]:

@@ -81,6 +81,16 @@ def stored_fingerprint(state: dict[str, torch.Tensor]) -> str:
     return state_fingerprint({name: t.to(torch.float32) if t.is_floating_point() else t for name, t in state.items()})
 
 
+def round_to_storage(model: torch.nn.Module, dtype: str) -> None:
+    """Round every floating parameter to ``dtype``'s precision in place (kept in its own dtype),
+    so what is measured in memory is exactly what a checkpoint in ``dtype`` stores."""
+    target = parse_dtype(dtype)
+    with torch.no_grad():
+        for param in {id(p): p for p in model.parameters()}.values():
+            if param.is_floating_point() and param.dtype != target:
+                param.copy_(param.to(target).to(param.dtype))
+
+
 def set_config_dtype(folder: Path, dtype: str | torch.dtype) -> None:
     """Record the storage dtype in config.json, where ``from_pretrained(dtype="auto")`` reads it."""
     path = folder / "config.json"

@@ -19,7 +19,7 @@ from gap_engine.pipeline.stages import (
     objective_increase,
     plan_for,
     prune_with_plan,
-    pruned_copy,
+    pruned_as_saved,
     table_stages,
 )
 
@@ -42,7 +42,7 @@ __all__ = [
     "prune_and_evaluate",
     "prune_eval_stages",
     "prune_with_plan",
-    "pruned_copy",
+    "pruned_as_saved",
     "reference_numbers",
     "table_stages",
 ]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gap_engine.core.config import DEFAULT_SAVE_DTYPE, WindowSpec
+from gap_engine.core.errors import InvariantError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.evaluate.metrics import EvalReport, EvalSettings, evaluate
 from gap_engine.evaluate.tasks import PreparedTasks, model_and_dense_scores
@@ -22,7 +23,7 @@ from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.iterative import IterativeResult, iterative_prune
-from gap_engine.pipeline.stages import prune_with_plan
+from gap_engine.pipeline.stages import pruned_as_saved
 from gap_engine.tables.artefact import TableSpec
 
 
@@ -49,20 +50,23 @@ class PrunedCheckpoint:
 def prune_to_checkpoint(
     lm: LoadedModel, plan: RatePlan, windows: WindowSpec, out: str | Path, save_dtype: str = DEFAULT_SAVE_DTYPE, hooks: Hooks = NO_HOOKS
 ) -> PrunedCheckpoint:
-    """Prune ``lm`` in place by ``plan`` (units chosen on ``windows``) and save it to ``out``.
+    """Prune ``lm`` by ``plan`` (units chosen on ``windows``) and save it to ``out``.
+
+    ``lm`` itself is pruned (``stages.pruned_as_saved`` with ``keep_dense=False``: the command
+    loaded it for this alone), as the explorer's runs and ``gap compare`` prune their copies.
 
     Args:
         save_dtype: the checkpoint's storage dtype.
         hooks: the importance scores' progress and cancel.
     """
-    result = prune_with_plan(lm, plan, windows, hooks)
-    save_pruned(lm, plan, result.kept_indices(), out, dtype=save_dtype)
+    pruned, result = pruned_as_saved(lm, plan, windows, save_dtype=save_dtype, keep_dense=False, hooks=hooks)
+    save_pruned(pruned, result.plan, result.kept_indices(), out, dtype=save_dtype)
     return PrunedCheckpoint(
         out=str(out),
         params_before=result.params_before,
         params_after=result.params_after,
-        removed_fraction_of_prunable=plan.params["removed_fraction_of_prunable"],
-        removed_fraction_of_total=plan.params["removed_fraction_of_total"],
+        removed_fraction_of_prunable=result.plan.params["removed_fraction_of_prunable"],
+        removed_fraction_of_total=result.plan.params["removed_fraction_of_total"],
     )
 
 
@@ -78,7 +82,8 @@ def prune_rounds_to_checkpoint(
     """GAP's DP to ``budget`` in ``rounds`` rounds (``iterative.iterative_prune``) on a copy of
     ``lm``, the result saved to ``out`` in ``save_dtype``; returns the rounds' record."""
     result = iterative_prune(lm, spec, budget, rounds, hooks=hooks)
-    assert result.plan is not None, "iterative_prune records the plan it reached"
+    if result.plan is None:
+        raise InvariantError("iterative_prune recorded no plan")
     save_pruned(result.model, result.plan, result.kept, out, dtype=save_dtype)
     return result
 

@@ -21,7 +21,7 @@ from gap_engine.data.windows import calibration_windows, heldout_windows
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.pipeline.stages import objective_increase, pruned_copy
+from gap_engine.pipeline.stages import objective_increase, pruned_as_saved
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.plan.allocators import check_reach, plan_from_table
 from gap_engine.plan.evo import EvoSettings, evolve
@@ -116,6 +116,9 @@ def measure_plan(
 ) -> Outcome:
     """Prune a copy of the dense model with ``plan`` and measure it beside the table's prediction.
 
+    The copy is what a checkpoint of the plan would hold (``stages.pruned_as_saved``: rounded to
+    the default storage dtype), so its numbers are those the explorer's run and ``gap eval`` report.
+
     Args:
         dense: the dense LoadedModel (not modified; a copy is pruned).
         plan: the plan (its predicted_loss is reported beside the truth).
@@ -127,7 +130,7 @@ def measure_plan(
             too, and the prediction's basis (measured or estimated cells) is recorded.
         extra: more numbers of the pruned model (e.g. task accuracy), kept in ``extras``.
     """
-    pruned, result = pruned_copy(dense, plan, calib_spec, scores)
+    pruned, result = pruned_as_saved(dense, plan, calib_spec, scores=scores)
     batch_size = calib_spec.batch_size
     calib_loss = mean_nll(pruned, calib, batch_size)
     perplexity = {source: math.exp(mean_nll(pruned, w, batch_size)) for source, w in heldout.items()}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from gap_engine.core.errors import InvariantError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import calibration_windows
 from gap_engine.model.loaded import LoadedModel
@@ -120,7 +121,8 @@ def iterative_prune(
         now = prunable_params(current, spec.channel_multiple)[0]
         share = max(0.0, (budget * total * index / rounds - (total - now)) / now)
         plan = plan_for(current, table, share, "dp", constraints)
-        assert plan.predicted_loss is not None, "a plan from a table carries its predicted loss"
+        if plan.predicted_loss is None:
+            raise InvariantError("a plan made from a table has no predicted loss")
         windows = calibration_windows(current.tokenizer, spec.windows)
         scores = compute_importance(current, windows, spec.criterion, spec.windows.batch_size, Hooks(cancel=hooks.cancel))
         before = current.copy() if measure else None
@@ -147,6 +149,6 @@ def iterative_prune(
         predicted_loss=out.predicted_loss,
     )
     if out.plan.params["pruned_total"] != current.param_count():
-        raise AssertionError(f"the rounds left {current.param_count()} parameters, their widths say {out.plan.params['pruned_total']}")
+        raise InvariantError(f"the rounds left {current.param_count()} parameters, their widths say {out.plan.params['pruned_total']}")
     current.pruned_from = {"model": dense.name, "fingerprint": dense.fingerprint, "plan": out.plan.to_dict()}
     return out

@@ -424,9 +424,9 @@ def manager() -> JobManager:
 # ---- models shared by the jobs and the pages ---------------------------------------------
 # Loading a model takes seconds and tokenising a text source takes longer; the data module
 # keeps token streams per tokenizer object. So the process keeps one dense model per name
-# (`shared_model`), used only for plain forward passes and for its geometry, and work that
-# registers hooks, masks weights in place (exact table cells, evo) or slices them (surgery)
-# runs on `LoadedModel.copy()`, a deep copy of the weights that shares the tokenizer.
+# (`shared_model`), marked ``shared``: the engine's operations that register hooks, mask weights
+# in place (exact table cells, evo) or slice them (surgery) then work on `LoadedModel.private()`,
+# a deep copy of the weights that shares the tokenizer, so no job needs to remember to copy.
 MAX_SHARED_MODELS = 2
 _shared: dict[str, LoadedModel] = {}
 _shared_lock = threading.Lock()
@@ -450,6 +450,7 @@ def shared_model(name: str, device: DeviceSpec | None = None, hooks: Hooks = NO_
             if lm is None:
                 started = time.perf_counter()
                 lm = load_model(name, device)
+                lm.shared = True
                 _load_seconds[name] = time.perf_counter() - started
                 _remember_load_seconds(name, _load_seconds[name])
             _shared[key] = lm  # most recently used last
@@ -509,8 +510,7 @@ def table_task(
     def work(ctx: JobContext):
         ctx.plan(table_stages(spec), expected, basis)
         ctx.enter(LOAD_MODEL)
-        lm = shared_model(model_name, device, ctx.hooks())
-        lm = run_unless_cancelled(lm.copy, ctx.hooks(), "table job cancelled while copying the model")  # an exact build masks weights
+        lm = shared_model(model_name, device, ctx.hooks())  # a build measures on a private copy (loss_table)
         unit = "cells" if spec.estimator == "exact" else "calibration batches"
 
         def progress(done: int, total: int, eta: float | None = None) -> None:
@@ -526,7 +526,7 @@ def baselines_task(model_name: str, table, budgets, allocators, constraints) -> 
 
     def work(ctx: JobContext):
         ctx.step("loading the model", 0, 0)
-        lm = shared_model(model_name, hooks=ctx.hooks()).copy()  # FLAP and OWL hook the model
+        lm = shared_model(model_name, hooks=ctx.hooks())  # FLAP and OWL hook a private copy (baseline_rows)
         return baseline_rows(lm, table, budgets, allocators, constraints, ctx.hooks())
 
     return work

@@ -41,6 +41,7 @@ from gap_engine.core.memory import PeakRSS, release_free_memory
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.evaluate.tasks import PreparedTasks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
+from gap_engine.model.storage import round_to_storage
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
 from gap_engine.recover.cost import STAGES
 from gap_engine.recover.files import (
@@ -54,7 +55,6 @@ from gap_engine.recover.files import (
     partial_dir,
     read_result,
     record_in_history,
-    round_to_storage,
     save_state,
     storage_dtype,
     write_checkpoint,

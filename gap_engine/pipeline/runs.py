@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gap_engine.core.config import DEFAULT_SAVE_DTYPE, WindowSpec
+from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import BudgetError, GapError
 from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
 from gap_engine.core.progress import (
@@ -39,12 +39,10 @@ from gap_engine.evaluate.tasks import PreparedTasks, task_report
 from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.pipeline.stages import objective_increase, plan_for, prune_with_plan
+from gap_engine.pipeline.stages import objective_increase, plan_for, pruned_as_saved
 from gap_engine.plan.allocator_registry import needs_windows
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.importance import compute_importance
-from gap_engine.prune.surgery import PruneResult
-from gap_engine.recover.files import round_to_storage
 from gap_engine.tables.artefact import LossTable
 
 
@@ -162,7 +160,7 @@ def baseline_rows(
     """Plans of the baseline allocators at a few budgets, for overlaying on the DP front.
 
     Args:
-        lm: the dense model (FLAP and OWL hook it; pass a private copy when it is shared).
+        lm: the dense model (FLAP and OWL hook it: a shared one is copied first).
         hooks: each step told as a message (the allocator and budget) with its progress
             (plans done, plans); cancel polled between plans.
     Returns:
@@ -171,6 +169,8 @@ def baseline_rows(
         one with ``error`` instead.
     """
     table.check_model(lm)
+    if any(needs_windows(allocator) for allocator in allocators):
+        lm = lm.private()  # once for every plan: they hook or mask it
     scores = None
     if "flap" in allocators:
         _step(hooks, "importance scores for FLAP", 0, 0)
@@ -234,8 +234,7 @@ def _chosen_plan(dense, table, budget, allocator, constraints, plan) -> RatePlan
         return plan
     if table is None or budget is None:
         raise GapError("a run needs either a plan or a loss table and a budget")
-    planner_lm = dense.copy() if needs_windows(allocator) else dense  # those that read windows hook or mask the model
-    return plan_for(planner_lm, table, budget, allocator, constraints or Constraints())
+    return plan_for(dense, table, budget, allocator, constraints or Constraints())
 
 
 _STOPPED = "prune and evaluate cancelled"
@@ -257,19 +256,6 @@ def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, hooks:
             at(TASKS)
             report |= task_report(pruned, dense, tasks)
     return actual, report
-
-
-def _pruned_copy(dense: LoadedModel, plan: RatePlan, calib: WindowSpec, hooks: Hooks, stored: bool) -> tuple[LoadedModel, PruneResult]:
-    """A pruned copy of ``dense``; when it will be ``stored``, rounded to the checkpoint's dtype
-    first: the Recover page and `gap eval` read the stored weights, so the run's numbers must be
-    the checkpoint's, not those of the float32 copy in memory (a demo showed 62.89 here and
-    62.93 on Recover for one checkpoint)."""
-    pruned = run_unless_cancelled(dense.copy, hooks, f"{_STOPPED} while copying the model")
-    with cancel_checks(pruned, hooks, f"{_STOPPED} while pruning"):
-        result = prune_with_plan(pruned, plan, calib, Hooks(cancel=hooks.cancel))
-    if stored:
-        round_to_storage(pruned.model, DEFAULT_SAVE_DTYPE)
-    return pruned, result
 
 
 def prune_and_evaluate(
@@ -312,14 +298,17 @@ def prune_and_evaluate(
     plan = _chosen_plan(dense, table, budget, allocator, constraints, plan)
     calib = table.spec.windows if table is not None else WindowSpec()
     at(PRUNE)
-    pruned, result = _pruned_copy(dense, plan, calib, hooks, stored=checkpoint_dir is not None)
+    # Rounded to the checkpoint's dtype whether or not it is saved: the Recover page, `gap eval`
+    # and `gap compare` measure the stored weights, so a run's numbers are the checkpoint's.
+    pruned, result = pruned_as_saved(dense, plan, calib, hooks=Hooks(cancel=hooks.cancel))
+    plan = result.plan  # with the parameter counts recounted from the model (a hand-written plan may lack them)
     at(MEASURE)
     objective = table.spec.objective if table is not None else "nll"
     actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, hooks, at, tasks)
     checkpoint = None
     if checkpoint_dir is not None:
         at(SAVE)
-        checkpoint = str(save_pruned(pruned, plan, result.kept_indices(), checkpoint_dir, eval_report=report))
+        checkpoint = str(save_pruned(pruned, result.plan, result.kept_indices(), checkpoint_dir, eval_report=report))
     stage_seconds = timer.finish()
     seconds = time.perf_counter() - started
     record = history.RunRecord.from_report(

@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from gap_engine.core.config import DEFAULT_N_BUCKETS, WindowSpec
+from gap_engine.core.config import DEFAULT_N_BUCKETS, DEFAULT_SAVE_DTYPE, WindowSpec
 from gap_engine.core.device import DeviceSpec
 from gap_engine.core.errors import ModelLoadError, TableError
 from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
@@ -32,6 +32,7 @@ from gap_engine.data.windows import batches, calibration_windows, load_corpus
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import RatePlan
+from gap_engine.model.storage import round_to_storage
 from gap_engine.plan.allocators import needs_windows, plan_from_table
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.problem import Constraints
@@ -101,13 +102,15 @@ def loss_table(
     key = table_key(lm, spec, data_fingerprint)
 
     def measure(partial):
+        # An exact build masks the weights cell by cell: never those of a model other threads run.
+        owned = run_unless_cancelled(lm.private, hooks, "loss table build cancelled while copying the model")
         windows = run_unless_cancelled(
             lambda: calibration_windows(lm.tokenizer, spec.windows), hooks, "loss table build cancelled while reading the text"
         )
         if cells is not None:  # Ray workers poll cancel between layers; hooks on the blocks would not pickle
-            return measure_table(lm, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
-        with cancel_checks(lm, hooks, f"loss table build cancelled during the {spec.estimator} measurement"):
-            return measure_table(lm, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
+            return measure_table(owned, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
+        with cancel_checks(owned, hooks, f"loss table build cancelled during the {spec.estimator} measurement"):
+            return measure_table(owned, spec, windows, hooks, partial, key, data_fingerprint, cells=cells)
 
     if not use_cache:
         return measure(None)
@@ -160,12 +163,44 @@ def prune_with_plan(
     return apply_plan(lm, plan, scores)
 
 
-def pruned_copy(
-    dense: LoadedModel, plan: RatePlan, windows: WindowSpec, scores: ImportanceScores | None = None, hooks: Hooks = NO_HOOKS
+def pruned_as_saved(
+    dense: LoadedModel,
+    plan: RatePlan,
+    windows: WindowSpec,
+    *,
+    scores: ImportanceScores | None = None,
+    save_dtype: str = DEFAULT_SAVE_DTYPE,
+    keep_dense: bool = True,
+    hooks: Hooks = NO_HOOKS,
 ) -> tuple[LoadedModel, PruneResult]:
-    """A pruned copy of ``dense`` (which stays untouched) and what surgery did."""
-    pruned = dense.copy()
-    result = prune_with_plan(pruned, plan, windows, hooks, scores=scores)
+    """The model a checkpoint of ``plan`` holds: pruned, its weights rounded to ``save_dtype``.
+
+    The one way every surface prunes before it measures (the explorer's runs, ``gap compare``,
+    ``gap prune``): what is measured is what is saved, so one plan reports one set of numbers
+    wherever it is run, and ``gap eval`` of the saved checkpoint repeats them.
+
+    Args:
+        dense: the dense model; its units are scored here unless ``scores`` are given.
+        plan: the plan to apply (checked against ``dense``).
+        windows: the calibration windows that score the units.
+        scores: importance scores of ``dense`` under ``plan.criterion`` (None: computed).
+        save_dtype: the storage dtype (one of ``config.SAVE_DTYPES``); float32 leaves the weights as they are.
+        keep_dense: True prunes a copy and leaves ``dense`` as it was; False prunes ``dense``
+            itself, sparing the copy's memory (a caller that loaded it for this alone, as
+            ``gap prune``), unless it is ``shared``: a model other threads run is never pruned.
+        hooks: the importance scores' progress; cancel polled while copying and at every
+            decoder block while scoring.
+    Returns:
+        (the pruned LoadedModel, fingerprinted as stored; surgery's PruneResult, whose
+        ``plan`` carries the parameter counts recounted from the model's geometry).
+    """
+    pruned = dense
+    if keep_dense or dense.shared:
+        pruned = run_unless_cancelled(dense.copy, hooks, "pruning cancelled while copying the model")
+    with cancel_checks(pruned, hooks, "pruning cancelled"):
+        result = prune_with_plan(pruned, plan, windows, hooks, scores=scores)
+    round_to_storage(pruned.model, save_dtype)
+    pruned.refresh_fingerprint()
     return pruned, result
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS
-from gap_engine.core.errors import PlanError, TableError
+from gap_engine.core.errors import InvariantError, PlanError, TableError
 from gap_engine.core.registry import Choice
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
@@ -124,11 +124,14 @@ def plan_from_table(
         raise TableError("loss table channel_multiple must be positive")
     if windows is None and needs_windows(allocator) and not (allocator == "flap" and scores is not None):
         raise PlanError(f"the {allocator} allocator reads calibration windows; none were given")
+    if needs_windows(allocator):
+        lm = lm.private()  # they hook or mask the model: never one that other threads run
     problem = planning_problem(table, constraints, smoothed)
     if allocator == "dp":
         return grid_plan(lm, table, problem, dp_choice(problem, budget, n_buckets), budget, "dp")
     if allocator == "evo":
-        assert windows is not None, "checked above: evo reads calibration windows"
+        if windows is None:
+            raise InvariantError("evo was given no calibration windows (checked above)")
         if scores is None:
             scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size)
         return evolve(lm, table, budget, windows, scores, constraints, evo, n_buckets, smoothed).plan

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from gap_engine.core.errors import InvariantError
 from gap_engine.core.registry import Choice
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.units import ComponentGeometry
@@ -161,6 +162,7 @@ def outlier_ratios(lm: LoadedModel, windows: torch.Tensor, m: float = OWL_OUTLIE
     Returns:
         (L,) float64 ratios in [0, 1].
     """
+    lm = lm.private()  # its inputs are read by hooks: never on a model other threads run
     layers = list(lm.adapter.layers(lm.model))
     # q, gate: one input each that k/v and up share.
     groups: dict[tuple[int, str], tuple[nn.Linear, ...]] = {}
@@ -200,7 +202,8 @@ def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """Rungs at rates clip(t + offset_l) with the smallest shift t (bisection) that meets the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked
     constraints, target, multiple = inputs.constraints, inputs.target, inputs.multiple
-    assert inputs.windows is not None, "the allocator checks that OWL was given calibration windows"
+    if inputs.windows is None:
+        raise InvariantError("OWL was given no calibration windows (the allocator checks for them)")
     ratios = outlier_ratios(inputs.lm, inputs.windows, batch_size=inputs.batch_size)
     offsets = owl_offsets(ratios)
     log.info("owl: outlier ratios %s", np.array2string(ratios, precision=4))

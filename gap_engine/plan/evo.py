@@ -138,6 +138,7 @@ def evolve(
         hooks: progress told (generations done, generations total, None).
     """
     table.check_model(lm)
+    lm = lm.private()  # candidates are masked on it: never on a model other threads run
     budget = check_budget_fraction(budget)
     problem = planning_problem(table, constraints, smoothed)
     target = budget * problem.dense_prunable

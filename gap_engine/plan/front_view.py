@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from gap_engine.core.errors import BudgetError, PlanError
+from gap_engine.core.errors import BudgetError, InvariantError, PlanError
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.plan.allocators import plan_from_table
@@ -143,7 +143,8 @@ def uniform_line(
     for budget in budgets:
         try:
             plan = plan_from_table(lm, table, budget, "uniform", constraints)
-            assert plan.predicted_loss is not None, "a plan from a table carries its predicted loss"
+            if plan.predicted_loss is None:
+                raise InvariantError("a plan made from a table has no predicted loss")
         except BudgetError as exc:
             log.debug("uniform line stops at %.3f: %s", budget, exc)
             continue

@@ -8,6 +8,7 @@ block (higher = keep); ``prune.importance.compute_importance`` calls it. A crite
 from __future__ import annotations
 
 from gap_engine.core import config
+from gap_engine.core.errors import InvariantError
 from gap_engine.core.registry import Choice, Registry
 
 CRITERIA = Registry(
@@ -25,7 +26,8 @@ CRITERIA = Registry(
     ],
 )
 # RatePlan (model layer, below this one) validates a plan's criterion against config.CRITERIA.
-assert CRITERIA.names == config.CRITERIA, "config.CRITERIA must list the registered criteria"
+if CRITERIA.names != config.CRITERIA:
+    raise InvariantError("config.CRITERIA does not list the registered criteria")
 
 
 def reads_windows(criterion: str) -> bool:

@@ -119,6 +119,7 @@ def input_statistics(
     Returns:
         key -> InputStats of that layer's input.
     """
+    lm.refuse_shared("activation statistics")  # the linears are its own: hooks on them would see other threads' inputs
     skip = text_start(lm.tokenizer, windows)
     stats = {key: InputStats(linear.in_features, skip) for key, linear in linears.items()}
     handles = [linear.register_forward_pre_hook(stats[key]) for key, linear in linears.items()]
@@ -260,7 +261,7 @@ def compute_importance(
     """Score every head and MLP channel of every block.
 
     Args:
-        lm: the dense model.
+        lm: the dense model (a ``shared`` one is copied before it is run).
         windows: (N, T) calibration token ids; unused by ``magnitude``.
         criterion: one of CRITERIA (``prune.criteria``).
         batch_size: windows per forward pass.
@@ -272,4 +273,6 @@ def compute_importance(
     CRITERIA.check(criterion)
     if windows is None and reads_windows(criterion):
         raise GapError(f"criterion '{criterion}' needs calibration windows")
+    if reads_windows(criterion):
+        lm = lm.private()  # the criteria hook the model or take its gradients: never one that other threads run
     return ImportanceScores(criterion=criterion, layers=CRITERIA.function(criterion)(lm, windows, batch_size, hooks))

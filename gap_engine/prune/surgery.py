@@ -5,13 +5,15 @@ gate/up rows and down columns of the dropped channels, are sliced away, so the p
 is smaller in memory and faster, and it runs through the model's ordinary forward (the
 attention infers its head count from the projection shapes; ``num_key_value_groups`` is
 updated by the adapter). Which units go is decided by importance scores; how many, by the
-plan's rates rounded as ``units`` says. Invariants are asserted after every block, and the
-final parameter count must equal the plan's prediction.
+plan's rates rounded as ``units`` says. Invariants are checked after every block (named
+errors, not asserts), the final parameter count must equal the plan's prediction, and a
+failure anywhere puts the whole model back as it was.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,10 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from gap_engine.core.errors import InvariantError, PlanError
 from gap_engine.model.adapters import ArchitectureAdapter
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, predicted_params
-from gap_engine.model.slicing import slice_attention_, slice_mlp_, zeroed_units
+from gap_engine.model.slicing import restored_on_failure, slice_attention_, slice_mlp_, zeroed_units
 from gap_engine.model.units import AttentionShape, attention_shape_for_rate, channels_for_rate
 from gap_engine.prune.importance import ImportanceScores, LayerScores
 
@@ -105,6 +108,7 @@ def masked_plan(
     columns and a channel's ``down_proj`` column gives the sliced model's output (see
     ``slicing.zeroed_units``); weights are restored exactly on exit.
     """
+    lm.refuse_shared("masking a plan")
     layers = lm.adapter.layers(lm.model)
     with contextlib.ExitStack() as stack:
         for i, layer in enumerate(layers):
@@ -116,43 +120,61 @@ def masked_plan(
 
 
 def apply_plan(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores | None) -> PruneResult:
-    """Prune ``lm.model`` in place as ``plan`` says and return what was kept.
+    """Prune ``lm`` in place as ``plan`` says and return what was kept.
+
+    All or nothing: every block's units are chosen before any is cut, and a failure while
+    cutting (or a parameter count other than the plan's prediction) puts every block back, so
+    ``lm`` is then exactly as it was, fingerprint included. ``plan`` itself is not changed.
 
     Args:
-        lm: a LoadedModel (its model is modified; its fingerprint is refreshed).
+        lm: a LoadedModel, not ``shared`` (its model is modified; its fingerprint is refreshed).
         plan: a RatePlan for this model (checked).
         scores: importance scores from the same dense model; may be None only for
             an all-zero plan.
+    Returns:
+        PruneResult, whose ``plan`` is a copy of ``plan`` with the parameter counts recounted
+        from this model's geometry (a hand-written plan may carry none, or stale ones).
     Raises:
-        PlanError: the plan is for another model.
+        PlanError: the plan is for another model, or has rates without ``scores``.
+        SharedModelError: ``lm`` is shared (prune a ``private()`` copy).
+        InvariantError: the cut model breaks a shape or count (a bug); ``lm`` is put back.
     """
-    plan.validate()
+    lm.refuse_shared("surgery")
+    plan = dataclasses.replace(plan).validate()  # validate() normalises the rates: on our copy, not the caller's
     plan.check_model(lm)
-    # Recounted from this model's geometry: a hand-written plan may carry no or stale counts.
     plan.params = predicted_params(lm, plan.attention_rates, plan.mlp_rates, plan.channel_multiple)
-    result = PruneResult(plan=plan, params_before=lm.param_count())
+    if scores is None and (any(plan.attention_rates) or any(plan.mlp_rates)):
+        raise PlanError("importance scores are needed for a plan with non-zero rates")
     layers = lm.adapter.layers(lm.model)
-    for i, layer in enumerate(layers):
-        a_rate, m_rate = plan.attention_rates[i], plan.mlp_rates[i]
-        geom = lm.adapter.geometry(layer)
-        if scores is None:
-            if a_rate > 0 or m_rate > 0:
-                raise ValueError("importance scores are needed for a plan with non-zero rates")
-            kept_kv, kept_heads = list(range(geom.n_kv_heads)), list(range(geom.n_heads))
-            kept_channels = list(range(geom.intermediate_size))
-        else:
-            kept_kv, kept_heads, kept_channels = layer_selection(lm.adapter, layer, scores.layers[i], a_rate, m_rate, plan.channel_multiple)
-        if len(kept_heads) < geom.n_heads:
-            slice_attention_(lm.adapter, layer, kept_kv, kept_heads)
-        if len(kept_channels) < geom.intermediate_size:
-            slice_mlp_(lm.adapter, layer, kept_channels)
-        result.kept_kv_heads.append(kept_kv)
-        result.kept_heads.append(kept_heads)
-        result.kept_channels.append(kept_channels)
-    result.params_after = lm.param_count()
-    expected = plan.params["pruned_total"]
-    assert result.params_after == expected, f"pruned model has {result.params_after} parameters, plan predicted {expected}"
+    chosen = [_layer_choice(lm, layer, scores, plan, i) for i, layer in enumerate(layers)]
+    result = PruneResult(plan=plan, params_before=lm.param_count())
+    with restored_on_failure(lm.adapter, layers):
+        for layer, (kept_kv, kept_heads, kept_channels) in zip(layers, chosen):
+            geom = lm.adapter.geometry(layer)
+            if len(kept_heads) < geom.n_heads:
+                slice_attention_(lm.adapter, layer, kept_kv, kept_heads)
+            if len(kept_channels) < geom.intermediate_size:
+                slice_mlp_(lm.adapter, layer, kept_channels)
+            result.kept_kv_heads.append(kept_kv)
+            result.kept_heads.append(kept_heads)
+            result.kept_channels.append(kept_channels)
+        result.params_after = lm.param_count()
+        expected = plan.params["pruned_total"]
+        if result.params_after != expected:
+            raise InvariantError(f"the pruned model has {result.params_after} parameters, the plan predicted {expected}")
     lm.refresh_fingerprint()
     lm.pruned_from = {"model": plan.model, "fingerprint": plan.model_fingerprint, "plan": plan.to_dict()}
     log.info("pruned %s: %d -> %d parameters", lm.name, result.params_before, result.params_after)
     return result
+
+
+def _layer_choice(
+    lm: LoadedModel, layer: nn.Module, scores: ImportanceScores | None, plan: RatePlan, index: int
+) -> tuple[list[int], list[int], list[int]]:
+    """(kept_kv, kept_heads, kept_channels) of block ``index``: everything when ``scores`` is None (an all-zero plan)."""
+    if scores is None:
+        geom = lm.adapter.geometry(layer)
+        return list(range(geom.n_kv_heads)), list(range(geom.n_heads)), list(range(geom.intermediate_size))
+    return layer_selection(
+        lm.adapter, layer, scores.layers[index], plan.attention_rates[index], plan.mlp_rates[index], plan.channel_multiple
+    )

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gap_engine.core.errors import InvariantError
 from gap_engine.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -117,11 +118,13 @@ class Objective:
             if self.name == "kd+lm":
                 loss = (1.0 - self.kd_weight) * loss
         if self.distils:
-            assert teacher_log_probs is not None, "a distilling objective is always given the teacher's log-probabilities"
+            if teacher_log_probs is None:
+                raise InvariantError("a distilling objective was given no teacher log-probabilities")
             kd = distillation_loss(logits, teacher_log_probs, self.temperature)  # (B, T-1)
             kd = _per_task(kd, n_tasks)
             loss = kd if loss is None else loss + self.kd_weight * kd
-        assert loss is not None, "every objective has an lm or a kd part"
+        if loss is None:
+            raise InvariantError("the objective has neither an lm nor a kd part")
         return loss
 
 

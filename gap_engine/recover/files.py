@@ -291,17 +291,6 @@ def storage_dtype(lm: LoadedModel) -> str:
 
 
 @torch.no_grad()
-def round_to_storage(model: torch.nn.Module, dtype: str) -> None:
-    """Round every floating parameter to ``dtype``'s precision in place (kept in its own dtype),
-    so what is evaluated after training is exactly what the checkpoint stores."""
-    from gap_engine.model.storage import parse_dtype
-
-    target = parse_dtype(dtype)
-    for param in {id(p): p for p in model.parameters()}.values():
-        if param.is_floating_point() and param.dtype != target:
-            param.copy_(param.to(target).to(param.dtype))
-
-
 def write_checkpoint(
     lm: LoadedModel, plan: RatePlan, kept: dict[str, list[list[int]]], out_dir: Path, result: RecoveryResult, adapter_dir: Path | None
 ) -> None:

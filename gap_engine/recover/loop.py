@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gap_engine.core.errors import CancelledError
+from gap_engine.core.errors import CancelledError, InvariantError
 from gap_engine.core.memory import PeakRSS
 from gap_engine.core.progress import Hooks
 from gap_engine.recover import guard
@@ -81,7 +81,8 @@ def probe(run: ZORun, data: TaskData, settings: RecoverySettings, state: RunStat
 
     def restore() -> None:
         saved = load_state(work)
-        assert saved is not None, "the probe restores the snapshot saved just before it"
+        if saved is None:
+            raise InvariantError("the probe found no snapshot to restore (one is saved just before it)")
         run.restore(saved[1], None)
 
     state.lr, state.lr_probe = probe_learning_rate(run, data, settings.learning_rate(), restore, reporter.phases())
@@ -115,7 +116,8 @@ class _Snapshots:
             return None
         state = self.state
         loss = self.objective()
-        assert state.guard_lowest is not None, "set when the guard starts"
+        if state.guard_lowest is None:
+            raise InvariantError("the guard's lowest loss is unset (it is set when the guard starts)")
         verdict = guard.judge(loss, state.guard_lowest, len(state.rollbacks))
         if verdict.action == guard.KEEP:
             state.guard_lowest = min(state.guard_lowest, loss)
@@ -143,7 +145,8 @@ class _Snapshots:
     def _restore_last(self) -> None:
         """Weights, optimizer and step of the last saved snapshot; time, memory and rollbacks stay."""
         saved = load_state(self.work)
-        assert saved is not None, "a run saves a snapshot before its first step"
+        if saved is None:
+            raise InvariantError("no snapshot to roll back to (a run saves one before its first step)")
         saved_state, tensors, optimizer_state = saved
         self.run.restore(tensors, optimizer_state)
         self.state.step = saved_state.step

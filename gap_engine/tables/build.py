@@ -116,7 +116,8 @@ def measure_table(
     """Build a table on given windows, with no cache (``pipeline.loss_table`` adds it).
 
     Args:
-        lm: the dense LoadedModel (its weights are masked cell by cell and restored).
+        lm: the dense LoadedModel (its weights are masked cell by cell and restored; a
+            ``shared`` one is copied first).
         spec: validated here.
         windows: (N, T) token ids; N and T should match the spec.
         hooks: progress told (done, total, eta_seconds): cells for ``exact``, calibration
@@ -133,6 +134,7 @@ def measure_table(
             as the model is placed.
     """
     spec.validate()
+    lm = lm.private()  # cells mask the weights: never those of a model other threads run
     started, cpu_started = time.perf_counter(), time.process_time()
     components = table_components(lm.num_layers, spec.mode)
     hooks.enter(SCORE_UNITS)

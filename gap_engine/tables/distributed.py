@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from gap_engine.core.device import DeviceSpec, dtype_name, is_streamed, placement_of
-from gap_engine.core.errors import CancelledError, GapError, one_line
+from gap_engine.core.errors import CancelledError, GapError, InvariantError, one_line
 from gap_engine.core.progress import Hooks
 from gap_engine.core.validate import check_int
 from gap_engine.model.adapters import ArchitectureAdapter
@@ -233,12 +233,14 @@ class CellWorker:
     def _load_blocks(self, block_refs: list[ObjectRef | None], first: int) -> None:
         import ray
 
-        assert self.lm is not None, "_setup runs first"
+        if self.lm is None:
+            raise InvariantError("the worker has no model (_setup runs first)")
         layers = self.lm.adapter.layers(self.lm.model)
         for j in range(first, len(layers)):
             if j not in self.loaded:
                 ref = block_refs[j]
-                assert ref is not None, "blocks from the first layer with work on are shipped"
+                if ref is None:
+                    raise InvariantError("no block was shipped for a layer with work (blocks from the first such layer are)")
                 block = cast(nn.Module, ray.get(ref))
                 layers[j] = block if self.placement.stream else block.to(self.placement.device)
                 self.loaded.add(j)
@@ -257,7 +259,8 @@ class CellWorker:
         batches: list[torch.Tensor] = self._get(refs["batches"])
         final = self._get(refs["final"]) if refs["final"] is not None else [None] * len(batches)
         inputs = tree_to(ray.get(refs["inputs"]), self.placement.device)  # [b] (B, T, d)
-        assert self.lm is not None, "_setup runs first"
+        if self.lm is None:
+            raise InvariantError("the worker has no model (_setup runs first)")
         n_layers = len(self.lm.adapter.layers(self.lm.model))
         block_inputs = [[inputs[b] if i == layer else None for i in range(n_layers)] for b in range(len(batches))]
         # A worker's state holds only the inputs of the block it measures (and, without a

@@ -16,7 +16,7 @@ from gap_engine.data.windows import calibration_windows
 from gap_engine.model.loaded import weights_fingerprint
 from gap_engine.model.rateplan import make_plan
 from gap_engine.pipeline.iterative import iterative_prune, prunable_params
-from gap_engine.pipeline.stages import loss_table, objective_increase, pruned_copy
+from gap_engine.pipeline.stages import loss_table, objective_increase, pruned_as_saved
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import TableSpec
@@ -48,7 +48,7 @@ def test_measured_objective_of_a_one_component_plan_is_the_exact_cell(tiny, obje
         attention, mlp = [0.0, 0.0], [0.0, 0.0]
         (mlp if kind == "mlp" else attention)[layer] = GRID[r]
         plan = make_plan(tiny, attention, mlp, table.spec.criterion, table.spec.channel_multiple)
-        pruned, _ = pruned_copy(tiny, plan, WINDOWS, scores)
+        pruned, _ = pruned_as_saved(tiny, plan, WINDOWS, scores=scores, save_dtype="float32")  # the cells are float32
         measured = objective_increase(pruned, tiny, windows, objective, 3)
         assert measured == pytest.approx(table.delta[c, r], rel=1e-4, abs=1e-6)
         assert table.basis(table.cells_for(attention, mlp)) == "measured"
@@ -60,7 +60,7 @@ def test_one_round_is_the_one_shot_dp_plan(tmp_cache, tiny):
     result = iterative_prune(tiny, spec, 0.3, rounds=1)
     table = loss_table(tiny, spec)
     plan = plan_from_table(tiny, table, 0.3)
-    one_shot, _ = pruned_copy(tiny, plan, WINDOWS)
+    one_shot, _ = pruned_as_saved(tiny, plan, WINDOWS, save_dtype="float32")
     assert weights_fingerprint(tiny.model) == before  # the dense model is untouched
     assert result.model.param_count() == one_shot.param_count()
     ids = calibration_windows(tiny.tokenizer, WINDOWS)

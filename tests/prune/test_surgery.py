@@ -135,3 +135,114 @@ def test_unsupported_architecture_is_named():
     with pytest.raises(UnsupportedArchitectureError, match="gpt2.*supported model types: .*llama"):
         adapter_for(GPT2Config())
     assert {"llama", "mistral", "qwen2", "qwen3", "gemma3_text"} <= set(supported_model_types())
+
+
+# ---- invariants: named errors, and a model left whole -----------------------------------------
+# The tests named *invariant* also run under ``python -O`` (the last test below), so they check
+# with pytest.raises and `_check`, never a bare assert (which -O strips from a test as well).
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        pytest.fail(message)
+
+
+def _state(lm) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in lm.model.state_dict().items()}
+
+
+def _same_model(lm, state: dict[str, torch.Tensor], fingerprint: str) -> None:
+    """``lm`` holds exactly ``state`` (names, shapes, values), its fingerprint is ``fingerprint``
+    and its blocks report the widths of that state."""
+    from gap_engine.model.loaded import weights_fingerprint
+
+    now = lm.model.state_dict()
+    _check(list(now) == list(state), "the tensors' names changed")
+    for name, tensor in state.items():
+        _check(now[name].shape == tensor.shape and torch.equal(now[name], tensor), f"{name} changed")
+    _check(lm.fingerprint == fingerprint == weights_fingerprint(lm.model), "the fingerprint changed")
+    for layer in lm.adapter.layers(lm.model):
+        attn = lm.adapter.attention(layer)
+        geom = lm.adapter.geometry(layer)
+        _check(attn.num_key_value_groups == geom.n_heads // geom.n_kv_heads, "a block's KV grouping no longer fits its heads")
+    _check(lm.pruned_from is None, "the model claims to be pruned")
+
+
+def test_invariant_a_failure_in_a_later_block_leaves_the_model_as_it_was(make_tiny, monkeypatch):
+    from gap_engine.prune import surgery
+
+    lm = make_tiny("llama", num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
+    ids = _ids()
+    scores = compute_importance(lm, ids, "magnitude")
+    before, fingerprint, logits = _state(lm), lm.fingerprint, _logits(lm, ids)
+    real_slice, calls = surgery.slice_mlp_, []
+
+    def slice_then_fail(adapter, layer, kept):
+        calls.append(layer)
+        if len(calls) == 2:  # block 0 is cut (attention and MLP), block 1's attention too
+            raise RuntimeError("injected failure in block 1's MLP slice")
+        real_slice(adapter, layer, kept)
+
+    monkeypatch.setattr(surgery, "slice_mlp_", slice_then_fail)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        apply_plan(lm, make_plan(lm, [0.5, 0.5], [0.5, 0.5], "magnitude"), scores)
+    _check(len(calls) == 2, "the failure was not reached")
+    _same_model(lm, before, fingerprint)
+    _check(torch.equal(_logits(lm, ids), logits), "the model computes other logits")
+
+
+def test_invariant_a_count_other_than_the_plans_is_an_error_and_undone(make_tiny, monkeypatch):
+    from gap_engine.core.errors import InvariantError
+    from gap_engine.model.rateplan import predicted_params
+    from gap_engine.prune import surgery
+
+    lm = make_tiny("qwen2")
+    scores = compute_importance(lm, None, "magnitude")
+    before, fingerprint = _state(lm), lm.fingerprint
+
+    def one_too_many(*args):
+        counts = predicted_params(*args)
+        return counts | {"pruned_total": counts["pruned_total"] + 1}
+
+    monkeypatch.setattr(surgery, "predicted_params", one_too_many)
+    with pytest.raises(InvariantError, match="plan predicted"):
+        apply_plan(lm, make_plan(lm, [0.5, 0.0], [0.25, 0.5], "magnitude"), scores)
+    _same_model(lm, before, fingerprint)
+
+
+def test_invariant_a_slice_that_loses_its_shape_is_named(make_tiny, monkeypatch):
+    from gap_engine.core.errors import InvariantError
+    from gap_engine.model import slicing
+
+    lm = make_tiny("llama", num_attention_heads=8, num_key_value_heads=2)
+    scores = compute_importance(lm, None, "magnitude")
+    before, fingerprint = _state(lm), lm.fingerprint
+    real_rows = slicing.unit_rows
+    monkeypatch.setattr(slicing, "unit_rows", lambda units, width: real_rows(units, width)[:-1])  # one row short
+    with pytest.raises(InvariantError, match="attention slice lost its shape"):
+        apply_plan(lm, make_plan(lm, [0.5, 0.0], [0.0, 0.0], "magnitude"), scores)
+    _same_model(lm, before, fingerprint)
+
+
+def test_apply_plan_leaves_the_callers_plan_alone(make_tiny):
+    lm = make_tiny("llama")
+    plan = make_plan(lm, [0.5, 0], [0.25, 0], "magnitude")
+    plan.params = {}  # as a hand-written plan comes, without counts
+    plan.attention_rates[1] = 0  # an int: validation would make it a float
+    result = apply_plan(lm, plan, compute_importance(lm, None, "magnitude"))
+    assert plan.params == {} and type(plan.attention_rates[1]) is int
+    assert result.plan is not plan and result.plan.params["pruned_total"] == result.params_after
+    assert result.plan.attention_rates == [0.5, 0.0] and result.plan.mlp_rates == plan.mlp_rates
+
+
+def test_invariant_checks_still_fire_under_python_dash_O():
+    """The tests above run again in a child ``python -O``: had the engine asserted its
+    invariants, -O would strip the checks and those tests would fail."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-O", "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "invariant and not dash_O"]
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "3 passed" in done.stdout, done.stdout[-3000:]
+    assert "python -O" in done.stdout + done.stderr  # pytest's own warning: asserts are stripped in that run
