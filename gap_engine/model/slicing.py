@@ -156,17 +156,31 @@ def narrow_to_widths(adapter: ArchitectureAdapter, model: nn.Module, widths: lis
             slice_mlp_(adapter, layer, list(range(channels)))
 
 
-def add_bias_(owner: nn.Module, name: str, bias: torch.Tensor | None = None) -> None:
-    """Give the linear ``owner.<name>`` a bias (zeros when it has none) and add ``bias`` (d,) to it."""
-    linear = getattr(owner, name)
+def replace_linear_(
+    owner: nn.Module, name: str, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, add_bias: bool = False
+) -> None:
+    """Set ``owner.<name>`` to a new linear: the old one's weight (or ``weight``, same shape) and
+    its bias plus ``bias`` (d,) when ``add_bias`` (a zero bias where it had none).
+
+    The old module is never written into, so ``restored_on_failure`` undoes this exactly.
+    """
+    old = getattr(owner, name)
     with torch.no_grad():
-        if linear.bias is None:
-            weight = linear.weight
-            linear.bias = nn.Parameter(
-                torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device), requires_grad=weight.requires_grad
+        new_weight = old.weight if weight is None else nn.Parameter(weight.to(old.weight.device, old.weight.dtype))
+        new_bias = old.bias
+        if add_bias:
+            base = (
+                old.bias.detach()
+                if old.bias is not None
+                else torch.zeros(old.out_features, dtype=old.weight.dtype, device=old.weight.device)
             )
-        if bias is not None:
-            linear.bias += bias.to(linear.bias.device, linear.bias.dtype)
+            new_bias = nn.Parameter(base + (0 if bias is None else bias.to(base.device, base.dtype)))
+        new = nn.Linear(old.in_features, old.out_features, bias=new_bias is not None, device="meta")
+        new.weight = new_weight
+        new.bias = new_bias
+        for param in new.parameters():
+            param.requires_grad_(old.weight.requires_grad)
+    setattr(owner, name, new)
 
 
 def output_biases(adapter: ArchitectureAdapter, model: nn.Module) -> bool:
@@ -182,8 +196,8 @@ def add_output_biases_(adapter: ArchitectureAdapter, model: nn.Module) -> None:
     """Give every block's o_proj and down_proj a bias (zeros where there is none): the shape of a
     bias-compensated checkpoint, before its tensors are loaded."""
     for layer in adapter.layers(model):
-        add_bias_(adapter.attention(layer), adapter.output_name)
-        add_bias_(adapter.mlp(layer), adapter.down_name)
+        replace_linear_(adapter.attention(layer), adapter.output_name, add_bias=True)
+        replace_linear_(adapter.mlp(layer), adapter.down_name, add_bias=True)
 
 
 @contextlib.contextmanager

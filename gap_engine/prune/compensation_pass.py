@@ -15,12 +15,14 @@ The kept columns are rewritten in place; the biases are kept apart until surgery
 the blocks, then every block's ``o_proj`` and ``down_proj`` gets one, so the checkpoint
 records one flag for all.
 
-A cancelled or failed pass leaves the model partly compensated and unsliced: callers prune
-a copy (as every pipeline path does) and drop it.
+All or nothing, as surgery: refit columns and biases go into new modules, so a cancelled or
+failed pass puts every block back as it was (``slicing.restored_on_failure``), fingerprint
+included.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -39,7 +41,7 @@ from gap_engine.data.windows import batches, calibration_windows
 from gap_engine.model.layerwise import block_on, capture_calls, layer_output, to_host
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.model.slicing import add_bias_
+from gap_engine.model.slicing import replace_linear_, restored_on_failure
 from gap_engine.prune.compensate import BlockFit, BlockInputs, applied, fit_block, kept_columns
 from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.importance import ImportanceScores
@@ -104,16 +106,18 @@ def _dense_targets(
     return targets, outputs
 
 
-def _commit(
-    host_weights: tuple[torch.Tensor, torch.Tensor], heads: Sequence[int], channels: Sequence[int], fit: BlockFit, geom: Any
-) -> None:
-    """Write a block's refit kept columns into its (host) weights for good."""
-    for weight, part, cols in (
-        (host_weights[0], fit.attn, kept_columns(geom.n_heads, geom.head_dim, heads)),
-        (host_weights[1], fit.mlp, kept_columns(geom.intermediate_size, 1, channels)),
+def _commit(lm: LoadedModel, layer: nn.Module, heads: Sequence[int], channels: Sequence[int], fit: BlockFit) -> None:
+    """Give a block its refit kept columns for good: new o_proj / down_proj modules (on the host),
+    the old ones left untouched for ``restored_on_failure``."""
+    geom = lm.adapter.geometry(layer)
+    for owner, name, part, cols in (
+        (lm.adapter.attention(layer), lm.adapter.output_name, fit.attn, kept_columns(geom.n_heads, geom.head_dim, heads)),
+        (lm.adapter.mlp(layer), lm.adapter.down_name, fit.mlp, kept_columns(geom.intermediate_size, 1, channels)),
     ):
         if part.weight is not None:
-            weight.data[:, cols.to(weight.device)] = part.weight.to(weight.device, weight.dtype)
+            weight = getattr(owner, name).weight.detach().clone()  # (d, n)
+            weight[:, cols.to(weight.device)] = part.weight.to(weight.device, weight.dtype)
+            replace_linear_(owner, name, weight=weight)
 
 
 @torch.no_grad()
@@ -145,7 +149,6 @@ def compensate_blocks(
     for i, layer in enumerate(layers):
         hooks.check_cancelled(f"compensation cancelled at block {i} of {len(layers)}")
         heads, channels = removed[i]
-        host_weights = (lm.adapter.attention_projections(layer)[3].weight, lm.adapter.mlp_projections(layer)[2].weight)
         block_calls = [c[i] for c in calls]
         with block_on(layer, device):
             targets = None
@@ -155,8 +158,7 @@ def compensate_blocks(
             fit = fit_block(lm.adapter, layer, i, inputs, heads, channels, settings)
             with applied(lm.adapter, layer, heads, channels, fit):
                 states = [to_host(layer_output(layer(s.to(device), *args, **kwargs))) for s, (args, kwargs) in zip(states, block_calls)]
-            geom = lm.adapter.geometry(layer)
-        _commit(host_weights, heads, channels, fit, geom)
+        _commit(lm, layer, heads, channels, fit)  # on the host: the block is back there
         fits.append(fit)
         hooks.report(i + 1, len(layers), clock.step())
     return fits
@@ -165,8 +167,8 @@ def compensate_blocks(
 def install_biases(lm: LoadedModel, fits: Sequence[BlockFit]) -> None:
     """Give every block's o_proj and down_proj its fitted bias (zeros where none was fitted)."""
     for layer, fit in zip(lm.adapter.layers(lm.model), fits):
-        add_bias_(lm.adapter.attention(layer), lm.adapter.output_name, fit.attn.bias)
-        add_bias_(lm.adapter.mlp(layer), lm.adapter.down_name, fit.mlp.bias)
+        replace_linear_(lm.adapter.attention(layer), lm.adapter.output_name, bias=fit.attn.bias, add_bias=True)
+        replace_linear_(lm.adapter.mlp(layer), lm.adapter.down_name, bias=fit.mlp.bias, add_bias=True)
 
 
 def prune_compensated(
@@ -194,19 +196,26 @@ def prune_compensated(
     settings.validate()
     if not settings.active:
         return apply_plan(lm, plan, scores)
-    plan.validate()
+    lm.refuse_shared("compensation")
+    plan = dataclasses.replace(plan).validate()  # validate() normalises the rates: on our copy, not the caller's
     plan.check_model(lm)
     removed = removed_per_block(lm, plan, scores)
     ids = calibration_windows(lm.tokenizer, windows)
     check_calibration(lm, removed, ids.shape[0] * (ids.shape[1] - text_start(lm.tokenizer, ids)), settings)
     hooks.enter(COMPENSATE)
     started = time.perf_counter()
-    fits = compensate_blocks(lm, removed, ids, windows.batch_size, settings, hooks)
-    result = apply_plan(lm, plan, scores)
-    if any(fit.attn.bias is not None or fit.mlp.bias is not None for fit in fits):  # a plan that cuts nothing needs none
-        install_biases(lm, fits)
-        result.params_after = lm.param_count()
-        lm.refresh_fingerprint()
+    identity = (lm.fingerprint, lm.pruned_from)
+    try:
+        with restored_on_failure(lm.adapter, lm.adapter.layers(lm.model)):
+            fits = compensate_blocks(lm, removed, ids, windows.batch_size, settings, hooks)
+            result = apply_plan(lm, plan, scores)
+            if any(fit.attn.bias is not None or fit.mlp.bias is not None for fit in fits):  # a plan that cuts nothing needs none
+                install_biases(lm, fits)
+                result.params_after = lm.param_count()
+                lm.refresh_fingerprint()
+    except BaseException:
+        lm.fingerprint, lm.pruned_from = identity
+        raise
     seconds = time.perf_counter() - started
     result.compensation = settings.to_dict() | {"windows": asdict(windows), "seconds": round(seconds, 3)}
     if lm.pruned_from is not None:

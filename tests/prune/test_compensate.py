@@ -7,12 +7,15 @@ weight, streaming changes no number, and what cannot be solved is one line befor
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.device import Placement
-from gap_engine.core.errors import CompensationError
+from gap_engine.core.errors import CancelledError, CompensationError
+from gap_engine.core.progress import Hooks
 from gap_engine.data.bos import text_start
 from gap_engine.data.windows import calibration_windows
 from gap_engine.model.layerwise import capture_calls
@@ -173,3 +176,18 @@ def test_streaming_compensates_exactly_as_resident(make_tiny, family):
 def test_kept_columns_are_the_complement_of_the_removed_units():
     assert kept_columns(4, 2, (1, 3)).tolist() == [0, 1, 4, 5]
     assert kept_columns(5, 1, (0,)).tolist() == [1, 2, 3, 4]
+
+
+def test_a_cancelled_compensation_leaves_the_model_as_it_was(make_tiny):
+    lm, _, scores, plan = _setup(make_tiny, "gemma3_text")
+    before = {name: tensor.clone() for name, tensor in lm.model.state_dict().items()}
+    fingerprint, params = lm.fingerprint, lm.param_count()
+    cancel = threading.Event()
+    hooks = Hooks(progress=lambda done, total, eta: cancel.set(), cancel=cancel)  # cancelled once block 0 is refit
+    with pytest.raises(CancelledError, match="compensation cancelled at block 1"):
+        prune_compensated(lm, plan, scores, CALIB, CompensationSettings(mode="bias+refit"), hooks)
+    assert lm.fingerprint == fingerprint and lm.param_count() == params and lm.pruned_from is None
+    after = lm.model.state_dict()
+    assert after.keys() == before.keys()
+    for name, tensor in before.items():
+        torch.testing.assert_close(after[name], tensor, rtol=0, atol=0)
