@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from gap_engine.core.errors import InvariantError
+from gap_engine.core.errors import CompensationError, InvariantError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import calibration_windows
 from gap_engine.model.loaded import LoadedModel
@@ -29,6 +29,8 @@ from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import block_geometries
 from gap_engine.pipeline.stages import loss_table, objective_increase, plan_for, prune_with_plan
 from gap_engine.plan.problem import Constraints
+from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import TableSpec
 
@@ -89,6 +91,7 @@ def iterative_prune(
     measure: bool = True,
     hooks: Hooks = NO_HOOKS,
     use_cache: bool = True,
+    compensation: CompensationSettings = NO_COMPENSATION,
 ) -> IterativeResult:
     """Prune a copy of ``dense`` to ``budget`` in ``rounds`` rounds of table -> DP -> surgery.
 
@@ -100,11 +103,18 @@ def iterative_prune(
         constraints: as for the DP, in every round.
         measure: also measure each round's objective increase on the calibration windows.
         hooks, use_cache: as for ``loss_table``; each round is also announced as a message.
+        compensation: what the kept units get after the cut, fitted on the table's windows: one
+            round only (a later round's cut would be fitted to a model that is itself pruned).
     Returns:
         IterativeResult with the pruned model.
+    Raises:
+        CompensationError: compensation with more than one round, or too little calibration text.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if compensation.active and rounds > 1:
+        raise CompensationError(f"compensation '{compensation.mode}' follows a one-shot cut; prune in one round (--rounds 1) to compensate")
+    check_calibration(dense, calibration_tokens(spec.windows), compensation)
     current = dense.copy()
     total, dense_attention, dense_mlp = prunable_params(dense, spec.channel_multiple)
     out = IterativeResult(current, budget, 0, 0.0, [], [])
@@ -126,14 +136,20 @@ def iterative_prune(
         windows = calibration_windows(current.tokenizer, spec.windows)
         scores = compute_importance(current, windows, spec.criterion, spec.windows.batch_size, Hooks(cancel=hooks.cancel))
         before = current.copy() if measure else None
-        out.kept = compose_kept(out.kept, prune_with_plan(current, plan, spec.windows, scores=scores).kept_indices())
+        geometry = block_geometries(current)  # the round's widths before its cut: its plan's counts rest on them
+        result = prune_with_plan(current, plan, spec.windows, scores=scores, compensation=compensation)
+        out.kept = compose_kept(out.kept, result.kept_indices())
         measured = None
         if before is not None:
             measured = objective_increase(current, before, windows, spec.objective, spec.windows.batch_size)
-        removed = now - prunable_params(current, spec.channel_multiple)[0]
+        removed = int(result.plan.params["removed"])
         out.rounds.append(PlanRound(index, table.key, share, removed, float(plan.predicted_loss), measured))
         log.info("round %d/%d: removed %d parameters, predicted %.4f, measured %s", index, rounds, removed, plan.predicted_loss, measured)
-    left, attention, mlp = prunable_params(current, spec.channel_multiple)
+    # Counted from the last round's plan on its geometry (what surgery checked), not from the
+    # model: a compensation's biases are no prunable parameters of any block.
+    attention = [g.params_at("attn", r) for g, r in zip(geometry, result.plan.attention_rates)]
+    mlp = [g.params_at("mlp", r, spec.channel_multiple) for g, r in zip(geometry, result.plan.mlp_rates)]
+    left = sum(attention) + sum(mlp)
     out.removed = total - left
     out.removed_fraction = out.removed / total
     out.attention_rates = [1.0 - a / d for a, d in zip(attention, dense_attention)]
@@ -148,7 +164,10 @@ def iterative_prune(
         budget=budget,
         predicted_loss=out.predicted_loss,
     )
-    if out.plan.params["pruned_total"] != current.param_count():
+    added = result.params_after - int(result.plan.params["pruned_total"])  # the compensation's biases (0 without)
+    if out.plan.params["pruned_total"] + added != current.param_count():
         raise InvariantError(f"the rounds left {current.param_count()} parameters, their widths say {out.plan.params['pruned_total']}")
     current.pruned_from = {"model": dense.name, "fingerprint": dense.fingerprint, "plan": out.plan.to_dict()}
+    if result.compensation is not None:
+        current.pruned_from["compensation"] = result.compensation
     return out

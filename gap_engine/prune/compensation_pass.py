@@ -63,22 +63,27 @@ def removed_per_block(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores 
     return out
 
 
-def check_calibration(lm: LoadedModel, removed: Removed, tokens: int, settings: CompensationSettings) -> None:
+def check_calibration(lm: LoadedModel, tokens: int, settings: CompensationSettings) -> None:
     """CompensationError unless ``tokens`` calibration tokens can fit every refit: a least-squares
-    refit of ``k`` kept columns needs at least ``k`` tokens."""
+    refit of a projection needs at least as many tokens as the projection has inputs (the
+    widest o_proj or down_proj of the model; 1,536 for SmolLM2-135M)."""
     if not settings.refits:
         return
-    for i, (layer, (heads, channels)) in enumerate(zip(lm.adapter.layers(lm.model), removed)):
-        geom = lm.adapter.geometry(layer)
-        for name, cut, kept in (
-            (lm.adapter.output_name, heads, (geom.n_heads - len(heads)) * geom.head_dim),
-            (lm.adapter.down_name, channels, geom.intermediate_size - len(channels)),
+    for i, layer in enumerate(lm.adapter.layers(lm.model)):
+        for name, linear in (
+            (lm.adapter.output_name, lm.adapter.attention_projections(layer)[3]),
+            (lm.adapter.down_name, lm.adapter.mlp_projections(layer)[2]),
         ):
-            if cut and tokens < kept:
+            if tokens < linear.in_features:
                 raise CompensationError(
-                    f"the {settings.mode} of block {i}'s {name} fits {kept} kept inputs from {tokens} calibration tokens; "
-                    f"give at least {kept} (more or longer calibration windows)"
+                    f"the {settings.mode} compensation fits block {i}'s {name} ({linear.in_features} inputs) from {tokens} "
+                    f"calibration tokens; give at least {linear.in_features} (more or longer calibration windows)"
                 )
+
+
+def calibration_tokens(windows: WindowSpec) -> int:
+    """The tokens a compensation is fitted on: every window's text positions."""
+    return windows.n_samples * windows.seq_len
 
 
 def _dense_targets(
@@ -199,9 +204,9 @@ def prune_compensated(
     lm.refuse_shared("compensation")
     plan = dataclasses.replace(plan).validate()  # validate() normalises the rates: on our copy, not the caller's
     plan.check_model(lm)
+    check_calibration(lm, calibration_tokens(windows), settings)
     removed = removed_per_block(lm, plan, scores)
     ids = calibration_windows(lm.tokenizer, windows)
-    check_calibration(lm, removed, ids.shape[0] * (ids.shape[1] - text_start(lm.tokenizer, ids)), settings)
     hooks.enter(COMPENSATE)
     started = time.perf_counter()
     identity = (lm.fingerprint, lm.pruned_from)

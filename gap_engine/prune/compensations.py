@@ -96,3 +96,6 @@ class CompensationSettings:
     def to_dict(self) -> dict[str, object]:
         """What a checkpoint, a run and a table record."""
         return {"mode": self.mode, "damping": float(self.damping), "target": self.target}
+
+
+NO_COMPENSATION = CompensationSettings(mode="none")  # surgery alone
