@@ -23,6 +23,7 @@ from gap_engine.core.config import WindowSpec
 from gap_engine.core.device import DeviceSpec, resolve
 from gap_engine.core.fsutil import cache_root
 from gap_engine.core.progress import (
+    COMPENSATE,
     GENERATE,
     HELD_OUT,
     LOAD_MODEL,
@@ -123,7 +124,8 @@ def run_prediction(
 
     Work per stage, in forward passes of the dense model (the pruned copy is priced as dense:
     an upper bound): planning (one calibration pass for allocators that read windows), the
-    importance scores (one calibration pass), the measured increase (dense and pruned over the
+    importance scores (one calibration pass), the compensation (about two and a half calibration
+    passes), the measured increase (dense and pruned over the
     calibration windows), the held-out evaluation (both models over every source's windows),
     throughput (``THROUGHPUT_REPEATS`` x both models: a 4 x 128 prefill and 16 decode steps),
     greedy generations (both models, one call per new token), lm-eval tasks (both models, four
@@ -145,6 +147,7 @@ def run_prediction(
         LOAD_MODEL: load_seconds(model, shape),
         PLAN: calib if allocator in ("flap", "owl") else (20 * calib if allocator == "evo" else 0.5),
         PRUNE: calib + 4 * shape.total_params / NOMINAL_BANDWIDTH,  # scores, then a copy of the weights
+        COMPENSATE: 2.5 * calib,  # per block: to o_proj's input, to down_proj's input, the whole block (compensation_pass)
         MEASURE: 2 * calib,
         HELD_OUT: 2 * sources * held_out,
         THROUGHPUT: throughput,

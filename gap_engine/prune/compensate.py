@@ -46,35 +46,44 @@ from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
 # ---- moments ---------------------------------------------------------------------------------
 @dataclass
 class Moments:
-    """First and second moments of one projection's input over the calibration tokens."""
+    """First (and, for a refit, second) moments of one projection's input over the calibration tokens."""
 
-    gram: torch.Tensor  # (n, n) sum of x x^T
     total: torch.Tensor  # (n,) sum of x
     count: int = 0  # tokens added
-    cross: torch.Tensor | None = None  # (n, n) sum of x x_t^T; None: the target reads x itself
-    cross_total: torch.Tensor | None = None  # (n,) sum of x_t
+    gram: torch.Tensor | None = None  # (n, n) sum of x x^T; None: first moments only (a bias needs no more)
+    target_total: torch.Tensor | None = None  # (n,) sum of x_t; None: the target reads x itself
+    cross: torch.Tensor | None = None  # (n, n) sum of x x_t^T, with both a target stream and second moments
 
     @classmethod
-    def zeros(cls, width: int, device: torch.device, with_target: bool = False) -> Moments:
-        """Empty moments of a width-``width`` input, accumulated in the widest float of ``device``."""
+    def zeros(cls, width: int, device: torch.device, with_target: bool = False, second: bool = True) -> Moments:
+        """Empty moments of a width-``width`` input, accumulated in the widest float of ``device``
+        (``second``: also the (n, n) products a refit solves with)."""
         dtype = torch.float32 if device.type == "mps" else torch.float64
-        gram, total = torch.zeros(width, width, dtype=dtype, device=device), torch.zeros(width, dtype=dtype, device=device)
-        if not with_target:
-            return cls(gram, total)
-        return cls(gram, total, 0, torch.zeros_like(gram), torch.zeros_like(total))
+
+        def zeros(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        return cls(
+            total=zeros(width),
+            gram=zeros(width, width) if second else None,
+            target_total=zeros(width) if with_target else None,
+            cross=zeros(width, width) if with_target and second else None,
+        )
 
     def add(self, x: torch.Tensor, target: torch.Tensor | None = None) -> None:
         """Add tokens: ``x`` (tokens, n) and, with a target stream, its inputs ``target`` (tokens, n)."""
-        x32 = x.float()  # the product in float32, summed in float64: each batch's sum stays accurate
-        self.gram += (x32.T @ x32).to(self.gram.dtype)
+        x32 = x.float()  # the products in float32, summed in float64: each batch's sum stays accurate
         self.total += x32.sum(0).to(self.total.dtype)
         self.count += x.shape[0]
-        if self.cross is not None and self.cross_total is not None:
+        if self.gram is not None:
+            self.gram += (x32.T @ x32).to(self.gram.dtype)
+        if self.target_total is not None:
             if target is None:
                 raise ValueError("moments with a target stream need the target's inputs")
             t32 = target.float()
-            self.cross += (x32.T @ t32).to(self.cross.dtype)
-            self.cross_total += t32.sum(0).to(self.cross_total.dtype)
+            self.target_total += t32.sum(0).to(self.target_total.dtype)
+            if self.cross is not None:
+                self.cross += (x32.T @ t32).to(self.cross.dtype)
 
 
 @dataclass(frozen=True)
@@ -107,42 +116,48 @@ class _System:
     count: int
     mean: torch.Tensor  # (n,) mean input
     mean_target: torch.Tensor  # (n,) mean target-stream input
-    gram: torch.Tensor  # (n, n) G / N
-    cross: torch.Tensor | None  # (n, n) C / N, or None (the target reads x)
+    targeted: bool  # the target is another stream's input (else the pruned input x itself)
+    gram: torch.Tensor | None  # (n, n) G / N (None: first moments only)
+    cross: torch.Tensor | None  # (n, n) C / N, with a target stream and second moments
 
     @classmethod
     def of(cls, moments: Moments, weight: torch.Tensor, kept: torch.Tensor, what: str) -> _System:
         if moments.count < 1:
             raise CompensationError(f"{what}: no calibration tokens to compensate with")
-        device = moments.gram.device if moments.gram.device.type != "mps" else torch.device("cpu")
-        n = moments.gram.shape[0]
+        device = moments.total.device if moments.total.device.type != "mps" else torch.device("cpu")
+        n = moments.total.shape[0]
         kept = kept.to(device)
         mask = torch.ones(n, dtype=torch.bool, device=device)
         mask[kept] = False
         count = moments.count
+
+        def scaled(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device, torch.float64) / count
+
         mean = moments.total.to(device, torch.float64) / count
-        cross = None if moments.cross is None else moments.cross.to(device, torch.float64) / count
-        mean_target = mean if moments.cross_total is None else moments.cross_total.to(device, torch.float64) / count
         return cls(
             weight.detach().to(device, torch.float64),
             kept,
             torch.nonzero(mask).flatten(),
             count,
             mean,
-            mean_target,
-            moments.gram.to(device, torch.float64) / count,
-            cross,
+            mean if moments.target_total is None else moments.target_total.to(device, torch.float64) / count,
+            moments.target_total is not None,
+            scaled(moments.gram),
+            scaled(moments.cross),
         )
 
     @property
     def untouched(self) -> bool:
         """Nothing removed and the target is the pruned stream itself: the fit is the identity."""
-        return self.removed.numel() == 0 and self.cross is None
+        return self.removed.numel() == 0 and not self.targeted
 
     def rhs(self, centred: bool) -> torch.Tensor:
         """(k, d): what the change of the kept weights must explain, ``(C_K W^T - G_KK W_K^T)``."""
         k, r = self.kept, self.removed
         w_k = self.weight[:, k]  # (d, k)
+        if self.gram is None or (self.targeted and self.cross is None):
+            raise ValueError("a refit needs second moments")
         if self.cross is None:  # x_t = x: only the removed columns' share is left (no cancellation)
             block = self.gram[k][:, r]  # (k, r)
             if centred:
@@ -157,6 +172,8 @@ class _System:
     def solve(self, centred: bool, damping: float, what: str) -> torch.Tensor:
         """(d, k): the kept columns after the refit."""
         k = self.kept
+        if self.gram is None:
+            raise ValueError("a refit needs second moments")
         system = self.gram[k][:, k]
         if centred:
             system = system - torch.outer(self.mean[k], self.mean[k])
@@ -355,7 +372,7 @@ def fit_block(
             continue
         attention = linear is o_proj
         target = None if inputs.targets is None else [t[0 if attention else 1] for t in inputs.targets]
-        moments = Moments.zeros(linear.in_features, inputs.device, with_target=target is not None)
+        moments = Moments.zeros(linear.in_features, inputs.device, with_target=target is not None, second=settings.refits)
         with applied(adapter, layer, heads, (), fit):  # the MLP sees the compensated attention
             for b, x in enumerate(_capture_inputs(layer, linear, inputs.states, inputs.calls, inputs.device, inputs.skip)):
                 moments.add(x, None if target is None else target[b].to(x.device))
