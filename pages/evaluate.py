@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
+from gap_engine.core.config import APP_EVAL_WINDOWS, DEFAULT_COMPENSATION, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
 from gap_engine.data.windows import BUILTIN_SOURCES
@@ -17,6 +17,7 @@ from gap_engine.pipeline.expected import Prediction, run_prediction
 from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
 from gap_engine.views import figures
 from pages import common
 
@@ -24,6 +25,7 @@ UPLOADED = "uploaded plan"
 ALLOCATOR_HELP = {name: ALLOCATORS.describe(name) for name in ALLOCATORS} | {UPLOADED: "the plan uploaded on the Export page"}
 DEFAULTS = {
     "eval_allocator": "dp",
+    "eval_compensation": DEFAULT_COMPENSATION,
     "eval_sources": [APP_EVAL_WINDOWS.data],
     "eval_samples": APP_EVAL_WINDOWS.n_samples,
     "eval_seq_len": APP_EVAL_WINDOWS.seq_len,
@@ -69,7 +71,8 @@ def expected_run(settings: EvalSettings) -> Prediction | None:
     """What the run the form describes is predicted to take here, stage by stage (the cost model;
     loading costs nothing when the model is in memory); None when nothing honest can be said."""
     allocator = ss["eval_allocator"] if ss["eval_allocator"] in ALLOCATORS else "manual"
-    stages = prune_eval_stages(settings, bool(ss["eval_save_checkpoint"]), bool(ss["eval_tasks_on"]))
+    compensated = ss["eval_compensation"] != "none"
+    stages = prune_eval_stages(settings, bool(ss["eval_save_checkpoint"]), bool(ss["eval_tasks_on"]), compensated)
     try:
         examples = common.task_examples("eval_")
         return run_prediction(table.model, table.spec.windows, settings, stages, allocator, examples, loaded=model_loaded(table.model))
@@ -116,11 +119,15 @@ def start_run() -> None:
         constraints=common.constraints_from_state(),
         plan=plan,
         checkpoint_dir=checkpoint_dir,
+        compensation=CompensationSettings(mode=ss["eval_compensation"]),
     )
     plan_id = plan.content_hash() if plan is not None else ""
-    key = f"{table.key}|{allocator}|{budget:.4f}|{plan_id}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
+    compensation = ss["eval_compensation"]
+    key = f"{table.key}|{allocator}|{budget:.4f}|{plan_id}|{compensation}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
     params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": budget, "plan_hash": plan_id or None}
+    params["compensation"] = compensation
     label = f"{allocator} at {budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
+    label += f", compensation {compensation}" if compensation != "none" else ""
     job = manager().submit("prune_eval", task, key=key, label=label, params=params)
     common.remember_job("prune_eval", job)
 
@@ -231,6 +238,15 @@ with left:
         if locked:
             st.caption(f"Locked layers: {', '.join(sorted(locked, key=int))}")
         st.page_link(common.PLANNER_PAGE, label="Change the budget on the planner", icon=":material/tune:")
+    st.selectbox(
+        "Compensation after the cut",
+        list(COMPENSATIONS),
+        key="eval_compensation",
+        format_func=COMPENSATIONS.label,
+        help="What the kept heads and channels get after the cut, fitted block by block on the table's calibration text: "
+        "FLAP's bias, a least-squares refit of o_proj/down_proj, or both. The run, its checkpoint and its model card say which. "
+        + ("" if table.spec.compensation != "none" else "This table's cells do not include it (the planner prices the uncompensated cut)."),
+    )
 with right:
     st.subheader("Evaluation")
     calibration_source = table.spec.windows.data
@@ -265,6 +281,7 @@ if result:
     st.subheader(
         f"Run {result.run_id}: {result.plan['allocator']} at {(result.plan.get('budget') or 0):.2%}"
         + (f" · plan `{run_hash}`" if run_hash else "")
+        + f" · compensation {(result.compensation or {}).get('mode', 'none')}"
     )
     c = st.columns(3)
     c[0].metric(

@@ -11,12 +11,13 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from gap_engine.core.config import WindowSpec
+from gap_engine.core.config import DEFAULT_COMPENSATION, WindowSpec
 from gap_engine.core.deprecation import deprecation_text
 from gap_engine.core.device import DeviceError, DeviceSpec, canonical_dtype
 from gap_engine.core.errors import BudgetError
 
 if TYPE_CHECKING:
+    from gap_engine.prune.compensations import CompensationSettings
     from gap_engine.tables.artefact import TableSpec
 
 
@@ -157,10 +158,29 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def spec_from_args(args: argparse.Namespace) -> TableSpec:
-    """The TableSpec the table options describe (TableError on bad values): `gap table` and `gap prune --budget`."""
-    from gap_engine.tables.artefact import TableSpec, parse_rate_grid  # torch: not at `gap --help` time
+def compensation_from(args: argparse.Namespace) -> CompensationSettings:
+    """What ``--compensate`` asks the kept units to get after the cut (the default when not given)."""
+    from gap_engine.prune.compensations import CompensationSettings
 
+    return CompensationSettings(mode=args.compensate or DEFAULT_COMPENSATION).validate()
+
+
+def spec_from_args(args: argparse.Namespace, follows: CompensationSettings | None = None) -> TableSpec:
+    """The TableSpec the table options describe (TableError on bad values): `gap table`, `gap prune
+    --budget` and `gap compare`.
+
+    Args:
+        follows: the compensation the command applies after the cut (prune, compare): an
+            estimator that measures cells measures them with it, so the DP sees what is shipped;
+            None (``gap table``): the cells include ``--compensate`` only when it is given.
+    """
+    from gap_engine.tables.artefact import TableSpec, parse_rate_grid  # torch: not at `gap --help` time
+    from gap_engine.tables.estimators import ESTIMATORS
+
+    if follows is None:
+        compensation = args.compensate or "none"
+    else:
+        compensation = follows.mode if "cells" in ESTIMATORS[args.estimator].tags else "none"
     return TableSpec(
         windows=windows_from(args),
         criterion=args.criterion,
@@ -171,4 +191,5 @@ def spec_from_args(args: argparse.Namespace) -> TableSpec:
         channel_multiple=args.channel_multiple,
         refine_budgets=parse_rate_grid(args.refine_budgets, "refine budgets"),
         refine_attention=args.refine_attention,
+        compensation=compensation,
     ).validate()

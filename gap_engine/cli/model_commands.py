@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 
-from gap_engine.cli.arguments import device_from, spec_from_args, windows_from
-from gap_engine.cli.output import StderrProgress
+from gap_engine.cli.arguments import compensation_from, device_from, spec_from_args, windows_from
+from gap_engine.cli.output import StderrProgress, table_compensation_text
 from gap_engine.cli.table_commands import check_windows_fit, read_sources
 from gap_engine.core.device import DeviceError
-from gap_engine.core.errors import PlanError
+from gap_engine.core.errors import CompensationError, PlanError
 from gap_engine.core.jsontext import json_text
 from gap_engine.core.progress import Hooks
 from gap_engine.data.bos import bos_token_id
@@ -21,6 +21,7 @@ from gap_engine.model.loading import list_models, load_model
 from gap_engine.model.rateplan import RatePlan, uniform_plan
 from gap_engine.pipeline.checkpoints import evaluate_model, prune_rounds_to_checkpoint, prune_to_checkpoint
 from gap_engine.pipeline.stages import dense_reference
+from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
 from gap_engine.tables.lookup import find_table
 
 
@@ -46,13 +47,16 @@ def run_prune(args: argparse.Namespace) -> int:
     if args.budget is not None:
         return run_prune_rounds(args)
     plan = RatePlan.load(args.plan) if args.plan else None  # validate before the slow model load
-    if (plan.criterion if plan else args.criterion) != "magnitude":
+    compensation = compensation_from(args)
+    if (plan.criterion if plan else args.criterion) != "magnitude" or compensation.active:
         check_windows_fit(args.model, (windows_from(args), "calibration"))
         read_sources(args.data)
     lm = load_model(args.model, device_from(args))
+    check_calibration(lm, calibration_tokens(windows_from(args)), compensation)  # before the units are scored
     if plan is None:
         plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple)
-    pruned = prune_to_checkpoint(lm, plan, windows_from(args), args.out, args.save_dtype, StderrProgress("importance").hooks())
+    progress = StderrProgress("importance" if not compensation.active else "importance, then compensated blocks")
+    pruned = prune_to_checkpoint(lm, plan, windows_from(args), args.out, args.save_dtype, progress.hooks(), compensation)
     summary = pruned.to_dict()
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
@@ -62,30 +66,37 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     """``gap prune --budget B --rounds K``: GAP's DP in rounds, each on a table of the model as it is."""
     if args.rounds < 1:
         raise PlanError(f"--rounds must be at least 1, got {args.rounds}")
-    spec = spec_from_args(args)
+    compensation = compensation_from(args)
+    if compensation.active and args.rounds > 1:
+        raise CompensationError(f"--compensate {compensation.mode} follows a one-shot cut; use --rounds 1 (or --compensate none)")
+    spec = spec_from_args(args, follows=compensation)
     first_table = find_table(args.model, spec, device_from(args))  # round 1's table, looked up before anything loads
     check_windows_fit(args.model, (spec.windows, "calibration"))  # the scores read the windows all the same
     read_sources(args.data)  # a bad text source fails before the model loads
     lm = load_model(args.model, device_from(args))
     progress = StderrProgress("round table")
-    result = prune_rounds_to_checkpoint(lm, spec, args.budget, args.rounds, args.out, args.save_dtype, progress.hooks(), first_table)
+    result = prune_rounds_to_checkpoint(
+        lm, spec, args.budget, args.rounds, args.out, args.save_dtype, progress.hooks(), first_table=first_table, compensation=compensation
+    )
     summary = {
         "out": str(args.out),
         "params_before": lm.param_count(),
         "params_after": result.model.param_count(),
         "removed_fraction_of_prunable": result.removed_fraction,
+        "compensation": compensation.mode,
         "predicted": result.predicted_loss,
         "rounds": [{"round": r.index, "predicted": r.predicted, "measured": r.measured, "removed": r.removed} for r in result.rounds],
     }
     if args.json:
         print(json.dumps(summary))
         return 0
-    for key in ("out", "params_before", "params_after", "removed_fraction_of_prunable"):
+    for key in ("out", "params_before", "params_after", "removed_fraction_of_prunable", "compensation"):
         print(f"{key}: {summary[key]}")
     for r in result.rounds:
         print(
             f"round {r.index}: removed {r.removed:,}, predicted {spec.objective} {r.predicted:+.4f} (table cells, summed), measured {r.measured:+.4f}"
         )
+    print(table_compensation_text(spec, compensation))
     return 0
 
 

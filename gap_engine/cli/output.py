@@ -6,6 +6,7 @@ import csv
 import io
 import sys
 import time
+from typing import Any
 
 from gap_engine.core.progress import Hooks
 
@@ -105,3 +106,12 @@ def csv_text(rows: list[dict]) -> str:
     for row in rows:
         writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
     return buffer.getvalue()
+
+
+def table_compensation_text(spec: Any, compensation: Any) -> str:
+    """One line on whether the table's cells saw the compensation that follows the cut."""
+    if not compensation.active:
+        return "compensation: none (the kept weights are the dense model's)"
+    if spec.compensation == compensation.mode:
+        return f"compensation: {compensation.mode}; the table's measured cells include it"
+    return f"compensation: {compensation.mode}; the {spec.estimator} table estimates the uncompensated model (exact and refine cells include it)"

@@ -16,6 +16,7 @@ from gap_engine.cli.arguments import DeprecatedAlias, add_device_args, add_windo
 from gap_engine.core.config import (
     CLI_TABLE,
     DEFAULT_CHANNEL_MULTIPLE,
+    DEFAULT_COMPENSATION,
     DEFAULT_CRITERION,
     DEFAULT_DATA,
     DEFAULT_MAX_RATE,
@@ -33,6 +34,7 @@ from gap_engine.core.config import (
     SAVE_DTYPES,
 )
 from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.prune.compensations import COMPENSATIONS
 from gap_engine.prune.criteria import CRITERIA
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.tables.estimators import ESTIMATORS
@@ -150,6 +152,12 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> 
         help=argparse.SUPPRESS,
     )
     p.add_argument("--channel-multiple", type=int, default=DEFAULT_CHANNEL_MULTIPLE, help="MLP width granularity")
+    p.add_argument(
+        "--compensate",
+        choices=COMPENSATIONS.names,
+        help=f"what the kept units get after the cut ({COMPENSATIONS.help()}; default: {DEFAULT_COMPENSATION}); an exact "
+        "or refine table measures its cells with it (gap table: only when given)",
+    )
 
 
 def _add_table(sub) -> None:

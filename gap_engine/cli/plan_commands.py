@@ -12,8 +12,8 @@ import argparse
 import json
 import sys
 
-from gap_engine.cli.arguments import device_from, parse_fraction, parse_list, parse_locks
-from gap_engine.cli.output import StderrProgress, csv_text
+from gap_engine.cli.arguments import compensation_from, device_from, parse_fraction, parse_list, parse_locks
+from gap_engine.cli.output import StderrProgress, csv_text, table_compensation_text
 from gap_engine.cli.table_commands import check_windows_fit, read_sources, spec_from_args
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import BudgetError, TableError
@@ -29,6 +29,7 @@ from gap_engine.plan.allocators import ALLOCATORS, check_reach
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.front import dp_front, front_csv, front_rows
 from gap_engine.plan.problem import Constraints, planning_problem
+from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
 from gap_engine.tables.artefact import LossTable
 from gap_engine.tables.lookup import find_table
 
@@ -118,10 +119,11 @@ def run_compare(args: argparse.Namespace) -> int:
         raise BudgetError(f"unknown allocator '{unknown[0]}'; choose from {', '.join(ALLOCATORS)}")
     constraints = constraints_from(args)
     prepared = _prepared_tasks(args)  # before the text is read and the model loads
+    compensation = compensation_from(args)
     table = read_table(args.table) if args.table else None
     if table is not None:
         check_recorded_model(args.model, table)  # before the text is read
-    spec = None if table is not None else spec_from_args(args)
+    spec = None if table is not None else spec_from_args(args, follows=compensation)
     cached = None if spec is None else find_table(args.model, spec, device_from(args))  # before anything loads
     eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len, seed=args.seed)
     # The table's text is read only to build the table.
@@ -130,13 +132,16 @@ def run_compare(args: argparse.Namespace) -> int:
     read_sources(args.eval_data, *((args.data,) if calibration else ()))  # before the model loads
     if table is not None:
         lm = _load_for_table(args.model, table, device_from(args))
+        check_calibration(lm, calibration_tokens(table.spec.windows), compensation)
     else:
+        build_spec = spec if spec is not None else spec_from_args(args, follows=compensation)
         lm = load_model(args.model, device_from(args))
+        check_calibration(lm, calibration_tokens(build_spec.windows), compensation)  # before the table is built
         if cached is not None and cached.model_fingerprint == lm.fingerprint:
             table = cached
         else:
             progress = StderrProgress("loss table")
-            table = loss_table(lm, spec_from_args(args), progress.hooks())
+            table = loss_table(lm, build_spec, progress.hooks())
     for budget in budgets:  # before anything slow: an unreachable budget fails here
         for allocator in allocators:
             check_reach(lm, table, budget, allocator, constraints)
@@ -144,11 +149,12 @@ def run_compare(args: argparse.Namespace) -> int:
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
     extra, dense_columns = _task_columns(lm, prepared)
     say = Hooks(message=lambda msg: print(msg, file=sys.stderr))  # one line per finished plan
-    outcomes = compare(lm, table, budgets, allocators, heldout, constraints, evo, say, extra=extra)
+    outcomes = compare(lm, table, budgets, allocators, heldout, constraints, evo, say, extra=extra, compensation=compensation)
     for outcome in outcomes:
         outcome.extras = outcome.extras | dense_columns
     atomic_write_text(args.out, csv_text([o.row() for o in outcomes]))
     _print_outcomes(outcomes, list(heldout))
+    print(table_compensation_text(table.spec, compensation))
     if prepared is not None:
         _print_task_table(outcomes, list(prepared.tasks), dense_columns)
     print(f"-> {args.out}", file=sys.stderr)

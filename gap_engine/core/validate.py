@@ -370,7 +370,7 @@ def check_table_document(data: Any) -> None:
 def _check_table_spec(spec: dict[str, Any]) -> None:
     what = "loss table spec"
     check_keys(spec, what, TableError)
-    for name in ("data", "criterion", "objective", "mode", "estimator", "method"):
+    for name in ("data", "criterion", "objective", "mode", "estimator", "method", "compensation"):
         if name in spec:
             check_text(spec[name], f"{what} {name}", TableError)
     sizes = (("n_samples", 1, LIMITS.samples), ("seq_len", 2, LIMITS.seq_len), ("batch_size", 1, LIMITS.batch_size))
@@ -419,6 +419,12 @@ def check_pruned_marker(marker: dict[str, Any], where: str) -> dict[str, Any]:
         check_text(marker.get(name), f"{what} {name}", ModelLoadError, optional=True)
     if marker.get("param_count") is not None:
         check_int(marker["param_count"], f"{what} param_count", ModelLoadError, 1, MAX_PARAMS)
+    compensation = marker.get("compensation")
+    if compensation is not None:
+        check_keys(compensation, f"{what} compensation", ModelLoadError)
+        check_text(compensation.get("mode"), f"{what} compensation mode", ModelLoadError, max_len=64)
+        if len(json.dumps(compensation, default=str)) > 4096:
+            raise ModelLoadError(f"{what} compensation is too large to be a compensation record")
     return marker
 
 

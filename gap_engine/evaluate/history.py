@@ -287,10 +287,16 @@ def runs(path: Path | None = None) -> list[RunRecord]:
     return [_record_from_row(r) for r in rows]
 
 
+def compensation_of(record: RunRecord) -> str:
+    """What the run's kept units got after the cut ("none" for runs without, and for runs recorded before there was any)."""
+    recorded = (record.params or {}).get("compensation")
+    return str(recorded.get("mode") or "none") if isinstance(recorded, dict) else "none"
+
+
 def list_runs(path: Path | None = None) -> pd.DataFrame:
     """All runs as one flat table, oldest first.
 
-    Columns: BASE_COLUMNS, ``plan_hash``, then per held-out source ``ppl:<source>``,
+    Columns: BASE_COLUMNS, ``plan_hash``, ``compensation``, then per held-out source ``ppl:<source>``,
     ``dense_ppl:<source>``, ``kl:<source>``, ``top1:<source>``, then per lm-eval task
     ``acc:<task>``, ``acc_stderr:<task>``, ``acc_norm:<task>`` and the same with ``dense_``. An empty history gives an
     empty frame with the base columns.
@@ -300,6 +306,7 @@ def list_runs(path: Path | None = None) -> pd.DataFrame:
     for record in records:
         row = {name: getattr(record, name) for name in BASE_COLUMNS}
         row["plan_hash"] = (record.params or {}).get("plan_hash")  # RatePlan.content_hash of the pruned plan
+        row["compensation"] = compensation_of(record)
         for prefix, values in (
             ("ppl", record.perplexity),
             ("dense_ppl", record.dense_perplexity),

@@ -66,6 +66,7 @@ class EvalReport:
     window_start: str = "text"  # "bos": every window starts with the model's BOS token (never scored); "text": with text
     task_accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)  # lm-eval task -> acc, acc_norm, stderrs, n (``tasks``)
     dense_task_accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)  # the same for the dense model (cached per model + task)
+    compensation: str = "none"  # what a checkpoint's kept units got after the cut (its gap_pruned.json); "none" otherwise
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -224,6 +225,7 @@ def evaluate(
     say = hooks.say if hooks.message is not None else log.info
     started = time.perf_counter()
     report = EvalReport(model=lm.name, params=lm.param_count(), size_bytes=lm.size_bytes(), perplexity={})
+    report.compensation = str(((lm.pruned_from or {}).get("compensation") or {}).get("mode") or "none")
     dense_perplexity: dict[str, float] = {}
     if dense is not None:
         report.dense = {

@@ -156,6 +156,50 @@ def narrow_to_widths(adapter: ArchitectureAdapter, model: nn.Module, widths: lis
             slice_mlp_(adapter, layer, list(range(channels)))
 
 
+def replace_linear_(
+    owner: nn.Module, name: str, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, add_bias: bool = False
+) -> None:
+    """Set ``owner.<name>`` to a new linear: the old one's weight (or ``weight``, same shape) and
+    its bias plus ``bias`` (d,) when ``add_bias`` (a zero bias where it had none).
+
+    The old module is never written into, so ``restored_on_failure`` undoes this exactly.
+    """
+    old = getattr(owner, name)
+    with torch.no_grad():
+        new_weight = old.weight if weight is None else nn.Parameter(weight.to(old.weight.device, old.weight.dtype))
+        new_bias = old.bias
+        if add_bias:
+            base = (
+                old.bias.detach()
+                if old.bias is not None
+                else torch.zeros(old.out_features, dtype=old.weight.dtype, device=old.weight.device)
+            )
+            new_bias = nn.Parameter(base + (0 if bias is None else bias.to(base.device, base.dtype)))
+        new = nn.Linear(old.in_features, old.out_features, bias=new_bias is not None, device="meta")
+        new.weight = new_weight
+        new.bias = new_bias
+        for param in new.parameters():
+            param.requires_grad_(old.weight.requires_grad)
+    setattr(owner, name, new)
+
+
+def output_biases(adapter: ArchitectureAdapter, model: nn.Module) -> bool:
+    """Whether any block's o_proj or down_proj carries a bias (bias compensation gives every block both)."""
+    for layer in adapter.layers(model):
+        o_proj, down_proj = adapter.attention_projections(layer)[3], adapter.mlp_projections(layer)[2]
+        if o_proj.bias is not None or down_proj.bias is not None:
+            return True
+    return False
+
+
+def add_output_biases_(adapter: ArchitectureAdapter, model: nn.Module) -> None:
+    """Give every block's o_proj and down_proj a bias (zeros where there is none): the shape of a
+    bias-compensated checkpoint, before its tensors are loaded."""
+    for layer in adapter.layers(model):
+        replace_linear_(adapter.attention(layer), adapter.output_name, add_bias=True)
+        replace_linear_(adapter.mlp(layer), adapter.down_name, add_bias=True)
+
+
 @contextlib.contextmanager
 def zeroed_units(adapter: ArchitectureAdapter, layer: nn.Module, heads: tuple[int, ...], channels: tuple[int, ...]) -> Iterator[None]:
     """Temporarily zero the given units' input columns of o_proj and down_proj.

@@ -24,6 +24,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.iterative import IterativeResult, iterative_prune
 from gap_engine.pipeline.stages import pruned_as_saved
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
 from gap_engine.tables.artefact import LossTable, TableSpec
 
 
@@ -36,6 +37,7 @@ class PrunedCheckpoint:
     params_after: int
     removed_fraction_of_prunable: float
     removed_fraction_of_total: float
+    compensation: str = "none"  # what the kept units got after the cut
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -44,11 +46,18 @@ class PrunedCheckpoint:
             "params_after": self.params_after,
             "removed_fraction_of_prunable": self.removed_fraction_of_prunable,
             "removed_fraction_of_total": self.removed_fraction_of_total,
+            "compensation": self.compensation,
         }
 
 
 def prune_to_checkpoint(
-    lm: LoadedModel, plan: RatePlan, windows: WindowSpec, out: str | Path, save_dtype: str = DEFAULT_SAVE_DTYPE, hooks: Hooks = NO_HOOKS
+    lm: LoadedModel,
+    plan: RatePlan,
+    windows: WindowSpec,
+    out: str | Path,
+    save_dtype: str = DEFAULT_SAVE_DTYPE,
+    hooks: Hooks = NO_HOOKS,
+    compensation: CompensationSettings = NO_COMPENSATION,
 ) -> PrunedCheckpoint:
     """Prune ``lm`` by ``plan`` (units chosen on ``windows``) and save it to ``out``.
 
@@ -57,9 +66,10 @@ def prune_to_checkpoint(
 
     Args:
         save_dtype: the checkpoint's storage dtype.
-        hooks: the importance scores' progress and cancel.
+        hooks: the importance scores' progress and cancel (and the compensation's blocks).
+        compensation: what the kept units get after the cut, fitted on ``windows``.
     """
-    pruned, result = pruned_as_saved(lm, plan, windows, save_dtype=save_dtype, keep_dense=False, hooks=hooks)
+    pruned, result = pruned_as_saved(lm, plan, windows, save_dtype=save_dtype, keep_dense=False, hooks=hooks, compensation=compensation)
     save_pruned(pruned, result.plan, result.kept_indices(), out, dtype=save_dtype)
     return PrunedCheckpoint(
         out=str(out),
@@ -67,6 +77,7 @@ def prune_to_checkpoint(
         params_after=result.params_after,
         removed_fraction_of_prunable=result.plan.params["removed_fraction_of_prunable"],
         removed_fraction_of_total=result.plan.params["removed_fraction_of_total"],
+        compensation=compensation.mode,
     )
 
 
@@ -79,10 +90,12 @@ def prune_rounds_to_checkpoint(
     save_dtype: str = DEFAULT_SAVE_DTYPE,
     hooks: Hooks = NO_HOOKS,
     first_table: LossTable | None = None,
+    compensation: CompensationSettings = NO_COMPENSATION,
 ) -> IterativeResult:
     """GAP's DP to ``budget`` in ``rounds`` rounds (``iterative.iterative_prune``, which takes
-    ``first_table``) on a copy of ``lm``, the result saved to ``out`` in ``save_dtype``; returns the rounds' record."""
-    result = iterative_prune(lm, spec, budget, rounds, hooks=hooks, first_table=first_table)
+    ``first_table``) on a copy of ``lm``, the result saved to ``out`` in ``save_dtype``; returns the rounds' record.
+    ``compensation`` follows the last round's cut (one round only: see ``iterative_prune``)."""
+    result = iterative_prune(lm, spec, budget, rounds, hooks=hooks, first_table=first_table, compensation=compensation)
     if result.plan is None:
         raise InvariantError("iterative_prune recorded no plan")
     save_pruned(result.model, result.plan, result.kept, out, dtype=save_dtype)

@@ -26,6 +26,8 @@ from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.plan.allocators import check_reach, plan_from_table
 from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.problem import Constraints
+from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.tables.artefact import LossTable
 
@@ -58,6 +60,7 @@ class Outcome:
         None  # the measured increase of that objective on the calibration windows (what predicted_loss predicts)
     )
     predicted_basis: str | None = None  # what the prediction sums: "measured", "estimated" or "mixed" table cells
+    compensation: str = "none"  # what the kept units got after the cut (prune.compensations)
 
     def row(self) -> dict:
         """Flat dict for CSV output."""
@@ -113,6 +116,7 @@ def measure_plan(
     reference: Reference,
     table: LossTable | None = None,
     extra: Callable[[LoadedModel], dict] | None = None,
+    compensation: CompensationSettings = NO_COMPENSATION,
 ) -> Outcome:
     """Prune a copy of the dense model with ``plan`` and measure it beside the table's prediction.
 
@@ -129,8 +133,9 @@ def measure_plan(
         table: the loss table behind the prediction: its objective is measured on ``calib``
             too, and the prediction's basis (measured or estimated cells) is recorded.
         extra: more numbers of the pruned model (e.g. task accuracy), kept in ``extras``.
+        compensation: what the kept units get after the cut, fitted on ``calib_spec``.
     """
-    pruned, result = pruned_as_saved(dense, plan, calib_spec, scores=scores)
+    pruned, result = pruned_as_saved(dense, plan, calib_spec, scores=scores, compensation=compensation)
     batch_size = calib_spec.batch_size
     calib_loss = mean_nll(pruned, calib, batch_size)
     perplexity = {source: math.exp(mean_nll(pruned, w, batch_size)) for source, w in heldout.items()}
@@ -153,6 +158,7 @@ def measure_plan(
         calib_objective_increase=measured,
         predicted_basis=None if table is None else table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates)),
         extras=extra(pruned) if extra is not None else {},
+        compensation=compensation.mode,
     )
 
 
@@ -166,6 +172,7 @@ def compare(
     evo: EvoSettings = EvoSettings(),
     hooks: Hooks = NO_HOOKS,
     extra: Callable[[LoadedModel], dict] | None = None,
+    compensation: CompensationSettings = NO_COMPENSATION,
 ) -> list[Outcome]:
     """Every allocator at every budget, pruned for real and measured on the same windows.
 
@@ -178,12 +185,14 @@ def compare(
         constraints, evo: as for `allocators.plan_from_table`.
         hooks: its message is told one line per finished plan.
         extra: more numbers of each pruned model (task accuracy), as extra columns.
+        compensation: what every plan's kept units get after the cut, fitted on the table's windows.
     """
     unknown = [a for a in allocators if a not in ALLOCATORS]
     if unknown:
         raise PlanError(f"unknown allocator '{unknown[0]}'; choose from {', '.join(ALLOCATORS)}")
     table.check_model(lm)
     calib_spec = table.spec.windows
+    check_calibration(lm, calibration_tokens(calib_spec), compensation)  # before anything slow
     windows = calibration_windows(lm.tokenizer, calib_spec)
     scores = compute_importance(lm, windows, table.spec.criterion, calib_spec.batch_size)
     for budget in budgets:  # fail fast on an unreachable budget, before the slow part
@@ -206,7 +215,7 @@ def compare(
                 }
             else:
                 plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores)
-            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference, table, extra)
+            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference, table, extra, compensation)
             outcome.extras = outcome.extras | extras | {"seconds": round(time.perf_counter() - started, 1)}
             outcomes.append(outcome)
             hooks.say(f"{allocator} at {budget:.0%}: calibration loss {outcome.calib_loss_increase:+.4f}")

@@ -418,7 +418,8 @@ def run_prediction(
     task_examples: int = 0, device: DeviceSpec | None = None, loaded: bool = False,
 ) -> Prediction | None:  # fmt: skip
     """The stages of a prune-and-evaluate run (``runs.prune_eval_stages``) in forward passes of the dense model (the pruned
-    copy priced as dense: an upper bound): planning (a calibration pass for allocators that read windows, 20 for evo), scores,
+    copy priced as dense: an upper bound): planning (a calibration pass for allocators that read windows, 20 for evo), scores, compensation
+    (two and a half calibration passes),
     the measured increase, held-out text, throughput, generations and lm-eval tasks of both models, the checkpoint write."""
     priced = _prices(model, resolve(device), settings.windows.seq_len, settings.windows.batch_size)
     if priced is None:
@@ -434,6 +435,7 @@ def run_prediction(
         stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, params),
         stage.PLAN: calib if allocator in ("flap", "owl") else (20 * calib if allocator == "evo" else 0.5),
         stage.PRUNE: calib + 4 * params / NOMINAL_BANDWIDTH,  # scores, then a copy of the weights
+        stage.COMPENSATE: 2.5 * calib,  # per block: to o_proj's input, to down_proj's input, the whole block
         stage.MEASURE: 2 * calib,
         stage.HELD_OUT: 2 * max(len(w.sources()), 1) * forward(w.n_samples * w.seq_len, w.seq_len, w.n_samples / w.batch_size),
         stage.THROUGHPUT: THROUGHPUT_REPEATS * 2 * (forward(4 * 128, 128) + 16 * forward(4, 1)),

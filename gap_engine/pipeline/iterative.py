@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from gap_engine.core.errors import InvariantError
+from gap_engine.core.errors import CompensationError, InvariantError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import calibration_windows
 from gap_engine.model.loaded import LoadedModel
@@ -32,6 +32,8 @@ from gap_engine.model.slicing import layer_widths
 from gap_engine.model.units import block_geometries
 from gap_engine.pipeline.stages import loss_table, objective_increase, plan_for, prune_with_plan
 from gap_engine.plan.problem import Constraints
+from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import LossTable, TableSpec
 
@@ -118,6 +120,7 @@ def iterative_prune(
     hooks: Hooks = NO_HOOKS,
     use_cache: bool = True,
     first_table: LossTable | None = None,
+    compensation: CompensationSettings = NO_COMPENSATION,
 ) -> IterativeResult:
     """Prune a copy of ``dense`` to ``budget`` in ``rounds`` rounds of table -> DP -> surgery.
 
@@ -129,14 +132,20 @@ def iterative_prune(
         constraints: as for the DP, in every round.
         measure: also measure each round's objective increase on the calibration windows.
         hooks, use_cache: as for ``loss_table``; each round is also announced as a message.
-        first_table: the dense model's table under ``spec`` when it is already at hand (found in
-            the cache before the model loaded, ``tables.lookup``); used for round 1 only when
-            it is for these weights, else round 1 reads or builds its own.
+        first_table: the dense model's table under ``spec`` if at hand (``tables.lookup``); round 1
+            uses it only when it is for these weights, else reads or builds its own.
+        compensation: what the kept units get after the cut, fitted on the table's windows: one
+            round only (a later round's cut would be fitted to a model that is itself pruned).
     Returns:
         IterativeResult with the pruned model.
+    Raises:
+        CompensationError: compensation with more than one round, or too little calibration text.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if compensation.active and rounds > 1:
+        raise CompensationError(f"compensation '{compensation.mode}' follows a one-shot cut; prune in one round (--rounds 1) to compensate")
+    check_calibration(dense, calibration_tokens(spec.windows), compensation)
     current = dense.copy()
     total = prunable_params(dense, spec.channel_multiple)[0]
     out = IterativeResult(current, budget, 0, 0.0, [], [])
@@ -161,11 +170,12 @@ def iterative_prune(
         windows = calibration_windows(current.tokenizer, spec.windows)
         scores = compute_importance(current, windows, spec.criterion, spec.windows.batch_size, Hooks(cancel=hooks.cancel))
         before = current.copy() if measure else None
-        out.kept = compose_kept(out.kept, prune_with_plan(current, plan, spec.windows, scores=scores).kept_indices())
+        result = prune_with_plan(current, plan, spec.windows, scores=scores, compensation=compensation)
+        out.kept = compose_kept(out.kept, result.kept_indices())
         measured = None
         if before is not None:
             measured = objective_increase(current, before, windows, spec.objective, spec.windows.batch_size)
-        removed = now - prunable_params(current, spec.channel_multiple)[0]
+        removed = int(result.plan.params["removed"])
         out.rounds.append(PlanRound(index, table.key, share, removed, float(plan.predicted_loss), measured))
         log.info("round %d/%d: removed %d parameters, predicted %.4f, measured %s", index, rounds, removed, plan.predicted_loss, measured)
     out.removed = total - prunable_params(current, spec.channel_multiple)[0]
@@ -173,7 +183,10 @@ def iterative_prune(
     meta = {"allocator": "dp-iterative", "budget": budget, "predicted_loss": out.predicted_loss}
     out.plan = widths_plan(dense, current, spec.criterion, spec.channel_multiple, **meta)
     out.attention_rates, out.mlp_rates = out.plan.attention_rates, out.plan.mlp_rates
-    if out.plan.params["pruned_total"] != current.param_count():
+    added = result.params_after - int(result.plan.params["pruned_total"])  # the compensation's biases (0 without)
+    if out.plan.params["pruned_total"] + added != current.param_count():
         raise InvariantError(f"the rounds left {current.param_count()} parameters, their widths say {out.plan.params['pruned_total']}")
     current.pruned_from = {"model": dense.name, "fingerprint": dense.fingerprint, "plan": out.plan.to_dict()}
+    if result.compensation is not None:
+        current.pruned_from["compensation"] = result.compensation
     return out

@@ -518,11 +518,12 @@ def prune_eval_task(
         task_settings: lm-eval tasks to score the pruned model and dense on (None: none); their
             data sets load while the model does, so a data problem ends the job before pruning.
         run: the keyword arguments of `pipeline.prune_and_evaluate` (table, budget,
-            allocator, constraints, plan, checkpoint_dir, history_path).
+            allocator, constraints, plan, checkpoint_dir, history_path, compensation).
     """
 
     def work(ctx: JobContext):
-        stages = prune_eval_stages(eval_settings, run.get("checkpoint_dir") is not None, task_settings is not None)
+        compensated = run.get("compensation") is not None and run["compensation"].active
+        stages = prune_eval_stages(eval_settings, run.get("checkpoint_dir") is not None, task_settings is not None, compensated)
         ctx.plan(stages, expected, basis)
         ctx.enter(LOAD_MODEL)
         prepared = None

@@ -18,6 +18,7 @@ from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import BudgetError, GapError
 from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
 from gap_engine.core.progress import (
+    COMPENSATE,
     GENERATE,
     HELD_OUT,
     LOAD_MODEL,
@@ -42,6 +43,7 @@ from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, plan_for, pruned_as_saved
 from gap_engine.plan.allocator_registry import needs_windows
 from gap_engine.plan.problem import Constraints
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import LossTable
 
@@ -63,6 +65,7 @@ class PruneEvalResult:
     stage_seconds: dict[str, float]  # wall time per stage (`prune_eval_stages` names)
     params_before: int  # parameters of the dense model
     params_after: int  # parameters of the pruned copy
+    compensation: dict | None = None  # what the kept units got after the cut (PruneResult.compensation); None: surgery alone
 
     @property
     def task_accuracy(self) -> dict[str, dict]:
@@ -115,6 +118,7 @@ class PruneEvalResult:
             stage_seconds=dict(params.get("stage_seconds") or {}),
             params_before=int(record.dense_params or 0),
             params_after=int(record.pruned_params or 0),
+            compensation=params.get("compensation") if isinstance(params.get("compensation"), dict) else None,
         )
 
 
@@ -217,10 +221,11 @@ def _run_params(calib: WindowSpec, report: dict, objective: str, constraints: Co
     }
 
 
-def prune_eval_stages(eval_settings: EvalSettings, checkpoint: bool, tasks: bool = False) -> tuple[str, ...]:
+def prune_eval_stages(eval_settings: EvalSettings, checkpoint: bool, tasks: bool = False, compensated: bool = False) -> tuple[str, ...]:
     """The stages of a prune-and-evaluate job in order, from loading the dense model
-    (``tasks``: lm-eval task accuracy after the held-out evaluation)."""
-    stages = [LOAD_MODEL, PLAN, PRUNE, MEASURE, HELD_OUT]
+    (``tasks``: lm-eval task accuracy after the held-out evaluation; ``compensated``: the
+    kept units refit after the cut)."""
+    stages = [LOAD_MODEL, PLAN, PRUNE] + ([COMPENSATE] if compensated else []) + [MEASURE, HELD_OUT]
     stages += [THROUGHPUT] if eval_settings.throughput else []
     stages += [GENERATE] if eval_settings.generations else []
     stages += [TASKS] if tasks else []
@@ -271,22 +276,20 @@ def prune_and_evaluate(
     history_path: str | Path | None = None,
     hooks: Hooks = NO_HOOKS,
     tasks: PreparedTasks | None = None,
+    compensation: CompensationSettings = NO_COMPENSATION,
 ) -> PruneEvalResult:
     """Plan (or take ``plan``), prune a copy of ``dense``, measure it, save it, record the run.
-
     Args:
         dense: the dense model (forward passes only; FLAP/OWL/evo plan on a private copy).
         eval_settings: held-out evaluation settings.
         table: the loss table (needed unless ``plan`` is given); its calibration windows
             score the units and give the measured ("actual") objective increase.
-        budget, allocator, constraints: what `allocators.plan_from_table` gets.
-        plan: a ready RatePlan (e.g. an uploaded one) instead of planning.
+        budget, allocator, constraints: what `allocators.plan_from_table` gets; or ``plan``, a ready (uploaded) one.
         checkpoint_dir, history_path: where to save the checkpoint (None: not saved), the history (None: the default).
-        hooks: each stage entered as it starts (`prune_eval_stages`, after loading); cancel
-            polled at every decoder block of both models (``interrupt``) and between stages.
+        hooks: each stage entered as it starts (`prune_eval_stages`); cancel polled per block and between stages.
         tasks: prepared lm-eval tasks whose accuracy (and dense's) joins report and history.
-    Returns:
-        PruneEvalResult (``to_dict()`` is JSON-ready).
+        compensation: what the kept units get after the cut, fitted on the table's calibration
+            windows (its ``compensate`` stage entered when active); recorded in the run and the checkpoint.
     """
     started, timer = time.perf_counter(), StageTimer(hooks.stage)
 
@@ -299,7 +302,7 @@ def prune_and_evaluate(
     calib = table.spec.windows if table is not None else WindowSpec()
     at(PRUNE)
     # As stored, saved or not: Recover, `gap eval` and `gap compare` measure the stored weights.
-    pruned, result = pruned_as_saved(dense, plan, calib, hooks=Hooks(cancel=hooks.cancel))
+    pruned, result = pruned_as_saved(dense, plan, calib, hooks=Hooks(cancel=hooks.cancel, stage=at), compensation=compensation)
     plan = result.plan  # with the parameter counts recounted from the model (a hand-written plan may lack them)
     at(MEASURE)
     objective = table.spec.objective if table is not None else "nll"
@@ -316,7 +319,8 @@ def prune_and_evaluate(
         allocator=plan.allocator,
         table_key=plan.table_key or (table.key if table is not None else None),
         budget=plan.budget,
-        params=_run_params(calib, report, objective, constraints) | {"stage_seconds": stage_seconds, "plan_hash": plan.content_hash()},
+        params=_run_params(calib, report, objective, constraints)
+        | {"stage_seconds": stage_seconds, "plan_hash": plan.content_hash(), "compensation": result.compensation},
         predicted_loss=plan.predicted_loss,
         actual_loss=float(actual) if actual is not None and math.isfinite(actual) else None,
         checkpoint=checkpoint,
@@ -337,4 +341,5 @@ def prune_and_evaluate(
         stage_seconds=stage_seconds,
         params_before=result.params_before,
         params_after=result.params_after,
+        compensation=result.compensation,
     )

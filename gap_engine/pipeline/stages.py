@@ -36,6 +36,8 @@ from gap_engine.model.storage import round_to_storage
 from gap_engine.plan.allocators import needs_windows, plan_from_table
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.problem import Constraints
+from gap_engine.prune.compensation_pass import prune_compensated
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
 from gap_engine.prune.criteria import reads_windows
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.prune.surgery import PruneResult, apply_plan
@@ -90,6 +92,8 @@ def loss_table(
     spec.validate()
     if cells is not None and spec.estimator != "exact":
         raise TableError(f"Ray workers measure exact cells; the {spec.estimator} estimate is one gradient pass in one process")
+    if cells is not None and spec.compensation != "none":
+        raise TableError(f"Ray workers measure cells without compensation; measure a '{spec.compensation}' table in one process")
     timer = StageTimer(hooks.stage)
     hooks = hooks.but(stage=timer)
     hooks.enter(READ_TEXT)
@@ -168,12 +172,16 @@ def prune_with_plan(
     windows: WindowSpec,
     hooks: Hooks = NO_HOOKS,
     scores: ImportanceScores | None = None,
+    compensation: CompensationSettings = NO_COMPENSATION,
 ) -> PruneResult:
-    """Score the dense model with the plan's criterion (unless given), then prune it in place."""
+    """Score the dense model with the plan's criterion (unless given), then prune it in place,
+    compensating the cut on the same windows (``compensation_pass``) unless ``compensation`` is none."""
     plan.validate()
     plan.check_model(lm)
     if scores is None and (any(plan.attention_rates) or any(plan.mlp_rates)):
         scores = importance_for(lm, plan.criterion, windows, hooks)
+    if compensation.active:
+        return prune_compensated(lm, plan, scores, windows, compensation, hooks)
     return apply_plan(lm, plan, scores)
 
 
@@ -186,6 +194,7 @@ def pruned_as_saved(
     save_dtype: str = DEFAULT_SAVE_DTYPE,
     keep_dense: bool = True,
     hooks: Hooks = NO_HOOKS,
+    compensation: CompensationSettings = NO_COMPENSATION,
 ) -> tuple[LoadedModel, PruneResult]:
     """The model a checkpoint of ``plan`` holds: pruned, its weights rounded to ``save_dtype``.
 
@@ -202,8 +211,10 @@ def pruned_as_saved(
         keep_dense: True prunes a copy and leaves ``dense`` as it was; False prunes ``dense``
             itself, sparing the copy's memory (a caller that loaded it for this alone, as
             ``gap prune``), unless it is ``shared``: a model other threads run is never pruned.
-        hooks: the importance scores' progress; cancel polled while copying and at every
-            decoder block while scoring.
+        hooks: the importance scores' progress (and the ``compensate`` stage with its blocks);
+            cancel polled while copying and at every decoder block while scoring.
+        compensation: what the kept units get after the cut, fitted on ``windows``
+            (``prune.compensation_pass``; none: surgery alone).
     Returns:
         (the pruned LoadedModel, fingerprinted as stored; surgery's PruneResult, whose
         ``plan`` carries the parameter counts recounted from the model's geometry).
@@ -212,7 +223,7 @@ def pruned_as_saved(
     if keep_dense or dense.shared:
         pruned = run_unless_cancelled(dense.copy, hooks, "pruning cancelled while copying the model")
     with cancel_checks(pruned, hooks, "pruning cancelled"):
-        result = prune_with_plan(pruned, plan, windows, hooks, scores=scores)
+        result = prune_with_plan(pruned, plan, windows, hooks, scores=scores, compensation=compensation)
     round_to_storage(pruned.model, save_dtype)
     pruned.refresh_fingerprint()
     return pruned, result

@@ -43,6 +43,7 @@ from gap_engine.core.jsontext import json_text
 from gap_engine.core.validate import check_int, check_table_document, parse_json
 from gap_engine.core.validate_meaning import check_removed_matches, check_table_cells
 from gap_engine.data.bos import WINDOW_STARTS, window_start
+from gap_engine.prune.compensations import COMPENSATIONS
 from gap_engine.prune.criteria import CRITERIA
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
@@ -78,6 +79,10 @@ class TableSpec:
     refine_budgets: tuple[float, ...] = REFINE_BUDGETS  # refine: budgets whose DP plans' cells are measured exactly
     refine_attention: str = "chosen"  # refine: "chosen" attention cells only, or "all" attention cells from the start
     refine_neighbours: int = 1  # refine: grid steps measured on each side of a chosen rate
+    # Measured cells include this compensation of the cut block (prune.compensations): the
+    # cell's loss is then that of what surgery with it ships. Estimators measure no cell, so
+    # only "none" fits them. Left out of the summary (and the key) when "none".
+    compensation: str = "none"
 
     def validate(self) -> TableSpec:
         """Raise TableError (one line) for any value the builder cannot use."""
@@ -90,10 +95,18 @@ class TableSpec:
         if len(self.windows.sources()) != 1:
             raise TableError(f"a loss table is measured on one text source, got '{self.windows.data}'")
         check_int(self.channel_multiple, "table channel_multiple", TableError, low=1)
-        for name, registry in (("criterion", CRITERIA), ("objective", OBJECTIVES), ("mode", MODES), ("estimator", ESTIMATORS)):
+        choices = (
+            ("criterion", CRITERIA), ("objective", OBJECTIVES), ("mode", MODES), ("estimator", ESTIMATORS), ("compensation", COMPENSATIONS),
+        )  # fmt: skip
+        for name, registry in choices:
             if getattr(self, name) not in registry:
                 what = "criterion" if name == "criterion" else f"table {name}"
                 raise TableError(f"unknown {what} '{getattr(self, name)}'; choose one of {', '.join(registry)}")
+        if self.compensation != "none" and "cells" not in ESTIMATORS[self.estimator].tags:
+            raise TableError(
+                f"the {self.estimator} estimate measures no cell, so its cells cannot include compensation "
+                f"('{self.compensation}'); use the exact or refine estimator, or compensation none"
+            )
         if self.estimator == "taylor" and self.objective == "kl":
             raise TableError("the first-order (taylor) estimate of the KL objective is identically zero; use fisher or nll")
         grid = self.rate_grid
@@ -125,6 +138,7 @@ class TableSpec:
         """The fields that identify a table, flat, for listings, cache metadata and the key."""
         out = {name: getattr(self.windows, name) for name in _WINDOW_FIELDS}
         skipped = {"windows"} | (set() if self.estimator == "refine" else set(_REFINE_FIELDS))
+        skipped |= {"compensation"} if self.compensation == "none" else set()  # keys of uncompensated tables stay as they were
         out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in skipped})
         out["rate_grid"] = list(self.rate_grid)
         if self.estimator == "refine":
@@ -493,10 +507,12 @@ def key_for(
 
 def key_prefix(model_name: str, dtype: str, spec: TableSpec) -> str:
     """The readable start of ``table_key`` (model name, the dtype when not float32, objective,
-    mode, estimator): what can be known of a key before the model's weights are read."""
+    mode, estimator and its compensation when there is one: ``exact.bias_refit``): what can be
+    known of a key before the model's weights are read."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)[-40:].strip("._-") or "model"
     slug += "" if dtype == "float32" else f".{SHORT_DTYPE_NAMES.get(dtype, dtype)}"
-    return f"{slug}-{spec.objective}-{spec.mode}-{spec.estimator}-"
+    estimator = spec.estimator + ("" if spec.compensation == "none" else "." + re.sub(r"[^a-z]+", "_", spec.compensation))
+    return f"{slug}-{spec.objective}-{spec.mode}-{estimator}-"
 
 
 def table_components(num_layers: int, mode: str) -> list[tuple[int, str]]:

@@ -165,6 +165,11 @@ def measure_table(
     check_finite_cells(lm, spec, components, objective, dense)
     if placement_of(lm) != resolve(CPU_FP32):  # tables built the old way keep their exact extras
         stats = stats | {"placement": placement_of(lm).describe()}
+    if spec.compensation != "none":
+        stats["compensation"] = spec.compensation  # what the measured cells include
+    if "gradient" in ESTIMATORS[spec.estimator].tags:
+        # the metadata says it: a gradient estimate is of the uncompensated model, whatever surgery does later
+        stats["estimated_cells_compensation"] = "none"
     filled = Filled(measured, tokens, estimate, window_start)
     stats["cpu_seconds"] = round(
         time.process_time() - cpu_started, 3

@@ -18,6 +18,7 @@ from another thread meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from gap_engine.data.windows import batches
 from gap_engine.model.layerwise import BlockCall
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.slicing import zeroed_units
+from gap_engine.prune.compensate import BlockInputs, applied, fit_block
+from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import TableSpec, removed_table, table_components
 from gap_engine.tables.cells import Cut, objective_per_window, objective_positions, unit_cuts
@@ -124,14 +127,29 @@ def dense_logprobs(lm: LoadedModel, state: DenseState, b: int) -> torch.Tensor:
     return F.log_softmax(lm.adapter.logits_from_hidden(lm.model, state.final_hidden[b].to(device)).float(), dim=-1)
 
 
-def cell_per_window(lm: LoadedModel, state: DenseState, cut: Cut, objectives: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """Objective of the model with ``cut`` applied, per window: {objective: (N,) float64 sums}.
+def cut_applied(
+    lm: LoadedModel, layer: nn.Module, state: DenseState, cut: Cut, compensation: CompensationSettings | None, device: torch.device
+) -> contextlib.AbstractContextManager[None]:
+    """The cut block (``layer``, on ``device``) computing as pruned, and compensated when
+    ``compensation`` is active: fitted on the block's stored dense inputs as
+    ``compensation_pass`` fits it on the pruned stream (for one cut block they are the same)."""
+    if compensation is None or not compensation.active:
+        return zeroed_units(lm.adapter, layer, cut.heads, cut.channels)
+    inputs = BlockInputs([x[cut.layer] for x in state.block_inputs], [c[cut.layer] for c in state.block_calls], device, state.start)
+    fit = fit_block(lm.adapter, layer, cut.layer, inputs, cut.heads, cut.channels, compensation)
+    return applied(lm.adapter, layer, cut.heads, cut.channels, fit)
+
+
+def cell_per_window(
+    lm: LoadedModel, state: DenseState, cut: Cut, objectives: tuple[str, ...], compensation: CompensationSettings | None = None
+) -> dict[str, torch.Tensor]:
+    """Objective of the model with ``cut`` applied (and compensated), per window: {objective: (N,) float64 sums}.
 
     Runs only blocks cut.layer..L-1 and the LM head, from the stored input of the cut block.
     """
     layers = lm.adapter.layers(lm.model)
     sums: dict[str, list[torch.Tensor]] = {name: [] for name in objectives}
-    with zeroed_units(lm.adapter, layers[cut.layer], cut.heads, cut.channels), torch.inference_mode():
+    with cut_applied(lm, layers[cut.layer], state, cut, compensation, input_device(lm.model)), torch.inference_mode():
         for b, batch in enumerate(state.batches):
             hidden = state.block_inputs[b][cut.layer]  # (B, T, d)
             for j in range(cut.layer, len(layers)):
@@ -144,9 +162,9 @@ def cell_per_window(lm: LoadedModel, state: DenseState, cut: Cut, objectives: tu
     return {name: torch.cat(parts) for name, parts in sums.items()}
 
 
-def run_cell(lm: LoadedModel, state: DenseState, cut: Cut, objective: str) -> float:
-    """Objective of the model with ``cut`` applied, summed over all positions."""
-    return float(cell_per_window(lm, state, cut, (objective,))[objective].sum())
+def run_cell(lm: LoadedModel, state: DenseState, cut: Cut, objective: str, compensation: CompensationSettings | None = None) -> float:
+    """Objective of the model with ``cut`` applied (and compensated), summed over all positions."""
+    return float(cell_per_window(lm, state, cut, (objective,), compensation)[objective].sum())
 
 
 def distinct_cuts(cuts: list[list[Cut]]) -> tuple[list[tuple[int, int, Cut]], dict[tuple[int, int], tuple[int, int] | None]]:
@@ -173,15 +191,17 @@ def distinct_cuts(cuts: list[list[Cut]]) -> tuple[list[tuple[int, int, Cut]], di
     return jobs, owner
 
 
-def measure_ledger(lm: LoadedModel, state: DenseState, ledger: CellLedger, objective: str, positions: int) -> None:
-    """Measure the cells ``ledger`` still lacks, one at a time, each divided by ``positions``
-    (its objective per counted position); the ledger saves and reports them, and what is
-    measured is saved when the loop ends or is cancelled (``ledger.hooks``' cancel polled
-    before every cell)."""
+def measure_ledger(
+    lm: LoadedModel, state: DenseState, ledger: CellLedger, objective: str, positions: int, compensation: CompensationSettings | None = None
+) -> None:
+    """Measure the cells ``ledger`` still lacks, one at a time (each cut block compensated when
+    ``compensation`` is active), each divided by ``positions`` (its objective per counted
+    position); the ledger saves and reports them, and what is measured is saved when the loop
+    ends or is cancelled (``ledger.hooks``' cancel polled before every cell)."""
     try:
         for k in ledger.missing():
             ledger.hooks.check_cancelled(f"loss table build cancelled after {ledger.done_message()}")
-            ledger.record(k, run_cell(lm, state, ledger.jobs[k][2], objective) / positions)
+            ledger.record(k, run_cell(lm, state, ledger.jobs[k][2], objective, compensation) / positions)
     finally:
         ledger.flush()
 
@@ -195,9 +215,14 @@ def measure_exact(request: CellRequest) -> CellValues:
     positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
     ledger = CellLedger(lm, jobs, request.partial, hooks)
-    measure_ledger(lm, state, ledger, spec.objective, positions)
+    measure_ledger(lm, state, ledger, spec.objective, positions, cell_compensation(spec))
     objective, stats = ledger.table(owner, (len(request.components), len(spec.rate_grid)), dense_objective)
     return CellValues(objective, dense_objective, stats)
+
+
+def cell_compensation(spec: TableSpec) -> CompensationSettings | None:
+    """What the cells of ``spec`` are compensated with (None: nothing)."""
+    return CompensationSettings(mode=spec.compensation) if spec.compensation != "none" else None
 
 
 # ---- per-window measurements (noise studies) ------------------------------------------------------
@@ -242,7 +267,7 @@ def window_cells(lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, hooks:
     distinct = np.zeros((len(components), len(spec.rate_grid)), dtype=bool)
     clock = EtaClock(total_steps=len(jobs))
     for k, (c, r, cut) in enumerate(jobs):
-        sums = cell_per_window(lm, state, cut, ("nll", "kl"))
+        sums = cell_per_window(lm, state, cut, ("nll", "kl"), cell_compensation(spec))
         distinct[c, r] = True
         for cell, source in owner.items():
             if source == (c, r):

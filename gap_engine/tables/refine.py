@@ -43,7 +43,7 @@ from gap_engine.core.registry import register
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
 from gap_engine.tables.cells import objective_positions, unit_cuts
 from gap_engine.tables.estimate import estimate_cells
-from gap_engine.tables.exact import dense_pass, distinct_cuts, measure_ledger
+from gap_engine.tables.exact import cell_compensation, dense_pass, distinct_cuts, measure_ledger
 from gap_engine.tables.ledger import BuildStats, Cell, CellFiller, CellLedger, CellRequest, FilledCells, Owner, resumable
 from gap_engine.tables.streaming import group_size, measure_ledger_streamed, streamed_dense_state
 
@@ -174,7 +174,10 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
     )
     partial = request.partial
     started = time.perf_counter()
-    est_objective, est_dense, _ = estimate_cells(lm, replace(spec, estimator="fisher"), windows, scores, components, hooks)
+    # the estimate knows nothing of compensation: only the measured cells include it
+    est_objective, est_dense, _ = estimate_cells(
+        lm, replace(spec, estimator="fisher", compensation="none"), windows, scores, components, hooks
+    )
     estimate = est_objective - est_dense
     estimate[:, 0] = 0.0
     estimate_seconds = time.perf_counter() - started
@@ -200,9 +203,9 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
         jobs_left = [job_of[cell] for cell in todo if cell not in reused]
         ledger = CellLedger(lm, jobs_left, partial, hooks, measured, units)
         if streamed:
-            measure_ledger_streamed(lm, state, ledger, spec.objective, positions, per_group)
+            measure_ledger_streamed(lm, state, ledger, spec.objective, positions, per_group, cell_compensation(spec))
         else:
-            measure_ledger(lm, state, ledger, spec.objective, positions)
+            measure_ledger(lm, state, ledger, spec.objective, positions, cell_compensation(spec))
 
     problem = RefineProblem(estimate, owner, removed, dense_prunable, tuple(kind for _, kind in components), dense)
     measured, rounds = refinement_rounds(problem, spec, measure)

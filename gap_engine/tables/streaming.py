@@ -6,8 +6,8 @@ turned around, as SparseGPT turns them for its layer-wise solve: cells are taken
 sorted by their layer, and for one group every block from the group's first layer to the
 last visits the device once, while all of the group's cells (and all their batches) go
 through it. A cell entering its own block has its units masked there
-(``slicing.zeroed_units``, on the device copy of the block), exactly as the resident builder
-masks them, so both builders do the same arithmetic on the same inputs and produce the
+(``slicing.zeroed_units``, on the device copy of the block, and compensated as the table's
+spec says: ``exact.cut_applied``), exactly as the resident builder masks them, so both builders do the same arithmetic on the same inputs and produce the
 same table (``tests/tables/test_streaming.py``).
 
 What waits on the host: the dense inputs of every block (the resident build keeps them on
@@ -32,9 +32,9 @@ from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.bos import text_start
 from gap_engine.model.layerwise import block_on, forward_blocks, layer_output, to_host
 from gap_engine.model.loaded import LoadedModel
-from gap_engine.model.slicing import zeroed_units
+from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.tables.cells import Cut, objective_per_window, objective_positions, unit_cuts
-from gap_engine.tables.exact import MAX_STORED_LOGPROB_BYTES, DenseState, dense_logprobs, distinct_cuts
+from gap_engine.tables.exact import MAX_STORED_LOGPROB_BYTES, DenseState, cell_compensation, cut_applied, dense_logprobs, distinct_cuts
 from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues, Job
 
 # Memory for the hidden states of the cells measured together (one (N, T, d) tensor each)
@@ -71,7 +71,12 @@ def streamed_dense_state(
 
 
 def streamed_cells(
-    lm: LoadedModel, state: DenseState, cuts: list[Cut], objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS
+    lm: LoadedModel,
+    state: DenseState,
+    cuts: list[Cut],
+    objectives: tuple[str, ...],
+    hooks: Hooks = NO_HOOKS,
+    compensation: CompensationSettings | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Per-window objective sums of several cuts, the blocks streamed once for all of them.
 
@@ -81,6 +86,7 @@ def streamed_cells(
         cuts: the cells to measure, in any order.
         objectives: names of the objectives to sum.
         hooks: its cancel is polled before every block (nothing is reported).
+        compensation: what each cut block is compensated with (``exact.cut_applied``).
     Returns:
         per cut, {objective: (N,) float64 sums over each window's positions}, as
         ``exact.cell_per_window`` returns them.
@@ -97,7 +103,7 @@ def streamed_cells(
             with block_on(layers[j], device) as layer:
                 for k, hidden in in_flight.items():
                     cut = cuts[k]
-                    masked = zeroed_units(lm.adapter, layer, cut.heads, cut.channels) if cut.layer == j else contextlib.nullcontext()
+                    masked = cut_applied(lm, layer, state, cut, compensation, device) if cut.layer == j else contextlib.nullcontext()
                     with masked:
                         in_flight[k] = [
                             layer_output(layer(states, *state.block_calls[b][j][0], **state.block_calls[b][j][1]))
@@ -137,14 +143,22 @@ def group_size(n_tokens: int, lm: LoadedModel, budget_bytes: int | None = None) 
     return max(1, int(budget_bytes // max(per_cell, 1)))
 
 
-def measure_ledger_streamed(lm: LoadedModel, state: DenseState, ledger: CellLedger, objective: str, positions: int, per_group: int) -> None:
+def measure_ledger_streamed(
+    lm: LoadedModel,
+    state: DenseState,
+    ledger: CellLedger,
+    objective: str,
+    positions: int,
+    per_group: int,
+    compensation: CompensationSettings | None = None,
+) -> None:
     """``exact.measure_ledger`` for a streamed model: the cells ``ledger`` still lacks, in groups
     of ``per_group`` sorted by layer, the blocks streamed once per group."""
     hooks = ledger.hooks
     try:
         for group in cell_groups(ledger.jobs, ledger.missing(), per_group):
             hooks.check_cancelled(f"loss table build cancelled after {ledger.done_message()}")
-            sums = streamed_cells(lm, state, [ledger.jobs[k][2] for k in group], (objective,), hooks)
+            sums = streamed_cells(lm, state, [ledger.jobs[k][2] for k in group], (objective,), hooks, compensation)
             for k, values in zip(group, sums):
                 ledger.record(k, float(values[objective].sum()) / positions)
     finally:
@@ -168,6 +182,6 @@ def measure_exact_streamed(request: CellRequest, per_group: int | None = None) -
     # Sized once: on CUDA the size follows free memory, and the statistics report what was used.
     per_group = per_group or group_size(windows.numel(), lm)
     ledger = CellLedger(lm, jobs, request.partial, hooks)
-    measure_ledger_streamed(lm, state, ledger, spec.objective, positions, per_group)
+    measure_ledger_streamed(lm, state, ledger, spec.objective, positions, per_group, cell_compensation(spec))
     objective, stats = ledger.table(owner, (len(request.components), len(spec.rate_grid)), dense_objective)
     return CellValues(objective, dense_objective, stats | {"streamed_groups_of": per_group})

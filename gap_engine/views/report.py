@@ -73,6 +73,7 @@ def evaluation_from_report(report: dict, label: str = "evaluation") -> dict:
         ],
         "tasks": dict(report.get("task_accuracy") or {}),
         "dense_tasks": dict(report.get("dense_task_accuracy") or {}),
+        "compensation": str(report.get("compensation") or "none"),
     }
 
 
@@ -95,6 +96,7 @@ def evaluation_from_run(record) -> dict:
         ],
         "tasks": dict((record.tasks or {}).get("model") or {}),
         "dense_tasks": dict((record.tasks or {}).get("dense") or {}),
+        "compensation": history.compensation_of(record),
     }
 
 
@@ -296,6 +298,8 @@ def _cards_html(table, row: dict, dense_total: int | None, evaluation: dict | No
             ("parameters left", f"{dense_total - span[1]:,} to {dense_total - span[0]:,}" if span else f"{dense_total - removed:,}")
         )
     if evaluation:
+        # a plan saved without compensation and a model pruned with it are told apart here
+        cards.append(("compensation after the cut", html.escape(str(evaluation.get("compensation") or "none"))))
         first = next(iter(evaluation["perplexity"]), None)
         if first is not None:
             cards.append((f"perplexity on {html.escape(first)}", _num(evaluation["perplexity"][first], "{:.2f}")))

@@ -21,13 +21,14 @@ from gap_engine.core.errors import PlanError, TableError
 from gap_engine.core.registry import Choice, Registry, RegistryError
 from gap_engine.plan import allocator_registry, allocators
 from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.prune.compensations import COMPENSATIONS
 from gap_engine.prune.criteria import CRITERIA
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
 
-REGISTRIES = (CRITERIA, ESTIMATORS, OBJECTIVES, ALLOCATORS, RECOVERY_METHODS, RECOVERY_OBJECTIVES)
+REGISTRIES = (COMPENSATIONS, CRITERIA, ESTIMATORS, OBJECTIVES, ALLOCATORS, RECOVERY_METHODS, RECOVERY_OBJECTIVES)
 PLAN_DIR = Path(allocator_registry.__file__).parent
 
 

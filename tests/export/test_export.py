@@ -21,10 +21,14 @@ import torch
 import yaml
 
 from gap_engine.cli import main
+from gap_engine.core.config import WindowSpec
+from gap_engine.data.windows import calibration_windows
 from gap_engine.export.gguf import write_gguf
 from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import make_plan
+from gap_engine.prune.compensation_pass import prune_compensated
+from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.importance import compute_importance
 from gap_engine.prune.surgery import apply_plan
 
@@ -125,11 +129,13 @@ def _run_without_gap_engine(script: str, args: list[str], tmp_path: Path) -> dic
 
 
 def test_transformers_loads_every_family_without_gap_engine(make_tiny, tmp_path):
+    """Every family, and two bias-compensated checkpoints (``gap_output_bias``), in one subprocess."""
     folders, expected, widths = [], {}, {}
     ids = _ids()
-    for family in FAMILIES:
-        lm, result = _pruned_tiny(make_tiny, family)
-        family_dir = tmp_path / family
+    cases = [(family, _pruned_tiny(make_tiny, family)) for family in FAMILIES]
+    cases += [(f"{family}-compensated", _compensated_tiny(make_tiny, family)) for family in ("llama", "gemma3_text")]
+    for name, (lm, result) in cases:
+        family_dir = tmp_path / name
         family_dir.mkdir()
         folder = family_dir / "ckpt"
         _save(lm, result, folder)  # bfloat16 storage, the default
@@ -140,6 +146,7 @@ def test_transformers_loads_every_family_without_gap_engine(make_tiny, tmp_path)
         folders.append(str(folder))
         config = json.loads((folder / "config.json").read_text())
         assert config["auto_map"]["AutoModelForCausalLM"].startswith("modeling_gap_pruned.")
+        assert config.get("gap_output_bias", False) == name.endswith("compensated")
         assert (folder / "modeling_gap_pruned.py").is_file()
 
     report = _run_without_gap_engine(_REMOTE_SCRIPT, folders, tmp_path)
@@ -153,6 +160,60 @@ def test_transformers_loads_every_family_without_gap_engine(make_tiny, tmp_path)
         torch.testing.assert_close(remote, expected[folder], rtol=0, atol=0)  # identical to gap's loader
         assert row["cache_consistent"] and row["generated"] == 14
         assert row["lora_modules"] == 2 * 3 and row["lora_grad_nonzero"]
+
+
+# ---- bias compensation: the biases travel everywhere ------------------------------------------
+def _compensated_tiny(make_tiny, family, mode="bias+refit"):
+    """A tiny model with block 0 pruned and compensated (biases on every o_proj/down_proj), block 1 whole."""
+    lm = make_tiny(family, num_attention_heads=8, num_key_value_heads=2, intermediate_size=128, hidden_size=128, head_dim=32)
+    calib = WindowSpec(n_samples=4, seq_len=64, batch_size=2)
+    scores = compute_importance(lm, calibration_windows(lm.tokenizer, calib), "wanda")
+    plan = make_plan(lm, [0.5, 0.0], [0.25, 0.0], "wanda")
+    return lm, prune_compensated(lm, plan, scores, calib, CompensationSettings(mode=mode))
+
+
+def test_a_bias_compensated_checkpoint_gives_the_same_logits_everywhere(make_tiny, tmp_path, capsys):
+    """The engine's loader, llama.cpp and the re-save (plain transformers: the test above)."""
+    ids = _ids(1, 32)
+    lm, result = _compensated_tiny(make_tiny, "llama")
+    o_bias = [lm.adapter.attention_projections(layer)[3].bias for layer in lm.adapter.layers(lm.model)]
+    assert o_bias[0].abs().max() > 0 and o_bias[1].abs().max() == 0  # block 1 lost nothing: a zero bias
+    folder = _save(lm, result, tmp_path / "ckpt", dtype="float32")
+    assert json.loads((folder / "config.json").read_text())["gap_output_bias"] is True
+    assert json.loads((folder / "gap_pruned.json").read_text())["compensation"]["mode"] == "bias+refit"
+    card = (folder / "README.md").read_text()
+    assert "| compensation after the cut | bias\\+refit (damping 0.01, fitted block by block on 4 x 64" in card
+    reloaded = load_model(str(folder))  # the engine's loader
+    assert reloaded.pruned_from["compensation"]["mode"] == "bias+refit"
+    want = _logits(reloaded, ids)
+    torch.testing.assert_close(want, _logits(lm, ids), rtol=0, atol=0)
+
+    # llama.cpp's deci graph adds attn_output.bias and ffn_down.bias: the same logits up to f16
+    path = tmp_path / "compensated.gguf"
+    assert main(["export", str(folder), "--out", str(path), "--json"]) == 0
+    assert {"blk.0.attn_output.bias", "blk.1.ffn_down.bias"} <= _gguf_tensor_names(path)
+    got = _llama_cpp_logits(path, ids[0].tolist())
+    for layer in lm.adapter.layers(lm.model):  # the same model without its biases: how far they move the logits
+        lm.adapter.attention_projections(layer)[3].bias.data.zero_()
+        lm.adapter.mlp_projections(layer)[2].bias.data.zero_()
+    want, unbiased = want[0].numpy(), _logits(lm, ids)[0].numpy()
+    error, bias_effect = np.abs(got - want).max(), np.abs(unbiased - want).max()
+    assert error < 0.01 * np.abs(want).max() and error < 0.1 * bias_effect, (error, bias_effect)
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
+
+    # gap export --format hf re-saves it with its biases, flag and record
+    resaved = tmp_path / "resaved"
+    capsys.readouterr()
+    assert main(["export", str(folder), "--format", "hf", "--dtype", "float32", "--out", str(resaved)]) == 0
+    assert json.loads((resaved / "config.json").read_text())["gap_output_bias"] is True
+    assert json.loads((resaved / "gap_pruned.json").read_text())["compensation"]["mode"] == "bias+refit"
+    torch.testing.assert_close(_logits(load_model(str(resaved)), ids)[0].numpy(), want, rtol=0, atol=0)
+
+
+def _gguf_tensor_names(path: Path) -> set[str]:
+    import gguf
+
+    return {tensor.name for tensor in gguf.GGUFReader(str(path)).tensors}
 
 
 # ---- half precision ------------------------------------------------------------------------

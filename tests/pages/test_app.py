@@ -240,9 +240,10 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert any("No runs yet" in str(c.value) for c in at.caption)
     assert at.text_input(key="eval_tasks").value == OFFLINE_TASK  # the offline task is preselected
     tiny_eval(at, save=True, task_limit=2)
+    at.selectbox(key="eval_compensation").set_value("bias")  # FLAP's bias: fits on the tiny table's 32 tokens
     at.button(key="eval_run").click().run()
     job = job_of(at, "prune_eval")
-    assert "task accuracy" in job.snapshot()["stages"]
+    assert "task accuracy" in job.snapshot()["stages"] and "compensate" in job.snapshot()["stages"]
     assert job.wait(400), job.snapshot()
     at.run()
     assert job.status == "done", job.error
@@ -253,6 +254,11 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert result.actual_loss is not None
     runs = history.list_runs()
     assert list(runs["id"]) == [result.run_id]
+    # the run, its checkpoint and its card say which compensation the model got (a plan file alone does not)
+    assert result.compensation["mode"] == "bias" and runs.loc[0, "compensation"] == "bias"
+    assert json.loads((Path(result.checkpoint) / "gap_pruned.json").read_text())["compensation"]["mode"] == "bias"
+    assert "| compensation after the cut | bias (fitted block by block on 2 x 16" in (Path(result.checkpoint) / "README.md").read_text()
+    assert "compensation bias" in at.subheader[0].value or any("compensation bias" in str(h.value) for h in at.subheader)
     assert runs.loc[0, "ppl:news-sample"] > 0 and runs.loc[0, "kl:news-sample"] >= 0
     assert Path(result.checkpoint).is_dir()
     assert len(plotly_specs(at)) == 2  # history chart, predicted vs actual
