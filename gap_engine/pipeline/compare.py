@@ -26,6 +26,7 @@ from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.plan.allocators import check_reach, plan_from_table
 from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.problem import Constraints
+from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.tables.artefact import LossTable
 
@@ -109,7 +110,7 @@ def measure_plan(
     calib_spec: WindowSpec,
     calib: torch.Tensor,
     heldout: Mapping[str, torch.Tensor],
-    scores: ImportanceScores,
+    scores: ImportanceScores | None,
     reference: Reference,
     table: LossTable | None = None,
     extra: Callable[[LoadedModel], dict] | None = None,
@@ -121,7 +122,8 @@ def measure_plan(
         plan: the plan (its predicted_loss is reported beside the truth).
         calib_spec, calib: the calibration windows' settings and their (N, T) token ids.
         heldout: source -> (N, T) held-out windows for perplexity.
-        scores: the dense model's importance scores of ``plan.criterion`` on ``calib``.
+        scores: the dense model's importance scores of ``plan.criterion`` on ``calib`` (None:
+            computed, or none for a sequential criterion, which prunes on ``calib_spec``'s windows).
         reference: the dense numbers on the same windows.
         table: the loss table behind the prediction: its objective is measured on ``calib``
             too, and the prediction's basis (measured or estimated cells) is recorded.
@@ -183,6 +185,16 @@ def compare(
     calib_spec = table.spec.windows
     windows = calibration_windows(lm.tokenizer, calib_spec)
     scores = compute_importance(lm, windows, table.spec.criterion, calib_spec.batch_size)
+    by_criterion = {scores.criterion: scores}
+
+    def scores_of(criterion: str) -> ImportanceScores | None:
+        """Scores of a plan's criterion (a baseline may prune by its paper's own), computed once each."""
+        if is_sequential(criterion):
+            return None
+        if criterion not in by_criterion:
+            by_criterion[criterion] = compute_importance(lm, windows, criterion, calib_spec.batch_size)
+        return by_criterion[criterion]
+
     for budget in budgets:  # fail fast on an unreachable budget, before the slow part
         for allocator in allocators:
             check_reach(lm, table, budget, allocator, constraints)
@@ -203,7 +215,7 @@ def compare(
                 }
             else:
                 plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores)
-            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference, table, extra)
+            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores_of(plan.criterion), reference, table, extra)
             outcome.extras = outcome.extras | extras | {"seconds": round(time.perf_counter() - started, 1)}
             outcomes.append(outcome)
             hooks.say(f"{allocator} at {budget:.0%}: calibration loss +{outcome.calib_loss_increase:.4f}")

@@ -9,6 +9,7 @@ themselves never call each other's entry points.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -35,7 +36,7 @@ from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.allocators import needs_windows, plan_from_table
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.problem import Constraints
-from gap_engine.prune.criteria import reads_windows
+from gap_engine.prune.criteria import CRITERIA, is_sequential, reads_windows
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.prune.surgery import PruneResult, apply_plan
 from gap_engine.tables.artefact import LossTable, TableSpec, table_key
@@ -150,10 +151,20 @@ def prune_with_plan(
     hooks: Hooks = NO_HOOKS,
     scores: ImportanceScores | None = None,
 ) -> PruneResult:
-    """Score the dense model with the plan's criterion (unless given), then prune it in place."""
+    """Score the dense model with the plan's criterion (unless given for it), then prune it in place.
+
+    A sequential criterion (``obs``) has no scores: it prunes block by block on the
+    calibration windows (``prune.sequential``)."""
     plan.validate()
     plan.check_model(lm)
-    if scores is None and (any(plan.attention_rates) or any(plan.mlp_rates)):
+    pruning = any(plan.attention_rates) or any(plan.mlp_rates)
+    if pruning and is_sequential(plan.criterion):
+        ids = calibration_windows(lm.tokenizer, windows)
+        prune: Callable[..., PruneResult] = CRITERIA.function(plan.criterion)
+        return prune(lm, plan, ids, windows.batch_size, hooks)
+    if scores is not None and scores.criterion != plan.criterion:
+        scores = None  # another criterion's scores (a baseline that prunes by its paper's own)
+    if scores is None and pruning:
         scores = importance_for(lm, plan.criterion, windows, hooks)
     return apply_plan(lm, plan, scores)
 

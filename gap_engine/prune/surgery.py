@@ -148,6 +148,12 @@ def apply_plan(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores | None)
         result.kept_kv_heads.append(kept_kv)
         result.kept_heads.append(kept_heads)
         result.kept_channels.append(kept_channels)
+    return finish_surgery(lm, result)
+
+
+def finish_surgery(lm: LoadedModel, result: PruneResult) -> PruneResult:
+    """Count the pruned model against the plan's prediction and record where it came from."""
+    plan = result.plan
     result.params_after = lm.param_count()
     expected = plan.params["pruned_total"]
     assert result.params_after == expected, f"pruned model has {result.params_after} parameters, plan predicted {expected}"

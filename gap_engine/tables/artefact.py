@@ -40,7 +40,7 @@ from gap_engine.core.errors import DataError, TableError, first_line
 from gap_engine.core.validate import check_int, check_table_document, parse_json
 from gap_engine.data.bos import WINDOW_STARTS, window_start
 from gap_engine.model.units import block_geometries
-from gap_engine.prune.criteria import CRITERIA
+from gap_engine.prune.criteria import CRITERIA, SCORING_CRITERIA
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
 
@@ -87,7 +87,11 @@ class TableSpec:
         if len(self.windows.sources()) != 1:
             raise TableError(f"a loss table is measured on one text source, got '{self.windows.data}'")
         check_int(self.channel_multiple, "table channel_multiple", TableError, low=1)
-        for name, registry in (("criterion", CRITERIA), ("objective", OBJECTIVES), ("mode", MODES), ("estimator", ESTIMATORS)):
+        if self.criterion in CRITERIA and self.criterion not in SCORING_CRITERIA:
+            raise TableError(
+                f"criterion '{self.criterion}' chooses units while pruning; a table needs one of {', '.join(SCORING_CRITERIA)}"
+            )
+        for name, registry in (("criterion", SCORING_CRITERIA), ("objective", OBJECTIVES), ("mode", MODES), ("estimator", ESTIMATORS)):
             if getattr(self, name) not in registry:
                 what = "criterion" if name == "criterion" else f"table {name}"
                 raise TableError(f"unknown {what} '{getattr(self, name)}'; choose one of {', '.join(registry)}")
