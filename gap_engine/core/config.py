@@ -31,6 +31,10 @@ from gap_engine.core.validate import check_int
 CRITERIA = ("magnitude", "wanda", "flap", "taylor", "obs")
 DEFAULT_CRITERION = "wanda"
 MODES = ("split", "block")  # split: attention and MLP are separate components
+# The names of prune.compensations' registry (what surgery does after it cuts: see there), for
+# the layers below it; the registry asserts that they agree.
+COMPENSATIONS = ("none", "bias", "refit", "bias+refit")
+DEFAULT_COMPENSATION = "none"
 
 # ---- budgets and the planner -------------------------------------------------------------
 DEFAULT_BUDGET = 0.2  # fraction of prunable parameters removed

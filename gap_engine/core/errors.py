@@ -34,6 +34,10 @@ class BudgetError(GapError):
     """A budget the planner cannot reach, or contradictory constraints."""
 
 
+class CompensationError(GapError):
+    """Compensation cannot be computed: too little calibration text, a singular system, a path that cannot carry it."""
+
+
 class CacheError(GapError):
     """A cache entry is missing, locked or corrupt."""
 

@@ -115,6 +115,7 @@ GRADIENT_PASS = "gradient pass"  # fisher/taylor tables: one forward and backwar
 CELLS = "cells"
 PLAN = "plan"
 PRUNE = "prune"
+COMPENSATE = "compensate"  # the kept units refit block by block after the cut (prune.compensation_pass)
 MEASURE = "measure"  # the loss increase on the calibration windows
 HELD_OUT = "held-out text"  # perplexity, KL and agreement against dense
 THROUGHPUT = "throughput"

@@ -412,6 +412,12 @@ def check_pruned_marker(marker: dict[str, Any], where: str) -> dict[str, Any]:
         check_text(marker.get(name), f"{what} {name}", ModelLoadError, optional=True)
     if marker.get("param_count") is not None:
         check_int(marker["param_count"], f"{what} param_count", ModelLoadError, 1, MAX_PARAMS)
+    compensation = marker.get("compensation")
+    if compensation is not None:
+        check_keys(compensation, f"{what} compensation", ModelLoadError)
+        check_text(compensation.get("mode"), f"{what} compensation mode", ModelLoadError, max_len=64)
+        if len(json.dumps(compensation, default=str)) > 4096:
+            raise ModelLoadError(f"{what} compensation is too large to be a compensation record")
     return marker
 
 

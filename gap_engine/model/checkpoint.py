@@ -9,7 +9,10 @@ A pruned checkpoint is a folder with
 - ``plan.json``, ``plan.yaml`` and ``kept_indices.json`` (which heads, KV groups and MLP
   channels of the dense model each block kept);
 - ``gap_pruned.json``: the marker the loader checks first (format version, base model,
-  fingerprints, parameter count, storage dtype);
+  fingerprints, parameter count, storage dtype, and the compensation the kept units got);
+- when compensation gave them biases, ``"gap_output_bias": true`` in config.json: every
+  block's ``o_proj`` and ``down_proj`` then carries a bias, which the loader, the remote code
+  and the GGUF export all read;
 - what lets other tools use it (``deploy``): ``modeling_gap_pruned.py`` and an ``auto_map``
   in config.json, so plain transformers builds the narrowed blocks with
   ``trust_remote_code=True``; a model card ``README.md``; ``eval_report.json`` when the
@@ -48,7 +51,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.model_card import write_model_card
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.remote_code import add_remote_code
-from gap_engine.model.slicing import layer_widths, narrow_to_widths
+from gap_engine.model.slicing import add_output_biases_, layer_widths, narrow_to_widths, output_biases
 from gap_engine.model.storage import (
     EVAL_REPORT_FILE,
     cast_state_dict,
@@ -64,6 +67,9 @@ CHECKPOINT_FORMAT_VERSION = 1
 PRUNED_MARKER = "gap_pruned.json"  # written last; its presence makes a folder a gap checkpoint
 # transformers' switch for reading a per-layer width from the global config (see save_pruned).
 GLOBAL_WIDTH_READS = "allow_global_per_layer_attribute_access"
+# config.json's flag for bias compensation: every block's o_proj and down_proj has a bias
+# (the name modeling_gap_pruned.py reads too).
+OUTPUT_BIAS = "gap_output_bias"
 
 
 def is_pruned_checkpoint(path: str | Path) -> bool:
@@ -111,6 +117,8 @@ def save_pruned(
         # its width checks read the global head counts; this lets them read the dense values
         # (the remote code narrows the blocks, and turns the strict reads back on once built).
         config[GLOBAL_WIDTH_READS] = True
+        if output_biases(lm.adapter, lm.model):
+            config[OUTPUT_BIAS] = True
         config_path.write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "plan.json").write_text(plan.to_json())
         (tmp / "plan.yaml").write_text(plan.to_yaml())
@@ -124,6 +132,8 @@ def save_pruned(
             "param_count": lm.param_count(),
             "widths": widths,
             "dtype": dtype_name(parse_dtype(dtype)),
+            # what the kept units got after the cut (compensation_pass); None: surgery alone
+            "compensation": (lm.pruned_from or {}).get("compensation"),
         }
         add_remote_code(tmp)
         if eval_report is not None:
@@ -144,6 +154,7 @@ class PrunedCheckpoint:
     base_model: str | None  # the dense model it was pruned from
     base_fingerprint: str | None  # that model's weights fingerprint
     fingerprint: str | None  # the pruned weights' fingerprint recorded at save time
+    compensation: dict[str, Any] | None = None  # the marker's record of the compensation (None: surgery alone)
 
 
 @dataclass
@@ -155,6 +166,7 @@ class CheckpointFiles:
     widths: list[dict[str, Any]]  # per block: num_attention_heads, num_key_value_heads, intermediate_size
     tokenizer: object
     plan: RatePlan | None  # plan.json, when present
+    output_bias: bool = False  # every block's o_proj and down_proj carries a bias (bias compensation)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -208,27 +220,31 @@ def _load_tensors(folder: Path) -> dict[str, Any]:
     return state
 
 
-def _read_config(folder: Path) -> tuple[Any, list[dict[str, Any]]]:
-    """The dense architecture's config and the per-block widths of config.json."""
+def _read_config(folder: Path) -> tuple[Any, list[dict[str, Any]], bool]:
+    """The dense architecture's config, the per-block widths of config.json and its bias flag."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     config_dict = _read_json(folder / "config.json")
     config_dict.pop(GLOBAL_WIDTH_READS, None)
+    output_bias = config_dict.pop(OUTPUT_BIAS, False)
+    if not isinstance(output_bias, bool):
+        raise ModelLoadError(f"{folder}/config.json {OUTPUT_BIAS} must be true or false")
     config_dict.pop("auto_map", None)  # it points transformers at the remote code; here gap narrows the blocks
     widths = check_per_layer_config(config_dict.pop("per_layer_config", None), config_dict.get("num_hidden_layers"), str(folder))
     model_type = config_dict.get("model_type")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ModelLoadError(f"{folder}: unknown model_type {model_type!r}")
     try:
-        return CONFIG_MAPPING[model_type].from_dict(config_dict), widths
+        return CONFIG_MAPPING[model_type].from_dict(config_dict), widths, output_bias
     except Exception as exc:  # transformers validates configs with several exception kinds
         raise ModelLoadError(f"{folder}/config.json is not a valid {model_type} config: {first_line(exc)}") from None
 
 
-def _build_narrowed(folder: Path, config: Any, widths: list[dict[str, Any]], device: str | None = None) -> Any:
+def _build_narrowed(folder: Path, config: Any, widths: list[dict[str, Any]], output_bias: bool, device: str | None = None) -> Any:
     """The architecture of ``config`` (a transformers *ForCausalLM, typed Any as transformers
-    returns it) with every block at ``widths``, weights uninitialised (on ``device`` "meta":
-    shapes only, no memory, for checking the files)."""
+    returns it) with every block at ``widths`` (and, with ``output_bias``, biases on every
+    o_proj and down_proj), weights uninitialised (on ``device`` "meta": shapes only, no
+    memory, for checking the files)."""
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
@@ -242,6 +258,8 @@ def _build_narrowed(folder: Path, config: Any, widths: list[dict[str, Any]], dev
         narrow_to_widths(adapter, model, widths)
     except (ValueError, KeyError, TypeError, ZeroDivisionError, IndexError) as exc:
         raise ModelLoadError(f"{folder}: per_layer_config does not fit the architecture: {first_line(exc)}") from None
+    if output_bias:
+        add_output_biases_(adapter, model)
     return model
 
 
@@ -307,8 +325,8 @@ def inspect_pruned(folder: str | Path) -> CheckpointFiles:
     marker = check_pruned_marker(_read_json(folder / PRUNED_MARKER), str(folder))
     if marker.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         raise ModelLoadError(f"{folder}: checkpoint format {marker.get('format_version')!r} is not supported")
-    config, widths = _read_config(folder)
-    _build_narrowed(folder, config, widths, device="meta")
+    config, widths, output_bias = _read_config(folder)
+    _build_narrowed(folder, config, widths, output_bias, device="meta")
     _check_weight_files(folder)
     # config= stops AutoTokenizer from re-reading config.json, whose per_layer_config it cannot parse.
     try:
@@ -316,7 +334,7 @@ def inspect_pruned(folder: str | Path) -> CheckpointFiles:
     except Exception as exc:  # tokenizers raise many kinds on a damaged tokenizer.json
         raise ModelLoadError(f"{folder}: the tokenizer files cannot be read: {type(exc).__name__}: {first_line(exc)}") from None
     plan = RatePlan.load(folder / "plan.json") if (folder / "plan.json").is_file() else None
-    return CheckpointFiles(marker=marker, config=config, widths=widths, tokenizer=tokenizer, plan=plan)
+    return CheckpointFiles(marker=marker, config=config, widths=widths, tokenizer=tokenizer, plan=plan, output_bias=output_bias)
 
 
 def read_pruned(folder: str | Path) -> PrunedCheckpoint:
@@ -328,7 +346,7 @@ def read_pruned(folder: str | Path) -> PrunedCheckpoint:
     folder = Path(folder)
     files = inspect_pruned(folder)
     config = files.config
-    model = _build_narrowed(folder, config, files.widths)
+    model = _build_narrowed(folder, config, files.widths, files.output_bias)
     state = _load_tensors(folder)
     try:
         missing_keys, unexpected = model.load_state_dict(state, strict=False)
@@ -346,4 +364,5 @@ def read_pruned(folder: str | Path) -> PrunedCheckpoint:
         base_model=files.marker.get("base_model"),
         base_fingerprint=files.marker.get("base_fingerprint"),
         fingerprint=files.marker.get("fingerprint"),
+        compensation=files.marker.get("compensation"),
     )

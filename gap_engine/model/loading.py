@@ -438,6 +438,7 @@ def _load_pruned(folder: Path) -> LoadedModel:
         "model": parts.base_model,
         "fingerprint": parts.base_fingerprint,
         "plan": parts.plan.to_dict() if parts.plan else None,
+        "compensation": parts.compensation,
     }
     lm = LoadedModel.from_transformers(parts.model, parts.tokenizer, str(folder), str(folder), pruned_from=pruned_from)
     if parts.fingerprint and parts.fingerprint != lm.fingerprint:

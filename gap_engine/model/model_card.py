@@ -180,6 +180,25 @@ def _params_line(params: dict[str, Any], marker: dict[str, Any]) -> str:
     return line
 
 
+def compensation_text(record: object) -> str:
+    """One line on what the kept units got after the cut: the mode and how it was fitted."""
+    if not isinstance(record, dict) or record.get("mode") in (None, "none"):
+        return "none (the kept weights are the dense model's)"
+    text = md_text(record.get("mode"))
+    windows = record.get("windows") if isinstance(record.get("windows"), dict) else {}
+    details = []
+    if isinstance(record.get("damping"), (int, float)) and "refit" in str(record.get("mode")):
+        details.append(f"damping {float(record['damping']):g}")
+    if windows:
+        details.append(
+            f"fitted block by block on {md_text(windows.get('n_samples'))} x {md_text(windows.get('seq_len'))} "
+            f"calibration tokens of {md_text(windows.get('data'))}"
+        )
+    if record.get("target") == "dense":
+        details.append("matching the dense model's own activations")
+    return text + (f" ({', '.join(details)})" if details else "")
+
+
 def _usage_and_limits(folder_name: str, evaluated: bool, recovered: bool = False) -> list[str]:
     """The card's "Use it" (transformers, llama.cpp, gap) and "Limits" sections.
 
@@ -287,6 +306,7 @@ def render_model_card(
         f"| parameters | {_params_line(params, marker)} |",
         f"| allocator | {md_text(plan.allocator)}" + (f", budget {plan.budget:.3f}" if isinstance(plan.budget, float) else "") + " |",
         f"| within-layer criterion | {md_text(plan.criterion)} (MLP widths in multiples of {md_text(plan.channel_multiple)}) |",
+        f"| compensation after the cut | {compensation_text(marker.get('compensation'))} |",
         f"| stored as | {md_text(marker.get('dtype', 'float32'))} safetensors, fingerprint {md_text(marker.get('fingerprint'))} |",
         f"| plan made | {md_text(plan.created)} |",
         "",

@@ -15,7 +15,9 @@ configs even refuse to validate when the widths vary), so the classes here
 - subclass each family's config only to validate the per-layer widths instead, and
 - subclass each family's ``*ForCausalLM``: the library builds its usual dense skeleton
   (on the meta device when loading, so it costs no memory), then every block's q/k/v/o and
-  gate/up/down projections are replaced by linears of the recorded widths.
+  gate/up/down projections are replaced by linears of the recorded widths, and, when
+  config.json says ``"gap_output_bias": true`` (gap's bias compensation), every block's
+  ``o_proj`` and ``down_proj`` gets a bias.
 
 Attention, rotary embeddings, the KV cache and generation are the library's own code: the
 attention infers its head count from the projection shapes and repeats K/V by
@@ -53,6 +55,7 @@ else:
     _ConfigMixinBase = _ModelMixinBase = object
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+OUTPUT_BIAS = "gap_output_bias"  # config.json: every o_proj and down_proj carries a bias
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -75,9 +78,21 @@ def _dense_view(config: PreTrainedConfig) -> Iterator[PreTrainedConfig]:
         heterogeneity_log.setLevel(level)
 
 
-def _resized_linear(old: nn.Linear, in_features: int, out_features: int) -> nn.Linear:
-    """A linear of the new shape on the old one's device and dtype (its values are loaded later)."""
-    return nn.Linear(in_features, out_features, bias=old.bias is not None, device=old.weight.device, dtype=old.weight.dtype)
+def _resized_linear(old: nn.Linear, in_features: int, out_features: int, bias: bool = False) -> nn.Linear:
+    """A linear of the new shape on the old one's device and dtype (its values are loaded later),
+    with a bias when the old one had one or ``bias`` asks for it."""
+    bias = bias or old.bias is not None
+    return nn.Linear(in_features, out_features, bias=bias, device=old.weight.device, dtype=old.weight.dtype)
+
+
+def add_output_biases(model: PreTrainedModel) -> None:
+    """Give every block's o_proj and down_proj a bias (their values are loaded later)."""
+    decoder: Any = model.model
+    for layer in decoder.layers:
+        for owner, name in ((layer.self_attn, "o_proj"), (layer.mlp, "down_proj")):
+            old = getattr(owner, name)
+            if old.bias is None:
+                setattr(owner, name, _resized_linear(old, old.in_features, old.out_features, bias=True))
 
 
 def narrow_layers(model: PreTrainedModel) -> None:
@@ -136,6 +151,8 @@ class _NarrowedCausalLM(_ModelMixinBase):
         with _dense_view(config):
             super().__init__(config, *args, **kwargs)
         narrow_layers(self)
+        if getattr(config, OUTPUT_BIAS, False):
+            add_output_biases(self)
 
 
 def _family(name: str, config_base: type, model_base: type) -> tuple[type, type]:

@@ -120,6 +120,36 @@ def narrow_to_widths(adapter: ArchitectureAdapter, model: nn.Module, widths: lis
             slice_mlp_(adapter, layer, list(range(channels)))
 
 
+def add_bias_(owner: nn.Module, name: str, bias: torch.Tensor | None = None) -> None:
+    """Give the linear ``owner.<name>`` a bias (zeros when it has none) and add ``bias`` (d,) to it."""
+    linear = getattr(owner, name)
+    with torch.no_grad():
+        if linear.bias is None:
+            weight = linear.weight
+            linear.bias = nn.Parameter(
+                torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device), requires_grad=weight.requires_grad
+            )
+        if bias is not None:
+            linear.bias += bias.to(linear.bias.device, linear.bias.dtype)
+
+
+def output_biases(adapter: ArchitectureAdapter, model: nn.Module) -> bool:
+    """Whether any block's o_proj or down_proj carries a bias (bias compensation gives every block both)."""
+    for layer in adapter.layers(model):
+        o_proj, down_proj = adapter.attention_projections(layer)[3], adapter.mlp_projections(layer)[2]
+        if o_proj.bias is not None or down_proj.bias is not None:
+            return True
+    return False
+
+
+def add_output_biases_(adapter: ArchitectureAdapter, model: nn.Module) -> None:
+    """Give every block's o_proj and down_proj a bias (zeros where there is none): the shape of a
+    bias-compensated checkpoint, before its tensors are loaded."""
+    for layer in adapter.layers(model):
+        add_bias_(adapter.attention(layer), adapter.output_name)
+        add_bias_(adapter.mlp(layer), adapter.down_name)
+
+
 @contextlib.contextmanager
 def zeroed_units(adapter: ArchitectureAdapter, layer: nn.Module, heads: tuple[int, ...], channels: tuple[int, ...]) -> Iterator[None]:
     """Temporarily zero the given units' input columns of o_proj and down_proj.

@@ -62,6 +62,7 @@ class PruneResult:
     kept_channels: list[list[int]] = field(default_factory=list)
     params_before: int = 0
     params_after: int = 0
+    compensation: dict[str, Any] | None = None  # what compensation_pass did (settings, windows, seconds); None: surgery alone
 
     def kept_indices(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,215 @@
+"""Compensation as a pipeline stage: surgery whose kept units take over, block by block.
+
+``prune_compensated`` prunes a model as ``surgery.apply_plan`` does and compensates what it cut
+(``prune.compensate``), layer-sequentially as Týr-the-Pruner and SlimGPT propagate: block
+``i`` is fitted on the hidden states that the already pruned and compensated blocks
+``0..i-1`` give on the calibration windows (the pruned stream), so each block repairs its own
+cut on the inputs it will really see. Only one block at a time is on the device
+(``layerwise.block_on``): a streamed model compensates exactly as a resident one.
+
+Per block the work is three partial passes over the calibration windows: to the input of
+``o_proj`` (the attention's moments), to the input of ``down_proj`` with the attention
+compensated (the MLP's moments), and the whole block pruned and compensated (the next block's
+inputs); with ``target="dense"`` one more pass runs the dense block on the dense stream.
+The kept columns are rewritten in place; the biases are kept apart until surgery has sliced
+the blocks, then every block's ``o_proj`` and ``down_proj`` gets one, so the checkpoint
+records one flag for all.
+
+A cancelled or failed pass leaves the model partly compensated and unsliced: callers prune
+a copy (as every pipeline path does) and drop it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import nn
+
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.device import input_device, placement_of
+from gap_engine.core.errors import CompensationError
+from gap_engine.core.progress import COMPENSATE, NO_HOOKS, EtaClock, Hooks
+from gap_engine.data.bos import text_start
+from gap_engine.data.windows import batches, calibration_windows
+from gap_engine.model.layerwise import block_on, capture_calls, layer_output, to_host
+from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.model.slicing import add_bias_
+from gap_engine.prune.compensate import BlockFit, BlockInputs, applied, fit_block, kept_columns
+from gap_engine.prune.compensations import CompensationSettings
+from gap_engine.prune.importance import ImportanceScores
+from gap_engine.prune.surgery import PruneResult, apply_plan, removed_units
+
+log = logging.getLogger(__name__)
+
+Removed = list[tuple[tuple[int, ...], tuple[int, ...]]]  # per block: (removed heads, removed channels)
+
+
+def removed_per_block(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores | None) -> Removed:
+    """The heads and channels surgery will remove from every block (its own choice)."""
+    out: Removed = []
+    for i, layer in enumerate(lm.adapter.layers(lm.model)):
+        if scores is None or (plan.attention_rates[i] <= 0 and plan.mlp_rates[i] <= 0):
+            out.append(((), ()))
+            continue
+        out.append(removed_units(lm.adapter, layer, scores.layers[i], plan.attention_rates[i], plan.mlp_rates[i], plan.channel_multiple))
+    return out
+
+
+def check_calibration(lm: LoadedModel, removed: Removed, tokens: int, settings: CompensationSettings) -> None:
+    """CompensationError unless ``tokens`` calibration tokens can fit every refit: a least-squares
+    refit of ``k`` kept columns needs at least ``k`` tokens."""
+    if not settings.refits:
+        return
+    for i, (layer, (heads, channels)) in enumerate(zip(lm.adapter.layers(lm.model), removed)):
+        geom = lm.adapter.geometry(layer)
+        for name, cut, kept in (
+            (lm.adapter.output_name, heads, (geom.n_heads - len(heads)) * geom.head_dim),
+            (lm.adapter.down_name, channels, geom.intermediate_size - len(channels)),
+        ):
+            if cut and tokens < kept:
+                raise CompensationError(
+                    f"the {settings.mode} of block {i}'s {name} fits {kept} kept inputs from {tokens} calibration tokens; "
+                    f"give at least {kept} (more or longer calibration windows)"
+                )
+
+
+def _dense_targets(
+    lm: LoadedModel, layer: nn.Module, states: list[torch.Tensor], calls: Sequence[Any], device: torch.device, skip: int
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]:
+    """The dense block on the dense stream: per batch its (o_proj, down_proj) inputs, and its outputs."""
+    o_proj, down_proj = lm.adapter.attention_projections(layer)[3], lm.adapter.mlp_projections(layer)[2]
+    seen: list[torch.Tensor] = []
+
+    def keep(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        x = args[0][:, skip:]  # (B, T-skip, n)
+        seen.append(to_host(x.reshape(-1, x.shape[-1])))
+
+    handles = [o_proj.register_forward_pre_hook(keep), down_proj.register_forward_pre_hook(keep)]
+    targets, outputs = [], []
+    try:
+        for b, hidden in enumerate(states):
+            args, kwargs = calls[b]
+            outputs.append(to_host(layer_output(layer(hidden.to(device), *args, **kwargs))))
+            targets.append((seen[0], seen[1]))
+            seen.clear()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return targets, outputs
+
+
+def _commit(
+    host_weights: tuple[torch.Tensor, torch.Tensor], heads: Sequence[int], channels: Sequence[int], fit: BlockFit, geom: Any
+) -> None:
+    """Write a block's refit kept columns into its (host) weights for good."""
+    for weight, part, cols in (
+        (host_weights[0], fit.attn, kept_columns(geom.n_heads, geom.head_dim, heads)),
+        (host_weights[1], fit.mlp, kept_columns(geom.intermediate_size, 1, channels)),
+    ):
+        if part.weight is not None:
+            weight.data[:, cols.to(weight.device)] = part.weight.to(weight.device, weight.dtype)
+
+
+@torch.no_grad()
+def compensate_blocks(
+    lm: LoadedModel, removed: Removed, windows: torch.Tensor, batch_size: int, settings: CompensationSettings, hooks: Hooks = NO_HOOKS
+) -> list[BlockFit]:
+    """Fit every block in turn on the pruned stream and rewrite its kept columns in place.
+
+    Args:
+        lm: the model before surgery (resident or streamed); its units are not sliced here.
+        removed: per block, the heads and channels surgery will remove.
+        windows: (N, T) calibration token ids.
+        batch_size: windows per block call.
+        settings: the compensation (validated).
+        hooks: progress (blocks done, blocks, eta) after every block; cancel polled before each.
+    Returns:
+        Per block its BlockFit: the biases are not installed yet (``install_biases``).
+    """
+    device = placement_of(lm).device
+    layers = lm.adapter.layers(lm.model)
+    skip = text_start(lm.tokenizer, windows)
+    calls, states = [], []
+    for batch in batches(windows, batch_size):
+        first, block_calls = capture_calls(lm, batch.to(input_device(lm.model)))
+        calls.append(block_calls)
+        states.append(to_host(first))
+    dense_states = list(states) if settings.target == "dense" else None
+    clock, fits = EtaClock(total_steps=len(layers)), []
+    for i, layer in enumerate(layers):
+        hooks.check_cancelled(f"compensation cancelled at block {i} of {len(layers)}")
+        heads, channels = removed[i]
+        host_weights = (lm.adapter.attention_projections(layer)[3].weight, lm.adapter.mlp_projections(layer)[2].weight)
+        block_calls = [c[i] for c in calls]
+        with block_on(layer, device):
+            targets = None
+            if dense_states is not None:
+                targets, dense_states = _dense_targets(lm, layer, dense_states, block_calls, device, skip)
+            inputs = BlockInputs(states, block_calls, device, skip, targets)
+            fit = fit_block(lm.adapter, layer, i, inputs, heads, channels, settings)
+            with applied(lm.adapter, layer, heads, channels, fit):
+                states = [to_host(layer_output(layer(s.to(device), *args, **kwargs))) for s, (args, kwargs) in zip(states, block_calls)]
+            geom = lm.adapter.geometry(layer)
+        _commit(host_weights, heads, channels, fit, geom)
+        fits.append(fit)
+        hooks.report(i + 1, len(layers), clock.step())
+    return fits
+
+
+def install_biases(lm: LoadedModel, fits: Sequence[BlockFit]) -> None:
+    """Give every block's o_proj and down_proj its fitted bias (zeros where none was fitted)."""
+    for layer, fit in zip(lm.adapter.layers(lm.model), fits):
+        add_bias_(lm.adapter.attention(layer), lm.adapter.output_name, fit.attn.bias)
+        add_bias_(lm.adapter.mlp(layer), lm.adapter.down_name, fit.mlp.bias)
+
+
+def prune_compensated(
+    lm: LoadedModel,
+    plan: RatePlan,
+    scores: ImportanceScores | None,
+    windows: WindowSpec,
+    settings: CompensationSettings,
+    hooks: Hooks = NO_HOOKS,
+) -> PruneResult:
+    """Prune ``lm`` in place as ``plan`` says and compensate what was cut.
+
+    Args:
+        lm: a LoadedModel (modified; its fingerprint is refreshed).
+        plan: a RatePlan for it.
+        scores: its importance scores (None only for an all-zero plan).
+        windows: the calibration windows the blocks are fitted on (the table's).
+        settings: the compensation; ``none`` is surgery alone.
+        hooks: the ``compensate`` stage entered, progress over blocks, cancel between blocks.
+    Returns:
+        surgery's PruneResult; ``params_after`` counts the biases, ``compensation`` says what was done.
+    Raises:
+        CompensationError: too few calibration tokens for a refit (before any work), a singular system.
+    """
+    settings.validate()
+    if not settings.active:
+        return apply_plan(lm, plan, scores)
+    plan.validate()
+    plan.check_model(lm)
+    removed = removed_per_block(lm, plan, scores)
+    ids = calibration_windows(lm.tokenizer, windows)
+    check_calibration(lm, removed, ids.shape[0] * (ids.shape[1] - text_start(lm.tokenizer, ids)), settings)
+    hooks.enter(COMPENSATE)
+    started = time.perf_counter()
+    fits = compensate_blocks(lm, removed, ids, windows.batch_size, settings, hooks)
+    result = apply_plan(lm, plan, scores)
+    if any(fit.attn.bias is not None or fit.mlp.bias is not None for fit in fits):  # a plan that cuts nothing needs none
+        install_biases(lm, fits)
+        result.params_after = lm.param_count()
+        lm.refresh_fingerprint()
+    seconds = time.perf_counter() - started
+    result.compensation = settings.to_dict() | {"windows": asdict(windows), "seconds": round(seconds, 3)}
+    if lm.pruned_from is not None:
+        lm.pruned_from["compensation"] = result.compensation
+    log.info("compensated %s (%s) in %.1f s", lm.name, settings.mode, seconds)
+    return result

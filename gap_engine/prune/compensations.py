@@ -1,0 +1,98 @@
+"""The compensations: what surgery does after it cuts, so the kept units take over (the registry).
+
+Structured pruning removes attention heads (columns of ``o_proj``) and MLP channels (columns
+of ``down_proj``); the strongest training-free methods then correct the two output
+projections in closed form, block by block. Each entry names the function that fits one
+projection (``prune.compensate``); ``prune.compensation_pass`` runs them layer-sequentially.
+
+- ``none``: the kept weights as they were.
+- ``bias``: FLAP's baseline bias compensation (An et al., AAAI 2024): the removed inputs' mean
+  contribution, folded into a bias of ``o_proj`` / ``down_proj``.
+- ``refit``: a least-squares refit of the kept columns of ``o_proj`` / ``down_proj`` so the pruned
+  block's output matches what its dense weights give on the same inputs (as SlimGPT and
+  SlimLLM end their pruning).
+- ``bias+refit``: the refit with a free bias.
+
+Entries tagged ``bias`` add a bias to every block's ``o_proj`` and ``down_proj`` (the checkpoint,
+its remote code and the GGUF export carry it); entries tagged ``refit`` solve for the kept
+columns, so they need at least as many calibration tokens as the widest kept input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gap_engine.core import config
+from gap_engine.core.errors import CompensationError
+from gap_engine.core.registry import Choice, Registry
+
+COMPENSATIONS = Registry(
+    "compensation",
+    [
+        Choice("none", "no compensation: the kept weights as they were", "gap_engine.prune.compensate:keep_fit"),
+        Choice(
+            "bias",
+            "FLAP's bias: the removed units' mean contribution folded into o_proj/down_proj biases",
+            "gap_engine.prune.compensate:bias_fit",
+            ("bias",),
+        ),
+        Choice(
+            "refit",
+            "least-squares refit of the kept o_proj/down_proj columns to the dense block's output",
+            "gap_engine.prune.compensate:refit_fit",
+            ("refit",),
+        ),
+        Choice(
+            "bias+refit",
+            "the least-squares refit with a free bias on o_proj/down_proj",
+            "gap_engine.prune.compensate:bias_refit_fit",
+            ("bias", "refit"),
+        ),
+    ],
+    CompensationError,
+)
+# Layers below this one (tables' specs, the CLI's defaults) read config.COMPENSATIONS.
+assert COMPENSATIONS.names == config.COMPENSATIONS, "config.COMPENSATIONS must list the registered compensations"
+
+TARGETS = ("pruned", "dense")  # what a refit matches: see CompensationSettings.target
+DEFAULT_DAMPING = 0.01
+
+
+@dataclass(frozen=True)
+class CompensationSettings:
+    """How the kept units are compensated after surgery."""
+
+    mode: str = config.DEFAULT_COMPENSATION  # a COMPENSATIONS name
+    damping: float = DEFAULT_DAMPING  # ridge on the change of the kept weights, relative to the mean input energy
+    # "pruned": match the dense weights applied to the pruned model's own inputs (each block
+    # fixes its own cut); "dense": match the dense model's outputs on its own inputs (each block
+    # also chases the errors of the blocks before it).
+    target: str = "pruned"
+
+    def validate(self) -> CompensationSettings:
+        """CompensationError (one line) for a value the pass cannot use."""
+        COMPENSATIONS.check(self.mode)
+        if self.target not in TARGETS:
+            raise CompensationError(f"unknown compensation target '{self.target}'; choose one of {', '.join(TARGETS)}")
+        if isinstance(self.damping, bool) or not isinstance(self.damping, (int, float)) or not (0.0 < float(self.damping) <= 10.0):
+            raise CompensationError(f"compensation damping {self.damping!r} is outside (0, 10]")
+        return self
+
+    @property
+    def active(self) -> bool:
+        """Whether anything is compensated (any mode but ``none``)."""
+        return self.mode != "none"
+
+    @property
+    def adds_bias(self) -> bool:
+        """Whether the mode gives every block's o_proj and down_proj a bias."""
+        return "bias" in COMPENSATIONS[self.mode].tags
+
+    @property
+    def refits(self) -> bool:
+        """Whether the mode solves for the kept columns."""
+        return "refit" in COMPENSATIONS[self.mode].tags
+
+    def to_dict(self) -> dict[str, object]:
+        """What a checkpoint, a run and a table record."""
+        return {"mode": self.mode, "damping": float(self.damping), "target": self.target}

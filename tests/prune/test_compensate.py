@@ -1,0 +1,175 @@
+"""Compensation after surgery (``prune.compensate``, ``prune.compensation_pass``) on tiny models.
+
+The claims of the module docstrings: a fit never increases a projection's calibration
+reconstruction error (the ridge is on the change), a plan that removes nothing changes no
+weight, streaming changes no number, and what cannot be solved is one line before any work.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gap_engine.core.config import WindowSpec
+from gap_engine.core.device import Placement
+from gap_engine.core.errors import CompensationError
+from gap_engine.data.bos import text_start
+from gap_engine.data.windows import calibration_windows
+from gap_engine.model.layerwise import capture_calls
+from gap_engine.model.loading import place_model
+from gap_engine.model.rateplan import make_plan, uniform_plan
+from gap_engine.model.slicing import output_biases
+from gap_engine.prune.compensate import NO_FIT, BlockFit, BlockInputs, Moments, applied, fit_block, kept_columns, refit_fit
+from gap_engine.prune.compensation_pass import prune_compensated, removed_per_block
+from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
+from gap_engine.prune.importance import compute_importance
+
+FAMILIES = ["llama", "gemma3_text"]
+WIDE = dict(num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
+CALIB = WindowSpec(n_samples=4, seq_len=64, batch_size=2)  # 256 tokens of wiki-sample: more than any kept width here
+
+
+def _setup(make_tiny, family, attention=(0.5, 0.25), mlp=(0.5, 0.25)):
+    lm = make_tiny(family, **WIDE)
+    ids = calibration_windows(lm.tokenizer, CALIB)
+    scores = compute_importance(lm, ids, "wanda")
+    return lm, ids, scores, make_plan(lm, list(attention), list(mlp), "wanda")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mode", COMPENSATIONS.names)
+def test_a_plan_that_removes_nothing_changes_no_weight(make_tiny, family, mode):
+    lm = make_tiny(family, **WIDE)
+    before = {name: tensor.clone() for name, tensor in lm.model.state_dict().items()}
+    scores = compute_importance(lm, calibration_windows(lm.tokenizer, CALIB), "wanda")
+    result = prune_compensated(lm, uniform_plan(lm, 0.0, "wanda"), scores, CALIB, CompensationSettings(mode=mode))
+    after = lm.model.state_dict()
+    assert after.keys() == before.keys() and result.params_after == result.params_before
+    for name, tensor in before.items():
+        torch.testing.assert_close(after[name], tensor, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_refit_leaves_an_uncut_part_as_it_was(make_tiny, family):
+    lm, _, scores, _ = _setup(make_tiny, family)
+    plan = make_plan(lm, [0.5, 0.0], [0.0, 0.0], "wanda")  # only block 0's attention loses heads
+    downs = [lm.adapter.mlp_projections(layer)[2].weight.clone() for layer in lm.adapter.layers(lm.model)]
+    o_before = lm.adapter.attention_projections(lm.adapter.layers(lm.model)[0])[3].weight.clone()
+    prune_compensated(lm, plan, scores, CALIB, CompensationSettings(mode="refit"))
+    for layer, down in zip(lm.adapter.layers(lm.model), downs):
+        torch.testing.assert_close(lm.adapter.mlp_projections(layer)[2].weight, down, rtol=0, atol=0)
+    o_after = lm.adapter.attention_projections(lm.adapter.layers(lm.model)[0])[3].weight
+    assert o_after.shape[1] < o_before.shape[1] and not output_biases(lm.adapter, lm.model)
+
+
+def _projection_errors(lm, ids, layer_index, heads, channels, fit):
+    """Per projection, the calibration reconstruction error ``sum ||dense(x) - pruned(x)||^2`` of a
+    block run as pruned and compensated by ``fit`` (its inputs: block 0's, the dense stream)."""
+    layer = lm.adapter.layers(lm.model)[layer_index]
+    o_proj, down_proj = lm.adapter.attention_projections(layer)[3], lm.adapter.mlp_projections(layer)[2]
+    dense = {"o": o_proj.weight.clone(), "down": down_proj.weight.clone()}
+    errors = {"o": 0.0, "down": 0.0}
+
+    def hook(name, module, args, output):
+        x = args[0]
+        errors[name] += float(((x @ dense[name].T) - output).pow(2).sum())
+
+    with torch.no_grad(), applied(lm.adapter, layer, heads, channels, fit):
+        # registered after the fit's own bias hooks, so they see the compensated outputs
+        handles = [o_proj.register_forward_hook(lambda m, a, o: hook("o", m, a, o))]
+        handles.append(down_proj.register_forward_hook(lambda m, a, o: hook("down", m, a, o)))
+        try:
+            for start in range(0, ids.shape[0], 2):
+                hidden, calls = capture_calls(lm, ids[start : start + 2])
+                args, kwargs = calls[layer_index]
+                layer(hidden, *args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+    return errors
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_fit_increases_a_projections_reconstruction_error(make_tiny, family):
+    lm, ids, scores, plan = _setup(make_tiny, family)
+    heads, channels = removed_per_block(lm, plan, scores)[0]
+    hidden, calls = [], []
+    for start in range(0, ids.shape[0], 2):
+        first, block_calls = capture_calls(lm, ids[start : start + 2])
+        hidden.append(first)
+        calls.append(block_calls[0])
+    inputs = BlockInputs(hidden, calls, torch.device("cpu"), text_start(lm.tokenizer, ids))
+    layer = lm.adapter.layers(lm.model)[0]
+    uncompensated = _projection_errors(lm, ids, 0, heads, channels, BlockFit())
+    for mode in ("bias", "refit", "bias+refit"):
+        fit = fit_block(lm.adapter, layer, 0, inputs, heads, channels, CompensationSettings(mode=mode))
+        errors = _projection_errors(lm, ids, 0, heads, channels, fit)
+        # down_proj's inputs follow the attention's fit: compared on the same inputs, without its own fit
+        unfitted = _projection_errors(lm, ids, 0, heads, channels, BlockFit(fit.attn, NO_FIT))
+        assert errors["o"] < uncompensated["o"], (mode, errors, uncompensated)
+        assert errors["down"] < unfitted["down"], (mode, errors, unfitted)
+
+
+def test_the_refit_solves_the_damped_least_squares_problem():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 12, generator=generator) @ torch.randn(12, 12, generator=generator)  # correlated inputs
+    weight = torch.randn(5, 12, generator=generator)
+    kept = torch.tensor([0, 2, 3, 5, 8, 9, 11])
+    moments = Moments.zeros(12, torch.device("cpu"))
+    moments.add(x)
+    damping = 0.01
+    fit = refit_fit(moments, weight, kept, damping, "test")
+    x64, w64 = x.double(), weight.double()
+    gram = x64[:, kept].T @ x64[:, kept] / 400
+    lam = damping * torch.diagonal(gram).mean()
+    change = torch.linalg.solve(
+        gram + lam * torch.eye(7, dtype=torch.float64), x64[:, kept].T @ (x64 @ w64.T - x64[:, kept] @ w64[:, kept].T) / 400
+    )
+    torch.testing.assert_close(fit.weight.double(), w64[:, kept] + change.T, rtol=1e-5, atol=1e-6)
+    assert fit.bias is None
+
+
+def test_all_zero_activations_are_a_singular_system():
+    moments = Moments.zeros(8, torch.device("cpu"))
+    moments.add(torch.zeros(64, 8))
+    with pytest.raises(CompensationError, match="all zero"):
+        refit_fit(moments, torch.randn(4, 8), torch.tensor([0, 1, 2]), 0.01, "block 0 o_proj")
+
+
+def test_a_dead_attention_is_refused_in_one_line(make_tiny):
+    lm, _, scores, plan = _setup(make_tiny, "llama")
+    with torch.no_grad():  # every head of block 0 outputs zeros: o_proj's kept inputs are all zero
+        lm.adapter.attention_projections(lm.adapter.layers(lm.model)[0])[2].weight.zero_()
+    with pytest.raises(CompensationError, match="block 0 o_proj: .*all zero"):
+        prune_compensated(lm, plan, scores, CALIB, CompensationSettings(mode="refit"))
+
+
+def test_too_little_calibration_text_is_refused_before_any_work(make_tiny):
+    lm, _, scores, plan = _setup(make_tiny, "llama")
+    fingerprint = lm.fingerprint
+    short = WindowSpec(n_samples=1, seq_len=16)
+    with pytest.raises(CompensationError, match=r"from 16 calibration tokens; give at least \d+"):
+        prune_compensated(lm, plan, scores, short, CompensationSettings(mode="refit"))
+    lm.refresh_fingerprint()
+    assert lm.fingerprint == fingerprint and lm.param_count() > plan.params["pruned_total"]
+    # the bias alone solves no system: the same text is enough
+    prune_compensated(lm, plan, scores, short, CompensationSettings(mode="bias"))
+    assert output_biases(lm.adapter, lm.model)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_streaming_compensates_exactly_as_resident(make_tiny, family):
+    resident, _, scores, plan = _setup(make_tiny, family)
+    streamed = place_model(resident.copy(), Placement(device=torch.device("cpu"), dtype=torch.float32, stream=True))
+    settings = CompensationSettings(mode="bias+refit")
+    expected = prune_compensated(resident, plan, scores, CALIB, settings)
+    got = prune_compensated(streamed, plan, scores, CALIB, settings)
+    assert got.params_after == expected.params_after == plan.params["pruned_total"] + 2 * 2 * 64  # two biases per block
+    for name, tensor in resident.model.state_dict().items():
+        torch.testing.assert_close(streamed.model.state_dict()[name], tensor, rtol=0, atol=0)
+    assert got.compensation["mode"] == "bias+refit" and streamed.pruned_from["compensation"]["windows"]["n_samples"] == 4
+
+
+def test_kept_columns_are_the_complement_of_the_removed_units():
+    assert kept_columns(4, 2, (1, 3)).tolist() == [0, 1, 4, 5]
+    assert kept_columns(5, 1, (0,)).tolist() == [1, 2, 3, 4]
