@@ -110,7 +110,8 @@ def plan_from_table(
         smoothed: plan on the smoothed table (else the raw deltas).
     Returns:
         A validated RatePlan with allocator, budget, predicted_loss (summed table loss,
-        linear between grid rates) and table_key filled in.
+        linear between grid rates) and table_key filled in; its criterion is the table's, or
+        the allocator's own (``allocator_registry.own_criterion``: flap, slimgpt).
     Raises:
         BudgetError: a budget outside [0, 1) or beyond reach (the message gives the
             reachable range), or contradictory constraints.
