@@ -411,6 +411,17 @@ def test_cli_compare_prunes_and_measures_every_allocator(tiny_saved, calib, tmp_
     assert "dense" in printed and "uniform" in printed
 
 
+def test_cli_compare_prunes_paper_baselines_by_their_own_criterion(tiny_saved, calib, tmp_path):
+    """flap prunes by FLAP's metric, slimgpt block by block with OBS, beside a table of another criterion."""
+    _, table, table_path = tiny_saved
+    out = tmp_path / "results.csv"
+    args = ["compare", "--model", table.model, "--table", str(table_path), "--budgets", "0.3", "--allocators", "flap,slimgpt,uniform"]
+    assert cli.main(args + ["--eval-data", calib.data, "--eval-samples", "1", "--eval-seq-len", "16", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert [r["allocator"] for r in rows] == ["flap", "slimgpt", "uniform"]
+    assert all(int(r["removed"]) >= 0.3 * table.dense_prunable and math.isfinite(float(r[f"ppl_{calib.data}"])) for r in rows)
+
+
 def test_cli_compare_unreachable_budget_exits_2(tiny_saved, calib, tmp_path, capsys):
     _, table, table_path = tiny_saved
     out = tmp_path / "results.csv"
