@@ -156,7 +156,7 @@ def _give_blocks_rotary(model) -> None:
 
 
 def peer_prune(folder: Path, tokenizer, args, budget: float, bias: bool, windows: torch.Tensor):
-    """FLAP's own pruning of a fresh copy of the model: (model, removed prunable parameters)."""
+    """FLAP's own pruning of a fresh copy of the model: (model, removed prunable parameters, kept per block)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -173,20 +173,22 @@ def peer_prune(folder: Path, tokenizer, args, budget: float, bias: bool, windows
     )
     with torch.no_grad():
         flap.prune_flap(flap_args, model, tokenizer, torch.device("cpu"))
-    return model, masked_params(model)
+    return (model, *masked_structure(model))
 
 
-def masked_params(model) -> int:
-    """Prunable parameters FLAP's masks remove: per head its q rows and o columns, k/v with a
-    whole group, per channel its gate/up rows and down column."""
+def masked_structure(model) -> tuple[int, list[tuple[int, int]]]:
+    """Prunable parameters FLAP's masks remove (per head its q rows and o columns, k/v with a
+    whole group, per channel its gate/up rows and down column) and (heads, channels) kept per block."""
     cfg = model.config
     hidden, head_dim, group = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads // cfg.num_key_value_heads
-    removed = 0
+    removed, kept = 0, []
     for layer in model.model.layers:
         heads_gone = (layer.self_attn.o_proj.weight.reshape(hidden, -1, head_dim).abs().sum((0, 2)) == 0).reshape(-1, group)  # (KV, G)
+        channels_gone = int((layer.mlp.up_proj.weight.abs().sum(1) == 0).sum())
         removed += int(heads_gone.sum()) * 2 * hidden * head_dim + int(heads_gone.all(1).sum()) * 2 * hidden * head_dim
-        removed += int((layer.mlp.up_proj.weight.abs().sum(1) == 0).sum()) * 3 * hidden
-    return removed
+        removed += channels_gone * 3 * hidden
+        kept.append((heads_gone.numel() - int(heads_gone.sum()), layer.mlp.up_proj.out_features - channels_gone))
+    return removed, kept
 
 
 # ---- the run ---------------------------------------------------------------------------------------
@@ -217,25 +219,30 @@ def main(argv=None) -> int:
     table = loss_table(dense, spec)  # the default table: its losses are not read, its geometry is (FLAP plans off-grid)
     dense_ppl = heldout_ppl(dense, heldout)
     scores = compute_importance(dense, windows, "flap", 8)
-    rows = []
+    rows, structures = [], []
     for budget in [float(b) for b in args.budgets.split(",") if b]:
-        plan = plan_from_table(dense, table, budget, "flap", windows=windows, scores=scores)
         peer = {}
         for bias in (False, True):
             t0, load0 = time.perf_counter(), os.getloadavg()[0]
-            model, removed = peer_prune(folder, dense.tokenizer, args, budget, bias, windows)
+            model, removed, kept = peer_prune(folder, dense.tokenizer, args, budget, bias, windows)
             peer[bias] = (heldout_ppl(LoadedModel.from_transformers(model, dense.tokenizer, "flap-peer", "peer"), heldout), removed)
-            peer[bias] += (time.perf_counter() - t0, load0)
+            peer[bias] += (time.perf_counter() - t0, load0, kept)
             del model
-        for label, bias, settings in OURS:
-            t0 = time.perf_counter()
-            pruned = dense.copy()
-            prune_compensated(pruned, plan, scores, calib, settings)
-            ours = heldout_ppl(pruned, heldout)
-            ppl, removed, peer_s, load0 = peer[bias]
-            rows.append((budget, label, removed, plan.params["removed"], ppl, ours, peer_s, time.perf_counter() - t0, load0))
-            log.info("budget %.0f%% %s: FLAP %s ours %s", 100 * budget, label, ppl, ours)
+        # our budget as asked, and as much as FLAP's code removed (k/v rows stay with any kept head of their group)
+        for ours_budget in (budget, peer[False][1] / table.dense_prunable):
+            plan = plan_from_table(dense, table, ours_budget, "flap", windows=windows, scores=scores)
+            for label, bias, settings in OURS:
+                t0 = time.perf_counter()
+                pruned = dense.copy()
+                result = prune_compensated(pruned, plan, scores, calib, settings)
+                ours = heldout_ppl(pruned, heldout)
+                ppl, removed, peer_s, load0, peer_kept = peer[bias]
+                rows.append((budget, label, removed, plan.params["removed"], ppl, ours, peer_s, time.perf_counter() - t0, load0))
+                log.info("budget %.0f%% (ours %.2f%%) %s: FLAP %s ours %s", 100 * budget, 100 * ours_budget, label, ppl, ours)
+            ours_kept = [(len(h), len(c)) for h, c in zip(result.kept_heads, result.kept_channels)]
+        structures.append((budget, peer[False][4], ours_kept))
     lines = report_lines(args, command, dense, table, dense_ppl, rows, machine_line(load_start, started))
+    lines += structure_lines(structures)
     write_report(args.name, lines)
     return 0
 
@@ -269,6 +276,24 @@ def report_lines(args, command, dense, table, dense_ppl, rows, machine) -> list[
             f"| {budget:.0%} | {label} | {peer_removed / table.dense_prunable:.2%} | "
             f"{our_removed / table.dense_prunable:.2%} | {' | '.join(cells)} | {peer_s:.0f} | {our_s:.0f} | {load:.1f} |"
         )
+    return lines
+
+
+def structure_lines(structures) -> list[str]:
+    """Heads and channels each block keeps: FLAP's code against ours at FLAP's removed count."""
+    lines = []
+    for budget, peer, ours in structures:
+        lines += [
+            "",
+            f"Kept per block at {budget:.0%} (heads / MLP channels; ours at the parameter count FLAP's code removed):",
+            "",
+            "| | " + " | ".join(str(i) for i in range(len(peer))) + " |",
+            "|---|" + "---:|" * len(peer),
+            "| FLAP heads | " + " | ".join(str(h) for h, _ in peer) + " |",
+            "| ours heads | " + " | ".join(str(h) for h, _ in ours) + " |",
+            "| FLAP channels | " + " | ".join(str(c) for _, c in peer) + " |",
+            "| ours channels | " + " | ".join(str(c) for _, c in ours) + " |",
+        ]
     return lines
 
 
