@@ -49,12 +49,13 @@ from gap_engine.data.windows import calibration_windows
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
+from gap_engine.model.slicing import add_bias_
 from gap_engine.pipeline.compare import heldout_sets
 from gap_engine.pipeline.stages import loss_table
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.prune.compensation_pass import prune_compensated
 from gap_engine.prune.compensations import CompensationSettings
-from gap_engine.prune.importance import compute_importance
+from gap_engine.prune.importance import compute_importance, flap_standardised, input_statistics
 from gap_engine.tables.artefact import TableSpec
 
 log = logging.getLogger("bench_flap_peer")
@@ -191,6 +192,54 @@ def masked_structure(model) -> tuple[int, list[tuple[int, int]]]:
     return removed, kept
 
 
+# ---- our metric with FLAP's freedom: heads one by one, masked -------------------------------------
+def masked_ours(dense: LoadedModel, windows: torch.Tensor, target: float, bias: bool) -> LoadedModel:
+    """A copy of ``dense`` with the units our FLAP metric and global threshold remove (``target``
+    parameters, a head counted with its share of k/v, as FLAP counts) zeroed one by
+    one, heads included (as FLAP's code masks them; no GQA model ships so), and with ``bias``
+    FLAP's own compensation (the removed inputs' dense-stream mean times their columns).
+
+    A diagnostic: it equals FLAP's code up to our statistics, so what it loses against our
+    shippable ``flap`` is the GQA rounding, and what it differs from FLAP's code is the rest."""
+    z = flap_standardised(dense, windows, 8)
+    layers = dense.adapter.layers(dense.model)
+    linears = {}
+    for i, layer in enumerate(layers):
+        linears[i, "o"], linears[i, "down"] = dense.adapter.attention_projections(layer)[3], dense.adapter.mlp_projections(layer)[2]
+    stats = input_statistics(dense, windows, linears, 8)
+    units = []  # (z, parameters freed, layer, kind, index)
+    for i, layer in enumerate(layers):
+        g = dense.adapter.geometry(layer)
+        hidden = linears[i, "o"].out_features
+        units += [(float(v), 2 * hidden * g.head_dim * (1 + 1 / g.group_size), i, "o", h) for h, v in enumerate(z[i].head)]
+        units += [(float(v), 3 * hidden, i, "down", c) for c, v in enumerate(z[i].channel)]
+    removed: dict[tuple[int, str], list[int]] = {}
+    freed = 0.0
+    for _, params, i, kind, index in sorted(units):
+        if freed >= target:
+            break
+        removed.setdefault((i, kind), []).append(index)
+        freed += params
+    pruned = dense.copy()
+    for i, layer in enumerate(pruned.adapter.layers(pruned.model)):
+        for kind, owner, name in (
+            ("o", pruned.adapter.attention(layer), pruned.adapter.output_name),
+            ("down", pruned.adapter.mlp(layer), pruned.adapter.down_name),
+        ):
+            units_gone = removed.get((i, kind), [])
+            if not units_gone:
+                continue
+            width = dense.adapter.geometry(layer).head_dim if kind == "o" else 1
+            cols = torch.tensor([u * width + k for u in units_gone for k in range(width)])
+            linear = getattr(owner, name)
+            with torch.no_grad():
+                if bias:
+                    mean = (stats[i, kind].total / stats[i, kind].count).float()
+                    add_bias_(owner, name, linear.weight[:, cols] @ mean[cols])
+                linear.weight[:, cols] = 0.0
+    return pruned
+
+
 # ---- the run ---------------------------------------------------------------------------------------
 def heldout_ppl(lm: LoadedModel, heldout: dict) -> dict[str, float]:
     return {source: math.exp(mean_nll(lm, w, 4)) for source, w in heldout.items()}
@@ -241,6 +290,13 @@ def main(argv=None) -> int:
                 log.info("budget %.0f%% (ours %.2f%%) %s: FLAP %s ours %s", 100 * budget, 100 * ours_budget, label, ppl, ours)
             ours_kept = [(len(h), len(c)) for h, c in zip(result.kept_heads, result.kept_channels)]
         structures.append((budget, peer[False][4], ours_kept))
+        for bias in (False, True):
+            t0 = time.perf_counter()
+            ours = heldout_ppl(masked_ours(dense, windows, budget * table.dense_prunable, bias), heldout)  # FLAP's accounting
+            ppl, removed, peer_s, load0, _ = peer[bias]
+            label = "ours masked head by head" + (", FLAP's bias" if bias else "")
+            rows.append((budget, label, removed, peer[False][1], ppl, ours, peer_s, time.perf_counter() - t0, load0))
+            log.info("budget %.0f%% %s: FLAP %s ours %s", 100 * budget, label, ppl, ours)
     lines = report_lines(args, command, dense, table, dense_ppl, rows, machine_line(load_start, started))
     lines += structure_lines(structures)
     write_report(args.name, lines)
