@@ -1,272 +1,264 @@
-"""Quality benchmark of the allocators at equal budget, on a real model.
+"""Quality benchmark: GAP's DP against the field's methods at equal budget, each with compensation.
 
-Builds (or reads from the cache) a loss table of the model with the default settings of
-the command line (``config.CLI_TABLE``; every one can be overridden), then for every
-budget and allocator makes a plan, prunes a copy of the model with it (same within-layer
-criterion and calibration windows for every allocator) and measures, through
-``pipeline.compare``: parameters removed, the table's prediction and what it rests on
-(measured or estimated cells), the same objective measured on the calibration windows,
-the calibration NLL increase, and held-out perplexity on each source. GAP's DP is also
-run restricted to MLP channels (attention kept dense), the reference a table that
-misprices attention loses to. Optionally runs the evolutionary refinement of the DP plan
-at one budget. Writes a CSV and a markdown report. Targets: at 20%,
-(DP perplexity - dense) / (uniform perplexity - dense) <= 0.15, and DP never worse than
-its MLP-only plan.
+For every budget, method (allocator) and compensation, a copy of the model is pruned for real
+and measured on held-out text of both built-in sources: perplexity, KL(dense || pruned) per
+token and top-1 agreement with the dense model; then, for each method's best compensation at
+that budget (lowest mean held-out KL), zero-shot accuracy on the offline task
+``gap_wiki_next``. The methods:
 
-    python bench/bench_quality.py [--model smollm2-135m] [--estimator refine --objective kl
-        --samples 16 --seq-len 256 --rates 0,0.125,...] [--budgets 0.1,0.2,0.3,0.4,0.5]
-        [--allocators dp,uniform,flap,owl] [--evo-budgets 0.2] [--name quality] [--resume]
+- ``dp``: GAP's DP on the default loss table (fisher, KL, wanda criterion);
+- ``uniform``: the same rate everywhere, same criterion: with the same compensation a
+  comparison against DP isolates the allocator;
+- ``flap``: FLAP as its paper built it: fluctuation metric, per-layer standardisation and
+  global selection; its own compensation is ``bias``;
+- ``slimgpt``: SlimGPT's log-increasing layer rates and greedy OBS block by block with its
+  update (criterion ``obs``): its compensation is built in, so it runs with ``none``;
+- ``owl`` on request.
 
-An interrupted run keeps what it measured in the CSV (written after the allocators, again
-after evo); ``--resume`` with the same settings measures only the plans that are missing.
+Compensations (``prune.compensations``): none, bias, refit, bias+refit, each fitted on the
+table's calibration windows. Every row is appended to the CSV as soon as it is measured, with
+the load average at its start and end, so an interrupted run keeps what it measured and
+``--resume`` measures only what is missing.
+
+    python bench/bench_quality.py [--model smollm2-135m] [--budgets 0.1,0.2,0.3,0.4,0.5]
+        [--methods dp:none,dp:bias,...] [--task-limit 100] [--name quality] [--resume]
+
+Settings are small but stated in the report: 16 x 256 calibration tokens (the table's),
+8 x 256 held-out tokens per source, the task on its first ``--task-limit`` examples.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import logging
+import math
 import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from quality_report import report_text
 from report import RESULTS, add_eval_args, machine_line
 
 from gap_engine.cli.output import csv_text
 from gap_engine.core.config import CLI_TABLE, WindowSpec
-from gap_engine.core.fsutil import atomic_write_text
+from gap_engine.core.fsutil import atomic_write_text, cache_root
 from gap_engine.core.progress import Hooks
-from gap_engine.data.windows import calibration_windows
+from gap_engine.data.bos import text_start
+from gap_engine.data.windows import batches, calibration_windows
+from gap_engine.evaluate.metrics import mean_nll
+from gap_engine.evaluate.tasks import dense_task_scores, prepare_tasks, run_tasks, task_settings
 from gap_engine.model.loading import load_model
-from gap_engine.pipeline import compare
-from gap_engine.pipeline.compare import Outcome, heldout_sets, measure_plan, reference_numbers
-from gap_engine.pipeline.stages import loss_table
+from gap_engine.pipeline.compare import heldout_sets
+from gap_engine.pipeline.stages import loss_table, prune_with_plan
+from gap_engine.plan.allocator_registry import needs_windows
 from gap_engine.plan.allocators import plan_from_table
-from gap_engine.plan.evo import EvoSettings
-from gap_engine.plan.problem import Constraints
+from gap_engine.prune.compensation_pass import prune_compensated
+from gap_engine.prune.compensations import CompensationSettings
+from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.importance import compute_importance
-from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid
+from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 
 log = logging.getLogger("bench_quality")
-TARGET_RATIO = 0.15
-MLP_ONLY = "dp, MLP only"
+TASK = "gap_wiki_next"
+DEFAULT_METHODS = (
+    "dp:none,dp:bias,dp:refit,dp:bias+refit,uniform:none,uniform:bias,uniform:refit,uniform:bias+refit,"
+    "flap:none,flap:bias,flap:refit,flap:bias+refit,slimgpt:none"
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--data", default=CLI_TABLE.windows.data, help="calibration text of the table")
+    p.add_argument("--data", default=CLI_TABLE.windows.data, help="calibration text of the table (and of compensation)")
     p.add_argument("--estimator", default=CLI_TABLE.estimator)
     p.add_argument("--objective", default=CLI_TABLE.objective)
-    p.add_argument("--samples", type=int, default=CLI_TABLE.windows.n_samples, help="calibration windows of the table")
+    p.add_argument("--samples", type=int, default=CLI_TABLE.windows.n_samples, help="calibration windows")
     p.add_argument("--seq-len", type=int, default=CLI_TABLE.windows.seq_len, help="tokens per calibration window")
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in CLI_TABLE.rate_grid), help="the table's rate grid")
-    p.add_argument("--criterion", default="wanda")
+    p.add_argument("--criterion", default="wanda", help="the table's criterion (dp, uniform, owl prune by it)")
     p.add_argument("--budgets", default="0.1,0.2,0.3,0.4,0.5")
-    p.add_argument("--allocators", default="dp,uniform,flap,owl")
-    p.add_argument("--mlp-only", action=argparse.BooleanOptionalAction, default=True, help="also DP restricted to MLP channels")
-    p.add_argument("--evo-budgets", default="0.2", help="budgets for the evo refinement, comma-separated; empty: skip")
-    p.add_argument("--evo-generations", type=int, default=4)
-    p.add_argument("--evo-offspring", type=int, default=4)
+    p.add_argument("--methods", default=DEFAULT_METHODS, help="allocator:compensation, comma-separated")
+    p.add_argument("--task-limit", type=int, default=100, help="examples of gap_wiki_next per scored model; 0: no task")
     add_eval_args(p)
-    p.add_argument("--lock", default="", help="layers kept dense, e.g. 0,29 (none by default)")
     p.add_argument("--name", default="quality", help="output files: bench/results/<name>.md and .csv")
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="keep the plans already in <name>.csv (same settings: the caller's word) and measure only the missing ones",
-    )
+    p.add_argument("--resume", action="store_true", help="keep the rows already in <name>.csv (same settings: the caller's word)")
     return p.parse_args(argv)
 
 
-def mlp_only(table: LossTable) -> LossTable:
-    """The table with every attention rate above 0 made useless to the DP (removes nothing, costs a lot)."""
-    attention = np.array([kind == "attn" for _, kind in table.components])[:, None] & (np.arange(len(table.rate_grid)) > 0)[None, :]
-    removed = np.where(attention, 0, table.removed)
-    losses = np.where(attention, 1e6, table.losses())
-    return dataclasses.replace(table, removed=removed, smoothed=losses, delta=np.where(attention, 1e6, table.delta))
-
-
-def earlier_outcomes(path: Path, objective: str) -> dict[tuple[str, float], Outcome]:
-    """(allocator, budget) -> Outcome of an earlier, interrupted run's CSV in the same objective."""
+def read_rows(path: Path) -> list[dict]:
     if not path.exists():
-        return {}
+        return []
     with path.open(newline="") as f:
-        rows = [Outcome.from_row(row) for row in csv.DictReader(f)]
-    return {(o.allocator, round(o.budget, 6)): o for o in rows if o.objective == objective}
+        return list(csv.DictReader(f))
 
 
-def missing(done: dict, allocators: list[str], budgets: list[float]) -> dict[tuple[str, ...], list[float]]:
-    """Allocators still to run -> the budgets they are missing at (grouped so each group is one compare call)."""
-    groups: dict[tuple[str, ...], list[float]] = {}
-    for budget in budgets:
-        todo = tuple(a for a in allocators if (a, round(budget, 6)) not in done)
-        if todo:
-            groups.setdefault(todo, []).append(budget)
-    return groups
+def row_key(row: dict) -> tuple[str, str, str, str]:
+    return (row["model"], f"{float(row['budget']):.4f}", row["allocator"], row["compensation"])
 
 
-def mlp_only_outcomes(lm, table, budgets, heldout, constraints) -> list[Outcome]:
-    """GAP's DP restricted to MLP channels, pruned and measured like every allocator."""
-    calib_spec = table.spec.windows
-    windows = calibration_windows(lm.tokenizer, calib_spec)
-    scores = compute_importance(lm, windows, table.spec.criterion, calib_spec.batch_size)
-    reference = reference_numbers(lm, windows, heldout, calib_spec.batch_size)
-    restricted = mlp_only(table)
-    out = []
-    for budget in budgets:
-        started = time.perf_counter()
-        plan = plan_from_table(lm, restricted, budget, "dp", constraints)
-        assert not any(plan.attention_rates), "the MLP-only plan took attention heads"
-        outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference, table)
-        outcome.allocator = MLP_ONLY
-        outcome.extras = {"seconds": round(time.perf_counter() - started, 1)}
-        out.append(outcome)
-        log.info("%s at %.0f%%: %s", MLP_ONLY, 100 * budget, outcome.perplexity)
+def dense_logprobs(dense, windows: torch.Tensor, path: Path, batch_size: int) -> np.ndarray:
+    """The dense model's next-token log-probabilities on ``windows`` at the counted positions,
+    (N, T-1-start, V) float32, computed once and kept on disk (0.4 GB per source for SmolLM2's
+    vocabulary, 2.1 GB for Gemma 3's at 8 x 256 tokens)."""
+    if path.exists():
+        return np.load(path, mmap_mode="r")
+    start = text_start(dense.tokenizer, windows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial.npy")
+    vocab = dense.model.get_output_embeddings().weight.shape[0]
+    out = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(*windows[:, start + 1 :].shape, vocab))
+    with torch.inference_mode():
+        for b, batch in enumerate(batches(windows, batch_size)):
+            logits = dense.model(input_ids=batch, use_cache=False).logits[:, start:-1]  # (B, T-1-start, V)
+            logp = F.log_softmax(logits.float(), -1)
+            out[b * batch_size : b * batch_size + len(batch)] = logp.numpy()
+    out.flush()
+    del out
+    partial.rename(path)
+    return np.load(path, mmap_mode="r")
+
+
+@torch.inference_mode()
+def measure(pruned, dense_logp: dict, heldout: dict, batch_size: int) -> dict:
+    """Held-out perplexity, KL(dense || pruned) per token and top-1 agreement per source."""
+    out = {}
+    for source, windows in heldout.items():
+        start = text_start(pruned.tokenizer, windows)
+        nll = kl = agree = 0.0
+        for b, batch in enumerate(batches(windows, batch_size)):
+            logp = F.log_softmax(pruned.model(input_ids=batch, use_cache=False).logits[:, start:-1].float(), -1)  # (B, T', V)
+            logp_d = torch.from_numpy(np.asarray(dense_logp[source][b * batch_size : b * batch_size + len(batch)], dtype=np.float32))
+            targets = batch[:, start + 1 :]
+            nll -= logp.gather(-1, targets[..., None]).sum().item()
+            kl += (logp_d.exp() * (logp_d - logp)).sum().item()
+            agree += (logp.argmax(-1) == logp_d.argmax(-1)).sum().item()
+        count = windows[:, start + 1 :].numel()
+        out |= {f"ppl_{source}": math.exp(nll / count), f"kl_{source}": kl / count, f"top1_{source}": agree / count}
     return out
 
 
-def write_csv(outcomes: list[Outcome], path: Path) -> None:
-    atomic_write_text(path, csv_text([o.row() for o in outcomes]))
+class Run:
+    """One model's benchmark: its table, windows and plans, rows appended to the CSV as measured."""
 
-
-def ratio(dp: Outcome, uniform: Outcome, source: str) -> float:
-    dense = dp.dense_perplexity[source]
-    return (dp.perplexity[source] - dense) / (uniform.perplexity[source] - dense)
-
-
-def settings_lines(args, table: LossTable, sources, dense: Outcome) -> list[str]:
-    measured = int(table.measured_cells()[table.removed > 0].sum())
-    return [
-        "## Settings",
-        "",
-        f"- Loss table: estimator {table.spec.estimator}, objective {table.spec.objective}, split attention/MLP, "
-        f"{table.spec.windows.data} calibration, {table.spec.windows.n_samples} windows x {table.spec.windows.seq_len} "
-        f"tokens (windows start with {table.window_start}), criterion {table.spec.criterion}, rate grid "
-        f"{', '.join(f'{r:g}' for r in table.rate_grid)} ({len(table.components)} components x {len(table.rate_grid)} rates); "
-        f"{measured} of {int((table.removed > 0).sum())} cells measured exactly, the rest estimated; its build took "
-        f"{table.build_seconds:.0f} s wall, {table.extras.get('cpu_seconds', float('nan')):.0f} s CPU.",
-        f"- Every allocator prunes the same units inside a layer (the table's criterion on the same calibration "
-        f"windows); only the per-layer rates differ. Budgets are fractions of the {table.dense_prunable:,} prunable "
-        f"parameters (all attention and MLP projections). '{MLP_ONLY}' is GAP's DP with every attention kept dense.",
-        f"- predicted: the table's sum of single-component {table.spec.objective} increases (from measured, "
-        f"estimated or mixed cells); measured: the same objective with the whole plan applied, on the table's "
-        f"calibration windows; calib. +NLL: the calibration NLL increase. Held-out perplexity: {args.eval_samples} "
-        f"windows x {args.eval_seq_len} tokens per source ({', '.join(sources)}), never overlapping calibration text.",
-        f"- Dense: calibration NLL {dense.dense_calib_loss:.4f}; perplexity "
-        + ", ".join(f"{s} {dense.dense_perplexity[s]:.3f}" for s in sources)
-        + ".",
-        "",
-    ]
-
-
-def results_lines(outcomes, sources, objective) -> list[str]:
-    lines = [
-        "## Results",
-        "",
-        f"| budget | allocator | removed (of prunable) | predicted {objective} | from cells | measured {objective} | "
-        "calib. +NLL | " + " | ".join(f"ppl {s}" for s in sources) + " |",
-        "|---:|---|---:|---:|---|---:|---:|" + "---:|" * len(sources),
-    ]
-    for o in sorted(outcomes, key=lambda o: (round(o.budget, 6), o.allocator != "dp")):
-        predicted = f"{o.predicted_loss:.4f}" if o.predicted_loss is not None else "-"
-        measured = f"{o.calib_objective_increase:.4f}" if o.calib_objective_increase is not None else "-"
-        ppl = " | ".join(f"{o.perplexity[s]:.3f}" for s in sources)
-        lines.append(
-            f"| {o.budget:.0%} | {o.allocator} | {o.removed:,} ({o.removed_fraction:.2%}) | {predicted} | "
-            f"{o.predicted_basis or '-'} | {measured} | {o.calib_loss_increase:.4f} | {ppl} |"
+    def __init__(self, args, csv_path: Path):
+        self.args, self.csv_path = args, csv_path
+        self.rows = read_rows(csv_path) if args.resume else []
+        self.done = {row_key(r): r for r in self.rows}
+        self.dense = load_model(args.model)
+        self.calib = WindowSpec(data=args.data, n_samples=args.samples, seq_len=args.seq_len, batch_size=8)
+        spec = TableSpec(
+            windows=self.calib,
+            criterion=args.criterion,
+            rate_grid=parse_rate_grid(args.rates),
+            estimator=args.estimator,
+            objective=args.objective,
         )
-    return lines
-
-
-def target_lines(outcomes, sources) -> list[str]:
-    by_key = {(round(o.budget, 6), o.allocator): o for o in outcomes}
-    budgets = sorted({round(o.budget, 6) for o in outcomes})
-    lines = ["", "## DP against uniform", ""]
-    lines.append(f"Ratio = (DP perplexity - dense) / (uniform perplexity - dense); target <= {TARGET_RATIO} at 20%.")
-    lines += [
-        "",
-        "| budget | " + " | ".join(f"ratio {s}" for s in sources) + " | calib. NLL ratio |",
-        "|---:|" + "---:|" * (len(sources) + 1),
-    ]
-    for budget in budgets:
-        dp, uni = by_key.get((budget, "dp")), by_key.get((budget, "uniform"))
-        if dp is not None and uni is not None:
-            cells = " | ".join(f"{ratio(dp, uni, s):.3f}" for s in sources)
-            lines.append(f"| {budget:.0%} | {cells} | {dp.calib_loss_increase / uni.calib_loss_increase:.3f} |")
-    losses = []
-    for budget in budgets:
-        dp = by_key.get((budget, "dp"))
-        for o in outcomes:
-            if dp is None or round(o.budget, 6) != budget or o.allocator in ("dp", "evo"):
-                continue
-            worse = [s for s in sources if o.perplexity[s] < dp.perplexity[s]]
-            if worse:
-                losses.append(
-                    f"- {budget:.0%}: {o.allocator} beats dp on "
-                    + ", ".join(f"{s} ({o.perplexity[s]:.3f} vs {dp.perplexity[s]:.3f})" for s in worse)
-                )
-    lines += [
-        "",
-        f"## Where DP loses to a baseline or to its own MLP-only plan (held-out perplexity; target: nowhere against '{MLP_ONLY}')",
-        "",
-    ]
-    return lines + (losses or ["- nowhere in this run."])
-
-
-def evo_lines(args, evos: list[Outcome]) -> list[str]:
-    objective = evos[0].objective
-    lines = [
-        "",
-        "## Evolutionary refinement of the DP plan",
-        "",
-        f"{args.evo_generations} generations x {args.evo_offspring} offspring, scored by the true calibration NLL "
-        f"(units zero-masked on the dense model, equal to slicing), starting from the DP plan. DP predicted: the "
-        f"table's sum of cells ({objective}); the other columns are calibration NLL increases except the last "
-        f"(evo's measured {objective}). Gain: how much lower evo's calibration NLL is than the DP plan's.",
-        "",
-        f"| budget | plans scored | time | DP predicted ({objective}) | DP calib. +NLL | evo calib. +NLL | gain | evo measured {objective} |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for evo in evos:
-        x = evo.extras
-        lines.append(
-            f"| {evo.budget:.0%} | {x['evo_evaluations']} | {x['seconds']:.0f} s | {x['dp_predicted']:.4f} | "
-            f"{x['dp_actual']:.4f} | {x['evo_actual']:.4f} | {x['dp_actual'] - x['evo_actual']:.4f} | {evo.calib_objective_increase:.4f} |"
+        self.table = loss_table(self.dense, spec, hooks=Hooks(progress=lambda d, t, eta: None))
+        self.windows = calibration_windows(self.dense.tokenizer, self.calib)
+        self.heldout = heldout_sets(
+            self.dense.tokenizer, WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len)
         )
-    return lines
+        self.scores: dict = {}
+        folder = cache_root() / "bench" / "dense_logprobs"
+        name = f"{self.dense.fingerprint}-{args.eval_samples}x{args.eval_seq_len}"
+        self.dense_logp = {s: dense_logprobs(self.dense, w, folder / f"{name}-{s}.npy", 8) for s, w in self.heldout.items()}
+        self.dense_ppl = {f"dense_ppl_{s}": math.exp(mean_nll(self.dense, w, 8)) for s, w in self.heldout.items()}
+        self.tasks = prepare_tasks(task_settings(TASK, limit=args.task_limit)) if args.task_limit > 0 else None
+        self.dense_row = self.dense_task()
 
+    def scores_for(self, criterion: str):
+        if is_sequential(criterion):
+            return None
+        if criterion not in self.scores:
+            self.scores[criterion] = compute_importance(self.dense, self.windows, criterion, self.calib.batch_size)
+        return self.scores[criterion]
 
-def markdown(args, command, table, outcomes, evos, sources, machine: str, kept: int) -> str:
-    lines = [
-        f"# Allocation quality at equal budget: {args.model}",
-        "",
-        "Generated by `bench/bench_quality.py`:",
-        "",
-        "```",
-        command,
-        "```",
-        "",
-        machine,
-        "",
-    ]
-    if kept:
-        lines += [
-            f"Resumed: {kept} of the {len(outcomes)} plans below were read from the CSV of an earlier run with the "
-            "same settings that was interrupted (their seconds are that run's); the time above is this run's.",
-            "",
+    def plan(self, allocator: str, budget: float):
+        windows = self.windows if needs_windows(allocator) else None
+        return plan_from_table(
+            self.dense, self.table, budget, allocator, windows=windows, scores=self.scores_for(self.table.spec.criterion)
+        )
+
+    def prune(self, plan, compensation: str):
+        pruned = self.dense.copy()
+        if is_sequential(plan.criterion):
+            if compensation != "none":
+                raise SystemExit(f"{plan.allocator} compensates inside its criterion; run it with compensation none")
+            return pruned, prune_with_plan(pruned, plan, self.calib)
+        settings = CompensationSettings(mode=compensation)
+        return pruned, prune_compensated(pruned, plan, self.scores_for(plan.criterion), self.calib, settings)
+
+    def task_accuracy(self, pruned) -> dict:
+        if self.tasks is None:
+            return {}
+        score = run_tasks(pruned, self.tasks)[TASK]
+        return {"task_acc": score.acc, "task_stderr": score.acc_stderr, "task_n": score.n}
+
+    def dense_task(self) -> dict:
+        """The dense model's task accuracy as row columns (cached per model and task settings)."""
+        if self.tasks is None:
+            return {}
+        score = dense_task_scores(self.dense.fingerprint, "float32", self.tasks, lambda names: run_tasks(self.dense, self.tasks, names))[
+            TASK
         ]
-    lines += settings_lines(args, table, sources, outcomes[0])
-    lines += results_lines(outcomes, sources, table.spec.objective)
-    lines += target_lines(outcomes, sources)
-    if evos:
-        lines += evo_lines(args, evos)
-    return "\n".join(lines) + "\n"
+        return {"dense_task_acc": round(score.acc, 4)}
+
+    def save(self) -> None:
+        atomic_write_text(self.csv_path, csv_text(self.rows))
+
+    def method(self, budget: float, allocator: str, compensations: list[str]) -> None:
+        """Every compensation of one allocator at one budget, then the task on the best of them."""
+        plan = None
+        best: tuple[float, object, dict] | None = None  # (mean KL, pruned model, row) of the best so far
+        for compensation in compensations:
+            key = (self.args.model, f"{budget:.4f}", allocator, compensation)
+            row = self.done.get(key)
+            if row is None:
+                plan = plan or self.plan(allocator, budget)
+                load_start, started = os.getloadavg()[0], time.perf_counter()
+                pruned, result = self.prune(plan, compensation)
+                prune_s = time.perf_counter() - started
+                row = {"model": self.args.model, "budget": budget, "allocator": allocator, "criterion": plan.criterion}
+                row |= {
+                    "compensation": compensation,
+                    "removed": plan.params["removed"],
+                    "removed_fraction": plan.params["removed_fraction_of_prunable"],
+                }
+                row |= measure(pruned, self.dense_logp, self.heldout, self.calib.batch_size) | self.dense_ppl
+                row |= {"prune_s": round(prune_s, 1), "eval_s": round(time.perf_counter() - started - prune_s, 1)}
+                row |= {"load_start": round(load_start, 2), "load_end": round(os.getloadavg()[0], 2), "best": ""} | self.dense_row
+                self.rows.append(row)
+                self.done[key] = row
+                self.save()
+                log.info(
+                    "%s %s at %.0f%%: %s",
+                    allocator,
+                    compensation,
+                    100 * budget,
+                    {k: v for k, v in row.items() if k.startswith(("ppl", "kl"))},
+                )
+            else:
+                pruned = None
+            kl = sum(float(row[f"kl_{s}"]) for s in self.heldout) / len(self.heldout)
+            if best is None or kl < best[0]:
+                best = (kl, pruned, row)
+        assert best is not None
+        _, pruned, row = best
+        for other in compensations:
+            self.done[(self.args.model, f"{budget:.4f}", allocator, other)]["best"] = "yes" if other == row["compensation"] else ""
+        if self.tasks is not None and not row.get("task_acc"):
+            if pruned is None:
+                pruned, _ = self.prune(plan or self.plan(allocator, budget), row["compensation"])
+            load_start, started = os.getloadavg()[0], time.perf_counter()
+            row |= self.task_accuracy(pruned) | {"task_s": round(time.perf_counter() - started, 1), "task_load": round(load_start, 2)}
+        self.save()
 
 
 def main(argv=None) -> int:
@@ -274,43 +266,17 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     command = " ".join(["python bench/bench_quality.py", *(sys.argv[1:] if argv is None else argv)])
     load_start, started = os.getloadavg(), time.perf_counter()
-    budgets = [float(b) for b in args.budgets.split(",") if b]
-    allocators = [m for m in args.allocators.split(",") if m]
-    constraints = Constraints(locked={int(x): 0.0 for x in args.lock.split(",") if x})
     csv_path, md_path = RESULTS / f"{args.name}.csv", RESULTS / f"{args.name}.md"
-
-    lm = load_model(args.model)
-    windows = WindowSpec(data=args.data, n_samples=args.samples, seq_len=args.seq_len, batch_size=8)
-    spec = TableSpec(
-        windows=windows, criterion=args.criterion, rate_grid=parse_rate_grid(args.rates), estimator=args.estimator, objective=args.objective
-    )
-    table = loss_table(lm, spec, hooks=Hooks(progress=lambda d, t, eta: log.info("table step %d/%d", d, t) if d % 20 == 0 else None))
-    heldout = heldout_sets(lm.tokenizer, WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len))
-    done = earlier_outcomes(csv_path, table.spec.objective) if args.resume else {}
-    earlier = set(done)
-    if done:
-        log.info("%d plans kept from %s", len(done), csv_path)
-    for todo, at in missing(done, allocators, budgets).items():
-        for outcome in compare(lm, table, at, list(todo), heldout, constraints, hooks=Hooks(message=log.info)):
-            done[outcome.allocator, round(outcome.budget, 6)] = outcome
-    if args.mlp_only:
-        todo = [b for b in budgets if (MLP_ONLY, round(b, 6)) not in done]
-        for outcome in mlp_only_outcomes(lm, table, todo, heldout, constraints) if todo else []:
-            done[MLP_ONLY, round(outcome.budget, 6)] = outcome
-    outcomes: list[Outcome] = [done[a, round(b, 6)] for b in budgets for a in allocators]
-    outcomes += [done[MLP_ONLY, round(b, 6)] for b in budgets] if args.mlp_only else []
-    write_csv(outcomes, csv_path)
-    evos = []
-    settings = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
-    for budget in [float(b) for b in args.evo_budgets.split(",") if b]:
-        evo = done.get(("evo", round(budget, 6)))
-        if evo is None:
-            evo = compare(lm, table, [budget], ["evo"], heldout, constraints, settings, Hooks(message=log.info))[0]
-        evos.append(evo)
-        write_csv(outcomes + evos, csv_path)  # after each: a resumed run keeps it
-    outcomes += evos
-    kept = sum((o.allocator, round(o.budget, 6)) in earlier for o in outcomes)
-    atomic_write_text(md_path, markdown(args, command, table, outcomes, evos, list(heldout), machine_line(load_start, started), kept))
+    run = Run(args, csv_path)
+    methods: dict[str, list[str]] = {}
+    for item in args.methods.split(","):
+        allocator, _, compensation = item.strip().partition(":")
+        methods.setdefault(allocator, []).append(compensation or "none")
+    for budget in [float(b) for b in args.budgets.split(",") if b]:
+        for allocator, compensations in methods.items():
+            run.method(budget, allocator, compensations)
+    text = report_text(args, command, run, machine_line(load_start, started))
+    atomic_write_text(md_path, text)
     log.info("wrote %s and %s", md_path, csv_path)
     return 0
 

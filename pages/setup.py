@@ -26,7 +26,7 @@ from gap_engine.data.windows import BUILTIN_SOURCES, load_corpus
 from gap_engine.model.loading import BUILTIN_MODELS
 from gap_engine.pipeline.expected import Prediction, predict_build, table_prediction
 from gap_engine.pipeline.jobs import manager, model_loaded, table_task
-from gap_engine.prune.criteria import CRITERIA
+from gap_engine.prune.criteria import SCORING_CRITERIA
 from gap_engine.tables import cache, lookup
 from gap_engine.tables.artefact import TableSpec, key_prefix, parse_rate_grid
 from gap_engine.tables.estimators import ESTIMATORS
@@ -349,9 +349,9 @@ with right:
     c1, c2, c3 = st.columns(3)
     c1.selectbox(
         "Criterion (which units go)",
-        CRITERIA.names,
+        SCORING_CRITERIA.names,
         key="setup_criterion",
-        help=f"{common.GLOSSARY['criterion']}\n\n{common.GLOSSARY['wanda']}\n\n{CRITERIA.help()}",
+        help=f"{common.GLOSSARY['criterion']}\n\n{common.GLOSSARY['wanda']}\n\n{SCORING_CRITERIA.help()}",
     )
     c2.selectbox(
         "Objective", OBJECTIVES.names, key="setup_objective", help=f"{OBJECTIVES.help()}\n\nBoth in {common.GLOSSARY['nats/token']}"

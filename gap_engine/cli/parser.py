@@ -35,7 +35,7 @@ from gap_engine.core.config import (
 )
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.prune.compensations import COMPENSATIONS
-from gap_engine.prune.criteria import CRITERIA
+from gap_engine.prune.criteria import SCORING_CRITERIA
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
@@ -117,9 +117,9 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
 def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> None:
     p.add_argument(
         "--criterion",
-        choices=CRITERIA.names,
+        choices=SCORING_CRITERIA.names,
         default=DEFAULT_CRITERION,
-        help=f"within-layer importance: which units a rate removes ({CRITERIA.help()}; default: %(default)s)",
+        help=f"within-layer importance: which units a rate removes ({SCORING_CRITERIA.help()}; default: %(default)s)",
     )
     p.add_argument(
         "--rates", default=_grid_text(CLI_TABLE.rate_grid), help="comma-separated rate grid starting at 0 (default: 0, 1/16, ..., 15/16)"

@@ -28,7 +28,7 @@ from gap_engine.core.validate import check_int
 # ---- the three choices ------------------------------------------------------------------
 # The names of prune.criteria's registry, for the layer below it that checks a plan's
 # criterion (model.rateplan); the registry asserts that they agree.
-CRITERIA = ("magnitude", "wanda", "flap", "taylor")
+CRITERIA = ("magnitude", "wanda", "flap", "taylor", "obs")
 DEFAULT_CRITERION = "wanda"
 MODES = ("split", "block")  # split: attention and MLP are separate components
 # The names of prune.compensations' registry (what surgery does after it cuts: see there), for

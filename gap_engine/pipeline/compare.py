@@ -28,6 +28,7 @@ from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
+from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.tables.artefact import LossTable
 
@@ -112,7 +113,7 @@ def measure_plan(
     calib_spec: WindowSpec,
     calib: torch.Tensor,
     heldout: Mapping[str, torch.Tensor],
-    scores: ImportanceScores,
+    scores: ImportanceScores | None,
     reference: Reference,
     table: LossTable | None = None,
     extra: Callable[[LoadedModel], dict] | None = None,
@@ -128,7 +129,8 @@ def measure_plan(
         plan: the plan (its predicted_loss is reported beside the truth).
         calib_spec, calib: the calibration windows' settings and their (N, T) token ids.
         heldout: source -> (N, T) held-out windows for perplexity.
-        scores: the dense model's importance scores of ``plan.criterion`` on ``calib``.
+        scores: the dense model's importance scores of ``plan.criterion`` on ``calib`` (None:
+            computed, or none for a sequential criterion, which prunes on ``calib_spec``'s windows).
         reference: the dense numbers on the same windows.
         table: the loss table behind the prediction: its objective is measured on ``calib``
             too, and the prediction's basis (measured or estimated cells) is recorded.
@@ -195,6 +197,16 @@ def compare(
     check_calibration(lm, calibration_tokens(calib_spec), compensation)  # before anything slow
     windows = calibration_windows(lm.tokenizer, calib_spec)
     scores = compute_importance(lm, windows, table.spec.criterion, calib_spec.batch_size)
+    by_criterion = {scores.criterion: scores}
+
+    def scores_of(criterion: str) -> ImportanceScores | None:
+        """Scores of a plan's criterion (a baseline may prune by its paper's own), computed once each."""
+        if is_sequential(criterion):
+            return None
+        if criterion not in by_criterion:
+            by_criterion[criterion] = compute_importance(lm, windows, criterion, calib_spec.batch_size)
+        return by_criterion[criterion]
+
     for budget in budgets:  # fail fast on an unreachable budget, before the slow part
         for allocator in allocators:
             check_reach(lm, table, budget, allocator, constraints)
@@ -215,7 +227,9 @@ def compare(
                 }
             else:
                 plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores)
-            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores, reference, table, extra, compensation)
+            # A sequential criterion (SlimGPT's OBS) updates the kept columns itself: that is its compensation.
+            own = NO_COMPENSATION if is_sequential(plan.criterion) else compensation
+            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores_of(plan.criterion), reference, table, extra, own)
             outcome.extras = outcome.extras | extras | {"seconds": round(time.perf_counter() - started, 1)}
             outcomes.append(outcome)
             hooks.say(f"{allocator} at {budget:.0%}: calibration loss {outcome.calib_loss_increase:+.4f}")

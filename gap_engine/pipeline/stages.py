@@ -9,12 +9,13 @@ themselves never call each other's entry points.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS, DEFAULT_SAVE_DTYPE, WindowSpec
 from gap_engine.core.device import DeviceSpec
-from gap_engine.core.errors import ModelLoadError, TableError
+from gap_engine.core.errors import CompensationError, ModelLoadError, TableError
 from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
 from gap_engine.core.progress import (
     CELLS,
@@ -38,7 +39,7 @@ from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.compensation_pass import prune_compensated
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
-from gap_engine.prune.criteria import reads_windows
+from gap_engine.prune.criteria import CRITERIA, is_sequential, reads_windows
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.prune.surgery import PruneResult, apply_plan
 from gap_engine.tables.artefact import LossTable, TableSpec, table_key
@@ -174,11 +175,25 @@ def prune_with_plan(
     scores: ImportanceScores | None = None,
     compensation: CompensationSettings = NO_COMPENSATION,
 ) -> PruneResult:
-    """Score the dense model with the plan's criterion (unless given), then prune it in place,
-    compensating the cut on the same windows (``compensation_pass``) unless ``compensation`` is none."""
+    """Score the dense model with the plan's criterion (unless given for it), then prune it in place,
+    compensating the cut on the same windows (``compensation_pass``) unless ``compensation`` is none.
+
+    A sequential criterion (``obs``) has no scores: it prunes block by block on the
+    calibration windows (``prune.sequential``), its OBS update being its own compensation."""
     plan.validate()
     plan.check_model(lm)
-    if scores is None and (any(plan.attention_rates) or any(plan.mlp_rates)):
+    pruning = any(plan.attention_rates) or any(plan.mlp_rates)
+    if pruning and is_sequential(plan.criterion):
+        if compensation.active:
+            raise CompensationError(
+                f"criterion '{plan.criterion}' updates the kept columns itself; it takes no --compensate {compensation.mode} (use none)"
+            )
+        ids = calibration_windows(lm.tokenizer, windows)
+        prune: Callable[..., PruneResult] = CRITERIA.function(plan.criterion)
+        return prune(lm, plan, ids, windows.batch_size, hooks)
+    if scores is not None and scores.criterion != plan.criterion:
+        scores = None  # another criterion's scores (a baseline that prunes by its paper's own)
+    if scores is None and pruning:
         scores = importance_for(lm, plan.criterion, windows, hooks)
     if compensation.active:
         return prune_compensated(lm, plan, scores, windows, compensation, hooks)

@@ -7,7 +7,8 @@ allocator is one new file in ``plan/`` (docs/layout.md). A name declared twice i
 
 Tags: ``grid`` for allocators whose plans sit on the table's rate grid (``dp``, ``evo``;
 ``allocators.plan_from_table`` runs them itself); ``windows`` for those that read
-calibration windows. Every other allocator is a baseline: its function takes a
+calibration windows; ``criterion:<name>`` for those whose paper prescribes which units go
+(their plans record that criterion instead of the table's). Every other allocator is a baseline: its function takes a
 ``baselines.BaselineInputs`` and returns ``(rungs, wanted or None)``, which
 ``ladders.settle`` fixes to the budget (see ``baselines``).
 """
@@ -25,3 +26,9 @@ BASELINE_ALLOCATORS = tuple(name for name in ALLOCATORS if name not in GRID_ALLO
 def needs_windows(allocator: str) -> bool:
     """Whether an allocator reads calibration windows (FLAP, OWL and evo run the model)."""
     return "windows" in ALLOCATORS[allocator].tags
+
+
+def own_criterion(allocator: str) -> str | None:
+    """The criterion an allocator's plans prune with (tag ``criterion:<name>``), or None: the table's."""
+    named = [tag.partition(":")[2] for tag in ALLOCATORS[allocator].tags if tag.startswith("criterion:")]
+    return named[0] if named else None

@@ -21,7 +21,7 @@ from gap_engine.core.errors import InvariantError, PlanError, TableError
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import block_geometries
-from gap_engine.plan.allocator_registry import ALLOCATORS, GRID_ALLOCATORS, needs_windows
+from gap_engine.plan.allocator_registry import ALLOCATORS, GRID_ALLOCATORS, needs_windows, own_criterion
 from gap_engine.plan.baselines import Baseline, BaselineInputs
 from gap_engine.plan.evo import EvoResult, EvoSettings, evolve
 from gap_engine.plan.front import dp_choice, dp_front, front_csv, front_rows, grid_plan
@@ -106,7 +106,8 @@ def plan_from_table(
         smoothed: plan on the smoothed table (else the raw deltas).
     Returns:
         A validated RatePlan with allocator, budget, predicted_loss (summed table loss,
-        linear between grid rates) and table_key filled in.
+        linear between grid rates) and table_key filled in; its criterion is the table's, or
+        the allocator's own (``allocator_registry.own_criterion``: flap, slimgpt).
     Raises:
         BudgetError: a budget outside [0, 1) or beyond reach (the message gives the
             reachable range), or contradictory constraints.
@@ -118,7 +119,7 @@ def plan_from_table(
     table.check_model(lm)
     if table.spec.channel_multiple < 1:
         raise TableError("loss table channel_multiple must be positive")
-    if windows is None and needs_windows(allocator) and not (allocator == "flap" and scores is not None):
+    if windows is None and needs_windows(allocator):
         raise PlanError(f"the {allocator} allocator reads calibration windows; none were given")
     if needs_windows(allocator):
         lm = lm.private()  # they hook or mask the model: never one that other threads run
@@ -151,9 +152,10 @@ def _baseline_plan(
     multiple = table.spec.channel_multiple
     ladders = build_ladders(geoms, problem.slots, problem.locked, constraints, multiple)
     ladder_reach(allocator, budget, ladders, problem.dense_prunable)
+    criterion = own_criterion(allocator) or table.spec.criterion
     inputs = BaselineInputs(
         lm=lm,
-        criterion=table.spec.criterion,
+        criterion=criterion,
         geoms=geoms,
         slots=problem.slots,
         ladders=ladders,
@@ -162,7 +164,7 @@ def _baseline_plan(
         target=budget * problem.dense_prunable,
         multiple=multiple,
         windows=windows,
-        scores=scores,
+        scores=scores if scores is not None and scores.criterion == criterion else None,
         batch_size=table.spec.windows.batch_size,
     )
     baseline: Baseline = ALLOCATORS.function(allocator)
@@ -173,7 +175,7 @@ def _baseline_plan(
         lm,
         attention,
         mlp,
-        table.spec.criterion,
+        criterion,
         multiple,
         allocator=allocator,
         budget=budget,

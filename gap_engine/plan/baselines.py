@@ -1,15 +1,18 @@
 """The baseline allocators GAP is compared against, held to the same budget and constraints.
 
 Each baseline decides how many parameters every slot loses; which heads and channels go
-is the table's criterion for all of them, so a comparison isolates *where* the parameters
-are taken from. Each is one function declared with `@register("allocator", ...)`, returning unit-ladder
-rungs (and, for FLAP, what each slot wanted before rounding) that `settle` then fixes to
-the budget:
+is the table's criterion, unless the baseline's paper prescribes its own (tag
+``criterion:<name>``: the plan then records that criterion). Each is one function declared
+with `@register("allocator", ...)`, returning unit-ladder rungs (and, for FLAP, what each slot
+wanted before rounding) that `settle` then fixes to the budget:
 
 - ``uniform``: one rate r for every slot; r by bisection on the exact, unit-rounded
   parameter count, not limited to the grid.
-- ``flap``: FLAP's adaptive structure search (An et al., AAAI 2024): unit scores are
-  standardised within each layer (per unit type), the globally lowest units go first.
+- ``flap``: FLAP's adaptive structure search (An et al., AAAI 2024) on FLAP's own
+  fluctuation metric (``importance.flap_standardised``): scores standardised within each
+  layer, the globally lowest units go first, a unit weighing the parameters it frees; its
+  plans prune with the ``flap`` criterion. FLAP's third part, its bias compensation, is
+  chosen when pruning (``--compensate bias``). Heads are rounded to GQA-valid shapes.
 - ``owl``: OWL's outlier-weighted layerwise rates (Yin et al., ICML 2024): layers with
   more activation-weighted outliers (|W| * ||X|| above M times the layer mean) are pruned
   less, rates spread over +-lambda around the mean.
@@ -31,7 +34,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.units import ComponentGeometry
 from gap_engine.plan.ladders import Ladder, ladder_removed, nearest_rungs, rungs_at_rates, smallest_meeting
 from gap_engine.plan.problem import Constraints
-from gap_engine.prune.importance import ImportanceScores, compute_importance, input_statistics
+from gap_engine.prune.importance import ImportanceScores, LayerScores, flap_standardised, input_statistics
 
 log = logging.getLogger(__name__)
 
@@ -78,28 +81,22 @@ def uniform_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     return rungs_at(rate), None
 
 
-def _standardised(scores: torch.Tensor) -> np.ndarray:
-    values = scores.detach().double().cpu().numpy()
-    std = values.std()
-    standardised: np.ndarray = (values - values.mean()) / (std if std > 0 else 1.0)
-    return standardised
-
-
 def _flap_wanted(
     geoms: list[ComponentGeometry],
     slots: tuple[tuple[int, str], ...],
     ladders: list[Ladder],
     locked: dict[int, float],
-    scores: ImportanceScores,
+    standardised: list[LayerScores],
     target: float,
     max_rate: float,
 ) -> np.ndarray:
     """Per-slot parameters FLAP's global threshold removes (before unit rounding).
 
-    Scores are z-scored within each layer and unit type; units then go globally, lowest
-    first, until the target is met, a slot never past ``max_rate`` of its parameters. A
-    head costs its q/o slice plus its share of its group's k/v; a channel its gate/up/down
-    column, 3 * hidden.
+    ``standardised`` holds FLAP's per-layer z-scores (``importance.flap_standardised``);
+    units go globally, lowest first, until the target is met, a slot never past
+    ``max_rate`` of its parameters. A head costs its q/o slice plus its share of its
+    group's k/v (FLAP's weight of 4 * head_dim / 3 channels, for GQA); a channel its
+    gate/up/down column, 3 * hidden.
     """
     z_parts: list[np.ndarray] = []  # per layer and unit type: the units' z-scores
     unit_params: list[np.ndarray] = []  # parameters each unit removes
@@ -112,13 +109,13 @@ def _flap_wanted(
         geom = geoms[layer]
         g = geom.geometry
         if kind in ("attn", "block"):
-            z = _standardised(scores.layers[layer].head)  # (H,)
+            z = standardised[layer].head.numpy()  # (H,)
             per_head = 2 * geom.hidden * g.head_dim * (1.0 + 1.0 / g.group_size)
             z_parts.append(z)
             unit_params.append(np.full(len(z), per_head))
             unit_slot.append(np.full(len(z), s))
         if kind in ("mlp", "block"):
-            z = _standardised(scores.layers[layer].channel)  # (I,)
+            z = standardised[layer].channel.numpy()  # (I,)
             z_parts.append(z)
             unit_params.append(np.full(len(z), 3.0 * geom.hidden))
             unit_slot.append(np.full(len(z), s))
@@ -143,13 +140,15 @@ def _flap_wanted(
     return wanted
 
 
-@register("allocator", "flap", "FLAP adaptive structure search", ("windows",))
+@register("allocator", "flap", "FLAP: fluctuation metric, standardised per layer, global selection", ("windows", "criterion:flap"))
 def flap_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, np.ndarray]:
-    """FLAP's global threshold on standardised unit scores, rounded to each slot's nearest rung."""
-    scores = inputs.scores
-    if scores is None:
-        scores = compute_importance(inputs.lm, inputs.windows, inputs.criterion, inputs.batch_size)
-    wanted = _flap_wanted(inputs.geoms, inputs.slots, inputs.ladders, inputs.locked, scores, inputs.target, inputs.constraints.max_rate)
+    """FLAP's global threshold on its standardised fluctuation scores, rounded to each slot's nearest rung."""
+    if inputs.windows is None:
+        raise InvariantError("the allocator checks that FLAP was given calibration windows")
+    standardised = flap_standardised(inputs.lm, inputs.windows, inputs.batch_size)
+    wanted = _flap_wanted(
+        inputs.geoms, inputs.slots, inputs.ladders, inputs.locked, standardised, inputs.target, inputs.constraints.max_rate
+    )
     return nearest_rungs(inputs.ladders, wanted), wanted
 
 

@@ -6,13 +6,15 @@ decided here, by one of four criteria computed on the calibration windows:
 - ``magnitude``: L1 norm of the unit's weights (no data needed).
 - ``wanda``: |W| times the L2 norm of the input activation it multiplies (Wanda, Sun et al.
   2023), taken on the pruned input dimension of ``o_proj`` / ``down_proj``.
-- ``flap``: activation fluctuation (variance over tokens) times the squared column norm
-  (FLAP, An et al. 2024).
+- ``flap``: FLAP's fluctuation metric (An et al., AAAI 2024): the input feature's variance
+  over tokens times its column's squared norm; a head scores the sum of its columns' metric
+  *squared*, as FLAP squares the attention metric before it ranks heads.
 - ``taylor``: first-order Taylor estimate |sum(W * dL/dW)| over the unit's weights
   (LLM-Pruner, Ma et al. 2023), from one backward pass per batch.
 
 A head's score also counts the query rows of q_proj; a KV group scores as the sum of its
-query heads (surgery keeps or drops groups by that sum).
+query heads (surgery keeps or drops groups by that sum). `flap_standardised` gives FLAP's
+structure search its scores: the metric standardised within each layer, comparable across layers.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from gap_engine.data.windows import batches
 from gap_engine.model.adapters import ArchitectureAdapter
 from gap_engine.model.layerwise import backward_blocks, forward_blocks
 from gap_engine.model.loaded import LoadedModel
-from gap_engine.prune.criteria import CRITERIA, reads_windows
+from gap_engine.prune.criteria import CRITERIA, SCORING_CRITERIA, is_sequential, reads_windows
 
 log = logging.getLogger(__name__)
 
@@ -140,26 +142,65 @@ def input_statistics(
     return stats
 
 
-def _activation_scores(lm: LoadedModel, windows: torch.Tensor, criterion: str, batch_size: int, hooks: Hooks) -> list[LayerScores]:
-    layers = list(lm.adapter.layers(lm.model))
+def _output_inputs(lm: LoadedModel) -> dict[Hashable, nn.Linear]:
+    """(layer, "o" | "down") -> the projection whose input columns are the block's units."""
     linears: dict[Hashable, nn.Linear] = {}
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(lm.adapter.layers(lm.model)):
         linears[i, "o"] = lm.adapter.attention_projections(layer)[3]
         linears[i, "down"] = lm.adapter.mlp_projections(layer)[2]
+    return linears
+
+
+def _fluctuation(stats: InputStats, linear: nn.Linear) -> torch.Tensor:
+    """FLAP's per-column metric: the input's variance times the column's squared norm, (in,) float64."""
+    return stats.variance() * host64(wide(linear.weight.detach()).pow(2).sum(0))
+
+
+def _activation_scores(lm: LoadedModel, windows: torch.Tensor, criterion: str, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+    linears = _output_inputs(lm)
     stats = input_statistics(lm, windows, linears, batch_size, hooks)
     out: list[LayerScores] = []
-    for i, layer in enumerate(layers):
-        o_in, down_in = stats[i, "o"], stats[i, "down"]
-        geom = lm.adapter.geometry(layer)
-        _, _, _, o = lm.adapter.attention_projections(layer)
-        _, _, down = lm.adapter.mlp_projections(layer)
+    for i, layer in enumerate(lm.adapter.layers(lm.model)):
+        head_dim = lm.adapter.geometry(layer).head_dim
+        o, down = linears[i, "o"], linears[i, "down"]
         if criterion == "wanda":
-            o_cols = host64(wide(o.weight.detach().abs()).sum(0)) * o_in.l2()
-            d_cols = host64(wide(down.weight.detach().abs()).sum(0)) * down_in.l2()
-        else:  # flap: fluctuation of the input times the squared column norm
-            o_cols = o_in.variance() * host64(wide(o.weight.detach()).pow(2).sum(0))
-            d_cols = down_in.variance() * host64(wide(down.weight.detach()).pow(2).sum(0))
-        out.append(LayerScores(head=_per_head(o_cols, geom.head_dim), channel=d_cols))
+            o_cols = host64(wide(o.weight.detach().abs()).sum(0)) * stats[i, "o"].l2()
+            head = _per_head(o_cols, head_dim)
+            channel = host64(wide(down.weight.detach().abs()).sum(0)) * stats[i, "down"].l2()
+        else:  # flap: FLAP squares the attention metric before it ranks heads
+            head = _per_head(_fluctuation(stats[i, "o"], o).pow(2), head_dim)
+            channel = _fluctuation(stats[i, "down"], down)
+        out.append(LayerScores(head=head, channel=channel))
+    return out
+
+
+def _standardise(values: torch.Tensor) -> torch.Tensor:
+    """(values - mean) / std within one layer (std with Bessel's correction, as FLAP's torch.std)."""
+    std = values.std()
+    return (values - values.mean()) / (std if std > 0 else 1.0)
+
+
+def flap_standardised(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4, hooks: Hooks = NO_HOOKS) -> list[LayerScores]:
+    """FLAP's standardised unit scores, comparable across layers (its adaptive structure search).
+
+    Per layer, the attention metric (squared, per o_proj input column) is standardised over
+    all the layer's columns and a head scores the mean of its columns; the MLP metric is
+    standardised over the layer's channels. A globally lower score is pruned first.
+
+    Args:
+        lm: the dense model (run forward once).
+        windows: (N, T) calibration token ids.
+    Returns:
+        One LayerScores per block: head (n_heads,) and channel (intermediate_size,) z-scores, float64.
+    """
+    linears = _output_inputs(lm)
+    stats = input_statistics(lm, windows, linears, batch_size, hooks)
+    out: list[LayerScores] = []
+    for i, layer in enumerate(lm.adapter.layers(lm.model)):
+        head_dim = lm.adapter.geometry(layer).head_dim
+        columns = _standardise(_fluctuation(stats[i, "o"], linears[i, "o"]).pow(2))  # (H*D,)
+        channel = _standardise(_fluctuation(stats[i, "down"], linears[i, "down"]))  # (I,)
+        out.append(LayerScores(head=columns.reshape(-1, head_dim).mean(-1), channel=channel))
     return out
 
 
@@ -177,7 +218,7 @@ def wanda_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks:
 
 @register("criterion", "flap", "input fluctuation times squared column norm (FLAP)", ("windows",))
 def flap_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
-    """``flap``: the input's fluctuation times the squared column norm."""
+    """``flap``: the input's fluctuation times the squared column norm (heads: the sum of its square)."""
     return _activation_scores(lm, windows, "flap", batch_size, hooks)
 
 
@@ -268,7 +309,7 @@ def compute_importance(
     Args:
         lm: the dense model (a ``shared`` one is copied before it is run).
         windows: (N, T) calibration token ids; unused by ``magnitude``.
-        criterion: one of CRITERIA (``prune.criteria``).
+        criterion: one of SCORING_CRITERIA (``prune.criteria``; a sequential one raises GapError).
         batch_size: windows per forward pass.
         hooks: progress told (batches done, batches total, None); cancel polled before
             every batch (CancelledError when set).
@@ -276,8 +317,10 @@ def compute_importance(
         ImportanceScores with one LayerScores per block.
     """
     CRITERIA.check(criterion)
+    if is_sequential(criterion):
+        raise GapError(f"criterion '{criterion}' chooses units while pruning, block by block; it has no scores of the dense model")
     if windows is None and reads_windows(criterion):
         raise GapError(f"criterion '{criterion}' needs calibration windows")
     if reads_windows(criterion):
         lm = lm.private()  # the criteria hook the model or take its gradients: never one that other threads run
-    return ImportanceScores(criterion=criterion, layers=CRITERIA.function(criterion)(lm, windows, batch_size, hooks))
+    return ImportanceScores(criterion=criterion, layers=SCORING_CRITERIA.function(criterion)(lm, windows, batch_size, hooks))

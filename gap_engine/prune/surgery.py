@@ -166,10 +166,22 @@ def apply_plan(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores | None)
             result.kept_kv_heads.append(kept_kv)
             result.kept_heads.append(kept_heads)
             result.kept_channels.append(kept_channels)
-        result.params_after = lm.param_count()
-        expected = plan.params["pruned_total"]
-        if result.params_after != expected:
-            raise InvariantError(f"the pruned model has {result.params_after} parameters, the plan predicted {expected}")
+        check_count(lm, result)
+    return finish_surgery(lm, result)
+
+
+def check_count(lm: LoadedModel, result: PruneResult) -> None:
+    """InvariantError unless the pruned model has the parameter count its plan predicts (a bug)."""
+    result.params_after = lm.param_count()
+    expected = result.plan.params["pruned_total"]
+    if result.params_after != expected:
+        raise InvariantError(f"the pruned model has {result.params_after} parameters, the plan predicted {expected}")
+
+
+def finish_surgery(lm: LoadedModel, result: PruneResult) -> PruneResult:
+    """Count the pruned model against the plan's prediction and record where it came from."""
+    check_count(lm, result)
+    plan = result.plan
     lm.refresh_fingerprint()
     lm.pruned_from = {"model": plan.model, "fingerprint": plan.model_fingerprint, "plan": plan.to_dict()}
     log.info("pruned %s: %d -> %d parameters", lm.name, result.params_before, result.params_after)

@@ -44,7 +44,7 @@ from gap_engine.core.validate import check_int, check_table_document, parse_json
 from gap_engine.core.validate_meaning import check_removed_matches, check_table_cells
 from gap_engine.data.bos import WINDOW_STARTS, window_start
 from gap_engine.prune.compensations import COMPENSATIONS
-from gap_engine.prune.criteria import CRITERIA
+from gap_engine.prune.criteria import CRITERIA, SCORING_CRITERIA
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
 
@@ -95,8 +95,12 @@ class TableSpec:
         if len(self.windows.sources()) != 1:
             raise TableError(f"a loss table is measured on one text source, got '{self.windows.data}'")
         check_int(self.channel_multiple, "table channel_multiple", TableError, low=1)
+        if self.criterion in CRITERIA and self.criterion not in SCORING_CRITERIA:
+            raise TableError(
+                f"criterion '{self.criterion}' chooses units while pruning; a table needs one of {', '.join(SCORING_CRITERIA)}"
+            )
         choices = (
-            ("criterion", CRITERIA), ("objective", OBJECTIVES), ("mode", MODES), ("estimator", ESTIMATORS), ("compensation", COMPENSATIONS),
+            ("criterion", SCORING_CRITERIA), ("objective", OBJECTIVES), ("mode", MODES), ("estimator", ESTIMATORS), ("compensation", COMPENSATIONS),
         )  # fmt: skip
         for name, registry in choices:
             if getattr(self, name) not in registry:

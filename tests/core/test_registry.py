@@ -22,7 +22,7 @@ from gap_engine.core.registry import Choice, Registry, RegistryError
 from gap_engine.plan import allocator_registry, allocators
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.prune.compensations import COMPENSATIONS
-from gap_engine.prune.criteria import CRITERIA
+from gap_engine.prune.criteria import CRITERIA, SCORING_CRITERIA
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.estimators import ESTIMATORS
@@ -49,7 +49,7 @@ def test_the_cli_offers_exactly_the_registered_choices():
         for action in sub[1]._actions:
             if action.choices and action.help != argparse.SUPPRESS:
                 offered[sub[0], action.dest] = tuple(action.choices)
-    assert offered["table", "criterion"] == CRITERIA.names
+    assert offered["table", "criterion"] == SCORING_CRITERIA.names
     assert offered["table", "estimator"] == ESTIMATORS.names
     assert offered["table", "objective"] == OBJECTIVES.names
     assert offered["plan", "allocator"] == ALLOCATORS.names
@@ -63,7 +63,7 @@ def test_validators_name_the_registered_choices():
         TableSpec(estimator="guess").validate()
     with pytest.raises(TableError, match="unknown criterion 'psychic'"):
         TableSpec(criterion="psychic").validate()
-    with pytest.raises(PlanError, match="unknown allocator 'random'; choose one of dp, uniform, flap, owl, evo"):
+    with pytest.raises(PlanError, match="unknown allocator 'random'; choose one of dp, uniform, flap, owl, evo, slimgpt"):
         ALLOCATORS.check("random")
 
 

@@ -32,7 +32,8 @@ from gap_engine.plan.baselines import owl_offsets
 from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.problem import Constraints, planning_problem, predicted_loss
-from gap_engine.prune.importance import ImportanceScores, LayerScores, compute_importance
+from gap_engine.plan.slimgpt import log_increase
+from gap_engine.prune.importance import ImportanceScores, LayerScores, compute_importance, flap_standardised
 from gap_engine.prune.surgery import apply_plan, masked_plan
 from gap_engine.tables.artefact import TABLE_FORMAT_VERSION
 
@@ -69,6 +70,12 @@ def random_scores(lm, seed=0) -> ImportanceScores:
 @pytest.fixture(scope="module")
 def smol_table(smol):
     return synthetic_table(smol, grid=SMOL_GRID, seed=1)
+
+
+@pytest.fixture(scope="module")
+def smol_windows(smol, calib):
+    """Two short calibration windows for the real model (FLAP reads its fluctuation on them)."""
+    return calibration_windows(smol.tokenizer, calib)
 
 
 # ---- dp --------------------------------------------------------------------------------------
@@ -110,10 +117,10 @@ def test_predicted_loss_reads_cells_on_grid_and_interpolates_between(tiny):
 
 
 # ---- constraints ----------------------------------------------------------------------------
-@pytest.mark.parametrize("allocator", ["dp", "uniform", "flap"])
-def test_locked_layers_keep_their_rate(smol, smol_table, allocator):
+@pytest.mark.parametrize("allocator", ["dp", "uniform", "flap", "slimgpt"])
+def test_locked_layers_keep_their_rate(smol, smol_table, smol_windows, allocator):
     constraints = Constraints(locked={0: 0.0, 29: 0.25}, min_rate=0.125)
-    plan = plan_from_table(smol, smol_table, 0.3, allocator, constraints, scores=random_scores(smol))
+    plan = plan_from_table(smol, smol_table, 0.3, allocator, constraints, smol_windows, scores=random_scores(smol))
     assert plan.attention_rates[0] == plan.mlp_rates[0] == 0.0
     assert plan.attention_rates[29] == plan.mlp_rates[29] == 0.25
     unlocked = plan.attention_rates[1:29] + plan.mlp_rates[1:29]
@@ -129,9 +136,9 @@ def test_locked_layer_keeps_its_rate_under_owl(make_tiny, calib):
     assert plan.params["removed"] >= 0.3 * plan.params["dense_prunable"]
 
 
-@pytest.mark.parametrize("allocator", ["dp", "uniform", "flap"])
-def test_coupled_plans_share_one_rate_per_layer(smol, smol_table, allocator):
-    plan = plan_from_table(smol, smol_table, 0.25, allocator, Constraints(coupled=True), scores=random_scores(smol))
+@pytest.mark.parametrize("allocator", ["dp", "uniform", "flap", "slimgpt"])
+def test_coupled_plans_share_one_rate_per_layer(smol, smol_table, smol_windows, allocator):
+    plan = plan_from_table(smol, smol_table, 0.25, allocator, Constraints(coupled=True), smol_windows, scores=random_scores(smol))
     assert plan.attention_rates == plan.mlp_rates
     assert plan.params["removed"] >= 0.25 * plan.params["dense_prunable"]
 
@@ -170,7 +177,9 @@ def test_bad_budgets_and_allocators_raise(tiny):
         plan_from_table(tiny, table, 0.2, allocator="random")
     with pytest.raises(PlanError, match="reads calibration windows"):
         plan_from_table(tiny, table, 0.2, allocator="owl")
-    assert set(ALLOCATORS) == {"dp", "uniform", "flap", "owl", "evo"}
+    with pytest.raises(PlanError, match="reads calibration windows"):
+        plan_from_table(tiny, table, 0.2, allocator="flap", scores=random_scores(tiny))  # FLAP reads its own metric
+    assert set(ALLOCATORS) == {"dp", "uniform", "flap", "owl", "evo", "slimgpt"}
 
 
 def test_table_for_another_model_raises(tiny, make_tiny):
@@ -180,16 +189,16 @@ def test_table_for_another_model_raises(tiny, make_tiny):
 
 
 # ---- baselines at equal budget -------------------------------------------------------------------
-@pytest.mark.parametrize("allocator", ["uniform", "flap"])
+@pytest.mark.parametrize("allocator", ["uniform", "flap", "slimgpt"])
 @pytest.mark.parametrize("budget", [0.1, 0.2, 0.45])
-def test_baselines_hit_the_budget_within_one_unit(smol, smol_table, allocator, budget):
-    plan = plan_from_table(smol, smol_table, budget, allocator, scores=random_scores(smol))
+def test_baselines_hit_the_budget_within_one_unit(smol, smol_table, smol_windows, allocator, budget):
+    plan = plan_from_table(smol, smol_table, budget, allocator, windows=smol_windows, scores=random_scores(smol))
     target = budget * plan.params["dense_prunable"]
     assert 0 <= plan.params["removed"] - target < mlp_unit(smol)
     assert plan.allocator == allocator and plan.predicted_loss > 0 and plan.table_key == smol_table.key
 
 
-@pytest.mark.parametrize("allocator", ["uniform", "flap", "owl"])
+@pytest.mark.parametrize("allocator", ["uniform", "flap", "owl", "slimgpt"])
 @pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
 def test_baselines_hit_the_budget_within_one_unit_on_tiny_models(make_tiny, calib, allocator, model_type):
     lm = make_tiny(model_type)
@@ -206,6 +215,38 @@ def test_uniform_is_one_rate_up_to_one_unit(smol, smol_table):
     mlp_widths = {round((1 - r) * 1536) for r in plan.mlp_rates}
     assert max(mlp_widths) - min(mlp_widths) <= 8
     assert len(set(plan.attention_rates)) <= 2
+
+
+def test_baselines_from_papers_record_their_own_criterion(smol, smol_table, smol_windows):
+    """FLAP prunes by its fluctuation metric and SlimGPT by its OBS, whatever the table's criterion."""
+    assert smol_table.spec.criterion == "wanda"
+    flap = plan_from_table(smol, smol_table, 0.3, "flap", windows=smol_windows, scores=random_scores(smol))
+    slim = plan_from_table(smol, smol_table, 0.3, "slimgpt")
+    uniform = plan_from_table(smol, smol_table, 0.3, "uniform")
+    assert (flap.criterion, slim.criterion, uniform.criterion) == ("flap", "obs", "wanda")
+
+
+def test_slimgpt_rates_rise_logarithmically_with_depth(smol, smol_table):
+    plan = plan_from_table(smol, smol_table, 0.3, "slimgpt")
+    shares = log_increase(30)
+    assert shares[0] == 0.0 and shares[-1] == 1.0 and np.all(np.diff(shares) > 0)
+    assert plan.attention_rates[0] == plan.mlp_rates[0] == 0.0  # block 0 stays dense
+    # before settling, every slot sits at the unit rounding of r_last * share; settling moves
+    # a few slots by one rung, so the rates follow the curve within one rung of each ladder
+    last = plan.mlp_rates[-1]
+    wanted = last * shares
+    assert np.max(np.abs(np.array(plan.mlp_rates) - wanted)) <= 16 / 1536 + 1e-9
+    assert max(plan.mlp_rates) == plan.mlp_rates[-1] > 0.3
+
+
+def test_flap_standardised_scores_are_z_scores_per_layer_and_rank_like_the_criterion(smol, smol_windows):
+    standardised = flap_standardised(smol, smol_windows, 2)
+    criterion = compute_importance(smol, smol_windows, "flap", 2)
+    for z, raw in zip(standardised, criterion.layers):
+        assert z.channel.mean().item() == pytest.approx(0.0, abs=1e-9) and z.channel.std().item() == pytest.approx(1.0)
+        assert z.head.mean().item() == pytest.approx(0.0, abs=1e-9)  # heads average equal column counts
+        assert torch.equal(torch.argsort(z.channel, stable=True), torch.argsort(raw.channel, stable=True))
+        assert torch.equal(torch.argsort(z.head, stable=True), torch.argsort(raw.head, stable=True))
 
 
 def test_owl_offsets_follow_outliers():
@@ -372,6 +413,17 @@ def test_cli_compare_prunes_and_measures_every_allocator(tiny_saved, calib, tmp_
     assert all(float(r[f"ppl_{calib.data}"]) > 1 for r in rows)
     printed = capsys.readouterr().out
     assert "dense" in printed and "uniform" in printed
+
+
+def test_cli_compare_prunes_paper_baselines_by_their_own_criterion(tiny_saved, calib, tmp_path):
+    """flap prunes by FLAP's metric, slimgpt block by block with OBS, beside a table of another criterion."""
+    _, table, table_path = tiny_saved
+    out = tmp_path / "results.csv"
+    args = ["compare", "--model", table.model, "--table", str(table_path), "--budgets", "0.3", "--allocators", "flap,slimgpt,uniform"]
+    assert cli.main(args + ["--eval-data", calib.data, "--eval-samples", "1", "--eval-seq-len", "16", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert [r["allocator"] for r in rows] == ["flap", "slimgpt", "uniform"]
+    assert all(int(r["removed"]) >= 0.3 * table.dense_prunable and math.isfinite(float(r[f"ppl_{calib.data}"])) for r in rows)
 
 
 def test_cli_compare_unreachable_budget_exits_2(tiny_saved, calib, tmp_path, capsys):

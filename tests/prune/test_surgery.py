@@ -11,7 +11,8 @@ from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import make_plan, uniform_plan
 from gap_engine.model.units import AttentionShape, attention_shape_for_rate, block_geometries, channels_for_rate
-from gap_engine.prune.importance import CRITERIA, compute_importance
+from gap_engine.prune.criteria import SCORING_CRITERIA
+from gap_engine.prune.importance import compute_importance
 from gap_engine.prune.surgery import apply_plan, select_attention
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
@@ -123,7 +124,7 @@ def test_attention_rounding_is_gqa_valid_and_nearest():
     assert channels_for_rate(100, 0.0) == 100  # rate 0 keeps a width that is not a multiple
 
 
-@pytest.mark.parametrize("criterion", CRITERIA)
+@pytest.mark.parametrize("criterion", SCORING_CRITERIA)
 def test_every_criterion_scores_every_unit(make_tiny, criterion):
     lm = make_tiny("llama")
     scores = compute_importance(lm, _ids(), criterion)

@@ -1,0 +1,170 @@
+"""Structured Optimal Brain Surgeon: remove input columns of a linear layer, fixing the rest.
+
+SlimGPT (Ling et al., NeurIPS 2024) prunes a layer's heads and MLP channels as blocks of
+input columns of ``o_proj`` / ``down_proj``. For a layer ``y = W x`` and calibration inputs
+with Gram matrix ``H = sum x x^T``, removing the column block ``b`` while the remaining
+columns absorb the loss costs
+
+    E_b = trace(W_b [H^-1]_bb^-1 W_b^T)
+
+in summed squared output error, and the optimal fix of the other columns is
+``W -= W_b [H^-1]_bb^-1 [H^-1]_b,:``. After a removal the inverse Hessian of the
+remaining columns is the Schur update ``H^-1 -= [H^-1]_:,b [H^-1]_bb^-1 [H^-1]_b,:``, so
+the next block's error accounts for the earlier removals. SlimGPT's Batched Greedy Pruning
+(grouped Cholesky errors for heads, Dynamic Group Size for channels) approximates this
+greedy for speed on 7B layers; our layers are small, so `greedy_remove` runs the exact
+greedy, one block per step. The weights it leaves equal the least-squares refit of the kept
+columns to the layer's own output on the same inputs (``tests/prune/test_obs.py`` checks it).
+
+Pure functions of tensors (float64): no model, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gap_engine.core.errors import GapError
+
+OBS_DAMPING = 0.01  # lambda: H + lambda * mean(diag H) * I, SparseGPT's and SlimGPT's dampening
+
+
+class ObsError(GapError):
+    """A system the OBS update cannot solve (no calibration signal at all)."""
+
+
+def damped_inverse(gram: torch.Tensor, damping: float = OBS_DAMPING) -> torch.Tensor:
+    """The inverse of ``gram + damping * mean(diag) * I`` (float64); dead inputs get a unit diagonal.
+
+    Args:
+        gram: (n, n) sum of x x^T over calibration tokens.
+    Raises:
+        ObsError: an all-zero Gram matrix (no input ever reached the layer).
+    """
+    h = gram.double().clone()  # (n, n)
+    diag = torch.diagonal(h)
+    dead = diag <= 0
+    if bool(dead.all()):
+        raise ObsError("every input of the layer is zero on the calibration text: OBS has nothing to solve")
+    diag[dead] = 1.0  # an input that never fires: its column can go at no cost
+    diag += damping * diag.mean()
+    return torch.cholesky_inverse(torch.linalg.cholesky(h))
+
+
+@dataclass
+class Removal:
+    """What `greedy_remove` did: the blocks removed, in order, and the error each cost."""
+
+    order: list[int]  # block indices, in the order they went
+    errors: list[float]  # E_b of each at the time it went
+
+
+def block_errors(weight: torch.Tensor, inverse: torch.Tensor, blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """E_b for every block (float64, (len(blocks),)); a block whose inverse block is singular costs inf."""
+    errors = torch.full((len(blocks),), float("inf"), dtype=torch.float64)
+    for j, cols in enumerate(blocks):
+        w_b = weight[:, cols]  # (out, b)
+        try:
+            solved = torch.linalg.solve(inverse[cols][:, cols], w_b.T)  # (b, out)
+        except RuntimeError:
+            continue
+        errors[j] = (w_b.T * solved).sum()
+    return errors
+
+
+def remove_block(weight: torch.Tensor, inverse: torch.Tensor, cols: torch.Tensor) -> None:
+    """Remove one column block in place: fix the other columns, Schur-update the inverse, zero the block."""
+    inv_bb = inverse[cols][:, cols]  # (b, b)
+    rows = inverse[cols, :]  # (b, n)
+    weight -= weight[:, cols] @ torch.linalg.solve(inv_bb, rows)  # (out, n)
+    inverse -= inverse[:, cols] @ torch.linalg.solve(inv_bb, rows)  # (n, n)
+    weight[:, cols] = 0.0
+    inverse[cols, :] = 0.0
+    inverse[:, cols] = 0.0
+
+
+def greedy_remove(
+    weight: torch.Tensor,
+    inverse: torch.Tensor,
+    blocks: Sequence[torch.Tensor],
+    count: int,
+    group_of: Sequence[int] | None = None,
+    quota: dict[int, int] | None = None,
+) -> Removal:
+    """Remove ``count`` column blocks greedily, the cheapest (E_b) first, updating in place.
+
+    Args:
+        weight: (out, n) float64 weights; the kept columns are fixed, the removed ones zeroed.
+        inverse: (n, n) float64 damped inverse Gram matrix (`damped_inverse`); updated.
+        blocks: column indices of each block (equal sizes or not).
+        count: blocks to remove.
+        group_of, quota: when given, block j belongs to group ``group_of[j]`` and at most
+            ``quota[g]`` blocks of group g go (GQA: each kept KV group keeps as many heads).
+    Returns:
+        The Removal: block order and errors.
+    """
+    removed = torch.zeros(len(blocks), dtype=torch.bool)
+    left = dict(quota or {})
+    out = Removal([], [])
+    singles = all(len(cols) == 1 for cols in blocks)
+    for _ in range(count):
+        if singles:  # one column each: E_c = ||W_c||^2 / [H^-1]_cc, for all columns at once
+            index = torch.stack([cols[0] for cols in blocks])
+            diag = torch.diagonal(inverse)[index]
+            errors = torch.where(diag > 0, weight[:, index].pow(2).sum(0) / diag.clamp_min(1e-300), torch.inf)
+        else:
+            errors = block_errors(weight, inverse, blocks)
+        errors[removed] = torch.inf
+        if group_of is not None:
+            for j, g in enumerate(group_of):
+                if left.get(g, 0) <= 0:
+                    errors[j] = torch.inf
+        j = int(torch.argmin(errors))
+        if not torch.isfinite(errors[j]):
+            raise ObsError(f"only {len(out.order)} of {count} blocks could be removed")
+        remove_block(weight, inverse, blocks[j])
+        removed[j] = True
+        if group_of is not None:
+            left[group_of[j]] -= 1
+        out.order.append(j)
+        out.errors.append(float(errors[j]))
+    return out
+
+
+def obs_heads(
+    weight: torch.Tensor, inverse: torch.Tensor, n_kv_heads: int, head_dim: int, kv_groups: int, heads_per_group: int
+) -> tuple[list[int], list[int]]:
+    """Kept KV groups and query heads (ascending) of a GQA-valid shape, chosen by greedy OBS.
+
+    Whole KV groups go first (a group is the block of all its heads' columns), then, within
+    every kept group, the same number of heads each; ``weight`` (out, H*D) and ``inverse``
+    are updated in place as each block goes.
+    """
+    n_heads = weight.shape[1] // head_dim
+    group_size = n_heads // n_kv_heads
+    heads = [torch.arange(h * head_dim, (h + 1) * head_dim) for h in range(n_heads)]
+    groups = [torch.cat(heads[g * group_size : (g + 1) * group_size]) for g in range(n_kv_heads)]
+    gone_groups = set(greedy_remove(weight, inverse, groups, n_kv_heads - kv_groups).order)
+    kept_kv = [g for g in range(n_kv_heads) if g not in gone_groups]
+    candidates = [h for g in kept_kv for h in range(g * group_size, (g + 1) * group_size)]
+    per_group = group_size - heads_per_group
+    removal = greedy_remove(
+        weight,
+        inverse,
+        [heads[h] for h in candidates],
+        per_group * len(kept_kv),
+        group_of=[h // group_size for h in candidates],
+        quota={g: per_group for g in kept_kv},
+    )
+    gone_heads = {candidates[j] for j in removal.order}
+    return kept_kv, [h for h in candidates if h not in gone_heads]
+
+
+def obs_channels(weight: torch.Tensor, inverse: torch.Tensor, kept: int) -> list[int]:
+    """The ``kept`` MLP channels (ascending) left by greedy single-column OBS; updates in place."""
+    width = weight.shape[1]
+    removal = greedy_remove(weight, inverse, [torch.tensor([c]) for c in range(width)], width - kept)
+    gone = set(removal.order)
+    return [c for c in range(width) if c not in gone]
