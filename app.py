@@ -5,15 +5,15 @@ Sensitivity -> Budget planner -> Prune & evaluate -> Recover -> Export. Long wor
 baseline plans, prune-and-evaluate, recovery) runs as background jobs (gap_engine.pipeline.jobs), so it
 survives reruns, page switches and reloads; this file applies finished jobs' results to the
 session whatever page is open, lists every running job in the sidebar, and keeps the view
-in the URL (pages/url_state.py) so a reload or a shared link opens it again.
+in the URL (explorer/url_state.py) so a reload or a shared link opens it again.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
+from explorer import common, url_state
 from gap_engine.core.progress import SCORE_UNITS
-from pages import common, url_state
 
 st.set_page_config(page_title="GAP explorer", page_icon="✂️", layout="wide")
 

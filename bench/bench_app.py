@@ -4,7 +4,7 @@ Starts ``streamlit run app.py`` on a loopback port with its own cache holding on
 table of SmolLM2-135M (30 layers, 60 components, 8 rates; built here with the fast taylor
 method on a few windows: the figure's size, not the table's accuracy, is what is timed),
 opens the Budget planner in headless Chromium and drags the budget chart's slider
-(pages/budget_chart.js) across the rail, forwards and back, with the mouse button held.
+(explorer/budget_chart.js) across the rail, forwards and back, with the mouse button held.
 
 Timed in the page (performance.now()):
 - client step: from the slider's ``input`` event (the pointer moved it; read in the

@@ -237,8 +237,8 @@ def cases(module) -> list:
     ]  # fmt: skip
     links = {
         "run=²": [], "runs=1,²": [], "eval_task_limit=²": [], "recovery=²": [],
-        "eval_tasks=gap_wiki_next": ["pages/evaluate.py"], "recover_tasks=off": ["pages/recover.py"],
-        "table=../../etc": [], "budget=nan": ["pages/planner.py"],
+        "eval_tasks=gap_wiki_next": ["explorer/evaluate.py"], "recover_tasks=off": ["explorer/recover.py"],
+        "table=../../etc": [], "budget=nan": ["explorer/planner.py"],
     }  # fmt: skip
     for query, page in links.items():
         cases.append(

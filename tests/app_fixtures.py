@@ -1,6 +1,6 @@
 """What the explorer's tests share: a fresh cache per test with the converted built-in model
 linked in, a tiny real loss table (SmolLM2-135M, news-sample, 2 windows of 16 tokens, taylor,
-rates 0 / 0.25 / 0.5 / 0.75), and an AppTest session opened at a URL (tests/pages/, tests/cli/)."""
+rates 0 / 0.25 / 0.5 / 0.75), and an AppTest session opened at a URL (tests/explorer/, tests/cli/)."""
 
 from __future__ import annotations
 

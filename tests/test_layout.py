@@ -338,7 +338,7 @@ def test_files_found_beside_the_source_are_where_they_were(monkeypatch):
 
 
 # Folders of tests/ beside the engine's layers: the explorer's pages (AppTest) and the real browser.
-APP_TEST_FOLDERS = ("pages", "browser")
+APP_TEST_FOLDERS = ("explorer", "browser")
 
 
 def test_tests_mirror_the_packages():

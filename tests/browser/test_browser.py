@@ -38,7 +38,7 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 
-# JS: the budget chart (pages/budget_chart.js): its bars' graph div, the step shown, the readout.
+# JS: the budget chart (explorer/budget_chart.js): its bars' graph div, the step shown, the readout.
 PLANNER_STATE_JS = """() => {
   const root = document.querySelector('.gap-budget');
   const gd = root && root.querySelector('.gap-budget-rates');

@@ -952,7 +952,7 @@ APP_PLAN_UPLOADS = {
 @pytest.mark.parametrize("name", list(APP_PLAN_UPLOADS))
 def test_app_plan_upload_refuses_hostile_files(name):
     file_name, content, message = APP_PLAN_UPLOADS[name]
-    at = start("pages/export.py")
+    at = start("explorer/export.py")
     data = content if isinstance(content, bytes) else content.encode()
     at.file_uploader(key="export_plan_upload").set_value((file_name, data, "application/octet-stream"))
     peak = peak_python_bytes(at.run)
@@ -1025,7 +1025,7 @@ def test_app_setup_refuses_a_rate_grid_past_the_ceiling():
 @pytest.mark.slow
 @pytest.mark.usefixtures("cached_table")
 def test_app_evaluate_refuses_held_out_sizes_past_the_ceilings():
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     at.number_input(key="eval_samples").set_value(256)
     at.number_input(key="eval_seq_len").set_value(2048)  # 524,288 tokens: the widgets' maxima, 4x the ceiling
     at.button(key="eval_run").click().run()

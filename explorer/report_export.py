@@ -11,6 +11,7 @@ import json
 
 import streamlit as st
 
+from explorer import budget_chart, common
 from gap_engine.core.config import DEFAULT_BUDGET
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
@@ -18,7 +19,6 @@ from gap_engine.model.rateplan import RatePlan, plan_hash
 from gap_engine.plan.problem import Constraints
 from gap_engine.views import report
 from gap_engine.views.figures.front_figures import planner_figure
-from pages import budget_chart, common
 
 
 def _baselines(table, raw: dict):

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from explorer import common
 from gap_engine.core.cachepaths import KEY_PATTERN
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
@@ -45,7 +46,6 @@ from gap_engine.pipeline.runs import PruneEvalResult
 from gap_engine.plan import store as planstore
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.tables import cache
-from pages import common
 
 TASK_PAGES = ("eval_", "recover_")  # the pages with a task picker (``common.task_picker``), by key prefix
 PARAMS = ("table", "budget", "plan", "allocator", "runs", "run", "recovery", "jobs") + tuple(

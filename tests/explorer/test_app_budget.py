@@ -4,7 +4,7 @@ The chart's JavaScript runs only in a browser (tests/browser/test_browser.py dra
 Python half is checked: what the chart is given (the front rows, the start at the app's
 budget), what a release does (the hand-off the component's callback makes, under
 ``budget_chart.RELEASE_KEY``), and that Prune & evaluate and Export then use exactly the
-released row. Same tiny real table and fresh cache as tests/pages/test_app.py.
+released row. Same tiny real table and fresh cache as tests/explorer/test_app.py.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from app_fixtures import cached_table, fresh_cache, job_of, plotly_specs, start, texts, tiny_eval, tiny_table  # noqa: F401
 
+from explorer import budget_chart
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.problem import Constraints
-from pages import budget_chart
 
 pytestmark = pytest.mark.slow  # the real built-in model behind every page
 
@@ -50,7 +50,7 @@ def release(at, data: dict, step: int, **override) -> None:
 
 
 def test_the_chart_carries_the_front_rows_and_starts_at_the_apps_budget(cached_table, smol):
-    at = start("pages/planner.py")
+    at = start("explorer/planner.py")
     data = chart(at)
     front = front_rows(cached_table, dp_front(cached_table))
     steps = data["rows"]
@@ -85,7 +85,7 @@ def test_the_chart_carries_the_front_rows_and_starts_at_the_apps_budget(cached_t
 
 
 def test_a_release_sets_the_one_budget_every_page_uses(cached_table, smol):
-    at = start("pages/planner.py")
+    at = start("explorer/planner.py")
     data = chart(at)
     step = int(np.searchsorted(data["budgets"], 0.4))
     before = at.session_state["app_budget"]
@@ -102,12 +102,12 @@ def test_a_release_sets_the_one_budget_every_page_uses(cached_table, smol):
     plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
     assert plan.params["removed"] == removed and plan.budget == budget
 
-    at.switch_page("pages/evaluate.py")
+    at.switch_page("explorer/evaluate.py")
     at.run()
     assert metric(at, "Budget from the planner") == f"{budget:.2%}"
     assert any(f"removes {removed:,} parameters" in t for t in texts(at.caption))
 
-    at.switch_page("pages/export.py")
+    at.switch_page("explorer/export.py")
     at.run()
     assert not at.exception
     assert at.selectbox(key="export_plan_source").value == "planner"
@@ -121,7 +121,7 @@ def test_a_release_sets_the_one_budget_every_page_uses(cached_table, smol):
 
 @pytest.mark.heavy
 def test_locks_hold_in_every_step(cached_table):
-    at = start("pages/planner.py")
+    at = start("explorer/planner.py")
     at.multiselect(key="planner_locked").set_value([0, 29]).run()
     assert at.session_state["app_constraints"]["locked"] == {"0": 0.0, "29": 0.0}
     data = chart(at)
@@ -138,7 +138,7 @@ def test_locks_hold_in_every_step(cached_table):
 
 @pytest.mark.heavy
 def test_baseline_markers_lie_on_the_uniform_line(cached_table):
-    at = start("pages/planner.py")
+    at = start("explorer/planner.py")
     at.multiselect(key="planner_baseline_allocators").set_value(["uniform"]).run()
     at.button(key="planner_compute_baselines").click().run()
     job = job_of(at, "baselines")
@@ -160,7 +160,7 @@ def test_baseline_markers_lie_on_the_uniform_line(cached_table):
 
 
 def test_sensitivity_is_readable_by_default_and_drawn_as_exported(cached_table):
-    at = start("pages/sensitivity.py")
+    at = start("explorer/sensitivity.py")
     charts = at.get("plotly_chart")
     assert [c.proto.theme for c in charts] == ["", ""]  # theme=None: the figure's own colours, as in a PNG
     curves, heatmap = (json.loads(c.proto.spec) for c in charts)
@@ -172,12 +172,12 @@ def test_sensitivity_is_readable_by_default_and_drawn_as_exported(cached_table):
 
 @pytest.mark.heavy  # the browser test drags, releases and evaluates the same way
 def test_evaluate_prunes_the_released_row_and_shows_it_readably(cached_table, smol):
-    at = start("pages/planner.py")
+    at = start("explorer/planner.py")
     data = chart(at)
     step = int(np.searchsorted(data["budgets"], 0.35))
     release(at, data, step)
     row_removed = data["removed"][step]
-    at.switch_page("pages/evaluate.py")
+    at.switch_page("explorer/evaluate.py")
     at.run()
     tiny_eval(at)
     at.button(key="eval_run").click().run()

@@ -1,7 +1,7 @@
 """Crafted links (issue 34): every query string a user can type or be sent opens the app with at
 most a one-line message, never an exception on the page.
 
-The URL is read by one strict parser (``pages/url_state.parse_link``): whole numbers are ASCII
+The URL is read by one strict parser (``explorer/url_state.parse_link``): whole numbers are ASCII
 digits only (``"²".isdigit()`` is True and ``int("²")`` fails), a parameter that does not parse
 is named in one message and ignored, and a task picker named in the link gets its other fields'
 defaults. The parser is pure, so most cases are checked without a session; a few links open a
@@ -14,7 +14,7 @@ import pytest
 from app_fixtures import APP, fresh_cache, texts  # noqa: F401
 from streamlit.testing.v1 import AppTest
 
-from pages.url_state import parse_link
+from explorer.url_state import parse_link
 
 CRAFTED = {
     "run-superscript": {"run": "²"},
@@ -68,10 +68,10 @@ LINKS = {
     "run": (CRAFTED["run-superscript"], None),
     "limit-and-runs": (
         CRAFTED["eval-limit-superscript"] | CRAFTED["runs-superscript"] | CRAFTED["recovery-superscript"],
-        "pages/evaluate.py",
+        "explorer/evaluate.py",
     ),
-    "eval-tasks": (CRAFTED["eval-tasks-alone"], "pages/evaluate.py"),
-    "recover-tasks-off": (CRAFTED["recover-tasks-off-alone"], "pages/recover.py"),
+    "eval-tasks": (CRAFTED["eval-tasks-alone"], "explorer/evaluate.py"),
+    "recover-tasks-off": (CRAFTED["recover-tasks-off-alone"], "explorer/recover.py"),
 }
 
 

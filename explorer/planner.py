@@ -1,7 +1,7 @@
 """Budget planner: one global budget, the DP's per-layer rates, and the baselines beside them.
 
 The whole Pareto front is computed once per table and constraints and shipped to the
-budget chart (pages/budget_chart.py); its slider swaps the bars in the browser while the
+budget chart (explorer/budget_chart.py); its slider swaps the bars in the browser while the
 pointer moves and, on release, sets the one budget every page uses (``app_budget``). The
 plan below the chart is the released front row itself, so the numbers agree with it.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from explorer import budget_chart, common
 from gap_engine.core.config import DEFAULT_MAX_RATE
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
@@ -18,7 +19,6 @@ from gap_engine.pipeline.jobs import baselines_task, manager
 from gap_engine.plan.allocator_registry import ALLOCATORS, BASELINE_ALLOCATORS
 from gap_engine.plan.front_view import baseline_budgets, front_row_at, row_plan
 from gap_engine.views import figures
-from pages import budget_chart, common
 
 DEFAULTS = {
     "planner_table_key": None,

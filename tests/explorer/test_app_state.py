@@ -110,7 +110,7 @@ def test_runs_compared_side_by_side_with_changes_and_kept_in_the_url(cached_tabl
             prefill_speedup=1.2 if ratios else None, seconds=30.0,
         )  # fmt: skip
         ids.append(history.record_run(record))
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     at.multiselect(key="eval_compare").set_value(ids).run()
     assert not at.exception
     frame = next(df.value for df in at.dataframe if "measure" in df.value.columns)
@@ -123,7 +123,7 @@ def test_runs_compared_side_by_side_with_changes_and_kept_in_the_url(cached_tabl
     rates = [json.loads(el.proto.spec) for el in at.get("plotly_chart") if "run " in el.proto.spec and "attention" in el.proto.spec]
     assert rates and len(rates[0]["data"]) == 4  # two runs x (attention, MLP)
     assert at.query_params["runs"] == f"{ids[0]},{ids[1]}"
-    again = reload(at, "pages/evaluate.py")
+    again = reload(at, "explorer/evaluate.py")
     assert again.multiselect(key="eval_compare").value == ids
 
 
@@ -143,8 +143,8 @@ def test_a_reload_shows_the_finished_runs_result_panel(cached_table, smol):
         params={"throughput": throughput, "plan_hash": plan.content_hash(), "objective": cached_table.spec.objective},
     )  # fmt: skip
     run_id = history.record_run(record)
-    first = start("pages/evaluate.py", query={"table": cached_table.key, "run": str(run_id)})
-    again = reload(first, "pages/evaluate.py")
+    first = start("explorer/evaluate.py", query={"table": cached_table.key, "run": str(run_id)})
+    again = reload(first, "explorer/evaluate.py")
     for at in (first, again):
         assert not at.exception
         assert at.query_params["run"] == str(run_id)
@@ -153,25 +153,27 @@ def test_a_reload_shows_the_finished_runs_result_panel(cached_table, smol):
         assert metrics["Perplexity (wiki-sample)"] == "12.50"
         assert metrics["Held-out KL to dense (wiki-sample)"] == "0.2500"
         assert metrics["Prefill speed vs dense"] == "1.20x"
-    assert "run" not in start("pages/evaluate.py", query={"table": cached_table.key}).query_params  # no run: no panel, nothing in the URL
+    assert (
+        "run" not in start("explorer/evaluate.py", query={"table": cached_table.key}).query_params
+    )  # no run: no panel, nothing in the URL
 
 
 def test_the_task_pickers_settings_are_kept_in_the_url(cached_table):
     """Issue 21's picker follows the URL state like the other settings: on/off, names, examples, folder."""
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     assert "eval_tasks" not in at.query_params  # the defaults leave the URL short
     at.text_input(key="eval_tasks").set_value("gap_wiki_next,my_task").run()
     at.number_input(key="eval_task_limit").set_value(7).run()
     at.text_input(key="eval_task_folder").set_value("/data/my-tasks").run()
     assert at.query_params["eval_tasks"] == "gap_wiki_next,my_task" and at.query_params["eval_task_limit"] == "7"
-    again = reload(at, "pages/evaluate.py")
+    again = reload(at, "explorer/evaluate.py")
     assert again.toggle(key="eval_tasks_on").value is True
     assert again.text_input(key="eval_tasks").value == "gap_wiki_next,my_task"
     assert again.number_input(key="eval_task_limit").value == 7
     assert again.text_input(key="eval_task_folder").value == "/data/my-tasks"
     again.toggle(key="eval_tasks_on").set_value(False).run()
     assert again.query_params["eval_tasks"] == "off"
-    assert reload(again, "pages/evaluate.py").toggle(key="eval_tasks_on").value is False
+    assert reload(again, "explorer/evaluate.py").toggle(key="eval_tasks_on").value is False
 
 
 def test_while_a_job_stops_the_sidebar_says_cancelling_with_no_time_left_and_no_live_cancel(fresh_cache):

@@ -191,7 +191,7 @@ def test_build_with_a_cached_tables_settings_loads_it_without_a_job(cached_table
 
 # ---- Sensitivity ---------------------------------------------------------------------------------
 def test_sensitivity_draws_curves_and_heatmap(cached_table):
-    at = start("pages/sensitivity.py")
+    at = start("explorer/sensitivity.py")
     curves, heatmap = plotly_specs(at)
     lines = [t for t in curves["data"] if t["type"] == "scatter"]
     assert len(lines) == 60  # one line per layer, attention and MLP panels
@@ -212,7 +212,7 @@ def test_heatmap_rings_the_measured_cells_of_a_refined_table(fresh_cache, tiny_t
     measured[4:10, 1:3] = True
     mixed = dataclasses.replace(tiny_table, measured=measured | (tiny_table.removed == 0))
     cache.put_table(mixed)
-    at = start("pages/sensitivity.py")
+    at = start("explorer/sensitivity.py")
     heatmap = plotly_specs(at)[1]
     rings = [t for t in heatmap["data"] if t["type"] == "scatter"]
     assert [t["name"] for t in rings] == ["measured exactly", "measured exactly"]  # attention and MLP panels
@@ -224,19 +224,19 @@ def test_heatmap_rings_the_measured_cells_of_a_refined_table(fresh_cache, tiny_t
 
 
 def test_pages_without_a_table_point_to_setup(fresh_cache):
-    for page in ("pages/sensitivity.py", "pages/planner.py", "pages/evaluate.py"):
+    for page in ("explorer/sensitivity.py", "explorer/planner.py", "explorer/evaluate.py"):
         at = start(page)
         assert any("No loss table yet" in t for t in texts(at.info)), page
 
 
-# ---- Budget planner: tests/pages/test_app_budget.py (the budget chart, a release, the pages after it) ----
+# ---- Budget planner: tests/explorer/test_app_budget.py (the budget chart, a release, the pages after it) ----
 
 
 # ---- Prune & evaluate ----------------------------------------------------------------------------
 
 
 def test_prune_and_evaluate_records_a_run(cached_table, smol):
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     assert any("No runs yet" in str(c.value) for c in at.caption)
     assert at.text_input(key="eval_tasks").value == OFFLINE_TASK  # the offline task is preselected
     tiny_eval(at, save=True, task_limit=2)
@@ -278,7 +278,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     )
 
     # The planner draws the measured run beside the predicted front.
-    at.switch_page("pages/planner.py")
+    at.switch_page("explorer/planner.py")
     at.run()
     chart = [e.proto for e in at.get("bidi_component") if e.proto.component_name == "gap_budget_chart"]
     front_fig = json.loads(json.loads(chart[0].json)["front_figure"])
@@ -287,7 +287,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert values(measured[0]["customdata"])[0][1] == pytest.approx(result.predicted_loss)  # hover: the prediction
 
     # Export offers the plan, table, history and the checkpoint.
-    at.switch_page("pages/export.py")
+    at.switch_page("explorer/export.py")
     at.run()
     assert not at.exception
     labels = {b.proto.label for b in at.get("download_button")}
@@ -304,8 +304,8 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     outtype = at.selectbox(key="export_gguf_outtype").value
     # Issue 22: its time before the click, the cost model's prediction (how close it comes to real
     # builds, cold and warm, is measured by bench/bench_gguf_time.py: no timed assertion here).
+    from explorer.common import duration_text
     from gap_engine.pipeline.expected import gguf_seconds
-    from pages.common import duration_text
 
     [expected] = [c.value for c in at.caption if str(c.value).startswith(f"Building the {outtype} GGUF file takes about")]
     assert "predicted" in expected and f"about {duration_text(gguf_seconds(result.checkpoint, outtype))} " in expected
@@ -313,7 +313,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert "bfloat16" in next(b.proto.help for b in at.get("download_button") if b.proto.label == "Checkpoint (zip)")
 
     # Deleting the run removes its checkpoint too.
-    at.switch_page("pages/evaluate.py")
+    at.switch_page("explorer/evaluate.py")
     at.run()
     at.button(key="eval_delete").click().run()
     assert history.list_runs().empty
@@ -321,7 +321,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
 
 
 def test_prune_and_evaluate_refuses_a_bad_task_or_folder_before_any_job(cached_table, tmp_path):
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     tiny_eval(at, task_limit=2)
     at.text_input(key="eval_tasks").set_value(f"{OFFLINE_TASK}, no_such_task_xyz")
     at.button(key="eval_run").click().run()
@@ -339,7 +339,7 @@ def test_prune_and_evaluate_refuses_a_bad_task_or_folder_before_any_job(cached_t
 
 
 def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     tiny_eval(at)
     at.button(key="eval_run").click().run()
     job = job_of(at, "prune_eval")
@@ -360,8 +360,8 @@ def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):
 
 
 def test_export_without_runs_still_offers_the_plan_and_table(cached_table):
-    at = start("pages/planner.py")
-    at.switch_page("pages/export.py")
+    at = start("explorer/planner.py")
+    at.switch_page("explorer/export.py")
     at.run()
     assert not at.exception
     labels = {b.proto.label for b in at.get("download_button")}
@@ -378,8 +378,8 @@ def test_history_png_is_drawn_on_white_with_its_marks():
     import pandas as pd
     from PIL import Image
 
+    from explorer.common import render_png
     from gap_engine.views import figures
-    from pages.common import render_png
 
     frame = pd.DataFrame(
         {
@@ -397,8 +397,8 @@ def test_history_png_is_drawn_on_white_with_its_marks():
 
 
 def test_export_renders_png_with_the_local_chromium(cached_table):
-    at = start("pages/sensitivity.py")
-    at.switch_page("pages/export.py")
+    at = start("explorer/sensitivity.py")
+    at.switch_page("explorer/export.py")
     at.run()
     at.button(key="export_render_png").click().run(timeout=240)
     assert not at.exception
@@ -422,7 +422,7 @@ def test_a_first_build_on_a_fresh_machine_shows_a_predicted_time_before_build(fr
 
 def test_a_first_run_shows_a_predicted_time_before_start(cached_table):
     """The same on Prune & evaluate: every stage predicted (task accuracy included)."""
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     texts = [str(c.value) for c in at.caption]
     predicted = [t for t in texts if t.startswith("Predicted time (not yet measured here): about")]
     assert predicted and "held-out text" in predicted[0] and "task accuracy" in predicted[0] and "nominal CPU speed" in predicted[0], texts

@@ -4,7 +4,7 @@ The plan the planner releases is stored under its content hash; the URL carries 
 a reload (a new session given the old URL) prunes and exports that very plan, or says it
 cannot restore it and refuses to re-derive another. A session whose URL names no table opens
 the newest cached one and says so, with every cached table listed and its form filled in.
-Same tiny real table and fresh cache as tests/pages/test_app.py.
+Same tiny real table and fresh cache as tests/explorer/test_app.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def reload(at, page: str | None = None):
 
 
 def test_a_reload_prunes_and_exports_the_released_plan_by_its_hash(cached_table, smol):
-    at = start("pages/planner.py")
+    at = start("explorer/planner.py")
     at.multiselect(key="planner_locked").set_value([3]).run()  # constraints a reload must not lose
     at.selectbox(key="planner_lock_rate").set_value(0.5).run()
     data = chart(at)
@@ -39,7 +39,7 @@ def test_a_reload_prunes_and_exports_the_released_plan_by_its_hash(cached_table,
     assert plan.content_hash() == digest and at.query_params["plan"] == digest
     assert plan.attention_rates[3] == 0.5 and plan.mlp_rates[3] == 0.5
 
-    again = reload(at, "pages/evaluate.py")  # the reload lands on Prune & evaluate
+    again = reload(at, "explorer/evaluate.py")  # the reload lands on Prune & evaluate
     assert again.session_state["app_plan_hash"] == digest
     shown = [t for t in texts(again.caption) if digest in t]
     assert shown and f"+{plan.predicted_loss:.4f}" in shown[0], texts(again.caption)
@@ -56,10 +56,10 @@ def test_a_reload_prunes_and_exports_the_released_plan_by_its_hash(cached_table,
     assert any(m.label.startswith("Held-out KL to dense") for m in again.metric)
     assert any("(calibration)" in m.label for m in again.metric)
 
-    again.switch_page("pages/planner.py")
+    again.switch_page("explorer/planner.py")
     again.run()  # the planner, restored with its locks, shows the same plan
     assert again.session_state["app_plan_hash"] == digest
-    again.switch_page("pages/export.py")
+    again.switch_page("explorer/export.py")
     again.run()
     assert not again.exception, [e.value for e in again.exception]
     source = again.selectbox(key="export_plan_source")
@@ -74,24 +74,24 @@ def test_the_link_never_pairs_a_budget_with_the_plan_of_another(cached_table):
     next one after it had set the budget and before it released the plan, and app.py syncs the
     URL in a finally all the same. That half-done state is set up here directly: the link then
     names the budget and no plan, and the next full run names both."""
-    at = start("pages/planner.py")
+    at = start("explorer/planner.py")
     data = chart(at)
     release(at, data, int(np.searchsorted(data["budgets"], 0.3)))
     digest, released = at.session_state["app_plan_hash"], at.session_state["app_budget"]
     assert at.query_params["plan"] == digest
     later = data["budgets"][int(np.searchsorted(data["budgets"], 0.4))]
     at.session_state["app_budget"] = later  # what the interrupted run leaves: the budget, not yet the plan
-    at.switch_page("pages/sensitivity.py")
+    at.switch_page("explorer/sensitivity.py")
     at.run()
     assert at.query_params["budget"] == repr(float(later)) and "plan" not in at.query_params, dict(at.query_params)
-    at.switch_page("pages/planner.py")
+    at.switch_page("explorer/planner.py")
     at.run()
     assert at.session_state["app_plan"]["budget"] == at.session_state["app_budget"] == later != released
     assert at.query_params["plan"] == at.session_state["app_plan_hash"] != digest
 
 
 def test_a_plan_the_link_names_but_cannot_restore_is_said_so_and_not_replaced(cached_table):
-    at = start("pages/evaluate.py", query={"table": cached_table.key, "budget": "0.3", "plan": "0123456789ab"})
+    at = start("explorer/evaluate.py", query={"table": cached_table.key, "budget": "0.3", "plan": "0123456789ab"})
     warned = [t for t in texts(at.warning) if "0123456789ab" in t]
     assert warned and "cannot be restored" in warned[0], texts(at.warning)
     assert at.session_state["app_plan"] is None
@@ -112,7 +112,7 @@ def test_a_session_without_a_table_in_its_link_says_which_table_it_opened_and_wh
 
 
 def test_a_runs_numbers_say_which_text_and_how_noisy_they_are(cached_table):
-    at = start("pages/evaluate.py")
+    at = start("explorer/evaluate.py")
     throughput = {
         "prefill_speedup": 1.12,
         "prefill_speedup_range": [0.95, 1.31],
@@ -134,7 +134,7 @@ def test_a_runs_numbers_say_which_text_and_how_noisy_they_are(cached_table):
     assert "0.95–1.31x, within noise" in speed.proto.delta and "decode 1.05x (1.01–1.10x)" in speed.proto.delta
     assert any("0123456789ab" in str(h.value) and "25.03%" in str(h.value) for h in at.subheader)
     # Recover measures on the held-out windows Prune & evaluate uses: one dense (and unrecovered) perplexity.
-    at.switch_page("pages/recover.py")
+    at.switch_page("explorer/recover.py")
     at.run()
     windows = (at.session_state["recover_eval_samples"], at.session_state["recover_eval_seq_len"])
     assert (
@@ -147,7 +147,7 @@ def test_a_runs_numbers_say_which_text_and_how_noisy_they_are(cached_table):
 def test_technical_terms_have_a_help_sentence_and_the_sample_says_what_it_holds(cached_table):
     from pathlib import Path
 
-    from pages.common import GLOSSARY
+    from explorer.common import GLOSSARY
 
     at = start()
     assert "fisher:" in at.radio(key="setup_estimator").proto.help and "taylor:" in at.radio(key="setup_estimator").proto.help
@@ -158,6 +158,6 @@ def test_technical_terms_have_a_help_sentence_and_the_sample_says_what_it_holds(
     at.radio(key="setup_data_kind").set_value("Built-in sample")
     at.selectbox(key="setup_builtin_data").set_value("wiki-sample").run()
     assert any(t.startswith("104 English Wikipedia articles") and "206-page" in t for t in texts(at.caption)), texts(at.caption)
-    pages = "\n".join(p.read_text() for p in (Path(__file__).resolve().parents[2] / "pages").glob("*.py"))
+    pages = "\n".join(p.read_text() for p in (Path(__file__).resolve().parents[2] / "explorer").glob("*.py"))
     unused = [term for term in GLOSSARY if f'GLOSSARY["{term}"]' not in pages and f"GLOSSARY['{term}']" not in pages]
     assert unused == [], unused  # every term explained is shown somewhere

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from explorer import common
 from gap_engine.views import figures
-from pages import common
 
 DEFAULTS = {
     "sens_kinds": ["attn", "mlp"],

@@ -11,6 +11,7 @@ import re
 import pandas as pd
 import streamlit as st
 
+from explorer import common
 from gap_engine.core.config import (
     APP_TABLE,
     DEFAULT_CHANNEL_MULTIPLE,
@@ -31,7 +32,6 @@ from gap_engine.tables import cache, lookup
 from gap_engine.tables.artefact import TableSpec, key_prefix, parse_rate_grid
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
-from pages import common
 
 MODEL_KINDS = ("Built-in", "Local folder", "Hub id")
 DATA_KINDS = ("Built-in sample", "Uploaded file")

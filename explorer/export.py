@@ -7,6 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from explorer import common, report_export
 from gap_engine.core.config import GGUF_OUTTYPES
 from gap_engine.core.errors import GapError, PlanError, one_line
 from gap_engine.core.limits import LIMITS, check_file_size
@@ -16,7 +17,6 @@ from gap_engine.export import gguf
 from gap_engine.model.rateplan import RatePlan, predicted_params
 from gap_engine.pipeline.expected import gguf_seconds
 from gap_engine.views import figures
-from pages import common, report_export
 
 DEFAULTS = {
     "export_plan_source": "planner",

@@ -27,7 +27,7 @@ Jobs
 Jobs belong to the server, not to a tab (``gap_engine.pipeline.jobs.manager()``). A session keeps
 the ids of the jobs whose results it wants (``app_jobs``): the ones it started, and the
 ones it attached to from the sidebar's list of every running job or from its URL
-(``pages/url_state.py``). `job_controls` draws a page's start button and the progress of
+(``explorer/url_state.py``). `job_controls` draws a page's start button and the progress of
 its job; a page that runs a new kind of job adds it to `JOB_KINDS`.
 """
 
@@ -587,12 +587,12 @@ def report_finished(job, what: str, slot: str) -> bool:
     return False
 
 
-SETUP_PAGE = "pages/setup.py"
-SENSITIVITY_PAGE = "pages/sensitivity.py"
-PLANNER_PAGE = "pages/planner.py"
-EVALUATE_PAGE = "pages/evaluate.py"
-EXPORT_PAGE = "pages/export.py"
-RECOVER_PAGE = "pages/recover.py"
+SETUP_PAGE = "explorer/setup.py"
+SENSITIVITY_PAGE = "explorer/sensitivity.py"
+PLANNER_PAGE = "explorer/planner.py"
+EVALUATE_PAGE = "explorer/evaluate.py"
+EXPORT_PAGE = "explorer/export.py"
+RECOVER_PAGE = "explorer/recover.py"
 
 # Job kind -> (what a reader calls it, the page that shows its result). A page that runs a
 # new kind of job (a recovery stage, say) adds its entry, and the sidebar lists its jobs.

@@ -24,7 +24,7 @@ from gap_engine.recover.files import partial_dir, saved_step
 pytestmark = pytest.mark.slow  # the real SmolLM2 tokenizer and text behind the tiny model
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
-RECOVER_PAGE = "pages/recover.py"
+RECOVER_PAGE = "explorer/recover.py"
 
 
 @pytest.fixture

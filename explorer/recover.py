@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from explorer import common
 from gap_engine.core.config import APP_EVAL_WINDOWS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
@@ -25,7 +26,6 @@ from gap_engine.pipeline.jobs import manager, recover_task
 from gap_engine.pipeline.recovery import DEFAULT_LR, RecoveryResult, RecoverySettings, app_output_dir
 from gap_engine.recover.files import discard, partial_dir, saved_step
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
-from pages import common
 
 OBJECTIVE_HELP = {
     "default": "kd when the dense model the checkpoint was pruned from is on this machine, else lm",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from explorer import common
 from gap_engine.core.config import APP_EVAL_WINDOWS, DEFAULT_COMPENSATION, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
@@ -19,7 +20,6 @@ from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
 from gap_engine.views import figures
-from pages import common
 
 UPLOADED = "uploaded plan"
 ALLOCATOR_HELP = {name: ALLOCATORS.describe(name) for name in ALLOCATORS} | {UPLOADED: "the plan uploaded on the Export page"}
