@@ -433,9 +433,14 @@ def _wrap(lm, batch_size: int):
     return wrapped
 
 
-def run_tasks(lm, prepared: PreparedTasks, names: list[str] | None = None) -> dict[str, TaskScore]:
+def run_tasks(
+    lm, prepared: PreparedTasks, names: list[str] | None = None, examples: dict[str, list[int]] | None = None
+) -> dict[str, TaskScore]:
     """Score ``lm`` (a LoadedModel) on the prepared tasks (or the ``names`` among them) with lm-eval.
 
+    Args:
+        examples: task name -> the indices of the examples to score (lm-eval's ``samples``),
+            in place of the settings' limit (recovery's selection slice, ``recover.judge``).
     Returns:
         Leaf task name -> TaskScore.
     """
@@ -449,7 +454,8 @@ def run_tasks(lm, prepared: PreparedTasks, names: list[str] | None = None) -> di
             tasks=chosen,
             task_manager=prepared.manager,
             num_fewshot=settings.num_fewshot,
-            limit=settings.limit,
+            limit=settings.limit if examples is None else None,
+            samples=examples,
             log_samples=False,
         )
     return {name: _score(name, results) for name in results["results"] if name in prepared.tasks}

@@ -42,6 +42,7 @@ from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.evaluate.tasks import PreparedTasks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
+from gap_engine.recover import teacher_text
 from gap_engine.recover.cost import STAGES
 from gap_engine.recover.files import (
     RecoveryError,
@@ -50,6 +51,7 @@ from gap_engine.recover.files import (
     check_resumable,
     checkpoint_plan,
     discard,
+    load_best,
     load_state,
     partial_dir,
     read_result,
@@ -59,6 +61,7 @@ from gap_engine.recover.files import (
     storage_dtype,
     write_checkpoint,
 )
+from gap_engine.recover.judge import Judge, KLJudge, TaskJudge
 from gap_engine.recover.loop import Reporter, probe, train
 from gap_engine.recover.methods import RECOVERY_METHODS
 from gap_engine.recover.settings import DEFAULT_LR, RecoveryResult, RecoverySettings
@@ -111,6 +114,7 @@ def recover(
     history_path: Path | None = None,
     teacher: LoadedModel | None = None,
     lm_eval_tasks: PreparedTasks | None = None,
+    judge_tasks: PreparedTasks | None = None,
 ) -> RecoveryResult:
     """Fine-tune ``lm`` on its tasks' calibration text, evaluate it, and save it as a checkpoint.
 
@@ -131,6 +135,9 @@ def recover(
             the checkpoint's base model, loaded here on the student's device and dtype).
         lm_eval_tasks: prepared lm-eval tasks: their accuracy before and after training and the dense
             model's join the evaluations (``task_accuracy``, ``dense_task_accuracy``) and the history.
+        judge_tasks: the prepared ``settings.eval_tasks``: with ``settings.eval_every`` they judge
+            the snapshots on their selection slices and the best is saved (``recover.judge``);
+            without them, ``eval_every`` judges by held-out KL to the dense model.
     Returns:
         RecoveryResult (``to_dict()`` is JSON-ready).
     Raises:
@@ -155,6 +162,8 @@ def recover(
     settings = replace(settings, objective=objective.name)
     reporter.stage(note)
     trajectory = settings.trajectory() | {"teacher_fingerprint": teacher.fingerprint if teacher else None}
+    if settings.teacher_source is not None and teacher is not None:
+        trajectory["teacher_text"] = _write_teacher_text(teacher, settings, data, reporter)
     dense = teacher if teacher is not None and settings.teacher is None else None  # the dense reference, when it is one
     work = partial_dir(out_dir)
     state, saved = _start_state(lm, settings, trajectory, data, work, resume, reporter, dense, lm_eval_tasks)
@@ -163,8 +172,12 @@ def recover(
 
     run = RECOVERY_METHODS.function(settings.method)(lm, settings, objective)
     settings = _ready(run, data, settings, state, saved, work, reporter)
+    judge = _judge(lm, run, settings, dense, judge_tasks)
     enter(STAGES[1])
-    stopped = train(run, data, settings, state, work, reporter, device)
+    stopped = train(run, data, settings, state, work, reporter, device, judge)
+    if state.best_step is not None and state.best_step != state.step:
+        reporter.stage(f"keeping the snapshot of step {state.best_step}, the best by {judge.description if judge else 'the judge'}")
+        run.restore(load_best(work, state.best_step), None)
     enter(STAGES[2])
     adapter_dir, save_dtype = _finish_weights(lm, run, settings, work, reporter)
     reporter.stage("calibration loss after training")
@@ -174,6 +187,13 @@ def recover(
     after = evaluate_heldout(lm, settings, "after", reporter.phases(), start_fingerprint, dense, lm_eval_tasks, calibration=calibration)
     result = _result(settings, state, run, out_dir, adapter_dir, dense_input, resumed_from, stopped, calib_after, after)
     result.objective_note, result.teacher, result.save_dtype = note, teacher.name if teacher else None, save_dtype
+    if judge is not None:
+        result.judge, result.judge_curve, result.best_step, result.judge_seconds = (
+            judge.description,
+            state.judge_curve,
+            state.best_step,
+            state.judge_seconds,
+        )
     reporter.stage(f"writing {out_dir}")
     result.total_seconds = time.perf_counter() - started
     write_checkpoint(lm, plan, kept, out_dir, result, adapter_dir)
@@ -182,6 +202,32 @@ def recover(
     discard(work)
     reporter.step(state.step, 0.0, "done")
     return result
+
+
+def _write_teacher_text(teacher: LoadedModel, settings: RecoverySettings, data: TaskData, reporter: Reporter) -> str:
+    """The teacher-written text of ``settings.teacher_source`` into ``data`` (from the cache, or
+    written now with progress and ETA); returns its cache key (a resumed run must read the same)."""
+    spec = teacher_text.TeacherTextSpec(
+        tokens=teacher_text.parse_tokens(str(settings.teacher_source)), seq_len=settings.seq_len, seed=settings.seed
+    )
+    reporter.stage(f"teacher text: {spec.sequences:,} sequences of {spec.seq_len} tokens written by {teacher.name}")
+    data.set_teacher_text(teacher_text.teacher_text(teacher, spec, reporter.hooks))
+    dtype = str(next(teacher.model.parameters()).dtype).removeprefix("torch.")
+    return teacher_text.cache_key(spec, teacher.fingerprint, dtype)
+
+
+def _judge(lm: LoadedModel, run, settings: RecoverySettings, dense: LoadedModel | None, judge_tasks: PreparedTasks | None) -> Judge | None:
+    """What judges the snapshots (``recover.judge``), or None when ``eval_every`` is 0."""
+    if not settings.eval_every:
+        return None
+    if settings.eval_tasks:
+        if judge_tasks is None:
+            raise RecoveryError(f"--eval-tasks {', '.join(settings.eval_tasks)} were not prepared for this run")
+        return TaskJudge(lm, judge_tasks, settings.eval_task_examples)
+    if dense is None:
+        raise RecoveryError("--eval-every without --eval-tasks judges by held-out KL to the dense model, which is not loaded here")
+    texts = settings.heldout_texts
+    return KLJudge(run.model, lm, dense.model, texts, settings.eval_samples, settings.eval_seq_len, settings.seed)
 
 
 def _place(lm: LoadedModel, settings: RecoverySettings) -> torch.device:
