@@ -107,7 +107,7 @@ def check_sizes(args: argparse.Namespace) -> None:
 def check_sources(args: argparse.Namespace) -> None:
     """DataError when --data or --eval-data names no text source (``--data ""`` measures nothing)."""
     for dest, flag in (("data", "--data"), ("eval_data", "--eval-data")):
-        if hasattr(args, dest) and _count(getattr(args, dest)) == 0:
+        if getattr(args, dest, None) is not None and _count(getattr(args, dest)) == 0:  # None: the command's default
             raise DataError(f"{flag} names no text source; give wiki-sample, news-sample, a .txt/.jsonl file or an HF spec")
 
 

@@ -16,7 +16,11 @@ passes of the student (``F``, over the step's tokens) and of the dense teacher (
 * after training: the calibration loss and the held-out evaluation again;
 * lm-eval tasks, when asked: lm-eval's import, the checkpoint's and the dense model's scores
   before training, the recovered model's after (the dense scores are cached by then), each
-  priced as Prune & evaluate prices them (``evaluate.tasks.scoring_seconds``).
+  priced as Prune & evaluate prices them (``evaluate.tasks.scoring_seconds``);
+* teacher-written text not yet in the cache: its tokens at the dense model's forward price per
+  token times :data:`GENERATION_FACTOR` (decoding one token at a time), an order of magnitude;
+* judging snapshots (``recover.judge``): a task slice scored, or the held-out KL windows run
+  through both models, at the start, every ``eval_every`` steps and at the end.
 
 Loading the checkpoint and the dense model is priced as Prune & evaluate prices a load; the
 checkpoint write is not counted (seconds on this machine). The estimate
@@ -55,6 +59,10 @@ ZO_FORWARDS = 2.0  # a ZO step's two perturbed loss evaluations
 Z_DRAWS = 3  # z is drawn for the + pass, the - pass and the update
 GENERATED_TOKENS = 24  # evaluate.EvalSettings.max_new_tokens
 STAGES = ("preparing", "training", "evaluating after")
+# Writing teacher text, per token, against a full-window forward pass of the dense model: decoding
+# 64 rows a token at a time with the cache cost 10.5 ms a token and the nucleus draw ~2 ms, where a
+# full 128-token window cost 8.2 ms a token (smollm2-135m, one thread, this machine under load).
+GENERATION_FACTOR = 1.5
 
 
 @dataclass(frozen=True)
@@ -66,13 +74,25 @@ class RecoveryEstimate:
     steps: int
     finish_s: float  # calibration loss and evaluation after
     basis: str  # where the prices come from
-    budget_s: float | None = None  # the run's time budget, which caps training
+    budget_s: float | None = None  # the run's time budget (wall or CPU), which caps training
     tasks_s: float = 0.0  # of prepare_s and finish_s: scoring lm-eval tasks
+    text_s: float = 0.0  # of prepare_s: writing teacher text (0 when the cache has it)
+    judge_s: float = 0.0  # one judgement of a snapshot (0: not judged); train_s counts every one
+    every: int = 0  # steps between judgements
 
     @property
     def train_s(self) -> float:
         seconds = self.step_s * self.steps
-        return seconds if self.budget_s is None else min(seconds, self.budget_s)
+        seconds = seconds if self.budget_s is None else min(seconds, self.budget_s)
+        return seconds + self.judgements * self.judge_s
+
+    @property
+    def judgements(self) -> int:
+        """Snapshots judged: the start, every ``eval_every`` steps of those the budget allows, the end."""
+        if not self.judge_s or not self.every:
+            return 0
+        steps = self.steps if self.budget_s is None or not self.step_s else min(self.steps, int(self.budget_s / self.step_s))
+        return 2 + steps // self.every
 
     @property
     def total_s(self) -> float:

@@ -348,6 +348,11 @@ def teacher_text(teacher: LoadedModel, spec: TeacherTextSpec, hooks: Hooks) -> t
     return torch.from_numpy(tokens.astype(np.int64))
 
 
+def is_cached(spec: TeacherTextSpec, model_fingerprint: str, dtype: str) -> bool:
+    """Whether a finished entry for this text exists (not checked: a price, not a promise)."""
+    return (entry_dir(cache_key(spec, model_fingerprint, dtype)) / _META).is_file()
+
+
 def _vocab_size(lm: LoadedModel) -> int:
     return int(lm.model.get_output_embeddings().weight.shape[0])  # type: ignore[operator]
 
