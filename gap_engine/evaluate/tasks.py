@@ -436,14 +436,9 @@ def _wrap(lm, batch_size: int):
 def run_tasks(
     lm, prepared: PreparedTasks, names: list[str] | None = None, examples: dict[str, list[int]] | None = None
 ) -> dict[str, TaskScore]:
-    """Score ``lm`` (a LoadedModel) on the prepared tasks (or the ``names`` among them) with lm-eval.
-
-    Args:
-        examples: task name -> the indices of the examples to score (lm-eval's ``samples``),
-            in place of the settings' limit (recovery's selection slice, ``recover.judge``).
-    Returns:
-        Leaf task name -> TaskScore.
-    """
+    """Score ``lm`` (a LoadedModel) on the prepared tasks (or the ``names`` among them) with lm-eval:
+    leaf task name -> TaskScore. ``examples``: task name -> the indices to score, in place of the
+    settings' limit (lm-eval's ``samples``; recovery's selection slice)."""
     from lm_eval.evaluator import simple_evaluate
 
     settings = prepared.settings

@@ -135,9 +135,8 @@ def recover(
             the checkpoint's base model, loaded here on the student's device and dtype).
         lm_eval_tasks: prepared lm-eval tasks: their accuracy before and after training and the dense
             model's join the evaluations (``task_accuracy``, ``dense_task_accuracy``) and the history.
-        judge_tasks: the prepared ``settings.eval_tasks``: with ``settings.eval_every`` they judge
-            the snapshots on their selection slices and the best is saved (``recover.judge``);
-            without them, ``eval_every`` judges by held-out KL to the dense model.
+        judge_tasks: the prepared ``settings.eval_tasks``, which judge the snapshots every
+            ``settings.eval_every`` steps; the best is saved (``recover.judge``).
     Returns:
         RecoveryResult (``to_dict()`` is JSON-ready).
     Raises:
@@ -151,57 +150,71 @@ def recover(
     reporter, enter = Reporter(hooks, settings.steps), hooks.enter
     enter(STAGES[0])
     device = _place(lm, settings)
-    dense_input, start_fingerprint = lm.pruned_from is None, lm.fingerprint
-    if dense_input:
-        log.warning("%s is not a pruned gap checkpoint: recovering a dense model", lm.name)
-    plan, kept = checkpoint_plan(lm)
-    _check_rank(lm, settings)
+    dense_input, start_fingerprint, (plan, kept) = lm.pruned_from is None, lm.fingerprint, _checked_plan(lm, settings)
     reporter.stage("reading the calibration text")
     data = TaskData(lm, settings)  # every input error surfaces before anything is written
     objective, teacher, note = resolve_objective(lm, settings, teacher, reporter.stage, device)
     settings = replace(settings, objective=objective.name)
     reporter.stage(note)
-    trajectory = settings.trajectory() | {"teacher_fingerprint": teacher.fingerprint if teacher else None}
-    if settings.teacher_source is not None and teacher is not None:
-        trajectory["teacher_text"] = _write_teacher_text(teacher, settings, data, reporter)
+    trajectory = _trajectory(settings, teacher, data, reporter)
     dense = teacher if teacher is not None and settings.teacher is None else None  # the dense reference, when it is one
     work = partial_dir(out_dir)
     state, saved = _start_state(lm, settings, trajectory, data, work, resume, reporter, dense, lm_eval_tasks)
     resumed_from = state.step
     _measure_inference(lm, data, settings, state, device)
-
     run = RECOVERY_METHODS.function(settings.method)(lm, settings, objective)
     settings = _ready(run, data, settings, state, saved, work, reporter)
     judge = _judge(lm, run, settings, dense, judge_tasks)
     enter(STAGES[1])
     stopped = train(run, data, settings, state, work, reporter, device, judge)
-    if state.best_step is not None and state.best_step != state.step:
-        reporter.stage(f"keeping the snapshot of step {state.best_step}, the best by {judge.description if judge else 'the judge'}")
-        run.restore(load_best(work, state.best_step), None)
+    _keep_best(run, state, work, reporter)
     enter(STAGES[2])
     adapter_dir, save_dtype = _finish_weights(lm, run, settings, work, reporter)
-    reporter.stage("calibration loss after training")
-    calib_after = _calib_losses(lm, data, settings)
-
-    calibration = partial(_calib_losses, data=data, settings=settings)
-    after = evaluate_heldout(lm, settings, "after", reporter.phases(), start_fingerprint, dense, lm_eval_tasks, calibration=calibration)
+    calib_after, after = _evaluate_after(lm, data, settings, reporter, start_fingerprint, dense, lm_eval_tasks)
     result = _result(settings, state, run, out_dir, adapter_dir, dense_input, resumed_from, stopped, calib_after, after)
     result.objective_note, result.teacher, result.save_dtype = note, teacher.name if teacher else None, save_dtype
-    if judge is not None:
-        result.judge, result.judge_curve, result.best_step, result.judge_seconds = (
-            judge.description,
-            state.judge_curve,
-            state.best_step,
-            state.judge_seconds,
-        )
+    result.judge = judge.description if judge is not None else ""
     reporter.stage(f"writing {out_dir}")
     result.total_seconds = time.perf_counter() - started
     write_checkpoint(lm, plan, kept, out_dir, result, adapter_dir)
-    if settings.record_history:
-        result.run_id = record_in_history(lm, plan, result, history_path)
+    result.run_id = record_in_history(lm, plan, result, history_path) if settings.record_history else None
     discard(work)
     reporter.step(state.step, 0.0, "done")
     return result
+
+
+def _checked_plan(lm: LoadedModel, settings: RecoverySettings):
+    """(plan, kept indices) the recovered checkpoint is written with; RecoveryError for a LoRA rank too wide."""
+    if lm.pruned_from is None:
+        log.warning("%s is not a pruned gap checkpoint: recovering a dense model", lm.name)
+    plan_and_kept = checkpoint_plan(lm)
+    _check_rank(lm, settings)
+    return plan_and_kept
+
+
+def _evaluate_after(lm, data: TaskData, settings: RecoverySettings, reporter: Reporter, start_fingerprint: str, dense, lm_eval_tasks):
+    """(calibration losses, held-out evaluation) of the trained weights."""
+    reporter.stage("calibration loss after training")
+    calib_after = _calib_losses(lm, data, settings)
+    calibration = partial(_calib_losses, data=data, settings=settings)
+    after = evaluate_heldout(lm, settings, "after", reporter.phases(), start_fingerprint, dense, lm_eval_tasks, calibration=calibration)
+    return calib_after, after
+
+
+def _trajectory(settings: RecoverySettings, teacher: LoadedModel | None, data: TaskData, reporter: Reporter) -> dict:
+    """The settings a resumed run must share, with the teacher's fingerprint and the key of the
+    text it wrote (written first, when the run reads teacher text)."""
+    trajectory = settings.trajectory() | {"teacher_fingerprint": teacher.fingerprint if teacher else None}
+    if settings.teacher_source is not None and teacher is not None:
+        trajectory["teacher_text"] = _write_teacher_text(teacher, settings, data, reporter)
+    return trajectory
+
+
+def _keep_best(run, state: RunState, work: Path, reporter: Reporter) -> None:
+    """Put back the snapshot the judge rated best, when it is not the last one trained."""
+    if state.best_step is not None and state.best_step != state.step:
+        reporter.stage(f"keeping the snapshot of step {state.best_step}, the best judged")
+        run.restore(load_best(work, state.best_step), None)
 
 
 def _write_teacher_text(teacher: LoadedModel, settings: RecoverySettings, data: TaskData, reporter: Reporter) -> str:
@@ -345,6 +358,9 @@ def _result(
         curve=state.curve,
         rollbacks=state.rollbacks,
         lr_scale=state.lr_scale,
+        judge_curve=state.judge_curve,
+        best_step=state.best_step,
+        judge_seconds=state.judge_seconds,
         settings=asdict(settings),
     )
 

@@ -92,7 +92,7 @@ class RecoveryEstimate:
         if not self.judge_s or not self.every:
             return 0
         steps = self.steps if self.budget_s is None or not self.step_s else min(self.steps, int(self.budget_s / self.step_s))
-        return 2 + steps // self.every
+        return 1 + steps // self.every + bool(steps % self.every)
 
     @property
     def total_s(self) -> float:
@@ -162,6 +162,14 @@ def _perturbed_weights(shapes: list[ModelShape], settings: RecoverySettings) -> 
     return total * (settings.mask_fraction if settings.method == "mazo" else 1.0)
 
 
+def _step_seconds(settings: RecoverySettings, shapes: list[ModelShape], forward: float, teacher_pass: float, placement: Placement) -> float:
+    """One training step: LoRA's forward and backward, or ZO's two passes and draws of ``z``, plus the teacher's pass."""
+    if settings.method == "lora":
+        return LORA_FORWARDS * forward + teacher_pass
+    draws = Z_DRAWS * _perturbed_weights(shapes, settings) * _direction_seconds_per_value(str(placement.device), _torch_threads())
+    return ZO_FORWARDS * forward + draws + teacher_pass
+
+
 def estimate_recovery(
     config: dict[str, Any],
     settings: RecoverySettings,
@@ -170,6 +178,7 @@ def estimate_recovery(
     measure: bool = True,
     task_examples: int = 0,
     profile: DeviceProfile | None = None,
+    text_tokens: int = 0,
 ) -> RecoveryEstimate | None:
     """Expected seconds of ``settings`` (a validated recover.RecoverySettings) on the model ``config`` describes.
 
@@ -183,6 +192,7 @@ def estimate_recovery(
             millisecond calls read 1.25 GFLOP/s in a walkthrough and priced a 112 s run at 13 min 50 s.
         task_examples: lm-eval examples scored per model (every task's together; 0: no tasks).
         profile: the prices to use (None: this machine's measured profile).
+        text_tokens: teacher-written tokens to generate first (0: none, or in the cache).
     """
     dense, shapes = layer_shapes(config, str(config.get("_name_or_path", "")))
     given = profile
@@ -197,23 +207,16 @@ def estimate_recovery(
         blocks = sum(block_flops_per_token(s, seq_len) for s in block_shapes) / prices.block_flops
         return blocks + head_flops_per_token(dense) / prices.head_flops
 
-    n_tasks = len(settings.tasks)
+    n_tasks, n_texts = len(settings.tasks), len(settings.heldout_texts)
     step_tokens = n_tasks * settings.batch_size * settings.seq_len
 
-    def teacher_per_token(seq_len: int) -> float:
-        return per_token([dense] * dense.layers, seq_len)
-
-    student, teacher = per_token(shapes, settings.seq_len), teacher_per_token(settings.seq_len)
-    forward, teacher_pass = student * step_tokens, teacher * step_tokens
-    if settings.method == "lora":
-        step = LORA_FORWARDS * forward
-    else:
-        step = ZO_FORWARDS * forward + Z_DRAWS * _perturbed_weights(shapes, settings) * _direction_seconds_per_value(
-            str(placement.device), _torch_threads()
-        )
-    step += teacher_pass if distils else 0.0
-    eval_tokens = n_tasks * settings.eval_samples * settings.eval_seq_len
+    student, teacher = per_token(shapes, settings.seq_len), per_token([dense] * dense.layers, settings.seq_len)
+    text = text_tokens * teacher * GENERATION_FACTOR
+    step = _step_seconds(settings, shapes, student * step_tokens, teacher * step_tokens if distils else 0.0, placement)
+    eval_tokens = n_texts * settings.eval_samples * settings.eval_seq_len
     evaluation = eval_tokens * (per_token(shapes, settings.eval_seq_len) + (teacher if settings.compare_dense else 0.0))
+    judged = len(settings.eval_tasks) * settings.eval_task_examples  # a judgement: a task slice, else the KL windows through both models
+    judge = scoring_seconds(judged, lambda n, t: n * per_token(shapes, t, scoring)) if judged else eval_tokens * (student + teacher)
     generation = settings.eval_generations * GENERATED_TOKENS * (1 + settings.compare_dense) * per_token(shapes, 1)
     calib = n_tasks * settings.calib_eval_windows * settings.seq_len * student
     prepare = calib + (evaluation + generation if settings.evaluate_before else 0.0)
@@ -232,14 +235,18 @@ def estimate_recovery(
         )
         first = TASK_IMPORT_S + scored + dense_scored  # the dense model is scored once, then read from the cache
         tasks_before, tasks_after = (first, scored) if settings.evaluate_before else (0.0, first)
+    budgets = [b for b in (settings.time_budget_s, settings.cpu_budget_s) if b]
     return RecoveryEstimate(
-        prepare + tasks_before,
+        prepare + tasks_before + text,
         step,
         settings.steps,
         finish + tasks_after,
         f"cost model: {profile.basis}",
-        settings.time_budget_s,
+        min(budgets) if budgets else None,
         tasks_before + tasks_after,
+        text,
+        judge if settings.eval_every else 0.0,
+        settings.eval_every,
     )
 
 
@@ -257,15 +264,36 @@ def estimate_for_checkpoint(
     except (OSError, ValueError):
         return None
     placement = placement or resolve(DeviceSpec("cpu", "float32"))
-    estimate = estimate_recovery(config, settings.validate(), placement, settings.objective != "lm", measure, task_examples)
+    settings = settings.validate()
+    text = _uncached_text_tokens(Path(folder).expanduser(), settings, str(placement.dtype).removeprefix("torch."))
+    estimate = estimate_recovery(config, settings, placement, settings.objective != "lm", measure, task_examples, text_tokens=text)
     if estimate is None:
         return None
     # The job loads the checkpoint, and the dense model when it distils or compares with it.
     return replace(estimate, prepare_s=estimate.prepare_s + _load_seconds(Path(folder).expanduser(), config, settings))
 
 
+def _uncached_text_tokens(folder: Path, settings: RecoverySettings, dtype: str) -> int:
+    """Teacher-written tokens the run will generate: none when it reads none, or when the cache
+    holds the text for the checkpoint's recorded base model (its weights fingerprint)."""
+    from gap_engine.recover import teacher_text
+
+    if settings.teacher_source is None:
+        return 0
+    spec = teacher_text.TeacherTextSpec(
+        tokens=teacher_text.parse_tokens(settings.teacher_source), seq_len=settings.seq_len, seed=settings.seed
+    )
+    try:
+        base = json.loads((folder / "gap_pruned.json").read_text()).get("base_fingerprint")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    cached = settings.teacher is None and isinstance(base, str) and teacher_text.is_cached(spec, base, dtype)
+    return 0 if cached else spec.sequences * spec.seq_len
+
+
 def _load_seconds(folder: Path, config: dict[str, Any], settings: RecoverySettings) -> float:
     """Loading the checkpoint and the dense model, at the loading prices Prune & evaluate uses."""
     dense, _ = layer_shapes(config, str(config.get("_name_or_path", "")))
-    teacher = folder_load_seconds(None, dense.total_params) if settings.objective != "lm" or settings.compare_dense else 0.0
+    needed = settings.objective != "lm" or settings.compare_dense or settings.teacher_source is not None
+    teacher = folder_load_seconds(None, dense.total_params) if needed else 0.0
     return folder_load_seconds(folder, dense.total_params) + teacher

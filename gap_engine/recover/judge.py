@@ -18,7 +18,7 @@ checkpoints reports the other examples (``bench/bench_recovery_tasks.py``).
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +43,10 @@ class Judge(Protocol):
     def __call__(self) -> float: ...
 
 
-def selection_slice(task, examples: int) -> list[int]:
-    """Indices of the last ``examples`` examples of an lm-eval task (all of them when it has fewer)."""
+def selection_slice(task: Any, examples: int) -> list[int]:
+    """Indices of the last ``examples`` examples of an lm-eval task (all of them when it has fewer).
+
+    ``task``: an lm-eval Task (typed Any: lm-eval ships no type information)."""
     count = len(task.eval_docs)
     return list(range(max(0, count - examples), count))
 

@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,13 +57,13 @@ from gap_engine.core.fsutil import atomic_write_bytes, atomic_write_json, cache_
 from gap_engine.core.limits import LIMITS, check_at_most
 from gap_engine.core.progress import EtaClock, Hooks
 from gap_engine.core.validate import read_bounded, read_json_file
-from gap_engine.data.bos import bos_token_id
+from gap_engine.data.bos import Tokenizer, bos_token_id
 from gap_engine.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
 SOURCE = "teacher"  # the name of teacher-written text among the training texts
-DEFAULT_TOKENS = 65_536  # bench/results/recovery_tasks.md: about what 15 CPU-minutes of LoRA-kd read
+DEFAULT_TOKENS = 32_768  # at least what 15 CPU-minutes of LoRA-kd read on one thread (~29k tokens), so no sequence repeats
 TEMPERATURE = 1.0  # LLM-QAT samples the teacher's softmax as it is
 TOP_P = 0.95  # nucleus sampling (Holtzman et al. 2020): the tail below 5% of the mass is never drawn
 BATCH = 64  # sequences generated together (the unit a resume repeats): decoding 64 rows cost 10 ms a token here, 16 rows 27 ms
@@ -147,11 +148,12 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def _load_npy(data: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(data), allow_pickle=False)
+    array: np.ndarray = np.load(io.BytesIO(data), allow_pickle=False)
+    return array
 
 
 # ---- the openings and one batch --------------------------------------------------------------
-def opening_tokens(tokenizer) -> list[int]:
+def opening_tokens(tokenizer: Tokenizer) -> list[int]:
     """The ids of the :data:`OPENINGS` the tokenizer writes as one token (in order, no repeats);
     where fewer than 8 are, the first token of each opening.
 
@@ -254,7 +256,9 @@ def _partial_dir(key: str) -> Path:
     return folder.with_name(folder.name + ".partial")
 
 
-def _meta(spec: TeacherTextSpec, key: str, fingerprint: str, dtype: str, data: bytes, shape: tuple[int, ...], seconds: float) -> dict:
+def _meta(
+    spec: TeacherTextSpec, key: str, fingerprint: str, dtype: str, data: bytes, shape: tuple[int, ...], seconds: float
+) -> dict[str, Any]:
     return {
         "key": key,
         "model_fingerprint": fingerprint,
@@ -317,6 +321,8 @@ def _read_partial(key: str, spec: TeacherTextSpec, vocab: int) -> dict[int, np.n
                 raise DataError("checksum")
             tokens = _load_npy(data)
             _check_tokens(tokens, spec, vocab)
+            if tokens.shape[0] != min(spec.batch, spec.sequences - batch * spec.batch):
+                raise DataError("rows")
         except (DataError, ValueError, OSError):
             log.warning("teacher text: batch %s of the interrupted generation is damaged; writing it again", name)
             continue

@@ -172,7 +172,7 @@ def test_cli_refuses_bad_teacher_text_in_one_line(dense_and_pruned, text_file, s
         (["--data", "teacher:0"], "positive whole number of tokens"),
         (["--data", f"teacher:{LIMITS.teacher_tokens + 1},news-sample"], "above the limit"),
         (["--data", "teacher", "--objective", "lm", "--teacher", str(other_vocab)], "predicts 50000 tokens"),
-        (["--data", "teacher", "--eval-data", "teacher"], "not teacher text"),
+        (["--data", "teacher", "--eval-data", "teacher"], "unknown text source 'teacher'"),
         (["--data", "news-sample", "--eval-tasks", "gap_wiki_next"], "give --eval-every K too"),
         (["--data", "news-sample", "--eval-every", "3", "--save-every", "2"], "must be a multiple of --save-every"),
     ]
@@ -238,3 +238,30 @@ def test_the_task_slice_is_the_last_examples():
 
     assert recover_judge.selection_slice(Task(), 100) == list(range(400, 500))
     assert recover_judge.selection_slice(Task(), 600) == list(range(500))
+
+
+# ---- the price before Start ---------------------------------------------------------------------------
+def test_the_estimate_prices_uncached_teacher_text_and_every_judgement(dense_and_pruned, text_file, tmp_path):
+    from gap_engine.core.device import DeviceSpec, resolve
+    from gap_engine.recover.cost import GENERATION_FACTOR, estimate_for_checkpoint
+
+    dense_dir, pruned = dense_and_pruned
+    plain = tiny_settings(text_file, tasks=("news-sample",), steps=10, save_every=5)
+    taught = tiny_settings(text_file, tasks=("teacher:128", "news-sample"), steps=10, save_every=5)
+    judged = tiny_settings(text_file, tasks=("news-sample",), steps=10, save_every=5, eval_every=5, compare_dense=True)
+    placement = resolve(DeviceSpec("cpu", "float32"))
+    before = {name: estimate_for_checkpoint(pruned, s, placement, measure=False) for name, s in (("plain", plain), ("taught", taught))}
+    assert before["plain"].text_s == 0.0 and before["taught"].text_s > 0.0
+    per_token = before["taught"].text_s / (128 * GENERATION_FACTOR)  # one dense forward pass per token, the factor for decoding
+    assert 0 < per_token < before["taught"].step_s
+    recover(load_model(str(pruned)), replace_steps(taught, 1), out_dir=tmp_path / "writes-the-text")  # the text is cached now
+    assert estimate_for_checkpoint(pruned, taught, placement, measure=False).text_s == 0.0
+    with_judge = estimate_for_checkpoint(pruned, judged, placement, measure=False)
+    assert with_judge.judgements == 3 and with_judge.judge_s > 0  # steps 0, 5 and 10
+    assert with_judge.train_s == pytest.approx(with_judge.step_s * 10 + 3 * with_judge.judge_s)
+
+
+def replace_steps(settings, steps: int):
+    from dataclasses import replace
+
+    return replace(settings, steps=steps, save_every=1)
