@@ -104,7 +104,7 @@ def settings_from_state() -> RecoverySettings:
         eval_every=every,
         eval_tasks=judge_tasks(),
         # The last examples judge, the first ones (the picker's count) are reported: apart while 2 x count fits the task.
-        eval_task_examples=max(1, int(ss["recover_task_limit"] or 1)),
+        eval_task_examples=max(1, int(ss.get("recover_task_limit") or DEFAULTS["recover_task_limit"])),  # not drawn with tasks off
         eval_samples=int(ss["recover_eval_samples"]),
         eval_seq_len=int(ss["recover_eval_seq_len"]),
         eval_generations=int(ss["recover_generations"]),
