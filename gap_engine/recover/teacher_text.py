@@ -52,9 +52,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from gap_engine.core.errors import DataError
+from gap_engine.core.errors import DataError, SizeLimitError
 from gap_engine.core.fsutil import atomic_write_bytes, atomic_write_json, cache_root, lock_for
-from gap_engine.core.limits import LIMITS, check_at_most
+from gap_engine.core.limits import FORCE_ENV, LIMITS, forced
 from gap_engine.core.progress import EtaClock, Hooks
 from gap_engine.core.validate import read_bounded, read_json_file
 from gap_engine.data.bos import Tokenizer, bos_token_id
@@ -121,7 +121,11 @@ def parse_tokens(spec: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise DataError(f"teacher text needs a positive whole number of tokens (teacher:N), got {spec!r}")
     tokens = int(text)
-    check_at_most(tokens, LIMITS.teacher_tokens, f"{spec} (tokens of teacher text)", advice="ask for fewer tokens")
+    if tokens > LIMITS.teacher_tokens and not forced():  # gap recover has no --force-size: the environment lifts it
+        raise SizeLimitError(
+            f"{spec} (tokens of teacher text) is above the limit of {LIMITS.teacher_tokens:,}; ask for fewer tokens, "
+            f"or set {FORCE_ENV}=1 to go past it"
+        )
     return tokens
 
 
