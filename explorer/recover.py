@@ -26,6 +26,9 @@ from gap_engine.pipeline.jobs import manager, recover_task
 from gap_engine.pipeline.recovery import DEFAULT_LR, RecoveryResult, RecoverySettings, app_output_dir
 from gap_engine.recover.files import discard, partial_dir, saved_step
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
+from gap_engine.recover.teacher_text import DEFAULT_TOKENS, SOURCE
+
+TEXT_LABELS = {SOURCE: "teacher: text the dense model writes"}  # the named texts go by their own names
 
 OBJECTIVE_HELP = {
     "default": "kd when the dense model the checkpoint was pruned from is on this machine, else lm",
@@ -40,6 +43,8 @@ DEFAULTS = {
     "recover_steps": 20,
     "recover_lr": 0.0,
     "recover_minutes": 0.0,
+    "recover_teacher_tokens": DEFAULT_TOKENS,
+    "recover_eval_every": 0,
     "recover_batch_size": 2,
     "recover_seq_len": 128,
     "recover_rank": 8,
@@ -71,23 +76,35 @@ def run_label(record: history.RunRecord) -> str:
     return f"run {record.id}: {record.allocator}{budget}" + (f" · {ppl}" if ppl else "")
 
 
+def judge_tasks() -> tuple[str, ...]:
+    """The picker's tasks when snapshots are judged and task accuracy is on (else judged by held-out KL)."""
+    if not int(ss["recover_eval_every"]) or not ss["recover_tasks_on"]:
+        return ()
+    return tuple(name.strip() for name in str(ss["recover_tasks"]).split(",") if name.strip())
+
+
 def settings_from_state() -> RecoverySettings:
     """The page's RecoverySettings, validated (RecoveryError/DataError on a bad value)."""
-    steps = int(ss["recover_steps"])
+    steps, every = int(ss["recover_steps"]), int(ss["recover_eval_every"])
     objective = ss["recover_objective"]
+    texts = [f"{SOURCE}:{int(ss['recover_teacher_tokens'])}" if name == SOURCE else name for name in ss["recover_sources"]]
     return RecoverySettings(
         method=ss["recover_method"],
         objective=None if objective == "default" else objective,
         temperature=float(ss["recover_temperature"]),
-        tasks=tuple(ss["recover_sources"]),
+        tasks=tuple(texts),
         steps=steps,
         lr=float(ss["recover_lr"]) or None,
         batch_size=int(ss["recover_batch_size"]),
         seq_len=int(ss["recover_seq_len"]),
         rank=int(ss["recover_rank"]),
         mask_fraction=float(ss["recover_mask_fraction"]),
-        save_every=max(1, min(25, steps // 4)),
+        save_every=every or max(1, min(25, steps // 4)),  # judged snapshots are saved ones
         time_budget_s=float(ss["recover_minutes"]) * 60 or None,
+        eval_every=every,
+        eval_tasks=judge_tasks(),
+        # The last examples judge, the first ones (the picker's count) are reported: apart while 2 x count fits the task.
+        eval_task_examples=max(1, int(ss.get("recover_task_limit") or DEFAULTS["recover_task_limit"])),  # not drawn with tasks off
         eval_samples=int(ss["recover_eval_samples"]),
         eval_seq_len=int(ss["recover_eval_seq_len"]),
         eval_generations=int(ss["recover_generations"]),
@@ -144,7 +161,16 @@ with left:
         help=" · ".join(f"{k}: {v}" for k, v in OBJECTIVE_HELP.items()),
     )
     st.caption(OBJECTIVE_HELP[ss["recover_objective"]])
-    st.multiselect("Training text (calibration part; one task each)", list(BUILTIN_SOURCES), key="recover_sources")
+    st.multiselect(
+        "Training text (calibration part; one task each)",
+        [*BUILTIN_SOURCES, SOURCE],
+        key="recover_sources",
+        format_func=lambda name: TEXT_LABELS.get(name, name),
+        help="teacher: sequences the dense model writes itself (sampled at temperature 1, top-p 0.95, seeded), "
+        "written once and cached; distilling on them keeps what the dense model could do.",
+    )
+    if SOURCE in ss["recover_sources"]:
+        st.number_input("Tokens the dense model writes", min_value=128, max_value=1 << 20, step=4096, key="recover_teacher_tokens")
     c1, c2 = st.columns(2)
     c1.number_input("Steps", min_value=1, max_value=100_000, step=10, key="recover_steps")
     c2.number_input("Stop after (minutes, 0: no limit)", min_value=0.0, max_value=600.0, step=1.0, key="recover_minutes")
@@ -169,6 +195,16 @@ with right:
     c2.number_input("Tokens per sample", min_value=8, max_value=2048, step=8, key="recover_eval_seq_len")
     c3.number_input("Generations", min_value=0, max_value=3, step=1, key="recover_generations")
     common.task_picker("recover_")
+    st.number_input(
+        "Keep the best snapshot, judged every (steps; 0: the last)",
+        min_value=0,
+        max_value=100_000,
+        step=5,
+        key="recover_eval_every",
+        help="Every K steps (and at the start and the end) the snapshot is scored and the best one is saved: by the "
+        "tasks above on their last examples (as many as the examples per task, apart from the first ones reported), "
+        "else by held-out KL to the dense model.",
+    )
 
 # ---- start, resume, cancel -----------------------------------------------------------------------
 try:
@@ -181,7 +217,9 @@ else:
     predicted = recovery_prediction(chosen.checkpoint, settings_from_state(), task_examples=common.task_examples("recover_"))
     if predicted is not None:
         before, _, after = predicted.seconds.values()
-        scoring = f", {common.duration_text(predicted.tasks_s)} of it scoring tasks" if predicted.tasks_s else ""
+        parts = [(predicted.tasks_s, "scoring tasks"), (predicted.text_s, "writing teacher text")]
+        parts.append((predicted.judge_s, f"judging {predicted.judgements} snapshots"))
+        scoring = "".join(f", {common.duration_text(seconds)} of it {what}" for seconds, what in parts if seconds)
         st.caption(
             f"Predicted time: about {common.duration_text(predicted.total)} "
             f"({predicted.step_s:.2g} s per step, {common.duration_text(before)} before training, "
@@ -291,6 +329,9 @@ if result:
             examples = ((result.after or {}).get("task_accuracy") or {}).get(task, {}).get("n")
             st.caption(f"{task}" + (f", {examples} examples" if examples else ""))
             st.dataframe(frame, hide_index=True, width="stretch", key=f"recover_tasks_table_{i}")
+    if result.judge_curve:
+        st.markdown(f"**Judged snapshots**: step {result.best_step} kept, the best by {result.judge}")
+        st.line_chart(pd.DataFrame(result.judge_curve), x="step", y="score", height=200)
     if result.curve:
         st.markdown("**Training loss** (each step's multi-task batch)")
         curve = pd.DataFrame(result.curve)

@@ -32,6 +32,7 @@ from gap_engine.tables import cache, lookup
 from gap_engine.tables.artefact import TableSpec, key_prefix, parse_rate_grid
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
+from gap_engine.views.estimate_text import estimate_lines
 
 MODEL_KINDS = ("Built-in", "Local folder", "Hub id")
 DATA_KINDS = ("Built-in sample", "Uploaded file")
@@ -188,7 +189,7 @@ def show_prediction() -> None:
         st.caption(f"No estimate: {one_line(exc)}")
         return
     if estimate is not None:
-        lines = estimate.lines()
+        lines = estimate_lines(estimate)
         st.caption("  \n".join(lines[:2]), help="\n\n".join(lines[2:]))
 
 

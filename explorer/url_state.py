@@ -45,6 +45,8 @@ from gap_engine.pipeline.recovery import finished_recovery
 from gap_engine.pipeline.runs import PruneEvalResult
 from gap_engine.plan import store as planstore
 from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.recover.teacher_text import DEFAULT_TOKENS, is_teacher_source, parse_tokens
+from gap_engine.recover.teacher_text import SOURCE as TEACHER_SOURCE
 from gap_engine.tables import cache
 
 TASK_PAGES = ("eval_", "recover_")  # the pages with a task picker (``common.task_picker``), by key prefix
@@ -224,9 +226,11 @@ def recover_form(checkpoint: str | None, settings: dict) -> None:
     ss["recover_objective"] = settings.get("objective") or "default"  # None: the page's "default"
     ss["recover_lr"] = float(settings.get("lr") or 0.0)  # 0: the method's default rate
     ss["recover_minutes"] = float(settings.get("time_budget_s") or 0.0) / 60
-    sources = [name for name in settings.get("tasks") or () if name in BUILTIN_SOURCES]
+    sources = [name for name in settings.get("tasks") or () if name in BUILTIN_SOURCES or is_teacher_source(name)]
     if sources:
-        ss["recover_sources"] = sources
+        ss["recover_sources"] = [TEACHER_SOURCE if is_teacher_source(name) else name for name in sources]
+        ss["recover_teacher_tokens"] = next((parse_tokens(name) for name in sources if is_teacher_source(name)), DEFAULT_TOKENS)
+    ss["recover_eval_every"] = int(settings.get("eval_every") or 0)
     if checkpoint:
         source = Path(checkpoint).resolve()
         try:

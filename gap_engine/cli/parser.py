@@ -325,7 +325,12 @@ def _add_recover(sub) -> None:
     )
     p.add_argument("--model", required=True, help="a `gap prune` folder (a dense model is allowed too)")
     p.add_argument("--method", required=True, choices=RECOVERY_METHODS.names, help=RECOVERY_METHODS.help())
-    p.add_argument("--data", default=DEFAULT_DATA, help="comma-separated text sources, one task each (calibration part only)")
+    p.add_argument(
+        "--data",
+        default=DEFAULT_DATA,
+        help="comma-separated text sources, one task each (calibration part only); teacher[:N]: N tokens the dense model writes",
+    )
+    p.add_argument("--eval-data", help="held-out texts of the evaluation (default: the named --data texts, else wiki-sample,news-sample)")
     p.add_argument("--split", default="calibration", help="the part of the text to train on: only 'calibration' is allowed")
     p.add_argument("--steps", type=int, required=True, help="training steps")
     p.add_argument("--out", required=True, help="output checkpoint folder (written atomically; work goes to OUT.partial)")
@@ -360,6 +365,10 @@ def _add_recover(sub) -> None:
         help="keep training when the calibration objective rises (default: roll back to the last snapshot and cut the rate)",
     )
     p.add_argument("--time-budget", type=float, help="stop training after this many seconds")
+    p.add_argument("--cpu-budget", type=float, help="stop training after this many CPU-seconds of the process")
+    p.add_argument("--eval-tasks", help="lm-eval tasks that judge snapshots during training; the best is kept (needs --eval-every)")
+    p.add_argument("--eval-every", type=int, help="steps between judged snapshots (a multiple of --save-every); alone: by held-out KL")
+    p.add_argument("--eval-task-examples", type=int, help="examples of each --eval-tasks task judged: its last ones (default 100)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for the training forward passes")
     p.add_argument("--eval-samples", type=int, help="held-out windows per task")
     p.add_argument("--eval-seq-len", type=int)

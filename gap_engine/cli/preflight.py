@@ -72,6 +72,7 @@ PLANNING_SHAPES = ("llama-3.1-8b", "llama-3.1-70b")
 CHECKPOINT_MARKER = "gap_pruned.json"
 # The built-in text sources (data.windows.BUILTIN_SOURCES; not imported: it needs torch).
 BUILTIN_TEXTS = ("wiki-sample", "news-sample")
+TEACHER_TEXT = re.compile(r"^teacher(:.*)?$")  # recover's teacher-written text (recover.teacher_text; not imported: it needs torch)
 # A Hugging Face hub id as the hub spells them: owner/name, letters, digits, '-', '_', '.'.
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 # A dataset split: a name, optionally sliced as datasets allows (train[:10%]).
@@ -118,7 +119,7 @@ def check_sizes(args: argparse.Namespace) -> None:
 def check_sources(args: argparse.Namespace) -> None:
     """DataError when --data or --eval-data names no text source (``--data ""`` measures nothing)."""
     for dest, flag in (("data", "--data"), ("eval_data", "--eval-data")):
-        if hasattr(args, dest) and _count(getattr(args, dest)) == 0:
+        if getattr(args, dest, None) is not None and _count(getattr(args, dest)) == 0:  # None: the command's default
             raise DataError(f"{flag} names no text source; give wiki-sample, news-sample, a .txt/.jsonl file or an HF spec")
 
 
@@ -240,6 +241,8 @@ def check_source_specs(args: argparse.Namespace) -> None:
         for part in str(getattr(args, dest, None) or "").split(","):
             if args.command == "recover" and "@" in part:
                 part = part.rsplit("@", 1)[0]  # recover's SOURCE@PART: the part is recover's to judge
+            if args.command == "recover" and dest == "data" and TEACHER_TEXT.match(part.strip()):
+                continue  # teacher-written text: its token count is recover's to judge
             if part.strip():
                 check_source_spec(part, flag)
 

@@ -16,6 +16,7 @@ from gap_engine.cli.arguments import device_from
 from gap_engine.cli.output import format_seconds
 from gap_engine.core.jsontext import json_text
 from gap_engine.core.progress import Hooks
+from gap_engine.evaluate.tasks import prepare_tasks, task_settings
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.expected import recovery_prediction
 from gap_engine.pipeline.recovery import RecoveryResult, RecoverySettings, recover
@@ -28,22 +29,32 @@ _TUNABLES = {
     "mask_fraction": "mask_fraction", "magnitude_weight": "magnitude_weight", "seed": "seed",
     "save_every": "save_every", "eval_samples": "eval_samples", "eval_seq_len": "eval_seq_len",
     "generations": "eval_generations", "objective": "objective", "temperature": "temperature",
-    "kd_weight": "kd_weight", "teacher": "teacher", "save_dtype": "save_dtype",
+    "kd_weight": "kd_weight", "teacher": "teacher", "save_dtype": "save_dtype", "eval_every": "eval_every",
+    "eval_task_examples": "eval_task_examples",
 }  # fmt: skip
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    return tuple(part.strip() for part in (text or "").split(",") if part.strip())
 
 
 def settings_from(args: argparse.Namespace) -> RecoverySettings:
     """The RecoverySettings the arguments describe, validated (RecoveryError/DataError on bad values)."""
     given = {field: getattr(args, dest) for dest, field in _TUNABLES.items() if getattr(args, dest) is not None}
     if args.targets is not None:
-        given["targets"] = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+        given["targets"] = _names(args.targets)
+    if args.eval_data is not None:
+        given["eval_texts"] = _names(args.eval_data)
+    if args.eval_tasks is not None:
+        given["eval_tasks"] = _names(args.eval_tasks)
     return RecoverySettings(
         method=args.method,
-        tasks=tuple(s.strip() for s in args.data.split(",") if s.strip()),
+        tasks=_names(args.data),
         split=args.split,
         steps=args.steps,
         lr=args.lr,
         time_budget_s=args.time_budget,
+        cpu_budget_s=args.cpu_budget,
         bf16=args.bf16,
         evaluate_before=not args.no_eval_before,
         compare_dense=not args.no_dense,
@@ -90,6 +101,7 @@ def _summary(result: RecoveryResult) -> dict:
         + (f", resumed at {result.resumed_from}" if result.resumed_from else ""),
         "train_seconds": f"{result.train_seconds:.1f}",
         **({"divergence_guard": result.guard_summary} if result.guard_summary else {}),
+        **({"kept_snapshot": _judge_line(result)} if result.judge else {}),
         "trainable_params": f"{result.trainable_params:,}",
         "peak_rss": f"{result.peak_rss / 2**20:.0f} MiB ({result.rss_ratio:.2f}x inference {result.inference_rss / 2**20:.0f} MiB)",
         "calibration_loss": ", ".join(
@@ -109,6 +121,11 @@ def _summary(result: RecoveryResult) -> dict:
     return summary
 
 
+def _judge_line(result: RecoveryResult) -> str:
+    curve = ", ".join(f"{row['step']}: {row['score']:.4g}" for row in result.judge_curve)
+    return f"step {result.best_step}, the best by {result.judge} ({curve}; {result.judge_seconds:.0f} s judging)"
+
+
 def run_recover(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     check_output_dir(args.out)  # before the slow load; recover() checks again against the model
@@ -117,6 +134,9 @@ def run_recover(args: argparse.Namespace) -> int:
     if args.stream:
         # Training needs every block's weights and gradients at once; streaming is for tables and evaluation.
         raise RecoveryError("gap recover trains the whole model at once: --stream is not available here")
+    judge_tasks = None
+    if settings.eval_tasks:  # read before the model loads: a task mistake costs no load
+        judge_tasks = prepare_tasks(task_settings(settings.eval_tasks))
     lm = load_model(args.model, device_from(args))
     if lm.pruned_from is None:
         print(f"note: {args.model} is a dense model, not a pruned gap checkpoint: recovering it as is", file=sys.stderr)
@@ -127,7 +147,7 @@ def run_recover(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     started = time.perf_counter()
-    result = recover(lm, settings, _StageProgress().hooks(), out_dir=args.out, resume=args.resume)
+    result = recover(lm, settings, _StageProgress().hooks(), out_dir=args.out, resume=args.resume, judge_tasks=judge_tasks)
     if args.json:
         print(json_text(result.to_dict(), "recovery result", default=str))
         return 0

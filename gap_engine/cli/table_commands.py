@@ -105,6 +105,7 @@ def ray_cells(args: argparse.Namespace, spec: TableSpec):
 def run_dry_run(args: argparse.Namespace, spec: TableSpec) -> int:
     """Print the cost model's prediction for this build (nothing is built)."""
     from gap_engine.pipeline.expected import predict_build
+    from gap_engine.views.estimate_text import estimate_lines
 
     if args.ray_workers < 1:
         raise TableError(f"--ray-workers must be at least 1, got {args.ray_workers}")
@@ -112,7 +113,7 @@ def run_dry_run(args: argparse.Namespace, spec: TableSpec) -> int:
     estimate = predict_build(args.model, spec, device_from(args), workers, profile=args.profile)
     if estimate is None:
         raise InvariantError("the cost model gave no prediction (measure=True always gives one)")
-    print("\n".join(estimate.lines()))
+    print("\n".join(estimate_lines(estimate)))
     return 0
 
 

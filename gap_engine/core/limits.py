@@ -51,6 +51,7 @@ class SizeLimits:
     text_bytes: int = 256 * MiB  # a local .txt/.jsonl text source (about 60 million tokens)
     upload_bytes: int = 64 * MiB  # one file uploaded to the explorer (calibration text or plan)
     json_depth: int = 32  # nesting of any JSON/YAML document we read (a table is 3 deep)
+    teacher_tokens: int = 1 << 20  # tokens of teacher-written recovery text: ~1.5 h of generation by smollm2-135m on one core
     text_field: int = 512  # characters of a short text field (a model name or path, a key, a date)
 
 

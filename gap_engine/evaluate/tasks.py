@@ -378,12 +378,12 @@ def _wrap(lm, batch_size: int):
     return wrapped
 
 
-def run_tasks(lm, prepared: PreparedTasks, names: list[str] | None = None) -> dict[str, TaskScore]:
-    """Score ``lm`` (a LoadedModel) on the prepared tasks (or the ``names`` among them) with lm-eval.
-
-    Returns:
-        Leaf task name -> TaskScore.
-    """
+def run_tasks(
+    lm, prepared: PreparedTasks, names: list[str] | None = None, examples: dict[str, list[int]] | None = None
+) -> dict[str, TaskScore]:
+    """Score ``lm`` (a LoadedModel) on the prepared tasks (or the ``names`` among them) with lm-eval:
+    leaf task name -> TaskScore. ``examples``: task name -> the indices to score, in place of the
+    settings' limit (lm-eval's ``samples``; recovery's selection slice)."""
     from lm_eval.evaluator import simple_evaluate
 
     settings = prepared.settings
@@ -394,7 +394,8 @@ def run_tasks(lm, prepared: PreparedTasks, names: list[str] | None = None) -> di
             tasks=chosen,
             task_manager=prepared.manager,
             num_fewshot=settings.num_fewshot,
-            limit=settings.limit,
+            limit=settings.limit if examples is None else None,
+            samples=examples,
             log_samples=False,
         )
     return {name: _score(name, results) for name in results["results"] if name in prepared.tasks}

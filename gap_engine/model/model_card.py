@@ -149,6 +149,7 @@ def _recovery_section(recovery: dict[str, Any]) -> list[str]:
         f"| training tokens | {int(recovery.get('tokens') or 0):,} |",
         f"| training time | {float(recovery.get('train_seconds') or 0.0):.0f} s |",
         f"| peak learning rate | {float(recovery.get('lr') or 0.0):.3g} |",
+        *_judge_rows(recovery.get("judge")),
         "",
         "Held-out numbers before → after recovery:",
         "",
@@ -167,6 +168,19 @@ def _recovery_section(recovery: dict[str, Any]) -> list[str]:
             f"| {pair('top1_agreement', source, 3)} |"
         )
     return lines + [""]
+
+
+def _judge_rows(judge: Any) -> list[str]:
+    """The snapshot judged best during training and the curve it was chosen from (none: no rows)."""
+    if not isinstance(judge, dict) or not judge.get("by"):
+        return []
+    curve = ", ".join(
+        f"{int(row.get('step', 0))}: {float(row.get('score', 0.0)):.4g}" for row in judge.get("curve") or [] if isinstance(row, dict)
+    )
+    return [
+        f"| snapshot kept | step {int(judge.get('best_step') or 0):,}, the best by {md_text(judge['by'])} |",
+        f"| judged (step: score) | {md_text(curve)} |",
+    ]
 
 
 def _params_line(params: dict[str, Any], marker: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@ from gap_engine.model.checkpoint import is_pruned_checkpoint
 from gap_engine.model.loading import BUILTIN_MODELS, CONVERTED_MARKER, load_model
 from gap_engine.model.remote_code import refuse_foreign_code
 from gap_engine.model.units import ComponentGeometry, attention_shape_for_rate, channels_for_rate
+from gap_engine.recover.teacher_text import uncached_tokens
 from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.estimators import ESTIMATORS
@@ -60,12 +61,13 @@ Z_DRAW_S_PER_VALUE = 8e-9  # nominal: one ZO direction value drawn by one CPU th
 TASK_CHOICES, TASK_TOKENS, TASK_IMPORT_S = 4, 88, 6.0
 # GGUF: q8_0 (numpy, one thread) or f16 per parameter, the rest, transformers' model code's first import (4-6 s of a cold 9 s).
 GGUF_S_PER_PARAM, GGUF_FIXED_S, GGUF_IMPORT_S = {"q8_0": 1.5e-8, "f16": 5e-9}, 1.5, 4.0
+# Teacher text a token at a time vs a dense window forward: 64 rows 10.5 + 2 (nucleus) ms a token, a 128-token window 8.2 ms.
+GENERATION_FACTOR = 1.5
 REFINE_CELLS = 4  # measured cells per component assumed for refine: 3.8 on SmolLM2 (bench/results/refine.md)
 CALIBRATION_HIDDEN_CAP = 1024  # the measured one-layer model is at most this wide
 PREDICTED = "predicted by the cost model"  # how every basis starts (the pages label the time a prediction)
 
 
-# ---- the model's shape ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModelShape:
     """The dimensions that set a job's cost (a dense decoder-only transformer)."""
@@ -161,7 +163,6 @@ def distinct_cuts_per_layer(shape: ModelShape, rate_grid: tuple[float, ...], mod
     return len(set(attn[1:]) - {attn[0]}) + len(set(mlp[1:]) - {shape.intermediate})
 
 
-# ---- what a device costs ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DeviceProfile:
     """Prices of the work on one device in one dtype."""
@@ -190,9 +191,8 @@ def nominal_profile(threads: int) -> DeviceProfile:
 
 
 def measured_profile(placement: Placement, shape: ModelShape, seq_len=256, batch=2, refresh=False, measure=True) -> DeviceProfile | None:
-    """This machine's speed on one layer of ``shape`` (at most CALIBRATION_HIDDEN_CAP wide) over ``batch`` x ``seq_len``
-    tokens, measured once and cached; ``refresh`` measures again (a reading taken while other work held the cores is
-    replaced by the next Estimate); with ``measure`` False, None instead of measuring when nothing is cached."""
+    """This machine's speed on one layer of ``shape`` (at most CALIBRATION_HIDDEN_CAP wide), ``batch`` x ``seq_len`` tokens,
+    measured once and cached; ``refresh``: again (a busy reading is replaced); ``measure`` False: None if nothing is cached."""
     scale = min(1.0, CALIBRATION_HIDDEN_CAP / shape.hidden)
     heads, kv = max(1, round(shape.heads * scale)), max(1, round(shape.kv_heads * scale))
     heads, kv = heads - heads % min(kv, heads), min(kv, heads)
@@ -286,13 +286,15 @@ class Prediction:
     basis: str  # where the prices come from, in a few words
     step_s: float = 0.0  # a recovery: one training step
     tasks_s: float = 0.0  # of the total: scoring lm-eval tasks
+    text_s: float = 0.0  # of the total: writing teacher text the cache lacks
+    judge_s: float = 0.0  # of the total: judging snapshots (``judgements`` of them)
+    judgements: int = 0
 
     @property
     def total(self) -> float:
         return float(sum(self.seconds.values()))
 
 
-# ---- a table build (`gap table --dry-run`, Setup's Estimate) -------------------------------------
 @dataclass
 class BuildEstimate:
     """Predicted time and peak memory of one table build."""
@@ -317,19 +319,6 @@ class BuildEstimate:
     @property
     def fits(self) -> bool | None:
         return None if not self.device_memory else self.device_bytes <= self.device_memory
-
-    def lines(self) -> list[str]:
-        """A short human report (the CLI prints it; Setup shows it before Build)."""
-        t = lambda s: f"{s:.1f} s" if s < 60 else f"{s / 60:.1f} min" if s < 3600 else f"{s / 3600:.1f} h"  # noqa: E731
-        b = lambda v: f"{v / 1e9:.1f} GB" if v >= 1e8 else f"{v / 1e6:.0f} MB"  # noqa: E731
-        where = self.device + (", streamed" if self.stream else "") + (f", {self.workers} Ray workers" if self.workers > 1 else "")
-        parts = ", ".join(f"{name} {t(s)}" for name, s in self.parts.items() if s > 0)
-        of, cells = f" of {b(self.device_memory)}" if self.device_memory else "", f"; {self.cells:,} distinct cells" if self.cells else ""
-        out = [f"predicted {self.estimator} table of {self.model} on {where}: {t(self.seconds)} ({parts})"]
-        out.append(f"peak memory: {b(self.device_bytes)} on the device{of}, {b(self.host_bytes)} on the host{cells}")
-        if self.fits is False:
-            out.append("does not fit the device: add --stream (blocks from the host), fewer/shorter windows, or --ray workers")
-        return out + [f"basis: {self.basis}"] + [f"assumes: {note}" for note in self.notes]
 
 
 def estimate_build(shape: ModelShape, spec: TableSpec, profile: DeviceProfile, dtype_bytes: int, stream=False, workers=1) -> BuildEstimate:
@@ -397,13 +386,11 @@ def predict_build(
     return None if prices is None else estimate_build(shape, spec, prices, placement.dtype.itemsize, placement.stream, workers)
 
 
-# ---- each job's stages before Start -------------------------------------------------------------
 def table_prediction(model: str, spec: TableSpec, device: DeviceSpec | None = None, loaded=False, cached=False) -> Prediction | None:
     """The stages of a table job (``stages.table_stages``; None when nothing honest can be said); ``loaded``: the model
     is in memory; ``cached``: the cache holds the table (the job loads the model and reads the text, then the table)."""
     placement = resolve(device)
-    priced = _prices(model, placement, spec.windows.seq_len, spec.windows.batch_size)
-    if priced is None:
+    if (priced := _prices(model, placement, spec.windows.seq_len, spec.windows.batch_size)) is None:
         return None
     shape, profile = priced
     first = {stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, shape.total_params), stage.READ_TEXT: READ_TEXT_S}
@@ -418,11 +405,10 @@ def run_prediction(
     task_examples: int = 0, device: DeviceSpec | None = None, loaded: bool = False,
 ) -> Prediction | None:  # fmt: skip
     """The stages of a prune-and-evaluate run (``runs.prune_eval_stages``) in forward passes of the dense model (the pruned
-    copy priced as dense: an upper bound): planning (a calibration pass for allocators that read windows, 20 for evo), scores, compensation
-    (two and a half calibration passes),
-    the measured increase, held-out text, throughput, generations and lm-eval tasks of both models, the checkpoint write."""
-    priced = _prices(model, resolve(device), settings.windows.seq_len, settings.windows.batch_size)
-    if priced is None:
+    copy priced as dense: an upper bound): planning (a calibration pass for allocators that read windows, 20 for evo), scores,
+    compensation (2.5 calibration passes), the measured increase, held-out text, throughput, generations and lm-eval tasks of
+    both models, the checkpoint write."""
+    if (priced := _prices(model, resolve(device), settings.windows.seq_len, settings.windows.batch_size)) is None:
         return None
     shape, profile = priced
 
@@ -450,9 +436,9 @@ def run_prediction(
 def recovery_prediction(
     folder: str | Path, settings: RecoverySettings, placement: Placement | None = None, task_examples: int = 0
 ) -> Prediction | None:
-    """The stages of recovering the checkpoint in ``folder`` (``core.progress.RECOVERY_STAGES``; None without a config.json).
-    A LoRA step is 3 forward passes of the student, a ZO step 2 plus drawing ``z`` thrice per perturbed weight, distilling (kd
-    unless ``lm`` is asked) a teacher pass more; the loads, evaluations, calibration loss, MaZO's importance and ZO rate probe."""
+    """The stages of recovering the checkpoint in ``folder`` (``core.progress.RECOVERY_STAGES``; None without a config.json): a
+    LoRA step 3 student forwards, a ZO step 2 and ``z`` drawn thrice a weight, kd a teacher pass more; loads, evaluations, MaZO's
+    importance, the rate probe; teacher text not cached (GENERATION_FACTOR dense forwards a token); each judgement's slice or KL."""
     s, shapes = settings.validate(), checkpoint_shapes(folder)
     priced = None if shapes is None else _prices(shapes[0], placement or resolve(None), s.seq_len, s.batch_size)
     if shapes is None or priced is None:
@@ -472,29 +458,38 @@ def recovery_prediction(
     z_draw = Z_DRAW_S_PER_VALUE * NOMINAL_FLOPS_PER_THREAD / profile.block_flops if profile.kind == "cpu" else 0.0  # GPUs: memory speed
     step = 3.0 * student(*batch) if s.method == "lora" else 2.0 * student(*batch) + 3 * drawn * z_draw
     step += forward_seconds(dense, profile, *batch) if s.objective != "lm" else 0.0
-    held_out = (tasks * s.eval_samples * s.eval_seq_len, s.eval_seq_len, tasks * s.eval_samples / 4)
-    evaluation = (
-        student(*held_out) + teacher(*held_out) + s.eval_generations * EvalSettings().max_new_tokens * (student(1, 1) + teacher(1, 1))
-    )
+    texts = len(s.heldout_texts)
+    held_out = (texts * s.eval_samples * s.eval_seq_len, s.eval_seq_len, texts * s.eval_samples / 4)
+    generated = s.eval_generations * EvalSettings().max_new_tokens
+    evaluation = student(*held_out) + teacher(*held_out) + generated * (student(1, 1) + teacher(1, 1))
     calib = student(tasks * s.calib_eval_windows * s.seq_len, s.seq_len, tasks)
     prepare = calib + (evaluation if s.evaluate_before else 0.0)
     prepare += student(tasks * s.importance_windows * s.seq_len, s.seq_len, tasks) if s.method == "mazo" else 0.0
     prepare += len(PROBE_FACTORS) * (PROBE_STEPS * step + calib) if s.probes_lr else 0.0
-    prepare += load_seconds(str(folder), dense.total_params) * (2 if s.objective != "lm" or s.compare_dense else 1)
+    prepare += load_seconds(str(folder), dense.total_params) * (2 if s.objective != "lm" or s.compare_dense or s.teacher_source else 1)
+    dtype = str((placement or resolve(None)).dtype).removeprefix("torch.")  # the teacher text's cache key has it
+    text_tokens = uncached_tokens(Path(folder).expanduser(), s.teacher_source, s.seq_len, s.seed, s.teacher, dtype)
+    text = GENERATION_FACTOR * forward_seconds(dense, profile, text_tokens, s.seq_len) if text_tokens else 0.0
     first = after = 0.0
     if task_examples > 0:
         after = scoring_seconds(task_examples, student)
         first = (0.0 if "lm_eval" in sys.modules else TASK_IMPORT_S) + after + scoring_seconds(task_examples, teacher)
         first, after = (first, after) if s.evaluate_before else (0.0, first)
-    training = step * s.steps if s.time_budget_s is None else min(step * s.steps, s.time_budget_s)
-    seconds = {stage.PREPARING: prepare + first, stage.TRAINING: training, stage.EVALUATING_AFTER: calib + evaluation + after}
-    return Prediction(seconds, f"{PREDICTED}: {profile.basis}", step_s=step, tasks_s=first + after)
+    budget = min((b for b in (s.time_budget_s, s.cpu_budget_s) if b), default=None)
+    steps = s.steps if budget is None or not step else min(s.steps, int(budget / step))
+    judged = len(s.eval_tasks) * s.eval_task_examples  # a judgement: a task slice, else the KL windows through both models
+    judge = scoring_seconds(judged, student) if judged else student(*held_out) + forward_seconds(dense, profile, *held_out)
+    judgements = 1 + steps // s.eval_every + bool(steps % s.eval_every) if s.eval_every else 0
+    training = (step * steps if budget is None else min(step * s.steps, budget)) + judgements * judge
+    seconds = {stage.PREPARING: prepare + first + text, stage.TRAINING: training, stage.EVALUATING_AFTER: calib + evaluation + after}
+    return Prediction(
+        seconds, f"{PREDICTED}: {profile.basis}", step, first + after, text_s=text, judge_s=judgements * judge, judgements=judgements
+    )
 
 
 def gguf_seconds(checkpoint: str | Path, outtype: str) -> float | None:
-    """Building the GGUF file of ``checkpoint`` (``export.gguf.gguf_bytes``): loading it, converting every
-    matrix, writing the file, and importing transformers' model code where this process has not yet
-    (a first build); None without a readable config.json."""
+    """Building the GGUF file of ``checkpoint`` (``export.gguf.gguf_bytes``): loading it, converting every matrix, writing
+    the file, and importing transformers' model code where this process has not yet; None without a readable config.json."""
     shapes = checkpoint_shapes(checkpoint)
     if shapes is None:
         return None

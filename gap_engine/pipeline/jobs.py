@@ -559,6 +559,7 @@ def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings
         ctx.step("loading the checkpoint", 0, settings.steps)
         lm = load_model(str(checkpoint))
         ctx.check_cancelled()
-        return recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True, lm_eval_tasks=prepared)
+        judged = prepared if settings.eval_tasks else None  # the picker's tasks judge the snapshots on their last examples
+        return recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True, lm_eval_tasks=prepared, judge_tasks=judged)
 
     return work

@@ -43,6 +43,7 @@ from gap_engine.evaluate.tasks import PreparedTasks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
 from gap_engine.model.storage import round_to_storage
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
+from gap_engine.recover import teacher_text
 from gap_engine.recover.files import (
     RecoveryError,
     RunState,
@@ -50,6 +51,7 @@ from gap_engine.recover.files import (
     check_resumable,
     checkpoint_plan,
     discard,
+    load_best,
     load_state,
     partial_dir,
     read_result,
@@ -58,6 +60,7 @@ from gap_engine.recover.files import (
     storage_dtype,
     write_checkpoint,
 )
+from gap_engine.recover.judge import Judge, KLJudge, TaskJudge
 from gap_engine.recover.loop import Reporter, probe, train
 from gap_engine.recover.methods import RECOVERY_METHODS
 from gap_engine.recover.settings import DEFAULT_LR, RecoveryResult, RecoverySettings
@@ -110,6 +113,7 @@ def recover(
     history_path: Path | None = None,
     teacher: LoadedModel | None = None,
     lm_eval_tasks: PreparedTasks | None = None,
+    judge_tasks: PreparedTasks | None = None,
 ) -> RecoveryResult:
     """Fine-tune ``lm`` on its tasks' calibration text, evaluate it, and save it as a checkpoint.
 
@@ -130,6 +134,8 @@ def recover(
             the checkpoint's base model, loaded here on the student's device and dtype).
         lm_eval_tasks: prepared lm-eval tasks: their accuracy before and after training and the dense
             model's join the evaluations (``task_accuracy``, ``dense_task_accuracy``) and the history.
+        judge_tasks: the prepared ``settings.eval_tasks``, which judge the snapshots every
+            ``settings.eval_every`` steps; the best is saved (``recover.judge``).
     Returns:
         RecoveryResult (``to_dict()`` is JSON-ready).
     Raises:
@@ -143,44 +149,97 @@ def recover(
     reporter, enter = Reporter(hooks, settings.steps), hooks.enter
     enter(PREPARING)
     device = _place(lm, settings)
-    dense_input, start_fingerprint = lm.pruned_from is None, lm.fingerprint
-    if dense_input:
-        log.warning("%s is not a pruned gap checkpoint: recovering a dense model", lm.name)
-    plan, kept = checkpoint_plan(lm)
-    _check_rank(lm, settings)
+    dense_input, start_fingerprint, (plan, kept) = lm.pruned_from is None, lm.fingerprint, _checked_plan(lm, settings)
     reporter.stage("reading the calibration text")
     data = TaskData(lm, settings)  # every input error surfaces before anything is written
     objective, teacher, note = resolve_objective(lm, settings, teacher, reporter.stage, device)
     settings = replace(settings, objective=objective.name)
     reporter.stage(note)
-    trajectory = settings.trajectory() | {"teacher_fingerprint": teacher.fingerprint if teacher else None}
+    trajectory = _trajectory(settings, teacher, data, reporter)
     dense = teacher if teacher is not None and settings.teacher is None else None  # the dense reference, when it is one
     work = partial_dir(out_dir)
     state, saved = _start_state(lm, settings, trajectory, data, work, resume, reporter, dense, lm_eval_tasks)
     resumed_from = state.step
     _measure_inference(lm, data, settings, state, device)
-
     run = RECOVERY_METHODS.function(settings.method)(lm, settings, objective)
     settings = _ready(run, data, settings, state, saved, work, reporter)
+    judge = _judge(lm, run, settings, dense, judge_tasks)
     enter(TRAINING)
-    stopped = train(run, data, settings, state, work, reporter, device)
+    stopped = train(run, data, settings, state, work, reporter, device, judge)
+    _keep_best(run, state, work, reporter)
     enter(EVALUATING_AFTER)
     adapter_dir, save_dtype = _finish_weights(lm, run, settings, work, reporter)
-    reporter.stage("calibration loss after training")
-    calib_after = _calib_losses(lm, data, settings)
-
-    calibration = partial(_calib_losses, data=data, settings=settings)
-    after = evaluate_heldout(lm, settings, "after", reporter.phases(), start_fingerprint, dense, lm_eval_tasks, calibration=calibration)
+    calib_after, after = _evaluate_after(lm, data, settings, reporter, start_fingerprint, dense, lm_eval_tasks)
     result = _result(settings, state, run, out_dir, adapter_dir, dense_input, resumed_from, stopped, calib_after, after)
     result.objective_note, result.teacher, result.save_dtype = note, teacher.name if teacher else None, save_dtype
+    result.judge = judge.description if judge is not None else ""
     reporter.stage(f"writing {out_dir}")
     result.total_seconds = time.perf_counter() - started
     write_checkpoint(lm, plan, kept, out_dir, result, adapter_dir)
-    if settings.record_history:
-        result.run_id = record_in_history(lm, plan, result, history_path)
+    result.run_id = record_in_history(lm, plan, result, history_path) if settings.record_history else None
     discard(work)
     reporter.step(state.step, 0.0, "done")
     return result
+
+
+def _checked_plan(lm: LoadedModel, settings: RecoverySettings):
+    """(plan, kept indices) the recovered checkpoint is written with; RecoveryError for a LoRA rank too wide."""
+    if lm.pruned_from is None:
+        log.warning("%s is not a pruned gap checkpoint: recovering a dense model", lm.name)
+    plan_and_kept = checkpoint_plan(lm)
+    _check_rank(lm, settings)
+    return plan_and_kept
+
+
+def _evaluate_after(lm, data: TaskData, settings: RecoverySettings, reporter: Reporter, start_fingerprint: str, dense, lm_eval_tasks):
+    """(calibration losses, held-out evaluation) of the trained weights."""
+    reporter.stage("calibration loss after training")
+    calib_after = _calib_losses(lm, data, settings)
+    calibration = partial(_calib_losses, data=data, settings=settings)
+    after = evaluate_heldout(lm, settings, "after", reporter.phases(), start_fingerprint, dense, lm_eval_tasks, calibration=calibration)
+    return calib_after, after
+
+
+def _trajectory(settings: RecoverySettings, teacher: LoadedModel | None, data: TaskData, reporter: Reporter) -> dict:
+    """The settings a resumed run must share, with the teacher's fingerprint and the key of the
+    text it wrote (written first, when the run reads teacher text)."""
+    trajectory = settings.trajectory() | {"teacher_fingerprint": teacher.fingerprint if teacher else None}
+    if settings.teacher_source is not None and teacher is not None:
+        trajectory["teacher_text"] = _write_teacher_text(teacher, settings, data, reporter)
+    return trajectory
+
+
+def _keep_best(run, state: RunState, work: Path, reporter: Reporter) -> None:
+    """Put back the snapshot the judge rated best, when it is not the last one trained."""
+    if state.best_step is not None and state.best_step != state.step:
+        reporter.stage(f"keeping the snapshot of step {state.best_step}, the best judged")
+        run.restore(load_best(work, state.best_step), None)
+
+
+def _write_teacher_text(teacher: LoadedModel, settings: RecoverySettings, data: TaskData, reporter: Reporter) -> str:
+    """The teacher-written text of ``settings.teacher_source`` into ``data`` (from the cache, or
+    written now with progress and ETA); returns its cache key (a resumed run must read the same)."""
+    spec = teacher_text.TeacherTextSpec(
+        tokens=teacher_text.parse_tokens(str(settings.teacher_source)), seq_len=settings.seq_len, seed=settings.seed
+    )
+    reporter.stage(f"teacher text: {spec.sequences:,} sequences of {spec.seq_len} tokens written by {teacher.name}")
+    data.set_teacher_text(teacher_text.teacher_text(teacher, spec, reporter.hooks))
+    dtype = str(next(teacher.model.parameters()).dtype).removeprefix("torch.")
+    return teacher_text.cache_key(spec, teacher.fingerprint, dtype)
+
+
+def _judge(lm: LoadedModel, run, settings: RecoverySettings, dense: LoadedModel | None, judge_tasks: PreparedTasks | None) -> Judge | None:
+    """What judges the snapshots (``recover.judge``), or None when ``eval_every`` is 0."""
+    if not settings.eval_every:
+        return None
+    if settings.eval_tasks:
+        if judge_tasks is None:
+            raise RecoveryError(f"--eval-tasks {', '.join(settings.eval_tasks)} were not prepared for this run")
+        return TaskJudge(lm, judge_tasks, settings.eval_task_examples)
+    if dense is None:
+        raise RecoveryError("--eval-every without --eval-tasks judges by held-out KL to the dense model, which is not loaded here")
+    texts = settings.heldout_texts
+    return KLJudge(run.model, lm, dense.model, texts, settings.eval_samples, settings.eval_seq_len, settings.seed)
 
 
 def _place(lm: LoadedModel, settings: RecoverySettings) -> torch.device:
@@ -298,6 +357,9 @@ def _result(
         curve=state.curve,
         rollbacks=state.rollbacks,
         lr_scale=state.lr_scale,
+        judge_curve=state.judge_curve,
+        best_step=state.best_step,
+        judge_seconds=state.judge_seconds,
         settings=asdict(settings),
     )
 

@@ -37,10 +37,12 @@ def resolve_objective(
     """(objective, teacher or None, a line saying which and why).
 
     The default is ``kd`` when the dense model the checkpoint was pruned from is reachable, else
-    ``lm``; an explicit ``kd``/``kd+lm`` without a reachable teacher is refused (RecoveryError).
+    ``lm``; an explicit ``kd``/``kd+lm`` without a reachable teacher is refused (RecoveryError),
+    and so is teacher-written text (the teacher writes it, whatever the objective), or a teacher
+    whose vocabulary differs from the student's.
     """
-    wanted = settings.objective
-    if wanted == "lm":
+    wanted, text = settings.objective, settings.teacher_source
+    if wanted == "lm" and text is None:
         return Objective("lm", bf16=settings.bf16), None, "objective lm (next-token loss), as asked"
     base = (lm.pruned_from or {}).get("model")
     if teacher is None and (settings.teacher or base):
@@ -51,6 +53,8 @@ def resolve_objective(
     else:
         why_not = "the model is not a pruned gap checkpoint, so no dense base model is recorded"
     if teacher is None:
+        if text is not None:
+            raise RecoveryError(f"teacher-written text ({text}) needs the dense model to write it, but {why_not}; pass --teacher MODEL")
         if wanted is not None:
             raise RecoveryError(
                 f"objective {wanted} needs the dense model to distil from, but {why_not}; pass --teacher MODEL or use --objective lm"
@@ -59,11 +63,13 @@ def resolve_objective(
     try:
         check_compatible(lm, teacher)
     except TeacherMismatch as exc:
-        raise RecoveryError(f"cannot distil: {exc}") from None
+        raise RecoveryError(f"cannot {'distil' if wanted != 'lm' else 'train on the teacher-written text'}: {exc}") from None
     teacher.model.to(device).eval()
     for p in teacher.model.parameters():
         p.requires_grad_(False)
     name = wanted or "kd"
+    if name == "lm":
+        return Objective("lm", bf16=settings.bf16), teacher, f"objective lm (next-token loss), as asked, on text written by {teacher.name}"
     objective = Objective(name, settings.temperature, settings.kd_weight, teacher.model, settings.bf16)
     how = f"temperature {settings.temperature:g}" + (f", kd weight {settings.kd_weight:g}" if name == "kd+lm" else "")
     default = "" if wanted else " (the default: the dense base model is reachable)"
@@ -147,7 +153,7 @@ def evaluate_heldout(
         dense.model.to("cpu")
     try:
         eval_settings = EvalSettings(
-            windows=WindowSpec(data=",".join(settings.tasks), n_samples=settings.eval_samples, seq_len=settings.eval_seq_len),
+            windows=WindowSpec(data=",".join(settings.heldout_texts), n_samples=settings.eval_samples, seq_len=settings.eval_seq_len),
             throughput=False,
             generations=settings.eval_generations,
         )

@@ -44,7 +44,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 
 # RecoveryError is raised and caught under this module's name too (callers import it from here).
-from gap_engine.recover.settings import CurveRow, ProbeRow, RecoveryResult, RollbackRow
+from gap_engine.recover.settings import CurveRow, JudgeRow, ProbeRow, RecoveryResult, RollbackRow
 from gap_engine.recover.settings import RecoveryError as RecoveryError
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ _STATE = "state"
 _JSON = "state.json"
 _TENSORS = "tensors.safetensors"
 _OPTIMIZER = "optimizer.pt"
+_BEST = "best"  # the best snapshot by the judge (recover.judge): tensors.safetensors and its step in best.json
 RESULT_FILE = "recovery.json"  # in the recovered checkpoint: RecoveryResult.to_dict()
 
 
@@ -78,6 +79,9 @@ class RunState:
     guard_lowest: float | None = None  # the divergence guard's lowest calibration objective over kept snapshots
     lr_scale: float = 1.0  # the guard's cuts of the learning rate so far (1: none)
     rollbacks: list[RollbackRow] = field(default_factory=list)  # the guard's rollbacks: step, back_to, loss, lowest, lr_scale, action
+    judge_curve: list[JudgeRow] = field(default_factory=list)  # the judge's scores of the snapshots: step, score, best
+    best_step: int | None = None  # the snapshot the judge rates best so far (its tensors are in best/)
+    judge_seconds: float = 0.0  # wall time spent judging (not training time)
     version: int = STATE_VERSION
 
 
@@ -162,6 +166,12 @@ def _checked_state(data: object, folder: Path, work_dir: Path) -> RunState:
     rollbacks = data.get("rollbacks", [])
     if not isinstance(rollbacks, list) or len(rollbacks) > 64 or not all(isinstance(row, dict) for row in rollbacks):
         raise RecoveryError(f"{what} rollbacks must list at most 64 objects; remove {work_dir}")
+    judged = data.get("judge_curve", [])
+    if not isinstance(judged, list) or len(judged) > steps + 2 or not all(isinstance(row, dict) for row in judged):
+        raise RecoveryError(f"{what} judge_curve must list at most {steps + 2} objects; remove {work_dir}")
+    if data.get("best_step") is not None:
+        check_int(data["best_step"], f"{what} best_step", RecoveryError, 0, steps)
+    check_number(data.get("judge_seconds", 0.0), f"{what} judge_seconds", RecoveryError, low=0.0)
     if data.get("before") is not None:
         check_evaluation_report(data["before"], f"{what} before", RecoveryError)
     return RunState(**data)
@@ -195,6 +205,37 @@ def _check_state_rows(data: dict[str, Any], steps: int, what: str) -> None:
         _optional_number(row.get("loss"), f"{what} rollbacks[{i}] loss", 0.0)
         _optional_number(row.get("lowest"), f"{what} rollbacks[{i}] lowest", 0.0)
         check_number(row.get("lr_scale"), f"{what} rollbacks[{i}] lr_scale", RecoveryError, 1e-12, 1.0)
+
+
+def save_best(work_dir: Path, step: int, tensors: dict[str, torch.Tensor]) -> None:
+    """Replace the judge's best snapshot (the trained tensors at ``step``) atomically."""
+    from safetensors.torch import save_file
+
+    with atomic_directory(work_dir / _BEST) as tmp:
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp / _TENSORS))
+        (tmp / "best.json").write_text(json.dumps({"step": step}) + "\n")
+
+
+def load_best(work_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    """The judge's best snapshot, which must be the one of ``step``.
+
+    Raises:
+        RecoveryError: it is missing, unreadable, or of another step.
+    """
+    from safetensors.torch import load_file
+
+    folder = work_dir / _BEST
+    try:
+        saved = read_json_file(folder / "best.json", LIMITS.metadata_bytes, f"{folder}/best.json", RecoveryError)
+        if not isinstance(saved, dict) or saved.get("step") != step:
+            raise RecoveryError(
+                f"{folder} holds the snapshot of step {str(saved.get('step') if isinstance(saved, dict) else '?')[:20]}, not {step}"
+            )
+        return load_file(str(folder / _TENSORS))
+    except RecoveryError as exc:
+        raise RecoveryError(f"the best snapshot of the run in {work_dir} cannot be read ({exc}); remove {work_dir}") from None
+    except Exception as exc:  # a truncated or foreign file
+        raise RecoveryError(f"cannot read the best snapshot in {folder}: {type(exc).__name__}; remove {work_dir}") from None
 
 
 def check_saved_state(work_dir: Path) -> None:
@@ -392,7 +433,7 @@ def read_result(folder: str | Path) -> RecoveryResult:
     check_evaluation_report(data["after"], f"{what} after", RecoveryError)
     if data["before"] is not None:
         check_evaluation_report(data["before"], f"{what} before", RecoveryError)
-    for name, most in (("curve", steps), ("rollbacks", 64), ("lr_probe", 64)):
+    for name, most in (("curve", steps), ("rollbacks", 64), ("lr_probe", 64), ("judge_curve", steps + 2)):
         rows = data.get(name, [])
         if not isinstance(rows, list) or len(rows) > most or not all(isinstance(row, dict) for row in rows):
             raise RecoveryError(f"{what} {name} must list at most {most} objects")
@@ -417,6 +458,7 @@ def card_summary(result: RecoveryResult) -> dict[str, Any]:
         "tokens": result.tokens_seen,
         "train_seconds": result.train_seconds,
         "lr": result.lr,
+        "judge": {"by": result.judge, "best_step": result.best_step, "curve": result.judge_curve} if result.judge else None,
         "before": {k: before.get(k) or {} for k in ("perplexity", "kl_to_dense", "top1_agreement")},
         "after": {k: result.after.get(k) or {} for k in ("perplexity", "kl_to_dense", "top1_agreement")},
     }
@@ -444,6 +486,9 @@ def record_in_history(lm: LoadedModel, plan: RatePlan, result: RecoveryResult, h
             "calib_loss_before",
             "calib_loss_after",
             "dense_input",
+            "judge",
+            "judge_curve",
+            "best_step",
         )
     }
     recovery.update(

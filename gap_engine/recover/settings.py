@@ -18,6 +18,7 @@ from gap_engine.core.config import RECOVERY_PROJECTIONS, RECOVERY_SCHEDULES, SAV
 from gap_engine.core.errors import DataError, GapError
 from gap_engine.recover.distill import check_temperature
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
+from gap_engine.recover.teacher_text import is_teacher_source, normalise
 
 PROJECTIONS = RECOVERY_PROJECTIONS  # short names of the trainable projections
 
@@ -44,6 +45,14 @@ class ProbeRow(TypedDict, total=False):
     best: bool  # present (True) on the candidate whose loss ended lowest
 
 
+class JudgeRow(TypedDict):
+    """One judgement of the weights during training (``recover.judge``)."""
+
+    step: int  # the snapshot judged (0: the starting weights)
+    score: float  # higher is better: task accuracy on the selection slice, or minus the held-out KL
+    best: bool  # the best so far when it was measured
+
+
 class RollbackRow(TypedDict):
     """One intervention of the divergence guard (``recover.guard``)."""
 
@@ -60,6 +69,8 @@ SCHEDULES = RECOVERY_SCHEDULES
 DEFAULT_LR = {"lora": 3e-3, "mazo": 3e-4, "mezo": 1e-4}  # for SmolLM2-135M; see bench/results/recovery.md
 MAX_STEPS = 1_000_000
 MAX_RANK = 1024
+# The held-out texts a run is evaluated on when it trains on teacher-written text alone.
+HELDOUT_TEXTS = ("wiki-sample", "news-sample")
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,9 @@ class RecoverySettings:
     temperature: float = 1.0  # distillation temperature τ, in (0, 100]
     kd_weight: float = 0.5  # kd+lm: weight w of kd in w · kd + (1 - w) · lm
     teacher: str | None = None  # the dense model to distil from; None: the checkpoint's base model
-    tasks: tuple[str, ...] = ("wiki-sample",)  # text sources, one task each; trained on their calibration part
+    tasks: tuple[str, ...] = (
+        "wiki-sample",
+    )  # text sources, one task each; trained on their calibration part ("teacher[:N]": text the teacher writes)
     split: str = "calibration"  # the only part training may read; "heldout" is refused
     steps: int = 100  # training steps (fewer when time_budget_s runs out first)
     lr: float | None = None  # peak learning rate; None: LoRA DEFAULT_LR, ZO the probe's choice around DEFAULT_LR
@@ -92,8 +105,13 @@ class RecoverySettings:
     save_every: int = 25  # steps between saved snapshots (and divergence-guard checks)
     guard: bool = True  # at each snapshot, roll back and cut the rate when the calibration objective rose (recover.guard)
     time_budget_s: float | None = None  # stop training after this much wall time (over all segments)
+    cpu_budget_s: float | None = None  # stop training after this much CPU time of the process (over all segments)
     device: str | None = None  # move the model here first (e.g. "cuda"); None: leave it where it is
     bf16: bool = False  # bf16 autocast for the training forward passes where the device supports it
+    eval_texts: tuple[str, ...] | None = None  # held-out texts of the evaluation; None: the named training texts (HELDOUT_TEXTS if none)
+    eval_tasks: tuple[str, ...] = ()  # lm-eval tasks that judge the snapshots during training (recover.judge)
+    eval_every: int = 0  # steps between judgements (a multiple of save_every; 0: none); without eval_tasks, by held-out KL
+    eval_task_examples: int = 100  # examples of each judging task: its last ones, the selection slice
     eval_samples: int = 8  # held-out windows per task for the before/after evaluation
     eval_seq_len: int = 256  # tokens per held-out window
     eval_generations: int = 2  # greedy generations in each evaluation
@@ -129,8 +147,11 @@ class RecoverySettings:
         tasks = tuple(parse_task(t) for t in self.tasks)
         if not tasks:
             raise DataError("recovery needs at least one text source")
-        if len(set(tasks)) != len(tasks):
+        if len(set(tasks)) != len(tasks) or sum(map(is_teacher_source, tasks)) > 1:
             raise DataError(f"a text source is listed twice: {', '.join(tasks)}")
+        eval_texts = None if self.eval_texts is None else tuple(parse_task(t) for t in self.eval_texts)
+        if eval_texts is not None and (not eval_texts or any(is_teacher_source(t) for t in eval_texts)):
+            raise DataError("the held-out evaluation reads named texts (e.g. wiki-sample), not teacher text")
         _check_int("steps", self.steps, 1, MAX_STEPS)
         lr = self.learning_rate()
         if not (math.isfinite(lr) and 0.0 < lr <= 1.0):
@@ -155,12 +176,27 @@ class RecoverySettings:
         _check_int("calib_eval_windows", self.calib_eval_windows, 1, 1 << 16)
         _check_int("seed", self.seed, 0, 2**63 - 1)
         _check_int("save_every", self.save_every, 1, MAX_STEPS)
-        if self.time_budget_s is not None:
-            _check_range("time_budget_s", self.time_budget_s, 0.0, 1e9, low_open=True)
+        for budget in ("time_budget_s", "cpu_budget_s"):
+            if getattr(self, budget) is not None:
+                _check_range(budget, getattr(self, budget), 0.0, 1e9, low_open=True)
+        _check_judge(self)
         _check_int("eval_samples", self.eval_samples, 1, 1 << 16)
         _check_int("eval_seq_len", self.eval_seq_len, 2, 1 << 16)
         _check_int("eval_generations", self.eval_generations, 0, 16)
-        return replace(self, tasks=tasks, targets=tuple(self.targets))
+        return replace(self, tasks=tasks, targets=tuple(self.targets), eval_texts=eval_texts, eval_tasks=tuple(self.eval_tasks))
+
+    @property
+    def teacher_source(self) -> str | None:
+        """The training text the teacher writes (``teacher:N``), or None."""
+        return next((t for t in self.tasks if is_teacher_source(t)), None)
+
+    @property
+    def heldout_texts(self) -> tuple[str, ...]:
+        """The texts whose held-out parts evaluate the run."""
+        if self.eval_texts:
+            return tuple(self.eval_texts)
+        named = tuple(t for t in self.tasks if not is_teacher_source(t))
+        return named or HELDOUT_TEXTS
 
     def learning_rate(self) -> float:
         return float(self.lr) if self.lr is not None else DEFAULT_LR.get(self.method, math.nan)
@@ -176,6 +212,8 @@ class RecoverySettings:
             "save_every",
             "guard",
             "time_budget_s",
+            "cpu_budget_s",
+            "eval_texts",
             "device",
             "eval_samples",
             "eval_seq_len",
@@ -188,7 +226,10 @@ class RecoverySettings:
         }
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in free}
         out["lr"] = "auto" if self.probes_lr else self.learning_rate()
-        out["tasks"], out["targets"] = list(self.tasks), list(self.targets)
+        out["tasks"], out["targets"], out["eval_tasks"] = list(self.tasks), list(self.targets), list(self.eval_tasks)
+        if not self.eval_every:  # runs saved before judging existed match runs without it
+            for name in ("eval_tasks", "eval_every", "eval_task_examples"):
+                out.pop(name)
         return out
 
 
@@ -196,8 +237,11 @@ _HELDOUT_REFUSAL = "recovery trains on the calibration split only ({what} reques
 
 
 def parse_task(spec: str) -> str:
-    """A task's text source; a trailing ``@calibration`` is allowed, ``@heldout`` refused (DataError)."""
+    """A task's text source; a trailing ``@calibration`` is allowed, ``@heldout`` refused (DataError);
+    teacher text is written ``teacher:N`` (``recover.teacher_text.normalise``)."""
     spec = str(spec).strip()
+    if is_teacher_source(spec):
+        return normalise(spec)
     base, at, part = spec.rpartition("@")
     if at and part.lower() in ("heldout", "held-out", "held_out", "test", "eval"):
         raise DataError(_HELDOUT_REFUSAL.format(what=f"'{spec}'"))
@@ -206,6 +250,22 @@ def parse_task(spec: str) -> str:
     if not spec:
         raise DataError("an empty text source was given")
     return spec
+
+
+def _check_judge(settings: RecoverySettings) -> None:
+    """The judging settings: a positive multiple of ``save_every`` (judged snapshots are saved
+    ones, so a resumed run keeps the best one it had), and tasks only with a period."""
+    _check_int("eval_every", settings.eval_every, 0, MAX_STEPS)
+    _check_int("eval_task_examples", settings.eval_task_examples, 1, 1 << 16)
+    if settings.eval_tasks and not settings.eval_every:
+        raise RecoveryError("--eval-tasks judges snapshots during training: give --eval-every K too")
+    if any(not str(name).strip() for name in settings.eval_tasks):
+        raise RecoveryError("an empty --eval-tasks name was given")
+    if settings.eval_every and settings.eval_every % settings.save_every:
+        raise RecoveryError(
+            f"--eval-every {settings.eval_every} must be a multiple of --save-every {settings.save_every}: "
+            "the judged weights are the saved snapshots"
+        )
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:
@@ -236,7 +296,7 @@ class RecoveryResult:
     steps_requested: int
     steps_done: int
     resumed_from: int  # the step a resumed run continued from (0: a fresh run)
-    stopped: str  # "steps", "time budget" or "diverged" (the guard's last rate cut did not help: the last good snapshot)
+    stopped: str  # "steps", "time budget", "CPU budget" or "diverged" (the guard's last rate cut did not help: the last good snapshot)
     lr: float  # peak learning rate
     lr_probe: list[ProbeRow]  # ZO without a given rate: the probed candidates (lr, loss before, loss after)
     train_seconds: float  # training wall time, over every segment
@@ -257,6 +317,10 @@ class RecoveryResult:
     curve: list[CurveRow] = field(default_factory=list)  # per step: step, seconds, loss, lr
     rollbacks: list[RollbackRow] = field(default_factory=list)  # the divergence guard's: step, back_to, loss, lowest, lr_scale, action
     lr_scale: float = 1.0  # the rate's factor after the guard's cuts (1: none)
+    judge: str = ""  # what judged the snapshots (recover.judge; "": none)
+    judge_curve: list[JudgeRow] = field(default_factory=list)  # per judged snapshot: step, score, best
+    best_step: int | None = None  # the judged snapshot the checkpoint holds (None: not judged, the last step)
+    judge_seconds: float = 0.0  # wall time spent judging, apart from train_seconds
     run_id: int | None = None  # row in the run history
     settings: dict[str, Any] = field(default_factory=dict)  # RecoverySettings.trajectory() and the teacher's fingerprint
 

@@ -40,25 +40,29 @@ PROJECTIONS = RECOVERY_PROJECTIONS  # short names of the trainable projections
 
 # ---- data ----------------------------------------------------------------------------------
 class TaskData:
-    """Per task, a pool of calibration windows; each step samples ``batch_size`` from every pool."""
+    """Per task, a pool of calibration windows; each step samples ``batch_size`` from every pool.
+
+    Teacher-written text (``teacher:N``) is one task whose pool is every sequence the teacher
+    wrote (``recover.teacher_text``), given by :meth:`set_teacher_text` once it is written (the
+    named texts are read first, so their mistakes surface before the teacher loads); a named
+    text's pool is ``pool_windows`` windows of its calibration part.
+    """
 
     def __init__(self, lm: LoadedModel, settings: RecoverySettings):
         self.settings = settings
-        self.pools: list[torch.Tensor] = []  # per task: (n_pool, T)
+        self.pools: list[torch.Tensor] = []  # per task: (n_pool, T); the teacher's is empty until set
         for spec in settings.tasks:
-            corpus = load_corpus(spec)
-            if not corpus.calibration:
-                raise DataError(f"text source '{spec}' has no calibration part to train on (it is too small to split)")
-            tokens = _token_count(lm.tokenizer, corpus.calibration)
-            n_pool = min(settings.pool_windows, tokens // settings.seq_len)
-            if n_pool < settings.batch_size:
-                raise DataError(
-                    f"text source '{spec}' is too short for one batch: its calibration part has {tokens} tokens, "
-                    f"a batch needs {settings.batch_size} x {settings.seq_len} = {settings.batch_size * settings.seq_len}"
-                )
-            self.pools.append(
-                calibration_windows(lm.tokenizer, WindowSpec(data=spec, n_samples=n_pool, seq_len=settings.seq_len, seed=settings.seed))
-            )
+            named = spec != settings.teacher_source
+            self.pools.append(_named_pool(lm, settings, spec) if named else torch.empty(0, 0, dtype=torch.long))
+
+    def set_teacher_text(self, windows: torch.Tensor) -> None:
+        """The teacher-written sequences: (n, start + seq_len), the pool of the ``teacher:N`` task."""
+        spec = self.settings.teacher_source
+        if spec is None:
+            raise DataError("this run reads no teacher-written text")
+        if windows.shape[0] < self.settings.batch_size:
+            raise DataError(f"{spec} is too short for one batch: {windows.shape[0]} sequences, a batch needs {self.settings.batch_size}")
+        self.pools[self.settings.tasks.index(spec)] = windows
 
     def batch(self, step: int) -> torch.Tensor:
         """The windows of one step, task-major: (n_tasks * batch_size, T)."""
@@ -71,6 +75,21 @@ class TaskData:
     def fixed(self, count: int) -> list[torch.Tensor]:
         """Per task, its first ``count`` pool windows: the calibration loss reported before and after."""
         return [pool[:count] for pool in self.pools]
+
+
+def _named_pool(lm: LoadedModel, settings: RecoverySettings, spec: str) -> torch.Tensor:
+    """(n_pool, T) windows of a named text's calibration part."""
+    corpus = load_corpus(spec)
+    if not corpus.calibration:
+        raise DataError(f"text source '{spec}' has no calibration part to train on (it is too small to split)")
+    tokens = _token_count(lm.tokenizer, corpus.calibration)
+    n_pool = min(settings.pool_windows, tokens // settings.seq_len)
+    if n_pool < settings.batch_size:
+        raise DataError(
+            f"text source '{spec}' is too short for one batch: its calibration part has {tokens} tokens, "
+            f"a batch needs {settings.batch_size} x {settings.seq_len} = {settings.batch_size * settings.seq_len}"
+        )
+    return calibration_windows(lm.tokenizer, WindowSpec(data=spec, n_samples=n_pool, seq_len=settings.seq_len, seed=settings.seed))
 
 
 def _token_count(tokenizer: Tokenizer, texts: Iterable[str]) -> int:

@@ -97,6 +97,7 @@ def evaluation_from_run(record) -> dict:
         "tasks": dict((record.tasks or {}).get("model") or {}),
         "dense_tasks": dict((record.tasks or {}).get("dense") or {}),
         "compensation": history.compensation_of(record),
+        "recovery": (record.params or {}).get("recovery"),
     }
 
 
@@ -316,6 +317,19 @@ def _task_sections(evaluation: dict | None) -> list[str]:
     return ["<h2>Task accuracy</h2>", task_table_html(rows)]
 
 
+def _judge_section(evaluation: dict | None) -> list[str]:
+    """A recovery run's snapshots judged during training (``recover.judge``) and the one kept, if it judged any."""
+    recovery = (evaluation or {}).get("recovery") or {}
+    curve = recovery.get("judge_curve") if isinstance(recovery, dict) else None
+    if not isinstance(curve, list) or not curve:
+        return []
+    rows = [[html.escape(str(row.get("step"))), _num(row["score"] if isinstance(row.get("score"), (int, float)) else None),
+             "kept" if row.get("step") == recovery.get("best_step") else ""] for row in curve if isinstance(row, dict)]  # fmt: skip
+    by = html.escape(str(recovery.get("judge") or "the judge"))
+    return ["<h2>Recovery: snapshots judged during training</h2>", f"<p>Scored by {by}; the checkpoint holds the kept one.</p>",
+            _table(["step", "score", ""], rows)]  # fmt: skip
+
+
 def build_report(
     table,
     plan: RatePlan | None = None,
@@ -386,7 +400,7 @@ def build_report(
     ]
     if evaluation:
         sections += ["<h2>Evaluation</h2>", _evaluation_html(evaluation, objective)]
-    sections += _task_sections(evaluation)
+    sections += _task_sections(evaluation) + _judge_section(evaluation)
     footer = f"<p class='note'>{html.escape(source)}</p>" if source else ""
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

@@ -243,3 +243,60 @@ def test_recover_page_bad_settings_give_a_message_and_no_job(saved_run):
     assert not at.exception
     assert "recover" not in at.session_state["app_jobs"]
     assert any("at least one text source" in str(e.value) for e in at.error)
+
+
+@pytest.fixture
+def saved_run_with_dense(smol_tokenizer, tmp_path, monkeypatch) -> history.RunRecord:
+    """A history run whose tiny checkpoint was pruned from a dense model saved on disk: the teacher
+    that writes the training text loads."""
+    from conftest import tiny_lm
+
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.model.checkpoint import save_pruned
+    from gap_engine.model.loading import load_model
+    from gap_engine.model.rateplan import make_plan
+    from gap_engine.pipeline.stages import prune_with_plan
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    dense_dir = tmp_path / "tiny-dense"
+    tiny_lm("llama", smol_tokenizer, initializer_range=0.1).model.save_pretrained(dense_dir)
+    smol_tokenizer.save_pretrained(dense_dir)
+    dense = load_model(str(dense_dir))
+    plan = make_plan(dense, [0.5, 0.25], [0.5, 0.5], "wanda", allocator="dp", budget=0.3)
+    result = prune_with_plan(dense, plan, WindowSpec(data="news-sample", n_samples=2, seq_len=32, batch_size=2))
+    folder = history.new_checkpoint_dir("dp", 0.3)
+    save_pruned(dense, plan, result.kept_indices(), folder)
+    record = history.RunRecord(model=dense.name, allocator="dp", plan=plan.to_dict(), budget=0.3, checkpoint=str(folder),
+                               perplexity={"news-sample": 500.0})  # fmt: skip
+    record.id = history.record_run(record)
+    yield record
+    stop_jobs(manager(), timeout=120)
+
+
+def test_recover_page_trains_on_teacher_text_and_keeps_the_best_judged_snapshot(saved_run_with_dense):
+    at = start_page()
+    at.multiselect(key="recover_sources").set_value(["teacher"])
+    at.run()
+    at.number_input(key="recover_teacher_tokens").set_value(128)
+    for key, value in (("recover_steps", 4), ("recover_seq_len", 16), ("recover_batch_size", 1), ("recover_eval_samples", 1),
+                       ("recover_eval_seq_len", 16), ("recover_generations", 0), ("recover_task_limit", 2), ("recover_eval_every", 2)):  # fmt: skip
+        at.number_input(key=key).set_value(value)
+    at.run()
+    caption = next(str(c.value) for c in at.caption if "Expected time: about" in str(c.value))
+    assert "of it writing teacher text" in caption and "of it judging 3 snapshots" in caption  # steps 0, 2 and 4
+    at.button(key="recover_go").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    job = manager().get(at.session_state["app_jobs"]["recover"])
+    seen: list[str] = []
+    wait_for(lambda: seen.append(job.snapshot()["message"]) or not job.active, "the recovery")
+    assert job.status == "done", job.error
+    assert any("teacher text" in str(m) for m in seen) and any("judging step 2" in str(m) for m in seen), seen
+    result = job.result
+    assert result.tasks == ["teacher:128"] and set(result.after["perplexity"]) == {"wiki-sample", "news-sample"}
+    assert [row["step"] for row in result.judge_curve] == [0, 2, 4] and "last 2 examples" in result.judge
+    # The panel of the finished run (app.py hands a finished job's result to the session; set here,
+    # as this AppTest runs the page alone after switch_page).
+    at.session_state["app_last_recovery"] = result
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(f"step {result.best_step} kept" in str(m.value) and "last 2 examples" in str(m.value) for m in at.markdown)

@@ -148,3 +148,16 @@ def test_report_and_figures_do_not_import_streamlit():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False"
+
+
+def test_report_of_a_recovery_shows_the_snapshots_it_judged_and_the_one_kept(table, run):
+    from gap_engine.views.report import build_report, evaluation_from_report
+
+    curve = [{"step": 0, "score": 0.5, "best": True}, {"step": 2, "score": 0.625, "best": True}, {"step": 4, "score": 0.5, "best": False}]
+    recovery = {"judge": "task accuracy on gap_wiki_next (last 8 examples)", "best_step": 2, "judge_curve": curve}
+    evaluation = evaluation_from_report(run["result"].report) | {"recovery": recovery}
+    text = build_report(table, run["plan"], evaluation)
+    assert "Recovery: snapshots judged during training" in text and "task accuracy on gap_wiki_next (last 8 examples)" in text
+    rows = re.findall(r"<tr><td>(\d+)</td><td>([\d.]+)</td><td>(kept)?</td></tr>", text)
+    assert rows == [("0", "0.5000", ""), ("2", "0.6250", "kept"), ("4", "0.5000", "")]
+    assert "snapshots judged" not in build_report(table, run["plan"], evaluation_from_report(run["result"].report))
