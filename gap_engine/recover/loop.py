@@ -133,7 +133,8 @@ class _Snapshots:
         return self.judge is not None and not judged and (final or state.step % every == 0)
 
     def _judge(self) -> None:
-        assert self.judge is not None, "judged only with a judge"
+        if self.judge is None:
+            raise InvariantError("a snapshot was judged without a judge")
         state, started, cpu_started = self.state, time.perf_counter(), time.process_time()
         self.reporter.stage(f"judging step {state.step}: {self.judge.description}")
         score = self.judge()

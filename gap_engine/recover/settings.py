@@ -136,9 +136,10 @@ class RecoverySettings:
         _check_range("kd_weight", self.kd_weight, 0.0, 1.0)
         if self.teacher is not None and not str(self.teacher).strip():
             raise RecoveryError("an empty teacher model name was given")
-        if self.teacher is not None and self.objective == "lm":
+        if self.teacher is not None and self.objective == "lm" and not any(is_teacher_source(t) for t in self.tasks):
             raise RecoveryError(
-                f"the teacher {self.teacher} would go unused: objective lm distils from no model; use kd or kd+lm, or leave out the teacher"
+                f"the teacher {self.teacher} would go unused: objective lm distils from no model and no teacher text is asked; "
+                "use kd or kd+lm, --data teacher, or leave out the teacher"
             )
         if self.save_dtype is not None and self.save_dtype not in SAVE_DTYPES:
             raise RecoveryError(f"unknown save dtype '{self.save_dtype}'; choose one of {', '.join(SAVE_DTYPES)}")
