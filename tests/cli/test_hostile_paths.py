@@ -263,15 +263,17 @@ def test_prune_over_a_link_leaves_no_old_link_behind(gap, tiny, tmp_path):
 
 # ---- item 7: what gap prints and writes ---------------------------------------------------------------
 def test_cache_ls_shows_a_terminal_escape_read_from_disk_as_text(gap, tmp_path):
-    key = "tiny-kl-split-fisher-0123456789abcdef0123"
+    # A spec whose text holds control characters is no table's (core.validate: the entry is not listed);
+    # a folder name is what reaches the terminal, so the escape and the bell are in the key.
+    key = "tiny-\x1b[2J-kl-split-fisher-\x07"
     entry = tmp_path / "cache" / "tables" / key
     entry.mkdir(parents=True)
     (entry / "table.json").write_text("{}")
-    spec = {"data": "\x1b[2Jwiki\x07", "n_samples": 2, "seq_len": 16, "rate_grid": [0.0, 0.5]}
+    spec = {"data": "wiki-sample", "n_samples": 2, "seq_len": 16, "rate_grid": [0.0, 0.5]}
     meta = {"key": key, "format_version": 2, "table_sha256": "0" * 64, "model": "tiny", "spec": spec, "created": "2026-12-03"}
     (entry / "meta.json").write_text(json.dumps(meta))
     code, _, out = gap("cache", "ls")
-    assert code == 0 and key in out and "\\x1b[2Jwiki\\x07" in out and "\x1b" not in out and "\x07" not in out
+    assert code == 0 and "tiny-\\x1b[2J-kl-split-fisher-\\x07" in out and "\x1b" not in out and "\x07" not in out
 
 
 def test_a_legal_255_byte_output_name_is_written(gap, tiny_table, tmp_path):
