@@ -58,6 +58,33 @@ def test_prune_without_compensate_adds_the_default_bias(make_tiny, tmp_path, cap
     assert json.loads((out / "config.json").read_text())["gap_output_bias"] is True
 
 
+def test_prune_budget_with_bias_counts_no_bias_as_pruned_or_kept(make_tiny, tmp_path, capsys):
+    # The added biases are not prunable parameters: an untouched block's rate stays 0 (not below) and
+    # the share removed is the plan's.
+    folder = _folder(make_tiny, tmp_path, "llama")
+    out = tmp_path / "pruned"
+    argv = [
+        "prune",
+        "--model",
+        str(folder),
+        "--budget",
+        "0.2",
+        "--rates",
+        "0,0.25,0.5",
+        "--compensate",
+        "bias",
+        "--out",
+        str(out),
+        "--json",
+    ]
+    assert main([*argv, *CALIB]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    plan = json.loads((out / "plan.json").read_text())
+    assert summary["compensation"] == "bias" and min(plan["attention_rates"] + plan["mlp_rates"]) >= 0
+    assert 0.2 <= summary["removed_fraction_of_prunable"] <= 0.5
+    assert summary["params_after"] == load_model(str(out)).param_count() > plan["params"]["pruned_total"]
+
+
 @pytest.mark.parametrize(
     "argv, criterion, mode",
     [
