@@ -49,7 +49,7 @@ from gap_engine.data.windows import calibration_windows
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
-from gap_engine.model.slicing import add_bias_
+from gap_engine.model.slicing import replace_linear_
 from gap_engine.pipeline.compare import heldout_sets
 from gap_engine.pipeline.stages import loss_table
 from gap_engine.plan.allocators import plan_from_table
@@ -235,8 +235,8 @@ def masked_ours(dense: LoadedModel, windows: torch.Tensor, target: float, bias: 
             with torch.no_grad():
                 if bias:
                     mean = (stats[i, kind].total / stats[i, kind].count).float()
-                    add_bias_(owner, name, linear.weight[:, cols] @ mean[cols])
-                linear.weight[:, cols] = 0.0
+                    replace_linear_(owner, name, bias=linear.weight[:, cols] @ mean[cols], add_bias=True)
+                getattr(owner, name).weight[:, cols] = 0.0
     return pruned
 
 

@@ -17,8 +17,9 @@ from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.expected import Prediction, run_prediction
 from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
-from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.plan.allocator_registry import ALLOCATORS, own_criterion
 from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
+from gap_engine.prune.criteria import is_sequential
 from gap_engine.views import figures
 
 UPLOADED = "uploaded plan"
@@ -71,7 +72,7 @@ def expected_run(settings: EvalSettings) -> Prediction | None:
     """What the run the form describes is predicted to take here, stage by stage (the cost model;
     loading costs nothing when the model is in memory); None when nothing honest can be said."""
     allocator = ss["eval_allocator"] if ss["eval_allocator"] in ALLOCATORS else "manual"
-    compensated = ss["eval_compensation"] != "none"
+    compensated = run_compensation() != "none"
     stages = prune_eval_stages(settings, bool(ss["eval_save_checkpoint"]), bool(ss["eval_tasks_on"]), compensated)
     try:
         examples = common.task_examples("eval_")
@@ -119,10 +120,10 @@ def start_run() -> None:
         constraints=common.constraints_from_state(),
         plan=plan,
         checkpoint_dir=checkpoint_dir,
-        compensation=CompensationSettings(mode=ss["eval_compensation"]),
+        compensation=CompensationSettings(mode=run_compensation()),
     )
     plan_id = plan.content_hash() if plan is not None else ""
-    compensation = ss["eval_compensation"]
+    compensation = run_compensation()
     key = f"{table.key}|{allocator}|{budget:.4f}|{plan_id}|{compensation}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
     params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": budget, "plan_hash": plan_id or None}
     params["compensation"] = compensation
@@ -141,6 +142,16 @@ def planner_plan():
         return RatePlan.from_dict(dict(stored))
     except GapError:
         return None
+
+
+def run_compensation() -> str:
+    """The compensation the run applies: the one chosen, or none for a criterion that updates the
+    kept columns itself (SlimGPT's ``obs``: its OBS update is its compensation)."""
+    if ss["eval_allocator"] == UPLOADED:
+        criterion = str(dict(uploaded).get("criterion") or table.spec.criterion)
+    else:
+        criterion = own_criterion(ss["eval_allocator"]) or table.spec.criterion
+    return "none" if is_sequential(criterion) else ss["eval_compensation"]
 
 
 def missing_plan_text() -> str:
@@ -242,11 +253,14 @@ with left:
         "Compensation after the cut",
         list(COMPENSATIONS),
         key="eval_compensation",
+        disabled=run_compensation() != ss["eval_compensation"],
         format_func=COMPENSATIONS.label,
         help="What the kept heads and channels get after the cut, fitted block by block on the table's calibration text: "
         "FLAP's bias, a least-squares refit of o_proj/down_proj, or both. The run, its checkpoint and its model card say which. "
         + ("" if table.spec.compensation != "none" else "This table's cells do not include it (the planner prices the uncompensated cut)."),
     )
+    if run_compensation() != ss["eval_compensation"]:
+        st.caption("This plan's criterion updates the kept columns itself (SlimGPT's OBS update): the run adds no compensation.")
 with right:
     st.subheader("Evaluation")
     calibration_source = table.spec.windows.data

@@ -158,11 +158,15 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def compensation_from(args: argparse.Namespace) -> CompensationSettings:
-    """What ``--compensate`` asks the kept units to get after the cut (the default when not given)."""
-    from gap_engine.prune.compensations import CompensationSettings
+def compensation_from(args: argparse.Namespace, criterion: str | None = None) -> CompensationSettings:
+    """What ``--compensate`` asks the kept units to get after the cut; when not given, the default
+    for ``criterion`` (``prune.compensations.default_for``: none for one that updates the kept
+    columns itself) or, with no criterion (``gap compare``: each plan's own), the default."""
+    from gap_engine.prune.compensations import CompensationSettings, default_for
 
-    return CompensationSettings(mode=args.compensate or DEFAULT_COMPENSATION).validate()
+    if args.compensate:
+        return CompensationSettings(mode=args.compensate).validate()
+    return default_for(criterion) if criterion else CompensationSettings(mode=DEFAULT_COMPENSATION).validate()
 
 
 def spec_from_args(args: argparse.Namespace, follows: CompensationSettings | None = None) -> TableSpec:

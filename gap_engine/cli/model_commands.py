@@ -22,6 +22,7 @@ from gap_engine.model.rateplan import RatePlan, uniform_plan
 from gap_engine.pipeline.checkpoints import evaluate_model, prune_rounds_to_checkpoint, prune_to_checkpoint
 from gap_engine.pipeline.stages import dense_reference
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
+from gap_engine.prune.compensations import NO_COMPENSATION
 from gap_engine.tables.lookup import find_table
 
 
@@ -47,7 +48,7 @@ def run_prune(args: argparse.Namespace) -> int:
     if args.budget is not None:
         return run_prune_rounds(args)
     plan = RatePlan.load(args.plan) if args.plan else None  # validate before the slow model load
-    compensation = compensation_from(args)
+    compensation = compensation_from(args, plan.criterion if plan else args.criterion)
     if (plan.criterion if plan else args.criterion) != "magnitude" or compensation.active:
         check_windows_fit(args.model, (windows_from(args), "calibration"))
         read_sources(args.data)
@@ -66,7 +67,8 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     """``gap prune --budget B --rounds K``: GAP's DP in rounds, each on a table of the model as it is."""
     if args.rounds < 1:
         raise PlanError(f"--rounds must be at least 1, got {args.rounds}")
-    compensation = compensation_from(args)
+    # A compensation follows a one-shot cut; rounds re-table the pruned model, so they default to none.
+    compensation = NO_COMPENSATION if args.rounds > 1 and not args.compensate else compensation_from(args, args.criterion)
     if compensation.active and args.rounds > 1:
         raise CompensationError(f"--compensate {compensation.mode} follows a one-shot cut; use --rounds 1 (or --compensate none)")
     spec = spec_from_args(args, follows=compensation)

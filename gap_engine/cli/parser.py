@@ -155,7 +155,7 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> 
     p.add_argument(
         "--compensate",
         choices=COMPENSATIONS.names,
-        help=f"what the kept units get after the cut ({COMPENSATIONS.help()}; default: {DEFAULT_COMPENSATION}); an exact "
+        help=f"what the kept units get after the cut ({COMPENSATIONS.help()}; default: {DEFAULT_COMPENSATION}, none for criterion obs and for --rounds above 1); an exact "
         "or refine table measures its cells with it (gap table: only when given)",
     )
 

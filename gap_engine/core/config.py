@@ -34,7 +34,7 @@ MODES = ("split", "block")  # split: attention and MLP are separate components
 # The names of prune.compensations' registry (what surgery does after it cuts: see there), for
 # the layers below it; the registry asserts that they agree.
 COMPENSATIONS = ("none", "bias", "refit", "bias+refit")
-DEFAULT_COMPENSATION = "none"
+DEFAULT_COMPENSATION = "bias"  # FLAP's bias: the best held-out KL and perplexity at 20% and 40% (bench/results/compensation.md)
 
 # ---- budgets and the planner -------------------------------------------------------------
 DEFAULT_BUDGET = 0.2  # fraction of prunable parameters removed

@@ -21,7 +21,7 @@ ordinary pruned checkpoint.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gap_engine.core.errors import CompensationError, InvariantError
 from gap_engine.core.progress import NO_HOOKS, Hooks
@@ -72,9 +72,13 @@ class IterativeResult:
         return float(sum(r.predicted for r in self.rounds))
 
 
-def prunable_params(lm: LoadedModel, channel_multiple: int) -> tuple[int, list[int], list[int]]:
-    """(all prunable parameters, per-layer attention, per-layer MLP) of a model as it is now."""
+def prunable_params(lm: LoadedModel, channel_multiple: int, dense: LoadedModel | None = None) -> tuple[int, list[int], list[int]]:
+    """(all prunable parameters, per-layer attention, per-layer MLP) of a model as it is now;
+    given the ``dense`` model it was pruned from, o_proj counts with a bias only where dense's has
+    one (bias compensation's added biases are not parameters a plan's rates remove)."""
     geoms = block_geometries(lm)
+    if dense is not None:
+        geoms = [replace(g, o_bias=d.o_bias) for g, d in zip(geoms, block_geometries(dense))]
     attention = [g.params_at("attn", 0.0) for g in geoms]
     mlp = [g.params_at("mlp", 0.0, channel_multiple) for g in geoms]
     return sum(attention) + sum(mlp), attention, mlp
@@ -89,7 +93,7 @@ def widths_plan(dense: LoadedModel, pruned: LoadedModel, criterion: str, channel
         InvariantError: the plan's widths are not ``pruned``'s (a bug).
     """
     _, dense_attention, dense_mlp = prunable_params(dense, channel_multiple)
-    _, attention, mlp = prunable_params(pruned, channel_multiple)
+    _, attention, mlp = prunable_params(pruned, channel_multiple, dense)
     shapes = [[g.n_kv_heads, g.group_size] for g in (pruned.adapter.geometry(layer) for layer in pruned.adapter.layers(pruned.model))]
     plan = make_plan(
         dense,
@@ -178,7 +182,7 @@ def iterative_prune(
         removed = int(result.plan.params["removed"])
         out.rounds.append(PlanRound(index, table.key, share, removed, float(plan.predicted_loss), measured))
         log.info("round %d/%d: removed %d parameters, predicted %.4f, measured %s", index, rounds, removed, plan.predicted_loss, measured)
-    out.removed = total - prunable_params(current, spec.channel_multiple)[0]
+    out.removed = total - prunable_params(current, spec.channel_multiple, dense)[0]
     out.removed_fraction = out.removed / total
     meta = {"allocator": "dp-iterative", "budget": budget, "predicted_loss": out.predicted_loss}
     out.plan = widths_plan(dense, current, spec.criterion, spec.channel_multiple, **meta)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from gap_engine.core import config
 from gap_engine.core.errors import CompensationError
 from gap_engine.core.registry import Registry
+from gap_engine.prune.criteria import is_sequential
 
 # Declared on the fitting functions (``@register("compensation", ...)`` in ``prune.compensate``);
 # layers below this one (tables' specs, the CLI's defaults) read config.COMPENSATIONS, the order here.
@@ -75,3 +76,10 @@ class CompensationSettings:
 
 
 NO_COMPENSATION = CompensationSettings(mode="none")  # surgery alone
+
+
+def default_for(criterion: str) -> CompensationSettings:
+    """The compensation a command applies when none is asked for: ``config.DEFAULT_COMPENSATION``,
+    or none for a criterion that updates the kept columns itself (``obs``: SlimGPT's OBS update
+    is its compensation, and it takes no second one)."""
+    return NO_COMPENSATION if is_sequential(criterion) else CompensationSettings(mode=config.DEFAULT_COMPENSATION)

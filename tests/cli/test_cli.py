@@ -52,13 +52,18 @@ def test_prune_uniform_then_eval_and_reload(model_name, tmp_path, capsys):
     assert report["throughput"]["prefill_speedup"] > 0
     assert report["generations"][0]["model"] and report["generations"][0]["dense"]
 
-    # The reloaded checkpoint gives exactly the in-memory pruned model's logits.
-    from gap_engine.core.config import WindowSpec
+    # The reloaded checkpoint gives exactly the in-memory pruned model's logits, compensated as the
+    # checkpoint says (the default, bias: every o_proj and down_proj carries one).
+    from gap_engine.core.config import DEFAULT_COMPENSATION, WindowSpec
     from gap_engine.model.rateplan import RatePlan
     from gap_engine.pipeline.stages import prune_with_plan
+    from gap_engine.prune.compensations import CompensationSettings
 
     reloaded = load_model(str(out_dir))
-    prune_with_plan(in_memory, RatePlan.load(out_dir / "plan.json"), WindowSpec(n_samples=4, seq_len=64))
+    recorded = reloaded.pruned_from["compensation"]
+    assert recorded["mode"] == summary["compensation"] == DEFAULT_COMPENSATION and config["gap_output_bias"] is True
+    compensation = CompensationSettings(mode=recorded["mode"], damping=recorded["damping"], target=recorded["target"])
+    prune_with_plan(in_memory, RatePlan.load(out_dir / "plan.json"), WindowSpec(n_samples=4, seq_len=64), compensation=compensation)
     ids = in_memory.tokenizer("Structured pruning keeps the model dense but smaller.", return_tensors="pt").input_ids
     with torch.no_grad():
         torch.testing.assert_close(reloaded.model(ids).logits, in_memory.model(ids).logits, rtol=0, atol=0)

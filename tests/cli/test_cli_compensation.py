@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from gap_engine.cli import main
+from gap_engine.cli.arguments import compensation_from
+from gap_engine.cli.parser import build_parser
+from gap_engine.core.config import DEFAULT_COMPENSATION
 from gap_engine.model.loading import load_model
 
 TINY = dict(num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
@@ -45,6 +48,59 @@ def test_prune_with_compensation_records_it_in_the_checkpoint(make_tiny, tmp_pat
     assert marker["compensation"]["mode"] == "bias" and marker["compensation"]["windows"]["n_samples"] == 4
     assert json.loads((out / "config.json").read_text())["gap_output_bias"] is True
     assert marker["param_count"] == summary["params_after"] == load_model(str(out)).param_count()
+
+
+def test_prune_without_compensate_adds_the_default_bias(make_tiny, tmp_path, capsys):
+    folder = _folder(make_tiny, tmp_path, "llama")
+    out = tmp_path / "pruned"
+    assert main(["prune", "--model", str(folder), "--uniform", "0.3", "--out", str(out), "--json", *CALIB]) == 0
+    assert json.loads(capsys.readouterr().out)["compensation"] == DEFAULT_COMPENSATION == "bias"
+    assert json.loads((out / "config.json").read_text())["gap_output_bias"] is True
+
+
+def test_prune_budget_with_bias_counts_no_bias_as_pruned_or_kept(make_tiny, tmp_path, capsys):
+    # The added biases are not prunable parameters: an untouched block's rate stays 0 (not below) and
+    # the share removed is the plan's.
+    folder = _folder(make_tiny, tmp_path, "llama")
+    out = tmp_path / "pruned"
+    argv = [
+        "prune",
+        "--model",
+        str(folder),
+        "--budget",
+        "0.2",
+        "--rates",
+        "0,0.25,0.5",
+        "--compensate",
+        "bias",
+        "--out",
+        str(out),
+        "--json",
+    ]
+    assert main([*argv, *CALIB]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    plan = json.loads((out / "plan.json").read_text())
+    assert summary["compensation"] == "bias" and min(plan["attention_rates"] + plan["mlp_rates"]) >= 0
+    assert 0.2 <= summary["removed_fraction_of_prunable"] <= 0.5
+    assert summary["params_after"] == load_model(str(out)).param_count() > plan["params"]["pruned_total"]
+
+
+@pytest.mark.parametrize(
+    "argv, criterion, mode",
+    [
+        ([], "wanda", "bias"),
+        ([], "magnitude", "bias"),
+        ([], "obs", "none"),
+        (["--compensate", "refit"], "obs", "refit"),
+        (["--compensate", "none"], "wanda", "none"),
+    ],
+)
+def test_the_default_compensation_is_none_only_for_a_criterion_that_updates_itself(argv, criterion, mode):
+    # obs (SlimGPT) takes no second compensation: by default it gets none, asked for one it is refused later
+    assert (
+        compensation_from(build_parser().parse_args(["prune", "--model", "m", "--out", "o", "--uniform", "0.2", *argv]), criterion).mode
+        == mode
+    )
 
 
 def test_compare_prunes_every_plan_with_the_compensation(make_tiny, tmp_path, capsys):

@@ -123,6 +123,7 @@ def test_cli_prune_in_rounds_saves_a_checkpoint_that_loads(tmp_cache, tiny, tmp_
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert len(summary["rounds"]) == 2 and summary["removed_fraction_of_prunable"] >= 0.3
+    assert summary["compensation"] == "none"  # the default compensation follows a one-shot cut, not rounds
     assert all(r["measured"] > 0 for r in summary["rounds"])
     pruned = load_model(str(out))
     assert pruned.param_count() == summary["params_after"] < summary["params_before"]

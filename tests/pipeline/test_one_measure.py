@@ -16,11 +16,12 @@ from synthetic_tables import SMOL_GRID, synthetic_table
 
 from gap_engine import cli
 from gap_engine.cli import plan_commands
-from gap_engine.core.config import WindowSpec
+from gap_engine.core.config import DEFAULT_COMPENSATION, WindowSpec
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.runs import prune_and_evaluate
+from gap_engine.prune.compensations import CompensationSettings
 
 TEXT = "news-sample"
 WINDOW_ARGS = ["--samples", "2", "--seq-len", "32", "--batch-size", "2", "--seed", "0"]
@@ -32,10 +33,17 @@ def test_smol_run_compare_and_prune_eval_agree_on_one_plan(smol, fresh_cache, tm
     table_path.write_text(table.to_json())
     heldout = WindowSpec(data=TEXT, n_samples=2, seq_len=32, seed=0, batch_size=2)
 
-    # The explorer's run (what its background job calls), saving its checkpoint.
+    # The explorer's run (what its background job calls, with the page's default compensation), saving its checkpoint.
     settings = EvalSettings(windows=heldout, throughput=False, generations=0)
     run = prune_and_evaluate(
-        smol, settings, table=table, budget=0.2, allocator="dp", checkpoint_dir=tmp_path / "run", history_path=tmp_path / "runs.db"
+        smol,
+        settings,
+        table=table,
+        budget=0.2,
+        allocator="dp",
+        checkpoint_dir=tmp_path / "run",
+        history_path=tmp_path / "runs.db",
+        compensation=CompensationSettings(mode=DEFAULT_COMPENSATION),
     )
 
     # gap compare, the same table and budget (its outcomes kept at full precision: the CSV has 6 digits).
@@ -60,6 +68,7 @@ def test_smol_run_compare_and_prune_eval_agree_on_one_plan(smol, fresh_cache, tm
     # The same weights: the run's checkpoint and gap prune's hold one fingerprint.
     markers = [json.loads((folder / "gap_pruned.json").read_text()) for folder in (tmp_path / "run", out)]
     assert markers[0]["fingerprint"] == markers[1]["fingerprint"]
+    assert markers[0]["compensation"]["mode"] == markers[1]["compensation"]["mode"] == outcome.compensation == DEFAULT_COMPENSATION
     assert load_model(str(out)).fingerprint == markers[1]["fingerprint"]
 
     # The same numbers on every surface, to 1e-6.
