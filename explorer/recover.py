@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from explorer import common
-from gap_engine.core.config import APP_EVAL_WINDOWS
+from gap_engine.core.config import APP_EVAL_WINDOWS, RECOVERY_DEFAULT_TEXTS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
@@ -39,7 +39,7 @@ DEFAULTS = {
     "recover_method": "lora",
     "recover_objective": "default",
     "recover_temperature": 1.0,
-    "recover_sources": ["wiki-sample", "news-sample"],
+    "recover_sources": list(RECOVERY_DEFAULT_TEXTS),
     "recover_steps": 20,
     "recover_lr": 0.0,
     "recover_minutes": 0.0,

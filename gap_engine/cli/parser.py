@@ -18,7 +18,6 @@ from gap_engine.core.config import (
     DEFAULT_CHANNEL_MULTIPLE,
     DEFAULT_COMPENSATION,
     DEFAULT_CRITERION,
-    DEFAULT_DATA,
     DEFAULT_MAX_RATE,
     DEFAULT_MODEL,
     DEFAULT_N_BUCKETS,
@@ -27,6 +26,7 @@ from gap_engine.core.config import (
     EVAL_WINDOWS,
     GGUF_OUTTYPES,
     MODES,
+    RECOVERY_DEFAULT_TEXTS,
     RECOVERY_PROJECTIONS,
     RECOVERY_SCHEDULES,
     REFINE_ATTENTION,
@@ -327,8 +327,9 @@ def _add_recover(sub) -> None:
     p.add_argument("--method", required=True, choices=RECOVERY_METHODS.names, help=RECOVERY_METHODS.help())
     p.add_argument(
         "--data",
-        default=DEFAULT_DATA,
-        help="comma-separated text sources, one task each (calibration part only); teacher[:N]: N tokens the dense model writes",
+        default=",".join(RECOVERY_DEFAULT_TEXTS),
+        help="comma-separated text sources, one task each (calibration part only); teacher[:N]: N tokens the dense model writes "
+        f"(default: {','.join(RECOVERY_DEFAULT_TEXTS)}, which raised task accuracy most in bench/results/recovery_tasks.md)",
     )
     p.add_argument("--eval-data", help="held-out texts of the evaluation (default: the named --data texts, else wiki-sample,news-sample)")
     p.add_argument("--split", default="calibration", help="the part of the text to train on: only 'calibration' is allowed")

@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from gap_engine.core.config import RECOVERY_PROJECTIONS, RECOVERY_SCHEDULES, SAVE_DTYPES
+from gap_engine.core.config import RECOVERY_DEFAULT_TEXTS, RECOVERY_PROJECTIONS, RECOVERY_SCHEDULES, SAVE_DTYPES
 from gap_engine.core.errors import DataError, GapError
 from gap_engine.recover.distill import check_temperature
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
@@ -80,9 +80,8 @@ class RecoverySettings:
     temperature: float = 1.0  # distillation temperature τ, in (0, 100]
     kd_weight: float = 0.5  # kd+lm: weight w of kd in w · kd + (1 - w) · lm
     teacher: str | None = None  # the dense model to distil from; None: the checkpoint's base model
-    tasks: tuple[str, ...] = (
-        "wiki-sample",
-    )  # text sources, one task each; trained on their calibration part ("teacher[:N]": text the teacher writes)
+    # Text sources, one task each, trained on their calibration part ("teacher[:N]": text the teacher writes).
+    tasks: tuple[str, ...] = RECOVERY_DEFAULT_TEXTS
     split: str = "calibration"  # the only part training may read; "heldout" is refused
     steps: int = 100  # training steps (fewer when time_budget_s runs out first)
     lr: float | None = None  # peak learning rate; None: LoRA DEFAULT_LR, ZO the probe's choice around DEFAULT_LR

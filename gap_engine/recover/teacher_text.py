@@ -63,7 +63,9 @@ from gap_engine.model.loaded import LoadedModel
 log = logging.getLogger(__name__)
 
 SOURCE = "teacher"  # the name of teacher-written text among the training texts
-DEFAULT_TOKENS = 32_768  # at least what 15 CPU-minutes of LoRA-kd read on one thread (~29k tokens), so no sequence repeats
+# Written in about 4.5 minutes on one thread (bench/results/recovery_tasks.md). 15 CPU-minutes of LoRA-kd
+# at batch 1 read 57,600 tokens there, so each sequence comes back about twice in such a run.
+DEFAULT_TOKENS = 32_768
 TEMPERATURE = 1.0  # LLM-QAT samples the teacher's softmax as it is
 TOP_P = 0.95  # nucleus sampling (Holtzman et al. 2020): the tail below 5% of the mass is never drawn
 BATCH = 64  # sequences generated together (the unit a resume repeats): decoding 64 rows cost 10 ms a token here, 16 rows 27 ms
