@@ -13,13 +13,14 @@ Every model (dense, the four untuned checkpoints, every recovered one) is then m
 ``gap eval``: accuracy on all 500 examples of the offline task ``gap_wiki_next`` (lm-eval), and
 held-out perplexity and KL to dense on 8 x 256 tokens of wiki-sample and of news-sample.
 
-Resumable: each finished run appends one row to ``<work>/rows.jsonl`` and is skipped when the
-benchmark runs again; a run killed while training resumes from its last snapshot (its CPU budget
-counts every segment). Each command runs on one thread (``OMP_NUM_THREADS=1``); to use two cores,
-run two processes on different checkpoints (``--only``), each in its own ``--work`` folder holding
-links to the prepared table, plans and checkpoints, and append the second's rows to the first's
-``rows.jsonl`` before ``--report-only``. The load average is written beside every run, and the
-report is rewritten after every row. Order:
+Resumable: each finished run adds one row to ``bench/results/recovery_tasks.jsonl`` (committed
+beside the report, so rows outlive the work folder) and is skipped when the benchmark runs again; a
+run killed while training resumes from its last snapshot (its CPU budget counts every segment).
+Each command runs on one thread (``OMP_NUM_THREADS=1``); to use two cores, run two processes on
+different checkpoints (``--only``) in the same ``--work`` folder once the table, plans and
+checkpoints are prepared: rows are merged under a lock, and each process rewrites the whole report
+from every row. The load average is written beside every run. Rows marked ``reconstructed`` were
+parsed back from an earlier report whose raw rows were lost (values to the printed precision). Order:
 dense, then DP 30% (untuned, the four recipes), uniform 30%, DP 40%, uniform 40%; training is
 bounded by CPU time, so rows run under different loads still compare at equal work.
 
@@ -29,6 +30,7 @@ bounded by CPU time, so rows run under different loads still compare at equal wo
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import platform
@@ -64,6 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipes to run")
     p.add_argument("--report-only", action="store_true", help="rewrite the report from rows.jsonl and stop")
     p.add_argument("--out", default=str(RESULTS / "recovery_tasks.md"))
+    p.add_argument("--rows", default=str(RESULTS / "recovery_tasks.jsonl"), help="the rows file (one JSON row per run)")
     return p.parse_args(argv)
 
 
@@ -72,10 +75,11 @@ class Bench:
         self.args = args
         self.work = Path(args.work).resolve()
         self.work.mkdir(parents=True, exist_ok=True)
-        self.rows_path = self.work / "rows.jsonl"
-        self.rows = [json.loads(line) for line in self.rows_path.read_text().splitlines()] if self.rows_path.exists() else []
+        self.rows_path = Path(args.rows).resolve()
+        self.rows = read_rows(self.rows_path)
 
     def done(self, label: str) -> bool:
+        self.rows = read_rows(self.rows_path)  # another process on the other core may have added rows
         return any(row["label"] == label for row in self.rows)
 
     def gap(self, label: str, argv: list[str], json_out: bool) -> tuple[dict | None, dict]:
@@ -101,10 +105,20 @@ class Bench:
         return (json.loads(proc.stdout) if json_out else None), record
 
     def append(self, row: dict) -> None:
-        self.rows.append(row)
-        with open(self.rows_path, "a") as handle:
-            handle.write(json.dumps(row) + "\n")
-        write_report(self.rows, self.args)
+        """Merge one row into the rows file under a lock (a second process may be writing), then the report."""
+        from gap_engine.core.fsutil import atomic_write_text
+
+        self.rows_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.work / "rows.lock", "w") as lock:  # in the work folder: never committed
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            rows = [r for r in read_rows(self.rows_path) if r["label"] != row["label"]] + [row]
+            atomic_write_text(self.rows_path, "".join(json.dumps(r) + "\n" for r in rows))
+            self.rows = rows
+            write_report(self.rows, self.args)
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def prepare(bench: Bench) -> None:
