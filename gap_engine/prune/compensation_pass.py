@@ -194,7 +194,8 @@ def prune_compensated(
         settings: the compensation; ``none`` is surgery alone.
         hooks: the ``compensate`` stage entered, progress over blocks, cancel between blocks.
     Returns:
-        surgery's PruneResult; ``params_after`` counts the biases, ``compensation`` says what was done.
+        surgery's PruneResult; ``params_after`` counts the biases, ``compensation`` says what was done
+        (with ``bias_params``, the parameters the biases added).
     Raises:
         CompensationError: too few calibration tokens for a refit (before any work), a singular system.
     """
@@ -214,15 +215,18 @@ def prune_compensated(
         with restored_on_failure(lm.adapter, lm.adapter.layers(lm.model)):
             fits = compensate_blocks(lm, removed, ids, windows.batch_size, settings, hooks)
             result = apply_plan(lm, plan, scores)
+            bias_params = 0
             if any(fit.attn.bias is not None or fit.mlp.bias is not None for fit in fits):  # a plan that cuts nothing needs none
                 install_biases(lm, fits)
-                result.params_after = lm.param_count()
+                bias_params = lm.param_count() - result.params_after
+                result.params_after += bias_params
                 lm.refresh_fingerprint()
     except BaseException:
         lm.fingerprint, lm.pruned_from = identity
         raise
     seconds = time.perf_counter() - started
-    result.compensation = settings.to_dict() | {"windows": asdict(windows), "seconds": round(seconds, 3)}
+    # bias_params: what the fitted biases add back, so "dense - pruned + bias_params" is the plan's removed count
+    result.compensation = settings.to_dict() | {"windows": asdict(windows), "seconds": round(seconds, 3), "bias_params": bias_params}
     if lm.pruned_from is not None:
         lm.pruned_from["compensation"] = result.compensation
     log.info("compensated %s (%s) in %.1f s", lm.name, settings.mode, seconds)

@@ -339,8 +339,8 @@ def _user_path(page, app_server, smol, tmp_path, RatePlan):
 
     (record,) = history.runs(app_server["cache"] / "runs" / history.HISTORY_FILE)
     assert record.plan["params"]["removed"] == removed  # it pruned exactly the released row
-    # The default bias compensation adds a bias to every block's o_proj and down_proj (30 blocks, 576 wide).
-    added = 2 * 30 * 576 if "bias" in str((record.params.get("compensation") or {}).get("mode", "")) else 0
+    # The default bias compensation adds a bias to every block's o_proj and down_proj; the record says how many.
+    added = (record.params.get("compensation") or {}).get("bias_params", 0)
     assert added and record.dense_params - record.pruned_params + added == removed
     assert f"{record.budget:.2%}" == budget_text
     cell = page.locator('[data-testid="stTable"] td', has_text=record.generations[0]["model"].strip()[:10]).first

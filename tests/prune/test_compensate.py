@@ -171,6 +171,7 @@ def test_streaming_compensates_exactly_as_resident(make_tiny, family):
     for name, tensor in resident.model.state_dict().items():
         torch.testing.assert_close(streamed.model.state_dict()[name], tensor, rtol=0, atol=0)
     assert got.compensation["mode"] == "bias+refit" and streamed.pruned_from["compensation"]["windows"]["n_samples"] == 4
+    assert got.compensation["bias_params"] == expected.compensation["bias_params"] == 2 * 2 * 64
 
 
 def test_kept_columns_are_the_complement_of_the_removed_units():
