@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from gap_engine.core import hub
+from gap_engine.core.config import BUILTIN_TEXT_NAMES
 from gap_engine.core.errors import CacheError, DataError, ModelLoadError, OutputError
 from gap_engine.core.fsutil import (
     CACHE_ENV,
@@ -70,8 +71,7 @@ BUILTIN_NAMES = BUILTIN_MODEL_NAMES
 PLANNING_SHAPES = ("llama-3.1-8b", "llama-3.1-70b")
 # The file a gap checkpoint folder holds (model.checkpoint.PRUNED_MARKER; not imported: it needs torch).
 CHECKPOINT_MARKER = "gap_pruned.json"
-# The built-in text sources (data.windows.BUILTIN_SOURCES; not imported: it needs torch).
-BUILTIN_TEXTS = ("wiki-sample", "news-sample")
+BUILTIN_TEXTS = BUILTIN_TEXT_NAMES  # data.windows.BUILTIN_SOURCES is not imported here: it needs torch
 TEACHER_TEXT = re.compile(r"^teacher(:.*)?$")  # recover's teacher-written text (recover.teacher_text; not imported: it needs torch)
 # A Hugging Face hub id as the hub spells them: owner/name, letters, digits, '-', '_', '.'.
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")

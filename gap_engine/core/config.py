@@ -149,13 +149,17 @@ SAVE_DTYPES = ("bfloat16", "float16", "float32")  # storage precision of a prune
 DEFAULT_SAVE_DTYPE = "bfloat16"  # half the bytes of float32, same exponent range (no overflow)
 GGUF_OUTTYPES = ("f16", "q8_0")  # weight types of `gap export --format gguf`
 
+# The built-in text sources, shipped in the gensim wheel (described in data.windows.BUILTIN_SOURCES,
+# whose module needs torch; the CLI's preflight checks names before torch is imported).
+BUILTIN_TEXT_NAMES = ("wiki-sample", "news-sample")
+
 # ---- recovery after pruning (recover.py) -------------------------------------------------
 RECOVERY_SCHEDULES = ("constant", "linear", "cosine")  # learning-rate decay after the warm-up
 RECOVERY_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # short names of the trainable projections
 # Recovery's default training text, from bench/results/recovery_tasks.md: at equal CPU time LoRA-kd
 # on both built-in texts raised task accuracy more than on teacher-written text (DP 30%: +3.0 against
 # +0.0 points; uniform 30%: +8.2 against +7.6) and left a lower held-out KL to dense.
-RECOVERY_DEFAULT_TEXTS = ("wiki-sample", "news-sample")
+RECOVERY_DEFAULT_TEXTS = BUILTIN_TEXT_NAMES
 
 # How a rate settles a tie between two attention shapes of one size (``model.units``'s docstring);
 # a loss table of a model with ties records it in its cache key.

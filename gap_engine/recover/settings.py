@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from gap_engine.core.config import RECOVERY_DEFAULT_TEXTS, RECOVERY_PROJECTIONS, RECOVERY_SCHEDULES, SAVE_DTYPES
+from gap_engine.core.config import BUILTIN_TEXT_NAMES, RECOVERY_DEFAULT_TEXTS, RECOVERY_PROJECTIONS, RECOVERY_SCHEDULES, SAVE_DTYPES
 from gap_engine.core.errors import DataError, GapError
 from gap_engine.recover.distill import check_temperature
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
@@ -70,7 +70,7 @@ DEFAULT_LR = {"lora": 3e-3, "mazo": 3e-4, "mezo": 1e-4}  # for SmolLM2-135M; see
 MAX_STEPS = 1_000_000
 MAX_RANK = 1024
 # The held-out texts a run is evaluated on when it trains on teacher-written text alone.
-HELDOUT_TEXTS = ("wiki-sample", "news-sample")
+HELDOUT_TEXTS = BUILTIN_TEXT_NAMES
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from reference import make_windows
 
-from gap_engine.core.config import WindowSpec
+from gap_engine.core.config import BUILTIN_TEXT_NAMES, WindowSpec
 from gap_engine.core.errors import DataError
 from gap_engine.data import windows as data
 from gap_engine.data.windows import (
@@ -46,7 +46,7 @@ def _assert_disjoint_and_nonempty(corpus: TextCorpus) -> None:
 
 
 def test_builtin_source_names():
-    assert set(BUILTIN_SOURCES) == {"wiki-sample", "news-sample"}
+    assert tuple(BUILTIN_SOURCES) == BUILTIN_TEXT_NAMES == ("wiki-sample", "news-sample")
     assert all(isinstance(text, str) and "\n" not in text for text in BUILTIN_SOURCES.values())
 
 
