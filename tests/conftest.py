@@ -72,6 +72,17 @@ def tiny_lm(model_type: str, tokenizer, seed: int = 0, **overrides):
     return LoadedModel.from_transformers(model, tokenizer, f"tiny-{model_type}", "config")
 
 
+def as_loaded(lm, folder: Path):
+    """``lm`` saved to ``folder`` and loaded back as a user's folder loads: with the tokenizer
+    loading builds for the family (a Qwen2 config turns the SmolLM2 tokenizer.json into Qwen2's
+    pipeline), so a checkpoint of it reloads with the same fingerprint."""
+    from gap_engine.model.loading import load_model
+
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    return load_model(str(folder))
+
+
 @pytest.fixture
 def make_tiny(smol_tokenizer):
     """Factory fixture: make_tiny('qwen3') -> LoadedModel."""

@@ -419,6 +419,8 @@ def check_pruned_marker(marker: dict[str, Any], where: str) -> dict[str, Any]:
         check_text(marker.get(name), f"{what} {name}", ModelLoadError, optional=True)
     if marker.get("param_count") is not None:
         check_int(marker["param_count"], f"{what} param_count", ModelLoadError, 1, MAX_PARAMS)
+    if marker.get("fingerprint_format") is not None:
+        check_int(marker["fingerprint_format"], f"{what} fingerprint_format", ModelLoadError, 1, 1 << 16)
     compensation = marker.get("compensation")
     if compensation is not None:
         check_keys(compensation, f"{what} compensation", ModelLoadError)

@@ -43,13 +43,14 @@ from torch import nn
 
 from gap_engine.core.config import DEFAULT_SAVE_DTYPE
 from gap_engine.core.errors import ModelLoadError, PlanError, first_line
+from gap_engine.core.fingerprint import FINGERPRINT_FORMAT, combined_fingerprint
 from gap_engine.core.fsutil import atomic_directory, refuse_special_files
 from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, parse_json, read_json_file, read_kept_indices
 from gap_engine.core.validate_meaning import check_kept_fits
 from gap_engine.model.adapters import adapter_for
-from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.loaded import LoadedModel, config_digest, tokenizer_digest
 from gap_engine.model.model_card import write_model_card
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.remote_code import add_remote_code, refuse_foreign_code
@@ -130,7 +131,10 @@ def save_pruned(
             "base_model": plan.model,
             "base_fingerprint": plan.model_fingerprint,
             "plan_hash": plan.content_hash(),  # the same identity the explorer and the run history show
-            "fingerprint": stored_fingerprint(state),
+            # what loading this folder will call the model: the stored weights (as read back),
+            # its config and tokenizer
+            "fingerprint": combined_fingerprint(stored_fingerprint(state), config_digest(lm.model.config), tokenizer_digest(lm.tokenizer)),
+            "fingerprint_format": FINGERPRINT_FORMAT,
             "param_count": lm.param_count(),
             "widths": widths,
             "dtype": dtype_name(parse_dtype(dtype)),
@@ -154,8 +158,9 @@ class PrunedCheckpoint:
     tokenizer: object
     plan: RatePlan | None  # plan.json, when present
     base_model: str | None  # the dense model it was pruned from
-    base_fingerprint: str | None  # that model's weights fingerprint
-    fingerprint: str | None  # the pruned weights' fingerprint recorded at save time
+    base_fingerprint: str | None  # that model's fingerprint
+    fingerprint: str | None  # the pruned model's fingerprint recorded at save time
+    fingerprint_format: int = 1  # 1: a sample of the weights only (``fingerprint.sampled_state_fingerprint``)
     compensation: dict[str, Any] | None = None  # the marker's record of the compensation (None: surgery alone)
 
 
@@ -374,5 +379,6 @@ def read_pruned(folder: str | Path) -> PrunedCheckpoint:
         base_model=files.marker.get("base_model"),
         base_fingerprint=files.marker.get("base_fingerprint"),
         fingerprint=files.marker.get("fingerprint"),
+        fingerprint_format=files.marker.get("fingerprint_format") or 1,
         compensation=files.marker.get("compensation"),
     )

@@ -1,13 +1,15 @@
 """A model's identity as its last load found it, read back without loading it.
 
 What a loss table's cache key needs of a model (``tables.artefact.key_for``) is known only
-once its weights are read: the weights fingerprint, the number of blocks, and whether its
+once its weights are read: the fingerprint of its weights, config and tokenizer
+(``loaded.model_fingerprint``), the number of blocks, and whether its
 windows start with a BOS token (the tokenizer's). ``loading.load_model`` records these
 against the stamps of every file of the model's folder (``core.filestamps``): a built-in's
 converted copy under ``cache/models/<name>/``, a local folder (plain or a gap checkpoint), or
 a ``.gguf`` file. The cache's no-load lookup (``tables.lookup``) reads them back while no
 file has changed; a rewritten, added or removed file is a miss, and the next load records
 again. Hub ids have no folder of their own to stamp here: they are only known once loaded.
+Loading itself reads the fingerprint back the same way, so unchanged files are hashed once.
 
 torch-free, like everything the no-load lookup imports.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from gap_engine.core.errors import CacheError
 from gap_engine.core.filestamps import Stamps, recall, remember, stamp_files
+from gap_engine.core.fingerprint import FINGERPRINT_FORMAT
 from gap_engine.core.fsutil import cache_root
 from gap_engine.data.bos import WINDOW_STARTS
 
@@ -30,7 +33,7 @@ _KIND = "model"
 class ModelIdentity:
     """What a table's key and its identity checks read of a model."""
 
-    fingerprint: str  # weights fingerprint (``loaded.weights_fingerprint``)
+    fingerprint: str  # of the weights, config and tokenizer (``loaded.model_fingerprint``)
     num_layers: int  # decoder blocks
     window_start: str  # "bos" or "text" (``data.bos.window_start`` of its tokenizer)
     attention_ties: bool  # two GQA shapes of a block have one size (``units.BlockCounts.has_attention_ties``)
@@ -41,6 +44,7 @@ class ModelIdentity:
             "num_layers": self.num_layers,
             "window_start": self.window_start,
             "attention_ties": self.attention_ties,
+            "fingerprint_format": FINGERPRINT_FORMAT,
         }
 
 
@@ -85,8 +89,8 @@ def recorded_model(name_or_path: str) -> ModelIdentity | None:
     ties = value.get("attention_ties")  # absent in records made before ties were keyed: a miss
     if not isinstance(fingerprint, str) or isinstance(layers, bool) or not isinstance(layers, int) or start not in WINDOW_STARTS:
         return None
-    if not isinstance(ties, bool):
-        return None
+    if not isinstance(ties, bool) or value.get("fingerprint_format") != FINGERPRINT_FORMAT:
+        return None  # recorded before content fingerprints: a sample of the weights is no identity
     return ModelIdentity(fingerprint, layers, start, ties)
 
 

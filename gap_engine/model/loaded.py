@@ -1,5 +1,5 @@
 """The handle every stage passes around: a loaded causal LM with its tokenizer, family
-adapter, weights fingerprint and placement.
+adapter, content fingerprint and placement.
 
 It lives apart from ``loading`` (which builds one) so that the modules ``loading`` itself
 uses (checkpoint, units, layerwise, the plan file) can name the type they are given.
@@ -8,6 +8,8 @@ uses (checkpoint, units, layerwise, the plan file) can name the type they are gi
 from __future__ import annotations
 
 import copy
+import json
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +17,7 @@ from torch import nn
 
 from gap_engine.core.device import Placement
 from gap_engine.core.errors import SharedModelError
-from gap_engine.core.fingerprint import state_fingerprint
+from gap_engine.core.fingerprint import combined_fingerprint, json_digest, state_fingerprint
 from gap_engine.data.bos import Tokenizer
 from gap_engine.model.adapters import ArchitectureAdapter, adapter_for
 from gap_engine.model.finite import check_model_finite
@@ -29,7 +31,7 @@ class LoadedModel:
     model: nn.Module  # a transformers *ForCausalLM (typed as a Module: transformers types PreTrainedModel.to badly)
     tokenizer: Tokenizer  # its tokenizer
     adapter: ArchitectureAdapter  # family-specific names
-    fingerprint: str  # hash of the weights as loaded; plans and tables are keyed by it
+    fingerprint: str  # hash of the weights, config and tokenizer as loaded (`model_fingerprint`); plans and tables are keyed by it
     source: str  # where the weights were read from
     pruned_from: dict[str, Any] | None = None  # for a gap checkpoint: its base model and plan
     extras: dict[str, Any] = field(default_factory=dict)
@@ -50,10 +52,20 @@ class LoadedModel:
 
     @classmethod
     def from_transformers(
-        cls, model: nn.Module, tokenizer: Tokenizer, name: str, source: str, pruned_from: dict[str, Any] | None = None
+        cls,
+        model: nn.Module,
+        tokenizer: Tokenizer,
+        name: str,
+        source: str,
+        pruned_from: dict[str, Any] | None = None,
+        fingerprint: str | None = None,
     ) -> LoadedModel:
         """Wrap a transformers *ForCausalLM and its tokenizer: eval mode, no gradients, a pad
-        token, the family adapter and the weights fingerprint.
+        token, the family adapter and the content fingerprint.
+
+        Args:
+            fingerprint: the `model_fingerprint` these files were found to have by an earlier
+                load, while none of them changed (``model.identity``); None computes it.
 
         Raises:
             UnsupportedArchitectureError: a model family without an adapter.
@@ -72,14 +84,14 @@ class LoadedModel:
             model=model,
             tokenizer=tokenizer,
             adapter=adapter,
-            fingerprint=weights_fingerprint(model),
+            fingerprint=fingerprint or model_fingerprint(model, tokenizer),
             source=source,
             pruned_from=pruned_from,
         )
 
     def refresh_fingerprint(self) -> None:
         """Recompute the fingerprint after the weights changed (surgery, recovery)."""
-        self.fingerprint = weights_fingerprint(self.model)
+        self.fingerprint = model_fingerprint(self.model, self.tokenizer)
 
     def copy(self) -> LoadedModel:
         """A LoadedModel with its own copy of the weights (safe to hook, mask or prune), same tokenizer."""
@@ -101,5 +113,82 @@ class LoadedModel:
 
 
 def weights_fingerprint(model: nn.Module) -> str:
-    """A stable hash of the weights (``fingerprint.state_fingerprint`` of the state dict)."""
+    """A hash of every weight value (``fingerprint.state_fingerprint`` of the state dict)."""
     return state_fingerprint(model.state_dict())
+
+
+def model_fingerprint(model: nn.Module, tokenizer: Tokenizer) -> str:
+    """What plans, tables and caches call this model: its weights, config and tokenizer in one hash."""
+    return combined_fingerprint(weights_fingerprint(model), config_digest(model.config), tokenizer_digest(tokenizer))
+
+
+# Config entries that do not change what the model computes: where it was read from, the library
+# version, the dtype it was stored in (values are hashed as float32), generation and output
+# switches, labels, and the entries a gap checkpoint adds (its widths are the tensors' shapes).
+_CONFIG_NOT_FUNCTION = frozenset(
+    {
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+        "architectures",
+        "auto_map",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "initializer_range",
+        "chunk_size_feed_forward",
+        "tokenizer_class",
+        "pad_token_id",
+        "per_layer_config",
+        "allow_global_per_layer_attribute_access",
+        "gap_output_bias",
+    }
+)
+
+
+def config_digest(config: Any) -> str:
+    """sha256 of a transformers config as its forward pass reads it: ``to_dict()`` without
+    private entries (``_name_or_path``, ...) and ``_CONFIG_NOT_FUNCTION``. Round-trips through
+    ``save_pretrained`` and a GGUF conversion; any change of ``rms_norm_eps``, ``hidden_act``,
+    ``rope_parameters``, ... changes it."""
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    return json_digest({k: v for k, v in values.items() if not k.startswith("_") and k not in _CONFIG_NOT_FUNCTION})
+
+
+_TOKENIZER_DIGESTS: weakref.WeakKeyDictionary[Any, tuple[int, str]] = weakref.WeakKeyDictionary()
+
+
+def tokenizer_digest(tokenizer: Tokenizer) -> str:
+    """sha256 of what a tokenizer turns text into: its whole pipeline (normalizer, pre-tokenizer,
+    model with vocabulary and merges, post-processor, added tokens; not the padding and
+    truncation switches a call sets), its special tokens and BOS/EOS switches. Remembered per
+    tokenizer object and vocabulary size (reading the pipeline of a 49k vocabulary costs ~30 ms)."""
+    if tokenizer is None:  # a bare model (a Ray worker's): the tokenizer stays with the caller
+        return "none"
+    size = len(tokenizer)
+    try:
+        cached = _TOKENIZER_DIGESTS.get(tokenizer)
+    except TypeError:  # not weak-referenceable: computed each time
+        cached = None
+    if cached is not None and cached[0] == size:
+        return cached[1]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        pipeline: Any = json.loads(backend.to_str())
+        pipeline.pop("truncation", None)
+        pipeline.pop("padding", None)
+    else:  # a slow (python) tokenizer: its vocabulary
+        pipeline = sorted(tokenizer.get_vocab().items())
+    specials = {
+        name: str(getattr(tokenizer, name, None)) for name in ("bos_token", "eos_token", "unk_token", "add_bos_token", "add_eos_token")
+    }
+    value = json_digest({"pipeline": pipeline, "specials": specials})
+    try:
+        _TOKENIZER_DIGESTS[tokenizer] = (size, value)
+    except TypeError:
+        pass
+    return value

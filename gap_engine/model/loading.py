@@ -26,6 +26,7 @@ from gap_engine.core import hub as hub_access
 from gap_engine.core.device import DeviceSpec, Placement, resolve
 from gap_engine.core.errors import ModelLoadError, first_line
 from gap_engine.core.filestamps import Stamps
+from gap_engine.core.fingerprint import FINGERPRINT_FORMAT, sampled_state_fingerprint
 from gap_engine.core.fsutil import atomic_directory, atomic_write_bytes, cache_root, clean_stale, lock_for, refuse_special_files
 from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS
@@ -39,7 +40,7 @@ from gap_engine.model.checkpoint import (
     read_tokenizer,
     safetensors_problem,
 )
-from gap_engine.model.identity import BUILTIN_MODEL_NAMES, ModelIdentity, builtin_folder, model_stamps, record_model
+from gap_engine.model.identity import BUILTIN_MODEL_NAMES, ModelIdentity, builtin_folder, model_stamps, record_model, recorded_model
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.remote_code import forbid_code_prompts, refuse_foreign_code
 from gap_engine.model.units import has_attention_ties
@@ -265,7 +266,7 @@ def _convert_builtin(spec: BuiltinModel, folder: Path) -> LoadedModel:
     return LoadedModel.from_transformers(model, tokenizer, spec.name, str(gguf))
 
 
-def _load_builtin(spec: BuiltinModel, dtype: torch.dtype | str = torch.float32) -> LoadedModel:
+def _load_builtin(spec: BuiltinModel, dtype: torch.dtype | str = torch.float32, known: str | None = None) -> LoadedModel:
     folder = builtin_folder(spec.name)
     with lock_for(folder):
         clean_stale(folder)  # what a killed conversion left (the lock says none is running)
@@ -278,7 +279,7 @@ def _load_builtin(spec: BuiltinModel, dtype: torch.dtype | str = torch.float32) 
             except Exception as exc:  # a damaged file the structural checks missed
                 problem = f"{type(exc).__name__}: {first_line(exc, 160)}"
             else:
-                return LoadedModel.from_transformers(model, tokenizer, spec.name, str(folder))
+                return LoadedModel.from_transformers(model, tokenizer, spec.name, str(folder), fingerprint=known)
         log.warning("the converted copy of %s under %s is damaged (%s); converting it again", spec.name, folder, problem)
         return _convert_builtin(spec, folder)
 
@@ -301,9 +302,13 @@ def load_model(name_or_path: str, device: DeviceSpec | None = None, hub: bool = 
     """
     placement = resolve(device)
     stamped = model_stamps(name_or_path)  # before the weights are read: a record can be too old, never wrong
+    # Files unchanged since an earlier load (size, times, inode): their fingerprint is not hashed again.
+    known = recorded_model(name_or_path) if stamped is not None and stamped[1] is not None else None
     # float32 keeps the old path bit for bit; otherwise read the stored dtype ("auto") and
     # cast once, instead of holding a float32 copy of a bf16 checkpoint.
-    lm = _load(name_or_path, torch.float32 if placement.dtype == torch.float32 else "auto", hub)
+    lm = _load(name_or_path, torch.float32 if placement.dtype == torch.float32 else "auto", hub, known.fingerprint if known else None)
+    if known is not None and model_stamps(name_or_path) != stamped:  # a file changed while it was read
+        lm.refresh_fingerprint()
     _record_identity(name_or_path, stamped, lm)
     return place_model(lm, placement)
 
@@ -338,14 +343,16 @@ def place_model(lm: LoadedModel, placement: Placement) -> LoadedModel:
     return lm
 
 
-def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> LoadedModel:  # dtype "auto": as stored
+def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True, known: str | None = None) -> LoadedModel:
+    """The model, read as stored when ``dtype`` is "auto"; ``known``: its fingerprint, when an
+    earlier load of these unchanged files found it."""
     if name_or_path in BUILTIN_MODELS:
-        return _load_builtin(BUILTIN_MODELS[name_or_path], dtype)
+        return _load_builtin(BUILTIN_MODELS[name_or_path], dtype, known)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         refuse_special_files(path, ModelLoadError)  # a FIFO among the weights would block the load forever
         if is_pruned_checkpoint(path):
-            return _load_pruned(path)
+            return _load_pruned(path, known)
         check_model_files(path)
         try:
             model, tokenizer = _from_folder(str(path), local_only=True, dtype=dtype)
@@ -353,12 +360,12 @@ def _load(name_or_path: str, dtype: torch.dtype | str, hub: bool = True) -> Load
             raise
         except Exception as exc:
             raise ModelLoadError(f"cannot load the model in {path}: {type(exc).__name__}: {first_line(exc, 200)}") from exc
-        return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
+        return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path), fingerprint=known)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file {path} does not exist" if not path.exists() else f"{path} is not a regular file")
         model, tokenizer = _from_gguf(path.resolve())
-        return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path))
+        return LoadedModel.from_transformers(model, tokenizer, name_or_path, str(path), fingerprint=known)
     if name_or_path.count("/") == 1 and not path.exists() and not name_or_path.startswith((".", "/", "~")):
         local_only = not hub or hub_access.switched_off() or not hub_access.host_resolves(HUB_RESOLVE_SECONDS)
         if local_only:
@@ -448,11 +455,13 @@ def load_tokenizer(name_or_path: str | Path) -> Tokenizer | None:
 
 
 def recorded_identity(name_or_path: str | Path) -> tuple[int | None, str | None]:
-    """(blocks, weights fingerprint) a local model folder records, read without its weights.
+    """(blocks, fingerprint) a local model folder records, read without its weights.
 
     The block count is config.json's ``num_hidden_layers``; the fingerprint is the one a gap
-    checkpoint recorded when it was saved (loading checks the weights against it). None for
-    what the folder does not record, or cannot be read here (the loader then says why).
+    checkpoint recorded when it was saved (loading checks the weights, config and tokenizer
+    against it; a checkpoint from before content fingerprints records a sample of its weights
+    only, which no table or plan is keyed by now: None). None for what the folder does not
+    record, or cannot be read here (the loader then says why).
     """
     path = Path(name_or_path).expanduser()
     if str(name_or_path) in BUILTIN_MODELS or not path.is_dir():
@@ -465,13 +474,15 @@ def recorded_identity(name_or_path: str | Path) -> tuple[int | None, str | None]
     except (ModelLoadError, OSError):
         return None, None
     layers = config.get("num_hidden_layers") if isinstance(config, dict) else None
-    fingerprint = marker.get("fingerprint") if isinstance(marker, dict) else None
+    fingerprint = marker.get("fingerprint") if isinstance(marker, dict) and marker.get("fingerprint_format") == FINGERPRINT_FORMAT else None
     return (layers if isinstance(layers, int) and not isinstance(layers, bool) else None), (
         fingerprint if isinstance(fingerprint, str) else None
     )
 
 
-def _load_pruned(folder: Path) -> LoadedModel:
+def _load_pruned(folder: Path, known: str | None = None) -> LoadedModel:
+    """A gap checkpoint, checked against the fingerprint it recorded (``known``: already checked
+    by an earlier load of these unchanged files)."""
     parts = read_pruned(folder)
     pruned_from = {
         "model": parts.base_model,
@@ -479,7 +490,11 @@ def _load_pruned(folder: Path) -> LoadedModel:
         "plan": parts.plan.to_dict() if parts.plan else None,
         "compensation": parts.compensation,
     }
-    lm = LoadedModel.from_transformers(parts.model, parts.tokenizer, str(folder), str(folder), pruned_from=pruned_from)
-    if parts.fingerprint and parts.fingerprint != lm.fingerprint:
-        raise ModelLoadError(f"{folder}: weights fingerprint {lm.fingerprint} differs from the recorded {parts.fingerprint}")
+    lm = LoadedModel.from_transformers(parts.model, parts.tokenizer, str(folder), str(folder), pruned_from=pruned_from, fingerprint=known)
+    if known is None and parts.fingerprint:
+        found = lm.fingerprint if parts.fingerprint_format >= FINGERPRINT_FORMAT else sampled_state_fingerprint(lm.model.state_dict())
+        if found != parts.fingerprint:
+            raise ModelLoadError(
+                f"{folder}: fingerprint {found} of its weights, config and tokenizer differs from the recorded {parts.fingerprint}"
+            )
     return lm

@@ -78,8 +78,9 @@ def cast_state_dict(model: nn.Module, dtype: str | torch.dtype) -> dict[str, tor
 
 
 def stored_fingerprint(state: dict[str, torch.Tensor]) -> str:
-    """The fingerprint gap's loader will compute for these stored weights (upcast to float32)."""
-    return state_fingerprint({name: t.to(torch.float32) if t.is_floating_point() else t for name, t in state.items()})
+    """The weights fingerprint gap's loader will compute for these stored weights (``state_fingerprint``
+    hashes floating values as float32, as they are read back)."""
+    return state_fingerprint(state)
 
 
 def round_to_storage(model: torch.nn.Module, dtype: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import as_loaded
 from reference import naive_build_table
 from scipy.stats import spearmanr
 
@@ -163,7 +164,7 @@ def test_bf16_importance_scores_are_float64_and_close_to_float32(make_tiny, crit
 
 
 def test_surgery_is_exact_in_bf16(make_tiny, tmp_path):
-    fp32 = make_tiny("qwen2", initializer_range=0.2)
+    fp32 = as_loaded(make_tiny("qwen2", initializer_range=0.2), tmp_path / "dense")
     bf16 = place_model(fp32.copy(), BF16)
     windows = windows_of(4, 24, seed=4)
     scores = compute_importance(fp32, windows, "magnitude")

@@ -13,7 +13,7 @@ from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import SharedModelError
 from gap_engine.data.windows import calibration_windows
 from gap_engine.evaluate.metrics import EvalSettings
-from gap_engine.model.loaded import weights_fingerprint
+from gap_engine.model.loaded import model_fingerprint
 from gap_engine.model.rateplan import make_plan
 from gap_engine.pipeline.runs import baseline_rows, prune_and_evaluate
 from gap_engine.pipeline.stages import loss_table, pruned_as_saved
@@ -56,7 +56,7 @@ def untouched_by(lm, run) -> None:
     assert hooked == []
     assert {name: id(p) for name, p in lm.model.named_parameters()} == {name: id(p) for name, p in params.items()}  # none swapped out
     assert {name: p._version for name, p in params.items()} == versions
-    assert weights_fingerprint(lm.model) == fingerprint == lm.fingerprint and lm.pruned_from is None
+    assert model_fingerprint(lm.model, lm.tokenizer) == fingerprint == lm.fingerprint and lm.pruned_from is None
 
 
 def test_tables_scores_and_allocators_work_on_a_private_copy(shared):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import as_loaded
 
 from gap_engine.core.errors import UnsupportedArchitectureError
 from gap_engine.model.adapters import adapter_for, supported_model_types
@@ -40,7 +41,8 @@ def test_rate_zero_changes_nothing(make_tiny, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_heterogeneous_plan_prunes_runs_and_reloads(make_tiny, family, tmp_path):
-    lm = make_tiny(family, num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
+    # As a user's folder loads (conftest.as_loaded): the reload's fingerprint includes the tokenizer.
+    lm = as_loaded(make_tiny(family, num_attention_heads=8, num_key_value_heads=2, intermediate_size=128), tmp_path / "dense")
     ids = _ids()
     scores = compute_importance(lm, ids, "wanda")
     plan = make_plan(lm, [0.5, 0.0], [0.25, 0.75], "wanda")
@@ -158,13 +160,13 @@ def _state(lm) -> dict[str, torch.Tensor]:
 def _same_model(lm, state: dict[str, torch.Tensor], fingerprint: str) -> None:
     """``lm`` holds exactly ``state`` (names, shapes, values), its fingerprint is ``fingerprint``
     and its blocks report the widths of that state."""
-    from gap_engine.model.loaded import weights_fingerprint
+    from gap_engine.model.loaded import model_fingerprint
 
     now = lm.model.state_dict()
     _check(list(now) == list(state), "the tensors' names changed")
     for name, tensor in state.items():
         _check(now[name].shape == tensor.shape and torch.equal(now[name], tensor), f"{name} changed")
-    _check(lm.fingerprint == fingerprint == weights_fingerprint(lm.model), "the fingerprint changed")
+    _check(lm.fingerprint == fingerprint == model_fingerprint(lm.model, lm.tokenizer), "the fingerprint changed")
     for layer in lm.adapter.layers(lm.model):
         attn = lm.adapter.attention(layer)
         geom = lm.adapter.geometry(layer)

@@ -78,9 +78,9 @@ def test_streamed_weights_stay_on_the_host_unchanged(make_tiny):
     resident, streamed = pair(make_tiny, "llama")
     before = streamed.fingerprint
     measure_table(streamed, spec_of(), windows_of(3, 24))
-    from gap_engine.model.loaded import weights_fingerprint
+    from gap_engine.model.loaded import model_fingerprint
 
-    assert weights_fingerprint(streamed.model) == before == resident.fingerprint
+    assert model_fingerprint(streamed.model, streamed.tokenizer) == before == resident.fingerprint
 
 
 @pytest.mark.parametrize("criterion", ["wanda", "flap"])

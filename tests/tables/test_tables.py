@@ -23,7 +23,7 @@ from gap_engine.core.config import FULL_RATE_GRID, WindowSpec
 from gap_engine.core.errors import TableError
 from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import calibration_windows
-from gap_engine.model.loaded import weights_fingerprint
+from gap_engine.model.loaded import model_fingerprint, weights_fingerprint
 from gap_engine.model.slicing import slice_attention_, slice_mlp_, zeroed_units
 from gap_engine.model.units import block_geometries
 from gap_engine.tables.artefact import LossTable, TableSpec, isotonic_smooth, parse_rate_grid, table_key
@@ -368,7 +368,7 @@ def test_real_model_exact_table(smol, real_tables):
     assert np.median(table.delta[:, 2]) > 0  # pruning half a block hurts in most layers
     smoothed = table.losses()
     assert np.all(np.diff(smoothed, axis=1) >= 0) and smoothed.min() >= 0
-    assert weights_fingerprint(smol.model) == smol.fingerprint
+    assert model_fingerprint(smol.model, smol.tokenizer) == smol.fingerprint
 
 
 @pytest.mark.parametrize("estimator", ["taylor", "fisher"])
