@@ -49,6 +49,7 @@ from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_per_layer_config, check_pruned_marker, parse_json, read_json_file, read_kept_indices
 from gap_engine.core.validate_meaning import check_kept_fits
+from gap_engine.model import declared
 from gap_engine.model.adapters import adapter_for
 from gap_engine.model.loaded import LoadedModel, config_digest, tokenizer_digest
 from gap_engine.model.model_card import write_model_card
@@ -368,10 +369,11 @@ def read_pruned(folder: str | Path) -> PrunedCheckpoint:
     except RuntimeError as exc:
         raise ModelLoadError(f"{folder}: tensors do not match the recorded widths: {first_line(exc)}") from None
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    if set(missing_keys) - tied or unexpected:
-        raise ModelLoadError(f"{folder}: missing tensors {sorted(set(missing_keys) - tied)[:3]}, unexpected {unexpected[:3]}")
-    if tied:
+    declared.refuse_undeclared(str(folder), set(missing_keys) - tied, unexpected)
+    # A tied head is stored once; stored twice it must be the same tensor (refuse_untied_head).
+    if tied and ("lm_head.weight" not in state or torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)):
         model.lm_head.weight = model.model.embed_tokens.weight
+    declared.refuse_untied_head(str(folder), model)
     return PrunedCheckpoint(
         model=model,
         tokenizer=files.tokenizer,

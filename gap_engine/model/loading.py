@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -32,6 +32,8 @@ from gap_engine.core.jsontext import json_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import read_json_file
 from gap_engine.data.bos import Tokenizer, window_start
+from gap_engine.model import declared
+from gap_engine.model.adapters import adapter_for
 from gap_engine.model.checkpoint import (
     PRUNED_MARKER,
     inspect_pruned,
@@ -214,9 +216,17 @@ def _from_gguf(gguf: Path) -> tuple[PreTrainedModel, Tokenizer]:
     forbid_code_prompts()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False)
+        model, loading_info = cast(
+            "tuple[PreTrainedModel, dict[str, Any]]",
+            AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False, output_loading_info=True
+            ),
+        )
     except Exception as exc:  # transformers raises many kinds on a bad file
         raise ModelLoadError(f"cannot read GGUF file {gguf}: {type(exc).__name__}: {first_line(exc, 200)}") from exc
+    adapter_for(model)  # a family gap does not support is refused as such, not by the names of its tensors
+    declared.refuse_transformers_differences(str(gguf), model, loading_info)
+    declared.refuse_unplaced_gguf_tensors(gguf, model)
     # The de-quantized model still carries a gguf quantization_config, which blocks save_pretrained.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -234,7 +244,13 @@ def _from_folder(path: str, local_only: bool, dtype: torch.dtype | str = torch.f
         refuse_foreign_code(path, gap_checkpoint=False)
     else:
         _refuse_cached_code(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only, trust_remote_code=False)
+    model, loading_info = cast(
+        "tuple[PreTrainedModel, dict[str, Any]]",
+        AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, local_files_only=local_only, trust_remote_code=False, output_loading_info=True
+        ),
+    )
+    declared.refuse_transformers_differences(path, model, loading_info)
     if local_only and Path(path).is_dir():
         return model, read_tokenizer(path)  # the one the command's checks already read
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only, trust_remote_code=False)
