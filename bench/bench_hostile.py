@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import hostile_issue34_meaning  # beside this file: issue 34's saved files, numbers, inputs and links
-from report import command_line, script_argv, with_header
+from report import command_line, machine_line, script_argv, with_header
 
 from gap_engine.core.fsutil import atomic_write_text
 
@@ -1308,7 +1308,7 @@ def _warm_up(work: Path) -> None:
     del os.environ["GAP_CACHE_DIR"]
 
 
-def write_report(results: list[dict], out: Path, argv: list[str], seconds: float, load: str) -> None:
+def write_report(results: list[dict], out: Path, argv: list[str], seconds: float, load: str, machine: str) -> None:
     verdicts = [
         "clean",
         "clean after work",
@@ -1330,6 +1330,8 @@ def write_report(results: list[dict], out: Path, argv: list[str], seconds: float
         "",
         f"{len(results)} cases in {seconds:.0f} s wall on this machine (load average before the run: {load}); "
         "each case a forked child of one process that imported the engine once, with its own folder and a time limit.",
+        "",
+        machine,
         "",
         "| family | tried | " + " | ".join(verdicts) + " |",
         "|---|---:|" + "---:|" * len(verdicts),
@@ -1378,6 +1380,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = script_argv(argv)
     args = build_parser().parse_args(argv)
     load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
+    load_start = os.getloadavg()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch  # noqa: F401 - imported once here, before the forks
 
@@ -1410,7 +1413,7 @@ def main(argv: list[str] | None = None) -> int:
         mark = "" if result["verdict"] in CLEAN else f"  <-- {result['verdict']}: {result['first'][:100]}"
         print(f"[{i + 1}/{len(cases)}] {case.family}: {case.name} ({result['seconds']} s){mark}", flush=True)
     seconds = time.perf_counter() - started
-    write_report(results, args.out, argv, seconds, " ".join(load))
+    write_report(results, args.out, argv, seconds, " ".join(load), machine_line(load_start, started))
     shutil.rmtree(work, ignore_errors=True)
     clean = sum(r["verdict"] in CLEAN for r in results)
     print(f"{clean}/{len(results)} clean; report in {args.out}")

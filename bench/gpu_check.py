@@ -41,7 +41,7 @@ from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from report import script_argv, with_header
+from report import machine_description, script_argv, with_header
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.device import DeviceSpec, resolve
@@ -216,7 +216,7 @@ def cost_model(args, name: str, spec: TableSpec, measured: dict) -> dict:
 
 
 def markdown(results: list[dict], env: dict) -> str:
-    lines = ["# GPU check (bench/gpu_check.py)", "", f"- {env}", ""]
+    lines = ["# GPU check (bench/gpu_check.py)", "", f"- {machine_description()}", f"- {env}", ""]
     lines += [
         "| model | table | seconds | peak GPU memory | cell-tokens/s | max abs diff vs CPU fp32 | Spearman vs CPU |",
         "|---|---|---:|---:|---:|---:|---:|",
