@@ -165,8 +165,8 @@ def streaming(args) -> list[str]:
         f"Streamed / resident: **{s['wall'] / r['wall']:.2f}x wall, {s['cpu'] / r['cpu']:.2f}x CPU**. On the CPU the device *is* "
         "the host, so streaming moves nothing and cannot lower the peak: it runs the same arithmetic in another loop order "
         "(blocks outermost, cells in groups), which is what this row prices. What it saves on an accelerator is device "
-        "memory: only one block, the embeddings/LM head and the cells in flight live there (see scale.md for the cost "
-        "model's numbers and the GPU check).",
+        "memory: only one block, the embeddings/LM head and the cells in flight live there (`bench/plan_scale.py` prices "
+        "it for 8B and 70B models; `bench/gpu_check.py` measures it).",
         "",
     ]
     return out
