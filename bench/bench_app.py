@@ -30,12 +30,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "browser"))  # test_browser: the app server and Chromium helpers
 
+from report import command_line, machine_line, script_argv, write_result
 from test_browser import CHROMIUM, CHROMIUM_ARGS, link_models, start_app, stop_app
 
 from gap_engine.plan.front_view import MAX_STEPS
 
+SCRIPT = "bench/bench_app.py"
 TARGET_MS = 100.0
 BENCH_SPEC = dict(data="wiki-sample", n_samples=2, seq_len=32, estimator="taylor", rate_grid=tuple(i / 8 for i in range(8)))
 
@@ -159,13 +161,19 @@ def server_steps(page, steps: int) -> list[float]:
     return times
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweeps", type=int, default=2, help="drags over the slider's rail (alternating direction)")
     parser.add_argument("--positions", type=int, default=101, help="pointer positions per drag, evenly over the rail")
     parser.add_argument("--server-steps", type=int, default=8, help="releases, each one step further (a full rerun each)")
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown here")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = script_argv(argv)
+    args = build_parser().parse_args(argv)
+    load_start, started = os.getloadavg(), time.perf_counter()
 
     from playwright.sync_api import sync_playwright
 
@@ -198,6 +206,22 @@ def main() -> int:
     to_frame = [r["frame"] - r["change"] for r in records]
     met = statistics.median(to_frame) < TARGET_MS
     lines = [
+        "# App benchmark: budget step -> updated chart",
+        "",
+        f"Command (from the repository root; needs `{CHROMIUM}`, see `scripts/ensure_chromium.sh`): `{command_line(SCRIPT, argv)}`",
+        "",
+        "It builds one loss table of SmolLM2-135M in a temporary cache (taylor, 2 x 32 tokens, rates 0, 1/8 ... 7/8: "
+        "30 layers, 60 components x 8 rates, the size of the default table), starts `streamlit run app.py`, opens the "
+        "Budget planner in headless Chromium and drags the budget chart's slider (`explorer/budget_chart.js`) over "
+        f"{args.positions} even positions of its rail, forwards and back, with the mouse button held. In the page, "
+        "`performance.now()` is read at the slider's `input` event (capture phase, before the chart's handler), at the "
+        "chart's `gap-budget-drawn` event (that step's bars and uniform line restyled, the point on the front moved, the "
+        "readout rewritten) and at the next animation frame. In the same run and browser it then drags the previous "
+        "design, one Plotly figure whose own slider steps are zero-duration animation frames (the engine's "
+        f"`planner_figure`, as Export writes it), for a side-by-side ratio. Target: median < {TARGET_MS:.0f} ms.",
+        "",
+        machine_line(load_start, started),
+        "",
         "## Budget slider: step -> updated chart (in the browser)",
         "",
         f"- table `{key}` (30 layers, 60 components x 8 rates); the chart's slider has one step per front row "
@@ -230,10 +254,10 @@ def main() -> int:
         f"- target median < {TARGET_MS:.0f} ms: {'met' if met else 'NOT met'} ({statistics.median(to_frame):.1f} ms to the next frame)",
         f"- budget chart / previous design, median to the next frame: {statistics.median(to_frame) / statistics.median(before_frame):.2f}x",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
     if args.out:
-        args.out.write_text(text)
+        write_result(args.out, lines, SCRIPT, argv)
+    else:
+        print("\n".join(lines))
     return 0 if met else 1
 
 

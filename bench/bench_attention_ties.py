@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import machine_line, write_report
+from report import command_line, machine_line, script_argv, write_report
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.data.windows import calibration_windows, heldout_windows
@@ -37,10 +37,11 @@ from gap_engine.tables.cells import Cut, objective_positions
 from gap_engine.tables.exact import cell_per_window, dense_pass
 
 # (more KV groups, more query heads) of each pair with one parameter count, on 3 groups of 3.
+SCRIPT = "bench/bench_attention_ties.py"
 PAIRS = ((AttentionShape(3, 1), AttentionShape(2, 2)), (AttentionShape(2, 1), AttentionShape(1, 3)))
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--data", default="wiki-sample")
@@ -49,7 +50,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--out", default="attention_ties")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def shape_cells(lm, windows, scores, layers: list[int]) -> dict[tuple[int, AttentionShape], dict[str, float]]:
@@ -74,7 +79,8 @@ def shape_cells(lm, windows, scores, layers: list[int]) -> dict[tuple[int, Atten
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    command = " ".join(["python bench/bench_attention_ties.py", *(sys.argv[1:] if argv is None else argv)])
+    argv = script_argv(argv)
+    command = command_line(SCRIPT, argv)
     load_start, started = os.getloadavg(), time.perf_counter()
     lm = load_model(args.model)
     layers = [int(x) for x in args.layers.split(",")]
@@ -128,7 +134,7 @@ def main(argv=None) -> int:
                 f"(mean KL {mean_b:.5f} against {mean_a:.5f} for more KV groups)."
             )
         lines.append("")
-    write_report(args.out, lines)
+    write_report(args.out, lines, SCRIPT, argv)
     return 0
 
 

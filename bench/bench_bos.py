@@ -26,7 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import machine_line, write_report
+from report import command_line, machine_line, script_argv, write_report
+
+SCRIPT = "bench/bench_bos.py"
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.data.bos import bos_token_id, window_start
@@ -66,21 +68,26 @@ def measure(name: str, sources: list[str], args) -> list[str]:
     return rows
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="smollm2-135m,gemma3-270m")
     parser.add_argument("--data", default="wiki-sample,news-sample", help="held-out sources")
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--name", default="bos", help="output: bench/results/<name>.md")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = script_argv(argv)
+    args = build_parser().parse_args(argv)
     load, started = os.getloadavg(), time.perf_counter()
     sources = [s for s in args.data.split(",") if s]
     lines = [
         "# Dense perplexity with and without the BOS token (issue 14)",
         "",
         "```",
-        "python bench/bench_bos.py " + " ".join(sys.argv[1:]),
+        command_line(SCRIPT, argv),
         "```",
         "",
         f"Held-out windows: {args.samples} x {args.seq_len} text tokens per source (seed 0), never overlapping "
@@ -93,7 +100,7 @@ def main() -> int:
     for name in [m for m in args.models.split(",") if m]:
         lines += measure(name, sources, args)
     lines += ["", machine_line(load, started), ""]
-    write_report(args.name, lines)
+    write_report(args.name, lines, SCRIPT, argv)
     return 0
 
 

@@ -27,7 +27,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import add_eval_args, machine_line, write_report
+from report import add_eval_args, command_line, machine_line, script_argv, write_report
+
+SCRIPT = "bench/bench_defaults.py"
 
 from gap_engine.core.config import QUICK_RATE_GRID, WindowSpec
 from gap_engine.data.windows import calibration_windows
@@ -42,7 +44,7 @@ from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 log = logging.getLogger("bench_defaults")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--data", default="wiki-sample")
@@ -53,7 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budgets", default="0.1,0.2,0.3")
     add_eval_args(p)
     p.add_argument("--name", default="defaults", help="output: bench/results/<name>.md")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def sizes(text: str) -> list[tuple[str, int, int]]:
@@ -77,7 +83,8 @@ def held_out(lm, plan, windows_spec, scores, heldout, seen: dict) -> dict[str, f
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    command = " ".join(["python bench/bench_defaults.py", *(sys.argv[1:] if argv is None else argv)])
+    argv = script_argv(argv)
+    command = command_line(SCRIPT, argv)
     load_start, started = os.getloadavg(), time.perf_counter()
     lm = load_model(args.model)
     heldout = heldout_sets(lm.tokenizer, WindowSpec(args.eval_data, args.eval_samples, args.eval_seq_len))
@@ -140,7 +147,7 @@ def main(argv=None) -> int:
         *per_seed,
         "",
     ]
-    write_report(args.name, lines)
+    write_report(args.name, lines, SCRIPT, argv)
     return 0
 
 

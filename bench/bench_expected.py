@@ -40,7 +40,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import machine_line, write_report
+from report import command_line, machine_line, script_argv, write_report
+
+SCRIPT = "bench/bench_expected.py"
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
@@ -62,13 +64,17 @@ print(json.dumps(rows))
 """
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each build, scoring and warm GGUF build")
     parser.add_argument("--budgets", default="0.2,0.4", help="uniform pruning budgets of the GGUF checkpoints")
     parser.add_argument("--task-limits", default="4,16", help="examples of the offline task scored")
     parser.add_argument("--workdir", default="runs/bench_expected")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def row(work: str, predicted: float, timings: list[tuple[float, float]]) -> tuple[str, list[float]]:
@@ -186,6 +192,7 @@ def gguf_builds(work: Path, budgets: list[float], repeats: int, commands: list[s
 
 
 def main(argv=None) -> int:
+    argv = script_argv(argv)
     args = parse_args(argv)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -216,7 +223,7 @@ def main(argv=None) -> int:
         "# Times before Start: predicted against measured",
         "",
         "```",
-        f"python bench/bench_expected.py {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip(),
+        command_line(SCRIPT, argv),
         "```",
         "",
         "with the checkpoints from:",
@@ -241,7 +248,7 @@ def main(argv=None) -> int:
         "",
         f"Predicted / wall from {min(every):.2f} to {max(every):.2f}; target (0.5-2x on wall or CPU): {'met' if met else 'NOT met'}.",
     ]
-    write_report("expected", lines)
+    write_report("expected", lines, SCRIPT, argv)
     return 0
 
 

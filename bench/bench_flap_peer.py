@@ -41,7 +41,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import add_eval_args, machine_line, write_report
+from report import add_eval_args, command_line, machine_line, script_argv, write_report
+
+SCRIPT = "bench/bench_flap_peer.py"
 
 from gap_engine.core.config import CLI_TABLE, WindowSpec
 from gap_engine.core.fsutil import cache_root
@@ -67,7 +69,7 @@ OURS = (
 )
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--peer", default="/work/peers/FLAP", help="FLAP's repository, checked out outside the project")
     p.add_argument("--model", default="smollm2-135m")
@@ -76,7 +78,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=128, help="tokens per calibration window (FLAP's default)")
     add_eval_args(p)
     p.add_argument("--name", default="flap_peer")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 # ---- FLAP's code, imported from the peer folder --------------------------------------------------
@@ -248,7 +254,8 @@ def heldout_ppl(lm: LoadedModel, heldout: dict) -> dict[str, float]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
-    command = " ".join(["python bench/bench_flap_peer.py", *(sys.argv[1:] if argv is None else argv)])
+    argv = script_argv(argv)
+    command = command_line(SCRIPT, argv)
     load_start, started = os.getloadavg(), time.perf_counter()
     dense = load_model(args.model)
     folder = Path(dense.source) if Path(dense.source).is_dir() else cache_root() / "models" / args.model
@@ -299,7 +306,7 @@ def main(argv=None) -> int:
             log.info("budget %.0f%% %s: FLAP %s ours %s", 100 * budget, label, ppl, ours)
     lines = report_lines(args, command, dense, table, dense_ppl, rows, machine_line(load_start, started))
     lines += structure_lines(structures)
-    write_report(args.name, lines)
+    write_report(args.name, lines, SCRIPT, argv)
     return 0
 
 

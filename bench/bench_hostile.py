@@ -44,6 +44,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import hostile_issue34_meaning  # beside this file: issue 34's saved files, numbers, inputs and links
+from report import command_line, machine_line, script_argv, with_header
+
+from gap_engine.core.fsutil import atomic_write_text
+
+SCRIPT = "bench/bench_hostile.py"
 
 DEEP = 200_000
 # "gap: error: ..." or argparse's "gap prune: error: ..." (OneLineParser: one line too).
@@ -1303,7 +1308,7 @@ def _warm_up(work: Path) -> None:
     del os.environ["GAP_CACHE_DIR"]
 
 
-def write_report(results: list[dict], out: Path, command: str, seconds: float, load: str) -> None:
+def write_report(results: list[dict], out: Path, argv: list[str], seconds: float, load: str, machine: str) -> None:
     verdicts = [
         "clean",
         "clean after work",
@@ -1321,10 +1326,12 @@ def write_report(results: list[dict], out: Path, command: str, seconds: float, l
     lines = [
         "# Hostile inputs against the `gap` command line (issue 24)",
         "",
-        f"Command: `{command}`",
+        f"Command: `{command_line(SCRIPT, argv)}`",
         "",
         f"{len(results)} cases in {seconds:.0f} s wall on this machine (load average before the run: {load}); "
         "each case a forked child of one process that imported the engine once, with its own folder and a time limit.",
+        "",
+        machine,
         "",
         "| family | tried | " + " | ".join(verdicts) + " |",
         "|---|---:|" + "---:|" * len(verdicts),
@@ -1356,18 +1363,24 @@ def write_report(results: list[dict], out: Path, command: str, seconds: float, l
             f"| {r['family']} | {r['name'].replace('|', '/')} | {r['verdict']} | {r['code']} | {r['seconds']} | {r['first'][:120].replace('|', '/')} |"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    atomic_write_text(out, with_header("\n".join(lines), SCRIPT, argv))
 
 
-def main() -> int:
-    global FIXTURES, CACHE
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "hostile.md")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a case counts as a hang")
     parser.add_argument("--only", help="run only cases whose name contains this")
     parser.add_argument("--family", help="run only cases whose family starts with this (e.g. 'i34' for issue 34's)")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    global FIXTURES, CACHE
+    argv = script_argv(argv)
+    args = build_parser().parse_args(argv)
     load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
+    load_start = os.getloadavg()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch  # noqa: F401 - imported once here, before the forks
 
@@ -1400,12 +1413,7 @@ def main() -> int:
         mark = "" if result["verdict"] in CLEAN else f"  <-- {result['verdict']}: {result['first'][:100]}"
         print(f"[{i + 1}/{len(cases)}] {case.family}: {case.name} ({result['seconds']} s){mark}", flush=True)
     seconds = time.perf_counter() - started
-    command = (
-        "python bench/bench_hostile.py"
-        + (f" --only {args.only!r}" if args.only else "")
-        + (f" --family {args.family}" if args.family else "")
-    )
-    write_report(results, args.out, command, seconds, " ".join(load))
+    write_report(results, args.out, argv, seconds, " ".join(load), machine_line(load_start, started))
     shutil.rmtree(work, ignore_errors=True)
     clean = sum(r["verdict"] in CLEAN for r in results)
     print(f"{clean}/{len(results)} clean; report in {args.out}")

@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import add_eval_args, machine_line, write_report
+from report import add_eval_args, command_line, machine_line, script_argv, write_report
+
+SCRIPT = "bench/bench_interaction.py"
 
 from gap_engine.core.config import CLI_TABLE, WindowSpec
 from gap_engine.core.progress import Hooks
@@ -41,7 +43,7 @@ from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 log = logging.getLogger("bench_interaction")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--data", default=CLI_TABLE.windows.data)
@@ -54,13 +56,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", default="1,2,3")
     add_eval_args(p)
     p.add_argument("--name", default="interaction", help="output: bench/results/<name>.md")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    command = " ".join(["python bench/bench_interaction.py", *(sys.argv[1:] if argv is None else argv)])
+    argv = script_argv(argv)
+    command = command_line(SCRIPT, argv)
     load_start, started = os.getloadavg(), time.perf_counter()
     lm = load_model(args.model)
     windows_spec = WindowSpec(args.data, args.samples, args.seq_len, 0, batch_size=8)
@@ -129,7 +136,7 @@ def main(argv=None) -> int:
         *rounds_lines,
         "",
     ]
-    write_report(args.name, lines)
+    write_report(args.name, lines, SCRIPT, argv)
     return 0
 
 

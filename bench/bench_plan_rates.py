@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from report import script_argv
+
 from gap_engine.core.config import CLI_TABLE, WindowSpec
 from gap_engine.data.windows import calibration_windows
 from gap_engine.model.loading import load_model
@@ -24,12 +26,17 @@ from gap_engine.plan.allocators import plan_from_table
 from gap_engine.tables.artefact import TableSpec
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--budget", type=float, default=0.2)
     p.add_argument("--allocators", default="flap,dp,uniform")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = script_argv(argv)
+    args = build_parser().parse_args(argv)
     lm = load_model(args.model)
     windows = CLI_TABLE.windows
     calib = WindowSpec(data=windows.data, n_samples=windows.n_samples, seq_len=windows.seq_len, batch_size=8)

@@ -6,15 +6,18 @@ time.perf_counter, one thread) `solve_front` and `tests/reference.py`'s `loop_fr
 implementation before issue 35) in alternation, so both see the same load; checks that
 the two fronts are identical on every budget (values, choices, removals); times
 single-budget solves; and, at the small shape, a pure-Python version of the covering DP.
-Prints markdown with the load average before and after. Targets: the 160 x 32 x 8,192
-front <= 50 ms; the 64 x 16 x 4,096 front no slower than before.
+Writes markdown (``--out``, default ``bench/results/planner.md``) with the machine and the load
+average before and after. Targets: the 160 x 32 x 8,192 front <= 50 ms; the 64 x 16 x 4,096
+front no slower than before.
 
-    python bench/bench_planner.py [--repeats 21] [--reference-repeats 3]
+    python bench/bench_planner.py [--repeats 21] [--reference-repeats 3] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import os
 import platform
@@ -32,9 +35,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the references
 from reference import loop_front, uniform_choice
+from report import RESULTS, command_line, machine_line, script_argv, write_result
 
 from gap_engine.core.knapsack import solve_budget, solve_front, undominated
 
+SCRIPT = "bench/bench_planner.py"
 TARGET_MS = 50.0
 
 # name -> (components, rates, buckets, attention parameters, MLP parameters) per layer
@@ -173,18 +178,39 @@ def bench_shape(name: str, args: argparse.Namespace) -> bool:
     return identical and agree
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=21, help="timed runs of each numpy solve")
     parser.add_argument("--reference-repeats", type=int, default=3, help="timed runs of the pure-Python DP")
-    args = parser.parse_args()
-    print(
-        f"- {platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}, "
-        f"{cpu_name()} ({os.cpu_count()} logical CPUs; numpy elementwise ops run on one)"
-    )
-    print(f"- load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
-    ok = all([bench_shape(name, args) for name in SHAPES])
-    print(f"- load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    parser.add_argument("--out", type=Path, default=RESULTS / "planner.md", help="the markdown report")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = script_argv(argv)
+    args = build_parser().parse_args(argv)
+    load_start, started = os.getloadavg(), time.perf_counter()
+    report = io.StringIO()
+    with contextlib.redirect_stdout(report):  # every part prints its markdown; the report is all of it
+        print(
+            f"- {platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}, "
+            f"{cpu_name()} ({os.cpu_count()} logical CPUs; numpy elementwise ops run on one)\n"
+        )
+        ok = all([bench_shape(name, args) for name in SHAPES])
+    lines = [
+        "# Planner benchmark",
+        "",
+        f"Command (from the repository root; one thread, OMP_NUM_THREADS=1): `{command_line(SCRIPT, argv)}`",
+        "",
+        machine_line(load_start, started),
+        "",
+        "The two fronts are timed in alternation, so their ratio is measured under the same load; each also reports "
+        "this process's CPU time. `loop_front` (in `tests/reference.py`) is the implementation the vectorised front "
+        "replaced (one pass over every budget per option, two masked copies each).",
+        "",
+        *report.getvalue().rstrip("\n").splitlines(),
+    ]
+    write_result(args.out, lines, SCRIPT, argv)
     if not ok:
         sys.exit("the fronts disagree")
 

@@ -32,7 +32,9 @@ import numpy as np
 from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import add_eval_args, machine_line, write_report
+from report import add_eval_args, command_line, machine_line, script_argv, write_report
+
+SCRIPT = "bench/bench_refine.py"
 
 from gap_engine.core.config import QUICK_RATE_GRID, WindowSpec
 from gap_engine.core.progress import Hooks
@@ -47,7 +49,7 @@ from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 log = logging.getLogger("bench_refine")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--data", default="wiki-sample")
@@ -61,7 +63,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--all-attention-seeds", default="0", help="seeds that also get refine with every attention cell; empty: none")
     add_eval_args(p)
     p.add_argument("--name", default="refine", help="output: bench/results/<name>.md")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def variants(args, seed: int) -> dict[str, dict]:
@@ -204,7 +210,8 @@ def summary(args, per_seed: dict, sources) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    command = " ".join(["python bench/bench_refine.py", *(sys.argv[1:] if argv is None else argv)])
+    argv = script_argv(argv)
+    command = command_line(SCRIPT, argv)
     load_start = os.getloadavg()
     started, cpu_started = time.perf_counter(), time.process_time()
     lm = load_model(args.model)
@@ -232,7 +239,7 @@ def main(argv=None) -> int:
         f"{', '.join(sources)}.",
         "",
     ]
-    write_report(args.name, header + summary(args, per_seed, sources) + ["## Per seed", ""] + sections)
+    write_report(args.name, header + summary(args, per_seed, sources) + ["## Per seed", ""] + sections, SCRIPT, argv)
     return 0
 
 

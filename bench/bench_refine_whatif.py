@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import machine_line, write_report
+from report import command_line, machine_line, script_argv, write_report
+
+SCRIPT = "bench/bench_refine_whatif.py"
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.data.windows import calibration_windows, load_corpus
@@ -122,7 +124,7 @@ def seed_rows(lm, args, seed: int, budgets, exact_tables: dict) -> list[str]:
     return rows
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--data", default="wiki-sample")
@@ -133,7 +135,12 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--budgets", default="0.1,0.2,0.3,0.4")
     parser.add_argument("--name", default="refine_whatif")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = script_argv(argv)
+    args = build_parser().parse_args(argv)
     load_start, started = os.getloadavg(), time.perf_counter()
     lm = load_model(args.model)
     budgets = parse_rate_grid(args.budgets, "budgets")
@@ -146,7 +153,7 @@ def main() -> int:
         f"# Refinement settings replayed on the exact tables: {args.model}",
         "",
         "```",
-        "python bench/bench_refine_whatif.py " + " ".join(sys.argv[1:]),
+        command_line(SCRIPT, argv),
         "```",
         "",
         machine_line(load_start, started),
@@ -164,7 +171,7 @@ def main() -> int:
         *rows,
         "",
     ]
-    write_report(args.name, lines)
+    write_report(args.name, lines, SCRIPT, argv)
     return 0
 
 

@@ -29,7 +29,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see bench_tables.py: shar
 
 import argparse
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -37,9 +36,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from report import command_line, machine_description, script_argv, write_result
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.device import DeviceSpec, resolve
@@ -50,6 +50,8 @@ from gap_engine.pipeline.expected import ModelShape, estimate_build, measured_pr
 from gap_engine.pipeline.stages import plan_for, pruned_as_saved
 from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 from gap_engine.tables.build import measure_table
+
+SCRIPT = "bench/bench_scale.py"
 
 BUDGET = 0.2
 
@@ -163,8 +165,8 @@ def streaming(args) -> list[str]:
         f"Streamed / resident: **{s['wall'] / r['wall']:.2f}x wall, {s['cpu'] / r['cpu']:.2f}x CPU**. On the CPU the device *is* "
         "the host, so streaming moves nothing and cannot lower the peak: it runs the same arithmetic in another loop order "
         "(blocks outermost, cells in groups), which is what this row prices. What it saves on an accelerator is device "
-        "memory: only one block, the embeddings/LM head and the cells in flight live there (see scale.md for the cost "
-        "model's numbers and the GPU check).",
+        "memory: only one block, the embeddings/LM head and the cells in flight live there (`bench/plan_scale.py` prices "
+        "it for 8B and 70B models; `bench/gpu_check.py` measures it).",
         "",
     ]
     return out
@@ -326,7 +328,7 @@ def before_after(args) -> list[str]:
     return out
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=64)
@@ -338,7 +340,13 @@ def main() -> int:
     parser.add_argument("--base", default="0018aa2", help="the commit to compare with in part 5 (where this work started)")
     parser.add_argument("--repeats", type=int, default=2, help="alternated runs of each side in part 5")
     parser.add_argument("--child", choices=("resident", "streamed"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=None, help="also write the markdown report here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = script_argv(argv)
+    args = build_parser().parse_args(argv)
     if args.child:
         child_build(args)
         return 0
@@ -347,9 +355,8 @@ def main() -> int:
     report = [
         "# Scale benchmark (bench/bench_scale.py)",
         "",
-        f"- command: `python bench/bench_scale.py {' '.join(sys.argv[1:])}`".rstrip(),
-        f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
-        f"with {torch.get_num_threads()} threads",
+        f"- command: `{command_line(SCRIPT, argv)}`",
+        f"- {machine_description()}",
         f"- tables: exact, split, nll, wanda, {args.samples} x {args.seq_len} wiki-sample tokens, rates {args.rates}",
         f"- load average at start (1/5/15 min): {load_avg()}",
         "",
@@ -365,7 +372,11 @@ def main() -> int:
         if name not in skip:
             lines = part(args) + [f"(load average after this part: {load_avg()})", ""]
             print("\n".join(lines), flush=True)
-    print(f"Total {time.perf_counter() - started:.0f} s; load average at the end {load_avg()}.")
+            report += lines
+    report.append(f"Total {time.perf_counter() - started:.0f} s; load average at the end {load_avg()}.")
+    print(report[-1])
+    if args.out:
+        write_result(args.out, report, SCRIPT, argv)
     return 0
 
 

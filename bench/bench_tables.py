@@ -35,7 +35,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
-import platform
 import resource
 import shutil
 import statistics
@@ -52,6 +51,7 @@ from scipy.stats import spearmanr
 # The naive build is a test reference (tests/reference.py), not part of the package.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from reference import naive_build_table
+from report import command_line, machine_description, script_argv, write_result
 
 from gap_engine.core.config import FULL_RATE_GRID as DEFAULT_RATE_GRID
 from gap_engine.core.config import WindowSpec
@@ -63,6 +63,8 @@ from gap_engine.model.units import block_geometries
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth
 from gap_engine.tables.build import measure_table
 from gap_engine.tables.exact import window_cells
+
+SCRIPT = "bench/bench_tables.py"
 
 GRID4 = (0.0, 0.25, 0.5, 0.75)
 BUDGET = 0.20
@@ -396,7 +398,7 @@ def fingerprint_cost(args) -> list[str]:
     ]
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=2, help="windows for the speed and estimate parts")
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per window for the speed and estimate parts")
@@ -409,7 +411,13 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="comma list of parts to skip: speed, noise, cache, fingerprint")
     parser.add_argument("--hit-repeats", type=int, default=3, help="cache hits timed (each a fresh process)")
     parser.add_argument("--hash-repeats", type=int, default=3, help="fingerprint timings (part 5), interleaved with weight reads")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = script_argv(argv)
+    args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
@@ -419,9 +427,8 @@ def main() -> int:
     report = [
         "# Loss-table benchmark",
         "",
-        f"- command: `python bench/bench_tables.py {' '.join(sys.argv[1:])}`".rstrip(),
-        f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
-        f"with {torch.get_num_threads()} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}",
+        f"- command: `{command_line(SCRIPT, argv)}`",
+        f"- {machine_description()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}",
         "- model: smollm2-135m (30 blocks, 9 heads / 3 KV heads, MLP 1536, vocab 49152)"
         + (f", loaded in {load_clock.wall:.1f} s" if load_clock else "")
         + "; data: wiki-sample calibration windows; criterion wanda; objective nll unless stated (part 4: the CLI's defaults)",
@@ -443,7 +450,10 @@ def main() -> int:
         f"{children.ru_utime + children.ru_stime:.0f} s in the `gap` processes of part 4); load average at the end "
         f"{load_after[0]:.1f} / {load_after[1]:.1f} / {load_after[2]:.1f}.",
     ]
-    print("\n".join(report))
+    if args.out:
+        write_result(args.out, report, SCRIPT, argv)
+    else:
+        print("\n".join(report))
     return 0
 
 

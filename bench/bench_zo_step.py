@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -35,7 +33,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from gap_engine.core.fsutil import atomic_write_text
+from report import RESULTS, command_line, machine_line, script_argv, write_result
+
 from gap_engine.core.progress import NO_HOOKS
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.recovery import RecoverySettings
@@ -43,11 +42,11 @@ from gap_engine.recover import zo as recover_zo
 from gap_engine.recover.distill import Objective
 from gap_engine.recover.train import TaskData, ZORun, multitask_loss
 
-RESULTS = Path(__file__).resolve().parent / "results"
+SCRIPT = "bench/bench_zo_step.py"
 ZO_PATHS = {"13348a0": "gap_engine/recover_zo.py"}  # where recover_zo lived before the layered packages
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m", help="built-in name or checkpoint folder (the student)")
     p.add_argument("--teacher", default=None, help="the kd teacher (default: the checkpoint's base model, or --model)")
@@ -56,7 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--baseline-rev", default=None, help="git revision whose recover_zo to time as the baseline")
     p.add_argument("--out", default=str(RESULTS / "zo_step.md"))
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def median_seconds(fn, reps: int) -> float:
@@ -115,9 +118,10 @@ def time_method(lm, teacher, method: str, args, zo_module=None) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = script_argv(argv)
     args = parse_args(argv)
-    command = "python " + " ".join(shlex.quote(a) for a in ["bench/bench_zo_step.py", *(argv or sys.argv[1:])])
-    load_before = os.getloadavg()
+    command = command_line(SCRIPT, argv)
+    load_before, started = os.getloadavg(), time.perf_counter()
     lm = load_model(args.model)
     teacher_name = args.teacher or (lm.pruned_from or {}).get("model") or args.model
     teacher = load_model(teacher_name)
@@ -138,7 +142,6 @@ def main(argv=None) -> int:
     if args.baseline_rev:
         old = old_zo_module(args.baseline_rev)
         baseline = {m: time_method(lm, teacher, m, args, old) for m in ("mazo", "mezo")}
-    load_after = os.getloadavg()
     targets = {"mazo": 1.3, "mezo": 2.0}
     lines = [
         "# Zeroth-order step time against two plain forward passes",
@@ -146,10 +149,9 @@ def main(argv=None) -> int:
         f"Command: `{command}`",
         "",
         f"Model {args.model} ({lm.param_count():,} parameters), teacher {teacher_name}; batch: 2 tasks x "
-        f"{args.batch_size} windows x {args.seq_len} tokens; CPU float32, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; median of {args.reps} after a warm-up.",
-        f"Load average (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in load_before)} before, "
-        f"{' '.join(f'{x:.2f}' for x in load_after)} after (the machine is shared; see the note below).",
+        f"{args.batch_size} windows x {args.seq_len} tokens; float32; median of {args.reps} after a warm-up.",
+        "",
+        machine_line(load_before, started),
         "",
         f"Two plain forward passes (no gradients, next-token loss): **{forward2:.3f} s**. "
         f"One teacher pass (kd's extra, log-softmax at temperature 1): {teacher_pass:.3f} s.",
@@ -173,8 +175,7 @@ def main(argv=None) -> int:
         "(no perturbation, no update), so its ratio is about the lm ratio plus the teacher's share.",
         "",
     ]
-    atomic_write_text(Path(args.out), "\n".join(lines))
-    print("\n".join(lines))
+    write_result(Path(args.out), lines, SCRIPT, argv)
     return 0
 
 

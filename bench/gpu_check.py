@@ -41,6 +41,8 @@ from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from report import machine_description, script_argv, with_header
+
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.device import DeviceSpec, resolve
 from gap_engine.data.windows import calibration_windows, load_corpus
@@ -51,6 +53,8 @@ from gap_engine.pipeline.expected import ModelShape, estimate_build, measured_pr
 from gap_engine.pipeline.stages import plan_for, pruned_as_saved
 from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid, table_key
 from gap_engine.tables.build import measure_table
+
+SCRIPT = "bench/gpu_check.py"
 
 REFERENCE = Path(__file__).resolve().parent / "results" / "gpu_check_reference.json"
 RATES = "0,0.125,0.25,0.375,0.5,0.625,0.75,0.875"
@@ -212,7 +216,7 @@ def cost_model(args, name: str, spec: TableSpec, measured: dict) -> dict:
 
 
 def markdown(results: list[dict], env: dict) -> str:
-    lines = ["# GPU check (bench/gpu_check.py)", "", f"- {env}", ""]
+    lines = ["# GPU check (bench/gpu_check.py)", "", f"- {machine_description()}", f"- {env}", ""]
     lines += [
         "| model | table | seconds | peak GPU memory | cell-tokens/s | max abs diff vs CPU fp32 | Spearman vs CPU |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -251,7 +255,7 @@ def markdown(results: list[dict], env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="smollm2-135m,gemma3-270m")
     parser.add_argument("--samples", type=int, default=4)
@@ -263,7 +267,12 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cuda (the check); cpu runs every step as a smoke test of this script")
     parser.add_argument("--eval-samples", type=int, default=8)
     parser.add_argument("--rates", default=RATES, help="the table's rate grid (a smaller one for a CPU smoke run)")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = script_argv(argv)
+    args = build_parser().parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     references = cpu_references(args, names)
     if args.write_reference:
@@ -280,8 +289,9 @@ def main() -> int:
         results.append(check_model(args, name, references[name]))
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "gpu_check.json").write_text(json.dumps({"env": env, "results": results}, indent=2, default=str))
-    (Path(args.out) / "gpu_check.md").write_text(markdown(results, env))
-    print(markdown(results, env))
+    text = with_header(markdown(results, env), SCRIPT, argv, files=["gpu_check.json"])
+    (Path(args.out) / "gpu_check.md").write_text(text)
+    print(text, end="")
     return 0
 
 

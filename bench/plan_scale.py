@@ -17,6 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from report import script_argv
+
 from gap_engine.core.config import FULL_RATE_GRID, WindowSpec
 from gap_engine.pipeline.expected import REFINE_CELLS, SHAPES, SPEC_PROFILES, estimate_build
 from gap_engine.tables.artefact import TableSpec
@@ -45,12 +47,17 @@ def rows(args) -> list[str]:
     return out
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=4)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = script_argv(argv)
+    args = build_parser().parse_args(argv)
     print(f"Calibration: {args.samples} x {args.seq_len} tokens, 16-rate grid (0, 1/16, ..., 15/16), split, nll, wanda, bf16.\n")
     print("\n".join(rows(args)))
     print("\n" + SPEC_PROFILES["h200"].basis)

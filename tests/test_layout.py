@@ -339,6 +339,8 @@ def test_files_found_beside_the_source_are_where_they_were(monkeypatch):
 
 # Folders of tests/ beside the engine's layers: the explorer's pages (AppTest) and the real browser.
 APP_TEST_FOLDERS = ("explorer", "browser")
+# The benchmarks' results and the commands that write them (bench/).
+BENCH_TEST_FOLDERS = ("bench",)
 
 
 def test_tests_mirror_the_packages():
@@ -346,7 +348,7 @@ def test_tests_mirror_the_packages():
     # whole-package check sit at the top of tests/.
     tests = PACKAGE.parent / "tests"
     folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
-    assert set(folders) <= set(LAYERS + APP_TEST_FOLDERS), folders
+    assert set(folders) <= set(LAYERS + APP_TEST_FOLDERS + BENCH_TEST_FOLDERS), folders
     top_level_tests = sorted(p.name for p in tests.glob("test_*.py"))
     assert top_level_tests == ["test_layout.py"], top_level_tests
     # Test module names stay unique: the folders are not packages, so two equal names would collide.

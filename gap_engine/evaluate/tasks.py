@@ -384,21 +384,36 @@ def run_tasks(
     """Score ``lm`` (a LoadedModel) on the prepared tasks (or the ``names`` among them) with lm-eval:
     leaf task name -> TaskScore. ``examples``: task name -> the indices to score, in place of the
     settings' limit (lm-eval's ``samples``; recovery's selection slice)."""
+    results = _evaluate(lm, prepared, names, examples, log_samples=False)
+    return {name: _score(name, results) for name in results["results"] if name in prepared.tasks}
+
+
+def request_loglikelihoods(lm, prepared: PreparedTasks, name: str) -> dict[int, list[float]]:
+    """Every request of task ``name`` as :func:`run_tasks` scores it: example index -> the
+    log-likelihood of each of its choices (of its one continuation, for a ``loglikelihood``
+    task), in the task's order. What lm-eval's ``--log_samples`` records as ``resps``, so a
+    run of lm-eval's own command line can be compared with gap's path request by request."""
+    samples = _evaluate(lm, prepared, [name], None, log_samples=True)["samples"][name]
+    return {int(sample["doc_id"]): [float(resp[0][0]) for resp in sample["resps"]] for sample in samples}
+
+
+def _evaluate(lm, prepared: PreparedTasks, names: list[str] | None, examples: dict[str, list[int]] | None, log_samples: bool) -> dict:
+    """lm-eval's ``simple_evaluate`` on gap's wrapper of ``lm``, with the prepared tasks' settings."""
     from lm_eval.evaluator import simple_evaluate
 
     settings = prepared.settings
     chosen = [prepared.tasks[n] for n in (names or list(prepared.tasks))]
     with hub.offline():  # every data set is loaded already: nothing may go to the network now
-        results = simple_evaluate(
+        results: dict = simple_evaluate(
             model=_wrap(lm, settings.batch_size),
             tasks=chosen,
             task_manager=prepared.manager,
             num_fewshot=settings.num_fewshot,
             limit=settings.limit if examples is None else None,
             samples=examples,
-            log_samples=False,
+            log_samples=log_samples,
         )
-    return {name: _score(name, results) for name in results["results"] if name in prepared.tasks}
+    return results
 
 
 def _score(name: str, results: dict) -> TaskScore:

@@ -1,7 +1,7 @@
 """Judging the weights during training, so that the snapshot kept is the best one by what users measure.
 
 Recovery lowers its training objective steadily while task accuracy may peak early and drift
-(bench/results/recovery.md: 15 minutes of LoRA took DP's wiki perplexity from 1.86x to 1.28x of
+(docs/recovery.md: 15 minutes of LoRA took DP's wiki perplexity from 1.86x to 1.28x of
 dense and moved its task accuracy by at most 2 points). With ``--eval-tasks T --eval-every K``
 every K-th saved snapshot (and the starting weights, and the last) is scored on a *selection
 slice* of task T, its last ``eval_task_examples`` examples, and the best is kept: the recovered

@@ -38,7 +38,7 @@ def lr_at(settings: RecoverySettings, step: int, train_seconds: float = 0.0, cpu
     count it cannot reach in them would otherwise end with its rate still near the peak. On the
     DP 20% checkpoint of smollm2-135m, LoRA-kd with a constant 3e-3 for 182 steps reached held-out
     perplexity 35.29 / 47.03 (wiki / news); cosine from 3.3e-3 over 200 steps 32.98 / 44.73
-    (bench/results/recovery.md)."""
+    (docs/recovery.md)."""
     peak = settings.learning_rate()
     if step < settings.warmup_steps:
         return peak * (step + 1) / (settings.warmup_steps + 1)

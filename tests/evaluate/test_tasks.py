@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from gap_engine.cli import main
 from gap_engine.core.errors import HistoryError
@@ -359,3 +360,63 @@ def test_a_saved_runs_numbers_are_its_checkpoints(make_tiny, tmp_path, monkeypat
     saved = prune_and_evaluate(dense, settings, plan=plan, checkpoint_dir=tmp_path / "ckpt", history_path=tmp_path / "h.sqlite")
     reread = evaluate(load_model(str(tmp_path / "ckpt")), dense, settings).to_dict()
     assert saved.report["perplexity"] == reread["perplexity"]  # the float32 copy in memory gave another number
+
+
+REQUEST_EXAMPLES = 50  # examples of the offline task compared request by request (200 requests)
+
+
+def _lm_eval_command_line(folder, task_dir, out, batch_size: int, env: dict) -> dict[int, list[float]]:
+    """lm-eval's own command line (`python -m lm_eval run --model hf ... --log_samples`) on the saved
+    ``folder``: example index -> the log-likelihood of each choice, from its samples file."""
+    import subprocess
+    import sys
+
+    argv = [
+        *(sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args", f"pretrained={folder},dtype=float32"),
+        *("--device", "cpu", "--tasks", OFFLINE_TASK, "--include_path", str(task_dir), "--limit", str(REQUEST_EXAMPLES)),
+        *("--batch_size", str(batch_size), "--log_samples", "--output_path", str(out)),
+    ]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (samples,) = out.rglob(f"samples_{OFFLINE_TASK}_*.jsonl")
+    rows = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
+    return {int(row["doc_id"]): [float(resp[0][0]) for resp in row["resps"]] for row in rows}
+
+
+@pytest.mark.slow
+def test_every_request_equals_lm_evals_own_command_line_on_a_saved_checkpoint(make_tiny, tmp_path, monkeypatch):
+    """`gap eval --tasks`'s scoring (the folder loaded as gap loads it, requests scored through
+    ``run_tasks``'s lm-eval wrapper) gives every choice of the first 50 examples the same
+    log-likelihood as lm-eval's own command line on the same saved folder.
+
+    The checkpoint is a tiny random Llama saved with the real SmolLM2 tokenizer: the comparison is
+    of the two paths (prompt, context/continuation split, tokenisation, padding, the forward and
+    the float32 log-softmax), which any weights exercise; random weights with a wide init give
+    log-likelihoods that differ by hundreds of nats between choices, so a token more or less in a
+    request shows, and a model this small keeps lm-eval's 200 requests to seconds.
+    """
+    import os
+
+    from gap_engine.evaluate.tasks import request_loglikelihoods, task_settings
+    from gap_engine.model.loading import load_model
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "tiny-llama"
+    tiny = make_tiny("llama", initializer_range=0.2)
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    settings = task_settings(OFFLINE_TASK, limit=REQUEST_EXAMPLES, batch_size=8)
+    ours = request_loglikelihoods(load_model(str(folder)), prepare_tasks(settings), OFFLINE_TASK)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env["HF_DATASETS_CACHE"] = str(tmp_path / "hf-datasets")  # the task's local JSON, read by the datasets library
+    theirs = _lm_eval_command_line(folder, offline_task_dir(), tmp_path / "lm-eval", settings.batch_size, env)
+
+    assert sorted(ours) == sorted(theirs) == list(range(REQUEST_EXAMPLES))
+    assert all(len(ours[i]) == len(theirs[i]) == 4 for i in ours)  # every choice of every example
+    spread = max(max(lls) - min(lls) for lls in theirs.values())
+    assert spread > 10  # choices far apart: a request scored on other tokens cannot pass as equal
+    for i in sorted(ours):
+        torch.testing.assert_close(
+            torch.tensor(ours[i], dtype=torch.float64), torch.tensor(theirs[i], dtype=torch.float64), rtol=1e-6, atol=1e-4,
+            msg=lambda m, i=i: f"example {i}: {m}",
+        )  # fmt: skip

@@ -192,3 +192,70 @@ def test_a_cancelled_compensation_leaves_the_model_as_it_was(make_tiny):
     assert after.keys() == before.keys()
     for name, tensor in before.items():
         torch.testing.assert_close(after[name], tensor, rtol=0, atol=0)
+
+
+def _mean_input(model, linear, ids, skip: int) -> torch.Tensor:
+    """(n,) float64: the mean input of ``linear`` over every counted calibration token of ``ids``."""
+    total, count = None, 0
+
+    def hook(module, args):
+        nonlocal total, count
+        x = args[0][:, skip:].reshape(-1, args[0].shape[-1]).double()  # (tokens, n)
+        total = x.sum(0) if total is None else total + x.sum(0)
+        count += x.shape[0]
+
+    handle = linear.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            for start in range(0, ids.shape[0], CALIB.batch_size):
+                model(input_ids=ids[start : start + CALIB.batch_size])
+    finally:
+        handle.remove()
+    return total / count
+
+
+def _cut_with_bias(linear, columns: list[int], bias: torch.Tensor) -> None:
+    """``linear`` computes as pruned of ``columns`` with ``bias`` added to its output (reference emulation)."""
+    with torch.no_grad():
+        linear.weight[:, columns] = 0.0
+    linear.register_forward_hook(lambda module, args, output: output + bias.to(output.dtype))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_bias_is_the_removed_weights_times_the_removed_inputs_mean(make_tiny, family):
+    """FLAP's bias computed directly: every block's o_proj gets ``W_o[:, R] @ mean(x_R)`` over the
+    removed heads' columns and its down_proj ``W_d[:, R] @ mean(x_R)`` over the removed channels,
+    the means over the calibration tokens of what each projection receives on the pruned stream
+    (earlier blocks pruned and compensated; the MLP after its own block's attention is)."""
+    from gap_engine.prune.surgery import removed_units
+
+    lm = make_tiny(family, initializer_range=0.2, **WIDE)  # activations large enough that a bias is far from zero
+    ids = calibration_windows(lm.tokenizer, CALIB)
+    scores = compute_importance(lm, ids, "wanda")
+    plan = make_plan(lm, [0.5, 0.25], [0.5, 0.25], "wanda")
+    reference = lm.copy()
+    skip = text_start(lm.tokenizer, ids)
+    expected = []
+    for i, layer in enumerate(reference.adapter.layers(reference.model)):
+        heads, channels = removed_units(
+            lm.adapter, layer, scores.layers[i], plan.attention_rates[i], plan.mlp_rates[i], plan.channel_multiple
+        )
+        assert heads and channels  # every block loses units of both kinds: no bias may be zero by construction
+        head_dim = reference.adapter.geometry(layer).head_dim
+        head_columns = [h * head_dim + j for h in heads for j in range(head_dim)]
+        o_proj, down_proj = reference.adapter.attention_projections(layer)[3], reference.adapter.mlp_projections(layer)[2]
+        b_attn = o_proj.weight.detach().double()[:, head_columns] @ _mean_input(reference.model, o_proj, ids, skip)[head_columns]
+        _cut_with_bias(o_proj, head_columns, b_attn)
+        b_mlp = down_proj.weight.detach().double()[:, list(channels)] @ _mean_input(reference.model, down_proj, ids, skip)[list(channels)]
+        _cut_with_bias(down_proj, list(channels), b_mlp)
+        expected.append((b_attn, b_mlp))
+
+    prune_compensated(lm, plan, scores, CALIB, CompensationSettings(mode="bias"))
+    for i, (layer, (b_attn, b_mlp)) in enumerate(zip(lm.adapter.layers(lm.model), expected)):
+        o_proj, down_proj = lm.adapter.attention_projections(layer)[3], lm.adapter.mlp_projections(layer)[2]
+        for name, linear, want in (("o_proj", o_proj, b_attn), ("down_proj", down_proj, b_mlp)):
+            assert linear.bias is not None, f"block {i} {name} has no bias"
+            assert float(want.abs().max()) > 1e-2  # a real correction, not a zero that any formula would match
+            torch.testing.assert_close(linear.bias.double(), want, rtol=1e-5, atol=1e-6, msg=f"block {i} {name}")
+    with torch.no_grad():  # and the shipped model computes what the emulation (zeroed columns + those biases) computes
+        torch.testing.assert_close(lm.model(input_ids=ids).logits, reference.model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
