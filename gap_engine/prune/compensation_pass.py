@@ -45,7 +45,7 @@ from gap_engine.model.slicing import replace_linear_, restored_on_failure
 from gap_engine.prune.compensate import BlockFit, BlockInputs, applied, fit_block, kept_columns
 from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.importance import ImportanceScores
-from gap_engine.prune.surgery import PruneResult, apply_plan, removed_units
+from gap_engine.prune.surgery import PruneResult, apply_plan, plan_units
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,9 @@ Removed = list[tuple[tuple[int, ...], tuple[int, ...]]]  # per block: (removed h
 
 
 def removed_per_block(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores | None) -> Removed:
-    """The heads and channels surgery will remove from every block (its own choice)."""
-    out: Removed = []
-    for i, layer in enumerate(lm.adapter.layers(lm.model)):
-        if scores is None or (plan.attention_rates[i] <= 0 and plan.mlp_rates[i] <= 0):
-            out.append(((), ()))
-            continue
-        out.append(removed_units(lm.adapter, layer, scores.layers[i], plan.attention_rates[i], plan.mlp_rates[i], plan.channel_multiple))
-    return out
+    """The heads and channels surgery will remove from every block: ``surgery.plan_units``, the
+    one choice of units (a plan's recorded attention shapes included)."""
+    return [(block.removed_heads, block.removed_channels) for block in plan_units(lm, plan, scores)]
 
 
 def check_calibration(lm: LoadedModel, tokens: int, settings: CompensationSettings) -> None:
