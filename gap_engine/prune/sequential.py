@@ -27,7 +27,7 @@ from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.layerwise import BlockCall, block_on, capture_calls, layer_output, to_host, tree_to
 from gap_engine.model.loaded import LoadedModel
-from gap_engine.model.rateplan import RatePlan, predicted_params
+from gap_engine.model.rateplan import RatePlan, plan_params
 from gap_engine.model.slicing import slice_attention_, slice_mlp_
 from gap_engine.prune.obs import OBS_DAMPING, damped_inverse, obs_channels, obs_heads
 from gap_engine.prune.surgery import PruneResult, finish_surgery, kept_counts
@@ -106,7 +106,7 @@ def obs_prune(lm: LoadedModel, plan: RatePlan, windows: torch.Tensor, batch_size
     lm.refuse_shared("OBS pruning")
     plan = dataclasses.replace(plan).validate()  # normalised on our copy, not the caller's
     plan.check_model(lm)
-    plan.params = predicted_params(lm, plan.attention_rates, plan.mlp_rates, plan.channel_multiple)
+    plan.params = plan_params(lm, plan)
     result = PruneResult(plan=plan, params_before=lm.param_count())
     device = placement_of(lm).device
     skip = text_start(lm.tokenizer, windows)
