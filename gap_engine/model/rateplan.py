@@ -330,9 +330,12 @@ def plan_widths(lm: LoadedModel, plan: RatePlan) -> list[dict[str, int]]:
     return widths
 
 
-def uniform_plan(lm: LoadedModel, rate: float, criterion: str, channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE) -> RatePlan:
-    """Every block and component at the same rate (the baseline most pruners use)."""
+def uniform_plan(
+    lm: LoadedModel, rate: float, criterion: str, channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE, compensation: str | None = None
+) -> RatePlan:
+    """Every block and component at the same rate (the baseline most pruners use); ``compensation``:
+    the one it will be pruned with, whose biases its counts then include."""
     if not (0.0 <= rate < 1.0):
         raise PlanError(f"rate {rate} is outside [0, 1)")
     n = lm.num_layers
-    return make_plan(lm, [rate] * n, [rate] * n, criterion, channel_multiple, allocator="uniform", budget=rate)
+    return make_plan(lm, [rate] * n, [rate] * n, criterion, channel_multiple, allocator="uniform", budget=rate, compensation=compensation)
