@@ -140,8 +140,7 @@ def iterative_prune(
         first_table: the dense model's table under ``spec`` if at hand (``tables.lookup``); round 1
             uses it only when it is for these weights, else reads or builds its own.
         compensation: what the kept units get after the cut, fitted on the table's windows: one
-            round only (a later round's cut would be fitted to a model that is itself pruned);
-            the biases one adds are paid from ``budget`` (``plan.problem.bias_charges``).
+            round only (a later round's cut would be fitted to a pruned model); ``budget`` pays for its biases.
     Returns:
         IterativeResult with the pruned model.
     Raises:
@@ -189,8 +188,7 @@ def iterative_prune(
     meta = {"allocator": "dp-iterative", "budget": budget, "predicted_loss": out.predicted_loss, "compensation": compensation.mode}
     out.plan = widths_plan(dense, current, spec.criterion, spec.channel_multiple, **meta)
     out.attention_rates, out.mlp_rates = out.plan.attention_rates, out.plan.mlp_rates
-    added = result.params_after - int(result.plan.params["pruned_total"])  # the compensation's biases (0 without)
-    out.bias_params = added
+    out.bias_params = added = result.params_after - int(result.plan.params["pruned_total"])  # the compensation's biases (0 without)
     if out.plan.params["pruned_total"] + added != current.param_count():
         raise InvariantError(f"the rounds left {current.param_count()} parameters, their widths say {out.plan.params['pruned_total']}")
     current.pruned_from = {"model": dense.name, "fingerprint": dense.fingerprint, "plan": out.plan.to_dict()}

@@ -285,13 +285,12 @@ def prune_and_evaluate(
         eval_settings: held-out evaluation settings.
         table: the loss table (needed unless ``plan`` is given); its calibration windows
             score the units and give the measured ("actual") objective increase.
-        budget, allocator, constraints: what `allocators.plan_from_table` gets (with ``compensation``,
-            whose biases the budget pays for); or ``plan``, a ready one (uploaded, or the planner's).
+        budget, allocator, constraints: what `allocators.plan_from_table` gets; or ``plan``, a ready (uploaded) one.
         checkpoint_dir, history_path: where to save the checkpoint (None: not saved), the history (None: the default).
         hooks: each stage entered as it starts (`prune_eval_stages`); cancel polled per block and between stages.
         tasks: prepared lm-eval tasks whose accuracy (and dense's) joins report and history.
-        compensation: what the kept units get after the cut, fitted on the table's calibration
-            windows (its ``compensate`` stage entered when active); recorded in the run and the checkpoint.
+        compensation: what the kept units get after the cut, fitted on the table's calibration windows (its
+            ``compensate`` stage entered when active; a budget pays for its biases); recorded in the run and the checkpoint.
     """
     started, timer = time.perf_counter(), StageTimer(hooks.stage)
 
