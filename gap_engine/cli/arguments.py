@@ -158,14 +158,18 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def compensation_from(args: argparse.Namespace, criterion: str | None = None) -> CompensationSettings:
-    """What ``--compensate`` asks the kept units to get after the cut; when not given, the default
-    for ``criterion`` (``prune.compensations.default_for``: none for one that updates the kept
+def compensation_from(args: argparse.Namespace, criterion: str | None = None, planned: str | None = None) -> CompensationSettings:
+    """What ``--compensate`` asks the kept units to get after the cut; when not given, the one a
+    plan was counted for (``planned``: ``RatePlan.compensation``), else the default for
+    ``criterion`` (``prune.compensations.default_for``: none for one that updates the kept
     columns itself) or, with no criterion (``gap compare``: each plan's own), the default."""
     from gap_engine.prune.compensations import CompensationSettings, default_for
+    from gap_engine.prune.criteria import is_sequential
 
     if args.compensate:
         return CompensationSettings(mode=args.compensate).validate()
+    if planned is not None and not (criterion and is_sequential(criterion)):
+        return CompensationSettings(mode=planned).validate()
     return default_for(criterion) if criterion else CompensationSettings(mode=DEFAULT_COMPENSATION).validate()
 
 

@@ -48,16 +48,22 @@ def run_prune(args: argparse.Namespace) -> int:
     if args.budget is not None:
         return run_prune_rounds(args)
     plan = RatePlan.load(args.plan) if args.plan else None  # validate before the slow model load
-    compensation = compensation_from(args, plan.criterion if plan else args.criterion)
+    compensation = compensation_from(args, plan.criterion if plan else args.criterion, plan.compensation if plan else None)
     if (plan.criterion if plan else args.criterion) != "magnitude" or compensation.active:
         check_windows_fit(args.model, (windows_from(args), "calibration"))
         read_sources(args.data)
     lm = load_model(args.model, device_from(args))
     check_calibration(lm, calibration_tokens(windows_from(args)), compensation)  # before the units are scored
     if plan is None:
-        plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple)
+        plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple, compensation.mode)
     progress = StderrProgress("importance" if not compensation.active else "importance, then compensated blocks")
     pruned = prune_to_checkpoint(lm, plan, windows_from(args), args.out, args.save_dtype, progress.hooks(), compensation)
+    if pruned.bias_params and not plan.counts_biases:
+        print(
+            f"gap: note: the plan was counted without the {pruned.bias_params:,} parameters the {compensation.mode} compensation's "
+            f"biases add (plan it with gap plan --compensate {compensation.mode} to pay for them from its budget)",
+            file=sys.stderr,
+        )
     summary = pruned.to_dict()
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
@@ -84,6 +90,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
         "out": str(args.out),
         "params_before": lm.param_count(),
         "params_after": result.model.param_count(),
+        "bias_params": result.bias_params,
         "removed_fraction_of_prunable": result.removed_fraction,
         "compensation": compensation.mode,
         "predicted": result.predicted_loss,
@@ -92,7 +99,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
         return 0
-    for key in ("out", "params_before", "params_after", "removed_fraction_of_prunable", "compensation"):
+    for key in ("out", "params_before", "params_after", "bias_params", "removed_fraction_of_prunable", "compensation"):
         print(f"{key}: {summary[key]}")
     for r in result.rounds:
         print(

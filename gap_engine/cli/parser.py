@@ -155,8 +155,9 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> 
     p.add_argument(
         "--compensate",
         choices=COMPENSATIONS.names,
-        help=f"what the kept units get after the cut ({COMPENSATIONS.help()}; default: {DEFAULT_COMPENSATION}, none for criterion obs and for --rounds above 1); an exact "
-        "or refine table measures its cells with it (gap table: only when given)",
+        help=f"what the kept units get after the cut ({COMPENSATIONS.help()}; default: {DEFAULT_COMPENSATION}, none for criterion obs and for --rounds above 1, "
+        "and for --plan the plan's own); an exact or refine table measures its cells with it (gap table: only when given); "
+        "a budget pays for the biases it adds",
     )
 
 
@@ -231,6 +232,12 @@ def _add_plan(sub) -> None:
     )
     p.add_argument(
         "--method", dest="allocator", choices=ALLOCATORS.names, action=DeprecatedAlias, new_name="--allocator", help=argparse.SUPPRESS
+    )
+    p.add_argument(
+        "--compensate",
+        choices=COMPENSATIONS.names,
+        help=f"the compensation gap prune will apply after the cut (default: {DEFAULT_COMPENSATION}, none for slimgpt): the biases it "
+        "adds are paid from the budget (or --keep-params); recorded in the plan, which gap prune --plan then applies",
     )
     p.add_argument("--model", help="the model (default: the one the table names); its fingerprint must match the table")
     p.add_argument("--out", required=True, help="plan file: .json, or .yaml/.yml")

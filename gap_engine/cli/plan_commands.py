@@ -16,7 +16,7 @@ from gap_engine.cli.arguments import compensation_from, device_from, parse_fract
 from gap_engine.cli.output import StderrProgress, csv_text, table_compensation_text
 from gap_engine.cli.table_commands import check_windows_fit, read_sources, spec_from_args
 from gap_engine.core.config import WindowSpec
-from gap_engine.core.errors import BudgetError, TableError
+from gap_engine.core.errors import BudgetError, CompensationError, TableError
 from gap_engine.core.fsutil import atomic_write_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.progress import Hooks
@@ -25,11 +25,14 @@ from gap_engine.model.loading import load_model, recorded_identity
 from gap_engine.pipeline import compare
 from gap_engine.pipeline.compare import heldout_sets
 from gap_engine.pipeline.stages import loss_table, plan_for
+from gap_engine.plan.allocator_registry import own_criterion
 from gap_engine.plan.allocators import ALLOCATORS, check_reach
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.front import dp_front, front_csv, front_rows
 from gap_engine.plan.problem import Constraints, planning_problem
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
+from gap_engine.prune.compensations import CompensationSettings
+from gap_engine.prune.criteria import is_sequential
 from gap_engine.tables.artefact import LossTable
 from gap_engine.tables.lookup import find_table
 
@@ -62,7 +65,10 @@ def _load_for_table(model_arg: str | None, table: LossTable, device=None):
 
 
 def budget_for_kept_params(dense_total: int, dense_prunable: int, keep: int) -> float:
-    """The budget (fraction of prunable parameters to remove) that leaves ``keep`` parameters in all."""
+    """The budget (fraction of prunable parameters to remove) that leaves ``keep`` parameters in all.
+
+    A plan removes its budget net of the biases its compensation adds (``plan.problem.bias_charges``),
+    so the pruned model, biases included, keeps at most ``keep``."""
     fixed = dense_total - dense_prunable  # embeddings, norms, LM head: never pruned
     if keep >= dense_total:
         return 0.0
@@ -80,24 +86,45 @@ def run_plan(args: argparse.Namespace) -> int:
     budget = parse_fraction(args.budget, "budget") if args.budget is not None else None
     table = read_table(args.table)
     planning_problem(table, constraints)  # contradictory locks fail here, before the model loads
+    compensation = planned_compensation(args, table)
     lm = _load_for_table(args.model, table, device_from(args))
     if budget is None:
         budget = budget_for_kept_params(lm.param_count(), table.dense_prunable, args.keep_params)
-    check_reach(lm, table, budget, args.allocator, constraints)
+    check_reach(lm, table, budget, args.allocator, constraints, compensation.mode)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
-    plan = plan_for(lm, table, budget, args.allocator, constraints, evo=evo)
+    plan = plan_for(lm, table, budget, args.allocator, constraints, evo=evo, compensation=compensation.mode)
     plan.save(args.out)
     summary = {
         "out": str(args.out),
         "allocator": plan.allocator,
         "budget": budget,
+        "compensation": plan.compensation,
         "removed": plan.params["removed"],
+        "bias_params": plan.params.get("bias_params", 0),
+        "params_after": plan.params.get("pruned_total_with_biases", plan.params["pruned_total"]),
         "removed_fraction_of_prunable": plan.params["removed_fraction_of_prunable"],
         "predicted_loss": plan.predicted_loss,
         "predicted_from": f"{table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates))} cells ({table.spec.objective}, summed)",
     }
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
+
+
+def planned_compensation(args: argparse.Namespace, table: LossTable) -> CompensationSettings:
+    """The compensation ``gap plan`` counts the plan for: ``--compensate``, else the default of the
+    plan's criterion (none for ``obs``, which updates the kept columns itself).
+
+    Raises:
+        CompensationError: ``--compensate`` other than none for a plan of ``obs`` (gap prune refuses it too).
+    """
+    criterion = own_criterion(args.allocator) or table.spec.criterion
+    compensation = compensation_from(args, criterion)
+    if compensation.active and is_sequential(criterion):
+        raise CompensationError(
+            f"a {args.allocator} plan prunes with criterion '{criterion}', which updates the kept columns itself; "
+            f"it takes no --compensate {compensation.mode} (use none)"
+        )
+    return compensation
 
 
 def run_front(args: argparse.Namespace) -> int:

@@ -35,6 +35,9 @@ MODES = ("split", "block")  # split: attention and MLP are separate components
 # the layers below it; the registry asserts that they agree.
 COMPENSATIONS = ("none", "bias", "refit", "bias+refit")
 DEFAULT_COMPENSATION = "bias"  # FLAP's bias: the best held-out KL and perplexity at 20% and 40% (bench/results/compensation.md)
+# The compensations that add a bias to each o_proj / down_proj that lost inputs (their registry
+# tag "bias"): a budget of a prune that applies one pays for those biases (model.units.added_bias_params).
+BIAS_COMPENSATIONS = ("bias", "bias+refit")
 
 # ---- budgets and the planner -------------------------------------------------------------
 DEFAULT_BUDGET = 0.2  # fraction of prunable parameters removed

@@ -293,10 +293,25 @@ def compensation_of(record: RunRecord) -> str:
     return str(recorded.get("mode") or "none") if isinstance(recorded, dict) else "none"
 
 
+def bias_params_of(record: RunRecord) -> int:
+    """The parameters the run's compensation added as biases (0 for runs without, and for runs recorded before they were counted)."""
+    recorded = (record.params or {}).get("compensation")
+    value = recorded.get("bias_params") if isinstance(recorded, dict) else None
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def net_removed_of(record: RunRecord) -> int | None:
+    """The net change of the parameter count: dense minus pruned, the compensation's biases counted (None: not recorded)."""
+    if record.dense_params is None or record.pruned_params is None:
+        return None
+    return int(record.dense_params) - int(record.pruned_params)
+
+
 def list_runs(path: Path | None = None) -> pd.DataFrame:
     """All runs as one flat table, oldest first.
 
-    Columns: BASE_COLUMNS, ``plan_hash``, ``compensation``, then per held-out source ``ppl:<source>``,
+    Columns: BASE_COLUMNS, ``plan_hash``, ``compensation``, ``bias_params`` (what its biases added;
+    ``pruned_params`` counts them), ``net_removed`` (dense minus pruned), then per held-out source ``ppl:<source>``,
     ``dense_ppl:<source>``, ``kl:<source>``, ``top1:<source>``, then per lm-eval task
     ``acc:<task>``, ``acc_stderr:<task>``, ``acc_norm:<task>`` and the same with ``dense_``. An empty history gives an
     empty frame with the base columns.
@@ -307,6 +322,8 @@ def list_runs(path: Path | None = None) -> pd.DataFrame:
         row = {name: getattr(record, name) for name in BASE_COLUMNS}
         row["plan_hash"] = (record.params or {}).get("plan_hash")  # RatePlan.content_hash of the pruned plan
         row["compensation"] = compensation_of(record)
+        row["bias_params"] = bias_params_of(record)
+        row["net_removed"] = net_removed_of(record)
         for prefix, values in (
             ("ppl", record.perplexity),
             ("dense_ppl", record.dense_perplexity),

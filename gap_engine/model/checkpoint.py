@@ -10,9 +10,10 @@ A pruned checkpoint is a folder with
   channels of the dense model each block kept);
 - ``gap_pruned.json``: the marker the loader checks first (format version, base model,
   fingerprints, parameter count, storage dtype, and the compensation the kept units got);
-- when compensation gave them biases, ``"gap_output_bias": true`` in config.json: every
-  block's ``o_proj`` and ``down_proj`` then carries a bias, which the loader, the remote code
-  and the GGUF export all read;
+- when compensation gave them biases, ``"gap_output_bias"`` in config.json: ``true`` when
+  every block's ``o_proj`` and ``down_proj`` carries a bias, else one ``[o_proj, down_proj]``
+  pair of booleans per block (a projection that lost no input gets no bias); the loader, the
+  remote code and the GGUF export all read it;
 - what lets other tools use it (``deploy``): ``modeling_gap_pruned.py`` and an ``auto_map``
   in config.json, so plain transformers builds the narrowed blocks with
   ``trust_remote_code=True``; a model card ``README.md``; ``eval_report.json`` when the
@@ -55,7 +56,7 @@ from gap_engine.model.loaded import LoadedModel, config_digest, tokenizer_digest
 from gap_engine.model.model_card import write_model_card
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.remote_code import add_remote_code, refuse_foreign_code
-from gap_engine.model.slicing import add_output_biases_, layer_widths, narrow_to_widths, output_biases
+from gap_engine.model.slicing import add_output_biases_, layer_widths, narrow_to_widths, output_bias_layout
 from gap_engine.model.storage import (
     EVAL_REPORT_FILE,
     cast_state_dict,
@@ -71,9 +72,39 @@ CHECKPOINT_FORMAT_VERSION = 1
 PRUNED_MARKER = "gap_pruned.json"  # written last; its presence makes a folder a gap checkpoint
 # transformers' switch for reading a per-layer width from the global config (see save_pruned).
 GLOBAL_WIDTH_READS = "allow_global_per_layer_attribute_access"
-# config.json's flag for bias compensation: every block's o_proj and down_proj has a bias
-# (the name modeling_gap_pruned.py reads too).
+# config.json's record of bias compensation: true (every block's o_proj and down_proj has a
+# bias) or per block [o_proj, down_proj] booleans (the name modeling_gap_pruned.py reads too).
 OUTPUT_BIAS = "gap_output_bias"
+BiasLayout = list[tuple[bool, bool]]  # per block: whether its o_proj and its down_proj carry a bias
+
+
+def output_bias_record(layout: BiasLayout) -> bool | list[list[bool]] | None:
+    """What config.json records of a model's output biases: true when every block has both, the
+    per-block pairs when only some do, None (nothing written) when none does."""
+    if layout and all(attention and mlp for attention, mlp in layout):
+        return True
+    if any(attention or mlp for attention, mlp in layout):
+        return [[attention, mlp] for attention, mlp in layout]
+    return None
+
+
+def read_output_bias_record(value: object, num_layers: int, where: str) -> BiasLayout | None:
+    """The per-block layout config.json's ``gap_output_bias`` records (None: no output bias).
+
+    Raises:
+        ModelLoadError: neither a boolean nor one [o_proj, down_proj] pair of booleans per block.
+    """
+    if value is False:
+        return None
+    if value is True:
+        return [(True, True)] * num_layers
+    if (
+        isinstance(value, list)
+        and len(value) == num_layers
+        and all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(flag, bool) for flag in pair) for pair in value)
+    ):
+        return [(pair[0], pair[1]) for pair in value]
+    raise ModelLoadError(f"{where}/config.json {OUTPUT_BIAS} must be true, false or one [o_proj, down_proj] pair of true/false per layer")
 
 
 def is_pruned_checkpoint(path: str | Path) -> bool:
@@ -121,8 +152,9 @@ def save_pruned(
         # its width checks read the global head counts; this lets them read the dense values
         # (the remote code narrows the blocks, and turns the strict reads back on once built).
         config[GLOBAL_WIDTH_READS] = True
-        if output_biases(lm.adapter, lm.model):
-            config[OUTPUT_BIAS] = True
+        bias_record = output_bias_record(output_bias_layout(lm.adapter, lm.model))
+        if bias_record is not None:
+            config[OUTPUT_BIAS] = bias_record
         config_path.write_text(json_text(config, "config.json", indent=2) + "\n")
         (tmp / "plan.json").write_text(plan.to_json())
         (tmp / "plan.yaml").write_text(plan.to_yaml())
@@ -174,7 +206,7 @@ class CheckpointFiles:
     widths: list[dict[str, Any]]  # per block: num_attention_heads, num_key_value_heads, intermediate_size
     tokenizer: object
     plan: RatePlan | None  # plan.json, when present
-    output_bias: bool = False  # every block's o_proj and down_proj carries a bias (bias compensation)
+    output_bias: BiasLayout | None = None  # per block, whether o_proj and down_proj carry a bias (None: none does)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -228,17 +260,16 @@ def _load_tensors(folder: Path) -> dict[str, Any]:
     return state
 
 
-def _read_config(folder: Path) -> tuple[Any, list[dict[str, Any]], bool]:
-    """The dense architecture's config, the per-block widths of config.json and its bias flag."""
+def _read_config(folder: Path) -> tuple[Any, list[dict[str, Any]], BiasLayout | None]:
+    """The dense architecture's config, the per-block widths of config.json and its output biases."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     config_dict = _read_json(folder / "config.json")
     config_dict.pop(GLOBAL_WIDTH_READS, None)
-    output_bias = config_dict.pop(OUTPUT_BIAS, False)
-    if not isinstance(output_bias, bool):
-        raise ModelLoadError(f"{folder}/config.json {OUTPUT_BIAS} must be true or false")
+    bias_record = config_dict.pop(OUTPUT_BIAS, False)
     config_dict.pop("auto_map", None)  # it points transformers at the remote code; here gap narrows the blocks
     widths = check_per_layer_config(config_dict.pop("per_layer_config", None), config_dict.get("num_hidden_layers"), str(folder))
+    output_bias = read_output_bias_record(bias_record, len(widths), str(folder))
     model_type = config_dict.get("model_type")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ModelLoadError(f"{folder}: unknown model_type {model_type!r}")
@@ -248,10 +279,12 @@ def _read_config(folder: Path) -> tuple[Any, list[dict[str, Any]], bool]:
         raise ModelLoadError(f"{folder}/config.json is not a valid {model_type} config: {first_line(exc)}") from None
 
 
-def _build_narrowed(folder: Path, config: Any, widths: list[dict[str, Any]], output_bias: bool, device: str | None = None) -> Any:
+def _build_narrowed(
+    folder: Path, config: Any, widths: list[dict[str, Any]], output_bias: BiasLayout | None, device: str | None = None
+) -> Any:
     """The architecture of ``config`` (a transformers *ForCausalLM, typed Any as transformers
-    returns it) with every block at ``widths`` (and, with ``output_bias``, biases on every
-    o_proj and down_proj), weights uninitialised (on ``device`` "meta": shapes only, no
+    returns it) with every block at ``widths`` (and biases on the o_proj and down_proj that
+    ``output_bias`` names), weights uninitialised (on ``device`` "meta": shapes only, no
     memory, for checking the files)."""
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
@@ -266,8 +299,8 @@ def _build_narrowed(folder: Path, config: Any, widths: list[dict[str, Any]], out
         narrow_to_widths(adapter, model, widths)
     except (ValueError, KeyError, TypeError, ZeroDivisionError, IndexError) as exc:
         raise ModelLoadError(f"{folder}: per_layer_config does not fit the architecture: {first_line(exc)}") from None
-    if output_bias:
-        add_output_biases_(adapter, model)
+    if output_bias is not None:
+        add_output_biases_(adapter, model, output_bias)
     return model
 
 

@@ -15,9 +15,10 @@ configs even refuse to validate when the widths vary), so the classes here
 - subclass each family's config only to validate the per-layer widths instead, and
 - subclass each family's ``*ForCausalLM``: the library builds its usual dense skeleton
   (on the meta device when loading, so it costs no memory), then every block's q/k/v/o and
-  gate/up/down projections are replaced by linears of the recorded widths, and, when
-  config.json says ``"gap_output_bias": true`` (gap's bias compensation), every block's
-  ``o_proj`` and ``down_proj`` gets a bias.
+  gate/up/down projections are replaced by linears of the recorded widths, and, where
+  config.json's ``"gap_output_bias"`` says so (gap's bias compensation: ``true`` for every
+  block, or one ``[o_proj, down_proj]`` pair of booleans per block), ``o_proj`` and
+  ``down_proj`` get a bias.
 
 Attention, rotary embeddings, the KV cache and generation are the library's own code: the
 attention infers its head count from the projection shapes and repeats K/V by
@@ -55,7 +56,7 @@ else:
     _ConfigMixinBase = _ModelMixinBase = object
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-OUTPUT_BIAS = "gap_output_bias"  # config.json: every o_proj and down_proj carries a bias
+OUTPUT_BIAS = "gap_output_bias"  # config.json: true (every o_proj and down_proj has a bias) or per block [o_proj, down_proj]
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -85,13 +86,19 @@ def _resized_linear(old: nn.Linear, in_features: int, out_features: int, bias: b
     return nn.Linear(in_features, out_features, bias=bias, device=old.weight.device, dtype=old.weight.dtype)
 
 
-def add_output_biases(model: PreTrainedModel) -> None:
-    """Give every block's o_proj and down_proj a bias (their values are loaded later)."""
+def add_output_biases(model: PreTrainedModel, record: Any) -> None:
+    """Give o_proj and down_proj a bias where ``record`` (config.json's ``gap_output_bias``) says:
+    every block's when it is true, else block ``i``'s o_proj when ``record[i][0]`` and its
+    down_proj when ``record[i][1]`` (their values are loaded later)."""
     decoder: Any = model.model
-    for layer in decoder.layers:
-        for owner, name in ((layer.self_attn, "o_proj"), (layer.mlp, "down_proj")):
+    layers = decoder.layers
+    layout = [(True, True)] * len(layers) if record is True else [tuple(pair) for pair in record]
+    if len(layout) != len(layers):
+        raise ValueError(f"{OUTPUT_BIAS} lists {len(layout)} layers, the model has {len(layers)}")
+    for layer, wanted in zip(layers, layout):
+        for owner, name, bias in ((layer.self_attn, "o_proj", wanted[0]), (layer.mlp, "down_proj", wanted[1])):
             old = getattr(owner, name)
-            if old.bias is None:
+            if bias and old.bias is None:
                 setattr(owner, name, _resized_linear(old, old.in_features, old.out_features, bias=True))
 
 
@@ -151,8 +158,9 @@ class _NarrowedCausalLM(_ModelMixinBase):
         with _dense_view(config):
             super().__init__(config, *args, **kwargs)
         narrow_layers(self)
-        if getattr(config, OUTPUT_BIAS, False):
-            add_output_biases(self)
+        record = getattr(config, OUTPUT_BIAS, False)
+        if record:
+            add_output_biases(self, record)
 
 
 def _family(name: str, config_base: type, model_base: type) -> tuple[type, type]:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gap_engine.core.config import CRITERIA, DEFAULT_CHANNEL_MULTIPLE
+from gap_engine.core.config import BIAS_COMPENSATIONS, COMPENSATIONS, CRITERIA, DEFAULT_CHANNEL_MULTIPLE
 from gap_engine.core.deprecation import warn_deprecated
 from gap_engine.core.errors import PlanError
 from gap_engine.core.fsutil import atomic_write_text
@@ -38,7 +38,7 @@ from gap_engine.core.validate import (
 )
 from gap_engine.core.validate_meaning import check_plan_params
 from gap_engine.model.loaded import LoadedModel
-from gap_engine.model.units import AttentionShape, block_geometries, channels_for_rate
+from gap_engine.model.units import AttentionShape, added_bias_params, block_geometries, channels_for_rate
 
 # Version 2 renamed the field "method" to "allocator"; version-1 plans are read and upgraded.
 PLAN_FORMAT_VERSION = 2
@@ -61,6 +61,10 @@ class RatePlan:
     # Per block [KV groups, query heads per group] kept, where they were reached, not rounded
     # from the rate (iterative plans); each has the parameter count its rate rounds to. None: the rates say it.
     attention_shapes: list[list[int]] | None = None
+    # The compensation the plan was counted for (a config.COMPENSATIONS name): where it adds
+    # biases (BIAS_COMPENSATIONS) the budget paid for them and ``params`` counts them. None: counted
+    # without (plans written before this field, hand-written ones).
+    compensation: str | None = None
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     format_version: int = PLAN_FORMAT_VERSION
 
@@ -84,7 +88,14 @@ class RatePlan:
         check_int(self.channel_multiple, "plan channel_multiple", PlanError, 1, LIMITS.channel_multiple)
         if self.attention_shapes is not None:
             self.attention_shapes = self._validated_shapes(self.attention_shapes)
+        if self.compensation is not None and self.compensation not in COMPENSATIONS:
+            raise PlanError(f"plan compensation '{str(self.compensation)[:40]}' is unknown; choose one of {', '.join(COMPENSATIONS)}")
         return self
+
+    @property
+    def counts_biases(self) -> bool:
+        """Whether the plan was counted for a compensation that adds biases (its budget paid for them)."""
+        return self.compensation in BIAS_COMPENSATIONS
 
     def _validated_shapes(self, shapes: object) -> list[list[int]]:
         if not isinstance(shapes, list) or len(shapes) != self.num_layers:
@@ -115,6 +126,7 @@ class RatePlan:
             ("criterion", False),
             ("allocator", False),
             ("table_key", True),
+            ("compensation", True),
             ("created", False),
         ):
             check_text(getattr(self, name), f"plan {name}", PlanError, optional=optional)
@@ -154,10 +166,11 @@ class RatePlan:
 
     # ---- serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready; ``attention_shapes`` only where recorded (a plan without them reads as before)."""
+        """JSON-ready; ``attention_shapes`` and ``compensation`` only where recorded (a plan without them reads as before)."""
         data = asdict(self)
-        if data["attention_shapes"] is None:
-            del data["attention_shapes"]
+        for name in ("attention_shapes", "compensation"):
+            if data[name] is None:
+                del data[name]
         return data
 
     @classmethod
@@ -213,13 +226,14 @@ class RatePlan:
         """The plan's identity: 12 hex digits of a SHA-256 over what it prunes and claims.
 
         Covers the model, rates, criterion, channel multiple, allocator, budget, predicted
-        loss, table key and the attention shapes where recorded; leaves out ``created`` (the same plan made twice is the same
+        loss, table key, and the attention shapes and compensation where recorded; leaves out ``created`` (the same plan made twice is the same
         plan) and ``params`` (counted from the geometry, so fixed by the rest). A plan file,
         a run and a checkpoint made from one plan show the same hash.
         """
         identity = {name: getattr(self, name) for name in PLAN_IDENTITY_FIELDS}
-        if self.attention_shapes is not None:  # only where recorded: hashes of plans without them stay
-            identity["attention_shapes"] = self.attention_shapes
+        for name in ("attention_shapes", "compensation"):  # only where recorded: hashes of plans without them stay
+            if getattr(self, name) is not None:
+                identity[name] = getattr(self, name)
         text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=float)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:PLAN_HASH_DIGITS]
 
@@ -241,9 +255,18 @@ def plan_hash(data: dict[str, Any]) -> str:
 
 
 def predicted_params(
-    lm: LoadedModel, attention_rates: Iterable[float], mlp_rates: Iterable[float], channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE
+    lm: LoadedModel,
+    attention_rates: Sequence[float],
+    mlp_rates: Sequence[float],
+    channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE,
+    biases: bool = False,
 ) -> dict[str, Any]:
-    """Parameter counts a plan produces, from the geometry alone."""
+    """Parameter counts a plan produces, from the geometry alone.
+
+    ``removed`` and ``pruned_total`` are surgery's (what the cut removes and leaves); with
+    ``biases`` (a compensation that adds them) also ``bias_params``, what its biases add back
+    (`units.added_bias_params`), and ``pruned_total_with_biases``, the model it ships.
+    """
     geoms = block_geometries(lm)
     dense_prunable = sum(g.params_at("attn", 0.0) + g.params_at("mlp", 0.0, channel_multiple) for g in geoms)
     pruned_prunable = sum(
@@ -251,7 +274,7 @@ def predicted_params(
     )
     dense_total = lm.param_count()
     removed = dense_prunable - pruned_prunable
-    return {
+    params: dict[str, Any] = {
         "dense_total": dense_total,
         "dense_prunable": dense_prunable,
         "pruned_prunable": pruned_prunable,
@@ -260,6 +283,15 @@ def predicted_params(
         "removed_fraction_of_prunable": removed / dense_prunable,
         "removed_fraction_of_total": removed / dense_total,
     }
+    if biases:
+        added = added_bias_params(geoms, attention_rates, mlp_rates, channel_multiple)
+        params |= {"bias_params": added, "pruned_total_with_biases": dense_total - removed + added}
+    return params
+
+
+def plan_params(lm: LoadedModel, plan: RatePlan) -> dict[str, Any]:
+    """`predicted_params` of ``plan`` on ``lm``, its biases counted where it was counted for them."""
+    return predicted_params(lm, plan.attention_rates, plan.mlp_rates, plan.channel_multiple, plan.counts_biases)
 
 
 def make_plan(
@@ -283,7 +315,7 @@ def make_plan(
     ).validate()
     if plan.attention_shapes is not None:
         plan.check_model(lm)  # the shapes fit the blocks, each the size of its rate
-    plan.params = predicted_params(lm, plan.attention_rates, plan.mlp_rates, channel_multiple)
+    plan.params = plan_params(lm, plan)
     return plan
 
 
@@ -298,9 +330,12 @@ def plan_widths(lm: LoadedModel, plan: RatePlan) -> list[dict[str, int]]:
     return widths
 
 
-def uniform_plan(lm: LoadedModel, rate: float, criterion: str, channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE) -> RatePlan:
-    """Every block and component at the same rate (the baseline most pruners use)."""
+def uniform_plan(
+    lm: LoadedModel, rate: float, criterion: str, channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE, compensation: str | None = None
+) -> RatePlan:
+    """Every block and component at the same rate (the baseline most pruners use); ``compensation``:
+    the one it will be pruned with, whose biases its counts then include."""
     if not (0.0 <= rate < 1.0):
         raise PlanError(f"rate {rate} is outside [0, 1)")
     n = lm.num_layers
-    return make_plan(lm, [rate] * n, [rate] * n, criterion, channel_multiple, allocator="uniform", budget=rate)
+    return make_plan(lm, [rate] * n, [rate] * n, criterion, channel_multiple, allocator="uniform", budget=rate, compensation=compensation)

@@ -12,7 +12,7 @@ columns of o_proj; MLP channel ``c`` owns row ``c`` of gate/up and column ``c`` 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -183,21 +183,39 @@ def replace_linear_(
     setattr(owner, name, new)
 
 
-def output_biases(adapter: ArchitectureAdapter, model: nn.Module) -> bool:
-    """Whether any block's o_proj or down_proj carries a bias (bias compensation gives every block both)."""
+def output_bias_layout(adapter: ArchitectureAdapter, model: nn.Module) -> list[tuple[bool, bool]]:
+    """Per block, whether its o_proj and its down_proj carry a bias (bias compensation gives one
+    to each projection that lost inputs, and to no other)."""
+    layout = []
     for layer in adapter.layers(model):
         o_proj, down_proj = adapter.attention_projections(layer)[3], adapter.mlp_projections(layer)[2]
-        if o_proj.bias is not None or down_proj.bias is not None:
-            return True
-    return False
+        layout.append((o_proj.bias is not None, down_proj.bias is not None))
+    return layout
 
 
-def add_output_biases_(adapter: ArchitectureAdapter, model: nn.Module) -> None:
-    """Give every block's o_proj and down_proj a bias (zeros where there is none): the shape of a
-    bias-compensated checkpoint, before its tensors are loaded."""
-    for layer in adapter.layers(model):
-        replace_linear_(adapter.attention(layer), adapter.output_name, add_bias=True)
-        replace_linear_(adapter.mlp(layer), adapter.down_name, add_bias=True)
+def output_biases(adapter: ArchitectureAdapter, model: nn.Module) -> bool:
+    """Whether any block's o_proj or down_proj carries a bias."""
+    return any(any(pair) for pair in output_bias_layout(adapter, model))
+
+
+def add_output_biases_(adapter: ArchitectureAdapter, model: nn.Module, layout: Sequence[Sequence[bool]] | None = None) -> None:
+    """Give block ``i``'s o_proj a bias where ``layout[i][0]`` and its down_proj one where
+    ``layout[i][1]`` (every block both when ``layout`` is None; zeros where there is none): the
+    shape of a bias-compensated checkpoint, before its tensors are loaded.
+
+    Raises:
+        ValueError: a layout of another length than the model's blocks.
+    """
+    layers = adapter.layers(model)
+    if layout is None:
+        layout = [(True, True)] * len(layers)
+    if len(layout) != len(layers):
+        raise ValueError(f"the output-bias layout lists {len(layout)} blocks, the model has {len(layers)}")
+    for layer, (attention, mlp) in zip(layers, layout):
+        if attention:
+            replace_linear_(adapter.attention(layer), adapter.output_name, add_bias=True)
+        if mlp:
+            replace_linear_(adapter.mlp(layer), adapter.down_name, add_bias=True)
 
 
 @contextlib.contextmanager

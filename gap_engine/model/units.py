@@ -19,12 +19,17 @@ layer:
 - MLP channels are kept in multiples of ``channel_multiple`` (default 8), at least one
   multiple; rate 0 keeps the full width even when it is not a multiple.
 
+- Bias compensation adds a bias of the hidden width to each o_proj / down_proj whose
+  component loses units, and to no other (`added_bias_params`): a component's first cut costs
+  its bias, later cuts nothing more.
+
 These functions need only the geometry, so tables, the planner and plan validation can
 count parameters without touching weights. All pure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -97,6 +102,7 @@ class ComponentGeometry:
     qkv_bias: bool
     o_bias: bool
     mlp_bias: bool
+    down_bias: bool = False  # down_proj has a bias (a bias-compensated model's may, where gate/up have none)
 
     def attention_shape_at(self, rate: float) -> AttentionShape:
         return attention_shape_for_rate(self.geometry, self.hidden, rate, self.qkv_bias, self.o_bias)
@@ -121,13 +127,24 @@ class ComponentGeometry:
     def removed_at(self, component: str, rate: float, multiple: int = DEFAULT_CHANNEL_MULTIPLE) -> int:
         return self.params_at(component, 0.0, multiple) - self.params_at(component, rate, multiple)
 
+    def output_bias_params(self, component: str) -> int:
+        """Parameters a bias on the component's output projection adds (o_proj for attention,
+        down_proj for the MLP): its output width, none where it has a bias already."""
+        has_bias = self.o_bias if component == "attn" else (self.down_bias or self.mlp_bias)
+        return 0 if has_bias else self.hidden
+
+    def bias_params_at(self, component: str, rate: float, multiple: int = DEFAULT_CHANNEL_MULTIPLE) -> int:
+        """What bias compensation adds to the component at ``rate``: its output projection's bias
+        where the rate removes units, nothing where it removes none (no input lost, no bias)."""
+        return self.output_bias_params(component) if self.removed_at(component, rate, multiple) > 0 else 0
+
 
 def block_geometries(lm: LoadedModel) -> list[ComponentGeometry]:
     """Per-block counting geometry of a loaded model (reads shapes, not the config)."""
     out = []
     for layer in lm.adapter.layers(lm.model):
         q, _, _, o = lm.adapter.attention_projections(layer)
-        gate, _, _ = lm.adapter.mlp_projections(layer)
+        gate, _, down = lm.adapter.mlp_projections(layer)
         out.append(
             ComponentGeometry(
                 geometry=lm.adapter.geometry(layer),
@@ -135,9 +152,27 @@ def block_geometries(lm: LoadedModel) -> list[ComponentGeometry]:
                 qkv_bias=q.bias is not None,
                 o_bias=o.bias is not None,
                 mlp_bias=gate.bias is not None,
+                down_bias=down.bias is not None,
             )
         )
     return out
+
+
+def added_bias_params(
+    geoms: Sequence[ComponentGeometry],
+    attention_rates: Sequence[float],
+    mlp_rates: Sequence[float],
+    multiple: int = DEFAULT_CHANNEL_MULTIPLE,
+) -> int:
+    """The parameters bias compensation adds to a plan's model: one bias per o_proj / down_proj
+    whose component the rates cut (`ComponentGeometry.bias_params_at`).
+
+    The one count of those biases: the planner charges it to a budget, compensation checks the
+    biases it installs against it, and plans and reports show it.
+    """
+    return sum(
+        g.bias_params_at("attn", a, multiple) + g.bias_params_at("mlp", m, multiple) for g, a, m in zip(geoms, attention_rates, mlp_rates)
+    )
 
 
 def has_attention_ties(lm: LoadedModel) -> bool:

@@ -30,21 +30,33 @@ from gap_engine.tables.artefact import LossTable, TableSpec
 
 @dataclass(frozen=True)
 class PrunedCheckpoint:
-    """What ``gap prune --plan/--uniform`` wrote."""
+    """What ``gap prune --plan/--uniform`` wrote: the net change of the parameter count beside the cut's."""
 
     out: str  # the checkpoint folder
-    params_before: int
-    params_after: int
-    removed_fraction_of_prunable: float
-    removed_fraction_of_total: float
+    params_before: int  # the dense model's parameters
+    params_after: int  # the checkpoint's, the compensation's biases included
+    removed_fraction_of_prunable: float  # what the cut removed (the plan's ``removed``), of the prunable parameters
+    removed_fraction_of_total: float  # the same, of all parameters
     compensation: str = "none"  # what the kept units got after the cut
+    removed: int = 0  # parameters the cut removed (the plan's ``removed``)
+    bias_params: int = 0  # parameters the compensation's biases added back
+    dense_prunable: int = 1  # the dense model's prunable parameters
+
+    @property
+    def net_removed(self) -> int:
+        """The net change: parameters gone once the biases are counted (``params_before - params_after``)."""
+        return self.params_before - self.params_after
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "out": self.out,
             "params_before": self.params_before,
             "params_after": self.params_after,
+            "removed": self.removed,
+            "bias_params": self.bias_params,
+            "net_removed": self.net_removed,
             "removed_fraction_of_prunable": self.removed_fraction_of_prunable,
+            "net_removed_fraction_of_prunable": self.net_removed / self.dense_prunable,
             "removed_fraction_of_total": self.removed_fraction_of_total,
             "compensation": self.compensation,
         }
@@ -78,6 +90,9 @@ def prune_to_checkpoint(
         removed_fraction_of_prunable=result.plan.params["removed_fraction_of_prunable"],
         removed_fraction_of_total=result.plan.params["removed_fraction_of_total"],
         compensation=compensation.mode,
+        removed=int(result.plan.params["removed"]),
+        bias_params=int((result.compensation or {}).get("bias_params", 0)),
+        dense_prunable=int(result.plan.params["dense_prunable"]),
     )
 
 

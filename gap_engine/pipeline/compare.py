@@ -62,6 +62,7 @@ class Outcome:
     )
     predicted_basis: str | None = None  # what the prediction sums: "measured", "estimated" or "mixed" table cells
     compensation: str = "none"  # what the kept units got after the cut (prune.compensations)
+    bias_params: int = 0  # parameters the compensation's biases added (params_after counts them; removed does not)
 
     def row(self) -> dict:
         """Flat dict for CSV output."""
@@ -161,6 +162,7 @@ def measure_plan(
         predicted_basis=None if table is None else table.basis(table.cells_for(plan.attention_rates, plan.mlp_rates)),
         extras=extra(pruned) if extra is not None else {},
         compensation=compensation.mode,
+        bias_params=int((result.compensation or {}).get("bias_params", 0)),
     )
 
 
@@ -187,7 +189,8 @@ def compare(
         constraints, evo: as for `allocators.plan_from_table`.
         hooks: its message is told one line per finished plan.
         extra: more numbers of each pruned model (task accuracy), as extra columns.
-        compensation: what every plan's kept units get after the cut, fitted on the table's windows.
+        compensation: what every plan's kept units get after the cut, fitted on the table's windows;
+            the biases one adds are paid from each budget (``plan.problem.bias_charges``).
     """
     unknown = [a for a in allocators if a not in ALLOCATORS]
     if unknown:
@@ -209,7 +212,7 @@ def compare(
 
     for budget in budgets:  # fail fast on an unreachable budget, before the slow part
         for allocator in allocators:
-            check_reach(lm, table, budget, allocator, constraints)
+            check_reach(lm, table, budget, allocator, constraints, compensation.mode)
     reference = reference_numbers(lm, windows, heldout, calib_spec.batch_size)
     outcomes = []
     for budget in budgets:
@@ -217,7 +220,7 @@ def compare(
             started = time.perf_counter()
             extras = {}
             if allocator == "evo":
-                result = evolve(lm, table, budget, windows, scores, constraints, evo)
+                result = evolve(lm, table, budget, windows, scores, constraints, evo, compensation=compensation.mode)
                 plan = result.plan
                 extras = {
                     "dp_predicted": result.seed_predicted,
@@ -226,7 +229,7 @@ def compare(
                     "evo_evaluations": result.evaluations,
                 }
             else:
-                plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores)
+                plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores, compensation=compensation.mode)
             # A sequential criterion (SlimGPT's OBS) updates the kept columns itself: that is its compensation.
             own = NO_COMPENSATION if is_sequential(plan.criterion) else compensation
             outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores_of(plan.criterion), reference, table, extra, own)

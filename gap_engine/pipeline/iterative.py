@@ -65,6 +65,7 @@ class IterativeResult:
     rounds: list[PlanRound] = field(default_factory=list)
     plan: RatePlan | None = None  # the widths as a plan for the dense model (allocator "dp-iterative")
     kept: dict = field(default_factory=dict)  # kept_kv_heads, kept_heads, kept_channels per layer, in dense indices
+    bias_params: int = 0  # parameters the compensation's biases added (not in ``removed``)
 
     @property
     def predicted_loss(self) -> float:
@@ -139,7 +140,7 @@ def iterative_prune(
         first_table: the dense model's table under ``spec`` if at hand (``tables.lookup``); round 1
             uses it only when it is for these weights, else reads or builds its own.
         compensation: what the kept units get after the cut, fitted on the table's windows: one
-            round only (a later round's cut would be fitted to a model that is itself pruned).
+            round only (a later round's cut would be fitted to a pruned model); ``budget`` pays for its biases.
     Returns:
         IterativeResult with the pruned model.
     Raises:
@@ -168,7 +169,7 @@ def iterative_prune(
             table = loss_table(current, spec, hooks, use_cache)
         now = prunable_params(current, spec.channel_multiple)[0]
         share = max(0.0, (budget * total * index / rounds - (total - now)) / now)
-        plan = plan_for(current, table, share, "dp", constraints)
+        plan = plan_for(current, table, share, "dp", constraints, compensation=compensation.mode)
         if plan.predicted_loss is None:
             raise InvariantError("a plan made from a table has no predicted loss")
         windows = calibration_windows(current.tokenizer, spec.windows)
@@ -184,10 +185,10 @@ def iterative_prune(
         log.info("round %d/%d: removed %d parameters, predicted %.4f, measured %s", index, rounds, removed, plan.predicted_loss, measured)
     out.removed = total - prunable_params(current, spec.channel_multiple, dense)[0]
     out.removed_fraction = out.removed / total
-    meta = {"allocator": "dp-iterative", "budget": budget, "predicted_loss": out.predicted_loss}
+    meta = {"allocator": "dp-iterative", "budget": budget, "predicted_loss": out.predicted_loss, "compensation": compensation.mode}
     out.plan = widths_plan(dense, current, spec.criterion, spec.channel_multiple, **meta)
     out.attention_rates, out.mlp_rates = out.plan.attention_rates, out.plan.mlp_rates
-    added = result.params_after - int(result.plan.params["pruned_total"])  # the compensation's biases (0 without)
+    out.bias_params = added = result.params_after - int(result.plan.params["pruned_total"])  # the compensation's biases (0 without)
     if out.plan.params["pruned_total"] + added != current.param_count():
         raise InvariantError(f"the rounds left {current.param_count()} parameters, their widths say {out.plan.params['pruned_total']}")
     current.pruned_from = {"model": dense.name, "fingerprint": dense.fingerprint, "plan": out.plan.to_dict()}

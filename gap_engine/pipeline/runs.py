@@ -232,14 +232,15 @@ def prune_eval_stages(eval_settings: EvalSettings, checkpoint: bool, tasks: bool
     return tuple(stages + ([SAVE] if checkpoint else []))
 
 
-def _chosen_plan(dense, table, budget, allocator, constraints, plan) -> RatePlan:
-    """The given plan checked against the model, or the allocator's plan at the budget."""
+def _chosen_plan(dense, table, budget, allocator, constraints, plan, compensation: str) -> RatePlan:
+    """The given plan checked against the model, or the allocator's plan at the budget (the
+    biases ``compensation`` adds paid from it)."""
     if plan is not None:
         plan.check_model(dense)
         return plan
     if table is None or budget is None:
         raise GapError("a run needs either a plan or a loss table and a budget")
-    return plan_for(dense, table, budget, allocator, constraints or Constraints())
+    return plan_for(dense, table, budget, allocator, constraints or Constraints(), compensation=compensation)
 
 
 _STOPPED = "prune and evaluate cancelled"
@@ -288,8 +289,8 @@ def prune_and_evaluate(
         checkpoint_dir, history_path: where to save the checkpoint (None: not saved), the history (None: the default).
         hooks: each stage entered as it starts (`prune_eval_stages`); cancel polled per block and between stages.
         tasks: prepared lm-eval tasks whose accuracy (and dense's) joins report and history.
-        compensation: what the kept units get after the cut, fitted on the table's calibration
-            windows (its ``compensate`` stage entered when active); recorded in the run and the checkpoint.
+        compensation: what the kept units get after the cut, fitted on the table's calibration windows (its
+            ``compensate`` stage entered when active; a budget pays for its biases); recorded in the run and the checkpoint.
     """
     started, timer = time.perf_counter(), StageTimer(hooks.stage)
 
@@ -298,7 +299,7 @@ def prune_and_evaluate(
         timer(name)
 
     at(PLAN)
-    plan = _chosen_plan(dense, table, budget, allocator, constraints, plan)
+    plan = _chosen_plan(dense, table, budget, allocator, constraints, plan, compensation.mode)
     calib = table.spec.windows if table is not None else WindowSpec()
     at(PRUNE)
     # As stored, saved or not: Recover, `gap eval` and `gap compare` measure the stored weights.

@@ -160,10 +160,12 @@ def plan_for(
     evo: EvoSettings = EvoSettings(),
     n_buckets: int = DEFAULT_N_BUCKETS,
     smoothed: bool = True,
+    compensation: str | None = None,
 ) -> RatePlan:
-    """`allocators.plan_from_table` with the table's own calibration windows read when the allocator needs them."""
+    """`allocators.plan_from_table` with the table's own calibration windows read when the allocator
+    needs them (``compensation``: what the prune that follows applies; its biases are charged to the budget)."""
     windows = calibration_windows(lm.tokenizer, table.spec.windows) if needs_windows(allocator) else None
-    return plan_from_table(lm, table, budget, allocator, constraints, windows, scores, evo, n_buckets, smoothed)
+    return plan_from_table(lm, table, budget, allocator, constraints, windows, scores, evo, n_buckets, smoothed, compensation)
 
 
 # ---- pruning -------------------------------------------------------------------------------

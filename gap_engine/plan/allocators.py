@@ -9,14 +9,16 @@ are held to the same budget and constraints (``problem``).
 Units are whole heads (GQA-valid) and MLP channels in multiples of ``channel_multiple``,
 so no allocator hits a budget exactly: ``dp`` and ``evo`` remove at least the budget on
 the table's grid; the baselines are settled, whole unit by whole unit, to remove at least
-the budget and less than one further unit beyond it (``ladders``).
+the budget and less than one further unit beyond it (``ladders``). A plan for a prune with
+bias compensation removes its budget net of the biases that compensation adds
+(``problem.bias_charges``), and records the compensation it was counted for.
 """
 
 from __future__ import annotations
 
 import torch
 
-from gap_engine.core.config import DEFAULT_N_BUCKETS
+from gap_engine.core.config import BIAS_COMPENSATIONS, DEFAULT_N_BUCKETS
 from gap_engine.core.errors import InvariantError, PlanError, TableError
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
@@ -29,12 +31,14 @@ from gap_engine.plan.ladders import build_ladders, ladder_rates, ladder_reach, s
 from gap_engine.plan.problem import (
     Constraints,
     PlanningProblem,
+    charged_counts,
     check_budget_fraction,
     planning_problem,
     predicted_loss,
     reach_error,
     slot_rates,
 )
+from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.tables.artefact import LossTable
 
@@ -57,7 +61,14 @@ def _check_allocator(allocator: str) -> None:
     ALLOCATORS.check(allocator)
 
 
-def check_reach(lm: LoadedModel, table: LossTable, budget: float, allocator: str = "dp", constraints: Constraints = Constraints()) -> None:
+def check_reach(
+    lm: LoadedModel,
+    table: LossTable,
+    budget: float,
+    allocator: str = "dp",
+    constraints: Constraints = Constraints(),
+    compensation: str | None = None,
+) -> None:
     """Raise what `plan_from_table` would raise for this budget, without its slow part.
 
     Raises:
@@ -67,14 +78,24 @@ def check_reach(lm: LoadedModel, table: LossTable, budget: float, allocator: str
     """
     _check_allocator(allocator)
     budget = check_budget_fraction(budget)
-    problem = planning_problem(table, constraints)
+    compensation = counted_compensation(allocator, table, compensation)
+    problem = planning_problem(table, constraints, biases=charged_counts(lm, compensation))
     if allocator in GRID_ALLOCATORS:
         low, high = problem.reach()
         if budget * problem.dense_prunable > high:
             raise reach_error(allocator, budget, low, high, problem.dense_prunable)
         return
-    ladders = build_ladders(block_geometries(lm), problem.slots, problem.locked, constraints, table.spec.channel_multiple)
+    biases = compensation in BIAS_COMPENSATIONS
+    ladders = build_ladders(block_geometries(lm), problem.slots, problem.locked, constraints, table.spec.channel_multiple, biases)
     ladder_reach(allocator, budget, ladders, problem.dense_prunable)
+
+
+def counted_compensation(allocator: str, table: LossTable, compensation: str | None) -> str | None:
+    """The compensation a plan of ``allocator`` is counted for: ``compensation``, or none when
+    the plan's criterion updates the kept columns itself (``obs``, which is pruned with none)."""
+    if compensation is not None and is_sequential(own_criterion(allocator) or table.spec.criterion):
+        return "none"
+    return compensation
 
 
 def plan_from_table(
@@ -88,6 +109,7 @@ def plan_from_table(
     evo: EvoSettings = EvoSettings(),
     n_buckets: int = DEFAULT_N_BUCKETS,
     smoothed: bool = True,
+    compensation: str | None = None,
 ) -> RatePlan:
     """A rate plan for ``lm`` removing ``budget`` of its prunable parameters.
 
@@ -104,9 +126,13 @@ def plan_from_table(
         evo: search settings of ``evo``.
         n_buckets: DP budget resolution.
         smoothed: plan on the smoothed table (else the raw deltas).
+        compensation: what the prune that follows applies after the cut (a COMPENSATIONS name):
+            one that adds biases (bias, bias+refit) has them paid from the budget, so the
+            plan removes ``budget`` net of them (`counted_compensation`: none for ``obs``);
+            None: not said, nothing charged or recorded.
     Returns:
         A validated RatePlan with allocator, budget, predicted_loss (summed table loss,
-        linear between grid rates) and table_key filled in; its criterion is the table's, or
+        linear between grid rates), table_key and compensation filled in; its criterion is the table's, or
         the allocator's own (``allocator_registry.own_criterion``: flap, slimgpt).
     Raises:
         BudgetError: a budget outside [0, 1) or beyond reach (the message gives the
@@ -123,17 +149,18 @@ def plan_from_table(
         raise PlanError(f"the {allocator} allocator reads calibration windows; none were given")
     if needs_windows(allocator):
         lm = lm.private()  # they hook or mask the model: never one that other threads run
-    problem = planning_problem(table, constraints, smoothed)
+    compensation = counted_compensation(allocator, table, compensation)
+    problem = planning_problem(table, constraints, smoothed, charged_counts(lm, compensation))
     if allocator == "dp":
-        return grid_plan(lm, table, problem, dp_choice(problem, budget, n_buckets), budget, "dp")
+        return grid_plan(lm, table, problem, dp_choice(problem, budget, n_buckets), budget, "dp", compensation)
     if allocator == "evo":
         if windows is None:
             raise InvariantError("evo was given no calibration windows (checked above)")
         if scores is None:
             scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size)
-        return evolve(lm, table, budget, windows, scores, constraints, evo, n_buckets, smoothed).plan
+        return evolve(lm, table, budget, windows, scores, constraints, evo, n_buckets, smoothed, compensation=compensation).plan
 
-    return _baseline_plan(lm, table, problem, budget, allocator, constraints, windows, scores, smoothed)
+    return _baseline_plan(lm, table, problem, budget, allocator, constraints, windows, scores, smoothed, compensation)
 
 
 def _baseline_plan(
@@ -146,11 +173,12 @@ def _baseline_plan(
     windows: torch.Tensor | None,
     scores: ImportanceScores | None,
     smoothed: bool,
+    compensation: str | None,
 ) -> RatePlan:
     """An off-grid baseline's plan: its rungs, settled to the budget whole unit by whole unit."""
     geoms = block_geometries(lm)
     multiple = table.spec.channel_multiple
-    ladders = build_ladders(geoms, problem.slots, problem.locked, constraints, multiple)
+    ladders = build_ladders(geoms, problem.slots, problem.locked, constraints, multiple, compensation in BIAS_COMPENSATIONS)
     ladder_reach(allocator, budget, ladders, problem.dense_prunable)
     criterion = own_criterion(allocator) or table.spec.criterion
     inputs = BaselineInputs(
@@ -181,4 +209,5 @@ def _baseline_plan(
         budget=budget,
         predicted_loss=predicted_loss(table, geoms, attention, mlp, smoothed),
         table_key=table.key,
+        compensation=compensation,
     )

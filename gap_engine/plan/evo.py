@@ -23,7 +23,7 @@ from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.front import dp_choice, grid_plan
-from gap_engine.plan.problem import Constraints, PlanningProblem, check_budget_fraction, planning_problem
+from gap_engine.plan.problem import Constraints, PlanningProblem, charged_counts, check_budget_fraction, planning_problem
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.prune.surgery import masked_plan
 from gap_engine.tables.artefact import LossTable
@@ -116,6 +116,7 @@ def evolve(
     n_buckets: int = DEFAULT_N_BUCKETS,
     smoothed: bool = True,
     hooks: Hooks = NO_HOOKS,
+    compensation: str | None = None,
 ) -> EvoResult:
     """EvoPress-style refinement of the DP plan, scored by true calibration loss.
 
@@ -132,11 +133,13 @@ def evolve(
         scores: importance scores of the table's criterion (which units a rate removes).
         settings: search length and seed.
         hooks: progress told (generations done, generations total, None).
+        compensation: what the prune that follows applies; one that adds biases has them
+            charged to the budget (``problem.bias_charges``), as for the DP.
     """
     table.check_model(lm)
     lm = lm.private()  # candidates are masked on it: never on a model other threads run
     budget = check_budget_fraction(budget)
-    problem = planning_problem(table, constraints, smoothed)
+    problem = planning_problem(table, constraints, smoothed, charged_counts(lm, compensation))
     target = budget * problem.dense_prunable
     seed_choice = dp_choice(problem, budget, n_buckets)
     if settings.n_samples is not None:
@@ -155,8 +158,8 @@ def evolve(
 
     best, history = _search(problem, seed_choice, target, true_increase, settings, hooks)
     result = EvoResult(
-        plan=grid_plan(lm, table, problem, best, budget, "evo"),
-        seed_plan=grid_plan(lm, table, problem, seed_choice, budget, "dp"),
+        plan=grid_plan(lm, table, problem, best, budget, "evo", compensation),
+        seed_plan=grid_plan(lm, table, problem, seed_choice, budget, "dp", compensation),
         dense_loss=dense_loss,
         seed_predicted=problem.loss(seed_choice),
         seed_actual=true_increase(seed_choice),

@@ -109,8 +109,17 @@ def dp_choice(problem: PlanningProblem, budget: float, n_buckets: int) -> np.nda
     return solve_budget(problem.costs, problem.losses, problem.allowed, removed_params=target, n_buckets=n_buckets)
 
 
-def grid_plan(lm: LoadedModel, table: LossTable, problem: PlanningProblem, choice: Choice, budget: float, allocator: str) -> RatePlan:
-    """The plan of one option index per slot, with its summed table loss as the prediction."""
+def grid_plan(
+    lm: LoadedModel,
+    table: LossTable,
+    problem: PlanningProblem,
+    choice: Choice,
+    budget: float,
+    allocator: str,
+    compensation: str | None = None,
+) -> RatePlan:
+    """The plan of one option index per slot, with its summed table loss as the prediction
+    (``compensation``: the one its costs were counted for, recorded in the plan)."""
     attention, mlp = problem.rates(choice)
     return make_plan(
         lm,
@@ -122,4 +131,5 @@ def grid_plan(lm: LoadedModel, table: LossTable, problem: PlanningProblem, choic
         budget=budget,
         predicted_loss=problem.loss(choice),
         table_key=table.key,
+        compensation=compensation,
     )

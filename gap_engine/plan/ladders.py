@@ -3,7 +3,8 @@
 A slot's ladder lists the distinct shapes its units can be rounded to (GQA-valid head
 counts, MLP widths in multiples of ``channel_multiple``), by increasing removal. The
 off-grid baselines pick a rung per slot and `settle` moves slots one rung at a time until
-the plan removes at least the budget and less than one further rung beyond it.
+the plan removes at least the budget and less than one further rung beyond it. When the prune adds bias compensation a
+rung's removal is net of the biases it adds (``ComponentGeometry.bias_params_at``), as the DP's costs are.
 """
 
 from __future__ import annotations
@@ -23,8 +24,17 @@ class Ladder:
     """The distinct unit-rounded shapes a slot may take, by increasing removal."""
 
     rates: np.ndarray  # (K,) a rate that rounds to each shape
-    removed: np.ndarray  # (K,) int64 parameters removed, strictly increasing
+    removed: np.ndarray  # (K,) int64 parameters removed (net of added biases when ``biases``), strictly increasing
     dense: int  # the slot's dense parameters
+    biases: bool = False  # removals are net of the biases bias compensation adds
+
+
+def slot_removed(geom: ComponentGeometry, kind: str, rate: float, multiple: int, biases: bool) -> int:
+    """Parameters a slot removes at ``rate``, less the biases its cut adds when ``biases``."""
+    removed = 0
+    for part in PARTS[kind]:
+        removed += geom.removed_at(part, rate, multiple) - (geom.bias_params_at(part, rate, multiple) if biases else 0)
+    return removed
 
 
 def _attention_fractions(geom: ComponentGeometry) -> list[float]:
@@ -44,8 +54,14 @@ def _mlp_fractions(geom: ComponentGeometry, multiple: int) -> list[float]:
 
 
 def build_ladders(
-    geoms: Sequence[ComponentGeometry], slots: Sequence[tuple[int, str]], locked: dict[int, float], constraints: Constraints, multiple: int
+    geoms: Sequence[ComponentGeometry],
+    slots: Sequence[tuple[int, str]],
+    locked: dict[int, float],
+    constraints: Constraints,
+    multiple: int,
+    biases: bool = False,
 ) -> list[Ladder]:
+    """Every slot's ladder (``biases``: removals net of the biases bias compensation adds)."""
     out = []
     for s, (layer, kind) in enumerate(slots):
         geom = geoms[layer]
@@ -63,12 +79,11 @@ def build_ladders(
             candidates = [r for r in fractions if constraints.min_rate - RATE_TOL <= r <= constraints.max_rate + RATE_TOL]
         by_removed: dict[int, float] = {}
         for rate in sorted(candidates):
-            removed = sum(geom.removed_at(part, rate, multiple) for part in parts)
-            by_removed.setdefault(removed, rate)
+            by_removed.setdefault(slot_removed(geom, kind, rate, multiple, biases), rate)
         if not by_removed:
             raise BudgetError(f"layer {layer} {kind} has no unit-exact rate within [{constraints.min_rate:g}, {constraints.max_rate:g}]")
         rung_removed = np.array(sorted(by_removed), dtype=np.int64)
-        out.append(Ladder(np.array([by_removed[int(r)] for r in rung_removed]), rung_removed, dense))
+        out.append(Ladder(np.array([by_removed[int(r)] for r in rung_removed]), rung_removed, dense, biases))
     return out
 
 
@@ -145,7 +160,7 @@ def rungs_at_rates(
 ) -> np.ndarray:
     """Rung of each slot that units rounding gives at the given rates (clamped to the ladder)."""
     wanted = np.array(
-        [sum(geoms[layer].removed_at(p, float(r), multiple) for p in PARTS[kind]) for (layer, kind), r in zip(slots, rates)],
+        [slot_removed(geoms[layer], kind, float(r), multiple, ladder.biases) for (layer, kind), r, ladder in zip(slots, rates, ladders)],
         dtype=np.float64,
     )
     return nearest_rungs(ladders, wanted)

@@ -4,6 +4,11 @@ A *slot* is what gets one rate: a component (a layer's attention or MLP), or a w
 when attention and MLP are coupled. Budgets are fractions of the *prunable* parameters (all
 attention and MLP projections). `predicted_loss` reads any plan, on the grid or off it,
 from the table.
+
+When the prune that follows adds biases (bias compensation), a budget pays for them: an
+option's cost is the parameters it removes less the bias its cut adds (``bias_charges``: a
+component's first cut costs its output projection's bias, ``units.ComponentGeometry.bias_params_at``),
+so a plan removes at least the budget *net*, and the DP stays exact in whole parameters.
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from gap_engine.core.config import DEFAULT_MAX_RATE
+from gap_engine.core.config import BIAS_COMPENSATIONS, DEFAULT_MAX_RATE
 from gap_engine.core.errors import BudgetError, TableError
 from gap_engine.core.knapsack import constraint_mask
 from gap_engine.core.validate import check_number
-from gap_engine.model.units import ComponentGeometry
+from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.units import ComponentGeometry, block_geometries
 from gap_engine.tables.artefact import LossTable
 
 RATE_TOL = 1e-9  # rates closer than this are the same rate
@@ -105,7 +111,7 @@ class PlanningProblem:
 
     slots: tuple[tuple[int, str], ...]  # (layer, "attn" | "mlp" | "block") per slot, in layer order
     rate_grid: np.ndarray  # (R,) the table's rates
-    costs: np.ndarray  # (S, R) int64 parameters each option removes
+    costs: np.ndarray  # (S, R) int64 parameters each option removes, less the biases it adds when they are charged
     losses: np.ndarray  # (S, R) float64 predicted loss increase of each option
     allowed: np.ndarray  # (S, R) bool options the constraints allow
     locked: dict[int, float]  # slot index -> locked rate
@@ -161,11 +167,36 @@ def _table_rows(table: LossTable) -> dict[tuple[int, str], int]:
     return rows
 
 
-def planning_problem(table: LossTable, constraints: Constraints = Constraints(), smoothed: bool = True) -> PlanningProblem:
+def charged_counts(lm: LoadedModel, compensation: str | None) -> list[ComponentGeometry] | None:
+    """The blocks' counting geometry when ``compensation`` adds biases, for the planner to charge
+    them (`planning_problem`'s ``biases``); None for one that adds none."""
+    return block_geometries(lm) if compensation in BIAS_COMPENSATIONS else None
+
+
+def bias_charges(
+    counts: Sequence[ComponentGeometry], slots: Sequence[tuple[int, str]], rate_grid: Sequence[float] | np.ndarray, multiple: int
+) -> np.ndarray:
+    """(S, R) int64: the bias parameters each option of each slot adds under bias compensation:
+    each component the rate cuts gets one bias on its output projection (the first cut pays it)."""
+    charges = np.zeros((len(slots), len(rate_grid)), dtype=np.int64)
+    for s, (layer, kind) in enumerate(slots):
+        for r, rate in enumerate(rate_grid):
+            charges[s, r] = sum(counts[layer].bias_params_at(part, float(rate), multiple) for part in PARTS[kind])
+    return charges
+
+
+def planning_problem(
+    table: LossTable,
+    constraints: Constraints = Constraints(),
+    smoothed: bool = True,
+    biases: Sequence[ComponentGeometry] | None = None,
+) -> PlanningProblem:
     """The planner's view of ``table`` under ``constraints``.
 
     A split table planned with ``coupled`` gets one slot per layer whose option r removes
-    and costs the sum of the layer's attention and MLP cells at rate r.
+    and costs the sum of the layer's attention and MLP cells at rate r. With ``biases`` (the
+    model's counting geometry, `charged_counts`: the prune adds bias compensation) every
+    option costs what it removes less the biases it adds (`bias_charges`).
 
     Raises:
         BudgetError: contradictory constraints (see `Constraints.resolved_locks`, and a
@@ -186,6 +217,8 @@ def planning_problem(table: LossTable, constraints: Constraints = Constraints(),
         for row in sources:
             costs[s] += table_removed[row]
             losses[s] += table_losses[row]
+    if biases is not None:
+        costs -= bias_charges(biases, slots, table.rate_grid, table.spec.channel_multiple)
     locked = {s: locked_layers[layer] for s, (layer, _) in enumerate(slots) if layer in locked_layers}
     low = np.full(len(slots), constraints.min_rate)
     high = np.full(len(slots), constraints.max_rate)

@@ -367,7 +367,7 @@ def fit_block(
         index: its position, for messages.
         inputs: the states entering it (the pruned stream) and, for the dense target, the
             dense stream's inputs of its two projections.
-        heads, channels: the removed units, as ``surgery.removed_units`` gives them.
+        heads, channels: the removed units, as ``surgery.plan_units`` gives them.
         settings: the compensation.
     Raises:
         CompensationError: a singular system.

@@ -12,8 +12,8 @@ Per block the work is three partial passes over the calibration windows: to the 
 compensated (the MLP's moments), and the whole block pruned and compensated (the next block's
 inputs); with ``target="dense"`` one more pass runs the dense block on the dense stream.
 The kept columns are rewritten in place; the biases are kept apart until surgery has sliced
-the blocks, then every block's ``o_proj`` and ``down_proj`` gets one, so the checkpoint
-records one flag for all.
+the blocks, then each ``o_proj`` and ``down_proj`` that lost inputs gets one (and no other:
+the checkpoint records which, ``checkpoint.OUTPUT_BIAS``).
 
 All or nothing, as surgery: refit columns and biases go into new modules, so a cancelled or
 failed pass puts every block back as it was (``slicing.restored_on_failure``), fingerprint
@@ -34,7 +34,7 @@ from torch import nn
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.device import input_device, placement_of
-from gap_engine.core.errors import CompensationError
+from gap_engine.core.errors import CompensationError, InvariantError
 from gap_engine.core.progress import COMPENSATE, NO_HOOKS, EtaClock, Hooks
 from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches, calibration_windows
@@ -42,10 +42,11 @@ from gap_engine.model.layerwise import block_on, capture_calls, layer_output, to
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.slicing import replace_linear_, restored_on_failure
+from gap_engine.model.units import added_bias_params, block_geometries
 from gap_engine.prune.compensate import BlockFit, BlockInputs, applied, fit_block, kept_columns
 from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.importance import ImportanceScores
-from gap_engine.prune.surgery import PruneResult, apply_plan, removed_units
+from gap_engine.prune.surgery import PruneResult, apply_plan, plan_units
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +54,9 @@ Removed = list[tuple[tuple[int, ...], tuple[int, ...]]]  # per block: (removed h
 
 
 def removed_per_block(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores | None) -> Removed:
-    """The heads and channels surgery will remove from every block (its own choice)."""
-    out: Removed = []
-    for i, layer in enumerate(lm.adapter.layers(lm.model)):
-        if scores is None or (plan.attention_rates[i] <= 0 and plan.mlp_rates[i] <= 0):
-            out.append(((), ()))
-            continue
-        out.append(removed_units(lm.adapter, layer, scores.layers[i], plan.attention_rates[i], plan.mlp_rates[i], plan.channel_multiple))
-    return out
+    """The heads and channels surgery will remove from every block: ``surgery.plan_units``, the
+    one choice of units (a plan's recorded attention shapes included)."""
+    return [(block.removed_heads, block.removed_channels) for block in plan_units(lm, plan, scores)]
 
 
 def check_calibration(lm: LoadedModel, tokens: int, settings: CompensationSettings) -> None:
@@ -170,10 +166,13 @@ def compensate_blocks(
 
 
 def install_biases(lm: LoadedModel, fits: Sequence[BlockFit]) -> None:
-    """Give every block's o_proj and down_proj its fitted bias (zeros where none was fitted)."""
+    """Give each o_proj and down_proj its fitted bias; a projection with none fitted (it lost no
+    input) stays as it is, so no parameter is added where nothing was cut."""
     for layer, fit in zip(lm.adapter.layers(lm.model), fits):
-        replace_linear_(lm.adapter.attention(layer), lm.adapter.output_name, bias=fit.attn.bias, add_bias=True)
-        replace_linear_(lm.adapter.mlp(layer), lm.adapter.down_name, bias=fit.mlp.bias, add_bias=True)
+        if fit.attn.bias is not None:
+            replace_linear_(lm.adapter.attention(layer), lm.adapter.output_name, bias=fit.attn.bias, add_bias=True)
+        if fit.mlp.bias is not None:
+            replace_linear_(lm.adapter.mlp(layer), lm.adapter.down_name, bias=fit.mlp.bias, add_bias=True)
 
 
 def prune_compensated(
@@ -195,7 +194,8 @@ def prune_compensated(
         hooks: the ``compensate`` stage entered, progress over blocks, cancel between blocks.
     Returns:
         surgery's PruneResult; ``params_after`` counts the biases, ``compensation`` says what was done
-        (with ``bias_params``, the parameters the biases added).
+        (with ``bias_params``, the parameters the biases added: a bias on each o_proj and
+        down_proj that lost inputs, ``units.added_bias_params``).
     Raises:
         CompensationError: too few calibration tokens for a refit (before any work), a singular system.
     """
@@ -207,6 +207,8 @@ def prune_compensated(
     plan.check_model(lm)
     check_calibration(lm, calibration_tokens(windows), settings)
     removed = removed_per_block(lm, plan, scores)
+    counts = block_geometries(lm)
+    expected_biases = added_bias_params(counts, plan.attention_rates, plan.mlp_rates, plan.channel_multiple) if settings.adds_bias else 0
     ids = calibration_windows(lm.tokenizer, windows)
     hooks.enter(COMPENSATE)
     started = time.perf_counter()
@@ -215,17 +217,18 @@ def prune_compensated(
         with restored_on_failure(lm.adapter, lm.adapter.layers(lm.model)):
             fits = compensate_blocks(lm, removed, ids, windows.batch_size, settings, hooks)
             result = apply_plan(lm, plan, scores)
-            bias_params = 0
-            if any(fit.attn.bias is not None or fit.mlp.bias is not None for fit in fits):  # a plan that cuts nothing needs none
-                install_biases(lm, fits)
-                bias_params = lm.param_count() - result.params_after
+            install_biases(lm, fits)
+            bias_params = lm.param_count() - result.params_after
+            if bias_params != expected_biases:
+                raise InvariantError(f"compensation added {bias_params} bias parameters, the count of its plan is {expected_biases}")
+            if bias_params:
                 result.params_after += bias_params
                 lm.refresh_fingerprint()
     except BaseException:
         lm.fingerprint, lm.pruned_from = identity
         raise
     seconds = time.perf_counter() - started
-    # bias_params: what the fitted biases add back, so "dense - pruned + bias_params" is the plan's removed count
+    # bias_params: what the fitted biases add back (units.added_bias_params), so the net change is "removed - bias_params"
     result.compensation = settings.to_dict() | {"windows": asdict(windows), "seconds": round(seconds, 3), "bias_params": bias_params}
     if lm.pruned_from is not None:
         lm.pruned_from["compensation"] = result.compensation

@@ -13,7 +13,7 @@ projection (``prune.compensate``); ``prune.compensation_pass`` runs them layer-s
   SlimLLM end their pruning).
 - ``bias+refit``: the refit with a free bias.
 
-Entries tagged ``bias`` add a bias to every block's ``o_proj`` and ``down_proj`` (the checkpoint,
+Entries tagged ``bias`` add a bias to each ``o_proj`` and ``down_proj`` that lost inputs (the checkpoint,
 its remote code and the GGUF export carry it); entries tagged ``refit`` solve for the kept
 columns, so they need at least as many calibration tokens as the widest kept input.
 """
@@ -62,7 +62,7 @@ class CompensationSettings:
 
     @property
     def adds_bias(self) -> bool:
-        """Whether the mode gives every block's o_proj and down_proj a bias."""
+        """Whether the mode gives each o_proj and down_proj that lost inputs a bias (and so adds parameters)."""
         return "bias" in COMPENSATIONS[self.mode].tags
 
     @property

@@ -5,7 +5,8 @@ by block, in order, the calibration windows run through the blocks already prune
 those inputs the block loses its heads (columns of ``o_proj``) and then its MLP channels
 (columns of ``down_proj``) by greedy structured OBS (``prune.obs``), the kept columns taking
 the OBS update. The MLP sees the inputs of the block's pruned attention. How many units each
-block loses is the plan's (SlimGPT's own layer rates: the ``slimgpt`` allocator).
+block loses is the plan's (SlimGPT's own layer rates: the ``slimgpt`` allocator), counted as
+surgery counts them (``surgery.kept_counts``: a recorded attention shape wins over its rate).
 
 Works on resident and streamed models: a block visits the device for its passes
 (``layerwise.block_on``) and is updated and sliced on the host.
@@ -26,11 +27,10 @@ from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.layerwise import BlockCall, block_on, capture_calls, layer_output, to_host, tree_to
 from gap_engine.model.loaded import LoadedModel
-from gap_engine.model.rateplan import RatePlan, predicted_params
+from gap_engine.model.rateplan import RatePlan, plan_params
 from gap_engine.model.slicing import slice_attention_, slice_mlp_
-from gap_engine.model.units import attention_shape_for_rate, channels_for_rate
 from gap_engine.prune.obs import OBS_DAMPING, damped_inverse, obs_channels, obs_heads
-from gap_engine.prune.surgery import PruneResult, finish_surgery
+from gap_engine.prune.surgery import PruneResult, finish_surgery, kept_counts
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def obs_prune(lm: LoadedModel, plan: RatePlan, windows: torch.Tensor, batch_size
     lm.refuse_shared("OBS pruning")
     plan = dataclasses.replace(plan).validate()  # normalised on our copy, not the caller's
     plan.check_model(lm)
-    plan.params = predicted_params(lm, plan.attention_rates, plan.mlp_rates, plan.channel_multiple)
+    plan.params = plan_params(lm, plan)
     result = PruneResult(plan=plan, params_before=lm.param_count())
     device = placement_of(lm).device
     skip = text_start(lm.tokenizer, windows)
@@ -122,8 +122,10 @@ def obs_prune(lm: LoadedModel, plan: RatePlan, windows: torch.Tensor, batch_size
             geom = lm.adapter.geometry(layer)
             kept_kv, kept_heads = list(range(geom.n_kv_heads)), list(range(geom.n_heads))
             kept_channels = list(range(geom.intermediate_size))
-            q, _, _, o = lm.adapter.attention_projections(layer)
-            shape = attention_shape_for_rate(geom, q.in_features, plan.attention_rates[i], q.bias is not None, o.bias is not None)
+            o = lm.adapter.attention_projections(layer)[3]
+            shape, kept = kept_counts(
+                lm.adapter, layer, plan.attention_rates[i], plan.mlp_rates[i], plan.channel_multiple, plan.attention_shape(i)
+            )
             if shape.n_heads < geom.n_heads:
                 weight = o.weight.detach().double().cpu()  # (d, H*D)
                 inverse = damped_inverse(_input_gram(o, layer, hidden, calls, i, device, skip), OBS_DAMPING)
@@ -131,7 +133,6 @@ def obs_prune(lm: LoadedModel, plan: RatePlan, windows: torch.Tensor, batch_size
                 _write_columns(o, weight)
                 slice_attention_(lm.adapter, layer, kept_kv, kept_heads)
             down = lm.adapter.mlp_projections(layer)[2]
-            kept = channels_for_rate(geom.intermediate_size, plan.mlp_rates[i], plan.channel_multiple)
             if kept < geom.intermediate_size:
                 weight = down.weight.detach().double().cpu()  # (d, I)
                 inverse = damped_inverse(_input_gram(down, layer, hidden, calls, i, device, skip), OBS_DAMPING)

@@ -25,7 +25,7 @@ from torch import nn
 from gap_engine.core.errors import InvariantError, PlanError
 from gap_engine.model.adapters import ArchitectureAdapter
 from gap_engine.model.loaded import LoadedModel
-from gap_engine.model.rateplan import RatePlan, predicted_params
+from gap_engine.model.rateplan import RatePlan, plan_params
 from gap_engine.model.slicing import restored_on_failure, slice_attention_, slice_mlp_, zeroed_units
 from gap_engine.model.units import AttentionShape, attention_shape_for_rate, channels_for_rate
 from gap_engine.prune.importance import ImportanceScores, LayerScores
@@ -75,6 +75,27 @@ class PruneResult:
         }
 
 
+def kept_counts(
+    adapter: ArchitectureAdapter,
+    layer: nn.Module,
+    attn_rate: float,
+    mlp_rate: float,
+    channel_multiple: int,
+    shape: AttentionShape | None = None,
+) -> tuple[AttentionShape, int]:
+    """(attention shape, MLP channels) one block keeps: the shape a plan recorded (``shape``) where
+    it has one, else the one ``attn_rate`` rounds to, and ``mlp_rate``'s width.
+
+    The one place a block's rates become unit counts: surgery, masking, compensation and the
+    ``obs`` path all ask here, so none of them can cut a shape another did not fit.
+    """
+    geom = adapter.geometry(layer)
+    if shape is None:
+        q, _, _, o = adapter.attention_projections(layer)
+        shape = attention_shape_for_rate(geom, q.in_features, attn_rate, q.bias is not None, o.bias is not None)
+    return shape, channels_for_rate(geom.intermediate_size, mlp_rate, channel_multiple)
+
+
 def layer_selection(
     adapter: ArchitectureAdapter,
     layer: nn.Module,
@@ -87,43 +108,113 @@ def layer_selection(
     """(kept_kv, kept_heads, kept_channels) for one block at the given rates (``shape``: the
     attention shape a plan recorded, in place of the one ``attn_rate`` rounds to)."""
     geom = adapter.geometry(layer)
-    q, _, _, o = adapter.attention_projections(layer)
-    if shape is None:
-        shape = attention_shape_for_rate(geom, q.in_features, attn_rate, q.bias is not None, o.bias is not None)
+    shape, channels = kept_counts(adapter, layer, attn_rate, mlp_rate, channel_multiple, shape)
     kept_kv, kept_heads = select_attention(scores.head, geom.n_kv_heads, shape)
-    kept_channels = select_channels(scores.channel, channels_for_rate(geom.intermediate_size, mlp_rate, channel_multiple))
-    return kept_kv, kept_heads, kept_channels
+    return kept_kv, kept_heads, select_channels(scores.channel, channels)
 
 
 def removed_units(
-    adapter: ArchitectureAdapter, layer: nn.Module, scores: LayerScores, attn_rate: float, mlp_rate: float, channel_multiple: int
+    adapter: ArchitectureAdapter,
+    layer: nn.Module,
+    scores: LayerScores,
+    attn_rate: float,
+    mlp_rate: float,
+    channel_multiple: int,
+    shape: AttentionShape | None = None,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(heads, channels) of one block that the rates remove, ascending: the complement of `layer_selection`."""
+    """(heads, channels) of one block that the rates (and a recorded ``shape``) remove, ascending:
+    the complement of `layer_selection`."""
     geom = adapter.geometry(layer)
-    _, kept_heads, kept_channels = layer_selection(adapter, layer, scores, attn_rate, mlp_rate, channel_multiple)
+    _, kept_heads, kept_channels = layer_selection(adapter, layer, scores, attn_rate, mlp_rate, channel_multiple, shape)
     heads = tuple(sorted(set(range(geom.n_heads)) - set(kept_heads)))
     channels = tuple(sorted(set(range(geom.intermediate_size)) - set(kept_channels)))
     return heads, channels
 
 
+@dataclass(frozen=True)
+class BlockUnits:
+    """What one block keeps and loses, in the dense block's numbering (all ascending)."""
+
+    kept_kv: list[int]
+    kept_heads: list[int]
+    kept_channels: list[int]
+    removed_heads: tuple[int, ...]
+    removed_channels: tuple[int, ...]
+
+    @property
+    def cuts(self) -> bool:
+        return bool(self.removed_heads or self.removed_channels)
+
+
+def units_by_block(
+    lm: LoadedModel,
+    attention_rates: Sequence[float],
+    mlp_rates: Sequence[float],
+    channel_multiple: int,
+    scores: ImportanceScores | None,
+    attention_shapes: Sequence[Sequence[int]] | None = None,
+) -> list[BlockUnits]:
+    """Every block's kept and removed units under per-block rates: the one choice surgery cuts,
+    ``masked_plan`` zeroes and compensation fits (a recorded shape wins over its rate).
+
+    Args:
+        scores: importance scores of the dense model; None keeps every unit (an all-zero plan).
+        attention_shapes: per block [KV groups, query heads per group] a plan recorded, or None.
+    """
+    out = []
+    for i, layer in enumerate(lm.adapter.layers(lm.model)):
+        geom = lm.adapter.geometry(layer)
+        if scores is None:
+            kept_kv, kept_heads, kept_channels = (
+                list(range(geom.n_kv_heads)),
+                list(range(geom.n_heads)),
+                list(range(geom.intermediate_size)),
+            )
+        else:
+            shape = AttentionShape(*attention_shapes[i]) if attention_shapes is not None else None
+            kept_kv, kept_heads, kept_channels = layer_selection(
+                lm.adapter, layer, scores.layers[i], attention_rates[i], mlp_rates[i], channel_multiple, shape
+            )
+        out.append(
+            BlockUnits(
+                kept_kv,
+                kept_heads,
+                kept_channels,
+                tuple(sorted(set(range(geom.n_heads)) - set(kept_heads))),
+                tuple(sorted(set(range(geom.intermediate_size)) - set(kept_channels))),
+            )
+        )
+    return out
+
+
+def plan_units(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores | None) -> list[BlockUnits]:
+    """`units_by_block` of a plan: its rates, channel multiple and recorded attention shapes."""
+    return units_by_block(lm, plan.attention_rates, plan.mlp_rates, plan.channel_multiple, scores, plan.attention_shapes)
+
+
 @contextlib.contextmanager
 def masked_plan(
-    lm: LoadedModel, attention_rates: Sequence[float], mlp_rates: Sequence[float], scores: ImportanceScores, channel_multiple: int
+    lm: LoadedModel,
+    attention_rates: Sequence[float],
+    mlp_rates: Sequence[float],
+    scores: ImportanceScores,
+    channel_multiple: int,
+    attention_shapes: Sequence[Sequence[int]] | None = None,
 ) -> Iterator[None]:
     """Temporarily zero every unit a plan removes, on the dense model itself.
 
-    Units are chosen exactly as `apply_plan` chooses them, and zeroing a head's ``o_proj``
-    columns and a channel's ``down_proj`` column gives the sliced model's output (see
-    ``slicing.zeroed_units``); weights are restored exactly on exit.
+    Units are chosen by `units_by_block`, as `apply_plan` chooses them (recorded
+    ``attention_shapes`` included), and zeroing a head's ``o_proj`` columns and a channel's
+    ``down_proj`` column gives the sliced model's output (see ``slicing.zeroed_units``);
+    weights are restored exactly on exit.
     """
     lm.refuse_shared("masking a plan")
     layers = lm.adapter.layers(lm.model)
+    units = units_by_block(lm, attention_rates, mlp_rates, channel_multiple, scores, attention_shapes)
     with contextlib.ExitStack() as stack:
-        for i, layer in enumerate(layers):
-            if attention_rates[i] <= 0 and mlp_rates[i] <= 0:
-                continue
-            heads, channels = removed_units(lm.adapter, layer, scores.layers[i], attention_rates[i], mlp_rates[i], channel_multiple)
-            stack.enter_context(zeroed_units(lm.adapter, layer, heads, channels))
+        for layer, block in zip(layers, units):
+            if block.cuts:
+                stack.enter_context(zeroed_units(lm.adapter, layer, block.removed_heads, block.removed_channels))
         yield
 
 
@@ -150,22 +241,21 @@ def apply_plan(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores | None)
     lm.refuse_shared("surgery")
     plan = dataclasses.replace(plan).validate()  # validate() normalises the rates: on our copy, not the caller's
     plan.check_model(lm)
-    plan.params = predicted_params(lm, plan.attention_rates, plan.mlp_rates, plan.channel_multiple)
+    plan.params = plan_params(lm, plan)
     if scores is None and (any(plan.attention_rates) or any(plan.mlp_rates)):
         raise PlanError("importance scores are needed for a plan with non-zero rates")
     layers = lm.adapter.layers(lm.model)
-    chosen = [_layer_choice(lm, layer, scores, plan, i) for i, layer in enumerate(layers)]
+    chosen = plan_units(lm, plan, scores)
     result = PruneResult(plan=plan, params_before=lm.param_count())
     with restored_on_failure(lm.adapter, layers):
-        for layer, (kept_kv, kept_heads, kept_channels) in zip(layers, chosen):
-            geom = lm.adapter.geometry(layer)
-            if len(kept_heads) < geom.n_heads:
-                slice_attention_(lm.adapter, layer, kept_kv, kept_heads)
-            if len(kept_channels) < geom.intermediate_size:
-                slice_mlp_(lm.adapter, layer, kept_channels)
-            result.kept_kv_heads.append(kept_kv)
-            result.kept_heads.append(kept_heads)
-            result.kept_channels.append(kept_channels)
+        for layer, block in zip(layers, chosen):
+            if block.removed_heads:
+                slice_attention_(lm.adapter, layer, block.kept_kv, block.kept_heads)
+            if block.removed_channels:
+                slice_mlp_(lm.adapter, layer, block.kept_channels)
+            result.kept_kv_heads.append(block.kept_kv)
+            result.kept_heads.append(block.kept_heads)
+            result.kept_channels.append(block.kept_channels)
         check_count(lm, result)
     return finish_surgery(lm, result)
 
@@ -186,21 +276,3 @@ def finish_surgery(lm: LoadedModel, result: PruneResult) -> PruneResult:
     lm.pruned_from = {"model": plan.model, "fingerprint": plan.model_fingerprint, "plan": plan.to_dict()}
     log.info("pruned %s: %d -> %d parameters", lm.name, result.params_before, result.params_after)
     return result
-
-
-def _layer_choice(
-    lm: LoadedModel, layer: nn.Module, scores: ImportanceScores | None, plan: RatePlan, index: int
-) -> tuple[list[int], list[int], list[int]]:
-    """(kept_kv, kept_heads, kept_channels) of block ``index``: everything when ``scores`` is None (an all-zero plan)."""
-    if scores is None:
-        geom = lm.adapter.geometry(layer)
-        return list(range(geom.n_kv_heads)), list(range(geom.n_heads)), list(range(geom.intermediate_size))
-    return layer_selection(
-        lm.adapter,
-        layer,
-        scores.layers[index],
-        plan.attention_rates[index],
-        plan.mlp_rates[index],
-        plan.channel_multiple,
-        plan.attention_shape(index),
-    )

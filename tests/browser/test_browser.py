@@ -339,7 +339,7 @@ def _user_path(page, app_server, smol, tmp_path, RatePlan):
 
     (record,) = history.runs(app_server["cache"] / "runs" / history.HISTORY_FILE)
     assert record.plan["params"]["removed"] == removed  # it pruned exactly the released row
-    # The default bias compensation adds a bias to every block's o_proj and down_proj; the record says how many.
+    # The default bias compensation adds a bias to each o_proj and down_proj that lost inputs; the record says how many.
     added = (record.params.get("compensation") or {}).get("bias_params", 0)
     assert added and record.dense_params - record.pruned_params + added == removed
     assert f"{record.budget:.2%}" == budget_text

@@ -12,8 +12,12 @@ import torch
 from gap_engine.cli import main
 from gap_engine.cli.arguments import compensation_from
 from gap_engine.cli.parser import build_parser
+from gap_engine.cli.plan_commands import budget_for_kept_params, read_table
 from gap_engine.core.config import DEFAULT_COMPENSATION
 from gap_engine.model.loading import load_model
+from gap_engine.model.rateplan import RatePlan
+from gap_engine.model.units import block_geometries
+from gap_engine.plan.allocators import plan_from_table
 
 TINY = dict(num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
 CALIB = ["--samples", "4", "--seq-len", "64", "--batch-size", "2"]  # 256 tokens: more than any projection's inputs
@@ -112,6 +116,7 @@ def test_compare_prunes_every_plan_with_the_compensation(make_tiny, tmp_path, ca
     assert "compensation: refit; the fisher table estimates the uncompensated model" in capsys.readouterr().out
     rows = list(csv.DictReader(out.open()))
     assert [row["compensation"] for row in rows] == ["refit", "refit"]
+    assert [row["bias_params"] for row in rows] == ["0", "0"]  # a refit adds no bias
 
 
 @pytest.mark.parametrize(
@@ -146,3 +151,89 @@ def test_a_table_estimate_cannot_include_compensation(make_tiny, tmp_path, capsy
     folder = _folder(make_tiny, tmp_path, "llama")
     line = _one_line(capsys, ["table", "--model", str(folder), "--compensate", "refit", "--out", str(tmp_path / "t.json"), *CALIB])
     assert "the fisher estimate measures no cell" in line and not (tmp_path / "t.json").exists()
+
+
+# ---- the budget pays for the biases ------------------------------------------------------------
+RATES = ["--rates", "0,0.25,0.5,0.75"]
+
+
+def _table(folder, tmp_path) -> str:
+    path = tmp_path / "table.json"
+    assert main(["table", "--model", str(folder), *RATES, "--no-cache", "--out", str(path), *CALIB]) == 0
+    return str(path)
+
+
+def _biases_of(lm, plan) -> int:
+    """The biases bias compensation gives a plan's model, counted by hand: one hidden-wide bias per
+    o_proj / down_proj whose component the plan cuts."""
+    geoms = block_geometries(lm)
+    cut = [
+        g.removed_at(part, rate) > 0
+        for g, a, m in zip(geoms, plan.attention_rates, plan.mlp_rates)
+        for part, rate in (("attn", a), ("mlp", m))
+    ]
+    return sum(cut) * geoms[0].hidden
+
+
+def test_keep_params_leaves_room_for_the_biases_prune_adds(make_tiny, tmp_path, capsys):
+    """``gap plan --keep-params N`` then ``gap prune`` (the default bias compensation): at most N
+    parameters, biases included. N is one where a plan that ignored the biases ends above it."""
+    folder = _folder(make_tiny, tmp_path, "llama")
+    table_path = _table(folder, tmp_path)
+    lm, table = load_model(str(folder)), read_table(table_path)
+    keep = None
+    for budget in (0.2, 0.25, 0.3, 0.35, 0.4, 0.45):
+        removed = plan_from_table(lm, table, budget).params["removed"]
+        candidate = lm.param_count() - removed
+        unpaid = plan_from_table(lm, table, budget_for_kept_params(lm.param_count(), table.dense_prunable, candidate))
+        if unpaid.params["pruned_total"] + _biases_of(lm, unpaid) > candidate:
+            keep = candidate
+            break
+    assert keep is not None, "no N where biases the plan left out would push the model past it"
+    capsys.readouterr()
+    plan_path, out = tmp_path / "plan.json", tmp_path / "pruned"
+    assert main(["plan", "--table", table_path, "--keep-params", str(keep), "--out", str(plan_path), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert main(["prune", "--model", str(folder), "--plan", str(plan_path), "--out", str(out), "--json", *CALIB]) == 0
+    pruned = json.loads(capsys.readouterr().out)
+    assert pruned["params_after"] <= keep
+    assert pruned["params_after"] == load_model(str(out)).param_count() == planned["params_after"]
+    assert pruned["compensation"] == planned["compensation"] == "bias" and pruned["bias_params"] == planned["bias_params"] > 0
+    assert pruned["net_removed"] == pruned["params_before"] - pruned["params_after"] == pruned["removed"] - pruned["bias_params"]
+    assert pruned["net_removed_fraction_of_prunable"] == pytest.approx(pruned["net_removed"] / table.dense_prunable)
+
+
+@pytest.mark.parametrize("mode", ["refit", "none"])
+def test_prune_of_a_plan_applies_the_compensation_it_was_counted_for(make_tiny, tmp_path, capsys, mode):
+    folder = _folder(make_tiny, tmp_path, "llama")
+    table_path = _table(folder, tmp_path)
+    plan_path, out = tmp_path / "plan.json", tmp_path / "pruned"
+    assert main(["plan", "--table", table_path, "--budget", "0.3", "--compensate", mode, "--out", str(plan_path)]) == 0
+    assert RatePlan.load(plan_path).compensation == mode
+    capsys.readouterr()
+    assert main(["prune", "--model", str(folder), "--plan", str(plan_path), "--out", str(out), "--json", *CALIB]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["compensation"] == mode and summary["bias_params"] == 0
+    assert "gap_output_bias" not in json.loads((out / "config.json").read_text())
+
+
+def test_prune_says_when_a_plan_did_not_count_the_biases(make_tiny, tmp_path, capsys):
+    folder = _folder(make_tiny, tmp_path, "llama")
+    table_path = _table(folder, tmp_path)
+    plan_path, out = tmp_path / "plan.json", tmp_path / "pruned"
+    assert main(["plan", "--table", table_path, "--budget", "0.3", "--compensate", "none", "--out", str(plan_path)]) == 0
+    capsys.readouterr()
+    argv = ["prune", "--model", str(folder), "--plan", str(plan_path), "--compensate", "bias", "--out", str(out), "--json", *CALIB]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    added = json.loads(captured.out)["bias_params"]
+    assert added > 0 and f"the plan was counted without the {added:,} parameters the bias compensation's biases add" in captured.err
+
+
+def test_a_slimgpt_plan_takes_no_compensation(make_tiny, tmp_path, capsys):
+    folder = _folder(make_tiny, tmp_path, "llama")
+    table_path = _table(folder, tmp_path)
+    argv = ["plan", "--table", table_path, "--budget", "0.3", "--allocator", "slimgpt", "--out", str(tmp_path / "p.json")]
+    line = _one_line(capsys, [*argv, "--compensate", "bias"])
+    assert "updates the kept columns itself" in line and not (tmp_path / "p.json").exists()
+    assert main(argv) == 0 and RatePlan.load(tmp_path / "p.json").compensation == "none"

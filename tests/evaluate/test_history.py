@@ -81,6 +81,16 @@ def test_list_runs_flattens_per_source_columns(tmp_path):
     assert list(frame["allocator"]) == ["dp", "uniform"]
 
 
+def test_list_runs_shows_the_net_change_and_the_biases(tmp_path):
+    """pruned_params counts the compensation's biases; bias_params says how many, net_removed is the net change."""
+    db = tmp_path / "h.sqlite"
+    history.record_run(make_record(params={"compensation": {"mode": "bias", "bias_params": 34_560}}), db)
+    history.record_run(make_record(params={"compensation": None}), db)
+    frame = history.list_runs(db)
+    assert list(frame["bias_params"]) == [34_560, 0]
+    assert list(frame["net_removed"]) == [134_515_008 - 120_000_000] * 2
+
+
 def test_csv_export_parses_back(tmp_path):
     db = tmp_path / "h.sqlite"
     history.record_run(make_record(), db)

@@ -186,7 +186,7 @@ def test_evaluate_prunes_the_released_row_and_shows_it_readably(cached_table, sm
     at.run()
     assert job.status == "done", job.error
     result = at.session_state["app_last_run"]
-    # Pruned exactly the released row; the default bias compensation adds a bias to every block's o_proj and down_proj.
+    # Pruned exactly the released row; the default bias compensation adds a bias to each o_proj and down_proj that lost inputs.
     added = (result.compensation or {}).get("bias_params", 0)
     assert (added > 0) == ("bias" in str((result.compensation or {}).get("mode", "")))
     assert result.params_before - result.params_after + added == row_removed

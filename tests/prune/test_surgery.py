@@ -199,7 +199,7 @@ def test_invariant_a_failure_in_a_later_block_leaves_the_model_as_it_was(make_ti
 
 def test_invariant_a_count_other_than_the_plans_is_an_error_and_undone(make_tiny, monkeypatch):
     from gap_engine.core.errors import InvariantError
-    from gap_engine.model.rateplan import predicted_params
+    from gap_engine.model.rateplan import plan_params
     from gap_engine.prune import surgery
 
     lm = make_tiny("qwen2")
@@ -207,10 +207,10 @@ def test_invariant_a_count_other_than_the_plans_is_an_error_and_undone(make_tiny
     before, fingerprint = _state(lm), lm.fingerprint
 
     def one_too_many(*args):
-        counts = predicted_params(*args)
+        counts = plan_params(*args)
         return counts | {"pruned_total": counts["pruned_total"] + 1}
 
-    monkeypatch.setattr(surgery, "predicted_params", one_too_many)
+    monkeypatch.setattr(surgery, "plan_params", one_too_many)
     with pytest.raises(InvariantError, match="plan predicted"):
         apply_plan(lm, make_plan(lm, [0.5, 0.0], [0.25, 0.5], "magnitude"), scores)
     _same_model(lm, before, fingerprint)
