@@ -107,6 +107,15 @@ def read_output_bias_record(value: object, num_layers: int, where: str) -> BiasL
     raise ModelLoadError(f"{where}/config.json {OUTPUT_BIAS} must be true, false or one [o_proj, down_proj] pair of true/false per layer")
 
 
+def _folder_fingerprint(folder: Path, state: dict[str, torch.Tensor]) -> str:
+    """What loading ``folder`` will call the model: the stored weights (read back as float32) with
+    the config and tokenizer as they are read back from its files. transformers picks the
+    tokenizer class from the family (a Qwen2 config makes any tokenizer.json Qwen2's pipeline),
+    so the tokenizer is read back here rather than taken from the model in memory."""
+    config, _, _ = _read_config(folder)
+    return combined_fingerprint(stored_fingerprint(state), config_digest(config), tokenizer_digest(read_tokenizer(folder, config)))
+
+
 def is_pruned_checkpoint(path: str | Path) -> bool:
     """True for a folder written by `save_pruned`."""
     return (Path(path) / PRUNED_MARKER).is_file()
@@ -164,9 +173,7 @@ def save_pruned(
             "base_model": plan.model,
             "base_fingerprint": plan.model_fingerprint,
             "plan_hash": plan.content_hash(),  # the same identity the explorer and the run history show
-            # what loading this folder will call the model: the stored weights (as read back),
-            # its config and tokenizer
-            "fingerprint": combined_fingerprint(stored_fingerprint(state), config_digest(lm.model.config), tokenizer_digest(lm.tokenizer)),
+            "fingerprint": _folder_fingerprint(tmp, state),
             "fingerprint_format": FINGERPRINT_FORMAT,
             "param_count": lm.param_count(),
             "widths": widths,

@@ -165,7 +165,9 @@ _TOKENIZER_DIGESTS: weakref.WeakKeyDictionary[Any, tuple[int, str]] = weakref.We
 def tokenizer_digest(tokenizer: Tokenizer) -> str:
     """sha256 of what a tokenizer turns text into: its whole pipeline (normalizer, pre-tokenizer,
     model with vocabulary and merges, post-processor, added tokens; not the padding and
-    truncation switches a call sets), its special tokens and BOS/EOS switches. Remembered per
+    truncation switches a call sets) and its special tokens. The python-side ``add_bos_token`` of a
+    fast tokenizer is not read: a Gemma tokenizer converted from GGUF says True and the same one
+    read back from its folder False, and both add the BOS their post-processor adds. Remembered per
     tokenizer object and vocabulary size (reading the pipeline of a 49k vocabulary costs ~30 ms)."""
     if tokenizer is None:  # a bare model (a Ray worker's): the tokenizer stays with the caller
         return "none"
@@ -177,15 +179,15 @@ def tokenizer_digest(tokenizer: Tokenizer) -> str:
     if cached is not None and cached[0] == size:
         return cached[1]
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
+    switches: tuple[str, ...] = ()
+    if backend is not None:  # its post-processor says whether BOS/EOS are added
         pipeline: Any = json.loads(backend.to_str())
         pipeline.pop("truncation", None)
         pipeline.pop("padding", None)
-    else:  # a slow (python) tokenizer: its vocabulary
+    else:  # a slow (python) tokenizer: its vocabulary, and its own BOS/EOS switches
         pipeline = sorted(tokenizer.get_vocab().items())
-    specials = {
-        name: str(getattr(tokenizer, name, None)) for name in ("bos_token", "eos_token", "unk_token", "add_bos_token", "add_eos_token")
-    }
+        switches = ("add_bos_token", "add_eos_token")
+    specials = {name: str(getattr(tokenizer, name, None)) for name in ("bos_token", "eos_token", "unk_token", *switches)}
     value = json_digest({"pipeline": pipeline, "specials": specials})
     try:
         _TOKENIZER_DIGESTS[tokenizer] = (size, value)

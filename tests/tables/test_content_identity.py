@@ -18,17 +18,24 @@ from safetensors.torch import load_file, save_file
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import TableError
 from gap_engine.core.fingerprint import sampled_state_fingerprint
+from gap_engine.data.windows import load_corpus
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline.stages import loss_table
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.lookup import find_table
 
-SPEC = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16, batch_size=2), estimator="fisher", rate_grid=(0.0, 0.5))
+TEXT = "calibration.txt"  # a file of the test's own: a text read earlier in this process records its hash in no new cache
+
+
+def spec_in(folder: Path) -> TableSpec:
+    windows = WindowSpec(str(folder.parent / TEXT), n_samples=2, seq_len=16, batch_size=2)
+    return TableSpec(windows=windows, estimator="fisher", rate_grid=(0.0, 0.5))
 
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch, make_tiny) -> Path:
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / TEXT).write_text("\n\n".join(load_corpus("news-sample").calibration[:40]) + "\n")
     out = tmp_path / "tiny"
     tiny = make_tiny("llama", intermediate_size=256, initializer_range=0.2)
     tiny.model.save_pretrained(out)
@@ -58,19 +65,20 @@ def scale_unsampled_mlp_values(state):
 
 
 def test_weights_edited_in_place_get_a_new_table(folder):
+    spec = spec_in(folder)
     weights = folder / "model.safetensors"
     lm = load_model(str(folder))
-    old = loss_table(lm, SPEC)
-    assert find_table(str(folder), SPEC) is not None
+    old = loss_table(lm, spec)
+    assert find_table(str(folder), spec) is not None
     size, old_sample = weights.stat().st_size, sampled_state_fingerprint(load_file(weights))
     edit_in_place(weights, scale_unsampled_mlp_values)
     assert weights.stat().st_size == size and sampled_state_fingerprint(load_file(weights)) == old_sample  # what the sample saw
-    assert find_table(str(folder), SPEC) is None  # the no-load lookup misses: the file's stamp changed
+    assert find_table(str(folder), spec) is None  # the no-load lookup misses: the file's stamp changed
     edited = load_model(str(folder))
     assert edited.fingerprint != lm.fingerprint
     with pytest.raises(TableError, match="fingerprint"):
         old.check_model(edited)  # `gap plan --model m --table old.json`
-    new = loss_table(edited, SPEC)
+    new = loss_table(edited, spec)
     assert new.key != old.key and new.model_fingerprint == edited.fingerprint
     assert (new.delta != old.delta).any()  # the edited model's cells, measured, not the old ones served
 
@@ -86,13 +94,14 @@ def test_weights_edited_in_place_get_a_new_table(folder):
     ids=["rms_norm_eps", "hidden_act", "rope_theta", "tokenizer"],
 )
 def test_a_changed_config_or_tokenizer_gets_a_new_table(folder, file, edit):
+    spec = spec_in(folder)
     lm = load_model(str(folder))
-    old = loss_table(lm, SPEC)
+    old = loss_table(lm, spec)
     edit_in_place(folder / file, edit)
-    assert find_table(str(folder), SPEC) is None
+    assert find_table(str(folder), spec) is None
     changed = load_model(str(folder))
     assert changed.fingerprint != lm.fingerprint
-    new = loss_table(changed, SPEC)
+    new = loss_table(changed, spec)
     assert new.key != old.key
 
 
@@ -144,3 +153,18 @@ def test_a_checkpoint_from_before_content_fingerprints_still_loads_and_is_still_
     marker_path.write_text(json.dumps(marker))
     with pytest.raises(Exception, match="differs from the recorded"):
         load_model(str(out))
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_a_builtin_has_one_fingerprint_converted_and_read_back(name, tmp_path, monkeypatch):
+    """The first load converts the GGUF in memory; later loads read the converted folder. Both
+    must name the model alike, or a table built on the first run would be missed (and a
+    checkpoint pruned from it refused) on every later one. (Gemma's tokenizer converted from
+    GGUF says add_bos_token True, read back False; both add the same BOS.)"""
+    from gap_engine.model.loaded import model_fingerprint
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    converted = load_model(name)
+    read_back = load_model(name)
+    assert model_fingerprint(read_back.model, read_back.tokenizer) == converted.fingerprint
