@@ -2,11 +2,15 @@
 
 A *text source* (a built-in sample, a local ``.txt``/``.jsonl`` file, or a Hugging Face
 dataset) is loaded into a :class:`TextCorpus` whose documents are split, by document,
-into a calibration part and a held-out part that never overlap. :func:`calibration_windows`
+into a calibration part and a held-out part that never overlap, and the held-out part again,
+by document, into a *selection* part and a *report* part. :func:`calibration_windows`
 then turns a list of documents into ``n_samples`` token windows of ``seq_len`` tokens,
 the fixed-length calibration batches that GAP (EMNLP 2025), like SparseGPT and
 EvoPress before it, feeds through the model to score components and build the loss
-table. The held-out part gives evaluation windows from text the calibration never saw.
+table. The held-out part gives evaluation windows from text the calibration never saw:
+every choice (a compensation, a default, "the best of" anything) is made on the selection
+windows, every result is reported on the report windows (:func:`heldout_windows`, whose
+default is ``report``), so no reported number ever chose anything.
 Every window starts the way the model was trained to read: with its BOS token when its
 tokenizer prepends one (``bos``), which no loss, KL or statistic ever counts.
 
@@ -26,6 +30,18 @@ the smallest hash is held out and the rest calibrate. A source with a single doc
 is instead cut 80/20 by characters at the paragraph or sentence boundary nearest 80%; so is
 a source whose documents are all the same text (a million copies of one line): the copies
 add no text, and split by the rule above every copy would land on one side.
+
+Held-out rule (every source): the held-out keys are ordered by the next 8 hex digits of
+``sha256(key)`` (bits the calibration rule never reads), and whole keys go to *selection* in
+that order until it holds 3/8 of the held-out characters; the rest is *report*, never empty
+when there are two keys or more. A share of the characters rather than a rule per document,
+because held-out parts are small: news-sample holds 50 held-out articles (about 11,200
+tokens) and a per-document coin put 12 windows of 256 tokens on one side; this rule gives 17
+selection and 26-27 report windows of 256 tokens with the SmolLM2 and the Gemma 3 tokenizer,
+wiki-sample 265-276 and 385-400. Held-out text of one key (a source cut by characters) is cut
+again by characters, 3/8 and 5/8, at the boundary nearest 3/8. The calibration part and the
+content hash (``fingerprint``, which loss tables are keyed by) are what they were before the
+held-out text was divided: a table's cache key keeps its meaning.
 """
 
 from __future__ import annotations
@@ -48,7 +64,7 @@ import numpy as np
 import torch
 
 from gap_engine.core import hub as hub_access
-from gap_engine.core.config import StoredWindowSpec, WindowSpec
+from gap_engine.core.config import DEFAULT_HELDOUT_SPLIT, HELDOUT_SPLITS, StoredWindowSpec, WindowSpec
 from gap_engine.core.errors import DataError, first_line
 from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import decode_text, parse_json, read_bounded
@@ -71,6 +87,9 @@ BUILTIN_SOURCES: dict[str, str] = {
 
 _HELDOUT_MODULUS = 5  # 1 in 5 hash buckets is held out: ~20%
 _SINGLE_DOC_CALIBRATION_SHARE = 0.8
+# Of the held-out characters, what selection gets: enough for 16 windows of 256 tokens on the
+# smallest built-in source while report keeps 24 (the paired bootstrap's minimum).
+_SELECTION_SHARE = 0.375
 
 # Wiki cleaning: tags whose contents are not running prose, link prefixes that are
 # media or metadata rather than words, and the minimum size of a kept paragraph.
@@ -127,12 +146,24 @@ _ACCEPTED_FORMS = (
 
 @dataclass(frozen=True)
 class TextCorpus:
-    """A text source split by document into calibration and held-out parts."""
+    """A text source split by document into calibration and held-out parts, the held-out part
+    again into selection and report parts."""
 
     name: str  # the spec it came from
     calibration: tuple[str, ...]  # documents for calibration
-    heldout: tuple[str, ...]  # documents for evaluation; never overlaps calibration
-    fingerprint: str  # sha256 hex of the content (both parts), for cache keys
+    heldout: tuple[str, ...]  # documents for evaluation, in source order; never overlaps calibration
+    fingerprint: str  # sha256 hex of the content (calibration and heldout), for cache keys
+    selection: tuple[str, ...]  # held-out text that choices are made on
+    report: tuple[str, ...]  # held-out text that results are reported on; never overlaps selection
+
+    def part(self, name: str) -> tuple[str, ...]:
+        """The documents of one part: calibration, heldout, selection or report."""
+        if name not in _PARTS:
+            raise DataError(f"unknown part of a text source {name!r}: choose one of {', '.join(_PARTS)}")
+        return tuple(getattr(self, name))
+
+
+_PARTS = ("calibration", "heldout", *HELDOUT_SPLITS)
 
 
 # --------------------------------------------------------------------------- loading
@@ -289,8 +320,7 @@ def _load_local_file(spec: str) -> TextCorpus:
     if not docs:
         raise DataError(f"text file is empty: {path}")
     if len(docs) == 1:
-        calibration, heldout = _split_single_document(docs[0])
-        corpus = TextCorpus(spec, calibration, heldout, _fingerprint(calibration, heldout))
+        corpus = _cut_corpus(spec, docs[0])
     else:
         corpus = _make_corpus(spec, [(doc, doc) for doc in docs])
     record_fingerprint(stamped, corpus.fingerprint)
@@ -359,8 +389,7 @@ def _load_hf_dataset(spec: str, hub: bool = True) -> TextCorpus:
     if not docs:
         raise DataError(f"Hugging Face dataset {spec!r} has no text in column {column!r}")
     if len(docs) == 1:
-        calibration, heldout = _split_single_document(docs[0])
-        return TextCorpus(spec, calibration, heldout, _fingerprint(calibration, heldout))
+        return _cut_corpus(spec, docs[0])
     return _make_corpus(spec, [(doc, doc) for doc in docs])
 
 
@@ -384,6 +413,12 @@ def _split_bucket(key: str) -> int:
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:8], 16)
 
 
+def _selection_order(key: str) -> int:
+    """Where a held-out key stands in the queue for the selection part: hash digits the
+    calibration rule (``_split_bucket``) never reads, so the two splits are independent."""
+    return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[8:16], 16)
+
+
 def _make_corpus(name: str, keyed_docs: Sequence[tuple[str, str]]) -> TextCorpus:
     """Split (key, document) pairs by the module's hash rule, keeping source order."""
     if not keyed_docs:
@@ -391,8 +426,7 @@ def _make_corpus(name: str, keyed_docs: Sequence[tuple[str, str]]) -> TextCorpus
     if len({key for key, _ in keyed_docs}) == 1:
         if len(keyed_docs) > 1:  # copies of one text: either side alone would hold all of it
             logger.info("text source %s holds %d copies of one document: it is read as that one document", name, len(keyed_docs))
-        calibration, heldout = _split_single_document(keyed_docs[0][1])
-        return TextCorpus(name, calibration, heldout, _fingerprint(calibration, heldout))
+        return _cut_corpus(name, keyed_docs[0][1])
     buckets = [_split_bucket(key) for key, _ in keyed_docs]
     is_heldout = [bucket % _HELDOUT_MODULUS == 0 for bucket in buckets]
     if all(is_heldout) or not any(is_heldout):
@@ -400,15 +434,52 @@ def _make_corpus(name: str, keyed_docs: Sequence[tuple[str, str]]) -> TextCorpus
         smallest_key = keyed_docs[smallest][0]
         is_heldout = [key == smallest_key for key, _ in keyed_docs]
     calibration = tuple(doc for (_, doc), held in zip(keyed_docs, is_heldout) if not held)
-    heldout = tuple(doc for (_, doc), held in zip(keyed_docs, is_heldout) if held)
-    return TextCorpus(name, calibration, heldout, _fingerprint(calibration, heldout))
+    heldout_keyed = [pair for pair, held in zip(keyed_docs, is_heldout) if held]
+    heldout = tuple(doc for _, doc in heldout_keyed)
+    selection, report = _split_heldout(heldout_keyed)
+    return TextCorpus(name, calibration, heldout, _fingerprint(calibration, heldout), selection, report)
 
 
-def _split_single_document(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Cut one document ~80/20 at the paragraph, sentence or word boundary nearest 80%."""
+def _cut_corpus(name: str, text: str) -> TextCorpus:
+    """The corpus of a source with one document: cut by characters into calibration and
+    held-out text, the held-out text again into selection and report."""
+    calibration, heldout = _split_single_document(text)
+    selection, report = _split_heldout([(doc, doc) for doc in heldout])
+    return TextCorpus(name, calibration, heldout, _fingerprint(calibration, heldout), selection, report)
+
+
+def _split_heldout(keyed_docs: Sequence[tuple[str, str]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(selection, report) of held-out (key, document) pairs by the module's held-out rule,
+    keeping source order within each part; every document of one key lands in one part."""
+    chars: dict[str, int] = {}
+    for key, doc in keyed_docs:
+        chars[key] = chars.get(key, 0) + len(doc)
+    if not chars:
+        return (), ()
+    if len(chars) == 1:  # one text (or copies of it): cut by characters
+        return _split_single_document(keyed_docs[0][1], _SELECTION_SHARE, _SELECTION_SHARE / 2, (1 + _SELECTION_SHARE) / 2)
+    queue = sorted(chars, key=lambda key: (_selection_order(key), key))
+    target, filled, selected = _SELECTION_SHARE * sum(chars.values()), 0, set()
+    for key in queue[:-1]:  # the last key always reports: report is never empty
+        if filled >= target:
+            break
+        selected.add(key)
+        filled += chars[key]
+    selection = tuple(doc for key, doc in keyed_docs if key in selected)
+    report = tuple(doc for key, doc in keyed_docs if key not in selected)
+    return selection, report
+
+
+def _split_single_document(
+    text: str, share: float = _SINGLE_DOC_CALIBRATION_SHARE, low_share: float = 0.5, high_share: float | None = None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Cut one document at the paragraph, sentence or word boundary nearest ``share`` of its
+    characters (~80/20 by default), the cut between ``low_share`` and ``high_share`` (default:
+    5% before the end) of them: (first part,), (the rest,)."""
     text = text.strip()
-    target = int(len(text) * _SINGLE_DOC_CALIBRATION_SHARE)
-    low, high = len(text) // 2, len(text) - max(1, len(text) // 20)
+    target = int(len(text) * share)
+    low = int(len(text) * low_share)
+    high = len(text) - max(1, len(text) // 20) if high_share is None else int(len(text) * high_share)
     cut = None
     for boundary in (r"\n\s*\n", r"\n", r"(?<=[.!?])[\"')\]]*\s+", r"\s+"):
         cut = _nearest_boundary(re.compile(boundary), text, target, low, high)
@@ -468,13 +539,22 @@ def calibration_windows(tokenizer: Tokenizer, windows: WindowSpec) -> torch.Tens
     return _corpus_windows(tokenizer, windows, "calibration")
 
 
-def heldout_windows(tokenizer: Tokenizer, windows: WindowSpec) -> torch.Tensor:
-    """Windows from the held-out part of ``windows.data`` (see :func:`cut_windows` and :func:`with_bos`).
+def heldout_windows(tokenizer: Tokenizer, windows: WindowSpec, split: str = DEFAULT_HELDOUT_SPLIT) -> torch.Tensor:
+    """Windows from one part of the held-out text of ``windows.data`` (see :func:`cut_windows`
+    and :func:`with_bos`).
+
+    Args:
+        tokenizer: the model's tokenizer.
+        windows: which source and how many windows of how many tokens, drawn with which seed.
+        split: ``report`` (the default: what a reported number is measured on) or ``selection``
+            (what a choice is made on); the two never share a document.
 
     Returns:
         Token ids, shape (n_samples, text_start + seq_len), dtype int64.
     """
-    return _corpus_windows(tokenizer, windows, "heldout")
+    if split not in HELDOUT_SPLITS:
+        raise DataError(f"unknown held-out split {split!r}: choose one of {', '.join(HELDOUT_SPLITS)}")
+    return _corpus_windows(tokenizer, windows, split)
 
 
 def batches(windows: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
@@ -494,7 +574,7 @@ def _corpus_windows(tokenizer: Tokenizer, windows: WindowSpec, part: str) -> tor
     spec, n_samples, seq_len, seed = windows.data, windows.n_samples, windows.seq_len, windows.seed
     check_window_sizes(n_samples, seq_len)
     corpus = load_corpus(spec, may_fetch(windows))
-    texts = corpus.calibration if part == "calibration" else corpus.heldout
+    texts = corpus.part(part)
     if not texts:
         raise DataError(f"text source {spec!r} has no {part} text (it is too small to split)")
     key = (corpus.fingerprint, part)
@@ -536,9 +616,13 @@ def check_enough_tokens(tokenizer: Tokenizer, windows: WindowSpec, part: str) ->
     text or fewer tokens in it than one window of ``windows.seq_len`` needs (the errors the
     windows would raise later). Tokenizes only until there are enough: a valid text costs
     its first document or so. Prints nothing (``read_corpus``).
+
+    ``part``: calibration, selection or report; heldout is the part :func:`heldout_windows`
+    reads by default (report).
     """
+    part = DEFAULT_HELDOUT_SPLIT if part == "heldout" else part
     for source in windows.sources():
-        texts = getattr(read_corpus(source, may_fetch(windows)), part)
+        texts = read_corpus(source, may_fetch(windows)).part(part)
         if not texts:
             raise DataError(f"text source {source!r} has no {part} text (it is too small to split)")
         separator = 1 if tokenizer.eos_token_id is not None else len(tokenizer("\n\n", add_special_tokens=False)["input_ids"])
