@@ -81,7 +81,8 @@ def ratio_of_means(
     base, meth = _paired(baseline, method)
 
     def margin(base_means: FloatArray, meth_means: FloatArray) -> FloatArray:
-        return base_means.mean(axis=0) / meth_means.mean(axis=0)
+        ratio: FloatArray = base_means.mean(axis=0) / meth_means.mean(axis=0)
+        return ratio
 
     if np.mean([row.mean() for row in meth]) <= 0:
         raise DataError("a ratio of means needs a positive denominator")
@@ -102,7 +103,8 @@ def perplexity_ratio(
     base, meth = _paired(baseline_nll, method_nll)
 
     def margin(base_means: FloatArray, meth_means: FloatArray) -> FloatArray:
-        return np.exp(base_means.mean(axis=0) - meth_means.mean(axis=0))
+        ratio: FloatArray = np.exp(base_means.mean(axis=0) - meth_means.mean(axis=0))
+        return ratio
 
     return _interval(base, meth, margin, resamples, seed, level)
 
