@@ -7,6 +7,16 @@ those inputs the block loses its heads (columns of ``o_proj``) and then its MLP 
 the OBS update. The MLP sees the inputs of the block's pruned attention. How many units each
 block loses is the plan's (SlimGPT's own layer rates: the ``slimgpt`` allocator).
 
+With ``bias`` compensation on top (FLAP's bias after SlimGPT's update), each output projection
+also gets the mean of what the update leaves uncorrected: ``b = (W - W') mu``, with ``W`` the
+dense weight, ``W'`` the updated one (removed columns zero) and ``mu`` the mean input over the
+same calibration tokens as its Gram matrix. OBS minimises the summed squared error with no
+intercept, so its residual has a mean that a bias removes. The bias acts on the block's own
+passes at once (the MLP is chosen on the inputs of the compensated attention, the next block on
+the compensated stream), and is installed in every block's ``o_proj`` and ``down_proj`` after
+the count check, as ``compensation_pass`` does. A refit on top would solve the problem OBS's
+update already solved, so ``bias`` is the only compensation this criterion takes.
+
 Works on resident and streamed models: a block visits the device for its passes
 (``layerwise.block_on``) and is updated and sliced on the host.
 """
@@ -15,11 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import torch
 from torch import nn
 
 from gap_engine.core.device import input_device, placement_of
+from gap_engine.core.errors import CompensationError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.core.registry import register
 from gap_engine.data.bos import text_start
@@ -29,23 +41,37 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, predicted_params
 from gap_engine.model.slicing import slice_attention_, slice_mlp_
 from gap_engine.model.units import attention_shape_for_rate, channels_for_rate
+from gap_engine.prune.compensate import BlockFit, Fit
+from gap_engine.prune.compensation_pass import install_biases
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
 from gap_engine.prune.obs import OBS_DAMPING, damped_inverse, obs_channels, obs_heads
 from gap_engine.prune.surgery import PruneResult, finish_surgery
 
 log = logging.getLogger(__name__)
 
+OBS_COMPENSATIONS = ("none", "bias")  # what may follow the OBS update (itself a refit of the kept columns)
+
 
 class _Gram:
-    """Accumulates X^T X of a linear layer's input (float64, on the host), text positions only."""
+    """Accumulates X^T X and the sum of X of a linear layer's input (float64, on the host), text positions only."""
 
     def __init__(self, width: int, skip: int) -> None:
         self.gram = torch.zeros(width, width, dtype=torch.float64)
+        self.total = torch.zeros(width, dtype=torch.float64)
+        self.count = 0
         self.skip = skip
 
     def __call__(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
         x = args[0].detach()[:, self.skip :]  # (B, T-skip, n)
         x = x.reshape(-1, x.shape[-1]).double()  # (B*(T-skip), n)
         self.gram += (x.T @ x).cpu()
+        self.total += x.sum(0).cpu()
+        self.count += x.shape[0]
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """(n,) the mean input."""
+        return self.total / max(self.count, 1)
 
 
 def _run_block(
@@ -68,14 +94,25 @@ def _input_gram(
     index: int,
     device: torch.device,
     skip: int,
-) -> torch.Tensor:
+) -> _Gram:
     gram = _Gram(linear.in_features, skip)
     handle = linear.register_forward_pre_hook(gram)
     try:
         _run_block(layer, hidden, calls, index, device)
     finally:
         handle.remove()
-    return gram.gram
+    return gram
+
+
+class _AddedBias:
+    """A forward hook adding a fixed bias to a linear's output: the bias acts on the block's later
+    passes before it is installed as a parameter (after the count check)."""
+
+    def __init__(self, bias: torch.Tensor) -> None:
+        self.bias = bias
+
+    def __call__(self, module: nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+        return output + self.bias.to(output.device, output.dtype)
 
 
 def _write_columns(linear: nn.Linear, weight: torch.Tensor) -> None:
@@ -89,7 +126,14 @@ def _write_columns(linear: nn.Linear, weight: torch.Tensor) -> None:
     "SlimGPT: greedy structured OBS block by block on the pruned model, kept columns updated",
     ("windows", "sequential"),
 )
-def obs_prune(lm: LoadedModel, plan: RatePlan, windows: torch.Tensor, batch_size: int = 4, hooks: Hooks = NO_HOOKS) -> PruneResult:
+def obs_prune(
+    lm: LoadedModel,
+    plan: RatePlan,
+    windows: torch.Tensor,
+    batch_size: int = 4,
+    hooks: Hooks = NO_HOOKS,
+    compensation: CompensationSettings = NO_COMPENSATION,
+) -> PruneResult:
     """Prune ``lm`` in place as ``plan`` says, SlimGPT's way: block by block on the pruned stream.
 
     Args:
@@ -98,12 +142,22 @@ def obs_prune(lm: LoadedModel, plan: RatePlan, windows: torch.Tensor, batch_size
         windows: (N, T) calibration token ids.
         batch_size: windows per block call.
         hooks: cancel polled before every block; progress told (blocks done, blocks, None).
+        compensation: ``none`` (the OBS update alone) or ``bias`` on top of it.
+    Returns:
+        surgery's PruneResult; with ``bias``, ``params_after`` counts the biases and
+        ``compensation`` records them (``bias_params``), as ``compensation_pass`` does.
     Raises:
         PlanError: the plan is for another model. ObsError: a block with no calibration signal
         (the OBS update rewrites kept columns in place, so a failure leaves ``lm`` partly pruned:
         callers prune a copy, as ``pipeline.stages.pruned_as_saved`` does). SharedModelError: ``lm`` is shared.
+        CompensationError: a compensation other than none or bias.
     """
     lm.refuse_shared("OBS pruning")
+    compensation.validate()
+    if compensation.mode not in OBS_COMPENSATIONS:
+        raise CompensationError(
+            f"criterion 'obs' updates the kept columns itself (a refit); it takes --compensate none or bias, not {compensation.mode}"
+        )
     plan = dataclasses.replace(plan).validate()  # normalised on our copy, not the caller's
     plan.check_model(lm)
     plan.params = predicted_params(lm, plan.attention_rates, plan.mlp_rates, plan.channel_multiple)
@@ -111,6 +165,9 @@ def obs_prune(lm: LoadedModel, plan: RatePlan, windows: torch.Tensor, batch_size
     device = placement_of(lm).device
     skip = text_start(lm.tokenizer, windows)
     layers = lm.adapter.layers(lm.model)
+    biases: list[BlockFit] = []
+    added: list[torch.utils.hooks.RemovableHandle] = []
+    started = time.perf_counter()
     with torch.no_grad():
         hidden, calls = [], []
         for batch in batches(windows, batch_size):
@@ -124,23 +181,46 @@ def obs_prune(lm: LoadedModel, plan: RatePlan, windows: torch.Tensor, batch_size
             kept_channels = list(range(geom.intermediate_size))
             q, _, _, o = lm.adapter.attention_projections(layer)
             shape = attention_shape_for_rate(geom, q.in_features, plan.attention_rates[i], q.bias is not None, o.bias is not None)
+            attn_bias = mlp_bias = None
             if shape.n_heads < geom.n_heads:
                 weight = o.weight.detach().double().cpu()  # (d, H*D)
-                inverse = damped_inverse(_input_gram(o, layer, hidden, calls, i, device, skip), OBS_DAMPING)
+                dense_weight = weight.clone()
+                gram = _input_gram(o, layer, hidden, calls, i, device, skip)
+                inverse = damped_inverse(gram.gram, OBS_DAMPING)
                 kept_kv, kept_heads = obs_heads(weight, inverse, geom.n_kv_heads, geom.head_dim, shape.kv_groups, shape.heads_per_group)
                 _write_columns(o, weight)
                 slice_attention_(lm.adapter, layer, kept_kv, kept_heads)
+                if compensation.adds_bias:
+                    attn_bias = (dense_weight - weight) @ gram.mean  # (d,): removed columns are zero in the update
+                    added.append(lm.adapter.attention_projections(layer)[3].register_forward_hook(_AddedBias(attn_bias)))
             down = lm.adapter.mlp_projections(layer)[2]
             kept = channels_for_rate(geom.intermediate_size, plan.mlp_rates[i], plan.channel_multiple)
             if kept < geom.intermediate_size:
                 weight = down.weight.detach().double().cpu()  # (d, I)
-                inverse = damped_inverse(_input_gram(down, layer, hidden, calls, i, device, skip), OBS_DAMPING)
+                dense_weight = weight.clone()
+                gram = _input_gram(down, layer, hidden, calls, i, device, skip)
+                inverse = damped_inverse(gram.gram, OBS_DAMPING)
                 kept_channels = obs_channels(weight, inverse, kept)
                 _write_columns(down, weight)
                 slice_mlp_(lm.adapter, layer, kept_channels)
+                if compensation.adds_bias:
+                    mlp_bias = (dense_weight - weight) @ gram.mean  # (d,)
+                    added.append(lm.adapter.mlp_projections(layer)[2].register_forward_hook(_AddedBias(mlp_bias)))
+            biases.append(BlockFit(attn=Fit(None, attn_bias), mlp=Fit(None, mlp_bias)))
             hidden = _run_block(layer, hidden, calls, i, device)
             result.kept_kv_heads.append(kept_kv)
             result.kept_heads.append(kept_heads)
             result.kept_channels.append(kept_channels)
             hooks.report(i + 1, len(layers))
-    return finish_surgery(lm, result)
+    for handle in added:
+        handle.remove()
+    result = finish_surgery(lm, result)
+    if compensation.adds_bias:
+        install_biases(lm, biases)
+        bias_params = lm.param_count() - result.params_after
+        result.params_after += bias_params
+        lm.refresh_fingerprint()
+        result.compensation = compensation.to_dict() | {"seconds": round(time.perf_counter() - started, 3), "bias_params": bias_params}
+        if lm.pruned_from is not None:
+            lm.pruned_from["compensation"] = result.compensation
+    return result
