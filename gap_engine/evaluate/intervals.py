@@ -18,7 +18,9 @@ Two margins, both written as ``baseline / method`` so that above 1 means the met
   their geometric means.
 
 A margin is *met* when its whole interval lies above 1, a *loss* when it lies below 1, and a
-*tie* when it contains 1 (:meth:`Interval.verdict`). numpy only: no torch, no I/O.
+*tie* when it contains 1 (:meth:`Interval.verdict`). One method's own number gets the same
+resampling (:func:`mean_interval`, :func:`perplexity_interval`), for tables that show a mean with
+its interval. numpy only: no torch, no I/O.
 """
 
 from __future__ import annotations
@@ -79,14 +81,14 @@ def ratio_of_means(
         DataError: a number is not finite, or the method's mean is not positive.
     """
     base, meth = _paired(baseline, method)
-
-    def margin(base_means: FloatArray, meth_means: FloatArray) -> FloatArray:
-        ratio: FloatArray = base_means.mean(axis=0) / meth_means.mean(axis=0)
-        return ratio
-
     if np.mean([row.mean() for row in meth]) <= 0:
         raise DataError("a ratio of means needs a positive denominator")
-    return _interval(base, meth, margin, resamples, seed, level)
+
+    def margin(means: FloatArray) -> FloatArray:  # means: (2, S, R)
+        ratio: FloatArray = means[0].mean(axis=0) / means[1].mean(axis=0)
+        return ratio
+
+    return _bootstrap([base, meth], margin, resamples, seed, level)
 
 
 def perplexity_ratio(
@@ -102,11 +104,39 @@ def perplexity_ratio(
     window's mean NLL per token."""
     base, meth = _paired(baseline_nll, method_nll)
 
-    def margin(base_means: FloatArray, meth_means: FloatArray) -> FloatArray:
-        ratio: FloatArray = np.exp(base_means.mean(axis=0) - meth_means.mean(axis=0))
+    def margin(means: FloatArray) -> FloatArray:
+        ratio: FloatArray = np.exp(means[0].mean(axis=0) - means[1].mean(axis=0))
         return ratio
 
-    return _interval(base, meth, margin, resamples, seed, level)
+    return _bootstrap([base, meth], margin, resamples, seed, level)
+
+
+def mean_interval(
+    values: Sequence[Sequence[float]], resamples: int = DEFAULT_RESAMPLES, seed: int = 0, level: float = DEFAULT_LEVEL
+) -> Interval:
+    """One method's mean (mean over sources of per-source window means, e.g. KL to dense) with its
+    bootstrap interval over windows (its verdict means nothing: it is not a ratio)."""
+    (rows,) = _paired(values, values)[:1]
+
+    def mean(means: FloatArray) -> FloatArray:
+        value: FloatArray = means[0].mean(axis=0)
+        return value
+
+    return _bootstrap([rows], mean, resamples, seed, level)
+
+
+def perplexity_interval(
+    nll: Sequence[Sequence[float]], resamples: int = DEFAULT_RESAMPLES, seed: int = 0, level: float = DEFAULT_LEVEL
+) -> Interval:
+    """One method's perplexity, ``exp`` of its mean NLL (mean over sources of per-source window
+    means: the geometric mean of the sources' perplexities), with its bootstrap interval."""
+    (rows,) = _paired(nll, nll)[:1]
+
+    def perplexity(means: FloatArray) -> FloatArray:
+        value: FloatArray = np.exp(means[0].mean(axis=0))
+        return value
+
+    return _bootstrap([rows], perplexity, resamples, seed, level)
 
 
 def _paired(baseline: Sequence[Sequence[float]], method: Sequence[Sequence[float]]) -> tuple[list[FloatArray], list[FloatArray]]:
@@ -122,25 +152,27 @@ def _paired(baseline: Sequence[Sequence[float]], method: Sequence[Sequence[float
     return base, meth
 
 
-def _interval(
-    base: list[FloatArray],
-    meth: list[FloatArray],
-    margin: Callable[[FloatArray, FloatArray], FloatArray],
+def _bootstrap(
+    series: list[list[FloatArray]],
+    statistic: Callable[[FloatArray], FloatArray],
     resamples: int,
     seed: int,
     level: float,
 ) -> Interval:
+    """``statistic`` of the per-source means, (K, S, R) -> (R,), as measured and over resamples that
+    draw each source's windows with replacement, one draw for all K paired series."""
     if not isinstance(resamples, int) or resamples < 1:
         raise InvariantError(f"resamples must be a positive integer, got {resamples!r}")
     if not 0.0 < level < 1.0:
         raise InvariantError(f"the interval's level must lie in (0, 1), got {level!r}")
     rng = np.random.default_rng(seed)
-    base_means = np.empty((len(base), resamples))  # (S, R): each source's mean over its drawn windows
-    meth_means = np.empty((len(base), resamples))
-    for s, (b, m) in enumerate(zip(base, meth)):
-        drawn = rng.integers(0, b.size, size=(resamples, b.size))  # (R, W_s): one draw indexes both methods
-        base_means[s], meth_means[s] = b[drawn].mean(axis=1), m[drawn].mean(axis=1)
-    measured = margin(np.array([[b.mean()] for b in base]), np.array([[m.mean()] for m in meth]))
+    n_sources = len(series[0])
+    means = np.empty((len(series), n_sources, resamples))  # (K, S, R)
+    for s in range(n_sources):
+        drawn = rng.integers(0, series[0][s].size, size=(resamples, series[0][s].size))  # (R, W_s): one draw for every series
+        for k, rows in enumerate(series):
+            means[k, s] = rows[s][drawn].mean(axis=1)
+    measured = statistic(np.array([[[rows[s].mean()] for s in range(n_sources)] for rows in series]))
     tail = (1.0 - level) / 2.0
-    low, high = np.quantile(margin(base_means, meth_means), [tail, 1.0 - tail])
+    low, high = np.quantile(statistic(means), [tail, 1.0 - tail])
     return Interval(float(measured[0]), float(low), float(high))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gap_engine.core.errors import DataError, InvariantError
-from gap_engine.evaluate.intervals import Interval, perplexity_ratio, ratio_of_means
+from gap_engine.evaluate.intervals import Interval, mean_interval, perplexity_interval, perplexity_ratio, ratio_of_means
 
 
 def test_identical_numbers_give_the_interval_one_to_one():
@@ -78,3 +78,12 @@ def test_unpaired_or_broken_numbers_are_refused():
         perplexity_ratio([[1.0, math.inf]], [[1.0, 2.0]])
     with pytest.raises(DataError, match="positive denominator"):
         ratio_of_means([[1.0]], [[0.0]])
+
+
+def test_one_methods_mean_and_perplexity_by_hand():
+    # Windows 1 and 3: resampled means 1, 2, 3 with probability 1/4, 1/2, 1/4.
+    assert mean_interval([[1.0, 3.0]], resamples=4000) == Interval(2.0, 1.0, 3.0)
+    ppl = perplexity_interval([[1.0, 3.0]], resamples=4000)
+    assert ppl.estimate == pytest.approx(math.e**2) and ppl.low == pytest.approx(math.e) and ppl.high == pytest.approx(math.e**3)
+    # Two sources: the geometric mean of their perplexities, exp(mean of their mean NLLs).
+    assert perplexity_interval([[2.0] * 24, [4.0] * 26]) == Interval(math.exp(3.0), math.exp(3.0), math.exp(3.0))
