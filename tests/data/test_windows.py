@@ -15,6 +15,7 @@ from reference import make_windows
 
 from gap_engine.core.config import BUILTIN_TEXT_NAMES, WindowSpec
 from gap_engine.core.errors import DataError
+from gap_engine.data import parts
 from gap_engine.data import windows as data
 from gap_engine.data.windows import (
     BUILTIN_SOURCES,
@@ -89,7 +90,7 @@ def test_news_sample_loads_and_splits():
 def test_split_rule_does_not_depend_on_document_order():
     corpus = load_corpus("news-sample")
     documents = list(corpus.calibration + corpus.heldout)
-    reversed_split = data._make_corpus("x", [(doc, doc) for doc in reversed(documents)])
+    reversed_split = parts.make_corpus("x", [(doc, doc) for doc in reversed(documents)])
     assert set(reversed_split.calibration) == set(corpus.calibration)
     assert set(reversed_split.heldout) == set(corpus.heldout)
 
@@ -362,7 +363,7 @@ def test_selection_rule_is_the_documented_hash_order():
 def test_selection_and_report_do_not_depend_on_document_order():
     corpus = load_corpus("news-sample")
     documents = list(corpus.calibration + corpus.heldout)
-    reversed_split = data._make_corpus("x", [(doc, doc) for doc in reversed(documents)])
+    reversed_split = parts.make_corpus("x", [(doc, doc) for doc in reversed(documents)])
     assert set(reversed_split.selection) == set(corpus.selection)
     assert set(reversed_split.report) == set(corpus.report)
     assert reversed_split.fingerprint != corpus.fingerprint  # the order is content; the split is not
@@ -371,13 +372,13 @@ def test_selection_and_report_do_not_depend_on_document_order():
 def test_copies_of_one_heldout_document_stay_in_one_part():
     docs = [(f"key {i}", f"document {i} " * (5 + i)) for i in range(6)]
     docs.append(docs[0])  # the same key twice: both copies in one part
-    selection, report = data._split_heldout(docs)
+    selection, report = parts.split_heldout(docs)
     assert (docs[0][1] in selection) != (docs[0][1] in report)
     assert selection.count(docs[0][1]) + report.count(docs[0][1]) == 2
 
 
 def test_report_is_never_empty_with_two_documents():
-    selection, report = data._split_heldout([("a", "tiny"), ("b", "long " * 1000)])
+    selection, report = parts.split_heldout([("a", "tiny"), ("b", "long " * 1000)])
     assert len(selection) == 1 and len(report) == 1
 
 
