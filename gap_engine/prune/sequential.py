@@ -26,6 +26,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -49,6 +52,7 @@ from gap_engine.prune.surgery import PruneResult, finish_surgery
 
 log = logging.getLogger(__name__)
 
+Chosen = TypeVar("Chosen")  # what an OBS choice returns: kept heads, or kept channels
 OBS_COMPENSATIONS = ("none", "bias")  # what may follow the OBS update (itself a refit of the kept columns)
 
 
@@ -163,10 +167,8 @@ def obs_prune(
     plan.params = predicted_params(lm, plan.attention_rates, plan.mlp_rates, plan.channel_multiple)
     result = PruneResult(plan=plan, params_before=lm.param_count())
     device = placement_of(lm).device
-    skip = text_start(lm.tokenizer, windows)
     layers = lm.adapter.layers(lm.model)
     biases: list[BlockFit] = []
-    added: list[torch.utils.hooks.RemovableHandle] = []
     started = time.perf_counter()
     with torch.no_grad():
         hidden, calls = [], []
@@ -174,53 +176,96 @@ def obs_prune(
             first, block_calls = capture_calls(lm, batch.to(input_device(lm.model)))
             hidden.append(to_host(first))
             calls.append([tree_to(call, device) for call in block_calls])
-        for i, layer in enumerate(layers):
-            hooks.check_cancelled(f"OBS pruning cancelled at block {i} of {len(layers)}")
-            geom = lm.adapter.geometry(layer)
-            kept_kv, kept_heads = list(range(geom.n_kv_heads)), list(range(geom.n_heads))
-            kept_channels = list(range(geom.intermediate_size))
-            q, _, _, o = lm.adapter.attention_projections(layer)
-            shape = attention_shape_for_rate(geom, q.in_features, plan.attention_rates[i], q.bias is not None, o.bias is not None)
-            attn_bias = mlp_bias = None
-            if shape.n_heads < geom.n_heads:
-                weight = o.weight.detach().double().cpu()  # (d, H*D)
-                dense_weight = weight.clone()
-                gram = _input_gram(o, layer, hidden, calls, i, device, skip)
-                inverse = damped_inverse(gram.gram, OBS_DAMPING)
-                kept_kv, kept_heads = obs_heads(weight, inverse, geom.n_kv_heads, geom.head_dim, shape.kv_groups, shape.heads_per_group)
-                _write_columns(o, weight)
-                slice_attention_(lm.adapter, layer, kept_kv, kept_heads)
-                if compensation.adds_bias:
-                    attn_bias = (dense_weight - weight) @ gram.mean  # (d,): removed columns are zero in the update
-                    added.append(lm.adapter.attention_projections(layer)[3].register_forward_hook(_AddedBias(attn_bias)))
-            down = lm.adapter.mlp_projections(layer)[2]
-            kept = channels_for_rate(geom.intermediate_size, plan.mlp_rates[i], plan.channel_multiple)
-            if kept < geom.intermediate_size:
-                weight = down.weight.detach().double().cpu()  # (d, I)
-                dense_weight = weight.clone()
-                gram = _input_gram(down, layer, hidden, calls, i, device, skip)
-                inverse = damped_inverse(gram.gram, OBS_DAMPING)
-                kept_channels = obs_channels(weight, inverse, kept)
-                _write_columns(down, weight)
-                slice_mlp_(lm.adapter, layer, kept_channels)
-                if compensation.adds_bias:
-                    mlp_bias = (dense_weight - weight) @ gram.mean  # (d,)
-                    added.append(lm.adapter.mlp_projections(layer)[2].register_forward_hook(_AddedBias(mlp_bias)))
-            biases.append(BlockFit(attn=Fit(None, attn_bias), mlp=Fit(None, mlp_bias)))
-            hidden = _run_block(layer, hidden, calls, i, device)
-            result.kept_kv_heads.append(kept_kv)
-            result.kept_heads.append(kept_heads)
-            result.kept_channels.append(kept_channels)
-            hooks.report(i + 1, len(layers))
-    for handle in added:
-        handle.remove()
+        stream = _Stream(hidden, calls, device, text_start(lm.tokenizer, windows), compensation.adds_bias)
+        try:
+            for i, layer in enumerate(layers):
+                hooks.check_cancelled(f"OBS pruning cancelled at block {i} of {len(layers)}")
+                kept_kv, kept_heads, attn_bias = _prune_heads(lm, layer, i, plan.attention_rates[i], stream)
+                kept_channels, mlp_bias = _prune_channels(lm, layer, i, plan.mlp_rates[i], plan.channel_multiple, stream)
+                biases.append(BlockFit(attn=Fit(None, attn_bias), mlp=Fit(None, mlp_bias)))
+                stream.hidden = _run_block(layer, stream.hidden, calls, i, device)
+                result.kept_kv_heads.append(kept_kv)
+                result.kept_heads.append(kept_heads)
+                result.kept_channels.append(kept_channels)
+                hooks.report(i + 1, len(layers))
+        finally:
+            for handle in stream.added:
+                handle.remove()
     result = finish_surgery(lm, result)
     if compensation.adds_bias:
-        install_biases(lm, biases)
-        bias_params = lm.param_count() - result.params_after
-        result.params_after += bias_params
-        lm.refresh_fingerprint()
-        result.compensation = compensation.to_dict() | {"seconds": round(time.perf_counter() - started, 3), "bias_params": bias_params}
-        if lm.pruned_from is not None:
-            lm.pruned_from["compensation"] = result.compensation
+        _install(lm, result, biases, compensation, time.perf_counter() - started)
     return result
+
+
+@dataclass
+class _Stream:
+    """The calibration windows on their way through the blocks pruned so far."""
+
+    hidden: list[torch.Tensor]  # per batch, the next block's input (host)
+    calls: list[list[BlockCall]]  # per batch, every block's other arguments
+    device: torch.device  # where a block runs
+    skip: int  # leading positions no statistic counts (a BOS token)
+    with_bias: bool  # bias compensation on top of the OBS update
+    added: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)  # the biases acting before they are installed
+
+
+def _obs_update(
+    linear: nn.Linear, layer: nn.Module, index: int, stream: _Stream, choose: Callable[[torch.Tensor, torch.Tensor], Chosen]
+) -> tuple[Chosen, torch.Tensor | None]:
+    """Choose units of ``linear``'s input by OBS (``choose(weight, inverse)``, which updates
+    ``weight`` in place), write the updated columns, and return (the choice, its bias or None)."""
+    weight = linear.weight.detach().double().cpu()  # (d, n)
+    dense_weight = weight.clone()
+    gram = _input_gram(linear, layer, stream.hidden, stream.calls, index, stream.device, stream.skip)
+    chosen = choose(weight, damped_inverse(gram.gram, OBS_DAMPING))
+    _write_columns(linear, weight)
+    # The removed columns are zero in the update: (W - W') mu is the dense output's mean minus the pruned one's.
+    return chosen, (dense_weight - weight) @ gram.mean if stream.with_bias else None
+
+
+def _prune_heads(
+    lm: LoadedModel, layer: nn.Module, index: int, rate: float, stream: _Stream
+) -> tuple[list[int], list[int], torch.Tensor | None]:
+    """(kept KV groups, kept heads, o_proj's bias or None) of one block, its attention cut by OBS."""
+    geom = lm.adapter.geometry(layer)
+    q, _, _, o = lm.adapter.attention_projections(layer)
+    shape = attention_shape_for_rate(geom, q.in_features, rate, q.bias is not None, o.bias is not None)
+    if shape.n_heads >= geom.n_heads:
+        return list(range(geom.n_kv_heads)), list(range(geom.n_heads)), None
+    (kept_kv, kept_heads), bias = _obs_update(
+        o,
+        layer,
+        index,
+        stream,
+        lambda w, inv: obs_heads(w, inv, geom.n_kv_heads, geom.head_dim, shape.kv_groups, shape.heads_per_group),
+    )
+    slice_attention_(lm.adapter, layer, kept_kv, kept_heads)
+    if bias is not None:
+        stream.added.append(lm.adapter.attention_projections(layer)[3].register_forward_hook(_AddedBias(bias)))
+    return kept_kv, kept_heads, bias
+
+
+def _prune_channels(
+    lm: LoadedModel, layer: nn.Module, index: int, rate: float, multiple: int, stream: _Stream
+) -> tuple[list[int], torch.Tensor | None]:
+    """(kept channels, down_proj's bias or None) of one block, its MLP cut by OBS on the inputs of its pruned attention."""
+    width = lm.adapter.geometry(layer).intermediate_size
+    kept = channels_for_rate(width, rate, multiple)
+    if kept >= width:
+        return list(range(width)), None
+    kept_channels, bias = _obs_update(lm.adapter.mlp_projections(layer)[2], layer, index, stream, lambda w, inv: obs_channels(w, inv, kept))
+    slice_mlp_(lm.adapter, layer, kept_channels)
+    if bias is not None:
+        stream.added.append(lm.adapter.mlp_projections(layer)[2].register_forward_hook(_AddedBias(bias)))
+    return kept_channels, bias
+
+
+def _install(lm: LoadedModel, result: PruneResult, biases: list[BlockFit], compensation: CompensationSettings, seconds: float) -> None:
+    """Give every block its biases for good, after the count check, and record them as ``compensation_pass`` does."""
+    install_biases(lm, biases)
+    bias_params = lm.param_count() - result.params_after
+    result.params_after += bias_params
+    lm.refresh_fingerprint()
+    result.compensation = compensation.to_dict() | {"seconds": round(seconds, 3), "bias_params": bias_params}
+    if lm.pruned_from is not None:
+        lm.pruned_from["compensation"] = result.compensation
