@@ -337,8 +337,8 @@ def test_files_found_beside_the_source_are_where_they_were(monkeypatch):
     assert remote_code.MODELING_SOURCE.is_file()
 
 
-# Folders of tests/ beside the engine's layers: the explorer's pages (AppTest) and the real browser.
-APP_TEST_FOLDERS = ("explorer", "browser")
+# Folders of tests/ beside the engine's layers: the explorer's pages (AppTest), the real browser, the benchmarks' logic.
+APP_TEST_FOLDERS = ("explorer", "browser", "bench")
 
 
 def test_tests_mirror_the_packages():
