@@ -244,7 +244,7 @@ def method_lines(
             kl = [_cell(boot.value(r, "kl", sources if c == "mean" else [c])) for c in columns]
             top1 = [sum(r["windows"][set_name(REPORT, s)]["top1"]) / len(r["windows"][set_name(REPORT, s)]["top1"]) for s in sources]
             task = scores.get(row_key(r))
-            task_cell = (f" {task['acc']:.3f} ± {task['stderr']:.3f} |" if task else " |") if with_task else ""
+            task_cell = (f" {_accuracy(task)} |" if task else " |") if with_task else ""
             lines.append(
                 f"| {group.budget:.0%} | {group.allocator} | {r['compensation']} ({', '.join(how)}) | {r['removed_fraction']:.2%} | "
                 + " | ".join(ppl)
@@ -342,12 +342,17 @@ def settings_lines(args: Any, groups: Sequence[Group], sources: Sequence[str], d
     ]
 
 
+def _accuracy(task: dict[str, Any]) -> str:
+    """Accuracy ± its standard error (lm-eval may report none)."""
+    return f"{task['acc']:.3f}" + (f" ± {task['stderr']:.3f}" if task.get("stderr") is not None else "")
+
+
 def task_lines(tasks: Sequence[dict[str, Any]]) -> list[str]:
     dense = next((t for t in tasks if t["allocator"] == "dense"), None)
     counted = [t for t in tasks if t.get("n", 0) >= MIN_TASK_EXAMPLES]
     if not counted:
         return [f"Task accuracy was not measured (a claim on it needs at least {MIN_TASK_EXAMPLES} examples of {TASK})."]
-    dense_text = f" (dense {dense['acc']:.3f} ± {dense['stderr']:.3f})" if dense and dense.get("n", 0) >= MIN_TASK_EXAMPLES else ""
+    dense_text = f" (dense {_accuracy(dense)})" if dense and dense.get("n", 0) >= MIN_TASK_EXAMPLES else ""
     return [
         f"Task accuracy: zero-shot `{TASK}` on {counted[0]['n']} examples (lm-eval acc ± its standard error){dense_text}, "
         "in the table above for each method's default and best."

@@ -12,10 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import bench_quality  # noqa: E402
-import quality_report  # noqa: E402
-from bench_quality import Results, command_argv, compensations_for, default_compensation, parse_args  # noqa: E402
-from quality_report import Group, best_on_selection, report_text  # noqa: E402
+import bench_quality
+import quality_report
+from bench_quality import Results, command_argv, compensations_for, default_compensation, parse_args
+from quality_report import Group, best_on_selection, report_text
 
 SOURCES = ("wiki-sample", "news-sample")
 
@@ -161,7 +161,14 @@ class _Bench:
         assert model == f"model {compensation}"
         windows = _row(budget, allocator, compensation, 0.5, 0.5)["windows"]
         report = {k: v for k, v in windows.items() if k.startswith("report/")}
-        return {"kind": "report", "budget": budget, "allocator": allocator, "compensation": compensation, "windows": report, "report_s": 1.0}
+        return {
+            "kind": "report",
+            "budget": budget,
+            "allocator": allocator,
+            "compensation": compensation,
+            "windows": report,
+            "report_s": 1.0,
+        }
 
 
 def test_a_group_reports_its_default_and_its_best_and_prunes_each_model_once(tmp_path, monkeypatch):
@@ -182,3 +189,15 @@ def test_a_group_reports_its_default_and_its_best_and_prunes_each_model_once(tmp
     bench_quality.measure_group(again, results, group, bench_quality.Progress(2, 0))
     assert again.pruned_count == {"bias": 1, "refit": 1}
     assert sorted(r["compensation"] for r in results.records if r["kind"] == "report") == ["bias", "refit"]
+
+
+def test_task_accuracy_is_shown_only_on_enough_examples():
+    groups = [Group(0.2, "dp", ("bias",), "bias"), Group(0.2, "uniform", ("bias",), "bias")]
+    rows = [_row(0.2, "dp", "bias", 0.5, 0.5, seed=1), _row(0.2, "uniform", "bias", 0.7, 0.7, seed=2)]
+    args = parse_args(["--budgets", "0.2", "--compensations", "bias", "--allocators", "dp,uniform", "--resamples", "200"])
+    task = {"kind": "task", "budget": 0.2, "allocator": "dp", "compensation": "bias", "acc": 0.61, "stderr": 0.02, "n": 500}
+    dense = {"kind": "task", "budget": 0.0, "allocator": "dense", "compensation": "none", "acc": 0.63, "stderr": None, "n": 500}
+    text = report_text(args, "cmd", "m", rows, groups, None, [task, dense])
+    assert "0.610 ± 0.020" in text and "(dense 0.630)" in text and "on 500 examples" in text
+    few = report_text(args, "cmd", "m", rows, groups, None, [task | {"n": 100}])
+    assert "0.610" not in few and "Task accuracy was not measured" in few
