@@ -18,7 +18,7 @@ Per-window NLL, KL(dense || pruned) and top-1 agreement go into ``<name>.jsonl``
 measurement as soon as it is made, so a killed run continues where it stopped (same settings;
 ``--fresh`` starts over). ``<name>.md`` (the report) and ``<name>.csv`` (means per row,
 part and source) are regenerated whole from it at the end; the report's first line is the
-command that regenerates it, every setting spelled out, and ``<name>.command.json`` keeps its argv.
+command that regenerates it, every setting spelled out, and ``<name>.commands.json`` keeps its argv.
 
 Task accuracy (``gap_wiki_next``, lm-eval) is off by default: ``--task-limit 500`` scores each
 method's best and default at every budget on its 500 examples (fewer examples are refused: a task
@@ -146,7 +146,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--bootstrap-seed", type=int, default=0)
     p.add_argument("--eval-batch-size", type=int, default=1, help="windows per forward pass (memory only)")
-    p.add_argument("--name", default="quality", help="files bench/results/<name>.md, .jsonl, .csv, .command.json")
+    p.add_argument("--name", default="quality", help="files bench/results/<name>.md, .jsonl, .csv, .commands.json")
     p.add_argument("--fresh", action="store_true", help="discard <name>.jsonl and measure everything again")
     args = p.parse_args(argv)
     if 0 < args.task_limit < MIN_TASK_EXAMPLES:
@@ -607,7 +607,7 @@ def write_outputs(args: argparse.Namespace, results: Results, groups: Sequence[G
         writer.writerows(table)
     atomic_write_text(RESULTS / f"{args.name}.csv", buffer.getvalue())
     sidecar = {"command": command_line(args), "argv": [SCRIPT.split()[-1], *command_argv(args)], "machine": machine}
-    atomic_write_text(RESULTS / f"{args.name}.command.json", json.dumps(sidecar, indent=1) + "\n")
+    atomic_write_text(RESULTS / f"{args.name}.commands.json", json.dumps(sidecar, indent=1) + "\n")
     return md_path
 
 
@@ -617,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_start, started = os.getloadavg(), time.perf_counter()
     results, groups = run(args)
     path = write_outputs(args, results, groups, machine_line(load_start, started))
-    log.info("wrote %s (and .csv, .jsonl, .command.json)", path)
+    log.info("wrote %s (and .csv, .jsonl, .commands.json)", path)
     return 0
 
 

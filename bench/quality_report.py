@@ -383,7 +383,7 @@ def report_text(
         "",
         f"# Quality at equal budget on {args.model}: GAP's DP against the baselines, chosen on selection, reported on report",
         "",
-        f"The command on the first line regenerates this file whole (its argv: `{args.name}.command.json`); per-window numbers "
+        f"The command on the first line regenerates this file whole (its argv: `{args.name}.commands.json`); per-window numbers "
         f"are in `{args.name}.jsonl`, window means in `{args.name}.csv`.",
         "",
         machine,
