@@ -82,7 +82,9 @@ class KLJudge:
             ]
         ).to(device)  # (texts * samples, start + T)
         self.start = text_start(lm.tokenizer, self.windows)
-        self.description = f"KL to dense on {samples} selection windows of {', '.join(texts)} (held out; the evaluation reads report)"
+        self.description = (
+            f"held-out KL to dense on {samples} windows of {', '.join(texts)} (their selection part; the evaluation reads the report part)"
+        )
 
     @torch.no_grad()
     def __call__(self) -> float:
