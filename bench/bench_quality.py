@@ -1,156 +1,287 @@
-"""Quality benchmark: GAP's DP against the field's methods at equal budget, each with compensation.
+"""Quality benchmark: GAP's DP against the baselines at equal budget, every method with the same menu.
 
-For every budget, method (allocator) and compensation, a copy of the model is pruned for real
-and measured on held-out text of both built-in sources: perplexity, KL(dense || pruned) per
-token and top-1 agreement with the dense model; then, for each method's best compensation at
-that budget (lowest mean held-out KL), zero-shot accuracy on the offline task
-``gap_wiki_next``. The methods:
+For every budget and allocator the plan is made once; then a copy of the model is pruned for
+real with every compensation the plan's criterion can take (``dp``, ``uniform``, ``flap``: none,
+bias, refit, bias+refit; ``slimgpt``, whose OBS update is its own compensation: none, and bias on
+top) and measured, window by window, on the two parts of the held-out text of every source:
 
-- ``dp``: GAP's DP on the default loss table (fisher, KL, wanda criterion);
-- ``uniform``: the same rate everywhere, same criterion: with the same compensation a
-  comparison against DP isolates the allocator;
-- ``flap``: FLAP as its paper built it: fluctuation metric, per-layer standardisation and
-  global selection; its own compensation is ``bias``;
-- ``slimgpt``: SlimGPT's log-increasing layer rates and greedy OBS block by block with its
-  update (criterion ``obs``): its compensation is built in, so it runs with ``none``;
-- ``owl`` on request.
+- the **selection** part (``--selection-windows`` per source) measures every compensation and
+  chooses each method's best at each budget: the lowest mean KL to dense over the sources;
+- the **report** part (``--report-windows`` per source, at least 24) then measures each method at
+  its best and at its shipped default (bias; none for slimgpt; ``--report-every-row``: every
+  compensation), and gives every number the report prints: those rows, and the margins of DP
+  (default and best) over every baseline at its best, each with a paired bootstrap interval over
+  the report windows (``gap_engine.evaluate.intervals``). The default and the best so far stay in
+  memory until the choice is made, so no model is pruned twice.
 
-Compensations (``prune.compensations``): none, bias, refit, bias+refit, each fitted on the
-table's calibration windows. Every row is appended to the CSV as soon as it is measured, with
-the load average at its start and end, so an interrupted run keeps what it measured and
-``--resume`` measures only what is missing.
+Per-window NLL, KL(dense || pruned) and top-1 agreement go into ``<name>.jsonl``, one line per
+measurement as soon as it is made, so a killed run continues where it stopped (same settings;
+``--fresh`` starts over). ``<name>.md`` (the report) and ``<name>.csv`` (means per row,
+part and source) are regenerated whole from it at the end; the report's first line is the
+command that regenerates it, every setting spelled out, and ``<name>.commands.json`` keeps its argv.
 
-    python bench/bench_quality.py [--model smollm2-135m] [--budgets 0.1,0.2,0.3,0.4,0.5]
-        [--methods dp:none,dp:bias,...] [--task-limit 100] [--name quality] [--resume]
+Task accuracy (``gap_wiki_next``, lm-eval) is off by default: ``--task-limit 500`` scores each
+method's best and default at every budget on its 500 examples (fewer examples are refused: a task
+claim needs at least 500).
 
-Settings are small but stated in the report: 16 x 256 calibration tokens (the table's),
-8 x 256 held-out tokens per source, the task on its first ``--task-limit`` examples.
+    python bench/bench_quality.py --model smollm2-135m --name quality
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import gc
+import io
+import json
 import logging
-import math
 import os
+import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-
-import numpy as np
-import torch
-import torch.nn.functional as F
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from quality_report import report_text
-from report import RESULTS, add_eval_args, machine_line
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gap_engine.cli.output import csv_text
-from gap_engine.core.config import CLI_TABLE, WindowSpec
-from gap_engine.core.fsutil import atomic_write_text, cache_root
-from gap_engine.core.progress import Hooks
-from gap_engine.data.bos import text_start
-from gap_engine.data.windows import batches, calibration_windows
-from gap_engine.evaluate.metrics import mean_nll
-from gap_engine.evaluate.tasks import dense_task_scores, prepare_tasks, run_tasks, task_settings
-from gap_engine.model.loading import load_model
-from gap_engine.pipeline.compare import heldout_sets
-from gap_engine.pipeline.stages import loss_table, prune_with_plan
-from gap_engine.plan.allocator_registry import needs_windows
-from gap_engine.plan.allocators import plan_from_table
-from gap_engine.prune.compensation_pass import prune_compensated
-from gap_engine.prune.compensations import CompensationSettings
-from gap_engine.prune.criteria import is_sequential
-from gap_engine.prune.importance import compute_importance
-from gap_engine.tables.artefact import TableSpec, parse_rate_grid
+from quality_report import (
+    MIN_TASK_EXAMPLES,
+    TASK,
+    Group,
+    best_measured,
+    best_on_selection,
+    budgets_of,
+    mean_kl,
+    report_text,
+    row_key,
+    set_name,
+    sources_of,
+    split_list,
+)
+from report import RESULTS, machine_line
+
+from gap_engine.core.config import BUILTIN_TEXT_NAMES, CLI_TABLE, COMPENSATIONS, DEFAULT_SAVE_DTYPE, HELDOUT_SPLITS
 
 log = logging.getLogger("bench_quality")
-TASK = "gap_wiki_next"
-DEFAULT_METHODS = (
-    "dp:none,dp:bias,dp:refit,dp:bias+refit,uniform:none,uniform:bias,uniform:refit,uniform:bias+refit,"
-    "flap:none,flap:bias,flap:refit,flap:bias+refit,slimgpt:none"
+MIN_REPORT_WINDOWS = 24  # the paired bootstrap's minimum per source
+DEFAULT_ALLOCATORS = ("dp", "uniform", "flap", "slimgpt")
+SCRIPT = "python bench/bench_quality.py"
+
+# Every option that changes a measured number or what the report holds; the command written at
+# the top of the report spells each one out, so a later change of a default cannot change it.
+SETTINGS = (
+    "model",
+    "data",
+    "estimator",
+    "objective",
+    "samples",
+    "seq_len",
+    "rates",
+    "criterion",
+    "budgets",
+    "allocators",
+    "compensations",
+    "eval_data",
+    "selection_windows",
+    "report_windows",
+    "eval_seq_len",
+    "window_seed",
+    "task_limit",
+    "report_every_row",
+    "resamples",
+    "bootstrap_seed",
+    "name",
+)
+# What every measured row depends on: a JSONL made with other values of these is not resumed.
+MEASUREMENT = (
+    "model",
+    "data",
+    "estimator",
+    "objective",
+    "samples",
+    "seq_len",
+    "rates",
+    "criterion",
+    "eval_data",
+    "selection_windows",
+    "report_windows",
+    "eval_seq_len",
+    "window_seed",
 )
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--data", default=CLI_TABLE.windows.data, help="calibration text of the table (and of compensation)")
+    p.add_argument("--data", default=CLI_TABLE.windows.data, help="calibration text (the table's, compensation's, FLAP's and OBS's)")
     p.add_argument("--estimator", default=CLI_TABLE.estimator)
     p.add_argument("--objective", default=CLI_TABLE.objective)
     p.add_argument("--samples", type=int, default=CLI_TABLE.windows.n_samples, help="calibration windows")
     p.add_argument("--seq-len", type=int, default=CLI_TABLE.windows.seq_len, help="tokens per calibration window")
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in CLI_TABLE.rate_grid), help="the table's rate grid")
-    p.add_argument("--criterion", default="wanda", help="the table's criterion (dp, uniform, owl prune by it)")
+    p.add_argument("--criterion", default="wanda", help="the table's criterion (dp and uniform prune by it)")
     p.add_argument("--budgets", default="0.1,0.2,0.3,0.4,0.5")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help="allocator:compensation, comma-separated")
-    p.add_argument("--task-limit", type=int, default=100, help="examples of gap_wiki_next per scored model; 0: no task")
-    add_eval_args(p)
-    p.add_argument("--name", default="quality", help="output files: bench/results/<name>.md and .csv")
-    p.add_argument("--resume", action="store_true", help="keep the rows already in <name>.csv (same settings: the caller's word)")
-    return p.parse_args(argv)
+    p.add_argument("--allocators", default=",".join(DEFAULT_ALLOCATORS), help="comma-separated; dp first")
+    p.add_argument(
+        "--compensations",
+        default=",".join(COMPENSATIONS),
+        help="the menu, comma-separated; each allocator gets every one its criterion can take (obs: none, bias)",
+    )
+    p.add_argument("--eval-data", default=",".join(BUILTIN_TEXT_NAMES), help="held-out sources, comma-separated")
+    p.add_argument("--selection-windows", type=int, default=16, help="held-out windows per source that choose")
+    p.add_argument("--report-windows", type=int, default=MIN_REPORT_WINDOWS, help="held-out windows per source that report")
+    p.add_argument("--eval-seq-len", type=int, default=256, help="tokens per held-out window")
+    p.add_argument("--window-seed", type=int, default=0, help="which held-out windows are drawn")
+    p.add_argument(
+        "--task-limit",
+        type=int,
+        default=0,
+        help=f"examples of {TASK} per method's best and default (0: no task; else at least {MIN_TASK_EXAMPLES})",
+    )
+    p.add_argument(
+        "--report-every-row", action="store_true", help="measure every compensation on the report part, not only the best and default"
+    )
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--bootstrap-seed", type=int, default=0)
+    p.add_argument("--eval-batch-size", type=int, default=1, help="windows per forward pass (memory only)")
+    p.add_argument("--name", default="quality", help="files bench/results/<name>.md, .jsonl, .csv, .commands.json")
+    p.add_argument("--fresh", action="store_true", help="discard <name>.jsonl and measure everything again")
+    args = p.parse_args(argv)
+    if 0 < args.task_limit < MIN_TASK_EXAMPLES:
+        p.error(f"--task-limit {args.task_limit}: a task claim needs at least {MIN_TASK_EXAMPLES} examples (0: no task)")
+    if args.report_windows < MIN_REPORT_WINDOWS:
+        p.error(f"--report-windows {args.report_windows}: the paired bootstrap needs at least {MIN_REPORT_WINDOWS} per source")
+    for name in ("budgets", "allocators", "compensations", "eval_data"):
+        if not split_list(getattr(args, name)):
+            p.error(f"--{name.replace('_', '-')} is empty")
+    unknown = [c for c in split_list(args.compensations) if c not in COMPENSATIONS]
+    if unknown:
+        p.error(f"--compensations: unknown {unknown[0]!r}; choose from {', '.join(COMPENSATIONS)}")
+    if split_list(args.allocators)[0] != "dp":
+        p.error("--allocators must start with dp: the report's margins are DP's")
+    return args
 
 
-def read_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+def settings_of(args: argparse.Namespace) -> dict[str, Any]:
+    return {key: getattr(args, key) for key in SETTINGS}
 
 
-def row_key(row: dict) -> tuple[str, str, str, str]:
-    return (row["model"], f"{float(row['budget']):.4f}", row["allocator"], row["compensation"])
+def command_argv(args: argparse.Namespace) -> list[str]:
+    """The argv that regenerates the report whole: every setting spelled out."""
+    argv = []
+    for key in SETTINGS:
+        value = getattr(args, key)
+        if isinstance(value, bool):
+            argv += [f"--{key.replace('_', '-')}"] if value else []
+        else:
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+    return argv
 
 
-def dense_logprobs(dense, windows: torch.Tensor, path: Path, batch_size: int) -> np.ndarray:
-    """The dense model's next-token log-probabilities on ``windows`` at the counted positions,
-    (N, T-1-start, V) float32, computed once and kept on disk (0.4 GB per source for SmolLM2's
-    vocabulary, 2.1 GB for Gemma 3's at 8 x 256 tokens)."""
-    if path.exists():
-        return np.load(path, mmap_mode="r")
-    start = text_start(dense.tokenizer, windows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial.npy")
-    vocab = dense.model.get_output_embeddings().weight.shape[0]
-    out = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(*windows[:, start + 1 :].shape, vocab))
-    with torch.inference_mode():
-        for b, batch in enumerate(batches(windows, batch_size)):
-            logits = dense.model(input_ids=batch, use_cache=False).logits[:, start:-1]  # (B, T-1-start, V)
-            logp = F.log_softmax(logits.float(), -1)
-            out[b * batch_size : b * batch_size + len(batch)] = logp.numpy()
-    out.flush()
-    del out
-    partial.rename(path)
-    return np.load(path, mmap_mode="r")
+def command_line(args: argparse.Namespace) -> str:
+    return " ".join([SCRIPT, *(shlex.quote(part) for part in command_argv(args))])
 
 
-@torch.inference_mode()
-def measure(pruned, dense_logp: dict, heldout: dict, batch_size: int) -> dict:
-    """Held-out perplexity, KL(dense || pruned) per token and top-1 agreement per source."""
-    out = {}
-    for source, windows in heldout.items():
-        start = text_start(pruned.tokenizer, windows)
-        nll = kl = agree = 0.0
-        for b, batch in enumerate(batches(windows, batch_size)):
-            logp = F.log_softmax(pruned.model(input_ids=batch, use_cache=False).logits[:, start:-1].float(), -1)  # (B, T', V)
-            logp_d = torch.from_numpy(np.asarray(dense_logp[source][b * batch_size : b * batch_size + len(batch)], dtype=np.float32))
-            targets = batch[:, start + 1 :]
-            nll -= logp.gather(-1, targets[..., None]).sum().item()
-            kl += (logp_d.exp() * (logp_d - logp)).sum().item()
-            agree += (logp.argmax(-1) == logp_d.argmax(-1)).sum().item()
-        count = windows[:, start + 1 :].numel()
-        out |= {f"ppl_{source}": math.exp(nll / count), f"kl_{source}": kl / count, f"top1_{source}": agree / count}
-    return out
+def compensations_for(sequential: bool, menu: Sequence[str]) -> list[str]:
+    """The compensations of ``menu`` a plan can take: all of them, or for a criterion that chooses
+    while pruning (``obs``) those that may follow its own update (none, bias)."""
+    from gap_engine.prune.sequential import OBS_COMPENSATIONS
+
+    return [c for c in menu if not sequential or c in OBS_COMPENSATIONS]
 
 
+def default_compensation(sequential: bool) -> str:
+    """What the method ships with when nobody tunes it (``prune.compensations.default_for``)."""
+    from gap_engine.core.config import DEFAULT_COMPENSATION
+
+    return "none" if sequential else DEFAULT_COMPENSATION
+
+
+# ---- the results file: one JSON object a line ---------------------------------------------------
+class Results:
+    """``<name>.jsonl``: the settings, then the dense numbers, rows and task scores as they come."""
+
+    def __init__(self, path: Path, args: argparse.Namespace):
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+        wanted = {key: getattr(args, key) for key in MEASUREMENT}
+        if path.exists() and not args.fresh:
+            self.records = read_records(path)
+            found = next((r["settings"] for r in self.records if r.get("kind") == "settings"), None)
+            if found is not None and {k: found.get(k) for k in MEASUREMENT} != wanted:
+                differ = [k for k in MEASUREMENT if found.get(k) != wanted[k]]
+                raise SystemExit(f"{path} was measured with other settings ({', '.join(differ)}): use --fresh, or another --name")
+            log.info("resuming %s: %d rows measured", path, sum(1 for r in self.records if r.get("kind") == "row"))
+        if not self.records:
+            RESULTS.mkdir(exist_ok=True)
+            path.write_text("")
+            self.append({"kind": "settings", "settings": wanted})
+
+    def append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.records.append(record)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every measured row, with its report windows where they were measured."""
+        reports = {row_key(r): r["windows"] for r in self.records if r.get("kind") == "report"}
+        rows = []
+        for record in self.records:
+            if record.get("kind") == "row":
+                rows.append(record | {"windows": record["windows"] | reports.get(row_key(record), {})})
+        return rows
+
+    def has_report(self, budget: float, allocator: str, compensation: str) -> bool:
+        return any(r.get("kind") == "report" and row_key(r) == (budget, allocator, compensation) for r in self.records)
+
+    def row(self, budget: float, allocator: str, compensation: str) -> dict[str, Any] | None:
+        key = (budget, allocator, compensation)
+        return next((r for r in self.records if r.get("kind") == "row" and row_key(r) == key), None)
+
+    def dense(self) -> dict[str, Any] | None:
+        return next((r for r in self.records if r.get("kind") == "dense"), None)
+
+    def tasks(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("kind") == "task"]
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every whole line of a results file; a last line a kill cut short is dropped (and rewritten)."""
+    records, text = [], path.read_text()
+    lines = text.splitlines()
+    for number, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number != len(lines) - 1:
+                raise SystemExit(f"{path} line {number + 1} is not JSON: not a results file of this benchmark") from None
+            log.warning("%s: the last line was cut short by a kill; dropped", path)
+            path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    return records
+
+
+# ---- measuring ----------------------------------------------------------------------------------------
 class Run:
-    """One model's benchmark: its table, windows and plans, rows appended to the CSV as measured."""
+    """One model's benchmark: its table, calibration and held-out windows, dense numbers and plans."""
 
-    def __init__(self, args, csv_path: Path):
-        self.args, self.csv_path = args, csv_path
-        self.rows = read_rows(csv_path) if args.resume else []
-        self.done = {row_key(r): r for r in self.rows}
+    def __init__(self, args: argparse.Namespace, results: Results):
+        import torch
+
+        from gap_engine.core.config import WindowSpec
+        from gap_engine.core.progress import Hooks
+        from gap_engine.data.windows import calibration_windows, heldout_windows
+        from gap_engine.evaluate.window_metrics import dense_windows, head_weight
+        from gap_engine.model.loading import load_model
+        from gap_engine.model.storage import parse_dtype
+        from gap_engine.pipeline.stages import loss_table
+        from gap_engine.tables.artefact import TableSpec, parse_rate_grid
+
+        self.args, self.results = args, results
+        self.sources = sources_of(args)
         self.dense = load_model(args.model)
         self.calib = WindowSpec(data=args.data, n_samples=args.samples, seq_len=args.seq_len, batch_size=8)
         spec = TableSpec(
@@ -160,124 +291,333 @@ class Run:
             estimator=args.estimator,
             objective=args.objective,
         )
+        started = time.perf_counter()
         self.table = loss_table(self.dense, spec, hooks=Hooks(progress=lambda d, t, eta: None))
+        log.info("loss table ready in %.0f s", time.perf_counter() - started)
         self.windows = calibration_windows(self.dense.tokenizer, self.calib)
-        self.heldout = heldout_sets(
-            self.dense.tokenizer, WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len)
-        )
-        self.scores: dict = {}
-        folder = cache_root() / "bench" / "dense_logprobs"
-        name = f"{self.dense.fingerprint}-{args.eval_samples}x{args.eval_seq_len}"
-        self.dense_logp = {s: dense_logprobs(self.dense, w, folder / f"{name}-{s}.npy", 8) for s, w in self.heldout.items()}
-        self.dense_ppl = {f"dense_ppl_{s}": math.exp(mean_nll(self.dense, w, 8)) for s, w in self.heldout.items()}
-        self.tasks = prepare_tasks(task_settings(TASK, limit=args.task_limit)) if args.task_limit > 0 else None
-        self.dense_row = self.dense_task()
+        counts = {"selection": args.selection_windows, "report": args.report_windows}
+        sets = {
+            set_name(split, source): heldout_windows(
+                self.dense.tokenizer,
+                WindowSpec(data=source, n_samples=counts[split], seq_len=args.eval_seq_len, seed=args.window_seed),
+                split,
+            )
+            for split in HELDOUT_SPLITS
+            for source in self.sources
+        }
+        self.split_sets = {split: {n: w for n, w in sets.items() if n.startswith(f"{split}/")} for split in HELDOUT_SPLITS}
+        self.scores: dict[str, Any] = {}
+        self.plans: dict[tuple[float, str], Any] = {}
+        if results.dense() is None:
+            # Every pruned model is stored (and measured) in the storage dtype: its head is the dense
+            # head rounded so, and the dense side of the KL is computed once under that head.
+            stored_head = head_weight(self.dense).detach().to(parse_dtype(DEFAULT_SAVE_DTYPE)).to(torch.float32)
+            started = time.perf_counter()
+            dense = {name: dense_windows(self.dense, w, stored_head, args.eval_batch_size).nll.tolist() for name, w in sets.items()}
+            log.info("dense numbers on %d window sets in %.0f s", len(sets), time.perf_counter() - started)
+            results.append({"kind": "dense", "windows": {name: {"nll": nll} for name, nll in dense.items()}})
+        self.tasks = None
+        if args.task_limit:
+            from gap_engine.evaluate.tasks import prepare_tasks, task_settings
+
+            self.tasks = prepare_tasks(task_settings(TASK, limit=args.task_limit))
 
     def scores_for(self, criterion: str):
+        from gap_engine.prune.criteria import is_sequential
+        from gap_engine.prune.importance import compute_importance
+
         if is_sequential(criterion):
             return None
         if criterion not in self.scores:
             self.scores[criterion] = compute_importance(self.dense, self.windows, criterion, self.calib.batch_size)
         return self.scores[criterion]
 
-    def plan(self, allocator: str, budget: float):
-        windows = self.windows if needs_windows(allocator) else None
-        return plan_from_table(
-            self.dense, self.table, budget, allocator, windows=windows, scores=self.scores_for(self.table.spec.criterion)
+    def plan(self, budget: float, allocator: str):
+        """The allocator's plan at the budget, made once (every compensation prunes the same units)."""
+        from gap_engine.plan.allocator_registry import needs_windows
+        from gap_engine.plan.allocators import plan_from_table
+
+        key = (budget, allocator)
+        if key not in self.plans:
+            windows = self.windows if needs_windows(allocator) else None
+            scores = self.scores_for(self.table.spec.criterion)
+            self.plans[key] = plan_from_table(self.dense, self.table, budget, allocator, windows=windows, scores=scores)
+        return self.plans[key]
+
+    def group(self, budget: float, allocator: str) -> Group:
+        from gap_engine.prune.criteria import is_sequential
+
+        sequential = is_sequential(self.plan(budget, allocator).criterion)
+        menu = tuple(compensations_for(sequential, split_list(self.args.compensations)))
+        return Group(budget, allocator, menu, default_compensation(sequential))
+
+    def pruned(self, budget: float, allocator: str, compensation: str):
+        """A copy of the model pruned by the plan with the compensation, as a checkpoint stores it."""
+        from gap_engine.pipeline.stages import pruned_as_saved
+        from gap_engine.prune.compensations import CompensationSettings
+
+        plan = self.plan(budget, allocator)
+        return pruned_as_saved(
+            self.dense, plan, self.calib, scores=self.scores_for(plan.criterion), compensation=CompensationSettings(mode=compensation)
         )
 
-    def prune(self, plan, compensation: str):
-        pruned = self.dense.copy()
-        if is_sequential(plan.criterion):
-            if compensation != "none":
-                raise SystemExit(f"{plan.allocator} compensates inside its criterion; run it with compensation none")
-            return pruned, prune_with_plan(pruned, plan, self.calib)
-        settings = CompensationSettings(mode=compensation)
-        return pruned, prune_compensated(pruned, plan, self.scores_for(plan.criterion), self.calib, settings)
+    def measure_selection(self, budget: float, allocator: str, compensation: str) -> tuple[Any, dict[str, Any]]:
+        """(the pruned model, its row: what the plan removed and its numbers on the selection windows)."""
+        from gap_engine.evaluate.window_metrics import window_numbers
 
-    def task_accuracy(self, pruned) -> dict:
-        if self.tasks is None:
-            return {}
+        load_start, started = os.getloadavg()[0], time.perf_counter()
+        pruned, result = self.pruned(budget, allocator, compensation)
+        prune_s = time.perf_counter() - started
+        numbers = window_numbers(pruned, self.dense, self.split_sets["selection"], self.args.eval_batch_size)
+        plan = result.plan
+        row = {
+            "kind": "row",
+            "model": self.args.model,
+            "budget": budget,
+            "allocator": allocator,
+            "criterion": plan.criterion,
+            "compensation": compensation,
+            "removed": int(plan.params["removed"]),
+            "removed_fraction": float(plan.params["removed_fraction_of_prunable"]),
+            "params_after": int(result.params_after),
+            "bias_params": int((result.compensation or {}).get("bias_params", 0)),
+            "windows": {name: {"nll": n.nll, "kl": n.kl, "top1": n.top1} for name, n in numbers.items()},
+            "prune_s": round(prune_s, 1),
+            "eval_s": round(time.perf_counter() - started - prune_s, 1),
+            "load_start": round(load_start, 2),
+            "load_end": round(os.getloadavg()[0], 2),
+        }
+        return pruned, row
+
+    def measure_report(self, pruned: Any, budget: float, allocator: str, compensation: str) -> dict[str, Any]:
+        """A pruned model's numbers on the report windows."""
+        from gap_engine.evaluate.window_metrics import window_numbers
+
+        load_start, started = os.getloadavg()[0], time.perf_counter()
+        numbers = window_numbers(pruned, self.dense, self.split_sets["report"], self.args.eval_batch_size)
+        return {
+            "kind": "report",
+            "budget": budget,
+            "allocator": allocator,
+            "compensation": compensation,
+            "windows": {name: {"nll": n.nll, "kl": n.kl, "top1": n.top1} for name, n in numbers.items()},
+            "report_s": round(time.perf_counter() - started, 1),
+            "report_load": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+        }
+
+    def task(self, budget: float, allocator: str, compensation: str) -> dict[str, Any]:
+        from gap_engine.evaluate.tasks import run_tasks
+
+        load_start, started = os.getloadavg()[0], time.perf_counter()
+        pruned, _ = self.pruned(budget, allocator, compensation)
         score = run_tasks(pruned, self.tasks)[TASK]
-        return {"task_acc": score.acc, "task_stderr": score.acc_stderr, "task_n": score.n}
+        del pruned
+        gc.collect()
+        return {
+            "kind": "task",
+            "budget": budget,
+            "allocator": allocator,
+            "compensation": compensation,
+            "acc": score.acc,
+            "stderr": score.acc_stderr,
+            "n": score.n,
+            "task_s": round(time.perf_counter() - started, 1),
+            "load_start": round(load_start, 2),
+        }
 
-    def dense_task(self) -> dict:
-        """The dense model's task accuracy as row columns (cached per model and task settings)."""
-        if self.tasks is None:
-            return {}
+    def dense_task(self) -> dict[str, Any]:
+        from gap_engine.evaluate.tasks import dense_task_scores, run_tasks
+
         score = dense_task_scores(self.dense.fingerprint, "float32", self.tasks, lambda names: run_tasks(self.dense, self.tasks, names))[
             TASK
         ]
-        return {"dense_task_acc": round(score.acc, 4)}
+        return {
+            "kind": "task",
+            "budget": 0.0,
+            "allocator": "dense",
+            "compensation": "none",
+            "acc": score.acc,
+            "stderr": score.acc_stderr,
+            "n": score.n,
+        }
 
-    def save(self) -> None:
-        atomic_write_text(self.csv_path, csv_text(self.rows))
 
-    def method(self, budget: float, allocator: str, compensations: list[str]) -> None:
-        """Every compensation of one allocator at one budget, then the task on the best of them."""
-        plan = None
-        best: tuple[float, object, dict] | None = None  # (mean KL, pruned model, row) of the best so far
-        for compensation in compensations:
-            key = (self.args.model, f"{budget:.4f}", allocator, compensation)
-            row = self.done.get(key)
-            if row is None:
-                plan = plan or self.plan(allocator, budget)
-                load_start, started = os.getloadavg()[0], time.perf_counter()
-                pruned, result = self.prune(plan, compensation)
-                prune_s = time.perf_counter() - started
-                row = {"model": self.args.model, "budget": budget, "allocator": allocator, "criterion": plan.criterion}
-                row |= {
-                    "compensation": compensation,
-                    "removed": plan.params["removed"],
-                    "removed_fraction": plan.params["removed_fraction_of_prunable"],
+def measure_group(bench: Run, results: Results, group: Group, progress: Progress) -> None:
+    """Every compensation of one allocator at one budget on the selection windows, then its default
+    and its best on the report windows (every compensation with ``--report-every-row``).
+
+    The models that may be reported (the default and the best so far) stay in memory until the
+    choice is made; a resumed run prunes again only what it lost."""
+    kept: dict[str, Any] = {}
+    for compensation in group.menu:
+        key = (group.budget, group.allocator, compensation)
+        model = None
+        if results.row(*key) is None:
+            started = time.perf_counter()
+            model, row = bench.measure_selection(*key)
+            results.append(row)
+            log.info(
+                "%s %s at %.0f%%: selection KL %.4f (prune %.0f s, eval %.0f s) %s",
+                group.allocator,
+                compensation,
+                100 * group.budget,
+                mean_kl(row, "selection", bench.sources),
+                row["prune_s"],
+                row["eval_s"],
+                progress.step(time.perf_counter() - started),
+            )
+        if model is not None:
+            best = best_measured(group, results.rows(), bench.sources)
+            wanted = {group.default, best["compensation"] if best else group.default}
+            if bench.args.report_every_row:
+                wanted.add(compensation)
+            kept = {c: m for c, m in kept.items() if c in wanted}
+            if compensation in wanted:
+                kept[compensation] = model
+        del model
+        if bench.args.report_every_row:
+            report(bench, results, group, compensation, kept, progress)
+    best = best_on_selection(group, results.rows(), bench.sources)
+    if best is not None:
+        for compensation in dict.fromkeys([group.default, best["compensation"]]):
+            report(bench, results, group, compensation, kept, progress)
+    kept.clear()
+    gc.collect()
+
+
+def report(bench: Run, results: Results, group: Group, compensation: str, kept: dict[str, Any], progress: Progress) -> None:
+    """One row on the report windows, unless measured already: its model from memory, else pruned again."""
+    key = (group.budget, group.allocator, compensation)
+    if results.has_report(*key):
+        return
+    started = time.perf_counter()
+    model = kept.pop(compensation, None)
+    if model is None:
+        model, _ = bench.pruned(*key)
+    record = bench.measure_report(model, *key)
+    del model
+    gc.collect()
+    results.append(record)
+    log.info(
+        "%s %s at %.0f%%: report KL %.4f (eval %.0f s) %s",
+        group.allocator,
+        compensation,
+        100 * group.budget,
+        mean_kl(record, "report", bench.sources),
+        record["report_s"],
+        progress.step(time.perf_counter() - started),
+    )
+
+
+class Progress:
+    """Rows done of rows planned, and an estimate of the time left from the rows this process measured."""
+
+    def __init__(self, total: int, done: int):
+        self.total, self.done, self.measured, self.seconds = total, done, 0, 0.0
+
+    def step(self, seconds: float) -> str:
+        self.done, self.measured, self.seconds = self.done + 1, self.measured + 1, self.seconds + seconds
+        left = (self.total - self.done) * self.seconds / self.measured
+        return f"[{self.done}/{self.total}, about {left / 60:.0f} min left]"
+
+
+def run(args: argparse.Namespace) -> tuple[Results, list[Group]]:
+    """Measure every row of the menu that the results file does not hold yet, then the tasks."""
+    results = Results(RESULTS / f"{args.name}.jsonl", args)
+    bench = Run(args, results)
+    budgets, allocators = budgets_of(args), split_list(args.allocators)
+    groups = [bench.group(budget, allocator) for budget in budgets for allocator in allocators]  # every plan before any pruning
+    reports = [len(g.menu) if args.report_every_row else min(2, len(g.menu)) for g in groups]
+    progress = Progress(
+        sum(len(g.menu) for g in groups) + sum(reports), len([r for r in results.records if r.get("kind") in ("row", "report")])
+    )
+    log.info("%d measurements planned (selection and report), %d made already", progress.total, progress.done)
+    for group in groups:
+        measure_group(bench, results, group, progress)
+    if bench.tasks is not None:
+        if not any(t["allocator"] == "dense" for t in results.tasks()):
+            results.append(bench.dense_task())
+        done = {(t["budget"], t["allocator"], t["compensation"]) for t in results.tasks()}
+        for group in groups:
+            best = best_on_selection(group, results.rows(), bench.sources)
+            for compensation in dict.fromkeys([group.default, best["compensation"] if best else group.default]):
+                if (group.budget, group.allocator, compensation) not in done and compensation in group.menu:
+                    record = bench.task(group.budget, group.allocator, compensation)
+                    results.append(record)
+                    log.info(
+                        "task %s %s at %.0f%%: %.3f (%d examples)",
+                        group.allocator,
+                        compensation,
+                        100 * group.budget,
+                        record["acc"],
+                        record["n"],
+                    )
+    return results, groups
+
+
+def csv_rows(rows: Sequence[dict[str, Any]], dense: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One CSV row per measured row, part and source: its window means (the windows are in the JSONL)."""
+    import math
+
+    out = []
+    for row in rows:
+        for name, numbers in row["windows"].items():
+            split, source = name.split("/", 1)
+            nll = sum(numbers["nll"]) / len(numbers["nll"])
+            out.append(
+                {
+                    "budget": row["budget"],
+                    "allocator": row["allocator"],
+                    "criterion": row["criterion"],
+                    "compensation": row["compensation"],
+                    "split": split,
+                    "source": source,
+                    "windows": len(numbers["nll"]),
+                    "ppl": round(math.exp(nll), 4),
+                    "kl": round(sum(numbers["kl"]) / len(numbers["kl"]), 6),
+                    "top1": round(sum(numbers["top1"]) / len(numbers["top1"]), 6),
+                    "dense_ppl": round(math.exp(sum(dense["windows"][name]["nll"]) / len(dense["windows"][name]["nll"])), 4)
+                    if dense
+                    else "",
+                    "removed_fraction": row["removed_fraction"],
+                    "params_after": row["params_after"],
+                    "bias_params": row["bias_params"],
+                    "prune_s": row["prune_s"],
+                    "eval_s": row["eval_s"],
+                    "load_start": row["load_start"],
+                    "load_end": row["load_end"],
                 }
-                row |= measure(pruned, self.dense_logp, self.heldout, self.calib.batch_size) | self.dense_ppl
-                row |= {"prune_s": round(prune_s, 1), "eval_s": round(time.perf_counter() - started - prune_s, 1)}
-                row |= {"load_start": round(load_start, 2), "load_end": round(os.getloadavg()[0], 2), "best": ""} | self.dense_row
-                self.rows.append(row)
-                self.done[key] = row
-                self.save()
-                log.info(
-                    "%s %s at %.0f%%: %s",
-                    allocator,
-                    compensation,
-                    100 * budget,
-                    {k: v for k, v in row.items() if k.startswith(("ppl", "kl"))},
-                )
-            else:
-                pruned = None
-            kl = sum(float(row[f"kl_{s}"]) for s in self.heldout) / len(self.heldout)
-            if best is None or kl < best[0]:
-                best = (kl, pruned, row)
-        assert best is not None
-        _, pruned, row = best
-        for other in compensations:
-            self.done[(self.args.model, f"{budget:.4f}", allocator, other)]["best"] = "yes" if other == row["compensation"] else ""
-        if self.tasks is not None and not row.get("task_acc"):
-            if pruned is None:
-                pruned, _ = self.prune(plan or self.plan(allocator, budget), row["compensation"])
-            load_start, started = os.getloadavg()[0], time.perf_counter()
-            row |= self.task_accuracy(pruned) | {"task_s": round(time.perf_counter() - started, 1), "task_load": round(load_start, 2)}
-        self.save()
+            )
+    return out
 
 
-def main(argv=None) -> int:
+def write_outputs(args: argparse.Namespace, results: Results, groups: Sequence[Group], machine: str) -> Path:
+    from gap_engine.core.fsutil import atomic_write_text
+
+    menu_keys = {(g.budget, g.allocator, c) for g in groups for c in g.menu}
+    rows = [r for r in results.rows() if row_key(r) in menu_keys]
+    report = report_text(args, command_line(args), machine, rows, groups, results.dense(), results.tasks())
+    md_path = RESULTS / f"{args.name}.md"
+    atomic_write_text(md_path, report)
+    buffer = io.StringIO()
+    table = csv_rows(rows, results.dense())
+    if table:
+        writer = csv.DictWriter(buffer, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    atomic_write_text(RESULTS / f"{args.name}.csv", buffer.getvalue())
+    sidecar = {"command": command_line(args), "argv": [SCRIPT.split()[-1], *command_argv(args)], "machine": machine}
+    atomic_write_text(RESULTS / f"{args.name}.commands.json", json.dumps(sidecar, indent=1) + "\n")
+    return md_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
-    command = " ".join(["python bench/bench_quality.py", *(sys.argv[1:] if argv is None else argv)])
     load_start, started = os.getloadavg(), time.perf_counter()
-    csv_path, md_path = RESULTS / f"{args.name}.csv", RESULTS / f"{args.name}.md"
-    run = Run(args, csv_path)
-    methods: dict[str, list[str]] = {}
-    for item in args.methods.split(","):
-        allocator, _, compensation = item.strip().partition(":")
-        methods.setdefault(allocator, []).append(compensation or "none")
-    for budget in [float(b) for b in args.budgets.split(",") if b]:
-        for allocator, compensations in methods.items():
-            run.method(budget, allocator, compensations)
-    text = report_text(args, command, run, machine_line(load_start, started))
-    atomic_write_text(md_path, text)
-    log.info("wrote %s and %s", md_path, csv_path)
+    results, groups = run(args)
+    path = write_outputs(args, results, groups, machine_line(load_start, started))
+    log.info("wrote %s (and .csv, .jsonl, .commands.json)", path)
     return 0
 
 

@@ -1,164 +1,423 @@
-"""The markdown of bench_quality.py: its rows per model, and issue 31's targets met or missed."""
+"""The markdown of bench_quality.py: targets with paired bootstrap intervals, each method on the report
+part (its default and its best on selection), the choices made on the selection part, every row.
+
+A pure function of the results file's records (no model, no torch), so its selection and verdict
+logic is tested on hand-made rows (``tests/bench/test_bench_quality.py``).
+"""
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from report import RESULTS
+from gap_engine.evaluate.intervals import Interval, mean_interval, perplexity_interval, perplexity_ratio, ratio_of_means
 
-BASELINES = ("uniform", "flap", "slimgpt", "owl")
-
-
-def _f(row: dict, key: str) -> float:
-    return float(row[key])
-
-
-def _mean(row: dict, metric: str, sources: list[str]) -> float:
-    return sum(_f(row, f"{metric}_{s}") for s in sources) / len(sources)
-
-
-def commands(args, command: str, machine: str) -> dict:
-    """Every model's command and machine line, kept beside the CSV (each model runs in its own process)."""
-    path = RESULTS / f"{args.name}.commands.json"
-    known = json.loads(path.read_text()) if path.exists() else {}
-    known[args.model] = {"command": command, "machine": machine}
-    path.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
-    return known
+REPORT = "report"
+SELECTION = "selection"
+TASK = "gap_wiki_next"
+MIN_TASK_EXAMPLES = 500  # a task claim rests on at least this many examples
+BASELINES = ("uniform", "flap", "slimgpt", "owl", "evo")
 
 
-def settings_lines(args, run, sources: list[str]) -> list[str]:
-    table = run.table
-    return [
-        "## Settings",
-        "",
-        f"- Calibration: {args.samples} windows x {args.seq_len} tokens of {args.data} (the loss table's; compensation "
-        "is fitted and FLAP's fluctuation and SlimGPT's Hessians are measured on them).",
-        f"- DP's table: estimator {table.spec.estimator}, objective {table.spec.objective}, criterion {table.spec.criterion}, "
-        f"{len(table.rate_grid)} rates; dp, uniform and owl prune by the table's criterion, flap by FLAP's fluctuation metric, "
-        "slimgpt by its greedy OBS (criterion obs, whose update is its compensation: it runs with `none`).",
-        f"- Held-out: {args.eval_samples} windows x {args.eval_seq_len} tokens per source ({', '.join(sources)}), never "
-        "overlapping calibration text; KL is KL(dense || pruned) per token, top-1 the share of positions where the pruned "
-        "model's most likely next token is the dense model's.",
-        f"- Task: zero-shot accuracy on `gap_wiki_next` (first {args.task_limit} examples), scored for each method's best "
-        "compensation at each budget (best: lowest mean held-out KL; marked *).",
-        "- Budgets are fractions of the prunable parameters (attention and MLP projections); every method removes at least "
-        "the budget and less than one unit more. Load: the 1-minute load average at the start and end of the row (2 cores "
-        "shared with other sessions).",
-        "",
-    ]
+def split_list(text: str) -> list[str]:
+    return [part.strip() for part in str(text).split(",") if part.strip()]
 
 
-def table_lines(rows: list[dict], sources: list[str]) -> list[str]:
+def budgets_of(args: argparse.Namespace) -> list[float]:
+    return [round(float(b), 4) for b in split_list(args.budgets)]
+
+
+def sources_of(args: argparse.Namespace) -> list[str]:
+    return split_list(args.eval_data)
+
+
+def set_name(split: str, source: str) -> str:
+    return f"{split}/{source}"
+
+
+def row_key(row: dict[str, Any]) -> tuple[float, str, str]:
+    return (round(float(row["budget"]), 4), row["allocator"], row["compensation"])
+
+
+# ---- choices on the selection part ------------------------------------------------------------------
+def mean_kl(row: dict[str, Any], split: str, sources: Sequence[str]) -> float:
+    """Mean over the sources of each source's mean KL over its windows of ``split``."""
+    per_source = [sum(w) / len(w) for w in (row["windows"][set_name(split, s)]["kl"] for s in sources)]
+    return sum(per_source) / len(per_source)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One allocator at one budget: its menu and what was measured of it."""
+
+    budget: float
+    allocator: str
+    menu: tuple[str, ...]  # the compensations it takes, in menu order
+    default: str  # its shipped compensation
+
+
+def best_measured(group: Group, rows: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any] | None:
+    """The group's measured row with the lowest mean selection KL over ``sources`` (the first in
+    menu order on a tie); None when none is measured."""
+    found = {row_key(r)[2]: r for r in rows if row_key(r)[:2] == (group.budget, group.allocator)}
+    measured = [found[c] for c in group.menu if c in found]
+    return min(measured, key=lambda r: mean_kl(r, SELECTION, sources)) if measured else None
+
+
+def best_on_selection(group: Group, rows: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any] | None:
+    """The group's row with the lowest mean selection KL over ``sources`` (the first in menu order
+    on a tie); None until every compensation of its menu is measured."""
+    found = {row_key(r)[2] for r in rows if row_key(r)[:2] == (group.budget, group.allocator)}
+    if any(c not in found for c in group.menu):
+        return None
+    return best_measured(group, rows, sources)
+
+
+def on_report(row: dict[str, Any], sources: Sequence[str]) -> bool:
+    """Whether the row was measured on the report windows of every source."""
+    return all(set_name(REPORT, s) in row["windows"] for s in sources)
+
+
+class Bootstrap:
+    """The report part's per-window numbers of rows, and intervals over them with one seed."""
+
+    def __init__(self, sources: Sequence[str], resamples: int, seed: int):
+        self.sources, self.resamples, self.seed = list(sources), resamples, seed
+
+    def windows(self, row: dict[str, Any], metric: str, sources: Sequence[str]) -> list[list[float]]:
+        return [row["windows"][set_name(REPORT, s)][metric] for s in sources]
+
+    def margin(self, baseline: dict[str, Any], method: dict[str, Any], metric: str, sources: Sequence[str]) -> Interval:
+        """``baseline / method`` on ``sources`` (above 1: the method is better): KL or perplexity."""
+        compare = ratio_of_means if metric == "kl" else perplexity_ratio
+        return compare(
+            self.windows(baseline, metric, sources), self.windows(method, metric, sources), resamples=self.resamples, seed=self.seed
+        )
+
+    def value(self, row: dict[str, Any], metric: str, sources: Sequence[str]) -> Interval:
+        """One row's mean KL, or perplexity (from its NLL), on ``sources``, with its interval."""
+        own = mean_interval if metric == "kl" else perplexity_interval
+        return own(self.windows(row, "kl" if metric == "kl" else "nll", sources), resamples=self.resamples, seed=self.seed)
+
+
+def _cell(interval: Interval, digits: int = 3, verdict: bool = False) -> str:
+    text = f"{interval.estimate:.{digits}f} [{interval.low:.{digits}f}, {interval.high:.{digits}f}]"
+    return f"{text} {interval.verdict()}" if verdict else text
+
+
+def _digits(value: float) -> int:
+    return 1 if value >= 100 else 2 if value >= 10 else 3
+
+
+def _ppl_cell(interval: Interval) -> str:
+    return _cell(interval, _digits(interval.estimate))
+
+
+def _dense_ppl(dense: dict[str, Any] | None, split: str, source: str) -> float | None:
+    if dense is None:
+        return None
+    nll = dense["windows"][set_name(split, source)]["nll"]
+    return math.exp(sum(nll) / len(nll))
+
+
+def chosen_rows(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[tuple[float, str], dict[str, Any]]:
+    """(budget, allocator) -> {"best": row chosen on selection, "default": row at the shipped default}, complete groups only."""
+    by_key = {row_key(r): r for r in rows}
+    out = {}
+    for group in groups:
+        best = best_on_selection(group, rows, sources)
+        default = by_key.get((group.budget, group.allocator, group.default))
+        if best is not None and default is not None and on_report(best, sources) and on_report(default, sources):
+            out[(group.budget, group.allocator)] = {"best": best, "default": default}
+    return out
+
+
+def target_lines(
+    groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources: Sequence[str], boot: Bootstrap
+) -> tuple[list[str], dict[str, dict[str, int]]]:
+    """The two targets' tables (DP default and DP best on selection against every baseline at its best)
+    and, per target, how many margins were met, tied and lost."""
+    chosen = chosen_rows(groups, rows, sources)
+    budgets = sorted({g.budget for g in groups})
+    baselines = [a for a in dict.fromkeys(g.allocator for g in groups) if a in BASELINES]
+    counts: dict[str, dict[str, int]] = {}
+    lines: list[str] = []
+    columns = [*sources, "mean"]
+    for which, title in (("default", "DP at its default compensation"), ("best", "DP at its best compensation (chosen on selection)")):
+        tally = counts.setdefault(which, {"met": 0, "tie": 0, "loss": 0})
+        lines += [
+            f"### {title} against every baseline at its best",
+            "",
+            "Ratio = baseline / DP on the report windows (above 1: DP better), 95% interval; KL: ratio of mean KL to dense; "
+            "perplexity: exp of the mean NLL difference (on the mean of sources: of the geometric means).",
+            "",
+            "| budget | DP | baseline (best) | "
+            + " | ".join(f"KL {c}" for c in columns)
+            + " | "
+            + " | ".join(f"ppl {c}" for c in columns)
+            + " |",
+            "|---:|---|---|" + "---|" * (2 * len(columns)),
+        ]
+        for budget in budgets:
+            dp = chosen.get((budget, "dp"))
+            for name in baselines:
+                other = chosen.get((budget, name))
+                if dp is None or other is None:
+                    continue
+                cells = []
+                for metric in ("kl", "nll"):
+                    for column in columns:
+                        interval = boot.margin(other["best"], dp[which], metric, sources if column == "mean" else [column])
+                        tally[interval.verdict()] += 1
+                        cells.append(_cell(interval, verdict=True))
+                lines.append(
+                    f"| {budget:.0%} | {dp[which]['compensation']} | {name} ({other['best']['compensation']}) | " + " | ".join(cells) + " |"
+                )
+        lines += [
+            "",
+            f"{title}: {tally['met']} margins met, {tally['tie']} ties, {tally['loss']} losses "
+            f"(of {sum(tally.values())}: every budget, baseline, metric, source and the mean of sources).",
+            "",
+        ]
+    return lines, counts
+
+
+def summary_lines(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources: Sequence[str], boot: Bootstrap) -> list[str]:
+    """One line per budget and DP variant: the verdicts on the mean of sources against each baseline."""
+    chosen = chosen_rows(groups, rows, sources)
+    baselines = [a for a in dict.fromkeys(g.allocator for g in groups) if a in BASELINES]
+    lines = []
+    for budget in sorted({g.budget for g in groups}):
+        dp = chosen.get((budget, "dp"))
+        if dp is None:
+            continue
+        for which, label in (("default", "DP default"), ("best", "DP best")):
+            parts = []
+            for name in baselines:
+                other = chosen.get((budget, name))
+                if other is None:
+                    continue
+                kl = boot.margin(other["best"], dp[which], "kl", sources)
+                ppl = boot.margin(other["best"], dp[which], "nll", sources)
+                parts.append(f"{name}: KL {kl.verdict()} ({kl.estimate:.2f}), perplexity {ppl.verdict()} ({ppl.estimate:.2f})")
+            lines.append(f"- {budget:.0%}, {label} ({dp[which]['compensation']}) on the mean of sources: " + "; ".join(parts) + ".")
+    return lines
+
+
+def method_lines(
+    groups: Sequence[Group],
+    rows: Sequence[dict[str, Any]],
+    sources: Sequence[str],
+    boot: Bootstrap,
+    tasks: Sequence[dict[str, Any]],
+) -> list[str]:
+    """Every method at its default and at its best (chosen on selection), on the report part."""
+    chosen = chosen_rows(groups, rows, sources)
+    scores = {(t["budget"], t["allocator"], t["compensation"]): t for t in tasks if t.get("n", 0) >= MIN_TASK_EXAMPLES}
+    columns = [*sources, "mean"]
+    with_task = bool(scores)
     lines = [
         "| budget | allocator | compensation | removed | "
+        + " | ".join(f"ppl {c}" for c in columns)
+        + " | "
+        + " | ".join(f"KL {c}" for c in columns)
+        + " | top-1 mean |"
+        + (" task acc |" if with_task else ""),
+        "|---:|---|---|---:|" + "---|" * (2 * len(columns)) + "---:|" + ("---:|" if with_task else ""),
+    ]
+    for group in groups:
+        picked = chosen.get((group.budget, group.allocator))
+        if picked is None:
+            lines.append(f"| {group.budget:.0%} | {group.allocator} | not measured in full | | " + " | " * (2 * len(columns)) + " |")
+            continue
+        for row in dict.fromkeys([id(picked["default"]), id(picked["best"])]):
+            r = picked["default"] if row == id(picked["default"]) else picked["best"]
+            how = []
+            if r is picked["default"]:
+                how.append("default")
+            if r is picked["best"]:
+                how.append("best on selection")
+            ppl = [_ppl_cell(boot.value(r, "ppl", sources if c == "mean" else [c])) for c in columns]
+            kl = [_cell(boot.value(r, "kl", sources if c == "mean" else [c])) for c in columns]
+            top1 = [sum(r["windows"][set_name(REPORT, s)]["top1"]) / len(r["windows"][set_name(REPORT, s)]["top1"]) for s in sources]
+            task = scores.get(row_key(r))
+            task_cell = (f" {_accuracy(task)} |" if task else " |") if with_task else ""
+            lines.append(
+                f"| {group.budget:.0%} | {group.allocator} | {r['compensation']} ({', '.join(how)}) | {r['removed_fraction']:.2%} | "
+                + " | ".join(ppl)
+                + " | "
+                + " | ".join(kl)
+                + f" | {sum(top1) / len(top1):.3f} |"
+                + task_cell
+            )
+    return lines
+
+
+def selection_lines(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources: Sequence[str]) -> list[str]:
+    """Every row's mean KL on the selection part: what chose each method's best compensation."""
+    lines = [
+        "| budget | allocator | compensation | " + " | ".join(f"KL {s}" for s in sources) + " | KL mean | chosen |",
+        "|---:|---|---|" + "---:|" * len(sources) + "---:|---|",
+    ]
+    by_key = {row_key(r): r for r in rows}
+    for group in groups:
+        best = best_on_selection(group, rows, sources)
+        for compensation in group.menu:
+            row = by_key.get((group.budget, group.allocator, compensation))
+            if row is None:
+                continue
+            per_source = [mean_kl(row, SELECTION, [s]) for s in sources]
+            mark = "best" if best is row else ""
+            lines.append(
+                f"| {group.budget:.0%} | {group.allocator} | {compensation} | "
+                + " | ".join(f"{x:.4f}" for x in per_source)
+                + f" | {mean_kl(row, SELECTION, sources):.4f} | {mark} |"
+            )
+    return lines
+
+
+def row_lines(rows: Sequence[dict[str, Any]], sources: Sequence[str], groups: Sequence[Group]) -> list[str]:
+    """Every row measured on the report part: window means, parameters, times (pruning, the selection
+    windows) and the load while it was pruned."""
+    lines = [
+        "| budget | allocator | compensation | removed | params after | "
         + " | ".join(f"ppl {s}" for s in sources)
         + " | "
         + " | ".join(f"KL {s}" for s in sources)
-        + " | "
-        + " | ".join(f"top-1 {s}" for s in sources)
-        + " | task acc | prune s | eval s | load |",
-        "|---:|---|---|---:|" + "---:|" * (3 * len(sources)) + "---:|---:|---:|---|",
+        + " | prune s | eval s | load |",
+        "|---:|---|---|---:|---:|" + "---:|" * (2 * len(sources)) + "---:|---:|---|",
     ]
-    order = {a: i for i, a in enumerate(("dp", *BASELINES))}
-    for r in sorted(rows, key=lambda r: (_f(r, "budget"), order.get(r["allocator"], 9), r["compensation"])):
-        task = f"{_f(r, 'task_acc'):.3f} ± {_f(r, 'task_stderr'):.3f}" if r.get("task_acc") not in (None, "") else ""
-        star = "*" if r.get("best") == "yes" else ""
+    keys = [(g.budget, g.allocator, c) for g in groups for c in g.menu]
+    order = {key: i for i, key in enumerate(keys)}
+    for r in sorted((r for r in rows if on_report(r, sources)), key=lambda r: (order.get(row_key(r), len(order)), row_key(r)[2])):
+        ppl = [math.exp(sum(w) / len(w)) for w in (r["windows"][set_name(REPORT, s)]["nll"] for s in sources)]
+        kl = [mean_kl(r, REPORT, [s]) for s in sources]
         lines.append(
-            f"| {_f(r, 'budget'):.0%} | {r['allocator']} | {r['compensation']}{star} | {_f(r, 'removed_fraction'):.2%} | "
-            + " | ".join(f"{_f(r, f'ppl_{s}'):.2f}" for s in sources)
+            f"| {r['budget']:.0%} | {r['allocator']} | {r['compensation']} | {r['removed_fraction']:.2%} | {r['params_after']:,} | "
+            + " | ".join(f"{x:.{_digits(x)}f}" for x in ppl)
             + " | "
-            + " | ".join(f"{_f(r, f'kl_{s}'):.3f}" for s in sources)
-            + " | "
-            + " | ".join(f"{_f(r, f'top1_{s}'):.3f}" for s in sources)
-            + f" | {task} | {_f(r, 'prune_s'):.0f} | {_f(r, 'eval_s'):.0f} | {_f(r, 'load_start'):.1f}-{_f(r, 'load_end'):.1f} |"
+            + " | ".join(f"{x:.4f}" for x in kl)
+            + f" | {r['prune_s']:.0f} | {r['eval_s']:.0f} | {r['load_start']:.1f}-{r['load_end']:.1f} |"
         )
     return lines
 
 
-def best_rows(rows: list[dict]) -> dict[tuple[float, str], dict]:
-    """(budget, allocator) -> the row of its best compensation."""
-    return {(round(_f(r, "budget"), 4), r["allocator"]): r for r in rows if r.get("best") == "yes"}
+def settings_lines(args: Any, groups: Sequence[Group], sources: Sequence[str], dense: dict[str, Any] | None) -> list[str]:
+    menus = {}
+    for group in groups:
+        menus.setdefault(group.allocator, (group.menu, group.default))
+    menu_text = "; ".join(f"{a}: {', '.join(m)} (default {d})" for a, (m, d) in menus.items())
+    dense_text = ", ".join(
+        f"{s} {_dense_ppl(dense, REPORT, s):.2f} (selection {_dense_ppl(dense, SELECTION, s):.2f})" for s in sources if dense is not None
+    )
+    return [
+        "## Settings",
+        "",
+        f"- Model {args.model}. Calibration: {args.samples} windows x {args.seq_len} tokens of {args.data} (the loss table's; "
+        "compensation is fitted and FLAP's fluctuation and SlimGPT's Hessians are measured on them). DP's table: estimator "
+        f"{args.estimator}, objective {args.objective}, criterion {args.criterion}; dp and uniform prune by the table's criterion, "
+        "flap by FLAP's fluctuation metric, slimgpt by its greedy OBS (criterion obs).",
+        f"- The same menu for every method, each compensation its criterion can take: {menu_text}. A plan is made once per "
+        "allocator and budget; its compensations prune the same units. Every model is measured as a checkpoint stores it "
+        "(weights rounded to bfloat16).",
+        f"- Held-out text of {', '.join(sources)}, divided by document into a selection part and a report part that share no "
+        f"document with each other or with calibration text: {args.selection_windows} selection and {args.report_windows} "
+        f"report windows x {args.eval_seq_len} tokens per source (window seed {args.window_seed}). Each method's best "
+        "compensation at each budget is the one with the lowest mean KL to dense over the sources on the *selection* "
+        "windows; every number below is measured on the *report* windows, which chose nothing.",
+        f"- Intervals: paired percentile bootstrap over the report windows, resampled within each source and jointly for the "
+        f"two methods compared, {args.resamples} resamples, seed {args.bootstrap_seed}, 95%. A target is *met* when the "
+        "interval of the ratio lies above 1, a *tie* when it contains 1, a *loss* when it lies below 1. One method's own "
+        "mean KL and perplexity carry the same bootstrap's interval. The mean of sources: mean KL over sources; perplexity "
+        "of the mean NLL (the geometric mean of the sources' perplexities).",
+        f"- KL is KL(dense || pruned) per token; top-1 the share of positions where the pruned model's most likely next token "
+        f"is the dense model's. Dense perplexity on the report windows: {dense_text}.",
+        "- Budgets are fractions of the prunable parameters (attention and MLP projections); `removed` is the plan's share "
+        "of them, `params after` counts the model with its biases. Load: the 1-minute load average at the start and end "
+        "of the row.",
+        "",
+    ]
 
 
-def target_lines(rows: list[dict], sources: list[str]) -> list[str]:
-    best = best_rows(rows)
-    budgets = sorted({b for b, _ in best})
+def _accuracy(task: dict[str, Any]) -> str:
+    """Accuracy ± its standard error (lm-eval may report none)."""
+    return f"{task['acc']:.3f}" + (f" ± {task['stderr']:.3f}" if task.get("stderr") is not None else "")
+
+
+def task_lines(tasks: Sequence[dict[str, Any]]) -> list[str]:
+    dense = next((t for t in tasks if t["allocator"] == "dense"), None)
+    counted = [t for t in tasks if t.get("n", 0) >= MIN_TASK_EXAMPLES]
+    if not counted:
+        return [f"Task accuracy was not measured (a claim on it needs at least {MIN_TASK_EXAMPLES} examples of {TASK})."]
+    dense_text = f" (dense {_accuracy(dense)})" if dense and dense.get("n", 0) >= MIN_TASK_EXAMPLES else ""
+    return [
+        f"Task accuracy: zero-shot `{TASK}` on {counted[0]['n']} examples (lm-eval acc ± its standard error){dense_text}, "
+        "in the table above for each method's default and best."
+    ]
+
+
+def report_text(
+    args: Any,
+    command: str,
+    machine: str,
+    rows: Sequence[dict[str, Any]],
+    groups: Sequence[Group],
+    dense: dict[str, Any] | None,
+    tasks: Sequence[dict[str, Any]],
+) -> str:
+    """The whole report: its first line is ``command``, which regenerates it."""
+    sources = sources_of(args)
+    boot = Bootstrap(sources, args.resamples, args.bootstrap_seed)
+    targets, counts = target_lines(groups, rows, sources, boot)
+    tallies = [
+        f"{label}: {counts[which]['met']} met, {counts[which]['tie']} ties, {counts[which]['loss']} losses"
+        for which, label in (("default", "DP at its default"), ("best", "DP at its best on selection"))
+        if which in counts
+    ]
+    budgets = budgets_of(args)
     lines = [
-        "Target 1: DP with its best compensation beats every baseline with its own best compensation on held-out "
-        "perplexity and KL (both sources) at every budget. Ratio = baseline / DP (above 1: DP better).",
+        command,
         "",
-        "| budget | baseline | " + " | ".join(f"ppl {s}" for s in sources) + " | " + " | ".join(f"KL {s}" for s in sources) + " | met |",
-        "|---:|---|" + "---:|" * (2 * len(sources)) + "---|",
+        f"# Quality at equal budget on {args.model}: GAP's DP against the baselines, chosen on selection, reported on report",
+        "",
+        f"The command on the first line regenerates this file whole (its argv: `{args.name}.commands.json`); per-window numbers "
+        f"are in `{args.name}.jsonl`, window means in `{args.name}.csv`.",
+        "",
+        machine,
+        "",
+        *settings_lines(args, groups, sources, dense),
+        f"## Targets ({', '.join(f'{b:.0%}' for b in budgets)})",
+        "",
+        "DP at its default compensation and DP at its best on selection, each against every baseline at its own best on "
+        "selection, on every source and on the mean of sources, perplexity and KL, each margin with its 95% interval "
+        f"(in all, {'; '.join(tallies)}). On the mean of sources:",
+        "",
+        *summary_lines(groups, rows, sources, boot),
+        "",
+        *targets,
+        "## Each method on the report part: its default and its best on selection",
+        "",
+        *method_lines(groups, rows, sources, boot, tasks),
+        "",
+        *task_lines(tasks),
+        "",
+        "## The choices: mean KL to dense on the selection part",
+        "",
+        *selection_lines(groups, rows, sources),
+        "",
+        "## Every row measured on the report part (window means)",
+        "",
+        "Prune and eval seconds are the pruning and the selection windows' evaluation; the report windows' evaluation is in the JSONL "
+        "(`report_s`)."
+        + (
+            ""
+            if getattr(args, "report_every_row", False)
+            else " Without `--report-every-row`, only each method's default and best on selection are measured on the report part."
+        ),
+        "",
+        *row_lines(rows, sources, groups),
     ]
-    missed = []
-    for budget in budgets:
-        dp = best.get((budget, "dp"))
-        for name in BASELINES:
-            other = best.get((budget, name))
-            if dp is None or other is None:
-                continue
-            ratios = [_f(other, f"ppl_{s}") / _f(dp, f"ppl_{s}") for s in sources] + [
-                _f(other, f"kl_{s}") / _f(dp, f"kl_{s}") for s in sources
-            ]
-            met = all(x > 1 for x in ratios)
-            missed += [] if met else [f"{budget:.0%} vs {name}"]
-            lines.append(
-                f"| {budget:.0%} | {name} ({other['compensation']}) | "
-                + " | ".join(f"{x:.3f}" for x in ratios)
-                + f" | {'yes' if met else 'no'} |"
-            )
-    lines += ["", f"Target 1 {'met everywhere' if not missed else 'missed at ' + ', '.join(missed)} on this model.", ""]
-    lines += ["Target 2: compensation removes at least 10% of DP's KL to dense at 20% and 25% at 40% (held-out, mean of the sources).", ""]
-    for budget, goal in ((0.2, 0.10), (0.4, 0.25)):
-        plain = next(
-            (r for r in rows if r["allocator"] == "dp" and r["compensation"] == "none" and round(_f(r, "budget"), 4) == budget), None
-        )
-        top = best.get((budget, "dp"))
-        if plain is None or top is None:
-            continue
-        cut = 1 - _mean(top, "kl", sources) / _mean(plain, "kl", sources)
-        verdict = "met" if cut >= goal else "missed"
-        lines.append(
-            f"- {budget:.0%}: KL {_mean(plain, 'kl', sources):.3f} -> {_mean(top, 'kl', sources):.3f} with {top['compensation']} "
-            f"({cut:.0%} removed; target {goal:.0%}: {verdict})."
-        )
-    lines += [
-        "",
-        "GAP's paper: \"comparable at 37-50%, clearly better at 25%\". Best baseline's perplexity / DP's (mean of the sources):",
-        "",
-    ]
-    for budget in budgets:
-        dp = best.get((budget, "dp"))
-        others = [best[budget, name] for name in BASELINES if (budget, name) in best]
-        if dp is None or not others:
-            continue
-        top = min(others, key=lambda r: _mean(r, "ppl", sources))
-        lines.append(
-            f"- {budget:.0%}: {_mean(top, 'ppl', sources) / _mean(dp, 'ppl', sources):.2f} (best baseline: {top['allocator']} with {top['compensation']})."
-        )
-    return lines
-
-
-def report_text(args, command: str, run, machine: str) -> str:
-    sources = list(run.heldout)
-    known = commands(args, command, machine)
-    lines = [
-        "# Quality at equal budget: GAP's DP against the field, each with compensation",
-        "",
-        "Generated by `bench/bench_quality.py`, one process per model:",
-        "",
-    ]
-    for model, entry in sorted(known.items()):
-        lines += [f"- {model}:", "", "  ```", f"  {entry['command']}", "  ```", "", f"  {entry['machine']}", ""]
-    lines += settings_lines(args, run, sources)
-    by_model: dict[str, list[dict]] = defaultdict(list)
-    for row in run.rows:
-        by_model[row["model"]].append(row)
-    for model, rows in sorted(by_model.items()):
-        first = rows[0]
-        dense = ", ".join(f"{s} {_f(first, f'dense_ppl_{s}'):.3f}" for s in sources)
-        task = f"; task accuracy {first['dense_task_acc']}" if first.get("dense_task_acc") else ""
-        lines += [f"## {model}", "", f"Dense perplexity {dense}{task}.", ""]
-        lines += table_lines(rows, sources) + ["", f"### Targets on {model}", ""] + target_lines(rows, sources) + [""]
     return "\n".join(lines) + "\n"

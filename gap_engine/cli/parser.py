@@ -18,6 +18,7 @@ from gap_engine.core.config import (
     DEFAULT_CHANNEL_MULTIPLE,
     DEFAULT_COMPENSATION,
     DEFAULT_CRITERION,
+    DEFAULT_HELDOUT_SPLIT,
     DEFAULT_MAX_RATE,
     DEFAULT_MODEL,
     DEFAULT_N_BUCKETS,
@@ -25,6 +26,7 @@ from gap_engine.core.config import (
     DEVICE_MAPS,
     EVAL_WINDOWS,
     GGUF_OUTTYPES,
+    HELDOUT_SPLITS,
     MODES,
     RECOVERY_DEFAULT_TEXTS,
     RECOVERY_PROJECTIONS,
@@ -268,6 +270,12 @@ def _add_compare(sub) -> None:
     p.add_argument("--eval-data", default="wiki-sample,news-sample", help="comma-separated held-out sources")
     p.add_argument("--eval-samples", type=int, default=EVAL_WINDOWS.n_samples)
     p.add_argument("--eval-seq-len", type=int, default=EVAL_WINDOWS.seq_len)
+    p.add_argument(
+        "--split",
+        choices=(*HELDOUT_SPLITS, "both"),
+        default=DEFAULT_HELDOUT_SPLIT,
+        help="which part of the held-out text to measure: report (results; the default), selection (where choices are made) or both",
+    )
     p.add_argument("--out", required=True, help="results CSV")
     _add_task_args(p)
     _add_constraint_args(p)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 
 from gap_engine.cli.arguments import compensation_from, device_from, parse_fraction, parse_list, parse_locks
 from gap_engine.cli.output import StderrProgress, csv_text, table_compensation_text
 from gap_engine.cli.table_commands import check_windows_fit, read_sources, spec_from_args
-from gap_engine.core.config import WindowSpec
+from gap_engine.core.config import HELDOUT_SPLITS, WindowSpec
 from gap_engine.core.errors import BudgetError, CompensationError, TableError
 from gap_engine.core.fsutil import atomic_write_text
 from gap_engine.core.limits import LIMITS
@@ -33,6 +34,7 @@ from gap_engine.plan.problem import Constraints, planning_problem
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
 from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.criteria import is_sequential
+from gap_engine.prune.sequential import OBS_COMPENSATIONS
 from gap_engine.tables.artefact import LossTable
 from gap_engine.tables.lookup import find_table
 
@@ -115,14 +117,14 @@ def planned_compensation(args: argparse.Namespace, table: LossTable) -> Compensa
     plan's criterion (none for ``obs``, which updates the kept columns itself).
 
     Raises:
-        CompensationError: ``--compensate`` other than none for a plan of ``obs`` (gap prune refuses it too).
+        CompensationError: a refit for a plan of ``obs``, whose update is one (gap prune refuses it too).
     """
     criterion = own_criterion(args.allocator) or table.spec.criterion
     compensation = compensation_from(args, criterion)
-    if compensation.active and is_sequential(criterion):
+    if is_sequential(criterion) and compensation.mode not in OBS_COMPENSATIONS:
         raise CompensationError(
-            f"a {args.allocator} plan prunes with criterion '{criterion}', which updates the kept columns itself; "
-            f"it takes no --compensate {compensation.mode} (use none)"
+            f"a {args.allocator} plan prunes with criterion '{criterion}', which updates the kept columns itself (a refit); "
+            f"it takes --compensate {' or '.join(OBS_COMPENSATIONS)}, not {compensation.mode}"
         )
     return compensation
 
@@ -155,7 +157,8 @@ def run_compare(args: argparse.Namespace) -> int:
     eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len, seed=args.seed)
     # The table's text is read only to build the table.
     calibration = [] if spec is None or cached is not None else [(spec.windows, "calibration")]
-    check_windows_fit(args.model, (eval_windows, "heldout"), *calibration)
+    splits = HELDOUT_SPLITS if args.split == "both" else (args.split,)
+    check_windows_fit(args.model, *((eval_windows, split) for split in splits), *calibration)
     read_sources(args.eval_data, *((args.data,) if calibration else ()))  # before the model loads
     if table is not None:
         lm = _load_for_table(args.model, table, device_from(args))
@@ -172,7 +175,7 @@ def run_compare(args: argparse.Namespace) -> int:
     for budget in budgets:  # before anything slow: an unreachable budget fails here
         for allocator in allocators:
             check_reach(lm, table, budget, allocator, constraints)
-    heldout = heldout_sets(lm.tokenizer, eval_windows)
+    heldout = heldout_sets(lm.tokenizer, eval_windows, splits)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
     extra, dense_columns = _task_columns(lm, prepared)
     say = Hooks(message=lambda msg: print(msg, file=sys.stderr))  # one line per finished plan
@@ -181,11 +184,18 @@ def run_compare(args: argparse.Namespace) -> int:
         outcome.extras = outcome.extras | dense_columns
     atomic_write_text(args.out, csv_text([o.row() for o in outcomes]))
     _print_outcomes(outcomes, list(heldout))
+    print(_split_text(splits))
     print(table_compensation_text(table.spec, compensation))
     if prepared is not None:
         _print_task_table(outcomes, list(prepared.tasks), dense_columns)
     print(f"-> {args.out}", file=sys.stderr)
     return 0
+
+
+def _split_text(splits: Sequence[str]) -> str:
+    """What the perplexity columns were measured on, in words."""
+    meaning = {"report": "report (held-out text reported on)", "selection": "selection (held-out text choices are made on)"}
+    return "held-out windows: " + " and ".join(meaning[split] for split in splits) + "; the two parts never share a document"
 
 
 def _prepared_tasks(args: argparse.Namespace):

@@ -36,8 +36,8 @@ def read_sources(*specs: str) -> None:
 
 def check_windows_fit(model: str, *needs: tuple[WindowSpec, str]) -> None:
     """DataError before any text is announced or a model loads, when a text source has too few
-    tokens in this model's tokenizer for one window: each need is (windows, "calibration" or
-    "heldout"). Skipped where the tokenizer does not load cheaply (``load_tokenizer``): the
+    tokens in this model's tokenizer for one window: each need is (windows, a part: "calibration",
+    "selection", "report", or "heldout" for the part held-out windows read by default). Skipped where the tokenizer does not load cheaply (``load_tokenizer``): the
     windows then say it once the model is loaded."""
     from gap_engine.data.windows import check_enough_tokens
     from gap_engine.model.loading import load_tokenizer

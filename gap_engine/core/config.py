@@ -143,6 +143,11 @@ APP_TABLE = TableDefaults(
 )
 
 # ---- evaluation --------------------------------------------------------------------------
+# Held-out text (never calibration) is divided by document into two parts (``data.windows``):
+# every choice (a default, a compensation, "the best of" anything) is made on ``selection``,
+# every number reported as a result comes from ``report``. Plain "held-out" means ``report``.
+HELDOUT_SPLITS = ("selection", "report")
+DEFAULT_HELDOUT_SPLIT = "report"
 EVAL_WINDOWS = WindowSpec(n_samples=16, seq_len=256)  # `gap eval`, `gap compare`
 APP_EVAL_WINDOWS = WindowSpec(n_samples=8, seq_len=128)  # the explorer's Prune & evaluate
 

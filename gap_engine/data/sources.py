@@ -1,11 +1,11 @@
 """Which files a text source is read from, and its content hash as recorded when it was last read.
 
 A loss table's cache key holds the content hash of its calibration text
-(``windows.TextCorpus.fingerprint``: the documents after parsing and splitting). Computing it
+(``parts.TextCorpus.fingerprint``: the documents after parsing and splitting). Computing it
 means reading and parsing the whole source (seconds for the built-in Wikipedia sample), so
 ``windows.read_corpus`` records it against the stamps of the files it came from
 (``core.filestamps``), and the cache's no-load lookup (``tables.lookup``) reads it back
-while those files are unchanged. The reader's own source file is among them, so a change to
+while those files are unchanged. The reader's own source files are among them, so a change to
 how text is parsed is a miss too. Hugging Face datasets have no local file to stamp: their
 hash is only known once read.
 
@@ -25,7 +25,8 @@ BUILTIN_FILES = {  # built-in source -> the file in gensim's shipped test data i
     "news-sample": "lee_background.cor",
 }
 _KIND = "text"
-_READER = Path(__file__).with_name("windows.py")  # parses and splits the text: its changes change the hash
+# The code that parses a source (windows.py) and divides it (parts.py): its changes change the hash.
+_READERS = (Path(__file__).with_name("windows.py"), Path(__file__).with_name("parts.py"))
 
 
 def gensim_test_file(filename: str) -> Path:
@@ -60,7 +61,7 @@ def text_stamps(spec: str) -> tuple[str, Stamps | None] | None:
     if found is None:
         return None
     subject, files = found
-    return subject, stamp_files([*files, _READER])
+    return subject, stamp_files([*files, *_READERS])
 
 
 def recorded_fingerprint(spec: str) -> str | None:

@@ -2,11 +2,15 @@
 
 A *text source* (a built-in sample, a local ``.txt``/``.jsonl`` file, or a Hugging Face
 dataset) is loaded into a :class:`TextCorpus` whose documents are split, by document,
-into a calibration part and a held-out part that never overlap. :func:`calibration_windows`
+into a calibration part and a held-out part that never overlap, and the held-out part again,
+by document, into a *selection* part and a *report* part. :func:`calibration_windows`
 then turns a list of documents into ``n_samples`` token windows of ``seq_len`` tokens,
 the fixed-length calibration batches that GAP (EMNLP 2025), like SparseGPT and
 EvoPress before it, feeds through the model to score components and build the loss
-table. The held-out part gives evaluation windows from text the calibration never saw.
+table. The held-out part gives evaluation windows from text the calibration never saw:
+every choice (a compensation, a default, "the best of" anything) is made on the selection
+windows, every result is reported on the report windows (:func:`heldout_windows`, whose
+default is ``report``), so no reported number ever chose anything.
 Every window starts the way the model was trained to read: with its BOS token when its
 tokenizer prepends one (``bos``), which no loss, KL or statistic ever counts.
 
@@ -17,22 +21,14 @@ work offline:
   stripped to plain prose.
 * ``news-sample``: the Lee news corpus (Australian news articles), an out-of-domain set.
 
-Split rule (every source): a document goes to the held-out part when the first 8 hex
-digits of ``sha256(key)``, read as an integer, are divisible by 5 (so about 20%), and to
-calibration otherwise. The key is the article title for ``wiki-sample`` and the
-document text everywhere else, so identical documents always land on the same side.
-If that leaves a side empty and there are at least two documents, the document with
-the smallest hash is held out and the rest calibrate. A source with a single document
-is instead cut 80/20 by characters at the paragraph or sentence boundary nearest 80%; so is
-a source whose documents are all the same text (a million copies of one line): the copies
-add no text, and split by the rule above every copy would land on one side.
+How a source's documents are divided into calibration, selection and report parts, and the
+content hash a loss table is keyed by: ``data.parts``.
 """
 
 from __future__ import annotations
 
 import bz2
 import functools
-import hashlib
 import logging
 import os
 import re
@@ -40,7 +36,6 @@ import threading
 import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,11 +43,12 @@ import numpy as np
 import torch
 
 from gap_engine.core import hub as hub_access
-from gap_engine.core.config import StoredWindowSpec, WindowSpec
+from gap_engine.core.config import DEFAULT_HELDOUT_SPLIT, HELDOUT_SPLITS, StoredWindowSpec, WindowSpec
 from gap_engine.core.errors import DataError, first_line
 from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import decode_text, parse_json, read_bounded
 from gap_engine.data.bos import Tokenizer, with_bos
+from gap_engine.data.parts import TextCorpus, cut_corpus, make_corpus
 from gap_engine.data.sources import BUILTIN_FILES, gensim_test_file, record_fingerprint, text_stamps
 from gap_engine.data.tokens import TokenStream, split_long_text, tokenize_stream
 
@@ -69,8 +65,6 @@ BUILTIN_SOURCES: dict[str, str] = {
     "news-sample": "300 Australian news articles (the Lee corpus), shipped with gensim; out-of-domain.",
 }
 
-_HELDOUT_MODULUS = 5  # 1 in 5 hash buckets is held out: ~20%
-_SINGLE_DOC_CALIBRATION_SHARE = 0.8
 
 # Wiki cleaning: tags whose contents are not running prose, link prefixes that are
 # media or metadata rather than words, and the minimum size of a kept paragraph.
@@ -123,16 +117,6 @@ _ACCEPTED_FORMS = (
     'or .jsonl (one {{"text": ...}} object per line), or a Hugging Face dataset '
     "'name:config:split' (e.g. wikitext:wikitext-2-raw-v1:test)"
 )
-
-
-@dataclass(frozen=True)
-class TextCorpus:
-    """A text source split by document into calibration and held-out parts."""
-
-    name: str  # the spec it came from
-    calibration: tuple[str, ...]  # documents for calibration
-    heldout: tuple[str, ...]  # documents for evaluation; never overlaps calibration
-    fingerprint: str  # sha256 hex of the content (both parts), for cache keys
 
 
 # --------------------------------------------------------------------------- loading
@@ -192,7 +176,7 @@ def _load_builtin(name: str) -> TextCorpus:
         keyed = [(doc, doc) for doc in docs if doc]
     else:  # pragma: no cover - load_corpus only routes known names here
         raise DataError(f"unknown built-in text source {name!r}")
-    corpus = _make_corpus(name, keyed)
+    corpus = make_corpus(name, keyed)
     record_fingerprint(stamped, corpus.fingerprint)
     return corpus
 
@@ -289,10 +273,9 @@ def _load_local_file(spec: str) -> TextCorpus:
     if not docs:
         raise DataError(f"text file is empty: {path}")
     if len(docs) == 1:
-        calibration, heldout = _split_single_document(docs[0])
-        corpus = TextCorpus(spec, calibration, heldout, _fingerprint(calibration, heldout))
+        corpus = cut_corpus(spec, docs[0])
     else:
-        corpus = _make_corpus(spec, [(doc, doc) for doc in docs])
+        corpus = make_corpus(spec, [(doc, doc) for doc in docs])
     record_fingerprint(stamped, corpus.fingerprint)
     return corpus
 
@@ -359,9 +342,8 @@ def _load_hf_dataset(spec: str, hub: bool = True) -> TextCorpus:
     if not docs:
         raise DataError(f"Hugging Face dataset {spec!r} has no text in column {column!r}")
     if len(docs) == 1:
-        calibration, heldout = _split_single_document(docs[0])
-        return TextCorpus(spec, calibration, heldout, _fingerprint(calibration, heldout))
-    return _make_corpus(spec, [(doc, doc) for doc in docs])
+        return cut_corpus(spec, docs[0])
+    return make_corpus(spec, [(doc, doc) for doc in docs])
 
 
 def _group_wikitext_rows(rows: Sequence[str]) -> list[str]:
@@ -377,85 +359,6 @@ def _group_wikitext_rows(rows: Sequence[str]) -> list[str]:
     return ["\n\n".join(lines) for lines in articles if lines]
 
 
-# --------------------------------------------------------------------------- splitting
-
-
-def _split_bucket(key: str) -> int:
-    return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:8], 16)
-
-
-def _make_corpus(name: str, keyed_docs: Sequence[tuple[str, str]]) -> TextCorpus:
-    """Split (key, document) pairs by the module's hash rule, keeping source order."""
-    if not keyed_docs:
-        raise DataError(f"text source {name!r} contains no documents")
-    if len({key for key, _ in keyed_docs}) == 1:
-        if len(keyed_docs) > 1:  # copies of one text: either side alone would hold all of it
-            logger.info("text source %s holds %d copies of one document: it is read as that one document", name, len(keyed_docs))
-        calibration, heldout = _split_single_document(keyed_docs[0][1])
-        return TextCorpus(name, calibration, heldout, _fingerprint(calibration, heldout))
-    buckets = [_split_bucket(key) for key, _ in keyed_docs]
-    is_heldout = [bucket % _HELDOUT_MODULUS == 0 for bucket in buckets]
-    if all(is_heldout) or not any(is_heldout):
-        smallest = min(range(len(buckets)), key=buckets.__getitem__)
-        smallest_key = keyed_docs[smallest][0]
-        is_heldout = [key == smallest_key for key, _ in keyed_docs]
-    calibration = tuple(doc for (_, doc), held in zip(keyed_docs, is_heldout) if not held)
-    heldout = tuple(doc for (_, doc), held in zip(keyed_docs, is_heldout) if held)
-    return TextCorpus(name, calibration, heldout, _fingerprint(calibration, heldout))
-
-
-def _split_single_document(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Cut one document ~80/20 at the paragraph, sentence or word boundary nearest 80%."""
-    text = text.strip()
-    target = int(len(text) * _SINGLE_DOC_CALIBRATION_SHARE)
-    low, high = len(text) // 2, len(text) - max(1, len(text) // 20)
-    cut = None
-    for boundary in (r"\n\s*\n", r"\n", r"(?<=[.!?])[\"')\]]*\s+", r"\s+"):
-        cut = _nearest_boundary(re.compile(boundary), text, target, low, high)
-        if cut is not None:
-            break
-    if cut is None:
-        cut = target
-    calibration, heldout = text[:cut].strip(), text[cut:].strip()
-    if not calibration or not heldout:
-        return (text,), ()
-    return (calibration,), (heldout,)
-
-
-_CUT_SEARCH_CHARS = 1 << 16  # how far from the 80% point a cut is looked for before the whole text
-
-
-def _nearest_boundary(pattern: re.Pattern[str], text: str, target: int, low: int, high: int) -> int | None:
-    """The end of the match of ``pattern`` nearest ``target`` among those ending in [low, high].
-
-    Looked for within _CUT_SEARCH_CHARS of ``target`` first: a match there is nearer than any
-    outside, and a long text is not scanned whole (a 50 MB line held a list of every space).
-    """
-    near_low, near_high = max(low, target - _CUT_SEARCH_CHARS), min(high, target + _CUT_SEARCH_CHARS)
-    # (range, where the scan starts): a match that ends in the range may start before it.
-    for (start, end), scan_from in (((near_low, near_high), max(0, near_low - _CUT_SEARCH_CHARS)), ((low, high), 0)):
-        # endpos one past the range: a match it truncates ends there and is left out.
-        stop = min(end + 1, len(text))
-        best = None
-        for match in pattern.finditer(text, scan_from, stop):
-            position = match.end()
-            if start <= position <= end and (best is None or abs(position - target) < abs(best - target)):
-                best = position
-        if best is not None:
-            return best
-    return None
-
-
-def _fingerprint(calibration: Sequence[str], heldout: Sequence[str]) -> str:
-    digest = hashlib.sha256()
-    for part_name, docs in (("calibration", calibration), ("heldout", heldout)):
-        digest.update(part_name.encode() + b"\0" + len(docs).to_bytes(8, "little"))
-        for doc in docs:
-            encoded = doc.encode("utf-8")
-            digest.update(len(encoded).to_bytes(8, "little") + encoded)
-    return digest.hexdigest()
-
-
 # --------------------------------------------------------------------------- windows
 
 
@@ -468,13 +371,22 @@ def calibration_windows(tokenizer: Tokenizer, windows: WindowSpec) -> torch.Tens
     return _corpus_windows(tokenizer, windows, "calibration")
 
 
-def heldout_windows(tokenizer: Tokenizer, windows: WindowSpec) -> torch.Tensor:
-    """Windows from the held-out part of ``windows.data`` (see :func:`cut_windows` and :func:`with_bos`).
+def heldout_windows(tokenizer: Tokenizer, windows: WindowSpec, split: str = DEFAULT_HELDOUT_SPLIT) -> torch.Tensor:
+    """Windows from one part of the held-out text of ``windows.data`` (see :func:`cut_windows`
+    and :func:`with_bos`).
+
+    Args:
+        tokenizer: the model's tokenizer.
+        windows: which source and how many windows of how many tokens, drawn with which seed.
+        split: ``report`` (the default: what a reported number is measured on) or ``selection``
+            (what a choice is made on); the two never share a document.
 
     Returns:
         Token ids, shape (n_samples, text_start + seq_len), dtype int64.
     """
-    return _corpus_windows(tokenizer, windows, "heldout")
+    if split not in HELDOUT_SPLITS:
+        raise DataError(f"unknown held-out split {split!r}: choose one of {', '.join(HELDOUT_SPLITS)}")
+    return _corpus_windows(tokenizer, windows, split)
 
 
 def batches(windows: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
@@ -494,7 +406,7 @@ def _corpus_windows(tokenizer: Tokenizer, windows: WindowSpec, part: str) -> tor
     spec, n_samples, seq_len, seed = windows.data, windows.n_samples, windows.seq_len, windows.seed
     check_window_sizes(n_samples, seq_len)
     corpus = load_corpus(spec, may_fetch(windows))
-    texts = corpus.calibration if part == "calibration" else corpus.heldout
+    texts = corpus.part(part)
     if not texts:
         raise DataError(f"text source {spec!r} has no {part} text (it is too small to split)")
     key = (corpus.fingerprint, part)
@@ -536,9 +448,13 @@ def check_enough_tokens(tokenizer: Tokenizer, windows: WindowSpec, part: str) ->
     text or fewer tokens in it than one window of ``windows.seq_len`` needs (the errors the
     windows would raise later). Tokenizes only until there are enough: a valid text costs
     its first document or so. Prints nothing (``read_corpus``).
+
+    ``part``: calibration, selection or report; heldout is the part :func:`heldout_windows`
+    reads by default (report).
     """
+    part = DEFAULT_HELDOUT_SPLIT if part == "heldout" else part
     for source in windows.sources():
-        texts = getattr(read_corpus(source, may_fetch(windows)), part)
+        texts = read_corpus(source, may_fetch(windows)).part(part)
         if not texts:
             raise DataError(f"text source {source!r} has no {part} text (it is too small to split)")
         separator = 1 if tokenizer.eos_token_id is not None else len(tokenizer("\n\n", add_special_tokens=False)["input_ids"])

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gap_engine.core.config import EVAL_WINDOWS, WindowSpec
+from gap_engine.core.config import DEFAULT_HELDOUT_SPLIT, EVAL_WINDOWS, WindowSpec
 from gap_engine.core.device import input_device, is_streamed, placement_of, synchronize
 from gap_engine.core.errors import DataError, GapError
 from gap_engine.core.progress import NO_HOOKS, Hooks
@@ -260,7 +260,7 @@ def evaluate(
         if dense is not None:
             row["dense"] = generate(dense, prompt, settings.max_new_tokens)
         report.generations.append(row)
-    report.settings = asdict(settings) | {"placement": placement_of(lm).describe()}
+    report.settings = asdict(settings) | {"placement": placement_of(lm).describe(), "heldout_split": DEFAULT_HELDOUT_SPLIT}
     report.window_start = window_start(lm.tokenizer)
     report.seconds = time.perf_counter() - started
     return report

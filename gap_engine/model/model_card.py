@@ -105,7 +105,8 @@ def _eval_section(report: dict[str, Any]) -> list[str]:
     if settings:
         lines.append(
             f"Held-out windows: {md_text(settings.get('n_samples'))} x {md_text(settings.get('seq_len'))} tokens per source "
-            f"(seed {md_text(settings.get('seed'))}), never overlapping the calibration text."
+            f"(seed {md_text(settings.get('seed'))}), never overlapping the calibration text"
+            + (f" ({md_text(settings['heldout_split'])} part of the held-out text)." if settings.get("heldout_split") else ".")
         )
         lines.append("")
     dense = report.get("dense") or {}

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from gap_engine.core.config import WindowSpec
+from gap_engine.core.config import DEFAULT_HELDOUT_SPLIT, WindowSpec
 from gap_engine.core.errors import PlanError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.data.windows import calibration_windows, heldout_windows
@@ -96,9 +96,24 @@ class Outcome:
         return cls(**values, perplexity=perplexity, dense_perplexity=dense, extras=extras)
 
 
-def heldout_sets(tokenizer, windows: WindowSpec) -> dict[str, torch.Tensor]:
-    """Held-out windows of every source named in ``windows.data`` (never overlapping calibration text)."""
-    return {source: heldout_windows(tokenizer, windows.for_source(source)) for source in windows.sources()}
+def heldout_sets(tokenizer, windows: WindowSpec, splits: Sequence[str] = (DEFAULT_HELDOUT_SPLIT,)) -> dict[str, torch.Tensor]:
+    """Held-out windows of every source named in ``windows.data`` (never overlapping calibration
+    text), from each held-out split in ``splits`` (``report``: results; ``selection``: choices).
+
+    Returns:
+        label -> (N, T) windows; the label is the source alone for one split, ``source/split``
+        for several (``heldout_label``).
+    """
+    return {
+        heldout_label(source, split, len(splits)): heldout_windows(tokenizer, windows.for_source(source), split)
+        for split in splits
+        for source in windows.sources()
+    }
+
+
+def heldout_label(source: str, split: str, n_splits: int = 1) -> str:
+    """The name a set of held-out windows goes by in columns and tables: ``source`` or ``source/split``."""
+    return source if n_splits == 1 else f"{source}/{split}"
 
 
 def reference_numbers(lm: LoadedModel, calib: torch.Tensor, heldout: Mapping[str, torch.Tensor], batch_size: int) -> Reference:

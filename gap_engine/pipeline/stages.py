@@ -15,7 +15,7 @@ import torch
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS, DEFAULT_SAVE_DTYPE, WindowSpec
 from gap_engine.core.device import DeviceSpec
-from gap_engine.core.errors import CompensationError, ModelLoadError, TableError
+from gap_engine.core.errors import ModelLoadError, TableError
 from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
 from gap_engine.core.progress import (
     CELLS,
@@ -181,18 +181,15 @@ def prune_with_plan(
     compensating the cut on the same windows (``compensation_pass``) unless ``compensation`` is none.
 
     A sequential criterion (``obs``) has no scores: it prunes block by block on the
-    calibration windows (``prune.sequential``), its OBS update being its own compensation."""
+    calibration windows (``prune.sequential``), its OBS update being its own compensation
+    (``bias`` may follow it; a refit may not)."""
     plan.validate()
     plan.check_model(lm)
     pruning = any(plan.attention_rates) or any(plan.mlp_rates)
     if pruning and is_sequential(plan.criterion):
-        if compensation.active:
-            raise CompensationError(
-                f"criterion '{plan.criterion}' updates the kept columns itself; it takes no --compensate {compensation.mode} (use none)"
-            )
         ids = calibration_windows(lm.tokenizer, windows)
         prune: Callable[..., PruneResult] = CRITERIA.function(plan.criterion)
-        return prune(lm, plan, ids, windows.batch_size, hooks)
+        return prune(lm, plan, ids, windows.batch_size, hooks, compensation=compensation)
     if scores is not None and scores.criterion != plan.criterion:
         scores = None  # another criterion's scores (a baseline that prunes by its paper's own)
     if scores is None and pruning:

@@ -40,6 +40,7 @@ from gap_engine.plan.problem import (
 )
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.importance import ImportanceScores, compute_importance
+from gap_engine.prune.sequential import OBS_COMPENSATIONS
 from gap_engine.tables.artefact import LossTable
 
 __all__ = [
@@ -92,9 +93,10 @@ def check_reach(
 
 def counted_compensation(allocator: str, table: LossTable, compensation: str | None) -> str | None:
     """The compensation a plan of ``allocator`` is counted for: ``compensation``, or none when
-    the plan's criterion updates the kept columns itself (``obs``, which is pruned with none)."""
+    the plan's criterion updates the kept columns itself (``obs``) and ``compensation`` is not
+    one that may follow that update (a bias may; a refit would redo it)."""
     if compensation is not None and is_sequential(own_criterion(allocator) or table.spec.criterion):
-        return "none"
+        return compensation if compensation in OBS_COMPENSATIONS else "none"
     return compensation
 
 

@@ -7,8 +7,8 @@ every K-th saved snapshot (and the starting weights, and the last) is scored on 
 slice* of task T, its last ``eval_task_examples`` examples, and the best is kept: the recovered
 checkpoint holds those weights, the curve of scores goes into ``recovery.json``, the history and
 the model card. Without tasks, ``--eval-every K`` judges by the mean KL to the dense model on
-held-out windows of the evaluation texts drawn with another seed than the evaluation's own
-(they may share tokens with them; the task slice is the cleaner yardstick).
+windows of the selection part of the evaluation texts' held-out text, which shares no document
+with the report part the evaluation reads.
 
 The selection slice is part of the task: an accuracy reported on the whole task afterwards
 includes the examples the snapshot was chosen on, so a benchmark that compares selected
@@ -75,12 +75,16 @@ class KLJudge:
         device = next(model.parameters()).device
         self.windows = torch.cat(
             [
-                heldout_windows(lm.tokenizer, WindowSpec(data=text, n_samples=samples, seq_len=seq_len, seed=seed + SELECTION_SEED_OFFSET))
+                heldout_windows(
+                    lm.tokenizer, WindowSpec(data=text, n_samples=samples, seq_len=seq_len, seed=seed + SELECTION_SEED_OFFSET), "selection"
+                )
                 for text in texts
             ]
         ).to(device)  # (texts * samples, start + T)
         self.start = text_start(lm.tokenizer, self.windows)
-        self.description = f"held-out KL to dense on {samples} windows of {', '.join(texts)} (another seed than the evaluation's)"
+        self.description = (
+            f"held-out KL to dense on {samples} windows of {', '.join(texts)} (their selection part; the evaluation reads the report part)"
+        )
 
     @torch.no_grad()
     def __call__(self) -> float:

@@ -230,10 +230,15 @@ def test_prune_says_when_a_plan_did_not_count_the_biases(make_tiny, tmp_path, ca
     assert added > 0 and f"the plan was counted without the {added:,} parameters the bias compensation's biases add" in captured.err
 
 
-def test_a_slimgpt_plan_takes_no_compensation(make_tiny, tmp_path, capsys):
+def test_a_slimgpt_plan_takes_a_bias_but_no_refit(make_tiny, tmp_path, capsys):
+    """OBS's update is a refit of the kept columns: a second refit is refused, a bias on top is
+    counted in the plan (its biases charged), and none stays the default."""
     folder = _folder(make_tiny, tmp_path, "llama")
     table_path = _table(folder, tmp_path)
     argv = ["plan", "--table", table_path, "--budget", "0.3", "--allocator", "slimgpt", "--out", str(tmp_path / "p.json")]
-    line = _one_line(capsys, [*argv, "--compensate", "bias"])
+    line = _one_line(capsys, [*argv, "--compensate", "refit"])
     assert "updates the kept columns itself" in line and not (tmp_path / "p.json").exists()
     assert main(argv) == 0 and RatePlan.load(tmp_path / "p.json").compensation == "none"
+    assert main([*argv, "--compensate", "bias"]) == 0
+    biased = RatePlan.load(tmp_path / "p.json")
+    assert biased.compensation == "bias" and biased.params["bias_params"] > 0

@@ -1,5 +1,6 @@
 """Tests for gap_engine.data: real gensim sample files and the real SmolLM2 tokenizer."""
 
+import hashlib
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ from reference import make_windows
 
 from gap_engine.core.config import BUILTIN_TEXT_NAMES, WindowSpec
 from gap_engine.core.errors import DataError
+from gap_engine.data import parts
 from gap_engine.data import windows as data
 from gap_engine.data.windows import (
     BUILTIN_SOURCES,
@@ -88,7 +90,7 @@ def test_news_sample_loads_and_splits():
 def test_split_rule_does_not_depend_on_document_order():
     corpus = load_corpus("news-sample")
     documents = list(corpus.calibration + corpus.heldout)
-    reversed_split = data._make_corpus("x", [(doc, doc) for doc in reversed(documents)])
+    reversed_split = parts.make_corpus("x", [(doc, doc) for doc in reversed(documents)])
     assert set(reversed_split.calibration) == set(corpus.calibration)
     assert set(reversed_split.heldout) == set(corpus.heldout)
 
@@ -251,10 +253,10 @@ def test_windows_decode_to_text_of_their_part(smol_tokenizer):
 def test_token_stream_is_memoised_per_tokenizer(smol_tokenizer):
     corpus = load_corpus("news-sample")
     heldout_windows(smol_tokenizer, WindowSpec("news-sample", n_samples=2, seq_len=64))
-    stream = data._token_cache[smol_tokenizer][(corpus.fingerprint, "heldout")]
-    expected = make_windows(smol_tokenizer, corpus.heldout, n_samples=2, seq_len=64)
+    stream = data._token_cache[smol_tokenizer][(corpus.fingerprint, "report")]
+    expected = make_windows(smol_tokenizer, corpus.report, n_samples=2, seq_len=64)
     assert torch.equal(heldout_windows(smol_tokenizer, WindowSpec("news-sample", n_samples=2, seq_len=64)), expected)
-    assert data._token_cache[smol_tokenizer][(corpus.fingerprint, "heldout")] is stream
+    assert data._token_cache[smol_tokenizer][(corpus.fingerprint, "report")] is stream
 
 
 def test_make_windows_tokenizes_without_special_tokens(smol_tokenizer):
@@ -306,3 +308,128 @@ def test_news_split_is_the_same_in_a_fresh_process_without_gensim_or_streamlit()
         text=True,
     )
     assert result.stdout.strip() == load_corpus("news-sample").fingerprint
+
+
+# ----------------------------------------------------------------------- selection and report
+
+# The content hashes and calibration windows of the built-in sources as the code before the
+# held-out text was divided computed them (commit 4d60461): the division must leave the
+# calibration text, and so every loss table's cache key, exactly as it was.
+FINGERPRINTS_BEFORE_THE_SPLIT = {
+    "wiki-sample": "ab4a1891ee1660841cd3ec5804d7d743e8d380785d49076dca715029bea0f19c",
+    "news-sample": "ae1745645e74a1168d374f49bb29493536347386ede8452415428c4cd62a61b1",
+}
+CALIBRATION_WINDOWS_BEFORE_THE_SPLIT = {  # sha256 of the int64 bytes of the default 16 x 256 windows, SmolLM2 tokenizer
+    "wiki-sample": "daadd7e09da829b1",
+    "news-sample": "b730462beea7cfec",
+}
+
+
+@pytest.mark.parametrize("source", BUILTIN_TEXT_NAMES)
+def test_calibration_text_and_fingerprint_are_what_they_were(source, smol_tokenizer):
+    corpus = load_corpus(source)
+    assert corpus.fingerprint == FINGERPRINTS_BEFORE_THE_SPLIT[source]
+    windows = calibration_windows(smol_tokenizer, WindowSpec(source))
+    assert hashlib.sha256(windows.numpy().tobytes()).hexdigest()[:16] == CALIBRATION_WINDOWS_BEFORE_THE_SPLIT[source]
+
+
+@pytest.mark.parametrize("source", BUILTIN_TEXT_NAMES)
+def test_heldout_text_is_divided_by_document_into_selection_and_report(source):
+    corpus = load_corpus(source)
+    assert corpus.selection and corpus.report
+    assert not set(corpus.selection) & set(corpus.report)
+    assert set(corpus.selection) | set(corpus.report) == set(corpus.heldout)
+    assert len(corpus.selection) + len(corpus.report) == len(corpus.heldout)
+    assert not (set(corpus.selection) | set(corpus.report)) & set(corpus.calibration)
+    share = sum(map(len, corpus.selection)) / sum(map(len, corpus.heldout))
+    assert 0.375 <= share < 0.5  # whole documents until 3/8 of the characters, one document past at most
+    order = {doc: i for i, doc in enumerate(corpus.heldout)}  # each part keeps source order
+    assert [order[d] for d in corpus.selection] == sorted(order[d] for d in corpus.selection)
+    assert corpus.part("report") == corpus.report and corpus.part("selection") == corpus.selection
+
+
+def test_selection_rule_is_the_documented_hash_order():
+    corpus = load_corpus("news-sample")
+    by_order = sorted(corpus.heldout, key=lambda doc: int(hashlib.sha256(doc.encode()).hexdigest()[8:16], 16))
+    total, filled, expected = sum(map(len, corpus.heldout)), 0, set()
+    for doc in by_order:
+        if filled >= 0.375 * total:
+            break
+        expected.add(doc)
+        filled += len(doc)
+    assert set(corpus.selection) == expected
+
+
+def test_selection_and_report_do_not_depend_on_document_order():
+    corpus = load_corpus("news-sample")
+    documents = list(corpus.calibration + corpus.heldout)
+    reversed_split = parts.make_corpus("x", [(doc, doc) for doc in reversed(documents)])
+    assert set(reversed_split.selection) == set(corpus.selection)
+    assert set(reversed_split.report) == set(corpus.report)
+    assert reversed_split.fingerprint != corpus.fingerprint  # the order is content; the split is not
+
+
+def test_copies_of_one_heldout_document_stay_in_one_part():
+    docs = [(f"key {i}", f"document {i} " * (5 + i)) for i in range(6)]
+    docs.append(docs[0])  # the same key twice: both copies in one part
+    selection, report = parts.split_heldout(docs)
+    assert (docs[0][1] in selection) != (docs[0][1] in report)
+    assert selection.count(docs[0][1]) + report.count(docs[0][1]) == 2
+
+
+def test_report_is_never_empty_with_two_documents():
+    selection, report = parts.split_heldout([("a", "tiny"), ("b", "long " * 1000)])
+    assert len(selection) == 1 and len(report) == 1
+
+
+def test_one_heldout_document_is_cut_three_eighths_five_eighths(tmp_path):
+    text = " ".join(NEWS_LIKE_DOCS * 4)
+    path = tmp_path / "one_line.txt"
+    path.write_text(text, encoding="utf-8")
+    corpus = load_corpus(str(path))
+    ((heldout,),) = (corpus.heldout,)
+    (selection,), (report,) = corpus.selection, corpus.report
+    assert f"{selection} {report}" == heldout and selection.endswith(".")
+    assert 0.25 < len(selection) / len(heldout) < 0.5
+    assert corpus.calibration == (text[: len(text) - len(heldout)].strip(),)
+
+
+def _slots(tokenizer, texts, seq_len=256) -> int:
+    return len(data.tokenize_stream(tokenizer, texts)) // seq_len
+
+
+def _tokenizers(smol_tokenizer):
+    from gap_engine.model.loading import load_tokenizer
+
+    gemma = load_tokenizer("gemma3-270m")  # converted by an earlier load; else only SmolLM2's is checked
+    return [smol_tokenizer] + ([gemma] if gemma is not None else [])
+
+
+@pytest.mark.parametrize("source", BUILTIN_TEXT_NAMES)
+def test_each_part_holds_enough_disjoint_windows(source, smol_tokenizer):
+    corpus = load_corpus(source)
+    for tokenizer in _tokenizers(smol_tokenizer):
+        assert _slots(tokenizer, corpus.selection) >= 16  # choices: 16 windows of 256 tokens
+        assert _slots(tokenizer, corpus.report) >= 24  # results: the paired bootstrap's 24 windows
+
+
+def test_heldout_windows_read_report_by_default_and_selection_on_request(smol_tokenizer):
+    corpus = load_corpus("wiki-sample")
+    parts = {name: "\n".join(corpus.part(name)) for name in ("calibration", "selection", "report")}
+    spec = WindowSpec("wiki-sample", n_samples=3, seq_len=256, seed=2)
+    assert torch.equal(heldout_windows(smol_tokenizer, spec), heldout_windows(smol_tokenizer, spec, "report"))
+    for split in ("selection", "report"):
+        for window in heldout_windows(smol_tokenizer, spec, split):
+            piece = _longest_plain_piece(smol_tokenizer, window)
+            assert len(piece) > 200 and piece in parts[split]
+            assert all(piece not in text for name, text in parts.items() if name != split)
+    with pytest.raises(DataError, match="selection, report"):
+        heldout_windows(smol_tokenizer, spec, "heldout")
+
+
+def test_too_few_tokens_names_the_part(smol_tokenizer):
+    with pytest.raises(DataError, match=r"news-sample \(selection\) has \d+ tokens"):
+        data.check_enough_tokens(smol_tokenizer, WindowSpec("news-sample", seq_len=6000), "selection")
+    data.check_enough_tokens(smol_tokenizer, WindowSpec("news-sample", seq_len=5000), "report")
+    with pytest.raises(DataError, match=r"news-sample \(report\)"):
+        data.check_enough_tokens(smol_tokenizer, WindowSpec("news-sample", seq_len=8000), "heldout")

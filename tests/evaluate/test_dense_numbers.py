@@ -20,6 +20,7 @@ def test_dense_perplexity_is_measured_once_and_reused_whatever_path_measures_it_
     with torch.no_grad():
         pruned.model.model.layers[0].mlp.down_proj.weight.mul_(0.5)
     first = evaluate(pruned, dense, SETTINGS)
+    assert first.settings["heldout_split"] == "report"  # an evaluation reads, and says it read, the report part
     # The same dense model measured along another path (another page's dtype or batch changes the
     # last digits; here its weights are nudged so the difference cannot hide in rounding).
     other_path = dense.copy()

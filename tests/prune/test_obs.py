@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from gap_engine.core.config import WindowSpec
-from gap_engine.core.errors import GapError, TableError
+from gap_engine.core.errors import CompensationError, GapError, TableError
 from gap_engine.model.rateplan import make_plan
 from gap_engine.pipeline.stages import prune_with_plan
+from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.importance import compute_importance
 from gap_engine.prune.obs import ObsError, block_errors, damped_inverse, greedy_remove, obs_heads
 from gap_engine.prune.sequential import obs_prune
@@ -154,3 +155,69 @@ def test_prune_with_plan_runs_obs_on_the_calibration_windows(make_tiny, tmp_path
     plan = make_plan(lm, [0.5, 0.0], [0.25, 0.5], "obs")
     result = prune_with_plan(lm, plan, WindowSpec(data=str(text), n_samples=2, seq_len=32, batch_size=2))
     assert result.params_after == plan.params["pruned_total"]
+
+
+def _down_inputs_and_outputs(lm, ids):
+    """(inputs, outputs) of block 0's down_proj over every token of ``ids``."""
+    seen = []
+    down = lm.adapter.mlp_projections(lm.adapter.layers(lm.model)[0])[2]
+    handle = down.register_forward_hook(lambda m, a, out: seen.append((a[0].reshape(-1, a[0].shape[-1]), out.reshape(-1, out.shape[-1]))))
+    with torch.no_grad():
+        lm.model(input_ids=ids)
+    handle.remove()
+    return seen[0]
+
+
+def test_bias_after_obs_removes_the_mean_of_what_the_update_leaves(make_tiny):
+    """One block, MLP channels only: down_proj sees the dense inputs, so with the bias its output's
+    mean over the calibration tokens is the dense output's, and its squared error is lower by the
+    squared mean residual per token."""
+    dense = make_tiny("llama", num_hidden_layers=1, intermediate_size=128, initializer_range=0.2)
+    ids = _ids(8, 32)
+    plan = make_plan(dense, [0.0], [0.5], "obs")
+    x, dense_out = _down_inputs_and_outputs(dense, ids)
+    outputs = {}
+    for mode in ("none", "bias"):
+        pruned = dense.copy()
+        result = obs_prune(pruned, plan, ids, 4, compensation=CompensationSettings(mode=mode))
+        kept = result.kept_channels[0]
+        x_kept, out = _down_inputs_and_outputs(pruned, ids)
+        torch.testing.assert_close(x_kept, x[:, kept])  # the same inputs: nothing before down_proj changed
+        outputs[mode] = out
+    residual = {mode: dense_out - out for mode, out in outputs.items()}
+    mean_none = residual["none"].mean(0).abs().max()
+    assert mean_none > 0.01 * residual["none"].abs().mean()  # OBS has no intercept: its residual has a mean
+    assert residual["bias"].mean(0).abs().max() < 1e-4 * mean_none
+    tokens = residual["none"].shape[0]
+    drop = tokens * residual["none"].mean(0).pow(2).sum()
+    assert residual["bias"].pow(2).sum() == pytest.approx(float(residual["none"].pow(2).sum() - drop), rel=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_bias_after_obs_is_counted_recorded_and_saved(make_tiny, tmp_path, family):
+    from gap_engine.model.checkpoint import save_pruned
+    from gap_engine.model.loading import load_model
+
+    lm = make_tiny(family, num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
+    ids = _ids()
+    plan = make_plan(lm, [0.5, 0.0], [0.25, 0.0], "obs")  # block 1 loses nothing: its biases are zero
+    result = obs_prune(lm, plan, ids, 2, compensation=CompensationSettings(mode="bias"))
+    hidden = lm.model.config.hidden_size
+    assert result.compensation["mode"] == "bias" and result.compensation["bias_params"] == 2 * 2 * hidden
+    assert result.params_after == plan.params["pruned_total"] + 2 * 2 * hidden == lm.param_count()
+    assert lm.pruned_from["compensation"]["bias_params"] == 2 * 2 * hidden
+    layer1 = lm.adapter.layers(lm.model)[1]
+    assert torch.count_nonzero(lm.adapter.mlp_projections(layer1)[2].bias) == 0
+    assert torch.count_nonzero(lm.adapter.mlp_projections(lm.adapter.layers(lm.model)[0])[2].bias) > 0
+    with torch.no_grad():
+        logits = lm.model(input_ids=ids).logits
+    save_pruned(lm, result.plan, result.kept_indices(), tmp_path / "ckpt", dtype="float32")
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(str(tmp_path / "ckpt")).model(input_ids=ids).logits, logits)
+
+
+@pytest.mark.parametrize("mode", ["refit", "bias+refit"])
+def test_obs_takes_no_refit(make_tiny, mode):
+    lm = make_tiny("llama")
+    with pytest.raises(CompensationError, match="none or bias"):
+        obs_prune(lm, make_plan(lm, [0.5, 0.0], [0.25, 0.5], "obs"), _ids(), 2, compensation=CompensationSettings(mode=mode))
