@@ -60,7 +60,7 @@ from quality_report import (
     sources_of,
     split_list,
 )
-from report import RESULTS, machine_line
+from report import RESULTS, machine_line, with_header
 
 from gap_engine.core.config import BUILTIN_TEXT_NAMES, CLI_TABLE, COMPENSATIONS, DEFAULT_SAVE_DTYPE, HELDOUT_SPLITS
 
@@ -112,7 +112,8 @@ MEASUREMENT = (
 )
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's options (``tests/bench`` runs it on the command a result file records)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--data", default=CLI_TABLE.windows.data, help="calibration text (the table's, compensation's, FLAP's and OBS's)")
@@ -148,6 +149,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-batch-size", type=int, default=1, help="windows per forward pass (memory only)")
     p.add_argument("--name", default="quality", help="files bench/results/<name>.md, .jsonl, .csv, .commands.json")
     p.add_argument("--fresh", action="store_true", help="discard <name>.jsonl and measure everything again")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if 0 < args.task_limit < MIN_TASK_EXAMPLES:
         p.error(f"--task-limit {args.task_limit}: a task claim needs at least {MIN_TASK_EXAMPLES} examples (0: no task)")
@@ -332,16 +338,23 @@ class Run:
             self.scores[criterion] = compute_importance(self.dense, self.windows, criterion, self.calib.batch_size)
         return self.scores[criterion]
 
-    def plan(self, budget: float, allocator: str):
-        """The allocator's plan at the budget, made once (every compensation prunes the same units)."""
+    def plan(self, budget: float, allocator: str, compensation: str = "none"):
+        """The allocator's plan at the budget for a prune followed by ``compensation``: a plan
+        whose prune adds biases pays for them from the budget (``plan.problem.bias_charges``), so
+        every row ships the same net parameters; made once per budget, allocator and whether
+        biases are added (the compensations without biases prune the same units)."""
+        from gap_engine.core.config import BIAS_COMPENSATIONS
         from gap_engine.plan.allocator_registry import needs_windows
         from gap_engine.plan.allocators import plan_from_table
 
-        key = (budget, allocator)
+        counted = "bias" if compensation in BIAS_COMPENSATIONS else "none"
+        key = (budget, allocator, counted)
         if key not in self.plans:
             windows = self.windows if needs_windows(allocator) else None
             scores = self.scores_for(self.table.spec.criterion)
-            self.plans[key] = plan_from_table(self.dense, self.table, budget, allocator, windows=windows, scores=scores)
+            self.plans[key] = plan_from_table(
+                self.dense, self.table, budget, allocator, windows=windows, scores=scores, compensation=counted
+            )
         return self.plans[key]
 
     def group(self, budget: float, allocator: str) -> Group:
@@ -356,7 +369,7 @@ class Run:
         from gap_engine.pipeline.stages import pruned_as_saved
         from gap_engine.prune.compensations import CompensationSettings
 
-        plan = self.plan(budget, allocator)
+        plan = self.plan(budget, allocator, compensation)
         return pruned_as_saved(
             self.dense, plan, self.calib, scores=self.scores_for(plan.criterion), compensation=CompensationSettings(mode=compensation)
         )
@@ -381,6 +394,8 @@ class Run:
             "removed_fraction": float(plan.params["removed_fraction_of_prunable"]),
             "params_after": int(result.params_after),
             "bias_params": int((result.compensation or {}).get("bias_params", 0)),
+            # what the shipped model lost, biases counted: the budget every row is planned to meet
+            "net_removed_fraction": (result.params_before - result.params_after) / int(plan.params["dense_prunable"]),
             "windows": {name: {"nll": n.nll, "kl": n.kl, "top1": n.top1} for name, n in numbers.items()},
             "prune_s": round(prune_s, 1),
             "eval_s": round(time.perf_counter() - started - prune_s, 1),
@@ -598,7 +613,8 @@ def write_outputs(args: argparse.Namespace, results: Results, groups: Sequence[G
     rows = [r for r in results.rows() if row_key(r) in menu_keys]
     report = report_text(args, command_line(args), machine, rows, groups, results.dense(), results.tasks())
     md_path = RESULTS / f"{args.name}.md"
-    atomic_write_text(md_path, report)
+    files = [f"{args.name}.{suffix}" for suffix in ("csv", "jsonl", "commands.json")]
+    atomic_write_text(md_path, with_header(report, SCRIPT.split()[-1], command_argv(args), files))
     buffer = io.StringIO()
     table = csv_rows(rows, results.dense())
     if table:

@@ -220,7 +220,7 @@ def method_lines(
     columns = [*sources, "mean"]
     with_task = bool(scores)
     lines = [
-        "| budget | allocator | compensation | removed | "
+        "| budget | allocator | compensation | removed net of biases | "
         + " | ".join(f"ppl {c}" for c in columns)
         + " | "
         + " | ".join(f"KL {c}" for c in columns)
@@ -246,7 +246,8 @@ def method_lines(
             task = scores.get(row_key(r))
             task_cell = (f" {_accuracy(task)} |" if task else " |") if with_task else ""
             lines.append(
-                f"| {group.budget:.0%} | {group.allocator} | {r['compensation']} ({', '.join(how)}) | {r['removed_fraction']:.2%} | "
+                f"| {group.budget:.0%} | {group.allocator} | {r['compensation']} ({', '.join(how)}) | "
+                f"{r.get('net_removed_fraction', r['removed_fraction']):.2%} | "
                 + " | ".join(ppl)
                 + " | "
                 + " | ".join(kl)
@@ -283,12 +284,12 @@ def row_lines(rows: Sequence[dict[str, Any]], sources: Sequence[str], groups: Se
     """Every row measured on the report part: window means, parameters, times (pruning, the selection
     windows) and the load while it was pruned."""
     lines = [
-        "| budget | allocator | compensation | removed | params after | "
+        "| budget | allocator | compensation | removed | net of biases | params after | "
         + " | ".join(f"ppl {s}" for s in sources)
         + " | "
         + " | ".join(f"KL {s}" for s in sources)
         + " | prune s | eval s | load |",
-        "|---:|---|---|---:|---:|" + "---:|" * (2 * len(sources)) + "---:|---:|---|",
+        "|---:|---|---|---:|---:|---:|" + "---:|" * (2 * len(sources)) + "---:|---:|---|",
     ]
     keys = [(g.budget, g.allocator, c) for g in groups for c in g.menu]
     order = {key: i for i, key in enumerate(keys)}
@@ -296,7 +297,8 @@ def row_lines(rows: Sequence[dict[str, Any]], sources: Sequence[str], groups: Se
         ppl = [math.exp(sum(w) / len(w)) for w in (r["windows"][set_name(REPORT, s)]["nll"] for s in sources)]
         kl = [mean_kl(r, REPORT, [s]) for s in sources]
         lines.append(
-            f"| {r['budget']:.0%} | {r['allocator']} | {r['compensation']} | {r['removed_fraction']:.2%} | {r['params_after']:,} | "
+            f"| {r['budget']:.0%} | {r['allocator']} | {r['compensation']} | {r['removed_fraction']:.2%} | "
+            f"{r.get('net_removed_fraction', r['removed_fraction']):.2%} | {r['params_after']:,} | "
             + " | ".join(f"{x:.{_digits(x)}f}" for x in ppl)
             + " | "
             + " | ".join(f"{x:.4f}" for x in kl)
@@ -335,9 +337,12 @@ def settings_lines(args: Any, groups: Sequence[Group], sources: Sequence[str], d
         "of the mean NLL (the geometric mean of the sources' perplexities).",
         f"- KL is KL(dense || pruned) per token; top-1 the share of positions where the pruned model's most likely next token "
         f"is the dense model's. Dense perplexity on the report windows: {dense_text}.",
-        "- Budgets are fractions of the prunable parameters (attention and MLP projections); `removed` is the plan's share "
-        "of them, `params after` counts the model with its biases. Load: the 1-minute load average at the start and end "
-        "of the row.",
+        "- Budgets are fractions of the prunable parameters (attention and MLP projections). A plan whose prune adds biases "
+        "(bias, bias+refit) pays for them from the budget, so every row ships at least the budget's net removal: `removed` "
+        "is what the cut removes, `net of biases` what the shipped model lost (biases counted), `params after` the model's "
+        "parameters. DP plans on the table's rate grid, so its removal can pass the budget by up to one grid step of one "
+        "component; the other allocators settle within one unit. Load: the 1-minute load average at the start and end of "
+        "the row.",
         "",
     ]
 

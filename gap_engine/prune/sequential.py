@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from gap_engine.core.device import input_device, placement_of
-from gap_engine.core.errors import CompensationError
+from gap_engine.core.errors import CompensationError, InvariantError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.core.registry import register
 from gap_engine.data.bos import text_start
@@ -44,7 +44,7 @@ from gap_engine.model.layerwise import BlockCall, block_on, capture_calls, layer
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, plan_params
 from gap_engine.model.slicing import slice_attention_, slice_mlp_
-from gap_engine.model.units import AttentionShape
+from gap_engine.model.units import AttentionShape, added_bias_params, block_geometries
 from gap_engine.prune.compensate import BlockFit, Fit
 from gap_engine.prune.compensation_pass import install_biases
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
@@ -169,6 +169,8 @@ def obs_prune(
     result = PruneResult(plan=plan, params_before=lm.param_count())
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)
+    counts = block_geometries(lm)  # the dense blocks: what the biases are counted against
+    expected_biases = added_bias_params(counts, plan.attention_rates, plan.mlp_rates, plan.channel_multiple)
     biases: list[BlockFit] = []
     started = time.perf_counter()
     with torch.no_grad():
@@ -198,7 +200,7 @@ def obs_prune(
                 handle.remove()
     result = finish_surgery(lm, result)
     if compensation.adds_bias:
-        _install(lm, result, biases, compensation, time.perf_counter() - started)
+        _install(lm, result, biases, compensation, time.perf_counter() - started, expected_biases)
     return result
 
 
@@ -262,10 +264,16 @@ def _prune_channels(lm: LoadedModel, layer: nn.Module, index: int, kept: int, st
     return kept_channels, bias
 
 
-def _install(lm: LoadedModel, result: PruneResult, biases: list[BlockFit], compensation: CompensationSettings, seconds: float) -> None:
-    """Give every block its biases for good, after the count check, and record them as ``compensation_pass`` does."""
+def _install(
+    lm: LoadedModel, result: PruneResult, biases: list[BlockFit], compensation: CompensationSettings, seconds: float, expected: int
+) -> None:
+    """Give each projection that lost inputs its bias for good, after the count check, and record
+    them as ``compensation_pass`` does; InvariantError unless they add the ``expected`` parameters
+    (``units.added_bias_params``, what the plan was charged)."""
     install_biases(lm, biases)
     bias_params = lm.param_count() - result.params_after
+    if bias_params != expected:
+        raise InvariantError(f"OBS's biases added {bias_params:,} parameters, the plan counts {expected:,}")
     result.params_after += bias_params
     lm.refresh_fingerprint()
     result.compensation = compensation.to_dict() | {"seconds": round(seconds, 3), "bias_params": bias_params}

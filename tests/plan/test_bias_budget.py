@@ -91,10 +91,13 @@ def test_a_compensation_without_biases_is_recorded_and_charges_nothing(tiny):
     assert refit.content_hash() != plain.content_hash()  # the compensation is part of what the plan claims
 
 
-def test_a_slimgpt_plan_is_counted_without_biases(tiny):
-    # its criterion (obs) updates the kept columns itself and is pruned with no compensation
-    plan = plan_from_table(tiny, synthetic_table(tiny), 0.3, "slimgpt", windows=_windows(tiny), compensation="bias")
-    assert plan.criterion == "obs" and plan.compensation == "none" and "bias_params" not in plan.params
+def test_a_slimgpt_plan_counts_a_bias_on_top_but_no_refit(tiny):
+    # its criterion (obs) updates the kept columns itself (a refit): a bias may follow, a second refit may not
+    table, windows = synthetic_table(tiny), _windows(tiny)
+    biased = plan_from_table(tiny, table, 0.3, "slimgpt", windows=windows, compensation="bias")
+    assert biased.criterion == "obs" and biased.compensation == "bias" and biased.params["bias_params"] > 0
+    refit = plan_from_table(tiny, table, 0.3, "slimgpt", windows=windows, compensation="refit")
+    assert refit.compensation == "none" and "bias_params" not in refit.params
 
 
 def test_the_biases_installed_are_the_ones_the_plan_counted(tiny):

@@ -200,15 +200,16 @@ def test_bias_after_obs_is_counted_recorded_and_saved(make_tiny, tmp_path, famil
 
     lm = make_tiny(family, num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
     ids = _ids()
-    plan = make_plan(lm, [0.5, 0.0], [0.25, 0.0], "obs")  # block 1 loses nothing: its biases are zero
+    plan = make_plan(lm, [0.5, 0.0], [0.25, 0.0], "obs")  # block 1 loses nothing: it gets no bias
     result = obs_prune(lm, plan, ids, 2, compensation=CompensationSettings(mode="bias"))
     hidden = lm.model.config.hidden_size
-    assert result.compensation["mode"] == "bias" and result.compensation["bias_params"] == 2 * 2 * hidden
-    assert result.params_after == plan.params["pruned_total"] + 2 * 2 * hidden == lm.param_count()
-    assert lm.pruned_from["compensation"]["bias_params"] == 2 * 2 * hidden
-    layer1 = lm.adapter.layers(lm.model)[1]
-    assert torch.count_nonzero(lm.adapter.mlp_projections(layer1)[2].bias) == 0
-    assert torch.count_nonzero(lm.adapter.mlp_projections(lm.adapter.layers(lm.model)[0])[2].bias) > 0
+    assert result.compensation["mode"] == "bias" and result.compensation["bias_params"] == 2 * hidden
+    assert result.params_after == plan.params["pruned_total"] + 2 * hidden == lm.param_count()
+    assert lm.pruned_from["compensation"]["bias_params"] == 2 * hidden
+    layer0, layer1 = lm.adapter.layers(lm.model)
+    assert lm.adapter.mlp_projections(layer1)[2].bias is None and lm.adapter.attention_projections(layer1)[3].bias is None
+    assert torch.count_nonzero(lm.adapter.mlp_projections(layer0)[2].bias) > 0
+    assert torch.count_nonzero(lm.adapter.attention_projections(layer0)[3].bias) > 0
     with torch.no_grad():
         logits = lm.model(input_ids=ids).logits
     save_pruned(lm, result.plan, result.kept_indices(), tmp_path / "ckpt", dtype="float32")
