@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 
 from gap_engine.cli.output import TerminalSafe, printable
-from gap_engine.cli.parser import build_parser
+from gap_engine.cli.parser import build_parser, explicit_options
 from gap_engine.cli.preflight import preflight
 from gap_engine.core.errors import GapError, one_line
 
@@ -182,6 +182,7 @@ def _run(argv: list[str] | None) -> int:
         say(f"gap: error: {problem}")
         return 2
     args = build_parser().parse_args(argv)
+    args.given_options = explicit_options(argv)  # the option rules of the preflight judge only what was typed
     existing = list(logging.getLogger().handlers)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr

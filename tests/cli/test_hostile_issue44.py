@@ -1,0 +1,163 @@
+"""Issue 44 (items 4-7) against the command line: one rule per option, checked by every command;
+cached teacher text checked against the request; paths recorded absolute; bounds and messages.
+
+Every refusal is checked as docs/errors-and-limits.md states it: exit status 2, one ``gap:
+error:`` line, nothing written. Tiny random two-layer Llama folders with the real SmolLM2
+tokenizer (o_proj 64 inputs, down_proj 96: a refit needs 96 calibration tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from gap_engine.cli import main
+from gap_engine.cli.parser import explicit_options
+
+ROOT = Path(__file__).resolve().parents[2]
+TOO_FEW = ["--samples", "2", "--seq-len", "32"]  # 64 calibration tokens: fewer than down_proj's 96 inputs
+ENOUGH = ["--samples", "4", "--seq-len", "32"]  # 128
+
+
+class _LiveStderr(logging.Handler):
+    """Log records to whatever sys.stderr is now (capsys's), so log lines count as stderr lines."""
+
+    def emit(self, record):
+        sys.stderr.write(self.format(record) + "\n")
+
+
+@pytest.fixture
+def gap(capsys, tmp_path, monkeypatch):
+    """Run ``gap`` in-process with a cache of its own: (exit status, stderr lines, stdout)."""
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("GAP_FORCE_SIZE", raising=False)
+    handler = _LiveStderr(logging.INFO)
+    logging.getLogger().addHandler(handler)
+
+    def run(*argv) -> tuple[int, list[str], str]:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:
+            code = exc.code
+        captured = capsys.readouterr()
+        return code, [line for line in captured.err.splitlines() if line.strip()], captured.out
+
+    yield run
+    logging.getLogger().removeHandler(handler)
+
+
+def refused(result, message: str) -> str:
+    """Exit 2 and a last stderr line ``gap: error: ...`` naming ``message``; returns that line."""
+    code, err, _ = result
+    assert code == 2 and err and err[-1].startswith("gap: error: "), (code, err)
+    assert message.lower() in err[-1].lower(), err[-1]
+    return err[-1]
+
+
+def one_line(result, message: str) -> str:
+    """``refused``, with that line the only one: refused before any work."""
+    line = refused(result, message)
+    assert len(result[1]) == 1, result[1]
+    return line
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, smol_tokenizer):
+    """A tiny random Llama folder (absolute path) and a loss table of it (fisher, 4 x 32 tokens)."""
+    from conftest import tiny_lm
+
+    base = tmp_path_factory.mktemp("issue44")
+    lm = tiny_lm("llama", smol_tokenizer)
+    folder = base / "tiny"
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    table = base / "t.json"
+    argv = ["table", "--model", str(folder), "--estimator", "fisher", "--rates", "0,0.5", *ENOUGH, "--out", str(table)]
+    assert main(argv) == 0
+    return folder, table
+
+
+# ---- item 4: one check per rule --------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["table", "prune", "compare"])
+def test_a_refit_from_too_few_tokens_is_refused_by_every_command_alike(gap, tiny, tmp_path, command):
+    folder, _ = tiny
+    spec = ["--estimator", "exact", "--compensate", "refit", "--rates", "0,0.5", *TOO_FEW]
+    argv = {
+        "table": ["table", "--model", folder, *spec, "--out", tmp_path / "t.json"],
+        "prune": ["prune", "--model", folder, "--budget", "0.2", *spec, "--out", tmp_path / "pruned"],
+        "compare": ["compare", "--model", folder, "--budgets", "0.2", *spec, "--out", tmp_path / "c.csv"],
+    }[command]
+    line = refused(gap(*argv), "give at least 96")
+    assert "from 64 calibration tokens" in line and "down_proj (96 inputs)" in line
+    assert not any(tmp_path.glob("t.json")) and not any(tmp_path.glob("pruned")) and not any(tmp_path.glob("c.csv"))
+
+
+def test_a_refit_table_from_enough_tokens_is_built(gap, tiny, tmp_path):
+    folder, _ = tiny
+    out = tmp_path / "t.json"
+    argv = ["table", "--model", folder, "--estimator", "exact", "--compensate", "refit", "--rates", "0,0.5", *ENOUGH, "--out", out]
+    code, err, _ = gap(*argv)
+    assert code == 0, err
+    assert json.loads(out.read_text())["spec"]["compensation"] == "refit"
+
+
+def test_explicit_options_tell_a_given_default_from_a_default():
+    given = explicit_options(["compare", "--model", "m", "--table", "t.json", "--samples", "64", "--out", "o"])
+    assert {"model", "table", "samples", "out"} <= given
+    assert not given & {"seq_len", "data", "criterion", "batch_size", "evo_generations"}
+    assert "estimator" in explicit_options(["table", "--approx", "fisher"])  # a deprecated alias is given too
+
+
+MOOT = {
+    "compare --table --samples": (["compare", "--table", "{table}", "--samples", "2"], "--samples cannot apply with --table"),
+    "compare --table --samples 64 (its default)": (["compare", "--table", "{table}", "--samples", "64"], "--samples cannot apply"),
+    "compare --table --samples --seq-len": (
+        ["compare", "--table", "{table}", "--samples", "2", "--seq-len", "32", "--compensate", "refit"],
+        "--samples and --seq-len cannot apply with --table",
+    ),
+    "compare --table --data": (["compare", "--table", "{table}", "--data", "news-sample"], "--data cannot apply"),
+    "compare --table --criterion": (["compare", "--table", "{table}", "--criterion", "wanda"], "--criterion cannot apply"),
+    "compare --table --rates --estimator": (
+        ["compare", "--table", "{table}", "--rates", "0,0.5", "--estimator", "exact"],
+        "--rates and --estimator cannot apply",
+    ),
+    "compare --evo-offspring without evo": (["compare", "--table", "{table}", "--evo-offspring", "8"], "without the evo allocator"),
+    "compare --limit without --tasks": (["compare", "--table", "{table}", "--limit", "5"], "--limit cannot apply without --tasks"),
+    "prune --uniform --rates": (["prune", "--uniform", "0.2", "--rates", "0,0.5"], "--rates cannot apply without --budget"),
+    "prune --uniform --rounds": (["prune", "--uniform", "0.2", "--rounds", "2"], "--rounds cannot apply without --budget"),
+    "prune --plan --criterion": (["prune", "--plan", "{plan}", "--criterion", "wanda"], "--criterion cannot apply with --plan"),
+    "prune --plan --channel-multiple": (["prune", "--plan", "{plan}", "--channel-multiple", "16"], "with --plan"),
+    "plan --evo-generations with dp": (["plan", "--table", "{table}", "--budget", "0.2", "--evo-generations", "2"], "evo allocator"),
+    "eval --num-fewshot without --tasks": (["eval", "--num-fewshot", "2"], "--num-fewshot cannot apply without --tasks"),
+    "table --ray-workers without --ray": (["table", "--ray-workers", "3"], "--ray-workers cannot apply without --ray"),
+    "table --profile without --dry-run": (["table", "--profile", "h100"], "--profile cannot apply without --dry-run"),
+}
+
+
+@pytest.mark.parametrize("name", list(MOOT))
+def test_an_option_that_cannot_apply_is_refused_not_ignored(gap, tiny, tmp_path, name):
+    folder, table = tiny
+    argv, message = MOOT[name]
+    plan = tmp_path / "p.json"
+    plan.write_text("{}")  # never read: the option is refused first
+    out = tmp_path / "out"
+    argv = [a.replace("{table}", str(table)).replace("{plan}", str(plan)) for a in argv]
+    if argv[0] != "plan":
+        argv += ["--model", str(folder)]
+    line = one_line(gap(*argv, *(["--out", out] if argv[0] != "eval" else [])), message)
+    assert line.startswith(f"gap: error: gap {argv[0]}: ")
+    assert not out.exists()
+
+
+def test_compare_with_a_table_takes_the_options_that_apply(gap, tiny, tmp_path):
+    folder, table = tiny
+    out = tmp_path / "c.csv"
+    argv = ["compare", "--model", folder, "--table", table, "--budgets", "0.2", "--allocators", "dp", "--seed", "3"]
+    code, err, _ = gap(*argv, "--compensate", "bias", "--eval-samples", "2", "--eval-seq-len", "16", "--out", out)
+    assert code == 0, err
+    assert out.is_file()
