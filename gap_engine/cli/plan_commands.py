@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from gap_engine.cli.arguments import compensation_from, device_from, parse_fraction, parse_list, parse_locks
 from gap_engine.cli.output import StderrProgress, csv_text, table_compensation_text
@@ -22,6 +23,7 @@ from gap_engine.core.limits import LIMITS
 from gap_engine.core.progress import Hooks
 from gap_engine.core.validate import decode_text, read_bounded
 from gap_engine.model.loading import load_model, recorded_identity
+from gap_engine.model.names import resolve_recorded
 from gap_engine.pipeline import compare
 from gap_engine.pipeline.compare import heldout_sets
 from gap_engine.pipeline.stages import loss_table, plan_for
@@ -43,7 +45,9 @@ def constraints_from(args: argparse.Namespace) -> Constraints:
 def read_table(path: str) -> LossTable:
     """The loss table in a JSON file; TableError (one line) when missing or malformed."""
     what = f"loss table {path}"
-    return LossTable.from_json(decode_text(read_bounded(path, LIMITS.table_bytes, what, TableError), what, TableError))
+    table = LossTable.from_json(decode_text(read_bounded(path, LIMITS.table_bytes, what, TableError), what, TableError))
+    table.model = resolve_recorded(table.model, Path(path).parent) or table.model  # an older table's relative name: beside it
+    return table
 
 
 def check_recorded_model(model_arg: str | None, table: LossTable) -> None:

@@ -41,6 +41,7 @@ from gap_engine.model.checkpoint import (
 )
 from gap_engine.model.identity import BUILTIN_MODEL_NAMES, ModelIdentity, builtin_folder, model_stamps, record_model
 from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.names import recorded_name, resolve_recorded
 from gap_engine.model.remote_code import forbid_code_prompts, refuse_foreign_code
 from gap_engine.model.units import has_attention_ties
 
@@ -300,6 +301,9 @@ def load_model(name_or_path: str, device: DeviceSpec | None = None, hub: bool = 
         DeviceError: a device or dtype this machine cannot provide (checked before loading).
     """
     placement = resolve(device)
+    # Under the name every record of it (tables, plans, checkpoints, the history) will carry: a local
+    # folder or file as an absolute path, so the record still names it from another working folder.
+    name_or_path = recorded_name(name_or_path)
     stamped = model_stamps(name_or_path)  # before the weights are read: a record can be too old, never wrong
     # float32 keeps the old path bit for bit; otherwise read the stored dtype ("auto") and
     # cast once, instead of holding a float32 copy of a bf16 checkpoint.
@@ -474,7 +478,7 @@ def recorded_identity(name_or_path: str | Path) -> tuple[int | None, str | None]
 def _load_pruned(folder: Path) -> LoadedModel:
     parts = read_pruned(folder)
     pruned_from = {
-        "model": parts.base_model,
+        "model": resolve_recorded(parts.base_model, folder.parent),  # an older checkpoint's relative name: beside it
         "fingerprint": parts.base_fingerprint,
         "plan": parts.plan.to_dict() if parts.plan else None,
         "compensation": parts.compensation,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -161,3 +162,60 @@ def test_compare_with_a_table_takes_the_options_that_apply(gap, tiny, tmp_path):
     code, err, _ = gap(*argv, "--compensate", "bias", "--eval-samples", "2", "--eval-seq-len", "16", "--out", out)
     assert code == 0, err
     assert out.is_file()
+
+
+# ---- item 6: paths recorded absolute -------------------------------------------------------------
+RECOVER = ["--method", "lora", "--steps", "1", "--seq-len", "16", "--pool-windows", "2", "--no-history", "--no-eval-before"]
+RECOVER += ["--eval-samples", "1", "--eval-seq-len", "16", "--generations", "0", "--data", "news-sample"]
+
+
+def _relative_records(gap, tiny, tmp_path, monkeypatch) -> Path:
+    """A checkpoint, a table and a plan made with ``--model m`` from the folder holding ``m``; returns that folder."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copytree(tiny[0], work / "m")
+    monkeypatch.chdir(work)
+    for argv in (
+        ["prune", "--model", "m", "--uniform", "0.25", "--criterion", "magnitude", "--compensate", "none", "--out", "ck"],
+        ["table", "--model", "m", "--estimator", "fisher", "--rates", "0,0.5", *ENOUGH, "--out", "t.json"],
+        ["plan", "--table", "t.json", "--budget", "0.2", "--out", "p.json"],
+    ):
+        code, err, _ = gap(*argv)
+        assert code == 0, err
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    return work
+
+
+def _uses_the_recorded_model_from_elsewhere(gap, work: Path) -> None:
+    """From another working folder: recover distils from the checkpoint's base model, and the
+    allocators that load the table's model find it."""
+    code, err, out = gap("recover", "--model", work / "ck", *RECOVER, "--out", "r")
+    assert code == 0, err
+    assert "objective: kd (the default: the dense base model is reachable)" in out, out
+    for allocator in ("flap", "slimgpt"):
+        code, err, _ = gap("plan", "--table", work / "t.json", "--budget", "0.2", "--allocator", allocator, "--out", f"{allocator}.json")
+        assert code == 0, err
+
+
+def test_a_relative_model_folder_is_recorded_by_its_absolute_path(gap, tiny, tmp_path, monkeypatch):
+    work = _relative_records(gap, tiny, tmp_path, monkeypatch)
+    model = str(work / "m")
+    assert json.loads((work / "ck" / "gap_pruned.json").read_text())["base_model"] == model
+    assert json.loads((work / "t.json").read_text())["model"] == model
+    assert json.loads((work / "p.json").read_text())["model"] == model
+    _uses_the_recorded_model_from_elsewhere(gap, work)
+    # One folder named two ways is one cache entry: the absolute name gets the key the relative one built under.
+    code, err, _ = gap("table", "--model", work / "m", "--estimator", "fisher", "--rates", "0,0.5", *ENOUGH, "--out", "again.json")
+    assert code == 0, err
+    assert json.loads(Path("again.json").read_text())["key"] == json.loads((work / "t.json").read_text())["key"]
+
+
+def test_an_older_record_with_a_relative_path_is_read_against_its_own_folder(gap, tiny, tmp_path, monkeypatch):
+    work = _relative_records(gap, tiny, tmp_path, monkeypatch)
+    for path, field in ((work / "ck" / "gap_pruned.json", "base_model"), (work / "t.json", "model")):
+        data = json.loads(path.read_text())
+        data[field] = "m"  # as gap wrote it before paths were recorded absolute
+        path.write_text(json.dumps(data))
+    _uses_the_recorded_model_from_elsewhere(gap, work)
