@@ -219,3 +219,21 @@ def test_an_older_record_with_a_relative_path_is_read_against_its_own_folder(gap
         data[field] = "m"  # as gap wrote it before paths were recorded absolute
         path.write_text(json.dumps(data))
     _uses_the_recorded_model_from_elsewhere(gap, work)
+
+
+# ---- item 7b: an error after a progress line ------------------------------------------------------
+def test_a_line_written_after_an_open_progress_line_starts_a_line_of_its_own():
+    import io
+
+    from gap_engine.cli.output import TerminalSafe
+
+    buffer = io.StringIO()
+    stream = TerminalSafe(buffer, progress=True)
+    stream.write("\rrecover: teacher text: writing 0 of 64 tokens, eta 1s   ")
+    stream.write("\rrecover: teacher text: writing 0 of 64 tokens, eta 0s   ")  # rewritten in place
+    print("gap: error: cannot write tokens.npy", file=stream)
+    assert buffer.getvalue().split("\n")[-2] == "gap: error: cannot write tokens.npy"
+    assert buffer.getvalue().count("\n") == 2  # the progress line ended once, the error line once
+    stream.write("\rtable cells: 4/4 (100%), eta 0s\n")  # a progress line that ends itself
+    print("wrote t.json", "(4 cells)", file=stream)  # pieces of one print stay on one line
+    assert buffer.getvalue().split("\n")[-2] == "wrote t.json (4 cells)"

@@ -112,6 +112,45 @@ def test_a_damaged_or_foreign_cache_entry_is_written_again_never_used(teacher, c
     assert json.loads((folder / "meta.json").read_text())["model_fingerprint"] == teacher.fingerprint
 
 
+def _forge(folder, tokens: np.ndarray) -> None:
+    """Replace an entry's tokens, with its checksum and recorded shape made to match (a whole but foreign entry)."""
+    import hashlib
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, tokens, allow_pickle=False)
+    (folder / "tokens.npy").write_bytes(buffer.getvalue())
+    meta = json.loads((folder / "meta.json").read_text())
+    meta |= {"shape": list(tokens.shape), "tokens_sha256": hashlib.sha256(buffer.getvalue()).hexdigest()}
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("cut", ["one of five sequences", "a token short", "a column more"])
+def test_a_whole_entry_that_is_not_the_text_asked_for_is_written_again(teacher, caplog, cut):
+    reference = tt.teacher_text(teacher, SPEC, Hooks())
+    folder = tt.entry_dir(tt.cache_key(SPEC, teacher.fingerprint, "float32"))
+    tokens = reference.numpy().astype(np.int32)
+    forged = {"one of five sequences": tokens[:1], "a token short": tokens[:, :-1], "a column more": np.hstack([tokens, tokens[:, :1]])}
+    _forge(folder, np.ascontiguousarray(forged[cut]))
+    with caplog.at_level(logging.WARNING):
+        assert torch.equal(tt.teacher_text(teacher, SPEC, Hooks()), reference)
+    assert "the request is 5 of 12" in caplog.text and "writing it again" in caplog.text
+    assert json.loads((folder / "meta.json").read_text())["shape"] == [5, 12]
+
+
+@pytest.mark.parametrize("where", ["entry", "partial"])
+def test_a_file_where_an_entry_folder_belongs_is_replaced(teacher, caplog, where):
+    key = tt.cache_key(SPEC, teacher.fingerprint, "float32")
+    folder = tt.entry_dir(key)
+    blocker = folder if where == "entry" else folder.with_name(key + ".partial")
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("x")
+    with caplog.at_level(logging.WARNING):
+        text = tt.teacher_text(teacher, SPEC, Hooks())
+    assert text.shape == (5, 12) and "is not a folder; removing it" in caplog.text
+    assert folder.is_dir() and (folder / "meta.json").is_file() and not blocker.with_name(key + ".partial").exists()
+
+
 def test_a_damaged_partial_batch_is_generated_again(teacher, tmp_path, monkeypatch):
     reference = tt.teacher_text(teacher, SPEC, Hooks())
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "resumed"))
