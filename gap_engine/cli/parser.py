@@ -380,6 +380,11 @@ def _add_recover(sub) -> None:
     p.add_argument("--no-dense", action="store_true", help="do not load the dense model for KL and agreement")
     p.add_argument("--no-history", action="store_true", help="do not add the run to the run history")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument(
+        "--force-size",
+        action="store_true",
+        help="write teacher text past its ceilings (tokens, and the time the cost model predicts here; also: GAP_FORCE_SIZE=1)",
+    )
     p.set_defaults(handler="recover_commands:run_recover")
     add_device_args(p)
 

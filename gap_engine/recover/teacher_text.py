@@ -57,7 +57,7 @@ import torch
 
 from gap_engine.core.errors import DataError, SizeLimitError
 from gap_engine.core.fsutil import atomic_write_bytes, atomic_write_json, cache_root, lock_for
-from gap_engine.core.limits import FORCE_ENV, LIMITS, forced
+from gap_engine.core.limits import FORCE_HINT, LIMITS, forced
 from gap_engine.core.progress import EtaClock, Hooks
 from gap_engine.core.validate import read_bounded, read_json_file
 from gap_engine.data.bos import Tokenizer, bos_token_id
@@ -111,8 +111,8 @@ def is_teacher_source(spec: str) -> bool:
     return bool(_SPEC.match(str(spec).strip()))
 
 
-def parse_tokens(spec: str) -> int:
-    """The token count of ``teacher`` (the default) or ``teacher:N``.
+def parse_tokens(spec: str, force: bool = False) -> int:
+    """The token count of ``teacher`` (the default) or ``teacher:N`` (``force``: past the ceiling).
 
     Raises:
         DataError: N is not a positive whole number. SizeLimitError: N is past the ceiling.
@@ -126,17 +126,16 @@ def parse_tokens(spec: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise DataError(f"teacher text needs a positive whole number of tokens (teacher:N), got {spec!r}")
     tokens = int(text)
-    if tokens > LIMITS.teacher_tokens and not forced():  # gap recover has no --force-size: the environment lifts it
+    if tokens > LIMITS.teacher_tokens and not (force or forced()):
         raise SizeLimitError(
-            f"{spec} (tokens of teacher text) is above the limit of {LIMITS.teacher_tokens:,}; ask for fewer tokens, "
-            f"or set {FORCE_ENV}=1 to go past it"
+            f"{spec} (tokens of teacher text) is above the limit of {LIMITS.teacher_tokens:,}; ask for fewer tokens, or {FORCE_HINT}"
         )
     return tokens
 
 
-def normalise(spec: str) -> str:
+def normalise(spec: str, force: bool = False) -> str:
     """``teacher:N`` with the count written out (``teacher`` -> ``teacher:65536``), checked."""
-    return f"{SOURCE}:{parse_tokens(spec)}"
+    return f"{SOURCE}:{parse_tokens(spec, force)}"
 
 
 def cache_key(spec: TeacherTextSpec, model_fingerprint: str, dtype: str) -> str:

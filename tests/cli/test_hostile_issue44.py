@@ -237,3 +237,27 @@ def test_a_line_written_after_an_open_progress_line_starts_a_line_of_its_own():
     stream.write("\rtable cells: 4/4 (100%), eta 0s\n")  # a progress line that ends itself
     print("wrote t.json", "(4 cells)", file=stream)  # pieces of one print stay on one line
     assert buffer.getvalue().split("\n")[-2] == "wrote t.json (4 cells)"
+
+
+# ---- item 7a: teacher text a person can wait for ---------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tiny, tmp_path_factory):
+    folder, _ = tiny
+    out = tmp_path_factory.mktemp("issue44-ck") / "ck"
+    argv = ["prune", "--model", str(folder), "--uniform", "0.25", "--criterion", "magnitude", "--compensate", "none", "--out", str(out)]
+    assert main(argv) == 0
+    return out
+
+
+def test_recover_refuses_teacher_text_past_the_time_bound_and_force_size_lifts_it(gap, tiny_checkpoint, tmp_path, monkeypatch):
+    from gap_engine.core.limits import SizeLimits
+    from gap_engine.pipeline import recovery
+
+    monkeypatch.setattr(recovery, "LIMITS", SizeLimits(teacher_seconds=0))  # any text this machine must write is too long
+    argv = ["recover", "--model", tiny_checkpoint, *RECOVER[:-2], "--data", "teacher:64"]
+    line = refused(gap(*argv, "--out", tmp_path / "r"), "teacher:64 would take about ")
+    assert "predicted by the cost model" in line and "pass --force-size" in line
+    assert not (tmp_path / "r").exists() and not (tmp_path / "r.partial").exists()
+    code, err, out = gap(*argv, "--force-size", "--out", tmp_path / "r")
+    assert code == 0, err
+    assert "teacher:64" in out
