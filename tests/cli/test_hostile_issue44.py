@@ -261,3 +261,48 @@ def test_recover_refuses_teacher_text_past_the_time_bound_and_force_size_lifts_i
     code, err, out = gap(*argv, "--force-size", "--out", tmp_path / "r")
     assert code == 0, err
     assert "teacher:64" in out
+
+
+# ---- item 7c: a full disk during a GGUF export ------------------------------------------------------
+def test_a_write_cut_short_without_an_errno_says_the_disk_is_full(tmp_path):
+    from gap_engine.core.errors import OutputError
+    from gap_engine.core.fsutil import atomic_file
+
+    target = tmp_path / "m.gguf"
+    with pytest.raises(OutputError) as info, atomic_file(target) as tmp:
+        tmp.write_bytes(b"x" * 687632)
+        raise OSError("3145728 requested and 687632 written")  # numpy's tofile on a short write
+    assert str(info.value) == f"cannot write {target}: No space left on device"
+    assert list(tmp_path.iterdir()) == []  # no output, no temporary
+
+
+@pytest.fixture
+def file_limit_past_the_gguf_header():
+    """RLIMIT_FSIZE at 4 MiB: past a tiny GGUF's header and tokenizer, inside its tensors (written by numpy's tofile)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_gguf_export_that_fills_the_disk_is_one_line_naming_the_file(gap, tiny_checkpoint, tmp_path, file_limit_past_the_gguf_header):
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "m.gguf"
+    line = refused(gap("export", tiny_checkpoint, "--out", out), f"cannot write {out}: File too large")
+    assert "requested and" not in line
+    assert list(work.iterdir()) == []
+
+
+# ---- item 7d: gap's own GGUF given to a command that loads through transformers -----------------------
+def test_a_gguf_gap_exported_is_one_line_saying_it_runs_in_llama_cpp(gap, tiny_checkpoint, tmp_path):
+    out = tmp_path / "m.gguf"
+    code, err, _ = gap("export", tiny_checkpoint, "--out", out)
+    assert code == 0, err
+    line = one_line(gap("eval", "--model", out, "--samples", "2", "--seq-len", "16", "--no-dense"), "is a pruned model that gap export wrote")
+    assert "for llama.cpp" in line and f"llama-cli -m {out}" in line and "docs/deploying.md" in line
+    assert "Unrecognized model identifier" not in line
