@@ -176,6 +176,12 @@ OPTION_RULES = (
         lambda a: a.tasks is not None,
         "without --tasks",
     ),
+    OptionRule(
+        ("recover",),
+        ("force_size",),
+        lambda a: any(TEACHER_TEXT.match(part.strip()) for part in str(a.data or "").split(",")),
+        "without teacher text in --data: it lifts teacher text's ceilings, the only ones recover has",
+    ),
     OptionRule(("table",), ("ray_workers",), lambda a: a.ray is not None, "without --ray: the cells are measured in this process"),
     OptionRule(("table",), ("profile",), lambda a: a.dry_run, "without --dry-run: a build runs on this machine, not on a spec sheet"),
 )
