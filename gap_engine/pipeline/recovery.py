@@ -245,7 +245,7 @@ def check_teacher_text_time(teacher: LoadedModel, spec: teacher_text.TeacherText
         return
     seconds, basis = priced
     fits = int(spec.sequences * LIMITS.teacher_seconds / seconds) * spec.seq_len  # the price is about linear in the sequences
-    fewer = f"ask for at most {teacher_text.SOURCE}:{fits:,}" if fits else "use a smaller teacher or a faster device"
+    fewer = f"ask for at most {teacher_text.SOURCE}:{fits}" if fits else "use a smaller teacher or a faster device"
     raise SizeLimitError(
         f"{source} would take about {_hours(seconds)} for {teacher.name} to write here ({basis}), past the limit of "
         f"{_hours(LIMITS.teacher_seconds)} for teacher text; {fewer}, or {FORCE_HINT}"

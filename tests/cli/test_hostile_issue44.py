@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from gap_engine.cli import main
-from gap_engine.cli.parser import explicit_options
 
 ROOT = Path(__file__).resolve().parents[2]
 TOO_FEW = ["--samples", "2", "--seq-len", "32"]  # 64 calibration tokens: fewer than down_proj's 96 inputs
@@ -108,6 +107,8 @@ def test_a_refit_table_from_enough_tokens_is_built(gap, tiny, tmp_path):
 
 
 def test_explicit_options_tell_a_given_default_from_a_default():
+    from gap_engine.cli.parser import explicit_options
+
     given = explicit_options(["compare", "--model", "m", "--table", "t.json", "--samples", "64", "--out", "o"])
     assert {"model", "table", "samples", "out"} <= given
     assert not given & {"seq_len", "data", "criterion", "batch_size", "evo_generations"}
@@ -137,6 +138,10 @@ MOOT = {
     "eval --num-fewshot without --tasks": (["eval", "--num-fewshot", "2"], "--num-fewshot cannot apply without --tasks"),
     "table --ray-workers without --ray": (["table", "--ray-workers", "3"], "--ray-workers cannot apply without --ray"),
     "table --profile without --dry-run": (["table", "--profile", "h100"], "--profile cannot apply without --dry-run"),
+    "recover --force-size without teacher text": (
+        ["recover", "--method", "lora", "--steps", "1", "--data", "news-sample", "--force-size"],
+        "--force-size cannot apply without teacher text",
+    ),
 }
 
 
@@ -276,24 +281,26 @@ def test_a_write_cut_short_without_an_errno_says_the_disk_is_full(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no output, no temporary
 
 
-@pytest.fixture
-def file_limit_past_the_gguf_header():
-    """RLIMIT_FSIZE at 4 MiB: past a tiny GGUF's header and tokenizer, inside its tensors (written by numpy's tofile)."""
+def test_a_gguf_export_that_fills_the_disk_in_its_tensors_is_one_line_naming_the_file(gap, tiny_checkpoint, tmp_path):
     import resource
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    from gguf import GGUFReader
 
-
-def test_a_gguf_export_that_fills_the_disk_is_one_line_naming_the_file(gap, tiny_checkpoint, tmp_path, file_limit_past_the_gguf_header):
+    probe = tmp_path / "probe.gguf"
+    assert gap("export", tiny_checkpoint, "--out", probe)[0] == 0
+    largest = max(GGUFReader(str(probe), "r").tensors, key=lambda t: int(t.n_bytes))
+    limit = int(largest.data_offset) + int(largest.n_bytes) // 2  # half way through a tensor numpy's tofile writes
+    probe.unlink()
     work = tmp_path / "work"
     work.mkdir()
     out = work / "m.gguf"
-    line = refused(gap("export", tiny_checkpoint, "--out", out), f"cannot write {out}: File too large")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))  # Python ignores SIGXFSZ: writes past it fail
+    try:
+        result = gap("export", tiny_checkpoint, "--out", out)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    line = refused(result, f"cannot write {out}: File too large")
     assert "requested and" not in line
     assert list(work.iterdir()) == []
 
@@ -303,6 +310,8 @@ def test_a_gguf_gap_exported_is_one_line_saying_it_runs_in_llama_cpp(gap, tiny_c
     out = tmp_path / "m.gguf"
     code, err, _ = gap("export", tiny_checkpoint, "--out", out)
     assert code == 0, err
-    line = one_line(gap("eval", "--model", out, "--samples", "2", "--seq-len", "16", "--no-dense"), "is a pruned model that gap export wrote")
+    line = one_line(
+        gap("eval", "--model", out, "--samples", "2", "--seq-len", "16", "--no-dense"), "is a pruned model that gap export wrote"
+    )
     assert "for llama.cpp" in line and f"llama-cli -m {out}" in line and "docs/deploying.md" in line
     assert "Unrecognized model identifier" not in line
