@@ -45,22 +45,25 @@ def constraints_from(args: argparse.Namespace) -> Constraints:
 def read_table(path: str) -> LossTable:
     """The loss table in a JSON file; TableError (one line) when missing or malformed."""
     what = f"loss table {path}"
-    table = LossTable.from_json(decode_text(read_bounded(path, LIMITS.table_bytes, what, TableError), what, TableError))
-    table.model = resolve_recorded(table.model, Path(path).parent) or table.model  # an older table's relative name: beside it
-    return table
+    return LossTable.from_json(decode_text(read_bounded(path, LIMITS.table_bytes, what, TableError), what, TableError))
 
 
-def check_recorded_model(model_arg: str | None, table: LossTable) -> None:
+def table_model(table: LossTable, path: str | None) -> str:
+    """The model the table in file ``path`` names: an older table's relative path read against the table's folder."""
+    return (resolve_recorded(table.model, Path(path).parent) if path else None) or table.model
+
+
+def check_recorded_model(model_arg: str | None, table: LossTable, table_path: str | None = None) -> None:
     """TableError now, before any text or weights are read, when the model's folder records a
     block count or weights fingerprint (a gap checkpoint) other than the table's."""
-    name = model_arg or table.model
+    name = model_arg or table_model(table, table_path)
     table.check_identity(str(name), *recorded_identity(name))
 
 
-def _load_for_table(model_arg: str | None, table: LossTable, device=None):
+def _load_for_table(model_arg: str | None, table: LossTable, device=None, table_path: str | None = None):
     """The model named on the command line (or the table's own), checked against the table."""
-    check_recorded_model(model_arg, table)
-    lm = load_model(model_arg or table.model, device, hub=model_arg is not None)  # a name from the table stays local
+    check_recorded_model(model_arg, table, table_path)
+    lm = load_model(model_arg or table_model(table, table_path), device, hub=model_arg is not None)  # a name from the table stays local
     table.check_model(lm)
     return lm
 
@@ -84,7 +87,7 @@ def run_plan(args: argparse.Namespace) -> int:
     budget = parse_fraction(args.budget, "budget") if args.budget is not None else None
     table = read_table(args.table)
     planning_problem(table, constraints)  # contradictory locks fail here, before the model loads
-    lm = _load_for_table(args.model, table, device_from(args))
+    lm = _load_for_table(args.model, table, device_from(args), args.table)
     if budget is None:
         budget = budget_for_kept_params(lm.param_count(), table.dense_prunable, args.keep_params)
     check_reach(lm, table, budget, args.allocator, constraints)

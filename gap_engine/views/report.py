@@ -104,10 +104,7 @@ def evaluation_from_run(record) -> dict:
 # ---- checks ---------------------------------------------------------------------------------
 def check_plan(table, plan: RatePlan) -> None:
     """Raise ReportError when ``plan`` is not a plan for ``table``'s model (or names another table)."""
-    # One model under two names (a relative path recorded from another folder, an absolute one) is one
-    # model when both record the same weights.
-    same_weights = plan.model_fingerprint is not None and plan.model_fingerprint == table.model_fingerprint
-    if (plan.model != table.model and not same_weights) or plan.num_layers != table.num_layers:
+    if plan.model != table.model or plan.num_layers != table.num_layers:
         raise ReportError(
             f"the plan is for {plan.model} ({plan.num_layers} layers), the loss table for {table.model} ({table.num_layers} layers)"
         )
