@@ -408,11 +408,18 @@ def explicit_options(argv: list[str] | None) -> frozenset[str]:
     parser whose every default is a marker no value can equal. For the rules on options that
     cannot apply as the command is given (``cli.preflight.check_option_rules``)."""
     parser = build_parser()
+    accumulating = set()  # append and count actions add to their default: theirs is None, which only a given value replaces
     for action in _every_action(parser):
-        action.default = _NOT_GIVEN
+        if isinstance(action, (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction)):
+            action.default = None
+            accumulating.add(action.dest)
+        else:
+            action.default = _NOT_GIVEN
     with contextlib.redirect_stderr(io.StringIO()):  # a deprecated flag's warning was printed by the first parse
         namespace = parser.parse_args(argv)
-    return frozenset(dest for dest, value in vars(namespace).items() if value is not _NOT_GIVEN)
+    return frozenset(
+        dest for dest, value in vars(namespace).items() if value is not _NOT_GIVEN and not (dest in accumulating and value is None)
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -113,6 +113,9 @@ def test_explicit_options_tell_a_given_default_from_a_default():
     assert {"model", "table", "samples", "out"} <= given
     assert not given & {"seq_len", "data", "criterion", "batch_size", "evo_generations"}
     assert "estimator" in explicit_options(["table", "--approx", "fisher"])  # a deprecated alias is given too
+    locked = ["plan", "--table", "t.json", "--budget", "0.2", "--out", "p.json"]
+    assert "lock" in explicit_options([*locked, "--lock", "0", "--lock", "1:0.5"])  # an option that appends
+    assert "lock" not in explicit_options(locked)
 
 
 MOOT = {
