@@ -25,6 +25,7 @@ from gap_engine.core.fsutil import atomic_write_bytes, cache_root
 from gap_engine.core.limits import LIMITS, check_at_most, check_file_size, check_windows
 from gap_engine.data.windows import BUILTIN_SOURCES, load_corpus
 from gap_engine.model.loading import BUILTIN_MODELS
+from gap_engine.model.names import recorded_name
 from gap_engine.pipeline.expected import Prediction, predict_build, table_prediction
 from gap_engine.pipeline.jobs import manager, model_loaded, table_task
 from gap_engine.prune.criteria import SCORING_CRITERIA
@@ -202,9 +203,10 @@ def expected_build(name: str, spec: TableSpec) -> Prediction | None:
         return None  # its config may wait on the network
     try:
         device = device_from_widgets()
-        prefix = key_prefix(name, dtype_name(resolve(device).dtype), spec)
+        recorded = recorded_name(name)  # tables record a local folder by its absolute path
+        prefix = key_prefix(recorded, dtype_name(resolve(device).dtype), spec)
         summary, rows = spec.summary(), cache.list_tables()
-        cached = any(r.get("model") == name and r.get("spec") == summary and str(r.get("key", "")).startswith(prefix) for r in rows)
+        cached = any(r.get("model") == recorded and r.get("spec") == summary and str(r.get("key", "")).startswith(prefix) for r in rows)
         return table_prediction(name, spec, device, loaded=model_loaded(name, device), cached=cached)
     except Exception:  # a device this machine lacks, an unreadable config: Build says what is wrong
         return None

@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 
 from gap_engine.cli.output import TerminalSafe, printable
-from gap_engine.cli.parser import build_parser
+from gap_engine.cli.parser import build_parser, explicit_options
 from gap_engine.cli.preflight import preflight
 from gap_engine.core.errors import GapError, one_line
 
@@ -145,8 +145,8 @@ def _working_folder_problem() -> str | None:
 
 
 def check_model_folders(args) -> None:
-    """Every local model folder the command reads (``--model``, ``gap export``'s checkpoint),
-    its small files checked before the handler reads any text or prints a line: a damaged
+    """Every local model folder (or .gguf file) the command reads (``--model``, ``gap export``'s
+    checkpoint), its small files checked before the handler reads any text or prints a line: a damaged
     checkpoint is one line, not a text read and half a model load. (Here, not in the
     preflight: the checks build the config and the tokenizer, which needs transformers.)"""
     folders = [getattr(args, dest) for dest in ("model", "checkpoint") if getattr(args, dest, None) and _maybe_folder(getattr(args, dest))]
@@ -159,8 +159,10 @@ def check_model_folders(args) -> None:
 
 
 def _maybe_folder(value: str) -> bool:
+    """A local model folder, or a .gguf file (its metadata says whether transformers can read it)."""
     try:
-        return Path(value).expanduser().is_dir()
+        path = Path(value).expanduser()
+        return path.is_dir() or (path.suffix == ".gguf" and path.is_file())
     except (OSError, RuntimeError, ValueError):  # an unknown ~user, a link loop: check_model_files says it
         return True
 
@@ -182,6 +184,7 @@ def _run(argv: list[str] | None) -> int:
         say(f"gap: error: {problem}")
         return 2
     args = build_parser().parse_args(argv)
+    args.given_options = explicit_options(argv)  # the option rules of the preflight judge only what was typed
     existing = list(logging.getLogger().handlers)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr

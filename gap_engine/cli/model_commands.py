@@ -121,10 +121,7 @@ def task_settings_from(args: argparse.Namespace):
     """The TaskSettings of ``--tasks`` and its options, or None without ``--tasks``."""
     from gap_engine.evaluate.tasks import task_settings
 
-    if args.tasks is None:
-        for flag in ("limit", "num_fewshot", "include_path"):
-            if getattr(args, flag) is not None:
-                raise PlanError(f"--{flag.replace('_', '-')} needs --tasks")
+    if args.tasks is None:  # --limit and its siblings without --tasks: refused by the preflight's option rules
         return None
     return task_settings(args.tasks, args.limit, args.num_fewshot, args.batch_size, args.include_path)
 

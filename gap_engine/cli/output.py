@@ -21,17 +21,24 @@ def printable(text: str, keep: str = "") -> str:
 class TerminalSafe(io.TextIOBase):
     """A text stream that writes through ``printable``: what gap prints, names read from disk
     included, reaches the terminal as text. Newlines and tabs pass; with ``progress``, so does a
-    carriage return that starts a write (StderrProgress rewriting its own line)."""
+    carriage return that starts a write (StderrProgress rewriting its own line). A progress line
+    left open (no newline after its counter) is ended before anything else is written, so an
+    error or a log line never lands on the end of ``eta 0s``."""
 
     def __init__(self, stream, progress: bool = False):
         self.stream = stream
         self.progress = progress
+        self.progress_open = False  # a progress line was written and no newline ended it yet
 
     def write(self, text: str) -> int:
         if self.progress and text.startswith("\r"):
             self.stream.write("\r" + printable(text[1:], "\n\t"))
-        else:
+            self.progress_open = not text.endswith("\n")
+        elif text:
+            if self.progress_open and not text.startswith("\n"):
+                self.stream.write("\n")
             self.stream.write(printable(text, "\n\t"))
+            self.progress_open = False
         return len(text)
 
     def flush(self) -> None:

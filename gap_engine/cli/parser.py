@@ -9,6 +9,8 @@ when the command runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 from pathlib import Path
 
 from gap_engine import __version__
@@ -393,8 +395,46 @@ def _add_recover(sub) -> None:
     p.add_argument("--no-dense", action="store_true", help="do not load the dense model for KL and agreement")
     p.add_argument("--no-history", action="store_true", help="do not add the run to the run history")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument(
+        "--force-size",
+        action="store_true",
+        help="write teacher text past its ceilings (tokens, and the time the cost model predicts here; also: GAP_FORCE_SIZE=1)",
+    )
     p.set_defaults(handler="recover_commands:run_recover")
     add_device_args(p)
+
+
+_NOT_GIVEN = object()  # the default explicit_options gives every option, to tell a given value from a default
+
+
+def _every_action(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The actions of ``parser`` and of all its subcommands (argparse keeps them in ``_actions``)."""
+    actions = list(parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                actions += _every_action(sub)
+    return actions
+
+
+def explicit_options(argv: list[str] | None) -> frozenset[str]:
+    """The destinations of the options ``argv`` gives itself, told apart from those left at their
+    defaults (``--samples 64`` is given even where 64 is the default): argv is parsed again by a
+    parser whose every default is a marker no value can equal. For the rules on options that
+    cannot apply as the command is given (``cli.preflight.check_option_rules``)."""
+    parser = build_parser()
+    accumulating = set()  # append and count actions add to their default: theirs is None, which only a given value replaces
+    for action in _every_action(parser):
+        if isinstance(action, (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction)):
+            action.default = None
+            accumulating.add(action.dest)
+        else:
+            action.default = _NOT_GIVEN
+    with contextlib.redirect_stderr(io.StringIO()):  # a deprecated flag's warning was printed by the first parse
+        namespace = parser.parse_args(argv)
+    return frozenset(
+        dest for dest, value in vars(namespace).items() if value is not _NOT_GIVEN and not (dest in accumulating and value is None)
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from gap_engine.cli.arguments import compensation_from, device_from, parse_fraction, parse_list, parse_locks
 from gap_engine.cli.output import StderrProgress, csv_text, table_compensation_text
@@ -23,6 +24,7 @@ from gap_engine.core.limits import LIMITS
 from gap_engine.core.progress import Hooks
 from gap_engine.core.validate import decode_text, read_bounded
 from gap_engine.model.loading import load_model, recorded_identity
+from gap_engine.model.names import resolve_recorded
 from gap_engine.pipeline import compare
 from gap_engine.pipeline.compare import heldout_sets
 from gap_engine.pipeline.stages import loss_table, plan_for
@@ -51,17 +53,22 @@ def read_table(path: str) -> LossTable:
     return LossTable.from_json(decode_text(read_bounded(path, LIMITS.table_bytes, what, TableError), what, TableError))
 
 
-def check_recorded_model(model_arg: str | None, table: LossTable) -> None:
+def table_model(table: LossTable, path: str | None) -> str:
+    """The model the table in file ``path`` names: an older table's relative path read against the table's folder."""
+    return (resolve_recorded(table.model, Path(path).parent) if path else None) or table.model
+
+
+def check_recorded_model(model_arg: str | None, table: LossTable, table_path: str | None = None) -> None:
     """TableError now, before any text or weights are read, when the model's folder records a
     block count or weights fingerprint (a gap checkpoint) other than the table's."""
-    name = model_arg or table.model
+    name = model_arg or table_model(table, table_path)
     table.check_identity(str(name), *recorded_identity(name))
 
 
-def _load_for_table(model_arg: str | None, table: LossTable, device=None):
+def _load_for_table(model_arg: str | None, table: LossTable, device=None, table_path: str | None = None):
     """The model named on the command line (or the table's own), checked against the table."""
-    check_recorded_model(model_arg, table)
-    lm = load_model(model_arg or table.model, device, hub=model_arg is not None)  # a name from the table stays local
+    check_recorded_model(model_arg, table, table_path)
+    lm = load_model(model_arg or table_model(table, table_path), device, hub=model_arg is not None)  # a name from the table stays local
     table.check_model(lm)
     return lm
 
@@ -89,7 +96,7 @@ def run_plan(args: argparse.Namespace) -> int:
     table = read_table(args.table)
     planning_problem(table, constraints)  # contradictory locks fail here, before the model loads
     compensation = planned_compensation(args, table)
-    lm = _load_for_table(args.model, table, device_from(args))
+    lm = _load_for_table(args.model, table, device_from(args), args.table)
     if budget is None:
         budget = budget_for_kept_params(lm.param_count(), table.dense_prunable, args.keep_params)
     check_reach(lm, table, budget, args.allocator, constraints, compensation.mode)

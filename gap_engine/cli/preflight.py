@@ -1,6 +1,10 @@
 """Checks every ``gap`` command passes before its handler (and torch) is imported.
 
-Sizes first: each resource-sized option has a floor (what makes sense) and a ceiling (what
+Options first: an option that cannot apply as the command is given (``--samples`` beside
+``compare --table``, whose windows are the table's; ``--rates`` beside ``prune --uniform``) is
+refused, never ignored; every such rule is one row of ``OPTION_RULES``.
+
+Then sizes: each resource-sized option has a floor (what makes sense) and a ceiling (what
 the machine can hold, ``limits.LIMITS``); a value past a ceiling is refused with one line
 naming the limit and the way past it (``--force-size`` or ``GAP_FORCE_SIZE=1``). Then the
 output: ``--out`` must be writable, of the right kind (a folder for ``prune``, a file for
@@ -19,11 +23,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gap_engine.core import hub
 from gap_engine.core.config import BUILTIN_TEXT_NAMES
-from gap_engine.core.errors import CacheError, DataError, ModelLoadError, OutputError
+from gap_engine.core.errors import CacheError, DataError, ModelLoadError, OptionError, OutputError
 from gap_engine.core.fsutil import (
     CACHE_ENV,
     cache_root,
@@ -114,6 +120,88 @@ def check_sizes(args: argparse.Namespace) -> None:
             check_at_most(
                 _count(getattr(args, dest)), LIMITS.budgets, f"{flag} lists {_count(getattr(args, dest)):,} budgets, which", force
             )
+
+
+# The options that set how a loss table is built and what it is built on (cli.arguments.spec_from_args).
+TABLE_BUILD = ("rates", "objective", "mode", "estimator", "refine_budgets", "refine_attention")
+TABLE_UNITS = ("criterion", "channel_multiple")  # which units a rate removes, and the MLP's width granularity
+CALIBRATION = ("data", "samples", "seq_len", "batch_size")
+
+
+@dataclass(frozen=True)
+class OptionRule:
+    """Options of ``commands`` that apply only when ``applies(args)`` holds; otherwise giving one
+    is refused (``because``: when they cannot apply, and what decides instead), never ignored."""
+
+    commands: tuple[str, ...]
+    options: tuple[str, ...]  # argparse destinations
+    applies: Callable[[argparse.Namespace], bool]
+    because: str
+
+
+def _allocators(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(part.strip() for part in str(getattr(args, "allocators", None) or getattr(args, "allocator", "")).split(","))
+
+
+# Every rule on options that another option or an input makes moot, in one place.
+OPTION_RULES = (
+    OptionRule(
+        ("compare",),
+        CALIBRATION + TABLE_BUILD + TABLE_UNITS,
+        lambda a: a.table is None,
+        "with --table: compare plans, prunes and compensates on the table's own settings and calibration windows "
+        "(those its cells were measured on); leave them out, or build a table with them (gap table)",
+    ),
+    OptionRule(
+        ("prune",),
+        TABLE_BUILD + ("rounds",),
+        lambda a: a.budget is not None,
+        "without --budget: they set how --budget's loss tables are built, and --uniform and --plan build none",
+    ),
+    OptionRule(
+        ("prune",),
+        TABLE_UNITS,
+        lambda a: a.plan is None,
+        "with --plan: the plan's own criterion and channel multiple choose the units; leave them out",
+    ),
+    OptionRule(
+        ("plan", "compare"),
+        ("evo_generations", "evo_offspring"),
+        lambda a: "evo" in _allocators(a),
+        "without the evo allocator: they tune its search",
+    ),
+    OptionRule(
+        ("eval", "compare"),
+        ("limit", "num_fewshot", "include_path"),
+        lambda a: a.tasks is not None,
+        "without --tasks",
+    ),
+    OptionRule(
+        ("recover",),
+        ("force_size",),
+        lambda a: any(TEACHER_TEXT.match(part.strip()) for part in str(a.data or "").split(",")),
+        "without teacher text in --data: it lifts teacher text's ceilings, the only ones recover has",
+    ),
+    OptionRule(("table",), ("ray_workers",), lambda a: a.ray is not None, "without --ray: the cells are measured in this process"),
+    OptionRule(("table",), ("profile",), lambda a: a.dry_run, "without --dry-run: a build runs on this machine, not on a spec sheet"),
+)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_option_rules(args: argparse.Namespace) -> None:
+    """OptionError for an option given where it cannot apply (``OPTION_RULES``). Only options the
+    command line gives itself count (``parser.explicit_options``): a default is never refused."""
+    given: frozenset[str] = getattr(args, "given_options", frozenset())
+    for rule in OPTION_RULES:
+        if args.command not in rule.commands:
+            continue
+        moot = [_flag(dest) for dest in rule.options if dest in given]
+        if moot and not rule.applies(args):
+            options = ", ".join(moot[:-1]) + " and " + moot[-1] if len(moot) > 1 else moot[0]
+            raise OptionError(f"gap {args.command}: {options} cannot apply {rule.because}")
 
 
 def check_sources(args: argparse.Namespace) -> None:
@@ -380,8 +468,9 @@ def _normal_source(part: str, flag: str, recover: bool) -> str:
 
 
 def preflight(args: argparse.Namespace) -> None:
-    """Every check above, in the order a user fixes them: paths, sizes, names, sources, output, cache."""
+    """Every check above, in the order a user fixes them: paths, options, sizes, names, sources, output, cache."""
     check_paths(args)
+    check_option_rules(args)
     check_sizes(args)
     check_sources(args)
     check_models(args)

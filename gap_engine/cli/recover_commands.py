@@ -60,6 +60,7 @@ def settings_from(args: argparse.Namespace) -> RecoverySettings:
         compare_dense=not args.no_dense,
         record_history=not args.no_history,
         guard=not args.no_guard,
+        force_size=args.force_size,
         **given,
     ).validate()
 

@@ -16,6 +16,7 @@ from gap_engine.cli.output import StderrProgress
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import InvariantError, TableError
 from gap_engine.core.fsutil import atomic_write_text
+from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.tables.artefact import LossTable, TableSpec
 from gap_engine.tables.cache import list_tables, remove_table
 from gap_engine.tables.lookup import find_table
@@ -64,7 +65,10 @@ def run_table(args: argparse.Namespace) -> int:
         args.ray is not None and spec.estimator != "exact"
     ):  # the engine refuses it too (pipeline.stages.loss_table); here before the model loads
         raise TableError(f"--ray spreads measured cells; the {spec.estimator} estimate is one gradient pass in one process")
-    table = None if args.no_cache else find_table(args.model, spec, device_from(args))
+    # A refit's calibration rule needs the model's widths: such a table is looked up once the model
+    # is loaded (loss_table checks the rule, then reads the cache), never served before the check.
+    refits = CompensationSettings(mode=spec.compensation).refits
+    table = None if args.no_cache or refits else find_table(args.model, spec, device_from(args))
     if table is None:
         table = build_table(args, spec)
     atomic_write_text(out, table.to_csv() if out.suffix == ".csv" else table.to_json())

@@ -63,6 +63,10 @@ class SizeLimitError(GapError):
     """A size past a resource ceiling (see ``limits``): too many tokens, buckets, bytes, levels."""
 
 
+class OptionError(GapError):
+    """An option that cannot apply as the command is given (another option or input fixes what it would set)."""
+
+
 class InvariantError(RuntimeError):
     """An engine invariant broke: a shape after slicing, a parameter count against the plan's
     prediction, a step that ran out of order. A bug, not a user's mistake, so it is not a

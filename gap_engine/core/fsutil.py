@@ -337,6 +337,29 @@ def write_failure(target: str | Path, exc: BaseException) -> OutputError | None:
     return None
 
 
+# numpy's ndarray.tofile (the GGUF writer's tensors) on a write the OS cut short: no errno, only the counts.
+_SHORT_WRITE = re.compile(r"^\d+ requested and \d+ written$")
+
+
+def short_write_cause(written: str | Path, exc: BaseException) -> OSError | None:
+    """The system's own error behind a write that stopped short without one (numpy's "3145728
+    requested and 687632 written"), or None for any other exception: one more byte appended to
+    ``written`` gets it (no space left, a file too large for ``ulimit -f``); a disk that took the
+    byte after all is still reported as full."""
+    if not (isinstance(exc, OSError) and exc.errno is None and _SHORT_WRITE.match(str(exc).strip())):
+        return None
+    try:
+        fd = os.open(written, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, b"\0")
+        finally:
+            os.close(fd)
+    except OSError as cause:
+        if cause.errno in _WRITE_ERRNOS:
+            return cause
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
 # ---- atomic writes ------------------------------------------------------------------------------
 _UMASK = _read_umask()
 
@@ -364,9 +387,10 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException as exc:
+        cause = short_write_cause(tmp, exc)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        failure = write_failure(path, exc)
+        failure = write_failure(path, cause or exc)
         if failure is not None:
             raise failure from None
         raise

@@ -44,6 +44,7 @@ from gap_engine.model.checkpoint import (
 )
 from gap_engine.model.identity import BUILTIN_MODEL_NAMES, ModelIdentity, builtin_folder, model_stamps, record_model, recorded_model
 from gap_engine.model.loaded import LoadedModel
+from gap_engine.model.names import recorded_name, resolve_recorded
 from gap_engine.model.remote_code import forbid_code_prompts, refuse_foreign_code
 from gap_engine.model.units import has_attention_ties
 
@@ -210,9 +211,38 @@ def converted_problem(folder: Path, full: bool = False) -> str | None:
 
 
 # ---- loading --------------------------------------------------------------------------
+# llama.cpp's architecture for blocks of their own widths (export.gguf.ARCH: what `gap export` writes, pruned or
+# dense); transformers has no reader for it.
+LLAMA_CPP_ONLY_ARCH = "deci"
+GAP_PRUNED_NAME = "(gap-pruned)"  # how export.gguf ends the general.name of a pruned checkpoint's file
+
+
+def refuse_llama_cpp_gguf(path: Path) -> None:
+    """ModelLoadError, reading only the file's metadata, for a GGUF of llama.cpp's deci architecture (a
+    checkpoint `gap export` wrote): it runs in llama.cpp, and transformers cannot load it. Any other file,
+    or one whose metadata does not read, is left to the loader."""
+    try:
+        from gguf import GGUFReader
+
+        fields = GGUFReader(str(path), "r").fields
+        arch = fields["general.architecture"].contents()
+        name = fields["general.name"].contents() if "general.name" in fields else ""
+    except Exception:  # not a GGUF, truncated, another version: transformers says what it is
+        return
+    if arch != LLAMA_CPP_ONLY_ARCH:
+        return
+    what = "a pruned model that gap export wrote" if str(name).endswith(GAP_PRUNED_NAME) else "a model gap export wrote"
+    raise ModelLoadError(
+        f"{path} is {what} for llama.cpp (its deci architecture, every block at its own widths), which transformers "
+        f"cannot load; run it in llama.cpp (llama-cli -m {path} -fa on -p 'Hello' -n 32; docs/deploying.md), "
+        "or give gap the checkpoint folder it was exported from"
+    )
+
+
 def _from_gguf(gguf: Path) -> tuple[PreTrainedModel, Tokenizer]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    refuse_llama_cpp_gguf(gguf)
     forbid_code_prompts()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
@@ -317,6 +347,9 @@ def load_model(name_or_path: str, device: DeviceSpec | None = None, hub: bool = 
         DeviceError: a device or dtype this machine cannot provide (checked before loading).
     """
     placement = resolve(device)
+    # Under the name every record of it (tables, plans, checkpoints, the history) will carry: a local
+    # folder or file as an absolute path, so the record still names it from another working folder.
+    name_or_path = recorded_name(name_or_path)
     stamped = model_stamps(name_or_path)  # before the weights are read: a record can be too old, never wrong
     # Files unchanged since an earlier load (size, times, inode): their fingerprint is not hashed again.
     known = recorded_model(name_or_path) if stamped is not None and stamped[1] is not None else None
@@ -435,11 +468,15 @@ def check_model_files(name_or_path: str | Path) -> None:
     """ModelLoadError now, reading no weights, for a local model folder that cannot load.
 
     A gap checkpoint has all its small files checked (``checkpoint.inspect_pruned``); any
-    other folder must hold config.json. Built-in names, files and hub ids pass: their loaders
-    judge them. Commands call this before they read any text (a damaged checkpoint costs
+    other folder must hold config.json. A GGUF file of llama.cpp's deci architecture (``gap
+    export``'s) is refused (``refuse_llama_cpp_gguf``). Built-in names, other files and hub ids
+    pass: their loaders judge them. Commands call this before they read any text (a damaged checkpoint costs
     one line, not a text read and a model load).
     """
     path = Path(name_or_path).expanduser()
+    if str(name_or_path) not in BUILTIN_MODELS and path.suffix == ".gguf" and path.is_file():
+        refuse_llama_cpp_gguf(path)
+        return
     if str(name_or_path) in BUILTIN_MODELS or not path.is_dir():
         return
     refuse_special_files(path, ModelLoadError)  # a FIFO among the weights would block the load forever
@@ -501,7 +538,7 @@ def _load_pruned(folder: Path, known: str | None = None) -> LoadedModel:
     by an earlier load of these unchanged files)."""
     parts = read_pruned(folder)
     pruned_from = {
-        "model": parts.base_model,
+        "model": resolve_recorded(parts.base_model, folder.parent),  # an older checkpoint's relative name: beside it
         "fingerprint": parts.base_fingerprint,
         "plan": parts.plan.to_dict() if parts.plan else None,
         "compensation": parts.compensation,

@@ -25,16 +25,17 @@ import torch.nn.functional as F
 
 from gap_engine.core import progress as stage
 from gap_engine.core.config import WindowSpec
-from gap_engine.core.device import DeviceSpec, Placement, resolve, synchronize
+from gap_engine.core.device import DeviceSpec, Placement, placement_of, resolve, synchronize
 from gap_engine.core.errors import TableError
 from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.evaluate.metrics import THROUGHPUT_REPEATS, EvalSettings
 from gap_engine.model.adapters import LayerGeometry
 from gap_engine.model.checkpoint import is_pruned_checkpoint
+from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import BUILTIN_MODELS, CONVERTED_MARKER, load_model
 from gap_engine.model.remote_code import refuse_foreign_code
 from gap_engine.model.units import ComponentGeometry, attention_shape_for_rate, channels_for_rate
-from gap_engine.recover.teacher_text import uncached_tokens
+from gap_engine.recover.teacher_text import BATCH, TeacherTextSpec, uncached_tokens
 from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.estimators import ESTIMATORS
@@ -61,8 +62,13 @@ Z_DRAW_S_PER_VALUE = 8e-9  # nominal: one ZO direction value drawn by one CPU th
 TASK_CHOICES, TASK_TOKENS, TASK_IMPORT_S = 4, 88, 6.0
 # GGUF: q8_0 (numpy) or f16 per parameter, the rest, the first import of transformers' model code (fit to two quiet runs).
 GGUF_S_PER_PARAM, GGUF_FIXED_S, GGUF_IMPORT_S = {"q8_0": 1.0e-8, "f16": 5e-9}, 0.8, 4.0
-# Teacher text a token at a time vs a dense window forward: 64 rows 10.5 + 2 (nucleus) ms a token, a 128-token window 8.2 ms.
-GENERATION_FACTOR = 1.5
+# Teacher text a token at a time vs a dense window forward: 64 rows 10.5 ms a token, a 128-token window 8.2 ms.
+GENERATION_FACTOR = 1.3
+# Its nucleus sampling on one CPU thread, per vocabulary value of a row (recover.teacher_text.nucleus_sample): the
+# softmax and its 1,024 most likely tokens, then a whole sort of the row where they hold less than top-p (7 ms for
+# 49,152 values). Priced for every row: an untrained model's flat distribution sorts all of them (1.5 s a step of
+# 64 rows for a 3M-parameter one), SmolLM2-135M about a third (the price is then up to twice its time).
+NUCLEUS_TOP_S_PER_VALUE, NUCLEUS_SORT_S_PER_VALUE = 8e-9, 1.4e-7
 REFINE_CELLS = 4  # measured cells per component assumed for refine: 3.8 on SmolLM2 (bench/results/refine.md)
 CALIBRATION_HIDDEN_CAP = 1024  # the measured one-layer model is at most this wide
 PREDICTED = "predicted by the cost model"  # how every basis starts (the pages label the time a prediction)
@@ -438,7 +444,7 @@ def recovery_prediction(
 ) -> Prediction | None:
     """The stages of recovering the checkpoint in ``folder`` (``core.progress.RECOVERY_STAGES``; None without a config.json): a
     LoRA step 3 student forwards, a ZO step 2 and ``z`` drawn thrice a weight, kd a teacher pass more; loads, evaluations, MaZO's
-    importance, the rate probe; teacher text not cached (GENERATION_FACTOR dense forwards a token); each judgement's slice or KL."""
+    importance, the rate probe; teacher text not cached (``teacher_text_seconds``); each judgement's slice or KL."""
     s, shapes = settings.validate(), checkpoint_shapes(folder)
     priced = None if shapes is None else _prices(shapes[0], placement or resolve(None), s.seq_len, s.batch_size)
     if shapes is None or priced is None:
@@ -469,7 +475,7 @@ def recovery_prediction(
     prepare += load_seconds(str(folder), dense.total_params) * (2 if s.objective != "lm" or s.compare_dense or s.teacher_source else 1)
     dtype = str((placement or resolve(None)).dtype).removeprefix("torch.")  # the teacher text's cache key has it
     text_tokens = uncached_tokens(Path(folder).expanduser(), s.teacher_source, s.seq_len, s.seed, s.teacher, dtype)
-    text = GENERATION_FACTOR * forward_seconds(dense, profile, text_tokens, s.seq_len) if text_tokens else 0.0
+    text = teacher_text_seconds(dense, profile, text_tokens, s.seq_len) if text_tokens else 0.0
     first = after = 0.0
     if task_examples > 0:
         after = scoring_seconds(task_examples, student)
@@ -485,6 +491,28 @@ def recovery_prediction(
     return Prediction(
         seconds, f"{PREDICTED}: {profile.basis}", step, first + after, text_s=text, judge_s=judgements * judge, judgements=judgements
     )
+
+
+def teacher_text_seconds(shape: ModelShape, profile: DeviceProfile, tokens: int, seq_len: int) -> float:
+    """Writing ``tokens`` of teacher text with a model of ``shape`` (``recover.teacher_text``): sequences of ``seq_len``
+    decoded in batches of ``BATCH``, a token at a time (GENERATION_FACTOR dense forwards a token, one call per block
+    a step), each token drawn from the nucleus of its row, priced as a whole sort (on the CPU; an accelerator's is
+    negligible next to its forward)."""
+    spec = TeacherTextSpec(tokens=max(int(tokens), 1), seq_len=seq_len, seed=0)
+    written, steps = spec.sequences * seq_len, spec.batches * seq_len
+    decode = GENERATION_FACTOR * forward_seconds(shape, profile, written, seq_len) + steps * shape.layers * CALL_SECONDS_PER_BLOCK
+    per_value = NOMINAL_FLOPS_PER_THREAD / profile.block_flops * (NUCLEUS_TOP_S_PER_VALUE + NUCLEUS_SORT_S_PER_VALUE)
+    return decode + (written * shape.vocab * per_value if profile.kind == "cpu" else 0.0)
+
+
+def teacher_text_prediction(teacher: LoadedModel, tokens: int, seq_len: int) -> tuple[float, str] | None:
+    """(seconds, where the prices come from) of ``teacher`` writing ``tokens`` of teacher text on the device it is
+    placed on (``teacher_text_seconds``); None on an accelerator nobody measured."""
+    shape = ModelShape.from_config(teacher.model.config, teacher.name)
+    priced = _prices(shape, placement_of(teacher), seq_len, BATCH)
+    if priced is None:
+        return None
+    return teacher_text_seconds(shape, priced[1], tokens, seq_len), f"{PREDICTED}: {priced[1].basis}"
 
 
 def gguf_seconds(checkpoint: str | Path, outtype: str) -> float | None:

@@ -37,11 +37,15 @@ from pathlib import Path
 
 import torch
 
+from gap_engine.core.device import placement_of
+from gap_engine.core.errors import SizeLimitError
+from gap_engine.core.limits import FORCE_HINT, LIMITS, forced
 from gap_engine.core.memory import PeakRSS, release_free_memory
 from gap_engine.core.progress import EVALUATING_AFTER, NO_HOOKS, PREPARING, TRAINING, Hooks
 from gap_engine.evaluate.tasks import PreparedTasks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
 from gap_engine.model.storage import round_to_storage
+from gap_engine.pipeline import expected
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
 from gap_engine.recover import teacher_text
 from gap_engine.recover.files import (
@@ -220,12 +224,36 @@ def _write_teacher_text(teacher: LoadedModel, settings: RecoverySettings, data: 
     """The teacher-written text of ``settings.teacher_source`` into ``data`` (from the cache, or
     written now with progress and ETA); returns its cache key (a resumed run must read the same)."""
     spec = teacher_text.TeacherTextSpec(
-        tokens=teacher_text.parse_tokens(str(settings.teacher_source)), seq_len=settings.seq_len, seed=settings.seed
+        tokens=teacher_text.parse_tokens(str(settings.teacher_source), settings.force_size), seq_len=settings.seq_len, seed=settings.seed
     )
+    check_teacher_text_time(teacher, spec, str(settings.teacher_source), settings.force_size)
     reporter.stage(f"teacher text: {spec.sequences:,} sequences of {spec.seq_len} tokens written by {teacher.name}")
     data.set_teacher_text(teacher_text.teacher_text(teacher, spec, reporter.hooks))
     dtype = str(next(teacher.model.parameters()).dtype).removeprefix("torch.")
     return teacher_text.cache_key(spec, teacher.fingerprint, dtype)
+
+
+def check_teacher_text_time(teacher: LoadedModel, spec: teacher_text.TeacherTextSpec, source: str, force: bool = False) -> None:
+    """SizeLimitError before a token is written when the cost model (``expected.teacher_text_prediction``) says
+    writing ``spec`` with ``teacher`` here takes longer than ``LIMITS.teacher_seconds``, unless ``force`` (or
+    GAP_FORCE_SIZE=1) lifts it; text the cache holds costs nothing and passes."""
+    dtype = str(placement_of(teacher).dtype).removeprefix("torch.")
+    if force or forced() or teacher_text.is_cached(spec, teacher.fingerprint, dtype):
+        return
+    priced = expected.teacher_text_prediction(teacher, spec.tokens, spec.seq_len)
+    if priced is None or priced[0] <= LIMITS.teacher_seconds:
+        return
+    seconds, basis = priced
+    fits = int(spec.sequences * LIMITS.teacher_seconds / seconds) * spec.seq_len  # the price is about linear in the sequences
+    fewer = f"ask for at most {teacher_text.SOURCE}:{fits}" if fits else "use a smaller teacher or a faster device"
+    raise SizeLimitError(
+        f"{source} would take about {_hours(seconds)} for {teacher.name} to write here ({basis}), past the limit of "
+        f"{_hours(LIMITS.teacher_seconds)} for teacher text; {fewer}, or {FORCE_HINT}"
+    )
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _judge(lm: LoadedModel, run, settings: RecoverySettings, dense: LoadedModel | None, judge_tasks: PreparedTasks | None) -> Judge | None:

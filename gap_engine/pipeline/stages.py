@@ -37,7 +37,7 @@ from gap_engine.model.storage import round_to_storage
 from gap_engine.plan.allocators import needs_windows, plan_from_table
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.problem import Constraints
-from gap_engine.prune.compensation_pass import prune_compensated
+from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration, prune_compensated
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
 from gap_engine.prune.criteria import CRITERIA, is_sequential, reads_windows
 from gap_engine.prune.importance import ImportanceScores, compute_importance
@@ -88,9 +88,12 @@ def loss_table(
         cells: who measures exact cells (a ``tables.ledger.CellFiller``, e.g. ``tables.distributed.RayCells``); default: this process.
     Raises:
         TableError: a bad spec, or Ray workers asked for a table that no cell measures.
+        CompensationError: cells refitted from fewer calibration tokens than a refit has inputs
+            (``compensation_pass.check_calibration``, the rule prune and compare apply), before any text is read.
         CancelledError: cancelled. DataError: unusable text source.
     """
     spec.validate()
+    check_calibration(lm, calibration_tokens(spec.windows), CompensationSettings(mode=spec.compensation))
     if cells is not None and spec.estimator != "exact":
         raise TableError(f"Ray workers measure exact cells; the {spec.estimator} estimate is one gradient pass in one process")
     if cells is not None and spec.compensation != "none":

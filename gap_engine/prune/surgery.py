@@ -272,7 +272,10 @@ def finish_surgery(lm: LoadedModel, result: PruneResult) -> PruneResult:
     """Count the pruned model against the plan's prediction and record where it came from."""
     check_count(lm, result)
     plan = result.plan
+    # A dense model records the name it was loaded under (absolute for a folder), not the plan file's
+    # own, which an older plan may hold relative to another working folder.
+    base = lm.name if lm.pruned_from is None else plan.model
     lm.refresh_fingerprint()
-    lm.pruned_from = {"model": plan.model, "fingerprint": plan.model_fingerprint, "plan": plan.to_dict()}
+    lm.pruned_from = {"model": base, "fingerprint": plan.model_fingerprint, "plan": plan.to_dict()}
     log.info("pruned %s: %d -> %d parameters", lm.name, result.params_before, result.params_after)
     return result

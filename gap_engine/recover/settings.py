@@ -118,6 +118,7 @@ class RecoverySettings:
     compare_dense: bool = True  # load the dense model for KL, agreement and generations side by side
     record_history: bool = True  # add the run to the run history
     save_dtype: str | None = None  # storage dtype of the recovered checkpoint; None: the input's (bf16 if unknown)
+    force_size: bool = False  # past the teacher-text ceilings (tokens, predicted time) knowingly (--force-size)
 
     def validate(self) -> RecoverySettings:
         """Check every field; returns a copy with the tasks normalised.
@@ -144,7 +145,7 @@ class RecoverySettings:
             raise RecoveryError(f"unknown save dtype '{self.save_dtype}'; choose one of {', '.join(SAVE_DTYPES)}")
         if self.split != "calibration":
             raise DataError(_HELDOUT_REFUSAL.format(what=f"split '{self.split}'"))
-        tasks = tuple(parse_task(t) for t in self.tasks)
+        tasks = tuple(parse_task(t, self.force_size) for t in self.tasks)
         if not tasks:
             raise DataError("recovery needs at least one text source")
         if len(set(tasks)) != len(tasks) or sum(map(is_teacher_source, tasks)) > 1:
@@ -223,6 +224,7 @@ class RecoverySettings:
             "record_history",
             "split",
             "save_dtype",
+            "force_size",
         }
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in free}
         out["lr"] = "auto" if self.probes_lr else self.learning_rate()
@@ -236,12 +238,12 @@ class RecoverySettings:
 _HELDOUT_REFUSAL = "recovery trains on the calibration split only ({what} requested); the held-out split is kept for evaluation"
 
 
-def parse_task(spec: str) -> str:
+def parse_task(spec: str, force_size: bool = False) -> str:
     """A task's text source; a trailing ``@calibration`` is allowed, ``@heldout`` refused (DataError);
-    teacher text is written ``teacher:N`` (``recover.teacher_text.normalise``)."""
+    teacher text is written ``teacher:N`` (``recover.teacher_text.normalise``; ``force_size``: past its ceiling)."""
     spec = str(spec).strip()
     if is_teacher_source(spec):
-        return normalise(spec)
+        return normalise(spec, force_size)
     base, at, part = spec.rpartition("@")
     if at and part.lower() in ("heldout", "held-out", "held_out", "test", "eval"):
         raise DataError(_HELDOUT_REFUSAL.format(what=f"'{spec}'"))

@@ -28,9 +28,12 @@ The cache's folder is its schema::
                                    batch-NNNNN.npy, partial.json (their sha256)
 
 ``<key>`` names the model's fingerprint and a digest of every setting that changes the text.
-An entry is used only when its meta.json names this model and these settings and the tokens
-match their checksum and shape; anything else is removed with a warning and written again,
-never used. A partial batch that fails its checksum is generated again.
+A checksum proves an entry whole, not that it is the text asked for, so an entry is used only
+when its meta.json names this model, dtype and these settings, its tokens match their checksum
+and the shape meta.json records, and that shape is the request's own (``spec.sequences`` rows of
+one BOS column where the model reads one plus ``seq_len`` tokens); anything else (a file where
+the entry's folder belongs included) is removed with a warning and written again, never used.
+A partial batch that fails its checksum or its share of the rows is generated again.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ import torch
 
 from gap_engine.core.errors import DataError, SizeLimitError
 from gap_engine.core.fsutil import atomic_write_bytes, atomic_write_json, cache_root, lock_for
-from gap_engine.core.limits import FORCE_ENV, LIMITS, forced
+from gap_engine.core.limits import FORCE_HINT, LIMITS, forced
 from gap_engine.core.progress import EtaClock, Hooks
 from gap_engine.core.validate import read_bounded, read_json_file
 from gap_engine.data.bos import Tokenizer, bos_token_id
@@ -108,8 +111,8 @@ def is_teacher_source(spec: str) -> bool:
     return bool(_SPEC.match(str(spec).strip()))
 
 
-def parse_tokens(spec: str) -> int:
-    """The token count of ``teacher`` (the default) or ``teacher:N``.
+def parse_tokens(spec: str, force: bool = False) -> int:
+    """The token count of ``teacher`` (the default) or ``teacher:N`` (``force``: past the ceiling).
 
     Raises:
         DataError: N is not a positive whole number. SizeLimitError: N is past the ceiling.
@@ -123,17 +126,16 @@ def parse_tokens(spec: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise DataError(f"teacher text needs a positive whole number of tokens (teacher:N), got {spec!r}")
     tokens = int(text)
-    if tokens > LIMITS.teacher_tokens and not forced():  # gap recover has no --force-size: the environment lifts it
+    if tokens > LIMITS.teacher_tokens and not (force or forced()):
         raise SizeLimitError(
-            f"{spec} (tokens of teacher text) is above the limit of {LIMITS.teacher_tokens:,}; ask for fewer tokens, "
-            f"or set {FORCE_ENV}=1 to go past it"
+            f"{spec} (tokens of teacher text) is above the limit of {LIMITS.teacher_tokens:,}; ask for fewer tokens, or {FORCE_HINT}"
         )
     return tokens
 
 
-def normalise(spec: str) -> str:
+def normalise(spec: str, force: bool = False) -> str:
     """``teacher:N`` with the count written out (``teacher`` -> ``teacher:65536``), checked."""
-    return f"{SOURCE}:{parse_tokens(spec)}"
+    return f"{SOURCE}:{parse_tokens(spec, force)}"
 
 
 def cache_key(spec: TeacherTextSpec, model_fingerprint: str, dtype: str) -> str:
@@ -277,11 +279,15 @@ def _meta(
     }
 
 
-def read_cached(spec: TeacherTextSpec, key: str, fingerprint: str, dtype: str, vocab: int) -> np.ndarray | None:
+def read_cached(spec: TeacherTextSpec, key: str, fingerprint: str, dtype: str, vocab: int, width: int) -> np.ndarray | None:
     """The cached text for ``key``, or None when absent. An entry written for another model or
-    other settings, or whose tokens fail their checksum, shape or vocabulary, is removed with a
-    warning (and None returned): it is written again, never used."""
+    other settings, whose tokens fail their checksum, vocabulary or recorded shape, or whose shape
+    is not the request's (``spec.sequences`` rows of ``width`` tokens), is removed with a warning
+    (and None returned): it is written again, never used. So is anything that is not a folder
+    where the entry's folder belongs (a file, a symbolic link)."""
     folder = entry_dir(key)
+    if _discard_if_not_a_folder(folder, "teacher text cache entry"):
+        return None
     if not (folder / _META).is_file():
         return None
     try:
@@ -294,7 +300,7 @@ def read_cached(spec: TeacherTextSpec, key: str, fingerprint: str, dtype: str, v
         if _sha256(data) != meta.get("tokens_sha256"):
             raise DataError("its tokens do not match their checksum")
         tokens = _load_npy(data)
-        _check_tokens(tokens, spec, vocab, meta.get("shape"))
+        _check_tokens(tokens, (spec.sequences, width), vocab, meta.get("shape"))
     except (DataError, ValueError, OSError) as exc:
         log.warning("teacher text cache entry %s is not usable (%s); writing it again", folder.name, exc)
         shutil.rmtree(folder, ignore_errors=True)
@@ -302,18 +308,35 @@ def read_cached(spec: TeacherTextSpec, key: str, fingerprint: str, dtype: str, v
     return tokens
 
 
-def _check_tokens(tokens: np.ndarray, spec: TeacherTextSpec, vocab: int, shape: object | None = None) -> None:
-    if tokens.dtype != np.int32 or tokens.ndim != 2 or tokens.shape[1] < spec.seq_len:
+def _discard_if_not_a_folder(path: Path, what: str) -> bool:
+    """Remove ``path`` when something other than a folder of its own is there (a file, a symbolic
+    link, a FIFO: a damaged entry, never written into nor followed); True when it did."""
+    if not (path.is_symlink() or (path.exists() and not path.is_dir())):
+        return False
+    log.warning("%s %s is not a folder; removing it and writing it again", what, path.name)
+    path.unlink()
+    return True
+
+
+def _check_tokens(tokens: np.ndarray, expected: tuple[int, int], vocab: int, shape: object | None = None) -> None:
+    """DataError unless ``tokens`` are int32 of the ``expected`` (rows, width), the shape the entry
+    records (when given), and inside the vocabulary."""
+    if tokens.dtype != np.int32 or tokens.ndim != 2:
         raise DataError(f"its tokens have shape {tokens.shape} and type {tokens.dtype}")
     if shape is not None and list(tokens.shape) != shape:
         raise DataError(f"its tokens have shape {list(tokens.shape)}, its meta.json says {shape}")
+    if tokens.shape != expected:
+        raise DataError(f"it holds {tokens.shape[0]} sequences of {tokens.shape[1]} tokens; the request is {expected[0]} of {expected[1]}")
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
         raise DataError(f"its tokens fall outside the vocabulary of {vocab}")
 
 
-def _read_partial(key: str, spec: TeacherTextSpec, vocab: int) -> dict[int, np.ndarray]:
-    """The batches a killed generation finished, each checked against its recorded checksum."""
+def _read_partial(key: str, spec: TeacherTextSpec, vocab: int, width: int) -> dict[int, np.ndarray]:
+    """The batches a killed generation finished, each checked against its recorded checksum and
+    its share of the request (rows of ``width`` tokens)."""
     folder = _partial_dir(key)
+    if _discard_if_not_a_folder(folder, "interrupted teacher text"):
+        return {}
     try:
         recorded = read_json_file(folder / _PARTIAL, LIMITS.metadata_bytes, f"{folder}/{_PARTIAL}", DataError)
     except DataError:
@@ -326,9 +349,7 @@ def _read_partial(key: str, spec: TeacherTextSpec, vocab: int) -> dict[int, np.n
             if not 0 <= batch < spec.batches or _sha256(data) != digest:
                 raise DataError("checksum")
             tokens = _load_npy(data)
-            _check_tokens(tokens, spec, vocab)
-            if tokens.shape[0] != min(spec.batch, spec.sequences - batch * spec.batch):
-                raise DataError("rows")
+            _check_tokens(tokens, (min(spec.batch, spec.sequences - batch * spec.batch), width), vocab)
         except (DataError, ValueError, OSError):
             log.warning("teacher text: batch %s of the interrupted generation is damaged; writing it again", name)
             continue
@@ -351,12 +372,13 @@ def teacher_text(teacher: LoadedModel, spec: TeacherTextSpec, hooks: Hooks) -> t
     """
     dtype = str(next(teacher.model.parameters()).dtype).removeprefix("torch.")
     key, vocab = cache_key(spec, teacher.fingerprint, dtype), _vocab_size(teacher)
+    width = (bos_token_id(teacher.tokenizer) is not None) + spec.seq_len  # generate_batch's columns
     with lock_for(entry_dir(key)):
-        cached = read_cached(spec, key, teacher.fingerprint, dtype, vocab)
+        cached = read_cached(spec, key, teacher.fingerprint, dtype, vocab, width)
         if cached is not None:
             hooks.say(f"teacher text: {spec.sequences * spec.seq_len:,} tokens from the cache")
             return torch.from_numpy(cached.astype(np.int64))
-        tokens = _generate(teacher, spec, key, vocab, hooks)
+        tokens = _generate(teacher, spec, key, vocab, width, hooks)
     return torch.from_numpy(tokens.astype(np.int64))
 
 
@@ -383,9 +405,9 @@ def _vocab_size(lm: LoadedModel) -> int:
     return int(lm.model.get_output_embeddings().weight.shape[0])  # type: ignore[operator]
 
 
-def _generate(teacher: LoadedModel, spec: TeacherTextSpec, key: str, vocab: int, hooks: Hooks) -> np.ndarray:
+def _generate(teacher: LoadedModel, spec: TeacherTextSpec, key: str, vocab: int, width: int, hooks: Hooks) -> np.ndarray:
     partial = _partial_dir(key)
-    done = _read_partial(key, spec, vocab)
+    done = _read_partial(key, spec, vocab, width)
     openings = opening_tokens(teacher.tokenizer)
     total = spec.sequences * spec.seq_len
     todo = [b for b in range(spec.batches) if b not in done]

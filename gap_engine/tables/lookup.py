@@ -23,6 +23,7 @@ import logging
 from gap_engine.core.device import DeviceSpec, dtype_name, dtype_without_torch, resolve
 from gap_engine.data.sources import recorded_fingerprint
 from gap_engine.model.identity import ModelIdentity, recorded_model
+from gap_engine.model.names import recorded_name
 from gap_engine.tables.artefact import LossTable, TableSpec, key_for
 from gap_engine.tables.cache import get_table, lock
 
@@ -55,7 +56,13 @@ def find_table(model: str, spec: TableSpec, device: DeviceSpec | None = None) ->
     if data_fingerprint is None:
         return None
     key = key_for(
-        model, identity.fingerprint, identity.window_start, compute_dtype(device), spec, data_fingerprint, identity.attention_ties
+        recorded_name(model),
+        identity.fingerprint,
+        identity.window_start,
+        compute_dtype(device),
+        spec,
+        data_fingerprint,
+        identity.attention_ties,
     )
     with lock(key):  # a build of this key in another process finishes first
         table = get_table(key)

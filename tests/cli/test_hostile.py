@@ -426,8 +426,14 @@ SIZE_CASES = {
     "batch-size": (["table", "--batch-size", "100000", "--samples", "4", "--seq-len", "16"], "--batch-size 100,000"),
     "rates-300": (["table", "--rates", ",".join(str(i / 300) for i in range(300))], "300 rates"),
     "budgets-100": (["compare", "--model", "smollm2-135m", "--budgets", ",".join(["0.1"] * 100)], "100 budgets"),
-    "evo-generations": (["plan", "--table", "t.json", "--budget", "0.2", "--evo-generations", "1000000"], "--evo-generations"),
-    "evo-offspring": (["plan", "--table", "t.json", "--budget", "0.2", "--evo-offspring", "100000"], "--evo-offspring"),
+    "evo-generations": (
+        ["plan", "--table", "t.json", "--budget", "0.2", "--allocator", "evo", "--evo-generations", "1000000"],
+        "--evo-generations 1,000,000",
+    ),
+    "evo-offspring": (
+        ["plan", "--table", "t.json", "--budget", "0.2", "--allocator", "evo", "--evo-offspring", "100000"],
+        "--evo-offspring 100,000",
+    ),
     "generations": (["eval", "--model", "smollm2-135m", "--generations", "1000"], "--generations 1,000"),
     "compare-eval-seq-len": (["compare", "--model", "smollm2-135m", "--eval-seq-len", "100000"], "--eval-seq-len 100,000"),
     "channel-multiple-huge": (

@@ -202,3 +202,22 @@ def test_an_accelerator_nobody_measured_gets_no_prediction(tmp_path, monkeypatch
     monkeypatch.setattr(expected, "resolve", lambda device: accelerator)
     assert expected.table_prediction("smollm2-135m", spec_of(), DeviceSpec("cuda")) is None
     assert expected.recovery_prediction(_checkpoint_config(tmp_path, SHAPES["smollm2-135m"]), RecoverySettings(), accelerator) is None
+
+
+def test_teacher_text_is_priced_by_its_decoding_and_its_nucleus():
+    from gap_engine.core.limits import LIMITS
+    from gap_engine.recover.teacher_text import DEFAULT_TOKENS
+
+    tiny = ModelShape("tiny", 2, 64, 4, 2, 16, 96, 49152)  # 6M parameters, 3M of them the embedding
+    one_thread = expected.nominal_profile(1)
+    million = expected.teacher_text_seconds(tiny, one_thread, 1 << 20, 128)
+    # A token at a time, each drawn from a sorted row of 49,152: hours even for this model, past the bound.
+    assert million > LIMITS.teacher_seconds
+    nucleus = (1 << 20) * 49152 * (expected.NUCLEUS_TOP_S_PER_VALUE + expected.NUCLEUS_SORT_S_PER_VALUE)
+    assert nucleus < million < 1.2 * nucleus  # the sort is most of a small model's price
+    assert expected.teacher_text_seconds(tiny, one_thread, 1 << 19, 128) == pytest.approx(million / 2, rel=0.01)
+    # The default text on the larger built-in fits well inside the bound, on one thread.
+    assert expected.teacher_text_seconds(SHAPES["smollm2-135m"], one_thread, DEFAULT_TOKENS, 128) < LIMITS.teacher_seconds / 4
+    # Two threads halve it; an accelerator pays for its forward passes alone.
+    assert expected.teacher_text_seconds(tiny, expected.nominal_profile(2), 1 << 20, 128) == pytest.approx(million / 2, rel=0.01)
+    assert expected.teacher_text_seconds(tiny, SPEC_PROFILES["h100"], 1 << 20, 128) < million / 100

@@ -112,6 +112,45 @@ def test_a_damaged_or_foreign_cache_entry_is_written_again_never_used(teacher, c
     assert json.loads((folder / "meta.json").read_text())["model_fingerprint"] == teacher.fingerprint
 
 
+def _forge(folder, tokens: np.ndarray) -> None:
+    """Replace an entry's tokens, with its checksum and recorded shape made to match (a whole but foreign entry)."""
+    import hashlib
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, tokens, allow_pickle=False)
+    (folder / "tokens.npy").write_bytes(buffer.getvalue())
+    meta = json.loads((folder / "meta.json").read_text())
+    meta |= {"shape": list(tokens.shape), "tokens_sha256": hashlib.sha256(buffer.getvalue()).hexdigest()}
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("cut", ["one of five sequences", "a token short", "a column more"])
+def test_a_whole_entry_that_is_not_the_text_asked_for_is_written_again(teacher, caplog, cut):
+    reference = tt.teacher_text(teacher, SPEC, Hooks())
+    folder = tt.entry_dir(tt.cache_key(SPEC, teacher.fingerprint, "float32"))
+    tokens = reference.numpy().astype(np.int32)
+    forged = {"one of five sequences": tokens[:1], "a token short": tokens[:, :-1], "a column more": np.hstack([tokens, tokens[:, :1]])}
+    _forge(folder, np.ascontiguousarray(forged[cut]))
+    with caplog.at_level(logging.WARNING):
+        assert torch.equal(tt.teacher_text(teacher, SPEC, Hooks()), reference)
+    assert "the request is 5 of 12" in caplog.text and "writing it again" in caplog.text
+    assert json.loads((folder / "meta.json").read_text())["shape"] == [5, 12]
+
+
+@pytest.mark.parametrize("where", ["entry", "partial"])
+def test_a_file_where_an_entry_folder_belongs_is_replaced(teacher, caplog, where):
+    key = tt.cache_key(SPEC, teacher.fingerprint, "float32")
+    folder = tt.entry_dir(key)
+    blocker = folder if where == "entry" else folder.with_name(key + ".partial")
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("x")
+    with caplog.at_level(logging.WARNING):
+        text = tt.teacher_text(teacher, SPEC, Hooks())
+    assert text.shape == (5, 12) and "is not a folder; removing it" in caplog.text
+    assert folder.is_dir() and (folder / "meta.json").is_file() and not blocker.with_name(key + ".partial").exists()
+
+
 def test_a_damaged_partial_batch_is_generated_again(teacher, tmp_path, monkeypatch):
     reference = tt.teacher_text(teacher, SPEC, Hooks())
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "resumed"))
@@ -123,6 +162,35 @@ def test_a_damaged_partial_batch_is_generated_again(teacher, tmp_path, monkeypat
     resumed = Counting()
     assert torch.equal(tt.teacher_text(teacher, SPEC, resumed.hooks()), reference)
     assert resumed.batches == 2  # batch 1 again, and batch 2
+
+
+def test_teacher_text_the_cost_model_says_takes_too_long_is_refused_before_a_token(teacher, monkeypatch):
+    from gap_engine.core.limits import SizeLimits
+    from gap_engine.pipeline import recovery
+
+    monkeypatch.setattr(recovery, "LIMITS", SizeLimits(teacher_seconds=1))
+    monkeypatch.setattr(tt, "generate_batch", lambda *a, **k: pytest.fail("a token was written"))
+    spec = tt.TeacherTextSpec(tokens=4096, seq_len=16, seed=0)
+    with pytest.raises(SizeLimitError) as info:
+        recovery.check_teacher_text_time(teacher, spec, "teacher:4096")
+    message = str(info.value)
+    assert message.startswith("teacher:4096 would take about ") and "predicted by the cost model" in message
+    assert "past the limit of 1 s for teacher text" in message and "ask for at most teacher:" in message
+    assert "--force-size" in message and "GAP_FORCE_SIZE=1" in message
+    recovery.check_teacher_text_time(teacher, spec, "teacher:4096", force=True)  # asked for knowingly
+    monkeypatch.setenv("GAP_FORCE_SIZE", "1")
+    recovery.check_teacher_text_time(teacher, spec, "teacher:4096")
+
+
+def test_teacher_text_in_the_cache_costs_nothing_and_passes(teacher, monkeypatch):
+    from gap_engine.core.limits import SizeLimits
+    from gap_engine.pipeline import recovery
+
+    tt.teacher_text(teacher, SPEC, Hooks())
+    monkeypatch.setattr(recovery, "LIMITS", SizeLimits(teacher_seconds=0))
+    recovery.check_teacher_text_time(teacher, SPEC, "teacher:60")  # cached: nothing to write
+    with pytest.raises(SizeLimitError):
+        recovery.check_teacher_text_time(teacher, tt.TeacherTextSpec(tokens=60, seq_len=12, seed=4, batch=2), "teacher:60")
 
 
 def test_token_counts_are_parsed_and_bounded():
@@ -244,7 +312,7 @@ def test_the_task_slice_is_the_last_examples():
 def test_the_estimate_prices_uncached_teacher_text_and_every_judgement(dense_and_pruned, text_file, tmp_path):
     from gap_engine.core.device import DeviceSpec, resolve
     from gap_engine.core.progress import TRAINING
-    from gap_engine.pipeline.expected import GENERATION_FACTOR, recovery_prediction
+    from gap_engine.pipeline.expected import checkpoint_shapes, nominal_profile, recovery_prediction, teacher_text_seconds
 
     dense_dir, pruned = dense_and_pruned
     plain = tiny_settings(text_file, tasks=("news-sample",), steps=10, save_every=5)
@@ -253,8 +321,9 @@ def test_the_estimate_prices_uncached_teacher_text_and_every_judgement(dense_and
     placement = resolve(DeviceSpec("cpu", "float32"))
     before = {name: recovery_prediction(pruned, s, placement) for name, s in (("plain", plain), ("taught", taught))}
     assert before["plain"].text_s == 0.0 and before["taught"].text_s > 0.0
-    per_token = before["taught"].text_s / (128 * GENERATION_FACTOR)  # one dense forward pass per token, the factor for decoding
-    assert 0 < per_token < before["taught"].step_s
+    dense_shape = checkpoint_shapes(pruned)[0]  # the teacher: the dense model, priced as it writes the text
+    price = teacher_text_seconds(dense_shape, nominal_profile(torch.get_num_threads()), 128, taught.seq_len)
+    assert before["taught"].text_s == pytest.approx(price)
     recover(load_model(str(pruned)), replace_steps(taught, 1), out_dir=tmp_path / "writes-the-text")  # the text is cached now
     assert recovery_prediction(pruned, taught, placement).text_s == 0.0
     with_judge = recovery_prediction(pruned, judged, placement)
