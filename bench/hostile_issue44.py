@@ -235,6 +235,23 @@ def _edit_config(**changes) -> Callable[[Path], None]:
     return edit
 
 
+def _edit_rope_theta(theta: float) -> Callable[[Path], None]:
+    """The RoPE base the model reads: ``rope_parameters.rope_theta`` where config.json has them
+    (transformers then ignores a top-level ``rope_theta``, so editing that one changes nothing),
+    else the top-level ``rope_theta``."""
+
+    def edit(folder: Path) -> None:
+        path = folder / "config.json"
+        config = json.loads(path.read_text())
+        if isinstance(config.get("rope_parameters"), dict):
+            config["rope_parameters"]["rope_theta"] = theta
+        else:
+            config["rope_theta"] = theta
+        path.write_text(json.dumps(config, indent=2))
+
+    return edit
+
+
 def _swap_tokens(folder: Path) -> None:
     """tokenizer.json with the ids of two common words swapped: the text tokenizes to other ids."""
     path = folder / "tokenizer.json"
@@ -436,7 +453,7 @@ def _identity(bench) -> list:
         "weights edited in place (same size and mtime)": _edit_in_place,
         "config.json rms_norm_eps edited": _edit_config(rms_norm_eps=1e-2),
         "config.json hidden_act edited": _edit_config(hidden_act="gelu"),
-        "config.json rope_theta edited": _edit_config(rope_theta=100.0),
+        "config.json rope_theta edited": _edit_rope_theta(100.0),
         "tokenizer.json swapped": _swap_tokens,
     }
     cases = [
