@@ -81,7 +81,15 @@ def expected_run(settings: EvalSettings) -> Prediction | None:
         return None
 
 
-def start_run() -> None:
+def start_run(shown_plan: dict | None = None) -> None:
+    """Callback of Prune and evaluate: a background job for the form, pruning the plan the page showed.
+
+    Args:
+        shown_plan: the planner's plan (a RatePlan dict) drawn beside the button, bound to it when
+            the page was drawn: a release that lands between that drawing and the click (a page
+            run interrupted after the release was applied, say) changes the session's plan, never
+            the plan pruned, so the run's hash is the hash that was on screen.
+    """
     common.clear_message("eval")
     settings = eval_settings()
     windows = settings.windows
@@ -92,10 +100,17 @@ def start_run() -> None:
         return
     expected = expected_run(settings)
     allocator = ss["eval_allocator"]
-    plan = planner_plan() if allocator == "dp" else None  # prune exactly what the planner released
-    if allocator == "dp" and plan is None:  # never a re-derived plan in its place
-        common.set_message("eval", "error", missing_plan_text())
-        return
+    plan = None
+    if allocator == "dp":  # prune exactly what the planner released and this page showed
+        try:
+            plan = RatePlan.from_dict(dict(shown_plan)) if shown_plan else None
+        except GapError as exc:
+            common.set_message("eval", "error", one_line(exc))
+            return
+        if plan is None:  # never a re-derived plan in its place
+            common.set_message("eval", "error", missing_plan_text())
+            return
+    run_budget = float(plan.budget) if allocator == "dp" and plan is not None and plan.budget is not None else budget
     if allocator == UPLOADED:
         try:
             plan = RatePlan.from_dict(dict(uploaded))
@@ -107,7 +122,7 @@ def start_run() -> None:
         return
     checkpoint_dir = None
     if ss["eval_save_checkpoint"]:
-        checkpoint_dir = history.new_checkpoint_dir(plan.allocator if plan else allocator, plan.budget if plan else budget)
+        checkpoint_dir = history.new_checkpoint_dir(plan.allocator if plan else allocator, plan.budget if plan else run_budget)
     task = prune_eval_task(
         table.model,
         settings,
@@ -115,7 +130,7 @@ def start_run() -> None:
         expected.basis if expected else "",
         task_settings,
         table=table,
-        budget=budget,
+        budget=run_budget,
         allocator=allocator if plan is None else plan.allocator,
         constraints=common.constraints_from_state(),
         plan=plan,
@@ -124,10 +139,10 @@ def start_run() -> None:
     )
     plan_id = plan.content_hash() if plan is not None else ""
     compensation = run_compensation()
-    key = f"{table.key}|{allocator}|{budget:.4f}|{plan_id}|{compensation}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
-    params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": budget, "plan_hash": plan_id or None}
+    key = f"{table.key}|{allocator}|{run_budget:.4f}|{plan_id}|{compensation}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
+    params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": run_budget, "plan_hash": plan_id or None}
     params["compensation"] = compensation
-    label = f"{allocator} at {budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
+    label = f"{allocator} at {run_budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
     label += f", compensation {compensation}" if compensation != "none" else ""
     job = manager().submit("prune_eval", task, key=key, label=label, params=params)
     common.remember_job("prune_eval", job)
@@ -218,6 +233,7 @@ def compare_runs(run_ids: list[int]) -> None:
 
 
 # ---- what to run ---------------------------------------------------------------------------------
+chosen = planner_plan() if ss["eval_allocator"] == "dp" else None  # the plan shown below, and the one Start prunes
 left, right = st.columns([1, 1], gap="large")
 with left:
     st.subheader("Plan")
@@ -236,7 +252,6 @@ with left:
         )
     else:
         st.metric("Budget from the planner (of prunable parameters)", f"{budget:.2%}", help=common.GLOSSARY["prunable"])
-        chosen = planner_plan() if ss["eval_allocator"] == "dp" else None
         if chosen is not None:
             st.caption(
                 f"The planner's DP plan `{chosen.content_hash()}`: removes {chosen.params['removed']:,} parameters, "
@@ -283,8 +298,9 @@ with right:
 
 common.expected_caption(expected_run(eval_settings()), "run")
 common.job_controls(
-    "prune_eval", "Prune and evaluate", "eval_run", start_run, ":material/play_arrow:", "Prune & evaluate", "eval", type="primary"
-)
+    "prune_eval", "Prune and evaluate", "eval_run", start_run, ":material/play_arrow:", "Prune & evaluate", "eval",
+    type="primary", args=(chosen.to_dict() if chosen is not None else None,),
+)  # fmt: skip
 
 # ---- the latest run ------------------------------------------------------------------------------
 result = ss.get("app_last_run")

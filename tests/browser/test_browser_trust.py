@@ -1,0 +1,117 @@
+"""In a real headless Chromium: what a presenter relies on in a demo.
+
+One plan: arrow keys pressed as fast as Playwright presses them on the budget slider, then at
+once Prune & evaluate (the keys' budget is sent once they stop, so the page switch comes first):
+that page shows the slider's budget, and the run prunes the plan whose hash the page shows.
+Jobs and runs belong to the browser that made them: the presenter's link, opened in a second
+browser context while a build runs, shows the build and the run without Cancel or Delete; the
+presenter's reload still cancels the build; deleting the run asks first, says its checkpoint
+goes too, and the run leaves the page at once. The app's cache holds the tiny real table of
+tests/browser/test_browser_layout.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from test_browser import browser, go_to, set_number, shot  # noqa: F401
+from test_browser_layout import phone_server  # noqa: F401
+
+pytestmark = pytest.mark.browser
+
+CHART_JS = "() => document.querySelector('.gap-budget').parentElement.__gapBudgetChart"
+SETTLED_JS = f"""() => {{ const c = ({CHART_JS})(); return c && c.data && c.sent == null && c.keyTimer == null
+                       && c.shown === c.data.active && !c.ui.root.classList.contains('gap-budget-pending'); }}"""
+KEYS = 20
+
+
+def metric_value(page, label: str) -> str:
+    return page.locator('[data-testid="stMetric"]', has_text=label).locator('[data-testid="stMetricValue"]').first.inner_text()
+
+
+def shown_hash(page, pattern: str) -> str:
+    """The plan hash in the first text on the page matching ``pattern`` (with a (?P<hash>) group)."""
+    text = page.locator('[data-testid="stMain"]').inner_text()
+    return re.search(pattern, text).group("hash")
+
+
+@pytest.fixture(scope="module")
+def presenter(browser):
+    """The presenter's browser (its own cookies, so its own token)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    yield context
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def keyboard_run(presenter, phone_server):
+    """Arrow keys at full speed, the page switch at once, then Prune & evaluate: what each page showed."""
+    page = presenter.new_page()
+    page.set_default_timeout(120_000)
+    seen = {}
+    try:
+        page.goto(phone_server["url"])
+        page.get_by_role("heading", name="Setup").first.wait_for()
+        go_to(page, "Budget planner")
+        page.locator(".gap-budget-front .main-svg").first.wait_for()
+        page.wait_for_function(SETTLED_JS)
+        budgets = page.evaluate(f"() => ({CHART_JS})().data.budgets")
+        start = page.evaluate(f"() => ({CHART_JS})().data.active")
+        page.locator(".gap-budget-slider").focus()
+        for _ in range(KEYS):
+            page.keyboard.press("ArrowRight")
+        seen["slider"] = page.evaluate("() => Number(document.querySelector('.gap-budget-slider').value)")
+        seen["keyed"] = budgets[start + KEYS]
+        go_to(page, "Prune & evaluate")  # before the keys' release timer: the budget is not sent yet
+        seen["first_shown"] = metric_value(page, "Budget from the planner")
+        wanted = f"{seen['keyed']:.2%}"
+        for _ in range(600):  # the page catches up (one rerun) or, before the keeper, never did
+            if metric_value(page, "Budget from the planner") == wanted:
+                break
+            page.wait_for_timeout(100)
+        seen["shown"] = metric_value(page, "Budget from the planner")
+        set_number(page, "Held-out samples", 2)
+        set_number(page, "Tokens per sample", 32)
+        set_number(page, "Generations", 1)
+        set_number(page, "New tokens per generation", 4)
+        page.get_by_text("Time throughput").click()
+        page.get_by_text("Task accuracy (lm-eval)", exact=True).first.click()
+        page.wait_for_timeout(1000)
+        seen["shown_hash"] = shown_hash(page, r"The planner's DP plan (?P<hash>[0-9a-f]{12})")
+        seen["shown_at_click"] = metric_value(page, "Budget from the planner")
+        page.get_by_role("button", name="Prune and evaluate").click()
+        finished = page.get_by_text(re.compile(r"Run \d+ finished in .* \(plan [0-9a-f]{12}\)")).first
+        finished.wait_for(timeout=400_000)
+        message = finished.inner_text()
+        seen["run_id"] = int(re.search(r"Run (\d+) finished", message).group(1))
+        seen["run_hash"] = re.search(r"\(plan ([0-9a-f]{12})\)", message).group(1)
+        shot(page, "trust-1-pruned-after-fast-keys")
+        go_to(page, "Budget planner")
+        page.locator(".gap-budget-front .main-svg").first.wait_for()
+        page.wait_for_function(SETTLED_JS)
+        seen["planner_hash"] = shown_hash(page, r"Plan (?P<hash>[0-9a-f]{12}) \(its content hash\)")
+        seen["planner_budget"] = page.evaluate(f"() => {{ const c = ({CHART_JS})(); return c.data.budgets[c.data.active]; }}")
+    except BaseException:
+        shot(page, "trust-failure", grow=False)
+        print("---- streamlit log ----\n" + phone_server["log"].read_text()[-4000:])
+        raise
+    finally:
+        page.close()
+    return seen
+
+
+def test_fast_arrow_keys_then_prune_prunes_the_plan_on_screen(keyboard_run, phone_server):
+    from gap_engine.evaluate import history
+
+    seen = keyboard_run
+    assert seen["slider"] == pytest.approx(seen["keyed"] * 100)  # every key press moved the slider one row
+    assert seen["shown"] == f"{seen['keyed']:.2%}", seen  # Prune & evaluate shows the slider's budget ...
+    assert seen["shown_at_click"] == seen["shown"]
+    assert seen["run_hash"] == seen["shown_hash"], seen  # ... and prunes the plan whose hash it shows
+    record = history.get_run(seen["run_id"], phone_server["cache"] / "runs" / history.HISTORY_FILE)
+    assert record.params["plan_hash"] == seen["shown_hash"] and record.budget == seen["keyed"]
+    assert seen["planner_hash"] == seen["run_hash"] and seen["planner_budget"] == seen["keyed"]  # back on the planner: the same plan
+    print(
+        f"\nkeys: the page switched at {seen['first_shown']}, then showed {seen['shown']}; run {seen['run_id']} pruned {seen['run_hash']}"
+    )
