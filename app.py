@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from explorer import budget_chart, common, url_state
+from explorer import budget_chart, common, ownership, url_state
 from gap_engine.core.progress import SCORE_UNITS
 
 st.set_page_config(page_title="GAP explorer", page_icon="✂️", layout="wide")
 
 common.init_shared()
 common.keep_widget_values()
+ownership.keep_cookie()  # this browser's token: its jobs and runs are controlled from it alone
 
 
 def apply_finished_jobs() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from explorer import common
+from explorer import common, ownership
 from gap_engine.core.config import APP_EVAL_WINDOWS, DEFAULT_COMPENSATION, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
@@ -136,6 +136,7 @@ def start_run(shown_plan: dict | None = None) -> None:
         plan=plan,
         checkpoint_dir=checkpoint_dir,
         compensation=CompensationSettings(mode=run_compensation()),
+        maker=ownership.owner(),
     )
     plan_id = plan.content_hash() if plan is not None else ""
     compensation = run_compensation()
@@ -144,7 +145,7 @@ def start_run(shown_plan: dict | None = None) -> None:
     params["compensation"] = compensation
     label = f"{allocator} at {run_budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
     label += f", compensation {compensation}" if compensation != "none" else ""
-    job = manager().submit("prune_eval", task, key=key, label=label, params=params)
+    job = manager().submit("prune_eval", task, key=key, label=label, params=params, owner=ownership.owner())
     common.remember_job("prune_eval", job)
 
 

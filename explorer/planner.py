@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from explorer import budget_chart, common
+from explorer import budget_chart, common, ownership
 from gap_engine.core.config import DEFAULT_MAX_RATE
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
@@ -203,6 +203,7 @@ def start_baselines() -> None:
         baselines_task(table.model, table, baseline_budgets(rows[-1]["budget"]), allocators, constraints),
         key=front_id + "|" + ",".join(allocators),
         label="baseline plans",
+        owner=ownership.owner(),
     )
     common.remember_job("baselines", job)
     common.clear_message("planner")

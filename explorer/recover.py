@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from explorer import common
+from explorer import common, ownership
 from gap_engine.core.config import APP_EVAL_WINDOWS, RECOVERY_DEFAULT_TEXTS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
@@ -122,10 +122,11 @@ def start_recovery(checkpoint: str) -> None:
     tasks_ok, task_settings = common.checked_task_settings("recover_", "recover")  # the engine's check, as for gap eval --tasks
     if not tasks_ok:
         return
-    task = recover_task(checkpoint, settings, out_dir, task_settings)
+    task = recover_task(checkpoint, settings, out_dir, task_settings, maker=ownership.owner())
     job = manager().submit(
         "recover", task, key=str(out_dir), label=f"{settings.method} on {Path(checkpoint).name}",
         params={"checkpoint": checkpoint, "settings": asdict(settings)},  # a reload fills the form from them
+        owner=ownership.owner(),
     )  # fmt: skip
     common.remember_job("recover", job)
 

@@ -11,7 +11,7 @@ import re
 import pandas as pd
 import streamlit as st
 
-from explorer import common
+from explorer import common, ownership
 from gap_engine.core.config import (
     APP_TABLE,
     DEFAULT_CHANNEL_MULTIPLE,
@@ -157,6 +157,7 @@ def start_build() -> None:
         key=job_key,
         label=f"{spec.estimator} table of {name}",
         params={"model": name, "spec": spec.to_dict(), "device": str(device)},
+        owner=ownership.owner(),
     )
     common.remember_job("table", job)
 
