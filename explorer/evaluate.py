@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
@@ -176,13 +178,43 @@ def missing_plan_text() -> str:
     return f"{why} Open the Budget planner and release a budget: Prune & evaluate prunes the plan the planner shows, never another one."
 
 
-def delete_run(run_id: int) -> None:
+def removable_checkpoint(checkpoint: str | None) -> bool:
+    """Whether deleting a run removes this checkpoint folder too: the history removes a folder
+    only under the app's own checkpoints folder (`history.delete_run`)."""
+    if not checkpoint:
+        return False
+    folder = Path(checkpoint).resolve()
+    return folder.is_dir() and history.checkpoints_root().resolve() in folder.parents
+
+
+def delete_question(run_id: int, checkpoint: str | None) -> str:
+    """What deleting a run deletes, said before it is done."""
+    if removable_checkpoint(checkpoint):
+        what = f"its row in the run history and its pruned checkpoint `{checkpoint}`"
+    elif checkpoint:
+        what = f"its row in the run history; its checkpoint `{checkpoint}` lies outside the app's cache and is kept"
+    else:
+        what = "its row in the run history (it saved no checkpoint)"
+    return f"Delete run {run_id}? This deletes {what}. It cannot be undone."
+
+
+def delete_run(run_id: int, checkpoint: str | None) -> None:
+    """Callback of the confirmed Delete: the run goes, and so does every view of it in this session."""
+    removes_checkpoint = removable_checkpoint(checkpoint)
     try:
         history.delete_run(int(run_id), remove_checkpoint=True)
     except GapError as exc:
         common.set_message("eval_history", "error", one_line(exc))
-    else:
-        common.set_message("eval_history", "success", f"Deleted run {run_id} and its checkpoint.")
+        return
+    # The page that follows must not show what is gone (its panel, its place in a comparison, the URL).
+    last = ss.get("app_last_run")
+    if last is not None and last.run_id == run_id:
+        ss["app_last_run"] = None
+    recovery = ss.get("app_last_recovery")
+    if recovery is not None and recovery.run_id == run_id:
+        ss["app_last_recovery"] = None
+    ss["eval_compare"] = [i for i in ss["eval_compare"] if i != run_id]
+    common.set_message("eval_history", "success", f"Deleted run {run_id}" + (" and its checkpoint." if removes_checkpoint else "."))
 
 
 def speed_spread(throughput: dict) -> str | None:
@@ -442,8 +474,27 @@ else:
             st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch", theme=None)
     run_ids = [int(i) for i in frame["id"]]
     compare_runs(run_ids)
-    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
-    if ss.get("eval_delete_id") not in run_ids:
-        ss["eval_delete_id"] = run_ids[-1]
-    c1.selectbox("Run", run_ids[::-1], key="eval_delete_id", format_func=lambda i: f"run {i}")
-    c2.button("Delete run", key="eval_delete", on_click=delete_run, args=(ss["eval_delete_id"],), icon=":material/delete:")
+    try:
+        makers = history.run_makers()
+    except GapError:
+        makers = {i: "" for i in run_ids}  # an unreadable history: nobody is shown as a run's maker
+    deletable = [i for i in run_ids if ownership.may_control(makers.get(i))]  # a shared link deletes nothing of its sender's
+    if deletable:
+        c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+        if ss.get("eval_delete_id") not in deletable:
+            ss["eval_delete_id"] = deletable[-1]
+        c1.selectbox("Run to delete", deletable[::-1], key="eval_delete_id", format_func=lambda i: f"run {i}")
+        doomed = int(ss["eval_delete_id"])
+        checkpoint = frame.loc[frame["id"] == doomed, "checkpoint"].iloc[0] if "checkpoint" in frame else None
+        checkpoint = checkpoint if isinstance(checkpoint, str) and checkpoint else None
+        common.ask_first(c2, "Delete run…", "eval_delete", doomed, icon=":material/delete:")
+        common.confirmation(
+            "eval_delete",
+            doomed,
+            delete_question(doomed, checkpoint),
+            f"Delete run {doomed}" + (" and its checkpoint" if removable_checkpoint(checkpoint) else ""),
+            delete_run,
+            (doomed, checkpoint),
+        )
+    if len(deletable) < len(run_ids):
+        st.caption(f"{len(run_ids) - len(deletable)} of these runs were made in another browser: only that browser can delete them.")

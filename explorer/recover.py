@@ -230,7 +230,16 @@ running = common.session_job("recover")
 reached = saved_step(out_dir) if out_dir is not None else None
 if reached is not None and not (running and running.active):
     st.info(f"A run with these settings stopped at step {reached} of {ss['recover_steps']}: Recover resumes it from there.")
-    st.button("Start over", key="recover_start_over", on_click=start_over, args=(out_dir,), icon=":material/restart_alt:")
+    common.ask_first(st, "Start over…", "recover_start_over", str(out_dir), icon=":material/restart_alt:")
+    common.confirmation(
+        "recover_start_over",
+        str(out_dir),
+        f"Discard the saved partial run (step {reached} of {ss['recover_steps']}, in `{partial_dir(out_dir)}`)? "
+        "Recover then starts from step 0; the steps done so far are lost.",
+        "Discard it",
+        start_over,
+        (out_dir,),
+    )
 label = "Resume recovery" if reached is not None else "Recover"
 common.job_controls(
     "recover", label, "recover_go", start_recovery, ":material/healing:", "Recovery", "recover", args=(chosen.checkpoint,), type="primary"

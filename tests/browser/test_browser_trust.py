@@ -13,10 +13,13 @@ tests/browser/test_browser_layout.py.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from test_browser import browser, go_to, set_number, shot  # noqa: F401
 from test_browser_layout import phone_server  # noqa: F401
+
+from explorer import ownership
 
 pytestmark = pytest.mark.browser
 
@@ -24,6 +27,7 @@ CHART_JS = "() => document.querySelector('.gap-budget').parentElement.__gapBudge
 SETTLED_JS = f"""() => {{ const c = ({CHART_JS})(); return c && c.data && c.sent == null && c.keyTimer == null
                        && c.shown === c.data.active && !c.ui.root.classList.contains('gap-budget-pending'); }}"""
 KEYS = 20
+READ_ONLY = "Started in another browser: read-only here."  # explorer.common.READ_ONLY_JOB
 
 
 def metric_value(page, label: str) -> str:
@@ -115,3 +119,75 @@ def test_fast_arrow_keys_then_prune_prunes_the_plan_on_screen(keyboard_run, phon
     print(
         f"\nkeys: the page switched at {seen['first_shown']}, then showed {seen['shown']}; run {seen['run_id']} pruned {seen['run_hash']}"
     )
+
+
+def test_a_shared_link_is_read_only_and_the_sender_cancels_and_deletes_after_a_question(keyboard_run, presenter, browser, phone_server):
+    from gap_engine.evaluate import history
+
+    run_id = keyboard_run["run_id"]
+    db = phone_server["cache"] / "runs" / history.HISTORY_FILE
+    checkpoint = Path(history.get_run(run_id, db).checkpoint)
+    assert checkpoint.is_dir()
+    page = presenter.new_page()
+    page.set_default_timeout(120_000)
+    viewer = browser.new_context(viewport={"width": 1400, "height": 1000})
+    other = viewer.new_page()
+    other.set_default_timeout(120_000)
+    try:
+        # The presenter starts a build long enough to look at (cancelled below).
+        page.goto(phone_server["url"])
+        page.get_by_role("heading", name="Setup").first.wait_for()
+        set_number(page, "Calibration samples", 64)
+        set_number(page, "Tokens per sample", 256)
+        page.wait_for_timeout(500)
+        page.get_by_role("button", name="Build table").click()
+        page.locator('[data-testid="stMain"] [data-testid="stProgress"]', has_text="Building the loss table").wait_for()
+        page.wait_for_function("() => location.search.includes('jobs=')")
+        link = page.url
+
+        # The link in another browser: the build and the run, with no Cancel and no Delete.
+        other.goto(link)
+        other.get_by_role("heading", name="Setup").first.wait_for()
+        other.locator('[data-testid="stMain"] [data-testid="stProgress"]', has_text="Building the loss table").wait_for()
+        other.locator('[data-testid="stSidebar"]').get_by_text("Running jobs (all tabs)").wait_for()
+        cancel = other.get_by_role("button", name=re.compile("Cancel"))
+        other.get_by_text(READ_ONLY).first.or_(cancel.first).first.wait_for()  # the job's controls are drawn
+        assert cancel.count() == 0
+        assert other.get_by_text(READ_ONLY).count() == 2  # the page's panel and the sidebar say why
+        shot(other, "trust-2-shared-link-read-only", grow=False)
+        token = next(c["value"] for c in presenter.cookies() if c["name"] == ownership.COOKIE)
+        assert token not in link and ownership.COOKIE not in link  # the proof of ownership never travels in a link
+        go_to(other, "Prune & evaluate")
+        other.get_by_role("heading", name="Run history").wait_for()
+        other.get_by_text("were made in another browser: only that browser can delete them").wait_for()
+        assert other.get_by_role("button", name=re.compile("Delete")).count() == 0
+
+        # The presenter's reload gets the build back with its Cancel.
+        page.reload()
+        page.get_by_role("heading", name="Setup").first.wait_for()
+        page.locator(".st-key-app_cancel_table button").click()
+        page.get_by_text("was cancelled").wait_for()
+
+        # Deleting the run asks first, names the checkpoint, and the run leaves the page at once.
+        page.goto(f"{phone_server['url']}/evaluate?run={run_id}")  # its result panel, as a link to it shows it
+        page.get_by_role("heading", name="Prune & evaluate").first.wait_for()
+        page.get_by_role("heading", name=re.compile(rf"^Run {run_id}:")).wait_for()
+        page.get_by_role("button", name="Delete run…").click()
+        question = page.get_by_text(f"Delete run {run_id}? This deletes").first
+        question.wait_for()
+        assert str(checkpoint) in question.inner_text() and checkpoint.is_dir()
+        assert [r.id for r in history.runs(db)] == [run_id]  # asked; nothing deleted yet
+        shot(page, "trust-3-delete-asks", grow=False)
+        page.get_by_role("button", name=f"Delete run {run_id} and its checkpoint").click()
+        page.get_by_text(f"Deleted run {run_id} and its checkpoint.").wait_for()
+        assert page.get_by_role("heading", name=re.compile(rf"^Run {run_id}:")).count() == 0
+        assert history.runs(db) == [] and not checkpoint.exists()
+        page.wait_for_function("() => !new URLSearchParams(location.search).has('run')")
+    except BaseException:
+        shot(page, "trust-failure-sender", grow=False)
+        shot(other, "trust-failure-viewer", grow=False)
+        print("---- streamlit log ----\n" + phone_server["log"].read_text()[-4000:])
+        raise
+    finally:
+        page.close()
+        viewer.close()
