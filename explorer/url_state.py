@@ -17,7 +17,9 @@ The page is the URL's path (``/planner``, Streamlit's own); the rest is in the q
                the task pickers of Prune & evaluate and Recover (``off`` when switched off),
                written only where they differ from the picker's defaults
     jobs       this tab's running jobs: a reload attaches to them, shows their progress
-               and gets their results when they end
+               and gets their results when they end; only the browser that started a job
+               gets its Cancel (explorer/ownership.py: a cookie, never a URL parameter), so a
+               shared link shows them read-only
 
 `restore` reads it once per session, before any page draws (so a reload opens the table
 the user had, not the newest cached one, and a running build is watched again with its
