@@ -31,16 +31,18 @@ _COOKIE_KEY = "app_browser_cookie"  # the component that keeps the cookie
 TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32)
 MAX_AGE_S = 400 * 24 * 3600  # the longest a browser keeps a cookie
 
-# The cookie is written only when the browser has none, so two tabs opened at once in a new
-# browser agree on the first one written: the second reports it back and adopts it.
+# The cookie is written only when the browser has none (or one of another form), so two tabs
+# opened at once in a new browser agree on the first one written: the second reports it back and
+# adopts it.
 _COOKIE_JS = """
 export default function ({ data, setStateValue }) {
   const prefix = data.cookie + "=";
   const found = document.cookie.split("; ").find((part) => part.startsWith(prefix));
-  if (!found) {
+  const kept = found ? found.slice(prefix.length) : null;
+  if (kept === null || !/^[A-Za-z0-9_-]{43}$/.test(kept)) { // none yet, or not one of ours: this one
     document.cookie = `${prefix}${data.token}; path=/; max-age=${data.max_age}; SameSite=Strict`;
-  } else if (found.slice(prefix.length) !== data.token) {
-    setStateValue("token", found.slice(prefix.length));
+  } else if (kept !== data.token) {
+    setStateValue("token", kept);
   }
 }
 """

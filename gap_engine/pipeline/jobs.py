@@ -514,6 +514,14 @@ def baselines_task(model_name: str, table, budgets, allocators, constraints) -> 
     return work
 
 
+def _record_maker(run_id: int, maker: str, history_path: Path | None = None) -> None:
+    """Record who made a finished run; a history that refuses it leaves the run standing, with no maker."""
+    try:
+        history.set_run_maker(run_id, maker, history_path)
+    except GapError as exc:
+        log.warning("run %s was recorded without its maker: %s", run_id, one_line(exc))
+
+
 def prune_eval_task(
     model_name: str,
     eval_settings,
@@ -549,7 +557,7 @@ def prune_eval_task(
         result = prune_and_evaluate(dense, eval_settings, hooks=ctx.hooks(), tasks=prepared, **run)
         if maker is not None:
             history_path = run.get("history_path")
-            history.set_run_maker(result.run_id, maker, Path(history_path) if history_path is not None else None)
+            _record_maker(result.run_id, maker, Path(history_path) if history_path is not None else None)
         return result
 
     return work
@@ -582,7 +590,7 @@ def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings
         judged = prepared if settings.eval_tasks else None  # the picker's tasks judge the snapshots on their last examples
         result = recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True, lm_eval_tasks=prepared, judge_tasks=judged)
         if maker is not None and result.run_id is not None:
-            history.set_run_maker(result.run_id, maker)
+            _record_maker(result.run_id, maker)
         return result
 
     return work
