@@ -188,7 +188,7 @@ class BudgetChart {
     slider.max = String(data.budgets[data.budgets.length - 1] * 100);
     frontCaption.textContent = `Predicted ${data.objective} increase vs budget (nats/token)`;
     drawLegend(legend, data.legend);
-    if (this.sent === null) {
+    if (this.sent === null && this.keyTimer === null) { // nothing of the user's is on its way
       status.textContent = "";
       this.ui.root.classList.remove("gap-budget-pending");
     }

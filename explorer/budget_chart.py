@@ -10,10 +10,13 @@ once. The chart always starts at the step of ``app_budget``, so the two directio
 and the step's budget is its row's own removed fraction, so the value under the thumb is
 what the page's plan removes.
 
-Why the release is applied in app.py and not by the planner: a release is a rerun, and a
-rerun that a newer one interrupts (a page switch right after the keys stop, on a loaded
-machine) never reaches the planner's body. Applied there, the release waited in session
-state until the planner ran again, and Prune & evaluate meanwhile pruned the plan before it.
+Why in app.py and not in the planner: a release is a rerun, and a rerun that a newer one
+interrupts (a page switch right after the keys stop, on a loaded machine) may never reach the
+planner's body; applied there, a release would wait in session state until the planner ran
+again, while Prune & evaluate and Export used the budget and plan before it. And a step the
+chart never got to send (the page was left before the keys' release timer) is kept in the
+tab's sessionStorage and sent by the keeper that app.py mounts on the other pages
+(`keep_unsaved_release`).
 
 plotly.js is inlined from the installed plotly package by a second, constant component
 (`load_plotly`): after the first page load its element is a cached message, and no
