@@ -191,3 +191,28 @@ def test_a_shared_link_is_read_only_and_the_sender_cancels_and_deletes_after_a_q
     finally:
         page.close()
         viewer.close()
+
+
+def test_keys_pressed_while_a_budget_is_being_set_all_count(presenter, phone_server):
+    """Keys a little slower than the release delay: each one lands while the previous release is on
+    its way, and the data of that older release no longer pulls the thumb back (every key counts)."""
+    page = presenter.new_page()
+    page.set_default_timeout(120_000)
+    try:
+        page.goto(f"{phone_server['url']}/planner")
+        page.locator(".gap-budget-front .main-svg").first.wait_for()
+        page.wait_for_function(SETTLED_JS)
+        start = page.evaluate(f"() => ({CHART_JS})().data.active")
+        page.locator(".gap-budget-slider").focus()
+        for _ in range(6):
+            page.keyboard.press("ArrowLeft")
+            page.wait_for_timeout(450)  # past the 400 ms after which keys are sent
+        page.wait_for_function(  # the last release is back from the server
+            f"""() => {{ const c = ({CHART_JS})(); return c.sent == null && c.shown === c.data.active
+                         && !c.ui.root.classList.contains('gap-budget-pending'); }}"""
+        )
+        end = page.evaluate(f"() => {{ const c = ({CHART_JS})(); return [c.data.active, c.data.budgets[c.data.active]]; }}")
+        assert end[0] == start - 6, (start, end)
+        page.wait_for_function("(b) => Math.abs(parseFloat(new URLSearchParams(location.search).get('budget')) - b) < 1e-12", arg=end[1])
+    finally:
+        page.close()
