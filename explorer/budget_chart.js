@@ -27,6 +27,10 @@ function readUnsaved() {
   }
 }
 
+function stepId() {
+  return `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`;
+}
+
 function writeUnsaved(value) {
   try {
     if (value === null) window.sessionStorage.removeItem(UNSAVED);
@@ -295,7 +299,7 @@ class BudgetChart {
     event.preventDefault();
     this.request(step);
     this.ui.slider.value = String(this.data.budgets[step] * 100);
-    writeUnsaved(this.payload(step));
+    writeUnsaved({ ...this.payload(step), id: stepId() });
     clearTimeout(this.keyTimer);
     this.keyTimer = setTimeout(() => {
       this.keyTimer = null;
@@ -329,7 +333,7 @@ class BudgetChart {
     this.ui.status.textContent = "setting the budget…";
     this.sent = step;
     this.deferred = null; // the rerun that follows brings fresh data
-    writeUnsaved(this.payload(step));
+    writeUnsaved({ ...this.payload(step), id: stepId() });
     this.setTriggerValue("release", this.payload(step));
   }
 }

@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 CHART_KEY = "planner_budget_chart"
 RELEASE_KEY = "planner_budget_release"  # the last release, kept for the page run that follows it
 KEEPER_KEY = "app_budget_keeper"  # the keeper of a step the chart showed and the server does not have yet
+KEPT_KEY = "app_budget_kept"  # the id of the last step the keeper handed over (applied, or refused as stale)
 _PLOTLY_KEY = "app_plotly_js"
 
 
@@ -217,7 +218,25 @@ def _remember_release() -> None:
 
 
 def _remember_kept_release() -> None:
-    _remember(KEEPER_KEY)
+    entry = (st.session_state.get(KEEPER_KEY) or {}).get("unsaved")
+    if isinstance(entry, dict):
+        st.session_state[RELEASE_KEY] = entry
+        st.session_state[KEPT_KEY] = entry.get("id")
+
+
+def unsent_release() -> dict | None:
+    """A step the keeper reports in this very run and has not handed over yet (its callback runs
+    after a button's in the same run), for the session's front; else None.
+
+    Prune & evaluate refuses to start while one is on its way: the page on screen was drawn
+    before the budget the slider showed reached the session.
+    """
+    entry = (st.session_state.get(KEEPER_KEY) or {}).get("unsaved")
+    table = common.current_table()
+    if not isinstance(entry, dict) or table is None or entry.get("id") == st.session_state.get(KEPT_KEY):
+        return None
+    raw = st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
+    return entry if entry.get("front_id") == front_id_of(table, raw) else None
 
 
 def front_id_of(table, raw_constraints: dict) -> str:
@@ -257,11 +276,13 @@ def apply_pending_release() -> dict | None:
 
 # Mounted by app.py on every page but the planner: the step the budget chart showed and did not
 # get to the server (the user left the planner before the keys were sent, or while the release
-# was lost) is in the tab's sessionStorage (budget_chart.js); when it belongs to the session's
-# front and is not the session's budget, it is sent from here as the chart would have sent it.
+# was lost) is in the tab's sessionStorage (budget_chart.js, with an id per step chosen); when it
+# belongs to the session's front and is not the session's budget, it is handed over here. As a
+# state, not a trigger: every later message of the tab carries it, so a click that races it
+# finds it (`unsent_release`) and waits instead of pruning the plan drawn before it.
 KEEPER_JS = """
 const UNSAVED = "gap-budget-unsaved";
-export default function ({ data, setTriggerValue }) {
+export default function ({ data, setStateValue }) {
   let unsaved = null;
   try {
     unsaved = JSON.parse(window.sessionStorage.getItem(UNSAVED) || "null");
@@ -273,7 +294,7 @@ export default function ({ data, setTriggerValue }) {
     window.sessionStorage.removeItem(UNSAVED); // another table or constraints, or saved
     return;
   }
-  setTriggerValue("release", unsaved);
+  if (unsaved.id !== data.kept) setStateValue("unsaved", unsaved);
 }
 """
 
@@ -290,9 +311,9 @@ def keep_unsaved_release() -> None:
     if table is None:
         return
     raw = st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
-    data = {"front_id": front_id_of(table, raw), "budget": float(st.session_state["app_budget"])}
+    data = {"front_id": front_id_of(table, raw), "budget": float(st.session_state["app_budget"]), "kept": st.session_state.get(KEPT_KEY)}
     with st.sidebar:
-        _keeper_component()(key=KEEPER_KEY, data=data, on_release_change=_remember_kept_release)
+        _keeper_component()(key=KEEPER_KEY, data=data, on_unsaved_change=_remember_kept_release)
 
 
 def show(data: dict) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from explorer import common, ownership
+from explorer import budget_chart, common, ownership
 from gap_engine.core.config import APP_EVAL_WINDOWS, DEFAULT_COMPENSATION, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
@@ -112,6 +112,8 @@ def start_run(shown_plan: dict | None = None) -> None:
         if plan is None:  # never a re-derived plan in its place
             common.set_message("eval", "error", missing_plan_text())
             return
+        if changed_under_the_click(plan):
+            return
     run_budget = float(plan.budget) if allocator == "dp" and plan is not None and plan.budget is not None else budget
     if allocator == UPLOADED:
         try:
@@ -149,6 +151,34 @@ def start_run(shown_plan: dict | None = None) -> None:
     label += f", compensation {compensation}" if compensation != "none" else ""
     job = manager().submit("prune_eval", task, key=key, label=label, params=params, owner=ownership.owner())
     common.remember_job("prune_eval", job)
+
+
+def changed_under_the_click(shown) -> bool:
+    """Whether the budget the slider showed reached the session after this page was drawn (the page
+    still shows the plan before it); if so nothing starts, the page says why and then shows the
+    new plan, so the next press prunes that one. Never prunes a plan the slider has left."""
+    arriving = budget_chart.unsent_release()  # handed over with this very click
+    if arriving is not None and arriving.get("budget") != shown.budget:
+        common.set_message(
+            "eval",
+            "warning",
+            f"The budget the planner showed ({float(arriving['budget']):.2%}) was still reaching this page when "
+            "Prune and evaluate was pressed: nothing was started. Its plan is shown above now; press again to prune it.",
+        )
+        return True
+    try:
+        now = RatePlan.from_dict(dict(ss["app_plan"])) if ss.get("app_plan") else None
+    except GapError:
+        now = None
+    if now is not None and now.content_hash() != shown.content_hash():
+        common.set_message(
+            "eval",
+            "warning",
+            f"The planner's plan changed to `{now.content_hash()}` ({(now.budget or 0):.2%}) after this page showed "
+            f"`{shown.content_hash()}`: nothing was started. The new plan is shown above now; press again to prune it.",
+        )
+        return True
+    return False
 
 
 def planner_plan():

@@ -216,3 +216,27 @@ def test_keys_pressed_while_a_budget_is_being_set_all_count(presenter, phone_ser
         page.wait_for_function("(b) => Math.abs(parseFloat(new URLSearchParams(location.search).get('budget')) - b) < 1e-12", arg=end[1])
     finally:
         page.close()
+
+
+def test_a_step_the_planner_did_not_send_reaches_the_next_page(presenter, phone_server):
+    """The chart keeps the step it shows in the tab's sessionStorage until the server has it; the
+    keeper on the next page hands it over (here written directly, as a page switch before the keys'
+    release timer leaves it), so that page shows the slider's budget, not the one before."""
+    page = presenter.new_page()
+    page.set_default_timeout(120_000)
+    try:
+        page.goto(f"{phone_server['url']}/planner")
+        page.locator(".gap-budget-front .main-svg").first.wait_for()
+        page.wait_for_function(SETTLED_JS)
+        step, budget = page.evaluate(
+            f"""() => {{ const c = ({CHART_JS})(), d = c.data, s = d.active + 7;
+                  sessionStorage.setItem('gap-budget-unsaved', JSON.stringify({{front_id: d.front_id, step: s, row: d.rows[s],
+                      removed: d.removed[s], budget: d.budgets[s], id: 'written-by-the-test'}}));
+                  return [s, d.budgets[s]]; }}"""
+        )
+        go_to(page, "Export")
+        page.get_by_text(f"budget {budget:.2%} of prunable parameters").first.wait_for()  # Export offers the slider's plan
+        page.wait_for_function("(b) => parseFloat(new URLSearchParams(location.search).get('budget')) === b", arg=budget)
+        assert page.evaluate("() => sessionStorage.getItem('gap-budget-unsaved')") is None  # handed over, then dropped
+    finally:
+        page.close()
