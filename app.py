@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from explorer import common, url_state
+from explorer import budget_chart, common, ownership, url_state
 from gap_engine.core.progress import SCORE_UNITS
 
 st.set_page_config(page_title="GAP explorer", page_icon="✂️", layout="wide")
 
 common.init_shared()
 common.keep_widget_values()
+ownership.keep_cookie()  # this browser's token: its jobs and runs are controlled from it alone
 
 
 def apply_finished_jobs() -> None:
@@ -60,6 +61,7 @@ if not url_state.restore():
     if opened is not None:  # the Setup form shows the settings of the table that is open
         url_state.setup_form(opened.model, opened.spec.to_dict())
 apply_finished_jobs()  # a job the URL attached to may have ended already
+budget_chart.apply_pending_release()  # before any page draws: every page shows the plan the slider released
 
 table = common.current_table()
 with st.sidebar:
@@ -79,6 +81,9 @@ pages = [
     st.Page(common.EXPORT_PAGE, title="Export", icon=":material/download:", url_path="export"),
 ]
 try:
-    st.navigation(pages).run()
+    page = st.navigation(pages)
+    if page.url_path != "planner":  # there the chart sends what it shows itself
+        budget_chart.keep_unsaved_release()
+    page.run()
 finally:
     url_state.sync()  # also after a page stops early (st.stop): the URL shows what the page showed

@@ -4,10 +4,41 @@
 // the current point are restyled with zero-duration, no-redraw animations (the cheap path
 // of plotly.js) and the readout is plain HTML. Nothing goes to the server until the
 // pointer is released; then the released step is sent back as the "release" trigger.
+//
+// Until the server's data comes back at the step the user chose, the chart says so
+// ("pending") and keeps that step: data from a run that started before the release (or
+// before later keys) no longer pulls the thumb back, and keys pressed meanwhile count. The
+// step chosen and not yet confirmed is also kept in the tab's sessionStorage (UNSAVED): the
+// keeper that app.py mounts on every other page (budget_chart.py, KEEPER_JS) sends it from
+// there when the user left the planner before it reached the server (keys are sent once they
+// stop, and a page link clicked in between used to drop them), and this chart sends it again
+// after a reload of the planner.
 
 const PLOT_CONFIG = { displayModeBar: false, responsive: true, scrollZoom: false };
 const NO_REDRAW = { mode: "immediate", transition: { duration: 0 }, frame: { duration: 0, redraw: false } };
 const KEY_RELEASE_MS = 400; // keys step one row at a time; the budget is sent once they stop
+const UNSAVED = "gap-budget-unsaved"; // sessionStorage: the step shown and not yet the server's
+
+function readUnsaved() {
+  try {
+    return JSON.parse(window.sessionStorage.getItem(UNSAVED) || "null");
+  } catch (error) {
+    return null; // storage off or a value written by something else: nothing to keep
+  }
+}
+
+function stepId() {
+  return `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`;
+}
+
+function writeUnsaved(value) {
+  try {
+    if (value === null) window.sessionStorage.removeItem(UNSAVED);
+    else window.sessionStorage.setItem(UNSAVED, JSON.stringify(value));
+  } catch (error) {
+    // storage off: a page switch right after the keys may then lose them, as it did before
+  }
+}
 
 function waitForPlotly(timeoutMs = 60000) {
   if (window.Plotly) return Promise.resolve(window.Plotly);
@@ -105,6 +136,7 @@ class BudgetChart {
     this.dragging = false;
     this.deferred = null;
     this.keyTimer = null;
+    this.sent = null; // the step of the release sent and not yet confirmed by the server's data
     const { slider } = this.ui;
     slider.addEventListener("pointerdown", () => { this.dragging = true; });
     // A press that does not move the thumb fires no "change": end the drag on any pointer up.
@@ -132,12 +164,38 @@ class BudgetChart {
     this.data = data;
     this.version = data.version;
     const { slider, rates, front, legend, frontCaption, status } = this.ui;
+    // The user's step stands while keys are still to be sent, or while a release is on its way
+    // and this data is from before it; data of another front (table, constraints) resets it.
+    const sameFront = previous && previous.front_id === data.front_id;
+    if (!sameFront) {
+      clearTimeout(this.keyTimer);
+      this.keyTimer = null;
+      this.sent = null;
+    } else if (this.sent !== null && data.active === this.sent) {
+      this.sent = null; // the server has the released step
+    }
+    let keep = sameFront && this.wanted !== null && (this.keyTimer !== null || this.sent !== null);
+    const unsaved = readUnsaved();
+    let resend = null; // a step chosen before a reload of this page, not yet the server's
+    if (unsaved && this.keyTimer === null && this.sent === null) {
+      const saved = unsaved.budget === data.budgets[data.active];
+      const fits = unsaved.front_id === data.front_id && data.removed[unsaved.step] === unsaved.removed;
+      if (!saved && fits && !previous) {
+        resend = unsaved.step;
+        this.wanted = resend;
+        keep = true;
+      } else if (saved || !fits) {
+        writeUnsaved(null);
+      }
+    }
     slider.min = String(data.budgets[0] * 100);
     slider.max = String(data.budgets[data.budgets.length - 1] * 100);
     frontCaption.textContent = `Predicted ${data.objective} increase vs budget (nats/token)`;
     drawLegend(legend, data.legend);
-    status.textContent = "";
-    this.ui.root.classList.remove("gap-budget-pending");
+    if (this.sent === null && this.keyTimer === null) { // nothing of the user's is on its way
+      status.textContent = "";
+      this.ui.root.classList.remove("gap-budget-pending");
+    }
     if (!previous || previous.rates_figure !== data.rates_figure) {
       const fig = JSON.parse(data.rates_figure);
       await Plotly.react(rates, fig.data, fig.layout, PLOT_CONFIG);
@@ -152,7 +210,11 @@ class BudgetChart {
     }
     this.ui.dot.style.setProperty("--dot", data.marker_color);
     this.shown = null; // the figures were built at the active step; the readout is not yet
-    this.request(data.active);
+    this.request(keep ? this.wanted : data.active);
+    if (resend !== null) {
+      this.ui.slider.value = String(data.budgets[resend] * 100);
+      this.release();
+    }
   }
 
   request(step) {
@@ -237,8 +299,19 @@ class BudgetChart {
     event.preventDefault();
     this.request(step);
     this.ui.slider.value = String(this.data.budgets[step] * 100);
+    writeUnsaved({ ...this.payload(step), id: stepId() });
     clearTimeout(this.keyTimer);
-    this.keyTimer = setTimeout(() => this.release(), KEY_RELEASE_MS);
+    this.keyTimer = setTimeout(() => {
+      this.keyTimer = null;
+      this.release();
+    }, KEY_RELEASE_MS);
+    this.ui.root.classList.add("gap-budget-pending"); // the page's plan is not this step's yet
+    this.ui.status.textContent = "setting the budget…";
+  }
+
+  payload(step) {
+    const d = this.data;
+    return { front_id: d.front_id, step, row: d.rows[step], removed: d.removed[step], budget: d.budgets[step] };
   }
 
   release() {
@@ -247,20 +320,21 @@ class BudgetChart {
     const step = nearestStep(d.budgets, Number(this.ui.slider.value));
     this.request(step);
     this.ui.slider.value = String(d.budgets[step] * 100); // the thumb sits on the row's own budget
-    if (step === d.active) {
+    if (step === (this.sent ?? d.active)) { // what the server has, or will have once the release in flight lands
+      if (this.sent === null) { // back at the server's step: nothing to send
+        this.ui.root.classList.remove("gap-budget-pending");
+        this.ui.status.textContent = "";
+        writeUnsaved(null);
+      }
       this.applyDeferred(); // data that arrived during the drag
       return;
     }
     this.ui.root.classList.add("gap-budget-pending");
     this.ui.status.textContent = "setting the budget…";
+    this.sent = step;
     this.deferred = null; // the rerun that follows brings fresh data
-    this.setTriggerValue("release", {
-      front_id: d.front_id,
-      step,
-      row: d.rows[step],
-      removed: d.removed[step],
-      budget: d.budgets[step],
-    });
+    writeUnsaved({ ...this.payload(step), id: stepId() });
+    this.setTriggerValue("release", this.payload(step));
   }
 }
 
@@ -279,6 +353,9 @@ export default function (component) {
   return () => {
     setTimeout(() => {
       if (parentElement.isConnected) return;
+      // Left the planner with keys not yet sent: the keeper on the next page sends them (a
+      // trigger from this unmounted chart would rerun the page the user left).
+      clearTimeout(chart.keyTimer);
       chart.resizeObserver.disconnect();
       window.removeEventListener("pointerup", chart.onPointerUp);
       delete parentElement.__gapBudgetChart;

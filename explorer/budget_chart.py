@@ -4,10 +4,19 @@ The whole DP front (one step per front row, thinned to `front_view.MAX_STEPS`) g
 browser once; while the pointer moves, the slider swaps the bars, the uniform line, the
 current point and the readout there, with no round trip (`budget_chart.js`). On release
 the component reports the step (front, row index, removed parameters, budget) back;
-`apply_release` checks it against the current front and makes that row's budget the
-app-wide ``app_budget``. The chart always starts at the step of ``app_budget``, so the two
-directions agree, and the step's budget is its row's own removed fraction, so the value
-under the thumb is what the page's plan removes.
+`apply_pending_release` (app.py, before any page draws) checks it against the current front
+and makes that row's budget and plan the app-wide ``app_budget`` and ``app_plan``, both at
+once. The chart always starts at the step of ``app_budget``, so the two directions agree,
+and the step's budget is its row's own removed fraction, so the value under the thumb is
+what the page's plan removes.
+
+Why in app.py and not in the planner: a release is a rerun, and a rerun that a newer one
+interrupts (a page switch right after the keys stop, on a loaded machine) may never reach the
+planner's body; applied there, a release would wait in session state until the planner ran
+again, while Prune & evaluate and Export used the budget and plan before it. And a step the
+chart never got to send (the page was left before the keys' release timer) is kept in the
+tab's sessionStorage and sent by the keeper that app.py mounts on the other pages
+(`keep_unsaved_release`).
 
 plotly.js is inlined from the installed plotly package by a second, constant component
 (`load_plotly`): after the first page load its element is a cached message, and no
@@ -24,7 +33,10 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from gap_engine.plan.front_view import budget_steps, grid_indices, step_at_budget, uniform_line
+from explorer import common
+from gap_engine.core.errors import GapError, one_line
+from gap_engine.pipeline.jobs import shared_model
+from gap_engine.plan.front_view import budget_steps, grid_indices, row_plan, step_at_budget, uniform_line
 from gap_engine.plan.problem import Constraints
 from gap_engine.views import figures
 
@@ -34,6 +46,8 @@ if TYPE_CHECKING:
 HERE = Path(__file__).resolve().parent
 CHART_KEY = "planner_budget_chart"
 RELEASE_KEY = "planner_budget_release"  # the last release, kept for the page run that follows it
+KEEPER_KEY = "app_budget_keeper"  # the keeper of a step the chart showed and the server does not have yet
+KEPT_KEY = "app_budget_kept"  # the id of the last step the keeper handed over (applied, or refused as stale)
 _PLOTLY_KEY = "app_plotly_js"
 
 
@@ -191,22 +205,118 @@ def release_of(front: list[dict], front_id: str, payload) -> dict | None:
     return row
 
 
-def _remember_release() -> None:
-    value = (st.session_state.get(CHART_KEY) or {}).get("release")
+def _remember(component_key: str) -> None:
+    value = (st.session_state.get(component_key) or {}).get("release")
+    if isinstance(value, list):  # several releases in one message: the latest counts
+        value = value[-1] if value else None
     if value is not None:
         st.session_state[RELEASE_KEY] = value
 
 
-def apply_release(front: list[dict], front_id: str) -> dict | None:
-    """Make a pending release's row budget the app's budget; returns that row (or None)."""
-    payload = st.session_state.pop(RELEASE_KEY, None)
-    row = release_of(front, front_id, payload)
-    if row is not None:
-        st.session_state["app_budget"] = float(row["budget"])
+def _remember_release() -> None:
+    _remember(CHART_KEY)
+
+
+def _remember_kept_release() -> None:
+    entry = (st.session_state.get(KEEPER_KEY) or {}).get("unsaved")
+    if isinstance(entry, dict):
+        st.session_state[RELEASE_KEY] = entry
+        st.session_state[KEPT_KEY] = entry.get("id")
+
+
+def unsent_release() -> dict | None:
+    """A step the keeper reports in this very run and has not handed over yet (its callback runs
+    after a button's in the same run), for the session's front; else None.
+
+    Prune & evaluate refuses to start while one is on its way: the page on screen was drawn
+    before the budget the slider showed reached the session.
+    """
+    entry = (st.session_state.get(KEEPER_KEY) or {}).get("unsaved")
+    table = common.current_table()
+    if not isinstance(entry, dict) or table is None or entry.get("id") == st.session_state.get(KEPT_KEY):
+        return None
+    raw = st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
+    return entry if entry.get("front_id") == front_id_of(table, raw) else None
+
+
+def front_id_of(table, raw_constraints: dict) -> str:
+    """Names the front of one table under one set of planner constraints (a release echoes it)."""
+    return table.key + "|" + common.constraints_json(raw_constraints)
+
+
+def apply_pending_release() -> dict | None:
+    """Make the chart's pending release the app's budget and plan; returns its front row (or None).
+
+    Called by app.py on every run before any page draws, so whichever page the rerun shows
+    (the planner, or the page the user switched to right after the keys stopped) shows the
+    released plan. The budget and the plan change together, with no Streamlit call between
+    them: a rerun interrupted at its next Streamlit call never leaves one without the other.
+    A release made for another table or other constraints than the session's is dropped.
+    """
+    ss = st.session_state
+    payload = ss.pop(RELEASE_KEY, None)
+    table = common.current_table()
+    if payload is None or table is None:
+        return None
+    raw = ss.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
+    try:
+        rows = common.pareto_rows(table.key, common.constraints_json(raw), table)
+        row = release_of(rows, front_id_of(table, raw), payload)
+        if row is None:
+            return None
+        plan = row_plan(shared_model(table.model), table, row)  # the planner's model: no load, no spinner
+    except GapError as exc:
+        ss["app_plan"], ss["app_plan_hash"] = None, None
+        ss["app_plan_missing"] = f"The released budget has no plan: {one_line(exc)}"
+        return None
+    ss["app_budget"] = float(row["budget"])
+    common.release_plan(plan, raw)
     return row
 
 
+# Mounted by app.py on every page but the planner: the step the budget chart showed and did not
+# get to the server (the user left the planner before the keys were sent, or while the release
+# was lost) is in the tab's sessionStorage (budget_chart.js, with an id per step chosen); when it
+# belongs to the session's front and is not the session's budget, it is handed over here. As a
+# state, not a trigger: every later message of the tab carries it, so a click that races it
+# finds it (`unsent_release`) and waits instead of pruning the plan drawn before it.
+KEEPER_JS = """
+const UNSAVED = "gap-budget-unsaved";
+export default function ({ data, setStateValue }) {
+  let unsaved = null;
+  try {
+    unsaved = JSON.parse(window.sessionStorage.getItem(UNSAVED) || "null");
+  } catch (error) {
+    return;
+  }
+  if (!unsaved) return;
+  if (unsaved.front_id !== data.front_id || unsaved.budget === data.budget) {
+    window.sessionStorage.removeItem(UNSAVED); // another table or constraints, or saved
+    return;
+  }
+  if (unsaved.id !== data.kept) setStateValue("unsaved", unsaved);
+}
+"""
+
+
+@lru_cache(maxsize=1)
+def _keeper_component():
+    return st.components.v2.component("gap_budget_keeper", js=KEEPER_JS)
+
+
+def keep_unsaved_release() -> None:
+    """Mount the keeper (see KEEPER_JS) with the session's front and budget; app.py calls it on
+    every page but the planner, where the chart itself sends what it shows."""
+    table = common.current_table()
+    if table is None:
+        return
+    raw = st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
+    data = {"front_id": front_id_of(table, raw), "budget": float(st.session_state["app_budget"]), "kept": st.session_state.get(KEPT_KEY)}
+    with st.sidebar:
+        _keeper_component()(key=KEEPER_KEY, data=data, on_unsaved_change=_remember_kept_release)
+
+
 def show(data: dict) -> None:
-    """Mount the chart (plotly.js first); a release lands in `apply_release` on the next run."""
+    """Mount the chart (plotly.js first); a release lands in `apply_pending_release` on the next run."""
     load_plotly()
     _chart_component()(key=CHART_KEY, data=data, on_release_change=_remember_release)

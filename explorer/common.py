@@ -24,11 +24,13 @@ registered keys so they survive page switches.
 
 Jobs
 ----
-Jobs belong to the server, not to a tab (``gap_engine.pipeline.jobs.manager()``). A session keeps
+Jobs run in the server, not in a tab (``gap_engine.pipeline.jobs.manager()``). A session keeps
 the ids of the jobs whose results it wants (``app_jobs``): the ones it started, and the
 ones it attached to from the sidebar's list of every running job or from its URL
-(``explorer/url_state.py``). `job_controls` draws a page's start button and the progress of
-its job; a page that runs a new kind of job adds it to `JOB_KINDS`.
+(``explorer/url_state.py``). Every session sees every job's progress, but only the browser
+that started a job gets its Cancel (``explorer/ownership.py``): a shared link is read-only.
+`job_controls` draws a page's start button and the progress of its job; a page that runs a
+new kind of job adds it to `JOB_KINDS`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import threading
 
 import streamlit as st
 
+from explorer import ownership
 from gap_engine.core.config import DEFAULT_BUDGET, DEFAULT_MAX_RATE
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.next_sentence import OFFLINE_TASK
@@ -65,6 +68,7 @@ SHARED_DEFAULTS = {
     "app_jobs": {},
     "app_seen_jobs": [],
     "app_messages": {},
+    "app_confirm": {},
     "app_baselines": None,
     "app_last_run": None,
     "app_last_recovery": None,
@@ -143,6 +147,42 @@ def show_message(slot: str) -> None:
     level, text = st.session_state["app_messages"].get(slot, (None, None))
     if text:
         {"error": st.error, "warning": st.warning, "success": st.success, "info": st.info}[level](text)
+
+
+# ---- destructive actions: asked first, then done ---------------------------------------------
+# app_confirm maps a destructive button's key to the thing it was pressed for (a run id, a table
+# key, a folder): the question shows under the button while that thing is still the one picked.
+def ask_first(where, label: str, key: str, target, **button) -> None:
+    """A destructive action's button: pressing it asks (see `confirmation`), never acts."""
+    where.button(label, key=key, on_click=_ask, args=(key, target), **button)
+
+
+def _ask(key: str, target) -> None:
+    st.session_state["app_confirm"][key] = target
+
+
+def _dismiss(key: str) -> None:
+    st.session_state["app_confirm"].pop(key, None)
+
+
+def _confirmed(key: str, action, args: tuple) -> None:
+    st.session_state["app_confirm"].pop(key, None)
+    action(*args)
+
+
+def confirmation(key: str, target, question: str, confirm_label: str, action, args: tuple = ()) -> None:
+    """The question under `ask_first`'s button ``key`` while it was pressed for ``target``: what
+    will be deleted, a button that does it (``action(*args)``, a callback, so the page that
+    follows no longer shows what was deleted) and one that keeps it."""
+    if st.session_state["app_confirm"].get(key) != target:
+        return
+    with st.container(border=True, key=f"{key}_question"):
+        st.warning(question, icon=":material/warning:")
+        c1, c2 = st.columns(2)
+        c1.button(
+            confirm_label, key=f"{key}_confirm", type="primary", on_click=_confirmed, args=(key, action, args), icon=":material/delete:"
+        )
+        c2.button("Keep it", key=f"{key}_keep", on_click=_dismiss, args=(key,))
 
 
 # ---- the task picker (Prune & evaluate, Recover) -------------------------------------------
@@ -396,7 +436,8 @@ def remember_job(kind: str, job) -> None:
 
 
 def sidebar_jobs() -> None:
-    """Every running job of this server, whichever tab started it: progress, Watch, Cancel.
+    """Every running job of this server, whichever tab started it: progress, Watch, and Cancel for
+    the jobs this browser started.
 
     Polls every SIDEBAR_POLL_SECONDS (a fragment), so a job started in another tab shows up
     by itself; when a job of this session ends, the whole app reruns to apply its result.
@@ -420,8 +461,10 @@ def sidebar_jobs() -> None:
             snap = job.snapshot()
             st.progress(snap["overall"], text=progress_text(snap, f"{title}, {job.label}"))
             c1, c2 = st.columns(2)
-            if job.id in mine_ids:
+            if job.id in mine_ids and ownership.may_control(job.owner):
                 c1.caption("this tab's")  # its page shows it (a page link cannot be drawn before navigation)
+            elif job.id in mine_ids:
+                c1.caption("watched here")
             else:
                 c1.button(
                     "Watch", key=f"app_watch_{job.id}", on_click=_watch, args=(job,), icon=":material/visibility:",
@@ -517,8 +560,15 @@ def job_panel(job, title: str, key: str) -> None:
         cancel_button(st, job, snap, f"app_cancel_{key}")
 
 
+READ_ONLY_JOB = "Started in another browser: read-only here."
+
+
 def cancel_button(where, job, snap: dict, key: str) -> None:
-    """Cancel, or a disabled "Cancelling…" once the job was asked to stop."""
+    """Cancel, or a disabled "Cancelling…" once the job was asked to stop; for a job another
+    browser started (a shared link), a line saying so instead."""
+    if not ownership.may_control(job.owner):
+        where.caption(READ_ONLY_JOB)
+        return
     where.button(
         "Cancelling…" if snap["cancelling"] else "Cancel",
         key=key,
@@ -532,6 +582,8 @@ def cancel_button(where, job, snap: dict, key: str) -> None:
 def _cancel(job) -> None:
     """Callback of a Cancel button: ask the job to stop, and have the fragment that drew the
     button rerun the whole app, so the page and the sidebar both say "Cancelling…" at once."""
+    if not ownership.may_control(job.owner):  # never drawn for such a job; checked again all the same
+        return
     job.cancel()
     st.session_state[_CANCEL_REQUESTED] = True
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
-from explorer import common
+from explorer import budget_chart, common, ownership
 from gap_engine.core.config import APP_EVAL_WINDOWS, DEFAULT_COMPENSATION, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
@@ -81,7 +83,15 @@ def expected_run(settings: EvalSettings) -> Prediction | None:
         return None
 
 
-def start_run() -> None:
+def start_run(shown_plan: dict | None = None) -> None:
+    """Callback of Prune and evaluate: a background job for the form, pruning the plan the page showed.
+
+    Args:
+        shown_plan: the planner's plan (a RatePlan dict) drawn beside the button, bound to it when
+            the page was drawn: a release that lands between that drawing and the click (a page
+            run interrupted after the release was applied, say) changes the session's plan, never
+            the plan pruned, so the run's hash is the hash that was on screen.
+    """
     common.clear_message("eval")
     settings = eval_settings()
     windows = settings.windows
@@ -92,10 +102,19 @@ def start_run() -> None:
         return
     expected = expected_run(settings)
     allocator = ss["eval_allocator"]
-    plan = planner_plan() if allocator == "dp" else None  # prune exactly what the planner released
-    if allocator == "dp" and plan is None:  # never a re-derived plan in its place
-        common.set_message("eval", "error", missing_plan_text())
-        return
+    plan = None
+    if allocator == "dp":  # prune exactly what the planner released and this page showed
+        try:
+            plan = RatePlan.from_dict(dict(shown_plan)) if shown_plan else None
+        except GapError as exc:
+            common.set_message("eval", "error", one_line(exc))
+            return
+        if plan is None:  # never a re-derived plan in its place
+            common.set_message("eval", "error", missing_plan_text())
+            return
+        if changed_under_the_click(plan):
+            return
+    run_budget = float(plan.budget) if allocator == "dp" and plan is not None and plan.budget is not None else budget
     if allocator == UPLOADED:
         try:
             plan = RatePlan.from_dict(dict(uploaded))
@@ -107,7 +126,7 @@ def start_run() -> None:
         return
     checkpoint_dir = None
     if ss["eval_save_checkpoint"]:
-        checkpoint_dir = history.new_checkpoint_dir(plan.allocator if plan else allocator, plan.budget if plan else budget)
+        checkpoint_dir = history.new_checkpoint_dir(plan.allocator if plan else allocator, plan.budget if plan else run_budget)
     task = prune_eval_task(
         table.model,
         settings,
@@ -115,22 +134,51 @@ def start_run() -> None:
         expected.basis if expected else "",
         task_settings,
         table=table,
-        budget=budget,
+        budget=run_budget,
         allocator=allocator if plan is None else plan.allocator,
         constraints=common.constraints_from_state(),
         plan=plan,
         checkpoint_dir=checkpoint_dir,
         compensation=CompensationSettings(mode=run_compensation()),
+        maker=ownership.owner(),
     )
     plan_id = plan.content_hash() if plan is not None else ""
     compensation = run_compensation()
-    key = f"{table.key}|{allocator}|{budget:.4f}|{plan_id}|{compensation}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
-    params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": budget, "plan_hash": plan_id or None}
+    key = f"{table.key}|{allocator}|{run_budget:.4f}|{plan_id}|{compensation}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
+    params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": run_budget, "plan_hash": plan_id or None}
     params["compensation"] = compensation
-    label = f"{allocator} at {budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
+    label = f"{allocator} at {run_budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
     label += f", compensation {compensation}" if compensation != "none" else ""
-    job = manager().submit("prune_eval", task, key=key, label=label, params=params)
+    job = manager().submit("prune_eval", task, key=key, label=label, params=params, owner=ownership.owner())
     common.remember_job("prune_eval", job)
+
+
+def changed_under_the_click(shown) -> bool:
+    """Whether the budget the slider showed reached the session after this page was drawn (the page
+    still shows the plan before it); if so nothing starts, the page says why and then shows the
+    new plan, so the next press prunes that one. Never prunes a plan the slider has left."""
+    arriving = budget_chart.unsent_release()  # handed over with this very click
+    if arriving is not None and arriving.get("budget") != shown.budget:
+        common.set_message(
+            "eval",
+            "warning",
+            f"The budget the planner showed ({float(arriving['budget']):.2%}) was still reaching this page when "
+            "Prune and evaluate was pressed: nothing was started. Its plan is shown above now; press again to prune it.",
+        )
+        return True
+    try:
+        now = RatePlan.from_dict(dict(ss["app_plan"])) if ss.get("app_plan") else None
+    except GapError:
+        now = None
+    if now is not None and now.content_hash() != shown.content_hash():
+        common.set_message(
+            "eval",
+            "warning",
+            f"The planner's plan changed to `{now.content_hash()}` ({(now.budget or 0):.2%}) after this page showed "
+            f"`{shown.content_hash()}`: nothing was started. The new plan is shown above now; press again to prune it.",
+        )
+        return True
+    return False
 
 
 def planner_plan():
@@ -160,13 +208,43 @@ def missing_plan_text() -> str:
     return f"{why} Open the Budget planner and release a budget: Prune & evaluate prunes the plan the planner shows, never another one."
 
 
-def delete_run(run_id: int) -> None:
+def removable_checkpoint(checkpoint: str | None) -> bool:
+    """Whether deleting a run removes this checkpoint folder too: the history removes a folder
+    only under the app's own checkpoints folder (`history.delete_run`)."""
+    if not checkpoint:
+        return False
+    folder = Path(checkpoint).resolve()
+    return folder.is_dir() and history.checkpoints_root().resolve() in folder.parents
+
+
+def delete_question(run_id: int, checkpoint: str | None) -> str:
+    """What deleting a run deletes, said before it is done."""
+    if removable_checkpoint(checkpoint):
+        what = f"its row in the run history and its pruned checkpoint `{checkpoint}`"
+    elif checkpoint:
+        what = f"its row in the run history; its checkpoint `{checkpoint}` lies outside the app's cache and is kept"
+    else:
+        what = "its row in the run history (it saved no checkpoint)"
+    return f"Delete run {run_id}? This deletes {what}. It cannot be undone."
+
+
+def delete_run(run_id: int, checkpoint: str | None) -> None:
+    """Callback of the confirmed Delete: the run goes, and so does every view of it in this session."""
+    removes_checkpoint = removable_checkpoint(checkpoint)
     try:
         history.delete_run(int(run_id), remove_checkpoint=True)
     except GapError as exc:
         common.set_message("eval_history", "error", one_line(exc))
-    else:
-        common.set_message("eval_history", "success", f"Deleted run {run_id} and its checkpoint.")
+        return
+    # The page that follows must not show what is gone (its panel, its place in a comparison, the URL).
+    last = ss.get("app_last_run")
+    if last is not None and last.run_id == run_id:
+        ss["app_last_run"] = None
+    recovery = ss.get("app_last_recovery")
+    if recovery is not None and recovery.run_id == run_id:
+        ss["app_last_recovery"] = None
+    ss["eval_compare"] = [i for i in ss["eval_compare"] if i != run_id]
+    common.set_message("eval_history", "success", f"Deleted run {run_id}" + (" and its checkpoint." if removes_checkpoint else "."))
 
 
 def speed_spread(throughput: dict) -> str | None:
@@ -218,6 +296,7 @@ def compare_runs(run_ids: list[int]) -> None:
 
 
 # ---- what to run ---------------------------------------------------------------------------------
+chosen = planner_plan() if ss["eval_allocator"] == "dp" else None  # the plan shown below, and the one Start prunes
 left, right = st.columns([1, 1], gap="large")
 with left:
     st.subheader("Plan")
@@ -236,7 +315,6 @@ with left:
         )
     else:
         st.metric("Budget from the planner (of prunable parameters)", f"{budget:.2%}", help=common.GLOSSARY["prunable"])
-        chosen = planner_plan() if ss["eval_allocator"] == "dp" else None
         if chosen is not None:
             st.caption(
                 f"The planner's DP plan `{chosen.content_hash()}`: removes {chosen.params['removed']:,} parameters, "
@@ -283,8 +361,9 @@ with right:
 
 common.expected_caption(expected_run(eval_settings()), "run")
 common.job_controls(
-    "prune_eval", "Prune and evaluate", "eval_run", start_run, ":material/play_arrow:", "Prune & evaluate", "eval", type="primary"
-)
+    "prune_eval", "Prune and evaluate", "eval_run", start_run, ":material/play_arrow:", "Prune & evaluate", "eval",
+    type="primary", args=(chosen.to_dict() if chosen is not None else None,),
+)  # fmt: skip
 
 # ---- the latest run ------------------------------------------------------------------------------
 result = ss.get("app_last_run")
@@ -425,8 +504,27 @@ else:
             st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch", theme=None)
     run_ids = [int(i) for i in frame["id"]]
     compare_runs(run_ids)
-    c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
-    if ss.get("eval_delete_id") not in run_ids:
-        ss["eval_delete_id"] = run_ids[-1]
-    c1.selectbox("Run", run_ids[::-1], key="eval_delete_id", format_func=lambda i: f"run {i}")
-    c2.button("Delete run", key="eval_delete", on_click=delete_run, args=(ss["eval_delete_id"],), icon=":material/delete:")
+    try:
+        makers = history.run_makers()
+    except GapError:
+        makers = {i: "" for i in run_ids}  # an unreadable history: nobody is shown as a run's maker
+    deletable = [i for i in run_ids if ownership.may_control(makers.get(i))]  # a shared link deletes nothing of its sender's
+    if deletable:
+        c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+        if ss.get("eval_delete_id") not in deletable:
+            ss["eval_delete_id"] = deletable[-1]
+        c1.selectbox("Run to delete", deletable[::-1], key="eval_delete_id", format_func=lambda i: f"run {i}")
+        doomed = int(ss["eval_delete_id"])
+        checkpoint = frame.loc[frame["id"] == doomed, "checkpoint"].iloc[0] if "checkpoint" in frame else None
+        checkpoint = checkpoint if isinstance(checkpoint, str) and checkpoint else None
+        common.ask_first(c2, "Delete run…", "eval_delete", doomed, icon=":material/delete:")
+        common.confirmation(
+            "eval_delete",
+            doomed,
+            delete_question(doomed, checkpoint),
+            f"Delete run {doomed}" + (" and its checkpoint" if removable_checkpoint(checkpoint) else ""),
+            delete_run,
+            (doomed, checkpoint),
+        )
+    if len(deletable) < len(run_ids):
+        st.caption(f"{len(run_ids) - len(deletable)} of these runs were made in another browser: only that browser can delete them.")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from explorer import budget_chart, common
+from explorer import budget_chart, common, ownership
 from gap_engine.core.config import DEFAULT_MAX_RATE
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
@@ -79,8 +79,7 @@ if not rows:
     st.error("No plan satisfies these constraints.")
     st.stop()
 
-front_id = table.key + "|" + common.constraints_json(raw_constraints)
-budget_chart.apply_release(rows, front_id)  # a released step becomes the app's budget before anything is drawn
+front_id = budget_chart.front_id_of(table, raw_constraints)
 
 top_pct, low_pct = rows[-1]["budget"] * 100, rows[0]["budget"] * 100
 if top_pct - low_pct < 0.5:
@@ -117,17 +116,23 @@ data = budget_chart.chart_data(
     baselines=baselines,
     measured=measured_runs(),
 )
-budget_chart.show(data)
-
 row = rows[data["rows"][data["active"]]]
-ss["app_budget"] = float(row["budget"])  # the budget every page uses is this row's own
 try:
     plan = row_plan(lm, table, row)
 except GapError as exc:
-    ss["app_plan"], ss["app_plan_hash"] = None, None
-    st.error(one_line(exc))
+    plan_error = one_line(exc)
+    ss["app_budget"], ss["app_plan"], ss["app_plan_hash"] = float(row["budget"]), None, None
 else:
+    plan_error = None
+    # The budget every page uses is this row's own, set with its plan before the next Streamlit
+    # call: a rerun interrupted there never leaves the budget of one row beside the plan of another.
+    ss["app_budget"] = float(row["budget"])
     common.release_plan(plan, raw_constraints)
+budget_chart.show(data)
+
+if plan_error is not None:
+    st.error(plan_error)
+else:
     params = plan.params
     objective = figures.loss_label(table.spec.objective)
     c1, c2, c3, c4 = st.columns(4)
@@ -198,6 +203,7 @@ def start_baselines() -> None:
         baselines_task(table.model, table, baseline_budgets(rows[-1]["budget"]), allocators, constraints),
         key=front_id + "|" + ",".join(allocators),
         label="baseline plans",
+        owner=ownership.owner(),
     )
     common.remember_job("baselines", job)
     common.clear_message("planner")

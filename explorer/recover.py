@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from explorer import common
+from explorer import common, ownership
 from gap_engine.core.config import APP_EVAL_WINDOWS, RECOVERY_DEFAULT_TEXTS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
@@ -122,10 +122,11 @@ def start_recovery(checkpoint: str) -> None:
     tasks_ok, task_settings = common.checked_task_settings("recover_", "recover")  # the engine's check, as for gap eval --tasks
     if not tasks_ok:
         return
-    task = recover_task(checkpoint, settings, out_dir, task_settings)
+    task = recover_task(checkpoint, settings, out_dir, task_settings, maker=ownership.owner())
     job = manager().submit(
         "recover", task, key=str(out_dir), label=f"{settings.method} on {Path(checkpoint).name}",
         params={"checkpoint": checkpoint, "settings": asdict(settings)},  # a reload fills the form from them
+        owner=ownership.owner(),
     )  # fmt: skip
     common.remember_job("recover", job)
 
@@ -229,7 +230,16 @@ running = common.session_job("recover")
 reached = saved_step(out_dir) if out_dir is not None else None
 if reached is not None and not (running and running.active):
     st.info(f"A run with these settings stopped at step {reached} of {ss['recover_steps']}: Recover resumes it from there.")
-    st.button("Start over", key="recover_start_over", on_click=start_over, args=(out_dir,), icon=":material/restart_alt:")
+    common.ask_first(st, "Start over…", "recover_start_over", str(out_dir), icon=":material/restart_alt:")
+    common.confirmation(
+        "recover_start_over",
+        str(out_dir),
+        f"Discard the saved partial run (step {reached} of {ss['recover_steps']}, in `{partial_dir(out_dir)}`)? "
+        "Recover then starts from step 0; the steps done so far are lost.",
+        "Discard it",
+        start_over,
+        (out_dir,),
+    )
 label = "Resume recovery" if reached is not None else "Recover"
 common.job_controls(
     "recover", label, "recover_go", start_recovery, ":material/healing:", "Recovery", "recover", args=(chosen.checkpoint,), type="primary"

@@ -11,7 +11,7 @@ import re
 import pandas as pd
 import streamlit as st
 
-from explorer import common
+from explorer import common, ownership
 from gap_engine.core.config import (
     APP_TABLE,
     DEFAULT_CHANNEL_MULTIPLE,
@@ -158,6 +158,7 @@ def start_build() -> None:
         key=job_key,
         label=f"{spec.estimator} table of {name}",
         params={"model": name, "spec": spec.to_dict(), "device": str(device)},
+        owner=ownership.owner(),
     )
     common.remember_job("table", job)
 
@@ -440,4 +441,15 @@ else:
     c1, c2, c3 = st.columns([4, 1, 1], vertical_alignment="bottom")
     c1.selectbox("Cached table", keys, key="setup_cached_key")
     c2.button("Load", key="setup_load", on_click=load_cached, args=(ss["setup_cached_key"],), icon=":material/upload:")
-    c3.button("Delete", key="setup_delete", on_click=delete_cached, args=(ss["setup_cached_key"],), icon=":material/delete:")
+    doomed = ss["setup_cached_key"]
+    common.ask_first(c3, "Delete…", "setup_delete", doomed, icon=":material/delete:")
+    current = common.current_table()
+    common.confirmation(
+        "setup_delete",
+        doomed,
+        f"Delete the loss table `{doomed}` from the cache? Building it again takes the build's time."
+        + (" It stays loaded in this session until another table is." if current is not None and current.key == doomed else ""),
+        "Delete this table",
+        delete_cached,
+        (doomed,),
+    )

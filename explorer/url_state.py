@@ -17,7 +17,9 @@ The page is the URL's path (``/planner``, Streamlit's own); the rest is in the q
                the task pickers of Prune & evaluate and Recover (``off`` when switched off),
                written only where they differ from the picker's defaults
     jobs       this tab's running jobs: a reload attaches to them, shows their progress
-               and gets their results when they end
+               and gets their results when they end; only the browser that started a job
+               gets its Cancel (explorer/ownership.py: a cookie, never a URL parameter), so a
+               shared link shows them read-only
 
 `restore` reads it once per session, before any page draws (so a reload opens the table
 the user had, not the newest cached one, and a running build is watched again with its
@@ -389,12 +391,18 @@ def view() -> dict:
 
 
 def sync() -> None:
-    """Write the session's view into the query string, touching only what changed."""
+    """Write the session's view into the query string, touching only what changed.
+
+    Every assignment sends the whole query string to the browser, so the values that change go in
+    one update: a budget and its plan hash never reach the address bar one at a time (a reader
+    between the two saw the new budget beside the old plan's hash). Removals go first; what they
+    leave is part of the old view, never new values beside old ones.
+    """
     want = view()
     params = st.query_params
     for name in PARAMS:
-        if name not in want:
-            if name in params:
-                del params[name]
-        elif params.get(name) != want[name]:
-            params[name] = want[name]
+        if name not in want and name in params:
+            del params[name]
+    changed = {name: want[name] for name in PARAMS if name in want and params.get(name) != want[name]}
+    if changed:
+        params.update(changed)

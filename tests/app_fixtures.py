@@ -13,6 +13,7 @@ import pytest
 from conftest import stop_jobs
 from streamlit.testing.v1 import AppTest
 
+from explorer import ownership
 from gap_engine.core.config import WindowSpec
 from gap_engine.data.windows import load_corpus
 from gap_engine.pipeline.jobs import manager
@@ -60,10 +61,14 @@ def cached_table(fresh_cache, tiny_table, smol):
     return tiny_table
 
 
-def start(page: str | None = None, query: dict | None = None) -> AppTest:
-    """A new session of the app (opened at a URL with the query string ``query``), on ``page``."""
+def start(page: str | None = None, query: dict | None = None, token: str | None = None) -> AppTest:
+    """A new session of the app (opened at a URL with the query string ``query``), on ``page``;
+    ``token``: the browser's (explorer/ownership.py; AppTest sends no cookie), so that two
+    sessions given the same token are two tabs, or a reload, of one browser (None: a new browser)."""
     at = AppTest.from_file(APP, default_timeout=240)
     at.query_params.update(query or {})
+    if token is not None:
+        at.session_state[ownership.TOKEN_KEY] = token
     at.run()
     if page:
         at.switch_page(page)

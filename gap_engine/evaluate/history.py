@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import io
+import re
 import shutil
 import sqlite3
 import zipfile
@@ -62,7 +63,15 @@ CREATE TABLE IF NOT EXISTS runs (
     note TEXT,
     tasks_json TEXT NOT NULL DEFAULT '{}'
 );
+CREATE TABLE IF NOT EXISTS run_makers (
+    run_id INTEGER PRIMARY KEY,
+    maker TEXT NOT NULL
+);
 """
+# run_makers: which browser made a run, as an opaque digest the explorer gives it (runs made by
+# the CLI have none); the explorer offers a run's Delete only to its maker. A table of its own,
+# so a history written before it opens unchanged and the run rows never carry it into exports.
+MAKER = re.compile(r"[0-9a-f]{16,64}")
 
 MAX_RUN_ID = (1 << 63) - 1  # SQLite's largest row id
 
@@ -350,6 +359,26 @@ def to_csv(path: Path | None = None) -> str:
     return text
 
 
+def set_run_maker(run_id: int, maker: str, path: Path | None = None) -> None:
+    """Record who made a run: ``maker`` is an opaque digest (16 to 64 lowercase hex digits).
+
+    Raises:
+        HistoryError: a maker of another form, or no run with this id.
+    """
+    if not isinstance(maker, str) or not MAKER.fullmatch(maker):
+        raise HistoryError("a run's maker must be 16 to 64 lowercase hex digits")
+    get_run(run_id, path)
+    with _connect(path) as conn:
+        conn.execute("INSERT OR REPLACE INTO run_makers (run_id, maker) VALUES (?, ?)", (int(run_id), maker))
+
+
+def run_makers(path: Path | None = None) -> dict[int, str]:
+    """Run id -> its maker, for the runs that have one (a row of another form is left out)."""
+    with _connect(path) as conn:
+        rows = conn.execute("SELECT run_id, maker FROM run_makers").fetchall()
+    return {int(r[0]): str(r[1]) for r in rows if isinstance(r[0], int) and isinstance(r[1], str) and MAKER.fullmatch(r[1])}
+
+
 def delete_run(run_id: int, path: Path | None = None, remove_checkpoint: bool = False) -> None:
     """Remove one run; HistoryError when there is none with this id.
 
@@ -360,6 +389,7 @@ def delete_run(run_id: int, path: Path | None = None, remove_checkpoint: bool = 
     record = get_run(run_id, path)
     with _connect(path) as conn:
         conn.execute("DELETE FROM runs WHERE id = ?", (int(run_id),))
+        conn.execute("DELETE FROM run_makers WHERE run_id = ?", (int(run_id),))
     if remove_checkpoint and record.checkpoint:
         folder = Path(record.checkpoint).resolve()
         root = checkpoints_root().resolve()
@@ -403,4 +433,5 @@ def checkpoint_zip(folder: str | Path) -> bytes:
 def clear(path: Path | None = None) -> int:
     """Remove every run; returns how many there were."""
     with _connect(path) as conn:
+        conn.execute("DELETE FROM run_makers")
         return int(conn.execute("DELETE FROM runs").rowcount)

@@ -32,12 +32,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gap_engine.core.device import DeviceSpec
 from gap_engine.core.errors import CancelledError, GapError, one_line
 from gap_engine.core.interrupt import run_unless_cancelled
 from gap_engine.core.progress import LOAD_MODEL, NO_HOOKS, RECOVERY_STAGES, Hooks
+from gap_engine.evaluate import history
 from gap_engine.evaluate.tasks import TaskSettings, prepare_tasks
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
@@ -174,6 +176,7 @@ class Job:
     label: str  # a short human description for listings
     fn: WorkFn = field(repr=False)
     params: dict = field(default_factory=dict)  # JSON-ready inputs (model, settings), so any page can show or restore them
+    owner: str | None = None  # an opaque id of whoever started it, who alone may cancel it (None: anyone)
     status: str = QUEUED
     progress: JobProgress = field(default_factory=JobProgress)
     result: Any = field(default=None, repr=False)  # what fn returned, once done
@@ -324,7 +327,9 @@ class JobManager:
         self._slots = threading.Semaphore(max_running)
         self._ids = itertools.count(1)
 
-    def submit(self, kind: str, fn: WorkFn, key: str | None = None, label: str | None = None, params: dict | None = None) -> Job:
+    def submit(
+        self, kind: str, fn: WorkFn, key: str | None = None, label: str | None = None, params: dict | None = None, owner: str | None = None
+    ) -> Job:
         """Start ``fn(ctx)`` in the background, or attach to the active job with the same kind and key.
 
         Args:
@@ -333,6 +338,9 @@ class JobManager:
             key: identity of the work; None makes a fresh key (never shared).
             label: a short description; defaults to "kind key".
             params: JSON-ready inputs a page may show or restore its form from.
+            owner: who starts it (an opaque id; the explorer's is a digest of a browser's token).
+                Recorded, not enforced: the caller decides who may cancel. A job attached to
+                keeps the owner of whoever started it.
         Returns:
             The new job, or the queued/running one it attached to.
         """
@@ -342,7 +350,7 @@ class JobManager:
             for existing in self._jobs.values():
                 if existing.kind == kind and existing.key == key and existing.active:
                     return existing
-            job = Job(id=job_id, kind=kind, key=key, label=label or f"{kind} {key}", fn=fn, params=dict(params or {}))
+            job = Job(id=job_id, kind=kind, key=key, label=label or f"{kind} {key}", fn=fn, params=dict(params or {}), owner=owner)
             self._jobs[job.id] = job
             self._prune_finished_locked()
         thread = threading.Thread(target=self._run, args=(job,), name=f"gap-job-{job.id}", daemon=True)
@@ -506,8 +514,22 @@ def baselines_task(model_name: str, table, budgets, allocators, constraints) -> 
     return work
 
 
+def _record_maker(run_id: int, maker: str, history_path: Path | None = None) -> None:
+    """Record who made a finished run; a history that refuses it leaves the run standing, with no maker."""
+    try:
+        history.set_run_maker(run_id, maker, history_path)
+    except GapError as exc:
+        log.warning("run %s was recorded without its maker: %s", run_id, one_line(exc))
+
+
 def prune_eval_task(
-    model_name: str, eval_settings, expected: dict | None = None, basis: str = "", task_settings: TaskSettings | None = None, **run
+    model_name: str,
+    eval_settings,
+    expected: dict | None = None,
+    basis: str = "",
+    task_settings: TaskSettings | None = None,
+    maker: str | None = None,
+    **run,
 ) -> WorkFn:
     """Prune a copy, measure, evaluate and record (`pipeline.prune_and_evaluate`); the result is its PruneEvalResult.
 
@@ -517,6 +539,7 @@ def prune_eval_task(
         expected, basis: stage -> expected seconds and where they come from (for the ETA).
         task_settings: lm-eval tasks to score the pruned model and dense on (None: none); their
             data sets load while the model does, so a data problem ends the job before pruning.
+        maker: who made the run, recorded beside it in the history (`history.set_run_maker`).
         run: the keyword arguments of `pipeline.prune_and_evaluate` (table, budget,
             allocator, constraints, plan, checkpoint_dir, history_path, compensation).
     """
@@ -531,12 +554,16 @@ def prune_eval_task(
             ctx.say(f"reading the tasks {', '.join(task_settings.tasks)}")
             prepared = run_unless_cancelled(lambda: prepare_tasks(task_settings), ctx.hooks(), "cancelled while reading the tasks")
         dense = shared_model(model_name, hooks=ctx.hooks())  # forward passes only
-        return prune_and_evaluate(dense, eval_settings, hooks=ctx.hooks(), tasks=prepared, **run)
+        result = prune_and_evaluate(dense, eval_settings, hooks=ctx.hooks(), tasks=prepared, **run)
+        if maker is not None:
+            history_path = run.get("history_path")
+            _record_maker(result.run_id, maker, Path(history_path) if history_path is not None else None)
+        return result
 
     return work
 
 
-def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings | None = None) -> WorkFn:
+def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings | None = None, maker: str | None = None) -> WorkFn:
     """Fine-tune a saved checkpoint (`recovery.recover`), resuming the run saved for ``out_dir``
     when there is one; the result is its RecoveryResult.
 
@@ -545,6 +572,7 @@ def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings
         settings: recover.RecoverySettings.
         out_dir: the recovered checkpoint's folder (see `recovery.app_output_dir`).
         task_settings: lm-eval tasks scored before and after training and on dense (None: none).
+        maker: who made the run, recorded beside it in the history (`history.set_run_maker`).
     """
 
     def work(ctx: JobContext):
@@ -560,6 +588,9 @@ def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings
         lm = load_model(str(checkpoint))
         ctx.check_cancelled()
         judged = prepared if settings.eval_tasks else None  # the picker's tasks judge the snapshots on their last examples
-        return recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True, lm_eval_tasks=prepared, judge_tasks=judged)
+        result = recover(lm, settings, ctx.hooks(), out_dir=out_dir, resume=True, lm_eval_tasks=prepared, judge_tasks=judged)
+        if maker is not None and result.run_id is not None:
+            _record_maker(result.run_id, maker)
+        return result
 
     return work

@@ -120,6 +120,24 @@ def test_delete_and_clear(tmp_path):
     assert history.runs(db) == []
 
 
+def test_a_runs_maker_is_kept_beside_it_and_goes_with_it(tmp_path):
+    db = tmp_path / "h.sqlite"
+    ids = [history.record_run(make_record(), db) for _ in range(3)]
+    history.set_run_maker(ids[0], "ab" * 16, db)
+    history.set_run_maker(ids[2], "cd" * 16, db)
+    assert history.run_makers(db) == {ids[0]: "ab" * 16, ids[2]: "cd" * 16}
+    assert "maker" not in history.list_runs(db).columns  # never in the table, the CSV or the report
+    for bad in ("AB" * 16, "ab", "ab" * 40, "../x"):
+        with pytest.raises(HistoryError, match="maker"):
+            history.set_run_maker(ids[1], bad, db)
+    with pytest.raises(HistoryError, match="no run with id"):
+        history.set_run_maker(999, "ab" * 16, db)
+    history.delete_run(ids[0], db)
+    assert history.run_makers(db) == {ids[2]: "cd" * 16}
+    history.clear(db)
+    assert history.run_makers(db) == {}
+
+
 def test_default_path_is_under_the_cache_root(tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     assert history.history_path() == tmp_path / "runs" / "history.sqlite"

@@ -155,9 +155,18 @@ def test_cached_tables_are_listed_loaded_and_deleted(cached_table):
     at.button(key="setup_load").click().run()
     assert at.session_state["app_table"].key == cached_table.key
     assert any("Loaded cached table" in t for t in texts(at.success))
+    # Deleting asks first, saying what goes; "Keep it" keeps it.
     at.button(key="setup_delete").click().run()
+    assert [row["key"] for row in cache.list_tables()] == [cached_table.key]
+    assert any(f"Delete the loss table `{cached_table.key}` from the cache?" in t for t in texts(at.warning))
+    at.button(key="setup_delete_keep").click().run()
+    assert [row["key"] for row in cache.list_tables()] == [cached_table.key]
+    assert not any("Delete the loss table" in t for t in texts(at.warning))
+    at.button(key="setup_delete").click().run()
+    at.button(key="setup_delete_confirm").click().run()
     assert cache.list_tables() == []
     assert any("Deleted" in t for t in texts(at.warning) + texts(at.success))
+    assert "The cache holds no finished table yet." in texts(at.caption)  # the list shows it gone at once
 
 
 def test_build_with_a_cached_tables_settings_loads_it_without_a_job(cached_table, smol):
@@ -316,6 +325,8 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     at.switch_page("explorer/evaluate.py")
     at.run()
     at.button(key="eval_delete").click().run()
+    assert any(result.checkpoint in str(w.value) for w in at.warning)  # it says the checkpoint goes too
+    at.button(key="eval_delete_confirm").click().run()
     assert history.list_runs().empty
     assert not Path(result.checkpoint).exists()
 

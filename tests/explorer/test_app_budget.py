@@ -208,3 +208,95 @@ def test_release_of_checks_front_row_and_count(cached_table):
     assert budget_chart.release_of(front, "f", good) is front[5]
     for bad in (None, "x", good | {"front_id": "g"}, good | {"row": len(front)}, good | {"row": True}, good | {"removed": 1}):
         assert budget_chart.release_of(front, "f", bad) is None
+
+
+def release_payload(data: dict, step: int) -> dict:
+    return {
+        "front_id": data["front_id"],
+        "step": step,
+        "row": data["rows"][step],
+        "removed": data["removed"][step],
+        "budget": data["budgets"][step],
+    }
+
+
+def test_a_release_whose_rerun_shows_another_page_is_the_plan_that_page_prunes(cached_table, smol):
+    """A release whose rerun is a page switch (the user clicked Prune & evaluate right after the
+    keys stopped; or the planner's run was interrupted by the switch) is applied before that page
+    draws: its budget and plan, together, not the plan before it."""
+    at = start("explorer/planner.py")
+    data = chart(at)
+    step = data["active"] + 3
+    at.session_state[budget_chart.RELEASE_KEY] = release_payload(data, step)
+    at.switch_page("explorer/evaluate.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    budget, removed = data["budgets"][step], data["removed"][step]
+    assert at.session_state["app_budget"] == budget
+    plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
+    assert plan.budget == budget and plan.params["removed"] == removed
+    assert at.session_state["app_plan_hash"] == plan.content_hash()
+    assert metric(at, "Budget from the planner") == f"{budget:.2%}"
+    assert any(f"The planner's DP plan `{plan.content_hash()}`: removes {removed:,} parameters" in t for t in texts(at.caption))
+    assert at.query_params["plan"] == plan.content_hash() and float(at.query_params["budget"]) == budget
+
+
+def test_prune_and_evaluate_waits_when_the_sessions_plan_moved_after_the_page_was_drawn(cached_table, smol):
+    """Start carries the plan the page showed; when the session's plan moved after the page was
+    drawn (a release applied by a run that a newer one interrupted before it drew), nothing starts,
+    the page says so and shows the new plan, and the next press prunes that one."""
+    from gap_engine.plan.front_view import row_plan
+
+    at = start("explorer/planner.py")
+    data = chart(at)
+    at.switch_page("explorer/evaluate.py")
+    at.run()
+    tiny_eval(at)
+    at.run()
+    shown = at.session_state["app_plan_hash"]
+    assert any(f"The planner's DP plan `{shown}`" in t for t in texts(at.caption))
+    front = front_rows(cached_table, dp_front(cached_table))
+    moved = row_plan(smol, cached_table, front[data["rows"][data["active"] + 5]])
+    at.session_state["app_plan"], at.session_state["app_plan_hash"] = moved.to_dict(), moved.content_hash()
+    at.session_state["app_budget"] = moved.budget
+    at.button(key="eval_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "prune_eval" not in at.session_state["app_jobs"]  # nothing pruned: not the plan shown, not the one it left
+    (said,) = [t for t in texts(at.warning) if "nothing was started" in t]
+    assert f"changed to `{moved.content_hash()}`" in said and f"showed `{shown}`" in said
+    assert any(f"The planner's DP plan `{moved.content_hash()}`" in t for t in texts(at.caption))  # shown now
+    at.button(key="eval_run").click().run()
+    job = job_of(at, "prune_eval")
+    assert job.params["plan_hash"] == moved.content_hash() and f"plan {moved.content_hash()}" in job.label
+    job.cancel()
+
+
+def test_prune_and_evaluate_waits_for_a_budget_the_keeper_hands_over_with_the_click(cached_table, smol):
+    """The slider's step reaches Prune & evaluate through the keeper (the planner was left before the
+    keys were sent) in the same message as a click on Start: the button's callback runs before the
+    keeper's, so the page it was pressed on showed the plan before; nothing starts, the page says so
+    and shows the slider's plan, and the next press prunes that one."""
+    at = start("explorer/planner.py")
+    data = chart(at)
+    at.switch_page("explorer/evaluate.py")
+    at.run()
+    tiny_eval(at)
+    at.run()
+    before = at.session_state["app_plan_hash"]
+    step = data["active"] + 4
+    entry = release_payload(data, step) | {"id": "k1"}
+    at.session_state[budget_chart.KEEPER_KEY] = {"unsaved": entry}  # the keeper's state in the click's message
+    at.session_state[budget_chart.RELEASE_KEY] = entry  # what its callback hands over after the button's
+    at.button(key="eval_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "prune_eval" not in at.session_state["app_jobs"]
+    (said,) = [t for t in texts(at.warning) if "nothing was started" in t]
+    assert f"({data['budgets'][step]:.2%}) was still reaching this page" in said
+    slider_plan = at.session_state["app_plan_hash"]
+    assert slider_plan != before and at.session_state["app_budget"] == data["budgets"][step]
+    assert any(f"The planner's DP plan `{slider_plan}`" in t for t in texts(at.caption))
+    at.session_state[budget_chart.KEPT_KEY] = "k1"  # its callback ran in that run
+    at.button(key="eval_run").click().run()
+    job = job_of(at, "prune_eval")
+    assert job.params["plan_hash"] == slider_plan and job.params["budget"] == data["budgets"][step]
+    job.cancel()

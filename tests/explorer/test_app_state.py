@@ -1,9 +1,10 @@
 """The explorer's state across reloads and tabs, and the progress of its jobs (Streamlit's AppTest).
 
-A reload is a new session given the URL the old one left (``AppTest.query_params``): it opens
-the table the user had, not the newest cached one, and attaches to a running build with its
-form filled in. Jobs belong to the server: a tab that did not start a job lists it in the
-sidebar, can watch it and can cancel it. The real SmolLM2-135M runs every job.
+A reload is a new session given the URL the old one left (``AppTest.query_params``) in the same
+browser (its token, explorer/ownership.py): it opens the table the user had, not the newest
+cached one, and attaches to a running build with its form filled in. Jobs run in the server: a
+tab that did not start a job lists it in the sidebar and can watch it; a tab of the browser
+that started it can also cancel it. The real SmolLM2-135M runs every job.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 from app_fixtures import cached_table, fresh_cache, start, start_exact_build, texts, tiny_table  # noqa: F401
 from streamlit.testing.v1 import AppTest
 
+from explorer import ownership
 from gap_engine.core.config import WindowSpec
 from gap_engine.pipeline.stages import loss_table
 from gap_engine.tables.artefact import TableSpec
@@ -25,8 +27,9 @@ OTHER_SPEC = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=8)
 
 
 def reload(at: AppTest, page: str | None = None) -> AppTest:
-    """A new session opened at the URL ``at`` shows (a reload, or the link pasted in a second tab)."""
-    return start(page, query=at.query_params)
+    """A new session opened at the URL ``at`` shows, in the same browser (a reload, or the link
+    pasted in a second tab)."""
+    return start(page, query=at.query_params, token=at.session_state[ownership.TOKEN_KEY])
 
 
 def progress_texts(at: AppTest) -> list[str]:
@@ -73,8 +76,8 @@ def test_a_reload_and_a_second_tab_see_the_running_build_and_can_cancel_it(fresh
     assert any(t == "this tab's" for t in texts(again.caption))  # the sidebar lists it as this tab's job
     assert any(t.startswith("Building the loss table: stage") and "elapsed" in t for t in progress_texts(again)), progress_texts(again)
 
-    # A second tab with no link: the sidebar lists the job; Watch attaches to it.
-    other = start()
+    # A second tab of the same browser with no link: the sidebar lists the job; Watch attaches to it.
+    other = start(token=at.session_state[ownership.TOKEN_KEY])
     assert "table" not in other.session_state["app_jobs"]
     assert any("Running jobs (all tabs)" in t for t in texts(other.caption))
     other.button(key=f"app_watch_{job.id}").click().run()

@@ -79,6 +79,17 @@ def test_same_key_attaches_to_the_running_job(jobs):
     assert third.wait(5) and third.result == "again"
 
 
+def test_a_job_keeps_the_owner_of_whoever_started_it(jobs):
+    gate = threading.Event()
+    first = jobs.submit("table", lambda ctx: gate.wait(5), key="same", owner="a" * 32)
+    attached = jobs.submit("table", lambda ctx: None, key="same", owner="b" * 32)
+    assert attached is first and first.owner == "a" * 32  # asking again attaches; the starter stays the owner
+    assert jobs.submit("eval", lambda ctx: None).owner is None  # a script's job: nobody's
+    assert "owner" not in first.snapshot() and "a" * 32 not in str(first.snapshot())  # pages show snapshots, never owners
+    gate.set()
+    assert first.wait(5)
+
+
 def test_cancel_through_the_event(jobs):
     started = threading.Event()
 
