@@ -11,7 +11,7 @@ from explorer import budget_chart, common, ownership
 from gap_engine.core.config import APP_EVAL_WINDOWS, DEFAULT_COMPENSATION, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
-from gap_engine.data.windows import BUILTIN_SOURCES
+from gap_engine.data.windows import HELDOUT_SOURCES
 from gap_engine.evaluate import history, runcompare
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.evaluate.tasks import score_text, task_table_rows
@@ -342,8 +342,8 @@ with left:
 with right:
     st.subheader("Evaluation")
     calibration_source = table.spec.windows.data
-    extra_sources = [calibration_source] if calibration_source not in BUILTIN_SOURCES else []
-    st.multiselect("Held-out text", list(BUILTIN_SOURCES) + extra_sources, key="eval_sources")
+    extra_sources = [calibration_source] if calibration_source not in HELDOUT_SOURCES else []
+    st.multiselect("Held-out text", list(HELDOUT_SOURCES) + extra_sources, key="eval_sources")
     c1, c2 = st.columns(2)
     c1.number_input("Held-out samples", min_value=1, max_value=256, step=1, key="eval_samples")
     c2.number_input("Tokens per sample", min_value=8, max_value=2048, step=8, key="eval_seq_len")

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from gap_engine.core.config import DEFAULT_COMPENSATION, WindowSpec
+from gap_engine.core.config import BUILTIN_TEXT_NAMES, DEFAULT_COMPENSATION, WindowSpec
 from gap_engine.core.deprecation import deprecation_text
 from gap_engine.core.device import DeviceError, DeviceSpec, canonical_dtype
 from gap_engine.core.errors import BudgetError
@@ -75,12 +75,15 @@ def parse_locks(values: list[str] | None) -> dict[int, float]:
     return locks
 
 
-def add_window_args(p: argparse.ArgumentParser, defaults: WindowSpec, what: str = "calibration") -> None:
-    """--data, --samples, --seq-len, --seed, --batch-size for one WindowSpec."""
+def add_window_args(
+    p: argparse.ArgumentParser, defaults: WindowSpec, what: str = "calibration", builtins: tuple[str, ...] = BUILTIN_TEXT_NAMES
+) -> None:
+    """--data, --samples, --seq-len, --seed, --batch-size for one WindowSpec (``builtins``: the
+    built-in sources --data may name there: held-out-only ones are never calibration text)."""
     p.add_argument(
         "--data",
         default=defaults.data,
-        help=f"{what} text: wiki-sample, news-sample, a .txt/.jsonl file, or an HF spec (default: %(default)s)",
+        help=f"{what} text: {', '.join(builtins)}, a .txt/.jsonl file, or an HF spec (default: %(default)s)",
     )
     p.add_argument("--samples", type=int, default=defaults.n_samples, help=f"{what} windows (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per window (default: %(default)s)")

@@ -29,6 +29,7 @@ from gap_engine.core.config import (
     EVAL_WINDOWS,
     GGUF_OUTTYPES,
     HELDOUT_SPLITS,
+    HELDOUT_TEXT_NAMES,
     MODES,
     RECOVERY_DEFAULT_TEXTS,
     RECOVERY_PROJECTIONS,
@@ -87,7 +88,7 @@ def _add_prune(sub) -> None:
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="held-out perplexity, KL to dense, throughput and generations")
     p.add_argument("--model", required=True)
-    add_window_args(p, EVAL_WINDOWS, what="held-out (comma-separated sources)")
+    add_window_args(p, EVAL_WINDOWS, what="held-out (comma-separated sources)", builtins=HELDOUT_TEXT_NAMES)
     p.add_argument("--generations", type=int)
     p.add_argument("--no-dense", action="store_true", help="do not compare with the dense original")
     p.add_argument("--no-throughput", action="store_true")
@@ -269,7 +270,11 @@ def _add_compare(sub) -> None:
     p.add_argument("--table", help="use this loss table instead of building one")
     add_window_args(p, CLI_TABLE.windows)
     _add_table_spec_args(p, CLI_TABLE.estimator)
-    p.add_argument("--eval-data", default="wiki-sample,news-sample", help="comma-separated held-out sources")
+    p.add_argument(
+        "--eval-data",
+        default="wiki-sample,news-sample",
+        help=f"comma-separated held-out sources: {', '.join(HELDOUT_TEXT_NAMES)}, .txt/.jsonl files or HF specs (default: %(default)s)",
+    )
     p.add_argument("--eval-samples", type=int, default=EVAL_WINDOWS.n_samples)
     p.add_argument("--eval-seq-len", type=int, default=EVAL_WINDOWS.seq_len)
     p.add_argument(
@@ -348,7 +353,11 @@ def _add_recover(sub) -> None:
         help="comma-separated text sources, one task each (calibration part only); teacher[:N]: N tokens the dense model writes "
         f"(default: {','.join(RECOVERY_DEFAULT_TEXTS)}, which raised task accuracy most in bench/results/recovery_tasks.md)",
     )
-    p.add_argument("--eval-data", help="held-out texts of the evaluation (default: the named --data texts, else wiki-sample,news-sample)")
+    p.add_argument(
+        "--eval-data",
+        help=f"held-out texts of the evaluation, e.g. {','.join(HELDOUT_TEXT_NAMES)} "
+        "(default: the named --data texts, else wiki-sample,news-sample)",
+    )
     p.add_argument("--split", default="calibration", help="the part of the text to train on: only 'calibration' is allowed")
     p.add_argument("--steps", type=int, required=True, help="training steps")
     p.add_argument("--out", required=True, help="output checkpoint folder (written atomically; work goes to OUT.partial)")

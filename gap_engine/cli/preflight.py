@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gap_engine.core import hub
-from gap_engine.core.config import BUILTIN_TEXT_NAMES
+from gap_engine.core.config import HELDOUT_TEXT_NAMES
 from gap_engine.core.errors import CacheError, DataError, ModelLoadError, OptionError, OutputError
 from gap_engine.core.fsutil import (
     CACHE_ENV,
@@ -42,6 +42,7 @@ from gap_engine.core.fsutil import (
 )
 from gap_engine.core.limits import LIMITS, check_at_most, check_windows
 from gap_engine.core.memory import parse_max_memory
+from gap_engine.data.sources import calibration_refusal
 from gap_engine.model.identity import BUILTIN_MODEL_NAMES
 
 # option dest -> (flag, floor, ceiling field of LIMITS or None, what one unit is)
@@ -77,7 +78,10 @@ BUILTIN_NAMES = BUILTIN_MODEL_NAMES
 PLANNING_SHAPES = ("llama-3.1-8b", "llama-3.1-70b")
 # The file a gap checkpoint folder holds (model.checkpoint.PRUNED_MARKER; not imported: it needs torch).
 CHECKPOINT_MARKER = "gap_pruned.json"
-BUILTIN_TEXTS = BUILTIN_TEXT_NAMES  # data.windows.BUILTIN_SOURCES is not imported here: it needs torch
+BUILTIN_TEXTS = HELDOUT_TEXT_NAMES  # every built-in (data.windows is not imported here: it needs torch)
+# Commands whose --data is held-out text; every other command's --data is calibration (or training)
+# text, where a held-out-only source is refused (data.sources.calibration_refusal).
+HELDOUT_DATA_COMMANDS = ("eval",)
 TEACHER_TEXT = re.compile(r"^teacher(:.*)?$")  # recover's teacher-written text (recover.teacher_text; not imported: it needs torch)
 # A Hugging Face hub id as the hub spells them: owner/name, letters, digits, '-', '_', '.'.
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -333,6 +337,9 @@ def check_source_specs(args: argparse.Namespace) -> None:
                 continue  # teacher-written text: its token count is recover's to judge
             if part.strip():
                 check_source_spec(part, flag)
+            refusal = calibration_refusal(part) if dest == "data" and args.command not in HELDOUT_DATA_COMMANDS else None
+            if refusal is not None:
+                raise DataError(f"{flag}: {refusal}")
 
 
 def check_max_memory(args: argparse.Namespace) -> None:

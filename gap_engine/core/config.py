@@ -157,9 +157,16 @@ SAVE_DTYPES = ("bfloat16", "float16", "float32")  # storage precision of a prune
 DEFAULT_SAVE_DTYPE = "bfloat16"  # half the bytes of float32, same exponent range (no overflow)
 GGUF_OUTTYPES = ("f16", "q8_0")  # weight types of `gap export --format gguf`
 
-# The built-in text sources, shipped in the gensim wheel (described in data.windows.BUILTIN_SOURCES,
-# whose module needs torch; the CLI's preflight checks names before torch is imported).
+# The built-in text sources, shipped in the gensim wheel, by kind (their files, readers and
+# descriptions: data.sources.BUILTIN_TEXTS, which checks that it lists these). Named here for the
+# layers below data and for the CLI's preflight, which checks names before torch is imported.
+# Calibration and held-out text: divided by document into calibration, selection and report parts.
 BUILTIN_TEXT_NAMES = ("wiki-sample", "news-sample")
+# Held-out text only (selection and report parts): other forms and domains than the calibration
+# text, so a quality claim can show that a plan holds on text it never saw. Never calibration text.
+HELDOUT_ONLY_TEXT_NAMES = ("newsgroups", "wiki-tables")
+# Every built-in source of held-out text: what evaluation and benchmarks can measure on.
+HELDOUT_TEXT_NAMES = BUILTIN_TEXT_NAMES + HELDOUT_ONLY_TEXT_NAMES
 
 # ---- recovery after pruning (recover.py) -------------------------------------------------
 RECOVERY_SCHEDULES = ("constant", "linear", "cosine")  # learning-rate decay after the warm-up

@@ -28,6 +28,10 @@ wiki-sample 265-276 and 385-400. Held-out text of one key (a source cut by chara
 again by characters, 3/8 and 5/8, at the boundary nearest 3/8. The calibration part and the
 content hash (``fingerprint``, which loss tables are keyed by) are what they were before the
 held-out text was divided: a table's cache key keeps its meaning.
+
+Held-out-only sources (``data.sources.BUILTIN_TEXTS``, kind held-out) have no calibration part:
+every document is held out and divided by the held-out rule above, and asking for their
+calibration part is refused in one line (``heldout_corpus``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 
 from gap_engine.core.config import HELDOUT_SPLITS
 from gap_engine.core.errors import DataError
+from gap_engine.data.sources import calibration_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +66,18 @@ class TextCorpus:
     fingerprint: str  # sha256 hex of the content (calibration and heldout), for cache keys
     selection: tuple[str, ...]  # held-out text that choices are made on
     report: tuple[str, ...]  # held-out text that results are reported on; never overlaps selection
+    heldout_only: bool = False  # a source kept for measuring only: its calibration part is refused
 
     def part(self, name: str) -> tuple[str, ...]:
-        """The documents of one part: calibration, heldout, selection or report."""
+        """The documents of one part: calibration, heldout, selection or report.
+
+        Raises:
+            DataError: an unknown part, or the calibration part of a held-out-only source.
+        """
         if name not in _PARTS:
             raise DataError(f"unknown part of a text source {name!r}: choose one of {', '.join(_PARTS)}")
+        if name == "calibration" and self.heldout_only:
+            raise DataError(calibration_refusal(self.name) or f"text source {self.name!r} is held-out text only, never calibration text")
         return tuple(getattr(self, name))
 
 
@@ -101,6 +113,16 @@ def make_corpus(name: str, keyed_docs: Sequence[tuple[str, str]]) -> TextCorpus:
     heldout = tuple(doc for _, doc in heldout_keyed)
     selection, report = split_heldout(heldout_keyed)
     return TextCorpus(name, calibration, heldout, content_fingerprint(calibration, heldout), selection, report)
+
+
+def heldout_corpus(name: str, keyed_docs: Sequence[tuple[str, str]]) -> TextCorpus:
+    """A held-out-only source: every (key, document) pair held out, divided into selection and
+    report by the held-out rule, keeping source order; no calibration part."""
+    if not keyed_docs:
+        raise DataError(f"text source {name!r} contains no documents")
+    heldout = tuple(doc for _, doc in keyed_docs)
+    selection, report = split_heldout(keyed_docs)
+    return TextCorpus(name, (), heldout, content_fingerprint((), heldout), selection, report, heldout_only=True)
 
 
 def cut_corpus(name: str, text: str) -> TextCorpus:

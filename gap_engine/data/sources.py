@@ -9,24 +9,105 @@ while those files are unchanged. The reader's own source files are among them, s
 how text is parsed is a miss too. Hugging Face datasets have no local file to stamp: their
 hash is only known once read.
 
+Every built-in source is one row of ``BUILTIN_TEXTS``: the gensim file it is read from, how it
+is read (``reader``: a name ``data.windows`` maps to its parser), its kind (calibration and
+held-out text, or held-out text only) and the line that describes it. A held-out-only source is
+never calibration text: ``calibration_refusal`` says so in one line wherever calibration text is
+named.
+
 torch-free, like everything the no-load lookup imports.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 
-from gap_engine.core.errors import DataError
+from gap_engine.core.config import BUILTIN_TEXT_NAMES, HELDOUT_ONLY_TEXT_NAMES
+from gap_engine.core.errors import DataError, InvariantError
 from gap_engine.core.filestamps import Stamps, recall, remember, stamp_files
 
-BUILTIN_FILES = {  # built-in source -> the file in gensim's shipped test data it is read from
-    "wiki-sample": "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
-    "news-sample": "lee_background.cor",
+CALIBRATION_KIND = "calibration"  # divided into calibration, selection and report parts
+HELDOUT_KIND = "held-out"  # selection and report parts only: never calibration text
+
+
+@dataclass(frozen=True)
+class BuiltinText:
+    """One built-in text source: a file in gensim's shipped test data, and how it is read."""
+
+    file: str  # the file's name in gensim/test/test_data
+    reader: str  # how its documents are read and cleaned (a key of data.windows' readers)
+    kind: str  # CALIBRATION_KIND or HELDOUT_KIND
+    description: str  # one line for help texts and selectors
+
+
+BUILTIN_TEXTS: dict[str, BuiltinText] = {
+    "wiki-sample": BuiltinText(
+        "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
+        "wiki-prose",
+        CALIBRATION_KIND,
+        "104 English Wikipedia articles as plain prose: the 206-page dump shipped with gensim, "
+        "less its 100 redirects and 2 pages too short to use.",
+    ),
+    "news-sample": BuiltinText(
+        "lee_background.cor",
+        "lines",
+        CALIBRATION_KIND,
+        "300 Australian news articles (the Lee corpus), shipped with gensim; out-of-domain.",
+    ),
+    "newsgroups": BuiltinText(
+        "mini_newsgroup",
+        "newsgroup-posts",
+        HELDOUT_KIND,
+        "192 Usenet posts from alt.atheism and sci.space (1993), without headers, quoted replies or signatures; held-out text only.",
+    ),
+    "wiki-tables": BuiltinText(
+        "enwiki-table-markup.xml.bz2",
+        "wiki-sections-with-tables",
+        HELDOUT_KIND,
+        "The sections of 5 English Wikipedia articles with their tables, one row a line (film awards, "
+        "companies, votes); held-out text only.",
+    ),
 }
+BUILTIN_FILES = {name: text.file for name, text in BUILTIN_TEXTS.items()}  # source -> its gensim file
 _KIND = "text"
-# The code that parses a source (windows.py) and divides it (parts.py): its changes change the hash.
-_READERS = (Path(__file__).with_name("windows.py"), Path(__file__).with_name("parts.py"))
+# The code that parses a source (windows.py, newsgroups.py) and divides it (parts.py): its changes change the hash.
+_READERS = tuple(Path(__file__).with_name(module) for module in ("windows.py", "newsgroups.py", "parts.py"))
+
+
+def _names_of(kind: str) -> tuple[str, ...]:
+    return tuple(name for name, text in BUILTIN_TEXTS.items() if text.kind == kind)
+
+
+if (_names_of(CALIBRATION_KIND), _names_of(HELDOUT_KIND)) != (BUILTIN_TEXT_NAMES, HELDOUT_ONLY_TEXT_NAMES):
+    raise InvariantError(
+        "data.sources.BUILTIN_TEXTS and core.config's BUILTIN_TEXT_NAMES and HELDOUT_ONLY_TEXT_NAMES name different built-in sources"
+    )
+
+
+def calibration_refusal(spec: str) -> str | None:
+    """The one line that refuses ``spec`` as calibration text (a loss table's, importance
+    scores', compensation's or recovery training's), or None where it may calibrate.
+
+    Only a held-out-only built-in is refused: its text is kept for measuring whether a plan holds
+    on text that chose nothing, so no table, score or fit may read it.
+    """
+    name = spec.strip() if isinstance(spec, str) else ""
+    if name not in BUILTIN_TEXTS or BUILTIN_TEXTS[name].kind != HELDOUT_KIND:
+        return None
+    return (
+        f"text source {name!r} is held-out text only and is never read for calibration or training: use "
+        f"{' or '.join(BUILTIN_TEXT_NAMES)}, a .txt/.jsonl file or an HF spec, and measure on {name} "
+        "with gap eval --data or gap compare --eval-data"
+    )
+
+
+def refuse_as_calibration(spec: str) -> None:
+    """DataError (``calibration_refusal``'s line) for a source that may not be calibration text."""
+    refusal = calibration_refusal(spec)
+    if refusal is not None:
+        raise DataError(refusal)
 
 
 def gensim_test_file(filename: str) -> Path:

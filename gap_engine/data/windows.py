@@ -15,11 +15,16 @@ Every window starts the way the model was trained to read: with its BOS token wh
 tokenizer prepends one (``bos``), which no loss, KL or statistic ever counts.
 
 Built-in sources ship inside the installed ``gensim`` package (its test data), so they
-work offline:
+work offline (one table of them, with their files and kinds: ``data.sources.BUILTIN_TEXTS``):
 
 * ``wiki-sample``: real English Wikipedia articles from a shortened 2016 dump, markup
   stripped to plain prose.
 * ``news-sample``: the Lee news corpus (Australian news articles), an out-of-domain set.
+* ``newsgroups`` (held-out text only): Usenet posts, their headers, quoted replies and
+  signatures dropped (``data.newsgroups``).
+* ``wiki-tables`` (held-out text only): the sections of five other Wikipedia articles, cleaned
+  as ``wiki-sample`` but with every table kept as text, one row a line, its cells separated by
+  " | " (``_table_rows``).
 
 How a source's documents are divided into calibration, selection and report parts, and the
 content hash a loss table is keyed by: ``data.parts``.
@@ -35,7 +40,7 @@ import re
 import threading
 import weakref
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,22 +53,22 @@ from gap_engine.core.errors import DataError, first_line
 from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import decode_text, parse_json, read_bounded
 from gap_engine.data.bos import Tokenizer, with_bos
-from gap_engine.data.parts import TextCorpus, cut_corpus, make_corpus
-from gap_engine.data.sources import BUILTIN_FILES, gensim_test_file, record_fingerprint, text_stamps
+from gap_engine.data.newsgroups import read_newsgroup_posts
+from gap_engine.data.parts import TextCorpus, cut_corpus, heldout_corpus, make_corpus
+from gap_engine.data.sources import BUILTIN_TEXTS, CALIBRATION_KIND, gensim_test_file, record_fingerprint, text_stamps
 from gap_engine.data.tokens import TokenStream, split_long_text, tokenize_stream
 
 if TYPE_CHECKING:
-    from mwparserfromhell.nodes import Node
+    from mwparserfromhell.nodes import Node, Tag
     from mwparserfromhell.wikicode import Wikicode
 
 logger = logging.getLogger(__name__)
 
 
-BUILTIN_SOURCES: dict[str, str] = {
-    "wiki-sample": "104 English Wikipedia articles as plain prose: the 206-page dump shipped with gensim, "
-    "less its 100 redirects and 2 pages too short to use.",
-    "news-sample": "300 Australian news articles (the Lee corpus), shipped with gensim; out-of-domain.",
-}
+# The built-in sources a table can calibrate on (their held-out text measures too) -> description.
+BUILTIN_SOURCES: dict[str, str] = {name: text.description for name, text in BUILTIN_TEXTS.items() if text.kind == CALIBRATION_KIND}
+# Every built-in source of held-out text, the held-out-only ones included -> description.
+HELDOUT_SOURCES: dict[str, str] = {name: text.description for name, text in BUILTIN_TEXTS.items()}
 
 
 # Wiki cleaning: tags whose contents are not running prose, link prefixes that are
@@ -152,40 +157,68 @@ def read_corpus(spec: str, hub: bool = True) -> TextCorpus:
             that cannot be loaded.
     """
     spec = spec.strip() if isinstance(spec, str) else ""
-    if spec in BUILTIN_SOURCES:
+    if spec in BUILTIN_TEXTS:
         return _load_builtin(spec)
     if spec.lower().endswith((".txt", ".jsonl")):
         return _load_local_file(spec)
     hf_parts = spec.split(":")
     if len(hf_parts) == 3 and hf_parts[0] and hf_parts[2]:
         return _load_hf_dataset(spec, hub)
-    names = ", ".join(BUILTIN_SOURCES)
+    names = ", ".join(BUILTIN_TEXTS)
     raise DataError(f"unknown text source {spec!r}: expected " + _ACCEPTED_FORMS.format(names=names))
 
 
 @functools.cache
 def _load_builtin(name: str) -> TextCorpus:
     stamped = text_stamps(name)  # before reading: a record can be too old, never wrong
-    if name == "wiki-sample":
-        articles = _read_wiki_articles(gensim_test_file(BUILTIN_FILES[name]))
-        keyed = [(title, text) for title, text in articles]
-    elif name == "news-sample":
-        path = gensim_test_file(BUILTIN_FILES[name])
-        lines = _read_text_file(path).splitlines()
-        docs = [" ".join(line.split()) for line in lines]
-        keyed = [(doc, doc) for doc in docs if doc]
-    else:  # pragma: no cover - load_corpus only routes known names here
-        raise DataError(f"unknown built-in text source {name!r}")
-    corpus = make_corpus(name, keyed)
+    builtin = BUILTIN_TEXTS[name]
+    keyed = _BUILTIN_READERS[builtin.reader](gensim_test_file(builtin.file))
+    corpus = make_corpus(name, keyed) if builtin.kind == CALIBRATION_KIND else heldout_corpus(name, keyed)
     record_fingerprint(stamped, corpus.fingerprint)
     return corpus
 
 
+def _read_lines(path: Path) -> list[tuple[str, str]]:
+    """(document, document) of every non-blank line of a one-document-a-line file, spaces collapsed."""
+    docs = [" ".join(line.split()) for line in _read_text_file(path).splitlines()]
+    return [(doc, doc) for doc in docs if doc]
+
+
 def _read_wiki_articles(path: Path) -> list[tuple[str, str]]:
     """(title, plain prose) of every main-namespace, non-redirect page of a bz2 XML dump."""
-    import mwparserfromhell  # imported here: only the wiki source needs it
-
     articles = []
+    for title, wikicode in _wiki_pages(path):
+        prose = _wikitext_to_prose(wikicode)
+        if len(prose) >= _MIN_ARTICLE_CHARS:
+            articles.append((title, prose))
+    return articles
+
+
+def _read_wiki_sections(path: Path) -> list[tuple[str, str]]:
+    """("title § n heading", text) of every section (each heading starts one) of every page of a
+    bz2 XML dump, its prose cleaned as ``_read_wiki_articles`` cleans it and its tables kept as
+    text (``_table_rows``); sections with no text left are dropped.
+
+    A section rather than an article is the document of a source of few articles: the five of
+    ``wiki-tables`` divided by article put both table-heavy articles (every award and company
+    table) in the selection part and left the report part nearly all prose.
+    """
+    sections = []
+    for title, wikicode in _wiki_pages(path):
+        for index, section in enumerate(wikicode.get_sections(flat=True, include_lead=True)):
+            text = _wikitext_to_prose(section, tables=True)
+            if text:
+                headings = section.filter_headings(recursive=False)
+                heading = str(headings[0].title).strip() if headings else ""
+                sections.append((f"{title} § {index} {heading}".rstrip(), text))
+    return sections
+
+
+def _wiki_pages(path: Path) -> Iterator[tuple[str, Wikicode]]:
+    """(title, parsed wikitext without comments and references) of every main-namespace,
+    non-redirect page of a bz2 XML dump, streamed."""
+    import mwparserfromhell  # imported here: only the wiki sources need it
+
     try:
         with bz2.open(path, "rb") as stream:
             for _, element in ET.iterparse(stream, events=("end",)):
@@ -202,45 +235,66 @@ def _read_wiki_articles(path: Path) -> list[tuple[str, str]]:
                     continue
                 wikitext = _WIKI_COMMENT.sub("", wikitext)
                 wikitext = _WIKI_REF.sub("", _WIKI_REF_SELF_CLOSING.sub("", wikitext))
-                prose = _wikitext_to_prose(mwparserfromhell.parse(wikitext))
-                if len(prose) >= _MIN_ARTICLE_CHARS:
-                    articles.append((title, prose))
+                yield title, mwparserfromhell.parse(wikitext)
     except (OSError, EOFError, ET.ParseError) as exc:
         raise DataError(f"could not read the Wikipedia sample {path}: {first_line(exc)}") from exc
-    return articles
 
 
 def _local_tag(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
-def _wikitext_to_prose(wikicode: Wikicode) -> str:
+def _wikitext_to_prose(wikicode: Wikicode, tables: bool = False) -> str:
     """Plain paragraphs from parsed wikitext: templates, tables, refs, media and category
-    links, headings and short fragments (list stubs, captions) are dropped."""
+    links, headings and short fragments (list stubs, captions) are dropped. With ``tables``,
+    each top-level table is kept where it stands, as its rows (``_table_rows``)."""
     from mwparserfromhell.nodes import Comment, Heading, Tag, Template, Wikilink
 
-    pieces: list[str] = []
+    blocks: list[str] = []  # paragraphs and tables, in the article's order
+    pieces: list[str] = []  # the text since the last table
 
-    def walk(nodes: Iterable[Node]) -> None:
+    def walk(nodes: Iterable[Node], out: list[str], in_cell: bool = False) -> None:
         for node in nodes:
             if isinstance(node, (Template, Comment, Heading)):
                 continue
             if isinstance(node, Tag):
-                if str(node.tag).strip().lower() in _WIKI_DROP_TAGS:
+                tag = str(node.tag).strip().lower()
+                if tables and tag == "table" and not in_cell:
+                    blocks.extend(_paragraphs("".join(pieces)))
+                    pieces.clear()
+                    rows = _table_rows(node, cell_text)
+                    if rows:
+                        blocks.append("\n".join(rows))
                     continue
+                if tag in _WIKI_DROP_TAGS:
+                    continue
+                if tag == "br" and in_cell:  # a line break inside a cell separates words
+                    out.append(" ")
                 if node.contents is not None:
-                    walk(node.contents.nodes)
+                    walk(node.contents.nodes, out, in_cell)
                 continue
             # File:, Image:, Category: and interlanguage links are not words of the text.
             if isinstance(node, Wikilink) and _INTERWIKI_LINK.match(str(node.title)):
                 continue
             stripped = node.__strip__(normalize=True, collapse=True, keep_template_params=False)
             if stripped:
-                pieces.append(str(stripped))
+                out.append(str(stripped))
 
-    walk(wikicode.nodes)
+    def cell_text(nodes: Iterable[Node]) -> str:
+        words: list[str] = []
+        walk(nodes, words, in_cell=True)  # a table inside a cell is dropped, as in prose
+        return " ".join("".join(words).split())
+
+    walk(wikicode.nodes, pieces)
+    blocks.extend(_paragraphs("".join(pieces)))
+    return "\n\n".join(blocks)
+
+
+def _paragraphs(text: str) -> list[str]:
+    """The lines of ``text`` that read as prose paragraphs, spaces and empty parentheses tidied:
+    short fragments (list stubs, captions) and lines with markup left in them are dropped."""
     paragraphs = []
-    for raw in re.split(r"\n", "".join(pieces)):
+    for raw in re.split(r"\n", text):
         paragraph = " ".join(raw.split())
         paragraph = _EMPTY_PARENS.sub("", paragraph)
         paragraph = _SPACE_BEFORE_PUNCT.sub(r"\1", paragraph).strip()
@@ -249,7 +303,42 @@ def _wikitext_to_prose(wikicode: Wikicode) -> str:
         if _MARKUP_LEFTOVER.search(paragraph):
             continue
         paragraphs.append(paragraph)
-    return "\n\n".join(paragraphs)
+    return paragraphs
+
+
+def _table_rows(table: Tag, cell_text: Callable[[Iterable[Node]], str]) -> list[str]:
+    """One line per row of a parsed wikitext table (its caption first): the text of its cells
+    joined by " | ". Attributes (style, width, rowspan) are not text and are dropped, and so are
+    empty cells and cells with markup left in them; a cell a rowspan carries down is read only
+    in its first row."""
+    from mwparserfromhell.nodes import Tag
+
+    def is_cell(node: object) -> bool:
+        return isinstance(node, Tag) and node.contents is not None and str(node.tag).strip().lower() in ("td", "th")
+
+    rows: list[list[str]] = []
+    loose: list[str] = []  # cells before the first row marker belong to an implicit first row
+    for node in table.contents.nodes if table.contents is not None else ():
+        if not isinstance(node, Tag) or node.contents is None:
+            continue
+        tag = str(node.tag).strip().lower()
+        if is_cell(node):
+            loose.append(cell_text(node.contents.nodes))
+        elif tag == "caption":
+            rows.append([cell_text(node.contents.nodes)])
+        elif tag == "tr":
+            if loose:
+                rows.append(loose)
+                loose = []
+            rows.append([cell_text(cell.contents.nodes) for cell in node.contents.nodes if isinstance(cell, Tag) and is_cell(cell)])
+    if loose:
+        rows.append(loose)
+    lines = []
+    for row in rows:
+        cells = [cell for cell in row if cell and not _MARKUP_LEFTOVER.search(cell)]
+        if cells:
+            lines.append(" | ".join(cells))
+    return lines
 
 
 def _read_text_file(path: Path) -> str:
@@ -357,6 +446,16 @@ def _group_wikitext_rows(rows: Sequence[str]) -> list[str]:
         if line.strip():
             articles[-1].append(line.strip())
     return ["\n\n".join(lines) for lines in articles if lines]
+
+
+# How each built-in source's documents are read and cleaned: data.sources.BUILTIN_TEXTS names
+# one of these per source; each returns (key, document) pairs, the key the split hashes.
+_BUILTIN_READERS: dict[str, Callable[[Path], list[tuple[str, str]]]] = {
+    "wiki-prose": _read_wiki_articles,
+    "wiki-sections-with-tables": _read_wiki_sections,
+    "lines": _read_lines,
+    "newsgroup-posts": read_newsgroup_posts,
+}
 
 
 # --------------------------------------------------------------------------- windows

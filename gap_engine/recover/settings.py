@@ -16,6 +16,7 @@ import numpy as np
 
 from gap_engine.core.config import BUILTIN_TEXT_NAMES, RECOVERY_DEFAULT_TEXTS, RECOVERY_PROJECTIONS, RECOVERY_SCHEDULES, SAVE_DTYPES
 from gap_engine.core.errors import DataError, GapError
+from gap_engine.data.sources import refuse_as_calibration
 from gap_engine.recover.distill import check_temperature
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.recover.teacher_text import is_teacher_source, normalise
@@ -150,6 +151,8 @@ class RecoverySettings:
             raise DataError("recovery needs at least one text source")
         if len(set(tasks)) != len(tasks) or sum(map(is_teacher_source, tasks)) > 1:
             raise DataError(f"a text source is listed twice: {', '.join(tasks)}")
+        for task in tasks:
+            refuse_as_calibration(task)  # training reads the calibration part, which a held-out-only source lacks
         eval_texts = None if self.eval_texts is None else tuple(parse_task(t) for t in self.eval_texts)
         if eval_texts is not None and (not eval_texts or any(is_teacher_source(t) for t in eval_texts)):
             raise DataError("the held-out evaluation reads named texts (e.g. wiki-sample), not teacher text")

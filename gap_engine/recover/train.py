@@ -79,10 +79,10 @@ class TaskData:
 
 def _named_pool(lm: LoadedModel, settings: RecoverySettings, spec: str) -> torch.Tensor:
     """(n_pool, T) windows of a named text's calibration part."""
-    corpus = load_corpus(spec)
-    if not corpus.calibration:
+    calibration = load_corpus(spec).part("calibration")  # a held-out-only source is refused here
+    if not calibration:
         raise DataError(f"text source '{spec}' has no calibration part to train on (it is too small to split)")
-    tokens = _token_count(lm.tokenizer, corpus.calibration)
+    tokens = _token_count(lm.tokenizer, calibration)
     n_pool = min(settings.pool_windows, tokens // settings.seq_len)
     if n_pool < settings.batch_size:
         raise DataError(

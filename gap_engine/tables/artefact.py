@@ -43,6 +43,7 @@ from gap_engine.core.jsontext import json_text
 from gap_engine.core.validate import check_int, check_table_document, parse_json
 from gap_engine.core.validate_meaning import check_removed_matches, check_table_cells
 from gap_engine.data.bos import WINDOW_STARTS, window_start
+from gap_engine.data.sources import calibration_refusal
 from gap_engine.prune.compensations import COMPENSATIONS
 from gap_engine.prune.criteria import CRITERIA, SCORING_CRITERIA
 from gap_engine.tables.estimators import ESTIMATORS
@@ -94,6 +95,9 @@ class TableSpec:
             raise TableError(f"table {exc}") from None
         if len(self.windows.sources()) != 1:
             raise TableError(f"a loss table is measured on one text source, got '{self.windows.data}'")
+        refusal = calibration_refusal(self.windows.data)
+        if refusal is not None:
+            raise TableError(refusal)
         check_int(self.channel_multiple, "table channel_multiple", TableError, low=1)
         if self.criterion in CRITERIA and self.criterion not in SCORING_CRITERIA:
             raise TableError(

@@ -333,6 +333,22 @@ def test_calibration_text_and_fingerprint_are_what_they_were(source, smol_tokeni
     assert hashlib.sha256(windows.numpy().tobytes()).hexdigest()[:16] == CALIBRATION_WINDOWS_BEFORE_THE_SPLIT[source]
 
 
+# sha256 of the NUL-joined documents of each part, as the code before the held-out-only
+# sources (commit c8158d5) divided them: adding sources leaves every existing part as it was.
+PARTS_BEFORE = {
+    ("wiki-sample", "selection"): "b82b52a5870b20ef",
+    ("wiki-sample", "report"): "4d3f78ea40968216",
+    ("news-sample", "selection"): "d77a537821583bc4",
+    ("news-sample", "report"): "f2f25fb8937f087c",
+}
+
+
+@pytest.mark.parametrize("source, part", PARTS_BEFORE)
+def test_selection_and_report_of_the_calibration_sources_are_what_they_were(source, part):
+    documents = load_corpus(source).part(part)
+    assert hashlib.sha256("\0".join(documents).encode()).hexdigest()[:16] == PARTS_BEFORE[(source, part)]
+
+
 @pytest.mark.parametrize("source", BUILTIN_TEXT_NAMES)
 def test_heldout_text_is_divided_by_document_into_selection_and_report(source):
     corpus = load_corpus(source)

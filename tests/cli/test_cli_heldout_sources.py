@@ -1,0 +1,62 @@
+"""The held-out-only built-in sources on the command line: measured by ``gap eval --data`` and
+``gap compare --eval-data``, refused in one line (exit 2, before anything loads) wherever --data
+is calibration or training text. Tiny model folder, real text."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from gap_engine.cli import main
+
+SOURCES = "newsgroups,wiki-tables"
+
+
+@pytest.fixture
+def tiny_folder(make_tiny, tmp_path):
+    lm = make_tiny("llama", num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
+    folder = tmp_path / "tiny"
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_eval_measures_each_heldout_only_source(tiny_folder, capsys):
+    argv = ["eval", "--model", str(tiny_folder), "--data", SOURCES, "--samples", "2", "--seq-len", "32", "--no-throughput", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["perplexity"]) == {"newsgroups", "wiki-tables"}
+    assert all(math.isfinite(ppl) and ppl > 1 for ppl in report["perplexity"].values())
+
+
+def test_compare_measures_both_parts_of_each_heldout_only_source(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "compare.csv"
+    argv = ["compare", "--model", str(tiny_folder), "--budgets", "0.25", "--allocators", "uniform", "--compensate", "none"]
+    calibration = ["--samples", "4", "--seq-len", "64", "--batch-size", "2", "--rates", "0,0.25,0.5"]
+    heldout = ["--eval-data", SOURCES, "--eval-samples", "2", "--eval-seq-len", "32", "--split", "both"]
+    assert main([*argv, *calibration, *heldout, "--out", str(out)]) == 0
+    (row,) = list(csv.DictReader(out.open()))
+    for source in SOURCES.split(","):
+        assert float(row[f"ppl_{source}/selection"]) != float(row[f"ppl_{source}/report"]) > 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["table", "--model", "smollm2-135m", "--data", "newsgroups", "--out", "{out}.json"],
+        ["table", "--model", "smollm2-135m", "--data", "wiki-tables", "--dry-run"],
+        ["compare", "--model", "smollm2-135m", "--data", "wiki-tables", "--out", "{out}.csv"],
+        ["prune", "--model", "smollm2-135m", "--uniform", "0.2", "--data", "newsgroups", "--out", "{out}"],
+        ["recover", "--model", "smollm2-135m", "--method", "lora", "--steps", "1", "--data", "news-sample,wiki-tables", "--out", "{out}"],
+    ],
+)
+def test_heldout_only_source_is_refused_as_calibration_text_in_one_line(argv, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([part.format(out=out) for part in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gap: error: --data: text source '")
+    assert "is held-out text only and is never read for calibration or training" in err[0]
+    assert list(tmp_path.iterdir()) == []  # nothing written, nothing half-written
