@@ -110,7 +110,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
 
 
 def window_convention_text(tokenizer) -> str:
-    """One line saying how every evaluation window starts (issue: Gemma needs its BOS token)."""
+    """One line saying how every evaluation window starts (Gemma's are scored after its BOS token)."""
     bos = bos_token_id(tokenizer)
     if bos is None:
         return "start with text (this model's tokenizer adds no BOS token)"

@@ -425,7 +425,7 @@ def read_evaluation(path: str | Path) -> dict:
     """
     path = Path(path)
     what = f"evaluation {path}"
-    data = read_json_file(path, LIMITS.metadata_bytes, what, ReportError)  # size and nesting bounded (issue 13)
+    data = read_json_file(path, LIMITS.metadata_bytes, what, ReportError)  # size and nesting bounded: a report reads files a user hands it
     return evaluation_from_report(check_evaluation_report(data, what, ReportError), label=path.name)
 
 
