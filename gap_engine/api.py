@@ -63,7 +63,7 @@ def load(model: str, device: str | None = None, dtype: str | None = None) -> Loa
 
     ``device``/``dtype``: where and in which precision it runs (default: the CPU in float32).
     """
-    return load_model(model, DeviceSpec(device=device or "cpu", dtype=dtype) if device or dtype else None)
+    return load_model(model, DeviceSpec(device=device or "cpu", dtype=dtype or "auto") if device or dtype else None)
 
 
 def loss_table(
