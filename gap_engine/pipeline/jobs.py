@@ -319,10 +319,10 @@ class JobManager:
                 with job._lock:
                     job._finish_locked(status, error=one_line(exc))
             else:
+                if job.pending is not None:  # before it reads as done, so the next prediction has it
+                    learned.record(job.pending, job.elapsed)
                 with job._lock:
                     job._finish_locked(DONE, result=result)
-                if job.pending is not None:
-                    learned.record(job.pending, job.elapsed)
         finally:
             self._slots.release()
 
