@@ -130,8 +130,7 @@ def start_run(shown_plan: dict | None = None) -> None:
     task = prune_eval_task(
         table.model,
         settings,
-        expected.seconds if expected else None,
-        expected.basis if expected else "",
+        expected,
         task_settings,
         table=table,
         budget=run_budget,

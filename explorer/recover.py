@@ -222,7 +222,7 @@ else:
         parts.append((predicted.judge_s, f"judging {predicted.judgements} snapshots"))
         scoring = "".join(f", {common.duration_text(seconds)} of it {what}" for seconds, what in parts if seconds)
         st.caption(
-            f"Predicted time: about {common.duration_text(predicted.total)} "
+            f"Predicted time ({predicted.where}): about {common.duration_text(predicted.total)} "
             f"({predicted.step_s:.2g} s per step, {common.duration_text(before)} before training, "
             f"{common.duration_text(after)} after{scoring}; {predicted.basis})"
         )

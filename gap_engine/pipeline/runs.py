@@ -27,6 +27,7 @@ from gap_engine.core.progress import (
     PLAN,
     PRUNE,
     SAVE,
+    SCORE_UNITS,
     TASKS,
     THROUGHPUT,
     Hooks,
@@ -165,8 +166,8 @@ def baseline_rows(
 
     Args:
         lm: the dense model (FLAP and OWL hook it: a shared one is copied first).
-        hooks: each step told as a message (the allocator and budget) with its progress
-            (plans done, plans); cancel polled between plans.
+        hooks: the stages (``baseline_stages``) entered after the load, each plan told as a message
+            (the allocator and budget) with its progress (plans done, plans); cancel polled between plans.
     Returns:
         One BaselinePlan per (allocator, budget): removed_fraction of prunable parameters,
         predicted_loss, attention_rates, mlp_rates; a budget an allocator cannot reach gives
@@ -177,10 +178,12 @@ def baseline_rows(
         lm = lm.private()  # once for every plan: they hook or mask it
     scores = None
     if "flap" in allocators:
+        hooks.enter(SCORE_UNITS)
         _step(hooks, "importance scores for FLAP", 0, 0)
         windows = calibration_windows(lm.tokenizer, table.spec.windows)
         scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size, Hooks(cancel=hooks.cancel))
     rows: list[BaselinePlan] = []
+    hooks.enter(PLAN)
     pairs = [(a, float(b)) for a in allocators for b in budgets]
     for i, (allocator, budget) in enumerate(pairs):
         hooks.check_cancelled(f"baseline plans cancelled after {i} of {len(pairs)}")
@@ -202,6 +205,11 @@ def baseline_rows(
         )
     _step(hooks, "done", len(pairs), len(pairs))
     return rows
+
+
+def baseline_stages(allocators: Sequence[str]) -> tuple[str, ...]:
+    """The stages of a baseline-plans job in order, from loading the dense model (FLAP's: its units scored first)."""
+    return (LOAD_MODEL, SCORE_UNITS, PLAN) if "flap" in allocators else (LOAD_MODEL, PLAN)
 
 
 def _step(hooks: Hooks, message: str, done: int, total: int) -> None:
