@@ -1,0 +1,42 @@
+"""Prune & evaluate with another criterion than the plan's: the planner's DP plan pruned by ``obs``
+(SlimGPT's structured OBS), on its own number of calibration windows; the run records both.
+
+The real built-in model behind the page; the tiny cached table of ``app_fixtures`` (news-sample,
+2 windows of 16 tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from app_fixtures import cached_table, fresh_cache, job_of, start, tiny_eval, tiny_table  # noqa: F401
+
+from gap_engine.evaluate import history
+
+pytestmark = pytest.mark.slow  # the real built-in model behind the page
+
+
+def test_prune_and_evaluate_prunes_the_planners_dp_plan_by_obs(cached_table, smol):
+    at = start("explorer/evaluate.py")
+    tiny_eval(at, save=True)
+    criterion = at.selectbox(key="eval_criterion")
+    assert criterion.value == "the plan's own" and "obs" in criterion.options
+    assert criterion.format_func("the plan's own") == "the plan's own (wanda)"  # the tiny table's criterion
+    assert not at.selectbox(key="eval_compensation").disabled
+    assert not any(n.key == "eval_obs_samples" for n in at.number_input)  # asked only for obs
+    criterion.set_value("obs").run()
+    assert at.selectbox(key="eval_compensation").disabled  # OBS's update is its compensation
+    at.number_input(key="eval_obs_samples").set_value(3).run()
+    at.button(key="eval_run").click().run()
+    job = job_of(at, "prune_eval")
+    assert job.wait(400), job.snapshot()
+    at.run()
+    assert job.status == "done", job.error
+    result = at.session_state["app_last_run"]
+    assert (result.plan["allocator"], result.plan["criterion"]) == ("dp", "obs") and result.compensation is None
+    [record] = history.runs()
+    assert record.plan["criterion"] == "obs" and record.params["obs_windows"]["n_samples"] == 3
+    assert json.loads((Path(result.checkpoint) / "plan.json").read_text())["criterion"] == "obs"
+    assert any("criterion obs" in str(h.value) for h in at.subheader)
