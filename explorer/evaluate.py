@@ -282,11 +282,12 @@ with left:
     )
     if run_compensation() != ss["eval_compensation"]:
         st.caption("This plan's criterion updates the kept columns itself (SlimGPT's OBS update): the run adds no compensation.")
+    own_label = f"{PLAN_OWN} ({plan_criterion()})"  # bound now: a widget's format_func may be called after the script run
     st.selectbox(
         "Criterion (which heads and channels go)",
         [PLAN_OWN, *CRITERIA],
         key="eval_criterion",
-        format_func=lambda c: f"{PLAN_OWN} ({plan_criterion()})" if c == PLAN_OWN else CRITERIA.label(c),
+        format_func=lambda c: own_label if c == PLAN_OWN else CRITERIA.label(c),
         help="The plan's rates say how many heads and channels each layer loses; the criterion says which. "
         "obs prunes any plan's rates with SlimGPT's structured OBS: block by block on the pruned model, "
         "the kept columns of o_proj/down_proj updated (its own compensation).",
