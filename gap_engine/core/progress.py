@@ -124,7 +124,9 @@ class JobProgress:
     stage: int = -1  # index of the current stage; -1 before the first
     stage_started: float | None = None  # time.time() the current stage began
     stage_seconds: dict[str, float] = field(default_factory=dict)  # stage -> seconds it took, for the stages that ended
-    expected: dict[str, float] = field(default_factory=dict)  # stage -> seconds it is expected to take (``pipeline.expected``; may be partial)
+    expected: dict[str, float] = field(
+        default_factory=dict
+    )  # stage -> seconds it is expected to take (``pipeline.expected``; may be partial)
     expected_basis: str = ""  # where ``expected`` comes from, in a few words
 
     @property

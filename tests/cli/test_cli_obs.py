@@ -16,9 +16,9 @@ import torch
 from gap_engine.cli import main
 from gap_engine.cli.parser import build_parser, explicit_options
 from gap_engine.cli.preflight import check_option_rules
+from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import OptionError
 from gap_engine.data.windows import calibration_windows
-from gap_engine.core.config import WindowSpec
 from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import RatePlan
 
@@ -146,7 +146,19 @@ def _rules(*argv):
     "argv",
     [
         ["prune", "--model", "m", "--out", "o", "--plan", "p.json", "--criterion", "obs"],  # replaces the plan's criterion
-        ["prune", "--model", "m", "--out", "o", "--plan", "p.json", "--criterion", "wanda", "--obs-samples", "8"],  # the handler reads the plan
+        [
+            "prune",
+            "--model",
+            "m",
+            "--out",
+            "o",
+            "--plan",
+            "p.json",
+            "--criterion",
+            "wanda",
+            "--obs-samples",
+            "8",
+        ],  # the handler reads the plan
         ["prune", "--model", "m", "--out", "o", "--uniform", "0.2", "--criterion", "obs", "--obs-samples", "8"],
         ["prune", "--model", "m", "--out", "o", "--budget", "0.2", "--criterion", "obs", "--obs-samples", "8"],
         ["compare", "--model", "m", "--out", "o", "--allocators", "dp,dp:obs", "--obs-samples", "8"],

@@ -33,10 +33,7 @@ def _dp_plan(lm, budget=0.3):
 
 
 def _kept(result):
-    return [
-        (len(kv), len(heads), channels)
-        for kv, heads, channels in zip(result.kept_kv_heads, result.kept_heads, result.kept_channels)
-    ]
+    return [(len(kv), len(heads), channels) for kv, heads, channels in zip(result.kept_kv_heads, result.kept_heads, result.kept_channels)]
 
 
 def test_a_dp_plan_pruned_by_obs_keeps_its_counts_and_chooses_other_units(make_tiny):
