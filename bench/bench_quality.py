@@ -124,7 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in CLI_TABLE.rate_grid), help="the table's rate grid")
     p.add_argument("--criterion", default="wanda", help="the table's criterion (dp and uniform prune by it)")
     p.add_argument("--budgets", default="0.1,0.2,0.3,0.4,0.5")
-    p.add_argument("--allocators", default=",".join(DEFAULT_ALLOCATORS), help="comma-separated; dp first")
+    p.add_argument(
+        "--allocators",
+        default=",".join(DEFAULT_ALLOCATORS),
+        help="comma-separated, each ALLOCATOR or ALLOCATOR:CRITERION (dp:obs: DP's plan pruned by OBS); dp first",
+    )
     p.add_argument(
         "--compensations",
         default=",".join(COMPENSATIONS),
@@ -167,6 +171,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--compensations: unknown {unknown[0]!r}; choose from {', '.join(COMPENSATIONS)}")
     if split_list(args.allocators)[0] != "dp":
         p.error("--allocators must start with dp: the report's margins are DP's")
+    from gap_engine.core.errors import GapError
+    from gap_engine.pipeline.compare import allocator_spec
+
+    for spec in split_list(args.allocators):
+        try:
+            allocator_spec(spec)
+        except GapError as exc:
+            p.error(f"--allocators: {exc}")
     return args
 
 
@@ -344,17 +356,19 @@ class Run:
         every row ships the same net parameters; made once per budget, allocator and whether
         biases are added (the compensations without biases prune the same units)."""
         from gap_engine.core.config import BIAS_COMPENSATIONS
+        from gap_engine.pipeline.compare import allocator_spec
+        from gap_engine.pipeline.stages import pruned_by
         from gap_engine.plan.allocator_registry import needs_windows
         from gap_engine.plan.allocators import plan_from_table
 
         counted = "bias" if compensation in BIAS_COMPENSATIONS else "none"
         key = (budget, allocator, counted)
         if key not in self.plans:
-            windows = self.windows if needs_windows(allocator) else None
+            base, criterion = allocator_spec(allocator)  # dp:obs: DP's rates, pruned by OBS
+            windows = self.windows if needs_windows(base) else None
             scores = self.scores_for(self.table.spec.criterion)
-            self.plans[key] = plan_from_table(
-                self.dense, self.table, budget, allocator, windows=windows, scores=scores, compensation=counted
-            )
+            plan = plan_from_table(self.dense, self.table, budget, base, windows=windows, scores=scores, compensation=counted)
+            self.plans[key] = pruned_by(plan, criterion)
         return self.plans[key]
 
     def group(self, budget: float, allocator: str) -> Group:

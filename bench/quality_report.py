@@ -135,53 +135,69 @@ def chosen_rows(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources
     return out
 
 
+def dp_variants(groups: Sequence[Group]) -> list[str]:
+    """The DP rows whose margins are reported: ``dp`` and DP's plan pruned by another criterion (``dp:obs``)."""
+    return [a for a in dict.fromkeys(g.allocator for g in groups) if a.partition(":")[0] == "dp"]
+
+
+def dp_label(variant: str) -> str:
+    allocator, _, criterion = variant.partition(":")
+    return "DP" if not criterion else f"DP pruned by {criterion}"
+
+
 def target_lines(
     groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources: Sequence[str], boot: Bootstrap
 ) -> tuple[list[str], dict[str, dict[str, int]]]:
-    """The two targets' tables (DP default and DP best on selection against every baseline at its best)
-    and, per target, how many margins were met, tied and lost."""
+    """The targets' tables (each DP variant at its default and at its best on selection, against
+    every baseline at its best) and, per table, how many margins were met, tied and lost."""
     chosen = chosen_rows(groups, rows, sources)
     budgets = sorted({g.budget for g in groups})
     baselines = [a for a in dict.fromkeys(g.allocator for g in groups) if a in BASELINES]
     counts: dict[str, dict[str, int]] = {}
     lines: list[str] = []
     columns = [*sources, "mean"]
-    for which, title in (("default", "DP at its default compensation"), ("best", "DP at its best compensation (chosen on selection)")):
-        tally = counts.setdefault(which, {"met": 0, "tie": 0, "loss": 0})
-        lines += [
-            f"### {title} against every baseline at its best",
-            "",
-            "Ratio = baseline / DP on the report windows (above 1: DP better), 95% interval; KL: ratio of mean KL to dense; "
-            "perplexity: exp of the mean NLL difference (on the mean of sources: of the geometric means).",
-            "",
-            "| budget | DP | baseline (best) | "
-            + " | ".join(f"KL {c}" for c in columns)
-            + " | "
-            + " | ".join(f"ppl {c}" for c in columns)
-            + " |",
-            "|---:|---|---|" + "---|" * (2 * len(columns)),
-        ]
-        for budget in budgets:
-            dp = chosen.get((budget, "dp"))
-            for name in baselines:
-                other = chosen.get((budget, name))
-                if dp is None or other is None:
-                    continue
-                cells = []
-                for metric in ("kl", "nll"):
-                    for column in columns:
-                        interval = boot.margin(other["best"], dp[which], metric, sources if column == "mean" else [column])
-                        tally[interval.verdict()] += 1
-                        cells.append(_cell(interval, verdict=True))
-                lines.append(
-                    f"| {budget:.0%} | {dp[which]['compensation']} | {name} ({other['best']['compensation']}) | " + " | ".join(cells) + " |"
-                )
-        lines += [
-            "",
-            f"{title}: {tally['met']} margins met, {tally['tie']} ties, {tally['loss']} losses "
-            f"(of {sum(tally.values())}: every budget, baseline, metric, source and the mean of sources).",
-            "",
-        ]
+    for variant in dp_variants(groups):
+        for which, how in (("default", "at its default compensation"), ("best", "at its best compensation (chosen on selection)")):
+            title = f"{dp_label(variant)} {how}"
+            tally = counts.setdefault(
+                f"{dp_label(variant)} at its {'default' if which == 'default' else 'best on selection'}", {"met": 0, "tie": 0, "loss": 0}
+            )
+            lines += [
+                f"### {title} against every baseline at its best",
+                "",
+                "Ratio = baseline / DP on the report windows (above 1: DP better), 95% interval; KL: ratio of mean KL to dense; "
+                "perplexity: exp of the mean NLL difference (on the mean of sources: of the geometric means).",
+                "",
+                "| budget | DP | baseline (best) | "
+                + " | ".join(f"KL {c}" for c in columns)
+                + " | "
+                + " | ".join(f"ppl {c}" for c in columns)
+                + " |",
+                "|---:|---|---|" + "---|" * (2 * len(columns)),
+            ]
+            for budget in budgets:
+                dp = chosen.get((budget, variant))
+                for name in baselines:
+                    other = chosen.get((budget, name))
+                    if dp is None or other is None:
+                        continue
+                    cells = []
+                    for metric in ("kl", "nll"):
+                        for column in columns:
+                            interval = boot.margin(other["best"], dp[which], metric, sources if column == "mean" else [column])
+                            tally[interval.verdict()] += 1
+                            cells.append(_cell(interval, verdict=True))
+                    lines.append(
+                        f"| {budget:.0%} | {dp[which]['compensation']} | {name} ({other['best']['compensation']}) | "
+                        + " | ".join(cells)
+                        + " |"
+                    )
+            lines += [
+                "",
+                f"{title}: {tally['met']} margins met, {tally['tie']} ties, {tally['loss']} losses "
+                f"(of {sum(tally.values())}: every budget, baseline, metric, source and the mean of sources).",
+                "",
+            ]
     return lines, counts
 
 
@@ -191,19 +207,24 @@ def summary_lines(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sourc
     baselines = [a for a in dict.fromkeys(g.allocator for g in groups) if a in BASELINES]
     lines = []
     for budget in sorted({g.budget for g in groups}):
-        dp = chosen.get((budget, "dp"))
-        if dp is None:
-            continue
-        for which, label in (("default", "DP default"), ("best", "DP best")):
-            parts = []
-            for name in baselines:
-                other = chosen.get((budget, name))
-                if other is None:
-                    continue
-                kl = boot.margin(other["best"], dp[which], "kl", sources)
-                ppl = boot.margin(other["best"], dp[which], "nll", sources)
-                parts.append(f"{name}: KL {kl.verdict()} ({kl.estimate:.2f}), perplexity {ppl.verdict()} ({ppl.estimate:.2f})")
-            lines.append(f"- {budget:.0%}, {label} ({dp[which]['compensation']}) on the mean of sources: " + "; ".join(parts) + ".")
+        for variant in dp_variants(groups):
+            dp = chosen.get((budget, variant))
+            if dp is None:
+                continue
+            for which in ("default", "best"):
+                parts = []
+                for name in baselines:
+                    other = chosen.get((budget, name))
+                    if other is None:
+                        continue
+                    kl = boot.margin(other["best"], dp[which], "kl", sources)
+                    ppl = boot.margin(other["best"], dp[which], "nll", sources)
+                    parts.append(f"{name}: KL {kl.verdict()} ({kl.estimate:.2f}), perplexity {ppl.verdict()} ({ppl.estimate:.2f})")
+                lines.append(
+                    f"- {budget:.0%}, {dp_label(variant)} {which} ({dp[which]['compensation']}) on the mean of sources: "
+                    + "; ".join(parts)
+                    + "."
+                )
     return lines
 
 
@@ -377,11 +398,7 @@ def report_text(
     sources = sources_of(args)
     boot = Bootstrap(sources, args.resamples, args.bootstrap_seed)
     targets, counts = target_lines(groups, rows, sources, boot)
-    tallies = [
-        f"{label}: {counts[which]['met']} met, {counts[which]['tie']} ties, {counts[which]['loss']} losses"
-        for which, label in (("default", "DP at its default"), ("best", "DP at its best on selection"))
-        if which in counts
-    ]
+    tallies = [f"{label}: {c['met']} met, {c['tie']} ties, {c['loss']} losses" for label, c in counts.items()]
     budgets = budgets_of(args)
     lines = [
         command,

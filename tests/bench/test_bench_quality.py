@@ -201,3 +201,24 @@ def test_task_accuracy_is_shown_only_on_enough_examples():
     assert "0.610 ± 0.020" in text and "(dense 0.630)" in text and "on 500 examples" in text
     few = report_text(args, "cmd", "m", rows, groups, None, [task | {"n": 100}])
     assert "0.610" not in few and "Task accuracy was not measured" in few
+
+
+def test_dp_pruned_by_another_criterion_gets_margins_of_its_own():
+    """``dp:obs`` is a DP variant: its own tables and tallies against the baselines, not a baseline."""
+    groups = [Group(0.2, "dp", ("none", "bias"), "bias"), Group(0.2, "flap", ("none", "bias"), "bias")]
+    groups += [Group(0.2, "dp:obs", ("none", "bias"), "none")]
+    rows = [
+        _row(0.2, "dp", "none", 0.8, 0.8, seed=1),
+        _row(0.2, "dp", "bias", 0.5, 0.5, seed=2),
+        _row(0.2, "flap", "none", 0.9, 0.9, seed=5),
+        _row(0.2, "flap", "bias", 0.6, 0.6, seed=3),
+        _row(0.2, "dp:obs", "none", 0.2, 0.2, seed=6),  # far better than FLAP: met
+        _row(0.2, "dp:obs", "bias", 0.25, 0.25, seed=7),
+    ]
+    args = parse_args(["--budgets", "0.2", "--allocators", "dp,flap,dp:obs", "--resamples", "500", "--name", "unit"])
+    text = report_text(args, "python bench/bench_quality.py", "Machine: test.", rows, groups, None, [])
+    assert "### DP pruned by obs at its default compensation against every baseline at its best" in text
+    assert "DP pruned by obs at its default: 6 met, 0 ties, 0 losses" in text
+    assert "dp:obs (" not in text.split("## Each method")[0].split("### DP pruned")[0]  # never a baseline of DP
+    with pytest.raises(SystemExit):
+        parse_args(["--allocators", "dp,flap:stretch"])
