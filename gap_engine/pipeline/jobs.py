@@ -503,13 +503,14 @@ def table_task(
     return work
 
 
-def baselines_task(model_name: str, table, budgets, allocators, constraints) -> WorkFn:
-    """Baseline plans at a few budgets (`pipeline.baseline_rows`); the result is its list of BaselinePlan."""
+def baselines_task(model_name: str, table, budgets, allocators, constraints, compensation: str | None = None) -> WorkFn:
+    """Baseline plans at a few budgets (`pipeline.baseline_rows`, charged for ``compensation``'s
+    biases); the result is its list of BaselinePlan."""
 
     def work(ctx: JobContext):
         ctx.step("loading the model", 0, 0)
         lm = shared_model(model_name, hooks=ctx.hooks())  # FLAP and OWL hook a private copy (baseline_rows)
-        return baseline_rows(lm, table, budgets, allocators, constraints, ctx.hooks())
+        return baseline_rows(lm, table, budgets, allocators, constraints, ctx.hooks(), compensation=compensation)
 
     return work
 
