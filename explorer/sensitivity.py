@@ -64,5 +64,5 @@ with st.expander("Most and least sensitive components at the middle rate"):
             "removes": table.removed[:, middle],
         }
     ).sort_values(f"loss increase at rate {table.rate_grid[middle]:g}", ascending=False)
-    st.dataframe(frame, hide_index=True, width="stretch", key="sens_ranking")
+    st.dataframe(frame, hide_index=True, width="stretch", key="sens_ranking", placeholder="—")
     st.caption(f"Negative raw values are measurement noise: {int(np.sum(table.delta < 0))} cells of {table.delta.size}.")

@@ -255,24 +255,21 @@ def delete_cached(key: str) -> None:
 
 
 def cached_frame(rows: list[dict]) -> pd.DataFrame:
+    """The cached tables, one row each, in few columns: the whole of it fits a 1366 px screen."""
     records = []
     for row in rows:
         spec = row.get("spec") or {}
         grid = spec.get("rate_grid") or []
+        seconds = row.get("build_seconds")
         records.append(
             {
                 "key": row["key"],
-                "model": row.get("model"),
-                "data": spec.get("data"),
-                "estimator": spec.get("estimator"),
-                "objective": spec.get("objective"),
-                "mode": spec.get("mode"),
-                "criterion": spec.get("criterion"),
-                "samples x tokens": f"{spec.get('n_samples')} x {spec.get('seq_len')}",
-                "rates": len(grid),
-                "max rate": max(grid) if grid else None,
-                "built in (s)": row.get("build_seconds"),
-                "created": (row.get("created") or "")[:19].replace("T", " "),  # to the second
+                "model": row.get("model") or "—",
+                "table": " · ".join(str(spec.get(name) or "?") for name in ("estimator", "objective", "mode", "criterion")),
+                "calibration": f"{spec.get('n_samples')} x {spec.get('seq_len')} tokens of {spec.get('data')}",
+                "rates": f"{len(grid)}, up to {max(grid):g}" if grid else "—",
+                "built": (row.get("created") or "")[:16].replace("T", " ")
+                + ("" if not isinstance(seconds, (int, float)) else f" in {common.duration_text(seconds)}"),
             }
         )
     return pd.DataFrame(records)
@@ -434,7 +431,8 @@ if not cached_rows:
     st.caption("The cache holds no finished table yet.")
 else:
     frame = cached_frame(cached_rows)
-    st.dataframe(frame, hide_index=True, width="stretch", key="setup_cached_table")
+    with st.container(key="setup_cached_table"):  # a static table wraps its cells: no column runs off the screen
+        st.table(frame, hide_index=True)
     keys = list(frame["key"])
     if ss.get("setup_cached_key") not in keys:
         ss["setup_cached_key"] = keys[-1]

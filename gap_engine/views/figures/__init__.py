@@ -24,7 +24,7 @@ from gap_engine.views.figures.front_figures import (
     row_basis,
     step_readout,
 )
-from gap_engine.views.figures.run_figures import history_figure, predicted_vs_actual_figure, runs_rates_figure
+from gap_engine.views.figures.run_figures import curve_figure, history_figure, predicted_vs_actual_figure, runs_rates_figure
 from gap_engine.views.figures.style import (
     ATTN_COLOR,
     BASELINE_COLORS,
@@ -74,6 +74,7 @@ __all__ = [
     "front_traces",
     "front_y_top",
     "heatmap_figure",
+    "curve_figure",
     "history_figure",
     "log_ticks",
     "loss_label",
