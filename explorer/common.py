@@ -548,10 +548,9 @@ def progress_text(snap: dict, title: str) -> str:
     if snap["cancelling"]:
         parts.append("cancelling…")
     elif snap["seconds_left"] is not None:
-        # Until the stage times its own steps, the time left is the prediction's.
-        parts.append(
-            f"about {duration_text(snap['seconds_left'])} left" + (" (predicted, not yet measured)" if snap["eta"] is None else "")
-        )
+        # Until the stage times its own steps, the time left is the prediction's; past it, revised from the time so far.
+        how = "" if snap["eta"] is not None else " (revised: past its predicted time)" if snap.get("overrun") else " (predicted)"
+        parts.append(f"about {duration_text(snap['seconds_left'])} left{how}")
     elif snap["eta"] is not None:
         parts.append(f"this stage about {duration_text(snap['eta'])} left")
     parts.append(f"{duration_text(snap['elapsed'])} elapsed")
@@ -575,7 +574,7 @@ def expected_caption(predicted, what: str) -> None:
     """
     if predicted is not None:
         stages = ", ".join(f"{name} {duration_text(seconds)}" for name, seconds in predicted.seconds.items())
-        st.caption(f"Predicted time (not yet measured here): about {duration_text(predicted.total)} ({stages}; {predicted.basis}).")
+        st.caption(f"Predicted time ({predicted.where}): about {duration_text(predicted.total)} ({stages}; {predicted.basis}).")
     else:
         st.caption(
             f"Expected time: not known yet (a model whose shape needs the network, or a device not measured yet: Estimate "

@@ -21,13 +21,16 @@ from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.allocator_registry import ALLOCATORS, own_criterion
 from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
-from gap_engine.prune.criteria import is_sequential
+from gap_engine.prune.criteria import CRITERIA, is_sequential
 from gap_engine.views import figures
 
 UPLOADED = "uploaded plan"
+PLAN_OWN = "the plan's own"  # the criterion selector's default: the plan's criterion chooses the units
 ALLOCATOR_HELP = {name: ALLOCATORS.describe(name) for name in ALLOCATORS} | {UPLOADED: "the plan uploaded on the Export page"}
 DEFAULTS = {
     "eval_allocator": "dp",
+    "eval_criterion": PLAN_OWN,
+    "eval_obs_samples": None,  # None: as many windows as the table's
     "eval_sources": [APP_EVAL_WINDOWS.data],
     "eval_samples": APP_EVAL_WINDOWS.n_samples,
     "eval_seq_len": APP_EVAL_WINDOWS.seq_len,
@@ -134,11 +137,12 @@ def start_run(shown_plan: dict | None = None) -> None:
     checkpoint_dir = None
     if ss["eval_save_checkpoint"]:
         checkpoint_dir = history.new_checkpoint_dir(plan.allocator if plan else allocator, plan.budget if plan else run_budget)
+    criterion = None if ss["eval_criterion"] == PLAN_OWN else ss["eval_criterion"]
+    obs_samples = obs_window_count()
     task = prune_eval_task(
         table.model,
         settings,
-        expected.seconds if expected else None,
-        expected.basis if expected else "",
+        expected,
         task_settings,
         table=table,
         budget=run_budget,
@@ -148,13 +152,16 @@ def start_run(shown_plan: dict | None = None) -> None:
         checkpoint_dir=checkpoint_dir,
         compensation=CompensationSettings(mode=run_compensation()),
         maker=ownership.owner(),
+        criterion=criterion,
+        obs_samples=obs_samples,
     )
     plan_id = plan.content_hash() if plan is not None else ""
     compensation = run_compensation()
-    key = f"{table.key}|{allocator}|{run_budget:.4f}|{plan_id}|{compensation}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
+    key = f"{table.key}|{allocator}|{run_budget:.4f}|{plan_id}|{compensation}|{criterion}|{obs_samples}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
     params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": run_budget, "plan_hash": plan_id or None}
-    params["compensation"] = compensation
+    params |= {"compensation": compensation, "criterion": run_criterion(), "obs_samples": obs_samples}
     label = f"{allocator} at {run_budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
+    label += f", criterion {criterion}" if criterion else ""
     label += f", compensation {compensation}" if compensation != "none" else ""
     job = manager().submit("prune_eval", task, key=key, label=label, params=params, owner=ownership.owner())
     common.remember_job("prune_eval", job)
@@ -201,14 +208,27 @@ def planner_plan():
         return None
 
 
+def plan_criterion() -> str:
+    """The criterion the chosen plan names: the uploaded plan's, the allocator's own, or the table's."""
+    if ss["eval_allocator"] == UPLOADED:
+        return str(dict(uploaded).get("criterion") or table.spec.criterion)
+    return own_criterion(ss["eval_allocator"]) or table.spec.criterion
+
+
+def run_criterion() -> str:
+    """The criterion that chooses the run's units: the one picked, else the plan's own."""
+    return plan_criterion() if ss["eval_criterion"] == PLAN_OWN else str(ss["eval_criterion"])
+
+
+def obs_window_count() -> int | None:
+    """The calibration windows a sequential criterion (``obs``) reads; None: the table's count (or no such criterion)."""
+    return int(ss["eval_obs_samples"]) if is_sequential(run_criterion()) and ss["eval_obs_samples"] else None
+
+
 def run_compensation() -> str:
     """The compensation the run applies: the one chosen, or none for a criterion that updates the
     kept columns itself (SlimGPT's ``obs``: its OBS update is its compensation)."""
-    if ss["eval_allocator"] == UPLOADED:
-        criterion = str(dict(uploaded).get("criterion") or table.spec.criterion)
-    else:
-        criterion = own_criterion(ss["eval_allocator"]) or table.spec.criterion
-    return "none" if is_sequential(criterion) else ss["app_compensation"]
+    return "none" if is_sequential(run_criterion()) else ss["app_compensation"]
 
 
 def missing_plan_text() -> str:
@@ -353,6 +373,27 @@ with left:
     )
     if run_compensation() != ss["app_compensation"]:
         st.caption("This plan's criterion updates the kept columns itself (SlimGPT's OBS update): the run adds no compensation.")
+    own_label = f"{PLAN_OWN} ({plan_criterion()})"  # bound now: a widget's format_func may be called after the script run
+    st.selectbox(
+        "Criterion (which heads and channels go)",
+        [PLAN_OWN, *CRITERIA],
+        key="eval_criterion",
+        format_func=lambda c: own_label if c == PLAN_OWN else CRITERIA.label(c),
+        help="The plan's rates say how many heads and channels each layer loses; the criterion says which. "
+        "obs prunes any plan's rates with SlimGPT's structured OBS: block by block on the pruned model, "
+        "the kept columns of o_proj/down_proj updated (its own compensation).",
+    )
+    if is_sequential(run_criterion()):
+        st.number_input(
+            "OBS calibration windows",
+            min_value=1,
+            max_value=LIMITS.samples,
+            step=1,
+            key="eval_obs_samples",
+            placeholder=f"{table.spec.windows.n_samples} (the table's)",
+            help="Windows of the table's calibration text and length that OBS chooses units and updates weights on "
+            "(one Gram matrix per projection per block, so more than the table's are affordable); empty: the table's.",
+        )
 with right:
     st.subheader("Evaluation")
     calibration_source = table.spec.windows.data
@@ -379,12 +420,14 @@ common.job_controls(
     type="primary", args=(chosen.to_dict() if chosen is not None else None,),
 )  # fmt: skip
 
+
 # ---- the latest run ------------------------------------------------------------------------------
 def run_title(result) -> str:
     """'Run 3: dp at 40.00% · plan abc · compensation bias': the run a result panel shows."""
     return (
         f"Run {result.run_id}: {result.plan['allocator']} at {(result.plan.get('budget') or 0):.2%}"
         + (f" · plan `{result.plan_hash}`" if result.plan_hash else "")
+        + f" · criterion {result.plan.get('criterion')}"
         + f" · compensation {(result.compensation or {}).get('mode', 'none')}"
     )
 
@@ -497,6 +540,7 @@ def show_result(result) -> None:
     if result.checkpoint:
         st.caption(f"Checkpoint saved to `{result.checkpoint}`")
 
+
 result = ss.get("app_last_run")
 running = common.session_job("prune_eval")
 if running is not None and running.active:
@@ -539,7 +583,9 @@ def show_history(frame: pd.DataFrame) -> None:
     if "budget" in shown:
         config[figures.column_label("budget")] = st.column_config.NumberColumn(format="percent", width=HISTORY_WIDTHS["budget"])
     if "pruned_params" in shown:
-        config[figures.column_label("pruned_params")] = st.column_config.NumberColumn(format="localized", width=HISTORY_WIDTHS["pruned_params"])
+        config[figures.column_label("pruned_params")] = st.column_config.NumberColumn(
+            format="localized", width=HISTORY_WIDTHS["pruned_params"]
+        )
     st.dataframe(
         table[shown].rename(columns=figures.column_label),
         hide_index=True,

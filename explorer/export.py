@@ -16,7 +16,7 @@ from gap_engine.evaluate import history
 from gap_engine.export import gguf
 from gap_engine.model.rateplan import RatePlan, predicted_params
 from gap_engine.model.remote_code import MODELING_FILE
-from gap_engine.pipeline.expected import gguf_seconds
+from gap_engine.pipeline.expected import gguf_file, gguf_prediction
 from gap_engine.views import figures
 
 DEFAULTS = {
@@ -96,7 +96,7 @@ def render_gguf_download(folder: str) -> None:
     outtype = ss["export_gguf_outtype"]
     c2.download_button(
         "Checkpoint (GGUF)",
-        data=lambda: gguf.gguf_bytes(folder, outtype),  # built only when clicked (seconds)
+        data=lambda: gguf_file(folder, outtype),  # built only when clicked (seconds); its time teaches the next prediction
         file_name=f"{Path(folder).name}-{outtype}.gguf",
         mime="application/octet-stream",
         key="export_checkpoint_gguf",
@@ -105,11 +105,11 @@ def render_gguf_download(folder: str) -> None:
         disabled=problem is not None,
         help=problem or "llama.cpp's deci architecture with per-layer widths; run it with flash attention on",
     )
-    seconds = None if problem is not None else gguf_seconds(folder, outtype)
-    if seconds is not None:
+    predicted = None if problem is not None else gguf_prediction(folder, outtype)
+    if predicted is not None:
         st.caption(
-            f"Building the {outtype} GGUF file takes about {common.duration_text(seconds)} (predicted by the cost model from "
-            "the checkpoint's size; not yet measured here): the download starts once it is built."
+            f"Building the {outtype} GGUF file takes about {common.duration_text(predicted.total)} ({predicted.basis}; "
+            f"{predicted.where}): the download starts once it is built."
         )
 
 

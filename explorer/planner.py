@@ -245,9 +245,7 @@ def start_baselines() -> None:
         return
     job = manager().submit(
         "baselines",
-        baselines_task(
-            table.model, table, baseline_budgets(rows[-1]["budget"]), allocators, constraints, common.plan_compensation(table)
-        ),
+        baselines_task(table.model, table, baseline_budgets(rows[-1]["budget"]), allocators, constraints, common.plan_compensation(table)),
         key=front_id + "|" + ",".join(allocators),
         label="baseline plans",
         owner=ownership.owner(),

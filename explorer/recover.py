@@ -15,7 +15,6 @@ import pandas as pd
 import streamlit as st
 
 from explorer import common, ownership
-from gap_engine.views import figures
 from gap_engine.core.config import APP_EVAL_WINDOWS, RECOVERY_DEFAULT_TEXTS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
@@ -28,6 +27,7 @@ from gap_engine.pipeline.recovery import DEFAULT_LR, RecoveryResult, RecoverySet
 from gap_engine.recover.files import discard, partial_dir, saved_step
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.recover.teacher_text import DEFAULT_TOKENS, SOURCE
+from gap_engine.views import figures
 
 TEXT_LABELS = {SOURCE: "teacher: text the dense model writes"}  # the named texts go by their own names
 
@@ -223,7 +223,7 @@ else:
         parts.append((predicted.judge_s, f"judging {predicted.judgements} snapshots"))
         scoring = "".join(f", {common.duration_text(seconds)} of it {what}" for seconds, what in parts if seconds)
         st.caption(
-            f"Predicted time: about {common.duration_text(predicted.total)} "
+            f"Predicted time ({predicted.where}): about {common.duration_text(predicted.total)} "
             f"({predicted.step_s:.2g} s per step, {common.duration_text(before)} before training, "
             f"{common.duration_text(after)} after{scoring}; {predicted.basis})"
         )

@@ -154,7 +154,7 @@ def start_build() -> None:
     expected = expected_build(name, spec)
     job = manager().submit(
         "table",
-        table_task(name, spec, device, cells, expected.seconds if expected else None, expected.basis if expected else ""),
+        table_task(name, spec, device, cells, expected),
         key=job_key,
         label=f"{spec.estimator} table of {name}",
         params={"model": name, "spec": spec.to_dict(), "device": str(device)},

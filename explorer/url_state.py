@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import math
 import re
-from functools import lru_cache
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import streamlit as st

@@ -63,7 +63,7 @@ def load(model: str, device: str | None = None, dtype: str | None = None) -> Loa
 
     ``device``/``dtype``: where and in which precision it runs (default: the CPU in float32).
     """
-    return load_model(model, DeviceSpec(device=device or "cpu", dtype=dtype) if device or dtype else None)
+    return load_model(model, DeviceSpec(device=device or "cpu", dtype=dtype or "auto") if device or dtype else None)
 
 
 def loss_table(
@@ -105,7 +105,9 @@ class Front:
     compensation: str  # the compensation whose biases each row's removal is counted net of
     constraints: Constraints  # locks, rate bounds, coupling the rows honour
     pareto: ParetoFront  # the solver's arrays (``core.knapsack``)
-    rows: list[dict[str, Any]] = field(repr=False)  # budget, removed (net of biases), bias_params, predicted_loss, attention_rates, mlp_rates
+    rows: list[dict[str, Any]] = field(
+        repr=False
+    )  # budget, removed (net of biases), bias_params, predicted_loss, attention_rates, mlp_rates
 
     def at(self, budget: float) -> dict[str, Any]:
         """The least-loss row that removes at least ``budget`` of the prunable parameters."""

@@ -176,7 +176,7 @@ def compensation_from(args: argparse.Namespace, criterion: str | None = None, pl
     return default_for(criterion) if criterion else CompensationSettings(mode=DEFAULT_COMPENSATION).validate()
 
 
-def spec_from_args(args: argparse.Namespace, follows: CompensationSettings | None = None) -> TableSpec:
+def spec_from_args(args: argparse.Namespace, follows: CompensationSettings | None = None, criterion: str | None = None) -> TableSpec:
     """The TableSpec the table options describe (TableError on bad values): `gap table`, `gap prune
     --budget` and `gap compare`.
 
@@ -184,6 +184,8 @@ def spec_from_args(args: argparse.Namespace, follows: CompensationSettings | Non
         follows: the compensation the command applies after the cut (prune, compare): an
             estimator that measures cells measures them with it, so the DP sees what is shipped;
             None (``gap table``): the cells include ``--compensate`` only when it is given.
+        criterion: the table's criterion when not ``--criterion`` (``gap prune --criterion obs``, which
+            no table can score).
     """
     from gap_engine.tables.artefact import TableSpec, parse_rate_grid  # torch: not at `gap --help` time
     from gap_engine.tables.estimators import ESTIMATORS
@@ -194,7 +196,7 @@ def spec_from_args(args: argparse.Namespace, follows: CompensationSettings | Non
         compensation = follows.mode if "cells" in ESTIMATORS[args.estimator].tags else "none"
     return TableSpec(
         windows=windows_from(args),
-        criterion=args.criterion,
+        criterion=criterion or args.criterion,
         rate_grid=parse_rate_grid(args.rates),
         objective=args.objective,
         mode=args.mode,

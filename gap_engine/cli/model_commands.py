@@ -9,8 +9,9 @@ import sys
 from gap_engine.cli.arguments import compensation_from, device_from, spec_from_args, windows_from
 from gap_engine.cli.output import StderrProgress, table_compensation_text
 from gap_engine.cli.table_commands import check_windows_fit, read_sources
+from gap_engine.core.config import DEFAULT_CRITERION, WindowSpec
 from gap_engine.core.device import DeviceError
-from gap_engine.core.errors import CompensationError, PlanError
+from gap_engine.core.errors import CompensationError, OptionError, PlanError
 from gap_engine.core.jsontext import json_text
 from gap_engine.core.progress import Hooks
 from gap_engine.data.bos import bos_token_id
@@ -20,9 +21,11 @@ from gap_engine.model.dispatch import load_dispatched, parse_max_memory
 from gap_engine.model.loading import list_models, load_model
 from gap_engine.model.rateplan import RatePlan, uniform_plan
 from gap_engine.pipeline.checkpoints import evaluate_model, prune_rounds_to_checkpoint, prune_to_checkpoint
-from gap_engine.pipeline.stages import dense_reference
+from gap_engine.pipeline.stages import dense_reference, obs_windows, pruned_by
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
-from gap_engine.prune.compensations import NO_COMPENSATION
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
+from gap_engine.prune.criteria import is_sequential
+from gap_engine.prune.sequential import check_follows_obs
 from gap_engine.tables.lookup import find_table
 
 
@@ -48,16 +51,22 @@ def run_prune(args: argparse.Namespace) -> int:
     if args.budget is not None:
         return run_prune_rounds(args)
     plan = RatePlan.load(args.plan) if args.plan else None  # validate before the slow model load
-    compensation = compensation_from(args, plan.criterion if plan else args.criterion, plan.compensation if plan else None)
-    if (plan.criterion if plan else args.criterion) != "magnitude" or compensation.active:
-        check_windows_fit(args.model, (windows_from(args), "calibration"))
+    # --criterion chooses the units; a plan's own criterion does unless --criterion is given.
+    given: frozenset[str] = getattr(args, "given_options", frozenset())
+    criterion = args.criterion if plan is None or "criterion" in given else plan.criterion
+    plan = pruned_by(plan, criterion) if plan is not None else None
+    compensation = _prune_compensation(args, criterion, plan.compensation if plan else None)
+    obs_needs = _obs_windows_needed(args, criterion)
+    if criterion != "magnitude" or compensation.active:
+        check_windows_fit(args.model, (windows_from(args), "calibration"), *obs_needs)
         read_sources(args.data)
     lm = load_model(args.model, device_from(args))
     check_calibration(lm, calibration_tokens(windows_from(args)), compensation)  # before the units are scored
     if plan is None:
-        plan = uniform_plan(lm, args.uniform, args.criterion, args.channel_multiple, compensation.mode)
-    progress = StderrProgress("importance" if not compensation.active else "importance, then compensated blocks")
-    pruned = prune_to_checkpoint(lm, plan, windows_from(args), args.out, args.save_dtype, progress.hooks(), compensation)
+        plan = uniform_plan(lm, args.uniform, criterion, args.channel_multiple, compensation.mode)
+    label = "OBS blocks" if obs_needs else "importance" if not compensation.active else "importance, then compensated blocks"
+    progress = StderrProgress(label)
+    pruned = prune_to_checkpoint(lm, plan, windows_from(args), args.out, args.save_dtype, progress.hooks(), compensation, args.obs_samples)
     if pruned.bias_params and not plan.counts_biases:
         print(
             f"gap: note: the plan was counted without the {pruned.bias_params:,} parameters the {compensation.mode} compensation's "
@@ -69,22 +78,54 @@ def run_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prune_compensation(args: argparse.Namespace, criterion: str, planned: str | None = None) -> CompensationSettings:
+    """``compensation_from`` for a prune by ``criterion``; CompensationError now, before anything
+    loads, for a refit after ``obs``'s update (which is one)."""
+    compensation = compensation_from(args, criterion, planned)
+    if is_sequential(criterion):
+        check_follows_obs(compensation)
+    return compensation
+
+
+def _obs_windows_needed(args: argparse.Namespace, criterion: str) -> tuple[tuple[WindowSpec, str], ...]:
+    """The calibration windows ``obs`` reads (for ``check_windows_fit``): none unless ``criterion``
+    is sequential; OptionError for ``--obs-samples`` beside a plan that another criterion prunes
+    (the preflight cannot read the plan)."""
+    if not is_sequential(criterion):
+        if args.obs_samples is not None:
+            raise OptionError(f"gap prune: --obs-samples cannot apply: this plan is pruned by criterion {criterion}, not obs")
+        return ()
+    return ((obs_windows(windows_from(args), args.obs_samples), "calibration"),)
+
+
 def run_prune_rounds(args: argparse.Namespace) -> int:
     """``gap prune --budget B --rounds K``: GAP's DP in rounds, each on a table of the model as it is."""
     if args.rounds < 1:
         raise PlanError(f"--rounds must be at least 1, got {args.rounds}")
     # A compensation follows a one-shot cut; rounds re-table the pruned model, so they default to none.
-    compensation = NO_COMPENSATION if args.rounds > 1 and not args.compensate else compensation_from(args, args.criterion)
+    compensation = NO_COMPENSATION if args.rounds > 1 and not args.compensate else _prune_compensation(args, args.criterion)
     if compensation.active and args.rounds > 1:
         raise CompensationError(f"--compensate {compensation.mode} follows a one-shot cut; use --rounds 1 (or --compensate none)")
-    spec = spec_from_args(args, follows=compensation)
+    # obs scores no table: the tables score units by the default criterion, and obs prunes their DP's rates.
+    table_criterion = DEFAULT_CRITERION if is_sequential(args.criterion) else args.criterion
+    spec = spec_from_args(args, follows=compensation, criterion=table_criterion)
     first_table = find_table(args.model, spec, device_from(args))  # round 1's table, looked up before anything loads
-    check_windows_fit(args.model, (spec.windows, "calibration"))  # the scores read the windows all the same
+    check_windows_fit(args.model, (spec.windows, "calibration"), *_obs_windows_needed(args, args.criterion))
     read_sources(args.data)  # a bad text source fails before the model loads
     lm = load_model(args.model, device_from(args))
     progress = StderrProgress("round table")
     result = prune_rounds_to_checkpoint(
-        lm, spec, args.budget, args.rounds, args.out, args.save_dtype, progress.hooks(), first_table=first_table, compensation=compensation
+        lm,
+        spec,
+        args.budget,
+        args.rounds,
+        args.out,
+        args.save_dtype,
+        progress.hooks(),
+        first_table=first_table,
+        compensation=compensation,
+        criterion=args.criterion,
+        obs_samples=args.obs_samples,
     )
     summary = {
         "out": str(args.out),
@@ -93,24 +134,32 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
         "bias_params": result.bias_params,
         "removed_fraction_of_prunable": result.removed_fraction,
         "compensation": compensation.mode,
+        "criterion": args.criterion,
         "predicted": result.predicted_loss,
         "rounds": [{"round": r.index, "predicted": r.predicted, "measured": r.measured, "removed": r.removed} for r in result.rounds],
     }
+    if is_sequential(args.criterion):
+        summary["obs_windows"] = obs_windows(spec.windows, args.obs_samples).n_samples
     if args.json:
         print(json.dumps(summary))
         return 0
-    for key in ("out", "params_before", "params_after", "bias_params", "removed_fraction_of_prunable", "compensation"):
+    for key in ("out", "params_before", "params_after", "bias_params", "removed_fraction_of_prunable", "compensation", "criterion"):
         print(f"{key}: {summary[key]}")
     for r in result.rounds:
         print(
             f"round {r.index}: removed {r.removed:,}, predicted {spec.objective} {r.predicted:+.4f} (table cells, summed), measured {r.measured:+.4f}"
+        )
+    if is_sequential(args.criterion):
+        print(
+            f"units: chosen and updated by {args.criterion} on {summary['obs_windows']} calibration windows; "
+            f"the tables scored units by {spec.criterion}"
         )
     print(table_compensation_text(spec, compensation))
     return 0
 
 
 def window_convention_text(tokenizer) -> str:
-    """One line saying how every evaluation window starts (issue: Gemma needs its BOS token)."""
+    """One line saying how every evaluation window starts (Gemma's are scored after its BOS token)."""
     bos = bos_token_id(tokenizer)
     if bos is None:
         return "start with text (this model's tokenizer adds no BOS token)"

@@ -38,9 +38,10 @@ from gap_engine.core.config import (
     REFINE_BUDGETS,
     SAVE_DTYPES,
 )
+from gap_engine.core.registry import Registry
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.prune.compensations import COMPENSATIONS
-from gap_engine.prune.criteria import SCORING_CRITERIA
+from gap_engine.prune.criteria import CRITERIA, SCORING_CRITERIA
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
@@ -79,8 +80,11 @@ def _add_prune(sub) -> None:
     p.add_argument("--json", action="store_true")
     add_window_args(p, CLI_TABLE.windows)
     # The same table options as `gap table` (one builder, cli.arguments.spec_from_args, reads them for
-    # both): with --budget each round builds such a table; --criterion also picks --uniform's units.
-    _add_table_spec_args(p, CLI_TABLE.estimator)
+    # both): with --budget each round builds such a table; --criterion also picks --uniform's units,
+    # and replaces a --plan's own. It may name obs, which scores no table: --budget's tables then
+    # score units by the default criterion, and obs prunes their DP's rates.
+    _add_table_spec_args(p, CLI_TABLE.estimator, criteria=CRITERIA)
+    _add_obs_args(p)
     add_device_args(p)
     p.set_defaults(handler="model_commands:run_prune")
 
@@ -119,12 +123,27 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--include-path", help="a folder of lm-eval task YAMLs (dataset_path: json with local data_files)")
 
 
-def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str) -> None:
+def _add_obs_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--obs-samples",
+        type=int,
+        help="calibration windows the obs criterion chooses units and updates weights on: the calibration text's "
+        "source, length and seed, this many windows (default: as many as --samples, or as the table's)",
+    )
+
+
+def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str, criteria: Registry = SCORING_CRITERIA) -> None:
+    prunes_by = ""
+    if criteria is not SCORING_CRITERIA:  # gap prune: a criterion that scores no table (obs) may prune
+        prunes_by = (
+            "; it replaces a --plan's own criterion; obs, which no table can score, prunes --budget's DP plan, "
+            f"its tables scoring units by {DEFAULT_CRITERION}"
+        )
     p.add_argument(
         "--criterion",
-        choices=SCORING_CRITERIA.names,
+        choices=criteria.names,
         default=DEFAULT_CRITERION,
-        help=f"within-layer importance: which units a rate removes ({SCORING_CRITERIA.help()}; default: %(default)s)",
+        help=f"within-layer importance: which units a rate removes ({criteria.help()}; default: %(default)s{prunes_by})",
     )
     p.add_argument(
         "--rates", default=_grid_text(CLI_TABLE.rate_grid), help="comma-separated rate grid starting at 0 (default: 0, 1/16, ..., 15/16)"
@@ -265,7 +284,12 @@ def _add_compare(sub) -> None:
     p = sub.add_parser("compare", help="prune with several allocators at several budgets and measure them")
     p.add_argument("--model", required=True)
     p.add_argument("--budgets", default="0.1,0.2,0.3", help="comma-separated fractions of prunable parameters")
-    p.add_argument("--allocators", default="dp,uniform", help=f"comma-separated, from {','.join(ALLOCATORS)} ({ALLOCATORS.help()})")
+    p.add_argument(
+        "--allocators",
+        default="dp,uniform",
+        help=f"comma-separated, from {','.join(ALLOCATORS)} ({ALLOCATORS.help()}); ALLOCATOR:CRITERION prunes that allocator's "
+        f"plan by another criterion than its own (from {','.join(CRITERIA)}; e.g. dp:obs, DP's rates with SlimGPT's OBS selection and update)",
+    )
     p.add_argument("--methods", dest="allocators", action=DeprecatedAlias, new_name="--allocators", help=argparse.SUPPRESS)
     p.add_argument("--table", help="use this loss table instead of building one")
     add_window_args(p, CLI_TABLE.windows)
@@ -284,6 +308,7 @@ def _add_compare(sub) -> None:
         help="which part of the held-out text to measure: report (results; the default), selection (where choices are made) or both",
     )
     p.add_argument("--out", required=True, help="results CSV")
+    _add_obs_args(p)
     _add_task_args(p)
     _add_constraint_args(p)
     _add_evo_args(p)

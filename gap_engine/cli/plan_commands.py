@@ -26,10 +26,10 @@ from gap_engine.core.validate import decode_text, read_bounded
 from gap_engine.model.loading import load_model, recorded_identity
 from gap_engine.model.names import resolve_recorded
 from gap_engine.pipeline import compare
-from gap_engine.pipeline.compare import heldout_sets
+from gap_engine.pipeline.compare import allocator_spec, heldout_sets
 from gap_engine.pipeline.stages import loss_table, plan_for
 from gap_engine.plan.allocator_registry import own_criterion
-from gap_engine.plan.allocators import ALLOCATORS, check_reach
+from gap_engine.plan.allocators import check_reach
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.front import dp_front, front_csv, front_rows
 from gap_engine.plan.problem import Constraints, planning_problem
@@ -150,9 +150,7 @@ def run_front(args: argparse.Namespace) -> int:
 def run_compare(args: argparse.Namespace) -> int:
     budgets = [parse_fraction(b, "budget") for b in parse_list(args.budgets, "--budgets")]
     allocators = parse_list(args.allocators, "--allocators")
-    unknown = [a for a in allocators if a not in ALLOCATORS]
-    if unknown:
-        raise BudgetError(f"unknown allocator '{unknown[0]}'; choose from {', '.join(ALLOCATORS)}")
+    specs = [allocator_spec(a) for a in allocators]  # ALLOCATOR or ALLOCATOR:CRITERION (dp:obs)
     constraints = constraints_from(args)
     prepared = _prepared_tasks(args)  # before the text is read and the model loads
     compensation = compensation_from(args)
@@ -180,13 +178,15 @@ def run_compare(args: argparse.Namespace) -> int:
             progress = StderrProgress("loss table")
             table = loss_table(lm, build_spec, progress.hooks())
     for budget in budgets:  # before anything slow: an unreachable budget fails here
-        for allocator in allocators:
+        for allocator, _ in specs:
             check_reach(lm, table, budget, allocator, constraints)
     heldout = heldout_sets(lm.tokenizer, eval_windows, splits)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
     extra, dense_columns = _task_columns(lm, prepared)
     say = Hooks(message=lambda msg: print(msg, file=sys.stderr))  # one line per finished plan
-    outcomes = compare(lm, table, budgets, allocators, heldout, constraints, evo, say, extra=extra, compensation=compensation)
+    outcomes = compare(
+        lm, table, budgets, allocators, heldout, constraints, evo, say, extra=extra, compensation=compensation, obs_samples=args.obs_samples
+    )
     for outcome in outcomes:
         outcome.extras = outcome.extras | dense_columns
     atomic_write_text(args.out, csv_text([o.row() for o in outcomes]))
@@ -244,7 +244,7 @@ def _print_task_table(outcomes, tasks: list[str], dense_columns: dict) -> None:
 def _print_outcomes(outcomes, sources: list[str]) -> None:
     objective = outcomes[0].objective if outcomes else "nll"
     header = (
-        f"{'allocator':<9} {'budget':>6} {'removed':>11} {'predicted':>10} {'from cells':>10} {'measured':>10} "
+        f"{'allocator':<9} {'criterion':<9} {'budget':>6} {'removed':>11} {'predicted':>10} {'from cells':>10} {'measured':>10} "
         f"{'calib +nll':>10} " + " ".join(f"{'ppl ' + s:>16}" for s in sources)
     )
     print(
@@ -253,11 +253,11 @@ def _print_outcomes(outcomes, sources: list[str]) -> None:
     )
     print(header)
     dense = outcomes[0].dense_perplexity if outcomes else {}
-    print(f"{'dense':<9} {0:>6.0%} {0:>11,} {'':>10} {'':>10} {'':>10} {'':>10} " + " ".join(f"{dense[s]:>16.3f}" for s in sources))
+    print(f"{'dense':<9} {'':<9} {0:>6.0%} {0:>11,} {'':>10} {'':>10} {'':>10} {'':>10} " + " ".join(f"{dense[s]:>16.3f}" for s in sources))
     for o in outcomes:
         predicted = f"{o.predicted_loss:.4f}" if o.predicted_loss is not None else "-"
         measured = f"{o.calib_objective_increase:.4f}" if o.calib_objective_increase is not None else "-"
         print(
-            f"{o.allocator:<9} {o.budget:>6.0%} {o.removed:>11,} {predicted:>10} {o.predicted_basis or '-':>10} {measured:>10} "
+            f"{o.allocator:<9} {o.criterion:<9} {o.budget:>6.0%} {o.removed:>11,} {predicted:>10} {o.predicted_basis or '-':>10} {measured:>10} "
             f"{o.calib_loss_increase:>10.4f} " + " ".join(f"{o.perplexity[s]:>16.3f}" for s in sources)
         )

@@ -44,6 +44,8 @@ from gap_engine.core.limits import LIMITS, check_at_most, check_windows
 from gap_engine.core.memory import parse_max_memory
 from gap_engine.data.sources import calibration_refusal
 from gap_engine.model.identity import BUILTIN_MODEL_NAMES
+from gap_engine.plan.allocator_registry import ALLOCATORS, own_criterion
+from gap_engine.prune.criteria import CRITERIA, is_sequential
 
 # option dest -> (flag, floor, ceiling field of LIMITS or None, what one unit is)
 SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
@@ -61,6 +63,7 @@ SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
     "ray_workers": ("--ray-workers", 1, "ray_workers", "worker processes, each holding the model"),
     "seed": ("--seed", 0, "seed", ""),
     "keep_params": ("--keep-params", 1, None, "parameters"),
+    "obs_samples": ("--obs-samples", 1, "samples", "windows"),
 }
 # Commands whose --out is a folder (and `export --format hf`); every other --out is a file.
 FOLDER_OUTPUTS = ("prune", "recover")
@@ -117,6 +120,9 @@ def check_sizes(args: argparse.Namespace) -> None:
         flag = "--" + prefix.replace("_", "-")
         names = (f"{flag}samples", f"{flag}seq-len", "--batch-size")
         check_windows(samples, seq_len, getattr(args, "batch_size", None) or 1, names, force)
+    if getattr(args, "obs_samples", None) is not None and getattr(args, "seq_len", None) is not None:
+        names = ("--obs-samples", "--seq-len", "--batch-size")
+        check_windows(args.obs_samples, args.seq_len, getattr(args, "batch_size", None) or 1, names, force)
     if getattr(args, "rates", None) is not None:
         check_at_most(_count(args.rates), LIMITS.rates, f"--rates lists {_count(args.rates):,} rates, which", force)
     for dest, flag in (("budgets", "--budgets"), ("refine_budgets", "--refine-budgets")):
@@ -143,8 +149,28 @@ class OptionRule:
     because: str
 
 
+def _allocator_specs(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """(allocator, criterion or "") of each ``ALLOCATOR[:CRITERION]`` the command names (compare's
+    ``dp:obs``; the engine's ``pipeline.compare.allocator_spec`` judges the names)."""
+    text = str(getattr(args, "allocators", None) or getattr(args, "allocator", ""))
+    return tuple((allocator.strip(), criterion.strip()) for allocator, _, criterion in (part.partition(":") for part in text.split(",")))
+
+
 def _allocators(args: argparse.Namespace) -> tuple[str, ...]:
-    return tuple(part.strip() for part in str(getattr(args, "allocators", None) or getattr(args, "allocator", "")).split(","))
+    return tuple(allocator for allocator, _ in _allocator_specs(args))
+
+
+def _prunes_by_obs(args: argparse.Namespace) -> bool:
+    """Whether the command may prune by a sequential criterion (``obs``): ``prune --criterion obs``,
+    or a ``--plan`` (whose criterion the handler reads), or a compare spec that names it or whose
+    allocator prunes by it (``slimgpt``)."""
+    if args.command == "prune":
+        return args.plan is not None or is_sequential(args.criterion)
+    for allocator, criterion in _allocator_specs(args):
+        named = criterion or (own_criterion(allocator) if allocator in ALLOCATORS else None)
+        if named in CRITERIA and is_sequential(str(named)):
+            return True
+    return False
 
 
 # Every rule on options that another option or an input makes moot, in one place.
@@ -164,9 +190,16 @@ OPTION_RULES = (
     ),
     OptionRule(
         ("prune",),
-        TABLE_UNITS,
+        ("channel_multiple",),
         lambda a: a.plan is None,
-        "with --plan: the plan's own criterion and channel multiple choose the units; leave them out",
+        "with --plan: the plan's own channel multiple sets its widths; leave it out",
+    ),
+    OptionRule(
+        ("prune", "compare"),
+        ("obs_samples",),
+        _prunes_by_obs,
+        "unless a plan is pruned by the obs criterion (--criterion obs, a --plan, or an allocator such as slimgpt or dp:obs): "
+        "it sizes obs's calibration windows",
     ),
     OptionRule(
         ("plan", "compare"),

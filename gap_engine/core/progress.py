@@ -17,14 +17,15 @@ benchmarks drive it alike. A `Hooks` holds four optional parts, each a no-op whe
 
 Engine code calls the helpers (``hooks.report``, ``hooks.enter``, ``hooks.say``,
 ``hooks.check_cancelled``) and passes ``hooks`` on, or a variant made with
-``dataclasses.replace`` / `Hooks.but`; `StageTimer` records how long each stage took.
+``dataclasses.replace`` / `Hooks.but`; `StageTimer` records how long each stage took, and
+`JobProgress` turns a background job's reports into its time left.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gap_engine.core.errors import CancelledError
@@ -102,6 +103,102 @@ class EtaClock:
         self.weight_left = max(0.0, self.weight_left - weight)
         elapsed = time.perf_counter() - self.started
         return elapsed / self.weight_done * self.weight_left if self.weight_done > 0 else 0.0
+
+
+# A stage past its predicted time that counts no steps is given this share of its time so far to go: its estimated
+# length becomes 1.25 x its elapsed time, growing smoothly from the prediction instead of vanishing at it.
+OVERRUN_SHARE = 0.25
+PACE_PRIOR_S = 10.0  # seconds "on time" the pace of a job starts from (a 0.1 s load of a model in memory says little)
+
+
+@dataclass
+class JobProgress:
+    """The latest progress a job reported: its stages, and the steps of the current one."""
+
+    done: int = 0  # steps of the current stage finished (cells, batches)
+    total: int = 0  # steps of the current stage in all; 0 while unknown
+    eta: float | None = None  # seconds left in the current stage, as the work function estimates them (None: unknown)
+    message: str = ""  # what the job is doing now, in a few words
+    updated: float = 0.0  # time.time() of the report
+    stages: tuple[str, ...] = ()  # the job's stages in order (`progress` names); empty: not declared
+    stage: int = -1  # index of the current stage; -1 before the first
+    stage_started: float | None = None  # time.time() the current stage began
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # stage -> seconds it took, for the stages that ended
+    expected: dict[str, float] = field(
+        default_factory=dict
+    )  # stage -> seconds it is expected to take (``pipeline.expected``; may be partial)
+    expected_basis: str = ""  # where ``expected`` comes from, in a few words
+
+    @property
+    def fraction(self) -> float:
+        """done / total of the current stage in [0, 1]; 0 while the total is unknown."""
+        if self.total <= 0:
+            return 0.0
+        return min(1.0, max(0.0, self.done / self.total))
+
+    def stage_elapsed(self, now: float) -> float:
+        return 0.0 if self.stage_started is None else max(0.0, now - self.stage_started)
+
+    def pace(self) -> float:
+        """Actual over expected seconds of the stages that ended, as if PACE_PRIOR_S more had run on time:
+        how much slower (above 1) or faster this job runs than predicted, without trusting a short stage alone."""
+        ended = [name for name in self.stage_seconds if self.expected.get(name) is not None]
+        actual, expected = sum(self.stage_seconds[n] for n in ended), sum(self.expected[n] for n in ended)
+        return (actual + PACE_PRIOR_S) / (expected + PACE_PRIOR_S)
+
+    def _stage_left(self, now: float) -> tuple[float | None, bool]:
+        """(seconds left in the current stage, whether they are revised because it ran past its prediction): the
+        work's own estimate from its steps, else the expected time at the job's pace; past that, the rest of its
+        steps at the rate so far, else OVERRUN_SHARE of its time so far (never blank, never a stale "0 s")."""
+        if self.eta is not None:
+            return self.eta, False
+        expected = self.expected.get(self.stages[self.stage]) if 0 <= self.stage < len(self.stages) else None
+        elapsed, done = self.stage_elapsed(now), self.fraction
+        planned = None if expected is None else expected * self.pace() - elapsed
+        if done > 0 and (planned is None or planned <= 0):
+            return elapsed * (1.0 - done) / done, planned is not None
+        if planned is None:
+            return None, False
+        return max(planned, OVERRUN_SHARE * elapsed), planned < OVERRUN_SHARE * elapsed
+
+    def overrun(self, now: float) -> bool:
+        """Whether the current stage's time left is revised: it ran past its predicted time."""
+        return 0 <= self.stage < len(self.stages) and self._stage_left(now)[1]
+
+    def seconds_left(self, now: float) -> float | None:
+        """Seconds left for the whole job, once they can be told: the current stage's, plus the
+        expected times of the stages after it at the job's pace (None while any of them is unknown)."""
+        if not self.stages:
+            return self.eta
+        if self.stage < 0:
+            return self.expected_total()
+        left = self._stage_left(now)[0]
+        later = [self.expected.get(name) for name in self.stages[self.stage + 1 :]]
+        known = [seconds for seconds in later if seconds is not None]
+        if left is None or len(known) < len(later):
+            return None
+        return left + sum(known) * self.pace()
+
+    def expected_total(self) -> float | None:
+        """The whole job's expected seconds, when every stage has an expectation."""
+        if not self.stages or any(self.expected.get(name) is None for name in self.stages):
+            return None
+        return float(sum(self.expected[name] for name in self.stages))
+
+    def overall(self, now: float) -> float:
+        """How far the whole job is, in [0, 1]: stages weighted by their expected time (equal
+        weights where none is known), the current one by its steps or its elapsed time."""
+        if not self.stages:
+            return self.fraction
+        if self.stage < 0:
+            return 0.0
+        known = [seconds for seconds in self.expected.values() if seconds is not None]
+        fallback = max(sum(known) / len(known), 1.0) if known else 1.0
+        weights = [max(float(self.expected.get(name) or fallback), 0.1) for name in self.stages]
+        current, elapsed, left = self.fraction, self.stage_elapsed(now), self._stage_left(now)[0]
+        if self.total <= 0 and self.expected.get(self.stages[self.stage]) and left is not None and elapsed + left > 0:
+            current = min(0.95, elapsed / (elapsed + left))
+        return min(1.0, (sum(weights[: self.stage]) + weights[self.stage] * current) / sum(weights))
 
 
 # ---- stages -----------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The dense model's held-out numbers, measured once per (model, text, windows) and reused.
 
 Prune & evaluate and Recover each measure the dense model beside the model they evaluate.
-Left to themselves they give the same quantity two values (issue 22: dense perplexity 29.06 on
-one page, 30.118 on the other) whenever anything about the measurement differs: the batch, the
+Left to themselves they give the same quantity two values (a dense perplexity of 29.06 on one
+page and 30.118 on the other) whenever anything about the measurement differs: the batch, the
 dtype the reference was loaded in, the order of a float sum. A reader cannot tell which to
 believe. The first measurement of a dense model on given windows is therefore stored, keyed by
 the dense weights' fingerprint and a hash of the exact token windows (so the text, the window

@@ -1,7 +1,7 @@
 """lm-eval imported in the background, so the first task check after a server start does not block.
 
-lm-eval's first import takes 5-8 s on two cores (issue 21: the first Start after a server start
-sat that long with no sign of life). A page that offers task accuracy starts the import when it
+lm-eval's first import takes 5-8 s on two cores, which a Start pressed right after a server start
+would otherwise spend with no sign of life. A page that offers task accuracy starts the import when it
 draws; by the time the user presses Start it is done, and a page that finds it still running
 says so while it waits.
 """

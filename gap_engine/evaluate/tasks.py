@@ -478,11 +478,6 @@ def dense_task_scores(
     return scores
 
 
-def store_dense_scores(fingerprint: str, dtype: str, prepared: PreparedTasks, scores: dict[str, TaskScore]) -> None:
-    """Record scores of a dense model measured anyway (``gap eval`` of the dense model itself)."""
-    dense_task_scores(fingerprint, dtype, prepared, lambda names: {n: scores[n] for n in names if n in scores})
-
-
 def model_and_dense_scores(lm, dense, prepared: PreparedTasks) -> tuple[dict[str, TaskScore], dict[str, TaskScore]]:
     """``lm``'s scores and its dense original's (cached; measured with ``dense`` when missing).
 

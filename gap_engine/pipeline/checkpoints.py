@@ -23,8 +23,9 @@ from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.iterative import IterativeResult, iterative_prune
-from gap_engine.pipeline.stages import pruned_as_saved
+from gap_engine.pipeline.stages import obs_windows, pruned_as_saved
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
+from gap_engine.prune.criteria import is_sequential
 from gap_engine.tables.artefact import LossTable, TableSpec
 
 
@@ -41,6 +42,8 @@ class PrunedCheckpoint:
     removed: int = 0  # parameters the cut removed (the plan's ``removed``)
     bias_params: int = 0  # parameters the compensation's biases added back
     dense_prunable: int = 1  # the dense model's prunable parameters
+    criterion: str = "wanda"  # what chose the units (the saved plan's criterion)
+    obs_windows: int | None = None  # calibration windows a sequential criterion (obs) read; None: none did
 
     @property
     def net_removed(self) -> int:
@@ -59,7 +62,8 @@ class PrunedCheckpoint:
             "net_removed_fraction_of_prunable": self.net_removed / self.dense_prunable,
             "removed_fraction_of_total": self.removed_fraction_of_total,
             "compensation": self.compensation,
-        }
+            "criterion": self.criterion,
+        } | ({} if self.obs_windows is None else {"obs_windows": self.obs_windows})
 
 
 def prune_to_checkpoint(
@@ -70,6 +74,7 @@ def prune_to_checkpoint(
     save_dtype: str = DEFAULT_SAVE_DTYPE,
     hooks: Hooks = NO_HOOKS,
     compensation: CompensationSettings = NO_COMPENSATION,
+    obs_samples: int | None = None,
 ) -> PrunedCheckpoint:
     """Prune ``lm`` by ``plan`` (units chosen on ``windows``) and save it to ``out``.
 
@@ -80,8 +85,11 @@ def prune_to_checkpoint(
         save_dtype: the checkpoint's storage dtype.
         hooks: the importance scores' progress and cancel (and the compensation's blocks).
         compensation: what the kept units get after the cut, fitted on ``windows``.
+        obs_samples: calibration windows a sequential criterion (``obs``) reads (None: ``windows``'s count).
     """
-    pruned, result = pruned_as_saved(lm, plan, windows, save_dtype=save_dtype, keep_dense=False, hooks=hooks, compensation=compensation)
+    pruned, result = pruned_as_saved(
+        lm, plan, windows, save_dtype=save_dtype, keep_dense=False, hooks=hooks, compensation=compensation, obs_samples=obs_samples
+    )
     save_pruned(pruned, result.plan, result.kept_indices(), out, dtype=save_dtype)
     return PrunedCheckpoint(
         out=str(out),
@@ -93,6 +101,8 @@ def prune_to_checkpoint(
         removed=int(result.plan.params["removed"]),
         bias_params=int((result.compensation or {}).get("bias_params", 0)),
         dense_prunable=int(result.plan.params["dense_prunable"]),
+        criterion=result.plan.criterion,
+        obs_windows=obs_windows(windows, obs_samples).n_samples if is_sequential(result.plan.criterion) else None,
     )
 
 
@@ -106,11 +116,24 @@ def prune_rounds_to_checkpoint(
     hooks: Hooks = NO_HOOKS,
     first_table: LossTable | None = None,
     compensation: CompensationSettings = NO_COMPENSATION,
+    criterion: str | None = None,
+    obs_samples: int | None = None,
 ) -> IterativeResult:
     """GAP's DP to ``budget`` in ``rounds`` rounds (``iterative.iterative_prune``, which takes
     ``first_table``) on a copy of ``lm``, the result saved to ``out`` in ``save_dtype``; returns the rounds' record.
-    ``compensation`` follows the last round's cut (one round only: see ``iterative_prune``)."""
-    result = iterative_prune(lm, spec, budget, rounds, hooks=hooks, first_table=first_table, compensation=compensation)
+    ``compensation`` follows the last round's cut (one round only: see ``iterative_prune``); ``criterion``
+    chooses the units of every round (None: the table's), ``obs_samples`` sizes ``obs``'s windows."""
+    result = iterative_prune(
+        lm,
+        spec,
+        budget,
+        rounds,
+        hooks=hooks,
+        first_table=first_table,
+        compensation=compensation,
+        criterion=criterion,
+        obs_samples=obs_samples,
+    )
     if result.plan is None:
         raise InvariantError("iterative_prune recorded no plan")
     save_pruned(result.model, result.plan, result.kept, out, dtype=save_dtype)

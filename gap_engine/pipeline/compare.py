@@ -21,14 +21,14 @@ from gap_engine.data.windows import calibration_windows, heldout_windows
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.pipeline.stages import objective_increase, pruned_as_saved
-from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.pipeline.stages import objective_increase, obs_windows, pruned_as_saved, pruned_by
+from gap_engine.plan.allocator_registry import ALLOCATORS, own_criterion
 from gap_engine.plan.allocators import check_reach, plan_from_table
 from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
-from gap_engine.prune.criteria import is_sequential
+from gap_engine.prune.criteria import CRITERIA, is_sequential
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.tables.artefact import LossTable
 
@@ -63,6 +63,8 @@ class Outcome:
     predicted_basis: str | None = None  # what the prediction sums: "measured", "estimated" or "mixed" table cells
     compensation: str = "none"  # what the kept units got after the cut (prune.compensations)
     bias_params: int = 0  # parameters the compensation's biases added (params_after counts them; removed does not)
+    criterion: str = ""  # what chose the units: the plan's own, or the one its allocator spec named (dp:obs)
+    obs_windows: int | None = None  # calibration windows a sequential criterion (obs) read; None: none did
 
     def row(self) -> dict:
         """Flat dict for CSV output."""
@@ -79,7 +81,7 @@ class Outcome:
 
         Scalar fields are parsed by their declared type, so a field added to the class is read
         back without touching this; unknown columns are the extras."""
-        parse = {f.name: {"int": int, "str": str, "str | None": str}.get(str(f.type), float) for f in fields(cls)}
+        parse = {f.name: {"int": int, "int | None": int, "str": str, "str | None": str}.get(str(f.type), float) for f in fields(cls)}
         values: dict = {"predicted_loss": None}
         perplexity, dense, extras = {}, {}, {}
         for key, text in row.items():
@@ -134,6 +136,7 @@ def measure_plan(
     table: LossTable | None = None,
     extra: Callable[[LoadedModel], dict] | None = None,
     compensation: CompensationSettings = NO_COMPENSATION,
+    obs_samples: int | None = None,
 ) -> Outcome:
     """Prune a copy of the dense model with ``plan`` and measure it beside the table's prediction.
 
@@ -152,8 +155,9 @@ def measure_plan(
             too, and the prediction's basis (measured or estimated cells) is recorded.
         extra: more numbers of the pruned model (e.g. task accuracy), kept in ``extras``.
         compensation: what the kept units get after the cut, fitted on ``calib_spec``.
+        obs_samples: calibration windows a sequential criterion (``obs``) reads (None: ``calib_spec``'s count).
     """
-    pruned, result = pruned_as_saved(dense, plan, calib_spec, scores=scores, compensation=compensation)
+    pruned, result = pruned_as_saved(dense, plan, calib_spec, scores=scores, compensation=compensation, obs_samples=obs_samples)
     batch_size = calib_spec.batch_size
     calib_loss = mean_nll(pruned, calib, batch_size)
     perplexity = {source: math.exp(mean_nll(pruned, w, batch_size)) for source, w in heldout.items()}
@@ -178,7 +182,27 @@ def measure_plan(
         extras=extra(pruned) if extra is not None else {},
         compensation=compensation.mode,
         bias_params=int((result.compensation or {}).get("bias_params", 0)),
+        criterion=plan.criterion,
+        obs_windows=obs_windows(calib_spec, obs_samples).n_samples if is_sequential(plan.criterion) else None,
     )
+
+
+def allocator_spec(spec: str) -> tuple[str, str | None]:
+    """(allocator, criterion or None) of ``ALLOCATOR`` or ``ALLOCATOR:CRITERION``: the allocator's
+    plan with its units chosen by ``CRITERION`` instead of its own (``dp:obs``: GAP's DP rates,
+    pruned and updated by SlimGPT's OBS), so one comparison can hold both.
+
+    Raises:
+        PlanError: an unknown allocator or criterion.
+    """
+    allocator, separator, criterion = spec.strip().partition(":")
+    if allocator not in ALLOCATORS:
+        raise PlanError(f"unknown allocator '{allocator}'; choose from {', '.join(ALLOCATORS)} (optionally :CRITERION, e.g. dp:obs)")
+    if not separator:
+        return allocator, None
+    if criterion not in CRITERIA:
+        raise PlanError(f"unknown criterion '{criterion}' in '{spec.strip()}' (ALLOCATOR:CRITERION); choose from {', '.join(CRITERIA)}")
+    return allocator, criterion
 
 
 def compare(
@@ -192,6 +216,7 @@ def compare(
     hooks: Hooks = NO_HOOKS,
     extra: Callable[[LoadedModel], dict] | None = None,
     compensation: CompensationSettings = NO_COMPENSATION,
+    obs_samples: int | None = None,
 ) -> list[Outcome]:
     """Every allocator at every budget, pruned for real and measured on the same windows.
 
@@ -199,17 +224,19 @@ def compare(
         lm: the dense model the table was built for.
         table: its loss table (its calibration windows score units and give the calibration loss).
         budgets: fractions of prunable parameters to remove.
-        allocators: names from ALLOCATORS.
+        allocators: names from ALLOCATORS, each optionally ``:CRITERION`` (``allocator_spec``:
+            ``dp:obs`` prunes DP's plan with SlimGPT's OBS instead of the table's criterion).
         heldout: source -> (N, T) held-out windows.
         constraints, evo: as for `allocators.plan_from_table`.
         hooks: its message is told one line per finished plan.
         extra: more numbers of each pruned model (task accuracy), as extra columns.
         compensation: what every plan's kept units get after the cut, fitted on the table's windows;
-            the biases one adds are paid from each budget (``plan.problem.bias_charges``).
+            the biases one adds are paid from each budget (``plan.problem.bias_charges``). A plan
+            pruned by a sequential criterion (``obs``) gets none: its OBS update is its
+            compensation, and it is planned for what it ships.
+        obs_samples: calibration windows a sequential criterion (``obs``) reads (None: the table's count).
     """
-    unknown = [a for a in allocators if a not in ALLOCATORS]
-    if unknown:
-        raise PlanError(f"unknown allocator '{unknown[0]}'; choose from {', '.join(ALLOCATORS)}")
+    specs = [allocator_spec(a) for a in allocators]
     table.check_model(lm)
     calib_spec = table.spec.windows
     check_calibration(lm, calibration_tokens(calib_spec), compensation)  # before anything slow
@@ -225,17 +252,22 @@ def compare(
             by_criterion[criterion] = compute_importance(lm, windows, criterion, calib_spec.batch_size)
         return by_criterion[criterion]
 
+    def shipped(allocator: str, criterion: str | None) -> CompensationSettings:
+        """What a row's kept units get: a sequential criterion (SlimGPT's OBS) updates them itself."""
+        return NO_COMPENSATION if is_sequential(criterion or own_criterion(allocator) or table.spec.criterion) else compensation
+
     for budget in budgets:  # fail fast on an unreachable budget, before the slow part
-        for allocator in allocators:
-            check_reach(lm, table, budget, allocator, constraints, compensation.mode)
+        for allocator, criterion in specs:
+            check_reach(lm, table, budget, allocator, constraints, shipped(allocator, criterion).mode)
     reference = reference_numbers(lm, windows, heldout, calib_spec.batch_size)
     outcomes = []
     for budget in budgets:
-        for allocator in allocators:
+        for spec, (allocator, criterion) in zip(allocators, specs):
             started = time.perf_counter()
+            own = shipped(allocator, criterion)
             extras = {}
             if allocator == "evo":
-                result = evolve(lm, table, budget, windows, scores, constraints, evo, compensation=compensation.mode)
+                result = evolve(lm, table, budget, windows, scores, constraints, evo, compensation=own.mode)
                 plan = result.plan
                 extras = {
                     "dp_predicted": result.seed_predicted,
@@ -244,11 +276,12 @@ def compare(
                     "evo_evaluations": result.evaluations,
                 }
             else:
-                plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores, compensation=compensation.mode)
-            # A sequential criterion (SlimGPT's OBS) updates the kept columns itself: that is its compensation.
-            own = NO_COMPENSATION if is_sequential(plan.criterion) else compensation
-            outcome = measure_plan(lm, plan, calib_spec, windows, heldout, scores_of(plan.criterion), reference, table, extra, own)
+                plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores, compensation=own.mode)
+            plan = pruned_by(plan, criterion)
+            outcome = measure_plan(
+                lm, plan, calib_spec, windows, heldout, scores_of(plan.criterion), reference, table, extra, own, obs_samples
+            )
             outcome.extras = outcome.extras | extras | {"seconds": round(time.perf_counter() - started, 1)}
             outcomes.append(outcome)
-            hooks.say(f"{allocator} at {budget:.0%}: calibration loss {outcome.calib_loss_increase:+.4f}")
+            hooks.say(f"{spec.strip()} at {budget:.0%}: calibration loss {outcome.calib_loss_increase:+.4f}")
     return outcomes

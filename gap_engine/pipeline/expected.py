@@ -5,7 +5,9 @@ Work is counted from the model's shape (nothing is loaded) in forward passes: 2 
 attention 2 x T x heads x head_dim more, a backward pass two forwards, a fixed cost per block call; an exact table runs
 blocks i..L-1 and the LM head once per distinct cell of layer i. A `DeviceProfile` prices it: measured on this machine
 when asked (Setup's Estimate, the dry run), a spec sheet (``--profile``) or nominal CPU prices per torch thread; an
-accelerator nobody measured gets no prediction. ``bench/bench_expected.py`` checks them against real jobs: within 2x.
+accelerator nobody measured gets no prediction. What finished jobs of the same kind took here corrects the next
+prediction (``pipeline.learned``: their median actual / predicted, scaled by the load now). ``bench/bench_expected.py``
+checks both against real jobs under this machine's load.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ from gap_engine.core.device import DeviceSpec, Placement, placement_of, resolve,
 from gap_engine.core.errors import TableError
 from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.evaluate.metrics import THROUGHPUT_REPEATS, EvalSettings
+from gap_engine.export.gguf import gguf_bytes
 from gap_engine.model.adapters import LayerGeometry
 from gap_engine.model.checkpoint import is_pruned_checkpoint
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import BUILTIN_MODELS, CONVERTED_MARKER, load_model
 from gap_engine.model.remote_code import refuse_foreign_code
 from gap_engine.model.units import ComponentGeometry, attention_shape_for_rate, channels_for_rate
+from gap_engine.pipeline import learned
+from gap_engine.plan.allocator_registry import needs_windows
 from gap_engine.recover.teacher_text import BATCH, TeacherTextSpec, uncached_tokens
 from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
 from gap_engine.tables.artefact import TableSpec
@@ -295,10 +300,34 @@ class Prediction:
     text_s: float = 0.0  # of the total: writing teacher text the cache lacks
     judge_s: float = 0.0  # of the total: judging snapshots (``judgements`` of them)
     judgements: int = 0
+    kind: str = ""  # the kind of job: its finished runs here correct the next prediction (``learned``)
+    prices: str = ""  # what priced it (the device profile's basis)
+    correction: learned.Learned | None = None  # the correction applied (None: no finished run of its kind yet)
 
     @property
     def total(self) -> float:
         return float(sum(self.seconds.values()))
+
+    @property
+    def where(self) -> str:
+        """What the time rests on, in a few words: "learned from 5 runs on this machine" or "not yet measured here"."""
+        return self.correction.text if self.correction else "not yet measured here"
+
+    def pending(self) -> learned.Pending:
+        """The job about to start, to be recorded against the cost model's own seconds when it finishes."""
+        return learned.Pending(self.kind, self.total / (self.correction.factor if self.correction else 1.0), self.prices)
+
+
+def _learn(prediction: Prediction) -> Prediction:
+    """``prediction`` times the factor finished jobs of its kind taught (``learned.factor_for``), saying so."""
+    found = learned.factor_for(prediction.kind, prediction.prices)
+    if found is None:
+        return prediction
+    f, p = found.factor, prediction
+    return replace(
+        p, seconds={name: seconds * f for name, seconds in p.seconds.items()}, step_s=p.step_s * f, tasks_s=p.tasks_s * f,
+        text_s=p.text_s * f, judge_s=p.judge_s * f, correction=found, basis=f"{p.basis}; x{f:.2g} for this machine's speed and load now",
+    )  # fmt: skip
 
 
 @dataclass
@@ -401,9 +430,10 @@ def table_prediction(model: str, spec: TableSpec, device: DeviceSpec | None = No
     shape, profile = priced
     first = {stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, shape.total_params), stage.READ_TEXT: READ_TEXT_S}
     if cached:  # the cache hit it is
-        return Prediction(first, f"cached here: Build reads it instead of building; {PREDICTED}: {profile.basis}")
+        basis = f"cached here: Build reads it instead of building; {PREDICTED}: {profile.basis}"
+        return _learn(Prediction(first, basis, kind="table read", prices=profile.basis))
     parts = estimate_build(shape, spec, profile, placement.dtype.itemsize, placement.stream).parts
-    return Prediction(first | parts, f"{PREDICTED}: {profile.basis}")
+    return _learn(Prediction(first | parts, f"{PREDICTED}: {profile.basis}", kind="table", prices=profile.basis))
 
 
 def run_prediction(
@@ -436,7 +466,8 @@ def run_prediction(
         stage.SAVE: LOAD_FIXED_S + 4 * params / SAVE_BYTES_PER_S,
     }
     seconds = {name: by_stage[name] for name in stages if name in by_stage}
-    return Prediction(seconds, f"{PREDICTED}: {profile.basis}", tasks_s=seconds.get(stage.TASKS, 0.0))
+    basis, tasks_s = f"{PREDICTED}: {profile.basis}", seconds.get(stage.TASKS, 0.0)
+    return _learn(Prediction(seconds, basis, tasks_s=tasks_s, kind="prune_eval", prices=profile.basis))
 
 
 def recovery_prediction(
@@ -488,9 +519,8 @@ def recovery_prediction(
     judgements = 1 + steps // s.eval_every + bool(steps % s.eval_every) if s.eval_every else 0
     training = (step * steps if budget is None else min(step * s.steps, budget)) + judgements * judge
     seconds = {stage.PREPARING: prepare + first + text, stage.TRAINING: training, stage.EVALUATING_AFTER: calib + evaluation + after}
-    return Prediction(
-        seconds, f"{PREDICTED}: {profile.basis}", step, first + after, text_s=text, judge_s=judgements * judge, judgements=judgements
-    )
+    basis = f"{PREDICTED}: {profile.basis}"
+    return _learn(Prediction(seconds, basis, step, first + after, text, judgements * judge, judgements, "recover", profile.basis))
 
 
 def teacher_text_seconds(shape: ModelShape, profile: DeviceProfile, tokens: int, seq_len: int) -> float:
@@ -526,3 +556,36 @@ def gguf_seconds(checkpoint: str | Path, outtype: str) -> float | None:
     size = sum(f.stat().st_size for f in Path(checkpoint).expanduser().glob("*.safetensors")) or 4 * params
     convert = params * GGUF_S_PER_PARAM.get(outtype, GGUF_S_PER_PARAM["q8_0"])
     return GGUF_FIXED_S + (0.0 if "transformers.modeling_utils" in sys.modules else GGUF_IMPORT_S) + size / (2 * LOAD_BYTES_PER_S) + convert
+
+
+def gguf_prediction(checkpoint: str | Path, outtype: str) -> Prediction | None:
+    """``gguf_seconds`` as a one-stage Prediction, corrected by the GGUF files built here before."""
+    seconds = gguf_seconds(checkpoint, outtype)
+    basis = f"{PREDICTED} from the checkpoint's size"
+    return None if seconds is None else _learn(Prediction({"gguf": seconds}, basis, kind="gguf", prices="nominal"))
+
+
+def gguf_file(checkpoint: str | Path, outtype: str) -> bytes:
+    """The GGUF file of ``checkpoint`` (``export.gguf.gguf_bytes``), its time recorded against its prediction."""
+    predicted, started = gguf_prediction(checkpoint, outtype), time.perf_counter()
+    pending = predicted.pending() if predicted is not None else None
+    data = gguf_bytes(checkpoint, outtype)
+    if pending is not None:
+        learned.record(pending, time.perf_counter() - started)
+    return data
+
+
+def baselines_prediction(
+    model: str, windows: WindowSpec, criterion: str, allocators: list[str], budgets: int, loaded: bool = False
+) -> Prediction | None:
+    """The stages of baseline plans (``runs.baseline_stages``): the load, FLAP's unit scores (as a table build's), and
+    per plan a calibration pass for an allocator that reads windows (20 for evo), a moment for the others."""
+    if (priced := _prices(model, resolve(None), windows.seq_len, windows.batch_size)) is None:
+        return None
+    shape, profile = priced
+    calib = forward_seconds(shape, profile, windows.n_samples * windows.seq_len, windows.seq_len, windows.n_samples / windows.batch_size)
+    seconds = {stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, shape.total_params)}
+    if "flap" in allocators:
+        seconds[stage.SCORE_UNITS] = {"magnitude": 0.0, "taylor": 3.0}.get(criterion, 1.0) * calib
+    seconds[stage.PLAN] = budgets * sum((20 if a == "evo" else 1) * calib if needs_windows(a) else 0.05 for a in allocators)
+    return _learn(Prediction(seconds, f"{PREDICTED}: {profile.basis}", kind="baselines", prices=profile.basis))

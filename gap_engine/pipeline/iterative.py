@@ -30,11 +30,12 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan, plan_widths
 from gap_engine.model.slicing import layer_widths
 from gap_engine.model.units import block_geometries
-from gap_engine.pipeline.stages import loss_table, objective_increase, plan_for, prune_with_plan
+from gap_engine.pipeline.stages import loss_table, objective_increase, plan_for, prune_with_plan, pruned_by
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
-from gap_engine.prune.importance import compute_importance
+from gap_engine.prune.criteria import is_sequential
+from gap_engine.prune.sequential import check_follows_obs
 from gap_engine.tables.artefact import LossTable, TableSpec
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,17 @@ def compose_kept(kept: dict, round_kept: dict) -> dict:
     return {name: [[layer[i] for i in chosen] for layer, chosen in zip(kept[name], round_kept[name])] for name in kept}
 
 
+def _check_rounds(dense: LoadedModel, spec: TableSpec, rounds: int, compensation: CompensationSettings, criterion: str | None) -> None:
+    """What ``iterative_prune`` refuses before the first table is built."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if compensation.active and rounds > 1:
+        raise CompensationError(f"compensation '{compensation.mode}' follows a one-shot cut; prune in one round (--rounds 1) to compensate")
+    if criterion is not None and is_sequential(criterion):
+        check_follows_obs(compensation)
+    check_calibration(dense, calibration_tokens(spec.windows), compensation)
+
+
 def iterative_prune(
     dense: LoadedModel,
     spec: TableSpec,
@@ -126,6 +138,8 @@ def iterative_prune(
     use_cache: bool = True,
     first_table: LossTable | None = None,
     compensation: CompensationSettings = NO_COMPENSATION,
+    criterion: str | None = None,
+    obs_samples: int | None = None,
 ) -> IterativeResult:
     """Prune a copy of ``dense`` to ``budget`` in ``rounds`` rounds of table -> DP -> surgery.
 
@@ -141,16 +155,14 @@ def iterative_prune(
             uses it only when it is for these weights, else reads or builds its own.
         compensation: what the kept units get after the cut, fitted on the table's windows: one
             round only (a later round's cut would be fitted to a pruned model); ``budget`` pays for its biases.
+        criterion, obs_samples: what chooses every round's units (None: the table's criterion; ``obs``
+            prunes the DP's rates with its OBS update, ``stages.pruned_by``), and ``obs``'s window count.
     Returns:
         IterativeResult with the pruned model.
     Raises:
-        CompensationError: compensation with more than one round, or too little calibration text.
+        CompensationError: compensation with more than one round, a refit after ``obs``, or too little calibration text.
     """
-    if rounds < 1:
-        raise ValueError(f"rounds must be at least 1, got {rounds}")
-    if compensation.active and rounds > 1:
-        raise CompensationError(f"compensation '{compensation.mode}' follows a one-shot cut; prune in one round (--rounds 1) to compensate")
-    check_calibration(dense, calibration_tokens(spec.windows), compensation)
+    _check_rounds(dense, spec, rounds, compensation, criterion)
     current = dense.copy()
     total = prunable_params(dense, spec.channel_multiple)[0]
     out = IterativeResult(current, budget, 0, 0.0, [], [])
@@ -160,6 +172,7 @@ def iterative_prune(
         "kept_heads": [list(range(g.n_heads)) for g in geoms],
         "kept_channels": [list(range(g.intermediate_size)) for g in geoms],
     }
+    cancel = Hooks(cancel=hooks.cancel)  # the plan's criterion scores each round's units (obs: chooses them while pruning)
     for index in range(1, rounds + 1):
         hooks.check_cancelled(f"iterative planning cancelled before round {index} of {rounds}")
         hooks.say(f"round {index} of {rounds}: loss table of the model as it is")
@@ -169,13 +182,12 @@ def iterative_prune(
             table = loss_table(current, spec, hooks, use_cache)
         now = prunable_params(current, spec.channel_multiple)[0]
         share = max(0.0, (budget * total * index / rounds - (total - now)) / now)
-        plan = plan_for(current, table, share, "dp", constraints, compensation=compensation.mode)
+        plan = pruned_by(plan_for(current, table, share, "dp", constraints, compensation=compensation.mode), criterion)
         if plan.predicted_loss is None:
             raise InvariantError("a plan made from a table has no predicted loss")
         windows = calibration_windows(current.tokenizer, spec.windows)
-        scores = compute_importance(current, windows, spec.criterion, spec.windows.batch_size, Hooks(cancel=hooks.cancel))
         before = current.copy() if measure else None
-        result = prune_with_plan(current, plan, spec.windows, scores=scores, compensation=compensation)
+        result = prune_with_plan(current, plan, spec.windows, cancel, compensation=compensation, obs_samples=obs_samples)
         out.kept = compose_kept(out.kept, result.kept_indices())
         measured = None
         if before is not None:
@@ -186,7 +198,7 @@ def iterative_prune(
     out.removed = total - prunable_params(current, spec.channel_multiple, dense)[0]
     out.removed_fraction = out.removed / total
     meta = {"allocator": "dp-iterative", "budget": budget, "predicted_loss": out.predicted_loss, "compensation": compensation.mode}
-    out.plan = widths_plan(dense, current, spec.criterion, spec.channel_multiple, **meta)
+    out.plan = widths_plan(dense, current, criterion or spec.criterion, spec.channel_multiple, **meta)
     out.attention_rates, out.mlp_rates = out.plan.attention_rates, out.plan.mlp_rates
     out.bias_params = added = result.params_after - int(result.plan.params["pruned_total"])  # the compensation's biases (0 without)
     if out.plan.params["pruned_total"] + added != current.param_count():

@@ -38,92 +38,22 @@ from typing import Any
 from gap_engine.core.device import DeviceSpec
 from gap_engine.core.errors import CancelledError, GapError, one_line
 from gap_engine.core.interrupt import run_unless_cancelled
-from gap_engine.core.progress import LOAD_MODEL, NO_HOOKS, RECOVERY_STAGES, Hooks
+from gap_engine.core.progress import LOAD_MODEL, NO_HOOKS, RECOVERY_STAGES, Hooks, JobProgress
 from gap_engine.evaluate import history
 from gap_engine.evaluate.tasks import TaskSettings, prepare_tasks
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
-from gap_engine.pipeline.expected import recovery_prediction
+from gap_engine.pipeline import learned
+from gap_engine.pipeline.expected import Prediction, baselines_prediction, recovery_prediction
 from gap_engine.pipeline.recovery import recover
-from gap_engine.pipeline.runs import baseline_rows, prune_and_evaluate, prune_eval_stages
+from gap_engine.pipeline.runs import baseline_rows, baseline_stages, prune_and_evaluate, prune_eval_stages
 from gap_engine.pipeline.stages import loss_table, table_stages
+from gap_engine.recover.files import saved_step
 
 log = logging.getLogger(__name__)
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
 ACTIVE_STATUSES = (QUEUED, RUNNING)
-
-
-@dataclass
-class JobProgress:
-    """The latest progress a job reported: its stages, and the steps of the current one."""
-
-    done: int = 0  # steps of the current stage finished (cells, batches)
-    total: int = 0  # steps of the current stage in all; 0 while unknown
-    eta: float | None = None  # seconds left in the current stage, as the work function estimates them (None: unknown)
-    message: str = ""  # what the job is doing now, in a few words
-    updated: float = 0.0  # time.time() of the report
-    stages: tuple[str, ...] = ()  # the job's stages in order (`progress` names); empty: not declared
-    stage: int = -1  # index of the current stage; -1 before the first
-    stage_started: float | None = None  # time.time() the current stage began
-    stage_seconds: dict = field(default_factory=dict)  # stage -> seconds it took, for the stages that ended
-    expected: dict = field(default_factory=dict)  # stage -> seconds it is expected to take (``pipeline.expected``; may be partial)
-    expected_basis: str = ""  # where ``expected`` comes from, in a few words
-
-    @property
-    def fraction(self) -> float:
-        """done / total of the current stage in [0, 1]; 0 while the total is unknown."""
-        if self.total <= 0:
-            return 0.0
-        return min(1.0, max(0.0, self.done / self.total))
-
-    def stage_elapsed(self, now: float) -> float:
-        return 0.0 if self.stage_started is None else max(0.0, now - self.stage_started)
-
-    def _stage_left(self, now: float) -> float | None:
-        """Seconds left in the current stage: the work's own estimate, else the expected time."""
-        if self.eta is not None:
-            return self.eta
-        expected = self.expected.get(self.stages[self.stage]) if 0 <= self.stage < len(self.stages) else None
-        if expected is None:
-            return None
-        left = expected - self.stage_elapsed(now)
-        return left if left > 0 else None  # running over the expectation: unknown, not "0 s"
-
-    def seconds_left(self, now: float) -> float | None:
-        """Seconds left for the whole job, once they can be told: the current stage's, plus the
-        expected times of the stages after it (None while any of them is unknown)."""
-        if not self.stages:
-            return self.eta
-        if self.stage < 0:
-            return self.expected_total()
-        left = self._stage_left(now)
-        later = [self.expected.get(name) for name in self.stages[self.stage + 1 :]]
-        known = [seconds for seconds in later if seconds is not None]
-        if left is None or len(known) < len(later):
-            return None
-        return left + sum(known)
-
-    def expected_total(self) -> float | None:
-        """The whole job's expected seconds, when every stage has an expectation."""
-        if not self.stages or any(self.expected.get(name) is None for name in self.stages):
-            return None
-        return float(sum(self.expected[name] for name in self.stages))
-
-    def overall(self, now: float) -> float:
-        """How far the whole job is, in [0, 1]: stages weighted by their expected time (equal
-        weights where none is known), the current one by its steps or its elapsed time."""
-        if not self.stages:
-            return self.fraction
-        if self.stage < 0:
-            return 0.0
-        known = [seconds for seconds in self.expected.values() if seconds is not None]
-        fallback = max(sum(known) / len(known), 1.0) if known else 1.0
-        weights = [max(float(self.expected.get(name) or fallback), 0.1) for name in self.stages]
-        current = self.fraction
-        if self.total <= 0 and self.expected.get(self.stages[self.stage]):
-            current = min(0.95, self.stage_elapsed(now) / self.expected[self.stages[self.stage]])
-        return min(1.0, (sum(weights[: self.stage]) + weights[self.stage] * current) / sum(weights))
 
 
 class JobContext:
@@ -148,6 +78,12 @@ class JobContext:
     def plan(self, stages: tuple[str, ...], expected: dict | None = None, basis: str = "") -> None:
         """Declare the job's stages (shown from the first second) and what each is expected to take."""
         self._job._plan(tuple(stages), dict(expected or {}), basis)
+
+    def expect(self, stages: tuple[str, ...], predicted: Prediction | None, learn: bool = True) -> None:
+        """Declare the stages with the cost model's prediction (None: times unknown); ``learn``: the job's time,
+        once it is done, corrects the next prediction of its kind (``learned``)."""
+        self.plan(stages, predicted.seconds if predicted else None, predicted.basis if predicted else "")
+        self._job.pending = predicted.pending() if predicted is not None and learn else None
 
     def enter(self, name: str) -> None:
         """The stage ``name`` starts (the engine's ``stage(name)`` callback): its steps start at 0."""
@@ -186,6 +122,7 @@ class Job:
     started: float | None = None
     finished: float | None = None
     cancel_requested: float | None = None  # time.time() of the first cancel request
+    pending: learned.Pending | None = None  # its prediction, recorded with its time when it is done (``learned``)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _finished_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -212,7 +149,8 @@ class Job:
         Besides the fields below: ``stage`` (the current stage's name, '' before the first),
         ``stage_index``, ``stages``, ``overall`` (the whole job's fraction), ``seconds_left``
         (the whole job's, None until it can be told), ``expected_total`` and
-        ``expected_basis`` (what the prediction rests on), ``stage_seconds``, ``cancelling`` and
+        ``expected_basis`` (what the prediction rests on), ``overrun`` (the time left is revised: the
+        current stage ran past its predicted time), ``stage_seconds``, ``cancelling`` and
         ``cancel_latency`` (seconds from the cancel request to the end).
         """
         now = time.time()
@@ -242,6 +180,7 @@ class Job:
                 "stage_seconds": dict(p.stage_seconds),
                 "overall": 1.0 if self.status == DONE else p.overall(now),
                 "seconds_left": None if not self.active else p.seconds_left(now),
+                "overrun": self.active and p.overrun(now),
                 "expected_total": p.expected_total(),
                 "expected_basis": p.expected_basis,
                 "cancelling": self.cancelling,
@@ -380,6 +319,8 @@ class JobManager:
                 with job._lock:
                     job._finish_locked(status, error=one_line(exc))
             else:
+                if job.pending is not None:  # before it reads as done, so the next prediction has it
+                    learned.record(job.pending, job.elapsed)
                 with job._lock:
                     job._finish_locked(DONE, result=result)
         finally:
@@ -477,20 +418,17 @@ def model_loaded(name: str, device: DeviceSpec | None = None) -> bool:
 # Each returns a work function for `JobManager.submit`; the work itself is the pipeline's.
 
 
-def table_task(
-    model_name: str, spec, device: DeviceSpec | None = None, cells=None, expected: dict | None = None, basis: str = ""
-) -> WorkFn:
+def table_task(model_name: str, spec, device: DeviceSpec | None = None, cells=None, expected: Prediction | None = None) -> WorkFn:
     """Build (or read from the cache) the loss table of ``model_name`` under ``spec``; the result is the LossTable.
 
     Args:
         device: where the model runs (None: CPU float32).
         cells: who measures exact cells (``tables.distributed.RayCells``); None: this process.
-        expected: stage -> expected seconds (``expected.table_prediction``), for the ETA.
-        basis: where ``expected`` comes from, in a few words.
+        expected: the cost model's stages (``expected.table_prediction``), for the ETA; its time teaches the next.
     """
 
     def work(ctx: JobContext):
-        ctx.plan(table_stages(spec), expected, basis)
+        ctx.expect(table_stages(spec), expected)
         ctx.enter(LOAD_MODEL)
         lm = shared_model(model_name, device, ctx.hooks())  # a build measures on a private copy (loss_table)
         unit = "cells" if spec.estimator == "exact" else "calibration batches"
@@ -508,7 +446,11 @@ def baselines_task(model_name: str, table, budgets, allocators, constraints, com
     biases); the result is its list of BaselinePlan."""
 
     def work(ctx: JobContext):
-        ctx.step("loading the model", 0, 0)
+        spec, loaded = table.spec, model_loaded(model_name)
+        ctx.expect(
+            baseline_stages(allocators), baselines_prediction(model_name, spec.windows, spec.criterion, allocators, len(budgets), loaded)
+        )
+        ctx.enter(LOAD_MODEL)
         lm = shared_model(model_name, hooks=ctx.hooks())  # FLAP and OWL hook a private copy (baseline_rows)
         return baseline_rows(lm, table, budgets, allocators, constraints, ctx.hooks(), compensation=compensation)
 
@@ -526,8 +468,7 @@ def _record_maker(run_id: int, maker: str, history_path: Path | None = None) -> 
 def prune_eval_task(
     model_name: str,
     eval_settings,
-    expected: dict | None = None,
-    basis: str = "",
+    expected: Prediction | None = None,
     task_settings: TaskSettings | None = None,
     maker: str | None = None,
     **run,
@@ -537,7 +478,7 @@ def prune_eval_task(
     Args:
         model_name: the dense model (built-in name, folder or hub id).
         eval_settings: evaluate.EvalSettings.
-        expected, basis: stage -> expected seconds and where they come from (for the ETA).
+        expected: the cost model's stages (``expected.run_prediction``), for the ETA; its time teaches the next.
         task_settings: lm-eval tasks to score the pruned model and dense on (None: none); their
             data sets load while the model does, so a data problem ends the job before pruning.
         maker: who made the run, recorded beside it in the history (`history.set_run_maker`).
@@ -548,7 +489,7 @@ def prune_eval_task(
     def work(ctx: JobContext):
         compensated = run.get("compensation") is not None and run["compensation"].active
         stages = prune_eval_stages(eval_settings, run.get("checkpoint_dir") is not None, task_settings is not None, compensated)
-        ctx.plan(stages, expected, basis)
+        ctx.expect(stages, expected)
         ctx.enter(LOAD_MODEL)
         prepared = None
         if task_settings is not None:
@@ -580,7 +521,7 @@ def recover_task(checkpoint: str, settings, out_dir, task_settings: TaskSettings
         examples = len(task_settings.tasks) * (task_settings.limit or 0) if task_settings is not None else 0
         predicted = recovery_prediction(checkpoint, settings, task_examples=examples)
         if predicted is not None:  # the ETA from the first second; measured step times replace it
-            ctx.plan(RECOVERY_STAGES, predicted.seconds, predicted.basis)
+            ctx.expect(RECOVERY_STAGES, predicted, learn=saved_step(out_dir) is None)  # a resumed run's time teaches nothing
         prepared = None
         if task_settings is not None:
             ctx.step(f"reading the tasks {', '.join(task_settings.tasks)}", 0, settings.steps)

@@ -27,6 +27,7 @@ from gap_engine.core.progress import (
     PLAN,
     PRUNE,
     SAVE,
+    SCORE_UNITS,
     TASKS,
     THROUGHPUT,
     Hooks,
@@ -40,12 +41,14 @@ from gap_engine.evaluate.tasks import PreparedTasks, task_report
 from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.pipeline.stages import objective_increase, plan_for, pruned_as_saved
+from gap_engine.pipeline.stages import objective_increase, obs_windows, plan_for, pruned_as_saved, pruned_by
 from gap_engine.plan.allocator_registry import needs_windows
 from gap_engine.plan.front_view import net_removed_fraction
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
+from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.importance import compute_importance
+from gap_engine.prune.surgery import PruneResult
 from gap_engine.tables.artefact import LossTable
 
 
@@ -167,8 +170,8 @@ def baseline_rows(
 
     Args:
         lm: the dense model (FLAP and OWL hook it: a shared one is copied first).
-        hooks: each step told as a message (the allocator and budget) with its progress
-            (plans done, plans); cancel polled between plans.
+        hooks: the stages (``baseline_stages``) entered after the load, each plan told as a message
+            (the allocator and budget) with its progress (plans done, plans); cancel polled between plans.
         compensation: the one the prune applies (`plan_for`): one that adds biases has them
             paid from each budget, as the DP front beside them was charged.
     Returns:
@@ -181,10 +184,12 @@ def baseline_rows(
         lm = lm.private()  # once for every plan: they hook or mask it
     scores = None
     if "flap" in allocators:
+        hooks.enter(SCORE_UNITS)
         _step(hooks, "importance scores for FLAP", 0, 0)
         windows = calibration_windows(lm.tokenizer, table.spec.windows)
         scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size, Hooks(cancel=hooks.cancel))
     rows: list[BaselinePlan] = []
+    hooks.enter(PLAN)
     pairs = [(a, float(b)) for a in allocators for b in budgets]
     for i, (allocator, budget) in enumerate(pairs):
         hooks.check_cancelled(f"baseline plans cancelled after {i} of {len(pairs)}")
@@ -208,21 +213,40 @@ def baseline_rows(
     return rows
 
 
+def baseline_stages(allocators: Sequence[str]) -> tuple[str, ...]:
+    """The stages of a baseline-plans job in order, from loading the dense model (FLAP's: its units scored first)."""
+    return (LOAD_MODEL, SCORE_UNITS, PLAN) if "flap" in allocators else (LOAD_MODEL, PLAN)
+
+
 def _step(hooks: Hooks, message: str, done: int, total: int) -> None:
     """A named step with its position among the steps (the message first: a job shows both)."""
     hooks.say(message)
     hooks.report(done, total, None)
 
 
-def _run_params(calib: WindowSpec, report: dict, objective: str, constraints: Constraints | None) -> dict:
-    """The settings of a run as the history stores them."""
-    return {
+def _run_params(
+    calib: WindowSpec,
+    report: dict,
+    objective: str,
+    constraints: Constraints | None,
+    result: PruneResult,
+    stage_seconds: dict[str, float],
+    obs_samples: int | None,
+) -> dict:
+    """The settings of a run as the history stores them (``obs_windows``: those a sequential criterion read)."""
+    params = {
         "calibration": asdict(calib),
         "eval": report.get("settings", {}),
         "objective": objective,
         "constraints": None if constraints is None else constraints.to_dict(),
         "throughput": report.get("throughput"),  # with every repeat, for the spread
+        "stage_seconds": stage_seconds,
+        "plan_hash": result.plan.content_hash(),
+        "compensation": result.compensation,
     }
+    if is_sequential(result.plan.criterion):
+        params["obs_windows"] = asdict(obs_windows(calib, obs_samples))
+    return params
 
 
 def prune_eval_stages(eval_settings: EvalSettings, checkpoint: bool, tasks: bool = False, compensated: bool = False) -> tuple[str, ...]:
@@ -248,6 +272,14 @@ def _chosen_plan(dense, table, budget, allocator, constraints, plan, compensatio
 
 
 _STOPPED = "prune and evaluate cancelled"
+
+
+def _saved(pruned: LoadedModel, result: PruneResult, checkpoint_dir: str | Path | None, report: dict, at: StageFn) -> str | None:
+    """The checkpoint folder ``pruned`` was saved to, its model card holding ``report`` (None: not saved)."""
+    if checkpoint_dir is None:
+        return None
+    at(SAVE)
+    return str(save_pruned(pruned, result.plan, result.kept_indices(), checkpoint_dir, eval_report=report))
 
 
 def _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, hooks: Hooks, at: StageFn, tasks=None) -> tuple[float, dict]:
@@ -282,6 +314,8 @@ def prune_and_evaluate(
     hooks: Hooks = NO_HOOKS,
     tasks: PreparedTasks | None = None,
     compensation: CompensationSettings = NO_COMPENSATION,
+    criterion: str | None = None,
+    obs_samples: int | None = None,
 ) -> PruneEvalResult:
     """Plan (or take ``plan``), prune a copy of ``dense``, measure it, save it, record the run.
     Args:
@@ -295,6 +329,7 @@ def prune_and_evaluate(
         tasks: prepared lm-eval tasks whose accuracy (and dense's) joins report and history.
         compensation: what the kept units get after the cut, fitted on the table's calibration windows (its
             ``compensate`` stage entered when active; a budget pays for its biases); recorded in the run and the checkpoint.
+        criterion, obs_samples: ``stages.pruned_by``'s criterion (None: the plan's own) and ``obs``'s window count; both recorded.
     """
     started, timer = time.perf_counter(), StageTimer(hooks.stage)
 
@@ -303,29 +338,25 @@ def prune_and_evaluate(
         timer(name)
 
     at(PLAN)
-    plan = _chosen_plan(dense, table, budget, allocator, constraints, plan, compensation.mode)
+    plan = pruned_by(_chosen_plan(dense, table, budget, allocator, constraints, plan, compensation.mode), criterion)
     calib = table.spec.windows if table is not None else WindowSpec()
+    stage_hooks = Hooks(cancel=hooks.cancel, stage=at)
     at(PRUNE)
     # As stored, saved or not: Recover, `gap eval` and `gap compare` measure the stored weights.
-    pruned, result = pruned_as_saved(dense, plan, calib, hooks=Hooks(cancel=hooks.cancel, stage=at), compensation=compensation)
+    pruned, result = pruned_as_saved(dense, plan, calib, hooks=stage_hooks, compensation=compensation, obs_samples=obs_samples)
     plan = result.plan  # with the parameter counts recounted from the model (a hand-written plan may lack them)
     at(MEASURE)
     objective = table.spec.objective if table is not None else "nll"
     actual, report = _measure_and_evaluate(dense, pruned, calib, objective, eval_settings, hooks, at, tasks)
-    checkpoint = None
-    if checkpoint_dir is not None:
-        at(SAVE)
-        checkpoint = str(save_pruned(pruned, result.plan, result.kept_indices(), checkpoint_dir, eval_report=report))
-    stage_seconds = timer.finish()
-    seconds = time.perf_counter() - started
+    checkpoint = _saved(pruned, result, checkpoint_dir, report, at)
+    stage_seconds, seconds = timer.finish(), time.perf_counter() - started
     record = history.RunRecord.from_report(
         plan.to_dict(),
         report,
         allocator=plan.allocator,
         table_key=plan.table_key or (table.key if table is not None else None),
         budget=plan.budget,
-        params=_run_params(calib, report, objective, constraints)
-        | {"stage_seconds": stage_seconds, "plan_hash": plan.content_hash(), "compensation": result.compensation},
+        params=_run_params(calib, report, objective, constraints, result, stage_seconds, obs_samples),
         predicted_loss=plan.predicted_loss,
         actual_loss=float(actual) if actual is not None and math.isfinite(actual) else None,
         checkpoint=checkpoint,

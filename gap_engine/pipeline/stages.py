@@ -8,6 +8,7 @@ themselves never call each other's entry points.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -171,7 +172,28 @@ def plan_for(
     return plan_from_table(lm, table, budget, allocator, constraints, windows, scores, evo, n_buckets, smoothed, compensation)
 
 
-# ---- pruning -------------------------------------------------------------------------------
+# ---- pruning ------------------------------------------------------------------------------
+def pruned_by(plan: RatePlan, criterion: str | None) -> RatePlan:
+    """``plan``'s rates (and recorded attention shapes) with ``criterion`` choosing the units instead
+    of the plan's own (None: the plan as it is). The criterion decides which units go, whoever
+    chose how many: any allocator's plan may be pruned by ``obs`` (SlimGPT's structured OBS), and
+    the plan a checkpoint, a run and a model card record then names it.
+
+    Raises:
+        PlanError: a criterion that is not registered.
+    """
+    if criterion is None or criterion == plan.criterion:
+        return plan
+    return dataclasses.replace(plan, criterion=criterion, params=dict(plan.params)).validate()
+
+
+def obs_windows(windows: WindowSpec, samples: int | None) -> WindowSpec:
+    """The windows a sequential criterion (``obs``) chooses units and updates weights on: the
+    calibration windows' source, length and seed, ``samples`` of them (None: as many). Its cost
+    is one Gram matrix per projection per block, so it can read more than a table's cells do."""
+    return windows if samples is None else dataclasses.replace(windows, n_samples=samples).validate()
+
+
 def prune_with_plan(
     lm: LoadedModel,
     plan: RatePlan,
@@ -179,20 +201,27 @@ def prune_with_plan(
     hooks: Hooks = NO_HOOKS,
     scores: ImportanceScores | None = None,
     compensation: CompensationSettings = NO_COMPENSATION,
+    obs_samples: int | None = None,
 ) -> PruneResult:
     """Score the dense model with the plan's criterion (unless given for it), then prune it in place,
     compensating the cut on the same windows (``compensation_pass``) unless ``compensation`` is none.
 
-    A sequential criterion (``obs``) has no scores: it prunes block by block on the
-    calibration windows (``prune.sequential``), its OBS update being its own compensation
-    (``bias`` may follow it; a refit may not)."""
+    A sequential criterion (``obs``) has no scores: it prunes block by block on
+    ``obs_samples`` calibration windows (``obs_windows``; None: ``windows`` as they are)
+    (``prune.sequential``), its OBS update being its own compensation (``bias`` may follow it,
+    fitted on the same windows; a refit may not)."""
     plan.validate()
     plan.check_model(lm)
     pruning = any(plan.attention_rates) or any(plan.mlp_rates)
     if pruning and is_sequential(plan.criterion):
-        ids = calibration_windows(lm.tokenizer, windows)
+        read = obs_windows(windows, obs_samples)
         prune: Callable[..., PruneResult] = CRITERIA.function(plan.criterion)
-        return prune(lm, plan, ids, windows.batch_size, hooks, compensation=compensation)
+        result = prune(lm, plan, calibration_windows(lm.tokenizer, read), windows.batch_size, hooks, compensation=compensation)
+        if result.compensation is not None:  # a bias on top of the update, fitted on the same windows: recorded as compensation_pass does
+            result.compensation = result.compensation | {"windows": dataclasses.asdict(read)}
+            if lm.pruned_from is not None:
+                lm.pruned_from["compensation"] = result.compensation
+        return result
     if scores is not None and scores.criterion != plan.criterion:
         scores = None  # another criterion's scores (a baseline that prunes by its paper's own)
     if scores is None and pruning:
@@ -212,6 +241,7 @@ def pruned_as_saved(
     keep_dense: bool = True,
     hooks: Hooks = NO_HOOKS,
     compensation: CompensationSettings = NO_COMPENSATION,
+    obs_samples: int | None = None,
 ) -> tuple[LoadedModel, PruneResult]:
     """The model a checkpoint of ``plan`` holds: pruned, its weights rounded to ``save_dtype``.
 
@@ -232,6 +262,8 @@ def pruned_as_saved(
             cancel polled while copying and at every decoder block while scoring.
         compensation: what the kept units get after the cut, fitted on ``windows``
             (``prune.compensation_pass``; none: surgery alone).
+        obs_samples: how many calibration windows a sequential criterion (``obs``) reads
+            (``obs_windows``; None: those of ``windows``).
     Returns:
         (the pruned LoadedModel, fingerprinted as stored; surgery's PruneResult, whose
         ``plan`` carries the parameter counts recounted from the model's geometry).
@@ -240,7 +272,7 @@ def pruned_as_saved(
     if keep_dense or dense.shared:
         pruned = run_unless_cancelled(dense.copy, hooks, "pruning cancelled while copying the model")
     with cancel_checks(pruned, hooks, "pruning cancelled"):
-        result = prune_with_plan(pruned, plan, windows, hooks, scores=scores, compensation=compensation)
+        result = prune_with_plan(pruned, plan, windows, hooks, scores=scores, compensation=compensation, obs_samples=obs_samples)
     round_to_storage(pruned.model, save_dtype)
     pruned.refresh_fingerprint()
     return pruned, result

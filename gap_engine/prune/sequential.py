@@ -125,6 +125,16 @@ def _write_columns(linear: nn.Linear, weight: torch.Tensor) -> None:
         linear.weight.copy_(weight.to(linear.weight.dtype))
 
 
+def check_follows_obs(compensation: CompensationSettings) -> None:
+    """CompensationError unless ``compensation`` may follow the OBS update (``OBS_COMPENSATIONS``):
+    the update is itself a least-squares refit of the kept columns, so a second refit is refused."""
+    compensation.validate()
+    if compensation.mode not in OBS_COMPENSATIONS:
+        raise CompensationError(
+            f"criterion 'obs' updates the kept columns itself (a refit); it takes --compensate none or bias, not {compensation.mode}"
+        )
+
+
 @register(
     "criterion",
     "obs",
@@ -158,11 +168,7 @@ def obs_prune(
         CompensationError: a compensation other than none or bias.
     """
     lm.refuse_shared("OBS pruning")
-    compensation.validate()
-    if compensation.mode not in OBS_COMPENSATIONS:
-        raise CompensationError(
-            f"criterion 'obs' updates the kept columns itself (a refit); it takes --compensate none or bias, not {compensation.mode}"
-        )
+    check_follows_obs(compensation)
     plan = dataclasses.replace(plan).validate()  # normalised on our copy, not the caller's
     plan.check_model(lm)
     plan.params = plan_params(lm, plan)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -163,11 +163,11 @@ def _bias_params(plan: RatePlan, evaluation: dict | None) -> int:
     if not plan.counts_biases:
         return 0
     params = plan.params
-    biases, removed = params.get("bias_params"), params.get("removed")
-    totals = (params.get("pruned_total_with_biases"), params.get("pruned_total"))
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (biases, removed, *totals)):
+    counts = [params.get(name) for name in ("bias_params", "removed", "pruned_total_with_biases", "pruned_total")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in counts):
         raise ReportError("the plan says it was counted for bias compensation but does not count its biases")
-    if not 0 <= biases <= removed or totals[0] - totals[1] != biases:
+    biases, removed, with_biases, without = (int(v) for v in counts)  # type: ignore[arg-type]
+    if not 0 <= biases <= removed or with_biases - without != biases:
         raise ReportError(f"the plan counts {biases:,} bias parameters, which its own totals contradict")
     return int(biases)
 
@@ -224,9 +224,7 @@ def _plan_table_html(row: dict, shares: RemovedShares | None = None) -> str:
     if shares is None:
         rows = [[str(i), f"{a:.3f}", f"{m:.3f}"] for i, (a, m) in enumerate(rates)]
         return _table(["layer", "attention rate", "MLP rate"], rows, "rates")
-    rows = [
-        [str(i), f"{a:.3f}", f"{shares.attention[i]:.1%}", f"{m:.3f}", f"{shares.mlp[i]:.1%}"] for i, (a, m) in enumerate(rates)
-    ]
+    rows = [[str(i), f"{a:.3f}", f"{shares.attention[i]:.1%}", f"{m:.3f}", f"{shares.mlp[i]:.1%}"] for i, (a, m) in enumerate(rates)]
     header = ["layer", "attention rate asked", "attention removed", "MLP rate asked", "MLP removed"]
     return _table(header, rows, "rates")
 
@@ -344,13 +342,14 @@ def _cards_html(table, row: dict, dense_total: int | None, evaluation: dict | No
     if biases:
         cards.insert(3, ("bias parameters added by compensation", f"{biases:,}"))
     measured_left = (evaluation or {}).get("params")
-    if dense_total or measured_left:
-        if isinstance(measured_left, int) and not span:
-            left = f"{measured_left:,}"
-        elif span:
-            left = f"{dense_total - span[1]:,} to {dense_total - span[0]:,}" if dense_total else "—"
-        else:
-            left = f"{dense_total - removed:,}"
+    left = None
+    if isinstance(measured_left, int) and not span:
+        left = f"{measured_left:,}"
+    elif dense_total and span:
+        left = f"{dense_total - span[1]:,} to {dense_total - span[0]:,}"
+    elif dense_total:
+        left = f"{dense_total - removed:,}"  # removed is net of the biases: the model's count with them
+    if left is not None:
         cards.append(("parameters left" + (" (biases included)" if biases else ""), left))
     if dense_total:
         cards.insert(1, ("dense parameters", f"{dense_total:,}"))
@@ -459,7 +458,9 @@ def build_report(
         "with the reported plan marked.</p>",
         _figure_html(figures.plan_figure(table, front, row, dense_total, locked, uniform, baselines, counts)),
         "<h2>Per-layer plan</h2>",
-        _plan_table_html(row, removed_shares(counts, row["attention_rates"], row["mlp_rates"], table.spec.channel_multiple) if counts else None),
+        _plan_table_html(
+            row, removed_shares(counts, row["attention_rates"], row["mlp_rates"], table.spec.channel_multiple) if counts else None
+        ),
     ]
     if evaluation:
         sections += ["<h2>Evaluation</h2>", _evaluation_html(evaluation, objective)]
@@ -488,7 +489,7 @@ def read_evaluation(path: str | Path) -> dict:
     """
     path = Path(path)
     what = f"evaluation {path}"
-    data = read_json_file(path, LIMITS.metadata_bytes, what, ReportError)  # size and nesting bounded (issue 13)
+    data = read_json_file(path, LIMITS.metadata_bytes, what, ReportError)  # size and nesting bounded: a report reads files a user hands it
     return evaluation_from_report(check_evaluation_report(data, what, ReportError), label=path.name)
 
 

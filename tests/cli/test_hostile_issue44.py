@@ -135,7 +135,7 @@ MOOT = {
     "compare --limit without --tasks": (["compare", "--table", "{table}", "--limit", "5"], "--limit cannot apply without --tasks"),
     "prune --uniform --rates": (["prune", "--uniform", "0.2", "--rates", "0,0.5"], "--rates cannot apply without --budget"),
     "prune --uniform --rounds": (["prune", "--uniform", "0.2", "--rounds", "2"], "--rounds cannot apply without --budget"),
-    "prune --plan --criterion": (["prune", "--plan", "{plan}", "--criterion", "wanda"], "--criterion cannot apply with --plan"),
+    "prune --uniform --obs-samples": (["prune", "--uniform", "0.2", "--obs-samples", "8"], "--obs-samples cannot apply unless"),
     "prune --plan --channel-multiple": (["prune", "--plan", "{plan}", "--channel-multiple", "16"], "with --plan"),
     "plan --evo-generations with dp": (["plan", "--table", "{table}", "--budget", "0.2", "--evo-generations", "2"], "evo allocator"),
     "eval --num-fewshot without --tasks": (["eval", "--num-fewshot", "2"], "--num-fewshot cannot apply without --tasks"),

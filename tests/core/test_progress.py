@@ -12,7 +12,7 @@ from conftest import stop_jobs, wait_for
 from gap_engine.cli.output import StderrProgress
 from gap_engine.cli.recover_commands import _StageProgress
 from gap_engine.core.errors import CancelledError
-from gap_engine.core.progress import CELLS, NO_HOOKS, Hooks
+from gap_engine.core.progress import CELLS, HELD_OUT, LOAD_MODEL, NO_HOOKS, PACE_PRIOR_S, SAVE, Hooks, JobProgress
 from gap_engine.pipeline.jobs import DONE, JobManager
 
 
@@ -91,3 +91,34 @@ def test_recover_lines_put_the_message_beside_its_step():
     hooks.say("mezo step 2/2: loss 1.0000")
     hooks.report(2, 2, 0.0)
     assert stream.getvalue() == "\rrecover: reading the calibration text\n\rrecover: mezo step 2/2: loss 1.0000, eta 0s   \n"
+
+
+# ---- a staged job's time left (JobProgress) ------------------------------------------------------
+def _held_out_running(since: float) -> JobProgress:
+    """A run in its held-out stage since ``since``, predicted 10 s, with 4 s of saving after it; its load took as predicted."""
+    expected = {LOAD_MODEL: 2.0, HELD_OUT: 10.0, SAVE: 4.0}
+    return JobProgress(stages=tuple(expected), expected=expected, stage=1, stage_started=since, stage_seconds={LOAD_MODEL: 2.0})
+
+
+def test_the_time_left_never_goes_blank_when_a_stage_runs_past_its_prediction():
+    p = _held_out_running(since=100.0)
+    assert p.seconds_left(now=105.0) == pytest.approx(5.0 + 4.0) and not p.overrun(now=105.0)
+    lefts = [p.seconds_left(now=100.0 + elapsed) for elapsed in (9.0, 10.0, 12.0, 20.0, 60.0)]
+    assert all(left is not None for left in lefts), lefts
+    assert lefts[1:] == sorted(lefts[1:]) and lefts[-1] == pytest.approx(0.25 * 60.0 + 4.0)  # revised from the time so far
+    assert p.overrun(now=120.0) and p.overall(now=105.0) < p.overall(now=120.0) <= p.overall(now=160.0) < 1.0
+    # No jump where the revision takes over (at 8 s of a 10 s prediction): the ETA a presenter reads moves smoothly.
+    assert p.seconds_left(now=107.99) == pytest.approx(p.seconds_left(now=108.01), abs=0.05)
+    # Steps counted: the rest of them at the rate so far.
+    p.done, p.total = 3, 4
+    assert p.seconds_left(now=130.0) == pytest.approx(30.0 / 3 + 4.0)
+
+
+def test_later_stages_follow_the_pace_of_the_finished_ones():
+    p = _held_out_running(since=100.0)
+    p.stage_seconds = {LOAD_MODEL: 32.0}  # 30 s more than predicted: the job runs slower than its prices
+    pace = (32.0 + PACE_PRIOR_S) / (2.0 + PACE_PRIOR_S)
+    assert p.pace() == pytest.approx(pace)
+    assert p.seconds_left(now=100.0) == pytest.approx((10.0 + 4.0) * pace)
+    p.stage, p.eta = 2, 1.5  # the stage's own steps, once timed, tell its time
+    assert p.seconds_left(now=200.0) == 1.5

@@ -249,7 +249,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert any("No runs yet" in str(c.value) for c in at.caption)
     assert at.text_input(key="eval_tasks").value == OFFLINE_TASK  # the offline task is preselected
     tiny_eval(at, save=True, task_limit=2)
-    assert at.selectbox(key="eval_compensation").value == "bias"  # the default: FLAP's bias, fitted on the tiny table's 32 tokens
+    assert at.selectbox(key="app_compensation").value == "bias"  # the default: FLAP's bias, fitted on the tiny table's 32 tokens
     at.button(key="eval_run").click().run()
     job = job_of(at, "prune_eval")
     assert "task accuracy" in job.snapshot()["stages"] and "compensate" in job.snapshot()["stages"]
@@ -370,9 +370,9 @@ def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):
     assert not at.exception
 
     # SlimGPT's OBS update is its own compensation: the default bias is not added to its plans.
-    assert not at.selectbox(key="eval_compensation").disabled
+    assert not at.selectbox(key="app_compensation").disabled
     at.selectbox(key="eval_allocator").set_value("slimgpt").run()
-    assert at.selectbox(key="eval_compensation").disabled and at.selectbox(key="eval_compensation").value == "bias"
+    assert at.selectbox(key="app_compensation").disabled and at.selectbox(key="app_compensation").value == "bias"
     assert any("updates the kept columns itself" in str(c.value) for c in at.caption)
 
 

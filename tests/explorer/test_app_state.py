@@ -73,7 +73,7 @@ def test_a_reload_and_a_second_tab_see_the_running_build_and_can_cancel_it(fresh
     assert again.session_state["app_jobs"]["table"] == job.id
     assert again.radio(key="setup_estimator").value == "exact"
     assert again.number_input(key="setup_seq_len").value == 64
-    assert any(t == "this tab's" for t in texts(again.caption))  # the sidebar lists it as this tab's job
+    assert any(t == "Started in this tab" for t in texts(again.caption))  # the sidebar lists it as this tab's job
     assert any(t.startswith("Building the loss table: stage") and "elapsed" in t for t in progress_texts(again)), progress_texts(again)
 
     # A second tab of the same browser with no link: the sidebar lists the job; Watch attaches to it.

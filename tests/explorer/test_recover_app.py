@@ -91,7 +91,7 @@ def test_recover_page_runs_cancels_resumes_and_compares(saved_run):
     assert at.button(key="recover_go").label == "Recover"
     assert set(at.radio(key="recover_objective").options) == {"default", "kd", "lm", "kd+lm"}
     assert any(
-        "Predicted time: about" in str(c.value) and "of it scoring tasks" in str(c.value) for c in at.caption
+        "Predicted time (not yet measured here): about" in str(c.value) and "of it scoring tasks" in str(c.value) for c in at.caption
     )  # before Start, from the cost model
     from gap_engine.core.fsutil import cache_root
 
@@ -282,7 +282,7 @@ def test_recover_page_trains_on_teacher_text_and_keeps_the_best_judged_snapshot(
                        ("recover_eval_seq_len", 16), ("recover_generations", 0), ("recover_task_limit", 2), ("recover_eval_every", 2)):  # fmt: skip
         at.number_input(key=key).set_value(value)
     at.run()
-    caption = next(str(c.value) for c in at.caption if "Predicted time: about" in str(c.value))
+    caption = next(str(c.value) for c in at.caption if "Predicted time (not yet measured here): about" in str(c.value))
     assert "of it writing teacher text" in caption and "of it judging 3 snapshots" in caption  # steps 0, 2 and 4
     at.button(key="recover_go").click().run()
     assert not at.exception, [e.value for e in at.exception]

@@ -121,7 +121,9 @@ def curve_figure(points: list[dict], y: str, y_title: str, height: int = 300) ->
     type a projector shows: 14 px ticks and titles."""
     steps = [p["step"] for p in points if p.get(y) is not None]
     values = [p[y] for p in points if p.get(y) is not None]
-    fig = go.Figure(go.Scatter(x=steps, y=values, mode="lines+markers", marker=dict(size=5), hovertemplate="step %{x}<br>%{y:.4f}<extra></extra>"))
+    fig = go.Figure(
+        go.Scatter(x=steps, y=values, mode="lines+markers", marker=dict(size=5), hovertemplate="step %{x}<br>%{y:.4f}<extra></extra>")
+    )
     fig.update_layout(
         template=TEMPLATE,
         height=height,

@@ -1,0 +1,50 @@
+"""Prune & evaluate with another criterion than the plan's: a plan pruned by ``obs`` (SlimGPT's
+structured OBS) on its own number of calibration windows; the run records both.
+
+The real built-in model behind the page; the tiny cached table of ``app_fixtures`` (news-sample,
+2 windows of 16 tokens). The plan pruned is an uploaded one that cuts 5% of every MLP: OBS's
+greedy removes one channel at a time, so the planner's 20% plan would take minutes here (the engine
+paths of a DP plan pruned by OBS are tests/pipeline/test_obs_any_plan.py's).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from app_fixtures import cached_table, fresh_cache, job_of, start, tiny_eval, tiny_table  # noqa: F401
+
+from gap_engine.evaluate import history
+
+pytestmark = pytest.mark.slow  # the real built-in model behind the page
+
+
+def test_prune_and_evaluate_prunes_a_plan_by_obs(cached_table, smol):
+    from gap_engine.model.rateplan import uniform_plan
+
+    at = start("explorer/evaluate.py")
+    criterion = at.selectbox(key="eval_criterion")
+    assert criterion.value == "the plan's own" and any(option.startswith("obs — SlimGPT") for option in criterion.options)
+    assert criterion.options[0] == "the plan's own (wanda)"  # the planner's DP plan: the tiny table's criterion
+    assert not at.selectbox(key="app_compensation").disabled
+    assert not any(n.key == "eval_obs_samples" for n in at.number_input)  # asked only for obs
+    at.session_state["app_uploaded_plan"] = uniform_plan(smol, 0.05, "wanda").to_dict()
+    at.run()
+    tiny_eval(at, save=True)
+    at.selectbox(key="eval_allocator").set_value("uploaded plan").run()
+    at.selectbox(key="eval_criterion").set_value("obs").run()
+    assert at.selectbox(key="app_compensation").disabled  # OBS's update is its compensation
+    at.number_input(key="eval_obs_samples").set_value(3).run()
+    at.button(key="eval_run").click().run()
+    job = job_of(at, "prune_eval")
+    assert "criterion obs" in job.snapshot()["label"]
+    assert job.wait(400), job.snapshot()
+    at.run()
+    assert job.status == "done", job.error
+    result = at.session_state["app_last_run"]
+    assert (result.plan["allocator"], result.plan["criterion"]) == ("uniform", "obs") and result.compensation is None
+    [record] = history.runs()
+    assert record.plan["criterion"] == "obs" and record.params["obs_windows"]["n_samples"] == 3
+    assert json.loads((Path(result.checkpoint) / "plan.json").read_text())["criterion"] == "obs"
+    assert any("criterion obs" in str(h.value) for h in at.subheader)
