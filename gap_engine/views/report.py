@@ -135,7 +135,7 @@ def _plan_row(table, plan: RatePlan, evaluation: dict | None = None) -> dict:
     except PlanError as exc:
         raise ReportError(str(exc)) from None
     known = figures_["removed"] is not None  # off the grid with no count of its own: only its range is known
-    biases = _bias_params(plan, evaluation) if known else 0
+    biases = _bias_params(plan, evaluation, figures_["removed"]) if known else 0
     removed = figures_["removed"] - biases if known else int(sum(figures_["removed_range"]) // 2)
     return {
         "budget": removed / table.dense_prunable if known else figures_["budget"],
@@ -150,16 +150,22 @@ def _plan_row(table, plan: RatePlan, evaluation: dict | None = None) -> dict:
     }
 
 
-def _bias_params(plan: RatePlan, evaluation: dict | None) -> int:
-    """The parameters compensation's biases add to the model of ``plan``: the run's own count when
-    there is one, else the plan's (when it was counted for a compensation that adds them).
+def _bias_params(plan: RatePlan, evaluation: dict | None, cut: int) -> int:
+    """The parameters compensation's biases add to the model of ``plan``, whose cut removes ``cut``:
+    the run's own count when there is one; else what an evaluation's pruned model has beyond
+    dense less the cut (an evaluation file counts both models, not the biases); else the plan's
+    (when it was counted for a compensation that adds them).
 
     Raises:
         ReportError: a plan whose bias count contradicts its own totals.
     """
-    measured = (evaluation or {}).get("bias_params")
-    if isinstance(measured, int) and not isinstance(measured, bool) and measured >= 0:
+    evaluation = evaluation or {}
+    measured = _whole_or_none(evaluation.get("bias_params"))
+    if measured is not None:
         return measured
+    pruned, dense = _whole_or_none(evaluation.get("params")), _whole_or_none(evaluation.get("dense_params"))
+    if pruned is not None and dense is not None and 0 <= pruned - (dense - cut) <= cut:
+        return pruned - (dense - cut)
     if not plan.counts_biases:
         return 0
     params = plan.params
