@@ -258,8 +258,11 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert job.status == "done", job.error
     assert any("Run 1 finished" in t for t in texts(at.success))
     result = at.session_state["app_last_run"]
-    assert result.plan["allocator"] == "dp" and result.plan["budget"] == pytest.approx(0.2)
-    assert result.params_after < result.params_before
+    plan = result.plan
+    assert plan["allocator"] == "dp" and plan["budget"] == at.session_state["app_budget"] >= 0.2  # the planner's row at 20%
+    # the planner's front pays for the biases the compensation adds: the run removes the budget net of them
+    assert plan["compensation"] == "bias" and plan["params"]["bias_params"] == result.compensation["bias_params"] > 0
+    assert result.params_before - result.params_after == plan["params"]["removed"] - plan["params"]["bias_params"]
     assert result.actual_loss is not None
     runs = history.list_runs()
     assert list(runs["id"]) == [result.run_id]
@@ -281,6 +284,10 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     [task_rows] = [d.value for d in at.dataframe if "pruned acc" in d.value.columns]
     [shown] = [d.value for d in at.dataframe if "run" in d.value.columns]  # the history table
     assert shown[f"accuracy ({OFFLINE_TASK})"][0] == accuracy.value
+    # a few columns that fit a 1366 px screen; every other one is a pick away
+    assert list(shown.columns)[:3] == ["run", "allocator", "budget (of prunable)"] and len(shown.columns) <= 9
+    picker = at.multiselect(key="eval_history_columns")
+    assert len(picker.options) > len(shown.columns) and "table_key" not in picker.value
     assert list(task_rows["task"]) == [OFFLINE_TASK] and "pruned acc_norm" in task_rows.columns
     assert (
         runs.loc[0, f"acc:{OFFLINE_TASK}"] == score["acc"] and runs.loc[0, f"dense_acc_stderr:{OFFLINE_TASK}"] == dense_score["acc_stderr"]

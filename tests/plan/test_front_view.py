@@ -14,11 +14,11 @@ import pytest
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import BudgetError, PlanError
+from gap_engine.model.units import block_geometries
 from gap_engine.pipeline.runs import BaselinePlan
 from gap_engine.pipeline.stages import loss_table as build_table
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.plan.front import dp_front, front_rows
-from gap_engine.model.units import block_geometries
 from gap_engine.plan.front_view import (
     budget_steps,
     front_row_at,
@@ -114,7 +114,9 @@ def test_removed_shares_are_what_the_rates_really_cut(smol, table):
     none = removed_shares(counts, [0.125] * layers, [0.0] * layers, table.spec.channel_multiple)
     assert none.attention == [0.0] * layers and none.mlp == [0.0] * layers
     block = counts[0]
-    assert shares.mlp[0] == block.removed_at("mlp", 0.5, table.spec.channel_multiple) / block.params_at("mlp", 0.0, table.spec.channel_multiple)
+    assert shares.mlp[0] == block.removed_at("mlp", 0.5, table.spec.channel_multiple) / block.params_at(
+        "mlp", 0.0, table.spec.channel_multiple
+    )
     grid = grid_shares(smol, table)  # one per grid rate: what the browser looks a row's bars up in
     assert len(grid) == len(table.rate_grid) and grid[0].attention == [0.0] * layers
     assert grid[2].attention == removed_shares(counts, [0.5] * layers, [0.5] * layers, table.spec.channel_multiple).attention
