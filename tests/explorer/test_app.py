@@ -36,6 +36,7 @@ from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.units import has_attention_ties
 from gap_engine.tables import cache
+from gap_engine.views import figures
 
 pytestmark = pytest.mark.slow  # the real built-in model behind every page
 
@@ -199,19 +200,23 @@ def test_build_with_a_cached_tables_settings_loads_it_without_a_job(cached_table
 
 
 # ---- Sensitivity ---------------------------------------------------------------------------------
-def test_sensitivity_draws_curves_and_heatmap(cached_table):
+def test_sensitivity_leads_with_the_heatmap_and_compares_a_few_layers(cached_table):
     at = start("explorer/sensitivity.py")
-    curves, heatmap = plotly_specs(at)
-    lines = [t for t in curves["data"] if t["type"] == "scatter"]
-    assert len(lines) == 60  # one line per layer, attention and MLP panels
+    heatmap, curves = plotly_specs(at)  # the heatmap first: every layer and rate in one picture
     assert {t["type"] for t in heatmap["data"]} == {"heatmap"}
     assert np.allclose(values(heatmap["data"][0]["z"]), cached_table.smoothed[0::2])
+    picked = at.multiselect(key="sens_layers").value
+    assert picked == figures.layers_to_compare(cached_table) and len(picked) == 4  # not 30 curves per panel
+    lines = [t for t in curves["data"] if t["type"] == "scatter"]
+    assert len(lines) == 8 and sorted({t["name"] for t in lines}) == sorted(f"layer {layer}" for layer in picked)
+    assert sum(bool(t.get("showlegend")) for t in lines) == 4  # each picked layer named once
     at.radio(key="sens_log_y").set_value(True).run()
-    curves = plotly_specs(at)[0]
+    curves = plotly_specs(at)[1]
     assert curves["layout"]["yaxis"]["type"] == "log"
     assert all((values(t["y"]) > 0).all() for t in curves["data"])
     at.multiselect(key="sens_kinds").set_value(["mlp"]).run()
-    assert len(plotly_specs(at)[0]["data"]) == 30
+    at.multiselect(key="sens_layers").set_value([0, 29]).run()
+    assert len(plotly_specs(at)[1]["data"]) == 2
     assert not at.exception
 
 
@@ -222,7 +227,7 @@ def test_heatmap_rings_the_measured_cells_of_a_refined_table(fresh_cache, tiny_t
     mixed = dataclasses.replace(tiny_table, measured=measured | (tiny_table.removed == 0))
     cache.put_table(mixed)
     at = start("explorer/sensitivity.py")
-    heatmap = plotly_specs(at)[1]
+    heatmap = plotly_specs(at)[0]
     rings = [t for t in heatmap["data"] if t["type"] == "scatter"]
     assert [t["name"] for t in rings] == ["measured exactly", "measured exactly"]  # attention and MLP panels
     assert sum(len(t["x"]) for t in rings) == int((measured & (tiny_table.removed > 0)).sum())

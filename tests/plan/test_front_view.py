@@ -179,6 +179,21 @@ def test_sensitivity_reads_at_a_glance(table):
     assert linear.layout.yaxis.type in (None, "linear")
 
 
+def test_the_layers_to_compare_are_the_most_and_least_sensitive(table):
+    middle = len(table.rate_grid) // 2
+    per_layer = np.zeros(table.num_layers)
+    for row, (layer, _) in enumerate(table.components):
+        per_layer[layer] += table.smoothed[row, middle]
+    picked = figures.layers_to_compare(table)
+    ranked = list(np.argsort(-per_layer, kind="stable"))
+    assert picked == sorted(ranked[:2] + ranked[-2:])
+    fig = figures.sensitivity_figure(table, layers=picked)
+    lines = [t for t in fig.data if t.type == "scatter"]
+    assert len(lines) == 2 * len(picked) and {t.name for t in lines} == {f"layer {layer}" for layer in picked}
+    assert [t.name for t in lines if t.showlegend] == [f"layer {layer}" for layer in picked]  # named once, attention panel
+    assert fig.layout.showlegend and not any(t.marker.showscale for t in lines)
+
+
 def test_heatmap_colours_are_explicit_and_no_theme_placeholder(table):
     fig = figures.heatmap_figure(table)
     scale = fig.layout.coloraxis.colorscale
