@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 
@@ -407,7 +408,17 @@ else:
     c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
     c1.metric("Model", table.model)
     c2.metric("Components x rates", f"{table.delta.shape[0]} x {table.delta.shape[1]}")
-    c3.metric(f"Dense {spec.objective} (nats/token)", f"{table.dense_objective:.4f}", help=common.GLOSSARY["dense objective"])
+    if spec.objective == "nll":
+        c3.metric(
+            "Dense perplexity (calibration)",
+            f"{math.exp(table.dense_objective):.2f}",
+            f"NLL {table.dense_objective:.4f} nats/token",
+            delta_color="off",
+            delta_arrow="off",
+            help=common.GLOSSARY["dense objective"],
+        )
+    else:  # KL of the dense model to itself is 0: no headline, the objective said in words
+        c3.metric("Objective", "KL to dense", help=common.GLOSSARY["dense objective"])
     job_seconds = ss.get("app_table_job_seconds", {}).get(table.key)
     if job_seconds is not None:  # built by this session: the job's own time, as its message says
         c4.metric(
