@@ -174,10 +174,10 @@ def test_sensitivity_is_readable_by_default_and_drawn_as_exported(cached_table):
     at = start("explorer/sensitivity.py")
     charts = at.get("plotly_chart")
     assert [c.proto.theme for c in charts] == ["", ""]  # theme=None: the figure's own colours, as in a PNG
-    curves, heatmap = (json.loads(c.proto.spec) for c in charts)
+    heatmap, curves = (json.loads(c.proto.spec) for c in charts)  # the heatmap leads
     assert curves["layout"]["yaxis"]["type"] == "log" and "nats/token" in curves["layout"]["yaxis"]["title"]["text"]
-    assert sum(1 for t in curves["data"] if t.get("marker", {}).get("showscale")) == 1
-    assert not any(t.get("showlegend", True) for t in curves["data"])
+    assert not any(t.get("marker", {}).get("showscale") for t in curves["data"])  # a few picked layers: a legend, no colour bar
+    assert sum(1 for t in curves["data"] if t.get("showlegend")) == 4  # each picked layer named once
     assert heatmap["layout"]["coloraxis"]["colorscale"][-1][1] == "#010005"
 
 
@@ -279,6 +279,7 @@ def test_prune_and_evaluate_waits_when_the_sessions_plan_moved_after_the_page_wa
     at.button(key="eval_run").click().run()
     job = job_of(at, "prune_eval")
     assert job.params["plan_hash"] == moved.content_hash() and f"plan {moved.content_hash()}" in job.label
+    assert f"Running: {job.label}" in [h.value for h in at.subheader]  # the panel names the run being pruned, not an older one
     job.cancel()
 
 

@@ -216,3 +216,19 @@ def test_while_a_job_stops_the_sidebar_says_cancelling_with_no_time_left_and_no_
     finally:
         batch_done.set()
     assert job.wait(30) and job.status == "cancelled"
+
+
+def test_the_address_bar_is_told_the_page_on_screen(cached_table):
+    """Every run tells the browser the path of the page it drew (a page switch and a query update
+    can cross under load and leave the bar on the page before)."""
+
+    def told(at) -> dict:
+        (data,) = [json.loads(e.proto.json) for e in at.get("bidi_component") if e.proto.component_name == "gap_url_path"]
+        return data
+
+    at = start("explorer/planner.py")
+    first = told(at)
+    assert first["path"] == "/planner"
+    at.switch_page("explorer/evaluate.py")
+    at.run()
+    assert told(at)["path"] == "/evaluate" and told(at)["run"] > first["run"]  # a new run, told again
