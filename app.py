@@ -82,6 +82,7 @@ pages = [
 ]
 try:
     page = st.navigation(pages)
+    url_state.keep_path(page.url_path)  # the address bar names the page on screen
     if page.url_path != "planner":  # there the chart sends what it shows itself
         budget_chart.keep_unsaved_release()
     page.run()

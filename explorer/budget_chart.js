@@ -149,7 +149,12 @@ class BudgetChart {
     slider.addEventListener("keydown", (event) => this.key(event));
     const resize = new ResizeObserver(() => {
       if (!window.Plotly) return;
-      for (const gd of [this.ui.rates, this.ui.front]) if (gd.data) window.Plotly.Plots.resize(gd);
+      for (const gd of [this.ui.rates, this.ui.front]) {
+        // A chart of a page left behind (or a collapsed panel) is not displayed: plotly.js
+        // rejects resizing it ("Resize must be passed a displayed plot div element").
+        if (!gd.data || !gd.isConnected || gd.offsetParent === null || gd.clientWidth === 0) continue;
+        window.Plotly.Plots.resize(gd).catch(() => {});
+      }
     });
     resize.observe(this.ui.rates);
     resize.observe(this.ui.front);
@@ -241,27 +246,32 @@ class BudgetChart {
     const d = this.data;
     const { slider, value, removed, left, loss, rates, front } = this.ui;
     const budget = d.budgets[step];
-    const cut = d.removed[step];
-    const kept = d.dense_total - cut;
+    const net = d.removed[step]; // a charged front's removal is net of the biases compensation adds
+    const biases = d.bias ? d.bias[step] : 0;
+    const kept = d.dense_total - net; // what the pruned model has, its biases included
     if (!this.dragging) slider.value = String(budget * 100);
     slider.setAttribute("aria-valuetext", `${(budget * 100).toFixed(2)}% of prunable parameters`);
     value.textContent = `${(budget * 100).toFixed(2)}%`;
-    removed.textContent = `removes ${formatCount(cut)} parameters (${((100 * cut) / d.dense_total).toFixed(1)}% of all)`;
-    left.textContent = `${(kept / 1e6).toFixed(1)}M left · ${Math.round((kept * 4) / 2 ** 20)} MiB fp32`;
+    removed.textContent = `removes ${formatCount(net + biases)} parameters`
+      + (biases ? `, adds ${formatCount(biases)} biases` : "")
+      + ` (${((100 * net) / d.dense_total).toFixed(1)}% of all${biases ? ", net" : ""})`;
+    left.textContent = `${formatCount(kept)} left · ${Math.round((kept * 4) / 2 ** 20)} MiB fp32`;
     loss.textContent = `predicted ${d.objective} +${d.loss[step].toFixed(4)} nats/token`;
     if (!this.ui.root.classList.contains("gap-budget-pending")) {
       this.ui.status.textContent = this.dragging && step !== d.active ? "release to use this budget" : "";
     }
     this.ui.readout.dataset.step = String(step); // on the readout: an attribute change on the root
     this.ui.readout.dataset.row = String(d.rows[step]); // would restyle the whole chart
-    const grid = d.grid;
-    const attn = d.attn[step].map((k) => grid[k]);
-    const mlp = d.mlp[step].map((k) => grid[k]);
+    // The bars show what each rate really removes (attention rounds to whole GQA shapes), looked
+    // up per grid rate and layer; the hover says which heads and channels stay.
+    const bars = (indices, share, text) => (share
+      ? { y: indices.map((k, layer) => share[k][layer]), customdata: indices.map((k, layer) => text[k][layer]) }
+      : { y: indices.map((k) => d.grid[k]) });
     this.point = [budget * 100, d.loss[step]];
     this.placeDot();
     const ignoreInterrupted = () => {}; // a newer step replaced this one
-    await window.Plotly.animate(rates, { data: [{ y: attn }, { y: mlp }, { y: [budget, budget] }], traces: [0, 1, 2] }, NO_REDRAW)
-      .catch(ignoreInterrupted);
+    const data = [bars(d.attn[step], d.attn_share, d.attn_text), bars(d.mlp[step], d.mlp_share, d.mlp_text), { y: [budget, budget] }];
+    await window.Plotly.animate(rates, { data, traces: [0, 1, 2] }, NO_REDRAW).catch(ignoreInterrupted);
   }
 
   placeDot() {

@@ -36,7 +36,7 @@ import streamlit as st
 from explorer import common
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.pipeline.jobs import shared_model
-from gap_engine.plan.front_view import budget_steps, grid_indices, row_plan, step_at_budget, uniform_line
+from gap_engine.plan.front_view import RemovedShares, budget_steps, grid_indices, grid_shares, row_plan, step_at_budget, uniform_line
 from gap_engine.plan.problem import Constraints
 from gap_engine.views import figures
 
@@ -80,17 +80,42 @@ def _chart_component():
 
 
 @st.cache_data(max_entries=32, show_spinner="Planning uniform pruning along the budget axis ...")
-def _uniform_rows(table_key: str, constraints_text: str, top: float, extra: tuple, _table, _lm) -> list[dict]:
-    return uniform_line(_lm, _table, Constraints.from_dict(json.loads(constraints_text)), top, extra=extra)
+def _uniform_rows(table_key: str, constraints_text: str, top: float, extra: tuple, compensation: str | None, _table, _lm) -> list[dict]:
+    constraints = Constraints.from_dict(json.loads(constraints_text))
+    return uniform_line(_lm, _table, constraints, top, extra=extra, compensation=compensation)
 
 
 def uniform_rows(table, lm, raw_constraints: dict, top: float, baselines: list[BaselinePlan] | None) -> list[dict]:
-    """`front_view.uniform_line` for the table and constraints (cached per process).
+    """`front_view.uniform_line` for the table and constraints (cached per process), charged for
+    the biases of the session's compensation as the front beside it is.
 
     The budgets of uniform baseline markers are planned too, so the markers lie on the line.
     """
     extra = tuple(sorted({float(b.budget) for b in baselines or [] if b.allocator == "uniform" and b.planned}))
-    return _uniform_rows(table.key, json.dumps(raw_constraints, sort_keys=True), round(float(top), 6), extra, table, lm)
+    constraints_text = json.dumps(raw_constraints, sort_keys=True)
+    return _uniform_rows(table.key, constraints_text, round(float(top), 6), extra, common.plan_compensation(table), table, lm)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _grid_shares(table_key: str, _table, _lm) -> list[RemovedShares]:
+    return grid_shares(_lm, _table)
+
+
+def rate_shares(table, lm) -> list[RemovedShares]:
+    """What every grid rate really removes in every layer (`front_view.grid_shares`), once per table."""
+    return _grid_shares(table.key, table, lm)
+
+
+def row_shares(shares: list[RemovedShares], table, row: dict) -> RemovedShares:
+    """What one front row's rates really remove, looked up in ``shares`` (`rate_shares`)."""
+    attention = grid_indices(table.rate_grid, row["attention_rates"])
+    mlp = grid_indices(table.rate_grid, row["mlp_rates"])
+    return RemovedShares(
+        attention=[shares[k].attention[layer] for layer, k in enumerate(attention)],
+        mlp=[shares[k].mlp[layer] for layer, k in enumerate(mlp)],
+        attention_text=[shares[k].attention_text[layer] for layer, k in enumerate(attention)],
+        mlp_text=[shares[k].mlp_text[layer] for layer, k in enumerate(mlp)],
+    )
 
 
 def load_plotly() -> None:
@@ -109,6 +134,7 @@ def chart_data(
     uniform: list[dict] | None = None,
     baselines: list[BaselinePlan] | None = None,
     measured: list[dict] | None = None,
+    shares: list[RemovedShares] | None = None,
 ) -> dict:
     """What the browser gets: the steps (rates as grid indices), the two base figures, the start.
 
@@ -122,6 +148,7 @@ def chart_data(
         uniform: rows of front_view.uniform_line.
         baselines: the plans of jobs.baselines_task.
         measured: pruned and measured runs of this table (figures.measured_traces).
+        shares: what each grid rate really removes per layer (`rate_shares`): the bars show it.
     Returns:
         A JSON-ready dict; ``active`` is the starting step and ``rows`` maps steps to front rows.
     """
@@ -136,18 +163,20 @@ def chart_data(
         sort_keys=True,
         default=str,
     )
-    base = _chart_base(front_id, extras, table, front, int(dense_total), locked, uniform, baselines, measured)
+    base = _chart_base(front_id, extras, table, front, int(dense_total), locked, uniform, baselines, measured, shares)
     active = step_at_budget(front, base["rows"], budget)
     return base | {"active": active, "version": f"{base['version']}:{active}"}
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def _chart_base(front_id: str, extras: str, _table, _front, dense_total, _locked, _uniform, _baselines, _measured=None) -> dict:
+def _chart_base(
+    front_id: str, extras: str, _table, _front, dense_total, _locked, _uniform, _baselines, _measured=None, _shares=None
+) -> dict:
     """Everything but the starting step (the browser draws any step itself), once per front."""
     table, front = _table, _front
     steps = budget_steps(front)
     first = front[steps[0]]
-    rates = figures.rates_figure(table, first, _locked)
+    rates = figures.rates_figure(table, first, _locked, shares=row_shares(_shares, table, first) if _shares else None)
     front_fig = figures.front_figure(table, front, None, _uniform, _baselines, measured=_measured)  # the browser draws the moving point
     data = {
         "front_id": front_id,
@@ -158,9 +187,15 @@ def _chart_base(front_id: str, extras: str, _table, _front, dense_total, _locked
         "rows": steps,
         "budgets": [float(front[i]["budget"]) for i in steps],
         "removed": [int(front[i]["removed"]) for i in steps],
+        "bias": [int(front[i].get("bias_params", 0)) for i in steps],
         "loss": [float(front[i]["predicted_loss"]) for i in steps],
         "attn": [grid_indices(table.rate_grid, front[i]["attention_rates"]) for i in steps],
         "mlp": [grid_indices(table.rate_grid, front[i]["mlp_rates"]) for i in steps],
+        # per grid rate, per layer: the share of the component each rate removes, and its hover
+        "attn_share": [s.attention for s in _shares] if _shares else None,
+        "mlp_share": [s.mlp for s in _shares] if _shares else None,
+        "attn_text": [s.attention_text for s in _shares] if _shares else None,
+        "mlp_text": [s.mlp_text for s in _shares] if _shares else None,
         "marker_color": figures.CURRENT_COLOR,
         "rates_figure": rates.to_json(),
         "front_figure": front_fig.to_json(),
@@ -174,8 +209,8 @@ def _chart_base(front_id: str, extras: str, _table, _front, dense_total, _locked
 def _legend(locked, uniform, baselines) -> list[dict]:
     """The chart's legend, drawn in HTML so it wraps on a narrow screen."""
     items = [
-        {"label": "attention rate (GAP DP)", "color": figures.ATTN_COLOR, "shape": "bar"},
-        {"label": "MLP rate (GAP DP)", "color": figures.MLP_COLOR, "shape": "bar"},
+        {"label": "attention removed (GAP DP)", "color": figures.ATTN_COLOR, "shape": "bar"},
+        {"label": "MLP removed (GAP DP)", "color": figures.MLP_COLOR, "shape": "bar"},
         {"label": "GAP DP front", "color": figures.DP_COLOR, "shape": "line"},
         {"label": "uniform: every layer at the budget's rate" + (" (exact plans on the right)" if uniform else ""),
          "color": figures.UNIFORM_COLOR, "shape": "dash"},
@@ -240,8 +275,9 @@ def unsent_release() -> dict | None:
 
 
 def front_id_of(table, raw_constraints: dict) -> str:
-    """Names the front of one table under one set of planner constraints (a release echoes it)."""
-    return table.key + "|" + common.constraints_json(raw_constraints)
+    """Names the front of one table under one set of planner constraints and the compensation it
+    is charged for (a release echoes it)."""
+    return table.key + "|" + common.constraints_json(raw_constraints) + "|" + (common.plan_compensation(table) or "none")
 
 
 def apply_pending_release() -> dict | None:
@@ -260,11 +296,11 @@ def apply_pending_release() -> dict | None:
         return None
     raw = ss.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
     try:
-        rows = common.pareto_rows(table.key, common.constraints_json(raw), table)
+        rows = common.session_front(table, raw)
         row = release_of(rows, front_id_of(table, raw), payload)
         if row is None:
             return None
-        plan = row_plan(shared_model(table.model), table, row)  # the planner's model: no load, no spinner
+        plan = row_plan(shared_model(table.model), table, row, common.plan_compensation(table))  # the planner's model: no spinner
     except GapError as exc:
         ss["app_plan"], ss["app_plan_hash"] = None, None
         ss["app_plan_missing"] = f"The released budget has no plan: {one_line(exc)}"

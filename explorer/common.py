@@ -10,6 +10,9 @@ each other lives under ``app_``:
     app_model        the model name the table was built for
     app_budget       the budget chosen on the planner (fraction of prunable parameters)
     app_constraints  the planner's constraints as a dict (locked, max_rate, coupled)
+    app_compensation the compensation after the cut the runs apply (a COMPENSATIONS name), one
+                     selector drawn on the planner and on Prune & evaluate: the planner's front
+                     pays for the biases it adds, so its parameter counts are the run's
     app_plan         the dp plan at the chosen budget (RatePlan dict): the plan the planner released
     app_plan_hash    its content hash (`RatePlan.content_hash`); the URL carries it, and the
                      plan is stored under it (`gap_engine.plan.store`) so a reload gets it back
@@ -43,14 +46,15 @@ import threading
 import streamlit as st
 
 from explorer import ownership
-from gap_engine.core.config import DEFAULT_BUDGET, DEFAULT_MAX_RATE
+from gap_engine.core.config import DEFAULT_BUDGET, DEFAULT_COMPENSATION, DEFAULT_MAX_RATE
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.next_sentence import OFFLINE_TASK
 from gap_engine.evaluate.lm_eval_import import import_in_background, lm_eval_imported
 from gap_engine.evaluate.tasks import DEMO_LIMIT, TaskSettings, check_tasks, task_settings
 from gap_engine.pipeline.jobs import CANCELLED, DONE, FAILED, manager, shared_model
+from gap_engine.plan.allocators import counted_compensation
 from gap_engine.plan.front import dp_front, front_rows
-from gap_engine.plan.problem import Constraints
+from gap_engine.plan.problem import Constraints, charged_counts
 
 # kaleido 1.x drives a headless Chromium through choreographer; point it at Debian's.
 if os.path.exists("/usr/bin/chromium"):
@@ -61,6 +65,7 @@ SHARED_DEFAULTS = {
     "app_model": None,
     "app_budget": DEFAULT_BUDGET,
     "app_constraints": {"locked": {}, "max_rate": DEFAULT_MAX_RATE, "coupled": False},
+    "app_compensation": DEFAULT_COMPENSATION,
     "app_plan": None,
     "app_plan_hash": None,
     "app_plan_missing": None,
@@ -74,6 +79,8 @@ SHARED_DEFAULTS = {
     "app_last_recovery": None,
 }
 _PERSIST = "_app_widget_keys"
+TABLE_LINK_SLOT = "table_link"  # message slot: the table a link named could not be opened
+SHARED_WIDGETS = ("app_compensation",)  # widgets drawn on more than one page: kept across page switches
 POLL_SECONDS = 1.0  # a page's own job panel
 SIDEBAR_POLL_SECONDS = 2.0  # the sidebar's list of every running job
 
@@ -96,6 +103,10 @@ GLOSSARY = {
     "are increases over it (KL to itself is 0, so a KL table shows 0.0000 here).",
     "plan hash": "A plan's content hash: 12 hex digits of SHA-256 over its rates, model, budget and predicted loss. "
     "The same plan has the same hash on every page, in the run history, the checkpoint and every export.",
+    "compensation": "Compensation after the cut: what the kept heads and channels get once the cut is made, fitted block by "
+    "block on the table's calibration text: FLAP's bias (a bias on each o_proj and down_proj that lost inputs), a "
+    "least-squares refit of those projections, or both. The biases are parameters too: the planner's budget pays for "
+    "them, so its parameters left are the pruned model's. One choice for the planner and Prune & evaluate.",
     "held-out KL": "Held-out KL: the KL divergence from the dense to the pruned model's next-token distribution on the held-out "
     "text (never used to plan), in nats/token.",
     "calibration KL": "Calibration KL: the same divergence measured on the calibration windows the table was built from; "
@@ -113,6 +124,7 @@ def init_shared() -> None:
     for key, value in SHARED_DEFAULTS.items():
         if key not in st.session_state:
             st.session_state[key] = value.copy() if isinstance(value, (dict, list)) else value
+    st.session_state.setdefault(_PERSIST, set()).update(SHARED_WIDGETS)
 
 
 def init_page(prefix: str, defaults: dict) -> None:
@@ -298,6 +310,7 @@ def current_table():
 def set_table(table) -> None:
     """Make ``table`` the current one; plans and constraints made for another table are dropped."""
     previous = st.session_state.get("app_table")
+    clear_message(TABLE_LINK_SLOT)
     st.session_state["app_table"] = table
     st.session_state["app_model"] = table.model
     if previous is None or previous.key != table.key:
@@ -362,6 +375,7 @@ def require_table():
     init_shared()
     table = current_table()
     if table is None:
+        show_message(TABLE_LINK_SLOT)  # a link that named a table this cache lacks: said here, not only on Setup
         st.info("No loss table yet: build one or load a cached one on the **Setup** page.")
         st.page_link(SETUP_PAGE, label="Go to Setup", icon=":material/settings:")
         st.stop()
@@ -398,10 +412,10 @@ def release_current_plan(table):
     from gap_engine.plan.front_view import budget_steps, row_plan, step_at_budget
 
     raw = st.session_state.get("app_constraints") or SHARED_DEFAULTS["app_constraints"]
-    rows = pareto_rows(table.key, constraints_json(raw), table)
+    rows = session_front(table, raw)
     steps = budget_steps(rows)
     row = rows[steps[step_at_budget(rows, steps, float(st.session_state["app_budget"]))]]
-    plan = row_plan(reference_model(table.model), table, row)
+    plan = row_plan(reference_model(table.model), table, row, plan_compensation(table))
     st.session_state["app_budget"] = float(row["budget"])
     release_plan(plan, raw)
     return plan
@@ -417,10 +431,32 @@ def constraints_json(raw: dict) -> str:
     return json.dumps(raw, sort_keys=True)
 
 
+def plan_compensation(table) -> str | None:
+    """The compensation the planner's plans are counted for: the session's (``app_compensation``),
+    as the DP's runs apply it; None where it adds nothing to count (``none``), so such plans are
+    the uncharged plans they always were."""
+    counted = counted_compensation("dp", table, str(st.session_state.get("app_compensation") or DEFAULT_COMPENSATION))
+    return None if counted in (None, "none") else counted
+
+
+def session_front(table, raw: dict | None = None) -> list[dict]:
+    """The planner's front for ``table`` under ``raw`` constraints (the session's when None),
+    charged for the biases of the session's compensation (`plan_compensation`)."""
+    raw = raw if raw is not None else (st.session_state.get("app_constraints") or SHARED_DEFAULTS["app_constraints"])
+    return pareto_rows(table.key, constraints_json(raw), plan_compensation(table) or "none", table)
+
+
 @st.cache_data(max_entries=32, show_spinner=False)
-def pareto_rows(table_key: str, constraints_text: str, _table) -> list[dict]:
-    """front.front_rows of the DP front for one table and constraints (cached per process)."""
-    return front_rows(_table, dp_front(_table, Constraints.from_dict(json.loads(constraints_text))))
+def pareto_rows(table_key: str, constraints_text: str, compensation: str, _table) -> list[dict]:
+    """front.front_rows of the DP front for one table, constraints and compensation (cached per
+    process): a compensation that adds biases has them paid from every budget, and each row
+    says how many (``bias_params``).
+
+    Raises:
+        GapError: the model cannot be loaded (the biases need its geometry), or bad constraints.
+    """
+    counts = charged_counts(shared_model(_table.model), compensation) if compensation != "none" else None
+    return front_rows(_table, dp_front(_table, Constraints.from_dict(json.loads(constraints_text)), biases=counts), counts)
 
 
 # ---- jobs ----------------------------------------------------------------------------------
@@ -462,7 +498,7 @@ def sidebar_jobs() -> None:
             st.progress(snap["overall"], text=progress_text(snap, f"{title}, {job.label}"))
             c1, c2 = st.columns(2)
             if job.id in mine_ids and ownership.may_control(job.owner):
-                c1.caption("this tab's")  # its page shows it (a page link cannot be drawn before navigation)
+                c1.caption("Started in this tab")  # its page shows it (a page link cannot be drawn before navigation)
             elif job.id in mine_ids:
                 c1.caption("watched here")
             else:

@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from explorer import budget_chart, common, ownership
-from gap_engine.core.config import APP_EVAL_WINDOWS, DEFAULT_COMPENSATION, WindowSpec
+from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
 from gap_engine.data.windows import HELDOUT_SOURCES
@@ -29,7 +29,6 @@ PLAN_OWN = "the plan's own"  # the criterion selector's default: the plan's crit
 ALLOCATOR_HELP = {name: ALLOCATORS.describe(name) for name in ALLOCATORS} | {UPLOADED: "the plan uploaded on the Export page"}
 DEFAULTS = {
     "eval_allocator": "dp",
-    "eval_compensation": DEFAULT_COMPENSATION,
     "eval_criterion": PLAN_OWN,
     "eval_obs_samples": None,  # None: as many windows as the table's
     "eval_sources": [APP_EVAL_WINDOWS.data],
@@ -41,11 +40,19 @@ DEFAULTS = {
     "eval_save_checkpoint": True,
     "eval_metric": None,
     "eval_compare": [],
+    "eval_history_columns": [],
 } | common.task_defaults("eval_")
 table = common.table_page("eval_", DEFAULTS, "Prune & evaluate")
 ss = st.session_state
-if ss["eval_allocator"] == "dp" and not ss.get("app_plan") and not ss.get("app_plan_missing"):
-    try:  # the planner was not opened in this session: its plan for this budget, released as it would be
+released = ss.get("app_plan")
+if (
+    ss["eval_allocator"] == "dp"
+    and not ss.get("app_plan_missing")
+    and (not released or released.get("compensation") != common.plan_compensation(table))
+):
+    # The planner was not opened in this session, or the compensation changed here since it
+    # released its plan: the planner's plan for this budget, counted for the compensation the run applies.
+    try:
         common.release_current_plan(table)
     except GapError as exc:
         st.error(f"Cannot make the planner's plan: {one_line(exc)}")
@@ -193,6 +200,8 @@ def planner_plan():
     stored = ss.get("app_plan")
     if not stored or stored.get("table_key") != table.key or stored.get("budget") != budget:
         return None
+    if stored.get("compensation") != common.plan_compensation(table):
+        return None  # counted for another compensation than the run applies
     try:
         return RatePlan.from_dict(dict(stored))
     except GapError:
@@ -219,7 +228,7 @@ def obs_window_count() -> int | None:
 def run_compensation() -> str:
     """The compensation the run applies: the one chosen, or none for a criterion that updates the
     kept columns itself (SlimGPT's ``obs``: its OBS update is its compensation)."""
-    return "none" if is_sequential(run_criterion()) else ss["eval_compensation"]
+    return "none" if is_sequential(run_criterion()) else ss["app_compensation"]
 
 
 def missing_plan_text() -> str:
@@ -276,6 +285,13 @@ def speed_spread(throughput: dict) -> str | None:
     return f"Median of {repeats} interleaved repeats; range {', '.join(parts)}." if parts else None
 
 
+def prefill_range(throughput: dict) -> str:
+    """'range 0.95–1.31x' (the prefill speed-up's spread over its repeats), or 'no spread
+    recorded': short enough for a metric's one line."""
+    span = throughput.get("prefill_speedup_range")
+    return f"range {span[0]:.2f}–{span[1]:.2f}x" if span else "no spread recorded"
+
+
 def speed_delta(throughput: dict) -> str:
     """'range 1.02–1.54x, within noise · decode 1.10x': the spread beside the median, and whether
     dense speed (1.00x) lies inside it."""
@@ -308,7 +324,8 @@ def compare_runs(run_ids: list[int]) -> None:
         st.error(one_line(exc))
         return
     records = [by_id[i] for i in ss["eval_compare"] if i in by_id]
-    st.dataframe(runcompare.comparison_frame(records), hide_index=True, width="stretch", key="eval_compare_table")
+    with st.container(key="eval_compare_table"):  # a static table wraps its cells: every picked run stays on screen
+        st.table(runcompare.comparison_frame(records), hide_index=True)
     rates = [
         (runcompare.run_label(r), r.plan.get("attention_rates") or [], r.plan.get("mlp_rates") or []) for r in records if isinstance(r.plan, dict)
     ]  # fmt: skip
@@ -336,9 +353,12 @@ with left:
     else:
         st.metric("Budget from the planner (of prunable parameters)", f"{budget:.2%}", help=common.GLOSSARY["prunable"])
         if chosen is not None:
+            biases = int(chosen.params.get("bias_params", 0))
+            left = int(chosen.params.get("pruned_total_with_biases", chosen.params["pruned_total"]))
             st.caption(
-                f"The planner's DP plan `{chosen.content_hash()}`: removes {chosen.params['removed']:,} parameters, "
-                f"predicted {figures.loss_label(table.spec.objective)} {chosen.predicted_loss:+.4f}.",
+                f"The planner's DP plan `{chosen.content_hash()}`: removes {chosen.params['removed']:,} parameters"
+                + (f", adds {biases:,} bias parameters" if biases else "")
+                + f", leaves {left:,}; predicted {figures.loss_label(table.spec.objective)} {chosen.predicted_loss:+.4f}.",
                 help=common.GLOSSARY["plan hash"],
             )
         elif ss["eval_allocator"] == "dp":
@@ -350,14 +370,15 @@ with left:
     st.selectbox(
         "Compensation after the cut",
         list(COMPENSATIONS),
-        key="eval_compensation",
-        disabled=run_compensation() != ss["eval_compensation"],
-        format_func=COMPENSATIONS.label,
-        help="What the kept heads and channels get after the cut, fitted block by block on the table's calibration text: "
-        "FLAP's bias, a least-squares refit of o_proj/down_proj, or both. The run, its checkpoint and its model card say which. "
-        + ("" if table.spec.compensation != "none" else "This table's cells do not include it (the planner prices the uncompensated cut)."),
+        key="app_compensation",
+        disabled=run_compensation() != ss["app_compensation"],
+        help=common.GLOSSARY["compensation"]
+        + "\n\n"
+        + COMPENSATIONS.help()
+        + " The run, its checkpoint and its model card say which."
+        + ("" if table.spec.compensation != "none" else " This table's cells do not include its effect on the loss."),
     )
-    if run_compensation() != ss["eval_compensation"]:
+    if run_compensation() != ss["app_compensation"]:
         st.caption("This plan's criterion updates the kept columns itself (SlimGPT's OBS update): the run adds no compensation.")
     own_label = f"{PLAN_OWN} ({plan_criterion()})"  # bound now: a widget's format_func may be called after the script run
     st.selectbox(
@@ -406,25 +427,38 @@ common.job_controls(
     type="primary", args=(chosen.to_dict() if chosen is not None else None,),
 )  # fmt: skip
 
+
 # ---- the latest run ------------------------------------------------------------------------------
-result = ss.get("app_last_run")
-if result:
-    report = result.report
-    dense = report.get("dense") or {}
-    run_hash = result.plan_hash
-    st.subheader(
+def run_title(result) -> str:
+    """'Run 3: dp at 40.00% · plan abc · compensation bias': the run a result panel shows."""
+    return (
         f"Run {result.run_id}: {result.plan['allocator']} at {(result.plan.get('budget') or 0):.2%}"
-        + (f" · plan `{run_hash}`" if run_hash else "")
+        + (f" · plan `{result.plan_hash}`" if result.plan_hash else "")
         + f" · criterion {result.plan.get('criterion')}"
         + f" · compensation {(result.compensation or {}).get('mode', 'none')}"
     )
+
+
+def params_delta(report: dict, dense: dict, biases: int) -> str:
+    """'-42,432,768 vs dense · 34,560 biases added': the change, and what compensation added back."""
+    change = report["params"] - dense.get("params", report["params"])
+    return f"{change:+,} vs dense" + (f" · {biases:,} biases added" if biases else "")
+
+
+def show_result(result) -> None:
+    """One finished run's numbers, generations and checkpoint."""
+    report = result.report
+    dense = report.get("dense") or {}
+    biases = int((result.compensation or {}).get("bias_params") or 0)
     c = st.columns(3)
     c[0].metric(
-        "Parameters",
-        f"{report['params'] / 1e6:.1f}M",
-        f"{(report['params'] - dense.get('params', report['params'])) / 1e6:+.1f}M vs dense",
+        "Parameters after pruning",
+        f"{report['params']:,}",
+        params_delta(report, dense, biases),
         delta_color="off",
         delta_arrow="off",
+        help="The pruned model's parameters, the biases its compensation added included: the planner's parameters left "
+        "for this plan, and the number the report and the checkpoint's model card show.",
     )
     source = next(iter(report["perplexity"]), None)
     if source:
@@ -468,13 +502,16 @@ if result:
         c[2].metric(
             "Prefill speed vs dense",
             f"{throughput.get('prefill_speedup', float('nan')):.2f}x",
-            speed_delta(throughput),
+            prefill_range(throughput),  # a median is never shown without its spread
             help=" ".join(filter(None, [speed_spread(throughput), common.GLOSSARY["speed-up spread"]])),
             delta_color="off",
             delta_arrow="off",
         )
     else:
         c[2].metric("Throughput", "not timed")
+    if throughput and speed_delta(throughput):
+        # The spread is a sentence: under the numbers, where it wraps, not in a metric's one line.
+        st.caption(f"Speed against dense: prefill {speed_delta(throughput)}.", help=common.GLOSSARY["speed-up spread"])
     if len(report["perplexity"]) > 1:
         st.dataframe(
             pd.DataFrame(
@@ -488,6 +525,7 @@ if result:
             ),
             hide_index=True,
             key="eval_sources_table",
+            placeholder="—",
         )
     if result.task_accuracy:
         st.markdown("**Task accuracy** (lm-eval)", help=common.GLOSSARY["task accuracy"])
@@ -499,7 +537,7 @@ if result:
                 delta_color="off", delta_arrow="off", help=common.GLOSSARY["task accuracy"],
             )  # fmt: skip
         rows = task_table_rows([("dense", result.dense_task_accuracy), ("pruned", result.task_accuracy)])
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="eval_tasks_table")
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key="eval_tasks_table", placeholder="—")
     if report.get("generations"):
         st.markdown("**Greedy generations**")
         st.table(  # a static table wraps long text (a dataframe cuts it off)
@@ -509,7 +547,71 @@ if result:
     if result.checkpoint:
         st.caption(f"Checkpoint saved to `{result.checkpoint}`")
 
+
+result = ss.get("app_last_run")
+running = common.session_job("prune_eval")
+if running is not None and running.active:
+    # The panel names the run on screen: while a run is pruned, that one; the last finished run
+    # stays one click away, under its own name.
+    st.subheader(f"Running: {running.label}")
+    st.caption("Its numbers appear here when it finishes; the runs before it are in the history below.")
+    if result:
+        with st.expander(f"Previous result: {run_title(result)}"):
+            show_result(result)
+elif result:
+    st.subheader(run_title(result))
+    show_result(result)
+
 # ---- history -------------------------------------------------------------------------------------
+# What a reader compares first, narrow enough to fit a 1366 px screen beside the sidebar; the other
+# columns are one pick away (the CSV on Export has them all).
+HISTORY_COLUMNS = ("id", "allocator", "budget", "compensation", "pruned_params", "accuracy (", "ppl:", "kl:", "actual_loss")
+HISTORY_WIDTHS = {"id": 45, "allocator": 80, "budget": 90, "compensation": 100, "pruned_params": 115, "actual_loss": 125}
+
+
+def history_columns(table: pd.DataFrame) -> list[str]:
+    """The history's columns shown by default: `HISTORY_COLUMNS`, the first task's accuracy and the
+    first held-out text's perplexity and KL."""
+    shown = []
+    for wanted in HISTORY_COLUMNS:
+        found = [c for c in table.columns if c == wanted or (wanted.endswith((":", "(")) and str(c).startswith(wanted))]
+        shown += found[:1]
+    return shown
+
+
+def show_history(frame: pd.DataFrame) -> None:
+    """The run history as a table that fits the page: the key columns, and any other the reader picks."""
+    table = runcompare.history_table(frame).sort_values("id", ascending=False)
+    everything = list(table.columns)
+    defaults = history_columns(table)
+    if not ss.get("eval_history_columns") or not set(ss["eval_history_columns"]) <= set(everything):
+        ss["eval_history_columns"] = defaults
+    shown = [c for c in everything if c in ss["eval_history_columns"]]
+    config = {figures.column_label(c): st.column_config.Column(width=w) for c, w in HISTORY_WIDTHS.items() if c in shown}
+    if "budget" in shown:
+        config[figures.column_label("budget")] = st.column_config.NumberColumn(format="percent", width=HISTORY_WIDTHS["budget"])
+    if "pruned_params" in shown:
+        config[figures.column_label("pruned_params")] = st.column_config.NumberColumn(
+            format="localized", width=HISTORY_WIDTHS["pruned_params"]
+        )
+    st.dataframe(
+        table[shown].rename(columns=figures.column_label),
+        hide_index=True,
+        width="stretch",
+        key="eval_history_table",
+        placeholder="—",
+        column_config=config,
+    )
+    st.multiselect(
+        "Columns",
+        everything,
+        key="eval_history_columns",
+        format_func=figures.column_label,
+        help="The table starts with what runs are compared by; every other recorded column can be added here "
+        "(Export's run history CSV holds them all).",
+    )
+
+
 st.divider()
 st.subheader("Run history")
 try:
@@ -521,13 +623,7 @@ common.show_message("eval_history")
 if frame.empty:
     st.caption("No runs yet: every prune-and-evaluate run is recorded here, across sessions.")
 else:
-    st.dataframe(
-        runcompare.history_table(frame).sort_values("id", ascending=False).rename(columns=figures.column_label),
-        hide_index=True,
-        width="stretch",
-        key="eval_history_table",
-        column_config={figures.column_label("budget"): st.column_config.NumberColumn(format="percent")},
-    )
+    show_history(frame)
     metrics = [c for c in frame.columns if c.startswith(("ppl:", "kl:", "top1:", "acc:"))] + [
         "actual_loss",
         "prefill_speedup",

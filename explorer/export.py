@@ -15,6 +15,7 @@ from gap_engine.core.validate import decode_text
 from gap_engine.evaluate import history
 from gap_engine.export import gguf
 from gap_engine.model.rateplan import RatePlan, predicted_params
+from gap_engine.model.remote_code import MODELING_FILE
 from gap_engine.pipeline.expected import gguf_file, gguf_prediction
 from gap_engine.views import figures
 
@@ -28,6 +29,18 @@ DEFAULTS = {
 }
 CHART_LABELS = {"pred_vs_actual": "predicted vs actual", "history": "run history"}
 CHART_COLUMNS = 3
+# What trust_remote_code=True runs when transformers loads a checkpoint of this app: said where the
+# load line is given, so nobody has to trust code they were not told about.
+REMOTE_CODE_NOTE = (
+    f"**What `trust_remote_code=True` runs.** The one Python file it lets transformers import is gap's own "
+    f"`{MODELING_FILE}`, copied into the checkpoint beside `config.json` (whose `auto_map` names its classes). "
+    "It imports only torch and transformers, subclasses the model family's own transformers classes, and "
+    "replaces each block's q/k/v/o and gate/up/down projections with narrower linears of the widths "
+    "`config.json` records per layer (with the output biases bias compensation added); attention, rotary "
+    "embeddings, the KV cache and generation stay transformers' own code. It reads no other file, starts no "
+    "process and opens no network connection, and nothing else in the folder is code. gap itself never runs "
+    "it: gap loads its checkpoints with its own classes and trust_remote_code=False."
+)
 common.init_page("export_", DEFAULTS)
 ss = st.session_state
 table = common.current_table()
@@ -273,6 +286,7 @@ else:
         "`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`; llama.cpp: the GGUF file "
         "(`Llama(path, flash_attn=True)`). The folder's README.md says more."
     )
+    st.info(REMOTE_CODE_NOTE, icon=":material/code:")
 
 # ---- charts --------------------------------------------------------------------------------------
 st.subheader("Charts")

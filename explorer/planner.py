@@ -18,6 +18,7 @@ from gap_engine.evaluate import history
 from gap_engine.pipeline.jobs import baselines_task, manager
 from gap_engine.plan.allocator_registry import ALLOCATORS, BASELINE_ALLOCATORS
 from gap_engine.plan.front_view import baseline_budgets, front_row_at, row_plan
+from gap_engine.prune.compensations import COMPENSATIONS
 from gap_engine.views import figures
 
 DEFAULTS = {
@@ -43,10 +44,17 @@ except GapError as exc:
     st.error(f"Cannot plan with this table: {one_line(exc)}")
     st.stop()
 
-st.caption(
+c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
+c1.caption(
     "Drag the budget slider: the per-layer rates chosen by GAP's exact DP follow the pointer, and releasing it sets "
     "the budget that Prune & evaluate and Export use. The dashed green line is uniform pruning at the same budget.",
     help=f"{common.GLOSSARY['DP front']}\n\n{common.GLOSSARY['prunable']}",
+)
+c2.selectbox(
+    "Compensation after the cut",
+    list(COMPENSATIONS),
+    key="app_compensation",
+    help=common.GLOSSARY["compensation"] + "\n\n" + COMPENSATIONS.help(),
 )
 
 with st.expander("Constraints", expanded=bool(ss["planner_locked"])):
@@ -71,7 +79,7 @@ raw_constraints = {
 ss["app_constraints"] = raw_constraints
 constraints = common.constraints_from_state()
 try:
-    rows = common.pareto_rows(table.key, common.constraints_json(raw_constraints), table)
+    rows = common.session_front(table, raw_constraints)
 except GapError as exc:
     st.error(one_line(exc))
     st.stop()
@@ -90,6 +98,23 @@ if top_pct - low_pct < 0.5:
 
 stored = ss.get("app_baselines")
 baselines = stored["rows"] if stored and stored.get("key", "").startswith(front_id + "|") else None
+
+
+def bias_line(plan) -> str:
+    """What the compensation adds and who pays for it, in one line under the readouts."""
+    params = plan.params
+    mode = ss["app_compensation"]
+    if not params.get("bias_params"):
+        return (
+            f"Compensation `{mode}` adds no parameters: the pruned model has {params['pruned_total']:,}, "
+            "the number Prune & evaluate, the report and the model card show."
+        )
+    return (
+        f"Compensation `{mode}` adds {params['bias_params']:,} bias parameters (one on each o_proj and down_proj that loses "
+        f"inputs), paid from the budget: the cut removes {params['removed']:,}, the plan {plan.budget:.2%} of the prunable "
+        f"parameters net, and the pruned model has {params['pruned_total_with_biases']:,}, the number Prune & evaluate, "
+        "the report and the model card show."
+    )
 
 
 def measured_runs() -> list[dict]:
@@ -115,10 +140,11 @@ data = budget_chart.chart_data(
     uniform=uniform,
     baselines=baselines,
     measured=measured_runs(),
+    shares=budget_chart.rate_shares(table, lm),
 )
 row = rows[data["rows"][data["active"]]]
 try:
-    plan = row_plan(lm, table, row)
+    plan = row_plan(lm, table, row, common.plan_compensation(table))
 except GapError as exc:
     plan_error = one_line(exc)
     ss["app_budget"], ss["app_plan"], ss["app_plan_hash"] = float(row["budget"]), None, None
@@ -135,47 +161,66 @@ if plan_error is not None:
 else:
     params = plan.params
     objective = figures.loss_label(table.spec.objective)
+    biases = int(params.get("bias_params", 0))
+    left = int(params.get("pruned_total_with_biases", params["pruned_total"]))
     c1, c2, c3, c4 = st.columns(4)
     c1.metric(
         "Removed parameters",
         f"{params['removed']:,}",
-        f"{plan.budget:.2%} of prunable · {params['removed_fraction_of_total']:.2%} of all",
+        f"{plan.budget:.2%} of prunable{' net' if biases else ''} · {(params['dense_total'] - left) / params['dense_total']:.2%} of all",
         delta_color="off",
         delta_arrow="off",
         help=common.GLOSSARY["prunable"],
     )
     c2.metric(
         "Parameters left",
-        f"{params['pruned_total'] / 1e6:.1f}M",
-        f"of {params['dense_total'] / 1e6:.1f}M",
+        f"{left:,}",
+        f"of {params['dense_total']:,}" + (f" · {biases:,} biases added" if biases else ""),
         delta_color="off",
         delta_arrow="off",
+        help="What the pruned model has, the biases its compensation adds included: Prune & evaluate, the report and the "
+        "checkpoint's model card show this same number.",
     )
-    c3.metric("Size (fp32)", f"{params['pruned_total'] * figures.BYTES_PER_PARAM / 2**20:.0f} MiB")
+    c3.metric("Size (fp32)", f"{left * figures.BYTES_PER_PARAM / 2**20:.0f} MiB")
     basis = figures.row_basis(table, row)
     c4.metric(
-        f"Predicted {objective}",
+        f"Predicted {figures.OBJECTIVE_NAME.get(table.spec.objective, table.spec.objective)} increase",  # nats/token: in the help
         f"{plan.predicted_loss:+.4f}",
         figures.BASIS_TEXT[basis],
         delta_color="off",
         delta_arrow="off",
-        help="The table's single-component increases added up; components interact, so the measured increase "
+        help=f"{objective}: the table's single-component increases added up; components interact, so the measured increase "
         "(Prune & evaluate) is usually larger. Measured runs of this table appear as x marks on the loss panel.\n\n"
         + common.GLOSSARY["nats/token"]
         + "\n\n"
         + common.GLOSSARY["DP front"],
     )
+    st.caption(bias_line(plan))
     st.caption(
         f"Plan `{ss['app_plan_hash']}` (its content hash): Prune & evaluate prunes this very plan, and the run, "
         "the checkpoint and every export carry the same hash and budget.",
         help=common.GLOSSARY["plan hash"],
     )
     with st.expander("Per-layer rates of this plan"):
+        shares = budget_chart.row_shares(budget_chart.rate_shares(table, lm), table, row)
         st.dataframe(
-            pd.DataFrame({"layer": range(table.num_layers), "attention rate": plan.attention_rates, "MLP rate": plan.mlp_rates}),
+            pd.DataFrame(
+                {
+                    "layer": range(table.num_layers),
+                    "attention rate asked": plan.attention_rates,
+                    "attention removed": shares.attention,
+                    "attention kept": [text.split(":")[0].removeprefix("attention keeps ") for text in shares.attention_text],
+                    "MLP rate asked": plan.mlp_rates,
+                    "MLP removed": shares.mlp,
+                }
+            ),
             hide_index=True,
             width="stretch",
             key="planner_rates_table",
+            column_config={
+                "attention removed": st.column_config.NumberColumn(format="percent"),
+                "MLP removed": st.column_config.NumberColumn(format="percent"),
+            },
         )
     st.page_link(common.EVALUATE_PAGE, label="Prune & evaluate this plan", icon=":material/science:")
 
@@ -200,7 +245,7 @@ def start_baselines() -> None:
         return
     job = manager().submit(
         "baselines",
-        baselines_task(table.model, table, baseline_budgets(rows[-1]["budget"]), allocators, constraints),
+        baselines_task(table.model, table, baseline_budgets(rows[-1]["budget"]), allocators, constraints, common.plan_compensation(table)),
         key=front_id + "|" + ",".join(allocators),
         label="baseline plans",
         owner=ownership.owner(),
@@ -233,4 +278,4 @@ if baselines:
                 "note": r.error or "",
             }
         )
-    st.dataframe(pd.DataFrame(records), hide_index=True, width="stretch", key="planner_baselines_table")
+    st.dataframe(pd.DataFrame(records), hide_index=True, width="stretch", key="planner_baselines_table", placeholder="—")

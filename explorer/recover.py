@@ -27,6 +27,7 @@ from gap_engine.pipeline.recovery import DEFAULT_LR, RecoveryResult, RecoverySet
 from gap_engine.recover.files import discard, partial_dir, saved_step
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.recover.teacher_text import DEFAULT_TOKENS, SOURCE
+from gap_engine.views import figures
 
 TEXT_LABELS = {SOURCE: "teacher: text the dense model writes"}  # the named texts go by their own names
 
@@ -179,7 +180,7 @@ with right:
     st.subheader("Settings")
     c1, c2 = st.columns(2)
     default_lr = f"{DEFAULT_LR[method]:g}" if method == "lora" else f"probed around {DEFAULT_LR[method]:g}"
-    c1.number_input(f"Learning rate (0: {default_lr})", min_value=0.0, max_value=1.0, step=1e-4, format="%.5f", key="recover_lr")
+    c1.number_input(f"Learning rate (0: {default_lr})", min_value=0.0, max_value=1.0, step=1e-4, format="%g", key="recover_lr")
     c2.number_input("Windows per task per step", min_value=1, max_value=64, step=1, key="recover_batch_size")
     c1, c2 = st.columns(2)
     c1.number_input("Tokens per training window", min_value=8, max_value=2048, step=8, key="recover_seq_len")
@@ -330,7 +331,7 @@ if result:
     st.markdown("**Dense, unrecovered and recovered**", help=MEASURE_HELP)
     for i, (task, frame) in enumerate(comparison(result).items()):
         st.caption(f"{task}")
-        st.dataframe(frame, hide_index=True, width="stretch", key=f"recover_comparison_{i}",
+        st.dataframe(frame, hide_index=True, width="stretch", key=f"recover_comparison_{i}", placeholder="—",
                      column_config={name: NUMBERS for name in ("dense", "unrecovered", "recovered")})  # fmt: skip
     by_task = task_tables(result)
     if by_task:
@@ -338,14 +339,15 @@ if result:
         for i, (task, frame) in enumerate(by_task.items()):
             examples = ((result.after or {}).get("task_accuracy") or {}).get(task, {}).get("n")
             st.caption(f"{task}" + (f", {examples} examples" if examples else ""))
-            st.dataframe(frame, hide_index=True, width="stretch", key=f"recover_tasks_table_{i}")
+            st.dataframe(frame, hide_index=True, width="stretch", key=f"recover_tasks_table_{i}", placeholder="—")
     if result.judge_curve:
         st.markdown(f"**Judged snapshots**: step {result.best_step} kept, the best by {result.judge}")
-        st.line_chart(pd.DataFrame(result.judge_curve), x="step", y="score", height=200)
+        st.plotly_chart(figures.curve_figure(result.judge_curve, "score", "score", height=240), key=f"recover_judge_chart_{result.run_id}",
+                        width="stretch", theme=None)  # fmt: skip
     if result.curve:
         st.markdown("**Training loss** (each step's multi-task batch)")
-        curve = pd.DataFrame(result.curve)
-        st.line_chart(curve, x="step", y="loss", height=260)
+        st.plotly_chart(figures.curve_figure(result.curve, "loss", "loss (nats/token)"), key=f"recover_loss_chart_{result.run_id}",
+                        width="stretch", theme=None)  # fmt: skip
     generations = (result.after or {}).get("generations") or []
     if generations:
         before_text = {g["prompt"]: g["model"] for g in (result.before or {}).get("generations", [])}

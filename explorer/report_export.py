@@ -16,6 +16,7 @@ from gap_engine.core.config import DEFAULT_BUDGET
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan, plan_hash
+from gap_engine.model.units import block_geometries
 from gap_engine.plan.problem import Constraints
 from gap_engine.views import report
 from gap_engine.views.figures.front_figures import planner_figure
@@ -23,7 +24,7 @@ from gap_engine.views.figures.front_figures import planner_figure
 
 def _baselines(table, raw: dict):
     stored = st.session_state.get("app_baselines")
-    prefix = table.key + "|" + common.constraints_json(raw) + "|"
+    prefix = budget_chart.front_id_of(table, raw) + "|"  # computed for this front: its constraints and compensation
     return stored["rows"] if stored and stored.get("key", "").startswith(prefix) else None
 
 
@@ -36,7 +37,7 @@ def planner_export_figure(table):
     lm = common.reference_model(table.model)
     table.check_model(lm)
     raw = st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
-    rows = common.pareto_rows(table.key, common.constraints_json(raw), table)
+    rows = common.session_front(table, raw)
     baselines = _baselines(table, raw)
     uniform = budget_chart.uniform_rows(table, lm, raw, rows[-1]["budget"], baselines) if rows else None
     budget = float(st.session_state.get("app_budget") or DEFAULT_BUDGET)
@@ -50,6 +51,7 @@ def planner_export_figure(table):
         baselines=baselines,
         uniform=uniform,
         title=f"Released plan {digest}: budget {budget:.2%} of prunable parameters" if digest else None,
+        counts=block_geometries(lm),
     )
 
 
@@ -73,7 +75,7 @@ def report_html(table, plan_dict: dict, run_id: int | None) -> str:
         "max_rate": constraints.max_rate,
         "coupled": constraints.coupled,
     }
-    rows = common.pareto_rows(table.key, common.constraints_json(raw), table)
+    rows = common.session_front(table, raw)
     baselines = _baselines(table, raw)
     uniform = budget_chart.uniform_rows(table, lm, raw, rows[-1]["budget"], baselines) if rows else None
     return report.build_report(
@@ -85,6 +87,8 @@ def report_html(table, plan_dict: dict, run_id: int | None) -> str:
         baselines=baselines,
         dense_total=lm.param_count(),
         source=f"Downloaded from the GAP explorer's Export page ({where}); constraints {json.dumps(raw, sort_keys=True)}.",
+        front=rows,
+        counts=block_geometries(lm),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 
@@ -255,24 +256,21 @@ def delete_cached(key: str) -> None:
 
 
 def cached_frame(rows: list[dict]) -> pd.DataFrame:
+    """The cached tables, one row each, in few columns: the whole of it fits a 1366 px screen."""
     records = []
     for row in rows:
         spec = row.get("spec") or {}
         grid = spec.get("rate_grid") or []
+        seconds = row.get("build_seconds")
         records.append(
             {
                 "key": row["key"],
-                "model": row.get("model"),
-                "data": spec.get("data"),
-                "estimator": spec.get("estimator"),
-                "objective": spec.get("objective"),
-                "mode": spec.get("mode"),
-                "criterion": spec.get("criterion"),
-                "samples x tokens": f"{spec.get('n_samples')} x {spec.get('seq_len')}",
-                "rates": len(grid),
-                "max rate": max(grid) if grid else None,
-                "built in (s)": row.get("build_seconds"),
-                "created": (row.get("created") or "")[:19].replace("T", " "),  # to the second
+                "model": row.get("model") or "—",
+                "table": " · ".join(str(spec.get(name) or "?") for name in ("estimator", "objective", "mode", "criterion")),
+                "calibration": f"{spec.get('n_samples')} x {spec.get('seq_len')} tokens of {spec.get('data')}",
+                "rates": f"{len(grid)}, up to {max(grid):g}" if grid else "—",
+                "built": (row.get("created") or "")[:16].replace("T", " ")
+                + ("" if not isinstance(seconds, (int, float)) else f" in {common.duration_text(seconds)}"),
             }
         )
     return pd.DataFrame(records)
@@ -410,7 +408,17 @@ else:
     c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
     c1.metric("Model", table.model)
     c2.metric("Components x rates", f"{table.delta.shape[0]} x {table.delta.shape[1]}")
-    c3.metric(f"Dense {spec.objective} (nats/token)", f"{table.dense_objective:.4f}", help=common.GLOSSARY["dense objective"])
+    if spec.objective == "nll":
+        c3.metric(
+            "Dense perplexity (calibration)",
+            f"{math.exp(table.dense_objective):.2f}",
+            f"NLL {table.dense_objective:.4f} nats/token",
+            delta_color="off",
+            delta_arrow="off",
+            help=common.GLOSSARY["dense objective"],
+        )
+    else:  # KL of the dense model to itself is 0: no headline, the objective said in words
+        c3.metric("Objective", "KL to dense", help=common.GLOSSARY["dense objective"])
     job_seconds = ss.get("app_table_job_seconds", {}).get(table.key)
     if job_seconds is not None:  # built by this session: the job's own time, as its message says
         c4.metric(
@@ -434,7 +442,8 @@ if not cached_rows:
     st.caption("The cache holds no finished table yet.")
 else:
     frame = cached_frame(cached_rows)
-    st.dataframe(frame, hide_index=True, width="stretch", key="setup_cached_table")
+    with st.container(key="setup_cached_table"):  # a static table wraps its cells: no column runs off the screen
+        st.table(frame, hide_index=True)
     keys = list(frame["key"])
     if ss.get("setup_cached_key") not in keys:
         ss["setup_cached_key"] = keys[-1]

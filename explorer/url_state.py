@@ -7,6 +7,8 @@ The page is the URL's path (``/planner``, Streamlit's own); the rest is in the q
     plan       the content hash of the plan the planner released (`gap_engine.plan.store`):
                a reload prunes and exports that plan, or says it cannot restore it
     allocator  the allocator Prune & evaluate runs
+    compensation the compensation after the cut (planner and Prune & evaluate), written where it
+               is not the default; a plan the link names brings its own
     runs       the runs compared on Prune & evaluate
     run        the run whose result Prune & evaluate shows: a reload shows the same panel
                (read back from the run history)
@@ -32,12 +34,14 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import streamlit as st
 
 from explorer import common
 from gap_engine.core.cachepaths import KEY_PATTERN
+from gap_engine.core.config import DEFAULT_COMPENSATION
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
@@ -47,12 +51,13 @@ from gap_engine.pipeline.recovery import finished_recovery
 from gap_engine.pipeline.runs import PruneEvalResult
 from gap_engine.plan import store as planstore
 from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.prune.compensations import COMPENSATIONS
 from gap_engine.recover.teacher_text import DEFAULT_TOKENS, is_teacher_source, parse_tokens
 from gap_engine.recover.teacher_text import SOURCE as TEACHER_SOURCE
 from gap_engine.tables import cache
 
 TASK_PAGES = ("eval_", "recover_")  # the pages with a task picker (``common.task_picker``), by key prefix
-PARAMS = ("table", "budget", "plan", "allocator", "runs", "run", "recovery", "jobs") + tuple(
+PARAMS = ("table", "budget", "plan", "allocator", "compensation", "runs", "run", "recovery", "jobs") + tuple(
     f"{prefix}{name}" for prefix in TASK_PAGES for name in ("tasks", "task_limit", "task_folder")
 )
 _RESTORED = "app_url_restored"
@@ -75,6 +80,7 @@ class Link:
     budget: float | None = None
     plan: str | None = None
     allocator: str | None = None
+    compensation: str | None = None
     runs: list[int] = field(default_factory=list)
     run: int | None = None
     recovery: int | None = None
@@ -127,6 +133,10 @@ def parse_link(params: Mapping[str, str]) -> Link:
         link.allocator = params["allocator"] if params["allocator"] in ALLOCATORS else None
         if link.allocator is None:
             bad("allocator", f"is not one of {', '.join(ALLOCATORS)}")
+    if params.get("compensation"):
+        link.compensation = params["compensation"] if params["compensation"] in COMPENSATIONS else None
+        if link.compensation is None:
+            bad("compensation", f"is not one of {', '.join(COMPENSATIONS)}")
     for name in ("run", "recovery"):
         if params.get(name):
             setattr(link, name, _whole(params[name]))
@@ -247,10 +257,14 @@ def _load_table(key: str) -> bool:
     try:
         table = cache.get_table(key)
     except GapError as exc:
-        common.set_message("setup", "error", f"The table in the link cannot be read: {one_line(exc)}")
+        text = f"The table in the link cannot be read: {one_line(exc)}"
+        common.set_message("setup", "error", text)
+        common.set_message(common.TABLE_LINK_SLOT, "error", text)
         return False
     if table is None:
-        common.set_message("setup", "warning", f"The table {key} from the link is not in the cache; build it or pick another.")
+        text = f"The link names the loss table `{key}`, which this cache does not hold: build it on Setup or pick another."
+        common.set_message("setup", "warning", text)
+        common.set_message(common.TABLE_LINK_SLOT, "warning", text)  # every page that needs a table says so, not Setup alone
         return False
     common.set_table(table)
     setup_form(table.model, table.spec.to_dict())
@@ -275,6 +289,8 @@ def _restore_plan(plan_hash: str) -> None:
         return
     plan, constraints = stored
     ss["app_plan"], ss["app_plan_hash"], ss["app_plan_missing"] = plan.to_dict(), plan_hash, None
+    # The front the plan came from was charged for its compensation: the pages go on with that one.
+    ss["app_compensation"] = plan.compensation or "none"
     if plan.budget is not None:
         ss["app_budget"] = float(plan.budget)
     if constraints:
@@ -346,6 +362,8 @@ def restore() -> bool:
         named = True  # a table the link names and the cache lacks is said so, not swapped for another
     if link.budget is not None:
         ss["app_budget"] = link.budget
+    if link.compensation:
+        ss["app_compensation"] = link.compensation
     if link.plan:
         _restore_plan(link.plan)
     if link.allocator:
@@ -377,6 +395,8 @@ def view() -> dict:
             want["plan"] = ss["app_plan_hash"]
     if ss.get("eval_allocator") in ALLOCATORS:
         want["allocator"] = ss["eval_allocator"]
+    if ss.get("app_compensation") not in (None, DEFAULT_COMPENSATION):
+        want["compensation"] = str(ss["app_compensation"])
     if ss.get("app_last_run"):
         want["run"] = str(ss["app_last_run"].run_id)
     if ss.get("app_last_recovery") and ss["app_last_recovery"].run_id is not None:
@@ -406,3 +426,39 @@ def sync() -> None:
     changed = {name: want[name] for name in PARAMS if name in want and params.get(name) != want[name]}
     if changed:
         params.update(changed)
+
+
+# The address bar's path is Streamlit's: it pushes the page's path when a page's run starts and, for
+# every query-string update, re-uses whatever path the bar shows then. Under load a page switch and
+# a query update of the page before it can cross, and the bar kept "/planner" while Prune & evaluate
+# was on screen (a reload or a shared link then opened the planner). So every run also states the
+# path of the page it drew, and this sets the bar to it, keeping the query string; a run counter
+# makes it act on every run, not only when the page changes.
+_PATH_KEY = "app_url_path"
+_PATH_JS = """
+export default function ({ data }) {
+  const here = window.location.pathname.replace(/\\/+$/, "") || "/";
+  if (here === data.path) return;
+  window.history.replaceState(window.history.state, "", data.path + window.location.search + window.location.hash);
+}
+"""
+
+
+@lru_cache(maxsize=1)
+def _path_component():
+    return st.components.v2.component("gap_url_path", js=_PATH_JS)
+
+
+def page_path(url_path: str) -> str:
+    """The address-bar path of a page (``st.Page.url_path``; "" is the default page), under the
+    server's base URL path when one is set."""
+    base = str(st.get_option("server.baseUrlPath") or "").strip("/")
+    return "/" + "/".join(part for part in (base, url_path.strip("/")) if part)
+
+
+def keep_path(url_path: str) -> None:
+    """Make the address bar show the page this run drew (see `_PATH_JS`); app.py calls it on every run."""
+    ss = st.session_state
+    ss["app_url_runs"] = int(ss.get("app_url_runs", 0)) + 1
+    with st.sidebar:
+        _path_component()(key=_PATH_KEY, data={"path": page_path(url_path), "run": ss["app_url_runs"]})

@@ -105,7 +105,9 @@ class Front:
     compensation: str  # the compensation whose biases each row's removal is counted net of
     constraints: Constraints  # locks, rate bounds, coupling the rows honour
     pareto: ParetoFront  # the solver's arrays (``core.knapsack``)
-    rows: list[dict[str, Any]] = field(repr=False)  # budget, removed, predicted_loss, attention_rates, mlp_rates
+    rows: list[dict[str, Any]] = field(
+        repr=False
+    )  # budget, removed (net of biases), bias_params, predicted_loss, attention_rates, mlp_rates
 
     def at(self, budget: float) -> dict[str, Any]:
         """The least-loss row that removes at least ``budget`` of the prunable parameters."""
@@ -130,9 +132,10 @@ def front(
     """
     table.check_model(model)
     counted = counted_compensation("dp", table, compensate) or "none"
-    problem = planning_problem(table, constraints, True, charged_counts(model, counted))
+    counts = charged_counts(model, counted)
+    problem = planning_problem(table, constraints, True, counts)
     pareto = solve_front(problem.costs, problem.losses, problem.allowed, n_buckets)
-    return Front(table, counted, constraints, pareto, front_rows(table, pareto))
+    return Front(table, counted, constraints, pareto, front_rows(table, pareto, counts))
 
 
 def plan(

@@ -185,13 +185,24 @@ def _judge_rows(judge: Any) -> list[str]:
 
 
 def _params_line(params: dict[str, Any], marker: dict[str, Any]) -> str:
+    """'dense → stored' parameters (the stored count is the checkpoint's, biases included), the
+    share of the prunable ones the cut removed, and the biases compensation added back."""
     after = f"{marker.get('param_count', 0):,}"
+    compensation = marker.get("compensation")
+    biases = compensation.get("bias_params") if isinstance(compensation, dict) else None
+    added = (
+        f"; includes {biases:,} bias parameters that compensation added"
+        if isinstance(biases, int) and not isinstance(biases, bool) and biases > 0
+        else ""
+    )
     if not isinstance(params.get("dense_total"), int):
-        return after
+        return after + (f" ({added[2:]})" if added else "")
     line = f"{params['dense_total']:,} → {after}"
     removed = params.get("removed_fraction_of_prunable")
     if isinstance(removed, float):
-        line += f" ({removed:.1%} of the prunable attention and MLP parameters removed)"
+        line += f" ({removed:.1%} of the prunable attention and MLP parameters removed{added})"
+    elif added:
+        line += f" ({added[2:]})"
     return line
 
 

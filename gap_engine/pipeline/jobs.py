@@ -441,8 +441,9 @@ def table_task(model_name: str, spec, device: DeviceSpec | None = None, cells=No
     return work
 
 
-def baselines_task(model_name: str, table, budgets, allocators, constraints) -> WorkFn:
-    """Baseline plans at a few budgets (`pipeline.baseline_rows`); the result is its list of BaselinePlan."""
+def baselines_task(model_name: str, table, budgets, allocators, constraints, compensation: str | None = None) -> WorkFn:
+    """Baseline plans at a few budgets (`pipeline.baseline_rows`, charged for ``compensation``'s
+    biases); the result is its list of BaselinePlan."""
 
     def work(ctx: JobContext):
         spec, loaded = table.spec, model_loaded(model_name)
@@ -451,7 +452,7 @@ def baselines_task(model_name: str, table, budgets, allocators, constraints) -> 
         )
         ctx.enter(LOAD_MODEL)
         lm = shared_model(model_name, hooks=ctx.hooks())  # FLAP and OWL hook a private copy (baseline_rows)
-        return baseline_rows(lm, table, budgets, allocators, constraints, ctx.hooks())
+        return baseline_rows(lm, table, budgets, allocators, constraints, ctx.hooks(), compensation=compensation)
 
     return work
 

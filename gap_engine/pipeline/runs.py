@@ -43,6 +43,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, obs_windows, plan_for, pruned_as_saved, pruned_by
 from gap_engine.plan.allocator_registry import needs_windows
+from gap_engine.plan.front_view import net_removed_fraction
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
 from gap_engine.prune.criteria import is_sequential
@@ -163,6 +164,7 @@ def baseline_rows(
     allocators: Sequence[str],
     constraints: Constraints = Constraints(),
     hooks: Hooks = NO_HOOKS,
+    compensation: str | None = None,
 ) -> list[BaselinePlan]:
     """Plans of the baseline allocators at a few budgets, for overlaying on the DP front.
 
@@ -170,10 +172,12 @@ def baseline_rows(
         lm: the dense model (FLAP and OWL hook it: a shared one is copied first).
         hooks: the stages (``baseline_stages``) entered after the load, each plan told as a message
             (the allocator and budget) with its progress (plans done, plans); cancel polled between plans.
+        compensation: the one the prune applies (`plan_for`): one that adds biases has them
+            paid from each budget, as the DP front beside them was charged.
     Returns:
-        One BaselinePlan per (allocator, budget): removed_fraction of prunable parameters,
-        predicted_loss, attention_rates, mlp_rates; a budget an allocator cannot reach gives
-        one with ``error`` instead.
+        One BaselinePlan per (allocator, budget): removed_fraction of prunable parameters
+        (net of the biases it was counted for), predicted_loss, attention_rates, mlp_rates;
+        a budget an allocator cannot reach gives one with ``error`` instead.
     """
     table.check_model(lm)
     if any(needs_windows(allocator) for allocator in allocators):
@@ -191,7 +195,7 @@ def baseline_rows(
         hooks.check_cancelled(f"baseline plans cancelled after {i} of {len(pairs)}")
         _step(hooks, f"{allocator} at {budget:.0%}", i, len(pairs))
         try:
-            plan = plan_for(lm, table, budget, allocator, constraints, scores)
+            plan = plan_for(lm, table, budget, allocator, constraints, scores, compensation=compensation)
         except BudgetError as exc:
             rows.append(BaselinePlan(allocator, budget, error=str(exc)))
             continue
@@ -199,7 +203,7 @@ def baseline_rows(
             BaselinePlan(
                 allocator,
                 budget,
-                removed_fraction=float(plan.params["removed_fraction_of_prunable"]),
+                removed_fraction=net_removed_fraction(plan),
                 predicted_loss=plan.predicted_loss,
                 attention_rates=plan.attention_rates,
                 mlp_rates=plan.mlp_rates,

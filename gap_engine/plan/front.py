@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,12 +21,17 @@ from gap_engine.core.knapsack import ParetoFront, solve_budget, solve_front
 from gap_engine.core.registry import register
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
+from gap_engine.model.units import ComponentGeometry, added_bias_params
 from gap_engine.plan.problem import Choice, Constraints, PlanningProblem, layer_slots, planning_problem, reach_error, slot_rates
 from gap_engine.tables.artefact import LossTable
 
 
 def dp_front(
-    table: LossTable, constraints: Constraints = Constraints(), n_buckets: int = DEFAULT_N_BUCKETS, smoothed: bool = True
+    table: LossTable,
+    constraints: Constraints = Constraints(),
+    n_buckets: int = DEFAULT_N_BUCKETS,
+    smoothed: bool = True,
+    biases: Sequence[ComponentGeometry] | None = None,
 ) -> ParetoFront:
     """The optimum for every budget at once (the app's budget slider reads it via `front_rows`).
 
@@ -34,12 +40,15 @@ def dp_front(
         constraints: locks, rate bounds, coupling.
         n_buckets: budget resolution of the DP.
         smoothed: plan on the table's smoothed losses (else on the raw deltas).
+        biases: the blocks' counting geometry when the prune that follows adds bias
+            compensation (`problem.charged_counts`): every budget then pays for the biases,
+            and each row's removal is net of them, as `plan_from_table` counts a plan.
     Returns:
         The planner's ParetoFront; its ``choices`` index the table's rate grid per slot,
         one slot per component (2L columns) or per layer when coupled (L columns):
         `choice_rates` turns a row into per-layer rates.
     """
-    problem = planning_problem(table, constraints, smoothed)
+    problem = planning_problem(table, constraints, smoothed, biases)
     return solve_front(problem.costs, problem.losses, problem.allowed, n_buckets)
 
 
@@ -54,12 +63,15 @@ def choice_rates(table: LossTable, choice: Choice) -> tuple[list[float], list[fl
     return slot_rates(slots, [float(table.rate_grid[int(r)]) for r in choice], table.num_layers)
 
 
-def front_rows(table: LossTable, front: ParetoFront) -> list[dict[str, Any]]:
+def front_rows(table: LossTable, front: ParetoFront, biases: Sequence[ComponentGeometry] | None = None) -> list[dict[str, Any]]:
     """The Pareto front as rows, one per distinct optimum, by increasing removal.
 
     Each row: ``budget`` (fraction of prunable parameters removed), ``removed``,
     ``predicted_loss`` (summed table loss), ``attention_rates`` and ``mlp_rates`` (per
-    layer). Removal strictly increases and loss never decreases from row to row; rows a
+    layer), and ``bias_params``: what bias compensation adds back when the front was solved
+    with ``biases`` (the same geometry `dp_front` was given), else 0. ``removed`` and
+    ``budget`` are then net of those biases: the cut removes ``removed + bias_params``.
+    Removal strictly increases and loss never decreases from row to row; rows a
     previous row dominates (removes as much for no more loss) are left out, so for a
     budget b the first row with ``budget >= b`` is its optimum.
     """
@@ -71,10 +83,12 @@ def front_rows(table: LossTable, front: ParetoFront) -> list[dict[str, Any]]:
             continue
         best_removed = removed
         attention, mlp = choice_rates(table, front.choices[b])
+        added = added_bias_params(biases, attention, mlp, table.spec.channel_multiple) if biases is not None else 0
         rows.append(
             {
                 "budget": removed / table.dense_prunable,
                 "removed": removed,
+                "bias_params": added,
                 "predicted_loss": float(front.best_loss[b]),
                 "attention_rates": attention,
                 "mlp_rates": mlp,

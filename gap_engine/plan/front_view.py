@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ import numpy as np
 from gap_engine.core.errors import BudgetError, InvariantError, PlanError
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
+from gap_engine.model.units import ComponentGeometry, block_geometries, channels_for_rate
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.plan.problem import Constraints
 from gap_engine.tables.artefact import LossTable
@@ -90,15 +92,19 @@ def grid_indices(rate_grid: Sequence[float], rates: Sequence[float]) -> list[int
     return [int(i) for i in nearest]
 
 
-def row_plan(lm: LoadedModel, table: LossTable, row: dict[str, Any]) -> RatePlan:
+def row_plan(lm: LoadedModel, table: LossTable, row: dict[str, Any], compensation: str | None = None) -> RatePlan:
     """The DP plan of one front row: the row's own rates, budget and predicted loss.
 
     Args:
         lm: the dense LoadedModel the table was built for (its geometry counts parameters).
         table: the LossTable behind the front.
         row: one row of `front.front_rows` for ``table``.
+        compensation: the compensation the front was charged for (a COMPENSATIONS name; the
+            row's removal is then net of its biases), recorded in the plan so its counts
+            include those biases; None: an uncharged front.
     Returns:
-        A validated RatePlan (allocator ``dp``) that removes exactly ``row["removed"]``.
+        A validated RatePlan (allocator ``dp``) whose removal net of its biases is exactly
+        ``row["removed"]``.
     Raises:
         PlanError: the model's geometry counts a different removal than the table's cells
             (the table was measured on another geometry).
@@ -113,17 +119,32 @@ def row_plan(lm: LoadedModel, table: LossTable, row: dict[str, Any]) -> RatePlan
         budget=float(row["budget"]),
         predicted_loss=float(row["predicted_loss"]),
         table_key=table.key,
+        compensation=compensation,
     )
-    if int(plan.params["removed"]) != int(row["removed"]):
+    net = int(plan.params["removed"]) - int(plan.params.get("bias_params", 0))
+    if net != int(row["removed"]):
         raise PlanError(
-            f"the model's geometry removes {plan.params['removed']:,} parameters for this front row, "
+            f"the model's geometry removes {net:,} parameters net of biases for this front row, "
             f"the table says {int(row['removed']):,}: the table was measured on another geometry"
         )
     return plan
 
 
+def net_removed_fraction(plan: RatePlan) -> float:
+    """What ``plan`` removes of the prunable parameters net of the biases it was counted for
+    (the fraction a front row's ``budget`` is)."""
+    params = plan.params
+    return (int(params["removed"]) - int(params.get("bias_params", 0))) / int(params["dense_prunable"])
+
+
 def uniform_line(
-    lm: LoadedModel, table: LossTable, constraints: Constraints, top: float, step: float = UNIFORM_STEP, extra: Sequence[float] = ()
+    lm: LoadedModel,
+    table: LossTable,
+    constraints: Constraints,
+    top: float,
+    step: float = UNIFORM_STEP,
+    extra: Sequence[float] = (),
+    compensation: str | None = None,
 ) -> list[dict[str, Any]]:
     """Exact uniform plans along the budget axis, scored by the table like the baselines.
 
@@ -134,6 +155,8 @@ def uniform_line(
         top: the largest budget to try (the front's top, say).
         step: budget spacing of the plans.
         extra: more budgets to include (those of baseline markers, so they lie on the line).
+        compensation: the one the prune applies; one that adds biases has them paid from each
+            budget, and ``removed_fraction`` is net of them, as a charged front's budgets are.
     Returns:
         Rows ``budget``, ``removed_fraction`` (of prunable), ``predicted_loss``, sorted by
         removed fraction; budgets uniform cannot reach under the constraints are left out.
@@ -142,7 +165,7 @@ def uniform_line(
     rows = []
     for budget in budgets:
         try:
-            plan = plan_from_table(lm, table, budget, "uniform", constraints)
+            plan = plan_from_table(lm, table, budget, "uniform", constraints, compensation=compensation)
             if plan.predicted_loss is None:
                 raise InvariantError("a plan made from a table has no predicted loss")
         except BudgetError as exc:
@@ -151,11 +174,57 @@ def uniform_line(
         rows.append(
             {
                 "budget": budget,
-                "removed_fraction": float(plan.params["removed_fraction_of_prunable"]),
+                "removed_fraction": net_removed_fraction(plan),
                 "predicted_loss": float(plan.predicted_loss),
             }
         )
     return sorted(rows, key=lambda r: r["removed_fraction"])
+
+
+@dataclass(frozen=True)
+class RemovedShares:
+    """What the rates of a plan really remove, layer by layer: attention rates round to whole
+    GQA shapes (a block keeps ``g`` KV groups of ``q`` query heads each) and MLP widths to
+    multiples of the channel multiple, so a rate is a request, not what is cut (on SmolLM2,
+    attention rate 0.625 removes 2/3 of the layer's attention and 0.125 removes none)."""
+
+    attention: list[float]  # per layer: share of its attention parameters removed
+    mlp: list[float]  # per layer: share of its MLP parameters removed
+    attention_text: list[str]  # per layer: heads and KV groups kept, the share, the rate asked for
+    mlp_text: list[str]  # per layer: channels kept, the share, the rate asked for
+
+
+def removed_shares(
+    counts: Sequence[ComponentGeometry], attention_rates: Sequence[float], mlp_rates: Sequence[float], multiple: int
+) -> RemovedShares:
+    """`RemovedShares` of one plan's rates on a model's blocks (``units.block_geometries``)."""
+    out = RemovedShares([], [], [], [])
+    for block, attention_rate, mlp_rate in zip(counts, attention_rates, mlp_rates):
+        geometry = block.geometry
+        shape = block.attention_shape_at(float(attention_rate))
+        share = block.removed_at("attn", float(attention_rate)) / block.params_at("attn", 0.0)
+        out.attention.append(share)
+        out.attention_text.append(
+            f"attention keeps {shape.n_heads} of {geometry.n_heads} query heads "
+            f"({shape.kv_groups} of {geometry.n_kv_heads} KV groups): removes {share:.1%} (rate asked {float(attention_rate):g})"
+        )
+        channels = channels_for_rate(geometry.intermediate_size, float(mlp_rate), multiple)
+        share = block.removed_at("mlp", float(mlp_rate), multiple) / block.params_at("mlp", 0.0, multiple)
+        out.mlp.append(share)
+        out.mlp_text.append(
+            f"MLP keeps {channels:,} of {geometry.intermediate_size:,} channels: removes {share:.1%} (rate asked {float(mlp_rate):g})"
+        )
+    return out
+
+
+def grid_shares(lm: LoadedModel, table: LossTable) -> list[RemovedShares]:
+    """`removed_shares` of every grid rate, one per rate (index k: every layer at ``rate_grid[k]``),
+    so a browser can look up what any front row removes from its grid indices."""
+    counts = block_geometries(lm)
+    return [
+        removed_shares(counts, [float(rate)] * lm.num_layers, [float(rate)] * lm.num_layers, table.spec.channel_multiple)
+        for rate in table.rate_grid
+    ]
 
 
 def front_row_at(front: Sequence[dict[str, Any]], budget: float) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,8 +30,9 @@ from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_evaluation_report, read_json_file
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
+from gap_engine.model.units import ComponentGeometry
 from gap_engine.plan.front import dp_front, front_rows
-from gap_engine.plan.front_view import plan_figures, step_at_budget
+from gap_engine.plan.front_view import RemovedShares, plan_figures, removed_shares, step_at_budget
 from gap_engine.plan.problem import Constraints
 from gap_engine.views import figures
 
@@ -74,7 +76,12 @@ def evaluation_from_report(report: dict, label: str = "evaluation") -> dict:
         "tasks": dict(report.get("task_accuracy") or {}),
         "dense_tasks": dict(report.get("dense_task_accuracy") or {}),
         "compensation": str(report.get("compensation") or "none"),
+        "bias_params": _whole_or_none(report.get("bias_params")),
     }
+
+
+def _whole_or_none(value: object) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def evaluation_from_run(record) -> dict:
@@ -97,6 +104,7 @@ def evaluation_from_run(record) -> dict:
         "tasks": dict((record.tasks or {}).get("model") or {}),
         "dense_tasks": dict((record.tasks or {}).get("dense") or {}),
         "compensation": history.compensation_of(record),
+        "bias_params": history.bias_params_of(record),
         "recovery": (record.params or {}).get("recovery"),
     }
 
@@ -114,17 +122,25 @@ def check_plan(table, plan: RatePlan) -> None:
         raise ReportError(f"the plan was made from loss table {plan.table_key}, not {table.key}")
 
 
-def _plan_row(table, plan: RatePlan) -> dict:
+def _plan_row(table, plan: RatePlan, evaluation: dict | None = None) -> dict:
     """The plan as a front row; its removal and prediction recomputed from the table's cells, or
-    checked against them (`front_view.plan_figures`): a plan's own numbers are never shown unchecked."""
+    checked against them (`front_view.plan_figures`): a plan's own numbers are never shown unchecked.
+
+    Biases a compensation added (the run's, measured; else those the plan was counted for, checked
+    against its own totals) make the row's ``removed`` and ``budget`` net of them, as a charged
+    front row's are, and go in ``bias_params``.
+    """
     try:
         figures_ = plan_figures(table, plan)
     except PlanError as exc:
         raise ReportError(str(exc)) from None
     known = figures_["removed"] is not None  # off the grid with no count of its own: only its range is known
+    biases = _bias_params(plan, evaluation, figures_["removed"]) if known else 0
+    removed = figures_["removed"] - biases if known else int(sum(figures_["removed_range"]) // 2)
     return {
-        "budget": figures_["budget"],
-        "removed": figures_["removed"] if known else int(sum(figures_["removed_range"]) // 2),
+        "budget": removed / table.dense_prunable if known else figures_["budget"],
+        "removed": removed,
+        "bias_params": biases,
         "removed_range": None if known else figures_["removed_range"],
         "predicted_loss": figures_["predicted_loss"] if known else None,  # no point drawn where the count is unknown
         "claimed_loss": figures_["predicted_loss"],
@@ -132,6 +148,34 @@ def _plan_row(table, plan: RatePlan) -> dict:
         "mlp_rates": list(plan.mlp_rates),
         "label": "GAP DP" if plan.allocator == "dp" else f"{plan.allocator} plan",
     }
+
+
+def _bias_params(plan: RatePlan, evaluation: dict | None, cut: int) -> int:
+    """The parameters compensation's biases add to the model of ``plan``, whose cut removes ``cut``:
+    the run's own count when there is one; else what an evaluation's pruned model has beyond
+    dense less the cut (an evaluation file counts both models, not the biases); else the plan's
+    (when it was counted for a compensation that adds them).
+
+    Raises:
+        ReportError: a plan whose bias count contradicts its own totals.
+    """
+    evaluation = evaluation or {}
+    measured = _whole_or_none(evaluation.get("bias_params"))
+    if measured is not None:
+        return measured
+    pruned, dense = _whole_or_none(evaluation.get("params")), _whole_or_none(evaluation.get("dense_params"))
+    if pruned is not None and dense is not None and 0 <= pruned - (dense - cut) <= cut:
+        return pruned - (dense - cut)
+    if not plan.counts_biases:
+        return 0
+    params = plan.params
+    counts = [params.get(name) for name in ("bias_params", "removed", "pruned_total_with_biases", "pruned_total")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in counts):
+        raise ReportError("the plan says it was counted for bias compensation but does not count its biases")
+    biases, removed, with_biases, without = (int(v) for v in counts)  # type: ignore[arg-type]
+    if not 0 <= biases <= removed or with_biases - without != biases:
+        raise ReportError(f"the plan counts {biases:,} bias parameters, which its own totals contradict")
+    return int(biases)
 
 
 # ---- the HTML ---------------------------------------------------------------------------------
@@ -180,9 +224,15 @@ def _settings_html(table) -> str:
     return _table(["setting", "value"], rows, "settings")
 
 
-def _plan_table_html(row: dict) -> str:
-    rows = [[str(i), f"{a:.3f}", f"{m:.3f}"] for i, (a, m) in enumerate(zip(row["attention_rates"], row["mlp_rates"]))]
-    return _table(["layer", "attention rate", "MLP rate"], rows, "rates")
+def _plan_table_html(row: dict, shares: RemovedShares | None = None) -> str:
+    """The per-layer rates, and with ``shares`` what they really remove (attention rounds to whole heads)."""
+    rates = list(zip(row["attention_rates"], row["mlp_rates"]))
+    if shares is None:
+        rows = [[str(i), f"{a:.3f}", f"{m:.3f}"] for i, (a, m) in enumerate(rates)]
+        return _table(["layer", "attention rate", "MLP rate"], rows, "rates")
+    rows = [[str(i), f"{a:.3f}", f"{shares.attention[i]:.1%}", f"{m:.3f}", f"{shares.mlp[i]:.1%}"] for i, (a, m) in enumerate(rates)]
+    header = ["layer", "attention rate asked", "attention removed", "MLP rate asked", "MLP removed"]
+    return _table(header, rows, "rates")
 
 
 def _evaluation_html(evaluation: dict, objective: str) -> str:
@@ -282,22 +332,33 @@ td { font-variant-numeric: tabular-nums; }
 
 
 def _cards_html(table, row: dict, dense_total: int | None, evaluation: dict | None) -> str:
-    """The headline numbers of the report, as cards."""
+    """The headline numbers of the report, as cards: the parameters left are the model's with the
+    biases its compensation added (the number the planner, the run and the model card show)."""
     name = figures.OBJECTIVE_NAME.get(table.spec.objective, table.spec.objective)
-    removed = int(row["removed"])
+    removed = int(row["removed"])  # net of the biases
+    biases = int(row.get("bias_params") or 0)
     span = row.get("removed_range")  # a plan between the grid rates with no count of its own
     prunable = table.dense_prunable
     cards = [
         ("model", html.escape(table.model)),
         ("budget (of prunable)", f"{span[0] / prunable:.2%} to {span[1] / prunable:.2%}" if span else f"{row['budget']:.2%}"),
-        ("parameters removed", f"{span[0]:,} to {span[1]:,}" if span else f"{removed:,}"),
+        ("parameters removed", f"{span[0]:,} to {span[1]:,}" if span else f"{removed + biases:,}"),
         (f"predicted {name} increase", _num(row.get("claimed_loss", row.get("predicted_loss")), "{:+.4f}")),
     ]
+    if biases:
+        cards.insert(3, ("bias parameters added by compensation", f"{biases:,}"))
+    measured_left = (evaluation or {}).get("params")
+    left = None
+    if isinstance(measured_left, int) and not span:
+        left = f"{measured_left:,}"
+    elif dense_total and span:
+        left = f"{dense_total - span[1]:,} to {dense_total - span[0]:,}"
+    elif dense_total:
+        left = f"{dense_total - removed:,}"  # removed is net of the biases: the model's count with them
+    if left is not None:
+        cards.append(("parameters left" + (" (biases included)" if biases else ""), left))
     if dense_total:
         cards.insert(1, ("dense parameters", f"{dense_total:,}"))
-        cards.append(
-            ("parameters left", f"{dense_total - span[1]:,} to {dense_total - span[0]:,}" if span else f"{dense_total - removed:,}")
-        )
     if evaluation:
         # a plan saved without compensation and a model pruned with it are told apart here
         cards.append(("compensation after the cut", html.escape(str(evaluation.get("compensation") or "none"))))
@@ -340,6 +401,8 @@ def build_report(
     baselines: list[BaselinePlan] | None = None,
     dense_total: int | None = None,
     source: str = "",
+    front: list[dict] | None = None,
+    counts: Sequence[ComponentGeometry] | None = None,
 ) -> str:
     """The report as one HTML document.
 
@@ -353,6 +416,10 @@ def build_report(
         baselines: baseline plan rows to draw.
         dense_total: all parameters of the dense model, when known (readouts).
         source: how the report was made (shown in the footer).
+        front: the DP front rows to draw (the explorer's, charged for the compensation its runs
+            apply); None: solved here, uncharged.
+        counts: the model's blocks (``units.block_geometries``): the plan's bars then show what
+            its rates really remove; None: the rates as asked.
     Returns:
         HTML text; plotly.js is inlined once and nothing is fetched when it opens.
     Raises:
@@ -360,15 +427,16 @@ def build_report(
         BudgetError: contradictory constraints, or a budget outside [0, 1).
     """
     constraints = constraints or Constraints()
-    front = front_rows(table, dp_front(table, constraints))
+    front = front if front is not None else front_rows(table, dp_front(table, constraints))
     if not front:
         raise ReportError("no plan satisfies these constraints: the front is empty")
     if plan is not None:
         check_plan(table, plan)
-        row = _plan_row(table, plan)
+        row = _plan_row(table, plan, evaluation)
         span = row["removed_range"]
         share = f"{span[0] / table.dense_prunable:.2%} to {span[1] / table.dense_prunable:.2%}" if span else f"{row['budget']:.2%}"
-        what = f"{plan.allocator} plan {plan.content_hash()} (removes {share} of prunable parameters)"
+        net = ", net of the biases its compensation adds" if row["bias_params"] else ""
+        what = f"{plan.allocator} plan {plan.content_hash()} (removes {share} of prunable parameters{net})"
         dense_total = dense_total or plan.params.get("dense_total")
         locked = None
     else:
@@ -394,9 +462,11 @@ def build_report(
         "<h2>The plan against the DP front</h2>",
         "<p>Left: the pruning rate of every layer. Right: the least predicted loss the exact DP reaches at every budget, "
         "with the reported plan marked.</p>",
-        _figure_html(figures.plan_figure(table, front, row, dense_total, locked, uniform, baselines)),
+        _figure_html(figures.plan_figure(table, front, row, dense_total, locked, uniform, baselines, counts)),
         "<h2>Per-layer plan</h2>",
-        _plan_table_html(row),
+        _plan_table_html(
+            row, removed_shares(counts, row["attention_rates"], row["mlp_rates"], table.spec.channel_multiple) if counts else None
+        ),
     ]
     if evaluation:
         sections += ["<h2>Evaluation</h2>", _evaluation_html(evaluation, objective)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.units import has_attention_ties
 from gap_engine.tables import cache
+from gap_engine.views import figures
 
 pytestmark = pytest.mark.slow  # the real built-in model behind every page
 
@@ -117,6 +119,8 @@ def test_setup_builds_in_the_background_then_loads_from_the_cache(fresh_cache):
     ready = next(t for t in texts(at.success) if "Loss table ready" in t)
     build_time = next(str(m.value) for m in at.metric if m.label == "Build time")
     assert f"ready in {build_time} (" in ready, (ready, build_time)  # one number for the job's time
+    dense = next(m for m in at.metric if m.label == "Dense perplexity (calibration)")  # a number a person reads, not a bare NLL
+    assert str(dense.value) == f"{math.exp(table.dense_objective):.2f}" and f"{table.dense_objective:.4f} nats/token" in dense.proto.delta
     assert [row["key"] for row in cache.list_tables()] == [table.key]
     # The same settings again are a cache hit: priced as one (load and text), not as a build;
     # another rate grid is a build again.
@@ -199,19 +203,23 @@ def test_build_with_a_cached_tables_settings_loads_it_without_a_job(cached_table
 
 
 # ---- Sensitivity ---------------------------------------------------------------------------------
-def test_sensitivity_draws_curves_and_heatmap(cached_table):
+def test_sensitivity_leads_with_the_heatmap_and_compares_a_few_layers(cached_table):
     at = start("explorer/sensitivity.py")
-    curves, heatmap = plotly_specs(at)
-    lines = [t for t in curves["data"] if t["type"] == "scatter"]
-    assert len(lines) == 60  # one line per layer, attention and MLP panels
+    heatmap, curves = plotly_specs(at)  # the heatmap first: every layer and rate in one picture
     assert {t["type"] for t in heatmap["data"]} == {"heatmap"}
     assert np.allclose(values(heatmap["data"][0]["z"]), cached_table.smoothed[0::2])
+    picked = at.multiselect(key="sens_layers").value
+    assert picked == figures.layers_to_compare(cached_table) and len(picked) == 4  # not 30 curves per panel
+    lines = [t for t in curves["data"] if t["type"] == "scatter"]
+    assert len(lines) == 8 and sorted({t["name"] for t in lines}) == sorted(f"layer {layer}" for layer in picked)
+    assert sum(bool(t.get("showlegend")) for t in lines) == 4  # each picked layer named once
     at.radio(key="sens_log_y").set_value(True).run()
-    curves = plotly_specs(at)[0]
+    curves = plotly_specs(at)[1]
     assert curves["layout"]["yaxis"]["type"] == "log"
     assert all((values(t["y"]) > 0).all() for t in curves["data"])
     at.multiselect(key="sens_kinds").set_value(["mlp"]).run()
-    assert len(plotly_specs(at)[0]["data"]) == 30
+    at.multiselect(key="sens_layers").set_value([0, 29]).run()
+    assert len(plotly_specs(at)[1]["data"]) == 2
     assert not at.exception
 
 
@@ -222,7 +230,7 @@ def test_heatmap_rings_the_measured_cells_of_a_refined_table(fresh_cache, tiny_t
     mixed = dataclasses.replace(tiny_table, measured=measured | (tiny_table.removed == 0))
     cache.put_table(mixed)
     at = start("explorer/sensitivity.py")
-    heatmap = plotly_specs(at)[1]
+    heatmap = plotly_specs(at)[0]
     rings = [t for t in heatmap["data"] if t["type"] == "scatter"]
     assert [t["name"] for t in rings] == ["measured exactly", "measured exactly"]  # attention and MLP panels
     assert sum(len(t["x"]) for t in rings) == int((measured & (tiny_table.removed > 0)).sum())
@@ -249,7 +257,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert any("No runs yet" in str(c.value) for c in at.caption)
     assert at.text_input(key="eval_tasks").value == OFFLINE_TASK  # the offline task is preselected
     tiny_eval(at, save=True, task_limit=2)
-    assert at.selectbox(key="eval_compensation").value == "bias"  # the default: FLAP's bias, fitted on the tiny table's 32 tokens
+    assert at.selectbox(key="app_compensation").value == "bias"  # the default: FLAP's bias, fitted on the tiny table's 32 tokens
     at.button(key="eval_run").click().run()
     job = job_of(at, "prune_eval")
     assert "task accuracy" in job.snapshot()["stages"] and "compensate" in job.snapshot()["stages"]
@@ -258,8 +266,11 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert job.status == "done", job.error
     assert any("Run 1 finished" in t for t in texts(at.success))
     result = at.session_state["app_last_run"]
-    assert result.plan["allocator"] == "dp" and result.plan["budget"] == pytest.approx(0.2)
-    assert result.params_after < result.params_before
+    plan = result.plan
+    assert plan["allocator"] == "dp" and plan["budget"] == at.session_state["app_budget"] >= 0.2  # the planner's row at 20%
+    # the planner's front pays for the biases the compensation adds: the run removes the budget net of them
+    assert plan["compensation"] == "bias" and plan["params"]["bias_params"] == result.compensation["bias_params"] > 0
+    assert result.params_before - result.params_after == plan["params"]["removed"] - plan["params"]["bias_params"]
     assert result.actual_loss is not None
     runs = history.list_runs()
     assert list(runs["id"]) == [result.run_id]
@@ -281,6 +292,10 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     [task_rows] = [d.value for d in at.dataframe if "pruned acc" in d.value.columns]
     [shown] = [d.value for d in at.dataframe if "run" in d.value.columns]  # the history table
     assert shown[f"accuracy ({OFFLINE_TASK})"][0] == accuracy.value
+    # a few columns that fit a 1366 px screen; every other one is a pick away
+    assert list(shown.columns)[:3] == ["run", "allocator", "budget (of prunable)"] and len(shown.columns) <= 9
+    picker = at.multiselect(key="eval_history_columns")
+    assert len(picker.options) > len(shown.columns) and "table_key" not in picker.value
     assert list(task_rows["task"]) == [OFFLINE_TASK] and "pruned acc_norm" in task_rows.columns
     assert (
         runs.loc[0, f"acc:{OFFLINE_TASK}"] == score["acc"] and runs.loc[0, f"dense_acc_stderr:{OFFLINE_TASK}"] == dense_score["acc_stderr"]
@@ -370,9 +385,9 @@ def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):
     assert not at.exception
 
     # SlimGPT's OBS update is its own compensation: the default bias is not added to its plans.
-    assert not at.selectbox(key="eval_compensation").disabled
+    assert not at.selectbox(key="app_compensation").disabled
     at.selectbox(key="eval_allocator").set_value("slimgpt").run()
-    assert at.selectbox(key="eval_compensation").disabled and at.selectbox(key="eval_compensation").value == "bias"
+    assert at.selectbox(key="app_compensation").disabled and at.selectbox(key="app_compensation").value == "bias"
     assert any("updates the kept columns itself" in str(c.value) for c in at.caption)
 
 

@@ -16,12 +16,19 @@ import pytest
 from app_fixtures import cached_table, fresh_cache, job_of, plotly_specs, start, texts, tiny_eval, tiny_table  # noqa: F401
 
 from explorer import budget_chart
+from gap_engine.core.config import DEFAULT_COMPENSATION
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.front import dp_front, front_rows
-from gap_engine.plan.problem import Constraints
+from gap_engine.plan.problem import Constraints, charged_counts
 
 pytestmark = pytest.mark.slow  # the real built-in model behind every page
+
+
+def app_front(table, lm) -> list[dict]:
+    """The planner's front: charged for the biases of the default compensation, as the runs apply it."""
+    counts = charged_counts(lm, DEFAULT_COMPENSATION)
+    return front_rows(table, dp_front(table, biases=counts), counts)
 
 
 def chart(at) -> dict:
@@ -52,11 +59,12 @@ def release(at, data: dict, step: int, **override) -> None:
 def test_the_chart_carries_the_front_rows_and_starts_at_the_apps_budget(cached_table, smol):
     at = start("explorer/planner.py")
     data = chart(at)
-    front = front_rows(cached_table, dp_front(cached_table))
+    front = app_front(cached_table, smol)
     steps = data["rows"]
     assert steps == list(range(len(front)))  # a small front: every row is a step
     assert data["budgets"] == [r["budget"] for r in front]
     assert data["removed"] == [r["removed"] for r in front]
+    assert data["bias"] == [r["bias_params"] for r in front] and data["bias"][-1] > 0
     grid = data["grid"]
     for i in (0, len(steps) // 2, len(steps) - 1):
         assert [grid[k] for k in data["attn"][i]] == front[steps[i]]["attention_rates"]
@@ -67,8 +75,11 @@ def test_the_chart_carries_the_front_rows_and_starts_at_the_apps_budget(cached_t
     assert at.session_state["app_budget"] == active["budget"]
     plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
     plan.check_model(smol)
-    assert plan.params["removed"] == active["removed"] and plan.attention_rates == active["attention_rates"]
-    assert metric(at, "Removed parameters") == f"{active['removed']:,}"
+    assert plan.params["removed"] == active["removed"] + active["bias_params"] and plan.attention_rates == active["attention_rates"]
+    assert metric(at, "Removed parameters") == f"{plan.params['removed']:,}"  # what the cut removes
+    left = plan.params["dense_total"] - active["removed"]  # the pruned model's, its biases included
+    assert left == plan.params["pruned_total_with_biases"] and metric(at, "Parameters left") == f"{left:,}"
+    assert any(f"adds {active['bias_params']:,} bias parameters" in t for t in texts(at.caption))
     assert metric(at, "Predicted") == f"+{active['predicted_loss']:.4f}"
     # The figures the browser starts from; legends are HTML there (they wrap on a phone).
     front_fig = json.loads(data["front_figure"])
@@ -95,7 +106,7 @@ def test_a_release_sets_the_one_budget_every_page_uses(cached_table, smol):
     assert at.session_state["app_budget"] == before
 
     release(at, data, step)
-    budget, removed = data["budgets"][step], data["removed"][step]
+    budget, removed = data["budgets"][step], data["removed"][step] + data["bias"][step]  # the cut, the biases' share with it
     assert at.session_state["app_budget"] == budget
     assert chart(at)["active"] == step  # the chart starts where it was released
     assert metric(at, "Removed parameters") == f"{removed:,}"
@@ -163,10 +174,10 @@ def test_sensitivity_is_readable_by_default_and_drawn_as_exported(cached_table):
     at = start("explorer/sensitivity.py")
     charts = at.get("plotly_chart")
     assert [c.proto.theme for c in charts] == ["", ""]  # theme=None: the figure's own colours, as in a PNG
-    curves, heatmap = (json.loads(c.proto.spec) for c in charts)
+    heatmap, curves = (json.loads(c.proto.spec) for c in charts)  # the heatmap leads
     assert curves["layout"]["yaxis"]["type"] == "log" and "nats/token" in curves["layout"]["yaxis"]["title"]["text"]
-    assert sum(1 for t in curves["data"] if t.get("marker", {}).get("showscale")) == 1
-    assert not any(t.get("showlegend", True) for t in curves["data"])
+    assert not any(t.get("marker", {}).get("showscale") for t in curves["data"])  # a few picked layers: a legend, no colour bar
+    assert sum(1 for t in curves["data"] if t.get("showlegend")) == 4  # each picked layer named once
     assert heatmap["layout"]["coloraxis"]["colorscale"][-1][1] == "#010005"
 
 
@@ -189,7 +200,7 @@ def test_evaluate_prunes_the_released_row_and_shows_it_readably(cached_table, sm
     # Pruned exactly the released row; the default bias compensation adds a bias to each o_proj and down_proj that lost inputs.
     added = (result.compensation or {}).get("bias_params", 0)
     assert (added > 0) == ("bias" in str((result.compensation or {}).get("mode", "")))
-    assert result.params_before - result.params_after + added == row_removed
+    assert result.params_before - result.params_after == row_removed  # the row's removal is net of the biases
     assert result.plan["attention_rates"] == at.session_state["app_plan"]["attention_rates"]
     assert result.plan["budget"] == data["budgets"][step]
     # People's names in the history table; generations in a table that wraps.
@@ -231,7 +242,7 @@ def test_a_release_whose_rerun_shows_another_page_is_the_plan_that_page_prunes(c
     at.switch_page("explorer/evaluate.py")
     at.run()
     assert not at.exception, [e.value for e in at.exception]
-    budget, removed = data["budgets"][step], data["removed"][step]
+    budget, removed = data["budgets"][step], data["removed"][step] + data["bias"][step]
     assert at.session_state["app_budget"] == budget
     plan = RatePlan.from_dict(dict(at.session_state["app_plan"]))
     assert plan.budget == budget and plan.params["removed"] == removed
@@ -255,8 +266,8 @@ def test_prune_and_evaluate_waits_when_the_sessions_plan_moved_after_the_page_wa
     at.run()
     shown = at.session_state["app_plan_hash"]
     assert any(f"The planner's DP plan `{shown}`" in t for t in texts(at.caption))
-    front = front_rows(cached_table, dp_front(cached_table))
-    moved = row_plan(smol, cached_table, front[data["rows"][data["active"] + 5]])
+    front = app_front(cached_table, smol)
+    moved = row_plan(smol, cached_table, front[data["rows"][data["active"] + 5]], DEFAULT_COMPENSATION)
     at.session_state["app_plan"], at.session_state["app_plan_hash"] = moved.to_dict(), moved.content_hash()
     at.session_state["app_budget"] = moved.budget
     at.button(key="eval_run").click().run()
@@ -268,6 +279,7 @@ def test_prune_and_evaluate_waits_when_the_sessions_plan_moved_after_the_page_wa
     at.button(key="eval_run").click().run()
     job = job_of(at, "prune_eval")
     assert job.params["plan_hash"] == moved.content_hash() and f"plan {moved.content_hash()}" in job.label
+    assert f"Running: {job.label}" in [h.value for h in at.subheader]  # the panel names the run being pruned, not an older one
     job.cancel()
 
 

@@ -27,14 +27,14 @@ def test_prune_and_evaluate_prunes_a_plan_by_obs(cached_table, smol):
     criterion = at.selectbox(key="eval_criterion")
     assert criterion.value == "the plan's own" and any(option.startswith("obs — SlimGPT") for option in criterion.options)
     assert criterion.options[0] == "the plan's own (wanda)"  # the planner's DP plan: the tiny table's criterion
-    assert not at.selectbox(key="eval_compensation").disabled
+    assert not at.selectbox(key="app_compensation").disabled
     assert not any(n.key == "eval_obs_samples" for n in at.number_input)  # asked only for obs
     at.session_state["app_uploaded_plan"] = uniform_plan(smol, 0.05, "wanda").to_dict()
     at.run()
     tiny_eval(at, save=True)
     at.selectbox(key="eval_allocator").set_value("uploaded plan").run()
     at.selectbox(key="eval_criterion").set_value("obs").run()
-    assert at.selectbox(key="eval_compensation").disabled  # OBS's update is its compensation
+    assert at.selectbox(key="app_compensation").disabled  # OBS's update is its compensation
     at.number_input(key="eval_obs_samples").set_value(3).run()
     at.button(key="eval_run").click().run()
     job = job_of(at, "prune_eval")

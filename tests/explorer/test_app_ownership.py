@@ -53,7 +53,7 @@ def test_a_shared_link_watches_a_running_job_read_only_and_its_browser_still_can
 
         sender = start(query=link, token=started_here)  # the sender's reload (or second tab)
         assert "app_cancel_table" in cancel_buttons(sender) and f"app_sidebar_cancel_{job.id}" in cancel_buttons(sender)
-        assert "this tab's" in texts(sender.caption)
+        assert "Started in this tab" in texts(sender.caption)
         sender.button(key="app_cancel_table").click().run()
         assert job.snapshot()["cancelling"]
     finally:

@@ -54,8 +54,11 @@ def test_the_url_keeps_the_table_and_budget_the_user_had(cached_table, smol):
 
     at.query_params.update(table="no-such-table")
     broken = reload(at)
-    assert any("no-such-table from the link is not in the cache" in t for t in texts(broken.warning)), texts(broken.warning)
+    said = "The link names the loss table `no-such-table`, which this cache does not hold"
+    assert any(said in t for t in texts(broken.warning)), texts(broken.warning)
     assert broken.session_state["app_table"] is None  # not silently another table
+    elsewhere = reload(at, "explorer/planner.py")  # a page that needs a table says why it has none, not Setup alone
+    assert any(said in t for t in texts(elsewhere.warning)), texts(elsewhere.warning)
 
 
 def test_a_reload_and_a_second_tab_see_the_running_build_and_can_cancel_it(fresh_cache):
@@ -73,7 +76,7 @@ def test_a_reload_and_a_second_tab_see_the_running_build_and_can_cancel_it(fresh
     assert again.session_state["app_jobs"]["table"] == job.id
     assert again.radio(key="setup_estimator").value == "exact"
     assert again.number_input(key="setup_seq_len").value == 64
-    assert any(t == "this tab's" for t in texts(again.caption))  # the sidebar lists it as this tab's job
+    assert any(t == "Started in this tab" for t in texts(again.caption))  # the sidebar lists it as this tab's job
     assert any(t.startswith("Building the loss table: stage") and "elapsed" in t for t in progress_texts(again)), progress_texts(again)
 
     # A second tab of the same browser with no link: the sidebar lists the job; Watch attaches to it.
@@ -116,7 +119,7 @@ def test_runs_compared_side_by_side_with_changes_and_kept_in_the_url(cached_tabl
     at = start("explorer/evaluate.py")
     at.multiselect(key="eval_compare").set_value(ids).run()
     assert not at.exception
-    frame = next(df.value for df in at.dataframe if "measure" in df.value.columns)
+    frame = next(t.value for t in at.table if "measure" in t.value.columns)  # a static table: it wraps, nothing runs off the right
     row = frame.set_index("measure").loc["perplexity (wiki-sample)"]
     assert row["dense"] == "10.000"
     assert row[f"run {ids[0]}"] == "12.000 (+20.0% vs dense)"
@@ -213,3 +216,19 @@ def test_while_a_job_stops_the_sidebar_says_cancelling_with_no_time_left_and_no_
     finally:
         batch_done.set()
     assert job.wait(30) and job.status == "cancelled"
+
+
+def test_the_address_bar_is_told_the_page_on_screen(cached_table):
+    """Every run tells the browser the path of the page it drew (a page switch and a query update
+    can cross under load and leave the bar on the page before)."""
+
+    def told(at) -> dict:
+        (data,) = [json.loads(e.proto.json) for e in at.get("bidi_component") if e.proto.component_name == "gap_url_path"]
+        return data
+
+    at = start("explorer/planner.py")
+    first = told(at)
+    assert first["path"] == "/planner"
+    at.switch_page("explorer/evaluate.py")
+    at.run()
+    assert told(at)["path"] == "/evaluate" and told(at)["run"] > first["run"]  # a new run, told again

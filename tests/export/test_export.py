@@ -277,6 +277,16 @@ def test_model_card_names_the_plan(make_tiny, tmp_path):
     assert json.loads((folder / "eval_report.json").read_text())["perplexity"]["wiki-sample"] == 31.5
 
 
+def test_the_cards_parameter_count_is_the_models_and_says_what_compensation_added(make_tiny, tmp_path):
+    lm, result = _compensated_tiny(make_tiny, "llama", mode="bias")
+    folder = _save(lm, result, tmp_path / "ckpt")
+    marker = json.loads((folder / "gap_pruned.json").read_text())
+    assert marker["param_count"] == lm.param_count()  # the biases are the model's parameters
+    row = next(line for line in (folder / "README.md").read_text().splitlines() if line.startswith("| parameters |"))
+    assert f"→ {lm.param_count():,}" in row
+    assert "includes 256 bias parameters that compensation added" in row  # block 0's o_proj and down_proj, hidden 128
+
+
 # ---- GGUF and llama.cpp ----------------------------------------------------------------------
 def _llama_cpp_logits(path: Path, tokens: list[int], flash_attn: bool = False) -> np.ndarray:
     """Logits of every position, computed by llama.cpp itself."""

@@ -14,12 +14,23 @@ import pytest
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import BudgetError, PlanError
+from gap_engine.model.units import block_geometries
 from gap_engine.pipeline.runs import BaselinePlan
 from gap_engine.pipeline.stages import loss_table as build_table
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.plan.front import dp_front, front_rows
-from gap_engine.plan.front_view import budget_steps, front_row_at, grid_indices, row_plan, step_at_budget, uniform_line
-from gap_engine.plan.problem import Constraints
+from gap_engine.plan.front_view import (
+    budget_steps,
+    front_row_at,
+    grid_indices,
+    grid_shares,
+    net_removed_fraction,
+    removed_shares,
+    row_plan,
+    step_at_budget,
+    uniform_line,
+)
+from gap_engine.plan.problem import Constraints, charged_counts
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.views import figures
 
@@ -69,6 +80,46 @@ def test_row_plan_removes_exactly_the_rows_parameters(smol, table, front):
         assert plan.budget == row["budget"] and plan.predicted_loss == row["predicted_loss"]
         assert plan.attention_rates == row["attention_rates"] and plan.mlp_rates == row["mlp_rates"]
         plan.check_model(smol)
+
+
+def test_a_charged_fronts_rows_are_the_plans_with_their_biases(smol, table):
+    """A front charged for bias compensation: each row says how many biases the cut adds, its
+    ``removed`` is net of them, and its plan leaves exactly ``dense - removed`` parameters with them."""
+    counts = charged_counts(smol, "bias")
+    charged = front_rows(table, dp_front(table, biases=counts), counts)
+    plain = front_rows(table, dp_front(table))
+    assert plain[-1]["bias_params"] == 0 and charged[-1]["bias_params"] > 0
+    hidden = smol.model.config.hidden_size
+    for row in charged[:: max(1, len(charged) // 12)] + [charged[-1]]:
+        plan = row_plan(smol, table, row, "bias")
+        params = plan.params
+        assert plan.compensation == "bias"
+        assert params["bias_params"] == row["bias_params"] and row["bias_params"] % hidden == 0
+        assert params["removed"] - params["bias_params"] == row["removed"]
+        assert params["pruned_total_with_biases"] == params["dense_total"] - row["removed"]
+        assert net_removed_fraction(plan) == pytest.approx(row["budget"])
+    with pytest.raises(PlanError, match="net of biases"):
+        row_plan(smol, table, plain[len(plain) // 2] | {"removed": plain[len(plain) // 2]["removed"] + 1}, "bias")
+
+
+def test_removed_shares_are_what_the_rates_really_cut(smol, table):
+    """SmolLM2 keeps whole KV groups of 3 query heads: a rate rounds to a group, so attention
+    rate 0.625 removes two of three groups (2/3 of the attention) and 0.125 removes none."""
+    counts = block_geometries(smol)
+    layers = smol.num_layers
+    shares = removed_shares(counts, [0.625] * layers, [0.5] * layers, table.spec.channel_multiple)
+    assert shares.attention == pytest.approx([2 / 3] * layers)
+    assert "keeps 3 of 9 query heads (1 of 3 KV groups)" in shares.attention_text[0]
+    assert "rate asked 0.625" in shares.attention_text[0]
+    none = removed_shares(counts, [0.125] * layers, [0.0] * layers, table.spec.channel_multiple)
+    assert none.attention == [0.0] * layers and none.mlp == [0.0] * layers
+    block = counts[0]
+    assert shares.mlp[0] == block.removed_at("mlp", 0.5, table.spec.channel_multiple) / block.params_at(
+        "mlp", 0.0, table.spec.channel_multiple
+    )
+    grid = grid_shares(smol, table)  # one per grid rate: what the browser looks a row's bars up in
+    assert len(grid) == len(table.rate_grid) and grid[0].attention == [0.0] * layers
+    assert grid[2].attention == removed_shares(counts, [0.5] * layers, [0.5] * layers, table.spec.channel_multiple).attention
 
 
 def test_replanning_at_a_rows_budget_is_not_the_row(smol, table, front):
@@ -126,6 +177,21 @@ def test_sensitivity_reads_at_a_glance(table):
     assert fig.layout.template.layout.paper_bgcolor == "white"
     linear = figures.sensitivity_figure(table, log_y=False)
     assert linear.layout.yaxis.type in (None, "linear")
+
+
+def test_the_layers_to_compare_are_the_most_and_least_sensitive(table):
+    middle = len(table.rate_grid) // 2
+    per_layer = np.zeros(table.num_layers)
+    for row, (layer, _) in enumerate(table.components):
+        per_layer[layer] += table.smoothed[row, middle]
+    picked = figures.layers_to_compare(table)
+    ranked = list(np.argsort(-per_layer, kind="stable"))
+    assert picked == sorted(ranked[:2] + ranked[-2:])
+    fig = figures.sensitivity_figure(table, layers=picked)
+    lines = [t for t in fig.data if t.type == "scatter"]
+    assert len(lines) == 2 * len(picked) and {t.name for t in lines} == {f"layer {layer}" for layer in picked}
+    assert [t.name for t in lines if t.showlegend] == [f"layer {layer}" for layer in picked]  # named once, attention panel
+    assert fig.layout.showlegend and not any(t.marker.showscale for t in lines)
 
 
 def test_heatmap_colours_are_explicit_and_no_theme_placeholder(table):

@@ -25,12 +25,14 @@ from gap_engine.pipeline.jobs import manager, prune_eval_task
 from gap_engine.pipeline.stages import loss_table as build_table
 from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.front_view import row_plan
+from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.tables.artefact import TableSpec
 
 pytestmark = pytest.mark.slow  # the real built-in model
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_SPEC = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), estimator="taylor", rate_grid=(0.0, 0.25, 0.5, 0.75))
+BIAS = CompensationSettings(mode="bias")  # FLAP's bias: the run's model has parameters its cut did not remove
 PLOTLY_HEADER = re.compile(r"plotly\.js v\d+\.\d+\.\d+")
 
 
@@ -48,7 +50,7 @@ def files(tmp_path_factory, table):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, smol, table, files):
-    """One real run of the DP plan at about 30% (tiny evaluation), recorded in its own history."""
+    """One real run of the DP plan at about 30% with FLAP's bias compensation (tiny evaluation), recorded in its own history."""
     front = front_rows(table, dp_front(table))
     row = next(r for r in front if r["budget"] >= 0.3)
     plan = row_plan(smol, table, row)
@@ -56,7 +58,9 @@ def run(tmp_path_factory, smol, table, files):
     cache_dir = tmp_path_factory.mktemp("cache")
     history_path = cache_dir / "runs" / history.HISTORY_FILE  # where `gap report --run` looks with GAP_CACHE_DIR=cache_dir
     settings = EvalSettings(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), throughput=False, generations=1, max_new_tokens=4)
-    job = manager().submit("prune_eval", prune_eval_task(table.model, settings, table=table, plan=plan, history_path=history_path))
+    job = manager().submit(
+        "prune_eval", prune_eval_task(table.model, settings, table=table, plan=plan, history_path=history_path, compensation=BIAS)
+    )
     assert job.wait(600), job.snapshot()
     assert job.status == "done", job.error
     (files / "eval.json").write_text(json.dumps(job.result.report))
@@ -106,11 +110,18 @@ def test_report_of_a_run_carries_its_numbers_and_generations(files, run, table, 
     source = next(iter(report["perplexity"]))
     assert f"<td>{report['perplexity'][source]:.2f}</td>" in text
     assert f"<td>{report['dense']['perplexity'][source]:.2f}</td>" in text
-    assert f"{run['row']['removed']:,}" in text and f"{run['plan'].budget:.2%}" in text
+    biases = run["result"].compensation["bias_params"]
+    assert f"{run['row']['removed']:,}" in text  # what the cut removes
+    assert f"{(run['row']['removed'] - biases) / table.dense_prunable:.2%}" in text  # the budget net of the biases, as the planner's
     generation = report["generations"][0]
     assert html.escape(generation["model"]) in text and html.escape(generation["dense"]) in text
     assert f"+{run['result'].actual_loss:.4f}" in text  # measured beside predicted
     assert f"+{run['plan'].predicted_loss:.4f}" in text
+    # one number for the parameters left: the pruned model's, the biases its compensation added included
+    assert biases > 0  # the default compensation adds a bias on each cut o_proj and down_proj
+    card = "<div class='card'><div class='k'>{}</div><div class='v'>{}</div></div>"
+    assert card.format("parameters left (biases included)", f"{report['params']:,}") in text
+    assert card.format("bias parameters added by compensation", f"{biases:,}") in text
 
 
 def test_report_of_an_eval_file_with_its_plan(files, run):
@@ -120,6 +131,10 @@ def test_report_of_an_eval_file_with_its_plan(files, run):
     assert_self_contained(text)
     assert "From eval.json." in text and "<h2>Evaluation</h2>" in text
     assert html.escape(run["result"].report["generations"][0]["model"]) in text
+    # the file counts both models, not the biases: the report finds them from the counts and the cut
+    card = "<div class='card'><div class='k'>{}</div><div class='v'>{}</div></div>"
+    assert card.format("bias parameters added by compensation", f"{run['result'].compensation['bias_params']:,}") in text
+    assert card.format("parameters left (biases included)", f"{run['result'].report['params']:,}") in text
 
 
 def test_bad_inputs_give_one_line_and_write_nothing(files, table, smol, capsys, tmp_path):

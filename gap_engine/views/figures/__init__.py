@@ -24,7 +24,7 @@ from gap_engine.views.figures.front_figures import (
     row_basis,
     step_readout,
 )
-from gap_engine.views.figures.run_figures import history_figure, predicted_vs_actual_figure, runs_rates_figure
+from gap_engine.views.figures.run_figures import curve_figure, history_figure, predicted_vs_actual_figure, runs_rates_figure
 from gap_engine.views.figures.style import (
     ATTN_COLOR,
     BASELINE_COLORS,
@@ -47,7 +47,7 @@ from gap_engine.views.figures.style import (
     log_ticks,
     loss_label,
 )
-from gap_engine.views.figures.table_figures import cell_notes, heatmap_figure, sensitivity_figure
+from gap_engine.views.figures.table_figures import cell_notes, heatmap_figure, layers_to_compare, sensitivity_figure
 
 __all__ = [
     "ATTN_COLOR",
@@ -74,6 +74,8 @@ __all__ = [
     "front_traces",
     "front_y_top",
     "heatmap_figure",
+    "layers_to_compare",
+    "curve_figure",
     "history_figure",
     "log_ticks",
     "loss_label",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from gap_engine.plan.front_view import budget_steps, step_at_budget
+from gap_engine.model.units import ComponentGeometry
+from gap_engine.plan.front_view import RemovedShares, budget_steps, removed_shares, step_at_budget
 from gap_engine.views.figures.style import (
     ATTN_COLOR,
     BASELINE_COLORS,
@@ -37,12 +39,19 @@ def row_basis(table, row: dict) -> str:
 
 def step_readout(row: dict, dense_total: int | None, objective: str, basis: str | None = None) -> str:
     """One line for a front row: budget, parameters removed and left, predicted loss (and,
-    given ``basis``, whether that prediction sums measured or estimated cells)."""
+    given ``basis``, whether that prediction sums measured or estimated cells).
+
+    A row charged for bias compensation (``bias_params``) removes ``removed`` net of its biases:
+    the line says what the cut removes, the biases it adds, and what is left with them.
+    """
     removed = int(row["removed"])
-    text = f"<b>Budget {row['budget']:.2%}</b> of prunable params · removes {removed:,}"
+    biases = int(row.get("bias_params") or 0)
+    text = f"<b>Budget {row['budget']:.2%}</b> of prunable params · removes {removed + biases:,}"
+    if biases:
+        text += f", adds {biases:,} bias params"
     if dense_total:
         left = dense_total - removed
-        text += f" ({removed / dense_total:.1%} of all) · {left / 1e6:.1f}M params left, {left * BYTES_PER_PARAM / 2**20:.0f} MiB fp32"
+        text += f" ({removed / dense_total:.1%} of all, net) · {left:,} params left, {left * BYTES_PER_PARAM / 2**20:.0f} MiB fp32"
     text += f" · predicted {OBJECTIVE_NAME.get(objective, objective)} {row['predicted_loss']:+.4f} nats/token"
     return text + (f" ({BASIS_TEXT[basis]})" if basis else "")
 
@@ -70,8 +79,16 @@ def measured_traces(runs: list[dict] | None) -> list:
     return traces
 
 
-def rate_traces(num_layers: int, row: dict, locked: dict | None = None) -> list:
+SHARE_AXIS = "share removed"  # the bars' axis when they show what is really cut
+RATE_AXIS = "rate asked"  # the bars' axis when only the rates are known
+
+
+def rate_traces(num_layers: int, row: dict, locked: dict | None = None, shares: RemovedShares | None = None) -> list:
     """Bars of one plan's per-layer rates, the uniform rate at its budget, and the locked layers.
+
+    With ``shares`` (`front_view.removed_shares` of the row's rates) the bars are what the rates
+    really remove (attention rounds to whole GQA shapes: rate 0.125 may remove nothing) and the
+    hover says which heads, groups and channels stay; without, the rates as asked.
 
     The first three traces are always: attention bars, MLP bars, uniform line (the budget
     chart and the exported slider restyle exactly these).
@@ -79,17 +96,36 @@ def rate_traces(num_layers: int, row: dict, locked: dict | None = None) -> list:
     layers = list(range(num_layers))
     budget = float(row["budget"])
     source = row.get("label", "GAP DP")  # a front row is the DP's; a reported plan names its own
-    traces = [
-        go.Bar(
-            x=layers,
-            y=row[key],
-            name=f"{part} ({source})",
-            marker_color=color,
-            legendgroup=part,
-            hovertemplate=f"layer %{{x}}<br>{part} rate %{{y:.3f}}<extra></extra>",
-        )
-        for key, part, color in (("attention_rates", "attention", ATTN_COLOR), ("mlp_rates", "MLP", MLP_COLOR))
-    ] + [
+    parts = (("attention_rates", "attention", ATTN_COLOR), ("mlp_rates", "MLP", MLP_COLOR))
+    if shares is not None:
+        traces = [
+            go.Bar(
+                x=layers,
+                y=values,
+                name=f"{part} removed ({source})",
+                marker_color=color,
+                legendgroup=part,
+                customdata=texts,
+                hovertemplate="layer %{x}: %{customdata}<extra></extra>",
+            )
+            for values, texts, part, color in (
+                (shares.attention, shares.attention_text, "attention", ATTN_COLOR),
+                (shares.mlp, shares.mlp_text, "MLP", MLP_COLOR),
+            )
+        ]
+    else:
+        traces = [
+            go.Bar(
+                x=layers,
+                y=row[key],
+                name=f"{part} rate ({source})",
+                marker_color=color,
+                legendgroup=part,
+                hovertemplate=f"layer %{{x}}<br>{part} rate asked %{{y:.3f}}<extra></extra>",
+            )
+            for key, part, color in parts
+        ]
+    traces += [
         go.Scatter(
             x=[-0.5, num_layers - 0.5],
             y=[budget, budget],
@@ -206,9 +242,17 @@ def front_y_top(front: list[dict]) -> float:
     return max([r["predicted_loss"] for r in front] + [1e-6]) * 1.08
 
 
-def rates_figure(table, row: dict, locked: dict | None = None, height: int = 340) -> go.Figure:
-    """The per-layer rates of one front row (the budget chart's left panel)."""
-    fig = go.Figure(rate_traces(table.num_layers, row, locked))
+def _shares(table, counts: Sequence[ComponentGeometry] | None, row: dict) -> RemovedShares | None:
+    """What ``row``'s rates really remove on ``counts``'s blocks (None without them)."""
+    if counts is None:
+        return None
+    return removed_shares(counts, row["attention_rates"], row["mlp_rates"], table.spec.channel_multiple)
+
+
+def rates_figure(table, row: dict, locked: dict | None = None, height: int = 340, shares: RemovedShares | None = None) -> go.Figure:
+    """The per-layer rates of one front row (the budget chart's left panel): what they really
+    remove when ``shares`` is given (`rate_traces`)."""
+    fig = go.Figure(rate_traces(table.num_layers, row, locked, shares))
     fig.update_layout(
         template=TEMPLATE,
         barmode="group",
@@ -217,7 +261,7 @@ def rates_figure(table, row: dict, locked: dict | None = None, height: int = 340
         margin=dict(t=10, b=45, l=55, r=10),
         showlegend=False,  # the chart's own legend is HTML (it wraps on a phone)
         xaxis=dict(title_text="layer", range=[-0.6, table.num_layers - 0.4], fixedrange=True),
-        yaxis=dict(title_text="rate (fraction removed)", range=[0, 1.06], fixedrange=True),
+        yaxis=dict(title_text=SHARE_AXIS if shares is not None else RATE_AXIS, range=[0, 1.06], fixedrange=True),
     )
     return fig
 
@@ -252,6 +296,7 @@ def planner_figure(
     steps: int = SLIDER_STEPS,
     uniform: list[dict] | None = None,
     title: str | None = None,
+    counts: Sequence[ComponentGeometry] | None = None,
 ) -> go.Figure:
     """Per-layer rates beside predicted loss vs budget, with Plotly's own slider (for files).
 
@@ -270,6 +315,8 @@ def planner_figure(
         steps: the most slider steps (rows are thinned evenly in budget).
         uniform: rows of front_view.uniform_line (the exact uniform plans), or None.
         title: a line above the chart (the released plan's hash and budget, say), or None.
+        counts: the model's blocks (``units.block_geometries``): the bars then show what each
+            rate really removes (`rate_traces`); None: the rates as asked.
     Returns:
         The figure, with ``frames`` (one per step, named ``s<i>``) and ``layout.sliders[0]``.
     """
@@ -291,7 +338,7 @@ def planner_figure(
     picks = sorted(set(budget_steps(front, max(2, steps))) | {chosen})
     active = picks.index(chosen)
     row = front[picks[active]]
-    for trace in rate_traces(table.num_layers, row, locked):
+    for trace in rate_traces(table.num_layers, row, locked, _shares(table, counts, row)):
         fig.add_trace(trace, row=2, col=1)
     readout_index = len(fig.data)
     fig.add_trace(
@@ -317,13 +364,18 @@ def planner_figure(
     for i, index in enumerate(picks):
         step = front[index]
         b = float(step["budget"])
+        shares = _shares(table, counts, step)
+        bars = (
+            [go.Bar(y=step["attention_rates"]), go.Bar(y=step["mlp_rates"])]
+            if shares is None
+            else [go.Bar(y=shares.attention, customdata=shares.attention_text), go.Bar(y=shares.mlp, customdata=shares.mlp_text)]
+        )
         frames.append(
             go.Frame(
                 name=f"s{i}",
                 traces=[0, 1, 2, readout_index, marker_index],
                 data=[
-                    go.Bar(y=step["attention_rates"]),
-                    go.Bar(y=step["mlp_rates"]),
+                    *bars,
                     go.Scatter(y=[b, b]),
                     go.Scatter(text=[step_readout(step, dense_total, objective)]),
                     go.Scatter(x=[b * 100], y=[step["predicted_loss"]]),
@@ -366,7 +418,7 @@ def planner_figure(
     fig.update_xaxes(visible=False, range=[0, 1], fixedrange=True, row=1, col=1)
     fig.update_yaxes(visible=False, range=[0, 1], fixedrange=True, row=1, col=1)
     fig.update_xaxes(title_text="layer", range=[-0.6, table.num_layers - 0.4], row=2, col=1)
-    fig.update_yaxes(title_text="rate (fraction removed)", range=[0, 1.06], row=2, col=1)
+    fig.update_yaxes(title_text=SHARE_AXIS if counts is not None else RATE_AXIS, range=[0, 1.06], row=2, col=1)
     top_budget = front[-1]["budget"] * 100
     fig.update_xaxes(
         title_text="budget (% of prunable parameters removed)",
@@ -386,6 +438,7 @@ def plan_figure(
     locked: dict | None = None,
     uniform: list[dict] | None = None,
     baselines: list[BaselinePlan] | None = None,
+    counts: Sequence[ComponentGeometry] | None = None,
 ) -> go.Figure:
     """One plan beside the DP front: its per-layer rates, and its point on loss-vs-budget (static).
 
@@ -401,7 +454,7 @@ def plan_figure(
         horizontal_spacing=0.1,
         subplot_titles=("Pruning rate per layer", f"Predicted {OBJECTIVE_NAME.get(objective, objective)} increase vs budget"),
     )
-    for trace in rate_traces(table.num_layers, row, locked):
+    for trace in rate_traces(table.num_layers, row, locked, _shares(table, counts, row)):
         fig.add_trace(trace, row=1, col=1)
     y_top = front_y_top(front + ([row] if row.get("predicted_loss") is not None else []))
     for trace in front_traces(front, row, uniform, baselines, y_top):
@@ -416,7 +469,7 @@ def plan_figure(
         legend=dict(orientation="h", y=-0.2, x=0.0),
     )
     fig.update_xaxes(title_text="layer", range=[-0.6, table.num_layers - 0.4], row=1, col=1)
-    fig.update_yaxes(title_text="rate (fraction removed)", range=[0, 1.06], row=1, col=1)
+    fig.update_yaxes(title_text=SHARE_AXIS if counts is not None else RATE_AXIS, range=[0, 1.06], row=1, col=1)
     top_budget = max([r["budget"] for r in front] + [row["budget"]]) * 100
     fig.update_xaxes(
         title_text="budget (% of prunable parameters removed)",

@@ -111,3 +111,26 @@ def runs_rates_figure(runs: list[tuple[str, list[float], list[float]]]) -> go.Fi
     fig.update_yaxes(title_text="rate (% of the component removed)", range=[0, 100], row=1, col=1)
     fig.update_yaxes(range=[0, 100], row=1, col=2)
     return fig
+
+
+CURVE_FONT = 14  # px: the recovery charts are read from across a room in a demo
+
+
+def curve_figure(points: list[dict], y: str, y_title: str, height: int = 300) -> go.Figure:
+    """A training curve (``step`` against ``y`` of each point, e.g. a recovery's loss per step), in
+    type a projector shows: 14 px ticks and titles."""
+    steps = [p["step"] for p in points if p.get(y) is not None]
+    values = [p[y] for p in points if p.get(y) is not None]
+    fig = go.Figure(
+        go.Scatter(x=steps, y=values, mode="lines+markers", marker=dict(size=5), hovertemplate="step %{x}<br>%{y:.4f}<extra></extra>")
+    )
+    fig.update_layout(
+        template=TEMPLATE,
+        height=height,
+        margin=dict(t=20, b=55, l=70, r=20),
+        font=dict(size=CURVE_FONT),
+        xaxis=dict(title_text="step", tickfont=dict(size=CURVE_FONT)),
+        yaxis=dict(title_text=y_title, tickfont=dict(size=CURVE_FONT)),
+        showlegend=False,
+    )
+    return fig

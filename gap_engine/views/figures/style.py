@@ -50,6 +50,9 @@ RUN_COLUMN_LABELS = {
     "plan_hash": "plan hash",
     "seconds": "run time (s)",
     "note": "note",
+    "compensation": "compensation",
+    "bias_params": "bias parameters added",
+    "net_removed": "net parameters removed",
 }
 _SOURCE_COLUMN_LABELS = {
     "ppl": "perplexity ({})",

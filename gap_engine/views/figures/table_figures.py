@@ -21,13 +21,30 @@ from gap_engine.views.figures.style import (
 )
 
 
-def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = True) -> go.Figure:
+def layers_to_compare(table, smoothed: bool = True, count: int = 4) -> list[int]:
+    """A few layers worth comparing first: the most and the least sensitive (``count // 2``
+    each, by the summed loss increase of their components at the grid's middle rate), in
+    layer order."""
+    middle = len(table.rate_grid) // 2
+    losses = np.asarray(table.losses(smoothed), dtype=float)[:, middle]
+    per_layer = np.zeros(table.num_layers)
+    for row, (layer, _) in enumerate(table.components):
+        per_layer[layer] += losses[row]
+    order = [int(i) for i in np.argsort(-per_layer, kind="stable")]
+    most = order[: max(1, count // 2)]
+    least = [layer for layer in order[::-1] if layer not in most][: max(0, count - len(most))]
+    return sorted(most + least)
+
+
+def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = True, layers=None) -> go.Figure:
     """One line per layer (loss increase against rate), one panel per component kind.
 
     Lines are coloured by depth with one colour bar (no legend of 2L entries); on the
     default log axis a few large curves no longer flatten the rest, and ticks are whole
-    decades in plain numbers.
+    decades in plain numbers. With ``layers`` (a few picked to compare) only those are drawn,
+    each named once in a legend.
     """
+    picked = None if layers is None else {int(layer) for layer in layers}
     kinds = [k for k in (kinds or component_kinds(table)) if k in component_kinds(table)] or component_kinds(table)
     losses = np.asarray(table.losses(smoothed), dtype=float)
     rates = np.asarray(table.rate_grid, dtype=float)
@@ -37,13 +54,13 @@ def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = T
     scale_shown = False
     for col, kind in enumerate(kinds, start=1):
         for row, (layer, k) in enumerate(table.components):
-            if k != kind:
+            if k != kind or (picked is not None and layer not in picked):
                 continue
             y = losses[row]
             keep = y > 0 if log_y else np.ones_like(y, dtype=bool)  # zeros and noise have no place on a log axis
             x, y, removed = rates[keep], y[keep], np.asarray(table.removed[row])[keep]
             marker = dict(size=4, color=colors[layer])
-            if not scale_shown and len(x):  # the one colour bar rides on the first drawn line's markers
+            if picked is None and not scale_shown and len(x):  # the one colour bar rides on the first drawn line's markers
                 marker = dict(
                     size=4,
                     color=[layer] * len(x),
@@ -59,8 +76,9 @@ def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = T
                     x=x,
                     y=y,
                     mode="lines+markers",
-                    name=f"layer {layer} {KIND_LABEL[kind]}",
-                    showlegend=False,
+                    name=f"layer {layer}" if picked is not None else f"layer {layer} {KIND_LABEL[kind]}",
+                    legendgroup=f"layer {layer}",
+                    showlegend=picked is not None and col == 1,  # a few picked layers: named once, in a legend
                     line=dict(color=colors[layer], width=1.5),
                     marker=marker,
                     customdata=removed[:, None],
@@ -82,7 +100,13 @@ def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = T
                 type="log", tickvals=tickvals, ticktext=ticktext, range=[math.log10(low) - 0.1, math.log10(high) + 0.1], row=1, col=col
             )
     fig.update_yaxes(title_text=y_title + (", log scale" if log_y else ""), row=1, col=1)
-    fig.update_layout(template=TEMPLATE, height=460, margin=dict(t=40, b=50, l=70, r=20), showlegend=False)
+    fig.update_layout(
+        template=TEMPLATE,
+        height=460,
+        margin=dict(t=40, b=50 if picked is None else 100, l=70, r=20),
+        showlegend=picked is not None,
+        legend=dict(orientation="h", y=-0.22, x=0.0),
+    )
     return fig
 
 
