@@ -315,7 +315,6 @@ def _rules(bench) -> list:
         ),
         "prune --uniform --rates": (["prune", *model, "--uniform", "0.2", "--rates", "0,0.5", "--out", "{d}/o"], None),
         "prune --uniform --rounds": (["prune", *model, "--uniform", "0.2", "--rounds", "2", "--out", "{d}/o"], None),
-        "prune --plan --criterion": (["prune", *model, "--plan", "{d}/p.json", "--criterion", "wanda", "--out", "{d}/o"], plan),
         "plan --evo-offspring with dp": (
             ["plan", "--table", "{d}/t.json", "--budget", "0.2", "--evo-offspring", "8", "--out", "{d}/p2.json"],
             table,
@@ -338,7 +337,27 @@ def _rules(bench) -> list:
             expect="ok",
         )
     )
+    cases.append(
+        Case(
+            "prune --plan --criterion (control: the criterion chooses the units of the plan's rates)",
+            "i44 rules",
+            ["prune", *model, "--plan", "{d}/p.json", "--criterion", "magnitude", "--out", "{d}/o"],
+            plan,
+            expect="ok",
+            verify=_criterion_recorded("magnitude"),
+        )
+    )
     return cases
+
+
+def _criterion_recorded(criterion: str):
+    """After exit 0: the checkpoint's plan names the criterion that pruned it."""
+
+    def verify(d: Path) -> str | None:
+        found = json.loads((d / "o" / "plan.json").read_text()).get("criterion")
+        return None if found == criterion else f"plan.json names criterion {found!r}, not {criterion!r}"
+
+    return verify
 
 
 def _teacher_cache(bench) -> list:
