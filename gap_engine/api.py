@@ -14,7 +14,7 @@ Each function is a direct call into the stage that does the work (``pipeline.sta
 ``evaluate``, ``model.checkpoint``, ``export``), the same calls `gap` and the explorer make, so a
 notebook, the command line and the app give one answer for one input. Bad input raises a
 ``GapError`` subclass whose message is one line. ``docs/python-api.md`` runs this example
-end to end (``tests/test_api.py``).
+end to end (``tests/api/test_api.py``).
 """
 
 from __future__ import annotations

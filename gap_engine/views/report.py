@@ -391,6 +391,25 @@ def _judge_section(evaluation: dict | None) -> list[str]:
             _table(["step", "score", ""], rows)]  # fmt: skip
 
 
+def _reported_row(
+    table, plan: RatePlan | None, evaluation: dict | None, budget: float, front: list[dict], constraints: Constraints
+) -> tuple[dict, str, dict[int, float] | None]:
+    """(the row the report is about, a line saying what it is, the locked rates to mark): the plan's
+    own row, or without a plan the DP front's row at ``budget``."""
+    if plan is not None:
+        check_plan(table, plan)
+        row = _plan_row(table, plan, evaluation)
+        span = row["removed_range"]
+        share = f"{span[0] / table.dense_prunable:.2%} to {span[1] / table.dense_prunable:.2%}" if span else f"{row['budget']:.2%}"
+        net = ", net of the biases its compensation adds" if row["bias_params"] else ""
+        return row, f"{plan.allocator} plan {plan.content_hash()} (removes {share} of prunable parameters{net})", None
+    if not 0.0 <= budget < 1.0:
+        raise ReportError(f"budget {budget:g} is outside [0, 1): it is the fraction of prunable parameters to remove")
+    row = front[step_at_budget(front, list(range(len(front))), budget)]
+    locked = {int(k): float(v) for k, v in dict(constraints.locked).items()} or None
+    return row, f"GAP DP front row at budget {row['budget']:.2%}", locked
+
+
 def build_report(
     table,
     plan: RatePlan | None = None,
@@ -430,21 +449,9 @@ def build_report(
     front = front if front is not None else front_rows(table, dp_front(table, constraints))
     if not front:
         raise ReportError("no plan satisfies these constraints: the front is empty")
+    row, what, locked = _reported_row(table, plan, evaluation, budget, front, constraints)
     if plan is not None:
-        check_plan(table, plan)
-        row = _plan_row(table, plan, evaluation)
-        span = row["removed_range"]
-        share = f"{span[0] / table.dense_prunable:.2%} to {span[1] / table.dense_prunable:.2%}" if span else f"{row['budget']:.2%}"
-        net = ", net of the biases its compensation adds" if row["bias_params"] else ""
-        what = f"{plan.allocator} plan {plan.content_hash()} (removes {share} of prunable parameters{net})"
         dense_total = dense_total or plan.params.get("dense_total")
-        locked = None
-    else:
-        if not 0.0 <= budget < 1.0:
-            raise ReportError(f"budget {budget:g} is outside [0, 1): it is the fraction of prunable parameters to remove")
-        row = front[step_at_budget(front, list(range(len(front))), budget)]
-        what = f"GAP DP front row at budget {row['budget']:.2%}"
-        locked = {int(k): float(v) for k, v in dict(constraints.locked).items()} or None
     objective = table.spec.objective
     cards_html = _cards_html(table, row, dense_total, evaluation)
     if plan is not None:  # the identity the explorer, the run history and the checkpoint show

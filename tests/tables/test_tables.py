@@ -147,7 +147,7 @@ def test_exact_table_equals_the_naive_build(make_tiny, family):
     lm = make_tiny(family, initializer_range=0.2)
     windows = random_windows(3, 24)
     spec = tiny_spec()
-    before = lm.fingerprint
+    before = weights_fingerprint(lm.model)
     fast = measure_table(lm, spec, windows)
     naive = naive_build_table(lm, spec, windows=windows)
     assert weights_fingerprint(lm.model) == before
