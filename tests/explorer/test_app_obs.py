@@ -2,9 +2,9 @@
 structured OBS) on its own number of calibration windows; the run records both.
 
 The real built-in model behind the page; the tiny cached table of ``app_fixtures`` (news-sample,
-2 windows of 16 tokens). The plan pruned is an uploaded one that cuts 5% of every MLP: OBS's
-greedy removes one channel at a time, so the planner's 20% plan would take minutes here (the engine
-paths of a DP plan pruned by OBS are tests/pipeline/test_obs_any_plan.py's).
+2 windows of 16 tokens). The plan pruned is an uploaded one that cuts 5% of the first block's MLP:
+OBS's greedy removes one channel at a time, so the planner's 20% plan would take minutes here (the
+engine paths of a DP plan pruned by OBS are tests/pipeline/test_obs_any_plan.py's).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # the real built-in model behind the page
 
 
 def test_prune_and_evaluate_prunes_a_plan_by_obs(cached_table, smol):
-    from gap_engine.model.rateplan import uniform_plan
+    from gap_engine.model.rateplan import make_plan
 
     at = start("explorer/evaluate.py")
     criterion = at.selectbox(key="eval_criterion")
@@ -29,7 +29,8 @@ def test_prune_and_evaluate_prunes_a_plan_by_obs(cached_table, smol):
     assert criterion.options[0] == "the plan's own (wanda)"  # the planner's DP plan: the tiny table's criterion
     assert not at.selectbox(key="app_compensation").disabled
     assert not any(n.key == "eval_obs_samples" for n in at.number_input)  # asked only for obs
-    at.session_state["app_uploaded_plan"] = uniform_plan(smol, 0.05, "wanda").to_dict()
+    first_mlp = [0.05] + [0.0] * (smol.num_layers - 1)
+    at.session_state["app_uploaded_plan"] = make_plan(smol, [0.0] * smol.num_layers, first_mlp, "wanda", allocator="uniform").to_dict()
     at.run()
     tiny_eval(at, save=True)
     at.selectbox(key="eval_allocator").set_value("uploaded plan").run()
