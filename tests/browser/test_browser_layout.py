@@ -190,6 +190,7 @@ def recovered_run(cache_dir, tokenizer, monkeypatch) -> int:
     return result.run_id
 
 
+@pytest.mark.heavy  # every page at phone width (~40 s); the planner on a phone stays in make test
 def test_every_page_on_a_phone(phone, phone_server, smol, monkeypatch):
     for number, title in enumerate(("Setup", "Sensitivity", "Budget planner", "Prune & evaluate", "Export"), start=1):
         open_page(phone, title)

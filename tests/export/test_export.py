@@ -128,6 +128,7 @@ def _run_without_gap_engine(script: str, args: list[str], tmp_path: Path) -> dic
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.heavy  # three families loaded by plain transformers in subprocesses: ~30 s; make test-all
 def test_transformers_loads_every_family_without_gap_engine(make_tiny, tmp_path):
     """Every family, and two bias-compensated checkpoints (``gap_output_bias``), in one subprocess."""
     folders, expected, widths = [], {}, {}

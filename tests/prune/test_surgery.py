@@ -241,6 +241,7 @@ def test_apply_plan_leaves_the_callers_plan_alone(make_tiny):
     assert result.plan.attention_rates == [0.5, 0.0] and result.plan.mlp_rates == plan.mlp_rates
 
 
+@pytest.mark.heavy  # a second interpreter under -O importing torch: ~15 s; make test-all
 def test_invariant_checks_still_fire_under_python_dash_O():
     """The tests above run again in a child ``python -O``: had the engine asserted its
     invariants, -O would strip the checks and those tests would fail."""
