@@ -25,7 +25,6 @@ BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
 
 
-
 def _report():
     """bench/report.py, imported the way the benchmarks import it (bench/ on the path)."""
     if str(BENCH) not in sys.path:
