@@ -12,8 +12,8 @@ import json
 
 import pytest
 import torch
+from inprocess_cli import run_gap
 
-from gap_engine.cli import main
 from gap_engine.cli.parser import build_parser, explicit_options
 from gap_engine.cli.preflight import check_option_rules
 from gap_engine.core.config import WindowSpec
@@ -34,13 +34,7 @@ def gap(capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("GAP_FORCE_SIZE", raising=False)
 
     def run(*argv) -> tuple[int, list[str], str]:
-        capsys.readouterr()
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:
-            code = exc.code
-        captured = capsys.readouterr()
-        return code, [line for line in captured.err.splitlines() if line.strip()], captured.out
+        return run_gap(capsys, *argv)
 
     return run
 

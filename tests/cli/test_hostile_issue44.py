@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from inprocess_cli import run_gap
 
 from gap_engine.cli import main
 
@@ -39,13 +40,7 @@ def gap(capsys, tmp_path, monkeypatch):
     logging.getLogger().addHandler(handler)
 
     def run(*argv) -> tuple[int, list[str], str]:
-        capsys.readouterr()
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:
-            code = exc.code
-        captured = capsys.readouterr()
-        return code, [line for line in captured.err.splitlines() if line.strip()], captured.out
+        return run_gap(capsys, *argv)
 
     yield run
     logging.getLogger().removeHandler(handler)

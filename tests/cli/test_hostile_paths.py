@@ -19,8 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from gap_engine.cli import main
+from inprocess_cli import run_gap
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,13 +39,7 @@ def gap(capsys, tmp_path, monkeypatch):
     logging.getLogger().addHandler(handler)
 
     def run(*argv) -> tuple[int, list[str], str]:
-        capsys.readouterr()
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:
-            code = exc.code
-        captured = capsys.readouterr()
-        return code, [line for line in captured.err.splitlines() if line.strip()], captured.out
+        return run_gap(capsys, *argv)
 
     yield run
     logging.getLogger().removeHandler(handler)
