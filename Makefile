@@ -98,8 +98,9 @@ test: setup browser-deps lint
 test-all: setup browser-deps lint
 	$(PY) -m pytest -q
 
+# The tier that never loads a real model's weights (tests/conftest.py checks it: GAP_TEST_TIER=fast).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not browser and not heavy"
+	GAP_TEST_TIER=fast $(PY) -m pytest -q -m "not slow and not browser and not heavy"
 
 bench: setup
 	$(PY) bench/bench_planner.py

@@ -1,8 +1,19 @@
 """Shared pytest fixtures: the real built-in model (``smol``: its name says it loads the weights),
-its tokenizer alone (``smol_tokenizer``), and tiny models from configs (``make_tiny``: tokenizer only)."""
+its tokenizer alone (``smol_tokenizer``), and tiny models from configs (``make_tiny``: tokenizer only).
+
+``make test-fast`` (``GAP_TEST_TIER=fast``) is the tier that never loads a real model's weights:
+a test that uses ``smol`` is marked ``slow`` here, any other that loads a built-in model is marked
+``slow`` in its file, and the fast tier checks the marks instead of trusting them. It runs on a
+cache of its own, where no built-in model is converted, and a load of one fails the test that
+asked for it: in this process at once, in a subprocess (the CLI) when the test ends, by the
+converted folder it left behind.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,13 +34,18 @@ def smol():
 
 @pytest.fixture(scope="session")
 def smol_tokenizer():
-    """The real SmolLM2-135M tokenizer, read without the weights from the converted copy (tiny
-    models read real text through it). Only a cache that never converted the built-in model
-    loads it once, to convert it."""
-    from gap_engine.model.loading import load_model, load_tokenizer
+    """The real SmolLM2-135M tokenizer, read without the weights (tiny models read real text
+    through it): from the converted copy when the cache has one, else from the GGUF's own
+    metadata (seconds; converting the weights would take a minute)."""
+    from transformers import AutoTokenizer
+
+    from gap_engine.model.loading import BUILTIN_MODELS, load_tokenizer
 
     tokenizer = load_tokenizer("smollm2-135m")
-    return tokenizer if tokenizer is not None else load_model("smollm2-135m").tokenizer
+    if tokenizer is not None:
+        return tokenizer
+    gguf = BUILTIN_MODELS["smollm2-135m"].locate_gguf()
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
 
 
 def tiny_config(model_type: str, **overrides):
@@ -114,6 +130,57 @@ def wait_for(predicate, timeout=5.0):
             return True
         time.sleep(0.005)
     return False
+
+
+# ---- make test-fast: no real weights --------------------------------------------------------
+FAST_TIER = os.environ.get("GAP_TEST_TIER") == "fast"
+REAL_WEIGHT_FIXTURES = {"smol"}  # fixtures that load a built-in model's weights (others reach them through these)
+_fast_cache: Path | None = None
+
+
+def pytest_configure(config):
+    """The fast tier: a cache of its own (no converted built-in model in it), and a loader that
+    fails the test which loads one in this process."""
+    global _fast_cache
+    if not FAST_TIER:
+        return
+    _fast_cache = Path(tempfile.mkdtemp(prefix="gap-test-fast-"))
+    os.environ["GAP_CACHE_DIR"] = str(_fast_cache)
+    from gap_engine.model import loading
+
+    def refuse_real_weights(spec, *args, **kwargs):
+        pytest.fail(f"loads the real {spec.name} weights: mark the test slow (make test-fast never loads a real model)", pytrace=False)
+
+    loading._load_builtin = refuse_real_weights
+
+
+def pytest_unconfigure(config):
+    if _fast_cache is not None:
+        shutil.rmtree(_fast_cache, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A test that uses a real-weights fixture is slow, whatever its file says (before ``-m`` selects)."""
+    for item in items:
+        if REAL_WEIGHT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_converts_nothing():
+    """In the fast tier, a test after which a built-in model was converted into the tier's cache
+    (a subprocess loaded it) fails; the folder goes, so the next test is judged on its own."""
+    yield
+    if _fast_cache is None:
+        return
+    converted = sorted(path.name for path in (_fast_cache / "models").glob("*") if path.is_dir())
+    for name in converted:
+        shutil.rmtree(_fast_cache / "models" / name, ignore_errors=True)
+    if converted:
+        pytest.fail(
+            f"loaded the real {', '.join(converted)} weights: mark the test slow (make test-fast never loads a real model)", pytrace=False
+        )
 
 
 # ---- the slowest tests against their budgets ----------------------------------------------------

@@ -94,6 +94,7 @@ def test_rate_outside_range_is_refused_by_the_parser(tmp_path, capsys):
     assert "rate 1.5 is outside [0, 1)" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # loads the real built-in model
 def test_plan_for_another_model_is_refused(make_tiny, tmp_path, capsys):
     from gap_engine.model.rateplan import make_plan
 
@@ -105,6 +106,7 @@ def test_plan_for_another_model_is_refused(make_tiny, tmp_path, capsys):
     assert not out_dir.exists()
 
 
+@pytest.mark.slow  # loads the real built-in model
 def test_too_short_text_file_is_refused(tmp_path, capsys):
     short = tmp_path / "short.txt"
     short.write_text("Too short.\n")

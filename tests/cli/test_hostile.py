@@ -919,6 +919,7 @@ def damaged_builtin(tmp_path, monkeypatch):
     return folder
 
 
+@pytest.mark.slow  # copies the real built-in model's converted files
 def test_gap_models_tells_the_truth_about_a_truncated_copy(damaged_builtin, cli):
     code, err, out = cli(["models", "--json"])
     assert code == 0, err
