@@ -213,6 +213,36 @@ def test_every_page_on_a_phone(phone, phone_server, smol, monkeypatch):
         shot(phone, name)
 
 
+def watch(page) -> dict:
+    """What went wrong while ``page`` was open: responses with an error status, console errors
+    (a failed resource load logs one too) and uncaught exceptions; filled in as they happen."""
+    seen: dict = {"failed": [], "console": []}
+    page.on("response", lambda r: seen["failed"].append((r.status, r.url)) if r.status >= 400 else None)
+    page.on("console", lambda m: seen["console"].append(m.text[:200]) if m.type == "error" else None)
+    page.on("pageerror", lambda e: seen["console"].append(str(e)[:200]))
+    return seen
+
+
+def test_a_sub_page_opens_and_reloads_with_no_failed_request(browser, phone_server):
+    """Opened at its own address and reloaded (a shared link, F5), a page asks for nothing that
+    fails: Streamlit's browser code used to try ``/evaluate/_stcore/health`` and
+    ``/evaluate/_stcore/host-config`` first (two 404s, two console errors) before ``/``."""
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    page.set_default_timeout(120_000)
+    seen = watch(page)
+    try:
+        page.goto(f"{phone_server['url']}/evaluate")
+        page.get_by_role("heading", name="Prune & evaluate").first.wait_for()
+        page.reload()
+        page.get_by_role("heading", name="Prune & evaluate").first.wait_for()
+        page.get_by_text("Held-out samples").first.wait_for()  # the page drew its form after the reload
+        page.wait_for_timeout(1000)
+        assert page.url.startswith(f"{phone_server['url']}/evaluate")
+        assert seen == {"failed": [], "console": []}
+    finally:
+        page.close()
+
+
 def test_heatmap_in_the_app_has_the_colours_of_its_export(phone):
     from gap_engine.views.figures.style import HEAT_SCALE
 
