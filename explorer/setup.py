@@ -415,7 +415,7 @@ else:
             f"NLL {table.dense_objective:.4f} nats/token",
             delta_color="off",
             delta_arrow="off",
-            help="On the calibration windows. " + common.GLOSSARY["dense objective"],
+            help=common.GLOSSARY["dense objective"],  # it says "on the calibration windows"
         )
     else:  # KL of the dense model to itself is 0: no headline, the objective said in words
         c3.metric("Objective", "KL to dense", help=common.GLOSSARY["dense objective"])
