@@ -73,7 +73,7 @@ $(STAMP): $(REQUIREMENTS_STAMP) $(LLAMA_CPP_STAMP) pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
+	$(PY) -m streamlit run serve.py --server.address $(HOST) --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
 demo: setup
 	$(VENV)/bin/gap prune --model smollm2-135m --uniform 0.2 --out runs/demo-uniform-0.2

@@ -1,4 +1,4 @@
-"""GAP explorer: `streamlit run app.py`.
+"""GAP explorer: `streamlit run serve.py` (or `streamlit run app.py`; serve.py adds routes for the pages' own addresses).
 
 Six pages in the order of the method: Setup (model, calibration, loss table) ->
 Sensitivity -> Budget planner -> Prune & evaluate -> Recover -> Export. Long work (table builds,

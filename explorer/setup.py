@@ -410,12 +410,12 @@ else:
     c2.metric("Components x rates", f"{table.delta.shape[0]} x {table.delta.shape[1]}")
     if spec.objective == "nll":
         c3.metric(
-            "Dense perplexity (calibration)",
+            "Dense perplexity",
             f"{math.exp(table.dense_objective):.2f}",
             f"NLL {table.dense_objective:.4f} nats/token",
             delta_color="off",
             delta_arrow="off",
-            help=common.GLOSSARY["dense objective"],
+            help=common.GLOSSARY["dense objective"],  # it says "on the calibration windows"
         )
     else:  # KL of the dense model to itself is 0: no headline, the objective said in words
         c3.metric("Objective", "KL to dense", help=common.GLOSSARY["dense objective"])

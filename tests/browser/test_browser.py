@@ -1,6 +1,6 @@
 """End to end in a real headless Chromium: the user's path through all five pages.
 
-Starts ``streamlit run app.py`` on a free loopback port with its own cache (the converted
+Starts ``streamlit run serve.py`` (app.py) on a free loopback port with its own cache (the converted
 built-in model is linked in), then: builds a tiny table through the Setup form, drags the
 budget chart's slider with the mouse and reads the bars from the Plotly graph between
 moves (before the button is released), releases it and follows that exact budget through
@@ -73,11 +73,11 @@ def link_models(cache_dir: Path) -> None:
 
 
 def start_app(cache_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """`streamlit run app.py` on a free loopback port; returns (process, base url) once healthy."""
+    """`streamlit run serve.py` (app.py) on a free loopback port; returns (process, base url) once healthy."""
     port = free_port()
     env = dict(os.environ, GAP_CACHE_DIR=str(cache_dir), PYTHONUNBUFFERED="1")
     command = [
-        sys.executable, "-m", "streamlit", "run", "app.py",
+        sys.executable, "-m", "streamlit", "run", "serve.py",
         "--server.port", str(port), "--server.address", "127.0.0.1", "--server.headless", "true",
         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
         "--client.toolbarMode", "minimal",

@@ -213,6 +213,36 @@ def test_every_page_on_a_phone(phone, phone_server, smol, monkeypatch):
         shot(phone, name)
 
 
+def watch(page) -> dict:
+    """What went wrong while ``page`` was open: responses with an error status, console errors
+    (a failed resource load logs one too) and uncaught exceptions; filled in as they happen."""
+    seen: dict = {"failed": [], "console": []}
+    page.on("response", lambda r: seen["failed"].append((r.status, r.url)) if r.status >= 400 else None)
+    page.on("console", lambda m: seen["console"].append(m.text[:200]) if m.type == "error" else None)
+    page.on("pageerror", lambda e: seen["console"].append(str(e)[:200]))
+    return seen
+
+
+def test_a_sub_page_opens_and_reloads_with_no_failed_request(browser, phone_server):
+    """Opened at its own address and reloaded (a shared link, F5), a page asks for nothing that
+    fails: Streamlit's browser code used to try ``/evaluate/_stcore/health`` and
+    ``/evaluate/_stcore/host-config`` first (two 404s, two console errors) before ``/``."""
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    page.set_default_timeout(120_000)
+    seen = watch(page)
+    try:
+        page.goto(f"{phone_server['url']}/evaluate")
+        page.get_by_role("heading", name="Prune & evaluate").first.wait_for()
+        page.reload()
+        page.get_by_role("heading", name="Prune & evaluate").first.wait_for()
+        page.get_by_text("Held-out samples").first.wait_for()  # the page drew its form after the reload
+        page.wait_for_timeout(1000)
+        assert page.url.startswith(f"{phone_server['url']}/evaluate")
+        assert seen == {"failed": [], "console": []}
+    finally:
+        page.close()
+
+
 def test_heatmap_in_the_app_has_the_colours_of_its_export(phone):
     from gap_engine.views.figures.style import HEAT_SCALE
 
@@ -281,3 +311,82 @@ def test_predicted_vs_actual_fits_a_phone_with_its_toolbar_shown(browser, tmp_pa
         or toolbar["bottom"] <= legend["top"]
     )
     assert apart, boxes
+
+
+DESKTOPS = ({"width": 1366, "height": 768}, {"width": 1920, "height": 1080})
+PAGES = ("Setup", "Sensitivity", "Budget planner", "Prune & evaluate", "Recover", "Export")
+
+# What does not fit on a desktop screen: the page scrolling sideways, a table or chart reaching past
+# the column that holds it (a data frame may scroll inside itself), a static table wider than its box,
+# a metric's label or caption cut with an ellipsis, and cells that read "None".
+DESKTOP_FIT_JS = """() => {
+  const main = document.querySelector('[data-testid="stMain"]');
+  const column = document.querySelector('[data-testid="stMainBlockContainer"]').getBoundingClientRect();
+  const text = (e) => e.textContent.trim().slice(0, 50);
+  const wider = (selector) => [...document.querySelectorAll(selector)]
+      .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1).map(e => [text(e), e.scrollWidth, e.clientWidth]);
+  const past = [...document.querySelectorAll('[data-testid="stDataFrame"], [data-testid="stTable"], [data-testid="stPlotlyChart"]')]
+      .filter(e => e.offsetParent !== null && e.getBoundingClientRect().right > column.right + 1)
+      .map(e => [e.dataset.testid, text(e), Math.round(e.getBoundingClientRect().right), Math.round(column.right)]);
+  const cells = [...document.querySelectorAll('[data-testid="stDataFrame"] [role="gridcell"], [data-testid="stTable"] td')];
+  return {page: main.scrollWidth > main.clientWidth + 1 ? [main.scrollWidth, main.clientWidth] : null, past,
+          static: wider('[data-testid="stTable"]'),
+          metrics: wider('[data-testid="stMetricLabel"] .stMarkdownEllipsis, [data-testid="stMetricLabel"] p, [data-testid="stMetricValue"] div, [data-testid="stMetricDelta"] div'),
+          none: cells.filter(c => c.textContent.trim() === 'None').length, cells: cells.length,
+          frames: document.querySelectorAll('[data-testid="stDataFrame"]').length};
+}"""
+
+
+def measured_run(table, smol, cache_dir) -> int:
+    """One real prune-and-evaluate of the tiny table's plan at 20% (2 held-out windows of 16 tokens,
+    one 2-token generation) recorded in the app's history: Prune & evaluate then shows its result,
+    the run history, its charts and the comparison."""
+    from gap_engine.core.config import DEFAULT_COMPENSATION
+    from gap_engine.evaluate import history
+    from gap_engine.evaluate.metrics import EvalSettings
+    from gap_engine.pipeline.runs import prune_and_evaluate
+    from gap_engine.prune.compensations import CompensationSettings
+
+    settings = EvalSettings(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), throughput=False, generations=1, max_new_tokens=2)
+    run = prune_and_evaluate(smol, settings, table=table, budget=0.2, history_path=cache_dir / "runs" / history.HISTORY_FILE,
+                             compensation=CompensationSettings(mode=DEFAULT_COMPENSATION))  # fmt: skip
+    return int(run.run_id)
+
+
+def test_every_page_fits_1366_and_1920_with_no_console_error(browser, phone_server, smol):
+    """Every page at 1366 x 768 and at 1920 x 1080, every expander open, with a measured run in the
+    history (opened from its link, so its result and the comparison show): nothing reaches past the
+    page's column, no metric is cut, no cell reads "None", and the console stays empty (no
+    "Resize must be passed a displayed plot div" from a chart drawn while hidden)."""
+    run_id = measured_run(phone_server["table"], smol, phone_server["cache"])
+    page = browser.new_page(viewport=DESKTOPS[0])
+    page.set_default_timeout(120_000)
+    seen = watch(page)
+    found = {}
+    try:
+        page.goto(f"{phone_server['url']}/?run={run_id}&runs={run_id}")
+        page.get_by_role("heading", name="Setup").first.wait_for()
+        for title in PAGES:
+            go_to(page, title)
+            page.wait_for_function('() => !document.querySelector(\'[data-testid="stSpinner"], [data-testid="stSkeleton"]\')')
+            if title == "Budget planner":
+                page.locator(".gap-budget-front .main-svg").first.wait_for()
+            if title == "Prune & evaluate":
+                page.get_by_role("heading", name="Run history").wait_for()
+            closed = page.locator('[data-testid="stMain"] details:not([open]) > summary')
+            for _ in range(closed.count()):  # each click opens one: the next closed one is first
+                closed.first.click()
+                page.wait_for_timeout(200)
+            for size in DESKTOPS:
+                page.set_viewport_size(size)
+                page.wait_for_timeout(1500)
+                assert page.locator('[data-testid="stException"]').count() == 0, title
+                fit = page.evaluate(DESKTOP_FIT_JS)
+                found[(title, size["width"])] = fit
+                shot(page, f"desktop-{size['width']}-{title.lower().replace(' & ', '-').replace(' ', '-')}", grow=False)
+            page.set_viewport_size(DESKTOPS[0])
+    finally:
+        page.close()
+    bad = {key: fit for key, fit in found.items() if fit["page"] or fit["past"] or fit["static"] or fit["metrics"] or fit["none"]}
+    assert (bad, seen) == ({}, {"failed": [], "console": []})
+    assert found[("Prune & evaluate", 1366)]["frames"] >= 1 and found[("Prune & evaluate", 1366)]["cells"] > 10  # the history was drawn

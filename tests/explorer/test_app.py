@@ -119,7 +119,7 @@ def test_setup_builds_in_the_background_then_loads_from_the_cache(fresh_cache):
     ready = next(t for t in texts(at.success) if "Loss table ready" in t)
     build_time = next(str(m.value) for m in at.metric if m.label == "Build time")
     assert f"ready in {build_time} (" in ready, (ready, build_time)  # one number for the job's time
-    dense = next(m for m in at.metric if m.label == "Dense perplexity (calibration)")  # a number a person reads, not a bare NLL
+    dense = next(m for m in at.metric if m.label == "Dense perplexity")  # a number a person reads, not a bare NLL
     assert str(dense.value) == f"{math.exp(table.dense_objective):.2f}" and f"{table.dense_objective:.4f} nats/token" in dense.proto.delta
     assert [row["key"] for row in cache.list_tables()] == [table.key]
     # The same settings again are a cache hit: priced as one (load and text), not as a build;

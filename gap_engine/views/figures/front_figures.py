@@ -29,7 +29,7 @@ from gap_engine.views.figures.style import (
 if TYPE_CHECKING:
     from gap_engine.pipeline.runs import BaselinePlan
 
-BASIS_TEXT = {"measured": "sum of measured cells", "estimated": "sum of estimated cells", "mixed": "sum of measured and estimated cells"}
+BASIS_TEXT = {"measured": "sum of measured cells", "estimated": "sum of estimated cells", "mixed": "measured + estimated cells"}
 
 
 def row_basis(table, row: dict) -> str:

@@ -42,7 +42,9 @@ def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = T
     Lines are coloured by depth with one colour bar (no legend of 2L entries); on the
     default log axis a few large curves no longer flatten the rest, and ticks are whole
     decades in plain numbers. With ``layers`` (a few picked to compare) only those are drawn,
-    each named once in a legend.
+    each named once in a legend; a log axis has no 0, so a picked layer's cells at or below 0
+    (a part the model does not miss, or noise) sit on a floor under the lowest decade, ticked
+    "≤ 0" and said so on hover: every picked layer stays on the chart.
     """
     picked = None if layers is None else {int(layer) for layer in layers}
     kinds = [k for k in (kinds or component_kinds(table)) if k in component_kinds(table)] or component_kinds(table)
@@ -50,16 +52,31 @@ def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = T
     rates = np.asarray(table.rate_grid, dtype=float)
     n_layers = max(2, table.num_layers)
     colors = sample_colorscale(DEPTH_SCALE, np.linspace(0, 1, n_layers))
+    shown = losses[np.isin([k for _, k in table.components], kinds)]
+    positive = shown[shown > 0]
+    low, high = (float(positive.min()), float(positive.max())) if positive.size else (1e-4, 1.0)
+    floor = 10.0 ** (math.floor(math.log10(low)) - 0.5) if log_y and picked is not None else None  # half a decade under the lowest tick
+    floored = False
     fig = make_subplots(rows=1, cols=len(kinds), shared_yaxes=True, horizontal_spacing=0.04, subplot_titles=[KIND_LABEL[k] for k in kinds])
     scale_shown = False
     for col, kind in enumerate(kinds, start=1):
         for row, (layer, k) in enumerate(table.components):
             if k != kind or (picked is not None and layer not in picked):
                 continue
-            y = losses[row]
-            keep = y > 0 if log_y else np.ones_like(y, dtype=bool)  # zeros and noise have no place on a log axis
-            x, y, removed = rates[keep], y[keep], np.asarray(table.removed[row])[keep]
+            value = losses[row]
+            removed = np.asarray(table.removed[row])
+            if floor is not None:
+                keep = removed > 0  # a cell that removes nothing (rate 0) has nothing to show
+            else:
+                keep = value > 0 if log_y else np.ones_like(value, dtype=bool)  # zeros and noise have no place on a log axis
+            low_cells = keep & (value <= 0) if floor is not None else np.zeros_like(keep)
+            floored = floored or bool(low_cells.any())
+            x, y = rates[keep], np.where(low_cells, floor or 0.0, value)[keep]
+            said = [f"{v:+.4g} (≤ 0: drawn at the axis floor)" if under else f"{v:+.4g}" for v, under in zip(value[keep], low_cells[keep])]
             marker = dict(size=4, color=colors[layer])
+            if low_cells.any():
+                marker = dict(size=[9 if under else 4 for under in low_cells[keep]], color=colors[layer],
+                              symbol=["triangle-down-open" if under else "circle" for under in low_cells[keep]])  # fmt: skip
             if picked is None and not scale_shown and len(x):  # the one colour bar rides on the first drawn line's markers
                 marker = dict(
                     size=4,
@@ -81,8 +98,8 @@ def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = T
                     showlegend=picked is not None and col == 1,  # a few picked layers: named once, in a legend
                     line=dict(color=colors[layer], width=1.5),
                     marker=marker,
-                    customdata=removed[:, None],
-                    hovertemplate=f"layer {layer} {KIND_LABEL[kind]}<br>rate %{{x:.4g}}<br>+%{{y:.4g}} nats/token"
+                    customdata=[[int(r), text] for r, text in zip(removed[keep], said)],
+                    hovertemplate=f"layer {layer} {KIND_LABEL[kind]}<br>rate %{{x:.4g}}<br>%{{customdata[1]}} nats/token"
                     "<br>removes %{customdata[0]:,} params<extra></extra>",
                 ),
                 row=1,
@@ -91,14 +108,12 @@ def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = T
         fig.update_xaxes(title_text="pruning rate of the component", range=[-0.02, float(rates[-1]) + 0.02], row=1, col=col)
     y_title = loss_label(table.spec.objective)
     if log_y:
-        shown = losses[np.isin([k for _, k in table.components], kinds)]
-        positive = shown[shown > 0]
-        low, high = (float(positive.min()), float(positive.max())) if positive.size else (1e-4, 1.0)
         tickvals, ticktext = log_ticks(low, high)
+        bottom = math.log10(low) - 0.1
+        if floored and floor is not None:
+            tickvals, ticktext, bottom = [floor, *tickvals], ["≤ 0", *ticktext], math.log10(floor) - 0.15
         for col in range(1, len(kinds) + 1):
-            fig.update_yaxes(
-                type="log", tickvals=tickvals, ticktext=ticktext, range=[math.log10(low) - 0.1, math.log10(high) + 0.1], row=1, col=col
-            )
+            fig.update_yaxes(type="log", tickvals=tickvals, ticktext=ticktext, range=[bottom, math.log10(high) + 0.1], row=1, col=col)
     fig.update_yaxes(title_text=y_title + (", log scale" if log_y else ""), row=1, col=1)
     fig.update_layout(
         template=TEMPLATE,
