@@ -39,6 +39,7 @@ import os
 import re
 import threading
 import weakref
+from dataclasses import replace
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -55,7 +56,16 @@ from gap_engine.core.validate import decode_text, parse_json, read_bounded
 from gap_engine.data.bos import Tokenizer, with_bos
 from gap_engine.data.newsgroups import read_newsgroup_posts
 from gap_engine.data.parts import TextCorpus, cut_corpus, heldout_corpus, make_corpus
-from gap_engine.data.sources import BUILTIN_TEXTS, CALIBRATION_KIND, gensim_test_file, record_fingerprint, text_stamps
+from gap_engine.data.sources import (
+    BUILTIN_TEXTS,
+    CALIBRATION_KIND,
+    gensim_test_file,
+    mix_refusal,
+    mixed_fingerprint,
+    record_fingerprint,
+    text_stamps,
+    window_shares,
+)
 from gap_engine.data.tokens import TokenStream, split_long_text, tokenize_stream
 
 if TYPE_CHECKING:
@@ -464,10 +474,41 @@ _BUILTIN_READERS: dict[str, Callable[[Path], list[tuple[str, str]]]] = {
 def calibration_windows(tokenizer: Tokenizer, windows: WindowSpec) -> torch.Tensor:
     """Windows from the calibration part of ``windows.data`` (see :func:`cut_windows` and :func:`with_bos`).
 
+    Several comma-separated sources mix: the ``n_samples`` windows are divided among them in the
+    order named (``sources.window_shares``), each source's share drawn from its own calibration
+    part with the window seed, and concatenated in that order, so a mixed calibration is the
+    windows each source would give alone at its share.
+
     Returns:
         Token ids, shape (n_samples, text_start + seq_len), dtype int64.
+    Raises:
+        DataError: an unusable source, a held-out-only or repeated one, or more sources than windows.
     """
-    return _corpus_windows(tokenizer, windows, "calibration")
+    sources = calibration_sources(windows)
+    if len(sources) == 1:
+        return _corpus_windows(tokenizer, windows, "calibration")
+    shares = window_shares(windows.n_samples, len(sources))
+    parts = [
+        _corpus_windows(tokenizer, replace(windows, data=source, n_samples=share), "calibration")
+        for source, share in zip(sources, shares)
+    ]
+    return torch.cat(parts, dim=0)  # (n_samples, text_start + seq_len)
+
+
+def calibration_sources(windows: WindowSpec) -> tuple[str, ...]:
+    """The sources ``windows`` calibrates on, in order; DataError (one line) where they cannot mix."""
+    sources = windows.sources()
+    refusal = mix_refusal(sources, windows.n_samples)
+    if refusal is not None:
+        raise DataError(refusal)
+    return sources
+
+
+def calibration_fingerprint(windows: WindowSpec) -> str:
+    """The content hash of the calibration text of ``windows`` (each source read, and its hash
+    recorded for the no-load lookup): one source's own, or the mix of every source's in order
+    (``sources.mixed_fingerprint``)."""
+    return mixed_fingerprint([load_corpus(source, may_fetch(windows)).fingerprint for source in calibration_sources(windows)])
 
 
 def heldout_windows(tokenizer: Tokenizer, windows: WindowSpec, split: str = DEFAULT_HELDOUT_SPLIT) -> torch.Tensor:
