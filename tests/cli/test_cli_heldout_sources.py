@@ -43,6 +43,17 @@ def test_compare_measures_both_parts_of_each_heldout_only_source(tiny_folder, tm
         assert float(row[f"ppl_{source}/selection"]) != float(row[f"ppl_{source}/report"]) > 1
 
 
+def test_compare_calibrates_every_allocator_on_mixed_text(tiny_folder, tmp_path):
+    out = tmp_path / "compare.csv"
+    argv = ["compare", "--model", str(tiny_folder), "--budgets", "0.25", "--allocators", "dp,flap,slimgpt", "--compensate", "bias"]
+    calibration = ["--data", "wiki-sample,news-sample", "--samples", "3", "--seq-len", "32", "--rates", "0,0.25,0.5"]
+    heldout = ["--eval-data", "news-sample", "--eval-samples", "2", "--eval-seq-len", "32"]
+    assert main([*argv, *calibration, *heldout, "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [row["allocator"] for row in rows] == ["dp", "flap", "slimgpt"]
+    assert all(math.isfinite(float(row["ppl_news-sample"])) for row in rows)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
