@@ -164,7 +164,9 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     dense = load_model(args.model)
     sets = {
         set_name(SELECTION, source): heldout_windows(
-            dense.tokenizer, WindowSpec(data=source, n_samples=args.selection_windows, seq_len=args.eval_seq_len, seed=args.window_seed), SELECTION
+            dense.tokenizer,
+            WindowSpec(data=source, n_samples=args.selection_windows, seq_len=args.eval_seq_len, seed=args.window_seed),
+            SELECTION,
         )
         for source in split_list(args.eval_data)
     }
@@ -181,7 +183,11 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
             continue
         calib = WindowSpec(data=data, n_samples=count, seq_len=args.seq_len, batch_size=8)
         spec = TableSpec(
-            windows=calib, criterion=args.criterion, rate_grid=parse_rate_grid(args.rates), estimator=args.estimator, objective=args.objective
+            windows=calib,
+            criterion=args.criterion,
+            rate_grid=parse_rate_grid(args.rates),
+            estimator=args.estimator,
+            objective=args.objective,
         )
         started = time.perf_counter()
         table = loss_table(dense, spec, hooks=Hooks(progress=lambda d, t, eta: None))
@@ -287,7 +293,13 @@ def report_lines(args: argparse.Namespace, records: Sequence[dict[str, Any]], lo
                 continue
             kl, ppl = interval(base, row, "kl", sources), interval(base, row, "nll", sources)
             lines.append(f"| {budget:g} | ({chr(97 + index)}) {labels[index]} | {_ratio(kl)} | {_ratio(ppl)} |")
-    lines += ["", "## Against (a), per source", "", "| budget | configuration | source | KL ratio [95%] | perplexity ratio [95%] |", "|---:|---|---|---|---|"]
+    lines += [
+        "",
+        "## Against (a), per source",
+        "",
+        "| budget | configuration | source | KL ratio [95%] | perplexity ratio [95%] |",
+        "|---:|---|---|---|---|",
+    ]
     for budget in budgets:
         base = rows.get((0, budget))
         for index in range(1, len(configs)):
@@ -308,7 +320,13 @@ def report_lines(args: argparse.Namespace, records: Sequence[dict[str, Any]], lo
             kl = [_mean(w) for w in series(row, "kl", sources)]
             cells = [f"{p:.2f}" for p in ppl] + [f"{k:.4f}" for k in [*kl, _mean(kl)]]
             lines.append(f"| {budget:g} | ({chr(97 + index)}) {label} | " + " | ".join(cells) + " |")
-    lines += ["", "## Plans", "", "| budget | configuration | net removed | attention rates | MLP rates | table key | table s |", "|---:|---|---:|---|---|---|---:|"]
+    lines += [
+        "",
+        "## Plans",
+        "",
+        "| budget | configuration | net removed | attention rates | MLP rates | table key | table s |",
+        "|---:|---|---:|---|---|---|---:|",
+    ]
     for budget in budgets:
         for index in range(len(configs)):
             row = rows.get((index, budget))

@@ -39,9 +39,9 @@ import os
 import re
 import threading
 import weakref
-from dataclasses import replace
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -489,8 +489,7 @@ def calibration_windows(tokenizer: Tokenizer, windows: WindowSpec) -> torch.Tens
         return _corpus_windows(tokenizer, windows, "calibration")
     shares = window_shares(windows.n_samples, len(sources))
     parts = [
-        _corpus_windows(tokenizer, replace(windows, data=source, n_samples=share), "calibration")
-        for source, share in zip(sources, shares)
+        _corpus_windows(tokenizer, replace(windows, data=source, n_samples=share), "calibration") for source, share in zip(sources, shares)
     ]
     return torch.cat(parts, dim=0)  # (n_samples, text_start + seq_len)
 

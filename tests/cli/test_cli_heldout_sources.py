@@ -78,9 +78,15 @@ def test_heldout_only_source_is_refused_as_calibration_text_in_one_line(argv, tm
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["table", "--data", "wiki-sample,news-sample", "--samples", "1", "--out", "{out}.json"], "names 2 sources but reads only 1 window:"),
+        (
+            ["table", "--data", "wiki-sample,news-sample", "--samples", "1", "--out", "{out}.json"],
+            "names 2 sources but reads only 1 window:",
+        ),
         (["compare", "--data", "news-sample,wiki-sample,news-sample", "--out", "{out}.csv"], "names 'news-sample' twice"),
-        (["compare", "--data", "wiki-sample,news-sample", "--allocators", "dp:obs", "--obs-samples", "1", "--out", "{out}.csv"], "(--obs-samples 1)"),
+        (
+            ["compare", "--data", "wiki-sample,news-sample", "--allocators", "dp:obs", "--obs-samples", "1", "--out", "{out}.csv"],
+            "(--obs-samples 1)",
+        ),
         (["prune", "--uniform", "0.2", "--data", "wiki-sample,news-sample", "--samples", "1", "--out", "{out}"], "reads only 1 window"),
     ],
 )
