@@ -79,8 +79,8 @@ BUILTIN_TEXTS: dict[str, BuiltinText] = {
 }
 BUILTIN_FILES = {name: text.file for name, text in BUILTIN_TEXTS.items()}  # source -> its gensim file
 _KIND = "text"
-# The code that parses a source (windows.py, newsgroups.py) and divides it (parts.py): its changes change the hash.
-_READERS = tuple(Path(__file__).with_name(module) for module in ("windows.py", "newsgroups.py", "parts.py"))
+# The code that parses a source (windows.py, wiki.py, newsgroups.py) and divides it (parts.py): its changes change the hash.
+_READERS = tuple(Path(__file__).with_name(module) for module in ("windows.py", "wiki.py", "newsgroups.py", "parts.py"))
 
 
 def _names_of(kind: str) -> tuple[str, ...]:
