@@ -46,12 +46,13 @@ from gap_engine.evaluate.intervals import Interval, perplexity_ratio, ratio_of_m
 
 log = logging.getLogger("bench_calibration")
 SCRIPT = "bench/bench_calibration.py"
-# Today's default calibration first (every ratio is against it), then the two built-in sources mixed,
-# at the default window count and at twice it.
-DEFAULT_CONFIGS = "wiki-sample:16,wiki-sample+news-sample:16,wiki-sample+news-sample:32"
+# Today's default calibration first (every ratio is against it), then the two built-in sources mixed
+# at the default window count and at twice it, and wiki-sample alone at twice it (what the mix adds
+# beyond the window count).
+DEFAULT_CONFIGS = "wiki-sample:16,wiki-sample+news-sample:16,wiki-sample+news-sample:32,wiki-sample:32"
 
 # Every option that changes a measured number or what the report holds, spelled out in the command
-# at the top of the report; those before ``name`` decide the measurements a resumed run keeps.
+# at the top of the report.
 SETTINGS = (
     "model",
     "configs",
@@ -70,7 +71,10 @@ SETTINGS = (
     "bootstrap_seed",
     "name",
 )
-MEASUREMENT = SETTINGS[: SETTINGS.index("resamples")]
+# What every measured row depends on besides its own configuration (a row records its sources and
+# window count): a results file measured with other values of these is not resumed, and a run with
+# more configurations measures only the new ones.
+MEASUREMENT = tuple(key for key in SETTINGS[: SETTINGS.index("resamples")] if key != "configs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,8 +149,8 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     wanted = {key: str(getattr(args, key)) for key in MEASUREMENT}
     records = [] if args.fresh or not path.exists() else read_records(path)
     found = next((r["settings"] for r in records if r.get("kind") == "settings"), None)
-    if found is not None and found != wanted:
-        differ = [k for k in MEASUREMENT if found.get(k) != wanted[k]]
+    differ = [k for k in MEASUREMENT if found is not None and found.get(k) != wanted[k]]
+    if differ:
         raise SystemExit(f"{path} was measured with other settings ({', '.join(differ)}): use --fresh, or another --name")
 
     def append(record: dict[str, Any]) -> None:
@@ -176,10 +180,10 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
         stored_head = head_weight(dense).detach().to(parse_dtype(DEFAULT_SAVE_DTYPE)).to(torch.float32)
         numbers = {name: dense_windows(dense, w, stored_head, args.eval_batch_size).nll.tolist() for name, w in sets.items()}
         append({"kind": "dense", "windows": {name: {"nll": nll} for name, nll in numbers.items()}})
-    done = {(r["config"], r["budget"]) for r in records if r.get("kind") == "row"}
-    for index, (data, count) in enumerate(parse_configs(args.configs)):
+    done = {row_key(r) for r in records if r.get("kind") == "row"}
+    for data, count in parse_configs(args.configs):
         budgets = [round(float(b), 4) for b in split_list(args.budgets)]
-        if all((index, budget) in done for budget in budgets):
+        if all((data, count, budget) in done for budget in budgets):
             continue
         calib = WindowSpec(data=data, n_samples=count, seq_len=args.seq_len, batch_size=8)
         spec = TableSpec(
@@ -195,7 +199,7 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
         log.info("%s: table ready in %.0f s", config_label((data, count), args.seq_len), table_s)
         scores = compute_importance(dense, calibration_windows(dense.tokenizer, calib), args.criterion, calib.batch_size)
         for budget in budgets:
-            if (index, budget) in done:
+            if (data, count, budget) in done:
                 continue
             started = time.perf_counter()
             plan = plan_from_table(dense, table, budget, "dp", scores=scores, compensation=args.compensation)
@@ -204,7 +208,6 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
             append(
                 {
                     "kind": "row",
-                    "config": index,
                     "data": data,
                     "samples": count,
                     "budget": budget,
@@ -220,6 +223,17 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
             log.info("%s at %g: measured", config_label((data, count), args.seq_len), budget)
             del pruned
     return records
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, int, float]:
+    """What a measured row is of: its calibration text, window count and budget."""
+    return row["data"], int(row["samples"]), round(float(row["budget"]), 4)
+
+
+def row_place(row: dict[str, Any], configs: Sequence[tuple[str, int]]) -> tuple[int, float]:
+    """(index of the row's configuration in ``configs``, or -1 where it is not one of them; its budget)."""
+    data, count, budget = row_key(row)
+    return (configs.index((data, count)) if (data, count) in configs else -1), budget
 
 
 # ---- the report --------------------------------------------------------------------------------
@@ -242,7 +256,7 @@ def report_lines(args: argparse.Namespace, records: Sequence[dict[str, Any]], lo
     sources = split_list(args.eval_data)
     budgets = [round(float(b), 4) for b in split_list(args.budgets)]
     dense = next(r for r in records if r.get("kind") == "dense")
-    rows = {(r["config"], r["budget"]): r for r in records if r.get("kind") == "row"}
+    rows = {(index, budget): r for r in records if r.get("kind") == "row" for index, budget in [row_place(r, configs)] if index >= 0}
     labels = [config_label(c, args.seq_len) for c in configs]
 
     def series(row: dict[str, Any], metric: str, names: Sequence[str]) -> list[list[float]]:
