@@ -251,7 +251,10 @@ def _ratio(interval: Interval) -> str:
     return f"{interval.text(3)} {interval.verdict()}"
 
 
-def report_lines(args: argparse.Namespace, records: Sequence[dict[str, Any]], load_start: Sequence[float], started: float) -> list[str]:
+def report_lines(
+    args: argparse.Namespace, records: Sequence[dict[str, Any]], load_start: Sequence[float], started: float, resumed: int = 0
+) -> list[str]:
+    """The report's lines (``resumed``: rows read back from the results file rather than measured by this run)."""
     configs = parse_configs(args.configs)
     sources = split_list(args.eval_data)
     budgets = [round(float(b), 4) for b in split_list(args.budgets)]
@@ -275,7 +278,8 @@ def report_lines(args: argparse.Namespace, records: Sequence[dict[str, Any]], lo
         "",
         f"The command above regenerates this file whole; per-window numbers are in `{args.name}.jsonl`.",
         "",
-        machine_line(load_start, started),
+        machine_line(load_start, started)
+        + (f" {resumed} of the {len(rows)} rows were measured by an earlier run of the same settings and read back." if resumed else ""),
         "",
         "## Settings",
         "",
@@ -363,8 +367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(str(exc)) from None
     load_start, started = os.getloadavg(), time.perf_counter()
     path = RESULTS / f"{args.name}.jsonl"
+    resumed = 0 if args.fresh or not path.exists() else sum(1 for r in read_records(path) if r.get("kind") == "row")
     records = measure(args, path)
-    lines = report_lines(args, records, load_start, started)
+    lines = report_lines(args, records, load_start, started, resumed)
     write_report(args.name, lines, SCRIPT, command_argv(args), files=[path.name])
     return 0
 
