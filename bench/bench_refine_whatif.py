@@ -31,7 +31,7 @@ from report import command_line, machine_line, script_argv, write_report
 SCRIPT = "bench/bench_refine_whatif.py"
 
 from gap_engine.core.config import WindowSpec
-from gap_engine.data.windows import calibration_windows, load_corpus
+from gap_engine.data.windows import calibration_fingerprint, calibration_windows
 from gap_engine.model.loading import load_model
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.prune.importance import compute_importance
@@ -53,7 +53,7 @@ SETTINGS = [
 
 
 def cached(lm, spec: TableSpec):
-    key = table_key(lm, spec, load_corpus(spec.windows.data).fingerprint)
+    key = table_key(lm, spec, calibration_fingerprint(spec.windows))
     table = cache.get_table(key)
     if table is None:
         raise SystemExit(f"no cached table {key}: run bench/bench_refine.py with the same settings first")

@@ -45,7 +45,7 @@ from report import machine_description, script_argv, with_header
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.device import DeviceSpec, resolve
-from gap_engine.data.windows import calibration_windows, load_corpus
+from gap_engine.data.windows import calibration_fingerprint, calibration_windows
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
 from gap_engine.model.dispatch import describe_device_map, load_dispatched
 from gap_engine.model.loading import load_model
@@ -81,7 +81,7 @@ def cpu_references(args, names: list[str]) -> dict[str, dict[str, LossTable]]:
         out[name] = {}
         for estimator in ("exact", "fisher"):
             spec = spec_of(args, estimator)
-            key = table_key(lm, spec, load_corpus(spec.windows.data).fingerprint)
+            key = table_key(lm, spec, calibration_fingerprint(spec.windows))
             text = stored.get(key)
             if text is None:
                 note(f"building the CPU float32 {estimator} table of {name} (no committed one for {key})")

@@ -403,8 +403,7 @@ with left:
         )
 with right:
     st.subheader("Evaluation")
-    calibration_source = table.spec.windows.data
-    extra_sources = [calibration_source] if calibration_source not in HELDOUT_SOURCES else []
+    extra_sources = [source for source in table.spec.windows.sources() if source not in HELDOUT_SOURCES]
     st.multiselect("Held-out text", list(HELDOUT_SOURCES) + extra_sources, key="eval_sources")
     c1, c2 = st.columns(2)
     c1.number_input("Held-out samples", min_value=1, max_value=256, step=1, key="eval_samples")

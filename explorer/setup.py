@@ -45,6 +45,7 @@ DEFAULTS = {
     "setup_hub_id": "",
     "setup_data_kind": "Built-in sample",
     "setup_builtin_data": "wiki-sample",
+    "setup_mixed_data": [],  # more built-in samples whose windows the calibration shares, in order
     "setup_uploaded_path": "",
     "setup_criterion": DEFAULT_CRITERION,
     "setup_objective": APP_TABLE.objective,
@@ -75,7 +76,8 @@ def model_name() -> str:
 
 def data_source() -> str:
     if ss["setup_data_kind"] == "Built-in sample":
-        return ss["setup_builtin_data"]
+        first = ss["setup_builtin_data"]
+        return ",".join([first, *(name for name in ss["setup_mixed_data"] if name != first)])
     return ss["setup_uploaded_path"]
 
 
@@ -312,6 +314,13 @@ with left:
     if ss["setup_data_kind"] == "Built-in sample":
         st.selectbox("Sample", list(BUILTIN_SOURCES), key="setup_builtin_data", format_func=lambda n: n)
         st.caption(BUILTIN_SOURCES[ss["setup_builtin_data"]])
+        st.multiselect(
+            "Mixed with",
+            list(BUILTIN_SOURCES),
+            key="setup_mixed_data",
+            help="More samples to calibrate on: the calibration windows are divided among the samples in the order "
+            "named (the one above first; a sample named twice counts once).",
+        )
     else:
         uploaded = st.file_uploader(
             'A .txt file (documents separated by blank lines) or .jsonl (one {"text": ...} per line)',

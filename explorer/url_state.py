@@ -186,8 +186,9 @@ def setup_form(model: str, spec: dict) -> None:
     else:
         ss["setup_model_kind"], ss["setup_hub_id"] = "Hub id", model
     data = spec.get("data", "")
-    if data in BUILTIN_SOURCES:
-        ss["setup_data_kind"], ss["setup_builtin_data"] = "Built-in sample", data
+    sources = [part.strip() for part in str(data).split(",") if part.strip()]
+    if sources and all(source in BUILTIN_SOURCES for source in sources):
+        ss["setup_data_kind"], ss["setup_builtin_data"], ss["setup_mixed_data"] = "Built-in sample", sources[0], sources[1:]
     elif data:
         ss["setup_data_kind"], ss["setup_uploaded_path"] = "Uploaded file", data
     fields = {

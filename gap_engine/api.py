@@ -81,7 +81,8 @@ def loss_table(
 
     Args:
         model: the dense model.
-        text: calibration text: a built-in name, a ``.txt``/``.jsonl`` file or a dataset spec.
+        text: calibration text: a built-in name, a ``.txt``/``.jsonl`` file or a dataset spec, or several
+            comma-separated (``"wiki-sample,news-sample"``): the windows are divided among them in order.
         samples, seq_len: calibration windows of that many tokens.
         estimator: ``fisher`` (default: a second-order estimate from one gradient pass), ``exact``
             (every cell measured with a pruned forward pass), ``taylor`` or ``refine``.

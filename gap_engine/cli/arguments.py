@@ -83,7 +83,9 @@ def add_window_args(
     p.add_argument(
         "--data",
         default=defaults.data,
-        help=f"{what} text: {', '.join(builtins)}, a .txt/.jsonl file, or an HF spec (default: %(default)s)",
+        help=f"{what} text: {', '.join(builtins)}, a .txt/.jsonl file, or an HF spec"
+        + (", or several comma-separated: the windows are divided among them in order" if what == "calibration" else "")
+        + " (default: %(default)s)",
     )
     p.add_argument("--samples", type=int, default=defaults.n_samples, help=f"{what} windows (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per window (default: %(default)s)")

@@ -42,7 +42,7 @@ from gap_engine.core.fsutil import (
 )
 from gap_engine.core.limits import LIMITS, check_at_most, check_windows
 from gap_engine.core.memory import parse_max_memory
-from gap_engine.data.sources import calibration_refusal
+from gap_engine.data.sources import calibration_refusal, mix_refusal
 from gap_engine.model.identity import BUILTIN_MODEL_NAMES
 from gap_engine.plan.allocator_registry import ALLOCATORS, own_criterion
 from gap_engine.prune.criteria import CRITERIA, is_sequential
@@ -373,6 +373,19 @@ def check_source_specs(args: argparse.Namespace) -> None:
             refusal = calibration_refusal(part) if dest == "data" and args.command not in HELDOUT_DATA_COMMANDS else None
             if refusal is not None:
                 raise DataError(f"{flag}: {refusal}")
+    check_calibration_mix(args)
+
+
+def check_calibration_mix(args: argparse.Namespace) -> None:
+    """DataError (one line) for calibration text (--data of a command whose windows calibrate)
+    that names a source twice, or more sources than it reads windows (--samples, --obs-samples)."""
+    if args.command in HELDOUT_DATA_COMMANDS or args.command == "recover" or getattr(args, "samples", None) is None:
+        return  # recover's --data lists tasks, each its own windows
+    sources = [part.strip() for part in str(getattr(args, "data", None) or "").split(",") if part.strip()]
+    for flag, samples in (("--samples", args.samples), ("--obs-samples", getattr(args, "obs_samples", None))):
+        refusal = None if samples is None else mix_refusal(sources, samples)
+        if refusal is not None:
+            raise DataError(f"--data: {refusal}" + (f" ({flag} {samples})" if flag != "--samples" else ""))
 
 
 def check_max_memory(args: argparse.Namespace) -> None:

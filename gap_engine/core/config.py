@@ -58,9 +58,9 @@ DEFAULT_MODEL = "smollm2-135m"
 
 @dataclass(frozen=True)
 class WindowSpec:
-    """Which token windows a stage reads: one text source, how many windows, how long."""
+    """Which token windows a stage reads: one text source or several, how many windows, how long."""
 
-    data: str = DEFAULT_DATA  # text source: built-in name, .txt/.jsonl path or HF spec; comma-separated where a stage reads several
+    data: str = DEFAULT_DATA  # text source: built-in name, .txt/.jsonl path or HF spec; several comma-separated (calibration mixes them)
     n_samples: int = 16  # windows
     seq_len: int = 256  # tokens per window
     seed: int = 0  # which windows are drawn

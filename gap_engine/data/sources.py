@@ -13,14 +13,21 @@ Every built-in source is one row of ``BUILTIN_TEXTS``: the gensim file it is rea
 is read (``reader``: a name ``data.windows`` maps to its parser), its kind (calibration and
 held-out text, or held-out text only) and the line that describes it. A held-out-only source is
 never calibration text: ``calibration_refusal`` says so in one line wherever calibration text is
-named.
+named, alone or in a list.
+
+Calibration text may name several sources, comma-separated: their windows are divided among them
+in the order named (``window_shares``), and a table's text hash is then the hash of every source's
+hash in that order (``mixed_fingerprint``), so a mixed table is found without loading anything, as
+a single-source one is.
 
 torch-free, like everything the no-load lookup imports.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,8 +79,8 @@ BUILTIN_TEXTS: dict[str, BuiltinText] = {
 }
 BUILTIN_FILES = {name: text.file for name, text in BUILTIN_TEXTS.items()}  # source -> its gensim file
 _KIND = "text"
-# The code that parses a source (windows.py, newsgroups.py) and divides it (parts.py): its changes change the hash.
-_READERS = tuple(Path(__file__).with_name(module) for module in ("windows.py", "newsgroups.py", "parts.py"))
+# The code that parses a source (windows.py, wiki.py, newsgroups.py) and divides it (parts.py): its changes change the hash.
+_READERS = tuple(Path(__file__).with_name(module) for module in ("windows.py", "wiki.py", "newsgroups.py", "parts.py"))
 
 
 def _names_of(kind: str) -> tuple[str, ...]:
@@ -90,17 +97,55 @@ def calibration_refusal(spec: str) -> str | None:
     """The one line that refuses ``spec`` as calibration text (a loss table's, importance
     scores', compensation's or recovery training's), or None where it may calibrate.
 
-    Only a held-out-only built-in is refused: its text is kept for measuring whether a plan holds
-    on text that chose nothing, so no table, score or fit may read it.
+    Only a held-out-only built-in is refused, alone or anywhere in a comma-separated list: its
+    text is kept for measuring whether a plan holds on text that chose nothing, so no table,
+    score or fit may read it.
     """
-    name = spec.strip() if isinstance(spec, str) else ""
-    if name not in BUILTIN_TEXTS or BUILTIN_TEXTS[name].kind != HELDOUT_KIND:
+    text = spec if isinstance(spec, str) else ""
+    names = [part.strip() for part in text.split(",")]
+    name = next((n for n in names if n in BUILTIN_TEXTS and BUILTIN_TEXTS[n].kind == HELDOUT_KIND), None)
+    if name is None:
         return None
     return (
         f"text source {name!r} is held-out text only and is never read for calibration or training: use "
         f"{' or '.join(BUILTIN_TEXT_NAMES)}, a .txt/.jsonl file or an HF spec, and measure on {name} "
         "with gap eval --data or gap compare --eval-data"
     )
+
+
+def mix_refusal(sources: Sequence[str], n_samples: int) -> str | None:
+    """The one line that refuses calibration windows from ``sources`` (in order), or None: a
+    held-out-only source, a source named twice (its windows would be drawn twice, the same ones),
+    or more sources than windows (a source with no window would be named and never read)."""
+    for source in sources:
+        refusal = calibration_refusal(source)
+        if refusal is not None:
+            return refusal
+    twice = next((s for i, s in enumerate(sources) if s in sources[:i]), None)
+    if twice is not None:
+        return f"calibration text names {twice!r} twice; name each source once"
+    if len(sources) > n_samples:
+        return (
+            f"calibration text names {len(sources)} sources but reads only {n_samples} window{'s' if n_samples != 1 else ''}: "
+            f"every source needs at least one (more samples, or fewer sources)"
+        )
+    return None
+
+
+def window_shares(n_samples: int, n_sources: int) -> list[int]:
+    """How many of ``n_samples`` calibration windows each of ``n_sources`` sources gives, in the
+    order named: as even as possible, the first sources taking the remainder (7 over 3: 3, 2, 2)."""
+    base, extra = divmod(n_samples, n_sources)
+    return [base + (1 if index < extra else 0) for index in range(n_sources)]
+
+
+def mixed_fingerprint(fingerprints: Sequence[str]) -> str:
+    """The text hash of calibration windows read from sources of these content hashes, in order:
+    one source's own hash (so single-source keys are what they always were), else a hash of every
+    source's hash in the order named (the order decides which windows come first)."""
+    if len(fingerprints) == 1:
+        return fingerprints[0]
+    return hashlib.sha256(("mixed:" + ",".join(fingerprints)).encode()).hexdigest()
 
 
 def refuse_as_calibration(spec: str) -> None:
@@ -146,13 +191,17 @@ def text_stamps(spec: str) -> tuple[str, Stamps | None] | None:
 
 
 def recorded_fingerprint(spec: str) -> str | None:
-    """The content hash recorded when ``spec`` was last read, if its files are unchanged since."""
-    stamped = text_stamps(spec)
-    if stamped is None:
-        return None
-    value = recall(_KIND, *stamped)
-    fingerprint = None if value is None else value.get("fingerprint")
-    return fingerprint if isinstance(fingerprint, str) else None
+    """The content hash recorded when ``spec`` was last read, if its files are unchanged since;
+    for several comma-separated sources, their ``mixed_fingerprint`` when every one is recorded."""
+    fingerprints = []
+    for source in (part.strip() for part in str(spec).split(",") if part.strip()):
+        stamped = text_stamps(source)
+        value = None if stamped is None else recall(_KIND, *stamped)
+        fingerprint = None if value is None else value.get("fingerprint")
+        if not isinstance(fingerprint, str):
+            return None
+        fingerprints.append(fingerprint)
+    return mixed_fingerprint(fingerprints) if fingerprints else None
 
 
 def record_fingerprint(stamped: tuple[str, Stamps | None] | None, fingerprint: str) -> None:

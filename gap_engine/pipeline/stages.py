@@ -30,7 +30,7 @@ from gap_engine.core.progress import (
     StageTimer,
 )
 from gap_engine.data.bos import text_start
-from gap_engine.data.windows import batches, calibration_windows, load_corpus, may_fetch
+from gap_engine.data.windows import batches, calibration_fingerprint, calibration_windows
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import RatePlan
@@ -104,7 +104,7 @@ def loss_table(
     hooks.enter(READ_TEXT)
     log.info("reading the calibration text %s", spec.windows.data)
     data_fingerprint = run_unless_cancelled(
-        lambda: load_corpus(spec.windows.data, may_fetch(spec.windows)).fingerprint,
+        lambda: calibration_fingerprint(spec.windows),
         hooks,
         "loss table build cancelled while reading the text",
         "gap-read-text",

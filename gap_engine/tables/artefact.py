@@ -43,7 +43,7 @@ from gap_engine.core.jsontext import json_text
 from gap_engine.core.validate import check_int, check_table_document, parse_json
 from gap_engine.core.validate_meaning import check_removed_matches, check_table_cells
 from gap_engine.data.bos import WINDOW_STARTS, window_start
-from gap_engine.data.sources import calibration_refusal
+from gap_engine.data.sources import mix_refusal
 from gap_engine.prune.compensations import COMPENSATIONS
 from gap_engine.prune.criteria import CRITERIA, SCORING_CRITERIA
 from gap_engine.tables.estimators import ESTIMATORS
@@ -70,7 +70,7 @@ _REFINE_FIELDS = ("refine_budgets", "refine_attention", "refine_neighbours")
 class TableSpec:
     """How to measure a loss table (everything that changes its numbers, plus batch size)."""
 
-    windows: WindowSpec = REFERENCE_TABLE.windows  # calibration windows (text source, count, length, seed, batch size)
+    windows: WindowSpec = REFERENCE_TABLE.windows  # calibration windows (text source or sources, count, length, seed, batch size)
     criterion: str = DEFAULT_CRITERION  # within-layer importance: which heads/channels a rate removes
     rate_grid: tuple[float, ...] = REFERENCE_TABLE.rate_grid  # candidate rates, ascending, starting at 0
     objective: str = REFERENCE_TABLE.objective  # "nll": mean next-token NLL; "kl": mean KL(dense || pruned) per position
@@ -93,9 +93,7 @@ class TableSpec:
             self.windows.validate()
         except DataError as exc:
             raise TableError(f"table {exc}") from None
-        if len(self.windows.sources()) != 1:
-            raise TableError(f"a loss table is measured on one text source, got '{self.windows.data}'")
-        refusal = calibration_refusal(self.windows.data)
+        refusal = mix_refusal(self.windows.sources(), self.windows.n_samples)
         if refusal is not None:
             raise TableError(refusal)
         check_int(self.channel_multiple, "table channel_multiple", TableError, low=1)
@@ -210,7 +208,7 @@ class LossTable:
     model_fingerprint: str  # weights fingerprint of that model
     num_layers: int  # blocks in the model
     spec: TableSpec  # how the table was measured
-    data_fingerprint: str  # content hash of the text source
+    data_fingerprint: str  # content hash of the calibration text (of its sources, in order, when it mixes several)
     components: list[tuple[int, str]]  # (layer index, "attn" | "mlp" | "block"), in row order
     rate_grid: np.ndarray  # (R,) rates
     delta: np.ndarray  # (C, R) objective increase over dense; raw, may be negative from noise; column 0 == 0
@@ -482,7 +480,7 @@ def table_key(lm: LoadedModel, spec: TableSpec, data_fingerprint: str) -> str:
             with a BOS token, the dtype it computes in when that is not float32 (``name.bf16-...``)
             and, when two of its attention shapes tie in size, the rule that picks one enter the hash).
         spec: the table's settings.
-        data_fingerprint: the content hash of the calibration text source.
+        data_fingerprint: the content hash of the calibration text (``data.windows.calibration_fingerprint``).
     """
     start, dtype = window_start(lm.tokenizer), dtype_name(placement_of(lm).dtype)
     from gap_engine.model.units import has_attention_ties  # torch: the key found without a model must not load it

@@ -43,10 +43,23 @@ def test_compare_measures_both_parts_of_each_heldout_only_source(tiny_folder, tm
         assert float(row[f"ppl_{source}/selection"]) != float(row[f"ppl_{source}/report"]) > 1
 
 
+def test_compare_calibrates_every_allocator_on_mixed_text(tiny_folder, tmp_path):
+    out = tmp_path / "compare.csv"
+    argv = ["compare", "--model", str(tiny_folder), "--budgets", "0.25", "--allocators", "dp,flap,slimgpt", "--compensate", "bias"]
+    calibration = ["--data", "wiki-sample,news-sample", "--samples", "3", "--seq-len", "32", "--rates", "0,0.25,0.5"]
+    heldout = ["--eval-data", "news-sample", "--eval-samples", "2", "--eval-seq-len", "32"]
+    assert main([*argv, *calibration, *heldout, "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [row["allocator"] for row in rows] == ["dp", "flap", "slimgpt"]
+    assert all(math.isfinite(float(row["ppl_news-sample"])) for row in rows)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
         ["table", "--model", "smollm2-135m", "--data", "newsgroups", "--out", "{out}.json"],
+        ["table", "--model", "smollm2-135m", "--data", "wiki-sample,newsgroups", "--out", "{out}.json"],
+        ["compare", "--model", "smollm2-135m", "--data", "wiki-tables,news-sample", "--out", "{out}.csv"],
         ["table", "--model", "smollm2-135m", "--data", "wiki-tables", "--dry-run"],
         ["compare", "--model", "smollm2-135m", "--data", "wiki-tables", "--out", "{out}.csv"],
         ["prune", "--model", "smollm2-135m", "--uniform", "0.2", "--data", "newsgroups", "--out", "{out}"],
@@ -60,3 +73,26 @@ def test_heldout_only_source_is_refused_as_calibration_text_in_one_line(argv, tm
     assert len(err) == 1 and err[0].startswith("gap: error: --data: text source '")
     assert "is held-out text only and is never read for calibration or training" in err[0]
     assert list(tmp_path.iterdir()) == []  # nothing written, nothing half-written
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["table", "--data", "wiki-sample,news-sample", "--samples", "1", "--out", "{out}.json"],
+            "names 2 sources but reads only 1 window:",
+        ),
+        (["compare", "--data", "news-sample,wiki-sample,news-sample", "--out", "{out}.csv"], "names 'news-sample' twice"),
+        (
+            ["compare", "--data", "wiki-sample,news-sample", "--allocators", "dp:obs", "--obs-samples", "1", "--out", "{out}.csv"],
+            "(--obs-samples 1)",
+        ),
+        (["prune", "--uniform", "0.2", "--data", "wiki-sample,news-sample", "--samples", "1", "--out", "{out}"], "reads only 1 window"),
+    ],
+)
+def test_calibration_text_that_cannot_mix_is_refused_in_one_line(argv, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([argv[0], "--model", "smollm2-135m", *(part.format(out=out) for part in argv[1:])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gap: error: --data: calibration text ") and message in err[0]
+    assert list(tmp_path.iterdir()) == []

@@ -192,3 +192,38 @@ def test_the_builtin_models_hit_imports_no_torch(tiny_table, smol, tmp_path, mon
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.stdout.splitlines()[-1:] == ["0 False"], done.stdout + done.stderr
     assert LossTable.from_json(out.read_text()).key == tiny_table.key
+
+
+@pytest.mark.slow
+def test_a_mixed_table_is_found_without_loading_and_keyed_apart_from_each_source(smol, tmp_path, monkeypatch):
+    from gap_engine.data.bos import window_start
+    from gap_engine.data.sources import record_fingerprint, text_stamps
+    from gap_engine.model.identity import ModelIdentity, model_stamps, record_model
+    from gap_engine.pipeline.stages import loss_table
+    from gap_engine.tables.artefact import table_key
+
+    cache_dir = tmp_path / "cache"
+    link_models(cache_dir)
+    monkeypatch.setenv("GAP_CACHE_DIR", str(cache_dir))
+    # What loading the model and reading each text record (the built-in texts are read once per process).
+    record_model(
+        model_stamps("smollm2-135m"),
+        ModelIdentity(smol.fingerprint, smol.num_layers, window_start(smol.tokenizer), has_attention_ties(smol)),
+    )
+    fingerprints = {source: load_corpus(source).fingerprint for source in ("wiki-sample", "news-sample")}
+    for source, fingerprint in fingerprints.items():
+        record_fingerprint(text_stamps(source), fingerprint)
+
+    def spec(data: str) -> TableSpec:
+        return TableSpec(windows=WindowSpec(data=data, n_samples=2, seq_len=32), rate_grid=(0.0, 0.5), estimator="fisher", objective="kl")
+
+    mixed = spec("wiki-sample,news-sample")
+    assert find_table("smollm2-135m", mixed) is None
+    built = loss_table(smol, mixed)
+    for target in ("model.loading.load_model", "model.loading.load_tokenizer", "data.windows.read_corpus"):
+        monkeypatch.setattr(f"gap_engine.{target}", refuse)
+    found = find_table("smollm2-135m", mixed)
+    assert found is not None and found.key == built.key and found.spec.windows.sources() == ("wiki-sample", "news-sample")
+    singles = {table_key(smol, spec(source), fingerprint) for source, fingerprint in fingerprints.items()}
+    assert built.key not in singles and len(singles) == 2
+    assert find_table("smollm2-135m", spec("news-sample,wiki-sample")) is None  # the order is part of the key

@@ -1,0 +1,55 @@
+"""bench/bench_calibration.py without a model: its configurations, and the report's ratios against
+the first configuration on hand-made per-window numbers of the selection part."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from bench_calibration import build_parser, command_argv, parse_configs, report_lines
+
+SOURCES = ("wiki-sample", "news-sample")
+
+
+def test_configurations_name_mixed_sources_with_plus():
+    assert parse_configs("wiki-sample:16,wiki-sample+news-sample:32") == [("wiki-sample", 16), ("wiki-sample,news-sample", 32)]
+    for bad in ("wiki-sample", "wiki-sample:0,news-sample:4", "wiki-sample:16"):
+        with pytest.raises(ValueError, match="--configs"):
+            parse_configs(bad)
+
+
+def _row(data, samples, budget, kl, seed):
+    rng = np.random.default_rng(seed)
+    windows = {}
+    for source in SOURCES:
+        scatter = rng.lognormal(0.0, 0.05, size=16)
+        values = (kl[source] * scatter / scatter.mean()).tolist()
+        windows[f"selection/{source}"] = {"kl": values, "nll": [3.0 + v for v in values]}
+    return {
+        "kind": "row", "data": data, "samples": samples, "budget": budget, "windows": windows, "table_key": "k", "table_s": 1.0,
+        "attention_rates": [0.0], "mlp_rates": [0.2], "net_removed_fraction": budget,
+    }  # fmt: skip
+
+
+def test_ratios_are_against_the_first_configuration_with_verdicts():
+    args = build_parser().parse_args(
+        ["--configs", "wiki-sample:16,wiki-sample+news-sample:16,news-sample:16", "--budgets", "0.2", "--eval-data", ",".join(SOURCES)]
+    )
+    dense = {"kind": "dense", "windows": {f"selection/{s}": {"nll": [3.0] * 16} for s in SOURCES}}
+    records = [
+        dense,
+        _row("wiki-sample", 16, 0.2, {"wiki-sample": 0.5, "news-sample": 0.5}, 0),
+        _row("wiki-sample,news-sample", 16, 0.2, {"wiki-sample": 0.4, "news-sample": 0.4}, 1),  # better everywhere
+        _row("news-sample", 16, 0.2, {"wiki-sample": 0.5, "news-sample": 0.5}, 0),  # the same windows as (a)
+    ]
+    lines = report_lines(args, records, (0.0, 0.0, 0.0), time.perf_counter())
+    mean = [line for line in lines if line.startswith("| 0.2 | (")][:2]
+    assert mean[0].startswith("| 0.2 | (b) wiki-sample + news-sample, 16 x 256 | 1.25") and mean[0].count(" met ") == 2
+    assert mean[1].startswith("| 0.2 | (c) news-sample, 16 x 256 | 1.000 [1.000, 1.000] tie")
+    assert f"`python bench/bench_calibration.py {' '.join(command_argv(args))}`" in lines
