@@ -14,6 +14,7 @@ from gap_engine.core.limits import LIMITS, check_windows
 from gap_engine.data.windows import HELDOUT_SOURCES
 from gap_engine.evaluate import history, runcompare
 from gap_engine.evaluate.metrics import EvalSettings
+from gap_engine.evaluate.takeaway import RunStory, run_story
 from gap_engine.evaluate.tasks import score_text, task_table_rows
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.expected import Prediction, run_prediction
@@ -307,6 +308,24 @@ def speed_delta(throughput: dict) -> str:
     return " · ".join(p for p in parts if p)
 
 
+def show_frontier(run_ids: list[int]) -> None:
+    """The measured frontier of the run on screen (else the latest run): every run on its held-out
+    windows, perplexity and KL against budget, with their intervals."""
+    shown = ss.get("app_last_run")
+    reference = shown.run_id if shown is not None and shown.run_id in run_ids else run_ids[-1]
+    story = story_of(reference)
+    if story is None or not story.frontier:
+        return
+    st.markdown(
+        f"**Measured frontier** (the runs evaluated on run {reference}'s held-out windows)",
+        help="Each point is a finished run; the bars are 95% bootstrap intervals over the held-out windows "
+        "(a run recorded before per-window numbers were kept has none). Lower is better on both panels.",
+    )
+    if shown is None or shown.run_id != reference:  # the panel above says it already
+        show_takeaway(story)
+    st.plotly_chart(figures.measured_frontier_figure(story.frontier, story.dense), key="eval_frontier_chart", width="stretch", theme=None)
+
+
 def compare_runs(run_ids: list[int]) -> None:
     """Picked runs side by side with their changes against dense and against the first picked,
     and their per-layer rates overlaid."""
@@ -445,8 +464,23 @@ def params_delta(report: dict, dense: dict, biases: int) -> str:
     return f"{change:+,} vs dense" + (f" · {biases:,} biases added" if biases else "")
 
 
+def story_of(run_id: int) -> RunStory | None:
+    """The run's takeaway and measured frontier from the history (None: the history cannot be read, or lost the run)."""
+    try:
+        return run_story(history.runs(), int(run_id))
+    except GapError:
+        return None
+
+
+def show_takeaway(story: RunStory | None) -> None:
+    """The takeaway sentence, first thing under a run's title."""
+    if story is not None:
+        st.info(story.takeaway.text, icon=":material/campaign:")
+
+
 def show_result(result) -> None:
-    """One finished run's numbers, generations and checkpoint."""
+    """One finished run's takeaway, numbers, generations and checkpoint."""
+    show_takeaway(story_of(result.run_id))
     report = result.report
     dense = report.get("dense") or {}
     biases = int((result.compensation or {}).get("bias_params") or 0)
@@ -641,6 +675,7 @@ else:
             st.markdown("**Predicted vs actual loss increase**")
             st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch", theme=None)
     run_ids = [int(i) for i in frame["id"]]
+    show_frontier(run_ids)
     compare_runs(run_ids)
     try:
         makers = history.run_makers()

@@ -13,6 +13,7 @@ from gap_engine.core.errors import GapError, PlanError, one_line
 from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import decode_text
 from gap_engine.evaluate import history
+from gap_engine.evaluate.takeaway import takeaway
 from gap_engine.export import gguf
 from gap_engine.model.rateplan import RatePlan, predicted_params
 from gap_engine.model.remote_code import MODELING_FILE
@@ -197,6 +198,13 @@ else:
     )
     problem = report_export.report_problem(table, plan_dict)
     run_id = report_export.run_of_plan(plan_dict) if chosen == "planner" else int(chosen.split("-", 1)[1])
+    if run_id is None:
+        st.caption("This plan has no measured run yet: Prune & evaluate measures it, and its takeaway appears here and in the report.")
+    else:
+        try:
+            st.info(takeaway(runs, run_id).text, icon=":material/campaign:")
+        except GapError as exc:
+            st.caption(f"No takeaway: {one_line(exc)}")
     c3.download_button(
         "Download report (HTML)",
         data=lambda: report_export.report_html(table, plan_dict, run_id),  # built only when clicked

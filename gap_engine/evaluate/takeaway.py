@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from gap_engine.core.errors import HistoryError
 from gap_engine.evaluate.history import RunRecord, compensation_of
 from gap_engine.evaluate.intervals import Interval, perplexity_interval, perplexity_ratio
-from gap_engine.evaluate.measured import comparable_runs, same_budget, window_series, windows_key
+from gap_engine.evaluate.measured import (
+    MeasuredPoint,
+    comparable_runs,
+    dense_interval,
+    measured_frontier,
+    same_budget,
+    window_series,
+    windows_key,
+)
 
 GAP_ALLOCATOR = "dp"
 DEFAULT_OPPONENT = "uniform"
@@ -86,7 +94,9 @@ def takeaway(records: Sequence[RunRecord], run_id: int) -> Takeaway:
     else:
         method, other = _latest(peers, GAP_ALLOCATOR, focus.budget, compensation), focus
         missing = GAP_ALLOCATOR
-    lead = f"At {focus.budget:.2%} of prunable parameters removed" + (f" (with {compensation} compensation)" if compensation != "none" else "")
+    lead = f"At {focus.budget:.2%} of prunable parameters removed" + (
+        f" (with {compensation} compensation)" if compensation != "none" else ""
+    )
     if method is None or other is None:
         return Takeaway(_alone(records, focus, source, lead, missing, compensation), run_id, None, None, None)
     source = _first_shared_source(method, other) or source
@@ -164,3 +174,26 @@ def _alone(records: Sequence[RunRecord], focus: RunRecord, source: str, lead: st
         f"{own} No {missing}{' (GAP)' if missing == GAP_ALLOCATOR else ''} run at this budget on these held-out windows yet: "
         f"prune with the {missing} allocator at {(focus.budget or 0):.2%} to compare.{note}"
     )
+
+
+@dataclass(frozen=True)
+class RunStory:
+    """What a stakeholder is shown about one run: its takeaway, and the measured frontier of the
+    runs it compares with (same model and held-out windows), the dense model's perplexity beside it."""
+
+    takeaway: Takeaway
+    frontier: list[MeasuredPoint]  # `measured.measured_frontier` of the run's comparable runs
+    dense: Interval | None  # the dense model's perplexity on the frontier's source; None: no run kept it per window
+
+
+def run_story(records: Sequence[RunRecord], run_id: int) -> RunStory:
+    """The takeaway and measured frontier of run ``run_id`` among ``records`` (the history, oldest first).
+
+    Raises:
+        HistoryError: no run ``run_id`` among ``records``.
+    """
+    said = takeaway(records, run_id)
+    focus = next(r for r in records if r.id == run_id)
+    points = measured_frontier(records, focus)
+    dense = dense_interval(comparable_runs(records, focus), points[0].source) if points else None
+    return RunStory(said, points, dense)

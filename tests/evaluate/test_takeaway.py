@@ -99,10 +99,19 @@ def test_nothing_comparable_is_said_with_what_would_compare(tmp_path):
     )
     said = takeaway(runs, 1)
     assert said.other_id is None and said.ratio is None
-    assert "No uniform run at this budget on these held-out windows yet: prune with the uniform allocator at 20.00% to compare." in said.text
+    assert (
+        "No uniform run at this budget on these held-out windows yet: prune with the uniform allocator at 20.00% to compare." in said.text
+    )
     assert said.text.endswith("Run 3 (uniform at this budget) was measured with compensation bias, so it is not compared.")
-    runs = stored(tmp_path / "b", record("dp", DP_NLL), record("uniform", UNIFORM_NLL, budget=0.3), record("uniform", UNIFORM_NLL, windows=other_windows))
-    assert takeaway(runs, 1).text.endswith("Run 3 (uniform at this budget) was measured with other held-out windows, so it is not compared.")
+    runs = stored(
+        tmp_path / "b",
+        record("dp", DP_NLL),
+        record("uniform", UNIFORM_NLL, budget=0.3),
+        record("uniform", UNIFORM_NLL, windows=other_windows),
+    )
+    assert takeaway(runs, 1).text.endswith(
+        "Run 3 (uniform at this budget) was measured with other held-out windows, so it is not compared."
+    )
     runs = stored(tmp_path / "c", record("dp", DP_NLL), record("uniform", UNIFORM_NLL, budget=0.3))
     assert takeaway(runs, 1).text.endswith("The nearest is run 2 at 30.00%.")
     with pytest.raises(HistoryError, match="no run with id 9"):
@@ -123,7 +132,10 @@ def test_the_frontier_has_one_line_per_allocator_and_compensation_with_error_bar
     assert [(p.series, p.budget, p.run_id) for p in points] == [
         ("dp", 0.2, 1), ("dp", 0.3, 3), ("dp + bias", 0.2, 4), ("uniform", 0.2, 2), ("uniform", 0.3, 5),
     ]  # fmt: skip
-    assert points[0].perplexity_interval is not None and points[0].perplexity_interval.low < points[0].perplexity < points[0].perplexity_interval.high
+    assert (
+        points[0].perplexity_interval is not None
+        and points[0].perplexity_interval.low < points[0].perplexity < points[0].perplexity_interval.high
+    )
     assert points[-1].perplexity_interval is None and points[-1].kl_interval is None
     dense = dense_interval(runs, SOURCE)
     assert dense is not None and dense.estimate == pytest.approx(math.exp(sum(DENSE_NLL) / 8))
