@@ -105,13 +105,29 @@ def takeaway(records: Sequence[RunRecord], run_id: int) -> Takeaway:
 
 def _compared(method: RunRecord, other: RunRecord, source: str, lead: str, run_id: int) -> Takeaway:
     """The sentence for two comparable runs: GAP's plan's perplexity against the other's, and their ratio."""
+    text, interval = _margin_text(
+        method,
+        other,
+        source,
+        f"{lead}, {allocator_name(method.allocator)}",
+        f"{allocator_name(other.allocator)}",
+        allocator_name(method.allocator),
+    )
+    return Takeaway(text, run_id, other.id, interval, interval.verdict() if interval else None)
+
+
+def _margin_text(
+    method: RunRecord, other: RunRecord, source: str, method_words: str, other_words: str, winner: str
+) -> tuple[str, Interval | None]:
+    """'<method_words> (run m) keeps perplexity A [..] on <source> where <other_words> (run o) gives B [..]: the ratio [..]',
+    and the paired interval of B / A (None: a run without per-window numbers)."""
     method_nll, other_nll = window_series(method, source, "nll"), window_series(other, source, "nll")
     paired = method_nll is not None and other_nll is not None and len(method_nll) == len(other_nll)
     method_ppl, other_ppl = method.perplexity[source], other.perplexity[source]
     head = (
-        f"{lead}, {allocator_name(method.allocator)} (run {method.id}) keeps perplexity "
+        f"{method_words} (run {method.id}) keeps perplexity "
         f"{_with_interval(method_ppl, perplexity_interval([method_nll]) if method_nll else None)} on {source}"
-        f"{_dense_text(method, source)} where {allocator_name(other.allocator)} (run {other.id}) gives "
+        f"{_dense_text(method, source)} where {other_words} (run {other.id}) gives "
         f"{_with_interval(other_ppl, perplexity_interval([other_nll]) if other_nll else None)}"
     )
     if not paired:
@@ -122,15 +138,14 @@ def _compared(method: RunRecord, other: RunRecord, source: str, lead: str, run_i
             if without
             else "the two runs kept different numbers of windows"
         )
-        ratio = other_ppl / method_ppl
-        return Takeaway(f"{head}: {_ratio_words(ratio)}, with no interval ({why}).", run_id, other.id, None, None)
+        return f"{head}: {_ratio_words(other_ppl / method_ppl)}, with no interval ({why}).", None
     interval = perplexity_ratio([other_nll], [method_nll])  # type: ignore[list-item]  # both checked above
     verdict = interval.verdict()
     if verdict == "met":
         tail = f"{interval.estimate:.2f}x lower [{interval.low:.2f}, {interval.high:.2f}]."
     elif verdict == "loss":
         tail = (
-            f"{allocator_name(method.allocator)} loses here: {allocator_name(other.allocator)}'s perplexity is "
+            f"{winner} loses here: {other_words}'s perplexity is "
             f"{1 / interval.estimate:.2f}x lower [{1 / interval.high:.2f}, {1 / interval.low:.2f}]."
         )
     else:
@@ -138,7 +153,50 @@ def _compared(method: RunRecord, other: RunRecord, source: str, lead: str, run_i
             f"a tie: the ratio {interval.estimate:.2f}x [{interval.low:.2f}, {interval.high:.2f}] contains 1, "
             f"so these {len(method_nll)} windows cannot tell the two apart."  # type: ignore[arg-type]
         )
-    return Takeaway(f"{head}: {tail}", run_id, other.id, interval, verdict)
+    return f"{head}: {tail}", interval
+
+
+def compensation_words(mode: str) -> str:
+    """'without compensation', 'with bias compensation'."""
+    return "without compensation" if mode == "none" else f"with {mode} compensation"
+
+
+def compensation_twin(records: Sequence[RunRecord], run_id: int) -> RunRecord | None:
+    """The latest run that pruned run ``run_id``'s plan (its rates and criterion) with another
+    compensation, on the same held-out windows (None: there is none yet)."""
+    focus = next((r for r in records if r.id == run_id), None)
+    if focus is None:
+        return None
+    rates = _rates_of(focus)
+    twins = [
+        r for r in comparable_runs(records, focus)
+        if r.id != focus.id and _rates_of(r) == rates and compensation_of(r) != compensation_of(focus)
+    ]  # fmt: skip
+    return max(twins, key=lambda r: r.id or 0) if twins else None
+
+
+def _rates_of(record: RunRecord) -> tuple:
+    plan = record.plan or {}
+    return (plan.get("attention_rates"), plan.get("mlp_rates"), plan.get("criterion"))
+
+
+def compensation_takeaway(records: Sequence[RunRecord], run_id: int) -> Takeaway | None:
+    """What compensation did to run ``run_id``'s plan: its perplexity with and without (or with
+    another), both with intervals, and their paired ratio; None until such a twin run exists
+    (`compensation_twin`). The compensated run speaks first."""
+    twin = compensation_twin(records, run_id)
+    if twin is None:
+        return None
+    focus = next(r for r in records if r.id == run_id)
+    first, second = (twin, focus) if compensation_of(focus) == "none" else (focus, twin)
+    source = _first_shared_source(first, second)
+    if source is None:
+        return None
+    text, interval = _margin_text(
+        first, second, source, f"The same plan {compensation_words(compensation_of(first))}",
+        compensation_words(compensation_of(second)), f"{compensation_of(first)} compensation",
+    )  # fmt: skip
+    return Takeaway(text, run_id, twin.id, interval, interval.verdict() if interval else None)
 
 
 def _ratio_words(ratio: float) -> str:
@@ -182,6 +240,7 @@ class RunStory:
     runs it compares with (same model and held-out windows), the dense model's perplexity beside it."""
 
     takeaway: Takeaway
+    compensation: Takeaway | None  # the same plan with and without compensation (`compensation_takeaway`); None: not measured both ways
     frontier: list[MeasuredPoint]  # `measured.measured_frontier` of the run's comparable runs
     dense: Interval | None  # the dense model's perplexity on the frontier's source; None: no run kept it per window
 
@@ -196,4 +255,4 @@ def run_story(records: Sequence[RunRecord], run_id: int) -> RunStory:
     focus = next(r for r in records if r.id == run_id)
     points = measured_frontier(records, focus)
     dense = dense_interval(comparable_runs(records, focus), points[0].source) if points else None
-    return RunStory(said, points, dense)
+    return RunStory(said, compensation_takeaway(records, run_id), points, dense)

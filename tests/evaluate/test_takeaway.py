@@ -15,7 +15,7 @@ from gap_engine.core.errors import HistoryError
 from gap_engine.evaluate import history
 from gap_engine.evaluate.history import RunRecord
 from gap_engine.evaluate.measured import dense_interval, measured_frontier
-from gap_engine.evaluate.takeaway import takeaway
+from gap_engine.evaluate.takeaway import compensation_takeaway, run_story, takeaway
 from gap_engine.views.figures import measured_frontier_figure
 
 SOURCE = "wiki-sample"
@@ -145,3 +145,16 @@ def test_the_frontier_has_one_line_per_allocator_and_compensation_with_error_bar
     uniform = ppl_traces[2]
     assert uniform.error_y.array[1] == 0.0 and uniform.error_y.array[0] > 0  # run 5 kept no windows: no bar
     assert "no interval" in uniform.customdata[1] and "no interval" not in uniform.customdata[0]
+
+
+def test_the_same_plan_with_and_without_compensation_is_compared_once_both_were_measured(tmp_path):
+    compensated = [v - 0.1 for v in DP_NLL]
+    runs = stored(tmp_path, record("dp", DP_NLL), record("dp", DP_NLL, windows=dict(WINDOWS, seed=1), compensation="bias"))
+    assert compensation_takeaway(runs, 1) is None  # measured on other windows: no twin
+    runs = stored(tmp_path / "b", record("dp", DP_NLL), record("dp", compensated, compensation="bias"))
+    for asked in (1, 2):  # either run of the pair tells the same story, the compensated one first
+        said = compensation_takeaway(runs, asked)
+        assert said is not None and said.verdict == "met" and said.ratio is not None
+        assert said.text.startswith("The same plan with bias compensation (run 2) keeps perplexity 38.5 [")
+        assert "where without compensation (run 1) gives 42.5 [" in said.text and said.text.endswith(": 1.11x lower [1.11, 1.11].")
+    assert run_story(runs, 1).compensation == compensation_takeaway(runs, 1)
