@@ -1,0 +1,54 @@
+"""The stakeholder view of Prune & evaluate and Export: a run leads with its takeaway, its plan is
+measured with the other compensation in one click, and the two are compared with an interval and
+drawn on the measured frontier.
+
+The real built-in model behind the page; the tiny cached table of ``app_fixtures`` (news-sample,
+2 windows of 16 tokens) and held-out evaluation on 2 windows of 16 tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+from app_fixtures import cached_table, fresh_cache, job_of, plotly_specs, start, texts, tiny_eval, tiny_table  # noqa: F401
+
+from gap_engine.evaluate import history
+
+pytestmark = pytest.mark.slow  # the real built-in model behind the page
+
+
+def finished(at, kind: str = "prune_eval"):
+    job = job_of(at, kind)
+    assert job.wait(400), job.snapshot()
+    at.run()
+    assert job.status == "done", job.error
+    return at.session_state["app_last_run"]
+
+
+def test_a_run_leads_with_its_takeaway_and_its_plan_is_measured_without_compensation_in_one_click(cached_table):
+    at = start("explorer/evaluate.py")
+    tiny_eval(at)
+    at.button(key="eval_run").click().run()
+    first = finished(at)
+    assert (first.compensation or {}).get("mode") == "bias"  # the page's default
+    [said] = [t for t in texts(at.info) if "of prunable parameters removed" in t]
+    assert f"GAP's plan (run {first.run_id}) gives perplexity {first.report['perplexity']['news-sample']:.1f} [" in said
+    assert "No uniform run at this budget on these held-out windows yet" in said  # nothing made up to compare with
+
+    at.button(key=f"eval_twin_{first.run_id}").click().run()
+    twin = finished(at)
+    assert twin.run_id != first.run_id and twin.compensation is None  # surgery alone
+    assert (twin.plan["attention_rates"], twin.plan["mlp_rates"]) == (first.plan["attention_rates"], first.plan["mlp_rates"])
+    stored = history.get_run(twin.run_id)
+    assert stored.params["eval"]["windows"]["n_samples"] == 2 and stored.prefill_speedup is None  # its windows, no timing
+    [compared] = [t for t in texts(at.info) if t.startswith("The same plan with bias compensation")]
+    assert f"(run {first.run_id}) keeps perplexity" in compared and f"where without compensation (run {twin.run_id}) gives" in compared
+    assert compared.count("[") == 3  # both perplexities and their ratio carry an interval
+    assert not any(b.key == f"eval_twin_{twin.run_id}" for b in at.button)  # measured both ways: no button, the comparison
+    [frontier] = [s for s in plotly_specs(at) if any(t.get("name") == "dp + bias" for t in s["data"])]
+    assert {t["name"] for t in frontier["data"]} == {"dp", "dp + bias"}
+    assert all(t["error_y"]["array"] for t in frontier["data"])  # the intervals, as error bars
+
+    at.switch_page("explorer/export.py")
+    at.run()
+    assert not at.exception
+    assert any("of prunable parameters removed" in t and "perplexity" in t for t in texts(at.info))
