@@ -7,14 +7,13 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from explorer import budget_chart, common, ownership
-from gap_engine.core.config import APP_EVAL_WINDOWS, DEFAULT_COMPENSATION, WindowSpec
+from explorer import budget_chart, common, ownership, run_story
+from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
 from gap_engine.data.windows import HELDOUT_SOURCES
 from gap_engine.evaluate import history, runcompare
 from gap_engine.evaluate.metrics import EvalSettings
-from gap_engine.evaluate.takeaway import RunStory, compensation_words, run_story
 from gap_engine.evaluate.tasks import score_text, task_table_rows
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.expected import Prediction, run_prediction
@@ -308,24 +307,6 @@ def speed_delta(throughput: dict) -> str:
     return " · ".join(p for p in parts if p)
 
 
-def show_frontier(run_ids: list[int]) -> None:
-    """The measured frontier of the run on screen (else the latest run): every run on its held-out
-    windows, perplexity and KL against budget, with their intervals."""
-    shown = ss.get("app_last_run")
-    reference = shown.run_id if shown is not None and shown.run_id in run_ids else run_ids[-1]
-    story = story_of(reference)
-    if story is None or not story.frontier:
-        return
-    st.markdown(
-        f"**Measured frontier** (the runs evaluated on run {reference}'s held-out windows)",
-        help="Each point is a finished run; the bars are 95% bootstrap intervals over the held-out windows "
-        "(a run recorded before per-window numbers were kept has none). Lower is better on both panels.",
-    )
-    if shown is None or shown.run_id != reference:  # the panel above says it already
-        show_takeaway(story)
-    st.plotly_chart(figures.measured_frontier_figure(story.frontier, story.dense), key="eval_frontier_chart", width="stretch", theme=None)
-
-
 def compare_runs(run_ids: list[int]) -> None:
     """Picked runs side by side with their changes against dense and against the first picked,
     and their per-layer rates overlaid."""
@@ -464,110 +445,9 @@ def params_delta(report: dict, dense: dict, biases: int) -> str:
     return f"{change:+,} vs dense" + (f" · {biases:,} biases added" if biases else "")
 
 
-def story_of(run_id: int) -> RunStory | None:
-    """The run's takeaway and measured frontier from the history (None: the history cannot be read, or lost the run)."""
-    try:
-        return run_story(history.runs(), int(run_id))
-    except GapError:
-        return None
-
-
-def show_takeaway(story: RunStory | None) -> None:
-    """The takeaway sentence, first thing under a run's title."""
-    if story is not None:
-        st.info(story.takeaway.text, icon=":material/campaign:")
-
-
-def twin_compensation(record: history.RunRecord) -> str:
-    """The compensation a run's plan is measured with next, for the comparison: none after a
-    compensated run, the default one after a run without."""
-    return "none" if history.compensation_of(record) != "none" else DEFAULT_COMPENSATION
-
-
-def twin_settings(record: history.RunRecord) -> EvalSettings:
-    """The run's own held-out evaluation (its windows, its generations), without throughput: the
-    comparison is about quality, and timing both models would double its time."""
-    settings = (record.params or {}).get("eval") or {}
-    return EvalSettings(
-        windows=WindowSpec(**{k: v for k, v in (settings.get("windows") or {}).items() if k in WindowSpec.__dataclass_fields__}),
-        throughput=False,
-        generations=int(settings.get("generations") or 0),
-        max_new_tokens=int(settings.get("max_new_tokens") or DEFAULTS["eval_max_new_tokens"]),
-    )
-
-
-def start_compensation_twin(run_id: int) -> None:
-    """Callback of the compensation comparison: run ``run_id``'s plan again on its own held-out
-    windows, with the other compensation (`twin_compensation`), so both are measured alike."""
-    common.clear_message("eval")
-    try:
-        record = history.get_run(run_id)
-        plan = RatePlan.from_dict(dict(record.plan))
-        settings = twin_settings(record)
-        settings.windows.validate()
-    except (GapError, TypeError) as exc:
-        common.set_message("eval", "error", f"Cannot measure run {run_id}'s plan again: {one_line(exc)}")
-        return
-    mode = twin_compensation(record)
-    obs = (record.params or {}).get("obs_windows") or {}
-    stages = prune_eval_stages(settings, False, False, mode != "none")
-    try:
-        expected = run_prediction(table.model, table.spec.windows, settings, stages, "manual", 0, loaded=model_loaded(table.model))
-    except Exception:  # an unreadable config: the run itself says what is wrong
-        expected = None
-    task = prune_eval_task(
-        table.model, settings, expected, None, table=table, budget=plan.budget, allocator=plan.allocator, plan=plan,
-        compensation=CompensationSettings(mode=mode), maker=ownership.owner(), obs_samples=obs.get("n_samples"),
-    )  # fmt: skip
-    words = compensation_words(mode)
-    key = f"{table.key}|twin|{plan.content_hash()}|{mode}|{settings}"
-    params = {
-        "model": table.model,
-        "table": table.key,
-        "allocator": plan.allocator,
-        "budget": plan.budget,
-        "plan_hash": plan.content_hash(),
-    }
-    params |= {"compensation": mode, "criterion": plan.criterion, "twin_of": run_id}
-    label = f"run {run_id}'s plan {plan.content_hash()} {words}"
-    job = manager().submit("prune_eval", task, key=key, label=label, params=params, owner=ownership.owner())
-    common.remember_job("prune_eval", job)
-
-
-def show_compensation_comparison(run_id: int, story: RunStory | None) -> None:
-    """What compensation did to this run's plan once both were measured; until then, the button that measures the other."""
-    if story is None:
-        return
-    if story.compensation is not None:
-        st.info(story.compensation.text, icon=":material/compare_arrows:")
-        return
-    try:
-        record = history.get_run(run_id)
-    except GapError:
-        return
-    if record.table_key != table.key:
-        st.caption(f"Run {run_id} was planned on another loss table: load it on Setup to measure its plan with other compensation.")
-        return
-    mode = twin_compensation(record)
-    running = common.session_job("prune_eval")
-    st.button(
-        f"Measure this plan {compensation_words(mode)}",
-        key=f"eval_twin_{run_id}",
-        on_click=start_compensation_twin,
-        args=(run_id,),
-        disabled=running is not None and running.active,
-        icon=":material/compare_arrows:",
-        help=f"Prunes run {run_id}'s plan again, {compensation_words(mode)}, on the same held-out windows (no throughput, no "
-        "tasks, no checkpoint), so the two runs compare with an interval: what compensation does to this plan. "
-        + common.GLOSSARY["compensation"],
-    )
-
-
 def show_result(result) -> None:
     """One finished run's takeaway, compensation comparison, numbers, generations and checkpoint."""
-    story = story_of(result.run_id)
-    show_takeaway(story)
-    show_compensation_comparison(result.run_id, story)
+    run_story.show_story(result.run_id, table)
     report = result.report
     dense = report.get("dense") or {}
     biases = int((result.compensation or {}).get("bias_params") or 0)
@@ -745,6 +625,9 @@ if frame.empty:
     st.caption("No runs yet: every prune-and-evaluate run is recorded here, across sessions.")
 else:
     show_history(frame)
+    run_ids = [int(i) for i in frame["id"]]
+    shown = ss.get("app_last_run")
+    run_story.show_frontier(run_ids, shown.run_id if shown is not None else None)
     metrics = [c for c in frame.columns if c.startswith(("ppl:", "kl:", "top1:", "acc:"))] + [
         "actual_loss",
         "prefill_speedup",
@@ -761,8 +644,6 @@ else:
         with c2:
             st.markdown("**Predicted vs actual loss increase**")
             st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch", theme=None)
-    run_ids = [int(i) for i in frame["id"]]
-    show_frontier(run_ids)
     compare_runs(run_ids)
     try:
         makers = history.run_makers()

@@ -24,7 +24,7 @@ def finished(at, kind: str = "prune_eval"):
     return at.session_state["app_last_run"]
 
 
-def test_a_run_leads_with_its_takeaway_and_its_plan_is_measured_without_compensation_in_one_click(cached_table):
+def test_a_run_leads_with_its_takeaway_and_uniform_and_no_compensation_are_one_click_away(cached_table):
     at = start("explorer/evaluate.py")
     tiny_eval(at)
     at.button(key="eval_run").click().run()
@@ -34,7 +34,18 @@ def test_a_run_leads_with_its_takeaway_and_its_plan_is_measured_without_compensa
     assert f"GAP's plan (run {first.run_id}) gives perplexity {first.report['perplexity']['news-sample']:.1f} [" in said
     assert "No uniform run at this budget on these held-out windows yet" in said  # nothing made up to compare with
 
-    at.button(key=f"eval_twin_{first.run_id}").click().run()
+    at.button(key=f"eval_beside_uniform_{first.run_id}").click().run()
+    uniform = finished(at)
+    stored = history.get_run(uniform.run_id)
+    assert stored.allocator == "uniform" and stored.budget == first.plan["budget"] and (uniform.compensation or {}).get("mode") == "bias"
+    [said] = [t for t in texts(at.info) if "of prunable parameters removed" in t]
+    assert f"GAP's plan (run {first.run_id}) keeps perplexity" in said and f"where uniform pruning (run {uniform.run_id}) gives" in said
+    assert said.count("[") == 3  # both perplexities and their ratio carry an interval
+
+    at.session_state["app_last_run"] = first  # back to the DP run, as a reload of its link shows it
+    at.run()
+    assert not any(b.key == f"eval_beside_uniform_{first.run_id}" for b in at.button)  # compared: no button
+    at.button(key=f"eval_beside_same_plan_{first.run_id}").click().run()
     twin = finished(at)
     assert twin.run_id != first.run_id and twin.compensation is None  # surgery alone
     assert (twin.plan["attention_rates"], twin.plan["mlp_rates"]) == (first.plan["attention_rates"], first.plan["mlp_rates"])
@@ -43,9 +54,9 @@ def test_a_run_leads_with_its_takeaway_and_its_plan_is_measured_without_compensa
     [compared] = [t for t in texts(at.info) if t.startswith("The same plan with bias compensation")]
     assert f"(run {first.run_id}) keeps perplexity" in compared and f"where without compensation (run {twin.run_id}) gives" in compared
     assert compared.count("[") == 3  # both perplexities and their ratio carry an interval
-    assert not any(b.key == f"eval_twin_{twin.run_id}" for b in at.button)  # measured both ways: no button, the comparison
+    assert not any(b.key == f"eval_beside_same_plan_{twin.run_id}" for b in at.button)  # measured both ways: the comparison, no button
     [frontier] = [s for s in plotly_specs(at) if any(t.get("name") == "dp + bias" for t in s["data"])]
-    assert {t["name"] for t in frontier["data"]} == {"dp", "dp + bias"}
+    assert {t["name"] for t in frontier["data"]} == {"dp", "dp + bias", "uniform + bias"}
     assert all(t["error_y"]["array"] for t in frontier["data"])  # the intervals, as error bars
 
     at.switch_page("explorer/export.py")
