@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gap_engine.core.errors import HistoryError
 from gap_engine.evaluate.history import RunRecord, compensation_of
@@ -88,6 +89,8 @@ def takeaway(records: Sequence[RunRecord], run_id: int) -> Takeaway:
         return Takeaway(f"Run {run_id} has no budget or no held-out perplexity: there is nothing to compare.", run_id, None, None, None)
     compensation = compensation_of(focus)
     peers = [r for r in comparable_runs(records, focus) if r.id != focus.id]
+    method: RunRecord | None
+    other: RunRecord | None
     if focus.allocator == GAP_ALLOCATOR:
         method, other = focus, _latest(peers, DEFAULT_OPPONENT, focus.budget, compensation)
         missing = DEFAULT_OPPONENT
@@ -175,7 +178,7 @@ def compensation_twin(records: Sequence[RunRecord], run_id: int) -> RunRecord | 
     return max(twins, key=lambda r: r.id or 0) if twins else None
 
 
-def _rates_of(record: RunRecord) -> tuple:
+def _rates_of(record: RunRecord) -> tuple[Any, ...]:
     plan = record.plan or {}
     return (plan.get("attention_rates"), plan.get("mlp_rates"), plan.get("criterion"))
 

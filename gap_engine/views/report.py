@@ -376,6 +376,8 @@ def _story_sections(story: RunStory | None) -> list[str]:
     if story is None:
         return []
     sections = [f"<p class='takeaway'><b>Takeaway.</b> {html.escape(story.takeaway.text)}</p>"]
+    if story.compensation is not None:
+        sections.append(f"<p class='takeaway'><b>Compensation.</b> {html.escape(story.compensation.text)}</p>")
     if story.frontier:
         sections += [
             "<h2>Measured frontier</h2>",
