@@ -100,10 +100,10 @@ def takeaway(records: Sequence[RunRecord], run_id: int) -> Takeaway:
     lead = f"At {focus.budget:.2%} of prunable parameters removed" + (
         f" (with {compensation} compensation)" if compensation != "none" else ""
     )
-    if method is None or other is None:
+    shared = _first_shared_source(method, other) if method is not None and other is not None else None
+    if method is None or other is None or shared is None:
         return Takeaway(_alone(records, focus, source, lead, missing, compensation), run_id, None, None, None)
-    source = _first_shared_source(method, other) or source
-    return _compared(method, other, source, lead, run_id)
+    return _compared(method, other, shared, lead, run_id)
 
 
 def _compared(method: RunRecord, other: RunRecord, source: str, lead: str, run_id: int) -> Takeaway:
