@@ -461,8 +461,7 @@ def build_report(
             apply); None: solved here, uncharged.
         counts: the model's blocks (``units.block_geometries``): the plan's bars then show what
             its rates really remove; None: the rates as asked.
-        story: the run's takeaway and measured frontier (`takeaway.run_story`), shown under the
-            headline numbers; None: none (a plan with no run, or an evaluation file).
+        story: the run's takeaway and measured frontier (`takeaway.run_story`); None: no run.
     Returns:
         HTML text; plotly.js is inlined once and nothing is fetched when it opens.
     Raises:
