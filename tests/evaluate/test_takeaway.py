@@ -140,8 +140,15 @@ def test_the_frontier_has_one_line_per_allocator_and_compensation_with_error_bar
     dense = dense_interval(runs, SOURCE)
     assert dense is not None and dense.estimate == pytest.approx(math.exp(sum(DENSE_NLL) / 8))
     fig = measured_frontier_figure(points, dense)
-    ppl_traces = [t for t in fig.data if t.xaxis == "x"]
+    ppl_traces = [t for t in fig.data if t.xaxis == "x" and t.error_y.array is not None]
     assert [t.name for t in ppl_traces] == ["dp", "dp + bias", "uniform"]
+    [dense_line] = [t for t in fig.data if str(t.name).startswith("dense ")]
+    assert (
+        dense_line.name == f"dense {dense.estimate:.2f} [{dense.low:.2f}, {dense.high:.2f}]" and list(dense_line.y) == [dense.estimate] * 2
+    )
+    assert [a.text for a in fig.layout.annotations] == [
+        "perplexity on wiki-sample (lower is better)", "KL to the dense model on wiki-sample (lower is better)",
+    ]  # fmt: skip  # the subplot titles alone: an annotation on the log axis would stretch it to 10^60
     uniform = ppl_traces[2]
     assert uniform.error_y.array[1] == 0.0 and uniform.error_y.array[0] > 0  # run 5 kept no windows: no bar
     assert "no interval" in uniform.customdata[1] and "no interval" not in uniform.customdata[0]

@@ -204,10 +204,24 @@ def measured_frontier_figure(points: list, dense=None) -> go.Figure:
             ),
             row=1, col=2,
         )  # fmt: skip
-    if dense is not None:
-        fig.add_hline(
-            y=dense.estimate, line=dict(color="#999", dash="dot"), row=1, col=1,
-            annotation_text=f"dense {dense.estimate:.2f} [{dense.low:.2f}, {dense.high:.2f}]", annotation_position="bottom right",
+    if dense is not None and points:
+        # A trace, not a shape: a shape's annotation on a log axis reads its y as a power of ten.
+        budgets = [100 * p.budget for p in points]
+        span = [min(budgets) - 1.0, max(budgets) + 1.0]
+        label = f"dense {dense.estimate:.2f} [{dense.low:.2f}, {dense.high:.2f}]"
+        fig.add_trace(
+            go.Scatter(x=span, y=[dense.high] * 2, mode="lines", line=dict(width=0), showlegend=False, hoverinfo="skip"), row=1, col=1
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=span, y=[dense.low] * 2, mode="lines", fill="tonexty", fillcolor="rgba(153,153,153,0.15)", line=dict(width=0),
+                showlegend=False, hoverinfo="skip",
+            ),
+            row=1, col=1,
+        )  # fmt: skip
+        fig.add_trace(
+            go.Scatter(x=span, y=[dense.estimate] * 2, mode="lines", name=label, line=dict(color="#999", dash="dot"), hoverinfo="name"),
+            row=1, col=1,
         )  # fmt: skip
     fig.update_layout(
         template=TEMPLATE,
