@@ -64,3 +64,4 @@ def test_a_run_leads_with_its_takeaway_and_uniform_and_no_compensation_are_one_c
     at.run()
     assert not at.exception
     assert any("of prunable parameters removed" in t and "perplexity" in t for t in texts(at.info))
+    assert "measured frontier (HTML)" in {b.proto.label for b in at.get("download_button")}
