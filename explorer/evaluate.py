@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from explorer import budget_chart, common, ownership
+from explorer import budget_chart, common, ownership, run_story
 from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
@@ -445,7 +445,8 @@ def params_delta(report: dict, dense: dict, biases: int) -> str:
 
 
 def show_result(result) -> None:
-    """One finished run's numbers, generations and checkpoint."""
+    """One finished run's takeaway, compensation comparison, numbers, generations and checkpoint."""
+    run_story.show_story(result.run_id, table)
     report = result.report
     dense = report.get("dense") or {}
     biases = int((result.compensation or {}).get("bias_params") or 0)
@@ -623,6 +624,9 @@ if frame.empty:
     st.caption("No runs yet: every prune-and-evaluate run is recorded here, across sessions.")
 else:
     show_history(frame)
+    run_ids = [int(i) for i in frame["id"]]
+    shown = ss.get("app_last_run")
+    run_story.show_frontier(run_ids, shown.run_id if shown is not None else None)
     metrics = [c for c in frame.columns if c.startswith(("ppl:", "kl:", "top1:", "acc:"))] + [
         "actual_loss",
         "prefill_speedup",
@@ -639,7 +643,6 @@ else:
         with c2:
             st.markdown("**Predicted vs actual loss increase**")
             st.plotly_chart(figures.predicted_vs_actual_figure(frame), key="eval_pva_chart", width="stretch", theme=None)
-    run_ids = [int(i) for i in frame["id"]]
     compare_runs(run_ids)
     try:
         makers = history.run_makers()

@@ -13,6 +13,7 @@ from gap_engine.core.errors import GapError, PlanError, one_line
 from gap_engine.core.limits import LIMITS, check_file_size
 from gap_engine.core.validate import decode_text
 from gap_engine.evaluate import history
+from gap_engine.evaluate.takeaway import run_story, takeaway
 from gap_engine.export import gguf
 from gap_engine.model.rateplan import RatePlan, predicted_params
 from gap_engine.model.remote_code import MODELING_FILE
@@ -27,7 +28,7 @@ DEFAULTS = {
     "export_png_error": "",
     "export_png_view": "",
 }
-CHART_LABELS = {"pred_vs_actual": "predicted vs actual", "history": "run history"}
+CHART_LABELS = {"pred_vs_actual": "predicted vs actual", "history": "run history", "frontier": "measured frontier"}
 CHART_COLUMNS = 3
 # What trust_remote_code=True runs when transformers loads a checkpoint of this app: said where the
 # load line is given, so nobody has to trust code they were not told about.
@@ -62,6 +63,12 @@ def chart_figures() -> dict:
         out["history"] = figures.history_figure(runs, perplexities[0])
     if not runs.empty:
         out["pred_vs_actual"] = figures.predicted_vs_actual_figure(runs)
+        try:
+            story = run_story(history.runs(), int(runs["id"].iloc[-1]))  # the latest run's windows
+        except GapError:
+            story = None
+        if story is not None and story.frontier:
+            out["frontier"] = figures.measured_frontier_figure(story.frontier, story.dense)
     return out
 
 
@@ -197,6 +204,13 @@ else:
     )
     problem = report_export.report_problem(table, plan_dict)
     run_id = report_export.run_of_plan(plan_dict) if chosen == "planner" else int(chosen.split("-", 1)[1])
+    if run_id is None:
+        st.caption("This plan has no measured run yet: Prune & evaluate measures it, and its takeaway appears here and in the report.")
+    else:
+        try:
+            st.info(takeaway(runs, run_id).text, icon=":material/campaign:")
+        except GapError as exc:
+            st.caption(f"No takeaway: {one_line(exc)}")
     c3.download_button(
         "Download report (HTML)",
         data=lambda: report_export.report_html(table, plan_dict, run_id),  # built only when clicked

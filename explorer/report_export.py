@@ -89,6 +89,7 @@ def report_html(table, plan_dict: dict, run_id: int | None) -> str:
         source=f"Downloaded from the GAP explorer's Export page ({where}); constraints {json.dumps(raw, sort_keys=True)}.",
         front=rows,
         counts=block_geometries(lm),
+        story=inputs.story,
     )
 
 

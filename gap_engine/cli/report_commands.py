@@ -34,7 +34,9 @@ def run_report(args: argparse.Namespace) -> int:
         raise BudgetError("--budget picks a DP front row when there is no plan; a plan or run brings its own budget")
     budget = parse_fraction(args.budget, "--budget") if args.budget is not None else DEFAULT_BUDGET
     command = "gap report " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["report"] else "gap report"
-    text = report.build_report(table, plan, evaluation, budget=budget, constraints=constraints, source=f"Made with `{command}`.")
+    text = report.build_report(
+        table, plan, evaluation, budget=budget, constraints=constraints, source=f"Made with `{command}`.", story=inputs.story
+    )
     path = report.write_report(args.out, text)
     summary: dict[str, Any] = {
         "out": str(path),

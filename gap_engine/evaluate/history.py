@@ -144,13 +144,16 @@ class RunRecord:
         dense = report.get("dense") or {}
         throughput = report.get("throughput") or {}
         plan_params = plan.get("params") or {}
+        params = dict(params or {})
+        if report.get("per_window"):  # a few numbers per window: two runs on the same windows then compare with an interval
+            params.setdefault("per_window", report["per_window"])
         return cls(
             model=str(plan.get("model", report.get("model", "?"))),
             allocator=allocator,
             plan=plan,
             table_key=table_key,
             budget=budget,
-            params=params or {},
+            params=params,
             dense_params=dense.get("params", plan_params.get("dense_total")),
             pruned_params=report.get("params"),
             predicted_loss=predicted_loss,

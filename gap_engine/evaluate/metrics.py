@@ -67,6 +67,8 @@ class EvalReport:
     task_accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)  # lm-eval task -> acc, acc_norm, stderrs, n (``tasks``)
     dense_task_accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)  # the same for the dense model (cached per model + task)
     compensation: str = "none"  # what a checkpoint's kept units got after the cut (its gap_pruned.json); "none" otherwise
+    # source -> PairedWindows.to_dict(): the numbers of each window, so two runs on the same windows compare with an interval
+    per_window: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,25 +105,48 @@ def measured_perplexity(nll: float, lm: LoadedModel, source: str) -> float:
     return math.exp(nll)
 
 
-@torch.inference_mode()
-def compare_logits(lm: LoadedModel, dense: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> tuple[float, float, float, float]:
-    """(model NLL, dense NLL, mean KL(dense || model) per token, top-1 agreement) on the same tokens.
+@dataclass(frozen=True)
+class PairedWindows:
+    """A model's and its dense original's numbers on each held-out window (one entry per window,
+    in window order): what a paired bootstrap between two runs on the same windows resamples."""
 
-    All four are counted at the positions ``mean_nll`` counts (a leading BOS position is skipped).
+    nll: list[float]  # the model's mean NLL per counted token
+    dense_nll: list[float]  # the dense model's
+    kl: list[float]  # mean KL(dense || model) per counted token
+    top1: list[float]  # share of counted positions where the two argmaxes agree
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return asdict(self)
+
+
+@torch.inference_mode()
+def compare_windows(lm: LoadedModel, dense: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> PairedWindows:
+    """Per window: model NLL, dense NLL, mean KL(dense || model) per token and top-1 agreement.
+
+    Every window counts the same positions (those ``mean_nll`` counts: a leading BOS position is
+    skipped), so the mean over windows of each is its mean over tokens.
     """
     start = text_start(lm.tokenizer, windows)
-    nll_m = nll_d = kl = agree = 0.0
-    count = 0
+    nll_m: list[float] = []
+    nll_d: list[float] = []
+    kl: list[float] = []
+    agree: list[float] = []
     for (batch, logits_m), (_, logits_d) in zip(logits_batches(lm, windows, batch_size), logits_batches(dense, windows, batch_size)):
-        logp_m = F.log_softmax(logits_m[:, start:-1].float(), -1)  # (B, T-1-start, V)
+        logp_m = F.log_softmax(logits_m[:, start:-1].float(), -1)  # (B, P, V)
         logp_d = F.log_softmax(logits_d[:, start:-1].float(), -1).to(logp_m.device)
-        targets = batch[:, start + 1 :]  # (B, T-1-start)
-        nll_m -= logp_m.gather(-1, targets[..., None]).sum().item()
-        nll_d -= logp_d.gather(-1, targets[..., None]).sum().item()
-        kl += (logp_d.exp() * (logp_d - logp_m)).sum(-1).sum().item()
-        agree += (logp_m.argmax(-1) == logp_d.argmax(-1)).sum().item()
-        count += targets.numel()
-    return nll_m / count, nll_d / count, kl / count, agree / count
+        targets = batch[:, start + 1 :].to(logp_m.device)  # (B, P)
+        nll_m += (-logp_m.gather(-1, targets[..., None])[..., 0].double().mean(-1)).tolist()  # (B,)
+        nll_d += (-logp_d.gather(-1, targets[..., None])[..., 0].double().mean(-1)).tolist()
+        kl += (logp_d.exp() * (logp_d - logp_m)).sum(-1).double().mean(-1).tolist()
+        agree += (logp_m.argmax(-1) == logp_d.argmax(-1)).double().mean(-1).tolist()
+    return PairedWindows(nll_m, nll_d, kl, agree)
+
+
+def compare_logits(lm: LoadedModel, dense: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> tuple[float, float, float, float]:
+    """(model NLL, dense NLL, mean KL(dense || model) per token, top-1 agreement) on the same tokens:
+    the means over windows of `compare_windows`."""
+    paired = compare_windows(lm, dense, windows, batch_size)
+    return tuple(math.fsum(values) / len(values) for values in (paired.nll, paired.dense_nll, paired.kl, paired.top1))  # type: ignore[return-value]
 
 
 @torch.inference_mode()
@@ -241,7 +266,9 @@ def evaluate(
         if dense is None:
             report.perplexity[source] = measured_perplexity(mean_nll(lm, windows, batch_size), lm, source)
             continue
-        nll_m, nll_d, kl, agree = compare_logits(lm, dense, windows, batch_size)
+        paired = compare_windows(lm, dense, windows, batch_size)
+        report.per_window[source] = paired.to_dict()
+        nll_m, nll_d, kl, agree = (math.fsum(v) / len(v) for v in (paired.nll, paired.dense_nll, paired.kl, paired.top1))
         report.perplexity[source] = measured_perplexity(nll_m, lm, source)
         dense_perplexity[source] = dense_numbers.dense_perplexity(  # one value on every page
             dense.fingerprint, windows, measured_perplexity(nll_d, dense, source), str(placement_of(dense).dtype).removeprefix("torch.")

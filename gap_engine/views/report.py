@@ -4,7 +4,8 @@ What a reader needs to judge a pruning, in one file that opens from disk with no
 and no network (plotly.js is inlined once, fonts are the system's): the model and the
 loss table's settings, the sensitivity chart, the DP front with the chosen plan marked,
 the per-layer plan, and, when a run or an evaluation is given, the measured numbers
-beside the dense model's and the greedy generations side by side.
+beside the dense model's and the greedy generations side by side; a run also brings its
+takeaway sentence and the measured frontier of the runs it compares with (`takeaway.run_story`).
 
 `build_report` assembles the HTML from engine objects; `write_report` writes it
 atomically; `evaluation_from_run` / `evaluation_from_report` bring a history run or a
@@ -29,6 +30,7 @@ from gap_engine.core.fsutil import atomic_write_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.validate import check_evaluation_report, read_json_file
 from gap_engine.evaluate import history
+from gap_engine.evaluate.takeaway import RunStory, run_story
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.units import ComponentGeometry
 from gap_engine.plan.front import dp_front, front_rows
@@ -316,6 +318,7 @@ main { max-width: 1150px; margin: 0 auto; padding: 1.5rem 1rem 3rem; }
 h1 { font-size: 1.9rem; margin-bottom: 0.2rem; }
 h2 { margin-top: 2.2rem; border-bottom: 1px solid #e6e6e6; padding-bottom: 0.3rem; }
 .note { color: #6b6f76; font-size: 0.9rem; }
+.takeaway { font-size: 1.1rem; background: #eef5ee; border-left: 4px solid #54A24B; padding: 0.7rem 1rem; margin-top: 1.2rem; }
 .cards { display: flex; flex-wrap: wrap; gap: 0.8rem; margin-top: 1rem; }
 .card { background: #f0f2f6; border-radius: 0.6rem; padding: 0.7rem 1rem; min-width: 10rem; }
 .card .k { font-size: 0.8rem; color: #6b6f76; }
@@ -366,6 +369,24 @@ def _cards_html(table, row: dict, dense_total: int | None, evaluation: dict | No
         if first is not None:
             cards.append((f"perplexity on {html.escape(first)}", _num(evaluation["perplexity"][first], "{:.2f}")))
     return "".join(f"<div class='card'><div class='k'>{k}</div><div class='v'>{v}</div></div>" for k, v in cards)
+
+
+def _story_sections(story: RunStory | None) -> list[str]:
+    """The takeaway sentence and, when the history holds runs to draw, the measured frontier."""
+    if story is None:
+        return []
+    sections = [f"<p class='takeaway'><b>Takeaway.</b> {html.escape(story.takeaway.text)}</p>"]
+    if story.compensation is not None:
+        sections.append(f"<p class='takeaway'><b>Compensation.</b> {html.escape(story.compensation.text)}</p>")
+    if story.frontier:
+        sections += [
+            "<h2>Measured frontier</h2>",
+            "<p>Every finished run on the same held-out windows: perplexity and KL to the dense model against the budget, "
+            "one line per allocator. The bars are 95% bootstrap intervals over the held-out windows; a point without one "
+            "was recorded before per-window numbers were kept.</p>",
+            _figure_html(figures.measured_frontier_figure(story.frontier, story.dense)),
+        ]
+    return sections
 
 
 def _task_sections(evaluation: dict | None) -> list[str]:
@@ -422,6 +443,7 @@ def build_report(
     source: str = "",
     front: list[dict] | None = None,
     counts: Sequence[ComponentGeometry] | None = None,
+    story: RunStory | None = None,
 ) -> str:
     """The report as one HTML document.
 
@@ -439,6 +461,7 @@ def build_report(
             apply); None: solved here, uncharged.
         counts: the model's blocks (``units.block_geometries``): the plan's bars then show what
             its rates really remove; None: the rates as asked.
+        story: the run's takeaway and measured frontier (`takeaway.run_story`); None: no run.
     Returns:
         HTML text; plotly.js is inlined once and nothing is fetched when it opens.
     Raises:
@@ -461,6 +484,7 @@ def build_report(
         f"<h1>GAP pruning report: {html.escape(table.model)}</h1>",
         f"<p class='note'>{html.escape(what)} · made {created} with gap_engine {__version__}</p>",
         f"<div class='cards'>{cards_html}</div>",
+        *_story_sections(story),
         "<h2>Loss table</h2>",
         "<p>How much the loss grows when one layer's attention heads or MLP channels are pruned, alone, at each rate. "
         "GAP's planner spends the budget where these curves stay low.</p>",
@@ -513,6 +537,7 @@ class ReportInputs:
     plan: RatePlan | None  # None: the DP front row at the report's budget
     evaluation: dict | None  # measured numbers (evaluation_from_run / read_evaluation), if any
     constraints: Constraints  # the planner's constraints the plan was made under
+    story: RunStory | None = None  # the run's takeaway and measured frontier; None without a run
 
 
 def report_inputs(
@@ -544,4 +569,4 @@ def report_inputs(
     if plan is not None and (plan.attention_rates, plan.mlp_rates) != (run_plan.attention_rates, run_plan.mlp_rates):
         raise ReportError(f"run {run_id} pruned another plan than {plan_name}: give one of them")
     run_constraints = Constraints.from_dict((record.params or {}).get("constraints"))
-    return ReportInputs(plan or run_plan, evaluation_from_run(record), run_constraints)
+    return ReportInputs(plan or run_plan, evaluation_from_run(record), run_constraints, run_story(history.runs(), int(run_id)))

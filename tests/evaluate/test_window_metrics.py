@@ -96,3 +96,23 @@ def test_logits_changed_after_the_head_are_refused(make_tiny, tmp_path, monkeypa
     windows = heldout_windows(dense.tokenizer, WindowSpec("news-sample", n_samples=1, seq_len=16))
     with pytest.raises(InvariantError, match="not its LM head's output"):
         window_numbers(scaled, dense, {"news": windows})
+
+
+def test_the_evaluation_keeps_each_windows_numbers_and_its_means_are_theirs(make_tiny, tmp_path, monkeypatch):
+    """``evaluate`` keeps per window what a paired bootstrap between two runs resamples; each equals
+    the direct formula, and the report's perplexity and KL are their means."""
+    import math
+
+    from gap_engine.evaluate.metrics import EvalSettings, evaluate
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
+    dense = make_tiny("llama", initializer_range=0.2)
+    pruned = _pruned_like(dense)
+    spec = WindowSpec("news-sample", n_samples=3, seq_len=24, batch_size=2)
+    report = evaluate(pruned, dense, EvalSettings(windows=spec, throughput=False, generations=0))
+    kept = report.per_window["news-sample"]
+    nll, kl, top1 = _direct(pruned, dense, heldout_windows(dense.tokenizer, spec))
+    assert kept["nll"] == pytest.approx(nll, abs=1e-5) and kept["kl"] == pytest.approx(kl, abs=1e-5)
+    assert kept["top1"] == pytest.approx(top1, abs=1e-12) and len(kept["dense_nll"]) == 3
+    assert report.perplexity["news-sample"] == pytest.approx(math.exp(sum(nll) / 3), rel=1e-5)
+    assert report.kl_to_dense["news-sample"] == pytest.approx(sum(kl) / 3, abs=1e-6)

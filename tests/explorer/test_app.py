@@ -281,7 +281,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert "compensation bias" in at.subheader[0].value or any("compensation bias" in str(h.value) for h in at.subheader)
     assert runs.loc[0, "ppl:news-sample"] > 0 and runs.loc[0, "kl:news-sample"] >= 0
     assert Path(result.checkpoint).is_dir()
-    assert len(plotly_specs(at)) == 2  # history chart, predicted vs actual
+    assert len(plotly_specs(at)) == 3  # the measured frontier, the history chart, predicted vs actual
     assert result.predicted_basis == "estimated"  # a taylor table's cells are estimates
     # Task accuracy ± its standard error beside perplexity, for the run and for dense, on screen and in the history.
     score, dense_score = result.task_accuracy[OFFLINE_TASK], result.dense_task_accuracy[OFFLINE_TASK]

@@ -176,3 +176,32 @@ def test_report_of_a_recovery_shows_the_snapshots_it_judged_and_the_one_kept(tab
     rows = re.findall(r"<tr><td>(\d+)</td><td>([\d.]+)</td><td>(kept)?</td></tr>", text)
     assert rows == [("0", "0.5000", ""), ("2", "0.6250", "kept"), ("4", "0.5000", "")]
     assert "snapshots judged" not in build_report(table, run["plan"], evaluation_from_report(run["result"].report))
+
+
+def test_report_of_a_run_leads_with_its_takeaway_against_uniform_at_its_budget(files, run, table, monkeypatch):
+    """A real uniform run at the DP run's budget, on the same windows and with the same compensation:
+    the DP run's report says both perplexities and their ratio with intervals, and draws the frontier."""
+    from gap_engine.evaluate.takeaway import takeaway
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(run["cache"]))
+    history_path = run["cache"] / "runs" / history.HISTORY_FILE
+    dp_record = history.get_run(run["result"].run_id, history_path)
+    per_window = dp_record.params["per_window"]["news-sample"]
+    assert len(per_window["nll"]) == len(per_window["kl"]) == len(per_window["dense_nll"]) == 2  # one number per window
+    settings = EvalSettings(windows=WindowSpec("news-sample", n_samples=2, seq_len=16), throughput=False, generations=0)
+    job = manager().submit(
+        "prune_eval",
+        prune_eval_task(
+            table.model, settings, table=table, budget=dp_record.budget, allocator="uniform", history_path=history_path, compensation=BIAS
+        ),
+    )
+    assert job.wait(600), job.snapshot()
+    assert job.status == "done", job.error
+    said = takeaway(history.runs(history_path), dp_record.id)
+    assert said.other_id == job.result.run_id and said.ratio is not None and said.verdict in ("met", "tie", "loss")
+    assert f"GAP's plan (run {dp_record.id}) keeps perplexity {dp_record.perplexity['news-sample']:.1f} [" in said.text
+    out = files / "takeaway.html"
+    assert report_cli("--table", files / "table.json", "--run", dp_record.id, "--out", out) == 0
+    text = out.read_text()
+    assert f"<b>Takeaway.</b> {html.escape(said.text)}</p>" in text
+    assert "<h2>Measured frontier</h2>" in text

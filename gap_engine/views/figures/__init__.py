@@ -24,7 +24,13 @@ from gap_engine.views.figures.front_figures import (
     row_basis,
     step_readout,
 )
-from gap_engine.views.figures.run_figures import curve_figure, history_figure, predicted_vs_actual_figure, runs_rates_figure
+from gap_engine.views.figures.run_figures import (
+    curve_figure,
+    history_figure,
+    measured_frontier_figure,
+    predicted_vs_actual_figure,
+    runs_rates_figure,
+)
 from gap_engine.views.figures.style import (
     ATTN_COLOR,
     BASELINE_COLORS,
@@ -79,6 +85,7 @@ __all__ = [
     "history_figure",
     "log_ticks",
     "loss_label",
+    "measured_frontier_figure",
     "measured_traces",
     "plan_figure",
     "planner_figure",

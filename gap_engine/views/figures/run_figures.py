@@ -1,11 +1,11 @@
-"""Figures of the run history: a metric against budget per allocator, predicted against measured."""
+"""Figures of the run history: a metric against budget per allocator, predicted against measured, the measured frontier."""
 
 from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
 
-from gap_engine.views.figures.style import BASELINE_COLORS, BASELINE_SYMBOLS, TEMPLATE, column_label
+from gap_engine.views.figures.style import BASELINE_COLORS, BASELINE_SYMBOLS, DP_COLOR, TEMPLATE, column_label
 
 
 def history_figure(frame, metric: str) -> go.Figure:
@@ -133,4 +133,103 @@ def curve_figure(points: list[dict], y: str, y_title: str, height: int = 300) ->
         yaxis=dict(title_text=y_title, tickfont=dict(size=CURVE_FONT)),
         showlegend=False,
     )
+    return fig
+
+
+def _series_style(series: str) -> tuple[str, str]:
+    """(colour, marker symbol) of a frontier line: its allocator's, DP black; a compensated
+    line keeps its allocator's colour with an open marker."""
+    allocator, _, compensation = series.partition(" + ")
+    color = DP_COLOR if allocator == "dp" else BASELINE_COLORS.get(allocator, RUN_COLORS[sum(map(ord, allocator)) % len(RUN_COLORS)])
+    symbol = BASELINE_SYMBOLS.get(allocator, "circle")
+    return color, f"{symbol}-open" if compensation else symbol
+
+
+def _error_bars(values: list[float], intervals: list) -> dict:
+    """Plotly's asymmetric error bars of ``values`` (none where a point has no interval)."""
+    return dict(
+        type="data",
+        symmetric=False,
+        array=[0.0 if i is None else i.high - v for v, i in zip(values, intervals)],
+        arrayminus=[0.0 if i is None else v - i.low for v, i in zip(values, intervals)],
+        thickness=1.5,
+        width=5,
+    )
+
+
+def measured_frontier_figure(points: list, dense=None) -> go.Figure:
+    """Measured held-out perplexity (left) and KL to dense (right) against budget, one line per
+    allocator (and compensation), each point a finished run with its 95% bootstrap interval over
+    the held-out windows as error bars; a run recorded without per-window numbers is drawn
+    without a bar and says so on hover.
+
+    Args:
+        points: ``measured.measured_frontier`` points, all on one source.
+        dense: the dense model's perplexity Interval (``measured.dense_interval``), or None.
+    """
+    from plotly.subplots import make_subplots
+
+    source = points[0].source if points else ""
+    fig = make_subplots(
+        rows=1, cols=2, horizontal_spacing=0.1,
+        subplot_titles=(f"perplexity on {source} (lower is better)", f"KL to the dense model on {source} (lower is better)"),
+    )  # fmt: skip
+    for series in dict.fromkeys(p.series for p in points):
+        part = [p for p in points if p.series == series]
+        color, symbol = _series_style(series)
+        budgets = [100 * p.budget for p in part]
+        notes = [
+            f"run {p.run_id}" + ("" if p.perplexity_interval else " (no interval: recorded before per-window numbers were kept)")
+            for p in part
+        ]
+        ppl = [p.perplexity for p in part]
+        fig.add_trace(
+            go.Scatter(
+                x=budgets, y=ppl, mode="lines+markers", name=series, legendgroup=series,
+                line=dict(color=color, width=2), marker=dict(size=9, color=color, symbol=symbol),
+                error_y=_error_bars(ppl, [p.perplexity_interval for p in part]),
+                customdata=notes, hovertemplate="%{customdata}<br>budget %{x:.2f}%<br>perplexity %{y:.2f}<extra>" + series + "</extra>",
+            ),
+            row=1, col=1,
+        )  # fmt: skip
+        with_kl = [p for p in part if p.kl is not None]
+        kl = [p.kl for p in with_kl]
+        fig.add_trace(
+            go.Scatter(
+                x=[100 * p.budget for p in with_kl], y=kl, mode="lines+markers", name=series, legendgroup=series, showlegend=False,
+                line=dict(color=color, width=2), marker=dict(size=9, color=color, symbol=symbol),
+                error_y=_error_bars(kl, [p.kl_interval for p in with_kl]),
+                customdata=[n for n, p in zip(notes, part) if p.kl is not None],
+                hovertemplate="%{customdata}<br>budget %{x:.2f}%<br>KL %{y:.4f} nats/token<extra>" + series + "</extra>",
+            ),
+            row=1, col=2,
+        )  # fmt: skip
+    if dense is not None and points:
+        # A trace, not a shape: a shape's annotation on a log axis reads its y as a power of ten.
+        budgets = [100 * p.budget for p in points]
+        span = [min(budgets) - 1.0, max(budgets) + 1.0]
+        label = f"dense {dense.estimate:.2f} [{dense.low:.2f}, {dense.high:.2f}]"
+        fig.add_trace(
+            go.Scatter(x=span, y=[dense.high] * 2, mode="lines", line=dict(width=0), showlegend=False, hoverinfo="skip"), row=1, col=1
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=span, y=[dense.low] * 2, mode="lines", fill="tonexty", fillcolor="rgba(153,153,153,0.15)", line=dict(width=0),
+                showlegend=False, hoverinfo="skip",
+            ),
+            row=1, col=1,
+        )  # fmt: skip
+        fig.add_trace(
+            go.Scatter(x=span, y=[dense.estimate] * 2, mode="lines", name=label, line=dict(color="#999", dash="dot"), hoverinfo="name"),
+            row=1, col=1,
+        )  # fmt: skip
+    fig.update_layout(
+        template=TEMPLATE,
+        height=400,
+        margin=dict(t=40, b=110, l=60, r=20),
+        legend=dict(orientation="h", x=0.0, y=-0.25, yanchor="top", title=dict(text="allocator")),
+    )
+    fig.update_xaxes(title_text="budget (% of prunable parameters removed)")
+    fig.update_yaxes(title_text="perplexity (log scale)", type="log", row=1, col=1)  # runs from 1.1x to 50x dense share one axis
+    fig.update_yaxes(title_text="KL (nats/token)", rangemode="tozero", row=1, col=2)
     return fig
