@@ -111,17 +111,29 @@ def open_page(page, title: str) -> None:
 
     Streamlit collapses the sidebar a moment after the window turns narrow: checking once whether
     it is collapsed raced that (CI clicked a link that had just slid off the screen), so this
-    waits until the link is on screen, expanding the sidebar whenever its button shows."""
+    waits until the link is on screen, expanding the sidebar whenever its button shows. The
+    collapse can also come after the link was seen on screen and before the click lands (the
+    window had just turned narrow): the click then finds the link slid away, and the whole
+    wait-and-click is tried again."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
     expand = page.locator('[data-testid="stExpandSidebarButton"]').first
     link = page.locator('[data-testid="stSidebarNav"] a', has_text=title).first
-    for _ in range(100):
-        if expand.is_visible():
-            expand.click()
-        box = link.bounding_box() if link.is_visible() else None
-        if box is not None and box["x"] >= 0 and box["x"] + box["width"] <= page.viewport_size["width"]:
+    for attempt in range(3):
+        for _ in range(100):
+            if expand.is_visible():
+                expand.click()
+            box = link.bounding_box() if link.is_visible() else None
+            if box is not None and box["x"] >= 0 and box["x"] + box["width"] <= page.viewport_size["width"]:
+                break
+            page.wait_for_timeout(200)
+        try:
+            link.click(timeout=10_000)
             break
-        page.wait_for_timeout(200)
-    go_to(page, title)
+        except PlaywrightTimeoutError:
+            if attempt == 2:
+                raise
+    page.get_by_role("heading", name=title).first.wait_for(timeout=60_000)
     collapse = page.locator('[data-testid="stSidebarCollapseButton"] button, button[data-testid="stSidebarCollapseButton"]').first
     if collapse.is_visible():
         collapse.click()
