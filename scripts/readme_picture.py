@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
+sys.path.insert(0, str(ROOT / "tests" / "browser"))  # test_browser: the app server the browser tests start
+
+from test_browser import CHROMIUM, CHROMIUM_ARGS, start_app, stop_app
+
 VIEWPORT = {"width": 1400, "height": 1000}
 
 
@@ -38,28 +37,6 @@ def default_table(cache_dir: Path):
     return loss_table(load_model(DEFAULT_MODEL), spec)
 
 
-def serve(cache_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """`streamlit run serve.py` on a free loopback port with ``cache_dir``; (process, url) once healthy."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "streamlit", "run", "serve.py", "--server.port", str(port), "--server.address", "127.0.0.1",
-               "--server.headless", "true", "--browser.gatherUsageStats", "false"]  # fmt: skip
-    env = dict(os.environ, GAP_CACHE_DIR=str(cache_dir))
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.read().strip() == b"ok":
-                    return process, url
-        except OSError:
-            time.sleep(0.3)
-    process.terminate()
-    raise SystemExit(f"the explorer did not start (log: {log_path})")
-
-
 def photograph(url: str, table_key: str, out: Path) -> None:
     """The planner at the default budget as the window shows it, written to ``out`` (temp file, then renamed)."""
     from playwright.sync_api import sync_playwright
@@ -67,7 +44,7 @@ def photograph(url: str, table_key: str, out: Path) -> None:
     from gap_engine.core.config import DEFAULT_BUDGET
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport=VIEWPORT)
             page.set_default_timeout(300_000)
@@ -103,12 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir = (args.cache or cache_root()).resolve()
     table = default_table(cache_dir)
     print(f"table {table.key}", flush=True)
-    process, url = serve(cache_dir, cache_dir / "readme_picture.log")
+    process, url = start_app(cache_dir, cache_dir / "readme_picture.log")
     try:
         photograph(url, table.key, args.out.resolve())
     finally:
-        process.terminate()
-        process.wait(30)
+        stop_app(process)
     print(f"wrote {args.out}")
     return 0
 
