@@ -30,7 +30,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -302,15 +302,19 @@ def report_lines(
         "| budget | configuration | KL ratio (a) / it [95%] | perplexity ratio (a) / it [95%] |",
         "|---:|---|---|---|",
     ]
-    for budget in budgets:
-        base = rows.get((0, budget))
-        for index in range(1, len(configs)):
-            row = rows.get((index, budget))
-            if base is None or row is None:
-                lines.append(f"| {budget:g} | ({chr(97 + index)}) {labels[index]} | not measured | not measured |")
-                continue
-            kl, ppl = interval(base, row, "kl", sources), interval(base, row, "nll", sources)
-            lines.append(f"| {budget:g} | ({chr(97 + index)}) {labels[index]} | {_ratio(kl)} | {_ratio(ppl)} |")
+
+    def against_a() -> Iterator[tuple[float, int, dict[str, Any] | None, dict[str, Any] | None]]:
+        """(budget, configuration, (a)'s row, its row) for every configuration after (a), rows None where not measured."""
+        for budget in budgets:
+            for index in range(1, len(configs)):
+                yield budget, index, rows.get((0, budget)), rows.get((index, budget))
+
+    for budget, index, base, row in against_a():
+        if base is None or row is None:
+            lines.append(f"| {budget:g} | ({chr(97 + index)}) {labels[index]} | not measured | not measured |")
+            continue
+        kl, ppl = interval(base, row, "kl", sources), interval(base, row, "nll", sources)
+        lines.append(f"| {budget:g} | ({chr(97 + index)}) {labels[index]} | {_ratio(kl)} | {_ratio(ppl)} |")
     lines += [
         "",
         "## Against (a), per source",
@@ -318,15 +322,12 @@ def report_lines(
         "| budget | configuration | source | KL ratio [95%] | perplexity ratio [95%] |",
         "|---:|---|---|---|---|",
     ]
-    for budget in budgets:
-        base = rows.get((0, budget))
-        for index in range(1, len(configs)):
-            row = rows.get((index, budget))
-            if base is None or row is None:
-                continue
-            for source in sources:
-                kl, ppl = interval(base, row, "kl", [source]), interval(base, row, "nll", [source])
-                lines.append(f"| {budget:g} | ({chr(97 + index)}) | {source} | {_ratio(kl)} | {_ratio(ppl)} |")
+    for budget, index, base, row in against_a():
+        if base is None or row is None:
+            continue
+        for source in sources:
+            kl, ppl = interval(base, row, "kl", [source]), interval(base, row, "nll", [source])
+            lines.append(f"| {budget:g} | ({chr(97 + index)}) | {source} | {_ratio(kl)} | {_ratio(ppl)} |")
     header = " | ".join(f"{s} ppl" for s in sources) + " | mean ppl | " + " | ".join(f"{s} KL" for s in sources) + " | mean KL"
     lines += ["", "## Every configuration", "", f"| budget | configuration | {header} |", "|---:|---|" + "---:|" * (2 * len(sources) + 2)]
     for budget in budgets:
