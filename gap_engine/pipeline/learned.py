@@ -4,9 +4,10 @@ A job that finishes (a table build, prune and evaluate, a recovery, baseline pla
 predicted and actual seconds, the load average when it started and when it ended, and torch's threads, in a small
 JSON file in the cache (``costmodel/finished-jobs.json``: the newest MAX_RECORDS, written atomically under a lock).
 The next prediction of that kind is multiplied by the median of the last RECENT runs' actual / predicted, each
-divided by the contention it started under and multiplied by the contention now, where contention = max(1, (load
+divided by the contention it ran under and multiplied by the contention now, where contention = max(1, (load
 average + torch threads) / cores): how many times over the job's threads share the cores with the runnable threads
-already there. Only runs priced the same way (the same prices and torch threads) count. An unreadable or oversized
+already there. A finished job ran under the mean of the load at its start and at its end, less its own threads at the
+end (the load average counts them by then): a job that started quiet and ended beside a test run was slowed by it. Only runs priced the same way (the same prices and torch threads) count. An unreadable or oversized
 file is ignored with a log line, and one that cannot be written costs the record, never the job.
 """
 
@@ -104,6 +105,14 @@ def record(pending: Pending, actual_s: float, path: Path | None = None) -> None:
         log.warning("a finished job's time was not recorded in %s: %s", path, one_line(exc))
 
 
+def lived_load(run: dict) -> float:
+    """The load a finished ``run`` shared the cores with: the mean of its start's and its end's, its own threads taken
+    out of the end's, but the end's never counted below the lower of the two readings (a short job's threads had not
+    yet raised the 1-minute average, so a steady load stays itself)."""
+    others_at_end = max(0.0, run["load_end"] - run["threads"])
+    return (run["load_start"] + max(others_at_end, min(run["load_end"], run["load_start"]))) / 2
+
+
 def factor_for(kind: str, prices: str, path: Path | None = None) -> Learned | None:
     """The factor for the next ``kind`` job priced by ``prices`` under the load now; None before any such run."""
     threads, low, high = torch.get_num_threads(), *RATIO_BOUNDS
@@ -111,7 +120,7 @@ def factor_for(kind: str, prices: str, path: Path | None = None) -> Learned | No
     if not runs:
         return None
     ratios = [
-        min(high, max(low, r["actual_s"] / r["predicted_s"])) / contention(r["load_start"], threads)
+        min(high, max(low, r["actual_s"] / r["predicted_s"])) / contention(lived_load(r), threads)
         for r in runs[-RECENT:]
         if r["predicted_s"] > 0
     ]

@@ -71,6 +71,21 @@ def test_the_factor_is_the_median_of_recent_runs_scaled_by_the_load_now(cache, m
     assert factor_for("recover", prices) is None
 
 
+def test_a_run_counts_the_load_it_lived_under_not_only_the_load_it_started_under(cache):
+    threads = torch.get_num_threads()
+    steady = {"load_start": 3.0, "load_end": 3.0, "threads": threads}
+    assert learned.lived_load(steady) == pytest.approx(3.0)  # a steady load stays itself
+    own = {"load_start": 3.0, "load_end": 3.0 + threads, "threads": threads}
+    assert learned.lived_load(own) == pytest.approx(3.0)  # the job's own threads at the end are not contention
+    busier = {"load_start": 1.0, "load_end": 9.0 + threads, "threads": threads}
+    assert learned.lived_load(busier) == pytest.approx(5.0)  # started quiet, ended beside 9 other threads
+    history = history_path()
+    history.parent.mkdir(parents=True)
+    run = dict(kind="gguf", predicted_s=10.0, prices="nominal", actual_s=40.0, finished=0.0) | busier
+    history.write_text(json.dumps({"finished": [run]}))
+    assert factor_for("gguf", "nominal").factor == pytest.approx(4.0 / contention(5.0, threads) * contention(LOAD, threads))
+
+
 def test_an_unreadable_or_oversized_history_is_ignored_with_a_log_line(cache, caplog):
     path = history_path()
     path.parent.mkdir(parents=True)
