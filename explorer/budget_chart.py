@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from explorer import common
+from explorer.plan_state import constraints_json, plan_compensation, release_plan, session_front
+from explorer.session_keys import SHARED_DEFAULTS
+from explorer.table_state import current_table
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.pipeline.jobs import shared_model
 from gap_engine.plan.front_view import RemovedShares, budget_steps, grid_indices, grid_shares, row_plan, step_at_budget, uniform_line
@@ -93,7 +95,7 @@ def uniform_rows(table, lm, raw_constraints: dict, top: float, baselines: list[B
     """
     extra = tuple(sorted({float(b.budget) for b in baselines or [] if b.allocator == "uniform" and b.planned}))
     constraints_text = json.dumps(raw_constraints, sort_keys=True)
-    return _uniform_rows(table.key, constraints_text, round(float(top), 6), extra, common.plan_compensation(table), table, lm)
+    return _uniform_rows(table.key, constraints_text, round(float(top), 6), extra, plan_compensation(table), table, lm)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -267,17 +269,17 @@ def unsent_release() -> dict | None:
     before the budget the slider showed reached the session.
     """
     entry = (st.session_state.get(KEEPER_KEY) or {}).get("unsaved")
-    table = common.current_table()
+    table = current_table()
     if not isinstance(entry, dict) or table is None or entry.get("id") == st.session_state.get(KEPT_KEY):
         return None
-    raw = st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
+    raw = st.session_state.get("app_constraints") or SHARED_DEFAULTS["app_constraints"]
     return entry if entry.get("front_id") == front_id_of(table, raw) else None
 
 
 def front_id_of(table, raw_constraints: dict) -> str:
     """Names the front of one table under one set of planner constraints and the compensation it
     is charged for (a release echoes it)."""
-    return table.key + "|" + common.constraints_json(raw_constraints) + "|" + (common.plan_compensation(table) or "none")
+    return table.key + "|" + constraints_json(raw_constraints) + "|" + (plan_compensation(table) or "none")
 
 
 def apply_pending_release() -> dict | None:
@@ -291,22 +293,22 @@ def apply_pending_release() -> dict | None:
     """
     ss = st.session_state
     payload = ss.pop(RELEASE_KEY, None)
-    table = common.current_table()
+    table = current_table()
     if payload is None or table is None:
         return None
-    raw = ss.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
+    raw = ss.get("app_constraints") or SHARED_DEFAULTS["app_constraints"]
     try:
-        rows = common.session_front(table, raw)
+        rows = session_front(table, raw)
         row = release_of(rows, front_id_of(table, raw), payload)
         if row is None:
             return None
-        plan = row_plan(shared_model(table.model), table, row, common.plan_compensation(table))  # the planner's model: no spinner
+        plan = row_plan(shared_model(table.model), table, row, plan_compensation(table))  # the planner's model: no spinner
     except GapError as exc:
         ss["app_plan"], ss["app_plan_hash"] = None, None
         ss["app_plan_missing"] = f"The released budget has no plan: {one_line(exc)}"
         return None
     ss["app_budget"] = float(row["budget"])
-    common.release_plan(plan, raw)
+    release_plan(plan, raw)
     return row
 
 
@@ -343,10 +345,10 @@ def _keeper_component():
 def keep_unsaved_release() -> None:
     """Mount the keeper (see KEEPER_JS) with the session's front and budget; app.py calls it on
     every page but the planner, where the chart itself sends what it shows."""
-    table = common.current_table()
+    table = current_table()
     if table is None:
         return
-    raw = st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
+    raw = st.session_state.get("app_constraints") or SHARED_DEFAULTS["app_constraints"]
     data = {"front_id": front_id_of(table, raw), "budget": float(st.session_state["app_budget"]), "kept": st.session_state.get(KEPT_KEY)}
     with st.sidebar:
         _keeper_component()(key=KEEPER_KEY, data=data, on_unsaved_change=_remember_kept_release)
