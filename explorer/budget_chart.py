@@ -19,8 +19,9 @@ tab's sessionStorage and sent by the keeper that app.py mounts on the other page
 (`keep_unsaved_release`).
 
 plotly.js is inlined from the installed plotly package by a second, constant component
-(`load_plotly`): after the first page load its element is a cached message, and no
-request leaves the machine.
+(`load_plotly`): after the first page load of a tab its element is a cached message, and no
+request leaves the machine. The chart places its moving point through plotly.js's public
+surface only (the figure's layout and the plot area's box in the DOM; `budget_chart.js`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from gap_engine.pipeline.jobs import shared_model
 from gap_engine.plan.front_view import RemovedShares, budget_steps, grid_indices, grid_shares, row_plan, step_at_budget, uniform_line
 from gap_engine.plan.problem import Constraints
 from gap_engine.views import figures
+from gap_engine.views.report import plotly_js
 
 if TYPE_CHECKING:
     from gap_engine.pipeline.runs import BaselinePlan
@@ -55,13 +57,15 @@ _PLOTLY_KEY = "app_plotly_js"
 
 @lru_cache(maxsize=1)
 def _plotly_component():
-    import plotly
-
-    source = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
-    # Run as a classic script (the bundle is written for one, not for a module's strict scope);
-    # it sets window.Plotly.
+    # The chart needs its own plotly.js: Streamlit's frontend bundles one for st.plotly_chart, but
+    # as a module inside a chunk it loads on demand, with no public handle, and the chart (a v2
+    # component, drawn in the page itself, not in an iframe) calls window.Plotly (react, animate,
+    # Plots.resize). The source is read once per process (`report.plotly_js`, this cache) and the
+    # component is defined once; Streamlit's message cache then sends the 4.6 MB to a tab once,
+    # and a reference on every later run. Run as a classic script (the bundle is written for one,
+    # not for a module's strict scope); it sets window.Plotly.
     js = (
-        f"const SOURCE = {json.dumps(source)};\n"
+        f"const SOURCE = {json.dumps(plotly_js())};\n"
         "export default function () {\n"
         "  if (window.Plotly || document.getElementById('gap-plotly-js')) return;\n"
         "  const script = document.createElement('script');\n"
