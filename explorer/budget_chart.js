@@ -300,7 +300,7 @@ class BudgetChart {
     if (!b || !this.point) return;
     const x = b.left + ((this.point[0] - b.x0) / (b.x1 - b.x0)) * b.width;
     const y = b.top + ((b.y1 - this.point[1]) / (b.y1 - b.y0)) * b.height; // pixels grow downwards
-    this.ui.dot.style.transform = `translate(${x}px, ${y}px)`;
+    this.ui.dot.style.transform = `translate(${x}px, ${y}px) translate(-50%, -50%)`; // centred, whatever its box sizing
     this.ui.dot.dataset.x = String(this.point[0]);
     this.ui.dot.dataset.y = String(this.point[1]);
   }
