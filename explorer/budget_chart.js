@@ -137,6 +137,7 @@ class BudgetChart {
     this.deferred = null;
     this.keyTimer = null;
     this.sent = null; // the step of the release sent and not yet confirmed by the server's data
+    this.frontBox = null; // where the front's plot area is (measureFront)
     const { slider } = this.ui;
     slider.addEventListener("pointerdown", () => { this.dragging = true; });
     // A press that does not move the thumb fires no "change": end the drag on any pointer up.
@@ -208,8 +209,10 @@ class BudgetChart {
     if (!previous || previous.front_figure !== data.front_figure) {
       const fig = JSON.parse(data.front_figure);
       await Plotly.react(front, fig.data, fig.layout, PLOT_CONFIG);
+      this.measureFront();
       if (!front.__gapDotHook) {
-        front.on("plotly_afterplot", () => this.placeDot()); // resizes and redraws move the axes
+        // Resizes and redraws move the plot area: measured again, then the point follows.
+        front.on("plotly_afterplot", () => { this.measureFront(); this.placeDot(); });
         front.__gapDotHook = true;
       }
     }
@@ -274,12 +277,30 @@ class BudgetChart {
     await window.Plotly.animate(rates, { data, traces: [0, 1, 2] }, NO_REDRAW).catch(ignoreInterrupted);
   }
 
+  // The front's plot area inside the chart's area and its axes' ranges, through plotly.js's public
+  // surface only: the figure's own layout (both ranges are set, linear) and the drag rectangle
+  // plotly.js lays over the plot area (.nsewdrag), measured in the DOM. Done once per redraw,
+  // so a step of the slider costs two divisions, not a layout read.
+  measureFront() {
+    const gd = this.ui.front;
+    const drag = gd.querySelector(".nsewdrag");
+    const x = gd.layout && gd.layout.xaxis && gd.layout.xaxis.range;
+    const y = gd.layout && gd.layout.yaxis && gd.layout.yaxis.range;
+    const box = drag && drag.getBoundingClientRect();
+    if (!box || !box.width || !box.height || !x || !y) { this.frontBox = null; return; } // not displayed
+    const origin = gd.parentElement.getBoundingClientRect(); // the area the dot is positioned in
+    this.frontBox = {
+      left: box.left - origin.left, top: box.top - origin.top, width: box.width, height: box.height,
+      x0: Number(x[0]), x1: Number(x[1]), y0: Number(y[0]), y1: Number(y[1]),
+    };
+  }
+
   placeDot() {
-    const layout = this.ui.front._fullLayout;
-    if (!layout || !this.point) return;
-    const x = layout._size.l + layout.xaxis.l2p(this.point[0]);
-    const y = layout._size.t + layout.yaxis.l2p(this.point[1]);
-    this.ui.dot.style.transform = `translate(${x}px, ${y}px)`;
+    const b = this.frontBox;
+    if (!b || !this.point) return;
+    const x = b.left + ((this.point[0] - b.x0) / (b.x1 - b.x0)) * b.width;
+    const y = b.top + ((b.y1 - this.point[1]) / (b.y1 - b.y0)) * b.height; // pixels grow downwards
+    this.ui.dot.style.transform = `translate(${x}px, ${y}px) translate(-50%, -50%)`; // centred, whatever its box sizing
     this.ui.dot.dataset.x = String(this.point[0]);
     this.ui.dot.dataset.y = String(this.point[1]);
   }

@@ -19,8 +19,9 @@ tab's sessionStorage and sent by the keeper that app.py mounts on the other page
 (`keep_unsaved_release`).
 
 plotly.js is inlined from the installed plotly package by a second, constant component
-(`load_plotly`): after the first page load its element is a cached message, and no
-request leaves the machine.
+(`load_plotly`): after the first page load of a tab its element is a cached message, and no
+request leaves the machine. The chart places its moving point through plotly.js's public
+surface only (the figure's layout and the plot area's box in the DOM; `budget_chart.js`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from explorer import common
+from explorer.plan_state import constraints_json, plan_compensation, release_plan, session_front
+from explorer.session_keys import SHARED_DEFAULTS
+from explorer.table_state import current_table
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.pipeline.jobs import shared_model
 from gap_engine.plan.front_view import RemovedShares, budget_steps, grid_indices, grid_shares, row_plan, step_at_budget, uniform_line
 from gap_engine.plan.problem import Constraints
 from gap_engine.views import figures
+from gap_engine.views.report import plotly_js
 
 if TYPE_CHECKING:
     from gap_engine.pipeline.runs import BaselinePlan
@@ -53,13 +57,15 @@ _PLOTLY_KEY = "app_plotly_js"
 
 @lru_cache(maxsize=1)
 def _plotly_component():
-    import plotly
-
-    source = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
-    # Run as a classic script (the bundle is written for one, not for a module's strict scope);
-    # it sets window.Plotly.
+    # The chart needs its own plotly.js: Streamlit's frontend bundles one for st.plotly_chart, but
+    # as a module inside a chunk it loads on demand, with no public handle, and the chart (a v2
+    # component, drawn in the page itself, not in an iframe) calls window.Plotly (react, animate,
+    # Plots.resize). The source is read once per process (`report.plotly_js`, this cache) and the
+    # component is defined once; Streamlit's message cache then sends the 4.6 MB to a tab once,
+    # and a reference on every later run. Run as a classic script (the bundle is written for one,
+    # not for a module's strict scope); it sets window.Plotly.
     js = (
-        f"const SOURCE = {json.dumps(source)};\n"
+        f"const SOURCE = {json.dumps(plotly_js())};\n"
         "export default function () {\n"
         "  if (window.Plotly || document.getElementById('gap-plotly-js')) return;\n"
         "  const script = document.createElement('script');\n"
@@ -93,7 +99,7 @@ def uniform_rows(table, lm, raw_constraints: dict, top: float, baselines: list[B
     """
     extra = tuple(sorted({float(b.budget) for b in baselines or [] if b.allocator == "uniform" and b.planned}))
     constraints_text = json.dumps(raw_constraints, sort_keys=True)
-    return _uniform_rows(table.key, constraints_text, round(float(top), 6), extra, common.plan_compensation(table), table, lm)
+    return _uniform_rows(table.key, constraints_text, round(float(top), 6), extra, plan_compensation(table), table, lm)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -267,17 +273,17 @@ def unsent_release() -> dict | None:
     before the budget the slider showed reached the session.
     """
     entry = (st.session_state.get(KEEPER_KEY) or {}).get("unsaved")
-    table = common.current_table()
+    table = current_table()
     if not isinstance(entry, dict) or table is None or entry.get("id") == st.session_state.get(KEPT_KEY):
         return None
-    raw = st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
+    raw = st.session_state.get("app_constraints") or SHARED_DEFAULTS["app_constraints"]
     return entry if entry.get("front_id") == front_id_of(table, raw) else None
 
 
 def front_id_of(table, raw_constraints: dict) -> str:
     """Names the front of one table under one set of planner constraints and the compensation it
     is charged for (a release echoes it)."""
-    return table.key + "|" + common.constraints_json(raw_constraints) + "|" + (common.plan_compensation(table) or "none")
+    return table.key + "|" + constraints_json(raw_constraints) + "|" + (plan_compensation(table) or "none")
 
 
 def apply_pending_release() -> dict | None:
@@ -291,22 +297,22 @@ def apply_pending_release() -> dict | None:
     """
     ss = st.session_state
     payload = ss.pop(RELEASE_KEY, None)
-    table = common.current_table()
+    table = current_table()
     if payload is None or table is None:
         return None
-    raw = ss.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
+    raw = ss.get("app_constraints") or SHARED_DEFAULTS["app_constraints"]
     try:
-        rows = common.session_front(table, raw)
+        rows = session_front(table, raw)
         row = release_of(rows, front_id_of(table, raw), payload)
         if row is None:
             return None
-        plan = row_plan(shared_model(table.model), table, row, common.plan_compensation(table))  # the planner's model: no spinner
+        plan = row_plan(shared_model(table.model), table, row, plan_compensation(table))  # the planner's model: no spinner
     except GapError as exc:
         ss["app_plan"], ss["app_plan_hash"] = None, None
         ss["app_plan_missing"] = f"The released budget has no plan: {one_line(exc)}"
         return None
     ss["app_budget"] = float(row["budget"])
-    common.release_plan(plan, raw)
+    release_plan(plan, raw)
     return row
 
 
@@ -343,10 +349,10 @@ def _keeper_component():
 def keep_unsaved_release() -> None:
     """Mount the keeper (see KEEPER_JS) with the session's front and budget; app.py calls it on
     every page but the planner, where the chart itself sends what it shows."""
-    table = common.current_table()
+    table = current_table()
     if table is None:
         return
-    raw = st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
+    raw = st.session_state.get("app_constraints") or SHARED_DEFAULTS["app_constraints"]
     data = {"front_id": front_id_of(table, raw), "budget": float(st.session_state["app_budget"]), "kept": st.session_state.get(KEPT_KEY)}
     with st.sidebar:
         _keeper_component()(key=KEEPER_KEY, data=data, on_unsaved_change=_remember_kept_release)

@@ -7,7 +7,17 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from explorer import budget_chart, common, ownership, run_story
+from explorer import budget_chart, ownership, run_story
+from explorer.confirm import ask_first, confirmation
+from explorer.glossary import GLOSSARY
+from explorer.job_panel import job_controls
+from explorer.job_text import expected_caption
+from explorer.messages import clear_message, set_message, show_message
+from explorer.page_paths import PLANNER_PAGE
+from explorer.plan_state import constraints_from_state, constraints_json, plan_compensation, release_current_plan
+from explorer.session_jobs import remember_job, session_job
+from explorer.table_state import table_page
+from explorer.task_picker import checked_task_settings, task_defaults, task_examples, task_picker
 from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
@@ -41,19 +51,19 @@ DEFAULTS = {
     "eval_metric": None,
     "eval_compare": [],
     "eval_history_columns": [],
-} | common.task_defaults("eval_")
-table = common.table_page("eval_", DEFAULTS, "Prune & evaluate")
+} | task_defaults("eval_")
+table = table_page("eval_", DEFAULTS, "Prune & evaluate")
 ss = st.session_state
 released = ss.get("app_plan")
 if (
     ss["eval_allocator"] == "dp"
     and not ss.get("app_plan_missing")
-    and (not released or released.get("compensation") != common.plan_compensation(table))
+    and (not released or released.get("compensation") != plan_compensation(table))
 ):
     # The planner was not opened in this session, or the compensation changed here since it
     # released its plan: the planner's plan for this budget, counted for the compensation the run applies.
     try:
-        common.release_current_plan(table)
+        release_current_plan(table)
     except GapError as exc:
         st.error(f"Cannot make the planner's plan: {one_line(exc)}")
 budget = float(ss["app_budget"])
@@ -87,7 +97,7 @@ def expected_run(settings: EvalSettings) -> Prediction | None:
     compensated = run_compensation() != "none"
     stages = prune_eval_stages(settings, bool(ss["eval_save_checkpoint"]), bool(ss["eval_tasks_on"]), compensated)
     try:
-        examples = common.task_examples("eval_")
+        examples = task_examples("eval_")
         return run_prediction(table.model, table.spec.windows, settings, stages, allocator, examples, loaded=model_loaded(table.model))
     except Exception:  # an unreadable config: the run itself says what is wrong
         return None
@@ -102,13 +112,13 @@ def start_run(shown_plan: dict | None = None) -> None:
             run interrupted after the release was applied, say) changes the session's plan, never
             the plan pruned, so the run's hash is the hash that was on screen.
     """
-    common.clear_message("eval")
+    clear_message("eval")
     settings = eval_settings()
     windows = settings.windows
     try:
         check_windows(windows.n_samples, windows.seq_len, windows.batch_size, ("Held-out samples", "Tokens per sample", "Batch size"))
     except GapError as exc:
-        common.set_message("eval", "error", one_line(exc))
+        set_message("eval", "error", one_line(exc))
         return
     expected = expected_run(settings)
     allocator = ss["eval_allocator"]
@@ -117,10 +127,10 @@ def start_run(shown_plan: dict | None = None) -> None:
         try:
             plan = RatePlan.from_dict(dict(shown_plan)) if shown_plan else None
         except GapError as exc:
-            common.set_message("eval", "error", one_line(exc))
+            set_message("eval", "error", one_line(exc))
             return
         if plan is None:  # never a re-derived plan in its place
-            common.set_message("eval", "error", missing_plan_text())
+            set_message("eval", "error", missing_plan_text())
             return
         if changed_under_the_click(plan):
             return
@@ -129,9 +139,9 @@ def start_run(shown_plan: dict | None = None) -> None:
         try:
             plan = RatePlan.from_dict(dict(uploaded))
         except GapError as exc:
-            common.set_message("eval", "error", one_line(exc))
+            set_message("eval", "error", one_line(exc))
             return
-    tasks_ok, task_settings = common.checked_task_settings("eval_", "eval")  # the engine's check, as for gap eval --tasks
+    tasks_ok, task_settings = checked_task_settings("eval_", "eval")  # the engine's check, as for gap eval --tasks
     if not tasks_ok:
         return
     checkpoint_dir = None
@@ -147,7 +157,7 @@ def start_run(shown_plan: dict | None = None) -> None:
         table=table,
         budget=run_budget,
         allocator=allocator if plan is None else plan.allocator,
-        constraints=common.constraints_from_state(),
+        constraints=constraints_from_state(),
         plan=plan,
         checkpoint_dir=checkpoint_dir,
         compensation=CompensationSettings(mode=run_compensation()),
@@ -157,14 +167,14 @@ def start_run(shown_plan: dict | None = None) -> None:
     )
     plan_id = plan.content_hash() if plan is not None else ""
     compensation = run_compensation()
-    key = f"{table.key}|{allocator}|{run_budget:.4f}|{plan_id}|{compensation}|{criterion}|{obs_samples}|{common.constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
+    key = f"{table.key}|{allocator}|{run_budget:.4f}|{plan_id}|{compensation}|{criterion}|{obs_samples}|{constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
     params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": run_budget, "plan_hash": plan_id or None}
     params |= {"compensation": compensation, "criterion": run_criterion(), "obs_samples": obs_samples}
     label = f"{allocator} at {run_budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
     label += f", criterion {criterion}" if criterion else ""
     label += f", compensation {compensation}" if compensation != "none" else ""
     job = manager().submit("prune_eval", task, key=key, label=label, params=params, owner=ownership.owner())
-    common.remember_job("prune_eval", job)
+    remember_job("prune_eval", job)
 
 
 def changed_under_the_click(shown) -> bool:
@@ -173,7 +183,7 @@ def changed_under_the_click(shown) -> bool:
     new plan, so the next press prunes that one. Never prunes a plan the slider has left."""
     arriving = budget_chart.unsent_release()  # handed over with this very click
     if arriving is not None and arriving.get("budget") != shown.budget:
-        common.set_message(
+        set_message(
             "eval",
             "warning",
             f"The budget the planner showed ({float(arriving['budget']):.2%}) was still reaching this page when "
@@ -185,7 +195,7 @@ def changed_under_the_click(shown) -> bool:
     except GapError:
         now = None
     if now is not None and now.content_hash() != shown.content_hash():
-        common.set_message(
+        set_message(
             "eval",
             "warning",
             f"The planner's plan changed to `{now.content_hash()}` ({(now.budget or 0):.2%}) after this page showed "
@@ -200,7 +210,7 @@ def planner_plan():
     stored = ss.get("app_plan")
     if not stored or stored.get("table_key") != table.key or stored.get("budget") != budget:
         return None
-    if stored.get("compensation") != common.plan_compensation(table):
+    if stored.get("compensation") != plan_compensation(table):
         return None  # counted for another compensation than the run applies
     try:
         return RatePlan.from_dict(dict(stored))
@@ -263,7 +273,7 @@ def delete_run(run_id: int, checkpoint: str | None) -> None:
     try:
         history.delete_run(int(run_id), remove_checkpoint=True)
     except GapError as exc:
-        common.set_message("eval_history", "error", one_line(exc))
+        set_message("eval_history", "error", one_line(exc))
         return
     # The page that follows must not show what is gone (its panel, its place in a comparison, the URL).
     last = ss.get("app_last_run")
@@ -273,7 +283,7 @@ def delete_run(run_id: int, checkpoint: str | None) -> None:
     if recovery is not None and recovery.run_id == run_id:
         ss["app_last_recovery"] = None
     ss["eval_compare"] = [i for i in ss["eval_compare"] if i != run_id]
-    common.set_message("eval_history", "success", f"Deleted run {run_id}" + (" and its checkpoint." if removes_checkpoint else "."))
+    set_message("eval_history", "success", f"Deleted run {run_id}" + (" and its checkpoint." if removes_checkpoint else "."))
 
 
 def speed_spread(throughput: dict) -> str | None:
@@ -342,7 +352,7 @@ with left:
         allocators,
         key="eval_allocator",
         format_func=lambda m: f"{m} — {ALLOCATOR_HELP[m]}",
-        help="How the budget is spread over the layers. " + common.GLOSSARY["DP front"],
+        help="How the budget is spread over the layers. " + GLOSSARY["DP front"],
     )
     if ss["eval_allocator"] == UPLOADED:
         up_budget = uploaded.get("budget")
@@ -351,7 +361,7 @@ with left:
             f"budget {'not stated' if up_budget is None else f'{up_budget:.2%}'} of prunable parameters."
         )
     else:
-        st.metric("Budget from the planner (of prunable parameters)", f"{budget:.2%}", help=common.GLOSSARY["prunable"])
+        st.metric("Budget from the planner (of prunable parameters)", f"{budget:.2%}", help=GLOSSARY["prunable"])
         if chosen is not None:
             biases = int(chosen.params.get("bias_params", 0))
             left = int(chosen.params.get("pruned_total_with_biases", chosen.params["pruned_total"]))
@@ -359,20 +369,20 @@ with left:
                 f"The planner's DP plan `{chosen.content_hash()}`: removes {chosen.params['removed']:,} parameters"
                 + (f", adds {biases:,} bias parameters" if biases else "")
                 + f", leaves {left:,}; predicted {figures.loss_label(table.spec.objective)} {chosen.predicted_loss:+.4f}.",
-                help=common.GLOSSARY["plan hash"],
+                help=GLOSSARY["plan hash"],
             )
         elif ss["eval_allocator"] == "dp":
             st.warning(missing_plan_text())
         locked = ss["app_constraints"].get("locked") or {}
         if locked:
             st.caption(f"Locked layers: {', '.join(sorted(locked, key=int))}")
-        st.page_link(common.PLANNER_PAGE, label="Change the budget on the planner", icon=":material/tune:")
+        st.page_link(PLANNER_PAGE, label="Change the budget on the planner", icon=":material/tune:")
     st.selectbox(
         "Compensation after the cut",
         list(COMPENSATIONS),
         key="app_compensation",
         disabled=run_compensation() != ss["app_compensation"],
-        help=common.GLOSSARY["compensation"]
+        help=GLOSSARY["compensation"]
         + "\n\n"
         + COMPENSATIONS.help()
         + " The run, its checkpoint and its model card say which."
@@ -418,10 +428,10 @@ with right:
         key="eval_save_checkpoint",
         help="Saves the pruned model under the cache; needed to download it on the Export page",
     )
-    common.task_picker("eval_")
+    task_picker("eval_")
 
-common.expected_caption(expected_run(eval_settings()), "run")
-common.job_controls(
+expected_caption(expected_run(eval_settings()), "run")
+job_controls(
     "prune_eval", "Prune and evaluate", "eval_run", start_run, ":material/play_arrow:", "Prune & evaluate", "eval",
     type="primary", args=(chosen.to_dict() if chosen is not None else None,),
 )  # fmt: skip
@@ -472,7 +482,7 @@ def show_result(result) -> None:
         c[2].metric(
             f"Held-out KL to dense ({source})",
             f"{report.get('kl_to_dense', {}).get(source, float('nan')):.4f}",
-            help=common.GLOSSARY["held-out KL"],
+            help=GLOSSARY["held-out KL"],
         )
     c = st.columns(3)
     predicted, actual = result.predicted_loss, result.actual_loss
@@ -492,7 +502,7 @@ def show_result(result) -> None:
         None if actual is None or predicted is None else f"{actual - predicted:+.4f} vs predicted",
         delta_color="off",
         delta_arrow="off",
-        help=common.GLOSSARY["calibration KL"]
+        help=GLOSSARY["calibration KL"]
         if objective == "kl"
         else "Measured on the calibration windows the table was built from: "
         "the measured counterpart of the predicted increase (held-out numbers are above).",
@@ -503,7 +513,7 @@ def show_result(result) -> None:
             "Prefill speed vs dense",
             f"{throughput.get('prefill_speedup', float('nan')):.2f}x",
             prefill_range(throughput),  # a median is never shown without its spread
-            help=" ".join(filter(None, [speed_spread(throughput), common.GLOSSARY["speed-up spread"]])),
+            help=" ".join(filter(None, [speed_spread(throughput), GLOSSARY["speed-up spread"]])),
             delta_color="off",
             delta_arrow="off",
         )
@@ -511,7 +521,7 @@ def show_result(result) -> None:
         c[2].metric("Throughput", "not timed")
     if throughput and speed_delta(throughput):
         # The spread is a sentence: under the numbers, where it wraps, not in a metric's one line.
-        st.caption(f"Speed against dense: prefill {speed_delta(throughput)}.", help=common.GLOSSARY["speed-up spread"])
+        st.caption(f"Speed against dense: prefill {speed_delta(throughput)}.", help=GLOSSARY["speed-up spread"])
     if len(report["perplexity"]) > 1:
         st.dataframe(
             pd.DataFrame(
@@ -528,13 +538,13 @@ def show_result(result) -> None:
             placeholder="—",
         )
     if result.task_accuracy:
-        st.markdown("**Task accuracy** (lm-eval)", help=common.GLOSSARY["task accuracy"])
+        st.markdown("**Task accuracy** (lm-eval)", help=GLOSSARY["task accuracy"])
         c = st.columns(3)
         for i, (task, score) in enumerate(result.task_accuracy.items()):
             dense_text = score_text(result.dense_task_accuracy.get(task))
             c[i % 3].metric(
                 f"Accuracy ({task}, {score['n']} examples)", score_text(score), f"dense {dense_text or 'not measured'}",
-                delta_color="off", delta_arrow="off", help=common.GLOSSARY["task accuracy"],
+                delta_color="off", delta_arrow="off", help=GLOSSARY["task accuracy"],
             )  # fmt: skip
         rows = task_table_rows([("dense", result.dense_task_accuracy), ("pruned", result.task_accuracy)])
         st.dataframe(pd.DataFrame(rows), hide_index=True, key="eval_tasks_table", placeholder="—")
@@ -549,7 +559,7 @@ def show_result(result) -> None:
 
 
 result = ss.get("app_last_run")
-running = common.session_job("prune_eval")
+running = session_job("prune_eval")
 if running is not None and running.active:
     # The panel names the run on screen: while a run is pruned, that one; the last finished run
     # stays one click away, under its own name.
@@ -619,7 +629,7 @@ try:
 except GapError as exc:
     st.error(one_line(exc))
     frame = pd.DataFrame()
-common.show_message("eval_history")
+show_message("eval_history")
 if frame.empty:
     st.caption("No runs yet: every prune-and-evaluate run is recorded here, across sessions.")
 else:
@@ -657,8 +667,8 @@ else:
         doomed = int(ss["eval_delete_id"])
         checkpoint = frame.loc[frame["id"] == doomed, "checkpoint"].iloc[0] if "checkpoint" in frame else None
         checkpoint = checkpoint if isinstance(checkpoint, str) and checkpoint else None
-        common.ask_first(c2, "Delete run…", "eval_delete", doomed, icon=":material/delete:")
-        common.confirmation(
+        ask_first(c2, "Delete run…", "eval_delete", doomed, icon=":material/delete:")
+        confirmation(
             "eval_delete",
             doomed,
             delete_question(doomed, checkpoint),

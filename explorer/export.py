@@ -7,7 +7,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from explorer import common, report_export
+from explorer import report_export
+from explorer.glossary import GLOSSARY
+from explorer.job_text import duration_text
+from explorer.png_export import render_png
+from explorer.session_keys import init_page
+from explorer.table_state import current_table, reference_model
 from gap_engine.core.config import GGUF_OUTTYPES
 from gap_engine.core.errors import GapError, PlanError, one_line
 from gap_engine.core.limits import LIMITS, check_file_size
@@ -42,9 +47,9 @@ REMOTE_CODE_NOTE = (
     "process and opens no network connection, and nothing else in the folder is code. gap itself never runs "
     "it: gap loads its checkpoints with its own classes and trust_remote_code=False."
 )
-common.init_page("export_", DEFAULTS)
+init_page("export_", DEFAULTS)
 ss = st.session_state
-table = common.current_table()
+table = current_table()
 
 
 def chart_figures() -> dict:
@@ -81,7 +86,7 @@ def render_pngs(names_and_figs: dict) -> None:
     """Render every chart to PNG with kaleido (headless Chromium); keep the bytes for download."""
     ss["export_png"], ss["export_png_error"], ss["export_png_view"] = {}, "", chart_view()
     try:
-        ss["export_png"] = common.render_png(names_and_figs)
+        ss["export_png"] = render_png(names_and_figs)
     except Exception as exc:  # kaleido raises many kinds when no browser can start
         ss["export_png"] = {}
         ss["export_png_error"] = one_line(exc)
@@ -115,7 +120,7 @@ def render_gguf_download(folder: str) -> None:
     predicted = None if problem is not None else gguf_prediction(folder, outtype)
     if predicted is not None:
         st.caption(
-            f"Building the {outtype} GGUF file takes about {common.duration_text(predicted.total)} ({predicted.basis}; "
+            f"Building the {outtype} GGUF file takes about {duration_text(predicted.total)} ({predicted.basis}; "
             f"{predicted.where}): the download starts once it is built."
         )
 
@@ -133,7 +138,7 @@ def check_uploaded_plan(uploaded) -> None:
         st.warning("Load a loss table on Setup first, so the plan can be checked against its model.")
         return
     try:
-        reference = common.reference_model(model)
+        reference = reference_model(model)
         plan.check_model(reference)
     except GapError as exc:
         ss["app_uploaded_plan"] = None
@@ -180,7 +185,7 @@ else:
     plan_dict = ss["app_plan"] if chosen == "planner" else next(r.plan for r in runs if f"run-{r.id}" == chosen)
     plan = RatePlan.from_dict(dict(plan_dict))
     stem = f"plan-{plan.allocator}-{(plan.budget or 0) * 100:.2f}pct-{plan.content_hash()}"  # the budget and identity the app shows
-    st.caption(f"Plan `{plan.content_hash()}` · budget {(plan.budget or 0):.2%} of prunable parameters.", help=common.GLOSSARY["plan hash"])
+    st.caption(f"Plan `{plan.content_hash()}` · budget {(plan.budget or 0):.2%} of prunable parameters.", help=GLOSSARY["plan hash"])
     c1, c2, c3 = st.columns(3)
     # Every download on this page ignores the click for reruns: a rerun replaces the files built on
     # click, so the report clicked right after the plan asked for one the rerun had just dropped.

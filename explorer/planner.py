@@ -11,7 +11,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from explorer import budget_chart, common, ownership
+from explorer import budget_chart, ownership
+from explorer.glossary import GLOSSARY
+from explorer.job_panel import job_controls
+from explorer.messages import clear_message, set_message
+from explorer.page_paths import EVALUATE_PAGE
+from explorer.plan_state import constraints_from_state, plan_compensation, release_plan, session_front
+from explorer.session_jobs import remember_job
+from explorer.table_state import reference_model, table_page
 from gap_engine.core.config import DEFAULT_MAX_RATE
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
@@ -29,7 +36,7 @@ DEFAULTS = {
     "planner_coupled": False,
     "planner_baseline_allocators": ["uniform", "flap"],
 }
-table = common.table_page("planner_", DEFAULTS, "Budget planner")
+table = table_page("planner_", DEFAULTS, "Budget planner")
 ss = st.session_state
 if ss["planner_table_key"] != table.key:  # a new table: its own locks, a budget it can reach
     ss["planner_table_key"] = table.key
@@ -38,7 +45,7 @@ if ss["planner_table_key"] != table.key:  # a new table: its own locks, a budget
     if ss["planner_lock_rate"] not in grid:
         ss["planner_lock_rate"] = 0.0
 try:
-    lm = common.reference_model(table.model)
+    lm = reference_model(table.model)
     table.check_model(lm)
 except GapError as exc:
     st.error(f"Cannot plan with this table: {one_line(exc)}")
@@ -48,13 +55,13 @@ c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
 c1.caption(
     "Drag the budget slider: the per-layer rates chosen by GAP's exact DP follow the pointer, and releasing it sets "
     "the budget that Prune & evaluate and Export use. The dashed green line is uniform pruning at the same budget.",
-    help=f"{common.GLOSSARY['DP front']}\n\n{common.GLOSSARY['prunable']}",
+    help=f"{GLOSSARY['DP front']}\n\n{GLOSSARY['prunable']}",
 )
 c2.selectbox(
     "Compensation after the cut",
     list(COMPENSATIONS),
     key="app_compensation",
-    help=common.GLOSSARY["compensation"] + "\n\n" + COMPENSATIONS.help(),
+    help=GLOSSARY["compensation"] + "\n\n" + COMPENSATIONS.help(),
 )
 
 with st.expander("Constraints", expanded=bool(ss["planner_locked"])):
@@ -77,9 +84,9 @@ raw_constraints = {
     "coupled": bool(ss["planner_coupled"]),
 }
 ss["app_constraints"] = raw_constraints
-constraints = common.constraints_from_state()
+constraints = constraints_from_state()
 try:
-    rows = common.session_front(table, raw_constraints)
+    rows = session_front(table, raw_constraints)
 except GapError as exc:
     st.error(one_line(exc))
     st.stop()
@@ -144,7 +151,7 @@ data = budget_chart.chart_data(
 )
 row = rows[data["rows"][data["active"]]]
 try:
-    plan = row_plan(lm, table, row, common.plan_compensation(table))
+    plan = row_plan(lm, table, row, plan_compensation(table))
 except GapError as exc:
     plan_error = one_line(exc)
     ss["app_budget"], ss["app_plan"], ss["app_plan_hash"] = float(row["budget"]), None, None
@@ -153,7 +160,7 @@ else:
     # The budget every page uses is this row's own, set with its plan before the next Streamlit
     # call: a rerun interrupted there never leaves the budget of one row beside the plan of another.
     ss["app_budget"] = float(row["budget"])
-    common.release_plan(plan, raw_constraints)
+    release_plan(plan, raw_constraints)
 budget_chart.show(data)
 
 if plan_error is not None:
@@ -171,7 +178,7 @@ else:
         f"{plan.budget:.2%} of prunable{' net' if biases else ''} · {(params['dense_total'] - left) / params['dense_total']:.2%} of all",
         delta_color="off",
         delta_arrow="off",
-        help=common.GLOSSARY["prunable"],
+        help=GLOSSARY["prunable"],
     )
     c2.metric(
         "Parameters left",
@@ -192,15 +199,15 @@ else:
         delta_arrow="off",
         help=f"{objective}: the table's single-component increases added up; components interact, so the measured increase "
         "(Prune & evaluate) is usually larger. Measured runs of this table appear as x marks on the loss panel.\n\n"
-        + common.GLOSSARY["nats/token"]
+        + GLOSSARY["nats/token"]
         + "\n\n"
-        + common.GLOSSARY["DP front"],
+        + GLOSSARY["DP front"],
     )
     st.caption(bias_line(plan))
     st.caption(
         f"Plan `{ss['app_plan_hash']}` (its content hash): Prune & evaluate prunes this very plan, and the run, "
         "the checkpoint and every export carry the same hash and budget.",
-        help=common.GLOSSARY["plan hash"],
+        help=GLOSSARY["plan hash"],
     )
     with st.expander("Per-layer rates of this plan"):
         shares = budget_chart.row_shares(budget_chart.rate_shares(table, lm), table, row)
@@ -223,7 +230,7 @@ else:
                 "MLP removed": st.column_config.NumberColumn(format="percent"),
             },
         )
-    st.page_link(common.EVALUATE_PAGE, label="Prune & evaluate this plan", icon=":material/science:")
+    st.page_link(EVALUATE_PAGE, label="Prune & evaluate this plan", icon=":material/science:")
 
 st.subheader("Baseline allocations")
 st.caption(
@@ -242,20 +249,20 @@ c1.multiselect(
 def start_baselines() -> None:
     allocators = list(ss["planner_baseline_allocators"])
     if not allocators:
-        common.set_message("planner", "warning", "Pick at least one baseline allocator.")
+        set_message("planner", "warning", "Pick at least one baseline allocator.")
         return
     job = manager().submit(
         "baselines",
-        baselines_task(table.model, table, baseline_budgets(rows[-1]["budget"]), allocators, constraints, common.plan_compensation(table)),
+        baselines_task(table.model, table, baseline_budgets(rows[-1]["budget"]), allocators, constraints, plan_compensation(table)),
         key=front_id + "|" + ",".join(allocators),
         label="baseline plans",
         owner=ownership.owner(),
     )
-    common.remember_job("baselines", job)
-    common.clear_message("planner")
+    remember_job("baselines", job)
+    clear_message("planner")
 
 
-common.job_controls(
+job_controls(
     "baselines",
     "Compute baselines",
     "planner_compute_baselines",

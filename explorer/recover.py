@@ -14,7 +14,16 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from explorer import common, ownership
+from explorer import ownership
+from explorer.confirm import ask_first, confirmation
+from explorer.glossary import GLOSSARY
+from explorer.job_panel import job_controls
+from explorer.job_text import duration_text
+from explorer.messages import clear_message, set_message
+from explorer.page_paths import EVALUATE_PAGE
+from explorer.session_jobs import remember_job, session_job
+from explorer.session_keys import init_page
+from explorer.task_picker import checked_task_settings, task_defaults, task_examples, task_picker
 from gap_engine.core.config import APP_EVAL_WINDOWS, RECOVERY_DEFAULT_TEXTS
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
@@ -54,8 +63,8 @@ DEFAULTS = {
     "recover_eval_samples": APP_EVAL_WINDOWS.n_samples,
     "recover_eval_seq_len": APP_EVAL_WINDOWS.seq_len,
     "recover_generations": 1,
-} | common.task_defaults("recover_")
-common.init_page("recover_", DEFAULTS)
+} | task_defaults("recover_")
+init_page("recover_", DEFAULTS)
 st.title("Recover")
 ss = st.session_state
 
@@ -113,14 +122,14 @@ def settings_from_state() -> RecoverySettings:
 
 
 def start_recovery(checkpoint: str) -> None:
-    common.clear_message("recover")
+    clear_message("recover")
     try:
         settings = settings_from_state()
         out_dir = app_output_dir(checkpoint, settings)
     except GapError as exc:
-        common.set_message("recover", "error", one_line(exc))
+        set_message("recover", "error", one_line(exc))
         return
-    tasks_ok, task_settings = common.checked_task_settings("recover_", "recover")  # the engine's check, as for gap eval --tasks
+    tasks_ok, task_settings = checked_task_settings("recover_", "recover")  # the engine's check, as for gap eval --tasks
     if not tasks_ok:
         return
     task = recover_task(checkpoint, settings, out_dir, task_settings, maker=ownership.owner())
@@ -129,19 +138,19 @@ def start_recovery(checkpoint: str) -> None:
         params={"checkpoint": checkpoint, "settings": asdict(settings)},  # a reload fills the form from them
         owner=ownership.owner(),
     )  # fmt: skip
-    common.remember_job("recover", job)
+    remember_job("recover", job)
 
 
 def start_over(out_dir: Path) -> None:
     discard(partial_dir(out_dir))
-    common.set_message("recover", "info", "The saved partial run was discarded; Recover starts from step 0.")
+    set_message("recover", "info", "The saved partial run was discarded; Recover starts from step 0.")
 
 
 # ---- what to recover -----------------------------------------------------------------------------
 candidates = checkpoint_runs()
 if not candidates:
     st.info("No saved checkpoint yet: run **Prune & evaluate** with *Save checkpoint* on, then come back.")
-    st.page_link(common.EVALUATE_PAGE, label="Go to Prune & evaluate", icon=":material/science:")
+    st.page_link(EVALUATE_PAGE, label="Go to Prune & evaluate", icon=":material/science:")
     st.stop()
 last = ss["app_last_run"].run_id if ss.get("app_last_run") else None
 if ss["recover_run"] not in candidates:
@@ -196,7 +205,7 @@ with right:
     c1.number_input("Held-out samples", min_value=1, max_value=256, step=1, key="recover_eval_samples")
     c2.number_input("Tokens per sample", min_value=8, max_value=2048, step=8, key="recover_eval_seq_len")
     c3.number_input("Generations", min_value=0, max_value=3, step=1, key="recover_generations")
-    common.task_picker("recover_")
+    task_picker("recover_")
     st.number_input(
         "Keep the best snapshot, judged every (steps; 0: the last)",
         min_value=0,
@@ -216,23 +225,23 @@ except GapError as exc:
     st.warning(one_line(exc))
 else:
     # This machine's cached speed, else nominal CPU prices (never measured on a page view: it takes seconds).
-    predicted = recovery_prediction(chosen.checkpoint, settings_from_state(), task_examples=common.task_examples("recover_"))
+    predicted = recovery_prediction(chosen.checkpoint, settings_from_state(), task_examples=task_examples("recover_"))
     if predicted is not None:
         before, _, after = predicted.seconds.values()
         parts = [(predicted.tasks_s, "scoring tasks"), (predicted.text_s, "writing teacher text")]
         parts.append((predicted.judge_s, f"judging {predicted.judgements} snapshots"))
-        scoring = "".join(f", {common.duration_text(seconds)} of it {what}" for seconds, what in parts if seconds)
+        scoring = "".join(f", {duration_text(seconds)} of it {what}" for seconds, what in parts if seconds)
         st.caption(
-            f"Predicted time ({predicted.where}): about {common.duration_text(predicted.total)} "
-            f"({predicted.step_s:.2g} s per step, {common.duration_text(before)} before training, "
-            f"{common.duration_text(after)} after{scoring}; {predicted.basis})"
+            f"Predicted time ({predicted.where}): about {duration_text(predicted.total)} "
+            f"({predicted.step_s:.2g} s per step, {duration_text(before)} before training, "
+            f"{duration_text(after)} after{scoring}; {predicted.basis})"
         )
-running = common.session_job("recover")
+running = session_job("recover")
 reached = saved_step(out_dir) if out_dir is not None else None
 if reached is not None and not (running and running.active):
     st.info(f"A run with these settings stopped at step {reached} of {ss['recover_steps']}: Recover resumes it from there.")
-    common.ask_first(st, "Start over…", "recover_start_over", str(out_dir), icon=":material/restart_alt:")
-    common.confirmation(
+    ask_first(st, "Start over…", "recover_start_over", str(out_dir), icon=":material/restart_alt:")
+    confirmation(
         "recover_start_over",
         str(out_dir),
         f"Discard the saved partial run (step {reached} of {ss['recover_steps']}, in `{partial_dir(out_dir)}`)? "
@@ -242,7 +251,7 @@ if reached is not None and not (running and running.active):
         (out_dir,),
     )
 label = "Resume recovery" if reached is not None else "Recover"
-common.job_controls(
+job_controls(
     "recover", label, "recover_go", start_recovery, ":material/healing:", "Recovery", "recover", args=(chosen.checkpoint,), type="primary"
 )
 
@@ -335,7 +344,7 @@ if result:
                      column_config={name: NUMBERS for name in ("dense", "unrecovered", "recovered")})  # fmt: skip
     by_task = task_tables(result)
     if by_task:
-        st.markdown("**Task accuracy** (lm-eval)", help=common.GLOSSARY["task accuracy"])
+        st.markdown("**Task accuracy** (lm-eval)", help=GLOSSARY["task accuracy"])
         for i, (task, frame) in enumerate(by_task.items()):
             examples = ((result.after or {}).get("task_accuracy") or {}).get(task, {}).get("n")
             st.caption(f"{task}" + (f", {examples} examples" if examples else ""))

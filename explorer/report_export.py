@@ -11,7 +11,10 @@ import json
 
 import streamlit as st
 
-from explorer import budget_chart, common
+from explorer import budget_chart
+from explorer.plan_state import session_front
+from explorer.session_keys import SHARED_DEFAULTS
+from explorer.table_state import reference_model
 from gap_engine.core.config import DEFAULT_BUDGET
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
@@ -34,10 +37,10 @@ def planner_export_figure(table):
     Raises:
         GapError: the model cannot be loaded or does not fit the table.
     """
-    lm = common.reference_model(table.model)
+    lm = reference_model(table.model)
     table.check_model(lm)
-    raw = st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"]
-    rows = common.session_front(table, raw)
+    raw = st.session_state.get("app_constraints") or SHARED_DEFAULTS["app_constraints"]
+    rows = session_front(table, raw)
     baselines = _baselines(table, raw)
     uniform = budget_chart.uniform_rows(table, lm, raw, rows[-1]["budget"], baselines) if rows else None
     budget = float(st.session_state.get("app_budget") or DEFAULT_BUDGET)
@@ -63,9 +66,9 @@ def report_html(table, plan_dict: dict, run_id: int | None) -> str:
     """
     plan = RatePlan.from_dict(dict(plan_dict))
     report.check_plan(table, plan)
-    lm = common.reference_model(table.model)
+    lm = reference_model(table.model)
     table.check_model(lm)
-    session = Constraints.from_dict(st.session_state.get("app_constraints") or common.SHARED_DEFAULTS["app_constraints"])
+    session = Constraints.from_dict(st.session_state.get("app_constraints") or SHARED_DEFAULTS["app_constraints"])
     where = (f"run {run_id}" if run_id is not None else "the Budget planner's plan") + f", plan {plan.content_hash()}"
     inputs = report.report_inputs(plan, run_id, constraints=session, plan_name="the plan chosen for this report")
     plan, evaluation, constraints = inputs.plan, inputs.evaluation, inputs.constraints
@@ -75,7 +78,7 @@ def report_html(table, plan_dict: dict, run_id: int | None) -> str:
         "max_rate": constraints.max_rate,
         "coupled": constraints.coupled,
     }
-    rows = common.session_front(table, raw)
+    rows = session_front(table, raw)
     baselines = _baselines(table, raw)
     uniform = budget_chart.uniform_rows(table, lm, raw, rows[-1]["budget"], baselines) if rows else None
     return report.build_report(

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from explorer import common, ownership
+from explorer import ownership
+from explorer.glossary import GLOSSARY
+from explorer.messages import clear_message, set_message
+from explorer.session_jobs import remember_job, session_job
 from gap_engine.core.config import DEFAULT_COMPENSATION, WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
@@ -69,13 +72,13 @@ def start_beside(run_id: int, what: str, table) -> None:
     """Callback of a comparison button: ``SAME_PLAN`` prunes run ``run_id``'s plan again with the
     other compensation; ``UNIFORM`` prunes uniformly at its budget with its compensation; both on
     its held-out windows (no tasks, no checkpoint)."""
-    common.clear_message("eval")
+    clear_message("eval")
     try:
         record = history.get_run(run_id)
         plan = RatePlan.from_dict(dict(record.plan))
         settings = run_settings(record)
     except (GapError, TypeError) as exc:
-        common.set_message("eval", "error", f"Cannot measure beside run {run_id}: {one_line(exc)}")
+        set_message("eval", "error", f"Cannot measure beside run {run_id}: {one_line(exc)}")
         return
     params = record.params or {}
     if what == SAME_PLAN:
@@ -98,7 +101,7 @@ def start_beside(run_id: int, what: str, table) -> None:
     job_params |= {"plan_hash": plan.content_hash() if chosen is not None else None, "beside_run": run_id}
     key = f"{table.key}|beside|{run_id}|{what}|{mode}|{settings}"
     job = manager().submit("prune_eval", task, key=key, label=label, params=job_params, owner=ownership.owner())
-    common.remember_job("prune_eval", job)
+    remember_job("prune_eval", job)
 
 
 def show_story(run_id: int, table) -> None:
@@ -117,7 +120,7 @@ def show_story(run_id: int, table) -> None:
     if record.table_key != table.key:
         st.caption(f"Run {run_id} was planned on another loss table: load it on Setup to measure beside it.")
         return
-    running = common.session_job("prune_eval")
+    running = session_job("prune_eval")
     busy = running is not None and running.active
     buttons = []
     if story.takeaway.other_id is None and record.allocator == GAP_ALLOCATOR:
@@ -129,7 +132,7 @@ def show_story(run_id: int, table) -> None:
         buttons.append((SAME_PLAN, f"Measure this plan {compensation_words(mode)}", ":material/compare_arrows:",
                         f"Prunes run {run_id}'s plan again, {compensation_words(mode)}, on the same held-out windows (no "
                         "throughput, tasks or checkpoint): what compensation does to this plan, with an interval. "
-                        + common.GLOSSARY["compensation"]))  # fmt: skip
+                        + GLOSSARY["compensation"]))  # fmt: skip
     for column, (what, label, icon, help_text) in zip(st.columns(max(1, len(buttons))), buttons):
         column.button(label, key=f"eval_beside_{what.replace(' ', '_')}_{run_id}", on_click=start_beside, args=(run_id, what, table),
                       disabled=busy, icon=icon, help=help_text)  # fmt: skip

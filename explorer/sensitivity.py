@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from explorer import common
+from explorer.glossary import GLOSSARY
+from explorer.table_state import table_page
 from gap_engine.views import figures
 
 DEFAULTS = {
@@ -16,7 +17,7 @@ DEFAULTS = {
     "sens_log_color": False,
     "sens_layers": None,  # the layers whose curves are drawn; None: `figures.layers_to_compare`
 }
-table = common.table_page("sens_", DEFAULTS, "Sensitivity")
+table = table_page("sens_", DEFAULTS, "Sensitivity")
 ss = st.session_state
 kinds = [k for k in ("attn", "mlp", "block") if any(kind == k for _, kind in table.components)]
 if not set(ss["sens_kinds"]) & set(kinds):
@@ -28,7 +29,7 @@ st.caption(
     "How much worse the model gets when one part of one layer is pruned and everything else stays whole: "
     "a pale cell is a part the model barely misses, a dark one a part it needs. The planner spends its budget "
     "on the pale cells first.",
-    help=common.GLOSSARY["nats/token"],
+    help=GLOSSARY["nats/token"],
 )
 c1, c2, c3, c4 = st.columns([2, 1, 1, 1], vertical_alignment="bottom")
 c1.multiselect("Components", kinds, key="sens_kinds", format_func=lambda k: figures.KIND_LABEL[k])

@@ -12,7 +12,15 @@ import re
 import pandas as pd
 import streamlit as st
 
-from explorer import common, ownership
+from explorer import ownership
+from explorer.confirm import ask_first, confirmation
+from explorer.glossary import GLOSSARY
+from explorer.job_panel import job_controls
+from explorer.job_text import duration_text, expected_caption
+from explorer.messages import clear_message, set_message
+from explorer.session_jobs import remember_job
+from explorer.session_keys import init_page
+from explorer.table_state import current_table, set_table
 from gap_engine.core.config import (
     APP_TABLE,
     DEFAULT_CHANNEL_MULTIPLE,
@@ -63,7 +71,7 @@ DEFAULTS = {
     "setup_ray": False,
 }
 RAY_ADDRESS_ENV = "GAP_RAY_ADDRESS"  # a configured Ray cluster ("local" for one on this machine) offers --ray here
-common.init_page("setup_", DEFAULTS)
+init_page("setup_", DEFAULTS)
 ss = st.session_state
 
 
@@ -118,18 +126,18 @@ def spec_from_widgets() -> TableSpec:
 
 def start_build() -> None:
     """Button callback: validate the form and start (or attach to) the table job."""
-    common.clear_message("setup")
+    clear_message("setup")
     name = model_name()
     if not name:
-        common.set_message("setup", "error", "Enter a model: a local folder path or a hub id like 'org/name'.")
+        set_message("setup", "error", "Enter a model: a local folder path or a hub id like 'org/name'.")
         return
     if ss["setup_data_kind"] == "Uploaded file" and not ss["setup_uploaded_path"]:
-        common.set_message("setup", "error", "Upload a .txt or .jsonl calibration file first (or pick a built-in sample).")
+        set_message("setup", "error", "Upload a .txt or .jsonl calibration file first (or pick a built-in sample).")
         return
     try:
         spec = spec_from_widgets()
     except GapError as exc:
-        common.set_message("setup", "error", one_line(exc))
+        set_message("setup", "error", one_line(exc))
         return
     device = device_from_widgets()
     try:
@@ -137,13 +145,13 @@ def start_build() -> None:
     except GapError:
         cached = None  # a device this machine lacks: the job says so
     if cached is not None:
-        common.set_table(cached)
-        common.set_message("setup", "success", f"Loaded the cached table {cached.key} (found without loading the model).")
+        set_table(cached)
+        set_message("setup", "success", f"Loaded the cached table {cached.key} (found without loading the model).")
         return
     cells = None
     if ss["setup_ray"] and os.environ.get(RAY_ADDRESS_ENV):
         if spec.estimator != "exact":
-            common.set_message(
+            set_message(
                 "setup",
                 "error",
                 f"Ray workers measure exact cells; the {spec.estimator} estimate is one gradient pass in one process: choose exact, or untick Ray.",
@@ -163,7 +171,7 @@ def start_build() -> None:
         params={"model": name, "spec": spec.to_dict(), "device": str(device)},
         owner=ownership.owner(),
     )
-    common.remember_job("table", job)
+    remember_job("table", job)
 
 
 def device_from_widgets() -> DeviceSpec:
@@ -225,36 +233,36 @@ def show_expected_time() -> None:
         return  # the Build button says what is wrong
     if not name:
         return
-    common.expected_caption(expected_build(name, spec), "build")
+    expected_caption(expected_build(name, spec), "build")
 
 
 def load_cached(key: str) -> None:
     """Callback: make a cached table the current one."""
-    common.clear_message("setup")
+    clear_message("setup")
     try:
         table = cache.get_table(key)
     except GapError as exc:
-        common.set_message("setup", "error", one_line(exc))
+        set_message("setup", "error", one_line(exc))
         return
     if table is None:
-        common.set_message("setup", "error", f"The cached table {key} is gone or was corrupt; build it again.")
+        set_message("setup", "error", f"The cached table {key} is gone or was corrupt; build it again.")
         return
-    common.set_table(table)
-    common.set_message("setup", "success", f"Loaded cached table {key}.")
+    set_table(table)
+    set_message("setup", "success", f"Loaded cached table {key}.")
 
 
 def delete_cached(key: str) -> None:
-    common.clear_message("setup")
+    clear_message("setup")
     try:
         cache.remove_table(key)
     except GapError as exc:
-        common.set_message("setup", "error", one_line(exc))
+        set_message("setup", "error", one_line(exc))
         return
-    current = common.current_table()
+    current = current_table()
     if current is not None and current.key == key:
-        common.set_message("setup", "warning", f"Deleted {key} from the cache; it stays loaded in this session.")
+        set_message("setup", "warning", f"Deleted {key} from the cache; it stays loaded in this session.")
     else:
-        common.set_message("setup", "success", f"Deleted {key} from the cache.")
+        set_message("setup", "success", f"Deleted {key} from the cache.")
 
 
 def cached_frame(rows: list[dict]) -> pd.DataFrame:
@@ -272,7 +280,7 @@ def cached_frame(rows: list[dict]) -> pd.DataFrame:
                 "calibration": f"{spec.get('n_samples')} x {spec.get('seq_len')} tokens of {spec.get('data')}",
                 "rates": f"{len(grid)}, up to {max(grid):g}" if grid else "—",
                 "built": (row.get("created") or "")[:16].replace("T", " ")
-                + ("" if not isinstance(seconds, (int, float)) else f" in {common.duration_text(seconds)}"),
+                + ("" if not isinstance(seconds, (int, float)) else f" in {duration_text(seconds)}"),
             }
         )
     return pd.DataFrame(records)
@@ -355,19 +363,17 @@ with right:
         key="setup_estimator",
         format_func=ESTIMATORS.label,
         on_change=_objective_for_estimator,
-        help=f"{common.GLOSSARY['fisher']}\n\n{common.GLOSSARY['taylor']} Choosing taylor sets the objective to nll (its KL estimate is zero).",
+        help=f"{GLOSSARY['fisher']}\n\n{GLOSSARY['taylor']} Choosing taylor sets the objective to nll (its KL estimate is zero).",
     )
     c1, c2, c3 = st.columns(3)
     c1.selectbox(
         "Criterion (which units go)",
         SCORING_CRITERIA.names,
         key="setup_criterion",
-        help=f"{common.GLOSSARY['criterion']}\n\n{common.GLOSSARY['wanda']}\n\n{SCORING_CRITERIA.help()}",
+        help=f"{GLOSSARY['criterion']}\n\n{GLOSSARY['wanda']}\n\n{SCORING_CRITERIA.help()}",
     )
-    c2.selectbox(
-        "Objective", OBJECTIVES.names, key="setup_objective", help=f"{OBJECTIVES.help()}\n\nBoth in {common.GLOSSARY['nats/token']}"
-    )
-    c3.selectbox("Components", ("split", "block"), key="setup_mode", help=common.GLOSSARY["split"])
+    c2.selectbox("Objective", OBJECTIVES.names, key="setup_objective", help=f"{OBJECTIVES.help()}\n\nBoth in {GLOSSARY['nats/token']}")
+    c3.selectbox("Components", ("split", "block"), key="setup_mode", help=GLOSSARY["split"])
     st.text_input("Rate grid (comma-separated, starting at 0)", key="setup_rate_grid")
     c1, c2, c3 = st.columns(3)
     c1.number_input("Calibration samples", min_value=1, max_value=512, step=1, key="setup_samples")
@@ -395,7 +401,7 @@ with right:
     show_prediction()
 
     show_expected_time()
-    common.job_controls(
+    job_controls(
         "table",
         "Build table",
         "setup_build",
@@ -409,7 +415,7 @@ with right:
 
 st.divider()
 st.subheader("Current table")
-table = common.current_table()
+table = current_table()
 if table is None:
     st.info("No table loaded yet. Build one above, or load a cached one below.")
 else:
@@ -424,21 +430,21 @@ else:
             f"NLL {table.dense_objective:.4f} nats/token",
             delta_color="off",
             delta_arrow="off",
-            help=common.GLOSSARY["dense objective"],  # it says "on the calibration windows"
+            help=GLOSSARY["dense objective"],  # it says "on the calibration windows"
         )
     else:  # KL of the dense model to itself is 0: no headline, the objective said in words
-        c3.metric("Objective", "KL to dense", help=common.GLOSSARY["dense objective"])
+        c3.metric("Objective", "KL to dense", help=GLOSSARY["dense objective"])
     job_seconds = ss.get("app_table_job_seconds", {}).get(table.key)
     if job_seconds is not None:  # built by this session: the job's own time, as its message says
         c4.metric(
             "Build time",
-            common.duration_text(job_seconds),
-            help=f"The whole job; measuring the table took {common.duration_text(table.build_seconds)} of it.",
+            duration_text(job_seconds),
+            help=f"The whole job; measuring the table took {duration_text(table.build_seconds)} of it.",
         )
     else:
         c4.metric(
             "Build time",
-            common.duration_text(table.build_seconds),
+            duration_text(table.build_seconds),
             help="Measuring the table when it was built (loading the model and reading the text not included).",
         )
     st.caption(
@@ -460,9 +466,9 @@ else:
     c1.selectbox("Cached table", keys, key="setup_cached_key")
     c2.button("Load", key="setup_load", on_click=load_cached, args=(ss["setup_cached_key"],), icon=":material/upload:")
     doomed = ss["setup_cached_key"]
-    common.ask_first(c3, "Delete…", "setup_delete", doomed, icon=":material/delete:")
-    current = common.current_table()
-    common.confirmation(
+    ask_first(c3, "Delete…", "setup_delete", doomed, icon=":material/delete:")
+    current = current_table()
+    confirmation(
         "setup_delete",
         doomed,
         f"Delete the loss table `{doomed}` from the cache? Building it again takes the build's time."

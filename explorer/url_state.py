@@ -39,7 +39,10 @@ from pathlib import Path
 
 import streamlit as st
 
-from explorer import common
+from explorer.messages import TABLE_LINK_SLOT, set_message
+from explorer.session_jobs import remember_job
+from explorer.table_state import current_table, set_table
+from explorer.task_picker import task_defaults
 from gap_engine.core.cachepaths import KEY_PATTERN
 from gap_engine.core.config import DEFAULT_COMPENSATION
 from gap_engine.core.errors import GapError, one_line
@@ -56,7 +59,7 @@ from gap_engine.recover.teacher_text import DEFAULT_TOKENS, is_teacher_source, p
 from gap_engine.recover.teacher_text import SOURCE as TEACHER_SOURCE
 from gap_engine.tables import cache
 
-TASK_PAGES = ("eval_", "recover_")  # the pages with a task picker (``common.task_picker``), by key prefix
+TASK_PAGES = ("eval_", "recover_")  # the pages with a task picker (``explorer.task_picker``), by key prefix
 PARAMS = ("table", "budget", "plan", "allocator", "compensation", "runs", "run", "recovery", "jobs") + tuple(
     f"{prefix}{name}" for prefix in TASK_PAGES for name in ("tasks", "task_limit", "task_folder")
 )
@@ -105,7 +108,7 @@ def parse_link(params: Mapping[str, str]) -> Link:
     """The one parser of the app's query string: every value checked for what it must be (whole
     numbers in ASCII digits and in range, a budget in [0, 1), a known allocator, a plan hash);
     one that is not is left out and named in ``problems``, never raised. A task picker the link
-    names gets its other fields' defaults (``common.task_defaults``), so no page meets a picker
+    names gets its other fields' defaults (``explorer.task_picker.task_defaults``), so no page meets a picker
     half set."""
     link = Link()
 
@@ -158,7 +161,7 @@ def _parse_picker(params: Mapping[str, str], prefix: str, link: Link, bad) -> No
     names = [f"{prefix}{name}" for name in ("tasks", "task_limit", "task_folder")]
     if not any(params.get(name) for name in names):
         return
-    picker = dict(common.task_defaults(prefix))
+    picker = dict(task_defaults(prefix))
     tasks = params.get(names[0])
     if tasks == "off":
         picker[f"{prefix}tasks_on"] = False
@@ -209,9 +212,9 @@ def _attach_jobs(ids: list[str]) -> bool:
     for job_id in ids:
         job = manager().get(job_id)
         if job is None:
-            common.set_message("setup", "warning", f"The job {job_id} from the link is gone (the server was restarted).")
+            set_message("setup", "warning", f"The job {job_id} from the link is gone (the server was restarted).")
             continue
-        common.remember_job(job.kind, job)
+        remember_job(job.kind, job)
         if job.kind == "table" and job.params.get("model"):
             setup_form(job.params["model"], job.params.get("spec") or {})
         if job.kind == "recover" and job.params.get("settings"):
@@ -259,15 +262,15 @@ def _load_table(key: str) -> bool:
         table = cache.get_table(key)
     except GapError as exc:
         text = f"The table in the link cannot be read: {one_line(exc)}"
-        common.set_message("setup", "error", text)
-        common.set_message(common.TABLE_LINK_SLOT, "error", text)
+        set_message("setup", "error", text)
+        set_message(TABLE_LINK_SLOT, "error", text)
         return False
     if table is None:
         text = f"The link names the loss table `{key}`, which this cache does not hold: build it on Setup or pick another."
-        common.set_message("setup", "warning", text)
-        common.set_message(common.TABLE_LINK_SLOT, "warning", text)  # every page that needs a table says so, not Setup alone
+        set_message("setup", "warning", text)
+        set_message(TABLE_LINK_SLOT, "warning", text)  # every page that needs a table says so, not Setup alone
         return False
-    common.set_table(table)
+    set_table(table)
     setup_form(table.model, table.spec.to_dict())
     return True
 
@@ -276,7 +279,7 @@ def _restore_plan(plan_hash: str) -> None:
     """The released plan the link names, with the planner constraints it was chosen under;
     or, when it cannot be had, a note saying so (Prune & evaluate then refuses to re-derive one)."""
     ss = st.session_state
-    table = common.current_table()
+    table = current_table()
     try:
         stored = planstore.get_plan(plan_hash)
     except GapError as exc:
@@ -310,7 +313,7 @@ def _task_picker_view(ss) -> dict:
     for prefix in TASK_PAGES:
         if f"{prefix}tasks_on" not in ss:
             continue  # the page was not opened in this session
-        defaults = common.task_defaults(prefix)
+        defaults = task_defaults(prefix)
         if not ss[f"{prefix}tasks_on"]:
             want[f"{prefix}tasks"] = "off"
         elif ss[f"{prefix}tasks"] != defaults[f"{prefix}tasks"]:
@@ -328,7 +331,7 @@ def _restore_run(run_id: int) -> None:
         record = history.get_run(run_id)
     except GapError:
         return  # deleted since, or an unreadable history (the history table says so)
-    st.session_state["app_last_run"] = PruneEvalResult.from_record(record, common.current_table())
+    st.session_state["app_last_run"] = PruneEvalResult.from_record(record, current_table())
 
 
 def _restore_recovery(run_id: int) -> None:
@@ -338,7 +341,7 @@ def _restore_recovery(run_id: int) -> None:
         result = finished_recovery(run_id)
         source = history.get_run(run_id).params["recovery"].get("source")
     except GapError as exc:
-        common.set_message("recover", "warning", f"The recovery run {run_id} from the link cannot be shown: {one_line(exc)}")
+        set_message("recover", "warning", f"The recovery run {run_id} from the link cannot be shown: {one_line(exc)}")
         return
     st.session_state["app_last_recovery"] = result
     recover_form(source, result.settings)
@@ -356,9 +359,9 @@ def restore() -> bool:
         return ss[_RESTORED]
     link = parse_link({name: str(st.query_params[name]) for name in PARAMS if name in st.query_params})
     if link.problems:
-        common.set_message(LINK_MESSAGE, "warning", "Ignored from the link: " + "; ".join(link.problems) + ".")
+        set_message(LINK_MESSAGE, "warning", "Ignored from the link: " + "; ".join(link.problems) + ".")
     named = _attach_jobs(link.jobs)
-    if link.table and common.current_table() is None:
+    if link.table and current_table() is None:
         _load_table(link.table)
         named = True  # a table the link names and the cache lacks is said so, not swapped for another
     if link.budget is not None:
@@ -385,7 +388,7 @@ def view() -> dict:
     """The query string this session's view calls for (absent keys are removed)."""
     ss = st.session_state
     want = {}
-    table = common.current_table()
+    table = current_table()
     if table is not None:
         want["table"] = table.key
         want["budget"] = repr(float(ss["app_budget"]))  # repr reads back to the same float

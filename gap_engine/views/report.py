@@ -20,6 +20,7 @@ import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -181,7 +182,11 @@ def _bias_params(plan: RatePlan, evaluation: dict | None, cut: int) -> int:
 
 
 # ---- the HTML ---------------------------------------------------------------------------------
-def _plotly_js() -> str:
+@lru_cache(maxsize=1)
+def plotly_js() -> str:
+    """The installed plotly package's plotly.min.js (about 4.6 MB), read from disk once per process
+    and safe inside a ``<script>`` element: every report, and any page that needs plotly.js as a
+    script of its own, shares this one copy."""
     import plotly
 
     source = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
@@ -508,7 +513,7 @@ def build_report(
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>GAP report: {html.escape(table.model)}</title>"
         f"<style>{_CSS}</style>"
-        f"<script type='text/javascript'>{_plotly_js()}</script>"
+        f"<script type='text/javascript'>{plotly_js()}</script>"
         "</head><body><main>\n" + "\n".join(sections) + footer + "\n</main></body></html>\n"
     )
 

@@ -38,8 +38,27 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 
+# JS: how far the centre of the budget chart's point is from the DP front line plotly.js drew (the
+# first trace's path, mapped to the screen by the SVG's own matrix), in CSS pixels.
+DOT_OFF_FRONT_JS = """() => {
+  const dot = document.querySelector('.gap-budget-dot').getBoundingClientRect();
+  const [cx, cy] = [dot.left + dot.width / 2, dot.top + dot.height / 2];
+  const line = document.querySelector('.gap-budget-front .scatterlayer .trace path.js-line');
+  const matrix = line.getScreenCTM();
+  const xy = (line.getAttribute('d').match(/-?[0-9.]+(?:e-?[0-9]+)?/g) || []).map(Number);
+  let best = Infinity;
+  for (let i = 0; i + 3 < xy.length; i += 2) {
+    const a = new DOMPoint(xy[i], xy[i + 1]).matrixTransform(matrix);
+    const b = new DOMPoint(xy[i + 2], xy[i + 3]).matrixTransform(matrix);
+    const [dx, dy] = [b.x - a.x, b.y - a.y];
+    const t = dx || dy ? Math.max(0, Math.min(1, ((cx - a.x) * dx + (cy - a.y) * dy) / (dx * dx + dy * dy))) : 0;
+    best = Math.min(best, Math.hypot(a.x + t * dx - cx, a.y + t * dy - cy));
+  }
+  return best;
+}"""
 # JS: the budget chart (explorer/budget_chart.js): its bars' graph div, the step shown, the readout.
-PLANNER_STATE_JS = """() => {
+PLANNER_STATE_JS = (
+    """() => {
   const root = document.querySelector('.gap-budget');
   const gd = root && root.querySelector('.gap-budget-rates');
   if (!gd || !gd.data) return null;
@@ -48,11 +67,15 @@ PLANNER_STATE_JS = """() => {
           step: Number(root.querySelector('.gap-budget-readout').dataset.step), row: Number(root.querySelector('.gap-budget-readout').dataset.row),
           value: root.querySelector('.gap-budget-value').textContent,
           dot: Number(root.querySelector('.gap-budget-dot').dataset.x),
+          dot_off: ("""
+    + DOT_OFF_FRONT_JS
+    + """)(),
           removed: root.querySelector('[data-k="removed"]').textContent,
           readout: root.querySelector('.gap-budget-readout').textContent,
           slider: {value: Number(slider.value), min: Number(slider.min), max: Number(slider.max)},
           pending: root.classList.contains('gap-budget-pending')};
 }"""
+)
 LOCAL = ("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:", "about:")
 
 
@@ -302,6 +325,7 @@ def _user_path(page, app_server, smol, tmp_path, RatePlan):
     assert sum(during[-1]["attn"]) + sum(during[-1]["mlp"]) > sum(before["attn"]) + sum(before["mlp"])
     assert len({s["readout"] for s in during}) >= 3  # the readout follows the slider too
     assert all(abs(s["dot"] - float(s["value"].rstrip("%"))) < 0.005 for s in during)  # and the point on the front
+    assert all(s["dot_off"] < 1.5 for s in during), [s["dot_off"] for s in during]  # drawn on the front's line
     assert not any(s["pending"] for s in during)  # nothing went to the server while the button was down
     released = release_budget(page, 0.45)
     removed = removed_count(released["removed"])

@@ -10,7 +10,18 @@ stakeholder report written by ``gap report`` opens from a file:// URL with no re
 from __future__ import annotations
 
 import pytest
-from test_browser import CHROMIUM, SCREENSHOTS, browser, go_to, link_models, open_report_offline, shot, start_app, stop_app  # noqa: F401
+from test_browser import (  # noqa: F401
+    CHROMIUM,
+    DOT_OFF_FRONT_JS,
+    SCREENSHOTS,
+    browser,
+    go_to,
+    link_models,
+    open_report_offline,
+    shot,
+    start_app,
+    stop_app,
+)
 
 from gap_engine.core.config import WindowSpec
 from gap_engine.pipeline.stages import loss_table as build_table
@@ -158,6 +169,7 @@ def test_planner_on_a_phone_has_no_overlapping_text(phone, phone_server):
     )
     assert axis["range"][1] >= phone_server["table"].num_layers - 0.5  # every layer on the axis, not 0-9
     assert axis["width"] > 0.75 * rates["width"]  # the plot area takes the panel, not a squeezed corner
+    assert phone.evaluate(DOT_OFF_FRONT_JS) < 1.5  # the chosen budget's point sits on the front's line, on a narrow plot too
     shot(phone, "phone-3-planner")
 
 

@@ -27,7 +27,7 @@ CHART_JS = "() => document.querySelector('.gap-budget').parentElement.__gapBudge
 SETTLED_JS = f"""() => {{ const c = ({CHART_JS})(); return c && c.data && c.sent == null && c.keyTimer == null
                        && c.shown === c.data.active && !c.ui.root.classList.contains('gap-budget-pending'); }}"""
 KEYS = 20
-READ_ONLY = "Started in another browser: read-only here."  # explorer.common.READ_ONLY_JOB
+READ_ONLY = "Started in another browser: read-only here."  # explorer.job_panel.READ_ONLY_JOB
 
 
 def metric_value(page, label: str) -> str:

@@ -328,7 +328,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     outtype = at.selectbox(key="export_gguf_outtype").value
     # Issue 22: its time before the click, the cost model's prediction (how close it comes to real
     # builds, cold and warm, is measured by bench/bench_gguf_time.py: no timed assertion here).
-    from explorer.common import duration_text
+    from explorer.job_text import duration_text
     from gap_engine.pipeline.expected import gguf_seconds
 
     [expected] = [c.value for c in at.caption if str(c.value).startswith(f"Building the {outtype} GGUF file takes about")]
@@ -410,7 +410,7 @@ def test_history_png_is_drawn_on_white_with_its_marks():
     import pandas as pd
     from PIL import Image
 
-    from explorer.common import render_png
+    from explorer.png_export import render_png
     from gap_engine.views import figures
 
     frame = pd.DataFrame(

@@ -149,7 +149,7 @@ def test_a_runs_numbers_say_which_text_and_how_noisy_they_are(cached_table):
 def test_technical_terms_have_a_help_sentence_and_the_sample_says_what_it_holds(cached_table):
     from pathlib import Path
 
-    from explorer.common import GLOSSARY
+    from explorer.glossary import GLOSSARY
 
     at = start()
     assert "fisher:" in at.radio(key="setup_estimator").proto.help and "taylor:" in at.radio(key="setup_estimator").proto.help

@@ -16,7 +16,8 @@ import threading
 import pytest
 from app_fixtures import cached_table, fresh_cache, start, texts, tiny_table  # noqa: F401
 
-from explorer import common, ownership
+from explorer import ownership
+from explorer.job_panel import READ_ONLY_JOB
 from gap_engine.evaluate import history
 from gap_engine.evaluate.history import RunRecord
 from gap_engine.pipeline.jobs import manager
@@ -48,7 +49,7 @@ def test_a_shared_link_watches_a_running_job_read_only_and_its_browser_still_can
         assert viewer.session_state["app_jobs"]["table"] == job.id  # it watches the job: progress, and its result
         assert any("a build in the sender's browser" in str(p.proto.text) for p in viewer.get("progress"))
         assert cancel_buttons(viewer) == []  # neither the page's Cancel nor the sidebar's
-        assert common.READ_ONLY_JOB in texts(viewer.caption)
+        assert READ_ONLY_JOB in texts(viewer.caption)
         assert viewer.query_params["jobs"] == job.id  # the link stays a link to the running job
 
         sender = start(query=link, token=started_here)  # the sender's reload (or second tab)
