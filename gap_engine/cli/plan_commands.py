@@ -94,14 +94,16 @@ def run_plan(args: argparse.Namespace) -> int:
         raise BudgetError("give exactly one of --budget FRACTION or --keep-params N")
     budget = parse_fraction(args.budget, "budget") if args.budget is not None else None
     table = read_table(args.table)
-    planning_problem(table, constraints)  # contradictory locks fail here, before the model loads
+    problem = planning_problem(table, constraints)  # contradictory locks fail here, before the model loads
     compensation = planned_compensation(args, table)
     lm = _load_for_table(args.model, table, device_from(args), args.table)
     if budget is None:
         budget = budget_for_kept_params(lm.param_count(), table.dense_prunable, args.keep_params)
-    check_reach(lm, table, budget, args.allocator, constraints, compensation.mode)
+    # The reach is checked before the allocator's slow part, on the problem built above, and
+    # what it checked is what the plan is made on.
+    reachable = check_reach(lm, table, budget, args.allocator, constraints, compensation.mode, problem=problem)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
-    plan = plan_for(lm, table, budget, args.allocator, constraints, evo=evo, compensation=compensation.mode)
+    plan = plan_for(lm, table, reachable.budget, args.allocator, constraints, evo=evo, compensation=compensation.mode, reachable=reachable)
     plan.save(args.out)
     summary = {
         "out": str(args.out),
