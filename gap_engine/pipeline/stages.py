@@ -100,7 +100,7 @@ def loss_table(
     if cells is not None and spec.compensation != "none":
         raise TableError(f"Ray workers measure cells without compensation; measure a '{spec.compensation}' table in one process")
     timer = StageTimer(hooks.stage)
-    hooks = hooks.but(stage=timer)
+    hooks = hooks.replaced(stage=timer)
     hooks.enter(READ_TEXT)
     log.info("reading the calibration text %s", spec.windows.data)
     data_fingerprint = run_unless_cancelled(
