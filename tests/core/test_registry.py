@@ -120,7 +120,7 @@ def test_an_allocator_is_one_new_file(tmp_path, monkeypatch, make_tiny):
 
 
 def test_a_name_declared_twice_is_refused_naming_both(tmp_path, monkeypatch):
-    """A second "flap" allocator is refused, both declarations named, rather than one winning in silence."""
+    """A second "flap" allocator used to win in silence; now the registry names both declarations."""
     twice = '@register("allocator", "flap", "another FLAP")\ndef flap_again(inputs):\n    return None\n'
     name = _package(
         tmp_path, "twice", {"a": "from gap_engine.core.registry import register\n\n\n" + twice.replace("flap_again", "flap_one")}
