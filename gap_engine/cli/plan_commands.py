@@ -152,8 +152,8 @@ def run_front(args: argparse.Namespace) -> int:
 def run_compare(args: argparse.Namespace) -> int:
     budgets = [parse_fraction(b, "budget") for b in parse_list(args.budgets, "--budgets")]
     allocators = parse_list(args.allocators, "--allocators")
-    for spec in allocators:  # ALLOCATOR or ALLOCATOR:CRITERION (dp:obs), refused before anything is read
-        allocator_spec(spec)
+    for given in allocators:  # ALLOCATOR or ALLOCATOR:CRITERION (dp:obs), refused before anything is read
+        allocator_spec(given)
     constraints = constraints_from(args)
     prepared = _prepared_tasks(args)  # before the text is read and the model loads
     compensation = compensation_from(args)

@@ -205,7 +205,9 @@ def allocator_spec(spec: str) -> tuple[str, str | None]:
     return allocator, criterion
 
 
-def shipped_compensation(table: LossTable, allocator: str, criterion: str | None, compensation: CompensationSettings) -> CompensationSettings:
+def shipped_compensation(
+    table: LossTable, allocator: str, criterion: str | None, compensation: CompensationSettings
+) -> CompensationSettings:
     """What the kept units of a `compare` row get: ``compensation``, or none when the row's plan is
     pruned by a sequential criterion (SlimGPT's OBS), which updates them itself."""
     return NO_COMPENSATION if is_sequential(criterion or own_criterion(allocator) or table.spec.criterion) else compensation
@@ -305,7 +307,9 @@ def compare(
                     "evo_evaluations": result.evaluations,
                 }
             else:
-                plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores, compensation=own.mode, reachable=reachable)
+                plan = plan_from_table(
+                    lm, table, budget, allocator, constraints, windows, scores, compensation=own.mode, reachable=reachable
+                )
             plan = pruned_by(plan, criterion)
             outcome = measure_plan(
                 lm, plan, calib_spec, windows, heldout, scores_of(plan.criterion), reference, table, extra, own, obs_samples

@@ -178,7 +178,9 @@ def plan_from_table(
     """
     _check_allocator(allocator)
     if reachable is not None and (reachable.budget, reachable.allocator) != (budget, allocator):
-        raise InvariantError(f"a budget checked as {reachable.budget:g} for {reachable.allocator} was given for {budget:g} with {allocator}")
+        raise InvariantError(
+            f"a budget checked as {reachable.budget:g} for {reachable.allocator} was given for {budget:g} with {allocator}"
+        )
     table.check_model(lm)
     if table.spec.channel_multiple < 1:
         raise TableError("loss table channel_multiple must be positive")
@@ -196,7 +198,9 @@ def plan_from_table(
             raise InvariantError("evo was given no calibration windows (checked above)")
         if scores is None:
             scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size)
-        return evolve(lm, table, budget, windows, scores, constraints, evo, n_buckets, smoothed, compensation=compensation, problem=problem).plan
+        return evolve(
+            lm, table, budget, windows, scores, constraints, evo, n_buckets, smoothed, compensation=compensation, problem=problem
+        ).plan
     if reachable.ladders is None:
         raise InvariantError(f"the off-grid allocator {allocator} was checked without its ladders")
     return _baseline_plan(lm, table, problem, reachable.ladders, budget, allocator, constraints, windows, scores, smoothed, compensation)
