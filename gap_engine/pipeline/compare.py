@@ -268,8 +268,7 @@ def compare(
             pruned by a sequential criterion (``obs``) gets none: its OBS update is its
             compensation, and it is planned for what it ships.
         obs_samples: calibration windows a sequential criterion (``obs``) reads (None: the table's count).
-        checked: what `check_rows` returned for these arguments, when the caller checked the budgets
-            before its own slow part (None: checked here).
+        checked: `check_rows` of these arguments, when the caller checked them first (None: checked here).
     """
     specs = [allocator_spec(a) for a in allocators]
     table.check_model(lm)
