@@ -1,8 +1,7 @@
 """Dense held-out perplexity of the built-in models with and without a leading BOS token.
 
-Before issue 14 every window was cut from a token stream encoded without special tokens,
-so no window started with the beginning-of-sequence token; Gemma is trained to always see
-it first. This benchmark measures, on the same held-out windows and the same counted
+A window cut from a token stream encoded without special tokens starts with text, never
+with the beginning-of-sequence token; Gemma is trained to always see it first. This benchmark measures, on the same held-out windows and the same counted
 tokens (the text tokens after the first one), each model's perplexity when the window
 starts with text (the old convention) and with the model's BOS token (the new one for a
 model whose tokenizer prepends it). For a model whose tokenizer adds no BOS the new

@@ -6,7 +6,7 @@ model with every compensation variant (``prune.compensation_pass``), timing the 
 itself. Every variant prunes the same units (the table's criterion on its windows); only what
 the kept units get afterwards differs. Each pruned model is measured on held-out windows of
 both built-in texts against the dense model's log-probabilities (computed once): KL to dense
-per token, perplexity, top-1 agreement. Target (issue 31): the best compensation removes at
+per token, perplexity, top-1 agreement. Target: the best compensation removes at
 least 10% of DP's held-out KL at 20% and 25% at 40%.
 
 ``--timing`` measures the other target instead, side by side in one run: the default fisher

@@ -1,4 +1,4 @@
-"""Hostile-input benchmark of the ``gap`` command line (issue 24): several hundred scripted cases.
+"""Hostile-input benchmark of the ``gap`` command line: several hundred scripted cases.
 
 Each case is one ``gap`` command over inputs made for it: loss tables, plans (JSON and YAML),
 options, tampered checkpoints, text sources, output paths, the cache and the environment, a
@@ -43,8 +43,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import hostile_issue34_meaning  # beside this file: issue 34's saved files, numbers, inputs and links
-import hostile_issue44  # beside this file: issue 44's rules, caches, paths, bounds and model identity
+import hostile_issue34_meaning  # beside this file: saved files, numbers, inputs and links read for meaning
+import hostile_issue44  # beside this file: option rules, caches, paths, bounds and model identity
 import hostile_issue44_declared  # beside this file: tensors a folder stores against those its config declares
 from report import command_line, machine_line, script_argv, with_header
 
@@ -72,7 +72,7 @@ class Case:
     env: dict = field(default_factory=dict)
     cwd: str | None = None  # relative to the case folder
     file_limit: int | None = None  # RLIMIT_FSIZE bytes in the child: a full disk
-    # issue 34: a stdin that stays open and silent (a prompt would wait on it), files that must not
+    # A stdin that stays open and silent (a prompt would wait on it), files that must not
     # appear (a marker a folder's code writes when imported: "code executed"; anything else written
     # where it does not belong: "foreign write"), stderr sent elsewhere, a working folder deleted first.
     stdin_open: bool = False

@@ -3,7 +3,7 @@
 Shapes: 64 components x 16 rates x 4,096 buckets (an 8B model's 32 layers) and 160 x 32 x
 8,192 (a 70B model's 80 layers, Llama-3-70B sizes). For each, times (median of repeats,
 time.perf_counter, one thread) `solve_front` and `tests/reference.py`'s `loop_front` (the
-implementation before issue 35) in alternation, so both see the same load; checks that
+same DP as a plain loop) in alternation, so both see the same load; checks that
 the two fronts are identical on every budget (values, choices, removals); times
 single-budget solves; and, at the small shape, a pure-Python version of the covering DP.
 Writes markdown (``--out``, default ``bench/results/planner.md``) with the machine and the load

@@ -1,4 +1,4 @@
-"""Recovery benchmark (issue 20): LoRA-lm, LoRA-kd, MaZO-kd and MeZO-kd after pruning 20%, DP against uniform.
+"""Recovery benchmark: LoRA-lm, LoRA-kd, MaZO-kd and MeZO-kd after pruning 20%, DP against uniform.
 
 On smollm2-135m at 20% of the prunable parameters, both plans from the same default loss table
 (``gap table`` with its defaults: fisher estimator, KL objective, 16 x 256 tokens of

@@ -1,4 +1,4 @@
-"""Recovery judged by task accuracy at the budgets where accuracy is lost (issue 33).
+"""Recovery judged by task accuracy at the budgets where accuracy is lost.
 
 SmolLM2-135M pruned 30% and 40% of its prunable parameters by the DP plan and by the uniform
 plan (both from the default loss table), each recovered for the same CPU time (``--cpu-budget``,
@@ -331,7 +331,7 @@ def write_report(rows: list[dict], args) -> None:
 
 
 def targets(by: dict) -> list[str]:
-    """Each target of issue 33 met or missed, with its margin (or 'not measured yet')."""
+    """Each target of this benchmark met or missed, with its margin (or 'not measured yet')."""
     out = []
 
     def acc(label: str) -> float | None:
@@ -395,7 +395,7 @@ def main(argv=None) -> None:
     only = [c for c in args.only.split(",") if c] or [f"{plan}{b}" for b in BUDGETS for plan in PLANS]
     recipes = [r for r in args.recipes.split(",") if r]
     untuned(bench, [])  # dense first: every other row is read against it
-    for budget in BUDGETS:  # 30% first, and DP first within it: the issue's first two targets need only DP at 30%
+    for budget in BUDGETS:  # 30% first, and DP first within it: the first two targets need only DP at 30%
         for plan in PLANS:
             if f"{plan}{budget}" not in only:
                 continue

@@ -1,4 +1,4 @@
-"""Benchmark of issue 12 on the CPU: precision, streaming, Ray workers, and the cost model.
+"""Scale on the CPU: precision, streaming, Ray workers, and the cost model.
 
 Four questions, each answered side by side in one run on SmolLM2-135M (and Gemma 3 270M for
 the cost model), wiki-sample calibration windows, exact tables:

@@ -1,4 +1,4 @@
-"""The checks of issue 12 that need a GPU, in one short run: ``python bench/gpu_check.py``.
+"""The scale checks that need a GPU, in one short run: ``python bench/gpu_check.py``.
 
 For smollm2-135m and gemma3-270m on ``cuda`` (one device is enough):
 

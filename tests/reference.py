@@ -87,7 +87,7 @@ def uniform_choice(costs: np.ndarray, rate_grid: np.ndarray, removed_params: flo
 
 
 def loop_front(costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray | None = None, n_buckets: int = 4096) -> dict[str, np.ndarray]:
-    """`solve_front` as it was before issue 35: one option at a time, masked copies.
+    """`solve_front` written as a plain loop: one option at a time, masked copies.
 
     The same covering DP over the same buckets (see core/knapsack.py's docstring), looped
     over components and then options, each a pass over every budget. Kept to check the

@@ -38,6 +38,7 @@ from gap_engine.core.config import (
     REFINE_BUDGETS,
     SAVE_DTYPES,
 )
+from gap_engine.core.deprecation import REMOVED_IN
 from gap_engine.core.registry import Registry
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.prune.compensations import COMPENSATIONS
@@ -254,8 +255,15 @@ def _add_plan(sub) -> None:
         choices=ALLOCATORS.names,
         help=f"how the budget is spread over layers: {ALLOCATORS.help()} (default: %(default)s)",
     )
+    # Kept because docs/layout.md promises the old flags work until REMOVED_IN; everywhere else
+    # --method is gap recover's recovery method.
     p.add_argument(
-        "--method", dest="allocator", choices=ALLOCATORS.names, action=DeprecatedAlias, new_name="--allocator", help=argparse.SUPPRESS
+        "--method",
+        dest="allocator",
+        choices=ALLOCATORS.names,
+        action=DeprecatedAlias,
+        new_name="--allocator",
+        help=f"deprecated old name of --allocator, removed in gap-engine {REMOVED_IN} (--method is the recovery method of gap recover)",
     )
     p.add_argument(
         "--compensate",
@@ -371,7 +379,7 @@ def _add_recover(sub) -> None:
         "as a pruned checkpoint that loads like any other.",
     )
     p.add_argument("--model", required=True, help="a `gap prune` folder (a dense model is allowed too)")
-    p.add_argument("--method", required=True, choices=RECOVERY_METHODS.names, help=RECOVERY_METHODS.help())
+    p.add_argument("--method", required=True, choices=RECOVERY_METHODS.names, help=f"the recovery method: {RECOVERY_METHODS.help()}")
     p.add_argument(
         "--data",
         default=",".join(RECOVERY_DEFAULT_TEXTS),

@@ -26,7 +26,7 @@ from gap_engine.core.validate import decode_text, read_bounded
 from gap_engine.model.loading import load_model, recorded_identity
 from gap_engine.model.names import resolve_recorded
 from gap_engine.pipeline import compare
-from gap_engine.pipeline.compare import allocator_spec, heldout_sets
+from gap_engine.pipeline.compare import allocator_spec, check_rows, heldout_sets
 from gap_engine.pipeline.stages import loss_table, plan_for
 from gap_engine.plan.allocator_registry import own_criterion
 from gap_engine.plan.allocators import check_reach
@@ -94,14 +94,16 @@ def run_plan(args: argparse.Namespace) -> int:
         raise BudgetError("give exactly one of --budget FRACTION or --keep-params N")
     budget = parse_fraction(args.budget, "budget") if args.budget is not None else None
     table = read_table(args.table)
-    planning_problem(table, constraints)  # contradictory locks fail here, before the model loads
+    problem = planning_problem(table, constraints)  # contradictory locks fail here, before the model loads
     compensation = planned_compensation(args, table)
     lm = _load_for_table(args.model, table, device_from(args), args.table)
     if budget is None:
         budget = budget_for_kept_params(lm.param_count(), table.dense_prunable, args.keep_params)
-    check_reach(lm, table, budget, args.allocator, constraints, compensation.mode)
+    # The reach is checked before the allocator's slow part, on the problem built above, and
+    # what it checked is what the plan is made on.
+    reachable = check_reach(lm, table, budget, args.allocator, constraints, compensation.mode, problem=problem)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
-    plan = plan_for(lm, table, budget, args.allocator, constraints, evo=evo, compensation=compensation.mode)
+    plan = plan_for(lm, table, reachable.budget, args.allocator, constraints, evo=evo, compensation=compensation.mode, reachable=reachable)
     plan.save(args.out)
     summary = {
         "out": str(args.out),
@@ -150,7 +152,8 @@ def run_front(args: argparse.Namespace) -> int:
 def run_compare(args: argparse.Namespace) -> int:
     budgets = [parse_fraction(b, "budget") for b in parse_list(args.budgets, "--budgets")]
     allocators = parse_list(args.allocators, "--allocators")
-    specs = [allocator_spec(a) for a in allocators]  # ALLOCATOR or ALLOCATOR:CRITERION (dp:obs)
+    for given in allocators:  # ALLOCATOR or ALLOCATOR:CRITERION (dp:obs), refused before anything is read
+        allocator_spec(given)
     constraints = constraints_from(args)
     prepared = _prepared_tasks(args)  # before the text is read and the model loads
     compensation = compensation_from(args)
@@ -177,15 +180,24 @@ def run_compare(args: argparse.Namespace) -> int:
         else:
             progress = StderrProgress("loss table")
             table = loss_table(lm, build_spec, progress.hooks())
-    for budget in budgets:  # before anything slow: an unreachable budget fails here
-        for allocator, _ in specs:
-            check_reach(lm, table, budget, allocator, constraints)
+    checked = check_rows(lm, table, budgets, allocators, constraints, compensation)  # before anything slow
     heldout = heldout_sets(lm.tokenizer, eval_windows, splits)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
     extra, dense_columns = _task_columns(lm, prepared)
     say = Hooks(message=lambda msg: print(msg, file=sys.stderr))  # one line per finished plan
     outcomes = compare(
-        lm, table, budgets, allocators, heldout, constraints, evo, say, extra=extra, compensation=compensation, obs_samples=args.obs_samples
+        lm,
+        table,
+        budgets,
+        allocators,
+        heldout,
+        constraints,
+        evo,
+        say,
+        extra=extra,
+        compensation=compensation,
+        obs_samples=args.obs_samples,
+        checked=checked,
     )
     for outcome in outcomes:
         outcome.extras = outcome.extras | dense_columns

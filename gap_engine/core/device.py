@@ -218,7 +218,7 @@ def wide(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float() if tensor.device.type == "mps" else tensor.double()
 
 
-def host64(tensor: torch.Tensor) -> torch.Tensor:
+def cpu_float64(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` as float64 on the host (widened on its own device first, where that is possible)."""
     return wide(tensor).cpu().double()
 

@@ -17,7 +17,7 @@ benchmarks drive it alike. A `Hooks` holds four optional parts, each a no-op whe
 
 Engine code calls the helpers (``hooks.report``, ``hooks.enter``, ``hooks.say``,
 ``hooks.check_cancelled``) and passes ``hooks`` on, or a variant made with
-``dataclasses.replace`` / `Hooks.but`; `StageTimer` records how long each stage took, and
+``dataclasses.replace`` / `Hooks.replaced`; `StageTimer` records how long each stage took, and
 `JobProgress` turns a background job's reports into its time left.
 """
 
@@ -77,8 +77,8 @@ class Hooks:
         """Raise CancelledError(message) when a cancel was requested."""
         check_cancelled(self.cancel, message)
 
-    def but(self, **changes: Any) -> Hooks:
-        """A copy with some parts replaced (``hooks.but(progress=None)``)."""
+    def replaced(self, **changes: Any) -> Hooks:
+        """A copy with some parts replaced (``hooks.replaced(progress=None)``)."""
         return replace(self, **changes)
 
 

@@ -61,11 +61,6 @@ def window_series(record: RunRecord, source: str, name: str) -> list[float] | No
     return [float(v) for v in values]
 
 
-def has_windows(record: RunRecord, source: str) -> bool:
-    """Whether the run kept its per-window NLL and KL on ``source`` (an interval can be computed)."""
-    return window_series(record, source, "nll") is not None and window_series(record, source, "kl") is not None
-
-
 def comparable_runs(records: Sequence[RunRecord], reference: RunRecord) -> list[RunRecord]:
     """The runs (``reference`` among them) evaluated on the reference's held-out windows, oldest first."""
     key = windows_key(reference)

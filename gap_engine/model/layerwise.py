@@ -269,7 +269,7 @@ def backward_blocks(
     layers = lm.adapter.layers(lm.model)
     inputs: list[list[torch.Tensor]] = []
     done = forward_blocks(
-        lm, windows, batch_size, on_input=lambda i, hidden: inputs.append(hidden), hooks=hooks.but(progress=None), for_backward=True
+        lm, windows, batch_size, on_input=lambda i, hidden: inputs.append(hidden), hooks=hooks.replaced(progress=None), for_backward=True
     )
     arriving: list[list[torch.Tensor]] = []  # [stream][b] gradient at the current block's output, host
     for b, (batch, final) in enumerate(zip(done.batches, done.final_hidden)):

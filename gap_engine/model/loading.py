@@ -353,8 +353,9 @@ def load_model(name_or_path: str, device: DeviceSpec | None = None, hub: bool = 
     stamped = model_stamps(name_or_path)  # before the weights are read: a record can be too old, never wrong
     # Files unchanged since an earlier load (size, times, inode): their fingerprint is not hashed again.
     known = recorded_model(name_or_path) if stamped is not None and stamped[1] is not None else None
-    # float32 keeps the old path bit for bit; otherwise read the stored dtype ("auto") and
-    # cast once, instead of holding a float32 copy of a bf16 checkpoint.
+    # float32 is read as float32, the precision fp32 tables and fingerprints are measured in; any
+    # other precision reads the stored dtype ("auto") and casts once, instead of holding a float32
+    # copy of a bf16 checkpoint.
     lm = _load(name_or_path, torch.float32 if placement.dtype == torch.float32 else "auto", hub, known.fingerprint if known else None)
     if known is not None and model_stamps(name_or_path) != stamped:  # a file changed while it was read
         lm.refresh_fingerprint()

@@ -193,11 +193,6 @@ def output_bias_layout(adapter: ArchitectureAdapter, model: nn.Module) -> list[t
     return layout
 
 
-def output_biases(adapter: ArchitectureAdapter, model: nn.Module) -> bool:
-    """Whether any block's o_proj or down_proj carries a bias."""
-    return any(any(pair) for pair in output_bias_layout(adapter, model))
-
-
 def add_output_biases_(adapter: ArchitectureAdapter, model: nn.Module, layout: Sequence[Sequence[bool]] | None = None) -> None:
     """Give block ``i``'s o_proj a bias where ``layout[i][0]`` and its down_proj one where
     ``layout[i][1]`` (every block both when ``layout`` is None; zeros where there is none): the

@@ -8,11 +8,8 @@ layer:
   query heads in every kept group, so the kept query heads still divide evenly over the kept
   KV heads. Every (g, q) is a candidate; the one whose removed fraction is nearest the rate
   wins. Parameters go as g * (q + 1), so two shapes can tie: of those, the one with more
-  query heads wins ((2, 2) over (3, 1), (1, 3) over (2, 1) with 3 KV groups of 3). On
-  SmolLM2-135M it lost less KL to the dense model in 11 of 14 exact cells outside layer 0,
-  and about 0.6x as much in sum; in layer 0 keeping KV groups loses less, but half of its
-  attention costs 0.6-1.5 KL either way, against 0.01-0.17 elsewhere (``bench/results/attention_ties.md``).
-  With 3 KV groups of 3 heads the rates reach exactly 9, 6, 4, 3, 2 or 1 kept heads; with 1
+  query heads wins ((2, 2) over (3, 1), (1, 3) over (2, 1) with 3 KV groups of 3): the shape
+  that loses less where it was measured (``docs/tables-plans-checkpoints.md``). With 3 KV groups of 3 heads the rates reach exactly 9, 6, 4, 3, 2 or 1 kept heads; with 1
   KV head of 4 (Gemma 3 270M), 4, 3, 2 or 1. A shape reached another way (iterative planning
   prunes a pruned model) may be the tie's other shape: a plan then records it
   (``RatePlan.attention_shapes``).

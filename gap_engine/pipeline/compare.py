@@ -23,7 +23,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, obs_windows, pruned_as_saved, pruned_by
 from gap_engine.plan.allocator_registry import ALLOCATORS, own_criterion
-from gap_engine.plan.allocators import check_reach, plan_from_table
+from gap_engine.plan.allocators import ReachableBudget, check_reach, plan_from_table
 from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
@@ -205,6 +205,38 @@ def allocator_spec(spec: str) -> tuple[str, str | None]:
     return allocator, criterion
 
 
+def shipped_compensation(
+    table: LossTable, allocator: str, criterion: str | None, compensation: CompensationSettings
+) -> CompensationSettings:
+    """What the kept units of a `compare` row get: ``compensation``, or none when the row's plan is
+    pruned by a sequential criterion (SlimGPT's OBS), which updates them itself."""
+    return NO_COMPENSATION if is_sequential(criterion or own_criterion(allocator) or table.spec.criterion) else compensation
+
+
+def check_rows(
+    lm: LoadedModel,
+    table: LossTable,
+    budgets: Sequence[float],
+    allocators: Sequence[str],
+    constraints: Constraints,
+    compensation: CompensationSettings,
+) -> dict[tuple[float, str], ReachableBudget]:
+    """Every row of `compare` checked within reach for what it ships, before anything slow.
+
+    Returns:
+        (budget, allocator as given) -> what `allocators.check_reach` checked, for `compare` to plan on.
+    Raises:
+        BudgetError: the first budget out of reach of an allocator (budgets in order, then allocators).
+    """
+    rows = {}
+    for budget in budgets:
+        for spec in allocators:
+            allocator, criterion = allocator_spec(spec)
+            shipped = shipped_compensation(table, allocator, criterion, compensation)
+            rows[budget, spec] = check_reach(lm, table, budget, allocator, constraints, shipped.mode)
+    return rows
+
+
 def compare(
     lm: LoadedModel,
     table: LossTable,
@@ -217,6 +249,7 @@ def compare(
     extra: Callable[[LoadedModel], dict] | None = None,
     compensation: CompensationSettings = NO_COMPENSATION,
     obs_samples: int | None = None,
+    checked: Mapping[tuple[float, str], ReachableBudget] | None = None,
 ) -> list[Outcome]:
     """Every allocator at every budget, pruned for real and measured on the same windows.
 
@@ -235,6 +268,7 @@ def compare(
             pruned by a sequential criterion (``obs``) gets none: its OBS update is its
             compensation, and it is planned for what it ships.
         obs_samples: calibration windows a sequential criterion (``obs``) reads (None: the table's count).
+        checked: `check_rows` of these arguments, when the caller checked them first (None: checked here).
     """
     specs = [allocator_spec(a) for a in allocators]
     table.check_model(lm)
@@ -252,22 +286,18 @@ def compare(
             by_criterion[criterion] = compute_importance(lm, windows, criterion, calib_spec.batch_size)
         return by_criterion[criterion]
 
-    def shipped(allocator: str, criterion: str | None) -> CompensationSettings:
-        """What a row's kept units get: a sequential criterion (SlimGPT's OBS) updates them itself."""
-        return NO_COMPENSATION if is_sequential(criterion or own_criterion(allocator) or table.spec.criterion) else compensation
-
-    for budget in budgets:  # fail fast on an unreachable budget, before the slow part
-        for allocator, criterion in specs:
-            check_reach(lm, table, budget, allocator, constraints, shipped(allocator, criterion).mode)
+    if checked is None:  # fail fast on an unreachable budget, before the slow part
+        checked = check_rows(lm, table, budgets, allocators, constraints, compensation)
     reference = reference_numbers(lm, windows, heldout, calib_spec.batch_size)
     outcomes = []
     for budget in budgets:
         for spec, (allocator, criterion) in zip(allocators, specs):
             started = time.perf_counter()
-            own = shipped(allocator, criterion)
+            own = shipped_compensation(table, allocator, criterion, compensation)
+            reachable = checked[budget, spec]
             extras = {}
             if allocator == "evo":
-                result = evolve(lm, table, budget, windows, scores, constraints, evo, compensation=own.mode)
+                result = evolve(lm, table, budget, windows, scores, constraints, evo, compensation=own.mode, problem=reachable.problem)
                 plan = result.plan
                 extras = {
                     "dp_predicted": result.seed_predicted,
@@ -276,7 +306,9 @@ def compare(
                     "evo_evaluations": result.evaluations,
                 }
             else:
-                plan = plan_from_table(lm, table, budget, allocator, constraints, windows, scores, compensation=own.mode)
+                plan = plan_from_table(
+                    lm, table, budget, allocator, constraints, windows, scores, compensation=own.mode, reachable=reachable
+                )
             plan = pruned_by(plan, criterion)
             outcome = measure_plan(
                 lm, plan, calib_spec, windows, heldout, scores_of(plan.criterion), reference, table, extra, own, obs_samples

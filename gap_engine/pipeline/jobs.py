@@ -436,7 +436,7 @@ def table_task(model_name: str, spec, device: DeviceSpec | None = None, cells=No
         def progress(done: int, total: int, eta: float | None = None) -> None:
             ctx.progress(done, total, eta, message=f"{done} of {total} {unit}")
 
-        return loss_table(lm, spec, ctx.hooks().but(progress=progress), cells=cells)
+        return loss_table(lm, spec, ctx.hooks().replaced(progress=progress), cells=cells)
 
     return work
 

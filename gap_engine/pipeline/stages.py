@@ -35,7 +35,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.storage import round_to_storage
-from gap_engine.plan.allocators import needs_windows, plan_from_table
+from gap_engine.plan.allocators import ReachableBudget, needs_windows, plan_from_table
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration, prune_compensated
@@ -100,7 +100,7 @@ def loss_table(
     if cells is not None and spec.compensation != "none":
         raise TableError(f"Ray workers measure cells without compensation; measure a '{spec.compensation}' table in one process")
     timer = StageTimer(hooks.stage)
-    hooks = hooks.but(stage=timer)
+    hooks = hooks.replaced(stage=timer)
     hooks.enter(READ_TEXT)
     log.info("reading the calibration text %s", spec.windows.data)
     data_fingerprint = run_unless_cancelled(
@@ -165,11 +165,13 @@ def plan_for(
     n_buckets: int = DEFAULT_N_BUCKETS,
     smoothed: bool = True,
     compensation: str | None = None,
+    reachable: ReachableBudget | None = None,
 ) -> RatePlan:
     """`allocators.plan_from_table` with the table's own calibration windows read when the allocator
-    needs them (``compensation``: what the prune that follows applies; its biases are charged to the budget)."""
+    needs them (``compensation``: what the prune that follows applies; its biases are charged to the budget;
+    ``reachable``: what `allocators.check_reach` returned for the budget, planned on as it is)."""
     windows = calibration_windows(lm.tokenizer, table.spec.windows) if needs_windows(allocator) else None
-    return plan_from_table(lm, table, budget, allocator, constraints, windows, scores, evo, n_buckets, smoothed, compensation)
+    return plan_from_table(lm, table, budget, allocator, constraints, windows, scores, evo, n_buckets, smoothed, compensation, reachable)
 
 
 # ---- pruning ------------------------------------------------------------------------------

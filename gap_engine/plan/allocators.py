@@ -16,6 +16,8 @@ bias compensation removes its budget net of the biases that compensation adds
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from gap_engine.core.config import BIAS_COMPENSATIONS, DEFAULT_N_BUCKETS
@@ -26,11 +28,12 @@ from gap_engine.model.units import block_geometries
 from gap_engine.plan.allocator_registry import ALLOCATORS, GRID_ALLOCATORS, needs_windows, own_criterion
 from gap_engine.plan.baselines import Baseline, BaselineInputs
 from gap_engine.plan.evo import EvoResult, EvoSettings, evolve
-from gap_engine.plan.front import dp_choice, dp_front, front_csv, front_rows, grid_plan
-from gap_engine.plan.ladders import build_ladders, ladder_rates, ladder_reach, settle
+from gap_engine.plan.front import dp_front, dp_solution, front_csv, front_rows, grid_plan
+from gap_engine.plan.ladders import Ladder, build_ladders, ladder_rates, ladder_reach, settle
 from gap_engine.plan.problem import (
     Constraints,
     PlanningProblem,
+    charge_biases,
     charged_counts,
     check_budget_fraction,
     planning_problem,
@@ -48,6 +51,7 @@ __all__ = [
     "Constraints",
     "EvoResult",
     "EvoSettings",
+    "ReachableBudget",
     "check_reach",
     "dp_front",
     "evolve",
@@ -62,6 +66,18 @@ def _check_allocator(allocator: str) -> None:
     ALLOCATORS.check(allocator)
 
 
+@dataclass(frozen=True)
+class ReachableBudget:
+    """A budget `check_reach` found in [0, 1) and within an allocator's reach, with what it was
+    checked on: `plan_from_table` given one plans on it as it is, neither building nor checking again."""
+
+    budget: float  # fraction of prunable parameters to remove
+    allocator: str  # the allocator it is within reach of
+    compensation: str | None  # the compensation the costs are counted for (`counted_compensation`)
+    problem: PlanningProblem  # the table under the constraints, that compensation's biases charged
+    ladders: list[Ladder] | None  # every slot's unit ladder, for the off-grid allocators; None for the grid ones
+
+
 def check_reach(
     lm: LoadedModel,
     table: LossTable,
@@ -69,9 +85,18 @@ def check_reach(
     allocator: str = "dp",
     constraints: Constraints = Constraints(),
     compensation: str | None = None,
-) -> None:
+    smoothed: bool = True,
+    problem: PlanningProblem | None = None,
+) -> ReachableBudget:
     """Raise what `plan_from_table` would raise for this budget, without its slow part.
 
+    Args:
+        problem: ``planning_problem(table, constraints, smoothed)`` when the caller built it already
+            (before the model loaded, to refuse bad constraints early); the biases of
+            ``compensation`` are charged to it here rather than the problem built again.
+    Returns:
+        The checked budget and the planning problem (and ladders) it was checked on, for
+        `plan_from_table`.
     Raises:
         BudgetError: a budget outside [0, 1) or beyond the reach of ``allocator`` under
             ``constraints`` (the message gives the reachable range); contradictory constraints.
@@ -80,15 +105,20 @@ def check_reach(
     _check_allocator(allocator)
     budget = check_budget_fraction(budget)
     compensation = counted_compensation(allocator, table, compensation)
-    problem = planning_problem(table, constraints, biases=charged_counts(lm, compensation))
+    counts = charged_counts(lm, compensation)
+    if problem is None:
+        problem = planning_problem(table, constraints, smoothed, counts)
+    elif counts is not None:
+        problem = charge_biases(problem, counts, table.spec.channel_multiple)
     if allocator in GRID_ALLOCATORS:
         low, high = problem.reach()
         if budget * problem.dense_prunable > high:
             raise reach_error(allocator, budget, low, high, problem.dense_prunable)
-        return
+        return ReachableBudget(budget, allocator, compensation, problem, None)
     biases = compensation in BIAS_COMPENSATIONS
     ladders = build_ladders(block_geometries(lm), problem.slots, problem.locked, constraints, table.spec.channel_multiple, biases)
     ladder_reach(allocator, budget, ladders, problem.dense_prunable)
+    return ReachableBudget(budget, allocator, compensation, problem, ladders)
 
 
 def counted_compensation(allocator: str, table: LossTable, compensation: str | None) -> str | None:
@@ -112,6 +142,7 @@ def plan_from_table(
     n_buckets: int = DEFAULT_N_BUCKETS,
     smoothed: bool = True,
     compensation: str | None = None,
+    reachable: ReachableBudget | None = None,
 ) -> RatePlan:
     """A rate plan for ``lm`` removing ``budget`` of its prunable parameters.
 
@@ -132,6 +163,8 @@ def plan_from_table(
             one that adds biases (bias, bias+refit) has them paid from the budget, so the
             plan removes ``budget`` net of them (`counted_compensation`: none for ``obs``);
             None: not said, nothing charged or recorded.
+        reachable: what `check_reach` returned for these arguments, so that a command checks
+            its budget and builds its planning problem once (None: both done here).
     Returns:
         A validated RatePlan with allocator, budget, predicted_loss (summed table loss,
         linear between grid rates), table_key and compensation filled in; its criterion is the table's, or
@@ -141,9 +174,13 @@ def plan_from_table(
             reachable range), or contradictory constraints.
         TableError: the table is for another model.
         PlanError: an unknown allocator, or one that needs windows and got none.
+        InvariantError: a ``reachable`` checked for another budget or allocator.
     """
     _check_allocator(allocator)
-    budget = check_budget_fraction(budget)
+    if reachable is not None and (reachable.budget, reachable.allocator) != (budget, allocator):
+        raise InvariantError(
+            f"a budget checked as {reachable.budget:g} for {reachable.allocator} was given for {budget:g} with {allocator}"
+        )
     table.check_model(lm)
     if table.spec.channel_multiple < 1:
         raise TableError("loss table channel_multiple must be positive")
@@ -151,24 +188,29 @@ def plan_from_table(
         raise PlanError(f"the {allocator} allocator reads calibration windows; none were given")
     if needs_windows(allocator):
         lm = lm.private()  # they hook or mask the model: never one that other threads run
-    compensation = counted_compensation(allocator, table, compensation)
-    problem = planning_problem(table, constraints, smoothed, charged_counts(lm, compensation))
+    if reachable is None:
+        reachable = check_reach(lm, table, budget, allocator, constraints, compensation, smoothed)
+    budget, problem, compensation = reachable.budget, reachable.problem, reachable.compensation
     if allocator == "dp":
-        return grid_plan(lm, table, problem, dp_choice(problem, budget, n_buckets), budget, "dp", compensation)
+        return grid_plan(lm, table, problem, dp_solution(problem, budget, n_buckets), budget, "dp", compensation)
     if allocator == "evo":
         if windows is None:
             raise InvariantError("evo was given no calibration windows (checked above)")
         if scores is None:
             scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size)
-        return evolve(lm, table, budget, windows, scores, constraints, evo, n_buckets, smoothed, compensation=compensation).plan
-
-    return _baseline_plan(lm, table, problem, budget, allocator, constraints, windows, scores, smoothed, compensation)
+        return evolve(
+            lm, table, budget, windows, scores, constraints, evo, n_buckets, smoothed, compensation=compensation, problem=problem
+        ).plan
+    if reachable.ladders is None:
+        raise InvariantError(f"the off-grid allocator {allocator} was checked without its ladders")
+    return _baseline_plan(lm, table, problem, reachable.ladders, budget, allocator, constraints, windows, scores, smoothed, compensation)
 
 
 def _baseline_plan(
     lm: LoadedModel,
     table: LossTable,
     problem: PlanningProblem,
+    ladders: list[Ladder],
     budget: float,
     allocator: str,
     constraints: Constraints,
@@ -177,11 +219,10 @@ def _baseline_plan(
     smoothed: bool,
     compensation: str | None,
 ) -> RatePlan:
-    """An off-grid baseline's plan: its rungs, settled to the budget whole unit by whole unit."""
+    """An off-grid baseline's plan: its rungs, settled to the budget whole unit by whole unit
+    (``ladders``: `check_reach`'s, the budget within their reach)."""
     geoms = block_geometries(lm)
     multiple = table.spec.channel_multiple
-    ladders = build_ladders(geoms, problem.slots, problem.locked, constraints, multiple, compensation in BIAS_COMPENSATIONS)
-    ladder_reach(allocator, budget, ladders, problem.dense_prunable)
     criterion = own_criterion(allocator) or table.spec.criterion
     inputs = BaselineInputs(
         lm=lm,

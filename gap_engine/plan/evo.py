@@ -22,7 +22,7 @@ from gap_engine.core.registry import register
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.plan.front import dp_choice, grid_plan
+from gap_engine.plan.front import dp_choice, dp_solution, grid_plan
 from gap_engine.plan.problem import Constraints, PlanningProblem, charged_counts, check_budget_fraction, planning_problem
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.prune.surgery import masked_plan
@@ -117,6 +117,7 @@ def evolve(
     smoothed: bool = True,
     hooks: Hooks = NO_HOOKS,
     compensation: str | None = None,
+    problem: PlanningProblem | None = None,
 ) -> EvoResult:
     """EvoPress-style refinement of the DP plan, scored by true calibration loss.
 
@@ -135,13 +136,18 @@ def evolve(
         hooks: progress told (generations done, generations total, None).
         compensation: what the prune that follows applies; one that adds biases has them
             charged to the budget (``problem.bias_charges``), as for the DP.
+        problem: the planning problem `allocators.check_reach` built and checked ``budget`` on
+            (its costs charged for ``compensation``); None: built and checked here.
     """
     table.check_model(lm)
     lm = lm.private()  # candidates are masked on it: never on a model other threads run
-    budget = check_budget_fraction(budget)
-    problem = planning_problem(table, constraints, smoothed, charged_counts(lm, compensation))
+    if problem is None:
+        budget = check_budget_fraction(budget)
+        problem = planning_problem(table, constraints, smoothed, charged_counts(lm, compensation))
+        seed_choice = dp_choice(problem, budget, n_buckets)
+    else:
+        seed_choice = dp_solution(problem, budget, n_buckets)
     target = budget * problem.dense_prunable
-    seed_choice = dp_choice(problem, budget, n_buckets)
     if settings.n_samples is not None:
         windows = windows[: settings.n_samples]
     batch_size = table.spec.windows.batch_size

@@ -117,10 +117,16 @@ def front_csv(rows: list[dict[str, Any]]) -> str:
 @register("allocator", "dp", "GAP: the exact DP on the loss table", ("grid",))
 def dp_choice(problem: PlanningProblem, budget: float, n_buckets: int) -> np.ndarray:
     low, high = problem.reach()
-    target = budget * problem.dense_prunable
-    if target > high:
+    if budget * problem.dense_prunable > high:
         raise reach_error("dp", budget, low, high, problem.dense_prunable)
-    return solve_budget(problem.costs, problem.losses, problem.allowed, removed_params=target, n_buckets=n_buckets)
+    return dp_solution(problem, budget, n_buckets)
+
+
+def dp_solution(problem: PlanningProblem, budget: float, n_buckets: int) -> np.ndarray:
+    """The option index per slot that removes at least ``budget`` with the least summed loss, for a
+    budget already found within the problem's reach (`dp_choice` checks it; `allocators.check_reach`
+    checks it once per command)."""
+    return solve_budget(problem.costs, problem.losses, problem.allowed, removed_params=budget * problem.dense_prunable, n_buckets=n_buckets)
 
 
 def grid_plan(

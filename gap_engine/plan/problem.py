@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -217,8 +217,6 @@ def planning_problem(
         for row in sources:
             costs[s] += table_removed[row]
             losses[s] += table_losses[row]
-    if biases is not None:
-        costs -= bias_charges(biases, slots, table.rate_grid, table.spec.channel_multiple)
     locked = {s: locked_layers[layer] for s, (layer, _) in enumerate(slots) if layer in locked_layers}
     low = np.full(len(slots), constraints.min_rate)
     high = np.full(len(slots), constraints.max_rate)
@@ -233,7 +231,7 @@ def planning_problem(
             return f"layer {layer} {kind}"
 
         raise BudgetError(re.sub(r"^component (\d+)", slot_name, str(exc))) from None
-    return PlanningProblem(
+    problem = PlanningProblem(
         slots=slots,
         rate_grid=np.asarray(table.rate_grid, dtype=np.float64),
         costs=costs,
@@ -243,6 +241,14 @@ def planning_problem(
         num_layers=num_layers,
         dense_prunable=int(table.dense_prunable),
     )
+    return problem if biases is None else charge_biases(problem, biases, table.spec.channel_multiple)
+
+
+def charge_biases(problem: PlanningProblem, biases: Sequence[ComponentGeometry], multiple: int) -> PlanningProblem:
+    """``problem`` with every option costing what it removes less the biases it adds (`bias_charges`),
+    as `planning_problem` builds it when given ``biases``: a problem built before the model loaded
+    (to refuse bad constraints early) is charged once the model's geometry is known."""
+    return replace(problem, costs=problem.costs - bias_charges(biases, problem.slots, problem.rate_grid, multiple))
 
 
 def reach_error(allocator: str, budget: float, low: int, high: int, dense: int) -> BudgetError:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from gap_engine.core.config import DEFAULT_CRITERION
-from gap_engine.core.device import host64, input_device, is_streamed, wide
+from gap_engine.core.device import cpu_float64, input_device, is_streamed, wide
 from gap_engine.core.errors import GapError
 from gap_engine.core.progress import NO_HOOKS, Hooks
 from gap_engine.core.registry import register
@@ -93,10 +93,10 @@ def _magnitude(lm: LoadedModel) -> list[LayerScores]:
         geom = lm.adapter.geometry(layer)
         q, _, _, o = lm.adapter.attention_projections(layer)
         gate, up, down = lm.adapter.mlp_projections(layer)
-        q_rows = host64(wide(q.weight.detach().abs()).sum(1))  # (H*D,)
-        o_cols = host64(wide(o.weight.detach().abs()).sum(0))  # (H*D,)
+        q_rows = cpu_float64(wide(q.weight.detach().abs()).sum(1))  # (H*D,)
+        o_cols = cpu_float64(wide(o.weight.detach().abs()).sum(0))  # (H*D,)
         head = _per_head(q_rows + o_cols, geom.head_dim)
-        channel = host64(
+        channel = cpu_float64(
             wide(gate.weight.detach().abs()).sum(1) + wide(up.weight.detach().abs()).sum(1) + wide(down.weight.detach().abs()).sum(0)
         )
         out.append(LayerScores(head=head, channel=channel))
@@ -153,7 +153,7 @@ def _output_inputs(lm: LoadedModel) -> dict[Hashable, nn.Linear]:
 
 def _fluctuation(stats: InputStats, linear: nn.Linear) -> torch.Tensor:
     """FLAP's per-column metric: the input's variance times the column's squared norm, (in,) float64."""
-    return stats.variance() * host64(wide(linear.weight.detach()).pow(2).sum(0))
+    return stats.variance() * cpu_float64(wide(linear.weight.detach()).pow(2).sum(0))
 
 
 def _activation_scores(lm: LoadedModel, windows: torch.Tensor, criterion: str, batch_size: int, hooks: Hooks) -> list[LayerScores]:
@@ -164,9 +164,9 @@ def _activation_scores(lm: LoadedModel, windows: torch.Tensor, criterion: str, b
         head_dim = lm.adapter.geometry(layer).head_dim
         o, down = linears[i, "o"], linears[i, "down"]
         if criterion == "wanda":
-            o_cols = host64(wide(o.weight.detach().abs()).sum(0)) * stats[i, "o"].l2()
+            o_cols = cpu_float64(wide(o.weight.detach().abs()).sum(0)) * stats[i, "o"].l2()
             head = _per_head(o_cols, head_dim)
-            channel = host64(wide(down.weight.detach().abs()).sum(0)) * stats[i, "down"].l2()
+            channel = cpu_float64(wide(down.weight.detach().abs()).sum(0)) * stats[i, "down"].l2()
         else:  # flap: FLAP squares the attention metric before it ranks heads
             head = _per_head(_fluctuation(stats[i, "o"], o).pow(2), head_dim)
             channel = _fluctuation(stats[i, "down"], down)
@@ -268,8 +268,8 @@ def _taylor(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hook
         # Vector-wise Taylor: a unit's removal changes the loss by about -sum(W * g) over its weights.
         head_rows = s_q.sum(1).reshape(-1, geom.head_dim).sum(-1)
         head_cols = s_o.sum(0).reshape(-1, geom.head_dim).sum(-1)
-        head = host64((head_rows + head_cols).abs())
-        channel = host64((s_gate.sum(1) + s_up.sum(1) + s_down.sum(0)).abs())
+        head = cpu_float64((head_rows + head_cols).abs())
+        channel = cpu_float64((s_gate.sum(1) + s_up.sum(1) + s_down.sum(0)).abs())
         out.append(LayerScores(head=head, channel=channel))
     return out
 

@@ -163,7 +163,7 @@ def measure_table(
     except NonFiniteMeasurement as exc:
         raise TableError(f"{exc}: {non_finite_cause(lm.model)}") from None
     check_finite_cells(lm, spec, components, objective, dense)
-    if placement_of(lm) != resolve(CPU_FP32):  # tables built the old way keep their exact extras
+    if placement_of(lm) != resolve(CPU_FP32):  # a CPU float32 table records no placement, so its extras match the cached ones'
         stats = stats | {"placement": placement_of(lm).describe()}
     if spec.compensation != "none":
         stats["compensation"] = spec.compensation  # what the measured cells include

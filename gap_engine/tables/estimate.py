@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gap_engine.core.device import host64, input_device, is_streamed, placement_of
+from gap_engine.core.device import cpu_float64, input_device, is_streamed, placement_of
 from gap_engine.core.progress import GRADIENT_PASS, EtaClock, Hooks
 from gap_engine.core.registry import register
 from gap_engine.data.bos import next_token_nll, text_start
@@ -100,11 +100,11 @@ class _GradientSums:
     def add(self, stream: int, layer: int, heads: torch.Tensor, channels: torch.Tensor) -> None:
         """One batch's (B, H) and (B, I) mask gradients of block ``layer``, stream index ``stream``."""
         if self.streams[stream] == "grad":
-            self.grad_heads[layer] += host64(heads).sum(0)
-            self.grad_channels[layer] += host64(channels).sum(0)
+            self.grad_heads[layer] += cpu_float64(heads).sum(0)
+            self.grad_channels[layer] += cpu_float64(channels).sum(0)
         else:
-            self.fisher_heads[layer] += (host64(heads) ** 2).sum(0)
-            self.fisher_channels[layer] += (host64(channels) ** 2).sum(0)
+            self.fisher_heads[layer] += (cpu_float64(heads) ** 2).sum(0)
+            self.fisher_channels[layer] += (cpu_float64(channels) ** 2).sum(0)
 
     def head_losses(
         self, logits: torch.Tensor, batch: torch.Tensor, start: int, objective: str, generator: torch.Generator

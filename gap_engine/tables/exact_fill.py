@@ -41,4 +41,4 @@ def cells_start(hooks: Hooks) -> Hooks:
             hooks.enter(CELLS)
         hooks.report(done, total, eta)
 
-    return hooks.but(progress=report)
+    return hooks.replaced(progress=report)

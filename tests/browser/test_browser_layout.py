@@ -222,7 +222,7 @@ def test_every_page_on_a_phone(phone, phone_server, smol, monkeypatch):
         assert phone.locator('[data-testid="stException"]').count() == 0, title
         shot(phone, f"phone-{number}-{title.lower().replace(' & ', '-').replace(' ', '-')}")
 
-    # Issue 22: Recover's finished result (opened from its link, as after a reload) whole on a phone
+    # Recover's finished result (opened from its link, as after a reload) whole on a phone
     # and at 1400 px: no table scrolls sideways, no metric is cut with an ellipsis.
     run_id = recovered_run(phone_server["cache"], smol.tokenizer, monkeypatch)
     for width, name in ((PHONE["width"], "phone-6-recover"), (1400, "desktop-recover")):
@@ -249,8 +249,8 @@ def watch(page) -> dict:
 
 def test_a_sub_page_opens_and_reloads_with_no_failed_request(browser, phone_server):
     """Opened at its own address and reloaded (a shared link, F5), a page asks for nothing that
-    fails: Streamlit's browser code used to try ``/evaluate/_stcore/health`` and
-    ``/evaluate/_stcore/host-config`` first (two 404s, two console errors) before ``/``."""
+    fails: no ``/evaluate/_stcore/health`` or ``/evaluate/_stcore/host-config`` before ``/``
+    (two 404s, two console errors)."""
     page = browser.new_page(viewport={"width": 1366, "height": 768})
     page.set_default_timeout(120_000)
     seen = watch(page)
@@ -293,8 +293,8 @@ def test_the_report_opens_from_a_file_with_no_request(browser, phone_server, tmp
 
 
 def test_predicted_vs_actual_fits_a_phone_with_its_toolbar_shown(browser, tmp_path):
-    """Issue 22, finding 9: on a phone the chart's x-axis title was clipped and its toolbar covered
-    the legend. Drawn by plotly.js in Chromium at the width Streamlit gives a chart on a 390 px
+    """On a phone the chart's x-axis title must not be clipped nor its legend covered by the
+    toolbar. Drawn by plotly.js in Chromium at the width Streamlit gives a chart on a 390 px
     screen, toolbar forced on (a touch shows it): the axis titles lie inside the figure and the
     legend clear of the toolbar. No server: the figure's own HTML."""
     import pandas as pd

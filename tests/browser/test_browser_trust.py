@@ -195,7 +195,7 @@ def test_a_shared_link_is_read_only_and_the_sender_cancels_and_deletes_after_a_q
 
 def test_keys_pressed_while_a_budget_is_being_set_all_count(presenter, phone_server):
     """Keys a little slower than the release delay: each one lands while the previous release is on
-    its way, and the data of that older release no longer pulls the thumb back (every key counts)."""
+    its way, and the data of that older release does not pull the thumb back (every key counts)."""
     page = presenter.new_page()
     page.set_default_timeout(120_000)
     try:

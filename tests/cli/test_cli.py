@@ -133,8 +133,8 @@ def test_too_short_text_file_is_refused(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_prune_budget_honours_device_dtype_stream_and_save_dtype(tmp_path, capsys, monkeypatch):
-    # `gap prune --budget` once built its own table spec, loaded the model without --device/--dtype/
-    # --stream and saved bfloat16 whatever --save-dtype said; it now goes through the shared builders.
+    # `gap prune --budget` builds its table spec and loads the model through the shared builders, so
+    # --device/--dtype/--stream and --save-dtype reach it as they reach every other command.
     from safetensors import safe_open
 
     from gap_engine.cli import model_commands

@@ -1,4 +1,4 @@
-"""Hostile and careless input against the command line and the explorer (issue 13).
+"""Hostile and careless input against the command line and the explorer.
 
 Every case asserts the guarantees docs/errors-and-limits.md states: exit
 status 2, exactly one line on stderr (``gap: error: ...``, logging included), no traceback,
@@ -171,7 +171,7 @@ def plan_dict(num_layers: int = 2) -> dict:
 
 
 def _bomb_plan() -> str:
-    """A plan whose ``model`` field is an alias bomb (issue 13's first finding)."""
+    """A plan whose ``model`` field is an alias bomb."""
     fields = "\n".join(f"{k}: {json.dumps(v)}" for k, v in plan_dict().items() if k != "model")
     return f"model: {yaml_alias_bomb(9)}\n{fields}\n"
 
@@ -1083,9 +1083,9 @@ def test_the_explorer_listens_on_loopback_by_default():
     assert "--server.address 0.0.0.0" in opt_in.stdout
 
 
-# ==== round 2 (issue 24) ===========================================================================
-# Each case below failed on the main branch before issue 24: an input destroyed, code or markup
-# written into a file, a traceback, a hang, or a wrong success.
+# ==== round 2 =======================================================================================
+# Each case below guards against an input destroyed, code or markup written into a file, a
+# traceback, a hang, or a wrong success.
 import resource  # noqa: E402 - the round-2 cases' own imports, kept beside them
 import sqlite3  # noqa: E402
 import stat  # noqa: E402
@@ -1701,7 +1701,7 @@ def test_the_cli_installs_the_printable_formatter_on_its_own_handler(tmp_path, m
     assert len(ours) == 1
 
 
-# ---- round 3: a checkpoint's files are checked before any text is read (issue 24) ----------------
+# ---- round 3: a checkpoint's files are checked before any text is read -----------------------------
 # A text file, not a built-in: a file is read (and its "loaded" line printed) on every run, so a
 # check that came after the text read would show as a second line here.
 CALIBRATION_TEXT = "".join(f"Document {i}: a plain sentence about pruning, long enough to be a document.\n\n" for i in range(40))

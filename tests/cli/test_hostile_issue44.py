@@ -1,4 +1,4 @@
-"""Issue 44 (items 4-7) against the command line: one rule per option, checked by every command;
+"""Options against the command line: one rule per option, checked by every command;
 cached teacher text checked against the request; paths recorded absolute; bounds and messages.
 
 Every refusal is checked as docs/errors-and-limits.md states it: exit status 2, one ``gap:

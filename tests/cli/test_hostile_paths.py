@@ -1,4 +1,4 @@
-"""Issue 34 (items 1, 2, 3's paths, 6, 7) against the command line: no code from a model folder,
+"""Paths and names against the command line: no code from a model folder,
 no output over an input (the cache's files included), no internal error from a path, nothing
 named in a file reaching the network or written into a foreign folder, terminal-safe output.
 

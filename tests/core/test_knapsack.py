@@ -157,7 +157,7 @@ def test_solve_budget_in_the_upper_half_is_exact_within_n_buckets_of_the_top(ins
     assert same_loss(chosen_loss(losses, choice), expected)
 
 
-# --- the vectorised DP against the loop it replaced (issue 35) ------------------------------
+# --- the vectorised DP against the plain loop (tests/reference.py) ---------------------------
 
 
 def assert_same_front(front, before):

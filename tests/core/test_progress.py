@@ -42,7 +42,7 @@ def test_hooks_forward_each_part_and_raise_once_cancelled():
     assert hooks.is_cancelled()
     with pytest.raises(CancelledError, match="stopped at 3"):
         hooks.check_cancelled("stopped at 3")
-    quiet = hooks.but(progress=None)
+    quiet = hooks.replaced(progress=None)
     quiet.report(4, 4)
     assert len(seen) == 3 and quiet.cancel is event and hooks.progress is not None
 

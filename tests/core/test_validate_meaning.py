@@ -1,4 +1,4 @@
-"""Files read for meaning, not only for types (issue 34): numbers that no build produces, counts
+"""Files read for meaning, not only for types: numbers that no build produces, counts
 that contradict each other, strict JSON out, inputs that would be silently dropped.
 
 No model is loaded: tables and plans are written by hand from a valid two-layer table (rates 0

@@ -1,4 +1,4 @@
-"""Text sources named inside a file never reach the network (issue 34, item 6).
+"""Text sources named inside a file never reach the network.
 
 A loss table's spec is read back as a ``StoredWindowSpec``: equal to the spec it was built for,
 kept through ``replace``, and read by the data layer from local files and caches only.

@@ -174,7 +174,7 @@ def test_concurrent_writers(tmp_path):
 
 
 def test_speed_ups_whose_repeat_ranges_overlap_read_within_noise():
-    """DP 1.12x against uniform 1.27x, repeats 1.02-1.54x and 1.10-1.45x: not a difference (issue 22, finding 7)."""
+    """DP 1.12x against uniform 1.27x, repeats 1.02-1.54x and 1.10-1.45x: not a difference."""
     from gap_engine.evaluate import runcompare
 
     def run(run_id, allocator, median, repeats):

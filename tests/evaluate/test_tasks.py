@@ -211,7 +211,7 @@ def test_history_keeps_task_accuracy_and_migrates_an_older_file(tmp_path):
     shown = history_table(history.list_runs(db)).set_index("id")  # the explorer's history table: acc ± stderr, empty where missing
     assert shown.loc[new, f"accuracy ({OFFLINE_TASK})"] == "0.625 ± 0.125" and shown.loc[old, f"dense accuracy ({OFFLINE_TASK})"] == ""
     assert list(shown.columns).index(f"accuracy ({OFFLINE_TASK})") == list(shown.columns).index("budget") + 1
-    # Issue 22: the numbers a reader compares come before the long loss-table key (off-screen at 1400 px otherwise).
+    # The numbers a reader compares come before the long loss-table key (off-screen at 1400 px otherwise).
     assert list(shown.columns).index(f"dense accuracy ({OFFLINE_TASK})") < list(shown.columns).index("table_key")
     columns = list(shown.columns)
     assert (
@@ -320,7 +320,7 @@ def test_compare_task_columns_round_trip_through_its_csv(tmp_path, capsys):
 
 def test_recovery_cancel_is_heard_inside_task_scoring(make_tiny, tmp_path, monkeypatch):
     """A cancel pressed while lm-eval scores the tasks of a recovery evaluation stops it at the
-    next forward pass (the Recover page's Cancel used to wait for every request to finish)."""
+    next forward pass, rather than after every request has been scored."""
     import threading
 
     from gap_engine.core.errors import CancelledError

@@ -316,7 +316,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert not at.exception
     labels = {b.proto.label for b in at.get("download_button")}
     assert {"Plan (JSON)", "Plan (YAML)", "Loss table (CSV)", "Run history (CSV)", "Checkpoint (zip)"} <= labels
-    # Issue 22, finding 9: the charts' buttons read as words ("pred_vs_actual (HT…" was cut on screen).
+    # The charts' buttons read as words: an identifier such as "pred_vs_actual (HT…" is cut on a narrow screen.
     assert {"predicted vs actual (HTML)", "run history (HTML)"} <= labels and not any("_" in label for label in labels), labels
     assert at.selectbox(key="export_plan_source").value == "planner" or at.selectbox(key="export_plan_source").value.startswith("run-")
     zipped = history.checkpoint_zip(result.checkpoint)
@@ -326,8 +326,8 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
 
     assert "Checkpoint (GGUF)" in labels and gguf.gguf_problem(result.checkpoint) is None
     outtype = at.selectbox(key="export_gguf_outtype").value
-    # Issue 22: its time before the click, the cost model's prediction (how close it comes to real
-    # builds, cold and warm, is measured by bench/bench_gguf_time.py: no timed assertion here).
+    # Its time before the click, the cost model's prediction (how close it comes to real
+    # builds, cold and warm, is measured by bench/bench_expected.py: no timed assertion here).
     from explorer.job_text import duration_text
     from gap_engine.pipeline.expected import gguf_seconds
 
@@ -443,7 +443,7 @@ def test_export_renders_png_with_the_local_chromium(cached_table):
 
 
 def test_a_first_build_on_a_fresh_machine_shows_a_predicted_time_before_build(fresh_cache):
-    """Issue 22: with no measurement of this machine, Setup shows the cost model's time for the
+    """With no measurement of this machine, Setup shows the cost model's time for the
     whole build (text and the load included), stage by stage, labelled a prediction, never "not known yet"."""
     at = start()
     texts = [str(c.value) for c in at.caption]
@@ -459,7 +459,7 @@ def test_a_first_run_shows_a_predicted_time_before_start(cached_table):
     predicted = [t for t in texts if t.startswith("Predicted time (not yet measured here): about")]
     assert predicted and "held-out text" in predicted[0] and "task accuracy" in predicted[0] and "nominal CPU speed" in predicted[0], texts
     assert not any("not known yet" in t for t in texts)
-    # Issue 21: with the task picker on, lm-eval is imported in the background as the page draws,
+    # With the task picker on, lm-eval is imported in the background as the page draws,
     # so the first Start does not block on it for seconds.
     from gap_engine.evaluate import lm_eval_import
 

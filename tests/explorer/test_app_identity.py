@@ -1,4 +1,4 @@
-"""One plan by identity, one table by name, one label per quantity (issue 22), through AppTest.
+"""One plan by identity, one table by name, one label per quantity, through AppTest.
 
 The plan the planner releases is stored under its content hash; the URL carries the hash, so
 a reload (a new session given the old URL) prunes and exports that very plan, or says it

@@ -165,7 +165,7 @@ def test_a_reload_shows_the_finished_runs_result_panel(cached_table, smol):
 
 
 def test_the_task_pickers_settings_are_kept_in_the_url(cached_table):
-    """Issue 21's picker follows the URL state like the other settings: on/off, names, examples, folder."""
+    """The task picker follows the URL state like the other settings: on/off, names, examples, folder."""
     at = start("explorer/evaluate.py")
     assert "eval_tasks" not in at.query_params  # the defaults leave the URL short
     at.text_input(key="eval_tasks").set_value("gap_wiki_next,my_task").run()

@@ -1,4 +1,4 @@
-"""The explorer's server takes its WebSocket only from the loopback names (issue 34): a web page
+"""The explorer's server takes its WebSocket only from the loopback names: a web page
 that re-points its own host name at 127.0.0.1 (DNS rebinding) reaches the port, but the browser
 sends that name as Host, and the committed ``server.allowedHosts`` refuses it (docs/serving.md)."""
 

@@ -1,4 +1,4 @@
-"""Crafted links (issue 34): every query string a user can type or be sent opens the app with at
+"""Crafted links: every query string a user can type or be sent opens the app with at
 most a one-line message, never an exception on the page.
 
 The URL is read by one strict parser (``explorer/url_state.parse_link``): whole numbers are ASCII
@@ -63,7 +63,7 @@ def test_valid_parameters_parse_to_their_values():
     assert link.pickers["eval_"]["eval_task_limit"] == 40 and not link.problems
 
 
-# Each link on the page where it used to raise (app.py's URL sync runs on every page).
+# Each link on the page whose own settings it names (app.py's URL sync runs on every page).
 LINKS = {
     "run": (CRAFTED["run-superscript"], None),
     "limit-and-runs": (

@@ -1,4 +1,4 @@
-"""A non-finite measurement is an error, never a printed number (issue 34): a model that can only
+"""A non-finite measurement is an error, never a printed number: a model that can only
 give NaN is refused as it loads, and a measurement that still comes out non-finite names its cause.
 Tiny two-layer Llamas with the real tokenizer; no built-in model weights are loaded."""
 

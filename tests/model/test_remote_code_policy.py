@@ -1,4 +1,4 @@
-"""gap never runs a model folder's code (issue 34, item 1): ``model.remote_code``'s policy.
+"""gap never runs a model folder's code: ``model.remote_code``'s policy.
 
 A folder whose config.json or tokenizer_config.json names Python of its own in ``auto_map`` is
 refused by every loader (model, tokenizer, the cheap checks commands run first, the cost model's

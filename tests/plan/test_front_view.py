@@ -247,7 +247,7 @@ def test_baseline_plans_keep_the_columns_of_their_rows():
 
 
 def test_an_exported_planner_opens_at_the_released_budget_itself(smol, table, front):
-    """The file shows the app's budget, not the nearest of its thinned steps (issue 22, finding 2)."""
+    """The file shows the app's budget, not the nearest of its thinned steps."""
     thinned = set(budget_steps(front, figures.SLIDER_STEPS))
     off_grid = [i for i in range(1, len(front) - 1) if i not in thinned]
     assert off_grid, "the tiny front must have more rows than the exported slider's steps"

@@ -21,7 +21,7 @@ from gap_engine.data.windows import calibration_windows
 from gap_engine.model.layerwise import capture_calls
 from gap_engine.model.loading import place_model
 from gap_engine.model.rateplan import make_plan, uniform_plan
-from gap_engine.model.slicing import output_biases
+from gap_engine.model.slicing import output_bias_layout
 from gap_engine.prune.compensate import NO_FIT, BlockFit, BlockInputs, Moments, applied, fit_block, kept_columns, refit_fit
 from gap_engine.prune.compensation_pass import prune_compensated, removed_per_block
 from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
@@ -30,6 +30,11 @@ from gap_engine.prune.importance import compute_importance
 FAMILIES = ["llama", "gemma3_text"]
 WIDE = dict(num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
 CALIB = WindowSpec(n_samples=4, seq_len=64, batch_size=2)  # 256 tokens of wiki-sample: more than any kept width here
+
+
+def output_biases(adapter, model) -> bool:
+    """Whether any block's o_proj or down_proj carries a bias."""
+    return any(any(pair) for pair in output_bias_layout(adapter, model))
 
 
 def _setup(make_tiny, family, attention=(0.5, 0.25), mlp=(0.5, 0.25)):

@@ -1,5 +1,5 @@
 """A saved recovery state is read for meaning before it is trained on, everything recovery writes
-is strict JSON, and a teacher asked for by name is never silently dropped (issue 34). Tiny
+is strict JSON, and a teacher asked for by name is never silently dropped. Tiny
 two-layer Llamas with the real tokenizer; nothing is trained."""
 
 from __future__ import annotations

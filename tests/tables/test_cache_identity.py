@@ -1,4 +1,4 @@
-"""A cache hit is checked against the request (issue 34): an entry holding another model's table
+"""A cache hit is checked against the request: an entry holding another model's table
 under this key, its checksum updated to match, is discarded and rebuilt, never served. Tiny
 two-layer Llamas, each cache in tmp_path."""
 

@@ -40,7 +40,7 @@ def sensitivity_figure(table, kinds=None, log_y: bool = True, smoothed: bool = T
     """One line per layer (loss increase against rate), one panel per component kind.
 
     Lines are coloured by depth with one colour bar (no legend of 2L entries); on the
-    default log axis a few large curves no longer flatten the rest, and ticks are whole
+    default log axis a few large curves do not flatten the rest, and ticks are whole
     decades in plain numbers. With ``layers`` (a few picked to compare) only those are drawn,
     each named once in a legend; a log axis has no 0, so a picked layer's cells at or below 0
     (a part the model does not miss, or noise) sit on a floor under the lowest decade, ticked
