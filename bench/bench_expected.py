@@ -154,7 +154,9 @@ def task_scoring(lm, limits: list[int], repeats: int) -> list:
     rows = []
     for limit in limits:
         prepared = prepare_tasks(TaskSettings(limit=limit, batch_size=TASK_BATCH))
-        predicted = cost_model.scoring_seconds(limit, lambda tokens, seq_len: cost_model.forward_seconds(shape, profile, tokens, seq_len, 1))
+        predicted = cost_model.scoring_seconds(
+            limit, lambda tokens, seq_len: cost_model.forward_seconds(shape, profile, tokens, seq_len, 1)
+        )
         run_tasks(lm, prepared)  # lm-eval's import and first call, priced apart (TASK_IMPORT_S): not timed
         runs = []
         for _ in range(repeats):
@@ -204,7 +206,8 @@ def recoveries(checkpoint: Path, work: Path) -> list:
             shutil.rmtree(out, ignore_errors=True)
             runs.append(
                 learning_run(
-                    cost_model.recovery_prediction(checkpoint, settings), lambda: recover(load_model(str(checkpoint)), settings, out_dir=out)
+                    cost_model.recovery_prediction(checkpoint, settings),
+                    lambda: recover(load_model(str(checkpoint)), settings, out_dir=out),
                 )
             )
         rows.append(row(f"{method} recovery, 10 steps, 2 texts, kd (its dense teacher loaded)", runs))

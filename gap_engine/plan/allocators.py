@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from gap_engine.core.config import BIAS_COMPENSATIONS, DEFAULT_N_BUCKETS
+from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.errors import InvariantError, PlanError, TableError
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
@@ -38,6 +38,7 @@ from gap_engine.plan.problem import (
     reach_error,
     slot_rates,
 )
+from gap_engine.prune.compensations import adds_biases
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.prune.sequential import OBS_COMPENSATIONS
@@ -86,7 +87,7 @@ def check_reach(
         if budget * problem.dense_prunable > high:
             raise reach_error(allocator, budget, low, high, problem.dense_prunable)
         return
-    biases = compensation in BIAS_COMPENSATIONS
+    biases = adds_biases(compensation)
     ladders = build_ladders(block_geometries(lm), problem.slots, problem.locked, constraints, table.spec.channel_multiple, biases)
     ladder_reach(allocator, budget, ladders, problem.dense_prunable)
 
@@ -180,7 +181,7 @@ def _baseline_plan(
     """An off-grid baseline's plan: its rungs, settled to the budget whole unit by whole unit."""
     geoms = block_geometries(lm)
     multiple = table.spec.channel_multiple
-    ladders = build_ladders(geoms, problem.slots, problem.locked, constraints, multiple, compensation in BIAS_COMPENSATIONS)
+    ladders = build_ladders(geoms, problem.slots, problem.locked, constraints, multiple, adds_biases(compensation))
     ladder_reach(allocator, budget, ladders, problem.dense_prunable)
     criterion = own_criterion(allocator) or table.spec.criterion
     inputs = BaselineInputs(
@@ -212,4 +213,5 @@ def _baseline_plan(
         predicted_loss=predicted_loss(table, geoms, attention, mlp, smoothed),
         table_key=table.key,
         compensation=compensation,
+        biases=adds_biases(compensation),
     )
