@@ -62,6 +62,13 @@ def test_every_module_attribute_string_in_the_engine_resolves_to_a_callable():
     assert {registry[name].function for registry in REGISTRIES for name in registry} <= named
 
 
+def test_an_entry_naming_no_function_is_one_line():
+    with pytest.raises(
+        RegistryError, match=r"^'x' names gap_engine.core.registry:PLUGINS_VARIABLE, which is not a function of gap_engine.core.registry$"
+    ):
+        Strategy("x", "y", "gap_engine.core.registry:PLUGINS_VARIABLE").load()
+
+
 def test_the_cli_offers_exactly_the_registered_choices():
     offered = _offered(build_parser())
     assert offered["table", "criterion"] == SCORING_CRITERIA.names
