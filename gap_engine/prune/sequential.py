@@ -46,14 +46,15 @@ from gap_engine.model.slicing import slice_attention_, slice_mlp_
 from gap_engine.model.units import AttentionShape, added_bias_params, block_geometries
 from gap_engine.prune.compensate import BlockFit, Fit
 from gap_engine.prune.compensation_pass import install_biases
-from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, adds_biases
+from gap_engine.prune.compensations import COMPENSATIONS, NO_COMPENSATION, CompensationSettings, adds_biases
 from gap_engine.prune.obs import OBS_DAMPING, damped_inverse, obs_channels, obs_heads
 from gap_engine.prune.surgery import PruneResult, finish_surgery, kept_counts
 
 log = logging.getLogger(__name__)
 
 Chosen = TypeVar("Chosen")  # what an OBS choice returns: kept heads, or kept channels
-OBS_COMPENSATIONS = ("none", "bias")  # what may follow the OBS update (itself a refit of the kept columns)
+# What may follow the OBS update, itself a refit of the kept columns: every compensation that refits none.
+OBS_COMPENSATIONS = COMPENSATIONS.subset(lambda compensation: not compensation.refits)
 
 
 class _Gram:
@@ -130,7 +131,7 @@ def check_follows_obs(compensation: CompensationSettings) -> None:
     compensation.validate()
     if compensation.mode not in OBS_COMPENSATIONS:
         raise CompensationError(
-            f"criterion 'obs' updates the kept columns itself (a refit); it takes --compensate none or bias, not {compensation.mode}"
+            f"criterion 'obs' updates the kept columns itself (a refit); it takes --compensate {' or '.join(OBS_COMPENSATIONS)}, not {compensation.mode}"
         )
 
 
