@@ -1,13 +1,13 @@
 """Times before Start: the cost model's predictions against the real work, before and after it learns this machine.
 
 Setup, Prune & evaluate, Recover, the planner's baselines and Export say what a job will take before it starts: the
-cost model's prediction (``pipeline.expected``) on nominal prices, multiplied, once jobs of its kind finished here, by
+cost model's prediction (``pipeline.cost_model``) on nominal prices, multiplied, once jobs of its kind finished here, by
 what they taught (``pipeline.learned``: the median of their actual / predicted, scaled by the load now). This benchmark
 runs, on a fresh cache (no profile of this machine, no finished job) and under whatever load the machine has:
 
 1. fisher table builds of SmolLM2-135M at two window sizes, ``--repeats`` each (``table_prediction``: the build's
    stages, without loading the model and reading the text, which the run does once before);
-2. scoring the offline lm-eval task on the dense model (``expected.scoring_seconds``; part of a run, not a job);
+2. scoring the offline lm-eval task on the dense model (``cost_model.scoring_seconds``; part of a run, not a job);
 3. prune-and-evaluate runs at the explorer's defaults (DP at 20%, no tasks) on the second table, the model in memory
    (``run_prediction``), twice;
 4. recoveries of that checkpoint at the explorer's defaults with 10 steps, no tasks: LoRA twice, then MeZO, its rate
@@ -54,7 +54,7 @@ TARGET, BUSY = 1.5, 4.0  # learned within 1.5x of the wall time, on runs that st
 # GGUF builds of one checkpoint in one fresh process, each predicted just before it and recorded as the page records it.
 GGUF_BUILDS = """
 import json, os, sys, time
-from gap_engine.pipeline.expected import gguf_file, gguf_prediction
+from gap_engine.pipeline.cost_model import gguf_file, gguf_prediction
 folder, outtype, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rows = []
 for _ in range(repeats):
@@ -126,7 +126,7 @@ def table_builds(lm, repeats: int, kept: dict) -> list:
     from gap_engine.core.config import WindowSpec
     from gap_engine.core.progress import LOAD_MODEL, READ_TEXT
     from gap_engine.data.windows import calibration_windows
-    from gap_engine.pipeline import expected
+    from gap_engine.pipeline import cost_model
     from gap_engine.pipeline.stages import loss_table
     from gap_engine.tables.artefact import TableSpec
 
@@ -134,9 +134,9 @@ def table_builds(lm, repeats: int, kept: dict) -> list:
     for n_samples, seq_len in ((2, 64), (4, 128)):
         spec = TableSpec(windows=WindowSpec(n_samples=n_samples, seq_len=seq_len), estimator="fisher", objective="kl")
         calibration_windows(lm.tokenizer, spec.windows)  # the text read and cached before: not timed
-        build = set(expected.table_prediction(MODEL, spec).seconds) - {LOAD_MODEL, READ_TEXT}
+        build = set(cost_model.table_prediction(MODEL, spec).seconds) - {LOAD_MODEL, READ_TEXT}
         runs = [
-            learning_run(expected.table_prediction(MODEL, spec), lambda: kept.update(table=loss_table(lm, spec, use_cache=False)), build)
+            learning_run(cost_model.table_prediction(MODEL, spec), lambda: kept.update(table=loss_table(lm, spec, use_cache=False)), build)
             for _ in range(repeats)
         ]
         rows.append(row(f"fisher table, {n_samples} x {seq_len} tokens", runs))
@@ -147,14 +147,16 @@ def task_scoring(lm, limits: list[int], repeats: int) -> list:
     import torch
 
     from gap_engine.evaluate.tasks import TASK_BATCH, TaskSettings, prepare_tasks, run_tasks
-    from gap_engine.pipeline import expected
+    from gap_engine.pipeline import cost_model
     from gap_engine.pipeline.learned import load_average
 
-    shape, profile = expected.model_shape(MODEL), expected.nominal_profile(torch.get_num_threads())
+    shape, profile = cost_model.model_shape(MODEL), cost_model.nominal_profile(torch.get_num_threads())
     rows = []
     for limit in limits:
         prepared = prepare_tasks(TaskSettings(limit=limit, batch_size=TASK_BATCH))
-        predicted = expected.scoring_seconds(limit, lambda tokens, seq_len: expected.forward_seconds(shape, profile, tokens, seq_len, 1))
+        predicted = cost_model.scoring_seconds(
+            limit, lambda tokens, seq_len: cost_model.forward_seconds(shape, profile, tokens, seq_len, 1)
+        )
         run_tasks(lm, prepared)  # lm-eval's import and first call, priced apart (TASK_IMPORT_S): not timed
         runs = []
         for _ in range(repeats):
@@ -170,14 +172,14 @@ def prune_eval_runs(lm, table, work: Path) -> list:
     generations, the checkpoint saved) with the model in memory, as the app runs it after a build; twice."""
     from gap_engine.core.config import APP_EVAL_WINDOWS
     from gap_engine.evaluate.metrics import EvalSettings
-    from gap_engine.pipeline import expected
+    from gap_engine.pipeline import cost_model
     from gap_engine.pipeline.runs import prune_and_evaluate, prune_eval_stages
 
     settings = EvalSettings(windows=APP_EVAL_WINDOWS)
     stages = prune_eval_stages(settings, checkpoint=True)
     run = dict(table=table, budget=0.2, checkpoint_dir=work / "run-checkpoint", history_path=work / "history.sqlite")
     runs = [
-        learning_run(expected.run_prediction(MODEL, table.spec.windows, settings, stages, "dp", loaded=True),
+        learning_run(cost_model.run_prediction(MODEL, table.spec.windows, settings, stages, "dp", loaded=True),
                      lambda: prune_and_evaluate(lm, settings, **run))
         for _ in range(2)
     ]  # fmt: skip
@@ -189,7 +191,7 @@ def recoveries(checkpoint: Path, work: Path) -> list:
     import shutil
 
     from gap_engine.model.loading import load_model
-    from gap_engine.pipeline import expected
+    from gap_engine.pipeline import cost_model
     from gap_engine.pipeline.recovery import RecoverySettings, recover
 
     rows = []
@@ -204,7 +206,8 @@ def recoveries(checkpoint: Path, work: Path) -> list:
             shutil.rmtree(out, ignore_errors=True)
             runs.append(
                 learning_run(
-                    expected.recovery_prediction(checkpoint, settings), lambda: recover(load_model(str(checkpoint)), settings, out_dir=out)
+                    cost_model.recovery_prediction(checkpoint, settings),
+                    lambda: recover(load_model(str(checkpoint)), settings, out_dir=out),
                 )
             )
         rows.append(row(f"{method} recovery, 10 steps, 2 texts, kd (its dense teacher loaded)", runs))
@@ -213,14 +216,14 @@ def recoveries(checkpoint: Path, work: Path) -> list:
 
 def baseline_plans(lm, table) -> list:
     """The planner's Compute baselines at its defaults: uniform and FLAP at five budgets, the model in memory; twice."""
-    from gap_engine.pipeline import expected
+    from gap_engine.pipeline import cost_model
     from gap_engine.pipeline.runs import baseline_rows
     from gap_engine.plan.front_view import baseline_budgets
 
     allocators, budgets = ["uniform", "flap"], baseline_budgets(0.9)
     spec = table.spec
     runs = [
-        learning_run(expected.baselines_prediction(MODEL, spec.windows, spec.criterion, allocators, len(budgets), loaded=True),
+        learning_run(cost_model.baselines_prediction(MODEL, spec.windows, spec.criterion, allocators, len(budgets), loaded=True),
                      lambda: baseline_rows(lm, table, budgets, allocators))
         for _ in range(2)
     ]  # fmt: skip

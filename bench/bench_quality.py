@@ -62,7 +62,8 @@ from quality_report import (
 )
 from report import RESULTS, machine_line, with_header
 
-from gap_engine.core.config import BUILTIN_TEXT_NAMES, CLI_TABLE, COMPENSATIONS, DEFAULT_SAVE_DTYPE, HELDOUT_SPLITS
+from gap_engine.core.config import BUILTIN_TEXT_NAMES, CLI_TABLE, DEFAULT_SAVE_DTYPE, HELDOUT_SPLITS
+from gap_engine.prune.compensations import COMPENSATIONS, adds_biases
 
 log = logging.getLogger("bench_quality")
 MIN_REPORT_WINDOWS = 24  # the paired bootstrap's minimum per source
@@ -355,13 +356,12 @@ class Run:
         whose prune adds biases pays for them from the budget (``plan.problem.bias_charges``), so
         every row ships the same net parameters; made once per budget, allocator and whether
         biases are added (the compensations without biases prune the same units)."""
-        from gap_engine.core.config import BIAS_COMPENSATIONS
         from gap_engine.pipeline.compare import allocator_spec
         from gap_engine.pipeline.stages import pruned_by
         from gap_engine.plan.allocator_registry import needs_windows
         from gap_engine.plan.allocators import plan_from_table
 
-        counted = "bias" if compensation in BIAS_COMPENSATIONS else "none"
+        counted = "bias" if adds_biases(compensation) else "none"
         key = (budget, allocator, counted)
         if key not in self.plans:
             base, criterion = allocator_spec(allocator)  # dp:obs: DP's rates, pruned by OBS

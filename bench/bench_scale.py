@@ -46,7 +46,7 @@ from gap_engine.core.device import DeviceSpec, resolve
 from gap_engine.data.windows import calibration_windows, heldout_windows
 from gap_engine.evaluate.metrics import perplexity
 from gap_engine.model.loading import load_model
-from gap_engine.pipeline.expected import ModelShape, estimate_build, measured_profile
+from gap_engine.pipeline.cost_model import ModelShape, estimate_build, measured_profile
 from gap_engine.pipeline.stages import plan_for, pruned_as_saved
 from gap_engine.tables.artefact import TableSpec, parse_rate_grid
 from gap_engine.tables.build import measure_table

@@ -49,7 +49,7 @@ from gap_engine.data.windows import calibration_fingerprint, calibration_windows
 from gap_engine.evaluate.metrics import EvalSettings, evaluate
 from gap_engine.model.dispatch import describe_device_map, load_dispatched
 from gap_engine.model.loading import load_model
-from gap_engine.pipeline.expected import ModelShape, estimate_build, measured_profile
+from gap_engine.pipeline.cost_model import ModelShape, estimate_build, measured_profile
 from gap_engine.pipeline.stages import plan_for, pruned_as_saved
 from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid, table_key
 from gap_engine.tables.build import measure_table

@@ -1,8 +1,8 @@
 """Plan, on paper, loss tables for Llama-architecture 8B and 70B models on one H200 and on eight.
 
-Nothing is loaded or measured: the cost model (gap_engine/pipeline/expected.py) counts the work of
+Nothing is loaded or measured: the cost model (gap_engine/pipeline/cost_model.py) counts the work of
 each build and prices it with the H200 spec-sheet profile. ``refine`` is priced as a fisher
-pass plus ``expected.REFINE_CELLS`` measured cells per component (the refine estimator
+pass plus ``cost_model.REFINE_CELLS`` measured cells per component (the refine estimator
 measures where the DP's plans go; bench/results/refine.md counts how many for SmolLM2). Prints a markdown table.
 
     python bench/plan_scale.py [--samples 32 --seq-len 2048]
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import script_argv
 
 from gap_engine.core.config import FULL_RATE_GRID, WindowSpec
-from gap_engine.pipeline.expected import REFINE_CELLS, SHAPES, SPEC_PROFILES, estimate_build
+from gap_engine.pipeline.cost_model import REFINE_CELLS, SHAPES, SPEC_PROFILES, estimate_build
 from gap_engine.tables.artefact import TableSpec
 
 

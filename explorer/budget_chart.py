@@ -225,7 +225,7 @@ def _legend(locked, uniform, baselines) -> list[dict]:
     if locked:
         items.append({"label": "locked layer", "color": "#666", "shape": "x"})
     for allocator in sorted({b.allocator for b in baselines or [] if b.planned}):
-        items.append({"label": f"{allocator} plan", "color": figures.BASELINE_COLORS.get(allocator, "#888"), "shape": "dot"})
+        items.append({"label": f"{allocator} plan", "color": figures.allocator_style(allocator)[1], "shape": "dot"})
     return items
 
 

@@ -26,7 +26,7 @@ from gap_engine.evaluate import history, runcompare
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.evaluate.tasks import score_text, task_table_rows
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.pipeline.expected import Prediction, run_prediction
+from gap_engine.pipeline.cost_model import Prediction, run_prediction
 from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.allocator_registry import ALLOCATORS, own_criterion

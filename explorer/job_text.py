@@ -47,7 +47,7 @@ def expected_caption(predicted, what: str) -> None:
     """What a job the form describes is predicted to take, before it is started.
 
     Args:
-        predicted: a ``pipeline.expected.Prediction``, or None when nothing honest can be said.
+        predicted: a ``pipeline.cost_model.Prediction``, or None when nothing honest can be said.
         what: the job in one word ("build", "run").
     """
     if predicted is not None:

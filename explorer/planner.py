@@ -240,7 +240,7 @@ st.caption(
 c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
 c1.multiselect(
     "Allocators",
-    BASELINE_ALLOCATORS,
+    BASELINE_ALLOCATORS.names,
     key="planner_baseline_allocators",
     help="; ".join(ALLOCATORS.label(name) for name in BASELINE_ALLOCATORS),
 )

@@ -30,7 +30,7 @@ from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
 from gap_engine.evaluate.tasks import score_text
 from gap_engine.model.checkpoint import is_pruned_checkpoint
-from gap_engine.pipeline.expected import recovery_prediction
+from gap_engine.pipeline.cost_model import recovery_prediction
 from gap_engine.pipeline.jobs import manager, recover_task
 from gap_engine.pipeline.recovery import DEFAULT_LR, RecoveryResult, RecoverySettings, app_output_dir
 from gap_engine.recover.files import discard, partial_dir, saved_step

@@ -20,7 +20,7 @@ from gap_engine.evaluate import history
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.evaluate.takeaway import DEFAULT_OPPONENT, GAP_ALLOCATOR, RunStory, compensation_words, run_story
 from gap_engine.model.rateplan import RatePlan
-from gap_engine.pipeline.expected import run_prediction
+from gap_engine.pipeline.cost_model import run_prediction
 from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.problem import Constraints

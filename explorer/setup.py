@@ -35,7 +35,7 @@ from gap_engine.core.limits import LIMITS, check_at_most, check_file_size, check
 from gap_engine.data.windows import BUILTIN_SOURCES, load_corpus
 from gap_engine.model.loading import BUILTIN_MODELS
 from gap_engine.model.names import recorded_name
-from gap_engine.pipeline.expected import Prediction, predict_build, table_prediction
+from gap_engine.pipeline.cost_model import Prediction, predict_build, table_prediction
 from gap_engine.pipeline.jobs import manager, model_loaded, table_task
 from gap_engine.prune.criteria import SCORING_CRITERIA
 from gap_engine.tables import cache, lookup
@@ -208,7 +208,7 @@ def show_prediction() -> None:
 
 def expected_build(name: str, spec: TableSpec) -> Prediction | None:
     """What building ``spec`` for ``name`` is predicted to take here, stage by stage
-    (``pipeline.expected.table_prediction``: this machine's measured prices, else nominal ones); a
+    (``pipeline.cost_model.table_prediction``: this machine's measured prices, else nominal ones); a
     table the cache holds is priced as the cache hit it is; the running job's own rates replace it.
     None when nothing honest can be said (a hub id, an accelerator nobody measured)."""
     if ss["setup_model_kind"] == "Hub id":

@@ -8,6 +8,7 @@ a function-local import counts as much as one at the top of a module, and so do 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,20 +81,14 @@ def _handler_modules(module: str, path: Path, known: set[str]) -> set[str]:
 
 
 def _choice_modules(module: str, path: Path, known: set[str]) -> set[str]:
-    """Modules a registry reads its choices from, ``Registry(kind, ("module", "package", ...))``
-    (``core.registry``: read from source, imported by name on first use; a package is all its modules)."""
+    """Modules a registry's entries name as their code, ``"gap_engine.package.module:attribute"``
+    (``core.registry``: imported by name on first use)."""
     found = set()
+    target = re.compile(rf"({re.escape(PACKAGE.name)}(?:\.\w+)+):\w+")
     for node in ast.walk(ast.parse(path.read_text())):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Registry"):
-            continue
-        given = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "sources"), None)
-        for source in given.elts if isinstance(given, (ast.Tuple, ast.List)) else []:
-            if not (isinstance(source, ast.Constant) and isinstance(source.value, str)):
-                continue
-            inside = {name for name in known if name.startswith(source.value + ".")}
-            targets = ({source.value} & known) | inside if source.value in known or inside else {f"{source.value} (missing)"}
-            found |= targets - {module}
-    return found
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and (named := target.fullmatch(node.value)):
+            found.add(named.group(1) if named.group(1) in known else f"{named.group(1)} (missing)")
+    return found - {module}
 
 
 def _graph(lazy: bool = False) -> dict[str, set[str]]:
@@ -275,14 +270,14 @@ def test_the_layer_check_finds_an_upward_import(tmp_path, monkeypatch):
 
 
 def test_a_registered_choice_of_a_higher_layer_counts(tmp_path, monkeypatch):
-    # A registry names the modules its choices are declared in, imported on first use: one above its layer is upward too.
+    # A registry's entry names the module of its code, imported on first use: one above its layer is upward too.
     package = tmp_path / "gap_engine"
     for layer in ("core", "plan"):
         (package / layer).mkdir(parents=True)
         (package / layer / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     (package / "plan" / "dp.py").write_text("def solve():\n    return 1\n")
-    (package / "core" / "choices.py").write_text('CHOICES = Registry("allocator", ("gap_engine.plan.dp",))\n')
+    (package / "core" / "choices.py").write_text('CHOICES = (Allocator("dp", "the DP", "gap_engine.plan.dp:solve", plan_passes=0),)\n')
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
     with pytest.raises(AssertionError, match=r"gap_engine.core.choices \(core\) imports gap_engine.plan.dp \(plan\)"):
         test_imports_only_go_down_the_layers()

@@ -195,7 +195,7 @@ def spec_from_args(args: argparse.Namespace, follows: CompensationSettings | Non
     if follows is None:
         compensation = args.compensate or "none"
     else:
-        compensation = follows.mode if "cells" in ESTIMATORS[args.estimator].tags else "none"
+        compensation = follows.mode if ESTIMATORS[args.estimator].measures_cells else "none"
     return TableSpec(
         windows=windows_from(args),
         criterion=criterion or args.criterion,

@@ -183,7 +183,12 @@ def _run(argv: list[str] | None) -> int:
     if problem:
         say(f"gap: error: {problem}")
         return 2
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()  # its choices read the registries, plugins (GAP_PLUGINS) included
+    except GapError as exc:
+        say(f"gap: error: {one_line(exc)}")
+        return 2
+    args = parser.parse_args(argv)
     args.given_options = explicit_options(argv)  # the option rules of the preflight judge only what was typed
     existing = list(logging.getLogger().handlers)
     logging.basicConfig(

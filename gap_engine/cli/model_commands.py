@@ -23,7 +23,7 @@ from gap_engine.model.rateplan import RatePlan, uniform_plan
 from gap_engine.pipeline.checkpoints import evaluate_model, prune_rounds_to_checkpoint, prune_to_checkpoint
 from gap_engine.pipeline.stages import dense_reference, obs_windows, pruned_by
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
-from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, adds_biases
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.sequential import check_follows_obs
 from gap_engine.tables.lookup import find_table
@@ -63,11 +63,11 @@ def run_prune(args: argparse.Namespace) -> int:
     lm = load_model(args.model, device_from(args))
     check_calibration(lm, calibration_tokens(windows_from(args)), compensation)  # before the units are scored
     if plan is None:
-        plan = uniform_plan(lm, args.uniform, criterion, args.channel_multiple, compensation.mode)
+        plan = uniform_plan(lm, args.uniform, criterion, args.channel_multiple, compensation.mode, compensation.adds_bias)
     label = "OBS blocks" if obs_needs else "importance" if not compensation.active else "importance, then compensated blocks"
     progress = StderrProgress(label)
     pruned = prune_to_checkpoint(lm, plan, windows_from(args), args.out, args.save_dtype, progress.hooks(), compensation, args.obs_samples)
-    if pruned.bias_params and not plan.counts_biases:
+    if pruned.bias_params and not adds_biases(plan.compensation):
         print(
             f"gap: note: the plan was counted without the {pruned.bias_params:,} parameters the {compensation.mode} compensation's "
             f"biases add (plan it with gap plan --compensate {compensation.mode} to pay for them from its budget)",

@@ -42,7 +42,7 @@ from gap_engine.core.deprecation import REMOVED_IN
 from gap_engine.core.registry import Registry
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.prune.compensations import COMPENSATIONS
-from gap_engine.prune.criteria import CRITERIA, SCORING_CRITERIA
+from gap_engine.prune.criteria import CRITERIA, SCORING_CRITERIA, Criterion
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
@@ -133,7 +133,7 @@ def _add_obs_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str, criteria: Registry = SCORING_CRITERIA) -> None:
+def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str, criteria: Registry[Criterion] = SCORING_CRITERIA) -> None:
     prunes_by = ""
     if criteria is not SCORING_CRITERIA:  # gap prune: a criterion that scores no table (obs) may prune
         prunes_by = (
@@ -171,7 +171,7 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str, cri
     p.add_argument(
         "--approx",
         dest="estimator",
-        choices=ESTIMATORS.tagged("gradient"),
+        choices=ESTIMATORS.subset(lambda estimator: estimator.reads_gradients).names,
         action=DeprecatedAlias,
         new_name="--estimator",
         help=argparse.SUPPRESS,

@@ -75,7 +75,7 @@ CACHE_COMMANDS = ("table", "compare", "models", "cache", "recover")
 CACHE_READERS = ("models", "cache", "report")
 # The built-in model names (model.identity names loading.BUILTIN_MODELS without torch). Loading one uses the cache.
 BUILTIN_NAMES = BUILTIN_MODEL_NAMES
-# Models `gap table --dry-run` prices from their published shapes alone (pipeline.expected.SHAPES; not
+# Models `gap table --dry-run` prices from their published shapes alone (pipeline.cost_model.SHAPES; not
 # imported: it needs torch). They are names for planning, never loaded: the handler refuses them
 # for anything but a dry run.
 PLANNING_SHAPES = ("llama-3.1-8b", "llama-3.1-70b")

@@ -18,7 +18,7 @@ from gap_engine.core.jsontext import json_text
 from gap_engine.core.progress import Hooks
 from gap_engine.evaluate.tasks import prepare_tasks, task_settings
 from gap_engine.model.loading import load_model
-from gap_engine.pipeline.expected import recovery_prediction
+from gap_engine.pipeline.cost_model import recovery_prediction
 from gap_engine.pipeline.recovery import RecoveryResult, RecoverySettings, recover
 from gap_engine.recover.files import RecoveryError, check_output_dir, check_saved_state, partial_dir
 

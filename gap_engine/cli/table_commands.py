@@ -108,7 +108,7 @@ def ray_cells(args: argparse.Namespace, spec: TableSpec):
 
 def run_dry_run(args: argparse.Namespace, spec: TableSpec) -> int:
     """Print the cost model's prediction for this build (nothing is built)."""
-    from gap_engine.pipeline.expected import predict_build
+    from gap_engine.pipeline.cost_model import predict_build
     from gap_engine.views.estimate_text import estimate_lines
 
     if args.ray_workers < 1:

@@ -26,18 +26,10 @@ from gap_engine.core.errors import DataError
 from gap_engine.core.validate import check_int
 
 # ---- the three choices ------------------------------------------------------------------
-# The names of prune.criteria's registry, for the layer below it that checks a plan's
-# criterion (model.rateplan); the registry asserts that they agree.
-CRITERIA = ("magnitude", "wanda", "flap", "taylor", "obs")
+# The names each registry holds (prune.criteria, prune.compensations, ...) are listed there only.
 DEFAULT_CRITERION = "wanda"
 MODES = ("split", "block")  # split: attention and MLP are separate components
-# The names of prune.compensations' registry (what surgery does after it cuts: see there), for
-# the layers below it; the registry asserts that they agree.
-COMPENSATIONS = ("none", "bias", "refit", "bias+refit")
 DEFAULT_COMPENSATION = "bias"  # FLAP's bias: the best held-out KL and perplexity at 20% and 40% (bench/results/compensation.md)
-# The compensations that add a bias to each o_proj / down_proj that lost inputs (their registry
-# tag "bias"): a budget of a prune that applies one pays for those biases (model.units.added_bias_params).
-BIAS_COMPENSATIONS = ("bias", "bias+refit")
 
 # ---- budgets and the planner -------------------------------------------------------------
 DEFAULT_BUDGET = 0.2  # fraction of prunable parameters removed

@@ -52,7 +52,7 @@ class SizeLimits:
     upload_bytes: int = 64 * MiB  # one file uploaded to the explorer (calibration text or plan)
     json_depth: int = 32  # nesting of any JSON/YAML document we read (a table is 3 deep)
     teacher_tokens: int = 1 << 20  # tokens of teacher-written recovery text: ~1.5 h of generation by smollm2-135m on one core
-    teacher_seconds: int = 3600  # writing teacher text, as the cost model prices it on this machine (pipeline.expected)
+    teacher_seconds: int = 3600  # writing teacher text, as the cost model prices it on this machine (pipeline.cost_model)
     text_field: int = 512  # characters of a short text field (a model name or path, a key, a date)
 
 

@@ -126,7 +126,7 @@ class JobProgress:
     stage_seconds: dict[str, float] = field(default_factory=dict)  # stage -> seconds it took, for the stages that ended
     expected: dict[str, float] = field(
         default_factory=dict
-    )  # stage -> seconds it is expected to take (``pipeline.expected``; may be partial)
+    )  # stage -> seconds it is expected to take (``pipeline.cost_model``; may be partial)
     expected_basis: str = ""  # where ``expected`` comes from, in a few words
 
     @property

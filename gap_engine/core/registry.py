@@ -1,109 +1,128 @@
-"""Registries of choices: every criterion, estimator, objective, allocator and recovery method
-is declared once, on the function (or class) that does it, and a registry collects them.
+"""Registries of choices: one explicit table per kind (criterion, estimator, objective,
+allocator, compensation, recovery method and objective), beside the stage that uses it.
 
-    @register("allocator", "owl", "OWL outlier-weighted layer rates", tags=("windows",))
-    def owl_rungs(inputs): ...
+    ALLOCATORS = Registry("allocator", Allocator, (
+        Allocator("dp", "GAP: the exact DP on the loss table", "gap_engine.plan.front:dp_choice", on_grid=True, plan_passes=0),
+        Allocator("owl", "OWL outlier-weighted layer rates", "gap_engine.plan.baselines:owl_rungs", reads_windows=True, plan_passes=1),
+    ), PlanError)
 
-    ALLOCATORS = Registry("allocator", ("gap_engine.plan",), PlanError, first=("dp", "uniform"))
+Each entry is a small frozen dataclass of its kind (a `Strategy`): the name flags, files and
+selectors say, one line of description, the code that does it as a ``"module:attribute"``
+string that a grep and an IDE follow (imported on first use, so ``gap --help`` and the parser
+never load torch) and the properties the other stages ask about (whether it reads calibration
+windows, its price for the cost model, its plot style), so no stage keeps a list of names.
 
-The CLI's ``choices=`` and help texts, the explorer's selectors and the validators
-(``TableSpec``, ``RatePlan``, recovery settings) all read the registry, so a name, its
-description and its code cannot drift apart. A registry reads the declarations from the source
-of the modules (or every module of the packages) it names, with ``ast``, without importing
-them, so ``gap --help`` and the parser never load torch; a choice's function is imported on
-first use. The decorator's arguments must therefore be literals; at run time it returns the
-function unchanged. A name declared twice for one registry is refused, both places named
-(``RegistryError``), and so is a module still declaring choices in the retired
-``DECLARED_*`` tuples. Adding an allocator is one new file in ``plan/``.
+Plugins: ``GAP_PLUGINS=pkg.module,other.module`` names modules that each export
+``STRATEGIES``, a sequence of entries of any kinds; every registry adds the ones of its kind
+after its own, read again whenever the variable changes. A new criterion, allocator or
+compensation is thus one new file (docs/python-api.md, "Adding a strategy"). A name given
+twice is refused with both places named (`RegistryError`), and so is a plugin module that
+does not import, in one line.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
-import importlib.util
-from collections.abc import Callable, Iterable, Iterator
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gap_engine.core.errors import GapError
 
-F = TypeVar("F")
+PLUGINS_VARIABLE = "GAP_PLUGINS"  # comma-separated modules whose STRATEGIES every registry adds
+PLUGIN_ATTRIBUTE = "STRATEGIES"
 
 
 class RegistryError(GapError):
-    """A registry's declarations contradict each other (a name declared twice, an order naming nothing)."""
+    """A registry's entries contradict each other (a name given twice), or a plugin cannot be read."""
 
 
 @dataclass(frozen=True)
-class Choice:
-    """One registered choice."""
+class Strategy:
+    """One registered choice; each kind adds the properties its callers ask about."""
 
     name: str  # what flags, files and selectors say
     description: str  # one line: help texts and selector labels show it
-    function: str  # "gap_engine.package.module:attribute", imported on first use
-    tags: tuple[str, ...] = ()  # properties callers ask about (e.g. an allocator that reads windows)
+    function: str  # "package.module:attribute", imported on first use
 
     def load(self) -> Callable[..., Any]:
         """The function (or class) that does this choice."""
         module, _, attribute = self.function.partition(":")
-        function: Callable[..., Any] = getattr(importlib.import_module(module), attribute)
-        return function
+        loaded = importlib.import_module(module)  # a missing optional package surfaces as itself (the CLI names its extra)
+        function = getattr(loaded, attribute, None)
+        if not callable(function):
+            raise RegistryError(f"'{self.name}' names {self.function}, which is not a function of {module}")
+        found: Callable[..., Any] = function
+        return found
 
 
-def register(kind: str, name: str, description: str, tags: tuple[str, ...] = ()) -> Callable[[F], F]:
-    """Declare the decorated function or class as the choice ``name`` of the registry of ``kind``
-    ("criterion", "table estimator", ...), with a one-line ``description`` and ``tags``. Every
-    argument must be a literal: the registry reads them from the source (see the module docstring)."""
-
-    def declared(function: F) -> F:
-        return function
-
-    return declared
+E = TypeVar("E", bound=Strategy)
 
 
-class Registry:
-    """The choices of one kind, in the order surfaces list them."""
+class Registry(Generic[E]):
+    """The choices of one kind, in the order surfaces list them: the table's, then the plugins'."""
 
-    def __init__(self, kind: str, sources: Iterable[str], error: type[GapError] = GapError, first: Iterable[str] = ()):
+    def __init__(
+        self,
+        kind: str,
+        entry: type[E],
+        table: Iterable[E],
+        error: type[GapError] = GapError,
+        keep: Callable[[E], bool] | None = None,
+    ):
         """
         Args:
-            kind: the registry's noun ("criterion", "allocator", ...): what ``@register`` names and error messages use.
-            sources: dotted names of the modules, or packages, whose ``@register(kind, ...)`` declarations it collects.
+            kind: the registry's noun ("criterion", "allocator", ...) in messages.
+            entry: the entry class of this kind: plugins' entries of it join the table.
+            table: the built-in entries, in the order selectors list them.
             error: what `check` raises for an unknown name.
-            first: names listed first, in this order; the others follow in declaration order (module by module).
+            keep: a filter of the entries (`subset`).
         Raises:
-            RegistryError: a name declared twice, or ``first`` naming a choice nobody declared.
+            RegistryError: a name given twice.
         """
-        self.kind = kind
-        self.error = error
-        found: dict[str, Choice] = {}
-        for choice in declared_choices(kind, sources):
+        self.kind, self.entry, self.error, self._keep = kind, entry, error, keep
+        self._table = tuple(table)
+        self._plugins: str | None = None
+        self._choices = self._merged(())
+
+    def _merged(self, added: Iterable[Strategy]) -> dict[str, E]:
+        found: dict[str, E] = {}
+        for choice in (*self._table, *(e for e in added if isinstance(e, self.entry))):
             if choice.name in found:
-                raise RegistryError(f"{kind} '{choice.name}' is declared twice: by {found[choice.name].function} and by {choice.function}")
+                raise RegistryError(
+                    f"{self.kind} '{choice.name}' is given twice: by {found[choice.name].function} and by {choice.function}"
+                )
             found[choice.name] = choice
-        missing = [name for name in first if name not in found]
-        if missing:
-            raise RegistryError(f"the {kind} registry lists {', '.join(missing)} first, but nothing declares them")
-        order = list(dict.fromkeys([*first, *found]))
-        self._choices = {name: found[name] for name in order}
+        return {name: choice for name, choice in found.items() if self._keep is None or self._keep(choice)}
+
+    @property
+    def choices(self) -> dict[str, E]:
+        """name -> entry, plugins included (read again when ``GAP_PLUGINS`` changes)."""
+        wanted = os.environ.get(PLUGINS_VARIABLE, "")
+        if wanted != self._plugins:
+            self._choices, self._plugins = self._merged(plugin_entries(wanted)), wanted
+        return self._choices
+
+    def subset(self, keep: Callable[[E], bool]) -> Registry[E]:
+        """The entries ``keep`` accepts, as a registry of their own (plugins included)."""
+        return Registry(self.kind, self.entry, self._table, self.error, keep)
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(self._choices)
+        return tuple(self.choices)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._choices
+        return name in self.choices
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._choices)
+        return iter(self.names)
 
     def __len__(self) -> int:
-        return len(self._choices)
+        return len(self.choices)
 
-    def __getitem__(self, name: str) -> Choice:
-        return self._choices[self.check(name)]
+    def __getitem__(self, name: str) -> E:
+        return self.choices[self.check(name)]
 
     def describe(self, name: str) -> str:
         """The one-line description of ``name``."""
@@ -115,16 +134,13 @@ class Registry:
 
     def help(self) -> str:
         """Every choice with its description, for a help text: ``a: ...; b: ...``."""
-        return "; ".join(f"{c.name}: {c.description}" for c in self._choices.values())
-
-    def tagged(self, tag: str) -> tuple[str, ...]:
-        """The names of the choices carrying ``tag``."""
-        return tuple(c.name for c in self._choices.values() if tag in c.tags)
+        return "; ".join(f"{c.name}: {c.description}" for c in self.choices.values())
 
     def check(self, name: object, what: str | None = None) -> str:
         """``name`` when it is registered; else the registry's error, naming the choices."""
-        if not isinstance(name, str) or name not in self._choices:
-            raise self.error(f"unknown {what or self.kind} '{name}'; choose one of {', '.join(self._choices)}")
+        choices = self.choices
+        if not isinstance(name, str) or name not in choices:
+            raise self.error(f"unknown {what or self.kind} '{str(name)[:40]}'; choose one of {', '.join(choices)}")
         return name
 
     def function(self, name: str) -> Callable[..., Any]:
@@ -132,53 +148,30 @@ class Registry:
         return self[name].load()
 
 
-def source_files(source: str) -> list[tuple[str, Path]]:
-    """(module name, file) of ``source``: a module, or every module of a package, found without
-    importing it (only its parent packages, whose ``__init__`` files import nothing)."""
-    spec = importlib.util.find_spec(source)
-    if spec is None or spec.origin is None:
-        raise RegistryError(f"registry source '{source}' is not a module or package")
-    if spec.submodule_search_locations is None:
-        return [(source, Path(spec.origin))]
-    folder = Path(spec.origin).parent
-    return [(f"{source}.{path.stem}", path) for path in sorted(folder.glob("*.py")) if path.name != "__init__.py"]
+_PLUGINS: dict[str, tuple[Strategy, ...]] = {}
 
 
-def declared_choices(kind: str, sources: Iterable[str]) -> list[Choice]:
-    """Every ``@register(kind, ...)`` declaration in ``sources``, in module and line order."""
-    found: list[Choice] = []
-    for source in sources:
-        for module, path in source_files(source):
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-            for node in tree.body:
-                _refuse_retired_declarations(node, module)
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    calls = [call for call in node.decorator_list if isinstance(call, ast.Call) and _declares(call, kind)]
-                    found += [_choice(call, module, node.name) for call in calls]
-    return found
+def plugin_entries(modules: str) -> tuple[Strategy, ...]:
+    """The entries the comma-separated plugin ``modules`` export (``STRATEGIES``), each module imported once.
+
+    Raises:
+        RegistryError: a module that does not import, or whose STRATEGIES is not a sequence of entries.
+    """
+    entries: list[Strategy] = []
+    for module in (name.strip() for name in modules.split(",") if name.strip()):
+        if module not in _PLUGINS:
+            try:
+                exported = getattr(importlib.import_module(module), PLUGIN_ATTRIBUTE, None)
+            except Exception as exc:  # any failure of a user's module is one line, not a traceback
+                raise RegistryError(f"plugin module '{module}' ({PLUGINS_VARIABLE}) does not import: {_one_line(exc)}") from None
+            if not isinstance(exported, Sequence) or not all(isinstance(e, Strategy) for e in exported):
+                raise RegistryError(
+                    f"plugin module '{module}' ({PLUGINS_VARIABLE}) must export {PLUGIN_ATTRIBUTE}, a list of strategy entries"
+                )
+            _PLUGINS[module] = tuple(exported)
+        entries += _PLUGINS[module]
+    return tuple(entries)
 
 
-def _declares(decorator: ast.Call, kind: str) -> bool:
-    """Whether ``decorator`` is ``register(kind, ...)`` (or ``registry.register(kind, ...)``)."""
-    if not decorator.args:
-        return False
-    func = decorator.func
-    called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-    first = decorator.args[0]
-    return called == "register" and isinstance(first, ast.Constant) and first.value == kind
-
-
-def _choice(call: ast.Call, module: str, attribute: str) -> Choice:
-    """The Choice a ``@register(kind, name, description, tags)`` call declares."""
-    try:
-        fields = {key: ast.literal_eval(arg) for key, arg in zip(("kind", "name", "description", "tags"), call.args)}
-        fields |= {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
-        return Choice(fields["name"], fields["description"], f"{module}:{attribute}", tuple(fields.get("tags", ())))
-    except (ValueError, KeyError):
-        raise RegistryError(f"{module}.{attribute}: @register takes a literal kind, name, description and tags") from None
-
-
-def _refuse_retired_declarations(node: ast.stmt, module: str) -> None:
-    """A module still declaring choices the old way would be left out in silence: say so."""
-    if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.startswith("DECLARED_") for t in node.targets):
-        raise RegistryError(f"{module} declares its choices in a DECLARED_* tuple: declare each with @register(...) on its function")
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]

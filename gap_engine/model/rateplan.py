@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from gap_engine.core.config import BIAS_COMPENSATIONS, COMPENSATIONS, CRITERIA, DEFAULT_CHANNEL_MULTIPLE
+from gap_engine.core.config import DEFAULT_CHANNEL_MULTIPLE
 from gap_engine.core.deprecation import warn_deprecated
 from gap_engine.core.errors import PlanError
 from gap_engine.core.fsutil import atomic_write_text
@@ -61,8 +62,8 @@ class RatePlan:
     # Per block [KV groups, query heads per group] kept, where they were reached, not rounded
     # from the rate (iterative plans); each has the parameter count its rate rounds to. None: the rates say it.
     attention_shapes: list[list[int]] | None = None
-    # The compensation the plan was counted for (a config.COMPENSATIONS name): where it adds
-    # biases (BIAS_COMPENSATIONS) the budget paid for them and ``params`` counts them. None: counted
+    # The compensation the plan was counted for (a prune.compensations name): where it adds
+    # biases the budget paid for them and ``params`` counts them. None: counted
     # without (plans written before this field, hand-written ones).
     compensation: str | None = None
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
@@ -83,19 +84,13 @@ class RatePlan:
                 if not isinstance(r, (int, float)) or isinstance(r, bool) or not (0.0 <= float(r) < 1.0):
                     raise PlanError(f"plan {name}[{i}] = {r!r} is outside [0, 1)")
             setattr(self, name, [float(r) for r in rates])
-        if self.criterion not in CRITERIA:
-            raise PlanError(f"plan criterion '{self.criterion}' is unknown; choose one of {', '.join(CRITERIA)}")
+        _check_name(self.criterion, "criterion")
         check_int(self.channel_multiple, "plan channel_multiple", PlanError, 1, LIMITS.channel_multiple)
         if self.attention_shapes is not None:
             self.attention_shapes = self._validated_shapes(self.attention_shapes)
-        if self.compensation is not None and self.compensation not in COMPENSATIONS:
-            raise PlanError(f"plan compensation '{str(self.compensation)[:40]}' is unknown; choose one of {', '.join(COMPENSATIONS)}")
+        if self.compensation is not None:
+            _check_name(self.compensation, "compensation")
         return self
-
-    @property
-    def counts_biases(self) -> bool:
-        """Whether the plan was counted for a compensation that adds biases (its budget paid for them)."""
-        return self.compensation in BIAS_COMPENSATIONS
 
     def _validated_shapes(self, shapes: object) -> list[list[int]]:
         if not isinstance(shapes, list) or len(shapes) != self.num_layers:
@@ -289,9 +284,17 @@ def predicted_params(
     return params
 
 
-def plan_params(lm: LoadedModel, plan: RatePlan) -> dict[str, Any]:
-    """`predicted_params` of ``plan`` on ``lm``, its biases counted where it was counted for them."""
-    return predicted_params(lm, plan.attention_rates, plan.mlp_rates, plan.channel_multiple, plan.counts_biases)
+def _check_name(name: object, field_name: str) -> None:
+    """PlanError unless ``name`` has the form of a strategy's name; which names exist is the
+    prune stage's to check (``prune.criteria``, ``prune.compensations``: plugins add some)."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+:-]{0,39}", name):
+        raise PlanError(f"plan {field_name} {str(name)[:40]!r} is not a name (letters, digits and _.+:- only)")
+
+
+def plan_params(lm: LoadedModel, plan: RatePlan, biases: bool = False) -> dict[str, Any]:
+    """`predicted_params` of ``plan`` on ``lm``; ``biases``: its compensation adds them
+    (``prune.compensations.adds_biases(plan.compensation)``), and they are counted."""
+    return predicted_params(lm, plan.attention_rates, plan.mlp_rates, plan.channel_multiple, biases)
 
 
 def make_plan(
@@ -300,9 +303,11 @@ def make_plan(
     mlp_rates: Iterable[float],
     criterion: str,
     channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE,
+    biases: bool = False,
     **meta: Any,
 ) -> RatePlan:
-    """A validated plan for ``lm`` with its predicted parameter counts filled in."""
+    """A validated plan for ``lm`` with its predicted parameter counts filled in (``biases``: those its
+    compensation adds counted too, ``prune.compensations.adds_biases``)."""
     plan = RatePlan(
         model=lm.name,
         model_fingerprint=lm.fingerprint,
@@ -315,7 +320,7 @@ def make_plan(
     ).validate()
     if plan.attention_shapes is not None:
         plan.check_model(lm)  # the shapes fit the blocks, each the size of its rate
-    plan.params = plan_params(lm, plan)
+    plan.params = plan_params(lm, plan, biases)
     return plan
 
 
@@ -331,11 +336,18 @@ def plan_widths(lm: LoadedModel, plan: RatePlan) -> list[dict[str, int]]:
 
 
 def uniform_plan(
-    lm: LoadedModel, rate: float, criterion: str, channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE, compensation: str | None = None
+    lm: LoadedModel,
+    rate: float,
+    criterion: str,
+    channel_multiple: int = DEFAULT_CHANNEL_MULTIPLE,
+    compensation: str | None = None,
+    biases: bool = False,
 ) -> RatePlan:
     """Every block and component at the same rate (the baseline most pruners use); ``compensation``:
-    the one it will be pruned with, whose biases its counts then include."""
+    the one it will be pruned with, recorded; ``biases``: it adds biases, which its counts then include."""
     if not (0.0 <= rate < 1.0):
         raise PlanError(f"rate {rate} is outside [0, 1)")
     n = lm.num_layers
-    return make_plan(lm, [rate] * n, [rate] * n, criterion, channel_multiple, allocator="uniform", budget=rate, compensation=compensation)
+    return make_plan(
+        lm, [rate] * n, [rate] * n, criterion, channel_multiple, biases, allocator="uniform", budget=rate, compensation=compensation
+    )

@@ -44,7 +44,7 @@ from gap_engine.evaluate.tasks import TaskSettings, prepare_tasks
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import load_model
 from gap_engine.pipeline import learned
-from gap_engine.pipeline.expected import Prediction, baselines_prediction, recovery_prediction
+from gap_engine.pipeline.cost_model import Prediction, baselines_prediction, recovery_prediction
 from gap_engine.pipeline.recovery import recover
 from gap_engine.pipeline.runs import baseline_rows, baseline_stages, prune_and_evaluate, prune_eval_stages
 from gap_engine.pipeline.stages import loss_table, table_stages
@@ -424,7 +424,7 @@ def table_task(model_name: str, spec, device: DeviceSpec | None = None, cells=No
     Args:
         device: where the model runs (None: CPU float32).
         cells: who measures exact cells (``tables.distributed.RayCells``); None: this process.
-        expected: the cost model's stages (``expected.table_prediction``), for the ETA; its time teaches the next.
+        expected: the cost model's stages (``cost_model.table_prediction``), for the ETA; its time teaches the next.
     """
 
     def work(ctx: JobContext):
@@ -478,7 +478,7 @@ def prune_eval_task(
     Args:
         model_name: the dense model (built-in name, folder or hub id).
         eval_settings: evaluate.EvalSettings.
-        expected: the cost model's stages (``expected.run_prediction``), for the ETA; its time teaches the next.
+        expected: the cost model's stages (``cost_model.run_prediction``), for the ETA; its time teaches the next.
         task_settings: lm-eval tasks to score the pruned model and dense on (None: none); their
             data sets load while the model does, so a data problem ends the job before pruning.
         maker: who made the run, recorded beside it in the history (`history.set_run_maker`).

@@ -1,4 +1,4 @@
-"""What finished jobs taught the cost model (``pipeline.expected``) about this machine: one factor per kind of job.
+"""What finished jobs taught the cost model (``pipeline.cost_model``) about this machine: one factor per kind of job.
 
 A job that finishes (a table build, prune and evaluate, a recovery, baseline plans, a GGUF file) is recorded with its
 predicted and actual seconds, the load average when it started and when it ended, and torch's threads, in a small

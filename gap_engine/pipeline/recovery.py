@@ -45,7 +45,7 @@ from gap_engine.core.progress import EVALUATING_AFTER, NO_HOOKS, PREPARING, TRAI
 from gap_engine.evaluate.tasks import PreparedTasks
 from gap_engine.model.loaded import LoadedModel, weights_fingerprint
 from gap_engine.model.storage import round_to_storage
-from gap_engine.pipeline import expected
+from gap_engine.pipeline import cost_model
 from gap_engine.pipeline.recovery_dense import evaluate_heldout, resolve_objective
 from gap_engine.recover import teacher_text
 from gap_engine.recover.files import (
@@ -234,13 +234,13 @@ def _write_teacher_text(teacher: LoadedModel, settings: RecoverySettings, data: 
 
 
 def check_teacher_text_time(teacher: LoadedModel, spec: teacher_text.TeacherTextSpec, source: str, force: bool = False) -> None:
-    """SizeLimitError before a token is written when the cost model (``expected.teacher_text_prediction``) says
+    """SizeLimitError before a token is written when the cost model (``cost_model.teacher_text_prediction``) says
     writing ``spec`` with ``teacher`` here takes longer than ``LIMITS.teacher_seconds``, unless ``force`` (or
     GAP_FORCE_SIZE=1) lifts it; text the cache holds costs nothing and passes."""
     dtype = str(placement_of(teacher).dtype).removeprefix("torch.")
     if force or forced() or teacher_text.is_cached(spec, teacher.fingerprint, dtype):
         return
-    priced = expected.teacher_text_prediction(teacher, spec.tokens, spec.seq_len)
+    priced = cost_model.teacher_text_prediction(teacher, spec.tokens, spec.seq_len)
     if priced is None or priced[0] <= LIMITS.teacher_seconds:
         return
     seconds, basis = priced

@@ -42,7 +42,7 @@ from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, obs_windows, plan_for, pruned_as_saved, pruned_by
-from gap_engine.plan.allocator_registry import needs_windows
+from gap_engine.plan.allocator_registry import ALLOCATORS, needs_windows
 from gap_engine.plan.front_view import net_removed_fraction
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
@@ -183,9 +183,9 @@ def baseline_rows(
     if any(needs_windows(allocator) for allocator in allocators):
         lm = lm.private()  # once for every plan: they hook or mask it
     scores = None
-    if "flap" in allocators:
+    if scores_first(allocators):
         hooks.enter(SCORE_UNITS)
-        _step(hooks, "importance scores for FLAP", 0, 0)
+        _step(hooks, "importance scores", 0, 0)
         windows = calibration_windows(lm.tokenizer, table.spec.windows)
         scores = compute_importance(lm, windows, table.spec.criterion, table.spec.windows.batch_size, Hooks(cancel=hooks.cancel))
     rows: list[BaselinePlan] = []
@@ -215,7 +215,12 @@ def baseline_rows(
 
 def baseline_stages(allocators: Sequence[str]) -> tuple[str, ...]:
     """The stages of a baseline-plans job in order, from loading the dense model (FLAP's: its units scored first)."""
-    return (LOAD_MODEL, SCORE_UNITS, PLAN) if "flap" in allocators else (LOAD_MODEL, PLAN)
+    return (LOAD_MODEL, SCORE_UNITS, PLAN) if scores_first(allocators) else (LOAD_MODEL, PLAN)
+
+
+def scores_first(allocators: Sequence[str]) -> bool:
+    """Whether a baseline-plans job scores the units before its plans (an allocator's entry asks: FLAP's)."""
+    return any(ALLOCATORS[allocator].scores_first for allocator in allocators)
 
 
 def _step(hooks: Hooks, message: str, done: int, total: int) -> None:

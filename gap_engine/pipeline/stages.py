@@ -47,6 +47,7 @@ from gap_engine.tables.artefact import LossTable, TableSpec, table_key
 from gap_engine.tables.build import measure_table
 from gap_engine.tables.cache import PartialCells, get_table, lock, put_table
 from gap_engine.tables.cells import objective_positions, objective_sum
+from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.ledger import CellFiller
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ def check_cached_table(table: LossTable, lm: LoadedModel, spec: TableSpec, data_
 
 def table_stages(spec: TableSpec) -> tuple[str, ...]:
     """The stages of a table job in order, from loading the model (``core.progress`` names)."""
-    measured = (DENSE_PASS, CELLS) if spec.estimator == "exact" else (GRADIENT_PASS,)
+    measured = (GRADIENT_PASS,) if ESTIMATORS[spec.estimator].reads_gradients else (DENSE_PASS, CELLS)
     return (LOAD_MODEL, READ_TEXT, SCORE_UNITS) + measured
 
 

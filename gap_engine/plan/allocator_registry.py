@@ -1,34 +1,67 @@
 """The allocators: how the budget is spread over the layers (the registry).
 
-Every module of ``gap_engine.plan`` may declare allocators on their functions with
-``@register("allocator", name, description, tags)`` (``core.registry``); this registry reads the
-declarations from the source, nothing imported, so the CLI's choices stay light and adding an
-allocator is one new file in ``plan/`` (docs/layout.md). A name declared twice is refused.
-
-Tags: ``grid`` for allocators whose plans sit on the table's rate grid (``dp``, ``evo``;
-``allocators.plan_from_table`` runs them itself); ``windows`` for those that read
-calibration windows; ``criterion:<name>`` for those whose paper prescribes which units go
-(their plans record that criterion instead of the table's). Every other allocator is a baseline: its function takes a
-``baselines.BaselineInputs`` and returns ``(rungs, wanted or None)``, which
-``ladders.settle`` fixes to the budget (see ``baselines``).
+An allocator ``on_grid`` plans on the table's rate grid (``dp``, ``evo``;
+``allocators.plan_from_table`` runs them itself). Every other allocator is a baseline: its
+function takes a ``baselines.BaselineInputs`` and returns ``(rungs, wanted or None)``, which
+``ladders.settle`` fixes to the budget (see ``baselines``). A new baseline is one entry: here,
+or in a plugin module (``core.registry``, docs/python-api.md).
 """
 
 from __future__ import annotations
 
-from gap_engine.core.errors import PlanError
-from gap_engine.core.registry import Registry
+from dataclasses import dataclass
 
-ALLOCATORS = Registry("allocator", ("gap_engine.plan",), PlanError, first=("dp", "uniform", "flap", "owl", "evo"))
-GRID_ALLOCATORS = ALLOCATORS.tagged("grid")  # plans on the table's rate grid
-BASELINE_ALLOCATORS = tuple(name for name in ALLOCATORS if name not in GRID_ALLOCATORS)  # settled unit by unit
+from gap_engine.core.errors import PlanError
+from gap_engine.core.registry import Registry, Strategy
+
+
+@dataclass(frozen=True, kw_only=True)
+class Allocator(Strategy):
+    """An allocator and what the stages around it need to know of it."""
+
+    plan_passes: float  # what one plan costs, in forward passes over the calibration windows (the cost model); 0: none
+    reads_windows: bool = False  # runs the model on calibration windows (FLAP, OWL, evo)
+    on_grid: bool = False  # plans on the table's rate grid, run by plan_from_table itself
+    criterion: str | None = None  # the criterion its paper prescribes (its plans record it); None: the table's
+    scores_first: bool = False  # the baseline-plans stage scores the units by the table's criterion before its plans
+    symbol: str = "circle"  # its marker in figures
+    color: str | None = None  # its colour in figures (None: the figure's default)
+
+
+ALLOCATORS: Registry[Allocator] = Registry(
+    "allocator",
+    Allocator,
+    (
+        Allocator("dp", "GAP: the exact DP on the loss table", "gap_engine.plan.front:dp_choice", plan_passes=0.0, on_grid=True, color="#333333"),
+        Allocator("uniform", "same rate everywhere", "gap_engine.plan.baselines:uniform_rungs", plan_passes=0.0, symbol="square", color="#54A24B"),
+        Allocator(
+            "flap", "FLAP: fluctuation metric, standardised per layer, global selection", "gap_engine.plan.baselines:flap_rungs",
+            plan_passes=1.0, reads_windows=True, criterion="flap", scores_first=True, symbol="diamond", color="#B279A2",
+        ),
+        Allocator(
+            "owl", "OWL outlier-weighted layer rates", "gap_engine.plan.baselines:owl_rungs",
+            plan_passes=1.0, reads_windows=True, symbol="triangle-up", color="#9D755D",
+        ),
+        Allocator(
+            "evo", "EvoPress-style search seeded with the DP (slow: runs the model per candidate)", "gap_engine.plan.evo:evolve",
+            plan_passes=20.0, reads_windows=True, on_grid=True, symbol="star", color="#72B7B2",
+        ),
+        Allocator(
+            "slimgpt", "SlimGPT: log-increasing layer rates, greedy OBS block by block with its update",
+            "gap_engine.plan.slimgpt:slimgpt_rungs", plan_passes=0.0, criterion="obs",
+        ),
+    ),
+    PlanError,
+)  # fmt: skip
+GRID_ALLOCATORS = ALLOCATORS.subset(lambda allocator: allocator.on_grid)  # plans on the table's rate grid
+BASELINE_ALLOCATORS = ALLOCATORS.subset(lambda allocator: not allocator.on_grid)  # settled unit by unit
 
 
 def needs_windows(allocator: str) -> bool:
     """Whether an allocator reads calibration windows (FLAP, OWL and evo run the model)."""
-    return "windows" in ALLOCATORS[allocator].tags
+    return ALLOCATORS[allocator].reads_windows
 
 
 def own_criterion(allocator: str) -> str | None:
-    """The criterion an allocator's plans prune with (tag ``criterion:<name>``), or None: the table's."""
-    named = [tag.partition(":")[2] for tag in ALLOCATORS[allocator].tags if tag.startswith("criterion:")]
-    return named[0] if named else None
+    """The criterion an allocator's plans prune with, or None: the table's."""
+    return ALLOCATORS[allocator].criterion

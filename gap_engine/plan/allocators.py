@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gap_engine.core.config import BIAS_COMPENSATIONS, DEFAULT_N_BUCKETS
+from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.errors import InvariantError, PlanError, TableError
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
@@ -41,6 +41,7 @@ from gap_engine.plan.problem import (
     reach_error,
     slot_rates,
 )
+from gap_engine.prune.compensations import adds_biases
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.prune.sequential import OBS_COMPENSATIONS
@@ -115,7 +116,7 @@ def check_reach(
         if budget * problem.dense_prunable > high:
             raise reach_error(allocator, budget, low, high, problem.dense_prunable)
         return ReachableBudget(budget, allocator, compensation, problem, None)
-    biases = compensation in BIAS_COMPENSATIONS
+    biases = adds_biases(compensation)
     ladders = build_ladders(block_geometries(lm), problem.slots, problem.locked, constraints, table.spec.channel_multiple, biases)
     ladder_reach(allocator, budget, ladders, problem.dense_prunable)
     return ReachableBudget(budget, allocator, compensation, problem, ladders)
@@ -253,4 +254,5 @@ def _baseline_plan(
         predicted_loss=predicted_loss(table, geoms, attention, mlp, smoothed),
         table_key=table.key,
         compensation=compensation,
+        biases=adds_biases(compensation),
     )

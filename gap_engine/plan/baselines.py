@@ -1,9 +1,9 @@
 """The baseline allocators GAP is compared against, held to the same budget and constraints.
 
 Each baseline decides how many parameters every slot loses; which heads and channels go
-is the table's criterion, unless the baseline's paper prescribes its own (tag
-``criterion:<name>``: the plan then records that criterion). Each is one function declared
-with `@register("allocator", ...)`, returning unit-ladder rungs (and, for FLAP, what each slot
+is the table's criterion, unless the baseline's paper prescribes its own (its entry's
+``criterion``: the plan then records that criterion). Each is one function named by an entry of
+``allocator_registry.ALLOCATORS``, returning unit-ladder rungs (and, for FLAP, what each slot
 wanted before rounding) that `settle` then fixes to the budget:
 
 - ``uniform``: one rate r for every slot; r by bisection on the exact, unit-rounded
@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 from gap_engine.core.errors import InvariantError
-from gap_engine.core.registry import register
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.units import ComponentGeometry
 from gap_engine.plan.ladders import Ladder, ladder_removed, nearest_rungs, rungs_at_rates, smallest_meeting
@@ -60,7 +59,6 @@ class BaselineInputs:
     batch_size: int  # windows per forward pass
 
 
-@register("allocator", "uniform", "same rate everywhere")
 def uniform_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """The smallest common rate (bisection) whose unit-rounded plan removes the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked
@@ -140,7 +138,6 @@ def _flap_wanted(
     return wanted
 
 
-@register("allocator", "flap", "FLAP: fluctuation metric, standardised per layer, global selection", ("windows", "criterion:flap"))
 def flap_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, np.ndarray]:
     """FLAP's global threshold on its standardised fluctuation scores, rounded to each slot's nearest rung."""
     if inputs.windows is None:
@@ -199,7 +196,6 @@ def owl_offsets(ratios: np.ndarray, lam: float = OWL_LAMBDA) -> np.ndarray:
     return offsets
 
 
-@register("allocator", "owl", "OWL outlier-weighted layer rates", ("windows",))
 def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """Rungs at rates clip(t + offset_l) with the smallest shift t (bisection) that meets the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked

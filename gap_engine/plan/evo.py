@@ -18,7 +18,6 @@ import torch
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.progress import NO_HOOKS, Hooks
-from gap_engine.core.registry import register
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
@@ -104,7 +103,6 @@ def _mutate(problem: PlanningProblem, choice: np.ndarray, target: float, rng: np
     return None if np.array_equal(new, choice) else new
 
 
-@register("allocator", "evo", "EvoPress-style search seeded with the DP (slow: runs the model per candidate)", ("grid", "windows"))
 def evolve(
     lm: LoadedModel,
     table: LossTable,

@@ -18,11 +18,11 @@ import numpy as np
 from gap_engine.core.config import DEFAULT_N_BUCKETS
 from gap_engine.core.errors import BudgetError
 from gap_engine.core.knapsack import ParetoFront, solve_budget, solve_front
-from gap_engine.core.registry import register
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import ComponentGeometry, added_bias_params
 from gap_engine.plan.problem import Choice, Constraints, PlanningProblem, layer_slots, planning_problem, reach_error, slot_rates
+from gap_engine.prune.compensations import adds_biases
 from gap_engine.tables.artefact import LossTable
 
 
@@ -114,7 +114,6 @@ def front_csv(rows: list[dict[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-@register("allocator", "dp", "GAP: the exact DP on the loss table", ("grid",))
 def dp_choice(problem: PlanningProblem, budget: float, n_buckets: int) -> np.ndarray:
     low, high = problem.reach()
     if budget * problem.dense_prunable > high:
@@ -152,4 +151,5 @@ def grid_plan(
         predicted_loss=problem.loss(choice),
         table_key=table.key,
         compensation=compensation,
+        biases=adds_biases(compensation),
     )

@@ -33,6 +33,7 @@ from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import ComponentGeometry, block_geometries, channels_for_rate
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.plan.problem import Constraints
+from gap_engine.prune.compensations import adds_biases
 from gap_engine.tables.artefact import LossTable
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ def row_plan(lm: LoadedModel, table: LossTable, row: dict[str, Any], compensatio
         predicted_loss=float(row["predicted_loss"]),
         table_key=table.key,
         compensation=compensation,
+        biases=adds_biases(compensation),
     )
     net = int(plan.params["removed"]) - int(plan.params.get("bias_params", 0))
     if net != int(row["removed"]):

@@ -20,12 +20,13 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from gap_engine.core.config import BIAS_COMPENSATIONS, DEFAULT_MAX_RATE
+from gap_engine.core.config import DEFAULT_MAX_RATE
 from gap_engine.core.errors import BudgetError, TableError
 from gap_engine.core.knapsack import constraint_mask
 from gap_engine.core.validate import check_number
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.units import ComponentGeometry, block_geometries
+from gap_engine.prune.compensations import adds_biases
 from gap_engine.tables.artefact import LossTable
 
 RATE_TOL = 1e-9  # rates closer than this are the same rate
@@ -170,7 +171,7 @@ def _table_rows(table: LossTable) -> dict[tuple[int, str], int]:
 def charged_counts(lm: LoadedModel, compensation: str | None) -> list[ComponentGeometry] | None:
     """The blocks' counting geometry when ``compensation`` adds biases, for the planner to charge
     them (`planning_problem`'s ``biases``); None for one that adds none."""
-    return block_geometries(lm) if compensation in BIAS_COMPENSATIONS else None
+    return block_geometries(lm) if adds_biases(compensation) else None
 
 
 def bias_charges(

@@ -18,7 +18,6 @@ import math
 
 import numpy as np
 
-from gap_engine.core.registry import register
 from gap_engine.plan.baselines import BaselineInputs
 from gap_engine.plan.ladders import ladder_removed, rungs_at_rates, smallest_meeting
 
@@ -32,7 +31,6 @@ def log_increase(num_layers: int) -> np.ndarray:
     return np.log(np.arange(1, num_layers + 1)) / math.log(num_layers)
 
 
-@register("allocator", "slimgpt", "SlimGPT: log-increasing layer rates, greedy OBS block by block with its update", ("criterion:obs",))
 def slimgpt_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """Rungs at rates clip(r_last * log(i + 1) / log(L)), the smallest r_last (bisection) meeting the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked

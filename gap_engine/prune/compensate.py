@@ -37,7 +37,6 @@ import torch
 from torch import nn
 
 from gap_engine.core.errors import CompensationError
-from gap_engine.core.registry import register
 from gap_engine.model.adapters import ArchitectureAdapter
 from gap_engine.model.layerwise import BlockCall
 from gap_engine.model.slicing import unit_rows, zeroed_units
@@ -207,18 +206,11 @@ def _fit(moments: Moments, weight: torch.Tensor, kept: torch.Tensor, damping: fl
     )
 
 
-@register("compensation", "none", "no compensation: the kept weights as they were")
 def keep_fit(moments: Moments, weight: torch.Tensor, kept: torch.Tensor, damping: float, what: str) -> Fit:
     """``none``: nothing changes."""
     return NO_FIT
 
 
-@register(
-    "compensation",
-    "bias",
-    "FLAP's bias: the removed units' mean contribution folded into o_proj/down_proj biases",
-    ("bias",),
-)
 def bias_fit(moments: Moments, weight: torch.Tensor, kept: torch.Tensor, damping: float, what: str) -> Fit:
     """``bias``: the kept columns as they are, plus the bias that restores the mean output.
 
@@ -232,12 +224,6 @@ def bias_fit(moments: Moments, weight: torch.Tensor, kept: torch.Tensor, damping
     return _fit(moments, weight, kept, damping, what, refit=False, bias=True)
 
 
-@register(
-    "compensation",
-    "refit",
-    "least-squares refit of the kept o_proj/down_proj columns to the dense block's output",
-    ("refit",),
-)
 def refit_fit(moments: Moments, weight: torch.Tensor, kept: torch.Tensor, damping: float, what: str) -> Fit:
     """``refit``: the kept columns refit by damped least squares, no bias (arguments as ``bias_fit``).
 
@@ -247,7 +233,6 @@ def refit_fit(moments: Moments, weight: torch.Tensor, kept: torch.Tensor, dampin
     return _fit(moments, weight, kept, damping, what, refit=True, bias=False)
 
 
-@register("compensation", "bias+refit", "the least-squares refit with a free bias on o_proj/down_proj", ("bias", "refit"))
 def bias_refit_fit(moments: Moments, weight: torch.Tensor, kept: torch.Tensor, damping: float, what: str) -> Fit:
     """``bias+refit``: the refit on centred moments, and the bias from the means (arguments as ``bias_fit``)."""
     return _fit(moments, weight, kept, damping, what, refit=True, bias=True)

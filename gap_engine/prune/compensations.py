@@ -13,9 +13,10 @@ projection (``prune.compensate``); ``prune.compensation_pass`` runs them layer-s
   SlimLLM end their pruning).
 - ``bias+refit``: the refit with a free bias.
 
-Entries tagged ``bias`` add a bias to each ``o_proj`` and ``down_proj`` that lost inputs (the checkpoint,
-its remote code and the GGUF export carry it); entries tagged ``refit`` solve for the kept
-columns, so they need at least as many calibration tokens as the widest kept input.
+An entry that ``adds_bias`` gives each ``o_proj`` and ``down_proj`` that lost inputs a bias (the
+checkpoint, its remote code and the GGUF export carry it; a plan's budget pays for it); one that
+``refits`` solves for the kept columns, so it needs at least as many calibration tokens as the
+widest kept input.
 """
 
 from __future__ import annotations
@@ -24,12 +25,44 @@ from dataclasses import dataclass
 
 from gap_engine.core import config
 from gap_engine.core.errors import CompensationError
-from gap_engine.core.registry import Registry
+from gap_engine.core.registry import Registry, Strategy
 from gap_engine.prune.criteria import is_sequential
 
-# Declared on the fitting functions (``@register("compensation", ...)`` in ``prune.compensate``);
-# layers below this one (tables' specs, the CLI's defaults) read config.COMPENSATIONS, the order here.
-COMPENSATIONS = Registry("compensation", ("gap_engine.prune.compensate",), CompensationError, first=config.COMPENSATIONS)
+
+@dataclass(frozen=True, kw_only=True)
+class Compensation(Strategy):
+    """A compensation: ``function`` fits one output projection, ``(moments, weight, kept, damping, what) -> Fit``."""
+
+    adds_bias: bool = False  # gives o_proj/down_proj a bias (parameters the budget pays for)
+    refits: bool = False  # solves for the kept columns (second moments of the inputs)
+
+
+COMPENSATIONS: Registry[Compensation] = Registry(
+    "compensation",
+    Compensation,
+    (
+        Compensation("none", "no compensation: the kept weights as they were", "gap_engine.prune.compensate:keep_fit"),
+        Compensation(
+            "bias", "FLAP's bias: the removed units' mean contribution folded into o_proj/down_proj biases",
+            "gap_engine.prune.compensate:bias_fit", adds_bias=True,
+        ),
+        Compensation(
+            "refit", "least-squares refit of the kept o_proj/down_proj columns to the dense block's output",
+            "gap_engine.prune.compensate:refit_fit", refits=True,
+        ),
+        Compensation(
+            "bias+refit", "the least-squares refit with a free bias on o_proj/down_proj",
+            "gap_engine.prune.compensate:bias_refit_fit", adds_bias=True, refits=True,
+        ),
+    ),
+    CompensationError,
+)  # fmt: skip
+
+
+def adds_biases(compensation: str | None) -> bool:
+    """Whether a plan counted for ``compensation`` (None: for none) pays for the biases it adds."""
+    return compensation is not None and COMPENSATIONS[compensation].adds_bias
+
 
 TARGETS = ("pruned", "dense")  # what a refit matches: see CompensationSettings.target
 DEFAULT_DAMPING = 0.01
@@ -63,12 +96,12 @@ class CompensationSettings:
     @property
     def adds_bias(self) -> bool:
         """Whether the mode gives each o_proj and down_proj that lost inputs a bias (and so adds parameters)."""
-        return "bias" in COMPENSATIONS[self.mode].tags
+        return COMPENSATIONS[self.mode].adds_bias
 
     @property
     def refits(self) -> bool:
         """Whether the mode solves for the kept columns."""
-        return "refit" in COMPENSATIONS[self.mode].tags
+        return COMPENSATIONS[self.mode].refits
 
     def to_dict(self) -> dict[str, object]:
         """What a checkpoint, a run and a table record."""

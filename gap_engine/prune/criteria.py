@@ -1,33 +1,63 @@
 """The criteria: which heads and channels of a layer a rate removes (the registry).
 
-Each scorer, declared on its function in ``prune.importance``, takes ``(lm, windows, batch_size, hooks)`` and returns one ``LayerScores`` per
-block (higher = keep); ``prune.importance.compute_importance`` calls it. A criterion tagged
-``windows`` reads calibration windows; the others score the weights alone. A criterion
-tagged ``sequential`` has no scores of the dense model: it chooses units while pruning,
+A scoring criterion's function takes ``(lm, windows, batch_size, hooks)`` and returns one
+``LayerScores`` per block (higher = keep); ``prune.importance.compute_importance`` calls it.
+A ``sequential`` criterion has no scores of the dense model: it chooses units while pruning,
 block by block on the pruned model (``obs``: SlimGPT), and its function prunes
-``(lm, plan, windows, batch_size, hooks) -> PruneResult``. Tables and the allocators that
-read scores take only the scoring ones (`SCORING_CRITERIA`); a plan may name any.
+``(lm, plan, windows, batch_size, hooks) -> PruneResult`` (``pipeline.stages`` calls it).
+Tables and the allocators that read scores take only the scoring ones (`SCORING_CRITERIA`).
 """
 
 from __future__ import annotations
 
-from gap_engine.core import config
-from gap_engine.core.registry import Registry
+from dataclasses import dataclass
 
-# Declared on the functions (``@register("criterion", ...)``); RatePlan (model layer, below this
-# one) validates a plan's criterion against config.CRITERIA, which must list them (tests/core/test_registry.py).
-CRITERIA = Registry("criterion", ("gap_engine.prune.importance", "gap_engine.prune.sequential"), first=config.CRITERIA)
-# What tables score units by: every criterion but those that choose units while pruning (tag sequential).
-SCORING_CRITERIA = Registry(
-    "criterion", ("gap_engine.prune.importance",), first=[name for name in config.CRITERIA if "sequential" not in CRITERIA[name].tags]
-)
+from gap_engine.core.errors import PlanError
+from gap_engine.core.registry import Registry, Strategy
+
+
+@dataclass(frozen=True, kw_only=True)
+class Criterion(Strategy):
+    """A criterion: ``function`` scores units, or prunes a plan when ``sequential``."""
+
+    score_passes: float  # what its scores cost, in forward passes over the calibration windows (the cost model)
+    reads_windows: bool = False  # scores units on calibration windows (else the weights alone)
+    sequential: bool = False  # chooses units while pruning: no scores of the dense model
+
+
+CRITERIA: Registry[Criterion] = Registry(
+    "criterion",
+    Criterion,
+    (
+        Criterion("magnitude", "weight magnitude (no calibration text)", "gap_engine.prune.importance:magnitude_scores", score_passes=0.0),
+        Criterion(
+            "wanda", "weight magnitude times input activation norm (Wanda)", "gap_engine.prune.importance:wanda_scores",
+            score_passes=1.0, reads_windows=True,
+        ),
+        Criterion(
+            "flap", "input fluctuation times squared column norm (FLAP)", "gap_engine.prune.importance:flap_scores",
+            score_passes=1.0, reads_windows=True,
+        ),
+        Criterion(
+            "taylor", "first-order Taylor saliency |W * grad| (one backward pass)", "gap_engine.prune.importance:taylor_scores",
+            score_passes=3.0, reads_windows=True,
+        ),
+        Criterion(
+            "obs", "SlimGPT: greedy structured OBS block by block on the pruned model, kept columns updated",
+            "gap_engine.prune.sequential:obs_prune", score_passes=1.0, reads_windows=True, sequential=True,
+        ),
+    ),
+    PlanError,
+)  # fmt: skip
+# What tables score units by: every criterion but those that choose units while pruning.
+SCORING_CRITERIA = CRITERIA.subset(lambda criterion: not criterion.sequential)
 
 
 def reads_windows(criterion: str) -> bool:
     """Whether ``criterion`` scores units on calibration windows."""
-    return "windows" in CRITERIA[criterion].tags
+    return CRITERIA[criterion].reads_windows
 
 
 def is_sequential(criterion: str) -> bool:
     """Whether ``criterion`` chooses units while pruning (no scores of the dense model)."""
-    return "sequential" in CRITERIA[criterion].tags
+    return CRITERIA[criterion].sequential

@@ -30,7 +30,6 @@ from gap_engine.core.config import DEFAULT_CRITERION
 from gap_engine.core.device import cpu_float64, input_device, is_streamed, wide
 from gap_engine.core.errors import GapError
 from gap_engine.core.progress import NO_HOOKS, Hooks
-from gap_engine.core.registry import register
 from gap_engine.data.bos import next_token_nll, text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.adapters import ArchitectureAdapter
@@ -204,25 +203,21 @@ def flap_standardised(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 
     return out
 
 
-@register("criterion", "magnitude", "weight magnitude (no calibration text)")
 def magnitude_scores(lm: LoadedModel, windows: torch.Tensor | None, batch_size: int, hooks: Hooks) -> list[LayerScores]:
     """``magnitude``: weight magnitudes alone (``windows`` are not read)."""
     return _magnitude(lm)
 
 
-@register("criterion", "wanda", "weight magnitude times input activation norm (Wanda)", ("windows",))
 def wanda_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
     """``wanda``: weight magnitude times the input's L2 norm, per head and channel."""
     return _activation_scores(lm, windows, "wanda", batch_size, hooks)
 
 
-@register("criterion", "flap", "input fluctuation times squared column norm (FLAP)", ("windows",))
 def flap_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
     """``flap``: the input's fluctuation times the squared column norm (heads: the sum of its square)."""
     return _activation_scores(lm, windows, "flap", batch_size, hooks)
 
 
-@register("criterion", "taylor", "first-order Taylor saliency |W * grad| (one backward pass)", ("windows",))
 def taylor_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
     """``taylor``: vector-wise first-order saliency from the calibration loss's gradient."""
     return _taylor(lm, windows, batch_size, hooks)

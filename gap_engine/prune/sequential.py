@@ -37,7 +37,6 @@ from torch import nn
 from gap_engine.core.device import input_device, placement_of
 from gap_engine.core.errors import CompensationError, InvariantError
 from gap_engine.core.progress import NO_HOOKS, Hooks
-from gap_engine.core.registry import register
 from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.layerwise import BlockCall, block_on, capture_calls, layer_output, to_host, tree_to
@@ -47,14 +46,15 @@ from gap_engine.model.slicing import slice_attention_, slice_mlp_
 from gap_engine.model.units import AttentionShape, added_bias_params, block_geometries
 from gap_engine.prune.compensate import BlockFit, Fit
 from gap_engine.prune.compensation_pass import install_biases
-from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
+from gap_engine.prune.compensations import COMPENSATIONS, NO_COMPENSATION, CompensationSettings, adds_biases
 from gap_engine.prune.obs import OBS_DAMPING, damped_inverse, obs_channels, obs_heads
 from gap_engine.prune.surgery import PruneResult, finish_surgery, kept_counts
 
 log = logging.getLogger(__name__)
 
 Chosen = TypeVar("Chosen")  # what an OBS choice returns: kept heads, or kept channels
-OBS_COMPENSATIONS = ("none", "bias")  # what may follow the OBS update (itself a refit of the kept columns)
+# What may follow the OBS update, itself a refit of the kept columns: every compensation that refits none.
+OBS_COMPENSATIONS = COMPENSATIONS.subset(lambda compensation: not compensation.refits)
 
 
 class _Gram:
@@ -131,16 +131,10 @@ def check_follows_obs(compensation: CompensationSettings) -> None:
     compensation.validate()
     if compensation.mode not in OBS_COMPENSATIONS:
         raise CompensationError(
-            f"criterion 'obs' updates the kept columns itself (a refit); it takes --compensate none or bias, not {compensation.mode}"
+            f"criterion 'obs' updates the kept columns itself (a refit); it takes --compensate {' or '.join(OBS_COMPENSATIONS)}, not {compensation.mode}"
         )
 
 
-@register(
-    "criterion",
-    "obs",
-    "SlimGPT: greedy structured OBS block by block on the pruned model, kept columns updated",
-    ("windows", "sequential"),
-)
 def obs_prune(
     lm: LoadedModel,
     plan: RatePlan,
@@ -171,7 +165,7 @@ def obs_prune(
     check_follows_obs(compensation)
     plan = dataclasses.replace(plan).validate()  # normalised on our copy, not the caller's
     plan.check_model(lm)
-    plan.params = plan_params(lm, plan)
+    plan.params = plan_params(lm, plan, adds_biases(plan.compensation))
     result = PruneResult(plan=plan, params_before=lm.param_count())
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)

@@ -28,6 +28,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, plan_params
 from gap_engine.model.slicing import restored_on_failure, slice_attention_, slice_mlp_, zeroed_units
 from gap_engine.model.units import AttentionShape, attention_shape_for_rate, channels_for_rate
+from gap_engine.prune.compensations import adds_biases
 from gap_engine.prune.importance import ImportanceScores, LayerScores
 
 log = logging.getLogger(__name__)
@@ -241,7 +242,7 @@ def apply_plan(lm: LoadedModel, plan: RatePlan, scores: ImportanceScores | None)
     lm.refuse_shared("surgery")
     plan = dataclasses.replace(plan).validate()  # validate() normalises the rates: on our copy, not the caller's
     plan.check_model(lm)
-    plan.params = plan_params(lm, plan)
+    plan.params = plan_params(lm, plan, adds_biases(plan.compensation))
     if scores is None and (any(plan.attention_rates) or any(plan.mlp_rates)):
         raise PlanError("importance scores are needed for a plan with non-zero rates")
     layers = lm.adapter.layers(lm.model)

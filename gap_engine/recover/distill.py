@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from gap_engine.core.errors import InvariantError
-from gap_engine.core.registry import register
 from gap_engine.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -79,9 +78,6 @@ def _per_task(per_position: torch.Tensor, n_tasks: int) -> torch.Tensor:
 
 
 @dataclass
-@register("recovery objective", "kd", "distil from the dense model: KL(dense || pruned) of the next-token distributions")
-@register("recovery objective", "lm", "next-token loss on the training text")
-@register("recovery objective", "kd+lm", "both, weighted: w * kd + (1 - w) * lm (w = 0.5 unless set)")
 class Objective:
     """One recovery objective, with its teacher when it distils."""
 

@@ -2,7 +2,7 @@
 with its loss curve and learning-rate probe rows) and the error bad settings raise.
 
 Both are recovery's own data: the training code below ``pipeline`` (``recover.train``,
-``recover.files``; ``pipeline.expected`` prices them) reads the settings and writes the result, so they live
+``recover.files``; ``pipeline.cost_model`` prices them) reads the settings and writes the result, so they live
 here rather than in ``pipeline.recovery``, which strings the stage together and re-exports them.
 """
 

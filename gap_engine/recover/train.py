@@ -24,7 +24,6 @@ from torch import nn
 from gap_engine.core.config import RECOVERY_PROJECTIONS, WindowSpec
 from gap_engine.core.errors import DataError
 from gap_engine.core.progress import Hooks
-from gap_engine.core.registry import register
 from gap_engine.data.bos import Tokenizer
 from gap_engine.data.windows import calibration_windows, load_corpus
 from gap_engine.model.loaded import LoadedModel
@@ -159,8 +158,6 @@ def _fits_mask(columns: torch.Tensor, weight: torch.Tensor) -> bool:
     return columns.numel() == 0 or bool(((columns >= 0) & (columns < weight.shape[1])).all())
 
 
-@register("recovery method", "mazo", "masked zeroth-order (MaZO): forward passes only, the important weights of each row")
-@register("recovery method", "mezo", "zeroth-order (MeZO): forward passes only, every projection weight")
 class ZORun:
     """MaZO (with a mask) or MeZO (without): two forward passes per step (plus the teacher's
     one when distilling), the objective's loss as the scalar the SPSA estimate differences."""
@@ -243,7 +240,6 @@ class ZORun:
         return self.lm.model, None
 
 
-@register("recovery method", "lora", "LoRA adapters (peft) on every projection, merged into the weights")
 class LoraRun:
     """LoRA adapters through peft, AdamW, merged at the end."""
 

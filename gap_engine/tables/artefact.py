@@ -108,7 +108,7 @@ class TableSpec:
             if getattr(self, name) not in registry:
                 what = "criterion" if name == "criterion" else f"table {name}"
                 raise TableError(f"unknown {what} '{getattr(self, name)}'; choose one of {', '.join(registry)}")
-        if self.compensation != "none" and "cells" not in ESTIMATORS[self.estimator].tags:
+        if self.compensation != "none" and not ESTIMATORS[self.estimator].measures_cells:
             raise TableError(
                 f"the {self.estimator} estimate measures no cell, so its cells cannot include compensation "
                 f"('{self.compensation}'); use the exact or refine estimator, or compensation none"

@@ -167,7 +167,7 @@ def measure_table(
         stats = stats | {"placement": placement_of(lm).describe()}
     if spec.compensation != "none":
         stats["compensation"] = spec.compensation  # what the measured cells include
-    if "gradient" in ESTIMATORS[spec.estimator].tags:
+    if ESTIMATORS[spec.estimator].reads_gradients:
         # the metadata says it: a gradient estimate is of the uncompensated model, whatever surgery does later
         stats["estimated_cells_compensation"] = "none"
     filled = Filled(measured, tokens, estimate, window_start)

@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from gap_engine.core.device import wide
-from gap_engine.core.registry import register
 from gap_engine.data.bos import next_token_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import ImportanceScores
@@ -91,13 +90,11 @@ def objective_per_window(
     return per_window
 
 
-@register("table objective", "nll", "next-token loss: the increase of the mean NLL over the dense model")
 def nll_per_window(logits: torch.Tensor, input_ids: torch.Tensor, dense_logprobs: torch.Tensor | None, start: int) -> torch.Tensor:
     """The ``nll`` objective per window, (B,) (``dense_logprobs`` is not read)."""
     return wide(next_token_nll(logits, input_ids, start)).sum(1)
 
 
-@register("table objective", "kl", "KL(dense || pruned) of the next-token distributions")
 def kl_per_window(logits: torch.Tensor, input_ids: torch.Tensor, dense_logprobs: torch.Tensor | None, start: int) -> torch.Tensor:
     """The ``kl`` objective per window, (B,): KL(dense || pruned) against (B, T, V) ``dense_logprobs``."""
     if dense_logprobs is None:

@@ -30,7 +30,6 @@ from torch import nn
 
 from gap_engine.core.device import cpu_float64, input_device, is_streamed, placement_of
 from gap_engine.core.progress import GRADIENT_PASS, EtaClock, Hooks
-from gap_engine.core.registry import register
 from gap_engine.data.bos import next_token_nll, text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.adapters import ArchitectureAdapter, LayerGeometry
@@ -265,8 +264,6 @@ def estimate_cells(
     return objective, dense, {"batches": len(batches(windows, spec.windows.batch_size))}
 
 
-@register("table estimator", "fisher", "fast: second-order estimate (one forward and backward pass)", ("gradient",))
-@register("table estimator", "taylor", "fast: first-order estimate (one forward and backward pass)", ("gradient",))
 def fill_estimated(request: CellRequest, cells: CellFiller | None = None) -> FilledCells:
     """The ``fisher`` and ``taylor`` estimators' table filler (``ledger.TableFiller``): the
     gradient pass, every cell estimated (``cells`` is not used: nothing is measured)."""

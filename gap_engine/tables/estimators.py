@@ -3,19 +3,52 @@
 ``exact`` measures every distinct cell (the cell fillers of ``tables.exact``, ``streaming`` and
 ``distributed``); ``fisher`` and ``taylor`` estimate every cell from one gradient pass
 (``tables.estimate``); ``refine`` starts from the fisher estimate and measures exactly the
-cells the DP's plans use (``tables.refine``). Cells are measured by the estimators tagged
-``cells``; the others read gradients (tag ``gradient``). Each entry's function is the
-estimator's table filler (``ledger.TableFiller``), which ``build.measure_table`` calls: adding
-an estimator is its filler declared with ``@register("table estimator", ...)`` in one of
-the modules named below.
+cells the DP's plans use (``tables.refine``). Each entry's function is the estimator's table
+filler (``ledger.TableFiller``), which ``build.measure_table`` calls.
 """
 
 from __future__ import annotations
 
-from gap_engine.core.errors import TableError
-from gap_engine.core.registry import Registry
+from dataclasses import dataclass
 
-# Declared on the fillers (``@register("table estimator", ...)``), fastest first: the order selectors list them in.
-ESTIMATORS = Registry(
-    "table estimator", ("gap_engine.tables.estimate", "gap_engine.tables.refine", "gap_engine.tables.exact_fill"), TableError
-)
+from gap_engine.core.errors import TableError
+from gap_engine.core.registry import Registry, Strategy
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimator(Strategy):
+    """An estimator: ``function`` fills a table, ``(request, cells=None) -> FilledCells``."""
+
+    gradient_passes: float  # its gradient pass in forward passes of the windows (the cost model); 0: none
+    measures_cells: bool = False  # measures cells with pruned forward passes (so its cells may include compensation)
+
+    @property
+    def reads_gradients(self) -> bool:
+        """Whether it runs a gradient pass (its table is built from one)."""
+        return self.gradient_passes > 0
+
+
+# Fastest first: the order selectors list them in.
+ESTIMATORS: Registry[Estimator] = Registry(
+    "table estimator",
+    Estimator,
+    (
+        Estimator(
+            "fisher", "fast: second-order estimate (one forward and backward pass)", "gap_engine.tables.estimate:fill_estimated",
+            gradient_passes=5.0,
+        ),
+        Estimator(
+            "taylor", "fast: first-order estimate (one forward and backward pass)", "gap_engine.tables.estimate:fill_estimated",
+            gradient_passes=3.0,
+        ),
+        Estimator(
+            "refine", "trusted: the fisher estimate, then every cell the plans use measured exactly (minutes)",
+            "gap_engine.tables.refine:fill_refined", gradient_passes=5.0, measures_cells=True,
+        ),
+        Estimator(
+            "exact", "exact: measured cell by cell (slow: minutes to hours)", "gap_engine.tables.exact_fill:fill_exact",
+            gradient_passes=0.0, measures_cells=True,
+        ),
+    ),
+    TableError,
+)  # fmt: skip

@@ -14,13 +14,11 @@ import numpy as np
 
 from gap_engine.core.device import is_streamed
 from gap_engine.core.progress import CELLS, DENSE_PASS, Hooks
-from gap_engine.core.registry import register
 from gap_engine.tables.exact import measure_exact
 from gap_engine.tables.ledger import CellFiller, CellRequest, FilledCells
 from gap_engine.tables.streaming import measure_exact_streamed
 
 
-@register("table estimator", "exact", "exact: measured cell by cell (slow: minutes to hours)", ("cells",))
 def fill_exact(request: CellRequest, cells: CellFiller | None = None) -> FilledCells:
     """Every cell measured (``ledger.TableFiller``): the dense pass is entered as a stage, and
     the cells stage starts with the filler's first progress report."""

@@ -39,7 +39,6 @@ from gap_engine.core.device import is_streamed
 from gap_engine.core.errors import BudgetError
 from gap_engine.core.knapsack import constraint_mask, solve_budget
 from gap_engine.core.progress import GRADIENT_PASS
-from gap_engine.core.registry import register
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
 from gap_engine.tables.cells import objective_positions, unit_cuts
 from gap_engine.tables.estimate import estimate_cells
@@ -225,12 +224,6 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
     return objective, dense, stats, is_measured, estimate
 
 
-@register(
-    "table estimator",
-    "refine",
-    "trusted: the fisher estimate, then every cell the plans use measured exactly (minutes)",
-    ("gradient", "cells"),
-)
 def fill_refined(request: CellRequest, cells: CellFiller | None = None) -> FilledCells:
     """The ``refine`` estimator's table filler (``ledger.TableFiller``): its estimate's batches,
     then the cells it measures, in this process (``cells`` is not used), as one stage whose

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gap_engine.pipeline.expected import BuildEstimate
+from gap_engine.pipeline.cost_model import BuildEstimate
 
 
 def estimate_lines(e: BuildEstimate) -> list[str]:

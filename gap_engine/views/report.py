@@ -37,6 +37,7 @@ from gap_engine.model.units import ComponentGeometry
 from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.front_view import RemovedShares, plan_figures, removed_shares, step_at_budget
 from gap_engine.plan.problem import Constraints
+from gap_engine.prune.compensations import adds_biases
 from gap_engine.views import figures
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ def _bias_params(plan: RatePlan, evaluation: dict | None, cut: int) -> int:
     pruned, dense = _whole_or_none(evaluation.get("params")), _whole_or_none(evaluation.get("dense_params"))
     if pruned is not None and dense is not None and 0 <= pruned - (dense - cut) <= cut:
         return pruned - (dense - cut)
-    if not plan.counts_biases:
+    if not adds_biases(plan.compensation):
         return 0
     params = plan.params
     counts = [params.get(name) for name in ("bias_params", "removed", "pruned_total_with_biases", "pruned_total")]

@@ -1,35 +1,41 @@
-"""Registries of choices (core.registry): one declaration per criterion, estimator, objective,
-allocator and recovery method, on the function that does it, read by the CLI, the validators and
-the planner; a name declared twice is refused; adding an allocator is one new file."""
+"""Registries of choices (core.registry): one explicit table per kind, each entry naming its code
+as ``"module:attribute"`` and carrying its properties, read by the CLI, the validators, the cost
+model and the figures; a name given twice is refused; a plugin module adds a strategy in one file."""
 
 from __future__ import annotations
 
 import argparse
 import ast
-import shutil
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from synthetic_tables import mlp_unit, synthetic_table
+from synthetic_tables import synthetic_table
 
+from gap_engine import api
+from gap_engine.cli.main import main
 from gap_engine.cli.parser import build_parser
-from gap_engine.core import config
+from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import PlanError, TableError
-from gap_engine.core.registry import Choice, Registry, RegistryError
-from gap_engine.plan import allocator_registry, allocators
-from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.core.progress import PLAN
+from gap_engine.core.registry import PLUGINS_VARIABLE, Registry, RegistryError, Strategy
+from gap_engine.data.sources import gensim_test_file
+from gap_engine.pipeline.cost_model import baselines_prediction, plan_seconds
+from gap_engine.plan.allocator_registry import ALLOCATORS, Allocator
 from gap_engine.prune.compensations import COMPENSATIONS
 from gap_engine.prune.criteria import CRITERIA, SCORING_CRITERIA
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.objectives import OBJECTIVES
+from gap_engine.views.figures import allocator_style
 
 REGISTRIES = (COMPENSATIONS, CRITERIA, ESTIMATORS, OBJECTIVES, ALLOCATORS, RECOVERY_METHODS, RECOVERY_OBJECTIVES)
-PLAN_DIR = Path(allocator_registry.__file__).parent
+ENGINE = Path(__file__).resolve().parents[2] / "gap_engine"
+TARGET = re.compile(r"(gap_engine(?:\.\w+)+):(\w+)")  # how an entry names its code
 
 
 @pytest.mark.parametrize("registry", REGISTRIES, ids=lambda r: r.kind)
@@ -37,25 +43,51 @@ def test_every_choice_has_one_line_and_a_function(registry):
     assert len(registry) >= 2
     for name in registry:
         choice = registry[name]
+        assert isinstance(choice, registry.entry) and choice.name == name
         assert choice.description and "\n" not in choice.description
         assert callable(choice.load()), choice.function
         assert registry.label(name) == f"{name} — {choice.description}"
 
 
+def test_every_module_attribute_string_in_the_engine_resolves_to_a_callable():
+    """The tables are the registered functions' callers a grep finds: each string names a real,
+    callable attribute, and every table's entries are among those strings."""
+    named = set()
+    for path in ENGINE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and TARGET.fullmatch(node.value):
+                named.add(node.value)
+    for target in sorted(named):
+        assert callable(Strategy("x", "y", target).load()), target
+    assert {registry[name].function for registry in REGISTRIES for name in registry} <= named
+
+
+def test_an_entry_naming_no_function_is_one_line():
+    with pytest.raises(
+        RegistryError, match=r"^'x' names gap_engine.core.registry:PLUGINS_VARIABLE, which is not a function of gap_engine.core.registry$"
+    ):
+        Strategy("x", "y", "gap_engine.core.registry:PLUGINS_VARIABLE").load()
+
+
 def test_the_cli_offers_exactly_the_registered_choices():
-    parser = build_parser()
-    offered: dict[tuple[str, str], tuple] = {}
-    for sub in next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices.items():
-        for action in sub[1]._actions:
-            if action.choices and action.help != argparse.SUPPRESS:
-                offered[sub[0], action.dest] = tuple(action.choices)
+    offered = _offered(build_parser())
     assert offered["table", "criterion"] == SCORING_CRITERIA.names
+    assert offered["prune", "criterion"] == CRITERIA.names
     assert offered["table", "estimator"] == ESTIMATORS.names
     assert offered["table", "objective"] == OBJECTIVES.names
     assert offered["plan", "allocator"] == ALLOCATORS.names
+    assert offered["plan", "compensate"] == COMPENSATIONS.names
     assert offered["recover", "method"] == RECOVERY_METHODS.names
     assert offered["recover", "objective"] == RECOVERY_OBJECTIVES.names
-    assert CRITERIA.names == config.CRITERIA  # what RatePlan (below prune) validates against
+
+
+def _offered(parser: argparse.ArgumentParser) -> dict[tuple[str, str], tuple]:
+    offered: dict[tuple[str, str], tuple] = {}
+    for command, sub in next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices.items():
+        for action in sub._actions:
+            if action.choices and action.help != argparse.SUPPRESS:
+                offered[command, action.dest] = tuple(action.choices)
+    return offered
 
 
 def test_validators_name_the_registered_choices():
@@ -65,6 +97,8 @@ def test_validators_name_the_registered_choices():
         TableSpec(criterion="psychic").validate()
     with pytest.raises(PlanError, match="unknown allocator 'random'; choose one of dp, uniform, flap, owl, evo, slimgpt"):
         ALLOCATORS.check("random")
+    with pytest.raises(PlanError, match="unknown criterion 'psychic'; choose one of magnitude, wanda, flap, taylor, obs"):
+        CRITERIA.check("psychic")
 
 
 def test_the_parser_and_the_registries_load_no_torch():
@@ -73,87 +107,126 @@ def test_the_parser_and_the_registries_load_no_torch():
     assert out.stdout.strip() == "False"
 
 
-NEW_ALLOCATOR = """
-\"\"\"A test allocator: the uniform rungs, counted.\"\"\"
+def test_a_name_given_twice_is_refused_naming_both():
+    one, other = (Allocator("flap", "FLAP", f"gap_engine.plan.baselines:{f}", plan_passes=1.0) for f in ("flap_rungs", "owl_rungs"))
+    with pytest.raises(
+        RegistryError, match=r"allocator 'flap' is given twice: by gap_engine.plan.baselines:flap_rungs and by .*:owl_rungs"
+    ):
+        Registry("allocator", Allocator, (one, other))
 
-from gap_engine.core.registry import register
+
+def test_an_allocator_without_a_price_cannot_be_written():
+    """The cost model prices every allocator from its entry: an entry without its price is no entry."""
+    with pytest.raises(TypeError, match="plan_passes"):
+        Allocator("cheap", "no price given", "gap_engine.plan.baselines:uniform_rungs")  # type: ignore[call-arg]
+
+
+# ---- plugins: a new strategy is one new file -------------------------------------------------------
+REVERSE_MAGNITUDE = '''
+"""A toy criterion: the smallest weights are kept (magnitude, reversed)."""
+
+from gap_engine.prune.criteria import Criterion
+from gap_engine.prune.importance import LayerScores, magnitude_scores
+
+CALLS = []
+
+
+def reverse_magnitude_scores(lm, windows, batch_size, hooks):
+    CALLS.append(lm.name)
+    return [LayerScores(head=-layer.head, channel=-layer.channel) for layer in magnitude_scores(lm, windows, batch_size, hooks)]
+
+
+STRATEGIES = [Criterion("reverse", "magnitude, reversed", f"{__name__}:reverse_magnitude_scores", score_passes=0.0)]
+'''
+COUNTED_UNIFORM = '''
+"""A toy allocator: uniform rungs, counted, pruning by the toy criterion."""
+
+from gap_engine.plan.allocator_registry import Allocator
 from gap_engine.plan.baselines import uniform_rungs
 
 CALLS = []
 
 
-@register("allocator", "counted", "uniform rungs, counting its calls")
-def rungs(inputs):
-    CALLS.append(inputs.target)
+def counted_rungs(inputs):
+    CALLS.append(inputs.criterion)
     return uniform_rungs(inputs)
-"""
 
 
-def _package(tmp_path, name: str, files: dict[str, str]) -> str:
-    """A package on the import path holding ``files`` (its modules' sources); returns its name."""
-    package = tmp_path / name
-    package.mkdir()
-    (package / "__init__.py").write_text("")
+STRATEGIES = [
+    Allocator("counted", "uniform rungs, counted", f"{__name__}:counted_rungs", plan_passes=3.0, criterion="reverse", color="#123456")
+]
+'''
+HALF_BIAS = '''
+"""A toy compensation: half of FLAP's bias."""
+
+import dataclasses
+
+from gap_engine.prune.compensate import bias_fit
+from gap_engine.prune.compensations import Compensation
+
+CALLS = []
+
+
+def half_bias_fit(moments, weight, kept, damping, what):
+    CALLS.append(what)
+    fit = bias_fit(moments, weight, kept, damping, what)
+    return fit if fit.bias is None else dataclasses.replace(fit, bias=fit.bias / 2)
+
+
+STRATEGIES = [Compensation("halfbias", "half of FLAP's bias", f"{__name__}:half_bias_fit", adds_bias=True)]
+'''
+
+
+def _plugins(tmp_path, monkeypatch, package: str, files: dict[str, str]) -> str:
+    """A package of plugin modules on the import path, named in GAP_PLUGINS; returns its name."""
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
     for module, source in files.items():
-        (package / f"{module}.py").write_text(textwrap.dedent(source))
-    return name
-
-
-def test_an_allocator_is_one_new_file(tmp_path, monkeypatch, make_tiny):
-    """Copied beside the others in a plan package, the new file is found from its source alone
-    (nothing imported) and planned with like any baseline."""
-    shutil.copytree(PLAN_DIR, tmp_path / "plan_copy", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "plan_copy" / "counted.py").write_text(textwrap.dedent(NEW_ALLOCATOR))
+        (tmp_path / package / f"{module}.py").write_text(textwrap.dedent(source))
     monkeypatch.syspath_prepend(str(tmp_path))
-    extended = Registry("allocator", ("plan_copy",), PlanError, first=ALLOCATORS.names)
-    assert extended.names == (*ALLOCATORS.names, "counted")
-    assert extended["counted"].function == "plan_copy.counted:rungs" and "plan_copy.counted" not in sys.modules
-    assert extended["flap"].tags == ALLOCATORS["flap"].tags
-    monkeypatch.setattr(allocators, "ALLOCATORS", extended)
-    monkeypatch.setattr(allocator_registry, "ALLOCATORS", extended)
+    monkeypatch.setenv(PLUGINS_VARIABLE, ",".join(f"{package}.{module}" for module in files))
+    return package
+
+
+def test_a_criterion_an_allocator_and_a_compensation_are_one_new_file_each(tmp_path, monkeypatch, make_tiny):
+    """Three new modules, no other file edited: the CLI offers them, the cost model prices them
+    from their entries, the figures draw them, and the Python API plans and prunes with them."""
+    package = _plugins(
+        tmp_path, monkeypatch, "toy_strategies", {"reverse": REVERSE_MAGNITUDE, "counted": COUNTED_UNIFORM, "half": HALF_BIAS}
+    )
+    offered = _offered(build_parser())
+    assert offered["plan", "allocator"][-1] == "counted" and offered["plan", "compensate"][-1] == "halfbias"
+    assert offered["table", "criterion"][-1] == offered["prune", "criterion"][-1] == "reverse"
+
+    text = tmp_path / "news.txt"  # real text, a few articles: cheaper to cut than a whole built-in source
+    text.write_text("\n".join(gensim_test_file("lee_background.cor").read_text().splitlines()[:12]) + "\n")
+    windows = WindowSpec(str(text), n_samples=4, seq_len=32, batch_size=2)
+    assert plan_seconds("counted", 2.0, 0.5) == 6.0  # three calibration passes, as its entry says
+    counted, owl = (baselines_prediction("smollm2-135m", windows, "wanda", [name], budgets=1) for name in ("counted", "owl"))
+    assert counted.seconds[PLAN] == pytest.approx(3 * owl.seconds[PLAN])
+    assert allocator_style("counted") == ("circle", "#123456")
+
     lm = make_tiny("llama")
-    plan = allocators.plan_from_table(lm, synthetic_table(lm), 0.3, "counted")
-    from plan_copy.counted import CALLS
+    plan = api.plan(lm, synthetic_table(lm), 0.3, allocator="counted", compensate="halfbias")
+    assert (plan.allocator, plan.criterion, plan.compensation) == ("counted", "reverse", "halfbias")
+    assert plan.params["bias_params"] > 0  # the compensation's entry says it adds biases: the budget paid for them
+    pruned = api.prune(lm, plan, calibration=windows)
+    modules = {name: sys.modules[f"{package}.{name}"] for name in ("reverse", "counted", "half")}
+    assert modules["counted"].CALLS == ["reverse"] and modules["reverse"].CALLS == [lm.name] and modules["half"].CALLS
+    assert pruned.result.compensation["mode"] == "halfbias"
+    assert pruned.params == pruned.plan.params["pruned_total_with_biases"] < lm.param_count()
 
-    assert plan.allocator == "counted" and len(CALLS) == 1
-    assert 0 <= plan.params["removed"] - 0.3 * plan.params["dense_prunable"] < mlp_unit(lm)
 
-
-def test_a_name_declared_twice_is_refused_naming_both(tmp_path, monkeypatch):
-    """A second "flap" allocator used to win in silence; now the registry names both declarations."""
-    twice = '@register("allocator", "flap", "another FLAP")\ndef flap_again(inputs):\n    return None\n'
-    name = _package(
-        tmp_path, "twice", {"a": "from gap_engine.core.registry import register\n\n\n" + twice.replace("flap_again", "flap_one")}
+def test_a_plugin_that_repeats_a_name_or_does_not_import_is_one_line(tmp_path, monkeypatch, capsys):
+    _plugins(tmp_path, monkeypatch, "clashing", {"flap_again": COUNTED_UNIFORM.replace('Allocator("counted"', 'Allocator("flap"')})
+    with pytest.raises(RegistryError, match=r"allocator 'flap' is given twice: by gap_engine.plan.baselines:flap_rungs and by clashing"):
+        ALLOCATORS.check("dp")
+    monkeypatch.setenv(PLUGINS_VARIABLE, "no_such_plugin_module")
+    assert main(["plan", "--help"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == "gap: error: plugin module 'no_such_plugin_module' (GAP_PLUGINS) does not import: ModuleNotFoundError: No module named 'no_such_plugin_module'"
     )
-    (tmp_path / name / "b.py").write_text("from gap_engine.core.registry import register\n\n\n" + twice)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(RegistryError, match=r"allocator 'flap' is declared twice: by twice.a:flap_one and by twice.b:flap_again"):
-        Registry("allocator", (name,))
-
-
-def test_a_declaration_must_be_literal_and_in_the_one_style(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(tmp_path))
-    _package(
-        tmp_path,
-        "computed",
-        {"m": 'from gap_engine.core.registry import register\nNAME = "x"\n\n\n@register("allocator", NAME, "y")\ndef f(): ...\n'},
-    )
-    with pytest.raises(RegistryError, match=r"computed.m.f: @register takes a literal"):
-        Registry("allocator", ("computed",))
-    _package(tmp_path, "retired", {"m": "DECLARED_ALLOCATORS = (Choice('x', 'y', ':f'),)\n"})  # how allocators were declared before
-    with pytest.raises(RegistryError, match="declares its choices in a DECLARED_\\* tuple"):
-        Registry("allocator", ("retired",))
-    with pytest.raises(RegistryError, match="lists nowhere first, but nothing declares them"):
-        Registry("allocator", ("gap_engine.plan",), first=("nowhere",))
-    assert Choice("x", "y", "gap_engine.core.registry:Registry").load() is Registry
-
-
-def test_every_declaration_is_in_its_registry():
-    """A ``@register`` in a module no registry reads would be dropped in silence."""
-    declared = set()
-    for path in Path(allocator_registry.__file__).parents[1].rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "register" and len(node.args) >= 2:
-                declared.add((node.args[0].value, node.args[1].value))
-    registered = {(registry.kind, name) for registry in REGISTRIES for name in registry}
-    assert declared == registered
+    monkeypatch.delenv(PLUGINS_VARIABLE)
+    assert ALLOCATORS.names == ("dp", "uniform", "flap", "owl", "evo", "slimgpt")

@@ -329,7 +329,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     # Its time before the click, the cost model's prediction (how close it comes to real
     # builds, cold and warm, is measured by bench/bench_expected.py: no timed assertion here).
     from explorer.job_text import duration_text
-    from gap_engine.pipeline.expected import gguf_seconds
+    from gap_engine.pipeline.cost_model import gguf_seconds
 
     [expected] = [c.value for c in at.caption if str(c.value).startswith(f"Building the {outtype} GGUF file takes about")]
     assert "predicted" in expected and f"about {duration_text(gguf_seconds(result.checkpoint, outtype))} " in expected

@@ -95,7 +95,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_folder_naming_its_own_code_is_refused_by_every_loader_and_never_imported(case, tiny_folder, tmp_path, no_prompt):
     from gap_engine.model.loading import check_model_files, load_model, load_tokenizer
-    from gap_engine.pipeline.expected import model_shape
+    from gap_engine.pipeline.cost_model import model_shape
 
     where, model_type = CASES[case]
     marker = tmp_path / "MARKER"

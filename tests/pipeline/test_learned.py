@@ -16,7 +16,7 @@ from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import TableError
 from gap_engine.core.progress import LOAD_MODEL, PLAN, SCORE_UNITS, Hooks
 from gap_engine.evaluate.metrics import EvalSettings
-from gap_engine.pipeline import expected, learned
+from gap_engine.pipeline import cost_model, learned
 from gap_engine.pipeline.jobs import DONE, FAILED, JobManager
 from gap_engine.pipeline.learned import Pending, contention, factor_for, history_path, record
 from gap_engine.pipeline.runs import baseline_rows, baseline_stages, prune_eval_stages
@@ -34,14 +34,14 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def table_seconds() -> expected.Prediction:
-    predicted = expected.table_prediction("smollm2-135m", SPEC, loaded=True)
+def table_seconds() -> cost_model.Prediction:
+    predicted = cost_model.table_prediction("smollm2-135m", SPEC, loaded=True)
     assert predicted is not None
     return predicted
 
 
-def run_seconds() -> expected.Prediction:
-    predicted = expected.run_prediction("smollm2-135m", SPEC.windows, EVAL, prune_eval_stages(EVAL, False), loaded=True)
+def run_seconds() -> cost_model.Prediction:
+    predicted = cost_model.run_prediction("smollm2-135m", SPEC.windows, EVAL, prune_eval_stages(EVAL, False), loaded=True)
     assert predicted is not None
     return predicted
 
@@ -56,7 +56,7 @@ def test_a_finished_job_multiplies_the_next_prediction_of_its_kind_only(cache):
     assert after.where == "learned from 1 run on this machine" and after.basis.startswith(before.basis) and "x2.5" in after.basis
     assert after.pending().predicted_s == pytest.approx(before.total)  # recorded against the cost model's own seconds
     assert run_seconds() == run_before  # another kind of job learns nothing from a table build
-    assert expected.table_prediction("smollm2-135m", SPEC, cached=True).correction is None  # nor does a cache hit
+    assert cost_model.table_prediction("smollm2-135m", SPEC, cached=True).correction is None  # nor does a cache hit
 
 
 def test_the_factor_is_the_median_of_recent_runs_scaled_by_the_load_now(cache, monkeypatch):
@@ -137,7 +137,7 @@ def test_a_job_that_ends_well_is_recorded_and_one_that_fails_is_not(cache):
 
 def test_baseline_plans_have_a_predicted_time_for_every_stage_they_enter(cache, make_tiny):
     for allocators in (["uniform", "flap"], ["owl"]):
-        predicted = expected.baselines_prediction("smollm2-135m", SPEC.windows, "wanda", allocators, budgets=5)
+        predicted = cost_model.baselines_prediction("smollm2-135m", SPEC.windows, "wanda", allocators, budgets=5)
         assert tuple(predicted.seconds) == baseline_stages(allocators) and all(s > 0 for s in predicted.seconds.values())
     lm = make_tiny("llama")
     entered: list[str] = []

@@ -12,7 +12,7 @@ import torch
 from reference import brute_force
 from synthetic_tables import synthetic_table
 
-from gap_engine.core.config import BIAS_COMPENSATIONS, WindowSpec
+from gap_engine.core.config import WindowSpec
 from gap_engine.data.windows import calibration_windows
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import added_bias_params, block_geometries
@@ -20,7 +20,7 @@ from gap_engine.plan.allocators import check_reach, plan_from_table
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.problem import Constraints, planning_problem
 from gap_engine.prune.compensation_pass import prune_compensated
-from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
+from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings, adds_biases
 from gap_engine.prune.importance import compute_importance
 
 HIDDEN = 64  # make_tiny's hidden width: what one output bias costs
@@ -31,9 +31,10 @@ def tiny(make_tiny):
     return make_tiny("llama", num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
 
 
-def test_the_bias_compensations_are_the_registrys_bias_tagged_ones():
-    assert tuple(COMPENSATIONS.tagged("bias")) == BIAS_COMPENSATIONS
-    assert [CompensationSettings(mode=m).adds_bias for m in COMPENSATIONS.names] == [m in BIAS_COMPENSATIONS for m in COMPENSATIONS.names]
+def test_the_bias_compensations_are_the_ones_whose_entries_add_biases():
+    assert [m for m in COMPENSATIONS if COMPENSATIONS[m].adds_bias] == ["bias", "bias+refit"]
+    assert [CompensationSettings(mode=m).adds_bias for m in COMPENSATIONS] == [adds_biases(m) for m in COMPENSATIONS]
+    assert not adds_biases(None)
 
 
 def test_a_components_first_cut_costs_its_bias(tiny):

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import PlanError
 from gap_engine.model.rateplan import RatePlan, make_plan, uniform_plan
+from gap_engine.pipeline.stages import prune_with_plan
 
 
 def test_plan_round_trips_through_json_and_yaml(make_tiny, tmp_path):
@@ -44,7 +46,8 @@ def test_uniform_plan_removes_about_its_rate(smol):
         ({"attention_rates": [0.1]}, "must list 2 rates"),
         ({"mlp_rates": [0.1, 1.0]}, r"mlp_rates\[1\] = 1.0 is outside"),
         ({"mlp_rates": [0.1, -0.1]}, "outside"),
-        ({"criterion": "psychic"}, "criterion 'psychic' is unknown"),
+        ({"criterion": "psychic; rm"}, "criterion 'psychic; rm' is not a name"),
+        ({"compensation": "half bias"}, "compensation 'half bias' is not a name"),
         ({"format_version": 99}, "format version 99"),
         ({"surprise": 1}, "unknown field"),
         ({"attention_shapes": [[2, 2]]}, "must list 2"),
@@ -57,6 +60,14 @@ def test_malformed_plans_are_rejected(make_tiny, change, message):
     data.update(change)
     with pytest.raises(PlanError, match=message):
         RatePlan.from_dict(data)
+
+
+def test_a_plan_may_name_any_criterion_and_pruning_refuses_one_nobody_registered(make_tiny):
+    """A checkpoint pruned by a plugin's criterion loads without the plugin; pruning by it needs it."""
+    lm = make_tiny("llama")
+    plan = RatePlan.from_dict(make_plan(lm, [0.5, 0.0], [0.25, 0.0], "wanda").to_dict() | {"criterion": "psychic"})
+    with pytest.raises(PlanError, match="unknown criterion 'psychic'; choose one of magnitude, wanda"):
+        prune_with_plan(lm, plan, WindowSpec(n_samples=2, seq_len=16))
 
 
 def test_plan_for_another_model_is_rejected(make_tiny):

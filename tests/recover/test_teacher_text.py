@@ -312,7 +312,7 @@ def test_the_task_slice_is_the_last_examples():
 def test_the_estimate_prices_uncached_teacher_text_and_every_judgement(dense_and_pruned, text_file, tmp_path):
     from gap_engine.core.device import DeviceSpec, resolve
     from gap_engine.core.progress import TRAINING
-    from gap_engine.pipeline.expected import checkpoint_shapes, nominal_profile, recovery_prediction, teacher_text_seconds
+    from gap_engine.pipeline.cost_model import checkpoint_shapes, nominal_profile, recovery_prediction, teacher_text_seconds
 
     dense_dir, pruned = dense_and_pruned
     plain = tiny_settings(text_file, tasks=("news-sample",), steps=10, save_every=5)

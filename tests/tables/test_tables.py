@@ -199,13 +199,10 @@ def test_measure_table_runs_the_filler_the_estimator_registers(make_tiny, monkey
 
     from gap_engine.core.registry import Registry
     from gap_engine.tables import build
+    from gap_engine.tables.estimators import Estimator
     from gap_engine.tables.ledger import FilledCells
 
-    (tmp_path / "fake_fillers.py").write_text(
-        "from gap_engine.core.registry import register\n\n\n"
-        '@register("table estimator", "fisher", "a test filler")\n'
-        "def registered_filler(request, cells=None):\n    raise NotImplementedError\n"
-    )
+    (tmp_path / "fake_fillers.py").write_text("def registered_filler(request, cells=None):\n    raise NotImplementedError\n")
     monkeypatch.syspath_prepend(str(tmp_path))
 
     lm, spec, windows = make_tiny("llama"), tiny_spec(criterion="magnitude", estimator="fisher"), random_windows(3, 24)
@@ -220,7 +217,9 @@ def test_measure_table_runs_the_filler_the_estimator_registers(make_tiny, monkey
         return FilledCells(objective, 2.0, {"filler": "registered"}, measured, None)
 
     monkeypatch.setattr(importlib.import_module("fake_fillers"), "registered_filler", filler)
-    registry = Registry("table estimator", ("fake_fillers",))
+    registry = Registry(
+        "table estimator", Estimator, [Estimator("fisher", "a test filler", "fake_fillers:registered_filler", gradient_passes=5.0)]
+    )
     monkeypatch.setattr(build, "ESTIMATORS", registry)
     sentinel = object()
     table = measure_table(lm, spec, windows, cells=sentinel)

@@ -33,8 +33,6 @@ from gap_engine.views.figures.run_figures import (
 )
 from gap_engine.views.figures.style import (
     ATTN_COLOR,
-    BASELINE_COLORS,
-    BASELINE_SYMBOLS,
     BYTES_PER_PARAM,
     CURRENT_COLOR,
     DEPTH_SCALE,
@@ -48,6 +46,7 @@ from gap_engine.views.figures.style import (
     TEMPLATE,
     TEXT_COLOR,
     UNIFORM_COLOR,
+    allocator_style,
     column_label,
     component_kinds,
     log_ticks,
@@ -58,8 +57,6 @@ from gap_engine.views.figures.table_figures import cell_notes, heatmap_figure, l
 __all__ = [
     "ATTN_COLOR",
     "BASIS_TEXT",
-    "BASELINE_COLORS",
-    "BASELINE_SYMBOLS",
     "BYTES_PER_PARAM",
     "CURRENT_COLOR",
     "DEPTH_SCALE",
@@ -73,6 +70,7 @@ __all__ = [
     "TEMPLATE",
     "TEXT_COLOR",
     "UNIFORM_COLOR",
+    "allocator_style",
     "cell_notes",
     "column_label",
     "component_kinds",

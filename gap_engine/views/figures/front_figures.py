@@ -12,8 +12,6 @@ from gap_engine.model.units import ComponentGeometry
 from gap_engine.plan.front_view import RemovedShares, budget_steps, removed_shares, step_at_budget
 from gap_engine.views.figures.style import (
     ATTN_COLOR,
-    BASELINE_COLORS,
-    BASELINE_SYMBOLS,
     BYTES_PER_PARAM,
     CURRENT_COLOR,
     DP_COLOR,
@@ -23,6 +21,7 @@ from gap_engine.views.figures.style import (
     TEMPLATE,
     TEXT_COLOR,
     UNIFORM_COLOR,
+    allocator_style,
     loss_label,
 )
 
@@ -70,7 +69,7 @@ def measured_traces(runs: list[dict] | None) -> list:
                 y=[run["actual_loss"] for run in points],
                 mode="markers",
                 name=f"{allocator}: measured",
-                marker=dict(size=10, symbol="x", color=DP_COLOR if allocator == "dp" else BASELINE_COLORS.get(allocator, "#888")),
+                marker=dict(size=10, symbol="x", color=allocator_style(allocator)[1]),
                 customdata=[[run["id"], run["predicted_loss"]] for run in points],
                 hovertemplate="run %{customdata[0]}, budget %{x:.2f}%<br>measured +%{y:.4f}<br>predicted +%{customdata[1]:.4f}"
                 "<extra>" + allocator + " measured</extra>",
@@ -194,7 +193,7 @@ def front_traces(
         ]
         inside = [(removed, loss) for removed, loss in planned if loss <= y_top]
         above = [(removed, loss) for removed, loss in planned if loss > y_top]
-        color = BASELINE_COLORS.get(allocator, "#888")
+        symbol, color = allocator_style(allocator)
         if inside:
             traces.append(
                 go.Scatter(
@@ -203,7 +202,7 @@ def front_traces(
                     mode="markers",
                     name=f"{allocator} plan",
                     legendgroup=allocator,
-                    marker=dict(size=9, symbol=BASELINE_SYMBOLS.get(allocator, "circle"), color=color, line=dict(color="white", width=1)),
+                    marker=dict(size=9, symbol=symbol, color=color, line=dict(color="white", width=1)),
                     hovertemplate="budget %{x:.2f}%<br>predicted +%{y:.4f}<extra>" + allocator + "</extra>",
                 )
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from gap_engine.views.figures.style import BASELINE_COLORS, BASELINE_SYMBOLS, DP_COLOR, TEMPLATE, column_label
+from gap_engine.views.figures.style import TEMPLATE, allocator_style, column_label
 
 
 def history_figure(frame, metric: str) -> go.Figure:
@@ -19,7 +19,7 @@ def history_figure(frame, metric: str) -> go.Figure:
                 y=part[metric],
                 mode="markers+lines",
                 name=str(allocator),
-                marker=dict(size=10, symbol=BASELINE_SYMBOLS.get(str(allocator), "circle"), color=BASELINE_COLORS.get(str(allocator))),
+                marker=dict(size=10, symbol=allocator_style(str(allocator), None)[0], color=allocator_style(str(allocator), None)[1]),
                 customdata=np.stack([part["id"], part["created"]], axis=-1),
                 hovertemplate="run %{customdata[0]} (%{customdata[1]})<br>budget %{x:.1f}%<br>"
                 + column_label(metric)
@@ -53,7 +53,7 @@ def predicted_vs_actual_figure(frame) -> go.Figure:
                 y=rows["actual_loss"],
                 mode="markers",
                 name=str(allocator),
-                marker=dict(size=10, symbol=BASELINE_SYMBOLS.get(str(allocator), "circle"), color=BASELINE_COLORS.get(str(allocator))),
+                marker=dict(size=10, symbol=allocator_style(str(allocator), None)[0], color=allocator_style(str(allocator), None)[1]),
                 customdata=np.stack([rows["id"], rows["budget"] * 100], axis=-1),
                 hovertemplate="run %{customdata[0]}, budget %{customdata[1]:.2f}%<br>predicted %{x:.4f}<br>measured %{y:.4f}<extra></extra>",
             )
@@ -140,9 +140,8 @@ def _series_style(series: str) -> tuple[str, str]:
     """(colour, marker symbol) of a frontier line: its allocator's, DP black; a compensated
     line keeps its allocator's colour with an open marker."""
     allocator, _, compensation = series.partition(" + ")
-    color = DP_COLOR if allocator == "dp" else BASELINE_COLORS.get(allocator, RUN_COLORS[sum(map(ord, allocator)) % len(RUN_COLORS)])
-    symbol = BASELINE_SYMBOLS.get(allocator, "circle")
-    return color, f"{symbol}-open" if compensation else symbol
+    symbol, color = allocator_style(allocator, RUN_COLORS[sum(map(ord, allocator)) % len(RUN_COLORS)])
+    return str(color), f"{symbol}-open" if compensation else symbol
 
 
 def _error_bars(values: list[float], intervals: list) -> dict:

@@ -6,19 +6,26 @@ import math
 
 from plotly.colors import sequential
 
+from gap_engine.plan.allocator_registry import ALLOCATORS
+
 TEMPLATE = "plotly_white"
 KIND_LABEL = {"attn": "attention", "mlp": "MLP", "block": "block"}
 ATTN_COLOR = "#4C78A8"
 MLP_COLOR = "#F58518"
-UNIFORM_COLOR = "#54A24B"
-DP_COLOR = "#333333"
+UNIFORM_COLOR = str(ALLOCATORS["uniform"].color)
+DP_COLOR = str(ALLOCATORS["dp"].color)
 CURRENT_COLOR = "#E45756"
 TEXT_COLOR = "#31333F"
-BASELINE_SYMBOLS = {"uniform": "square", "flap": "diamond", "owl": "triangle-up", "evo": "star"}
-BASELINE_COLORS = {"uniform": UNIFORM_COLOR, "flap": "#B279A2", "owl": "#9D755D", "evo": "#72B7B2"}
 BYTES_PER_PARAM = 4  # the engine keeps weights in float32
 SLIDER_STEPS = 101  # steps of an exported planner figure's own slider
 DEPTH_SCALE = "Viridis"  # layer depth, shallow (dark) to deep (yellow)
+
+
+def allocator_style(allocator: str, default_color: str | None = "#888") -> tuple[str, str | None]:
+    """(marker symbol, colour) of an allocator's points, from its registry entry; a circle in
+    ``default_color`` where the entry names no colour or no entry has the name (a hand-made plan)."""
+    entry = ALLOCATORS.choices.get(allocator)
+    return (entry.symbol, entry.color or default_color) if entry is not None else ("circle", default_color)
 
 
 def _off_placeholder(color: str) -> str:

@@ -14,8 +14,8 @@ from gap_engine.cli import main
 from gap_engine.core.device import DeviceSpec, Placement, resolve
 from gap_engine.core.progress import LOAD_MODEL, READ_TEXT, RECOVERY_STAGES
 from gap_engine.data.next_sentence import offline_task_dir
-from gap_engine.pipeline import expected
-from gap_engine.pipeline.expected import (
+from gap_engine.pipeline import cost_model
+from gap_engine.pipeline.cost_model import (
     NOMINAL_BASIS,
     SHAPES,
     SPEC_PROFILES,
@@ -75,13 +75,13 @@ def test_a_table_jobs_predicted_stages_are_the_jobs_own(estimator, tmp_path, mon
     out of its ETA), a cache hit is priced as loading and reading, and a model in memory loads for free."""
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     spec = spec_of(estimator=estimator, objective="nll")
-    built = expected.table_prediction("smollm2-135m", spec)
+    built = cost_model.table_prediction("smollm2-135m", spec)
     assert built is not None and list(built.seconds) == list(table_stages(spec)) and all(s > 0 for s in built.seconds.values())
-    assert built.basis == f"{expected.PREDICTED}: {NOMINAL_BASIS}"  # never measured on a page view
-    hit = expected.table_prediction("smollm2-135m", spec, cached=True)
+    assert built.basis == f"{cost_model.PREDICTED}: {NOMINAL_BASIS}"  # never measured on a page view
+    hit = cost_model.table_prediction("smollm2-135m", spec, cached=True)
     assert list(hit.seconds) == [LOAD_MODEL, READ_TEXT] and hit.total < built.total and "cached here" in hit.basis
-    assert expected.table_prediction("smollm2-135m", spec, loaded=True).seconds[LOAD_MODEL] == 0.0
-    assert expected.table_prediction("org/not-on-disk", spec) is None  # its shape would need the network
+    assert cost_model.table_prediction("smollm2-135m", spec, loaded=True).seconds[LOAD_MODEL] == 0.0
+    assert cost_model.table_prediction("org/not-on-disk", spec) is None  # its shape would need the network
     assert not list(tmp_path.glob("costmodel/*"))
 
 
@@ -93,7 +93,7 @@ def test_measured_profile_is_cached_reused_and_refreshed(tmp_path, monkeypatch):
     assert profile.block_flops > 1e6 and profile.head_flops > 1e6 and profile.basis.startswith("measured on this machine")
     assert "1024-wide" in profile.basis  # an 8B layer is narrowed before it is measured here
     measured = []
-    monkeypatch.setattr(expected, "_measure", lambda *a: measured.append(a) or profile)
+    monkeypatch.setattr(cost_model, "_measure", lambda *a: measured.append(a) or profile)
     assert measured_profile(placement, shape, seq_len=16, batch=1) == profile and measured == []
     assert len(list((tmp_path / "costmodel").glob("profile-*.json"))) == 1
     measured_profile(placement, shape, seq_len=16, batch=1, refresh=True, measure=False)  # Setup's Estimate: measure again
@@ -138,8 +138,8 @@ def test_the_scoring_price_uses_the_offline_tasks_real_requests(smol_tokenizer):
     tokens per request are the offline task's own (passage and choice under the model's tokenizer)."""
     docs = [json.loads(line) for line in next(offline_task_dir().glob("*.jsonl")).read_text().splitlines()[:100]]
     lengths = [len(smol_tokenizer(d["passage"] + " " + c)["input_ids"]) for d in docs for c in d["choices"]]
-    assert len(lengths) == expected.TASK_CHOICES * len(docs)
-    assert abs(sum(lengths) / len(lengths) / expected.TASK_TOKENS - 1) < 0.15, sum(lengths) / len(lengths)
+    assert len(lengths) == cost_model.TASK_CHOICES * len(docs)
+    assert abs(sum(lengths) / len(lengths) / cost_model.TASK_TOKENS - 1) < 0.15, sum(lengths) / len(lengths)
 
 
 def _checkpoint_config(tmp_path, dense: ModelShape):
@@ -161,19 +161,19 @@ def test_the_recovery_prediction_prices_task_scoring_as_prune_and_evaluate_does(
     monkeypatch.delitem(sys.modules, "lm_eval", raising=False)  # a process that has not imported it yet
     dense = SHAPES["smollm2-135m"]
     folder = _checkpoint_config(tmp_path, dense)
-    pruned, profile = replace(dense, intermediate=dense.intermediate // 2), expected.nominal_profile(torch.get_num_threads())
+    pruned, profile = replace(dense, intermediate=dense.intermediate // 2), cost_model.nominal_profile(torch.get_num_threads())
     settings = RecoverySettings(steps=2, tasks=("wiki-sample", "news-sample"), eval_samples=2, eval_seq_len=64)
-    without = expected.recovery_prediction(folder, settings)
-    with_tasks = expected.recovery_prediction(folder, settings, task_examples=20)
+    without = cost_model.recovery_prediction(folder, settings)
+    with_tasks = cost_model.recovery_prediction(folder, settings, task_examples=20)
     assert list(without.seconds) == list(RECOVERY_STAGES) and without.tasks_s == 0.0 and "nominal CPU speed" in without.basis
 
     def one_pass(shape: ModelShape) -> float:  # Prune & evaluate's price of scoring one model
-        return expected.scoring_seconds(20, lambda tokens, seq_len: expected.forward_seconds(shape, profile, tokens, seq_len, 1))
+        return cost_model.scoring_seconds(20, lambda tokens, seq_len: cost_model.forward_seconds(shape, profile, tokens, seq_len, 1))
 
-    assert with_tasks.total - without.total == pytest.approx(expected.TASK_IMPORT_S + 2 * one_pass(pruned) + one_pass(dense), rel=0.02)
+    assert with_tasks.total - without.total == pytest.approx(cost_model.TASK_IMPORT_S + 2 * one_pass(pruned) + one_pass(dense), rel=0.02)
     assert with_tasks.tasks_s == pytest.approx(with_tasks.total - without.total)
     assert with_tasks.step_s == without.step_s and with_tasks.tasks_s > with_tasks.total / 2  # scoring is most of this run
-    assert expected.recovery_prediction(tmp_path / "missing", settings) is None
+    assert cost_model.recovery_prediction(tmp_path / "missing", settings) is None
 
 
 def test_the_gguf_time_prices_the_imports_only_a_fresh_process_pays(tmp_path, monkeypatch):
@@ -183,25 +183,25 @@ def test_the_gguf_time_prices_the_imports_only_a_fresh_process_pays(tmp_path, mo
     import transformers.modeling_utils  # noqa: F401 - a warm process
 
     folder = _checkpoint_config(tmp_path, SHAPES["smollm2-135m"])
-    warm = {outtype: expected.gguf_seconds(folder, outtype) for outtype in ("f16", "q8_0")}
+    warm = {outtype: cost_model.gguf_seconds(folder, outtype) for outtype in ("f16", "q8_0")}
     monkeypatch.delitem(sys.modules, "transformers.modeling_utils")
-    cold = {outtype: expected.gguf_seconds(folder, outtype) for outtype in ("f16", "q8_0")}
-    assert cold == {outtype: pytest.approx(seconds + expected.GGUF_IMPORT_S) for outtype, seconds in warm.items()}
-    dense, blocks = expected.checkpoint_shapes(folder)
+    cold = {outtype: cost_model.gguf_seconds(folder, outtype) for outtype in ("f16", "q8_0")}
+    assert cold == {outtype: pytest.approx(seconds + cost_model.GGUF_IMPORT_S) for outtype, seconds in warm.items()}
+    dense, blocks = cost_model.checkpoint_shapes(folder)
     assert [b.intermediate for b in blocks] == [dense.intermediate // 2] * dense.layers  # the checkpoint's own widths
     params = dense.total_params - sum(dense.block_params - b.block_params for b in blocks)
-    per_param = expected.GGUF_S_PER_PARAM
+    per_param = cost_model.GGUF_S_PER_PARAM
     assert warm["q8_0"] - warm["f16"] == pytest.approx(params * (per_param["q8_0"] - per_param["f16"]))
-    assert expected.gguf_seconds(tmp_path / "missing", "f16") is None
+    assert cost_model.gguf_seconds(tmp_path / "missing", "f16") is None
 
 
 def test_an_accelerator_nobody_measured_gets_no_prediction(tmp_path, monkeypatch):
     """No honest prior exists for a GPU: the pages say the time is not known rather than guess."""
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     accelerator = Placement(torch.device("meta"), torch.bfloat16, False)  # a device type that is not the CPU
-    monkeypatch.setattr(expected, "resolve", lambda device: accelerator)
-    assert expected.table_prediction("smollm2-135m", spec_of(), DeviceSpec("cuda")) is None
-    assert expected.recovery_prediction(_checkpoint_config(tmp_path, SHAPES["smollm2-135m"]), RecoverySettings(), accelerator) is None
+    monkeypatch.setattr(cost_model, "resolve", lambda device: accelerator)
+    assert cost_model.table_prediction("smollm2-135m", spec_of(), DeviceSpec("cuda")) is None
+    assert cost_model.recovery_prediction(_checkpoint_config(tmp_path, SHAPES["smollm2-135m"]), RecoverySettings(), accelerator) is None
 
 
 def test_teacher_text_is_priced_by_its_decoding_and_its_nucleus():
@@ -209,15 +209,15 @@ def test_teacher_text_is_priced_by_its_decoding_and_its_nucleus():
     from gap_engine.recover.teacher_text import DEFAULT_TOKENS
 
     tiny = ModelShape("tiny", 2, 64, 4, 2, 16, 96, 49152)  # 6M parameters, 3M of them the embedding
-    one_thread = expected.nominal_profile(1)
-    million = expected.teacher_text_seconds(tiny, one_thread, 1 << 20, 128)
+    one_thread = cost_model.nominal_profile(1)
+    million = cost_model.teacher_text_seconds(tiny, one_thread, 1 << 20, 128)
     # A token at a time, each drawn from a sorted row of 49,152: hours even for this model, past the bound.
     assert million > LIMITS.teacher_seconds
-    nucleus = (1 << 20) * 49152 * (expected.NUCLEUS_TOP_S_PER_VALUE + expected.NUCLEUS_SORT_S_PER_VALUE)
+    nucleus = (1 << 20) * 49152 * (cost_model.NUCLEUS_TOP_S_PER_VALUE + cost_model.NUCLEUS_SORT_S_PER_VALUE)
     assert nucleus < million < 1.2 * nucleus  # the sort is most of a small model's price
-    assert expected.teacher_text_seconds(tiny, one_thread, 1 << 19, 128) == pytest.approx(million / 2, rel=0.01)
+    assert cost_model.teacher_text_seconds(tiny, one_thread, 1 << 19, 128) == pytest.approx(million / 2, rel=0.01)
     # The default text on the larger built-in fits well inside the bound, on one thread.
-    assert expected.teacher_text_seconds(SHAPES["smollm2-135m"], one_thread, DEFAULT_TOKENS, 128) < LIMITS.teacher_seconds / 4
+    assert cost_model.teacher_text_seconds(SHAPES["smollm2-135m"], one_thread, DEFAULT_TOKENS, 128) < LIMITS.teacher_seconds / 4
     # Two threads halve it; an accelerator pays for its forward passes alone.
-    assert expected.teacher_text_seconds(tiny, expected.nominal_profile(2), 1 << 20, 128) == pytest.approx(million / 2, rel=0.01)
-    assert expected.teacher_text_seconds(tiny, SPEC_PROFILES["h100"], 1 << 20, 128) < million / 100
+    assert cost_model.teacher_text_seconds(tiny, cost_model.nominal_profile(2), 1 << 20, 128) == pytest.approx(million / 2, rel=0.01)
+    assert cost_model.teacher_text_seconds(tiny, SPEC_PROFILES["h100"], 1 << 20, 128) < million / 100

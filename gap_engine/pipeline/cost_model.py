@@ -39,7 +39,9 @@ from gap_engine.model.loading import BUILTIN_MODELS, CONVERTED_MARKER, load_mode
 from gap_engine.model.remote_code import refuse_foreign_code
 from gap_engine.model.units import ComponentGeometry, attention_shape_for_rate, channels_for_rate
 from gap_engine.pipeline import learned
-from gap_engine.plan.allocator_registry import needs_windows
+from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.prune.criteria import CRITERIA
+from gap_engine.recover.methods import RECOVERY_METHODS
 from gap_engine.recover.teacher_text import BATCH, TeacherTextSpec, uncached_tokens
 from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
 from gap_engine.tables.artefact import TableSpec
@@ -358,19 +360,19 @@ class BuildEstimate:
 
 def estimate_build(shape: ModelShape, spec: TableSpec, profile: DeviceProfile, dtype_bytes: int, stream=False, workers=1) -> BuildEstimate:
     """Time and peak memory of building ``spec``'s table for ``shape``: ``dtype_bytes`` a value, ``workers`` Ray workers."""
-    tags, L, tokens = ESTIMATORS[spec.estimator].tags, shape.layers, spec.windows.n_samples * spec.windows.seq_len
+    estimator, L, tokens = ESTIMATORS[spec.estimator], shape.layers, spec.windows.n_samples * spec.windows.seq_len
     block_t, head_t = shape.flops(spec.windows.seq_len) / profile.block_flops, 2.0 * shape.hidden * shape.vocab / profile.head_flops
     forward = tokens * (L * block_t + head_t)
     notes, per_layer = ["backward = 2 x forward FLOPs", "host transfers not counted"], 0
-    main = stage.GRADIENT_PASS if "gradient" in tags else stage.CELLS  # the stage that measures the table
-    parts = {stage.SCORE_UNITS: {"magnitude": 0.0, "taylor": 3.0}.get(spec.criterion, 1.0) * forward}
-    if "gradient" in tags:  # forward and backward(s); streamed, each block runs forward again before its backward
-        parts[main] = ((3.0 if spec.estimator == "taylor" else 5.0) + stream) * forward
-    if "cells" in tags:  # a dense pass, then the cells (exact: stages of their own; refine: inside its gradient pass's)
+    main = stage.GRADIENT_PASS if estimator.reads_gradients else stage.CELLS  # the stage that measures the table
+    parts = {stage.SCORE_UNITS: CRITERIA[spec.criterion].score_passes * forward}
+    if estimator.reads_gradients:  # forward and backward(s); streamed, each block runs forward again before its backward
+        parts[main] = (estimator.gradient_passes + stream) * forward
+    if estimator.measures_cells:  # a dense pass, then the cells (exact: stages of their own; refine: inside its gradient pass's)
         parts[stage.DENSE_PASS if main == stage.CELLS else main] = parts.get(main, 0.0) + forward
         parts.setdefault(main, 0.0)
         per_layer = distinct_cuts_per_layer(shape, spec.rate_grid, spec.mode, spec.channel_multiple)
-        if "gradient" in tags:  # refine measures the cells the plans use
+        if estimator.reads_gradients:  # refine measures the cells the plans use
             per_layer = min(per_layer, REFINE_CELLS * (2 if spec.mode == "split" else 1))
             notes.append(f"{spec.estimator} = a fisher pass + {REFINE_CELLS} measured cells per component")
     costs = {i: per_layer * tokens * ((L - i) * block_t + head_t) for i in range(L)} if per_layer else {}
@@ -388,7 +390,7 @@ def estimate_build(shape: ModelShape, spec: TableSpec, profile: DeviceProfile, d
 def _memory(shape: ModelShape, spec: TableSpec, dtype_bytes: int, stream: bool, workers: int, in_flight: float, kind: str) -> tuple:
     """(peak device bytes of the busiest process, peak host bytes of the driver); ``in_flight``: the
     streamed cells' states held on the device."""
-    n, t, b, L, tags = spec.windows.n_samples, spec.windows.seq_len, spec.windows.batch_size, shape.layers, ESTIMATORS[spec.estimator].tags
+    n, t, b, L, estimator = spec.windows.n_samples, spec.windows.seq_len, spec.windows.batch_size, shape.layers, ESTIMATORS[spec.estimator]
     weights, block, state = shape.total_params * dtype_bytes, shape.block_params * dtype_bytes, n * t * shape.hidden * dtype_bytes
     resident = weights - (L - 1) * block if stream else weights  # streamed: one block on the device at a time
     # One batch: model-dtype logits with their float32 copy and log-probabilities, the widest activations (the
@@ -396,9 +398,9 @@ def _memory(shape: ModelShape, spec: TableSpec, dtype_bytes: int, stream: bool, 
     activations = b * t * (2 * shape.intermediate + 4 * shape.hidden) * dtype_bytes
     activations += b * shape.heads * t * t * dtype_bytes if kind == "cpu" else 0
     working = b * t * shape.vocab * (dtype_bytes + 8) + activations
-    gradient = resident + (2 * working + 2 * state if stream else working + (L - 1) * activations) if "gradient" in tags else 0.0
-    host = weights + (L + 2) * state if stream and "gradient" in tags else 0.0  # a streamed gradient pass keeps each block's input
-    if "cells" in tags:  # dense block inputs and final states, and the dense log-probabilities where they are kept
+    gradient = resident + (2 * working + 2 * state if stream else working + (L - 1) * activations) if estimator.reads_gradients else 0.0
+    host = weights + (L + 2) * state if stream and estimator.reads_gradients else 0.0  # a streamed gradient pass keeps each block's input
+    if estimator.measures_cells:  # dense block inputs and final states, and the dense log-probabilities where they are kept
         logprobs = n * t * shape.vocab * 4
         stored = (L + 1) * state + (logprobs if spec.objective == "kl" and logprobs <= MAX_STORED_LOGPROB_BYTES else 0)
         gradient = max(gradient, resident + working + (in_flight + state if stream else stored / workers))  # Ray: each its layers' inputs
@@ -436,12 +438,18 @@ def table_prediction(model: str, spec: TableSpec, device: DeviceSpec | None = No
     return _learn(Prediction(first | parts, f"{PREDICTED}: {profile.basis}", kind="table", prices=profile.basis))
 
 
+def plan_seconds(allocator: str, calib: float, without_model: float) -> float:
+    """One plan of ``allocator``: its entry's ``plan_passes`` of ``calib`` seconds each, or ``without_model`` if none."""
+    passes = ALLOCATORS[allocator].plan_passes
+    return passes * calib if passes else without_model
+
+
 def run_prediction(
     model: str, calibration: WindowSpec, settings: EvalSettings, stages: tuple[str, ...], allocator: str = "dp",
     task_examples: int = 0, device: DeviceSpec | None = None, loaded: bool = False,
 ) -> Prediction | None:  # fmt: skip
     """The stages of a prune-and-evaluate run (``runs.prune_eval_stages``) in forward passes of the dense model (the pruned
-    copy priced as dense: an upper bound): planning (a calibration pass for allocators that read windows, 20 for evo), scores,
+    copy priced as dense: an upper bound): planning (the calibration passes its allocator's entry prices it at), scores,
     compensation (2.5 calibration passes), the measured increase, held-out text, throughput, generations and lm-eval tasks of
     both models, the checkpoint write."""
     if (priced := _prices(model, resolve(device), settings.windows.seq_len, settings.windows.batch_size)) is None:
@@ -455,7 +463,7 @@ def run_prediction(
     calib = forward(c.n_samples * c.seq_len, c.seq_len, c.n_samples / c.batch_size)
     by_stage = {
         stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, params),
-        stage.PLAN: calib if allocator in ("flap", "owl") else (20 * calib if allocator == "evo" else 0.5),
+        stage.PLAN: plan_seconds(allocator, calib, 0.5),
         stage.PRUNE: calib + 4 * params / NOMINAL_BANDWIDTH,  # scores, then a copy of the weights
         stage.COMPENSATE: 2.5 * calib,  # per block: to o_proj's input, to down_proj's input, the whole block
         stage.MEASURE: 2 * calib,
@@ -491,9 +499,10 @@ def recovery_prediction(
     batch = (tasks * s.batch_size * s.seq_len, s.seq_len, tasks)
     rows = {"q": "heads", "o": "heads", "k": "kv_heads", "v": "kv_heads"}  # a ZO step perturbs the targets (MaZO: a fraction)
     perturbed = sum(b.hidden * (getattr(b, rows[t]) * b.head_dim if t in rows else b.intermediate) for b in blocks for t in s.targets)
-    drawn = perturbed * (s.mask_fraction if s.method == "mazo" else 1.0)
+    method = RECOVERY_METHODS[s.method]
+    drawn = perturbed * (s.mask_fraction if method.masked else 1.0) if method.draws_noise else 0.0
     z_draw = Z_DRAW_S_PER_VALUE * NOMINAL_FLOPS_PER_THREAD / profile.block_flops if profile.kind == "cpu" else 0.0  # GPUs: memory speed
-    step = 3.0 * student(*batch) if s.method == "lora" else 2.0 * student(*batch) + 3 * drawn * z_draw
+    step = method.step_passes * student(*batch) + 3 * drawn * z_draw
     step += forward_seconds(dense, profile, *batch) if s.objective != "lm" else 0.0
     texts = len(s.heldout_texts)
     held_out = (texts * s.eval_samples * s.eval_seq_len, s.eval_seq_len, texts * s.eval_samples / 4)
@@ -501,7 +510,7 @@ def recovery_prediction(
     evaluation = student(*held_out) + teacher(*held_out) + generated * (student(1, 1) + teacher(1, 1))
     calib = student(tasks * s.calib_eval_windows * s.seq_len, s.seq_len, tasks)
     prepare = calib + (evaluation if s.evaluate_before else 0.0)
-    prepare += student(tasks * s.importance_windows * s.seq_len, s.seq_len, tasks) if s.method == "mazo" else 0.0
+    prepare += student(tasks * s.importance_windows * s.seq_len, s.seq_len, tasks) if method.masked else 0.0
     prepare += len(PROBE_FACTORS) * (PROBE_STEPS * step + calib) if s.probes_lr else 0.0
     prepare += load_seconds(str(folder), dense.total_params) * (2 if s.objective != "lm" or s.compare_dense or s.teacher_source else 1)
     dtype = str((placement or resolve(None)).dtype).removeprefix("torch.")  # the teacher text's cache key has it
@@ -578,14 +587,14 @@ def gguf_file(checkpoint: str | Path, outtype: str) -> bytes:
 def baselines_prediction(
     model: str, windows: WindowSpec, criterion: str, allocators: list[str], budgets: int, loaded: bool = False
 ) -> Prediction | None:
-    """The stages of baseline plans (``runs.baseline_stages``): the load, FLAP's unit scores (as a table build's), and
-    per plan a calibration pass for an allocator that reads windows (20 for evo), a moment for the others."""
+    """The stages of baseline plans (``runs.baseline_stages``): the load, the unit scores an allocator asks for first (FLAP; priced as its criterion's), and
+    per plan the calibration passes its allocator's entry prices it at (a moment for none)."""
     if (priced := _prices(model, resolve(None), windows.seq_len, windows.batch_size)) is None:
         return None
     shape, profile = priced
     calib = forward_seconds(shape, profile, windows.n_samples * windows.seq_len, windows.seq_len, windows.n_samples / windows.batch_size)
     seconds = {stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, shape.total_params)}
-    if "flap" in allocators:
-        seconds[stage.SCORE_UNITS] = {"magnitude": 0.0, "taylor": 3.0}.get(criterion, 1.0) * calib
-    seconds[stage.PLAN] = budgets * sum((20 if a == "evo" else 1) * calib if needs_windows(a) else 0.05 for a in allocators)
+    if any(ALLOCATORS[a].scores_first for a in allocators):
+        seconds[stage.SCORE_UNITS] = CRITERIA[criterion].score_passes * calib
+    seconds[stage.PLAN] = budgets * sum(plan_seconds(a, calib, 0.05) for a in allocators)
     return _learn(Prediction(seconds, f"{PREDICTED}: {profile.basis}", kind="baselines", prices=profile.basis))
