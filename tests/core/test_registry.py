@@ -148,6 +148,7 @@ def test_a_declaration_must_be_literal_and_in_the_one_style(tmp_path, monkeypatc
     assert Choice("x", "y", "gap_engine.core.registry:Registry").load() is Registry
 
 
+@pytest.mark.slow
 def test_every_declaration_is_in_its_registry():
     """A ``@register`` in a module no registry reads would be dropped in silence."""
     declared = set()
