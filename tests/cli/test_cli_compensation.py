@@ -131,6 +131,7 @@ def test_compare_prunes_every_plan_with_the_compensation(make_tiny, tmp_path, ca
         (["--uniform", "0.3", "--compensate", "stretch", *CALIB], "invalid choice: 'stretch'"),
     ],
 )
+@pytest.mark.slow
 def test_what_compensation_cannot_do_is_one_line(make_tiny, tmp_path, capsys, argv, message):
     folder = _folder(make_tiny, tmp_path, "llama")
     out = tmp_path / "never"

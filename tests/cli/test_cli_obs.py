@@ -199,6 +199,7 @@ def test_obs_samples_beside_a_plan_another_criterion_prunes_is_one_line(gap, tin
         ("100000000", "--obs-samples 100,000,000 (windows)"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_obs_window_count_is_one_line(gap, tiny, tmp_path, value, message):
     argv = ["prune", "--model", tiny, "--uniform", "0.2", "--criterion", "obs", "--obs-samples", value, "--out", tmp_path / "ck"]
     _refused(gap(*argv), message)

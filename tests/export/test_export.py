@@ -394,6 +394,7 @@ def _one_line_error(capsys, argv) -> str:
 
 
 @pytest.mark.parametrize("family, named", [("qwen3", "q/k norms"), ("gemma3_text", "Gemma 3")])
+@pytest.mark.slow
 def test_gguf_refuses_other_families(make_tiny, tmp_path, capsys, family, named):
     lm, result = _pruned_tiny(make_tiny, family)
     folder = _save(lm, result, tmp_path / "ckpt")

@@ -371,6 +371,7 @@ def test_cli_plan_writes_a_valid_plan(tiny_saved, tmp_path, capsys, suffix):
     assert json.loads(capsys.readouterr().out)["removed"] == plan.params["removed"]
 
 
+@pytest.mark.slow
 def test_cli_plan_uniform_with_explicit_model(tiny_saved, tmp_path):
     _, table, table_path = tiny_saved
     out = tmp_path / "plan.json"

@@ -464,6 +464,7 @@ def short_text(tmp_path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_cli_bad_inputs_exit_2_with_one_line_and_write_nothing(pruned_dir, text_file, short_text, tmp_path, capsys):
     out = tmp_path / "out"
     base = [

@@ -129,6 +129,7 @@ def _forge(folder, tokens: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("cut", ["one of five sequences", "a token short", "a column more"])
+@pytest.mark.slow
 def test_a_whole_entry_that_is_not_the_text_asked_for_is_written_again(teacher, caplog, cut):
     reference = tt.teacher_text(teacher, SPEC, Hooks())
     folder = tt.entry_dir(tt.cache_key(SPEC, teacher.fingerprint, "float32"))

@@ -68,6 +68,7 @@ def test_refined_cells_are_the_exact_ones_and_the_rest_the_estimate(tables):
     assert not fisher.measured[fisher.removed > 0].any() and exact.measured.all()
 
 
+@pytest.mark.slow
 def test_every_chosen_cell_of_the_refined_table_is_measured(tiny, tables):
     refine = tables["refine"]
     chosen = chosen_cells(refine.removed, refine.losses(), BUDGETS, refine.dense_prunable, rate_grid=refine.rate_grid)
@@ -79,6 +80,7 @@ def test_every_chosen_cell_of_the_refined_table_is_measured(tiny, tables):
     assert tables["fisher"].basis(chosen_of(fisher_plan, tables["fisher"])) == "estimated"
 
 
+@pytest.mark.slow
 def test_refined_plan_equals_the_exact_plan_when_its_cells_are_measured(tiny, tables):
     exact, refine = tables["exact"], tables["refine"]
     compared = 0
@@ -184,6 +186,7 @@ def test_cancel_then_resume_gives_the_uninterrupted_refined_table(tmp_cache, tin
     np.testing.assert_allclose(resumed.delta, tables["refine"].delta, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_the_rounds_replayed_on_the_exact_table_choose_what_the_build_measured(tiny, tables):
     from gap_engine.prune.importance import compute_importance
     from gap_engine.tables.cells import unit_cuts
