@@ -98,7 +98,8 @@ test: setup browser-deps lint
 test-all: setup browser-deps lint
 	$(PY) -m pytest -q
 
-# The tier that never loads a real model's weights (tests/conftest.py checks it: GAP_TEST_TIER=fast).
+# The check before a commit: the unit tests, about a minute on 2 cores, never a real model's
+# weights (tests/conftest.py checks it: GAP_TEST_TIER=fast); tests marked slow are left to `make test`.
 test-fast: setup
 	GAP_TEST_TIER=fast $(PY) -m pytest -q -m "not slow and not browser and not heavy"
 

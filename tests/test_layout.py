@@ -107,6 +107,7 @@ def _graph(lazy: bool = False) -> dict[str, set[str]]:
     return graph
 
 
+@pytest.mark.slow
 def test_no_import_cycles_inside_the_engine():
     graph = _graph()
     state: dict[str, int] = {}
@@ -139,6 +140,7 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
         test_no_import_cycles_inside_the_engine()
 
 
+@pytest.mark.slow
 def test_the_engine_never_imports_streamlit():
     offenders = []
     for name, path in _modules().items():
@@ -179,6 +181,7 @@ def test_optional_packages_are_extras_of_their_own():
         assert not distributions & names(project["dependencies"]), f"{module} is optional but in the core dependencies"
 
 
+@pytest.mark.slow
 def test_modules_and_functions_stay_small():
     too_long = []
     for name, path in _modules().items():
@@ -193,6 +196,7 @@ def test_modules_and_functions_stay_small():
     assert not too_long, too_long
 
 
+@pytest.mark.slow
 def test_the_engine_raises_named_errors_instead_of_asserting():
     # `python -O` strips assert statements: an engine invariant checked by one would vanish there.
     asserts = [
@@ -204,6 +208,7 @@ def test_the_engine_raises_named_errors_instead_of_asserting():
     assert not asserts, asserts
 
 
+@pytest.mark.slow
 def test_no_private_name_crosses_a_module_boundary():
     crossings = []
     for name, path in _modules().items():
@@ -238,6 +243,7 @@ def test_the_top_level_folder_is_the_layer_list():
     assert entries == sorted(expected + list(TOP_LEVEL_FILES))
 
 
+@pytest.mark.slow
 def test_imports_only_go_down_the_layers():
     graph = _with_package_inits(_graph(lazy=True))
     upward = []

@@ -171,6 +171,7 @@ class _Bench:
         }
 
 
+@pytest.mark.slow
 def test_a_group_reports_its_default_and_its_best_and_prunes_each_model_once(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_quality, "RESULTS", tmp_path)
     args = parse_args(["--name", "unit"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from code_share import METHOD, ROOT, code_lines, share
@@ -29,6 +31,7 @@ def test_blank_comment_and_docstring_lines_do_not_count():
     assert code_lines("def broken(:\n") == 0
 
 
+@pytest.mark.slow
 def test_every_method_file_exists_and_the_counts_add_up():
     missing = [path for paths in METHOD.values() for path in paths if not (ROOT / path).is_file()]
     assert not missing, f"bench/code_share.py names files that are gone: {missing}"

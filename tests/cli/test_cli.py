@@ -22,6 +22,7 @@ def _run_json(capsys, argv):
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_gap_models_lists_both_builtins():
     out = subprocess.run([sys.executable, "-m", "gap_engine", "models"], capture_output=True, text=True, check=True).stdout
     assert "smollm2-135m" in out and "gemma3-270m" in out and "qwen3" in out

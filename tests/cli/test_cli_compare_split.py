@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import csv
 
+import pytest
+
 from gap_engine.cli import main
+
+pytestmark = pytest.mark.slow  # tiny models end to end: make test runs these, make test-fast does not
 
 CALIB = ["--samples", "4", "--seq-len", "64", "--batch-size", "2", "--rates", "0,0.25,0.5"]
 EVAL = ["--eval-data", "wiki-sample", "--eval-samples", "2", "--eval-seq-len", "32"]

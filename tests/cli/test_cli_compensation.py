@@ -42,6 +42,7 @@ def _one_line(capsys, argv) -> str:
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.slow
 def test_prune_with_compensation_records_it_in_the_checkpoint(make_tiny, tmp_path, capsys, family):
     folder = _folder(make_tiny, tmp_path, family)
     out = tmp_path / "pruned"
@@ -54,6 +55,7 @@ def test_prune_with_compensation_records_it_in_the_checkpoint(make_tiny, tmp_pat
     assert marker["param_count"] == summary["params_after"] == load_model(str(out)).param_count()
 
 
+@pytest.mark.slow
 def test_prune_without_compensate_adds_the_default_bias(make_tiny, tmp_path, capsys):
     folder = _folder(make_tiny, tmp_path, "llama")
     out = tmp_path / "pruned"
@@ -62,6 +64,7 @@ def test_prune_without_compensate_adds_the_default_bias(make_tiny, tmp_path, cap
     assert json.loads((out / "config.json").read_text())["gap_output_bias"] is True
 
 
+@pytest.mark.slow
 def test_prune_budget_with_bias_counts_no_bias_as_pruned_or_kept(make_tiny, tmp_path, capsys):
     # The added biases are not prunable parameters: an untouched block's rate stays 0 (not below) and
     # the share removed is the plan's.
@@ -107,6 +110,7 @@ def test_the_default_compensation_is_none_only_for_a_criterion_that_updates_itse
     )
 
 
+@pytest.mark.slow
 def test_compare_prunes_every_plan_with_the_compensation(make_tiny, tmp_path, capsys):
     folder = _folder(make_tiny, tmp_path, "llama")
     out = tmp_path / "compare.csv"
@@ -127,6 +131,7 @@ def test_compare_prunes_every_plan_with_the_compensation(make_tiny, tmp_path, ca
         (["--uniform", "0.3", "--compensate", "stretch", *CALIB], "invalid choice: 'stretch'"),
     ],
 )
+@pytest.mark.slow
 def test_what_compensation_cannot_do_is_one_line(make_tiny, tmp_path, capsys, argv, message):
     folder = _folder(make_tiny, tmp_path, "llama")
     out = tmp_path / "never"
@@ -139,6 +144,7 @@ def test_what_compensation_cannot_do_is_one_line(make_tiny, tmp_path, capsys, ar
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["tiny-llama"]
 
 
+@pytest.mark.slow
 def test_a_singular_system_is_one_line_and_writes_nothing(make_tiny, tmp_path, capsys):
     folder = _folder(make_tiny, tmp_path, "llama", dead_attention=True)
     out = tmp_path / "never"
@@ -147,6 +153,7 @@ def test_a_singular_system_is_one_line_and_writes_nothing(make_tiny, tmp_path, c
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_table_estimate_cannot_include_compensation(make_tiny, tmp_path, capsys):
     folder = _folder(make_tiny, tmp_path, "llama")
     line = _one_line(capsys, ["table", "--model", str(folder), "--compensate", "refit", "--out", str(tmp_path / "t.json"), *CALIB])
@@ -175,6 +182,7 @@ def _biases_of(lm, plan) -> int:
     return sum(cut) * geoms[0].hidden
 
 
+@pytest.mark.slow
 def test_keep_params_leaves_room_for_the_biases_prune_adds(make_tiny, tmp_path, capsys):
     """``gap plan --keep-params N`` then ``gap prune`` (the default bias compensation): at most N
     parameters, biases included. N is one where a plan that ignored the biases ends above it."""
@@ -204,6 +212,7 @@ def test_keep_params_leaves_room_for_the_biases_prune_adds(make_tiny, tmp_path, 
 
 
 @pytest.mark.parametrize("mode", ["refit", "none"])
+@pytest.mark.slow
 def test_prune_of_a_plan_applies_the_compensation_it_was_counted_for(make_tiny, tmp_path, capsys, mode):
     folder = _folder(make_tiny, tmp_path, "llama")
     table_path = _table(folder, tmp_path)
@@ -217,6 +226,7 @@ def test_prune_of_a_plan_applies_the_compensation_it_was_counted_for(make_tiny, 
     assert "gap_output_bias" not in json.loads((out / "config.json").read_text())
 
 
+@pytest.mark.slow
 def test_prune_says_when_a_plan_did_not_count_the_biases(make_tiny, tmp_path, capsys):
     folder = _folder(make_tiny, tmp_path, "llama")
     table_path = _table(folder, tmp_path)
@@ -230,6 +240,7 @@ def test_prune_says_when_a_plan_did_not_count_the_biases(make_tiny, tmp_path, ca
     assert added > 0 and f"the plan was counted without the {added:,} parameters the bias compensation's biases add" in captured.err
 
 
+@pytest.mark.slow
 def test_a_slimgpt_plan_takes_a_bias_but_no_refit(make_tiny, tmp_path, capsys):
     """OBS's update is a refit of the kept columns: a second refit is refused, a bias on top is
     counted in the plan (its biases charged), and none stays the default."""

@@ -24,6 +24,7 @@ def tiny_folder(make_tiny, tmp_path):
     return folder
 
 
+@pytest.mark.slow
 def test_eval_measures_each_heldout_only_source(tiny_folder, capsys):
     argv = ["eval", "--model", str(tiny_folder), "--data", SOURCES, "--samples", "2", "--seq-len", "32", "--no-throughput", "--json"]
     assert main(argv) == 0
@@ -32,6 +33,7 @@ def test_eval_measures_each_heldout_only_source(tiny_folder, capsys):
     assert all(math.isfinite(ppl) and ppl > 1 for ppl in report["perplexity"].values())
 
 
+@pytest.mark.slow
 def test_compare_measures_both_parts_of_each_heldout_only_source(tiny_folder, tmp_path, capsys):
     out = tmp_path / "compare.csv"
     argv = ["compare", "--model", str(tiny_folder), "--budgets", "0.25", "--allocators", "uniform", "--compensate", "none"]
@@ -43,6 +45,7 @@ def test_compare_measures_both_parts_of_each_heldout_only_source(tiny_folder, tm
         assert float(row[f"ppl_{source}/selection"]) != float(row[f"ppl_{source}/report"]) > 1
 
 
+@pytest.mark.slow
 def test_compare_calibrates_every_allocator_on_mixed_text(tiny_folder, tmp_path):
     out = tmp_path / "compare.csv"
     argv = ["compare", "--model", str(tiny_folder), "--budgets", "0.25", "--allocators", "dp,flap,slimgpt", "--compensate", "bias"]

@@ -71,6 +71,7 @@ def _logits(folder, ids):
         return load_model(str(folder)).model(input_ids=ids).logits
 
 
+@pytest.mark.slow
 def test_prune_a_dp_plan_by_obs(gap, tiny, tmp_path):
     plan_path = _dp_plan(gap, tiny, tmp_path)
     plan = RatePlan.load(plan_path)
@@ -99,6 +100,7 @@ def test_prune_a_dp_plan_by_obs(gap, tiny, tmp_path):
     assert not torch.allclose(first, _logits(tmp_path / "wanda", ids))
 
 
+@pytest.mark.slow
 def test_prune_budget_by_obs_plans_on_a_wanda_table(gap, tiny, tmp_path):
     argv = ["prune", "--model", tiny, "--budget", "0.3", *RATES, *CALIB, "--criterion", "obs", "--out", tmp_path / "ck"]
     code, err, out = gap(*argv)
@@ -109,6 +111,7 @@ def test_prune_budget_by_obs_plans_on_a_wanda_table(gap, tiny, tmp_path):
     assert 0.3 <= saved["params"]["removed_fraction_of_prunable"] < 0.5
 
 
+@pytest.mark.slow
 def test_compare_dp_beside_dp_pruned_by_obs(gap, tiny, tmp_path):
     out = tmp_path / "c.csv"
     argv = ["compare", "--model", tiny, "--budgets", "0.3", "--allocators", "dp,dp:obs", *RATES, *CALIB, "--obs-samples", "6"]
@@ -124,6 +127,7 @@ def test_compare_dp_beside_dp_pruned_by_obs(gap, tiny, tmp_path):
     assert any(line.split()[:2] == ["dp", "obs"] for line in printed.splitlines())
 
 
+@pytest.mark.slow
 def test_an_unknown_criterion_in_an_allocator_spec_is_one_line(gap, tiny, tmp_path):
     argv = ["compare", "--model", tiny, "--budgets", "0.3", "--allocators", "dp:best", *RATES, *CALIB, "--out", tmp_path / "c.csv"]
     _refused(gap(*argv), "unknown criterion 'best' in 'dp:best'")
@@ -177,6 +181,7 @@ def test_what_is_still_moot_is_refused(argv, message):
         _rules(*argv, "--model", "m", "--out", "o")
 
 
+@pytest.mark.slow
 def test_obs_samples_beside_a_plan_another_criterion_prunes_is_one_line(gap, tiny, tmp_path):
     plan = _dp_plan(gap, tiny, tmp_path)
     argv = ["prune", "--model", tiny, "--plan", plan, "--obs-samples", "8", *CALIB, "--out", tmp_path / "ck"]
@@ -194,6 +199,7 @@ def test_obs_samples_beside_a_plan_another_criterion_prunes_is_one_line(gap, tin
         ("100000000", "--obs-samples 100,000,000 (windows)"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_obs_window_count_is_one_line(gap, tiny, tmp_path, value, message):
     argv = ["prune", "--model", tiny, "--uniform", "0.2", "--criterion", "obs", "--obs-samples", value, "--out", tmp_path / "ck"]
     _refused(gap(*argv), message)

@@ -227,6 +227,7 @@ def test_a_plan_that_is_a_folder_is_refused(cli, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["yaml-alias-bomb-in-model", "yaml-alias-bomb-document", "json-nested-200k", "yaml-nested-200k"])
+@pytest.mark.slow
 def test_plan_bombs_are_refused_before_they_take_memory(tmp_path, name):
     from gap_engine.core.errors import PlanError
     from gap_engine.model.rateplan import RatePlan
@@ -403,6 +404,7 @@ def report_run(cli, tmp_path):
     return run
 
 
+@pytest.mark.slow
 def test_a_valid_evaluation_makes_a_report(report_run):
     (code, err, _), out = report_run(json.dumps(eval_report_dict()))
     assert code == 0, err
@@ -483,6 +485,7 @@ def test_force_size_lets_a_size_past_its_ceiling_through(front_run):
     assert code == 0, err and out.is_file()
 
 
+@pytest.mark.slow
 def test_n_buckets_bomb_subprocess_stays_small(tmp_path):
     code, err, rss = run_subprocess(
         ["front", "--table", tmp_path / "t.json", "--out", tmp_path / "f.csv", "--n-buckets", "100000000"], tmp_path
@@ -662,6 +665,7 @@ def test_stale_temporaries_of_a_killed_writer_are_removed(front_run, tmp_path):
     assert out.is_file() and not stale_dir.exists() and live.exists()
 
 
+@pytest.mark.slow
 def test_a_killed_prune_leaves_a_temporary_checkpoint_the_next_prune_removes(cli, tmp_path, tiny_model_dir):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -762,6 +766,7 @@ def test_partial_cells_carry_a_checksum(tmp_path, monkeypatch):
     assert store.load() == {} and not store.path.exists()
 
 
+@pytest.mark.slow
 def test_a_changed_partial_cell_is_measured_again_not_sealed(tmp_path, monkeypatch, smol_tokenizer):
     from conftest import tiny_lm
 
@@ -850,6 +855,7 @@ CHECKPOINT_CASES = {
 }
 
 
+@pytest.mark.slow
 def test_the_tiny_checkpoint_evaluates(cli, tiny_checkpoint):
     code, err, out = cli(
         [
@@ -957,6 +963,7 @@ APP_PLAN_UPLOADS = {
 
 @pytest.mark.usefixtures("fresh_cache")
 @pytest.mark.parametrize("name", list(APP_PLAN_UPLOADS))
+@pytest.mark.slow
 def test_app_plan_upload_refuses_hostile_files(name):
     file_name, content, message = APP_PLAN_UPLOADS[name]
     at = start("explorer/export.py")
@@ -981,6 +988,7 @@ APP_TEXT_UPLOADS = {
 
 @pytest.mark.usefixtures("fresh_cache")
 @pytest.mark.parametrize("name", list(APP_TEXT_UPLOADS))
+@pytest.mark.slow
 def test_app_calibration_upload_refuses_hostile_files(monkeypatch, name):
     import gap_engine.core.limits
 
@@ -1006,6 +1014,7 @@ def test_app_calibration_upload_refuses_hostile_files(monkeypatch, name):
     ids=["window-tokens", "batch-tokens"],
 )
 @pytest.mark.usefixtures("fresh_cache")
+@pytest.mark.slow
 def test_app_setup_refuses_sizes_past_the_ceilings(samples, seq_len, batch, message):
     at = start()
     at.number_input(key="setup_samples").set_value(samples)
@@ -1019,6 +1028,7 @@ def test_app_setup_refuses_sizes_past_the_ceilings(samples, seq_len, batch, mess
 
 
 @pytest.mark.usefixtures("fresh_cache")
+@pytest.mark.slow
 def test_app_setup_refuses_a_rate_grid_past_the_ceiling():
     at = start()
     at.text_input(key="setup_rate_grid").set_value(",".join(f"{i / 1000:.3f}" for i in range(LIMITS.rates + 1)))
@@ -1043,6 +1053,7 @@ def test_app_evaluate_refuses_held_out_sizes_past_the_ceilings():
 
 
 @pytest.mark.usefixtures("fresh_cache")
+@pytest.mark.slow
 def test_app_survives_corrupt_cache_entries():
     from gap_engine.tables import cache
     from gap_engine.tables.artefact import LossTable
@@ -1314,6 +1325,7 @@ def dp_checkpoint(tmp_path_factory, smol_tokenizer):
     return save_pruned(lm, plan, result.kept_indices(), tmp_path_factory.mktemp("dp") / "tiny-dp")
 
 
+@pytest.mark.slow
 def test_a_dp_checkpoint_tokenizer_loads_with_plain_autotokenizer(dp_checkpoint, smol_tokenizer):
     from transformers import AutoTokenizer
 
@@ -1323,6 +1335,7 @@ def test_a_dp_checkpoint_tokenizer_loads_with_plain_autotokenizer(dp_checkpoint,
     assert tokenizer("pruning")["input_ids"] == smol_tokenizer("pruning")["input_ids"]
 
 
+@pytest.mark.slow
 def test_a_dp_checkpoint_still_loads_with_its_remote_code_and_in_gap(dp_checkpoint):
     import torch
     from transformers import AutoModelForCausalLM
@@ -1335,6 +1348,7 @@ def test_a_dp_checkpoint_still_loads_with_its_remote_code_and_in_gap(dp_checkpoi
     assert torch.allclose(ours.model(ids).logits, theirs(ids).logits, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_base_model_read_from_a_checkpoint_never_reaches_the_network(cli, checkpoint_copy, monkeypatch):
     from gap_engine.model import loading as models
 
@@ -1390,6 +1404,7 @@ def small_file_limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
+@pytest.mark.slow
 def test_prune_on_a_full_disk_is_one_line_and_leaves_nothing(cli, tmp_path, tiny_model_dir, small_file_limit):
     work = tmp_path / "work"
     work.mkdir()
@@ -1409,6 +1424,7 @@ def test_export_hf_on_a_full_disk_is_one_line_and_leaves_nothing(cli, tmp_path, 
     assert list(work.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_recover_on_a_full_disk_is_one_line_and_leaves_no_partial_folder(cli, tmp_path, tiny_checkpoint, small_file_limit):
     work = tmp_path / "work"
     work.mkdir()
@@ -1504,6 +1520,7 @@ KEPT_CASES = {
 
 
 @pytest.mark.parametrize("name", list(KEPT_CASES))
+@pytest.mark.slow
 def test_hostile_kept_indices_are_one_line_in_export_hf(cli, tmp_path, checkpoint_copy, name):
     content, message = KEPT_CASES[name]
     (checkpoint_copy / "kept_indices.json").write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -1667,6 +1684,7 @@ def test_an_unexpected_exception_is_one_line_exit_70_and_a_crash_file(cli, tmp_p
 
 
 # ---- 8. smaller items -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_recover_onto_its_previous_output_is_not_refused_as_a_file_path(cli, tmp_path, checkpoint_copy):
     """A recover --out that is an earlier output (a checkpoint folder) is replaced, like prune's:
     the refusal of this argv comes from --steps, not from the folder."""
@@ -1800,6 +1818,7 @@ def test_a_folder_without_config_is_refused_by_the_preflight(tmp_path):
 
 
 # ---- round 3: one long line of text is tokenized in bounded pieces --------------------------------
+@pytest.mark.slow
 def test_a_long_line_is_tokenized_in_bounded_pieces_with_the_same_ids(smol_tokenizer, monkeypatch):
     import numpy as np
 

@@ -79,6 +79,7 @@ def tiny(tmp_path_factory, smol_tokenizer):
 
 # ---- item 4: one check per rule --------------------------------------------------------------------
 @pytest.mark.parametrize("command", ["table", "prune", "compare"])
+@pytest.mark.slow
 def test_a_refit_from_too_few_tokens_is_refused_by_every_command_alike(gap, tiny, tmp_path, command):
     folder, _ = tiny
     spec = ["--estimator", "exact", "--compensate", "refit", "--rates", "0,0.5", *TOO_FEW]
@@ -92,6 +93,7 @@ def test_a_refit_from_too_few_tokens_is_refused_by_every_command_alike(gap, tiny
     assert not any(tmp_path.glob("t.json")) and not any(tmp_path.glob("pruned")) and not any(tmp_path.glob("c.csv"))
 
 
+@pytest.mark.slow
 def test_a_refit_table_from_enough_tokens_is_built(gap, tiny, tmp_path):
     folder, _ = tiny
     out = tmp_path / "t.json"
@@ -158,6 +160,7 @@ def test_an_option_that_cannot_apply_is_refused_not_ignored(gap, tiny, tmp_path,
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_compare_with_a_table_takes_the_options_that_apply(gap, tiny, tmp_path):
     folder, table = tiny
     out = tmp_path / "c.csv"
@@ -202,6 +205,7 @@ def _uses_the_recorded_model_from_elsewhere(gap, work: Path) -> None:
         assert code == 0, err
 
 
+@pytest.mark.slow
 def test_a_relative_model_folder_is_recorded_by_its_absolute_path(gap, tiny, tmp_path, monkeypatch):
     work = _relative_records(gap, tiny, tmp_path, monkeypatch)
     model = str(work / "m")
@@ -215,6 +219,7 @@ def test_a_relative_model_folder_is_recorded_by_its_absolute_path(gap, tiny, tmp
     assert json.loads(Path("again.json").read_text())["key"] == json.loads((work / "t.json").read_text())["key"]
 
 
+@pytest.mark.slow
 def test_an_older_record_with_a_relative_path_is_read_against_its_own_folder(gap, tiny, tmp_path, monkeypatch):
     work = _relative_records(gap, tiny, tmp_path, monkeypatch)
     for path, field in ((work / "ck" / "gap_pruned.json", "base_model"), (work / "t.json", "model")):
@@ -252,6 +257,7 @@ def tiny_checkpoint(tiny, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_recover_refuses_teacher_text_past_the_time_bound_and_force_size_lifts_it(gap, tiny_checkpoint, tmp_path, monkeypatch):
     from gap_engine.core.limits import SizeLimits
     from gap_engine.pipeline import recovery
@@ -279,6 +285,7 @@ def test_a_write_cut_short_without_an_errno_says_the_disk_is_full(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no output, no temporary
 
 
+@pytest.mark.slow
 def test_a_gguf_export_that_fills_the_disk_in_its_tensors_is_one_line_naming_the_file(gap, tiny_checkpoint, tmp_path):
     import resource
 
@@ -304,6 +311,7 @@ def test_a_gguf_export_that_fills_the_disk_in_its_tensors_is_one_line_naming_the
 
 
 # ---- item 7d: gap's own GGUF given to a command that loads through transformers -----------------------
+@pytest.mark.slow
 def test_a_gguf_gap_exported_is_one_line_saying_it_runs_in_llama_cpp(gap, tiny_checkpoint, tmp_path):
     out = tmp_path / "m.gguf"
     code, err, _ = gap("export", tiny_checkpoint, "--out", out)

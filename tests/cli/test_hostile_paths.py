@@ -107,6 +107,7 @@ def planted(folder: Path, tmp_path: Path) -> tuple[Path, Path]:
     return evil, marker
 
 
+@pytest.mark.slow
 def test_a_folder_naming_its_own_code_is_refused_with_no_prompt_on_a_waiting_terminal(tiny, tmp_path):
     """stdin an open pipe that never answers (a terminal nobody types in): no prompt, no wait, no code."""
     evil, marker = planted(tiny[0], tmp_path)
@@ -202,6 +203,7 @@ def test_the_crash_report_survives_an_argument_that_is_not_utf8(tmp_path, monkey
 
 
 # ---- item 6: names from files stay local, nothing is written into a foreign folder --------------------
+@pytest.mark.slow
 def test_a_hub_dataset_named_in_a_table_never_reaches_the_network(gap, tiny, tiny_table, tmp_path, monkeypatch):
     import datasets
 
@@ -243,6 +245,7 @@ def test_a_cache_inside_the_model_folder_is_refused_before_it_is_created(gap, ti
     assert digests(model) == before and not (model / "cache").exists()
 
 
+@pytest.mark.slow
 def test_prune_over_a_link_leaves_no_old_link_behind(gap, tiny, tmp_path):
     import shutil
 
@@ -289,6 +292,7 @@ def test_temporaries_and_locks_of_a_255_byte_name_fit_name_max(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [name]
 
 
+@pytest.mark.slow
 def test_stderr_on_a_full_device_still_exits_2(tmp_path):
     env = os.environ | {"PYTHONPATH": str(ROOT), "GAP_CACHE_DIR": str(tmp_path / "cache")}
     with open("/dev/full", "w") as full:
@@ -313,6 +317,7 @@ def test_stderr_on_a_full_device_still_exits_2(tmp_path):
     assert result.returncode == 2
 
 
+@pytest.mark.slow
 def test_a_deleted_working_folder_is_one_line_before_torch_loads(tmp_path, tiny):
     gone = tmp_path / "gone"
     gone.mkdir()
@@ -325,6 +330,7 @@ def test_a_deleted_working_folder_is_one_line_before_torch_loads(tmp_path, tiny)
     ], result.stderr
 
 
+@pytest.mark.slow
 def test_a_million_identical_documents_are_read_as_one_document(tmp_path):
     from gap_engine.data.windows import read_corpus
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import gap_engine
 from gap_engine.core.deprecation import REMOVED_IN
+
+pytestmark = pytest.mark.slow  # reads every engine module twice: make test runs it, make test-fast does not
 
 PACKAGE = Path(gap_engine.__file__).resolve().parent
 SHIM_CALLS = ("warn_deprecated",)  # an old file field; an old flag is a DeprecatedAlias action

@@ -94,6 +94,7 @@ def test_cli_refuses_bad_devices_in_one_line(capsys, tmp_path):
 
 
 # ---- loading in a dtype -----------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_model_has_one_fingerprint_in_every_dtype(make_tiny, tmp_path):
     lm = make_tiny("qwen3", initializer_range=0.2)
     folder = tmp_path / "tiny"
@@ -122,6 +123,7 @@ def test_objectives_are_summed_in_float64_from_float32_logits():
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.slow
 def test_bf16_exact_table_agrees_with_the_naive_build_and_float32(make_tiny, family):
     fp32 = make_tiny(family, initializer_range=0.2)
     bf16 = place_model(fp32.copy(), BF16)
@@ -138,6 +140,7 @@ def test_bf16_exact_table_agrees_with_the_naive_build_and_float32(make_tiny, fam
     assert weights_fingerprint(bf16.model) == weights_fingerprint(fp32.copy().model.to(torch.bfloat16))  # restored
 
 
+@pytest.mark.slow
 def test_bf16_gradient_estimate_runs_and_ranks_like_float32(make_tiny):
     fp32 = make_tiny("llama", initializer_range=0.2)
     bf16 = place_model(fp32.copy(), BF16)
@@ -149,6 +152,7 @@ def test_bf16_gradient_estimate_runs_and_ranks_like_float32(make_tiny):
 
 
 @pytest.mark.parametrize("criterion", ["magnitude", "wanda", "taylor"])
+@pytest.mark.slow
 def test_bf16_importance_scores_are_float64_and_close_to_float32(make_tiny, criterion):
     fp32 = make_tiny("llama", initializer_range=0.2)
     bf16 = place_model(fp32.copy(), BF16)
@@ -163,6 +167,7 @@ def test_bf16_importance_scores_are_float64_and_close_to_float32(make_tiny, crit
             assert torch.allclose(x.channel, y.channel, rtol=0.05, atol=1e-3 * float(x.channel.abs().max()))
 
 
+@pytest.mark.slow
 def test_surgery_is_exact_in_bf16(make_tiny, tmp_path):
     fp32 = as_loaded(make_tiny("qwen2", initializer_range=0.2), tmp_path / "dense")
     bf16 = place_model(fp32.copy(), BF16)

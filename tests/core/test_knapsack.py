@@ -55,6 +55,7 @@ def same_loss(a, b):
 
 @FAST
 @given(instances())
+@pytest.mark.slow
 def test_front_equals_brute_force_at_every_budget(instance):
     costs, losses, allowed = instance
     front = solve_front(costs, losses, allowed, n_buckets=64)  # 64 >= any total here: no rounding
@@ -74,6 +75,7 @@ def test_front_equals_brute_force_at_every_budget(instance):
 
 @FAST
 @given(instances())
+@pytest.mark.slow
 def test_best_loss_is_non_decreasing_in_budget(instance):
     costs, losses, allowed = instance
     best = solve_front(costs, losses, allowed, n_buckets=64).best_loss
@@ -83,6 +85,7 @@ def test_best_loss_is_non_decreasing_in_budget(instance):
 
 @FAST
 @given(instances())
+@pytest.mark.slow
 def test_plan_at_and_solve_budget_equal_brute_force(instance):
     costs, losses, allowed = instance
     front = solve_front(costs, losses, allowed, n_buckets=64)
@@ -98,6 +101,7 @@ def test_plan_at_and_solve_budget_equal_brute_force(instance):
 
 @FAST
 @given(instances(max_cost=1000), st.integers(1, 12))
+@pytest.mark.slow
 def test_coarse_buckets_still_meet_the_exact_budget(instance, n_buckets):
     costs, losses, allowed = instance
     front = solve_front(costs, losses, allowed, n_buckets=n_buckets)
@@ -142,6 +146,7 @@ def test_solve_budget_near_the_top_tells_apart_costs_in_one_bucket():
 
 @FAST
 @given(instances(max_cost=1000), st.integers(1, 40), st.data())
+@pytest.mark.slow
 def test_solve_budget_in_the_upper_half_is_exact_within_n_buckets_of_the_top(instance, n_buckets, data):
     costs, losses, allowed = instance
     top = max_removable(costs, allowed)
@@ -169,6 +174,7 @@ def assert_same_front(front, before):
 
 @FAST
 @given(instances(max_comp=6, max_opt=6, max_cost=1000), st.integers(1, 80))
+@pytest.mark.slow
 def test_front_is_identical_to_the_loop_it_replaced(instance, n_buckets):
     costs, losses, allowed = instance
     assert_same_front(solve_front(costs, losses, allowed, n_buckets=n_buckets), loop_front(costs, losses, allowed, n_buckets))
@@ -287,6 +293,7 @@ GRID = np.array([0.0, 0.25, 0.5, 0.75])
     instances(max_comp=5, max_opt=4, masked=False),
     st.data(),
 )
+@pytest.mark.slow
 def test_locks_and_rate_bounds_are_respected(instance, data):
     costs, losses, _ = instance
     n_comp, n_opt = costs.shape
@@ -345,6 +352,7 @@ def test_contradictory_constraints_raise_one_line(kwargs, message):
 
 @FAST
 @given(instances(masked=False), st.integers(-2, 40))
+@pytest.mark.slow
 def test_uniform_choice_is_the_smallest_grid_rate_that_meets_the_budget(instance, request):
     costs, _, _ = instance
     n_comp, n_opt = costs.shape

@@ -49,6 +49,7 @@ def test_every_choice_has_one_line_and_a_function(registry):
         assert registry.label(name) == f"{name} — {choice.description}"
 
 
+@pytest.mark.slow
 def test_every_module_attribute_string_in_the_engine_resolves_to_a_callable():
     """The tables are the registered functions' callers a grep finds: each string names a real,
     callable attribute, and every table's entries are among those strings."""
@@ -188,6 +189,7 @@ def _plugins(tmp_path, monkeypatch, package: str, files: dict[str, str]) -> str:
     return package
 
 
+@pytest.mark.slow
 def test_a_criterion_an_allocator_and_a_compensation_are_one_new_file_each(tmp_path, monkeypatch, make_tiny):
     """Three new modules, no other file edited: the CLI offers them, the cost model prices them
     from their entries, the figures draw them, and the Python API plans and prunes with them."""

@@ -51,6 +51,7 @@ def bos_lm(make_tiny, bos_tokenizer):
     return dataclasses.replace(make_tiny("llama", initializer_range=0.2), tokenizer=bos_tokenizer)
 
 
+@pytest.mark.slow
 def test_windows_start_with_bos_exactly_when_the_tokenizer_adds_it(smol_tokenizer, bos_tokenizer):
     assert bos_token_id(smol_tokenizer) is None and window_start(smol_tokenizer) == "text"
     assert bos_token_id(bos_tokenizer) == 1 and window_start(bos_tokenizer) == "bos"
@@ -64,6 +65,7 @@ def test_windows_start_with_bos_exactly_when_the_tokenizer_adds_it(smol_tokenize
     assert held.shape == (3, 25) and bool((held[:, 0] == 1).all())
 
 
+@pytest.mark.slow
 def test_evaluation_never_counts_the_bos_position(bos_lm, make_tiny):
     windows = heldout_windows(bos_lm.tokenizer, SPEC)  # (3, 25)
     with torch.inference_mode():
@@ -79,6 +81,7 @@ def test_evaluation_never_counts_the_bos_position(bos_lm, make_tiny):
     assert kl == pytest.approx(float((logp_d.exp() * (logp_d - logp_m)).sum(-1).mean()), rel=1e-4)
 
 
+@pytest.mark.slow
 def test_activation_statistics_skip_the_bos_position(bos_lm):
     windows = calibration_windows(bos_lm.tokenizer, SPEC)
     down = bos_lm.adapter.mlp_projections(bos_lm.adapter.layers(bos_lm.model)[0])[2]
@@ -94,6 +97,7 @@ def test_activation_statistics_skip_the_bos_position(bos_lm):
 
 
 @pytest.mark.parametrize("objective", ["nll", "kl"])
+@pytest.mark.slow
 def test_exact_table_on_bos_windows_equals_the_naive_build(bos_lm, objective):
     spec = TableSpec(windows=SPEC, rate_grid=GRID4, objective=objective, estimator="exact")
     windows = calibration_windows(bos_lm.tokenizer, SPEC)
@@ -105,6 +109,7 @@ def test_exact_table_on_bos_windows_equals_the_naive_build(bos_lm, objective):
     assert (table.cell_tokens == counted).all()
 
 
+@pytest.mark.slow
 def test_fisher_estimate_on_bos_windows_counts_text_positions(bos_lm):
     spec = TableSpec(windows=SPEC, rate_grid=GRID4, objective="nll", estimator="fisher")
     windows = calibration_windows(bos_lm.tokenizer, SPEC)
@@ -119,6 +124,7 @@ def test_the_convention_is_part_of_the_table_key(bos_lm, smol_tokenizer):
     assert table_key(plain_lm, spec, "data") != table_key(bos_lm, spec, "data")
 
 
+@pytest.mark.slow
 def test_a_table_of_the_old_format_is_never_reused(bos_lm, tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
     spec = TableSpec(windows=SPEC, rate_grid=GRID4, estimator="fisher")
@@ -160,6 +166,7 @@ def test_builtin_windows_start_like_the_tokenizers_own_encoding(name, expected, 
         assert encoded[0] == plain[0] and windows[:, 0].tolist() != [lm.tokenizer.bos_token_id] * 2
 
 
+@pytest.mark.slow
 def test_gap_eval_prints_the_window_convention(smol_tokenizer, bos_tokenizer, make_tiny, tmp_path, capsys):
     from gap_engine.cli import main
     from gap_engine.cli.model_commands import window_convention_text

@@ -32,6 +32,7 @@ def test_one_table_lists_every_builtin_with_its_kind():
 
 
 @pytest.mark.parametrize("source", NEW_SOURCES)
+@pytest.mark.slow
 def test_source_loads_whole_as_heldout_text_recorded_against_its_file(source, tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
     data._load_builtin.cache_clear()  # read (and record) it under this cache
@@ -75,6 +76,7 @@ def test_wiki_tables_keep_tables_as_rows_without_markup():
 
 
 @pytest.mark.parametrize("source", NEW_SOURCES)
+@pytest.mark.slow
 def test_parts_are_disjoint_whole_and_deterministic(source):
     corpus = load_corpus(source)
     assert corpus.selection and corpus.report
@@ -131,5 +133,6 @@ def test_refused_as_calibration_text_everywhere_in_one_line(source, smol_tokeniz
 
 
 @pytest.mark.parametrize("source", BUILTIN_TEXT_NAMES)
+@pytest.mark.slow
 def test_calibration_sources_are_not_refused(source):
     assert calibration_refusal(source) is None and load_corpus(source).part("calibration")

@@ -68,6 +68,7 @@ def test_wiki_sample_is_plain_prose_articles():
     assert len(corpus.fingerprint) == 64 and int(corpus.fingerprint, 16) >= 0
 
 
+@pytest.mark.slow
 def test_wiki_sample_split_is_disjoint_and_deterministic():
     corpus = load_corpus("wiki-sample")
     _assert_disjoint_and_nonempty(corpus)
@@ -237,6 +238,7 @@ def _longest_plain_piece(tokenizer, window: torch.Tensor) -> str:
     return piece[10:-10]
 
 
+@pytest.mark.slow
 def test_windows_decode_to_text_of_their_part(smol_tokenizer):
     corpus = load_corpus("wiki-sample")
     calibration_text = "\n".join(corpus.calibration)
@@ -290,6 +292,7 @@ def test_short_text_gives_overlapping_windows_with_warning(smol_tokenizer, caplo
     assert "overlap" in caplog.text
 
 
+@pytest.mark.slow
 def test_news_split_is_the_same_in_a_fresh_process_without_gensim_or_streamlit():
     code = (
         "import sys; from gap_engine.data.windows import load_corpus; corpus = load_corpus('news-sample'); "
@@ -422,6 +425,7 @@ def _tokenizers(smol_tokenizer):
 
 
 @pytest.mark.parametrize("source", BUILTIN_TEXT_NAMES)
+@pytest.mark.slow
 def test_each_part_holds_enough_disjoint_windows(source, smol_tokenizer):
     corpus = load_corpus(source)
     for tokenizer in _tokenizers(smol_tokenizer):
@@ -429,6 +433,7 @@ def test_each_part_holds_enough_disjoint_windows(source, smol_tokenizer):
         assert _slots(tokenizer, corpus.report) >= 24  # results: the paired bootstrap's 24 windows
 
 
+@pytest.mark.slow
 def test_heldout_windows_read_report_by_default_and_selection_on_request(smol_tokenizer):
     corpus = load_corpus("wiki-sample")
     parts = {name: "\n".join(corpus.part(name)) for name in ("calibration", "selection", "report")}

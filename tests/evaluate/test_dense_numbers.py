@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from gap_engine.core.config import WindowSpec
@@ -13,6 +14,7 @@ from gap_engine.evaluate.metrics import EvalSettings, evaluate
 SETTINGS = EvalSettings(windows=WindowSpec(n_samples=2, seq_len=16, batch_size=2), throughput=False, generations=0)
 
 
+@pytest.mark.slow
 def test_dense_perplexity_is_measured_once_and_reused_whatever_path_measures_it_again(make_tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     dense = make_tiny("llama", initializer_range=0.2)
@@ -78,6 +80,7 @@ def test_dense_logprobs_are_keyed_by_the_windows_text_seed_and_bos_rule(smol_tok
     assert dense_logprobs_path("fq", base, "float32") != paths["base"]  # other weights
 
 
+@pytest.mark.slow
 def test_dense_logprobs_are_measured_once_per_window_set(make_tiny, tmp_path, monkeypatch):
     import torch.nn.functional as F
 

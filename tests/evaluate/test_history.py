@@ -153,6 +153,7 @@ def test_a_corrupt_file_is_a_clear_error(tmp_path):
         history.list_runs(db)
 
 
+@pytest.mark.slow
 def test_concurrent_writers(tmp_path):
     db = tmp_path / "h.sqlite"
     errors = []

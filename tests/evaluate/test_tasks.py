@@ -20,6 +20,7 @@ LIMIT = 4  # examples: 16 likelihood requests per model, about 8 CPU seconds eac
 EVAL_TINY = ["--samples", "1", "--seq-len", "32", "--no-throughput", "--generations", "0"]
 
 
+@pytest.mark.slow
 def test_offline_task_is_deterministic_and_its_distractors_come_from_other_articles():
     heldout = load_corpus("wiki-sample").heldout
     examples = build_examples(heldout)
@@ -37,6 +38,7 @@ def test_offline_task_is_deterministic_and_its_distractors_come_from_other_artic
                 assert any(distractor in " ".join(doc.split()) for doc in heldout)  # held-out text only
 
 
+@pytest.mark.slow
 def test_offline_task_files_are_written_once_and_read_by_lm_eval(tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     folder = offline_task_dir()
@@ -129,6 +131,7 @@ def test_bad_task_is_one_line_exit_2_and_nothing_written(case, tmp_path, monkeyp
     assert not (cache / "tasks" / "dense").exists() and not (cache / "models").exists()  # refused before any model loaded
 
 
+@pytest.mark.slow
 def test_the_explorers_check_refuses_what_the_cli_refuses_and_passes_a_local_folder(tmp_path, monkeypatch):
     """check_tasks (the explorer's Start) gives the CLI's one-line refusals without loading a data set."""
     from gap_engine.evaluate.tasks import TaskError, check_tasks, task_settings
@@ -263,6 +266,7 @@ def test_report_prints_the_paper_style_task_table(smol, tmp_path, capsys):
     assert len(err) == 1 and "acc" in err[0] and err[0].startswith("gap: error: ") and not (tmp_path / "never.html").exists()
 
 
+@pytest.mark.slow
 def test_explorer_run_records_task_accuracy_beside_dense(make_tiny, tmp_path, monkeypatch):
     """prune_and_evaluate with tasks: the pruned copy's scores, dense's (measured once, then
     cached under its fingerprint), both in the report and the history row."""
@@ -318,6 +322,7 @@ def test_compare_task_columns_round_trip_through_its_csv(tmp_path, capsys):
     assert not (tmp_path / "c.csv").exists()
 
 
+@pytest.mark.slow
 def test_recovery_cancel_is_heard_inside_task_scoring(make_tiny, tmp_path, monkeypatch):
     """A cancel pressed while lm-eval scores the tasks of a recovery evaluation stops it at the
     next forward pass, rather than after every request has been scored."""
@@ -344,6 +349,7 @@ def test_recovery_cancel_is_heard_inside_task_scoring(make_tiny, tmp_path, monke
     assert any("task accuracy" in message for message in stages)
 
 
+@pytest.mark.slow
 def test_a_saved_runs_numbers_are_its_checkpoints(make_tiny, tmp_path, monkeypatch):
     """prune_and_evaluate with a checkpoint measures the weights as stored (bfloat16 by default),
     so the Recover page and `gap eval`, which read the checkpoint, show the same perplexity."""

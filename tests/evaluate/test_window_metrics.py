@@ -41,6 +41,7 @@ def _pruned_like(dense):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.slow
 def test_window_numbers_equal_the_direct_formula(family, make_tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(window_metrics, "_MEMO", {})
@@ -58,6 +59,7 @@ def test_window_numbers_equal_the_direct_formula(family, make_tiny, tmp_path, mo
     assert itself.kl == pytest.approx([0.0] * 3, abs=1e-5) and itself.top1 == [1.0] * 3
 
 
+@pytest.mark.slow
 def test_dense_side_is_measured_once_then_read_from_disk(make_tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(window_metrics, "_MEMO", {})
@@ -83,6 +85,7 @@ def test_soft_capped_logits_are_refused(make_tiny):
         head_weight(lm)
 
 
+@pytest.mark.slow
 def test_logits_changed_after_the_head_are_refused(make_tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     dense = make_tiny("llama")
@@ -98,6 +101,7 @@ def test_logits_changed_after_the_head_are_refused(make_tiny, tmp_path, monkeypa
         window_numbers(scaled, dense, {"news": windows})
 
 
+@pytest.mark.slow
 def test_the_evaluation_keeps_each_windows_numbers_and_its_means_are_theirs(make_tiny, tmp_path, monkeypatch):
     """``evaluate`` keeps per window what a paired bootstrap between two runs resamples; each equals
     the direct formula, and the report's perplexity and KL are their means."""

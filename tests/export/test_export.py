@@ -174,6 +174,7 @@ def _compensated_tiny(make_tiny, family, mode="bias+refit"):
     return lm, prune_compensated(lm, plan, scores, calib, CompensationSettings(mode=mode))
 
 
+@pytest.mark.slow
 def test_a_bias_compensated_checkpoint_gives_the_same_logits_everywhere(make_tiny, tmp_path, capsys):
     """The engine's loader, llama.cpp and the re-save (plain transformers: the test above)."""
     ids = _ids(1, 32)
@@ -221,6 +222,7 @@ def _gguf_tensor_names(path: Path) -> set[str]:
 
 
 # ---- half precision ------------------------------------------------------------------------
+@pytest.mark.slow
 def test_half_precision_round_trips(make_tiny, tmp_path):
     lm, result = _pruned_tiny(make_tiny, "llama")
     ids = _ids()
@@ -249,6 +251,7 @@ def test_half_precision_round_trips(make_tiny, tmp_path):
 
 
 # ---- model card -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_model_card_names_the_plan(make_tiny, tmp_path):
     lm, result = _pruned_tiny(make_tiny, "qwen2")
     report = {
@@ -278,6 +281,7 @@ def test_model_card_names_the_plan(make_tiny, tmp_path):
     assert json.loads((folder / "eval_report.json").read_text())["perplexity"]["wiki-sample"] == 31.5
 
 
+@pytest.mark.slow
 def test_the_cards_parameter_count_is_the_models_and_says_what_compensation_added(make_tiny, tmp_path):
     lm, result = _compensated_tiny(make_tiny, "llama", mode="bias")
     folder = _save(lm, result, tmp_path / "ckpt")
@@ -308,6 +312,7 @@ def _gguf_fields(path: Path) -> dict:
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.slow
 def test_gguf_of_a_pruned_tiny_model_runs_in_llama_cpp(make_tiny, tmp_path, family):
     lm, _ = _pruned_tiny(make_tiny, family, hidden_size=128, head_dim=32)
     ids = _ids(1, 32)
@@ -332,6 +337,7 @@ def test_gguf_of_a_pruned_tiny_model_runs_in_llama_cpp(make_tiny, tmp_path, fami
     assert np.abs(with_fa - expected).max() < 0.01 * scale
 
 
+@pytest.mark.slow
 def test_gguf_llama3_rope_scaling_matches(make_tiny, tmp_path):
     rope = {
         "rope_type": "llama3",
@@ -388,6 +394,7 @@ def _one_line_error(capsys, argv) -> str:
 
 
 @pytest.mark.parametrize("family, named", [("qwen3", "q/k norms"), ("gemma3_text", "Gemma 3")])
+@pytest.mark.slow
 def test_gguf_refuses_other_families(make_tiny, tmp_path, capsys, family, named):
     lm, result = _pruned_tiny(make_tiny, family)
     folder = _save(lm, result, tmp_path / "ckpt")
@@ -397,6 +404,7 @@ def test_gguf_refuses_other_families(make_tiny, tmp_path, capsys, family, named)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
+@pytest.mark.slow
 def test_bad_checkpoints_and_targets_fail_cleanly(make_tiny, tmp_path, capsys):
     lm, result = _pruned_tiny(make_tiny, "llama")
     good = _save(lm, result, tmp_path / "good")
@@ -425,6 +433,7 @@ def test_bad_checkpoints_and_targets_fail_cleanly(make_tiny, tmp_path, capsys):
         assert sorted(p.name for p in good.iterdir()) == good_files
 
 
+@pytest.mark.slow
 def test_dense_and_pruned_gguf_from_the_cli(make_tiny, tmp_path, capsys):
     """The 0% case (a dense model) and a checkpoint go through the same command."""
     lm, result = _pruned_tiny(make_tiny, "llama", hidden_size=128, head_dim=32)

@@ -63,6 +63,7 @@ def _refusal(target) -> str:
 
 # ---- a plain Hugging Face folder ------------------------------------------------------------
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_undeclared_block_biases_are_refused_naming_one(make_tiny, tmp_path, family):
     lm = make_tiny(family)
     folder = _saved(lm, tmp_path / "biased")
@@ -78,6 +79,7 @@ def test_undeclared_block_biases_are_refused_naming_one(make_tiny, tmp_path, fam
     "family, declared",
     [("llama", {"attention_bias": True, "mlp_bias": True}), ("qwen3", {"attention_bias": True}), ("gemma3_text", {"attention_bias": True})],
 )
+@pytest.mark.slow
 def test_declared_biases_that_are_not_stored_are_refused(make_tiny, tmp_path, family, declared):
     folder = _saved(make_tiny(family), tmp_path / "declared")
     _edit_config(folder, **declared)
@@ -91,6 +93,7 @@ def test_an_unrelated_extra_tensor_is_refused(make_tiny, tmp_path):
     assert "stores tensor 'model.layers.1.self_attn.scale'," in _refusal(folder)
 
 
+@pytest.mark.slow
 def test_a_tied_head_stored_with_other_values_is_refused(make_tiny, tmp_path):
     lm = make_tiny("llama", tie_word_embeddings=True)
     folder = _saved(lm, tmp_path / "untied")
@@ -106,6 +109,7 @@ def test_a_tied_head_stored_with_other_values_is_refused(make_tiny, tmp_path):
     assert "lm_head.weight" in line and "tie_word_embeddings" in line, line
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_undeclared_biases_in_one_line(make_tiny, tmp_path):
     lm = make_tiny("llama")
     folder = _saved(lm, tmp_path / "biased")
@@ -127,6 +131,7 @@ def _same_weights(loaded, lm) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.slow
 def test_plain_and_tied_folders_still_load(make_tiny, tmp_path, family, tied):
     lm = make_tiny(family, tie_word_embeddings=tied)
     folder = _saved(lm, tmp_path / "plain")
@@ -136,6 +141,7 @@ def test_plain_and_tied_folders_still_load(make_tiny, tmp_path, family, tied):
     assert (loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight) is tied
 
 
+@pytest.mark.slow
 def test_shards_renamed_keys_bin_files_and_stored_rotary_buffers_still_load(make_tiny, tmp_path):
     lm = make_tiny("llama", tie_word_embeddings=True)
     sharded = _saved(lm, tmp_path / "sharded", max_shard_size="100KB")
@@ -177,6 +183,7 @@ def _checkpoint(make_tiny, folder: Path, **overrides) -> tuple[object, Path]:
     return lm, save_pruned(lm, result.plan, result.kept_indices(), folder)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_undeclared_biases_is_refused_naming_one(make_tiny, tmp_path):
     lm, folder = _checkpoint(make_tiny, tmp_path / "ckpt")
     biases = {name: tensor.to(torch.bfloat16) for name, tensor in _block_biases(lm.model).items()}
@@ -185,6 +192,7 @@ def test_a_checkpoint_with_undeclared_biases_is_refused_naming_one(make_tiny, tm
     assert f"stores tensor '{sorted(biases)[0]}' (and {len(biases) - 1} more)" in line, line
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_config_declares_output_biases_it_lacks_is_refused(make_tiny, tmp_path):
     _, folder = _checkpoint(make_tiny, tmp_path / "ckpt")
     _edit_config(folder, gap_output_bias=True)  # every o_proj and down_proj then declares a bias
@@ -192,6 +200,7 @@ def test_a_checkpoint_whose_config_declares_output_biases_it_lacks_is_refused(ma
     assert "config.json declares tensor 'model.layers.0.mlp.down_proj.bias' (and 3 more)" in line, line
 
 
+@pytest.mark.slow
 def test_a_tied_checkpoint_storing_another_head_is_refused(make_tiny, tmp_path):
     lm, folder = _checkpoint(make_tiny, tmp_path / "ckpt", tie_word_embeddings=True)
     assert "lm_head.weight" not in load_file(str(folder / "model.safetensors"))

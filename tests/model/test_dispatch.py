@@ -32,6 +32,7 @@ def test_a_cpu_only_machine_maps_everything_to_the_cpu(make_tiny):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.slow
 def test_blocks_offloaded_to_disk_give_the_resident_numbers(make_tiny, family, tmp_path):
     resident = make_tiny(family, initializer_range=0.2)
     other = make_tiny(family, initializer_range=0.2, seed=7)

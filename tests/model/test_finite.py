@@ -59,6 +59,7 @@ def test_a_nan_perplexity_is_an_error_naming_the_weight(broken_after_load):
 
 
 @pytest.mark.parametrize("estimator", ["fisher", "exact"])
+@pytest.mark.slow
 def test_a_nan_table_cell_is_an_error_not_a_table(broken_after_load, estimator):
     from gap_engine.data.windows import calibration_windows
 

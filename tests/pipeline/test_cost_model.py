@@ -39,6 +39,7 @@ def spec_of(**fields) -> TableSpec:
 
 
 @pytest.mark.parametrize("mode", ["split", "block"])
+@pytest.mark.slow
 def test_cell_count_is_the_builders_own(make_tiny, mode):
     lm = make_tiny("llama", initializer_range=0.2)
     shape = ModelShape.from_config(lm.model.config)
@@ -85,6 +86,7 @@ def test_a_table_jobs_predicted_stages_are_the_jobs_own(estimator, tmp_path, mon
     assert not list(tmp_path.glob("costmodel/*"))
 
 
+@pytest.mark.slow
 def test_measured_profile_is_cached_reused_and_refreshed(tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path))
     placement, shape = resolve(None), SHAPES["llama-3.1-8b"]

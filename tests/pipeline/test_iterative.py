@@ -40,6 +40,7 @@ def tmp_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("objective", ["nll", "kl"])
+@pytest.mark.slow
 def test_measured_objective_of_a_one_component_plan_is_the_exact_cell(tiny, objective):
     windows = calibration_windows(tiny.tokenizer, WINDOWS)
     table = measure_table(tiny, TableSpec(windows=WINDOWS, rate_grid=GRID, objective=objective, estimator="exact"), windows)
@@ -55,6 +56,7 @@ def test_measured_objective_of_a_one_component_plan_is_the_exact_cell(tiny, obje
         assert table.basis(table.cells_for(attention, mlp)) == "measured"
 
 
+@pytest.mark.slow
 def test_one_round_is_the_one_shot_dp_plan(tmp_cache, tiny):
     spec = TableSpec(windows=WINDOWS, rate_grid=GRID, objective="kl", estimator="fisher")
     before = weights_fingerprint(tiny.model)
@@ -71,6 +73,7 @@ def test_one_round_is_the_one_shot_dp_plan(tmp_cache, tiny):
     assert result.rounds[0].measured == pytest.approx(objective_increase(one_shot, tiny, ids, "kl", 3), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_rounds_remove_the_budget_planned_on_the_pruned_model(tmp_cache, tiny):
     spec = TableSpec(windows=WINDOWS, rate_grid=GRID, objective="kl", estimator="fisher")
     total = prunable_params(tiny, spec.channel_multiple)[0]
@@ -88,6 +91,7 @@ def test_rounds_remove_the_budget_planned_on_the_pruned_model(tmp_cache, tiny):
     np.testing.assert_allclose(result.mlp_rates, [1 - w / dense_width for w in widths])
 
 
+@pytest.mark.slow
 def test_cli_prune_in_rounds_saves_a_checkpoint_that_loads(tmp_cache, tiny, tmp_path, capsys):
     import json
 

@@ -203,6 +203,7 @@ def test_module_singleton_and_one_line():
     assert one_line(RuntimeError("")) == "RuntimeError"
 
 
+@pytest.mark.slow
 def test_engine_import_leaves_streamlit_out():
     import subprocess
 

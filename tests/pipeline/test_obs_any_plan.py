@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from gap_engine.core.config import WindowSpec
@@ -21,6 +22,8 @@ from gap_engine.pipeline.runs import prune_and_evaluate
 from gap_engine.pipeline.stages import loss_table, obs_windows, plan_for, pruned_as_saved, pruned_by
 from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.tables.artefact import TableSpec
+
+pytestmark = pytest.mark.slow  # tiny models end to end: make test runs these, make test-fast does not
 
 WIDE = dict(num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
 CALIB = WindowSpec(n_samples=4, seq_len=64, batch_size=2)

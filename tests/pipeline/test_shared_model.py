@@ -59,6 +59,7 @@ def untouched_by(lm, run) -> None:
     assert model_fingerprint(lm.model, lm.tokenizer) == fingerprint == lm.fingerprint and lm.pruned_from is None
 
 
+@pytest.mark.slow
 def test_tables_scores_and_allocators_work_on_a_private_copy(shared):
     ids = calibration_windows(shared.tokenizer, WINDOWS)
     table = synthetic_table(shared, data=WINDOWS.data)
@@ -75,6 +76,7 @@ def test_tables_scores_and_allocators_work_on_a_private_copy(shared):
     untouched_by(shared, run)
 
 
+@pytest.mark.slow
 def test_pruning_a_shared_model_prunes_a_copy(shared, tmp_path):
     table = synthetic_table(shared, data=WINDOWS.data)
     plan = make_plan(shared, [0.5, 0.0], [0.25, 0.5], "wanda")

@@ -263,6 +263,7 @@ def sliced_nll(lm, plan, scores, windows) -> float:
     return mean_nll(pruned, windows, 2)
 
 
+@pytest.mark.slow
 def test_masked_plan_equals_slicing_and_restores(tiny, calib):
     windows = calibration_windows(tiny.tokenizer, calib)
     scores = compute_importance(tiny, windows, "wanda", 2)
@@ -275,6 +276,7 @@ def test_masked_plan_equals_slicing_and_restores(tiny, calib):
         assert torch.equal(v, before[k])
 
 
+@pytest.mark.slow
 def test_evo_never_worse_than_its_dp_seed(tiny, calib):
     table = synthetic_table(tiny, seed=3)
     windows = calibration_windows(tiny.tokenizer, calib)
@@ -288,6 +290,7 @@ def test_evo_never_worse_than_its_dp_seed(tiny, calib):
     assert result.gain >= 0
 
 
+@pytest.mark.slow
 def test_measured_plans_report_truth_beside_prediction(tiny, calib):
     heldout = {"wiki-sample": calibration_windows(tiny.tokenizer, WindowSpec(calib.data, 2, 32, seed=5))}
     windows = calibration_windows(tiny.tokenizer, calib)
@@ -355,6 +358,7 @@ def tiny_saved(smol_tokenizer, calib, tmp_path_factory):
 
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
+@pytest.mark.slow
 def test_cli_plan_writes_a_valid_plan(tiny_saved, tmp_path, capsys, suffix):
     lm, table, table_path = tiny_saved
     out = tmp_path / f"plan{suffix}"
@@ -367,6 +371,7 @@ def test_cli_plan_writes_a_valid_plan(tiny_saved, tmp_path, capsys, suffix):
     assert json.loads(capsys.readouterr().out)["removed"] == plan.params["removed"]
 
 
+@pytest.mark.slow
 def test_cli_plan_uniform_with_explicit_model(tiny_saved, tmp_path):
     _, table, table_path = tiny_saved
     out = tmp_path / "plan.json"
@@ -401,6 +406,7 @@ def test_cli_plan_keep_params_sets_the_budget_from_a_parameter_count(tiny_saved,
     assert "exactly one of --budget" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_compare_prunes_and_measures_every_allocator(tiny_saved, calib, tmp_path, capsys):
     _, table, table_path = tiny_saved
     out = tmp_path / "results.csv"
@@ -415,6 +421,7 @@ def test_cli_compare_prunes_and_measures_every_allocator(tiny_saved, calib, tmp_
     assert "dense" in printed and "uniform" in printed
 
 
+@pytest.mark.slow
 def test_cli_compare_prunes_paper_baselines_by_their_own_criterion(tiny_saved, calib, tmp_path):
     """flap prunes by FLAP's metric, slimgpt block by block with OBS, beside a table of another criterion."""
     _, table, table_path = tiny_saved

@@ -101,6 +101,7 @@ def test_a_slimgpt_plan_counts_a_bias_on_top_but_no_refit(tiny):
     assert refit.compensation == "none" and "bias_params" not in refit.params
 
 
+@pytest.mark.slow
 def test_the_biases_installed_are_the_ones_the_plan_counted(tiny):
     """A block that loses only its attention gets an o_proj bias and no down_proj bias; the plan's
     count, the compensation's record and the model agree."""

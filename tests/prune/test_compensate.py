@@ -46,6 +46,7 @@ def _setup(make_tiny, family, attention=(0.5, 0.25), mlp=(0.5, 0.25)):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("mode", COMPENSATIONS.names)
+@pytest.mark.slow
 def test_a_plan_that_removes_nothing_changes_no_weight(make_tiny, family, mode):
     lm = make_tiny(family, **WIDE)
     before = {name: tensor.clone() for name, tensor in lm.model.state_dict().items()}
@@ -58,6 +59,7 @@ def test_a_plan_that_removes_nothing_changes_no_weight(make_tiny, family, mode):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_refit_leaves_an_uncut_part_as_it_was(make_tiny, family):
     lm, _, scores, _ = _setup(make_tiny, family)
     plan = make_plan(lm, [0.5, 0.0], [0.0, 0.0], "wanda")  # only block 0's attention loses heads
@@ -98,6 +100,7 @@ def _projection_errors(lm, ids, layer_index, heads, channels, fit):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_no_fit_increases_a_projections_reconstruction_error(make_tiny, family):
     lm, ids, scores, plan = _setup(make_tiny, family)
     heads, channels = removed_per_block(lm, plan, scores)[0]
@@ -144,6 +147,7 @@ def test_all_zero_activations_are_a_singular_system():
         refit_fit(moments, torch.randn(4, 8), torch.tensor([0, 1, 2]), 0.01, "block 0 o_proj")
 
 
+@pytest.mark.slow
 def test_a_dead_attention_is_refused_in_one_line(make_tiny):
     lm, _, scores, plan = _setup(make_tiny, "llama")
     with torch.no_grad():  # every head of block 0 outputs zeros: o_proj's kept inputs are all zero
@@ -152,6 +156,7 @@ def test_a_dead_attention_is_refused_in_one_line(make_tiny):
         prune_compensated(lm, plan, scores, CALIB, CompensationSettings(mode="refit"))
 
 
+@pytest.mark.slow
 def test_too_little_calibration_text_is_refused_before_any_work(make_tiny):
     lm, _, scores, plan = _setup(make_tiny, "llama")
     fingerprint = lm.fingerprint
@@ -166,6 +171,7 @@ def test_too_little_calibration_text_is_refused_before_any_work(make_tiny):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_streaming_compensates_exactly_as_resident(make_tiny, family):
     resident, _, scores, plan = _setup(make_tiny, family)
     streamed = place_model(resident.copy(), Placement(device=torch.device("cpu"), dtype=torch.float32, stream=True))
@@ -184,6 +190,7 @@ def test_kept_columns_are_the_complement_of_the_removed_units():
     assert kept_columns(5, 1, (0,)).tolist() == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_a_cancelled_compensation_leaves_the_model_as_it_was(make_tiny):
     lm, _, scores, plan = _setup(make_tiny, "gemma3_text")
     before = {name: tensor.clone() for name, tensor in lm.model.state_dict().items()}
@@ -227,6 +234,7 @@ def _cut_with_bias(linear, columns: list[int], bias: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_the_bias_is_the_removed_weights_times_the_removed_inputs_mean(make_tiny, family):
     """FLAP's bias computed directly: every block's o_proj gets ``W_o[:, R] @ mean(x_R)`` over the
     removed heads' columns and its down_proj ``W_d[:, R] @ mean(x_R)`` over the removed channels,

@@ -103,6 +103,7 @@ def _ids(n=4, t=24, seed=0):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.slow
 def test_obs_prune_counts_as_planned_and_rate_zero_changes_nothing(make_tiny, family):
     lm = make_tiny(family, num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
     ids = _ids()
@@ -119,6 +120,7 @@ def test_obs_prune_counts_as_planned_and_rate_zero_changes_nothing(make_tiny, fa
         assert torch.isfinite(lm.model(input_ids=ids).logits).all()
 
 
+@pytest.mark.slow
 def test_obs_update_lowers_the_pruned_blocks_calibration_error(make_tiny):
     """The same units removed with and without SlimGPT's update: with it, the last block's
     output on the calibration windows is closer to the dense model's (one block pruned)."""
@@ -147,6 +149,7 @@ def test_obs_has_no_scores_and_no_table(make_tiny, tmp_path):
         TableSpec(criterion="obs").validate()
 
 
+@pytest.mark.slow
 def test_prune_with_plan_runs_obs_on_the_calibration_windows(make_tiny, tmp_path):
     text = tmp_path / "calib.txt"
     words = ["pruning", "heads", "channels", "layer", "budget", "model", "loss", "text"]
@@ -168,6 +171,7 @@ def _down_inputs_and_outputs(lm, ids):
     return seen[0]
 
 
+@pytest.mark.slow
 def test_bias_after_obs_removes_the_mean_of_what_the_update_leaves(make_tiny):
     """One block, MLP channels only: down_proj sees the dense inputs, so with the bias its output's
     mean over the calibration tokens is the dense output's, and its squared error is lower by the
@@ -194,6 +198,7 @@ def test_bias_after_obs_removes_the_mean_of_what_the_update_leaves(make_tiny):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.slow
 def test_bias_after_obs_is_counted_recorded_and_saved(make_tiny, tmp_path, family):
     from gap_engine.model.checkpoint import save_pruned
     from gap_engine.model.loading import load_model

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from gap_engine.cli import main
@@ -52,6 +53,7 @@ def test_the_rate_alone_rounds_to_the_other_shape(make_tiny):
     assert len(_surgery_removed(lm, plan, scores)[0][0]) == 6  # (2, 1): 2 heads kept
 
 
+@pytest.mark.slow
 def test_compensation_fits_the_units_surgery_removes(make_tiny):
     lm = make_tiny("llama", **WIDE)
     scores = compute_importance(lm, calibration_windows(lm.tokenizer, CALIB), "wanda")
@@ -59,6 +61,7 @@ def test_compensation_fits_the_units_surgery_removes(make_tiny):
     assert removed_per_block(lm, plan, scores) == _surgery_removed(lm, plan, scores)
 
 
+@pytest.mark.slow
 def test_masking_a_plan_zeroes_what_surgery_cuts(make_tiny):
     lm = make_tiny("llama", **WIDE)
     ids = calibration_windows(lm.tokenizer, CALIB)
@@ -73,6 +76,7 @@ def test_masking_a_plan_zeroes_what_surgery_cuts(make_tiny):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_obs_prunes_to_the_recorded_shape(make_tiny):
     lm = make_tiny("llama", **WIDE)
     plan = _plan(lm, "obs")
@@ -82,6 +86,7 @@ def test_obs_prunes_to_the_recorded_shape(make_tiny):
     assert result.params_after == plan.params["pruned_total"]
 
 
+@pytest.mark.slow
 def test_gap_prune_of_a_recorded_plan_compensates_what_it_cuts(make_tiny, tmp_path, capsys):
     """``gap prune --plan`` with the default ``bias``: the saved model is the dense one pruned by
     surgery and compensated for exactly the units surgery removed."""

@@ -29,6 +29,7 @@ def _logits(lm, ids):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_rate_zero_changes_nothing(make_tiny, family):
     lm = make_tiny(family)
     ids = _ids()
@@ -40,6 +41,7 @@ def test_rate_zero_changes_nothing(make_tiny, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_heterogeneous_plan_prunes_runs_and_reloads(make_tiny, family, tmp_path):
     # As a user's folder loads (conftest.as_loaded): the reload's fingerprint includes the tokenizer.
     lm = as_loaded(make_tiny(family, num_attention_heads=8, num_key_value_heads=2, intermediate_size=128), tmp_path / "dense")
@@ -174,6 +176,7 @@ def _same_model(lm, state: dict[str, torch.Tensor], fingerprint: str) -> None:
     _check(lm.pruned_from is None, "the model claims to be pruned")
 
 
+@pytest.mark.slow
 def test_invariant_a_failure_in_a_later_block_leaves_the_model_as_it_was(make_tiny, monkeypatch):
     from gap_engine.prune import surgery
 

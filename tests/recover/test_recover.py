@@ -117,12 +117,14 @@ def zo_run(pruned_dir, text_file):
     return lm, settings, data, run
 
 
+@pytest.mark.slow
 def test_the_checkpoint_has_heterogeneous_widths(pruned_dir):
     lm = load_model(str(pruned_dir))
     geometries = [lm.adapter.geometry(layer) for layer in lm.adapter.layers(lm.model)]
     assert len({(g.n_heads, g.intermediate_size) for g in geometries}) == 2
 
 
+@pytest.mark.slow
 def test_zo_step_with_zero_update_restores_every_weight_bit_for_bit(zo_run):
     lm, settings, data, run = zo_run
     for masked in (True, False):
@@ -138,6 +140,7 @@ def test_zo_step_with_zero_update_restores_every_weight_bit_for_bit(zo_run):
         assert_same_tensors(before, lm.model.state_dict())
 
 
+@pytest.mark.slow
 def test_the_forward_pass_sees_exactly_w_plus_eps_z(zo_run):
     lm, settings, data, run = zo_run
     batch, seed, eps = data.batch(1), recover_zo.step_seed(3, 7), 1e-2
@@ -153,6 +156,7 @@ def test_the_forward_pass_sees_exactly_w_plus_eps_z(zo_run):
     assert torch.equal(hooked, explicit)
 
 
+@pytest.mark.slow
 def test_directions_regenerate_exactly_and_differ_between_steps_and_matrices(zo_run):
     _, _, _, run = zo_run
     target = run.targets[0]
@@ -184,6 +188,7 @@ def test_a_direction_of_many_pieces_is_the_same_on_one_thread_or_two_and_its_pie
     assert abs(float(flat.mean())) < 0.01 and abs(float(flat.std()) - 1.0) < 0.01  # N(0, 1)
 
 
+@pytest.mark.slow
 def test_the_update_is_lr_g_z_on_masked_entries_and_nothing_elsewhere(zo_run):
     lm, settings, data, run = zo_run
     before = [t.linear.weight.detach().clone() for t in run.targets]
@@ -217,6 +222,7 @@ def test_mask_keeps_k_per_row_and_weighs_tasks_equally():
     assert recover_zo.mask_columns(weight, [flat], 0.5, 1.0).tolist() == [[1, 3], [0, 3]]
 
 
+@pytest.mark.slow
 def test_mazo_masks_a_fraction_of_every_projection(zo_run):
     _, settings, _, run = zo_run
     for target in run.targets:
@@ -229,6 +235,7 @@ def test_mazo_masks_a_fraction_of_every_projection(zo_run):
 
 # ---- training --------------------------------------------------------------------------------
 @pytest.mark.parametrize("method, lr", [("lora", 1e-2), ("mazo", 0.1)])
+@pytest.mark.slow
 def test_lora_and_mazo_lower_the_calibration_loss(pruned_dir, text_file, tmp_path, method, lr):
     lm = load_model(str(pruned_dir))
     settings = tiny_settings(text_file, method=method, lr=lr, steps=10, mask_fraction=0.1, schedule="constant")
@@ -246,6 +253,7 @@ def test_lora_and_mazo_lower_the_calibration_loss(pruned_dir, text_file, tmp_pat
     assert not partial_dir(tmp_path / "out").exists()  # the work folder goes once the checkpoint is in place
 
 
+@pytest.mark.slow
 def test_lora_checkpoint_reloads_with_the_adapter_models_logits(pruned_dir, text_file, tmp_path):
     from peft import PeftModel
 
@@ -269,6 +277,7 @@ def test_lora_checkpoint_reloads_with_the_adapter_models_logits(pruned_dir, text
 
 
 @pytest.mark.parametrize("method", ["lora", "mazo"])
+@pytest.mark.slow
 def test_resume_after_a_failure_ends_identical_to_an_uninterrupted_run(pruned_dir, text_file, tmp_path, method):
     settings = tiny_settings(text_file, method=method, lr=1e-2 if method == "lora" else 0.1, steps=6, save_every=2)
     reference = recover(load_model(str(pruned_dir)), settings, out_dir=tmp_path / "reference")
@@ -287,6 +296,7 @@ def test_resume_after_a_failure_ends_identical_to_an_uninterrupted_run(pruned_di
     assert_same_tensors(checkpoint_tensors(out), checkpoint_tensors(tmp_path / "reference"))
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_continues_from_the_saved_step(pruned_dir, text_file, tmp_path):
     settings = tiny_settings(text_file, method="mezo", lr=0.1, steps=5, save_every=2)
     out = tmp_path / "killed"
@@ -322,6 +332,7 @@ def _json_settings(settings: RecoverySettings) -> dict:
     return asdict(settings)
 
 
+@pytest.mark.slow
 def test_cancel_saves_the_step_reached_and_resume_finishes(pruned_dir, text_file, tmp_path):
     import threading
 
@@ -339,6 +350,7 @@ def test_cancel_saves_the_step_reached_and_resume_finishes(pruned_dir, text_file
     assert resumed.resumed_from == 3 and resumed.steps_done == 5
 
 
+@pytest.mark.slow
 def test_resume_refuses_other_settings_and_starts_over_without_resume(pruned_dir, text_file, tmp_path):
     settings = tiny_settings(text_file, method="mazo", lr=0.1, steps=4)
     out = tmp_path / "out"
@@ -358,6 +370,7 @@ def _crash_at(step: int):
     return progress
 
 
+@pytest.mark.slow
 def test_time_budget_stops_early_and_the_run_is_recorded(pruned_dir, text_file, tmp_path):
     from gap_engine.evaluate import history
 
@@ -371,6 +384,7 @@ def test_time_budget_stops_early_and_the_run_is_recorded(pruned_dir, text_file, 
     assert set(result.before["perplexity"]) == set(record.perplexity)
 
 
+@pytest.mark.slow
 def test_a_dense_model_is_recovered_and_saved_as_a_checkpoint(make_tiny, text_file, tmp_path):
     lm = make_tiny("qwen3")
     original = {k: v.clone() for k, v in lm.model.state_dict().items()}
@@ -450,6 +464,7 @@ def short_text(tmp_path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_cli_bad_inputs_exit_2_with_one_line_and_write_nothing(pruned_dir, text_file, short_text, tmp_path, capsys):
     out = tmp_path / "out"
     base = [
@@ -486,6 +501,7 @@ def test_cli_bad_inputs_exit_2_with_one_line_and_write_nothing(pruned_dir, text_
         assert not out.exists() and not partial_dir(out).exists(), extra
 
 
+@pytest.mark.slow
 def test_cli_recovers_and_says_when_the_model_is_dense(smol_tokenizer, text_file, tmp_path, capsys):
     from conftest import tiny_lm
 

@@ -62,6 +62,7 @@ def private_cache(tmp_path, monkeypatch):
 
 
 # ---- the objective ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_kd_of_the_student_against_itself_is_exactly_zero(make_tiny):
     lm = make_tiny("llama")
     batch = torch.randint(5, 5000, (4, 24), generator=torch.Generator().manual_seed(0))
@@ -74,6 +75,7 @@ def test_kd_of_the_student_against_itself_is_exactly_zero(make_tiny):
     assert (objective.per_task(lm.model, batch, 2, objective.teacher_log_probs(batch)) > 1e-4).all()
 
 
+@pytest.mark.slow
 def test_kd_is_the_temperature_scaled_kl_and_kd_lm_the_weighted_sum(make_tiny):
     student, teacher = make_tiny("llama").model, make_tiny("llama", seed=1).model
     batch = torch.randint(5, 5000, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -92,6 +94,7 @@ def test_kd_is_the_temperature_scaled_kl_and_kd_lm_the_weighted_sum(make_tiny):
     torch.testing.assert_close(parts["kd+lm"], 0.25 * parts["kd"] + 0.75 * parts["lm"])
 
 
+@pytest.mark.slow
 def test_zo_step_with_zero_update_restores_every_weight_under_kd(dense_and_pruned, text_file):
     dense_dir, pruned = dense_and_pruned
     lm, teacher = load_model(str(pruned)), load_model(str(dense_dir))
@@ -120,6 +123,7 @@ def test_zo_step_with_zero_update_restores_every_weight_under_kd(dense_and_prune
 
 
 # ---- training ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_kd_is_the_default_and_lowers_the_heldout_kl(dense_and_pruned, text_file, tmp_path):
     dense_dir, pruned = dense_and_pruned
     settings = tiny_settings(
@@ -135,6 +139,7 @@ def test_kd_is_the_default_and_lowers_the_heldout_kl(dense_and_pruned, text_file
     assert len(dense_loss) == len(settings.tasks) and all(0 < d != b for d, b in zip(dense_loss, result.calib_loss_before)), dense_loss
 
 
+@pytest.mark.slow
 def test_recovered_checkpoint_keeps_bf16_and_its_card_says_what_ran(dense_and_pruned, text_file, tmp_path):
     from safetensors import safe_open
 
@@ -172,6 +177,7 @@ def test_card_escapes_names_from_the_user():
     assert "| 10.000 → 9.000 |" in "\n".join(lines)
 
 
+@pytest.mark.slow
 def test_resume_is_exact_under_kd_and_refuses_another_objective(dense_and_pruned, text_file, tmp_path):
     _, pruned = dense_and_pruned
     settings = tiny_settings(text_file, tasks=(text_file,), method="mazo", lr=0.1, steps=4, save_every=2, objective="kd", temperature=2.0)
@@ -188,6 +194,7 @@ def test_resume_is_exact_under_kd_and_refuses_another_objective(dense_and_pruned
 
 
 # ---- bad input -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cli_refuses_bad_distillation_input_in_one_line(dense_and_pruned, text_file, smol_tokenizer, tmp_path, capsys):
     from conftest import tiny_lm
 
@@ -224,6 +231,7 @@ def test_cli_refuses_bad_distillation_input_in_one_line(dense_and_pruned, text_f
         tiny_settings(text_file, objective="kl").validate()
 
 
+@pytest.mark.slow
 def test_without_its_dense_model_the_default_objective_is_lm_said_once_without_a_warning(
     dense_and_pruned, text_file, tmp_path, capsys, caplog
 ):
@@ -273,6 +281,7 @@ def test_without_its_dense_model_the_default_objective_is_lm_said_once_without_a
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+@pytest.mark.slow
 def test_zo_without_a_rate_probes_and_trains_as_if_the_chosen_rate_were_given(dense_and_pruned, text_file, tmp_path):
     _, pruned = dense_and_pruned
     settings = tiny_settings(text_file, tasks=(text_file,), method="mazo", steps=3, objective="lm")
@@ -289,6 +298,7 @@ def test_zo_without_a_rate_probes_and_trains_as_if_the_chosen_rate_were_given(de
 
 
 # ---- the divergence guard ------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_guard_rolls_back_a_rising_objective_cuts_the_rate_and_trains_on(dense_and_pruned, text_file, tmp_path):
     """MeZO at rate 0.1 raises the kd objective on this model within two steps: the guard goes back
     to the last good snapshot, divides the rate by 3 until the objective holds, and the run still
@@ -307,6 +317,7 @@ def test_the_guard_rolls_back_a_rising_objective_cuts_the_rate_and_trains_on(den
     assert "rolled back" in result.guard_summary and "trained on at" in result.guard_summary
 
 
+@pytest.mark.slow
 def test_when_no_rate_cut_helps_the_guard_stops_at_the_starting_weights(dense_and_pruned, text_file, tmp_path):
     _, pruned = dense_and_pruned
     settings = tiny_settings(

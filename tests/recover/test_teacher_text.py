@@ -64,6 +64,7 @@ class Counting:
 
 
 # ---- generation and its cache ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_generation_is_deterministic_for_a_seed_cached_and_shaped_like_calibration_windows(teacher, tmp_path, monkeypatch):
     first = tt.teacher_text(teacher, SPEC, Hooks())
     assert first.shape == (5, 12) and first.dtype == torch.int64  # SmolLM2 reads no BOS: seq_len text tokens
@@ -78,6 +79,7 @@ def test_generation_is_deterministic_for_a_seed_cached_and_shaped_like_calibrati
     assert not torch.equal(other, first)
 
 
+@pytest.mark.slow
 def test_a_cancelled_generation_resumes_to_the_uninterrupted_text(teacher, tmp_path, monkeypatch):
     reference = tt.teacher_text(teacher, SPEC, Hooks())
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "resumed"))
@@ -93,6 +95,7 @@ def test_a_cancelled_generation_resumes_to_the_uninterrupted_text(teacher, tmp_p
     assert torch.equal(text, reference) and not partial.exists()
 
 
+@pytest.mark.slow
 def test_a_damaged_or_foreign_cache_entry_is_written_again_never_used(teacher, caplog):
     reference = tt.teacher_text(teacher, SPEC, Hooks())
     folder = tt.entry_dir(tt.cache_key(SPEC, teacher.fingerprint, "float32"))
@@ -126,6 +129,7 @@ def _forge(folder, tokens: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("cut", ["one of five sequences", "a token short", "a column more"])
+@pytest.mark.slow
 def test_a_whole_entry_that_is_not_the_text_asked_for_is_written_again(teacher, caplog, cut):
     reference = tt.teacher_text(teacher, SPEC, Hooks())
     folder = tt.entry_dir(tt.cache_key(SPEC, teacher.fingerprint, "float32"))
@@ -139,6 +143,7 @@ def test_a_whole_entry_that_is_not_the_text_asked_for_is_written_again(teacher, 
 
 
 @pytest.mark.parametrize("where", ["entry", "partial"])
+@pytest.mark.slow
 def test_a_file_where_an_entry_folder_belongs_is_replaced(teacher, caplog, where):
     key = tt.cache_key(SPEC, teacher.fingerprint, "float32")
     folder = tt.entry_dir(key)
@@ -151,6 +156,7 @@ def test_a_file_where_an_entry_folder_belongs_is_replaced(teacher, caplog, where
     assert folder.is_dir() and (folder / "meta.json").is_file() and not blocker.with_name(key + ".partial").exists()
 
 
+@pytest.mark.slow
 def test_a_damaged_partial_batch_is_generated_again(teacher, tmp_path, monkeypatch):
     reference = tt.teacher_text(teacher, SPEC, Hooks())
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "resumed"))
@@ -182,6 +188,7 @@ def test_teacher_text_the_cost_model_says_takes_too_long_is_refused_before_a_tok
     recovery.check_teacher_text_time(teacher, spec, "teacher:4096")
 
 
+@pytest.mark.slow
 def test_teacher_text_in_the_cache_costs_nothing_and_passes(teacher, monkeypatch):
     from gap_engine.core.limits import SizeLimits
     from gap_engine.pipeline import recovery
@@ -216,6 +223,7 @@ def test_nucleus_keeps_the_smallest_set_reaching_top_p():
 
 
 # ---- recovery on teacher text ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_recovery_trains_on_teacher_text_mixed_with_a_named_text(dense_and_pruned, text_file, tmp_path):
     _, pruned = dense_and_pruned
     settings = tiny_settings(text_file, tasks=("teacher:128", "news-sample"), steps=2, compare_dense=True)
@@ -227,6 +235,7 @@ def test_recovery_trains_on_teacher_text_mixed_with_a_named_text(dense_and_prune
     assert len(cached) == 1 and np.load(cached[0]).shape == (4, 32)  # 128 tokens: 4 windows of seq_len 32
 
 
+@pytest.mark.slow
 def test_cli_refuses_bad_teacher_text_in_one_line(dense_and_pruned, text_file, smol_tokenizer, tmp_path, capsys):
     from conftest import tiny_lm
 
@@ -252,6 +261,7 @@ def test_cli_refuses_bad_teacher_text_in_one_line(dense_and_pruned, text_file, s
 
 
 # ---- snapshots judged during training --------------------------------------------------------------
+@pytest.mark.slow
 def test_the_best_judged_snapshot_is_the_one_saved(dense_and_pruned, text_file, tmp_path, monkeypatch):
     """Scripted scores (steps 0, 2, 4, 6 of a KL-judged run): the best is step 2, not the last,
     and the checkpoint then holds exactly the weights of a 2-step run."""
@@ -279,6 +289,7 @@ def test_the_best_judged_snapshot_is_the_one_saved(dense_and_pruned, text_file, 
     assert "step 2, the best by held-out KL" in (tmp_path / "judged" / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_cli_judges_snapshots_by_a_task_slice(dense_and_pruned, text_file, tmp_path, capsys):
     """The real offline task through lm-eval: its last 8 examples score the snapshots."""
     _, pruned = dense_and_pruned
@@ -309,6 +320,7 @@ def test_the_task_slice_is_the_last_examples():
 
 
 # ---- the price before Start ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_estimate_prices_uncached_teacher_text_and_every_judgement(dense_and_pruned, text_file, tmp_path):
     from gap_engine.core.device import DeviceSpec, resolve
     from gap_engine.core.progress import TRAINING

@@ -64,6 +64,7 @@ def assert_same_table(a, b):
         np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_second_build_is_a_cache_hit(tmp_cache, tiny):
     first_progress, second_progress = Counter(), Counter()
     first = build_table(tiny, SPEC, hooks=Hooks(progress=first_progress))
@@ -79,6 +80,7 @@ def test_second_build_is_a_cache_hit(tmp_cache, tiny):
     assert [r["key"] for r in rows] == [first.key] and rows[0]["size"] > 0
 
 
+@pytest.mark.slow
 def test_no_cache_neither_reads_nor_writes(tmp_cache, tiny):
     build_table(tiny, SPEC, use_cache=False)
     assert cache.list_tables() == []
@@ -89,6 +91,7 @@ def test_no_cache_neither_reads_nor_writes(tmp_cache, tiny):
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "bad_meta", "no_table"])
+@pytest.mark.slow
 def test_a_corrupt_entry_is_detected_removed_and_rebuilt(tmp_cache, tiny, damage, caplog):
     table = build_table(tiny, SPEC)
     entry = tmp_cache / "tables" / table.key
@@ -120,6 +123,7 @@ def test_an_unfinished_entry_is_not_a_table(tmp_cache, tiny):
     assert cache.list_tables() == []
 
 
+@pytest.mark.slow
 def test_cancel_then_resume_gives_the_uninterrupted_table(tmp_cache, tiny):
     reference = build_table(tiny, SPEC, use_cache=False)
     total = reference.extras["distinct_cells"]
@@ -141,6 +145,7 @@ def test_cancel_then_resume_gives_the_uninterrupted_table(tmp_cache, tiny):
 
 
 @pytest.mark.parametrize("estimator", ["exact", "refine"])
+@pytest.mark.slow
 def test_a_resume_whose_scores_rank_units_anew_measures_those_cells_again(tmp_cache, tiny, monkeypatch, estimator):
     from dataclasses import replace
 
@@ -175,6 +180,7 @@ def test_a_resume_whose_scores_rank_units_anew_measures_those_cells_again(tmp_ca
         assert resumed.extras["cells_resumed"] == len(kept)
 
 
+@pytest.mark.slow
 def test_unreadable_partial_cells_are_ignored(tmp_cache, tiny, caplog):
     key = key_of(tiny, SPEC)
     partial = cache.PartialCells(key)
@@ -188,6 +194,7 @@ def test_unreadable_partial_cells_are_ignored(tmp_cache, tiny, caplog):
     assert counter.measured == table.extras["distinct_cells"]
 
 
+@pytest.mark.slow
 def test_two_concurrent_builds_measure_the_table_once(tmp_cache, tiny):
     counters, results, errors = [Counter(), Counter()], [None, None], []
 
@@ -207,6 +214,7 @@ def test_two_concurrent_builds_measure_the_table_once(tmp_cache, tiny):
     assert_same_table(results[0], results[1])
 
 
+@pytest.mark.slow
 def test_remove_table(tmp_cache, tiny):
     table = build_table(tiny, SPEC)
     cache.remove_table(table.key)
@@ -218,6 +226,7 @@ def test_remove_table(tmp_cache, tiny):
             cache.get_table(bad)
 
 
+@pytest.mark.slow
 def test_tables_put_in_the_same_second_are_ordered_by_when_they_were_stored(tmp_cache, tiny):
     # The explorer opens the newest cached table; whole seconds tied two quick builds (CI saw it).
     import dataclasses
@@ -231,6 +240,7 @@ def test_tables_put_in_the_same_second_are_ordered_by_when_they_were_stored(tmp_
 
 
 # ---- the CLI -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cli_table_then_cache_ls_and_rm(tmp_cache, tiny, tmp_path, capsys):
     from gap_engine.tables.artefact import LossTable
 

@@ -16,6 +16,8 @@ from gap_engine.core.config import WindowSpec
 from gap_engine.pipeline.stages import loss_table
 from gap_engine.tables.artefact import TableSpec
 
+pytestmark = pytest.mark.slow  # tiny models end to end: make test runs these, make test-fast does not
+
 SPEC = TableSpec(windows=WindowSpec("news-sample", n_samples=2, seq_len=16, batch_size=2), estimator="fisher", rate_grid=(0.0, 0.5))
 
 

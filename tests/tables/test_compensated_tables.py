@@ -56,6 +56,7 @@ def test_an_estimate_cannot_include_compensation(estimator):
 
 
 @pytest.mark.parametrize("mode", ["bias", "refit"])
+@pytest.mark.slow
 def test_a_compensated_cell_is_the_loss_of_what_surgery_ships(tiny, mode):
     spec = _spec(compensation=mode, rate_grid=HALF)
     windows = calibration_windows(tiny.tokenizer, WINDOWS)
@@ -75,6 +76,7 @@ def test_a_compensated_cell_is_the_loss_of_what_surgery_ships(tiny, mode):
         assert table.delta[row, 1] != pytest.approx(plain.delta[row, 1], rel=1e-3)  # compensation changed the cell
 
 
+@pytest.mark.slow
 def test_a_streamed_compensated_table_equals_the_resident_one(tiny):
     streamed = place_model(tiny.copy(), Placement(device=torch.device("cpu"), dtype=torch.float32, stream=True))
     spec = _spec(compensation="bias+refit", rate_grid=HALF)
@@ -83,6 +85,7 @@ def test_a_streamed_compensated_table_equals_the_resident_one(tiny):
     assert (got.cell_objective == expected.cell_objective).all()
 
 
+@pytest.mark.slow
 def test_refine_measures_its_cells_compensated_and_says_the_estimate_is_not(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
     spec = TableSpec(windows=WINDOWS, rate_grid=HALF, objective="kl", estimator="refine", compensation="refit", refine_budgets=(0.2,))

@@ -24,6 +24,8 @@ from gap_engine.pipeline.stages import loss_table
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.lookup import find_table
 
+pytestmark = pytest.mark.slow  # tiny models end to end: make test runs these, make test-fast does not
+
 TEXT = "calibration.txt"  # a file of the test's own: a text read earlier in this process records its hash in no new cache
 
 

@@ -67,6 +67,7 @@ def test_layer_ranges_are_contiguous_and_balanced():
     assert len(runs[0]) < len(runs[-1])  # early layers cost more, so their run is shorter
 
 
+@pytest.mark.slow
 def test_two_ray_workers_give_the_single_process_table(local_ray, tiny4):
     windows = windows_of(4, 32)
     spec = spec_of(objective="kl")  # kl: the workers also get the dense final states

@@ -23,6 +23,8 @@ from gap_engine.tables import cache
 from gap_engine.tables.artefact import LossTable, TableSpec
 from gap_engine.tables.lookup import find_table
 
+pytestmark = pytest.mark.slow  # tiny models end to end: make test runs these, make test-fast does not
+
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_ARGS = ["--samples", "2", "--seq-len", "16", "--rates", "0,0.5", "--device", "cpu"]
 

@@ -54,6 +54,7 @@ def chosen_of(plan, table: LossTable) -> set[tuple[int, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_refined_cells_are_the_exact_ones_and_the_rest_the_estimate(tables):
     exact, fisher, refine = tables["exact"], tables["fisher"], tables["refine"]
     measured = refine.measured
@@ -67,6 +68,7 @@ def test_refined_cells_are_the_exact_ones_and_the_rest_the_estimate(tables):
     assert not fisher.measured[fisher.removed > 0].any() and exact.measured.all()
 
 
+@pytest.mark.slow
 def test_every_chosen_cell_of_the_refined_table_is_measured(tiny, tables):
     refine = tables["refine"]
     chosen = chosen_cells(refine.removed, refine.losses(), BUDGETS, refine.dense_prunable, rate_grid=refine.rate_grid)
@@ -78,6 +80,7 @@ def test_every_chosen_cell_of_the_refined_table_is_measured(tiny, tables):
     assert tables["fisher"].basis(chosen_of(fisher_plan, tables["fisher"])) == "estimated"
 
 
+@pytest.mark.slow
 def test_refined_plan_equals_the_exact_plan_when_its_cells_are_measured(tiny, tables):
     exact, refine = tables["exact"], tables["refine"]
     compared = 0
@@ -95,6 +98,7 @@ def test_refined_plan_equals_the_exact_plan_when_its_cells_are_measured(tiny, ta
     assert compared >= 2, "the tiny model should give budgets where both plans rest on measured cells"
 
 
+@pytest.mark.slow
 def test_a_refined_table_that_measures_everything_is_the_exact_table(tiny, tables):
     windows = calibration_windows(tiny.tokenizer, WINDOWS)
     every = tuple(round(0.05 + 0.1 * i, 2) for i in range(9))  # plans from 5% to 85%: every row's rates are chosen or near
@@ -145,6 +149,7 @@ def tmp_cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+@pytest.mark.slow
 def test_bookkeeping_survives_the_cache_and_a_second_build_is_a_hit(tmp_cache, tiny, tables):
     calls = []
     built = loss_table(tiny, spec("refine"), hooks=Hooks(progress=lambda *a: calls.append(a)))
@@ -162,6 +167,7 @@ def test_bookkeeping_survives_the_cache_and_a_second_build_is_a_hit(tmp_cache, t
     assert any(line.endswith(",0,72") for line in csv_lines) and any(line.endswith(",1,72") for line in csv_lines)
 
 
+@pytest.mark.slow
 def test_cancel_then_resume_gives_the_uninterrupted_refined_table(tmp_cache, tiny, tables):
     event = threading.Event()
 
@@ -180,6 +186,7 @@ def test_cancel_then_resume_gives_the_uninterrupted_refined_table(tmp_cache, tin
     np.testing.assert_allclose(resumed.delta, tables["refine"].delta, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_the_rounds_replayed_on_the_exact_table_choose_what_the_build_measured(tiny, tables):
     from gap_engine.prune.importance import compute_importance
     from gap_engine.tables.cells import unit_cuts

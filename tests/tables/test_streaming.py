@@ -48,6 +48,7 @@ def pair(make_tiny, family: str):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.slow
 def test_streamed_table_equals_the_resident_table(make_tiny, family):
     resident, streamed = pair(make_tiny, family)
     windows = windows_of(3, 24)
@@ -64,6 +65,7 @@ def test_streamed_table_equals_the_resident_table(make_tiny, family):
     assert grouped.extras["streamed_groups_of"] == 3
 
 
+@pytest.mark.slow
 def test_streamed_kl_block_table_equals_the_resident_one(make_tiny):
     resident, streamed = pair(make_tiny, "qwen3")
     windows = windows_of(3, 24, seed=1)
@@ -74,6 +76,7 @@ def test_streamed_kl_block_table_equals_the_resident_one(make_tiny):
     assert got.delta[:, 1:].min() > 0
 
 
+@pytest.mark.slow
 def test_streamed_weights_stay_on_the_host_unchanged(make_tiny):
     resident, streamed = pair(make_tiny, "llama")
     before = streamed.fingerprint
@@ -84,6 +87,7 @@ def test_streamed_weights_stay_on_the_host_unchanged(make_tiny):
 
 
 @pytest.mark.parametrize("criterion", ["wanda", "flap"])
+@pytest.mark.slow
 def test_streamed_importance_scores_equal_the_resident_ones(make_tiny, criterion):
     resident, streamed = pair(make_tiny, "gemma3_text")
     windows = windows_of(4, 24, seed=3)
@@ -94,6 +98,7 @@ def test_streamed_importance_scores_equal_the_resident_ones(make_tiny, criterion
         assert b.head.device.type == "cpu" and b.head.dtype == torch.float64
 
 
+@pytest.mark.slow
 def test_streamed_evaluation_equals_the_resident_one(make_tiny):
     resident, streamed = pair(make_tiny, "llama")
     other = make_tiny("llama", initializer_range=0.2, seed=7)
@@ -106,6 +111,7 @@ def test_streamed_evaluation_equals_the_resident_one(make_tiny):
     ("family", "estimator", "objective"),
     [("llama", "fisher", "kl"), ("gemma3_text", "fisher", "nll"), ("qwen3", "taylor", "nll")],
 )
+@pytest.mark.slow
 def test_streamed_gradient_estimates_equal_the_resident_ones(make_tiny, family, estimator, objective):
     # A block-by-block backward pass recomputes each block and chains the gradients by hand:
     # the same sums as one backward pass, up to float32 rounding of the order of additions.
@@ -122,6 +128,7 @@ def test_streamed_gradient_estimates_equal_the_resident_ones(make_tiny, family, 
     assert seen[-1] == (streamed.num_layers, streamed.num_layers)  # progress counts blocks of the backward pass
 
 
+@pytest.mark.slow
 def test_streamed_refined_table_equals_the_resident_one(make_tiny):
     resident, streamed = pair(make_tiny, "llama")
     windows = windows_of(3, 24, seed=6)
@@ -133,6 +140,7 @@ def test_streamed_refined_table_equals_the_resident_one(make_tiny):
     np.testing.assert_allclose(got.cell_objective, expected.cell_objective, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_streamed_taylor_scores_equal_the_resident_ones(make_tiny):
     resident, streamed = pair(make_tiny, "gemma3_text")
     windows = windows_of(4, 24, seed=7)
@@ -145,6 +153,7 @@ def test_streamed_taylor_scores_equal_the_resident_ones(make_tiny):
     assert not any(w.requires_grad for w in weights)  # the scores leave the weights as they found them
 
 
+@pytest.mark.slow
 def test_a_cancelled_streamed_build_resumes_in_a_resident_one(make_tiny):
     resident, streamed = pair(make_tiny, "llama")
     windows = windows_of(3, 24)
@@ -200,6 +209,7 @@ def test_block_on_moves_a_block_and_puts_the_host_tensors_back(make_tiny):
         assert p is host[name][0] and p.data_ptr() == host[name][1] and p.device.type == "cpu"
 
 
+@pytest.mark.slow
 def test_capture_records_every_block_call_without_running_blocks(make_tiny):
     lm = make_tiny("gemma3_text")
     ids = windows_of(2, 24)

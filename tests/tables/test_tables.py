@@ -117,6 +117,7 @@ def test_isotonic_smooth_keeps_a_monotone_row():
 
 # ---- masking == slicing, exact == naive ---------------------------------------------------------
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text"])
+@pytest.mark.slow
 def test_masking_a_layer_equals_slicing_it(make_tiny, family):
     lm = make_tiny(family, initializer_range=0.2)
     layer = lm.adapter.layers(lm.model)[0]
@@ -143,6 +144,7 @@ def test_masking_a_layer_equals_slicing_it(make_tiny, family):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text"])
+@pytest.mark.slow
 def test_exact_table_equals_the_naive_build(make_tiny, family):
     lm = make_tiny(family, initializer_range=0.2)
     windows = random_windows(3, 24)
@@ -161,6 +163,7 @@ def test_exact_table_equals_the_naive_build(make_tiny, family):
 
 
 @pytest.mark.parametrize("objective", ["nll", "kl"])
+@pytest.mark.slow
 def test_block_mode_equals_naive_and_kl_is_non_negative(make_tiny, objective):
     lm = make_tiny("llama", initializer_range=0.2)
     windows = random_windows(3, 24, seed=1)
@@ -176,6 +179,7 @@ def test_block_mode_equals_naive_and_kl_is_non_negative(make_tiny, objective):
         assert fast.delta[:, 1:].min() > 0
 
 
+@pytest.mark.slow
 def test_a_cell_filler_gets_one_request_and_its_values_make_the_table(make_tiny):
     lm, spec, windows = make_tiny("llama"), tiny_spec(), random_windows(3, 24)
     requests: list[CellRequest] = []
@@ -229,6 +233,7 @@ def test_measure_table_runs_the_filler_the_estimator_registers(make_tiny, monkey
     assert table.measured[:, -1].all() and not table.measured[table.removed[:, 1] > 0, 1].any()
 
 
+@pytest.mark.slow
 def test_cells_with_the_same_cut_are_measured_once(make_tiny):
     lm = make_tiny("llama", initializer_range=0.2)
     # 4 heads in 2 KV groups: rates 0.05 and 0.1 round to the dense attention, 0.5 and 0.55 to one shape.
@@ -242,6 +247,7 @@ def test_cells_with_the_same_cut_are_measured_once(make_tiny):
     np.testing.assert_array_equal(table.delta[attn][:, 3], table.delta[attn][:, 4])
 
 
+@pytest.mark.slow
 def test_window_cells_average_to_the_tables(make_tiny):
     lm = make_tiny("gemma3_text", initializer_range=0.2)
     windows = random_windows(4, 24, seed=2)
@@ -262,6 +268,7 @@ def tiny_table(smol_tokenizer):
     return lm, measure_table(lm, tiny_spec(), random_windows(3, 24), key="tiny-key", data_fingerprint="abc")
 
 
+@pytest.mark.slow
 def test_table_round_trips_through_json_and_csv(tiny_table):
     _, table = tiny_table
     back = LossTable.from_json(table.to_json())
@@ -304,6 +311,7 @@ def test_malformed_table_json_is_a_one_line_table_error(tiny_table, mutate):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_check_model_rejects_another_model(tiny_table, make_tiny):
     lm, table = tiny_table
     table.check_model(lm)
@@ -333,6 +341,7 @@ def test_table_key_depends_on_what_changes_the_numbers(tiny_table):
         assert table_key(lm, changed, "data-a") != key
 
 
+@pytest.mark.slow
 def test_table_key_names_the_attention_tie_rule_only_where_shapes_tie(make_tiny, monkeypatch):
     from gap_engine.tables import artefact
 
