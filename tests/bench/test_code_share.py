@@ -32,6 +32,7 @@ def test_blank_comment_and_docstring_lines_do_not_count():
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # reads every tracked file twice (the tree and HEAD through git)
 def test_every_method_file_exists_and_the_counts_add_up():
     missing = [path for paths in METHOD.values() for path in paths if not (ROOT / path).is_file()]
     assert not missing, f"bench/code_share.py names files that are gone: {missing}"
