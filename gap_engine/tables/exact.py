@@ -67,6 +67,8 @@ CellSchedule = Callable[[DenseState, CellLedger, int], BuildStats]
 
 # ---- the dense pass ------------------------------------------------------------------------
 def dense_pass(lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...]) -> DenseState:
+    """The dense pass of a model resident on its device: every block's inputs and arguments captured
+    by forward pre-hooks, its states left on the device."""
     model, adapter = lm.model, lm.adapter
     layers = list(adapter.layers(model))
     parts = [batch.to(input_device(model)) for batch in batches(windows, batch_size)]
