@@ -38,7 +38,6 @@ from torch import nn
 
 from gap_engine.core.device import DeviceSpec, dtype_name, placement_of
 from gap_engine.core.errors import CancelledError, GapError, InvariantError, one_line
-from gap_engine.core.progress import Hooks
 from gap_engine.core.validate import check_int
 from gap_engine.model.adapters import ArchitectureAdapter
 from gap_engine.model.layerwise import BlockCall, tree_to
@@ -323,7 +322,7 @@ class RayCells:
             started = time.perf_counter()
             try:
                 if ledger.missing():
-                    self._run(request.lm, request.spec, state, ledger.jobs, ledger, positions, request.hooks)
+                    self._run(request.lm, request.spec, state, ledger, positions)
             finally:
                 ledger.flush()
             return {
@@ -334,9 +333,7 @@ class RayCells:
 
         return exact_cells(request, schedule)
 
-    def _run(
-        self, lm: LoadedModel, spec: TableSpec, state: DenseState, jobs: list[Job], ledger: CellLedger, positions: int, hooks: Hooks
-    ) -> None:
+    def _run(self, lm: LoadedModel, spec: TableSpec, state: DenseState, ledger: CellLedger, positions: int) -> None:
         ray = import_ray()
         started_here = start_ray(self.settings)
         actors: list[Actor] = []
@@ -361,10 +358,10 @@ class RayCells:
             pending: dict[ObjectRef, tuple[int, int]] = {}  # call -> (worker, layer)
             for w, run in enumerate(ranges):
                 for layer in sorted(run, reverse=True):  # latest first: each block is loaded when first needed
-                    pending[self._submit(actors[w], layer, by_layer[layer], jobs, refs, state)] = (w, layer)
+                    pending[self._submit(actors[w], layer, by_layer[layer], ledger.jobs, refs, state)] = (w, layer)
             if self.on_submitted:
                 self.on_submitted(list(self.worker_pids))
-            self._collect(ray, actors, pending, by_layer, jobs, refs, state, ledger, hooks)
+            self._collect(ray, actors, pending, by_layer, refs, state, ledger)
         finally:
             if started_here:
                 WORKERS.clear()
@@ -421,16 +418,14 @@ class RayCells:
         actors: list[Actor],
         pending: dict[ObjectRef, tuple[int, int]],
         by_layer: dict[int, list[int]],
-        jobs: list[Job],
         refs: SharedRefs,
         state: DenseState,
         ledger: CellLedger,
-        hooks: Hooks,
     ) -> None:
         """Record results as they come; give a dead worker's layers to a live one."""
         alive = set(range(len(actors)))
         while pending:
-            if hooks.is_cancelled():
+            if ledger.hooks.is_cancelled():
                 for ref in pending:  # queued layers would hold up the workers' next build; a running one finishes
                     ray.cancel(ref)
                 raise CancelledError(f"loss table build cancelled after {ledger.done_message()}")
@@ -449,7 +444,7 @@ class RayCells:
                         ) from None
                     heir = min(alive, key=lambda a: sum(1 for owner, _ in pending.values() if owner == a))
                     log.warning("Ray worker %d was lost; layer %d goes to worker %d", w, layer, heir)
-                    pending[self._submit(actors[heir], layer, by_layer[layer], jobs, refs, state)] = (heir, layer)
+                    pending[self._submit(actors[heir], layer, by_layer[layer], ledger.jobs, refs, state)] = (heir, layer)
                     continue
                 self.result_pids.add(pid)
                 for k, value in values:
