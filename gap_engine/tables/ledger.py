@@ -1,4 +1,4 @@
-"""One protocol for measuring exact cells, and the bookkeeping every way of measuring shares.
+"""What a table filler is given and returns, and the bookkeeping every way of measuring cells shares.
 
 Every estimator's filler (`TableFiller`) takes a `CellRequest` (the model, the spec, the
 calibration windows, the unit scores, the table's components, the hooks and the partial
