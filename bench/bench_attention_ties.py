@@ -33,8 +33,8 @@ from gap_engine.model.loading import load_model
 from gap_engine.model.units import AttentionShape, attention_params
 from gap_engine.prune.importance import compute_importance
 from gap_engine.prune.surgery import select_attention
-from gap_engine.tables.cells import Cut, objective_positions
-from gap_engine.tables.exact import cell_per_window, dense_pass
+from gap_engine.tables.cells import Cut, cell_per_window, objective_positions
+from gap_engine.tables.exact import dense_pass
 
 # (more KV groups, more query heads) of each pair with one parameter count, on 3 groups of 3.
 SCRIPT = "bench/bench_attention_ties.py"

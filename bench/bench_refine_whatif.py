@@ -37,8 +37,7 @@ from gap_engine.plan.allocators import plan_from_table
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables import cache
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth, parse_rate_grid, table_key
-from gap_engine.tables.cells import unit_cuts
-from gap_engine.tables.exact import distinct_cuts
+from gap_engine.tables.cells import distinct_cuts, unit_cuts
 from gap_engine.tables.refine import RefineProblem, current_objective, refinement_rounds
 
 SETTINGS = [

@@ -9,7 +9,7 @@ the driver makes the dense pass itself, then each worker (a Ray actor, one per p
   the token ids (shared objects);
 - loads only the blocks it needs (``i..L-1`` for its earliest layer ``i``), from objects
   the driver put once, latest layers first, so late-layer workers never hold early blocks;
-- measures its cells with the resident builder's own function (``exact.run_cell``) or, when
+- measures its cells with the resident builder's own function (``cells.run_cell``) or, when
   the placement streams, ``tables.streaming.streamed_cells``, and returns them per layer.
 
 The driver records every returned cell in the same ledger and partial file as a
@@ -36,17 +36,15 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 import torch
 from torch import nn
 
-from gap_engine.core.device import DeviceSpec, dtype_name, is_streamed, placement_of
+from gap_engine.core.device import DeviceSpec, dtype_name, placement_of
 from gap_engine.core.errors import CancelledError, GapError, InvariantError, one_line
-from gap_engine.core.progress import Hooks
 from gap_engine.core.validate import check_int
 from gap_engine.model.adapters import ArchitectureAdapter
 from gap_engine.model.layerwise import BlockCall, tree_to
 from gap_engine.tables.artefact import TableSpec
-from gap_engine.tables.cells import Cut, objective_positions, unit_cuts
-from gap_engine.tables.exact import DenseState, dense_pass, distinct_cuts
-from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues, Job, block_costs
-from gap_engine.tables.streaming import streamed_dense_state
+from gap_engine.tables.cells import Cut, DenseState
+from gap_engine.tables.exact import exact_cells
+from gap_engine.tables.ledger import BuildStats, CellLedger, CellObjectives, CellRequest, Job, block_costs
 
 if TYPE_CHECKING:
     from gap_engine.model.loaded import LoadedModel
@@ -249,7 +247,7 @@ class CellWorker:
         """Cells of one layer: [(job index, objective per position)], with this process's id."""
         import ray
 
-        from gap_engine.tables.exact import run_cell
+        from gap_engine.tables.cells import run_cell
         from gap_engine.tables.streaming import streamed_cells
 
         if self.build != refs["build"]:
@@ -304,7 +302,8 @@ def worker_pool(ray: ModuleType, count: int, options: dict[str, int], args: tupl
 
 @dataclass
 class RayCells:
-    """Exact cells measured by Ray workers; called like ``exact.measure_exact``.
+    """Exact cells measured by Ray workers; called like ``exact.measure_exact``, and sharing its
+    cuts, dense pass and ledger (``exact.exact_cells``): only the schedule differs.
 
     Attributes set during a build (for tests and reports): ``worker_pids`` (the first process
     of every worker), ``result_pids`` (every process that returned cells).
@@ -315,36 +314,26 @@ class RayCells:
     worker_pids: list[int] = field(default_factory=list)
     result_pids: set[int] = field(default_factory=set)
 
-    def __call__(self, request: CellRequest) -> CellValues:
+    def __call__(self, request: CellRequest) -> CellObjectives:
         """The cell filler (``ledger.CellFiller``) whose cells Ray workers measure."""
         self.settings.validate()
-        lm, spec, windows, hooks = request.lm, request.spec, request.windows, request.hooks
-        jobs, owner = distinct_cuts(unit_cuts(lm, request.scores, request.components, spec.rate_grid, spec.channel_multiple))
-        objectives = (spec.objective,)
-        if is_streamed(lm):
-            state = streamed_dense_state(lm, windows, spec.windows.batch_size, objectives, hooks)
-        else:
-            state = dense_pass(lm, windows, spec.windows.batch_size, objectives)
-        positions = objective_positions(windows, spec.objective, state.start)
-        dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
-        ledger = CellLedger(lm, jobs, request.partial, hooks)
-        started = time.perf_counter()
-        try:
-            if ledger.missing():
-                self._run(lm, spec, state, jobs, ledger, positions, hooks)
-        finally:
-            ledger.flush()
-        objective, stats = ledger.table(owner, (len(request.components), len(spec.rate_grid)), dense_objective)
-        stats |= {
-            "ray_workers": self.settings.workers,
-            "ray_worker_processes": len(self.result_pids),
-            "ray_seconds": round(time.perf_counter() - started, 3),
-        }
-        return CellValues(objective, dense_objective, stats)
 
-    def _run(
-        self, lm: LoadedModel, spec: TableSpec, state: DenseState, jobs: list[Job], ledger: CellLedger, positions: int, hooks: Hooks
-    ) -> None:
+        def schedule(state: DenseState, ledger: CellLedger, positions: int) -> BuildStats:
+            started = time.perf_counter()
+            try:
+                if ledger.missing():
+                    self._run(request.lm, request.spec, state, ledger, positions)
+            finally:
+                ledger.flush()
+            return {
+                "ray_workers": self.settings.workers,
+                "ray_worker_processes": len(self.result_pids),
+                "ray_seconds": round(time.perf_counter() - started, 3),
+            }
+
+        return exact_cells(request, schedule)
+
+    def _run(self, lm: LoadedModel, spec: TableSpec, state: DenseState, ledger: CellLedger, positions: int) -> None:
         ray = import_ray()
         started_here = start_ray(self.settings)
         actors: list[Actor] = []
@@ -369,10 +358,10 @@ class RayCells:
             pending: dict[ObjectRef, tuple[int, int]] = {}  # call -> (worker, layer)
             for w, run in enumerate(ranges):
                 for layer in sorted(run, reverse=True):  # latest first: each block is loaded when first needed
-                    pending[self._submit(actors[w], layer, by_layer[layer], jobs, refs, state)] = (w, layer)
+                    pending[self._submit(actors[w], layer, by_layer[layer], ledger.jobs, refs, state)] = (w, layer)
             if self.on_submitted:
                 self.on_submitted(list(self.worker_pids))
-            self._collect(ray, actors, pending, by_layer, jobs, refs, state, ledger, hooks)
+            self._collect(ray, actors, pending, by_layer, refs, state, ledger)
         finally:
             if started_here:
                 WORKERS.clear()
@@ -429,16 +418,14 @@ class RayCells:
         actors: list[Actor],
         pending: dict[ObjectRef, tuple[int, int]],
         by_layer: dict[int, list[int]],
-        jobs: list[Job],
         refs: SharedRefs,
         state: DenseState,
         ledger: CellLedger,
-        hooks: Hooks,
     ) -> None:
         """Record results as they come; give a dead worker's layers to a live one."""
         alive = set(range(len(actors)))
         while pending:
-            if hooks.is_cancelled():
+            if ledger.hooks.is_cancelled():
                 for ref in pending:  # queued layers would hold up the workers' next build; a running one finishes
                     ray.cancel(ref)
                 raise CancelledError(f"loss table build cancelled after {ledger.done_message()}")
@@ -457,7 +444,7 @@ class RayCells:
                         ) from None
                     heir = min(alive, key=lambda a: sum(1 for owner, _ in pending.values() if owner == a))
                     log.warning("Ray worker %d was lost; layer %d goes to worker %d", w, layer, heir)
-                    pending[self._submit(actors[heir], layer, by_layer[layer], jobs, refs, state)] = (heir, layer)
+                    pending[self._submit(actors[heir], layer, by_layer[layer], ledger.jobs, refs, state)] = (heir, layer)
                     continue
                 self.result_pids.add(pid)
                 for k, value in values:

@@ -1,7 +1,7 @@
 """The estimators: how a loss table is filled (the registry).
 
-``exact`` measures every distinct cell (the cell fillers of ``tables.exact``, ``streaming`` and
-``distributed``); ``fisher`` and ``taylor`` estimate every cell from one gradient pass
+``exact`` measures every distinct cell (``tables.exact``: in this process, resident or streamed,
+or by a given cell filler such as ``tables.distributed.RayCells``); ``fisher`` and ``taylor`` estimate every cell from one gradient pass
 (``tables.estimate``); ``refine`` starts from the fisher estimate and measures exactly the
 cells the DP's plans use (``tables.refine``). Each entry's function is the estimator's table
 filler (``ledger.TableFiller``), which ``build.measure_table`` calls.
@@ -17,7 +17,7 @@ from gap_engine.core.registry import Registry, Strategy
 
 @dataclass(frozen=True, kw_only=True)
 class Estimator(Strategy):
-    """An estimator: ``function`` fills a table, ``(request, cells=None) -> FilledCells``."""
+    """An estimator: ``function`` fills a table, ``(request, cells=None) -> CellObjectives``."""
 
     gradient_passes: float  # its gradient pass in forward passes of the windows (the cost model); 0: none
     measures_cells: bool = False  # measures cells with pruned forward passes (so its cells may include compensation)
@@ -46,7 +46,7 @@ ESTIMATORS: Registry[Estimator] = Registry(
             "gap_engine.tables.refine:fill_refined", gradient_passes=5.0, measures_cells=True,
         ),
         Estimator(
-            "exact", "exact: measured cell by cell (slow: minutes to hours)", "gap_engine.tables.exact_fill:fill_exact",
+            "exact", "exact: measured cell by cell (slow: minutes to hours)", "gap_engine.tables.exact:fill_exact",
             gradient_passes=0.0, measures_cells=True,
         ),
     ),

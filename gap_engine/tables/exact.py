@@ -1,4 +1,4 @@
-"""Exact loss tables: every cell measured on the calibration windows.
+"""Exact loss tables: every cell measured on the calibration windows (the ``exact`` estimator).
 
 A dense pass over the calibration windows stores, for every block, the hidden states
 entering it and the positional arguments it received (rotary embeddings, attention masks:
@@ -6,11 +6,16 @@ Gemma 3 alternates sliding and full attention, so each block keeps its own). A c
 block ``i`` then runs only blocks ``i..L-1`` and the LM head on the stored input, with the
 removed units masked (``slicing.zeroed_units``: zeroing the removed heads' input columns
 of ``o_proj`` and the removed channels' columns of ``down_proj`` gives the same output as
-slicing them away; the weights are restored exactly). Rates that round to the same kept
-units are measured once, and every cell sees the same windows, so differences between
-cells are paired. Measured cells are saved as the build goes (``PartialStore``), so a
-cancelled or killed build resumes. The cells are measured through ``ledger.CellLedger``, as
-every other way of measuring them does.
+slicing them away; the weights are restored exactly): ``cells.cell_per_window``. Rates that
+round to the same kept units are measured once, and every cell sees the same windows, so
+differences between cells are paired.
+
+``exact_cells`` is what every way of measuring shares: the cuts, the dense pass, a
+``ledger.CellLedger`` (measured cells saved as the build goes, so a cancelled or killed
+build resumes), the table; a schedule measures the cells the ledger lacks. In this process
+(``measure_exact``) a resident model's cells go one at a time, a streamed model's in groups
+that share each block's visit to the device (``tables.streaming``); Ray workers
+(``tables.distributed.RayCells``) take layers each.
 
 The build masks the model's own weights cell by cell, so the same model must not be used
 from another thread meanwhile.
@@ -18,10 +23,9 @@ from another thread meanwhile.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy as np
@@ -29,52 +33,42 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gap_engine.core.device import input_device
-from gap_engine.core.progress import NO_HOOKS, EtaClock, Hooks
+from gap_engine.core.device import input_device, is_streamed
+from gap_engine.core.progress import CELLS, DENSE_PASS, NO_HOOKS, EtaClock, Hooks
 from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches
-from gap_engine.model.layerwise import BlockCall
+from gap_engine.model.layerwise import layer_output
 from gap_engine.model.loaded import LoadedModel
-from gap_engine.model.slicing import zeroed_units
-from gap_engine.prune.compensate import BlockInputs, applied, fit_block
 from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import TableSpec, removed_table, table_components
-from gap_engine.tables.cells import Cut, objective_per_window, objective_positions, unit_cuts
-from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues
+
+# The dense passes' limit on stored log-probabilities is read here by the cost model too.
+from gap_engine.tables.cells import MAX_STORED_LOGPROB_BYTES as MAX_STORED_LOGPROB_BYTES
+from gap_engine.tables.cells import (
+    DenseState,
+    cell_compensation,
+    cell_per_window,
+    distinct_cuts,
+    objective_per_window,
+    objective_positions,
+    run_cell,
+    unit_cuts,
+)
+from gap_engine.tables.ledger import BuildStats, CellFiller, CellLedger, CellObjectives, CellRequest
+from gap_engine.tables.streaming import group_size, measure_ledger_streamed, streamed_dense_state
 
 log = logging.getLogger(__name__)
 
-# Dense next-token log-probabilities for the KL objective are kept in memory up to this
-# size; above it they are recomputed from the stored final hidden states for every cell
-# (one more LM-head product per cell instead of N*T*V floats held).
-MAX_STORED_LOGPROB_BYTES = 2 << 30
+# Measures the cells a ledger still lacks, given the dense state, the ledger and the positions
+# the objective is divided by; returns the build statistics it adds (e.g. the Ray workers used).
+CellSchedule = Callable[[DenseState, CellLedger, int], BuildStats]
 
 
 # ---- the dense pass ------------------------------------------------------------------------
-@dataclass
-class DenseState:
-    """What one dense pass leaves behind for the cells (per batch, per block)."""
-
-    batches: list[torch.Tensor]  # [b] (B, T) token ids
-    block_inputs: list[list[torch.Tensor]]  # [b][i] (B, T, d) hidden states entering block i
-    block_calls: list[list[BlockCall]]  # [b][i] the other positional args and kwargs block i got
-    final_hidden: list[torch.Tensor]  # [b] (B, T, d) output of the last block
-    dense_logprobs: list[torch.Tensor] | None  # [b] (B, T, V) for the KL objective, when stored
-    dense_nll: list[torch.Tensor]  # [b] (B,) float64 dense NLL summed over each window's counted positions
-    start: int = 0  # leading non-text positions of every window (1 for a BOS token), never counted
-
-    @property
-    def objective_sum(self) -> float:
-        """Dense NLL summed over all positions (the dense KL is 0)."""
-        return float(sum(float(part.sum()) for part in self.dense_nll))
-
-
-def _layer_output(out: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
-    return out[0] if isinstance(out, tuple) else out
-
-
 def dense_pass(lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...]) -> DenseState:
+    """The dense pass of a model resident on its device: every block's inputs and arguments captured
+    by forward pre-hooks, its states left on the device."""
     model, adapter = lm.model, lm.adapter
     layers = list(adapter.layers(model))
     parts = [batch.to(input_device(model)) for batch in batches(windows, batch_size)]
@@ -98,7 +92,7 @@ def dense_pass(lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectiv
     def capture_last(
         module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor | tuple[torch.Tensor, ...]
     ) -> None:
-        current["final"] = _layer_output(output)
+        current["final"] = layer_output(output)
 
     handles = [layer.register_forward_pre_hook(capture(i), with_kwargs=True) for i, layer in enumerate(layers)]
     handles.append(layers[-1].register_forward_hook(capture_last, with_kwargs=True))
@@ -120,84 +114,35 @@ def dense_pass(lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectiv
     return state
 
 
-def dense_logprobs(lm: LoadedModel, state: DenseState, b: int) -> torch.Tensor:
-    device = input_device(lm.model)  # stored states may wait on the host (streamed builds)
-    if state.dense_logprobs is not None:
-        return state.dense_logprobs[b].to(device)
-    return F.log_softmax(lm.adapter.logits_from_hidden(lm.model, state.final_hidden[b].to(device)).float(), dim=-1)
+def dense_state(
+    lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS
+) -> DenseState:
+    """The dense pass as the model is placed: block by block, its states on the host, for a
+    streamed model (``hooks``: its cancel polled before every block); else resident."""
+    if is_streamed(lm):
+        return streamed_dense_state(lm, windows, batch_size, objectives, hooks)
+    return dense_pass(lm, windows, batch_size, objectives)
 
 
-def cut_applied(
-    lm: LoadedModel, layer: nn.Module, state: DenseState, cut: Cut, compensation: CompensationSettings | None, device: torch.device
-) -> contextlib.AbstractContextManager[None]:
-    """The cut block (``layer``, on ``device``) computing as pruned, and compensated when
-    ``compensation`` is active: fitted on the block's stored dense inputs as
-    ``compensation_pass`` fits it on the pruned stream (for one cut block they are the same)."""
-    if compensation is None or not compensation.active:
-        return zeroed_units(lm.adapter, layer, cut.heads, cut.channels)
-    inputs = BlockInputs([x[cut.layer] for x in state.block_inputs], [c[cut.layer] for c in state.block_calls], device, state.start)
-    fit = fit_block(lm.adapter, layer, cut.layer, inputs, cut.heads, cut.channels, compensation)
-    return applied(lm.adapter, layer, cut.heads, cut.channels, fit)
-
-
-def cell_per_window(
-    lm: LoadedModel, state: DenseState, cut: Cut, objectives: tuple[str, ...], compensation: CompensationSettings | None = None
-) -> dict[str, torch.Tensor]:
-    """Objective of the model with ``cut`` applied (and compensated), per window: {objective: (N,) float64 sums}.
-
-    Runs only blocks cut.layer..L-1 and the LM head, from the stored input of the cut block.
-    """
-    layers = lm.adapter.layers(lm.model)
-    sums: dict[str, list[torch.Tensor]] = {name: [] for name in objectives}
-    with cut_applied(lm, layers[cut.layer], state, cut, compensation, input_device(lm.model)), torch.inference_mode():
-        for b, batch in enumerate(state.batches):
-            hidden = state.block_inputs[b][cut.layer]  # (B, T, d)
-            for j in range(cut.layer, len(layers)):
-                args, kwargs = state.block_calls[b][j]
-                hidden = _layer_output(layers[j](hidden, *args, **kwargs))
-            logits = lm.adapter.logits_from_hidden(lm.model, hidden)  # (B, T, V)
-            for name in objectives:
-                dense = dense_logprobs(lm, state, b) if name == "kl" else None
-                sums[name].append(objective_per_window(logits, batch, name, dense, state.start))
-    return {name: torch.cat(parts) for name, parts in sums.items()}
-
-
-def run_cell(lm: LoadedModel, state: DenseState, cut: Cut, objective: str, compensation: CompensationSettings | None = None) -> float:
-    """Objective of the model with ``cut`` applied (and compensated), summed over all positions."""
-    return float(cell_per_window(lm, state, cut, (objective,), compensation)[objective].sum())
-
-
-def distinct_cuts(cuts: list[list[Cut]]) -> tuple[list[tuple[int, int, Cut]], dict[tuple[int, int], tuple[int, int] | None]]:
-    """The cells that need measuring, and where every cell reads its value.
-
-    Returns:
-        jobs: (component, rate index, cut) of the first cell of each distinct non-empty cut
-            of a component; owner: cell -> the job cell whose value it takes, or None for a
-            cell that removes nothing (the dense model itself).
-    """
-    jobs: list[tuple[int, int, Cut]] = []
-    owner: dict[tuple[int, int], tuple[int, int] | None] = {}
-    for c, row in enumerate(cuts):
-        first: dict[Cut, int] = {}
-        for r, cut in enumerate(row):
-            if cut.empty:
-                owner[c, r] = None
-            elif cut in first:
-                owner[c, r] = (c, first[cut])
-            else:
-                first[cut] = r
-                owner[c, r] = (c, r)
-                jobs.append((c, r, cut))
-    return jobs, owner
-
-
+# ---- the cells -----------------------------------------------------------------------------
 def measure_ledger(
-    lm: LoadedModel, state: DenseState, ledger: CellLedger, objective: str, positions: int, compensation: CompensationSettings | None = None
+    lm: LoadedModel,
+    state: DenseState,
+    ledger: CellLedger,
+    objective: str,
+    positions: int,
+    compensation: CompensationSettings | None = None,
+    per_group: int = 1,
 ) -> None:
-    """Measure the cells ``ledger`` still lacks, one at a time (each cut block compensated when
-    ``compensation`` is active), each divided by ``positions`` (its objective per counted
-    position); the ledger saves and reports them, and what is measured is saved when the loop
-    ends or is cancelled (``ledger.hooks``' cancel polled before every cell)."""
+    """Measure the cells ``ledger`` still lacks in this process, each divided by ``positions``
+    (its objective per counted position) and each cut block compensated when ``compensation``
+    is active: one at a time on a resident model, in groups of ``per_group`` sorted by layer on
+    a streamed one (``streaming.measure_ledger_streamed``). The ledger saves and reports them,
+    and what is measured is saved when the loop ends or is cancelled (``ledger.hooks``' cancel
+    polled before every cell or group)."""
+    if is_streamed(lm):
+        measure_ledger_streamed(lm, state, ledger, objective, positions, per_group, compensation)
+        return
     try:
         for k in ledger.missing():
             ledger.hooks.check_cancelled(f"loss table build cancelled after {ledger.done_message()}")
@@ -206,23 +151,63 @@ def measure_ledger(
         ledger.flush()
 
 
-def measure_exact(request: CellRequest) -> CellValues:
-    """The resident cell filler (``ledger.CellFiller``): a dense pass, then every distinct cell
-    in turn. ``request.hooks`` gets progress over cells, first as the dense pass ends."""
-    lm, spec, windows, hooks = request.lm, request.spec, request.windows, request.hooks
+def exact_cells(request: CellRequest, schedule: CellSchedule) -> CellObjectives:
+    """Every distinct cell of ``request``'s table, measured by ``schedule`` after the dense pass.
+
+    The ledger reports (cells already measured, cells, None) once, as the dense pass ends, and
+    then after every cell ``schedule`` records; cells sharing a cut read its value.
+    """
+    lm, spec, windows = request.lm, request.spec, request.windows
     jobs, owner = distinct_cuts(unit_cuts(lm, request.scores, request.components, spec.rate_grid, spec.channel_multiple))
-    state = dense_pass(lm, windows, spec.windows.batch_size, (spec.objective,))
+    state = dense_state(lm, windows, spec.windows.batch_size, (spec.objective,), request.hooks)
     positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
-    ledger = CellLedger(lm, jobs, request.partial, hooks)
-    measure_ledger(lm, state, ledger, spec.objective, positions, cell_compensation(spec))
-    objective, stats = ledger.table(owner, (len(request.components), len(spec.rate_grid)), dense_objective)
-    return CellValues(objective, dense_objective, stats)
+    ledger = CellLedger(lm, jobs, request.partial, request.hooks)
+    extra = schedule(state, ledger, positions)
+    shape = (len(request.components), len(spec.rate_grid))
+    objective, stats = ledger.table(owner, shape, dense_objective)
+    return CellObjectives(objective, dense_objective, stats | extra, np.ones(shape, dtype=bool), None)
 
 
-def cell_compensation(spec: TableSpec) -> CompensationSettings | None:
-    """What the cells of ``spec`` are compensated with (None: nothing)."""
-    return CompensationSettings(mode=spec.compensation) if spec.compensation != "none" else None
+def measure_exact(request: CellRequest, per_group: int | None = None) -> CellObjectives:
+    """The cell filler (``ledger.CellFiller``) of this process: a resident model's cells one at
+    a time, a streamed model's in groups of ``per_group`` (default: as many as
+    ``streaming.group_size`` allows) that share each block's visit to the device."""
+    lm, spec = request.lm, request.spec
+    compensation = cell_compensation(spec)
+
+    def schedule(state: DenseState, ledger: CellLedger, positions: int) -> BuildStats:
+        if not is_streamed(lm):
+            measure_ledger(lm, state, ledger, spec.objective, positions, compensation)
+            return {}
+        # Sized once, after the dense pass: on CUDA the size follows free memory, and the statistics report what was used.
+        group = per_group or group_size(request.windows.numel(), lm)
+        measure_ledger(lm, state, ledger, spec.objective, positions, compensation, group)
+        return {"streamed_groups_of": group}
+
+    return exact_cells(request, schedule)
+
+
+def fill_exact(request: CellRequest, cells: CellFiller | None = None) -> CellObjectives:
+    """The ``exact`` estimator's table filler (``ledger.TableFiller``): every cell measured, by
+    ``cells`` (e.g. Ray workers) or else in this process. The dense pass is entered as a
+    stage, and the cells stage starts with the filler's first progress report."""
+    request.hooks.enter(DENSE_PASS)
+    return (cells or measure_exact)(replace(request, hooks=cells_start(request.hooks)))
+
+
+def cells_start(hooks: Hooks) -> Hooks:
+    """``hooks`` whose progress announces the cells stage at its first call: ``exact_cells``
+    reports (cells already measured, cells, None) once, as its dense pass ends."""
+    started: list[bool] = []
+
+    def report(done: int, total: int, eta: float | None = None) -> None:
+        if not started:
+            started.append(True)
+            hooks.enter(CELLS)
+        hooks.report(done, total, eta)
+
+    return hooks.replaced(progress=report)
 
 
 # ---- per-window measurements (noise studies) ------------------------------------------------------

@@ -1,12 +1,12 @@
-"""One protocol for measuring exact cells, and the bookkeeping every way of measuring shares.
+"""What a table filler is given and returns, and the bookkeeping every way of measuring cells shares.
 
-A **cell filler** (`CellFiller`) is what ``build.measure_table`` calls for the exact cells
-of a table: given a `CellRequest` (the model, the spec, the calibration windows, the unit
-scores, the table's components, the hooks and the partial store), it returns `CellValues`:
-(C, R) objectives, the dense objective and build statistics. The resident builder
-(``exact.measure_exact``), the streamed one (``streaming.measure_exact_streamed``) and Ray
-workers (``distributed.RayCells``) are cell fillers; ``refine.refine_cells`` takes the same
-request and measures its rounds through the same ledger.
+Every estimator's filler (`TableFiller`) takes a `CellRequest` (the model, the spec, the
+calibration windows, the unit scores, the table's components, the hooks and the partial
+store) and returns `CellObjectives`: (C, R) objectives, the dense objective, build statistics
+and which cells were measured. The exact estimator's cells are measured by a `CellFiller`,
+a function of the request alone: in this process (``exact.measure_exact``, resident or
+streamed) or on Ray workers (``distributed.RayCells``); ``refine.refine_cells`` measures its
+rounds through the same ledger.
 
 ``CellLedger`` knows which distinct cells a build needs, which ones a killed or cancelled
 build already saved (``PartialStore``, i.e. ``cache.PartialCells``), and records new ones as
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, cast
 
@@ -80,36 +81,24 @@ class CellRequest:
     partial: PartialStore | None = None  # measured cells saved here and read back on resume
 
 
-class CellValues(NamedTuple):
-    """What a cell filler returns."""
+class CellObjectives(NamedTuple):
+    """What every filler returns: the objective of each cell, the dense objective, and which
+    cells were measured. A filler that measures every cell returns ``measured`` all True and
+    ``estimate`` None; ``build.measure_table`` records the last two in the table (``artefact.Filled``)."""
 
     objective: np.ndarray  # (C, R) float64 objective per cell (cells sharing a cut share it)
     dense: float  # the dense model's objective (0 for kl)
     stats: BuildStats  # build statistics: cells measured, resumed, distinct; the filler's extras
-
-
-class CellFiller(Protocol):
-    """Measures the exact cells of a table (``exact``, ``streaming``, ``distributed``)."""
-
-    def __call__(self, request: CellRequest) -> CellValues: ...
-
-
-class FilledCells(NamedTuple):
-    """What an estimator's table filler returns: every cell's objective and how it was filled."""
-
-    objective: np.ndarray  # (C, R) float64 objective per cell
-    dense: float  # the dense model's objective (0 for kl)
-    stats: BuildStats  # build statistics
     measured: np.ndarray  # (C, R) bool: measured (True) or estimated (False)
     estimate: np.ndarray | None  # (C, R) the gradient estimate of delta a refined table started from
 
 
-class TableFiller(Protocol):
-    """How one estimator fills a table (the function ``tables.estimators.ESTIMATORS`` registers
-    for it): enters its stages on ``request.hooks`` and returns every cell. ``cells`` measures
-    exact cells elsewhere (Ray); estimators that measure no cells of their own ignore it."""
-
-    def __call__(self, request: CellRequest, cells: CellFiller | None = None) -> FilledCells: ...
+# Measures the exact cells of a table (``exact.measure_exact``, ``distributed.RayCells``).
+CellFiller = Callable[[CellRequest], CellObjectives]
+# How one estimator fills a table (the function ``estimators.ESTIMATORS`` names for it): enters
+# its stages on ``request.hooks`` and returns every cell; the ``CellFiller`` (None: this process)
+# is who measures exact cells, ignored by estimators that measure none of their own.
+TableFiller = Callable[[CellRequest, CellFiller | None], CellObjectives]
 
 
 def block_costs(lm: LoadedModel) -> tuple[int, float]:

@@ -40,11 +40,11 @@ from gap_engine.core.errors import BudgetError
 from gap_engine.core.knapsack import constraint_mask, solve_budget
 from gap_engine.core.progress import GRADIENT_PASS
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
-from gap_engine.tables.cells import objective_positions, unit_cuts
+from gap_engine.tables.cells import cell_compensation, distinct_cuts, objective_positions, unit_cuts
 from gap_engine.tables.estimate import estimate_cells
-from gap_engine.tables.exact import cell_compensation, dense_pass, distinct_cuts, measure_ledger
-from gap_engine.tables.ledger import BuildStats, Cell, CellFiller, CellLedger, CellRequest, FilledCells, Owner, resumable
-from gap_engine.tables.streaming import group_size, measure_ledger_streamed, streamed_dense_state
+from gap_engine.tables.exact import dense_state, measure_ledger
+from gap_engine.tables.ledger import BuildStats, Cell, CellFiller, CellLedger, CellObjectives, CellRequest, Owner, resumable
+from gap_engine.tables.streaming import group_size
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def refinement_rounds(
         measure(todo, measured)
 
 
-def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, np.ndarray, np.ndarray]:
+def refine_cells(request: CellRequest) -> CellObjectives:
     """Estimate, then measure exactly where the DP's plans go, until they rest on measured cells.
 
     Args:
@@ -160,8 +160,8 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
             so far (the total grows when a round adds cells). Each round's cells are
             measured through a ``ledger.CellLedger`` that holds every round's cells.
     Returns:
-        (C, R) objectives, the dense objective, build statistics, (C, R) bool measured
-        cells, and (C, R) the estimate of delta the build started from.
+        every cell's objective, ``measured`` where measured and ``estimate`` the estimate of
+        delta the build started from.
     """
     lm, spec, windows, scores, components, hooks = (
         request.lm,
@@ -184,9 +184,8 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
     job_of = {(c, r): (c, r, cut) for c, r, cut in jobs}
     units = {(c, r): cut.units_key for c, r, cut in jobs}
     removed, dense_prunable = removed_table(lm, components, spec.rate_grid, spec.channel_multiple)
-    streamed = is_streamed(lm)
-    state = (streamed_dense_state if streamed else dense_pass)(lm, windows, spec.windows.batch_size, (spec.objective,))
-    per_group = group_size(windows.numel(), lm) if streamed else 1  # streamed cells per visit of the blocks, sized once
+    state = dense_state(lm, windows, spec.windows.batch_size, (spec.objective,))
+    per_group = group_size(windows.numel(), lm) if is_streamed(lm) else 1  # streamed cells per visit of the blocks, sized once
     positions = objective_positions(windows, spec.objective, state.start)
     dense = state.objective_sum / positions if spec.objective == "nll" else 0.0
     # A resumed build replays the rounds: a round's cells come from ``stored`` when the
@@ -201,10 +200,7 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
         resumed += len(reused)
         jobs_left = [job_of[cell] for cell in todo if cell not in reused]
         ledger = CellLedger(lm, jobs_left, partial, hooks, measured, units)
-        if streamed:
-            measure_ledger_streamed(lm, state, ledger, spec.objective, positions, per_group, cell_compensation(spec))
-        else:
-            measure_ledger(lm, state, ledger, spec.objective, positions, cell_compensation(spec))
+        measure_ledger(lm, state, ledger, spec.objective, positions, cell_compensation(spec), per_group)
 
     problem = RefineProblem(estimate, owner, removed, dense_prunable, tuple(kind for _, kind in components), dense)
     measured, rounds = refinement_rounds(problem, spec, measure)
@@ -221,12 +217,12 @@ def refine_cells(request: CellRequest) -> tuple[np.ndarray, float, BuildStats, n
         "estimate_seconds": round(estimate_seconds, 3),
     }
     log.info("refined table: %d of %d distinct cells measured in %d rounds", len(measured), len(jobs), rounds)
-    return objective, dense, stats, is_measured, estimate
+    return CellObjectives(objective, dense, stats, is_measured, estimate)
 
 
-def fill_refined(request: CellRequest, cells: CellFiller | None = None) -> FilledCells:
+def fill_refined(request: CellRequest, cells: CellFiller | None = None) -> CellObjectives:
     """The ``refine`` estimator's table filler (``ledger.TableFiller``): its estimate's batches,
     then the cells it measures, in this process (``cells`` is not used), as one stage whose
     total grows as rounds add cells."""
     request.hooks.enter(GRADIENT_PASS)
-    return FilledCells(*refine_cells(request))
+    return refine_cells(request)

@@ -7,8 +7,9 @@ sorted by their layer, and for one group every block from the group's first laye
 last visits the device once, while all of the group's cells (and all their batches) go
 through it. A cell entering its own block has its units masked there
 (``slicing.zeroed_units``, on the device copy of the block, and compensated as the table's
-spec says: ``exact.cut_applied``), exactly as the resident builder masks them, so both builders do the same arithmetic on the same inputs and produce the
-same table (``tests/tables/test_streaming.py``).
+spec says: ``cells.cut_applied``), and its objective counted by ``cells.head_objectives``,
+exactly as the resident builder does, so both builders do the same arithmetic on the same
+inputs and produce the same table (``tests/tables/test_streaming.py``).
 
 What waits on the host: the dense inputs of every block (the resident build keeps them on
 the device). The hidden states of the cells in flight stay on the device from the cell's
@@ -33,9 +34,8 @@ from gap_engine.data.bos import text_start
 from gap_engine.model.layerwise import block_on, forward_blocks, layer_output, to_host
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.compensations import CompensationSettings
-from gap_engine.tables.cells import Cut, objective_per_window, objective_positions, unit_cuts
-from gap_engine.tables.exact import MAX_STORED_LOGPROB_BYTES, DenseState, cell_compensation, cut_applied, dense_logprobs, distinct_cuts
-from gap_engine.tables.ledger import CellLedger, CellRequest, CellValues, Job
+from gap_engine.tables.cells import MAX_STORED_LOGPROB_BYTES, Cut, DenseState, cut_applied, head_objectives, objective_per_window
+from gap_engine.tables.ledger import CellLedger, Job
 
 # Memory for the hidden states of the cells measured together (one (N, T, d) tensor each)
 # where the free device memory is not known (CPU, MPS); CUDA uses half of what is free.
@@ -86,10 +86,10 @@ def streamed_cells(
         cuts: the cells to measure, in any order.
         objectives: names of the objectives to sum.
         hooks: its cancel is polled before every block (nothing is reported).
-        compensation: what each cut block is compensated with (``exact.cut_applied``).
+        compensation: what each cut block is compensated with (``cells.cut_applied``).
     Returns:
         per cut, {objective: (N,) float64 sums over each window's positions}, as
-        ``exact.cell_per_window`` returns them.
+        ``cells.cell_per_window`` returns them.
     """
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)
@@ -112,11 +112,9 @@ def streamed_cells(
         out: list[dict[str, torch.Tensor]] = []
         for k in range(len(cuts)):
             sums: dict[str, list[torch.Tensor]] = {name: [] for name in objectives}
-            for b, (batch, states) in enumerate(zip(state.batches, in_flight[k])):
-                logits = lm.adapter.logits_from_hidden(lm.model, states)  # (B, T, V)
-                for name in objectives:
-                    dense = dense_logprobs(lm, state, b) if name == "kl" else None
-                    sums[name].append(objective_per_window(logits, batch, name, dense, state.start))
+            for b, states in enumerate(in_flight[k]):
+                for name, part in head_objectives(lm, state, b, states, objectives).items():
+                    sums[name].append(part)
             out.append({name: torch.cat(parts) for name, parts in sums.items()})
     return out
 
@@ -152,8 +150,8 @@ def measure_ledger_streamed(
     per_group: int,
     compensation: CompensationSettings | None = None,
 ) -> None:
-    """``exact.measure_ledger`` for a streamed model: the cells ``ledger`` still lacks, in groups
-    of ``per_group`` sorted by layer, the blocks streamed once per group."""
+    """The cells ``ledger`` still lacks on a streamed model (``exact.measure_ledger`` calls it),
+    in groups of ``per_group`` sorted by layer, the blocks streamed once per group."""
     hooks = ledger.hooks
     try:
         for group in cell_groups(ledger.jobs, ledger.missing(), per_group):
@@ -163,25 +161,3 @@ def measure_ledger_streamed(
                 ledger.record(k, float(values[objective].sum()) / positions)
     finally:
         ledger.flush()
-
-
-def measure_exact_streamed(request: CellRequest, per_group: int | None = None) -> CellValues:
-    """The cell filler (``ledger.CellFiller``) for a streamed model: the dense pass block by
-    block, then the cells in groups that share each block's visit to the device.
-
-    Args:
-        request: as for ``exact.measure_exact``.
-        per_group: cells that go through the blocks together (default: as many as
-            ``group_size`` allows).
-    """
-    lm, spec, windows, hooks = request.lm, request.spec, request.windows, request.hooks
-    jobs, owner = distinct_cuts(unit_cuts(lm, request.scores, request.components, spec.rate_grid, spec.channel_multiple))
-    state = streamed_dense_state(lm, windows, spec.windows.batch_size, (spec.objective,), hooks)
-    positions = objective_positions(windows, spec.objective, state.start)
-    dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
-    # Sized once: on CUDA the size follows free memory, and the statistics report what was used.
-    per_group = per_group or group_size(windows.numel(), lm)
-    ledger = CellLedger(lm, jobs, request.partial, hooks)
-    measure_ledger_streamed(lm, state, ledger, spec.objective, positions, per_group, cell_compensation(spec))
-    objective, stats = ledger.table(owner, (len(request.components), len(spec.rate_grid)), dense_objective)
-    return CellValues(objective, dense_objective, stats | {"streamed_groups_of": per_group})

@@ -189,8 +189,7 @@ def test_cancel_then_resume_gives_the_uninterrupted_refined_table(tmp_cache, tin
 @pytest.mark.slow
 def test_the_rounds_replayed_on_the_exact_table_choose_what_the_build_measured(tiny, tables):
     from gap_engine.prune.importance import compute_importance
-    from gap_engine.tables.cells import unit_cuts
-    from gap_engine.tables.exact import distinct_cuts
+    from gap_engine.tables.cells import distinct_cuts, unit_cuts
     from gap_engine.tables.refine import RefineProblem, refinement_rounds
 
     exact, refine = tables["exact"], tables["refine"]

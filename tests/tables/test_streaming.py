@@ -25,7 +25,8 @@ from gap_engine.model.loading import place_model
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.build import measure_table
-from gap_engine.tables.streaming import cell_groups, measure_exact_streamed
+from gap_engine.tables.exact import measure_exact
+from gap_engine.tables.streaming import cell_groups
 
 STREAMED = Placement(device=torch.device("cpu"), dtype=torch.float32, stream=True)
 GRID4 = (0.0, 0.25, 0.5, 0.75)
@@ -60,7 +61,7 @@ def test_streamed_table_equals_the_resident_table(make_tiny, family):
     assert got.dense_objective == expected.dense_objective
     np.testing.assert_array_equal(got.removed, expected.removed)
     # Small groups: several sweeps over the blocks, cells of several layers in flight together.
-    grouped = measure_table(streamed, spec, windows, cells=functools.partial(measure_exact_streamed, per_group=3))
+    grouped = measure_table(streamed, spec, windows, cells=functools.partial(measure_exact, per_group=3))
     np.testing.assert_array_equal(grouped.cell_objective, expected.cell_objective)
     assert grouped.extras["streamed_groups_of"] == 3
 
@@ -71,7 +72,7 @@ def test_streamed_kl_block_table_equals_the_resident_one(make_tiny):
     windows = windows_of(3, 24, seed=1)
     spec = spec_of(mode="block", objective="kl")
     expected = measure_table(resident, spec, windows)
-    got = measure_table(streamed, spec, windows, cells=functools.partial(measure_exact_streamed, per_group=2))
+    got = measure_table(streamed, spec, windows, cells=functools.partial(measure_exact, per_group=2))
     np.testing.assert_array_equal(got.cell_objective, expected.cell_objective)
     assert got.delta[:, 1:].min() > 0
 
@@ -182,7 +183,7 @@ def test_a_cancelled_streamed_build_resumes_in_a_resident_one(make_tiny):
             windows,
             Hooks(progress=progress, cancel=event),
             store,
-            cells=functools.partial(measure_exact_streamed, per_group=3),
+            cells=functools.partial(measure_exact, per_group=3),
         )
     assert len(store.cells) == 3
     resumed = measure_table(resident, spec, windows, partial=store)

@@ -29,7 +29,7 @@ from gap_engine.model.units import block_geometries
 from gap_engine.tables.artefact import LossTable, TableSpec, isotonic_smooth, parse_rate_grid, table_key
 from gap_engine.tables.build import measure_table
 from gap_engine.tables.exact import measure_exact, window_cells
-from gap_engine.tables.ledger import CellRequest, CellValues
+from gap_engine.tables.ledger import CellObjectives, CellRequest
 
 GRID4 = (0.0, 0.25, 0.5, 0.75)
 
@@ -184,10 +184,10 @@ def test_a_cell_filler_gets_one_request_and_its_values_make_the_table(make_tiny)
     lm, spec, windows = make_tiny("llama"), tiny_spec(), random_windows(3, 24)
     requests: list[CellRequest] = []
 
-    def filler(request: CellRequest) -> CellValues:
+    def filler(request: CellRequest) -> CellObjectives:
         requests.append(request)
         values = measure_exact(request)
-        return CellValues(values.objective, values.dense, values.stats | {"filler": "test"})
+        return values._replace(stats=values.stats | {"filler": "test"})
 
     got = measure_table(lm, spec, windows, cells=filler)
     expected = measure_table(lm, spec, windows)
@@ -204,7 +204,6 @@ def test_measure_table_runs_the_filler_the_estimator_registers(make_tiny, monkey
     from gap_engine.core.registry import Registry
     from gap_engine.tables import build
     from gap_engine.tables.estimators import Estimator
-    from gap_engine.tables.ledger import FilledCells
 
     (tmp_path / "fake_fillers.py").write_text("def registered_filler(request, cells=None):\n    raise NotImplementedError\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -212,13 +211,13 @@ def test_measure_table_runs_the_filler_the_estimator_registers(make_tiny, monkey
     lm, spec, windows = make_tiny("llama"), tiny_spec(criterion="magnitude", estimator="fisher"), random_windows(3, 24)
     calls: list[tuple[CellRequest, object]] = []
 
-    def filler(request: CellRequest, cells=None) -> FilledCells:
+    def filler(request: CellRequest, cells=None) -> CellObjectives:
         calls.append((request, cells))
         shape = (len(request.components), len(request.spec.rate_grid))
         objective = 2.0 + np.tile(np.arange(shape[1], dtype=np.float64), (shape[0], 1))  # delta = the rate index
         measured = np.zeros(shape, dtype=bool)
         measured[:, -1] = True
-        return FilledCells(objective, 2.0, {"filler": "registered"}, measured, None)
+        return CellObjectives(objective, 2.0, {"filler": "registered"}, measured, None)
 
     monkeypatch.setattr(importlib.import_module("fake_fillers"), "registered_filler", filler)
     registry = Registry(
