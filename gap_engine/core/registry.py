@@ -3,7 +3,7 @@ allocator, compensation, recovery method and objective), beside the stage that u
 
     ALLOCATORS = Registry("allocator", Allocator, (
         Allocator("dp", "GAP: the exact DP on the loss table", "gap_engine.plan.front:dp_choice", on_grid=True, plan_passes=0),
-        Allocator("owl", "OWL outlier-weighted layer rates", "gap_engine.plan.baselines:owl_rungs", reads_windows=True, plan_passes=1),
+        Allocator("owl", "OWL outlier-weighted layer rates", "gap_engine.plan.baselines:owl_ladder_steps", reads_windows=True, plan_passes=1),
     ), PlanError)
 
 Each entry is a small frozen dataclass of its kind (a `Strategy`): the name flags, files and

@@ -43,6 +43,7 @@ from gap_engine.core.config import GGUF_OUTTYPES
 from gap_engine.core.errors import ExportError, OutputError
 from gap_engine.core.fsutil import atomic_file
 from gap_engine.data.bos import Tokenizer
+from gap_engine.model.adapters import MODEL_TYPES, model_type_facts
 from gap_engine.model.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -53,11 +54,8 @@ log = logging.getLogger(__name__)
 
 ARCH = "deci"
 OUTTYPES = GGUF_OUTTYPES
-GGUF_MODEL_TYPES = ("llama", "mistral", "qwen2")  # fit deci's computation (see module docstring)
-REFUSED_WHY = {
-    "qwen3": "Qwen3's per-head q/k norms",
-    "gemma3_text": "Gemma 3's extra norms, scaled embeddings and logit soft-capping",
-}
+# The model types whose blocks are deci's computation (see module docstring), as their adapters say.
+GGUF_MODEL_TYPES = tuple(name for name, facts in MODEL_TYPES.items() if facts.gguf_supported)
 # Byte-level BPE pre-tokenizers recognised from tokenizer.json, by the llama.cpp name of
 # the same splitting: GPT-2's regex alone, or single digits first, then GPT-2's regex.
 _BYTE_LEVEL = {"type": "ByteLevel", "use_regex": True}
@@ -96,15 +94,15 @@ def check_tokenizer_pre(name: str | None) -> None:
 
 def check_supported(model_type: object) -> None:
     """ExportError (one line, naming what is supported) unless the family fits GGUF ``deci``."""
-    if model_type in GGUF_MODEL_TYPES:
+    facts = model_type_facts(model_type)
+    if facts is not None and facts.gguf_supported:
         return
     if not isinstance(model_type, str):  # a tampered config.json
         model_type = f"{str(model_type)[:40]} (not a name)"
-    why = REFUSED_WHY.get(model_type)
-    reason = f" ({why} have no place in llama.cpp's deci graph)" if why else ""
+    reason = f" ({facts.gguf_refusal} have no place in llama.cpp's deci graph)" if facts is not None else ""
+    labels = ", ".join(MODEL_TYPES[name].label for name in GGUF_MODEL_TYPES)
     raise ExportError(
-        f"GGUF export does not support model type '{model_type[:80]}'{reason}; "
-        f"supported: {', '.join(GGUF_MODEL_TYPES)} (Llama, SmolLM2, Mistral, Qwen2)"
+        f"GGUF export does not support model type '{model_type[:80]}'{reason}; supported: {', '.join(GGUF_MODEL_TYPES)} ({labels})"
     )
 
 

@@ -5,7 +5,11 @@ blocks as ``model.model.layers[i]`` with ``self_attn.{q,k,v,o}_proj`` and
 ``mlp.{gate,up,down}_proj``; they differ in model_type names, biases, q/k norms and how the
 final logits are formed. Those differences are data on one ``ArchitectureAdapter``, found in
 a registry keyed by ``config.model_type`` (the way llm-compressor keys its layer mappings),
-so no other module carries its own ``if model_type == ...`` list.
+so no other module carries its own ``if model_type == ...`` list. What the later stages need to
+know of each model type (its remote-code classes, whether llama.cpp's GGUF graph runs it,
+whether its q/k/v carry biases by default) is a ``ModelTypeFacts`` record on the adapter, read
+through ``model_type_facts`` without loading a model: adding a family is an adapter here and its
+classes in ``modeling_gap_pruned.py``.
 
 Head geometry is read from the tensors, not from the config, so an adapter works the same
 on a dense model and on one whose layers were pruned to different widths.
@@ -38,11 +42,29 @@ class LayerGeometry:
 
 
 @dataclass(frozen=True)
+class ModelTypeFacts:
+    """What the stages beyond the model's own modules need to know of one ``config.model_type``."""
+
+    name: str  # the config.model_type value
+    label: str  # how people name it, in messages that list what is supported
+    # (config class, causal-LM class) in modeling_gap_pruned.py, the remote code a checkpoint ships
+    remote_classes: tuple[str, str]
+    # q/k/v carry biases even where config.json has no attention_bias (the cost model prices them)
+    qkv_bias_by_default: bool = False
+    # what llama.cpp's deci graph has no place for; empty when the GGUF export supports the type
+    gguf_refusal: str = ""
+
+    @property
+    def gguf_supported(self) -> bool:
+        return not self.gguf_refusal
+
+
+@dataclass(frozen=True)
 class ArchitectureAdapter:
     """Names and conventions of one model family."""
 
     family: str  # human name shown in errors and listings
-    model_types: tuple[str, ...]  # config.model_type values this adapter serves
+    types: tuple[ModelTypeFacts, ...]  # the config.model_type values this adapter serves, with their facts
     attention_name: str = "self_attn"
     mlp_name: str = "mlp"
     query_name: str = "q_proj"
@@ -52,6 +74,10 @@ class ArchitectureAdapter:
     gate_name: str = "gate_proj"
     up_name: str = "up_proj"
     down_name: str = "down_proj"
+
+    @property
+    def model_types(self) -> tuple[str, ...]:
+        return tuple(facts.name for facts in self.types)
 
     # ---- where things are -------------------------------------------------------------
     # transformers' submodules are found by name; the casts record what the family puts there.
@@ -120,15 +146,50 @@ class ArchitectureAdapter:
                 setattr(attn, name, value)
 
 
-LLAMA = ArchitectureAdapter(family="Llama (Llama 2/3, SmolLM2, Mistral)", model_types=("llama", "mistral"))
-QWEN = ArchitectureAdapter(family="Qwen2/Qwen3", model_types=("qwen2", "qwen3"))
-GEMMA3 = ArchitectureAdapter(family="Gemma3 text", model_types=("gemma3_text",))
+LLAMA = ArchitectureAdapter(
+    family="Llama (Llama 2/3, SmolLM2, Mistral)",
+    types=(
+        ModelTypeFacts("llama", "Llama, SmolLM2", ("GapPrunedLlamaConfig", "GapPrunedLlamaForCausalLM")),
+        ModelTypeFacts("mistral", "Mistral", ("GapPrunedMistralConfig", "GapPrunedMistralForCausalLM")),
+    ),
+)
+QWEN = ArchitectureAdapter(
+    family="Qwen2/Qwen3",
+    types=(
+        # Qwen2's q/k/v always have biases (transformers' Qwen2 has no attention_bias switch); deci reads them.
+        ModelTypeFacts("qwen2", "Qwen2", ("GapPrunedQwen2Config", "GapPrunedQwen2ForCausalLM"), qkv_bias_by_default=True),
+        ModelTypeFacts("qwen3", "Qwen3", ("GapPrunedQwen3Config", "GapPrunedQwen3ForCausalLM"), gguf_refusal="Qwen3's per-head q/k norms"),
+    ),
+)
+GEMMA3 = ArchitectureAdapter(
+    family="Gemma3 text",
+    types=(
+        ModelTypeFacts(
+            "gemma3_text",
+            "Gemma 3",
+            ("GapPrunedGemma3TextConfig", "GapPrunedGemma3TextForCausalLM"),
+            gguf_refusal="Gemma 3's extra norms, scaled embeddings and logit soft-capping",
+        ),
+    ),
+)
 
 ADAPTERS: dict[str, ArchitectureAdapter] = {t: a for a in (LLAMA, QWEN, GEMMA3) for t in a.model_types}
+MODEL_TYPES: dict[str, ModelTypeFacts] = {facts.name: facts for a in (LLAMA, QWEN, GEMMA3) for facts in a.types}
 
 
 def supported_model_types() -> list[str]:
     return sorted(ADAPTERS)
+
+
+def model_type_facts(model_type: object) -> ModelTypeFacts | None:
+    """The facts of a ``config.model_type`` (read from config.json, so possibly not a string), or None for one no adapter serves."""
+    return MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+
+
+def qkv_bias_by_default(model_type: object) -> bool:
+    """Whether a model type's q/k/v carry biases where its config.json names no attention_bias (False for one no adapter serves)."""
+    facts = model_type_facts(model_type)
+    return facts is not None and facts.qkv_bias_by_default
 
 
 def adapter_for(model_or_config: object) -> ArchitectureAdapter:

@@ -27,32 +27,23 @@ import shutil
 from pathlib import Path
 
 from gap_engine.core.errors import ExportError, ModelLoadError
+from gap_engine.model.adapters import MODEL_TYPES, model_type_facts
 
 MODELING_FILE = "modeling_gap_pruned.py"
 MODELING_SOURCE = Path(__file__).with_name(MODELING_FILE)
 
-# config.model_type -> (config class, causal-LM class) in modeling_gap_pruned.py
-REMOTE_CLASSES: dict[str, tuple[str, str]] = {
-    "llama": ("GapPrunedLlamaConfig", "GapPrunedLlamaForCausalLM"),
-    "mistral": ("GapPrunedMistralConfig", "GapPrunedMistralForCausalLM"),
-    "qwen2": ("GapPrunedQwen2Config", "GapPrunedQwen2ForCausalLM"),
-    "qwen3": ("GapPrunedQwen3Config", "GapPrunedQwen3ForCausalLM"),
-    "gemma3_text": ("GapPrunedGemma3TextConfig", "GapPrunedGemma3TextForCausalLM"),
-}
-
 
 def auto_map_for(model_type: str) -> dict[str, str]:
-    """The ``auto_map`` entry that points transformers' Auto classes at the remote code.
+    """The ``auto_map`` entry that points transformers' Auto classes at the remote code
+    (the classes the model type's adapter names, ``ModelTypeFacts.remote_classes``).
 
     Raises:
         ExportError: a model type the remote code does not cover.
     """
-    try:
-        config_class, model_class = REMOTE_CLASSES[model_type]
-    except KeyError:
-        raise ExportError(
-            f"no transformers remote code for model type '{model_type}'; covered: {', '.join(sorted(REMOTE_CLASSES))}"
-        ) from None
+    facts = model_type_facts(model_type)
+    if facts is None:
+        raise ExportError(f"no transformers remote code for model type '{model_type}'; covered: {', '.join(sorted(MODEL_TYPES))}")
+    config_class, model_class = facts.remote_classes
     module = Path(MODELING_FILE).stem
     return {"AutoConfig": f"{module}.{config_class}", "AutoModelForCausalLM": f"{module}.{model_class}"}
 
@@ -137,7 +128,7 @@ def code_refusal(folder: str | Path, gap_checkpoint: bool) -> str | None:
 def _is_our_auto_map(folder: Path, auto_map: object) -> bool:
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))  # parsed already by _auto_map
     model_type = config.get("model_type")
-    return isinstance(model_type, str) and model_type in REMOTE_CLASSES and auto_map == auto_map_for(model_type)
+    return model_type_facts(model_type) is not None and auto_map == auto_map_for(model_type)
 
 
 def _is_our_modeling_file(path: Path) -> bool:

@@ -32,7 +32,7 @@ from gap_engine.core.errors import TableError
 from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.evaluate.metrics import THROUGHPUT_REPEATS, EvalSettings
 from gap_engine.export.gguf import gguf_bytes
-from gap_engine.model.adapters import LayerGeometry
+from gap_engine.model.adapters import LayerGeometry, qkv_bias_by_default
 from gap_engine.model.checkpoint import is_pruned_checkpoint
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.loading import BUILTIN_MODELS, CONVERTED_MARKER, load_model
@@ -98,7 +98,7 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any, name: str = "") -> ModelShape:
-        """From a transformers config or a config.json's dict (Llama's names for the fields)."""
+        """From a transformers config or a config.json's dict (Llama's names; a model type's defaults from its adapter)."""
 
         def get(key: str) -> Any:
             return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
@@ -107,7 +107,7 @@ class ModelShape:
         return cls(
             name or get("_name_or_path") or get("model_type") or "", get("num_hidden_layers"), hidden, heads,
             get("num_key_value_heads") or heads, get("head_dim") or hidden // heads, get("intermediate_size"),
-            get("vocab_size"), bool(get("tie_word_embeddings")), bool(get("attention_bias") or get("model_type") == "qwen2"),
+            get("vocab_size"), bool(get("tie_word_embeddings")), bool(get("attention_bias") or qkv_bias_by_default(get("model_type"))),
         )  # fmt: skip
 
     @property

@@ -2,8 +2,8 @@
 
 An allocator ``on_grid`` plans on the table's rate grid (``dp``, ``evo``;
 ``allocators.plan_from_table`` runs them itself). Every other allocator is a baseline: its
-function takes a ``baselines.BaselineInputs`` and returns ``(rungs, wanted or None)``, which
-``ladders.settle`` fixes to the budget (see ``baselines``). A new baseline is one entry: here,
+function takes a ``baselines.BaselineInputs`` and returns ``(ladder_steps, wanted or None)``, which
+``ladders.fit_to_budget`` fits to the budget (see ``baselines``). A new baseline is one entry: here,
 or in a plugin module (``core.registry``, docs/python-api.md).
 """
 
@@ -33,13 +33,13 @@ ALLOCATORS: Registry[Allocator] = Registry(
     Allocator,
     (
         Allocator("dp", "GAP: the exact DP on the loss table", "gap_engine.plan.front:dp_choice", plan_passes=0.0, on_grid=True, color="#333333"),
-        Allocator("uniform", "same rate everywhere", "gap_engine.plan.baselines:uniform_rungs", plan_passes=0.0, symbol="square", color="#54A24B"),
+        Allocator("uniform", "same rate everywhere", "gap_engine.plan.baselines:uniform_ladder_steps", plan_passes=0.0, symbol="square", color="#54A24B"),
         Allocator(
-            "flap", "FLAP: fluctuation metric, standardised per layer, global selection", "gap_engine.plan.baselines:flap_rungs",
+            "flap", "FLAP: fluctuation metric, standardised per layer, global selection", "gap_engine.plan.baselines:flap_ladder_steps",
             plan_passes=1.0, reads_windows=True, criterion="flap", scores_first=True, symbol="diamond", color="#B279A2",
         ),
         Allocator(
-            "owl", "OWL outlier-weighted layer rates", "gap_engine.plan.baselines:owl_rungs",
+            "owl", "OWL outlier-weighted layer rates", "gap_engine.plan.baselines:owl_ladder_steps",
             plan_passes=1.0, reads_windows=True, symbol="triangle-up", color="#9D755D",
         ),
         Allocator(
@@ -48,13 +48,13 @@ ALLOCATORS: Registry[Allocator] = Registry(
         ),
         Allocator(
             "slimgpt", "SlimGPT: log-increasing layer rates, greedy OBS block by block with its update",
-            "gap_engine.plan.slimgpt:slimgpt_rungs", plan_passes=0.0, criterion="obs",
+            "gap_engine.plan.slimgpt:slimgpt_ladder_steps", plan_passes=0.0, criterion="obs",
         ),
     ),
     PlanError,
 )  # fmt: skip
 GRID_ALLOCATORS = ALLOCATORS.subset(lambda allocator: allocator.on_grid)  # plans on the table's rate grid
-BASELINE_ALLOCATORS = ALLOCATORS.subset(lambda allocator: not allocator.on_grid)  # settled unit by unit
+BASELINE_ALLOCATORS = ALLOCATORS.subset(lambda allocator: not allocator.on_grid)  # fitted to the budget unit by unit
 
 
 def needs_windows(allocator: str) -> bool:

@@ -8,7 +8,7 @@ are held to the same budget and constraints (``problem``).
 
 Units are whole heads (GQA-valid) and MLP channels in multiples of ``channel_multiple``,
 so no allocator hits a budget exactly: ``dp`` and ``evo`` remove at least the budget on
-the table's grid; the baselines are settled, whole unit by whole unit, to remove at least
+the table's grid; the baselines are fitted to the budget, whole unit by whole unit, to remove at least
 the budget and less than one further unit beyond it (``ladders``). A plan for a prune with
 bias compensation removes its budget net of the biases that compensation adds
 (``problem.bias_charges``), and records the compensation it was counted for.
@@ -29,7 +29,7 @@ from gap_engine.plan.allocator_registry import ALLOCATORS, GRID_ALLOCATORS, need
 from gap_engine.plan.baselines import Baseline, BaselineInputs
 from gap_engine.plan.evo import EvoResult, EvoSettings, evolve
 from gap_engine.plan.front import dp_front, dp_solution, front_csv, front_rows, grid_plan
-from gap_engine.plan.ladders import Ladder, build_ladders, ladder_rates, ladder_reach, settle
+from gap_engine.plan.ladders import Ladder, build_ladders, fit_to_budget, ladder_rates, ladder_reach
 from gap_engine.plan.problem import (
     Constraints,
     PlanningProblem,
@@ -220,7 +220,7 @@ def _baseline_plan(
     smoothed: bool,
     compensation: str | None,
 ) -> RatePlan:
-    """An off-grid baseline's plan: its rungs, settled to the budget whole unit by whole unit
+    """An off-grid baseline's plan: its ladder steps, fitted to the budget whole unit by whole unit
     (``ladders``: `check_reach`'s, the budget within their reach)."""
     geoms = block_geometries(lm)
     multiple = table.spec.channel_multiple
@@ -240,9 +240,9 @@ def _baseline_plan(
         batch_size=table.spec.windows.batch_size,
     )
     baseline: Baseline = ALLOCATORS.function(allocator)
-    rungs, wanted = baseline(inputs)
-    rungs = settle(ladders, rungs, inputs.target, wanted)
-    attention, mlp = slot_rates(problem.slots, ladder_rates(ladders, rungs), problem.num_layers)
+    ladder_steps, wanted = baseline(inputs)
+    ladder_steps = fit_to_budget(ladders, ladder_steps, inputs.target, wanted)
+    attention, mlp = slot_rates(problem.slots, ladder_rates(ladders, ladder_steps), problem.num_layers)
     return make_plan(
         lm,
         attention,

@@ -3,8 +3,8 @@
 Each baseline decides how many parameters every slot loses; which heads and channels go
 is the table's criterion, unless the baseline's paper prescribes its own (its entry's
 ``criterion``: the plan then records that criterion). Each is one function named by an entry of
-``allocator_registry.ALLOCATORS``, returning unit-ladder rungs (and, for FLAP, what each slot
-wanted before rounding) that `settle` then fixes to the budget:
+``allocator_registry.ALLOCATORS``, returning a step on each slot's unit ladder (and, for FLAP,
+what each slot wanted before rounding) that ``ladders.fit_to_budget`` then fits to the budget:
 
 - ``uniform``: one rate r for every slot; r by bisection on the exact, unit-rounded
   parameter count, not limited to the grid.
@@ -31,7 +31,7 @@ from torch import nn
 from gap_engine.core.errors import InvariantError
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.units import ComponentGeometry
-from gap_engine.plan.ladders import Ladder, ladder_removed, nearest_rungs, rungs_at_rates, smallest_meeting
+from gap_engine.plan.ladders import Ladder, ladder_removed, ladder_steps_at_rates, nearest_ladder_steps, smallest_meeting
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.importance import ImportanceScores, LayerScores, flap_standardised, input_statistics
 
@@ -59,24 +59,24 @@ class BaselineInputs:
     batch_size: int  # windows per forward pass
 
 
-def uniform_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
+def uniform_ladder_steps(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """The smallest common rate (bisection) whose unit-rounded plan removes the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked
     constraints, target, multiple = inputs.constraints, inputs.target, inputs.multiple
 
-    def rungs_at(rate: float) -> np.ndarray:
+    def steps_at(rate: float) -> np.ndarray:
         rates = [locked.get(s, rate) for s in range(len(slots))]
-        return rungs_at_rates(geoms, slots, ladders, rates, multiple)
+        return ladder_steps_at_rates(geoms, slots, ladders, rates, multiple)
 
     low, high = constraints.min_rate, constraints.max_rate
-    if ladder_removed(ladders, rungs_at(high)) < target:
+    if ladder_removed(ladders, steps_at(high)) < target:
         rate = high
-    elif ladder_removed(ladders, rungs_at(low)) >= target:
+    elif ladder_removed(ladders, steps_at(low)) >= target:
         rate = low
     else:
-        rate = smallest_meeting(lambda r: ladder_removed(ladders, rungs_at(r)) >= target, low, high)
+        rate = smallest_meeting(lambda r: ladder_removed(ladders, steps_at(r)) >= target, low, high)
     log.info("uniform: common rate %.4f before unit settling", rate)
-    return rungs_at(rate), None
+    return steps_at(rate), None
 
 
 def _flap_wanted(
@@ -138,15 +138,15 @@ def _flap_wanted(
     return wanted
 
 
-def flap_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, np.ndarray]:
-    """FLAP's global threshold on its standardised fluctuation scores, rounded to each slot's nearest rung."""
+def flap_ladder_steps(inputs: BaselineInputs) -> tuple[np.ndarray, np.ndarray]:
+    """FLAP's global threshold on its standardised fluctuation scores, rounded to each slot's nearest ladder step."""
     if inputs.windows is None:
         raise InvariantError("the allocator checks that FLAP was given calibration windows")
     standardised = flap_standardised(inputs.lm, inputs.windows, inputs.batch_size)
     wanted = _flap_wanted(
         inputs.geoms, inputs.slots, inputs.ladders, inputs.locked, standardised, inputs.target, inputs.constraints.max_rate
     )
-    return nearest_rungs(inputs.ladders, wanted), wanted
+    return nearest_ladder_steps(inputs.ladders, wanted), wanted
 
 
 def outlier_ratios(lm: LoadedModel, windows: torch.Tensor, m: float = OWL_OUTLIER_M, batch_size: int = 4) -> np.ndarray:
@@ -196,7 +196,7 @@ def owl_offsets(ratios: np.ndarray, lam: float = OWL_LAMBDA) -> np.ndarray:
     return offsets
 
 
-def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
+def owl_ladder_steps(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """Rungs at rates clip(t + offset_l) with the smallest shift t (bisection) that meets the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked
     constraints, target, multiple = inputs.constraints, inputs.target, inputs.multiple
@@ -206,17 +206,17 @@ def owl_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     offsets = owl_offsets(ratios)
     log.info("owl: outlier ratios %s", np.array2string(ratios, precision=4))
 
-    def rungs_at(shift: float) -> np.ndarray:
+    def steps_at(shift: float) -> np.ndarray:
         rates = [
             locked.get(s, float(np.clip(shift + offsets[layer], constraints.min_rate, constraints.max_rate)))
             for s, (layer, _) in enumerate(slots)
         ]
-        return rungs_at_rates(geoms, slots, ladders, rates, multiple)
+        return ladder_steps_at_rates(geoms, slots, ladders, rates, multiple)
 
     low, high = constraints.min_rate - offsets.max() - 1e-6, constraints.max_rate - offsets.min() + 1e-6
-    if ladder_removed(ladders, rungs_at(low)) >= target:
-        return rungs_at(low), None
-    return rungs_at(smallest_meeting(lambda shift: ladder_removed(ladders, rungs_at(shift)) >= target, low, high)), None
+    if ladder_removed(ladders, steps_at(low)) >= target:
+        return steps_at(low), None
+    return steps_at(smallest_meeting(lambda shift: ladder_removed(ladders, steps_at(shift)) >= target, low, high)), None
 
 
-Baseline = Callable[[BaselineInputs], "tuple[np.ndarray, np.ndarray | None]"]  # the rungs it picks, what it wanted
+Baseline = Callable[[BaselineInputs], "tuple[np.ndarray, np.ndarray | None]"]  # the ladder steps it picks, what it wanted

@@ -1,10 +1,11 @@
 """Unit ladders: every unit-exact rate a slot can take, for the baselines that plan off the grid.
 
 A slot's ladder lists the distinct shapes its units can be rounded to (GQA-valid head
-counts, MLP widths in multiples of ``channel_multiple``), by increasing removal. The
-off-grid baselines pick a rung per slot and `settle` moves slots one rung at a time until
-the plan removes at least the budget and less than one further rung beyond it. When the prune adds bias compensation a
-rung's removal is net of the biases it adds (``ComponentGeometry.bias_params_at``), as the DP's costs are.
+counts, MLP widths in multiples of ``channel_multiple``), by increasing removal; a slot's
+ladder step is its index into that list. The off-grid baselines pick a step per slot and
+`fit_to_budget` moves slots one step at a time until the plan removes at least the budget and
+less than one further step beyond it. When the prune adds bias compensation a step's removal
+is net of the biases it adds (``ComponentGeometry.bias_params_at``), as the DP's costs are.
 """
 
 from __future__ import annotations
@@ -82,42 +83,43 @@ def build_ladders(
             by_removed.setdefault(slot_removed(geom, kind, rate, multiple, biases), rate)
         if not by_removed:
             raise BudgetError(f"layer {layer} {kind} has no unit-exact rate within [{constraints.min_rate:g}, {constraints.max_rate:g}]")
-        rung_removed = np.array(sorted(by_removed), dtype=np.int64)
-        out.append(Ladder(np.array([by_removed[int(r)] for r in rung_removed]), rung_removed, dense, biases))
+        removals = np.array(sorted(by_removed), dtype=np.int64)
+        out.append(Ladder(np.array([by_removed[int(r)] for r in removals]), removals, dense, biases))
     return out
 
 
-def nearest_rungs(ladders: list[Ladder], wanted_removed: np.ndarray) -> np.ndarray:
+def nearest_ladder_steps(ladders: list[Ladder], wanted_removed: np.ndarray) -> np.ndarray:
+    """Each slot's step whose removal is closest to what it wanted to remove."""
     return np.array([int(np.argmin(np.abs(ladder.removed - w))) for ladder, w in zip(ladders, wanted_removed)], dtype=np.intp)
 
 
-def settle(ladders: list[Ladder], rungs: np.ndarray, target: float, wanted_removed: np.ndarray | None = None) -> np.ndarray:
-    """Move slots one rung at a time until the plan removes at least ``target`` and less
-    than one further rung beyond it.
+def fit_to_budget(ladders: list[Ladder], ladder_steps: np.ndarray, target: float, wanted_removed: np.ndarray | None = None) -> np.ndarray:
+    """Move slots one ladder step at a time until the plan removes at least ``target`` and less
+    than one further step beyond it, whole unit by whole unit.
 
     Up: finest steps first (ties: the slot furthest below what it wanted), each slot once
     per pass. Down: the largest step that keeps the budget met (ties: furthest above what
     it wanted), each slot once per pass, until no step fits. The final surplus is smaller
     than every slot's next step down, e.g. one group of ``channel_multiple`` MLP channels.
     """
-    rungs = rungs.copy()
+    steps = ladder_steps.copy()
     wanted = np.zeros(len(ladders)) if wanted_removed is None else np.asarray(wanted_removed, dtype=np.float64)
-    removed = sum(int(ladder.removed[k]) for ladder, k in zip(ladders, rungs))
+    removed = sum(int(ladder.removed[k]) for ladder, k in zip(ladders, steps))
 
     def now(s: int) -> int:
-        return int(ladders[s].removed[rungs[s]])
+        return int(ladders[s].removed[steps[s]])
 
     while removed < target:
         ups = [
-            (int(ladders[s].removed[rungs[s] + 1]) - now(s), -(wanted[s] - now(s)), s)
+            (int(ladders[s].removed[steps[s] + 1]) - now(s), -(wanted[s] - now(s)), s)
             for s in range(len(ladders))
-            if rungs[s] + 1 < len(ladders[s].removed)
+            if steps[s] + 1 < len(ladders[s].removed)
         ]
         if not ups:
             raise BudgetError(f"cannot remove {target:,.0f} parameters within these constraints")
-        for step, _, s in sorted(ups):
-            rungs[s] += 1
-            removed += step
+        for freed, _, s in sorted(ups):
+            steps[s] += 1
+            removed += freed
             if removed >= target:
                 break
     lowered_any = True
@@ -125,27 +127,27 @@ def settle(ladders: list[Ladder], rungs: np.ndarray, target: float, wanted_remov
         lowered_any, moved = False, set()
         while True:
             downs = [
-                (now(s) - int(ladders[s].removed[rungs[s] - 1]), now(s) - wanted[s], s)
+                (now(s) - int(ladders[s].removed[steps[s] - 1]), now(s) - wanted[s], s)
                 for s in range(len(ladders))
-                if rungs[s] > 0 and s not in moved
+                if steps[s] > 0 and s not in moved
             ]
             fitting = [d for d in downs if removed - d[0] >= target]
             if not fitting:
                 break
-            step, _, s = max(fitting)
-            rungs[s] -= 1
-            removed -= step
+            restored, _, s = max(fitting)
+            steps[s] -= 1
+            removed -= restored
             moved.add(s)
             lowered_any = True
-    return rungs
+    return steps
 
 
-def ladder_removed(ladders: list[Ladder], rungs: np.ndarray) -> int:
-    return int(sum(int(ladder.removed[k]) for ladder, k in zip(ladders, rungs)))
+def ladder_removed(ladders: list[Ladder], ladder_steps: np.ndarray) -> int:
+    return int(sum(int(ladder.removed[k]) for ladder, k in zip(ladders, ladder_steps)))
 
 
-def ladder_rates(ladders: list[Ladder], rungs: np.ndarray) -> list[float]:
-    return [float(ladder.rates[k]) for ladder, k in zip(ladders, rungs)]
+def ladder_rates(ladders: list[Ladder], ladder_steps: np.ndarray) -> list[float]:
+    return [float(ladder.rates[k]) for ladder, k in zip(ladders, ladder_steps)]
 
 
 def ladder_reach(allocator: str, budget: float, ladders: list[Ladder], dense: int) -> None:
@@ -155,15 +157,15 @@ def ladder_reach(allocator: str, budget: float, ladders: list[Ladder], dense: in
         raise reach_error(allocator, budget, low, high, dense)
 
 
-def rungs_at_rates(
+def ladder_steps_at_rates(
     geoms: Sequence[ComponentGeometry], slots: Sequence[tuple[int, str]], ladders: list[Ladder], rates: Sequence[float], multiple: int
 ) -> np.ndarray:
-    """Rung of each slot that units rounding gives at the given rates (clamped to the ladder)."""
+    """Each slot's ladder step that units rounding gives at the given rates (clamped to the ladder)."""
     wanted = np.array(
         [slot_removed(geoms[layer], kind, float(r), multiple, ladder.biases) for (layer, kind), r, ladder in zip(slots, rates, ladders)],
         dtype=np.float64,
     )
-    return nearest_rungs(ladders, wanted)
+    return nearest_ladder_steps(ladders, wanted)
 
 
 def smallest_meeting(meets: Callable[[float], bool], low: float, high: float, steps: int = 60) -> float:

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from gap_engine.plan.baselines import BaselineInputs
-from gap_engine.plan.ladders import ladder_removed, rungs_at_rates, smallest_meeting
+from gap_engine.plan.ladders import ladder_removed, ladder_steps_at_rates, smallest_meeting
 
 log = logging.getLogger(__name__)
 
@@ -31,27 +31,27 @@ def log_increase(num_layers: int) -> np.ndarray:
     return np.log(np.arange(1, num_layers + 1)) / math.log(num_layers)
 
 
-def slimgpt_rungs(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
+def slimgpt_ladder_steps(inputs: BaselineInputs) -> tuple[np.ndarray, None]:
     """Rungs at rates clip(r_last * log(i + 1) / log(L)), the smallest r_last (bisection) meeting the target."""
     geoms, slots, ladders, locked = inputs.geoms, inputs.slots, inputs.ladders, inputs.locked
     constraints, target, multiple = inputs.constraints, inputs.target, inputs.multiple
     shares = log_increase(len(geoms))
 
-    def rungs_at(last: float) -> np.ndarray:
+    def steps_at(last: float) -> np.ndarray:
         rates = [
             locked.get(s, float(np.clip(last * shares[layer], constraints.min_rate, constraints.max_rate)))
             for s, (layer, _) in enumerate(slots)
         ]
-        return rungs_at_rates(geoms, slots, ladders, rates, multiple)
+        return ladder_steps_at_rates(geoms, slots, ladders, rates, multiple)
 
     smallest_share = shares[shares > 0].min() if (shares > 0).any() else 1.0
     high = constraints.max_rate / smallest_share  # every block at max_rate
-    if ladder_removed(ladders, rungs_at(0.0)) >= target:
-        return rungs_at(0.0), None
+    if ladder_removed(ladders, steps_at(0.0)) >= target:
+        return steps_at(0.0), None
     last = (
         high
-        if ladder_removed(ladders, rungs_at(high)) < target
-        else smallest_meeting(lambda r: ladder_removed(ladders, rungs_at(r)) >= target, 0.0, high)
+        if ladder_removed(ladders, steps_at(high)) < target
+        else smallest_meeting(lambda r: ladder_removed(ladders, steps_at(r)) >= target, 0.0, high)
     )
     log.info("slimgpt: last block's rate %.4f before unit settling", min(last, constraints.max_rate))
-    return rungs_at(last), None
+    return steps_at(last), None

@@ -109,9 +109,11 @@ def test_the_parser_and_the_registries_load_no_torch():
 
 
 def test_a_name_given_twice_is_refused_naming_both():
-    one, other = (Allocator("flap", "FLAP", f"gap_engine.plan.baselines:{f}", plan_passes=1.0) for f in ("flap_rungs", "owl_rungs"))
+    one, other = (
+        Allocator("flap", "FLAP", f"gap_engine.plan.baselines:{f}", plan_passes=1.0) for f in ("flap_ladder_steps", "owl_ladder_steps")
+    )
     with pytest.raises(
-        RegistryError, match=r"allocator 'flap' is given twice: by gap_engine.plan.baselines:flap_rungs and by .*:owl_rungs"
+        RegistryError, match=r"allocator 'flap' is given twice: by gap_engine.plan.baselines:flap_ladder_steps and by .*:owl_ladder_steps"
     ):
         Registry("allocator", Allocator, (one, other))
 
@@ -119,7 +121,7 @@ def test_a_name_given_twice_is_refused_naming_both():
 def test_an_allocator_without_a_price_cannot_be_written():
     """The cost model prices every allocator from its entry: an entry without its price is no entry."""
     with pytest.raises(TypeError, match="plan_passes"):
-        Allocator("cheap", "no price given", "gap_engine.plan.baselines:uniform_rungs")  # type: ignore[call-arg]
+        Allocator("cheap", "no price given", "gap_engine.plan.baselines:uniform_ladder_steps")  # type: ignore[call-arg]
 
 
 # ---- plugins: a new strategy is one new file -------------------------------------------------------
@@ -140,21 +142,21 @@ def reverse_magnitude_scores(lm, windows, batch_size, hooks):
 STRATEGIES = [Criterion("reverse", "magnitude, reversed", f"{__name__}:reverse_magnitude_scores", score_passes=0.0)]
 '''
 COUNTED_UNIFORM = '''
-"""A toy allocator: uniform rungs, counted, pruning by the toy criterion."""
+"""A toy allocator: uniform ladder steps, counted, pruning by the toy criterion."""
 
 from gap_engine.plan.allocator_registry import Allocator
-from gap_engine.plan.baselines import uniform_rungs
+from gap_engine.plan.baselines import uniform_ladder_steps
 
 CALLS = []
 
 
-def counted_rungs(inputs):
+def counted_ladder_steps(inputs):
     CALLS.append(inputs.criterion)
-    return uniform_rungs(inputs)
+    return uniform_ladder_steps(inputs)
 
 
 STRATEGIES = [
-    Allocator("counted", "uniform rungs, counted", f"{__name__}:counted_rungs", plan_passes=3.0, criterion="reverse", color="#123456")
+    Allocator("counted", "uniform ladder steps, counted", f"{__name__}:counted_ladder_steps", plan_passes=3.0, criterion="reverse", color="#123456")
 ]
 '''
 HALF_BIAS = '''
@@ -221,7 +223,9 @@ def test_a_criterion_an_allocator_and_a_compensation_are_one_new_file_each(tmp_p
 
 def test_a_plugin_that_repeats_a_name_or_does_not_import_is_one_line(tmp_path, monkeypatch, capsys):
     _plugins(tmp_path, monkeypatch, "clashing", {"flap_again": COUNTED_UNIFORM.replace('Allocator("counted"', 'Allocator("flap"')})
-    with pytest.raises(RegistryError, match=r"allocator 'flap' is given twice: by gap_engine.plan.baselines:flap_rungs and by clashing"):
+    with pytest.raises(
+        RegistryError, match=r"allocator 'flap' is given twice: by gap_engine.plan.baselines:flap_ladder_steps and by clashing"
+    ):
         ALLOCATORS.check("dp")
     monkeypatch.setenv(PLUGINS_VARIABLE, "no_such_plugin_module")
     assert main(["plan", "--help"]) == 2

@@ -24,6 +24,7 @@ from gap_engine.cli import main
 from gap_engine.core.config import WindowSpec
 from gap_engine.data.windows import calibration_windows
 from gap_engine.export.gguf import write_gguf
+from gap_engine.model.adapters import supported_model_types
 from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import make_plan
@@ -32,7 +33,7 @@ from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.importance import compute_importance
 from gap_engine.prune.surgery import apply_plan
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
+FAMILIES = supported_model_types()  # every family an adapter serves
 TEXT = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
     "It is named after the engineer Gustave Eiffel, whose company designed and built the tower "

@@ -19,9 +19,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from gap_engine.core.errors import ModelLoadError
+from gap_engine.model.adapters import supported_model_types
 from gap_engine.model.loading import load_model
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
+FAMILIES = supported_model_types()  # every family an adapter serves
 
 
 def _saved(lm, folder: Path, **save_options) -> Path:

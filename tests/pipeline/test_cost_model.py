@@ -14,6 +14,7 @@ from gap_engine.cli import main
 from gap_engine.core.device import DeviceSpec, Placement, resolve
 from gap_engine.core.progress import LOAD_MODEL, READ_TEXT, RECOVERY_STAGES
 from gap_engine.data.next_sentence import offline_task_dir
+from gap_engine.model.adapters import supported_model_types
 from gap_engine.pipeline import cost_model
 from gap_engine.pipeline.cost_model import (
     NOMINAL_BASIS,
@@ -223,3 +224,12 @@ def test_teacher_text_is_priced_by_its_decoding_and_its_nucleus():
     # Two threads halve it; an accelerator pays for its forward passes alone.
     assert cost_model.teacher_text_seconds(tiny, cost_model.nominal_profile(2), 1 << 20, 128) == pytest.approx(million / 2, rel=0.01)
     assert cost_model.teacher_text_seconds(tiny, SPEC_PROFILES["h100"], 1 << 20, 128) < million / 100
+
+
+@pytest.mark.parametrize("family", supported_model_types())
+def test_the_shape_read_from_config_json_knows_each_familys_qkv_biases(make_tiny, family):
+    # Qwen2's q/k/v carry biases that its config.json never mentions; its adapter says so.
+    lm = make_tiny(family)
+    q_proj = lm.adapter.attention_projections(lm.adapter.layers(lm.model)[0])[0]
+    shape = ModelShape.from_config(json.loads(lm.model.config.to_json_string()))
+    assert shape.qkv_bias == (q_proj.bias is not None)

@@ -232,7 +232,7 @@ def test_slimgpt_rates_rise_logarithmically_with_depth(smol, smol_table):
     assert shares[0] == 0.0 and shares[-1] == 1.0 and np.all(np.diff(shares) > 0)
     assert plan.attention_rates[0] == plan.mlp_rates[0] == 0.0  # block 0 stays dense
     # before settling, every slot sits at the unit rounding of r_last * share; settling moves
-    # a few slots by one rung, so the rates follow the curve within one rung of each ladder
+    # a few slots by one ladder step, so the rates follow the curve within one step of each ladder
     last = plan.mlp_rates[-1]
     wanted = last * shares
     assert np.max(np.abs(np.array(plan.mlp_rates) - wanted)) <= 16 / 1536 + 1e-9

@@ -16,7 +16,7 @@ from gap_engine.prune.criteria import SCORING_CRITERIA
 from gap_engine.prune.importance import compute_importance
 from gap_engine.prune.surgery import apply_plan, select_attention
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
+FAMILIES = supported_model_types()  # every family an adapter serves
 
 
 def _ids(n=2, t=24, seed=0):
