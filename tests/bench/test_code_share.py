@@ -1,4 +1,4 @@
-"""bench/code_share.py: what counts as a code line, and the method's files exist in the tree it counts."""
+"""bench/code_share.py: what counts as a code line, and every part of the method is found in the tree it counts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from code_share import METHOD, ROOT, code_lines, share
+from code_share import METHOD, code_lines, share
 
 SOURCE = '''"""A module docstring
 over two lines."""
@@ -33,10 +33,10 @@ def test_blank_comment_and_docstring_lines_do_not_count():
 
 @pytest.mark.slow
 @pytest.mark.slow  # reads every tracked file twice (the tree and HEAD through git)
-def test_every_method_file_exists_and_the_counts_add_up():
-    missing = [path for paths in METHOD.values() for path in paths if not (ROOT / path).is_file()]
-    assert not missing, f"bench/code_share.py names files that are gone: {missing}"
+def test_every_part_of_the_method_is_counted_and_the_counts_add_up():
+    """A file of METHOD may be missing (one list serves revisions before and after a file moved), but no part may be empty."""
     counts = share(None)
+    assert all(counts[part] > 0 for part in METHOD), {part: counts[part] for part in METHOD}
     assert counts["method"] == sum(counts[part] for part in METHOD)
     assert 0 < counts["method"] < counts["engine"] < counts["repository"]
     assert share("HEAD")["engine"] > 0  # a revision is read through git, nothing checked out
