@@ -362,7 +362,7 @@ def settings_lines(args: Any, groups: Sequence[Group], sources: Sequence[str], d
         "(bias, bias+refit) pays for them from the budget, so every row ships at least the budget's net removal: `removed` "
         "is what the cut removes, `net of biases` what the shipped model lost (biases counted), `params after` the model's "
         "parameters. DP plans on the table's rate grid, so its removal can pass the budget by up to one grid step of one "
-        "component; the other allocators settle within one unit. Load: the 1-minute load average at the start and end of "
+        "component; the other allocators are fitted to it within one unit. Load: the 1-minute load average at the start and end of "
         "the row.",
         "",
     ]
