@@ -641,12 +641,32 @@ def write_outputs(args: argparse.Namespace, results: Results, groups: Sequence[G
     return md_path
 
 
+def measurements(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows (selection) and reports of a results file: what a run measures, one pruned model or evaluation each."""
+    return [r for r in records if r.get("kind") in ("row", "report")]
+
+
+def resumed_text(records: Sequence[dict[str, Any]], earlier: int) -> str:
+    """What the machine line adds when ``earlier`` measurements were read back rather than made by this run: the
+    run's own time is then not the file's, so the seconds every measurement recorded are summed."""
+    made = measurements(records)
+    if not earlier:
+        return ""
+    seconds = sum(r.get("prune_s", 0.0) + r.get("eval_s", 0.0) + r.get("report_s", 0.0) for r in made)
+    return (
+        f" {earlier} of the {len(made)} measurements were made by earlier runs of the same settings and read back; "
+        f"the pruning and evaluation of all of them took {seconds:.0f} s."
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     load_start, started = os.getloadavg(), time.perf_counter()
+    path = RESULTS / f"{args.name}.jsonl"
+    earlier = 0 if args.fresh or not path.exists() else len(measurements(read_records(path)))
     results, groups = run(args)
-    path = write_outputs(args, results, groups, machine_line(load_start, started))
+    path = write_outputs(args, results, groups, machine_line(load_start, started) + resumed_text(results.records, earlier))
     log.info("wrote %s (and .csv, .jsonl, .commands.json)", path)
     return 0
 

@@ -223,3 +223,15 @@ def test_dp_pruned_by_another_criterion_gets_margins_of_its_own():
     assert "dp:obs (" not in text.split("## Each method")[0].split("### DP pruned")[0]  # never a baseline of DP
     with pytest.raises(SystemExit):
         parse_args(["--allocators", "dp,flap:stretch"])
+
+
+def test_a_resumed_run_says_how_much_was_read_back_and_what_every_measurement_took():
+    records = [
+        {"kind": "settings", "settings": {}},
+        {"kind": "row", "prune_s": 100.0, "eval_s": 20.0},
+        {"kind": "report", "report_s": 30.0},
+        {"kind": "row", "prune_s": 5.0, "eval_s": 10.0},
+    ]
+    assert bench_quality.resumed_text(records, 0) == ""  # a run that measured everything itself: its own time is the file's
+    text = bench_quality.resumed_text(records, 2)
+    assert "2 of the 3 measurements were made by earlier runs" in text and "took 165 s" in text
