@@ -47,7 +47,8 @@ class ModelTypeFacts:
 
     name: str  # the config.model_type value
     label: str  # how people name it, in messages that list what is supported
-    # (config class, causal-LM class) in modeling_gap_pruned.py, the remote code a checkpoint ships
+    # (config class, causal-LM class) in modeling_gap_pruned.py, the remote code a checkpoint ships: that file runs where
+    # gap_engine may not be installed, so it spells its pairs out and cannot read these; a test checks each is defined there
     remote_classes: tuple[str, str]
     # q/k/v carry biases even where config.json has no attention_bias (the cost model prices them)
     qkv_bias_by_default: bool = False

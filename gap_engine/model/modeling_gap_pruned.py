@@ -172,9 +172,6 @@ def _family(name: str, config_base: type, model_base: type) -> tuple[type, type]
     return config_class, model_class
 
 
-# One pair per family, spelled out: this file runs inside a checkpoint where gap_engine may not be
-# installed, so it cannot read the adapters; each adapter names its pair (ModelTypeFacts.remote_classes
-# in gap_engine/model/adapters.py) and a test checks that every named pair is defined here.
 GapPrunedLlamaConfig, GapPrunedLlamaForCausalLM = _family("Llama", LlamaConfig, LlamaForCausalLM)
 GapPrunedMistralConfig, GapPrunedMistralForCausalLM = _family("Mistral", MistralConfig, MistralForCausalLM)
 GapPrunedQwen2Config, GapPrunedQwen2ForCausalLM = _family("Qwen2", Qwen2Config, Qwen2ForCausalLM)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gap_engine.core.errors import ModelLoadError
-from gap_engine.model.remote_code import MODELING_FILE, code_refusal
+from gap_engine.model.remote_code import MODELING_FILE, MODELING_SOURCE, code_refusal
 
 EVIL_MODULE = "modeling_evil"
 
@@ -203,3 +203,16 @@ def test_no_load_can_prompt_once_the_policy_has_run(tiny_folder, tmp_path, no_pr
     with pytest.raises(ValueError, match="custom code"):
         AutoConfig.from_pretrained(str(folder))
     assert not marker.exists()
+
+
+# sha256 of gap_engine/model/modeling_gap_pruned.py as every checkpoint saved so far carries it.
+SHIPPED_MODELING_SHA256 = "360ca049ae93554af1427a84438da444faa8a90449c4006f13b7938096f33ecc"
+
+
+def test_the_shipped_modeling_file_is_unchanged_so_saved_checkpoints_still_load():
+    """A checkpoint's modeling file must equal this version's byte for byte (it is the only code gap lets a checkpoint
+    name), so any edit to it, a comment included, refuses every checkpoint saved before. Change it only with a way to
+    accept the earlier versions' bytes, then update the hash here."""
+    import hashlib
+
+    assert hashlib.sha256(MODELING_SOURCE.read_bytes()).hexdigest() == SHIPPED_MODELING_SHA256
