@@ -372,6 +372,9 @@ with right:
         key="setup_criterion",
         help=f"{GLOSSARY['criterion']}\n\n{GLOSSARY['wanda']}\n\n{SCORING_CRITERIA.help()}",
     )
+    # Again on every run, not only in the radio's callback: a widget changed right after the radio sends the objective's
+    # stale "kl" with its rerun, which would undo the callback's nll.
+    _objective_for_estimator()
     c2.selectbox("Objective", OBJECTIVES.names, key="setup_objective", help=f"{OBJECTIVES.help()}\n\nBoth in {GLOSSARY['nats/token']}")
     c3.selectbox("Components", ("split", "block"), key="setup_mode", help=GLOSSARY["split"])
     st.text_input("Rate grid (comma-separated, starting at 0)", key="setup_rate_grid")
