@@ -84,6 +84,23 @@ def test_greedy_pair_is_never_worse_than_the_first_pair_it_could_have_taken():
     assert chosen == pytest.approx(sum(removal.errors), rel=1e-8)  # the errors add up along the path
 
 
+def test_column_greedy_equals_the_step_by_step_update():
+    """One-column blocks take `greedy_remove`'s deferred-inverse path; the same removals made
+    block by block (`remove_block` at every step, forced by a group quota) choose the same
+    columns at the same errors and leave the same weights and inverse."""
+    weight, x = _layer(out=7, n=40, tokens=400, seed=4)
+    inverse = damped_inverse(x.T @ x)
+    columns = [torch.tensor([c]) for c in range(40)]
+    fast_w, fast_inv = weight.clone(), inverse.clone()
+    fast = greedy_remove(fast_w, fast_inv, columns, 25)
+    slow_w, slow_inv = weight.clone(), inverse.clone()
+    slow = greedy_remove(slow_w, slow_inv, columns, 25, group_of=[0] * 40, quota={0: 25})
+    assert fast.order == slow.order
+    assert fast.errors == pytest.approx(slow.errors, rel=1e-9)
+    torch.testing.assert_close(fast_w, slow_w, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(fast_inv, slow_inv, rtol=1e-9, atol=1e-12)
+
+
 def test_obs_heads_keep_a_gqa_valid_shape():
     weight, x = _layer(out=5, n=8 * 4, tokens=300, seed=3)  # 8 heads of 4 columns, 2 KV groups
     kept_kv, kept_heads = obs_heads(weight, damped_inverse(x.T @ x), n_kv_heads=2, head_dim=4, kv_groups=1, heads_per_group=2)
