@@ -87,14 +87,19 @@ class Bootstrap:
     def __init__(self, sources: Sequence[str], resamples: int, seed: int):
         self.sources, self.resamples, self.seed = list(sources), resamples, seed
 
-    def windows(self, row: dict[str, Any], metric: str, sources: Sequence[str]) -> list[list[float]]:
-        return [row["windows"][set_name(REPORT, s)][metric] for s in sources]
+    def windows(self, row: dict[str, Any], metric: str, sources: Sequence[str], split: str = REPORT) -> list[list[float]]:
+        return [row["windows"][set_name(split, s)][metric] for s in sources]
 
-    def margin(self, baseline: dict[str, Any], method: dict[str, Any], metric: str, sources: Sequence[str]) -> Interval:
+    def margin(
+        self, baseline: dict[str, Any], method: dict[str, Any], metric: str, sources: Sequence[str], split: str = REPORT
+    ) -> Interval:
         """``baseline / method`` on ``sources`` (above 1: the method is better): KL or perplexity."""
         compare = ratio_of_means if metric == "kl" else perplexity_ratio
         return compare(
-            self.windows(baseline, metric, sources), self.windows(method, metric, sources), resamples=self.resamples, seed=self.seed
+            self.windows(baseline, metric, sources, split),
+            self.windows(method, metric, sources, split),
+            resamples=self.resamples,
+            seed=self.seed,
         )
 
     def value(self, row: dict[str, Any], metric: str, sources: Sequence[str]) -> Interval:
@@ -301,6 +306,41 @@ def selection_lines(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sou
     return lines
 
 
+def step_lines(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources: Sequence[str], boot: Bootstrap) -> list[str]:
+    """DP's plan pruned by its table's criterion at DP's default compensation against the same plan
+    pruned by another criterion (``dp:obs``) at each of its compensations, on the *selection*
+    windows, with intervals: the evidence a default step is chosen on."""
+    variants = [v for v in dp_variants(groups) if v != "dp"]
+    plain = {g.budget: g for g in groups if g.allocator == "dp"}
+    if not variants or not plain:
+        return []
+    by_key = {row_key(r): r for r in rows}
+    lines = [
+        "Ratio = DP at its default / the other step (above 1: the other step is better), on the selection windows of every "
+        "source (mean of sources), paired bootstrap within each source; `met` means the other step is better, `loss` that it is worse.",
+        "",
+        "| budget | DP (default) | other step | KL ratio (mean of sources) | perplexity ratio (mean of sources) |",
+        "|---:|---|---|---|---|",
+    ]
+    for group in groups:
+        if group.allocator not in variants or group.budget not in plain:
+            continue
+        base = by_key.get((group.budget, "dp", plain[group.budget].default))
+        if base is None or not all(set_name(SELECTION, s) in base["windows"] for s in sources):
+            continue
+        for compensation in group.menu:
+            row = by_key.get((group.budget, group.allocator, compensation))
+            if row is None:
+                continue
+            kl = boot.margin(base, row, "kl", sources, SELECTION)
+            ppl = boot.margin(base, row, "nll", sources, SELECTION)
+            lines.append(
+                f"| {group.budget:.0%} | {plain[group.budget].default} | {dp_label(group.allocator)} ({compensation}) | "
+                f"{_cell(kl, verdict=True)} | {_cell(ppl, verdict=True)} |"
+            )
+    return lines
+
+
 def row_lines(rows: Sequence[dict[str, Any]], sources: Sequence[str], groups: Sequence[Group]) -> list[str]:
     """Every row measured on the report part: window means, parameters, times (pruning, the selection
     windows) and the load while it was pruned."""
@@ -430,6 +470,11 @@ def report_text(
         "",
         *selection_lines(groups, rows, sources),
         "",
+        *(
+            ["## The step, on the selection part: DP's plan pruned by its table's criterion or by another", "", *steps, ""]
+            if (steps := step_lines(groups, rows, sources, boot))
+            else []
+        ),
         "## Every row measured on the report part (window means)",
         "",
         "Prune and eval seconds are the pruning and the selection windows' evaluation; the report windows' evaluation is in the JSONL "
