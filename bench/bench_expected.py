@@ -54,7 +54,7 @@ TARGET, BUSY = 1.5, 4.0  # learned within 1.5x of the wall time, on runs that st
 # GGUF builds of one checkpoint in one fresh process, each predicted just before it and recorded as the page records it.
 GGUF_BUILDS = """
 import json, os, sys, time
-from gap_engine.pipeline.cost_model import gguf_file, gguf_prediction
+from gap_engine.pipeline.cost_gguf import gguf_file, gguf_prediction
 folder, outtype, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rows = []
 for _ in range(repeats):

@@ -22,7 +22,7 @@ from gap_engine.evaluate.takeaway import run_story, takeaway
 from gap_engine.export import gguf
 from gap_engine.model.rateplan import RatePlan, predicted_params
 from gap_engine.model.remote_code import MODELING_FILE
-from gap_engine.pipeline.cost_model import gguf_file, gguf_prediction
+from gap_engine.pipeline.cost_gguf import gguf_file, gguf_prediction
 from gap_engine.views import figures
 
 DEFAULTS = {

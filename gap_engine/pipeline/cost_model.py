@@ -31,7 +31,6 @@ from gap_engine.core.device import DeviceSpec, Placement, placement_of, resolve,
 from gap_engine.core.errors import TableError
 from gap_engine.core.fsutil import atomic_write_json, cache_root
 from gap_engine.evaluate.metrics import THROUGHPUT_REPEATS, EvalSettings
-from gap_engine.export.gguf import gguf_bytes
 from gap_engine.model.adapters import LayerGeometry, qkv_bias_by_default
 from gap_engine.model.checkpoint import is_pruned_checkpoint
 from gap_engine.model.loaded import LoadedModel
@@ -41,6 +40,7 @@ from gap_engine.model.units import ComponentGeometry, attention_shape_for_rate, 
 from gap_engine.pipeline import learned
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.prune.criteria import CRITERIA
+from gap_engine.prune.obs import channel_greedy_bytes
 from gap_engine.recover.methods import RECOVERY_METHODS
 from gap_engine.recover.teacher_text import BATCH, TeacherTextSpec, uncached_tokens
 from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
@@ -67,8 +67,6 @@ SAVE_BYTES_PER_S = 100e6  # nominal: writing a checkpoint
 Z_DRAW_S_PER_VALUE = 8e-9  # nominal: one ZO direction value drawn by one CPU thread (torch's normal sampler)
 # The offline task's 4 requests per example, 88 tokens each (its 2,000 requests, SmolLM2's tokenizer); lm-eval's first import.
 TASK_CHOICES, TASK_TOKENS, TASK_IMPORT_S = 4, 88, 6.0
-# GGUF: q8_0 (numpy) or f16 per parameter, the rest, the first import of transformers' model code (fit to two quiet runs).
-GGUF_S_PER_PARAM, GGUF_FIXED_S, GGUF_IMPORT_S = {"q8_0": 1.0e-8, "f16": 5e-9}, 0.8, 4.0
 # Teacher text a token at a time vs a dense window forward: 64 rows 10.5 ms a token, a 128-token window 8.2 ms.
 GENERATION_FACTOR = 1.3
 # Its nucleus sampling on one CPU thread, per vocabulary value of a row (recover.teacher_text.nucleus_sample): the
@@ -320,7 +318,7 @@ class Prediction:
         return learned.Pending(self.kind, self.total / (self.correction.factor if self.correction else 1.0), self.prices)
 
 
-def _learn(prediction: Prediction) -> Prediction:
+def with_learned_factor(prediction: Prediction) -> Prediction:
     """``prediction`` times the factor finished jobs of its kind taught (``learned.factor_for``), saying so."""
     found = learned.factor_for(prediction.kind, prediction.prices)
     if found is None:
@@ -433,9 +431,13 @@ def table_prediction(model: str, spec: TableSpec, device: DeviceSpec | None = No
     first = {stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, shape.total_params), stage.READ_TEXT: READ_TEXT_S}
     if cached:  # the cache hit it is
         basis = f"cached here: Build reads it instead of building; {PREDICTED}: {profile.basis}"
-        return _learn(Prediction(first, basis, kind="table read", prices=profile.basis))
+        return with_learned_factor(Prediction(first, basis, kind="table read", prices=profile.basis))
     parts = estimate_build(shape, spec, profile, placement.dtype.itemsize, placement.stream).parts
-    return _learn(Prediction(first | parts, f"{PREDICTED}: {profile.basis}", kind="table", prices=profile.basis))
+    return with_learned_factor(Prediction(first | parts, f"{PREDICTED}: {profile.basis}", kind="table", prices=profile.basis))
+
+
+def _obs_greedy_seconds(shape: ModelShape) -> float:  # half of every block's channels: an upper bound at usual budgets
+    return shape.layers * channel_greedy_bytes(shape.intermediate, shape.hidden, shape.intermediate // 2) / NOMINAL_BANDWIDTH
 
 
 def plan_seconds(allocator: str, calib: float, without_model: float) -> float:
@@ -446,12 +448,12 @@ def plan_seconds(allocator: str, calib: float, without_model: float) -> float:
 
 def run_prediction(
     model: str, calibration: WindowSpec, settings: EvalSettings, stages: tuple[str, ...], allocator: str = "dp",
-    task_examples: int = 0, device: DeviceSpec | None = None, loaded: bool = False,
+    task_examples: int = 0, device: DeviceSpec | None = None, loaded: bool = False, sequential: bool = False,
 ) -> Prediction | None:  # fmt: skip
     """The stages of a prune-and-evaluate run (``runs.prune_eval_stages``) in forward passes of the dense model (the pruned
-    copy priced as dense: an upper bound): planning (the calibration passes its allocator's entry prices it at), scores,
-    compensation (2.5 calibration passes), the measured increase, held-out text, throughput, generations and lm-eval tasks of
-    both models, the checkpoint write."""
+    copy priced as dense: an upper bound): planning (the calibration passes its allocator's entry prices it at), scores
+    (``sequential``: OBS's 3 block passes and its channel greedy), compensation (2.5 calibration passes), the measured
+    increase, held-out text, throughput, generations and lm-eval tasks of both models, the checkpoint write."""
     if (priced := _prices(model, resolve(device), settings.windows.seq_len, settings.windows.batch_size)) is None:
         return None
     shape, profile = priced
@@ -464,7 +466,7 @@ def run_prediction(
     by_stage = {
         stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, params),
         stage.PLAN: plan_seconds(allocator, calib, 0.5),
-        stage.PRUNE: calib + 4 * params / NOMINAL_BANDWIDTH,  # scores, then a copy of the weights
+        stage.PRUNE: (3 * calib + _obs_greedy_seconds(shape) if sequential else calib) + 4 * params / NOMINAL_BANDWIDTH,
         stage.COMPENSATE: 2.5 * calib,  # per block: to o_proj's input, to down_proj's input, the whole block
         stage.MEASURE: 2 * calib,
         stage.HELD_OUT: 2 * max(len(w.sources()), 1) * forward(w.n_samples * w.seq_len, w.seq_len, w.n_samples / w.batch_size),
@@ -475,7 +477,7 @@ def run_prediction(
     }
     seconds = {name: by_stage[name] for name in stages if name in by_stage}
     basis, tasks_s = f"{PREDICTED}: {profile.basis}", seconds.get(stage.TASKS, 0.0)
-    return _learn(Prediction(seconds, basis, tasks_s=tasks_s, kind="prune_eval", prices=profile.basis))
+    return with_learned_factor(Prediction(seconds, basis, tasks_s=tasks_s, kind="prune_eval", prices=profile.basis))
 
 
 def recovery_prediction(
@@ -529,7 +531,9 @@ def recovery_prediction(
     training = (step * steps if budget is None else min(step * s.steps, budget)) + judgements * judge
     seconds = {stage.PREPARING: prepare + first + text, stage.TRAINING: training, stage.EVALUATING_AFTER: calib + evaluation + after}
     basis = f"{PREDICTED}: {profile.basis}"
-    return _learn(Prediction(seconds, basis, step, first + after, text, judgements * judge, judgements, "recover", profile.basis))
+    return with_learned_factor(
+        Prediction(seconds, basis, step, first + after, text, judgements * judge, judgements, "recover", profile.basis)
+    )
 
 
 def teacher_text_seconds(shape: ModelShape, profile: DeviceProfile, tokens: int, seq_len: int) -> float:
@@ -554,36 +558,6 @@ def teacher_text_prediction(teacher: LoadedModel, tokens: int, seq_len: int) -> 
     return teacher_text_seconds(shape, priced[1], tokens, seq_len), f"{PREDICTED}: {priced[1].basis}"
 
 
-def gguf_seconds(checkpoint: str | Path, outtype: str) -> float | None:
-    """Building the GGUF file of ``checkpoint`` (``export.gguf.gguf_bytes``): loading it, converting every matrix, writing
-    the file, and importing transformers' model code where this process has not yet; None without a readable config.json."""
-    shapes = checkpoint_shapes(checkpoint)
-    if shapes is None:
-        return None
-    dense, blocks = shapes
-    params = dense.total_params - dense.layers * dense.block_params + sum(b.block_params for b in blocks)
-    size = sum(f.stat().st_size for f in Path(checkpoint).expanduser().glob("*.safetensors")) or 4 * params
-    convert = params * GGUF_S_PER_PARAM.get(outtype, GGUF_S_PER_PARAM["q8_0"])
-    return GGUF_FIXED_S + (0.0 if "transformers.modeling_utils" in sys.modules else GGUF_IMPORT_S) + size / (2 * LOAD_BYTES_PER_S) + convert
-
-
-def gguf_prediction(checkpoint: str | Path, outtype: str) -> Prediction | None:
-    """``gguf_seconds`` as a one-stage Prediction, corrected by the GGUF files built here before."""
-    seconds = gguf_seconds(checkpoint, outtype)
-    basis = f"{PREDICTED} from the checkpoint's size"
-    return None if seconds is None else _learn(Prediction({"gguf": seconds}, basis, kind="gguf", prices="nominal"))
-
-
-def gguf_file(checkpoint: str | Path, outtype: str) -> bytes:
-    """The GGUF file of ``checkpoint`` (``export.gguf.gguf_bytes``), its time recorded against its prediction."""
-    predicted, started = gguf_prediction(checkpoint, outtype), time.perf_counter()
-    pending = predicted.pending() if predicted is not None else None
-    data = gguf_bytes(checkpoint, outtype)
-    if pending is not None:
-        learned.record(pending, time.perf_counter() - started)
-    return data
-
-
 def baselines_prediction(
     model: str, windows: WindowSpec, criterion: str, allocators: list[str], budgets: int, loaded: bool = False
 ) -> Prediction | None:
@@ -597,4 +571,4 @@ def baselines_prediction(
     if any(ALLOCATORS[a].scores_first for a in allocators):
         seconds[stage.SCORE_UNITS] = CRITERIA[criterion].score_passes * calib
     seconds[stage.PLAN] = budgets * sum(plan_seconds(a, calib, 0.05) for a in allocators)
-    return _learn(Prediction(seconds, f"{PREDICTED}: {profile.basis}", kind="baselines", prices=profile.basis))
+    return with_learned_factor(Prediction(seconds, f"{PREDICTED}: {profile.basis}", kind="baselines", prices=profile.basis))

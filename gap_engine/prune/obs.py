@@ -208,3 +208,10 @@ def obs_channels(weight: torch.Tensor, inverse: torch.Tensor, kept: int) -> list
     removal = greedy_remove(weight, inverse, [torch.tensor([c]) for c in range(width)], width - kept)
     gone = set(removal.order)
     return [c for c in range(width) if c not in gone]
+
+
+def channel_greedy_bytes(width: int, out: int, removed: int) -> float:
+    """The memory `greedy_remove` streams removing ``removed`` of ``width`` single columns of an (out, width)
+    float64 weight (what the cost model prices it at): at step k one pass over the weight (its column norms and the
+    rank-one update, the rows in cache between them) and column c of the deferred inverse, (width, k)."""
+    return 8.0 * removed * (width * out + width * (removed - 1) / 2)

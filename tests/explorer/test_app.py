@@ -257,7 +257,11 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     assert any("No runs yet" in str(c.value) for c in at.caption)
     assert at.text_input(key="eval_tasks").value == OFFLINE_TASK  # the offline task is preselected
     tiny_eval(at, save=True, task_limit=2)
-    assert at.selectbox(key="app_compensation").value == "bias"  # the default: FLAP's bias, fitted on the tiny table's 32 tokens
+    assert at.selectbox(key="app_compensation").disabled  # the DP's step on SmolLM2, OBS, is its own compensation
+    # The table's criterion with FLAP's bias (fitted on the tiny table's 32 tokens), picked on the page, so that the
+    # planner's front pays for the biases (test_app_obs.py and the browser's user path prune by the default, OBS).
+    at.selectbox(key="eval_criterion").set_value("wanda").run()
+    assert at.selectbox(key="app_compensation").value == "bias" and not at.selectbox(key="app_compensation").disabled
     at.button(key="eval_run").click().run()
     job = job_of(at, "prune_eval")
     assert "task accuracy" in job.snapshot()["stages"] and "compensate" in job.snapshot()["stages"]
@@ -329,7 +333,7 @@ def test_prune_and_evaluate_records_a_run(cached_table, smol):
     # Its time before the click, the cost model's prediction (how close it comes to real
     # builds, cold and warm, is measured by bench/bench_expected.py: no timed assertion here).
     from explorer.job_text import duration_text
-    from gap_engine.pipeline.cost_model import gguf_seconds
+    from gap_engine.pipeline.cost_gguf import gguf_seconds
 
     [expected] = [c.value for c in at.caption if str(c.value).startswith(f"Building the {outtype} GGUF file takes about")]
     assert "predicted" in expected and f"about {duration_text(gguf_seconds(result.checkpoint, outtype))} " in expected
@@ -384,7 +388,10 @@ def test_prune_and_evaluate_cancel_and_uploaded_plan(cached_table, smol):
     assert any(o.startswith("uploaded plan") for o in at.selectbox(key="eval_allocator").options)
     assert not at.exception
 
-    # SlimGPT's OBS update is its own compensation: the default bias is not added to its plans.
+    # OBS's update is its own compensation: the default bias is not added to the DP's plans on SmolLM2 (its step) nor
+    # to SlimGPT's; the table's criterion takes it.
+    assert at.selectbox(key="app_compensation").disabled
+    at.selectbox(key="eval_allocator").set_value("uniform").run()
     assert not at.selectbox(key="app_compensation").disabled
     at.selectbox(key="eval_allocator").set_value("slimgpt").run()
     assert at.selectbox(key="app_compensation").disabled and at.selectbox(key="app_compensation").value == "bias"

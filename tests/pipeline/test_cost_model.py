@@ -185,17 +185,19 @@ def test_the_gguf_time_prices_the_imports_only_a_fresh_process_pays(tmp_path, mo
     ``transformers.modeling_utils`` is not imported yet (bench/bench_expected.py measures both)."""
     import transformers.modeling_utils  # noqa: F401 - a warm process
 
+    from gap_engine.pipeline import cost_gguf
+
     folder = _checkpoint_config(tmp_path, SHAPES["smollm2-135m"])
-    warm = {outtype: cost_model.gguf_seconds(folder, outtype) for outtype in ("f16", "q8_0")}
+    warm = {outtype: cost_gguf.gguf_seconds(folder, outtype) for outtype in ("f16", "q8_0")}
     monkeypatch.delitem(sys.modules, "transformers.modeling_utils")
-    cold = {outtype: cost_model.gguf_seconds(folder, outtype) for outtype in ("f16", "q8_0")}
-    assert cold == {outtype: pytest.approx(seconds + cost_model.GGUF_IMPORT_S) for outtype, seconds in warm.items()}
+    cold = {outtype: cost_gguf.gguf_seconds(folder, outtype) for outtype in ("f16", "q8_0")}
+    assert cold == {outtype: pytest.approx(seconds + cost_gguf.GGUF_IMPORT_S) for outtype, seconds in warm.items()}
     dense, blocks = cost_model.checkpoint_shapes(folder)
     assert [b.intermediate for b in blocks] == [dense.intermediate // 2] * dense.layers  # the checkpoint's own widths
     params = dense.total_params - sum(dense.block_params - b.block_params for b in blocks)
-    per_param = cost_model.GGUF_S_PER_PARAM
+    per_param = cost_gguf.GGUF_S_PER_PARAM
     assert warm["q8_0"] - warm["f16"] == pytest.approx(params * (per_param["q8_0"] - per_param["f16"]))
-    assert cost_model.gguf_seconds(tmp_path / "missing", "f16") is None
+    assert cost_gguf.gguf_seconds(tmp_path / "missing", "f16") is None
 
 
 def test_an_accelerator_nobody_measured_gets_no_prediction(tmp_path, monkeypatch):
