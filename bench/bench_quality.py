@@ -238,6 +238,25 @@ class Results:
             path.write_text("")
             self.append({"kind": "settings", "settings": wanted})
 
+    def adopt(self, labels: dict[tuple[float, str, str], str]) -> None:
+        """Name every measured record by the requested allocator that measured it: a row is what was
+        pruned (budget, base allocator, criterion; ``labels`` maps these to the names asked for), not
+        the name it was asked under. A bare ``dp`` prunes by its model family's step, so a row
+        measured as ``dp:obs`` is ``dp`` on a family whose step is OBS, and one measured as ``dp``
+        before that step was the default is ``dp:wanda``. Records of nothing requested are set aside
+        here (the file keeps them)."""
+        criteria = {row_key(r): r.get("criterion") for r in self.records if r.get("kind") == "row"}
+        kept = []
+        for record in self.records:
+            if record.get("kind") not in ("row", "report", "task") or record.get("allocator") == "dense":
+                kept.append(record)
+                continue
+            criterion = record.get("criterion") or criteria.get(row_key(record))
+            label = labels.get((record["budget"], str(record["allocator"]).partition(":")[0], str(criterion)))
+            if label is not None:
+                kept.append(record | {"allocator": label})
+        self.records = kept
+
     def append(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
@@ -376,7 +395,7 @@ class Run:
 
         sequential = is_sequential(self.plan(budget, allocator).criterion)
         menu = tuple(compensations_for(sequential, split_list(self.args.compensations)))
-        return Group(budget, allocator, menu, default_compensation(sequential))
+        return Group(budget, allocator, menu, default_compensation(sequential), self.plan(budget, allocator).criterion)
 
     def pruned(self, budget: float, allocator: str, compensation: str):
         """A copy of the model pruned by the plan with the compensation, as a checkpoint stores it."""
@@ -556,6 +575,14 @@ def run(args: argparse.Namespace) -> tuple[Results, list[Group]]:
     bench = Run(args, results)
     budgets, allocators = budgets_of(args), split_list(args.allocators)
     groups = [bench.group(budget, allocator) for budget in budgets for allocator in allocators]  # every plan before any pruning
+    labels: dict[tuple[float, str, str], str] = {}
+    for group in groups:
+        identity = (group.budget, group.allocator.partition(":")[0], group.criterion)
+        if labels.setdefault(identity, group.allocator) != group.allocator:
+            raise SystemExit(
+                f"--allocators: {labels[identity]} and {group.allocator} prune the same plan by {group.criterion} here; name one"
+            )
+    results.adopt(labels)
     reports = [len(g.menu) if args.report_every_row else min(2, len(g.menu)) for g in groups]
     progress = Progress(
         sum(len(g.menu) for g in groups) + sum(reports), len([r for r in results.records if r.get("kind") in ("row", "report")])

@@ -57,6 +57,7 @@ class Group:
     allocator: str
     menu: tuple[str, ...]  # the compensations it takes, in menu order
     default: str  # its shipped compensation
+    criterion: str = ""  # what its plan prunes by (``plan.step``: dp's is its model family's step)
 
 
 def best_measured(group: Group, rows: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any] | None:
@@ -307,16 +308,17 @@ def selection_lines(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sou
 
 
 def step_lines(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources: Sequence[str], boot: Bootstrap) -> list[str]:
-    """DP's plan pruned by its table's criterion at DP's default compensation against the same plan
-    pruned by another criterion (``dp:obs``) at each of its compensations, on the *selection*
-    windows, with intervals: the evidence a default step is chosen on."""
+    """DP's plan pruned by its default step at its default compensation against the same plan
+    pruned by another criterion (``dp:wanda``, ``dp:obs``) at each of its compensations, on the
+    *selection* windows, with intervals: the evidence a default step is chosen on."""
     variants = [v for v in dp_variants(groups) if v != "dp"]
     plain = {g.budget: g for g in groups if g.allocator == "dp"}
     if not variants or not plain:
         return []
     by_key = {row_key(r): r for r in rows}
     lines = [
-        "Ratio = DP at its default / the other step (above 1: the other step is better), on the selection windows of every "
+        "Ratio = DP at its default step and compensation / the other step (above 1: the other step is better), on the "
+        "selection windows of every "
         "source (mean of sources), paired bootstrap within each source; `met` means the other step is better, `loss` that it is worse.",
         "",
         "| budget | DP (default) | other step | KL ratio (mean of sources) | perplexity ratio (mean of sources) |",
@@ -335,7 +337,8 @@ def step_lines(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources:
             kl = boot.margin(base, row, "kl", sources, SELECTION)
             ppl = boot.margin(base, row, "nll", sources, SELECTION)
             lines.append(
-                f"| {group.budget:.0%} | {plain[group.budget].default} | {dp_label(group.allocator)} ({compensation}) | "
+                f"| {group.budget:.0%} | {plain[group.budget].criterion}, {plain[group.budget].default} | "
+                f"{dp_label(group.allocator)} ({compensation}) | "
                 f"{_cell(kl, verdict=True)} | {_cell(ppl, verdict=True)} |"
             )
     return lines
@@ -373,6 +376,10 @@ def settings_lines(args: Any, groups: Sequence[Group], sources: Sequence[str], d
     for group in groups:
         menus.setdefault(group.allocator, (group.menu, group.default))
     menu_text = "; ".join(f"{a}: {', '.join(m)} (default {d})" for a, (m, d) in menus.items())
+    steps = {}
+    for group in groups:
+        steps.setdefault(group.allocator, group.criterion)
+    step_text = ", ".join(f"{a} by {c}" for a, c in steps.items())
     dense_text = ", ".join(
         f"{s} {_dense_ppl(dense, REPORT, s):.2f} (selection {_dense_ppl(dense, SELECTION, s):.2f})" for s in sources if dense is not None
     )
@@ -381,8 +388,9 @@ def settings_lines(args: Any, groups: Sequence[Group], sources: Sequence[str], d
         "",
         f"- Model {args.model}. Calibration: {args.samples} windows x {args.seq_len} tokens of {args.data} (the loss table's; "
         "compensation is fitted and FLAP's fluctuation and SlimGPT's Hessians are measured on them). DP's table: estimator "
-        f"{args.estimator}, objective {args.objective}, criterion {args.criterion}; dp and uniform prune by the table's criterion, "
-        "flap by FLAP's fluctuation metric, slimgpt by its greedy OBS (criterion obs).",
+        f"{args.estimator}, objective {args.objective}, criterion {args.criterion}. The plans prune: {step_text} (a bare dp "
+        "prunes by its model family's default step, `gap_engine.plan.step`; dp:CRITERION prunes DP's plan by that criterion; "
+        "flap by FLAP's fluctuation metric, slimgpt by its greedy OBS).",
         f"- The same menu for every method, each compensation its criterion can take: {menu_text}. A plan is made once per "
         "allocator and budget; its compensations prune the same units. Every model is measured as a checkpoint stores it "
         "(weights rounded to bfloat16).",
@@ -471,7 +479,7 @@ def report_text(
         *selection_lines(groups, rows, sources),
         "",
         *(
-            ["## The step, on the selection part: DP's plan pruned by its table's criterion or by another", "", *steps, ""]
+            ["## The step, on the selection part: DP's plan pruned by its default step or by another", "", *steps, ""]
             if (steps := step_lines(groups, rows, sources, boot))
             else []
         ),
