@@ -16,6 +16,7 @@ from explorer.messages import clear_message, set_message, show_message
 from explorer.page_paths import PLANNER_PAGE
 from explorer.plan_state import constraints_from_state, constraints_json, plan_compensation, release_current_plan
 from explorer.session_jobs import remember_job, session_job
+from explorer.session_keys import PLAN_OWN
 from explorer.table_state import table_page
 from explorer.task_picker import checked_task_settings, task_defaults, task_examples, task_picker
 from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
@@ -29,13 +30,13 @@ from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.cost_model import Prediction, run_prediction
 from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
-from gap_engine.plan.allocator_registry import ALLOCATORS, own_criterion
+from gap_engine.plan.allocator_registry import ALLOCATORS
+from gap_engine.plan.step import plan_criterion as allocator_step
 from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
 from gap_engine.prune.criteria import CRITERIA, is_sequential
 from gap_engine.views import figures
 
 UPLOADED = "uploaded plan"
-PLAN_OWN = "the plan's own"  # the criterion selector's default: the plan's criterion chooses the units
 ALLOCATOR_HELP = {name: ALLOCATORS.describe(name) for name in ALLOCATORS} | {UPLOADED: "the plan uploaded on the Export page"}
 DEFAULTS = {
     "eval_allocator": "dp",
@@ -98,7 +99,10 @@ def expected_run(settings: EvalSettings) -> Prediction | None:
     stages = prune_eval_stages(settings, bool(ss["eval_save_checkpoint"]), bool(ss["eval_tasks_on"]), compensated)
     try:
         examples = task_examples("eval_")
-        return run_prediction(table.model, table.spec.windows, settings, stages, allocator, examples, loaded=model_loaded(table.model))
+        return run_prediction(
+            table.model, table.spec.windows, settings, stages, allocator, examples,
+            loaded=model_loaded(table.model), sequential=is_sequential(run_criterion()),
+        )  # fmt: skip
     except Exception:  # an unreadable config: the run itself says what is wrong
         return None
 
@@ -219,10 +223,10 @@ def planner_plan():
 
 
 def plan_criterion() -> str:
-    """The criterion the chosen plan names: the uploaded plan's, the allocator's own, or the table's."""
+    """The criterion the chosen plan names: the uploaded plan's, else its allocator's step (`plan.step`: its own, DP's family step, or the table's)."""
     if ss["eval_allocator"] == UPLOADED:
         return str(dict(uploaded).get("criterion") or table.spec.criterion)
-    return own_criterion(ss["eval_allocator"]) or table.spec.criterion
+    return allocator_step(ss["eval_allocator"], table, ss["app_compensation"])
 
 
 def run_criterion() -> str:

@@ -6,7 +6,7 @@ import json
 
 import streamlit as st
 
-from explorer.session_keys import SHARED_DEFAULTS
+from explorer.session_keys import PLAN_OWN, SHARED_DEFAULTS
 from explorer.table_state import reference_model
 from gap_engine.core.config import DEFAULT_COMPENSATION
 from gap_engine.core.errors import GapError
@@ -14,6 +14,8 @@ from gap_engine.pipeline.jobs import shared_model
 from gap_engine.plan.allocators import counted_compensation
 from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.problem import Constraints, charged_counts
+from gap_engine.plan.step import plan_criterion
+from gap_engine.prune.criteria import is_sequential
 
 
 def release_plan(plan, raw_constraints: dict) -> str:
@@ -68,8 +70,13 @@ def constraints_json(raw: dict) -> str:
 def plan_compensation(table) -> str | None:
     """The compensation the planner's plans are counted for: the session's (``app_compensation``),
     as the DP's runs apply it; None where it adds nothing to count (``none``), so such plans are
-    the uncharged plans they always were."""
-    counted = counted_compensation("dp", table, str(st.session_state.get("app_compensation") or DEFAULT_COMPENSATION))
+    the uncharged plans they always were. A run whose criterion updates the kept columns itself
+    (``obs``: the DP's step on Llama, or picked) applies none (``evaluate.run_compensation``), so
+    nothing is charged."""
+    picked, compensation = st.session_state.get("eval_criterion"), str(st.session_state.get("app_compensation") or DEFAULT_COMPENSATION)
+    if is_sequential(str(picked) if picked and picked != PLAN_OWN else plan_criterion("dp", table, compensation)):
+        return None
+    counted = counted_compensation("dp", table, compensation)
     return None if counted in (None, "none") else counted
 
 

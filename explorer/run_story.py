@@ -25,6 +25,7 @@ from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.compensations import CompensationSettings
+from gap_engine.prune.criteria import is_sequential
 from gap_engine.views import figures
 
 SAME_PLAN = "same plan"  # measure the run's plan with the other compensation
@@ -82,20 +83,23 @@ def start_beside(run_id: int, what: str, table) -> None:
         return
     params = record.params or {}
     if what == SAME_PLAN:
-        mode, allocator, chosen = other_compensation(record), plan.allocator, plan
+        mode, allocator, chosen, criterion = other_compensation(record), plan.allocator, plan, None
         label = f"run {run_id}'s plan {plan.content_hash()} {compensation_words(mode)}"
-    else:
-        mode, allocator, chosen = history.compensation_of(record), DEFAULT_OPPONENT, None
-        label = f"{DEFAULT_OPPONENT} at {(record.budget or 0):.2%} of {table.model} beside run {run_id}"
+    else:  # pruned as the run was (its criterion, its compensation): only the allocator differs
+        mode, allocator, chosen, criterion = history.compensation_of(record), DEFAULT_OPPONENT, None, plan.criterion
+        label = f"{DEFAULT_OPPONENT} at {(record.budget or 0):.2%} of {table.model} beside run {run_id}, criterion {criterion}"
     stages = prune_eval_stages(settings, False, False, mode != "none")
     try:
-        expected = run_prediction(table.model, table.spec.windows, settings, stages, allocator, 0, loaded=model_loaded(table.model))
+        sequential = is_sequential(chosen.criterion if chosen is not None else criterion)
+        expected = run_prediction(
+            table.model, table.spec.windows, settings, stages, allocator, 0, loaded=model_loaded(table.model), sequential=sequential
+        )
     except Exception:  # an unreadable config: the run itself says what is wrong
         expected = None
     task = prune_eval_task(
         table.model, settings, expected, None, table=table, budget=record.budget, allocator=allocator, plan=chosen,
         constraints=Constraints.from_dict(params.get("constraints")), compensation=CompensationSettings(mode=mode),
-        maker=ownership.owner(), obs_samples=(params.get("obs_windows") or {}).get("n_samples"),
+        maker=ownership.owner(), obs_samples=(params.get("obs_windows") or {}).get("n_samples"), criterion=criterion,
     )  # fmt: skip
     job_params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": record.budget, "compensation": mode}
     job_params |= {"plan_hash": plan.content_hash() if chosen is not None else None, "beside_run": run_id}

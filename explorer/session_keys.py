@@ -32,6 +32,8 @@ import streamlit as st
 
 from gap_engine.core.config import DEFAULT_BUDGET, DEFAULT_COMPENSATION, DEFAULT_MAX_RATE
 
+PLAN_OWN = "the plan's own"  # the run criterion selector's default: the plan's criterion chooses the units
+
 SHARED_DEFAULTS = {
     "app_table": None,
     "app_model": None,

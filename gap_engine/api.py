@@ -27,7 +27,6 @@ from typing import Any
 from gap_engine.core.config import (
     BUILTIN_TEXT_NAMES,
     CLI_TABLE,
-    DEFAULT_COMPENSATION,
     DEFAULT_CRITERION,
     DEFAULT_N_BUCKETS,
     DEFAULT_SAVE_DTYPE,
@@ -51,7 +50,8 @@ from gap_engine.pipeline.stages import plan_for, pruned_as_saved
 from gap_engine.plan.allocators import counted_compensation
 from gap_engine.plan.front import front_rows
 from gap_engine.plan.problem import Constraints, charged_counts, planning_problem
-from gap_engine.prune.compensations import CompensationSettings
+from gap_engine.plan.step import plan_criterion
+from gap_engine.prune.compensations import CompensationSettings, default_for
 from gap_engine.prune.surgery import PruneResult
 from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid
 
@@ -122,17 +122,18 @@ def front(
     model: LoadedModel,
     table: LossTable,
     *,
-    compensate: str = DEFAULT_COMPENSATION,
+    compensate: str | None = None,
     constraints: Constraints = Constraints(),
     n_buckets: int = DEFAULT_N_BUCKETS,
 ) -> Front:
     """GAP's exact multiple-choice knapsack solved for every budget at once (the explorer's slider).
 
-    ``compensate``: the compensation the prune will apply; one that adds biases has them paid
-    from each budget, as `plan` and `prune` count them.
+    ``compensate``: the compensation the prune will apply (None: the default after the DP's step,
+    ``bias``, or none after OBS); one that adds biases has them paid from each budget, as `plan`
+    and `prune` count them.
     """
     table.check_model(model)
-    counted = counted_compensation("dp", table, compensate) or "none"
+    counted = counted_compensation("dp", table, compensate or _default_compensation("dp", table)) or "none"
     counts = charged_counts(model, counted)
     problem = planning_problem(table, constraints, True, counts)
     pareto = solve_front(problem.costs, problem.losses, problem.allowed, n_buckets)
@@ -153,7 +154,8 @@ def plan(
     (``uniform``, ``flap``, ``slimgpt``, ``owl``, ``evo``) under the same budget.
 
     ``compensate``/``constraints``: default to the front's when ``table`` is a `Front`, else to
-    the default compensation (``bias``; none for SlimGPT's own update) and no constraints.
+    the default compensation after the plan's step (``bias``; none after OBS, SlimGPT's update
+    and the DP's step on Llama models: ``plan.step``) and no constraints.
     """
     if isinstance(table, Front):
         compensate = table.compensation if compensate is None else compensate
@@ -165,7 +167,9 @@ def plan(
 
 
 def _default_compensation(allocator: str, table: LossTable) -> str:
-    return counted_compensation(allocator, table, DEFAULT_COMPENSATION) or DEFAULT_COMPENSATION
+    """The compensation a prune applies when none is asked for: ``bias``, or none after a criterion
+    that updates the kept columns itself (OBS: the DP's step on Llama, SlimGPT's)."""
+    return default_for(plan_criterion(allocator, table)).mode
 
 
 @dataclass
@@ -193,14 +197,14 @@ def prune(
     save_dtype: str = DEFAULT_SAVE_DTYPE,
 ) -> PrunedModel:
     """A copy of ``model`` with the heads and channels ``plan`` removes sliced out, then the cut
-    compensated block by block on calibration text (``compensate``: the plan's own, else ``bias``;
-    ``refit``, ``bias+refit``, ``none``). ``model`` is left as it was.
+    compensated block by block on calibration text (``compensate``: the plan's own, else ``bias``, or
+    none after OBS; ``refit``, ``bias+refit``, ``none``). ``model`` is left as it was.
 
     The units are chosen and the compensation fitted on ``calibration`` windows: the table's own
     when ``table`` is given, else 16 x 256 tokens of wiki-sample.
     """
     windows = calibration or (table.spec.windows if table is not None else CLI_TABLE.windows)
-    mode = compensate or plan.compensation or DEFAULT_COMPENSATION
+    mode = compensate or plan.compensation or default_for(plan.criterion).mode
     pruned, result = pruned_as_saved(model, plan, windows, save_dtype=save_dtype, compensation=CompensationSettings(mode=mode).validate())
     return PrunedModel(pruned, result.plan, result, save_dtype)
 

@@ -18,10 +18,12 @@ from gap_engine.data.bos import bos_token_id
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.model.adapters import supported_model_types
 from gap_engine.model.dispatch import load_dispatched, parse_max_memory
+from gap_engine.model.identity import model_type_of
 from gap_engine.model.loading import list_models, load_model
 from gap_engine.model.rateplan import RatePlan, uniform_plan
 from gap_engine.pipeline.checkpoints import evaluate_model, prune_rounds_to_checkpoint, prune_to_checkpoint
 from gap_engine.pipeline.stages import dense_reference, obs_windows, pruned_by
+from gap_engine.plan.step import family_step, takes
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, adds_biases
 from gap_engine.prune.criteria import is_sequential
@@ -102,6 +104,9 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     """``gap prune --budget B --rounds K``: GAP's DP in rounds, each on a table of the model as it is."""
     if args.rounds < 1:
         raise PlanError(f"--rounds must be at least 1, got {args.rounds}")
+    step = family_step(model_type_of(args.model))  # the DP's step: the model family's (plan.step), unless asked otherwise
+    if step and "criterion" not in getattr(args, "given_options", frozenset()) and takes(step, args.compensate):
+        args.criterion = step
     # A compensation follows a one-shot cut; rounds re-table the pruned model, so they default to none.
     compensation = NO_COMPENSATION if args.rounds > 1 and not args.compensate else _prune_compensation(args, args.criterion)
     if compensation.active and args.rounds > 1:

@@ -138,7 +138,9 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str, cri
     if criteria is not SCORING_CRITERIA:  # gap prune: a criterion that scores no table (obs) may prune
         prunes_by = (
             "; it replaces a --plan's own criterion; obs, which no table can score, prunes --budget's DP plan, "
-            f"its tables scoring units by {DEFAULT_CRITERION}"
+            f"its tables scoring units by {DEFAULT_CRITERION}. Not given, --budget's DP plan prunes by the model family's "
+            "step: obs on Llama/SmolLM2/Mistral (chosen on held-out text: bench/results/quality.md), "
+            f"{DEFAULT_CRITERION} elsewhere"
         )
     p.add_argument(
         "--criterion",
@@ -180,7 +182,7 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str, cri
     p.add_argument(
         "--compensate",
         choices=COMPENSATIONS.names,
-        help=f"what the kept units get after the cut ({COMPENSATIONS.help()}; default: {DEFAULT_COMPENSATION}, none for criterion obs and for --rounds above 1, "
+        help=f"what the kept units get after the cut ({COMPENSATIONS.help()}; default: {DEFAULT_COMPENSATION}, none after obs (the DP's step on Llama) and for --rounds above 1, "
         "and for --plan the plan's own); an exact or refine table measures its cells with it (gap table: only when given); "
         "a budget pays for the biases it adds",
     )
@@ -268,7 +270,7 @@ def _add_plan(sub) -> None:
     p.add_argument(
         "--compensate",
         choices=COMPENSATIONS.names,
-        help=f"the compensation gap prune will apply after the cut (default: {DEFAULT_COMPENSATION}, none for slimgpt): the biases it "
+        help=f"the compensation gap prune will apply after the cut (default: {DEFAULT_COMPENSATION}; none after OBS: slimgpt, and dp on Llama models, whose plans OBS prunes): the biases it "
         "adds are paid from the budget (or --keep-params); recorded in the plan, which gap prune --plan then applies",
     )
     p.add_argument("--model", help="the model (default: the one the table names); its fingerprint must match the table")

@@ -28,11 +28,11 @@ from gap_engine.model.names import resolve_recorded
 from gap_engine.pipeline import compare
 from gap_engine.pipeline.compare import allocator_spec, check_rows, heldout_sets
 from gap_engine.pipeline.stages import loss_table, plan_for
-from gap_engine.plan.allocator_registry import own_criterion
 from gap_engine.plan.allocators import check_reach
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.front import dp_front, front_csv, front_rows
 from gap_engine.plan.problem import Constraints, planning_problem
+from gap_engine.plan.step import plan_criterion
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
 from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.criteria import is_sequential
@@ -128,7 +128,7 @@ def planned_compensation(args: argparse.Namespace, table: LossTable) -> Compensa
     Raises:
         CompensationError: a refit for a plan of ``obs``, whose update is one (gap prune refuses it too).
     """
-    criterion = own_criterion(args.allocator) or table.spec.criterion
+    criterion = plan_criterion(args.allocator, table, args.compensate)
     compensation = compensation_from(args, criterion)
     if is_sequential(criterion) and compensation.mode not in OBS_COMPENSATIONS:
         raise CompensationError(

@@ -162,11 +162,14 @@ def _allocators(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _prunes_by_obs(args: argparse.Namespace) -> bool:
     """Whether the command may prune by a sequential criterion (``obs``): ``prune --criterion obs``,
-    or a ``--plan`` (whose criterion the handler reads), or a compare spec that names it or whose
-    allocator prunes by it (``slimgpt``)."""
+    or a ``--plan`` or ``--budget`` (whose criterion the handler reads: the plan's, or the model
+    family's step), or a compare spec that names it or whose allocator prunes by it (``slimgpt``,
+    ``dp`` on a family whose step is OBS)."""
     if args.command == "prune":
-        return args.plan is not None or is_sequential(args.criterion)
+        return args.plan is not None or args.budget is not None or is_sequential(args.criterion)
     for allocator, criterion in _allocator_specs(args):
+        if not criterion and allocator in ALLOCATORS and ALLOCATORS[allocator].family_step:
+            return True  # the family's step may be OBS; the handler knows the model
         named = criterion or (own_criterion(allocator) if allocator in ALLOCATORS else None)
         if named in CRITERIA and is_sequential(str(named)):
             return True

@@ -66,9 +66,18 @@ def _with_interval(value: float, interval: Interval | None) -> str:
     return _ppl(value) if interval is None else f"{_ppl(value)} [{_ppl(interval.low)}, {_ppl(interval.high)}]"
 
 
-def _latest(records: Sequence[RunRecord], allocator: str, budget: float | None, compensation: str) -> RunRecord | None:
-    found = [r for r in records if r.allocator == allocator and same_budget(r.budget, budget) and compensation_of(r) == compensation]
+def _latest(records: Sequence[RunRecord], allocator: str, budget: float | None, compensation: str, criterion: object) -> RunRecord | None:
+    """The latest run of ``allocator`` at ``budget`` pruned the same way (criterion and compensation): only the allocator differs."""
+    found = [
+        r
+        for r in records
+        if r.allocator == allocator and same_budget(r.budget, budget) and compensation_of(r) == compensation and _criterion(r) == criterion
+    ]
     return max(found, key=lambda r: r.id or 0) if found else None
+
+
+def _criterion(record: RunRecord) -> object:
+    return (record.plan or {}).get("criterion")
 
 
 def _first_shared_source(first: RunRecord, second: RunRecord) -> str | None:
@@ -92,10 +101,10 @@ def takeaway(records: Sequence[RunRecord], run_id: int) -> Takeaway:
     method: RunRecord | None
     other: RunRecord | None
     if focus.allocator == GAP_ALLOCATOR:
-        method, other = focus, _latest(peers, DEFAULT_OPPONENT, focus.budget, compensation)
+        method, other = focus, _latest(peers, DEFAULT_OPPONENT, focus.budget, compensation, _criterion(focus))
         missing = DEFAULT_OPPONENT
     else:
-        method, other = _latest(peers, GAP_ALLOCATOR, focus.budget, compensation), focus
+        method, other = _latest(peers, GAP_ALLOCATOR, focus.budget, compensation, _criterion(focus)), focus
         missing = GAP_ALLOCATOR
     lead = f"At {focus.budget:.2%} of prunable parameters removed" + (
         f" (with {compensation} compensation)" if compensation != "none" else ""

@@ -16,6 +16,7 @@ torch-free, like everything the no-load lookup imports.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from gap_engine.core.fsutil import cache_root
 from gap_engine.data.bos import WINDOW_STARTS
 
 BUILTIN_MODEL_NAMES = ("smollm2-135m", "gemma3-270m")  # loading.BUILTIN_MODELS, named without importing torch
+# their config.model_type, known before the first load converts them (a test checks it against the loaded configs)
+BUILTIN_MODEL_TYPES = {"smollm2-135m": "llama", "gemma3-270m": "gemma3_text"}
 _KIND = "model"
 
 
@@ -98,3 +101,18 @@ def record_model(stamped: tuple[str, Stamps | None] | None, identity: ModelIdent
     """Record what a load found, under the stamps `model_stamps` took before the weights were read."""
     if stamped is not None:
         remember(_KIND, stamped[0], stamped[1], identity.to_dict())
+
+
+def model_type_of(name_or_path: str) -> str | None:
+    """A model's ``config.model_type`` read from its folder's config.json (a built-in's known type before
+    its first load), without loading it; None for a hub id, a ``.gguf`` file or an unreadable config."""
+    found = model_files(name_or_path)
+    config = None if found is None else next((path for path in found[1] if path.name == "config.json"), None)
+    if config is not None:
+        try:
+            model_type = json.loads(config.read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            model_type = None
+        if isinstance(model_type, str):
+            return model_type
+    return BUILTIN_MODEL_TYPES.get(str(name_or_path))

@@ -22,10 +22,11 @@ from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.stages import objective_increase, obs_windows, pruned_as_saved, pruned_by
-from gap_engine.plan.allocator_registry import ALLOCATORS, own_criterion
+from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.plan.allocators import ReachableBudget, check_reach, plan_from_table
 from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.problem import Constraints
+from gap_engine.plan.step import plan_criterion
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
 from gap_engine.prune.criteria import CRITERIA, is_sequential
@@ -210,7 +211,7 @@ def shipped_compensation(
 ) -> CompensationSettings:
     """What the kept units of a `compare` row get: ``compensation``, or none when the row's plan is
     pruned by a sequential criterion (SlimGPT's OBS), which updates them itself."""
-    return NO_COMPENSATION if is_sequential(criterion or own_criterion(allocator) or table.spec.criterion) else compensation
+    return NO_COMPENSATION if is_sequential(criterion or plan_criterion(allocator, table, compensation.mode)) else compensation
 
 
 def check_rows(

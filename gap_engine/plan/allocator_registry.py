@@ -24,6 +24,7 @@ class Allocator(Strategy):
     on_grid: bool = False  # plans on the table's rate grid, run by plan_from_table itself
     criterion: str | None = None  # the criterion its paper prescribes (its plans record it); None: the table's
     scores_first: bool = False  # the baseline-plans stage scores the units by the table's criterion before its plans
+    family_step: bool = False  # its plans prune by the model family's default step (``plan.step``) where it has one
     symbol: str = "circle"  # its marker in figures
     color: str | None = None  # its colour in figures (None: the figure's default)
 
@@ -32,7 +33,7 @@ ALLOCATORS: Registry[Allocator] = Registry(
     "allocator",
     Allocator,
     (
-        Allocator("dp", "GAP: the exact DP on the loss table", "gap_engine.plan.front:dp_choice", plan_passes=0.0, on_grid=True, color="#333333"),
+        Allocator("dp", "GAP: the exact DP on the loss table", "gap_engine.plan.front:dp_choice", plan_passes=0.0, on_grid=True, family_step=True, color="#333333"),
         Allocator("uniform", "same rate everywhere", "gap_engine.plan.baselines:uniform_ladder_steps", plan_passes=0.0, symbol="square", color="#54A24B"),
         Allocator(
             "flap", "FLAP: fluctuation metric, standardised per layer, global selection", "gap_engine.plan.baselines:flap_ladder_steps",

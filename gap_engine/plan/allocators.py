@@ -25,7 +25,7 @@ from gap_engine.core.errors import InvariantError, PlanError, TableError
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import block_geometries
-from gap_engine.plan.allocator_registry import ALLOCATORS, GRID_ALLOCATORS, needs_windows, own_criterion
+from gap_engine.plan.allocator_registry import ALLOCATORS, GRID_ALLOCATORS, needs_windows
 from gap_engine.plan.baselines import Baseline, BaselineInputs
 from gap_engine.plan.evo import EvoResult, EvoSettings, evolve
 from gap_engine.plan.front import dp_front, dp_solution, front_csv, front_rows, grid_plan
@@ -41,6 +41,7 @@ from gap_engine.plan.problem import (
     reach_error,
     slot_rates,
 )
+from gap_engine.plan.step import plan_criterion
 from gap_engine.prune.compensations import adds_biases
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.importance import ImportanceScores, compute_importance
@@ -126,7 +127,7 @@ def counted_compensation(allocator: str, table: LossTable, compensation: str | N
     """The compensation a plan of ``allocator`` is counted for: ``compensation``, or none when
     the plan's criterion updates the kept columns itself (``obs``) and ``compensation`` is not
     one that may follow that update (a bias may; a refit would redo it)."""
-    if compensation is not None and is_sequential(own_criterion(allocator) or table.spec.criterion):
+    if compensation is not None and is_sequential(plan_criterion(allocator, table, compensation)):
         return compensation if compensation in OBS_COMPENSATIONS else "none"
     return compensation
 
@@ -168,8 +169,9 @@ def plan_from_table(
             its budget and builds its planning problem once (None: both done here).
     Returns:
         A validated RatePlan with allocator, budget, predicted_loss (summed table loss,
-        linear between grid rates), table_key and compensation filled in; its criterion is the table's, or
-        the allocator's own (``allocator_registry.own_criterion``: flap, slimgpt).
+        linear between grid rates), table_key and compensation filled in; its criterion is
+        ``step.plan_criterion``'s: the allocator's own (flap, slimgpt), DP's family step (obs on
+        Llama), else the table's.
     Raises:
         BudgetError: a budget outside [0, 1) or beyond reach (the message gives the
             reachable range), or contradictory constraints.
@@ -224,7 +226,7 @@ def _baseline_plan(
     (``ladders``: `check_reach`'s, the budget within their reach)."""
     geoms = block_geometries(lm)
     multiple = table.spec.channel_multiple
-    criterion = own_criterion(allocator) or table.spec.criterion
+    criterion = plan_criterion(allocator, table, compensation)
     inputs = BaselineInputs(
         lm=lm,
         criterion=criterion,

@@ -22,6 +22,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import ComponentGeometry, added_bias_params
 from gap_engine.plan.problem import Choice, Constraints, PlanningProblem, layer_slots, planning_problem, reach_error, slot_rates
+from gap_engine.plan.step import plan_criterion
 from gap_engine.prune.compensations import adds_biases
 from gap_engine.tables.artefact import LossTable
 
@@ -144,7 +145,7 @@ def grid_plan(
         lm,
         attention,
         mlp,
-        table.spec.criterion,
+        plan_criterion(allocator, table, compensation),
         table.spec.channel_multiple,
         allocator=allocator,
         budget=budget,

@@ -33,6 +33,7 @@ from gap_engine.model.rateplan import RatePlan, make_plan
 from gap_engine.model.units import ComponentGeometry, block_geometries, channels_for_rate
 from gap_engine.plan.allocators import plan_from_table
 from gap_engine.plan.problem import Constraints
+from gap_engine.plan.step import plan_criterion
 from gap_engine.prune.compensations import adds_biases
 from gap_engine.tables.artefact import LossTable
 
@@ -114,7 +115,7 @@ def row_plan(lm: LoadedModel, table: LossTable, row: dict[str, Any], compensatio
         lm,
         row["attention_rates"],
         row["mlp_rates"],
-        table.spec.criterion,
+        plan_criterion("dp", table, compensation),
         table.spec.channel_multiple,
         allocator="dp",
         budget=float(row["budget"]),

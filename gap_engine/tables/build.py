@@ -165,6 +165,7 @@ def measure_table(
     check_finite_cells(lm, spec, components, objective, dense)
     if placement_of(lm) != resolve(CPU_FP32):  # a CPU float32 table records no placement, so its extras match the cached ones'
         stats = stats | {"placement": placement_of(lm).describe()}
+    stats["model_type"] = getattr(getattr(lm.model, "config", None), "model_type", None)  # plan.step: the family's default step
     if spec.compensation != "none":
         stats["compensation"] = spec.compensation  # what the measured cells include
     if ESTIMATORS[spec.estimator].reads_gradients:

@@ -28,11 +28,12 @@ def test_the_python_api_page_runs_as_written(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "(60, 16)" in out  # 30 layers x attention and MLP, 16 rates
     plan, pruned, lm = scope["plan"], scope["pruned"], scope["lm"]
-    assert plan.allocator == "dp" and plan.compensation == "bias"
-    # 20% of the prunable parameters go, net of the biases: the shipped model is the plan's promise
+    assert (plan.allocator, plan.criterion, plan.compensation) == ("dp", "obs", "none")  # SmolLM2's DP step, its own update
+    assert pruned.result.plan.criterion == "obs" and pruned.result.compensation is None
+    # 20% of the prunable parameters go (net of any biases): the shipped model is the plan's promise
     net = lm.param_count() - pruned.params
     assert net >= 0.2 * plan.params["dense_prunable"]
     assert (tmp_path / "runs" / "dp20" / "gap_pruned.json").is_file()
     report, uniform_ppl = scope["report"], scope["uniform"]
     assert set(report.perplexity) == {"wiki-sample", "news-sample"} and all(v > 0 for v in report.kl_to_dense.values())
-    assert uniform_ppl.plan.allocator == "uniform"
+    assert uniform_ppl.plan.allocator == "uniform" and uniform_ppl.plan.criterion == "wanda"  # the table's, with bias

@@ -48,10 +48,10 @@ def tiny(make_tiny, tmp_path):
     return folder
 
 
-def _dp_plan(gap, folder, tmp_path):
+def _dp_plan(gap, folder, tmp_path, *table_options):
     table, plan = tmp_path / "t.json", tmp_path / "dp.json"
     for argv in (
-        ["table", "--model", folder, *RATES, *CALIB, "--out", table],
+        ["table", "--model", folder, *RATES, *CALIB, *table_options, "--out", table],
         ["plan", "--table", table, "--budget", "0.3", "--compensate", "none", "--out", plan],
     ):
         code, err, _ = gap(*argv)
@@ -75,13 +75,13 @@ def _logits(folder, ids):
 def test_prune_a_dp_plan_by_obs(gap, tiny, tmp_path):
     plan_path = _dp_plan(gap, tiny, tmp_path)
     plan = RatePlan.load(plan_path)
-    assert (plan.allocator, plan.criterion) == ("dp", "wanda") and any(plan.mlp_rates)
+    assert (plan.allocator, plan.criterion) == ("dp", "obs") and any(plan.mlp_rates)  # the DP's step on a Llama model
     common = ["prune", "--model", tiny, "--plan", plan_path, "--save-dtype", "float32", *CALIB, "--json"]
-    code, err, out = gap(*common, "--criterion", "obs", "--obs-samples", "6", "--out", tmp_path / "obs")
+    code, err, out = gap(*common, "--obs-samples", "6", "--out", tmp_path / "obs")
     assert code == 0, err
     summary = json.loads(out)
     assert (summary["criterion"], summary["obs_windows"], summary["compensation"]) == ("obs", 6, "none")
-    code, err, _ = gap(*common, "--compensate", "none", "--out", tmp_path / "wanda")
+    code, err, _ = gap(*common, "--criterion", "wanda", "--out", tmp_path / "wanda")  # the plan's counted compensation: none
     assert code == 0, err
 
     saved = json.loads((tmp_path / "obs" / "plan.json").read_text())
@@ -112,9 +112,9 @@ def test_prune_budget_by_obs_plans_on_a_wanda_table(gap, tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_compare_dp_beside_dp_pruned_by_obs(gap, tiny, tmp_path):
+def test_compare_dp_at_its_step_beside_dp_pruned_by_the_tables_criterion(gap, tiny, tmp_path):
     out = tmp_path / "c.csv"
-    argv = ["compare", "--model", tiny, "--budgets", "0.3", "--allocators", "dp,dp:obs", *RATES, *CALIB, "--obs-samples", "6"]
+    argv = ["compare", "--model", tiny, "--budgets", "0.3", "--allocators", "dp:wanda,dp", *RATES, *CALIB, "--obs-samples", "6"]
     code, err, printed = gap(*argv, "--eval-samples", "2", "--eval-seq-len", "32", "--out", out)
     assert code == 0, err
     rows = list(csv.DictReader(out.open()))
@@ -160,6 +160,8 @@ def _rules(*argv):
         ["prune", "--model", "m", "--out", "o", "--uniform", "0.2", "--criterion", "obs", "--obs-samples", "8"],
         ["prune", "--model", "m", "--out", "o", "--budget", "0.2", "--criterion", "obs", "--obs-samples", "8"],
         ["compare", "--model", "m", "--out", "o", "--allocators", "dp,dp:obs", "--obs-samples", "8"],
+        ["prune", "--model", "m", "--out", "o", "--budget", "0.2", "--obs-samples", "8"],  # the handler knows the family's step
+        ["compare", "--model", "m", "--out", "o", "--allocators", "dp,uniform", "--obs-samples", "8"],
         ["compare", "--model", "m", "--out", "o", "--allocators", "dp,slimgpt", "--obs-samples", "8", "--table", "t.json"],
     ],
 )
@@ -171,8 +173,7 @@ def test_options_that_apply_to_obs_pass_the_option_rules(argv):
     "argv, message",
     [
         (["prune", "--uniform", "0.2", "--obs-samples", "8"], "--obs-samples cannot apply unless a plan is pruned by the obs criterion"),
-        (["prune", "--budget", "0.2", "--obs-samples", "8"], "--obs-samples cannot apply unless"),
-        (["compare", "--allocators", "dp,uniform", "--obs-samples", "8"], "--obs-samples cannot apply unless"),
+        (["compare", "--allocators", "uniform,flap", "--obs-samples", "8"], "--obs-samples cannot apply unless"),
         (["prune", "--plan", "p.json", "--channel-multiple", "16"], "--channel-multiple cannot apply with --plan"),
     ],
 )
@@ -183,11 +184,28 @@ def test_what_is_still_moot_is_refused(argv, message):
 
 @pytest.mark.slow
 def test_obs_samples_beside_a_plan_another_criterion_prunes_is_one_line(gap, tiny, tmp_path):
-    plan = _dp_plan(gap, tiny, tmp_path)
+    plan = _dp_plan(gap, tiny, tmp_path, "--criterion", "magnitude")  # a table's own criterion is its DP plan's
     argv = ["prune", "--model", tiny, "--plan", plan, "--obs-samples", "8", *CALIB, "--out", tmp_path / "ck"]
-    _refused(gap(*argv), "--obs-samples cannot apply: this plan is pruned by criterion wanda, not obs")
+    _refused(gap(*argv), "--obs-samples cannot apply: this plan is pruned by criterion magnitude, not obs")
     _refused(gap(*argv[:-2], "--criterion", "obs", "--compensate", "refit", "--out", tmp_path / "ck"), "takes --compensate none or bias")
     assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.slow
+def test_budget_prunes_by_the_family_step_and_refuses_obs_options_where_it_is_not_obs(gap, tiny, make_tiny, tmp_path):
+    argv = ["prune", "--budget", "0.3", *RATES, *CALIB, "--json"]
+    code, err, out = gap(*argv, "--model", tiny, "--obs-samples", "3", "--out", tmp_path / "ck")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert (summary["criterion"], summary["compensation"], summary["obs_windows"], summary["bias_params"]) == ("obs", "none", 3, 0)
+    gemma = make_tiny("gemma3_text", num_attention_heads=4, num_key_value_heads=1, intermediate_size=128)
+    folder = tmp_path / "gemma"
+    gemma.model.save_pretrained(folder)
+    gemma.tokenizer.save_pretrained(folder)
+    _refused(
+        gap(*argv, "--model", folder, "--obs-samples", "3", "--out", tmp_path / "g"), "this plan is pruned by criterion wanda, not obs"
+    )
+    assert not (tmp_path / "g").exists()
 
 
 @pytest.mark.parametrize(

@@ -16,18 +16,24 @@ import pytest
 from app_fixtures import cached_table, fresh_cache, job_of, plotly_specs, start, texts, tiny_eval, tiny_table  # noqa: F401
 
 from explorer import budget_chart
-from gap_engine.core.config import DEFAULT_COMPENSATION
 from gap_engine.evaluate import history
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.problem import Constraints, charged_counts
+from gap_engine.plan.step import plan_criterion
+from gap_engine.prune.compensations import default_for
 
 pytestmark = pytest.mark.slow  # the real built-in model behind every page
 
 
+def app_mode(table) -> str:
+    """The compensation the planner's runs apply by default: none after the DP's step on SmolLM2 (OBS)."""
+    return default_for(plan_criterion("dp", table)).mode
+
+
 def app_front(table, lm) -> list[dict]:
     """The planner's front: charged for the biases of the default compensation, as the runs apply it."""
-    counts = charged_counts(lm, DEFAULT_COMPENSATION)
+    counts = charged_counts(lm, app_mode(table))
     return front_rows(table, dp_front(table, biases=counts), counts)
 
 
@@ -64,7 +70,7 @@ def test_the_chart_carries_the_front_rows_and_starts_at_the_apps_budget(cached_t
     assert steps == list(range(len(front)))  # a small front: every row is a step
     assert data["budgets"] == [r["budget"] for r in front]
     assert data["removed"] == [r["removed"] for r in front]
-    assert data["bias"] == [r["bias_params"] for r in front] and data["bias"][-1] > 0
+    assert app_mode(cached_table) == "none" and data["bias"] == [r["bias_params"] for r in front] == [0] * len(front)
     grid = data["grid"]
     for i in (0, len(steps) // 2, len(steps) - 1):
         assert [grid[k] for k in data["attn"][i]] == front[steps[i]]["attention_rates"]
@@ -77,9 +83,9 @@ def test_the_chart_carries_the_front_rows_and_starts_at_the_apps_budget(cached_t
     plan.check_model(smol)
     assert plan.params["removed"] == active["removed"] + active["bias_params"] and plan.attention_rates == active["attention_rates"]
     assert metric(at, "Removed parameters") == f"{plan.params['removed']:,}"  # what the cut removes
-    left = plan.params["dense_total"] - active["removed"]  # the pruned model's, its biases included
-    assert left == plan.params["pruned_total_with_biases"] and metric(at, "Parameters left") == f"{left:,}"
-    assert any(f"adds {active['bias_params']:,} bias parameters" in t for t in texts(at.caption))
+    left = plan.params["dense_total"] - active["removed"]  # the pruned model's (OBS, SmolLM2's DP step, adds no bias)
+    assert left == plan.params["pruned_total"] and metric(at, "Parameters left") == f"{left:,}"
+    assert active["bias_params"] == 0 and not any("bias parameters" in t for t in texts(at.caption))
     assert metric(at, "Predicted") == f"+{active['predicted_loss']:.4f}"
     # The figures the browser starts from; legends are HTML there (they wrap on a phone).
     front_fig = json.loads(data["front_figure"])
@@ -267,7 +273,7 @@ def test_prune_and_evaluate_waits_when_the_sessions_plan_moved_after_the_page_wa
     shown = at.session_state["app_plan_hash"]
     assert any(f"The planner's DP plan `{shown}`" in t for t in texts(at.caption))
     front = app_front(cached_table, smol)
-    moved = row_plan(smol, cached_table, front[data["rows"][data["active"] + 5]], DEFAULT_COMPENSATION)
+    moved = row_plan(smol, cached_table, front[data["rows"][data["active"] + 5]], None)  # counted for no bias, as the page
     at.session_state["app_plan"], at.session_state["app_plan_hash"] = moved.to_dict(), moved.content_hash()
     at.session_state["app_budget"] = moved.budget
     at.button(key="eval_run").click().run()

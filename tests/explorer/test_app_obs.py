@@ -2,9 +2,9 @@
 structured OBS) on its own number of calibration windows; the run records both.
 
 The real built-in model behind the page; the tiny cached table of ``app_fixtures`` (news-sample,
-2 windows of 16 tokens). The plan pruned is an uploaded one that cuts 5% of the first block's MLP:
-OBS's greedy removes one channel at a time, so the planner's 20% plan would take minutes here (the
-engine paths of a DP plan pruned by OBS are tests/pipeline/test_obs_any_plan.py's).
+2 windows of 16 tokens). The planner's DP plan on SmolLM2 is OBS's by default (the Llama family's
+step: tests/explorer/test_app.py prunes it); here an uploaded uniform plan that cuts 5% of the first
+block's MLP, its own criterion wanda, is pruned by OBS picked on the page.
 """
 
 from __future__ import annotations
@@ -26,14 +26,16 @@ def test_prune_and_evaluate_prunes_a_plan_by_obs(cached_table, smol):
     at = start("explorer/evaluate.py")
     criterion = at.selectbox(key="eval_criterion")
     assert criterion.value == "the plan's own" and any(option.startswith("obs — SlimGPT") for option in criterion.options)
-    assert criterion.options[0] == "the plan's own (wanda)"  # the planner's DP plan: the tiny table's criterion
-    assert not at.selectbox(key="app_compensation").disabled
-    assert not any(n.key == "eval_obs_samples" for n in at.number_input)  # asked only for obs
+    assert criterion.options[0] == "the plan's own (obs)"  # the planner's DP plan: SmolLM2's step
+    assert at.selectbox(key="app_compensation").disabled  # OBS's update is its compensation
+    assert any(n.key == "eval_obs_samples" for n in at.number_input)  # asked for obs, the DP plan's step
     first_mlp = [0.05] + [0.0] * (smol.num_layers - 1)
     at.session_state["app_uploaded_plan"] = make_plan(smol, [0.0] * smol.num_layers, first_mlp, "wanda", allocator="uniform").to_dict()
     at.run()
     tiny_eval(at, save=True)
     at.selectbox(key="eval_allocator").set_value("uploaded plan").run()
+    assert at.selectbox(key="eval_criterion").options[0] == "the plan's own (wanda)"
+    assert not at.selectbox(key="app_compensation").disabled
     at.selectbox(key="eval_criterion").set_value("obs").run()
     assert at.selectbox(key="app_compensation").disabled  # OBS's update is its compensation
     at.number_input(key="eval_obs_samples").set_value(3).run()

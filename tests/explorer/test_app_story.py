@@ -29,7 +29,7 @@ def test_a_run_leads_with_its_takeaway_and_uniform_and_no_compensation_are_one_c
     tiny_eval(at)
     at.button(key="eval_run").click().run()
     first = finished(at)
-    assert (first.compensation or {}).get("mode") == "bias"  # the page's default
+    assert first.compensation is None and first.plan["criterion"] == "obs"  # the page's default: SmolLM2's DP step, OBS
     [said] = [t for t in texts(at.info) if "of prunable parameters removed" in t]
     assert f"GAP's plan (run {first.run_id}) gives perplexity {first.report['perplexity']['news-sample']:.1f} [" in said
     assert "No uniform run at this budget on these held-out windows yet" in said  # nothing made up to compare with
@@ -37,7 +37,8 @@ def test_a_run_leads_with_its_takeaway_and_uniform_and_no_compensation_are_one_c
     at.button(key=f"eval_beside_uniform_{first.run_id}").click().run()
     uniform = finished(at)
     stored = history.get_run(uniform.run_id)
-    assert stored.allocator == "uniform" and stored.budget == first.plan["budget"] and (uniform.compensation or {}).get("mode") == "bias"
+    assert stored.allocator == "uniform" and stored.budget == first.plan["budget"] and uniform.compensation is None
+    assert stored.plan["criterion"] == "obs"  # pruned as the DP run was: only the allocator differs
     [said] = [t for t in texts(at.info) if "of prunable parameters removed" in t]
     assert f"GAP's plan (run {first.run_id}) keeps perplexity" in said and f"where uniform pruning (run {uniform.run_id}) gives" in said
     assert said.count("[") == 3  # both perplexities and their ratio carry an interval
@@ -47,17 +48,17 @@ def test_a_run_leads_with_its_takeaway_and_uniform_and_no_compensation_are_one_c
     assert not any(b.key == f"eval_beside_uniform_{first.run_id}" for b in at.button)  # compared: no button
     at.button(key=f"eval_beside_same_plan_{first.run_id}").click().run()
     twin = finished(at)
-    assert twin.run_id != first.run_id and twin.compensation is None  # surgery alone
+    assert twin.run_id != first.run_id and twin.compensation["mode"] == "bias"  # FLAP's bias after the OBS update
     assert (twin.plan["attention_rates"], twin.plan["mlp_rates"]) == (first.plan["attention_rates"], first.plan["mlp_rates"])
     stored = history.get_run(twin.run_id)
     assert stored.params["eval"]["windows"]["n_samples"] == 2 and stored.prefill_speedup is None  # its windows, no timing
     [compared] = [t for t in texts(at.info) if t.startswith("The same plan with bias compensation")]
-    assert f"(run {first.run_id}) keeps perplexity" in compared and f"where without compensation (run {twin.run_id}) gives" in compared
+    assert f"(run {twin.run_id}) keeps perplexity" in compared and f"where without compensation (run {first.run_id}) gives" in compared
     assert compared.count("[") == 3  # both perplexities and their ratio carry an interval
     assert not any(b.key == f"eval_beside_same_plan_{twin.run_id}" for b in at.button)  # measured both ways: the comparison, no button
     [frontier] = [s for s in plotly_specs(at) if any(t.get("name") == "dp + bias" for t in s["data"])]
     runs = [t for t in frontier["data"] if "error_y" in t]  # the intervals, as error bars
-    assert sorted(t["name"] for t in runs) == ["dp", "dp", "dp + bias", "dp + bias", "uniform + bias", "uniform + bias"]  # both panels
+    assert sorted(t["name"] for t in runs) == ["dp", "dp", "dp + bias", "dp + bias", "uniform", "uniform"]  # both panels
     assert any(str(t.get("name", "")).startswith("dense ") for t in frontier["data"])  # the dense model's, with its interval
 
     at.switch_page("explorer/export.py")

@@ -40,12 +40,13 @@ def _kept(result):
 
 
 def test_a_dp_plan_pruned_by_obs_keeps_its_counts_and_chooses_other_units(make_tiny):
-    dense = make_tiny("llama", **WIDE)
+    dense = make_tiny("qwen3", **WIDE)  # a family whose DP step is the table's criterion (Llama's is OBS)
     plan = _dp_plan(dense)
     assert (plan.allocator, plan.criterion) == ("dp", "wanda")
     by_obs = pruned_by(plan, "obs")
     assert (by_obs.criterion, by_obs.attention_rates, by_obs.mlp_rates) == ("obs", plan.attention_rates, plan.mlp_rates)
     assert plan.criterion == "wanda"  # the plan given is not changed
+    assert _dp_plan(make_tiny("llama", **WIDE)).criterion == "obs"  # on Llama the DP's plan is OBS's already
 
     wanda_model, wanda = pruned_as_saved(dense, plan, CALIB, save_dtype="float32")
     obs_model, obs = pruned_as_saved(dense, by_obs, CALIB, save_dtype="float32")

@@ -16,12 +16,13 @@ from synthetic_tables import SMOL_GRID, synthetic_table
 
 from gap_engine import cli
 from gap_engine.cli import plan_commands
-from gap_engine.core.config import DEFAULT_COMPENSATION, WindowSpec
+from gap_engine.core.config import WindowSpec
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.runs import prune_and_evaluate
-from gap_engine.prune.compensations import CompensationSettings
+from gap_engine.plan.step import plan_criterion
+from gap_engine.prune.compensations import CompensationSettings, default_for
 
 TEXT = "news-sample"
 WINDOW_ARGS = ["--samples", "2", "--seq-len", "32", "--batch-size", "2", "--seed", "0"]
@@ -33,7 +34,10 @@ def test_smol_run_compare_and_prune_eval_agree_on_one_plan(smol, fresh_cache, tm
     table_path.write_text(table.to_json())
     heldout = WindowSpec(data=TEXT, n_samples=2, seq_len=32, seed=0, batch_size=2)
 
-    # The explorer's run (what its background job calls, with the page's default compensation), saving its checkpoint.
+    # The explorer's run (what its background job calls, with the page's default compensation: none after the
+    # DP's step on SmolLM2, OBS), saving its checkpoint.
+    page_default = default_for(plan_criterion("dp", table)).mode
+    assert page_default == "none"
     settings = EvalSettings(windows=heldout, throughput=False, generations=0)
     run = prune_and_evaluate(
         smol,
@@ -43,7 +47,7 @@ def test_smol_run_compare_and_prune_eval_agree_on_one_plan(smol, fresh_cache, tm
         allocator="dp",
         checkpoint_dir=tmp_path / "run",
         history_path=tmp_path / "runs.db",
-        compensation=CompensationSettings(mode=DEFAULT_COMPENSATION),
+        compensation=CompensationSettings(mode=page_default),
     )
 
     # gap compare, the same table and budget (its outcomes kept at full precision: the CSV has 6 digits).
@@ -68,7 +72,9 @@ def test_smol_run_compare_and_prune_eval_agree_on_one_plan(smol, fresh_cache, tm
     # The same weights: the run's checkpoint and gap prune's hold one fingerprint.
     markers = [json.loads((folder / "gap_pruned.json").read_text()) for folder in (tmp_path / "run", out)]
     assert markers[0]["fingerprint"] == markers[1]["fingerprint"]
-    assert markers[0]["compensation"]["mode"] == markers[1]["compensation"]["mode"] == outcome.compensation == DEFAULT_COMPENSATION
+    modes = [(marker["compensation"] or {"mode": "none"})["mode"] for marker in markers]  # none is recorded as no compensation
+    assert modes == [outcome.compensation, page_default] == [page_default, page_default]
+    assert [json.loads((folder / "plan.json").read_text())["criterion"] for folder in (tmp_path / "run", out)] == ["obs", "obs"]
     assert load_model(str(out)).fingerprint == markers[1]["fingerprint"]
 
     # The same numbers on every surface, to 1e-6.

@@ -139,7 +139,7 @@ def test_cancel_then_resume_gives_the_uninterrupted_table(tmp_cache, tiny):
     assert second.calls[0][0] == 3  # starts from the saved cells
     assert first.measured + second.measured == total
     assert resumed.extras.pop("cpu_seconds") > 0  # this process's CPU time for the build: measured, so only its sign is known
-    assert resumed.extras == {"cells_measured": total - 3, "cells_resumed": 3, "distinct_cells": total}
+    assert resumed.extras == {"cells_measured": total - 3, "cells_resumed": 3, "distinct_cells": total, "model_type": "llama"}
     assert_same_table(reference, resumed)
     assert not cache.PartialCells(reference.key).path.exists()
 

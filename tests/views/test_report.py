@@ -23,6 +23,7 @@ from gap_engine.evaluate import history
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.pipeline.jobs import manager, prune_eval_task
 from gap_engine.pipeline.stages import loss_table as build_table
+from gap_engine.pipeline.stages import pruned_by
 from gap_engine.plan.front import dp_front, front_rows
 from gap_engine.plan.front_view import row_plan
 from gap_engine.prune.compensations import CompensationSettings
@@ -53,7 +54,7 @@ def run(tmp_path_factory, smol, table, files):
     """One real run of the DP plan at about 30% with FLAP's bias compensation (tiny evaluation), recorded in its own history."""
     front = front_rows(table, dp_front(table))
     row = next(r for r in front if r["budget"] >= 0.3)
-    plan = row_plan(smol, table, row)
+    plan = pruned_by(row_plan(smol, table, row), "wanda")  # the table's criterion with bias (SmolLM2's DP step is OBS)
     plan.save(files / "plan.json")
     cache_dir = tmp_path_factory.mktemp("cache")
     history_path = cache_dir / "runs" / history.HISTORY_FILE  # where `gap report --run` looks with GAP_CACHE_DIR=cache_dir
