@@ -174,16 +174,23 @@ def prune_eval_runs(lm, table, work: Path) -> list:
     from gap_engine.evaluate.metrics import EvalSettings
     from gap_engine.pipeline import cost_model
     from gap_engine.pipeline.runs import prune_and_evaluate, prune_eval_stages
+    from gap_engine.plan.step import plan_criterion
+    from gap_engine.prune.compensations import default_for
+    from gap_engine.prune.criteria import is_sequential
 
     settings = EvalSettings(windows=APP_EVAL_WINDOWS)
-    stages = prune_eval_stages(settings, checkpoint=True)
-    run = dict(table=table, budget=0.2, checkpoint_dir=work / "run-checkpoint", history_path=work / "history.sqlite")
+    step = plan_criterion("dp", table)  # the DP's default step on this model (OBS on SmolLM2), its own compensation
+    compensation = default_for(step)
+    stages = prune_eval_stages(settings, checkpoint=True, compensated=compensation.active)
+    run = dict(
+        table=table, budget=0.2, checkpoint_dir=work / "run-checkpoint", history_path=work / "history.sqlite", compensation=compensation
+    )
     runs = [
-        learning_run(cost_model.run_prediction(MODEL, table.spec.windows, settings, stages, "dp", loaded=True),
+        learning_run(cost_model.run_prediction(MODEL, table.spec.windows, settings, stages, "dp", loaded=True, sequential=is_sequential(step)),
                      lambda: prune_and_evaluate(lm, settings, **run))
         for _ in range(2)
     ]  # fmt: skip
-    return [row(f"prune and evaluate, DP at 20%, {' + '.join(stages[1:])}", runs)]
+    return [row(f"prune and evaluate, DP at 20% ({step}, {compensation.mode}), {' + '.join(stages[1:])}", runs)]
 
 
 def recoveries(checkpoint: Path, work: Path) -> list:
