@@ -43,9 +43,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import hostile_issue34_meaning  # beside this file: saved files, numbers, inputs and links read for meaning
-import hostile_issue44  # beside this file: option rules, caches, paths, bounds and model identity
-import hostile_issue44_declared  # beside this file: tensors a folder stores against those its config declares
+import hostile_declared  # beside this file: tensors a folder stores against those its config declares
+import hostile_meaning  # beside this file: saved files, numbers, inputs and links read for meaning
+import hostile_rules_and_identity  # beside this file: option rules, caches, paths, bounds and model identity
 from report import command_line, machine_line, script_argv, with_header
 
 from gap_engine.core.fsutil import atomic_write_text
@@ -1069,8 +1069,8 @@ def recover_state_cases() -> list[Case]:
 
 
 def issue34_meaning_cases() -> list[Case]:
-    """Issue 34 items 3 (saved files), 4, 5 and 8: bench/hostile_issue34_meaning.py, given this module."""
-    return hostile_issue34_meaning.cases(sys.modules[__name__])
+    """The i34 families read for meaning (saved files, numbers, inputs, links): bench/hostile_meaning.py, given this module."""
+    return hostile_meaning.cases(sys.modules[__name__])
 
 
 def all_cases() -> list[Case]:
@@ -1087,14 +1087,14 @@ def all_cases() -> list[Case]:
         + recover_state_cases()
         + issue34_cases()
         + issue34_meaning_cases()
-        + hostile_issue44.cases(sys.modules[__name__])
-        + hostile_issue44_declared.cases(sys.modules[__name__])
+        + hostile_rules_and_identity.cases(sys.modules[__name__])
+        + hostile_declared.cases(sys.modules[__name__])
     )
 
 
 def issue34_cases() -> list[Case]:
-    """Issue 34 items 1, 2, 3 (paths), 6 and 7: bench/hostile_issue34.py, given this module."""
-    from hostile_issue34 import cases
+    """The i34 families of foreign code, outputs, paths and output hygiene: bench/hostile_code_and_paths.py, given this module."""
+    from hostile_code_and_paths import cases
 
     return cases(sys.modules[__name__])
 
@@ -1159,8 +1159,8 @@ def run_case(case: Case, folder: Path, timeout: float) -> dict:
             sys.stderr = os.fdopen(2, "w", buffering=1)
             sys.stdout = os.fdopen(1, "w", buffering=1)
             try:
-                link = argv[:1] == [hostile_issue34_meaning.LINK]  # an explorer link (AppTest), not a gap command
-                code = hostile_issue34_meaning.open_link(argv[1:]) if link else main(argv)
+                link = argv[:1] == [hostile_meaning.LINK]  # an explorer link (AppTest), not a gap command
+                code = hostile_meaning.open_link(argv[1:]) if link else main(argv)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 2
             sys.stderr.flush()
@@ -1395,7 +1395,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "hostile.md")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a case counts as a hang")
     parser.add_argument("--only", help="run only cases whose name contains this")
-    parser.add_argument("--family", help="run only cases whose family starts with this (e.g. 'i34' for issue 34's)")
+    parser.add_argument("--family", help="run only cases whose family starts with this (e.g. 'i34')")
     return parser
 
 
@@ -1427,8 +1427,8 @@ def main(argv: list[str] | None = None) -> int:
     FIXTURES.mkdir()
     started = time.perf_counter()
     _build_fixture_tree(FIXTURES)
-    _build_fixture_tree(FIXTURES, hostile_issue34_meaning.build_fixtures)
-    _build_fixture_tree(FIXTURES, hostile_issue44.build_fixtures)
+    _build_fixture_tree(FIXTURES, hostile_meaning.build_fixtures)
+    _build_fixture_tree(FIXTURES, hostile_rules_and_identity.build_fixtures)
     _warm_up(work)
     cases = [c for c in all_cases() if (not args.only or args.only in c.name) and (not args.family or c.family.startswith(args.family))]
     results = []

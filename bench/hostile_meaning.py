@@ -1,5 +1,5 @@
-"""Issue 34's cases for ``bench_hostile.py``, items 3 (saved files), 4, 5 and 8, kept apart from the
-other families so other additions merge cleanly. ``cases(bench)`` is called with the running bench
+"""The ``i34`` families of ``bench_hostile.py`` that feed gap inputs to be read for meaning (saved
+files, numbers, inputs, links), kept apart from the other families so additions merge cleanly. ``cases(bench)`` is called with the running bench
 module (its ``Case``, helpers and ``FIXTURES``, read when a case is prepared); ``build_fixtures``
 runs once in a child before the cases; ``open_link`` runs in a case's child for ``LINK`` cases.
 

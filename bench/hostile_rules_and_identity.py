@@ -1,5 +1,5 @@
-"""Issue 44's cases for ``bench_hostile.py``, kept apart from the other families so additions merge
-cleanly. ``cases(bench)`` is called with the running bench module (its ``Case``, helpers and
+"""The ``i44`` families of ``bench_hostile.py`` (option rules, caches, paths, bounds, model identity),
+kept apart from the other families so additions merge cleanly. ``cases(bench)`` is called with the running bench module (its ``Case``, helpers and
 ``FIXTURES``, read when a case is prepared); ``build_fixtures`` runs once in a child before the cases.
 
 - **i44 rules** (item 4): the calibration-token rule of a refit, checked by ``gap table`` as by prune
@@ -12,7 +12,7 @@ cleanly. ``cases(bench)`` is called with the running bench module (its ``Case``,
   that fills up inside a GGUF's tensors; gap's own GGUF given to ``gap eval``.
 - **i44 identity** (items 1-3): weights edited in place with the same size and mtime, config.json
   and tokenizer edits (each must give a new table), biases stored but not declared (and declared
-  but not stored). ``hostile_issue44_declared`` adds the rest of "declared = stored".
+  but not stored). ``hostile_declared`` adds the rest of "declared = stored".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Issue 34's cases for ``bench_hostile.py``, items 1, 2, 3 (paths), 6 and 7, kept apart from the
-issue-24 families so other additions merge cleanly. ``cases(bench)`` is called with the running
+"""The ``i34`` families of ``bench_hostile.py`` (foreign code, outputs, paths, network and output
+hygiene), kept apart from the other families so additions merge cleanly. ``cases(bench)`` is called with the running
 bench module (its ``Case``, helpers and ``FIXTURES``, read when a case is prepared).
 
 - **i34 code**: a model folder (or a checkpoint) that names Python of its own in ``auto_map``;

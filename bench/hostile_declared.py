@@ -1,8 +1,8 @@
-"""Issue 44's "declared = stored" cases for ``bench_hostile.py``: model folders and checkpoints whose
+"""The ``i44 declared`` cases of ``bench_hostile.py`` (declared = stored): model folders and checkpoints whose
 tensors differ from what their config.json declares. ``cases(bench)`` is called with the running
 bench module (its ``Case``, helpers and ``FIXTURES``, read when a case is prepared).
 
-- **i44 declared** (beside ``hostile_issue44``'s identity cases for undeclared and unstored biases):
+- **i44 declared** (beside ``hostile_rules_and_identity``'s identity cases for undeclared and unstored biases):
   MLP biases declared and none stored, a stray tensor, a tied head stored with other values, a checkpoint with an extra bias or a
   bias flag it does not store; controls that must still load: shards with an index, a base
   model's keys (no ``model.`` prefix, renamed by transformers), a stored rotary buffer.
