@@ -319,7 +319,8 @@ def main(argv=None) -> int:
         "",
         f"Nominal / wall from {min(every):.2f} to {max(every):.2f}. Learned predictions of runs that started at load "
         f"{BUSY:g} or more: {sum(verdicts)} of {len(verdicts)} rows within {TARGET:g}x of the wall time; target (every "
-        f"such row within {TARGET:g}x after one finished job): {'met' if met else 'NOT met'}.",
+        f"such row within {TARGET:g}x after one finished job): "
+        + ("met." if met else "NOT met." if verdicts else f"not shown (no run started at load {BUSY:g} or more)."),
     ]
     write_report("expected", lines, SCRIPT, argv)
     return 0
