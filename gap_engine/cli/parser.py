@@ -137,10 +137,10 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str, cri
     prunes_by = ""
     if criteria is not SCORING_CRITERIA:  # gap prune: a criterion that scores no table (obs) may prune
         prunes_by = (
-            "; it replaces a --plan's own criterion; obs, which no table can score, prunes --budget's DP plan, "
-            f"its tables scoring units by {DEFAULT_CRITERION}. Not given, --budget's DP plan prunes by the model family's "
-            "step: obs on Llama/SmolLM2/Mistral (chosen on held-out text: bench/results/quality.md), "
-            f"{DEFAULT_CRITERION} elsewhere"
+            " for --uniform and the tables; not given, --budget's DP plan prunes by the model family's step: obs on "
+            f"Llama/SmolLM2/Mistral (chosen on held-out text: bench/results/quality.md), {DEFAULT_CRITERION} elsewhere; "
+            "given, it replaces a --plan's own criterion; obs, which no table can score, prunes --budget's DP plan, "
+            f"its tables scoring units by {DEFAULT_CRITERION}"
         )
     p.add_argument(
         "--criterion",
