@@ -42,10 +42,10 @@ def family_step(model_type: str | None) -> str | None:
 def takes(criterion: str, compensation: str | None) -> bool:
     """Whether ``compensation`` (None: not asked) may follow a prune by ``criterion``: a criterion that updates the
     kept columns itself (OBS) takes no refit, which would solve its problem again."""
-    from gap_engine.prune.compensations import COMPENSATIONS
     from gap_engine.prune.criteria import is_sequential
+    from gap_engine.prune.sequential import OBS_COMPENSATIONS
 
-    return compensation is None or not is_sequential(criterion) or not COMPENSATIONS[compensation].refits
+    return compensation is None or not is_sequential(criterion) or compensation in OBS_COMPENSATIONS
 
 
 def plan_criterion(allocator: str, table: LossTable, compensation: str | None = None) -> str:
