@@ -157,6 +157,7 @@ def run_compare(args: argparse.Namespace) -> int:
     constraints = constraints_from(args)
     prepared = _prepared_tasks(args)  # before the text is read and the model loads
     compensation = compensation_from(args)
+    asked = compensation if args.compensate else None  # not asked: each row its step's default
     table = read_table(args.table) if args.table else None
     if table is not None:
         check_recorded_model(args.model, table)  # before the text is read
@@ -180,7 +181,7 @@ def run_compare(args: argparse.Namespace) -> int:
         else:
             progress = StderrProgress("loss table")
             table = loss_table(lm, build_spec, progress.hooks())
-    checked = check_rows(lm, table, budgets, allocators, constraints, compensation)  # before anything slow
+    checked = check_rows(lm, table, budgets, allocators, constraints, asked)  # before anything slow
     heldout = heldout_sets(lm.tokenizer, eval_windows, splits)
     evo = EvoSettings(generations=args.evo_generations, offspring=args.evo_offspring)
     extra, dense_columns = _task_columns(lm, prepared)
@@ -195,7 +196,7 @@ def run_compare(args: argparse.Namespace) -> int:
         evo,
         say,
         extra=extra,
-        compensation=compensation,
+        compensation=asked,
         obs_samples=args.obs_samples,
         checked=checked,
     )

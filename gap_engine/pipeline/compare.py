@@ -26,9 +26,9 @@ from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.plan.allocators import ReachableBudget, check_reach, plan_from_table
 from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.problem import Constraints
-from gap_engine.plan.step import plan_criterion
+from gap_engine.plan.step import plan_criterion, takes
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
-from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, default_for
 from gap_engine.prune.criteria import CRITERIA, is_sequential
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.tables.artefact import LossTable
@@ -207,11 +207,17 @@ def allocator_spec(spec: str) -> tuple[str, str | None]:
 
 
 def shipped_compensation(
-    table: LossTable, allocator: str, criterion: str | None, compensation: CompensationSettings
+    table: LossTable, allocator: str, criterion: str | None, compensation: CompensationSettings | None
 ) -> CompensationSettings:
-    """What the kept units of a `compare` row get: ``compensation``, or none when the row's plan is
-    pruned by a sequential criterion (SlimGPT's OBS), which updates them itself."""
-    return NO_COMPENSATION if is_sequential(criterion or plan_criterion(allocator, table, compensation.mode)) else compensation
+    """What the kept units of a `compare` row get: ``compensation`` where the row's step takes it, else the
+    step's own default (``prune.compensations.default_for``). None (not asked for): every row its own
+    default, so a row pruned by a sequential criterion (OBS, whose update is its compensation) gets none
+    and the others ``config.DEFAULT_COMPENSATION``; a refit asked for gives OBS rows none (OBS takes no refit)."""
+    mode = None if compensation is None else compensation.mode
+    step = criterion or plan_criterion(allocator, table, mode)
+    if compensation is not None and takes(step, mode):
+        return compensation
+    return default_for(step)
 
 
 def check_rows(
@@ -220,7 +226,7 @@ def check_rows(
     budgets: Sequence[float],
     allocators: Sequence[str],
     constraints: Constraints,
-    compensation: CompensationSettings,
+    compensation: CompensationSettings | None,
 ) -> dict[tuple[float, str], ReachableBudget]:
     """Every row of `compare` checked within reach for what it ships, before anything slow.
 
@@ -248,7 +254,7 @@ def compare(
     evo: EvoSettings = EvoSettings(),
     hooks: Hooks = NO_HOOKS,
     extra: Callable[[LoadedModel], dict] | None = None,
-    compensation: CompensationSettings = NO_COMPENSATION,
+    compensation: CompensationSettings | None = NO_COMPENSATION,
     obs_samples: int | None = None,
     checked: Mapping[tuple[float, str], ReachableBudget] | None = None,
 ) -> list[Outcome]:
@@ -266,15 +272,17 @@ def compare(
         extra: more numbers of each pruned model (task accuracy), as extra columns.
         compensation: what every plan's kept units get after the cut, fitted on the table's windows;
             the biases one adds are paid from each budget (``plan.problem.bias_charges``). A plan
-            pruned by a sequential criterion (``obs``) gets none: its OBS update is its
-            compensation, and it is planned for what it ships.
+            pruned by a sequential criterion (``obs``) gets it where OBS takes it (bias), else none;
+            None: every plan its step's default (``shipped_compensation``). Each plan is planned for
+            what it ships.
         obs_samples: calibration windows a sequential criterion (``obs``) reads (None: the table's count).
         checked: `check_rows` of these arguments, when the caller checked them first (None: checked here).
     """
     specs = [allocator_spec(a) for a in allocators]
     table.check_model(lm)
     calib_spec = table.spec.windows
-    check_calibration(lm, calibration_tokens(calib_spec), compensation)  # before anything slow
+    for allocator, criterion in specs:  # before anything slow
+        check_calibration(lm, calibration_tokens(calib_spec), shipped_compensation(table, allocator, criterion, compensation))
     windows = calibration_windows(lm.tokenizer, calib_spec)
     scores = compute_importance(lm, windows, table.spec.criterion, calib_spec.batch_size)
     by_criterion = {scores.criterion: scores}

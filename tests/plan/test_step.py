@@ -62,3 +62,22 @@ def test_builtin_model_types_are_the_loaded_configs(smol):
     assert set(BUILTIN_MODEL_TYPES) == set(BUILTIN_MODELS)
     for name, model_type in BUILTIN_MODEL_TYPES.items():  # Gemma's without loading it: its listing names the type
         assert model_type in BUILTIN_MODELS[name].description.lower()
+
+
+def test_compare_ships_a_compensation_asked_for_where_the_step_takes_it(make_tiny):
+    from gap_engine.pipeline.compare import shipped_compensation
+    from gap_engine.prune.compensations import CompensationSettings
+
+    table = _with(synthetic_table(make_tiny("llama")), "llama")
+    bias, refit = CompensationSettings(mode="bias"), CompensationSettings(mode="refit")
+
+    def shipped(spec, asked):
+        allocator, _, criterion = spec.partition(":")
+        return shipped_compensation(table, allocator, criterion or None, asked).mode
+
+    # Not asked: every row its step's default (OBS's update is its compensation).
+    assert [shipped(s, None) for s in ("dp", "slimgpt", "dp:wanda", "flap")] == ["none", "none", "bias", "bias"]
+    # Asked for bias: OBS takes it, so every row ships it, as `gap prune --compensate bias` would.
+    assert [shipped(s, bias) for s in ("dp", "slimgpt", "dp:obs", "uniform")] == ["bias"] * 4
+    # A refit asked for: DP plans by the table's criterion to take it; OBS rows that cannot take it get none.
+    assert [shipped(s, refit) for s in ("dp", "slimgpt", "dp:obs")] == ["refit", "none", "none"]
