@@ -106,22 +106,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_configs(text: str) -> list[tuple[str, int]]:
-    """(calibration text as ``--data`` spells it, windows) of every configuration, in order."""
-    configs = []
+Config = tuple[str, int, "int | None"]
+
+
+def parse_configs(text: str) -> list[Config]:
+    """(calibration text as ``--data`` spells it, windows, OBS's windows or None) of every configuration, in
+    order: ``SOURCE[+SOURCE...]:WINDOWS`` prunes DP's plan by the table's criterion with ``--compensation``;
+    ``...:WINDOWS:obsN`` by OBS on N windows of the same text (no compensation: its update is one)."""
+    configs: list[Config] = []
     for item in split_list(text):
+        head, _, last = item.rpartition(":")
+        obs = None
+        if last.startswith("obs") and last[3:].isdigit() and int(last[3:]) >= 1:
+            obs, item = int(last[3:]), head
         sources, _, count = item.rpartition(":")
         if not sources or not count.isdigit() or int(count) < 1:
-            raise ValueError(f"--configs: {item!r} is not SOURCE[+SOURCE...]:WINDOWS")
-        configs.append((sources.replace("+", ","), int(count)))
+            raise ValueError(f"--configs: {item!r} is not SOURCE[+SOURCE...]:WINDOWS[:obsN]")
+        configs.append((sources.replace("+", ","), int(count), obs))
     if len(configs) < 2:
         raise ValueError("--configs needs at least two configurations: every ratio is against the first")
     return configs
 
 
-def config_label(config: tuple[str, int], seq_len: int) -> str:
-    data, count = config
-    return f"{data.replace(',', ' + ')}, {count} x {seq_len}"
+def config_label(config: Config, seq_len: int) -> str:
+    data, count, obs = config
+    step = "" if obs is None else f"; OBS on {obs} x {seq_len}"
+    return f"{data.replace(',', ' + ')}, {count} x {seq_len}{step}"
 
 
 def command_argv(args: argparse.Namespace) -> list[str]:
@@ -140,7 +150,7 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     from gap_engine.evaluate.window_metrics import dense_windows, head_weight, window_numbers
     from gap_engine.model.loading import load_model
     from gap_engine.model.storage import parse_dtype
-    from gap_engine.pipeline.stages import loss_table, pruned_as_saved
+    from gap_engine.pipeline.stages import loss_table, pruned_as_saved, pruned_by
     from gap_engine.plan.allocators import plan_from_table
     from gap_engine.prune.compensations import CompensationSettings
     from gap_engine.prune.importance import compute_importance
@@ -181,9 +191,10 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
         numbers = {name: dense_windows(dense, w, stored_head, args.eval_batch_size).nll.tolist() for name, w in sets.items()}
         append({"kind": "dense", "windows": {name: {"nll": nll} for name, nll in numbers.items()}})
     done = {row_key(r) for r in records if r.get("kind") == "row"}
-    for data, count in parse_configs(args.configs):
+    for config in parse_configs(args.configs):
+        data, count, obs = config
         budgets = [round(float(b), 4) for b in split_list(args.budgets)]
-        if all((data, count, budget) in done for budget in budgets):
+        if all((*config, budget) in done for budget in budgets):
             continue
         calib = WindowSpec(data=data, n_samples=count, seq_len=args.seq_len, batch_size=8)
         spec = TableSpec(
@@ -196,20 +207,26 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
         started = time.perf_counter()
         table = loss_table(dense, spec, hooks=Hooks(progress=lambda d, t, eta: None))
         table_s = time.perf_counter() - started
-        log.info("%s: table ready in %.0f s", config_label((data, count), args.seq_len), table_s)
+        log.info("%s: table ready in %.0f s", config_label(config, args.seq_len), table_s)
         scores = compute_importance(dense, calibration_windows(dense.tokenizer, calib), args.criterion, calib.batch_size)
         for budget in budgets:
-            if (data, count, budget) in done:
+            if (*config, budget) in done:
                 continue
             started = time.perf_counter()
-            plan = plan_from_table(dense, table, budget, "dp", scores=scores, compensation=args.compensation)
-            pruned, result = pruned_as_saved(dense, plan, calib, scores=scores, compensation=CompensationSettings(mode=args.compensation))
+            compensation = args.compensation if obs is None else "none"  # OBS's update is its compensation
+            plan = plan_from_table(dense, table, budget, "dp", scores=scores, compensation=compensation)
+            if obs is not None:
+                plan = pruned_by(plan, "obs")
+            pruned, result = pruned_as_saved(
+                dense, plan, calib, scores=scores, compensation=CompensationSettings(mode=compensation), obs_samples=obs
+            )
             numbers = window_numbers(pruned, dense, sets, args.eval_batch_size)
             append(
                 {
                     "kind": "row",
                     "data": data,
                     "samples": count,
+                    **({} if obs is None else {"obs_samples": obs}),
                     "budget": budget,
                     "table_key": table.key,
                     "table_s": round(table_s, 1),
@@ -220,20 +237,20 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                     "prune_eval_s": round(time.perf_counter() - started, 1),
                 }
             )
-            log.info("%s at %g: measured", config_label((data, count), args.seq_len), budget)
+            log.info("%s at %g: measured", config_label(config, args.seq_len), budget)
             del pruned
     return records
 
 
-def row_key(row: dict[str, Any]) -> tuple[str, int, float]:
-    """What a measured row is of: its calibration text, window count and budget."""
-    return row["data"], int(row["samples"]), round(float(row["budget"]), 4)
+def row_key(row: dict[str, Any]) -> tuple[str, int, int | None, float]:
+    """What a measured row is of: its calibration text, window count, OBS's window count and budget."""
+    return row["data"], int(row["samples"]), row.get("obs_samples"), round(float(row["budget"]), 4)
 
 
-def row_place(row: dict[str, Any], configs: Sequence[tuple[str, int]]) -> tuple[int, float]:
+def row_place(row: dict[str, Any], configs: Sequence[Config]) -> tuple[int, float]:
     """(index of the row's configuration in ``configs``, or -1 where it is not one of them; its budget)."""
-    data, count, budget = row_key(row)
-    return (configs.index((data, count)) if (data, count) in configs else -1), budget
+    data, count, obs, budget = row_key(row)
+    return (configs.index((data, count, obs)) if (data, count, obs) in configs else -1), budget
 
 
 # ---- the report --------------------------------------------------------------------------------
@@ -271,8 +288,10 @@ def report_lines(
 
     command = shlex.join(["python", SCRIPT, *command_argv(args)])
     dense_ppl = {s: _ppl([dense["windows"][set_name(SELECTION, s)]["nll"]]) for s in sources}
+    obs_step = any(obs is not None for _, _, obs in configs)
+    subject = "the table's text and windows, and OBS's windows" if obs_step else "one source or several"
     lines = [
-        f"# Calibration text for DP's plan on {args.model}: one source or several, judged on the selection part of every held-out source",
+        f"# Calibration text for DP's plan on {args.model}: {subject}, judged on the selection part of every held-out source",
         "",
         f"`{command}`",
         "",
@@ -286,7 +305,13 @@ def report_lines(
         f"- DP's plan ({args.estimator} table, objective {args.objective}, criterion {args.criterion}, rates {args.rates}; "
         f"compensation {args.compensation}, its biases paid from the budget), calibrated on each configuration: "
         + "; ".join(f"({chr(97 + i)}) {label}" for i, label in enumerate(labels))
-        + ". A mixed calibration divides its windows among its sources in the order named, each drawn from its own calibration part.",
+        + ". A mixed calibration divides its windows among its sources in the order named, each drawn from its own calibration part."
+        + (
+            " Where a configuration names OBS, DP's plan (counted for no biases) is pruned by OBS instead (SlimGPT's selection "
+            "and update, block by block) on that many windows of the same text (the first of them the table's), with no other compensation."
+            if obs_step
+            else ""
+        ),
         f"- Measured on the **selection** part of every held-out source ({', '.join(sources)}): {args.selection_windows} windows x "
         f"{args.eval_seq_len} tokens each, window seed {args.window_seed}; the report part is never read. These numbers choose "
         "a default, so none of them is a reported result.",
