@@ -79,6 +79,7 @@ SETTINGS = (
     "objective",
     "samples",
     "seq_len",
+    "obs_samples",
     "rates",
     "criterion",
     "budgets",
@@ -122,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", default=CLI_TABLE.objective)
     p.add_argument("--samples", type=int, default=CLI_TABLE.windows.n_samples, help="calibration windows")
     p.add_argument("--seq-len", type=int, default=CLI_TABLE.windows.seq_len, help="tokens per calibration window")
+    p.add_argument(
+        "--obs-samples",
+        type=int,
+        help="calibration windows of the same text every plan pruned by OBS reads (slimgpt, a dp whose step is OBS, X:obs); "
+        "default: --samples",
+    )
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in CLI_TABLE.rate_grid), help="the table's rate grid")
     p.add_argument("--criterion", default="wanda", help="the table's criterion (dp and uniform prune by it)")
     p.add_argument("--budgets", default="0.1,0.2,0.3,0.4,0.5")
@@ -162,6 +169,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if 0 < args.task_limit < MIN_TASK_EXAMPLES:
         p.error(f"--task-limit {args.task_limit}: a task claim needs at least {MIN_TASK_EXAMPLES} examples (0: no task)")
+    if args.obs_samples is None:
+        args.obs_samples = args.samples
+    if args.obs_samples < 1:
+        p.error(f"--obs-samples {args.obs_samples}: OBS needs at least one window")
     if args.report_windows < MIN_REPORT_WINDOWS:
         p.error(f"--report-windows {args.report_windows}: the paired bootstrap needs at least {MIN_REPORT_WINDOWS} per source")
     for name in ("budgets", "allocators", "compensations", "eval_data"):
@@ -238,13 +249,16 @@ class Results:
             path.write_text("")
             self.append({"kind": "settings", "settings": wanted})
 
-    def adopt(self, labels: dict[tuple[float, str, str], str]) -> None:
+    def adopt(self, labels: dict[tuple[float, str, str], str], obs_samples: int, samples: int) -> None:
         """Name every measured record by the requested allocator that measured it: a row is what was
         pruned (budget, base allocator, criterion; ``labels`` maps these to the names asked for), not
         the name it was asked under. A bare ``dp`` prunes by its model family's step, so a row
         measured as ``dp:obs`` is ``dp`` on a family whose step is OBS, and one measured as ``dp``
-        before that step was the default is ``dp:wanda``. Records of nothing requested are set aside
-        here (the file keeps them)."""
+        before that step was the default is ``dp:wanda``. A record pruned by OBS is of ``obs_samples``
+        windows (one that does not say read ``samples``, the calibration's). Records of nothing
+        requested are set aside here (the file keeps them)."""
+        from gap_engine.prune.criteria import is_sequential
+
         criteria = {row_key(r): r.get("criterion") for r in self.records if r.get("kind") == "row"}
         kept = []
         for record in self.records:
@@ -252,6 +266,8 @@ class Results:
                 kept.append(record)
                 continue
             criterion = record.get("criterion") or criteria.get(row_key(record))
+            if is_sequential(str(criterion)) and record.get("obs_samples", samples) != obs_samples:
+                continue
             label = labels.get((record["budget"], str(record["allocator"]).partition(":")[0], str(criterion)))
             if label is not None:
                 kept.append(record | {"allocator": label})
@@ -404,8 +420,19 @@ class Run:
 
         plan = self.plan(budget, allocator, compensation)
         return pruned_as_saved(
-            self.dense, plan, self.calib, scores=self.scores_for(plan.criterion), compensation=CompensationSettings(mode=compensation)
+            self.dense,
+            plan,
+            self.calib,
+            scores=self.scores_for(plan.criterion),
+            compensation=CompensationSettings(mode=compensation),
+            obs_samples=self.args.obs_samples,
         )
+
+    def obs_record(self, budget: float, allocator: str) -> dict[str, int]:
+        """What a record of a plan pruned by OBS adds: the windows OBS read (nothing for other plans)."""
+        from gap_engine.prune.criteria import is_sequential
+
+        return {"obs_samples": self.args.obs_samples} if is_sequential(self.plan(budget, allocator).criterion) else {}
 
     def measure_selection(self, budget: float, allocator: str, compensation: str) -> tuple[Any, dict[str, Any]]:
         """(the pruned model, its row: what the plan removed and its numbers on the selection windows)."""
@@ -434,7 +461,7 @@ class Run:
             "eval_s": round(time.perf_counter() - started - prune_s, 1),
             "load_start": round(load_start, 2),
             "load_end": round(os.getloadavg()[0], 2),
-        }
+        } | self.obs_record(budget, allocator)
         return pruned, row
 
     def measure_report(self, pruned: Any, budget: float, allocator: str, compensation: str) -> dict[str, Any]:
@@ -451,7 +478,7 @@ class Run:
             "windows": {name: {"nll": n.nll, "kl": n.kl, "top1": n.top1} for name, n in numbers.items()},
             "report_s": round(time.perf_counter() - started, 1),
             "report_load": [round(load_start, 2), round(os.getloadavg()[0], 2)],
-        }
+        } | self.obs_record(budget, allocator)
 
     def task(self, budget: float, allocator: str, compensation: str) -> dict[str, Any]:
         from gap_engine.evaluate.tasks import run_tasks
@@ -471,7 +498,7 @@ class Run:
             "n": score.n,
             "task_s": round(time.perf_counter() - started, 1),
             "load_start": round(load_start, 2),
-        }
+        } | self.obs_record(budget, allocator)
 
     def dense_task(self) -> dict[str, Any]:
         from gap_engine.evaluate.tasks import dense_task_scores, run_tasks
@@ -582,7 +609,7 @@ def run(args: argparse.Namespace) -> tuple[Results, list[Group]]:
             raise SystemExit(
                 f"--allocators: {labels[identity]} and {group.allocator} prune the same plan by {group.criterion} here; name one"
             )
-    results.adopt(labels)
+    results.adopt(labels, args.obs_samples, args.samples)
     reports = [len(g.menu) if args.report_every_row else min(2, len(g.menu)) for g in groups]
     progress = Progress(
         sum(len(g.menu) for g in groups) + sum(reports), len([r for r in results.records if r.get("kind") in ("row", "report")])

@@ -18,8 +18,10 @@ SOURCES = ("wiki-sample", "news-sample")
 
 
 def test_configurations_name_mixed_sources_with_plus():
-    assert parse_configs("wiki-sample:16,wiki-sample+news-sample:32") == [("wiki-sample", 16), ("wiki-sample,news-sample", 32)]
-    for bad in ("wiki-sample", "wiki-sample:0,news-sample:4", "wiki-sample:16"):
+    assert parse_configs("wiki-sample:16,wiki-sample+news-sample:32") == [("wiki-sample", 16, None), ("wiki-sample,news-sample", 32, None)]
+    # A configuration may prune DP's plan by OBS on its own window count.
+    assert parse_configs("wiki-sample:16:obs16,wiki-sample:16:obs64") == [("wiki-sample", 16, 16), ("wiki-sample", 16, 64)]
+    for bad in ("wiki-sample", "wiki-sample:0,news-sample:4", "wiki-sample:16", "wiki-sample:16,news-sample:4:obs0", "a:4,b:obs4"):
         with pytest.raises(ValueError, match="--configs"):
             parse_configs(bad)
 

@@ -130,6 +130,31 @@ def test_a_killed_run_resumes_and_other_settings_are_refused(tmp_path, monkeypat
     assert Results(path, parse_args(["--name", "unit", "--fresh"])).rows() == []
 
 
+def test_rows_pruned_by_obs_are_of_their_window_count(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_quality, "RESULTS", tmp_path)
+    path = tmp_path / "unit.jsonl"
+    args = parse_args(["--name", "unit", "--samples", "16"])
+    assert args.obs_samples == 16  # OBS reads the calibration's windows unless told otherwise
+    results = Results(path, args)
+    results.append(_row(0.2, "slimgpt", "none", 0.5, 0.5))  # measured before rows said their OBS windows: 16
+    results.append(_row(0.2, "slimgpt", "none", 0.4, 0.4) | {"obs_samples": 64})
+    results.append(_row(0.2, "flap", "bias", 0.6, 0.6))
+    labels = {(0.2, "slimgpt", "obs"): "slimgpt", (0.2, "flap", "wanda"): "flap"}
+
+    def kept(*argv):
+        resumed = Results(path, parse_args(["--name", "unit", *argv]))
+        resumed.adopt(labels, resumed_args(*argv).obs_samples, 16)
+        return sorted((r["allocator"], r.get("obs_samples")) for r in resumed.rows())
+
+    def resumed_args(*argv):
+        return parse_args(["--name", "unit", *argv])
+
+    assert kept() == [("flap", None), ("slimgpt", None)]
+    assert kept("--obs-samples", "64") == [("flap", None), ("slimgpt", 64)]  # the others' rows are kept: same measurements
+    assert kept("--obs-samples", "128") == [("flap", None)]
+    assert "--obs-samples" in command_argv(args)
+
+
 def test_report_is_regenerated_from_its_records_alone(tmp_path):
     # The report reads nothing but its arguments: two calls give the same text.
     groups = [Group(0.2, "dp", ("bias",), "bias"), Group(0.2, "uniform", ("bias",), "bias")]
