@@ -19,7 +19,7 @@ from explorer.session_jobs import remember_job, session_job
 from explorer.session_keys import PLAN_OWN
 from explorer.table_state import table_page
 from explorer.task_picker import checked_task_settings, task_defaults, task_examples, task_picker
-from gap_engine.core.config import APP_EVAL_WINDOWS, WindowSpec
+from gap_engine.core.config import APP_EVAL_WINDOWS, DEFAULT_OBS_SAMPLES, WindowSpec, obs_window_count
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
 from gap_engine.data.windows import HELDOUT_SOURCES
@@ -41,7 +41,7 @@ ALLOCATOR_HELP = {name: ALLOCATORS.describe(name) for name in ALLOCATORS} | {UPL
 DEFAULTS = {
     "eval_allocator": "dp",
     "eval_criterion": PLAN_OWN,
-    "eval_obs_samples": None,  # None: as many windows as the table's
+    "eval_obs_samples": None,  # None: the default count (stages.obs_windows)
     "eval_sources": [APP_EVAL_WINDOWS.data],
     "eval_samples": APP_EVAL_WINDOWS.n_samples,
     "eval_seq_len": APP_EVAL_WINDOWS.seq_len,
@@ -101,7 +101,7 @@ def expected_run(settings: EvalSettings) -> Prediction | None:
         examples = task_examples("eval_")
         return run_prediction(
             table.model, table.spec.windows, settings, stages, allocator, examples,
-            loaded=model_loaded(table.model), sequential=is_sequential(run_criterion()),
+            loaded=model_loaded(table.model), sequential=is_sequential(run_criterion()), obs_samples=asked_obs_samples(),
         )  # fmt: skip
     except Exception:  # an unreadable config: the run itself says what is wrong
         return None
@@ -152,7 +152,7 @@ def start_run(shown_plan: dict | None = None) -> None:
     if ss["eval_save_checkpoint"]:
         checkpoint_dir = history.new_checkpoint_dir(plan.allocator if plan else allocator, plan.budget if plan else run_budget)
     criterion = None if ss["eval_criterion"] == PLAN_OWN else ss["eval_criterion"]
-    obs_samples = obs_window_count()
+    obs_samples = asked_obs_samples()
     task = prune_eval_task(
         table.model,
         settings,
@@ -234,8 +234,8 @@ def run_criterion() -> str:
     return plan_criterion() if ss["eval_criterion"] == PLAN_OWN else str(ss["eval_criterion"])
 
 
-def obs_window_count() -> int | None:
-    """The calibration windows a sequential criterion (``obs``) reads; None: the table's count (or no such criterion)."""
+def asked_obs_samples() -> int | None:
+    """The calibration windows a sequential criterion (``obs``) reads; None: the default count (or no such criterion)."""
     return int(ss["eval_obs_samples"]) if is_sequential(run_criterion()) and ss["eval_obs_samples"] else None
 
 
@@ -411,9 +411,10 @@ with left:
             max_value=LIMITS.samples,
             step=1,
             key="eval_obs_samples",
-            placeholder=f"{table.spec.windows.n_samples} (the table's)",
+            placeholder=f"{obs_window_count(table.spec.windows.n_samples, None)} (the default)",
             help="Windows of the table's calibration text and length that OBS chooses units and updates weights on "
-            "(one Gram matrix per projection per block, so more than the table's are affordable); empty: the table's.",
+            "(one Gram matrix per projection per block, so more than the table's are affordable); empty: the default, "
+            f"{DEFAULT_OBS_SAMPLES} or the table's count where that is more (chosen on held-out selection text).",
         )
 with right:
     st.subheader("Evaluation")

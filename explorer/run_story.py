@@ -89,17 +89,19 @@ def start_beside(run_id: int, what: str, table) -> None:
         mode, allocator, chosen, criterion = history.compensation_of(record), DEFAULT_OPPONENT, None, plan.criterion
         label = f"{DEFAULT_OPPONENT} at {(record.budget or 0):.2%} of {table.model} beside run {run_id}, criterion {criterion}"
     stages = prune_eval_stages(settings, False, False, mode != "none")
+    obs_samples = (params.get("obs_windows") or {}).get("n_samples")  # the run's own, so both read as many
     try:
         sequential = is_sequential(chosen.criterion if chosen is not None else criterion)
         expected = run_prediction(
-            table.model, table.spec.windows, settings, stages, allocator, 0, loaded=model_loaded(table.model), sequential=sequential
-        )
+            table.model, table.spec.windows, settings, stages, allocator, 0, loaded=model_loaded(table.model),
+            sequential=sequential, obs_samples=obs_samples,
+        )  # fmt: skip
     except Exception:  # an unreadable config: the run itself says what is wrong
         expected = None
     task = prune_eval_task(
         table.model, settings, expected, None, table=table, budget=record.budget, allocator=allocator, plan=chosen,
         constraints=Constraints.from_dict(params.get("constraints")), compensation=CompensationSettings(mode=mode),
-        maker=ownership.owner(), obs_samples=(params.get("obs_windows") or {}).get("n_samples"), criterion=criterion,
+        maker=ownership.owner(), obs_samples=obs_samples, criterion=criterion,
     )  # fmt: skip
     job_params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": record.budget, "compensation": mode}
     job_params |= {"plan_hash": plan.content_hash() if chosen is not None else None, "beside_run": run_id}

@@ -24,6 +24,7 @@ from gap_engine.core.config import (
     DEFAULT_MAX_RATE,
     DEFAULT_MODEL,
     DEFAULT_N_BUCKETS,
+    DEFAULT_OBS_SAMPLES,
     DEFAULT_SAVE_DTYPE,
     DEVICE_MAPS,
     EVAL_WINDOWS,
@@ -129,7 +130,8 @@ def _add_obs_args(p: argparse.ArgumentParser) -> None:
         "--obs-samples",
         type=int,
         help="calibration windows the obs criterion chooses units and updates weights on: the calibration text's "
-        "source, length and seed, this many windows (default: as many as --samples, or as the table's)",
+        f"source, length and seed, this many windows (default: {DEFAULT_OBS_SAMPLES}, or --samples / the table's count "
+        "where that is more; chosen on held-out selection text)",
     )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from gap_engine.core.config import DEFAULT_N_BUCKETS, DEFAULT_SAVE_DTYPE, WindowSpec
+from gap_engine.core.config import DEFAULT_N_BUCKETS, DEFAULT_SAVE_DTYPE, WindowSpec, obs_window_count
 from gap_engine.core.device import DeviceSpec
 from gap_engine.core.errors import ModelLoadError, TableError
 from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
@@ -192,9 +192,11 @@ def pruned_by(plan: RatePlan, criterion: str | None) -> RatePlan:
 
 def obs_windows(windows: WindowSpec, samples: int | None) -> WindowSpec:
     """The windows a sequential criterion (``obs``) chooses units and updates weights on: the
-    calibration windows' source, length and seed, ``samples`` of them (None: as many). Its cost
-    is one Gram matrix per projection per block, so it can read more than a table's cells do."""
-    return windows if samples is None else dataclasses.replace(windows, n_samples=samples).validate()
+    calibration windows' source, length and seed, ``samples`` of them (None: ``config.DEFAULT_OBS_SAMPLES``,
+    or the calibration's count where that is more). Its cost is one Gram matrix per projection per
+    block, so it can read more than a table's cells do."""
+    count = obs_window_count(windows.n_samples, samples)
+    return windows if count == windows.n_samples else dataclasses.replace(windows, n_samples=count).validate()
 
 
 def prune_with_plan(

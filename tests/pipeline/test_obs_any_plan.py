@@ -7,12 +7,13 @@ the real SmolLM2 tokenizer, a fisher table on 4 x 64 calibration tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
-from gap_engine.core.config import WindowSpec
+from gap_engine.core.config import DEFAULT_OBS_SAMPLES, WindowSpec
 from gap_engine.data.windows import calibration_windows
 from gap_engine.evaluate import history
 from gap_engine.evaluate.metrics import EvalSettings
@@ -76,7 +77,10 @@ def test_obs_prunes_a_plans_recorded_attention_shape(make_tiny):
 def test_obs_reads_as_many_windows_as_it_is_given(make_tiny):
     dense = make_tiny("llama", **WIDE)
     plan = pruned_by(make_plan(dense, [0.5, 0.0], [0.5, 0.25], "wanda", allocator="dp"), "obs")
-    assert obs_windows(CALIB, None) == CALIB and obs_windows(CALIB, 8) == WindowSpec(n_samples=8, seq_len=64, batch_size=2)
+    assert obs_windows(CALIB, 8) == WindowSpec(n_samples=8, seq_len=64, batch_size=2)
+    # By default DEFAULT_OBS_SAMPLES windows of the same text, or the calibration's count where that is more.
+    assert obs_windows(CALIB, None) == dataclasses.replace(CALIB, n_samples=DEFAULT_OBS_SAMPLES)
+    assert obs_windows(dataclasses.replace(CALIB, n_samples=96), None).n_samples == 96
 
     def logits(obs_samples):
         pruned, _ = pruned_as_saved(dense, plan, CALIB, save_dtype="float32", obs_samples=obs_samples)
@@ -84,8 +88,8 @@ def test_obs_reads_as_many_windows_as_it_is_given(make_tiny):
             return pruned.model(input_ids=calibration_windows(dense.tokenizer, CALIB)).logits
 
     default = logits(None)
-    torch.testing.assert_close(logits(CALIB.n_samples), default, rtol=0, atol=0)  # the table's windows by default
-    assert not torch.allclose(logits(8), default)  # more windows: other Gram matrices, other units or updates
+    torch.testing.assert_close(logits(DEFAULT_OBS_SAMPLES), default, rtol=0, atol=0)
+    assert not torch.allclose(logits(CALIB.n_samples), default)  # fewer windows: other Gram matrices, other units or updates
 
 
 def test_a_run_of_a_dp_plan_pruned_by_obs_records_it_and_its_checkpoint_reloads_the_same(make_tiny, tmp_path):
