@@ -19,7 +19,7 @@ from explorer.session_jobs import remember_job, session_job
 from explorer.session_keys import PLAN_OWN
 from explorer.table_state import table_page
 from explorer.task_picker import checked_task_settings, task_defaults, task_examples, task_picker
-from gap_engine.core.config import APP_EVAL_WINDOWS, DEFAULT_OBS_SAMPLES, WindowSpec, obs_window_count
+from gap_engine.core.config import APP_EVAL_WINDOWS, OBS_WINDOW_CAP, OBS_WINDOW_FACTOR, WindowSpec, obs_window_count
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.core.limits import LIMITS, check_windows
 from gap_engine.data.windows import HELDOUT_SOURCES
@@ -414,7 +414,7 @@ with left:
             placeholder=f"{obs_window_count(table.spec.windows.n_samples, None)} (the default)",
             help="Windows of the table's calibration text and length that OBS chooses units and updates weights on "
             "(one Gram matrix per projection per block, so more than the table's are affordable); empty: the default, "
-            f"{DEFAULT_OBS_SAMPLES} or the table's count where that is more (chosen on held-out selection text).",
+            f"{OBS_WINDOW_FACTOR}x the table's, at most {OBS_WINDOW_CAP} (chosen on held-out selection text).",
         )
 with right:
     st.subheader("Evaluation")

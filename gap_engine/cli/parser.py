@@ -24,7 +24,6 @@ from gap_engine.core.config import (
     DEFAULT_MAX_RATE,
     DEFAULT_MODEL,
     DEFAULT_N_BUCKETS,
-    DEFAULT_OBS_SAMPLES,
     DEFAULT_SAVE_DTYPE,
     DEVICE_MAPS,
     EVAL_WINDOWS,
@@ -32,6 +31,8 @@ from gap_engine.core.config import (
     HELDOUT_SPLITS,
     HELDOUT_TEXT_NAMES,
     MODES,
+    OBS_WINDOW_CAP,
+    OBS_WINDOW_FACTOR,
     RECOVERY_DEFAULT_TEXTS,
     RECOVERY_PROJECTIONS,
     RECOVERY_SCHEDULES,
@@ -130,8 +131,8 @@ def _add_obs_args(p: argparse.ArgumentParser) -> None:
         "--obs-samples",
         type=int,
         help="calibration windows the obs criterion chooses units and updates weights on: the calibration text's "
-        f"source, length and seed, this many windows (default: {DEFAULT_OBS_SAMPLES}, or --samples / the table's count "
-        "where that is more; chosen on held-out selection text)",
+        f"source, length and seed, this many windows (default: {OBS_WINDOW_FACTOR}x --samples or the table's count, at most "
+        f"{OBS_WINDOW_CAP}: 64 for the default table; chosen on held-out selection text)",
     )
 
 

@@ -126,14 +126,16 @@ DEFAULT_OBJECTIVE = "kl"
 DEFAULT_TABLE_WINDOWS = WindowSpec(n_samples=16, seq_len=256)
 # OBS (SlimGPT's selection and update, the DP's step on Llama) reads its own calibration windows: its
 # cost is one Gram matrix per projection, not cells. On the selection part of four held-out sources
-# (bench/results/obs_windows.md) 64 windows of 256 tokens beat the table's 16 at 20% and 40%, and
-# 128 added nothing at 20%.
-DEFAULT_OBS_SAMPLES = 64
+# (bench/results/obs_windows.md) 4x the default table's 16 windows beat 16 at 20% and 40%, and 8x
+# added nothing; the factor scales with the calibration a user chose, up to the cap.
+OBS_WINDOW_FACTOR = 4
+OBS_WINDOW_CAP = 128
 
 
 def obs_window_count(calibration: int, asked: int | None) -> int:
-    """How many calibration windows OBS reads: ``asked``, else DEFAULT_OBS_SAMPLES (never fewer than the calibration's)."""
-    return asked if asked is not None else max(calibration, DEFAULT_OBS_SAMPLES)
+    """How many calibration windows OBS reads: ``asked``, else OBS_WINDOW_FACTOR x the calibration's, at most
+    OBS_WINDOW_CAP unless the calibration itself has more (64 for the default table's 16)."""
+    return asked if asked is not None else max(calibration, min(OBS_WINDOW_FACTOR * calibration, OBS_WINDOW_CAP))
 
 
 # What a TableSpec built in code with no settings describes: the measured reference table

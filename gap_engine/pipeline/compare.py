@@ -270,11 +270,8 @@ def compare(
         constraints, evo: as for `allocators.plan_from_table`.
         hooks: its message is told one line per finished plan.
         extra: more numbers of each pruned model (task accuracy), as extra columns.
-        compensation: what every plan's kept units get after the cut, fitted on the table's windows;
-            the biases one adds are paid from each budget (``plan.problem.bias_charges``). A plan
-            pruned by a sequential criterion (``obs``) gets it where OBS takes it (bias), else none;
-            None: every plan its step's default (``shipped_compensation``). Each plan is planned for
-            what it ships.
+        compensation: what every plan's kept units get after the cut where its step takes it, fitted on the
+            table's windows, its biases paid from each budget (None: each its step's default; ``shipped_compensation``).
         obs_samples: calibration windows a sequential criterion (``obs``) reads (None: the table's count).
         checked: `check_rows` of these arguments, when the caller checked them first (None: checked here).
     """

@@ -192,8 +192,8 @@ def pruned_by(plan: RatePlan, criterion: str | None) -> RatePlan:
 
 def obs_windows(windows: WindowSpec, samples: int | None) -> WindowSpec:
     """The windows a sequential criterion (``obs``) chooses units and updates weights on: the
-    calibration windows' source, length and seed, ``samples`` of them (None: ``config.DEFAULT_OBS_SAMPLES``,
-    or the calibration's count where that is more). Its cost is one Gram matrix per projection per
+    calibration windows' source, length and seed, ``samples`` of them (None: ``config.obs_window_count``'s
+    default, 4x the calibration's up to a cap). Its cost is one Gram matrix per projection per
     block, so it can read more than a table's cells do."""
     count = obs_window_count(windows.n_samples, samples)
     return windows if count == windows.n_samples else dataclasses.replace(windows, n_samples=count).validate()

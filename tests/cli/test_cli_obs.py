@@ -16,7 +16,7 @@ from inprocess_cli import run_gap
 
 from gap_engine.cli.parser import build_parser, explicit_options
 from gap_engine.cli.preflight import check_option_rules
-from gap_engine.core.config import DEFAULT_OBS_SAMPLES, WindowSpec
+from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import OptionError
 from gap_engine.data.windows import calibration_windows
 from gap_engine.model.loading import load_model
@@ -105,9 +105,9 @@ def test_prune_budget_by_obs_plans_on_a_wanda_table(gap, tiny, tmp_path):
     argv = ["prune", "--model", tiny, "--budget", "0.3", *RATES, *CALIB, "--criterion", "obs", "--out", tmp_path / "ck"]
     code, err, out = gap(*argv)
     assert code == 0, err
-    # OBS reads its own default window count, more than the table's 4
+    # OBS reads its own default window count: 4x the table's 4
     assert "criterion: obs" in out
-    assert f"units: chosen and updated by obs on {DEFAULT_OBS_SAMPLES} calibration windows; the tables scored units by wanda" in out
+    assert "units: chosen and updated by obs on 16 calibration windows; the tables scored units by wanda" in out
     saved = json.loads((tmp_path / "ck" / "plan.json").read_text())
     assert saved["criterion"] == "obs" and saved["compensation"] == "none"
     assert 0.3 <= saved["params"]["removed_fraction_of_prunable"] < 0.5

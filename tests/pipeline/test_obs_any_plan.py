@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from gap_engine.core.config import DEFAULT_OBS_SAMPLES, WindowSpec
+from gap_engine.core.config import WindowSpec
 from gap_engine.data.windows import calibration_windows
 from gap_engine.evaluate import history
 from gap_engine.evaluate.metrics import EvalSettings
@@ -78,9 +78,10 @@ def test_obs_reads_as_many_windows_as_it_is_given(make_tiny):
     dense = make_tiny("llama", **WIDE)
     plan = pruned_by(make_plan(dense, [0.5, 0.0], [0.5, 0.25], "wanda", allocator="dp"), "obs")
     assert obs_windows(CALIB, 8) == WindowSpec(n_samples=8, seq_len=64, batch_size=2)
-    # By default DEFAULT_OBS_SAMPLES windows of the same text, or the calibration's count where that is more.
-    assert obs_windows(CALIB, None) == dataclasses.replace(CALIB, n_samples=DEFAULT_OBS_SAMPLES)
-    assert obs_windows(dataclasses.replace(CALIB, n_samples=96), None).n_samples == 96
+    # By default 4x the calibration's windows of the same text (64 for the default table's 16), at most 128
+    # unless the calibration itself has more.
+    assert obs_windows(CALIB, None) == dataclasses.replace(CALIB, n_samples=4 * CALIB.n_samples)
+    assert [obs_windows(dataclasses.replace(CALIB, n_samples=n), None).n_samples for n in (16, 64, 200)] == [64, 128, 200]
 
     def logits(obs_samples):
         pruned, _ = pruned_as_saved(dense, plan, CALIB, save_dtype="float32", obs_samples=obs_samples)
@@ -88,7 +89,7 @@ def test_obs_reads_as_many_windows_as_it_is_given(make_tiny):
             return pruned.model(input_ids=calibration_windows(dense.tokenizer, CALIB)).logits
 
     default = logits(None)
-    torch.testing.assert_close(logits(DEFAULT_OBS_SAMPLES), default, rtol=0, atol=0)
+    torch.testing.assert_close(logits(4 * CALIB.n_samples), default, rtol=0, atol=0)
     assert not torch.allclose(logits(CALIB.n_samples), default)  # fewer windows: other Gram matrices, other units or updates
 
 
