@@ -255,17 +255,22 @@ class Results:
         the name it was asked under. A bare ``dp`` prunes by its model family's step, so a row
         measured as ``dp:obs`` is ``dp`` on a family whose step is OBS, and one measured as ``dp``
         before that step was the default is ``dp:wanda``. A record pruned by OBS is of ``obs_samples``
-        windows (one that does not say read ``samples``, the calibration's). Records of nothing
-        requested are set aside here (the file keeps them)."""
+        windows (one that does not say read ``samples``, the calibration's). A report or task that
+        does not say its criterion is of the last row before it measured under its name (its own: a
+        report follows its row), else of the criterion its name spells (``dp:wanda``). Records of
+        nothing requested are set aside here (the file keeps them)."""
         from gap_engine.prune.criteria import is_sequential
 
-        criteria = {row_key(r): r.get("criterion") for r in self.records if r.get("kind") == "row"}
+        latest: dict[tuple[float, str, str], str] = {}  # row_key -> criterion of the last row so far
         kept = []
         for record in self.records:
             if record.get("kind") not in ("row", "report", "task") or record.get("allocator") == "dense":
                 kept.append(record)
                 continue
-            criterion = record.get("criterion") or criteria.get(row_key(record))
+            named = str(record["allocator"]).partition(":")[2] or None
+            criterion = record.get("criterion") or latest.get(row_key(record)) or named
+            if record.get("kind") == "row":
+                latest[row_key(record)] = str(criterion)
             if is_sequential(str(criterion)) and record.get("obs_samples", samples) != obs_samples:
                 continue
             label = labels.get((record["budget"], str(record["allocator"]).partition(":")[0], str(criterion)))
@@ -428,11 +433,12 @@ class Run:
             obs_samples=self.args.obs_samples,
         )
 
-    def obs_record(self, budget: float, allocator: str) -> dict[str, int]:
-        """What a record of a plan pruned by OBS adds: the windows OBS read (nothing for other plans)."""
+    def step_record(self, budget: float, allocator: str) -> dict[str, Any]:
+        """What every record of a plan says of its step: its criterion and, pruned by OBS, the windows OBS read."""
         from gap_engine.prune.criteria import is_sequential
 
-        return {"obs_samples": self.args.obs_samples} if is_sequential(self.plan(budget, allocator).criterion) else {}
+        criterion = self.plan(budget, allocator).criterion
+        return {"criterion": criterion} | ({"obs_samples": self.args.obs_samples} if is_sequential(criterion) else {})
 
     def measure_selection(self, budget: float, allocator: str, compensation: str) -> tuple[Any, dict[str, Any]]:
         """(the pruned model, its row: what the plan removed and its numbers on the selection windows)."""
@@ -461,7 +467,7 @@ class Run:
             "eval_s": round(time.perf_counter() - started - prune_s, 1),
             "load_start": round(load_start, 2),
             "load_end": round(os.getloadavg()[0], 2),
-        } | self.obs_record(budget, allocator)
+        } | self.step_record(budget, allocator)
         return pruned, row
 
     def measure_report(self, pruned: Any, budget: float, allocator: str, compensation: str) -> dict[str, Any]:
@@ -478,7 +484,7 @@ class Run:
             "windows": {name: {"nll": n.nll, "kl": n.kl, "top1": n.top1} for name, n in numbers.items()},
             "report_s": round(time.perf_counter() - started, 1),
             "report_load": [round(load_start, 2), round(os.getloadavg()[0], 2)],
-        } | self.obs_record(budget, allocator)
+        } | self.step_record(budget, allocator)
 
     def task(self, budget: float, allocator: str, compensation: str) -> dict[str, Any]:
         from gap_engine.evaluate.tasks import run_tasks
@@ -498,7 +504,7 @@ class Run:
             "n": score.n,
             "task_s": round(time.perf_counter() - started, 1),
             "load_start": round(load_start, 2),
-        } | self.obs_record(budget, allocator)
+        } | self.step_record(budget, allocator)
 
     def dense_task(self) -> dict[str, Any]:
         from gap_engine.evaluate.tasks import dense_task_scores, run_tasks

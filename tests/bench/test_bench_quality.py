@@ -155,6 +155,27 @@ def test_rows_pruned_by_obs_are_of_their_window_count(tmp_path, monkeypatch):
     assert "--obs-samples" in command_argv(args)
 
 
+def test_a_report_without_its_criterion_is_of_the_row_it_followed(tmp_path, monkeypatch):
+    # A bare dp measured by wanda before OBS was its step, then by OBS: two rows under one name.
+    monkeypatch.setattr(bench_quality, "RESULTS", tmp_path)
+    path = tmp_path / "unit.jsonl"
+    results = Results(path, parse_args(["--name", "unit"]))
+    wanda = _row(0.2, "dp", "bias", 0.5, 0.5, seed=1)
+    obs = _row(0.2, "dp", "bias", 0.4, 0.4, seed=2) | {"criterion": "obs", "obs_samples": 16}
+    for row in (wanda, obs):
+        report = {k: v for k, v in row.items() if k not in ("criterion", "obs_samples")} | {"kind": "report"}
+        report["windows"] = {k: v for k, v in row["windows"].items() if k.startswith("report/")}
+        results.append({**row, "windows": {k: v for k, v in row["windows"].items() if k.startswith("selection/")}})
+        results.append(report | ({"obs_samples": 16} if row is obs else {}))
+    results.append({"kind": "report", "budget": 0.2, "allocator": "dp:wanda", "compensation": "bias", "windows": {}})
+    resumed = Results(path, parse_args(["--name", "unit"]))
+    resumed.adopt({(0.2, "dp", "wanda"): "dp:wanda", (0.2, "dp", "obs"): "dp"}, 16, 16)
+    labels = [(r["kind"], r["allocator"]) for r in resumed.records if r.get("kind") in ("row", "report")]
+    assert labels == [("row", "dp:wanda"), ("report", "dp:wanda"), ("row", "dp"), ("report", "dp"), ("report", "dp:wanda")]
+    by_label = {r["allocator"]: r for r in resumed.rows()}
+    assert by_label["dp"]["windows"]["report/wiki-sample"] == obs["windows"]["report/wiki-sample"]
+
+
 def test_report_is_regenerated_from_its_records_alone(tmp_path):
     # The report reads nothing but its arguments: two calls give the same text.
     groups = [Group(0.2, "dp", ("bias",), "bias"), Group(0.2, "uniform", ("bias",), "bias")]
