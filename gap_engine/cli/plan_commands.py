@@ -206,6 +206,9 @@ def run_compare(args: argparse.Namespace) -> int:
     _print_outcomes(outcomes, list(heldout))
     print(_split_text(splits))
     print(table_compensation_text(table.spec, compensation))
+    other = sorted({(o.criterion, o.compensation) for o in outcomes if o.compensation != compensation.mode})
+    if other:  # rows whose step takes another compensation (OBS: its update is one)
+        print("; ".join(f"rows pruned by {criterion}: compensation {mode}" for criterion, mode in other))
     if prepared is not None:
         _print_task_table(outcomes, list(prepared.tasks), dense_columns)
     print(f"-> {args.out}", file=sys.stderr)

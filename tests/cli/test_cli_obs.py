@@ -127,6 +127,7 @@ def test_compare_dp_at_its_step_beside_dp_pruned_by_the_tables_criterion(gap, ti
     assert float(rows[0]["bias_params"]) > 0 and rows[1]["bias_params"] == "0"
     assert rows[0]["ppl_wiki-sample"] != rows[1]["ppl_wiki-sample"]
     assert any(line.split()[:2] == ["dp", "obs"] for line in printed.splitlines())
+    assert "compensation: bias" in printed and "rows pruned by obs: compensation none" in printed  # each row's, said
 
 
 @pytest.mark.slow
