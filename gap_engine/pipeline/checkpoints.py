@@ -85,7 +85,7 @@ def prune_to_checkpoint(
         save_dtype: the checkpoint's storage dtype.
         hooks: the importance scores' progress and cancel (and the compensation's blocks).
         compensation: what the kept units get after the cut, fitted on ``windows``.
-        obs_samples: calibration windows a sequential criterion (``obs``) reads (None: ``windows``'s count).
+        obs_samples: calibration windows a sequential criterion (``obs``) reads (None: ``stages.obs_windows``' default).
     """
     pruned, result = pruned_as_saved(
         lm, plan, windows, save_dtype=save_dtype, keep_dense=False, hooks=hooks, compensation=compensation, obs_samples=obs_samples

@@ -156,7 +156,7 @@ def measure_plan(
             too, and the prediction's basis (measured or estimated cells) is recorded.
         extra: more numbers of the pruned model (e.g. task accuracy), kept in ``extras``.
         compensation: what the kept units get after the cut, fitted on ``calib_spec``.
-        obs_samples: calibration windows a sequential criterion (``obs``) reads (None: ``calib_spec``'s count).
+        obs_samples: calibration windows a sequential criterion (``obs``) reads (None: ``stages.obs_windows``' default).
     """
     pruned, result = pruned_as_saved(dense, plan, calib_spec, scores=scores, compensation=compensation, obs_samples=obs_samples)
     batch_size = calib_spec.batch_size
@@ -272,7 +272,7 @@ def compare(
         extra: more numbers of each pruned model (task accuracy), as extra columns.
         compensation: what every plan's kept units get after the cut where its step takes it, fitted on the
             table's windows, its biases paid from each budget (None: each its step's default; ``shipped_compensation``).
-        obs_samples: calibration windows a sequential criterion (``obs``) reads (None: the table's count).
+        obs_samples: calibration windows a sequential criterion (``obs``) reads (None: ``stages.obs_windows``' default).
         checked: `check_rows` of these arguments, when the caller checked them first (None: checked here).
     """
     specs = [allocator_spec(a) for a in allocators]

@@ -212,7 +212,7 @@ def prune_with_plan(
     compensating the cut on the same windows (``compensation_pass``) unless ``compensation`` is none.
 
     A sequential criterion (``obs``) has no scores: it prunes block by block on
-    ``obs_samples`` calibration windows (``obs_windows``; None: ``windows`` as they are)
+    ``obs_samples`` calibration windows (``obs_windows``; None: its default, 4x ``windows``' count up to a cap)
     (``prune.sequential``), its OBS update being its own compensation (``bias`` may follow it,
     fitted on the same windows; a refit may not)."""
     plan.validate()
@@ -268,7 +268,7 @@ def pruned_as_saved(
         compensation: what the kept units get after the cut, fitted on ``windows``
             (``prune.compensation_pass``; none: surgery alone).
         obs_samples: how many calibration windows a sequential criterion (``obs``) reads
-            (``obs_windows``; None: those of ``windows``).
+            (``obs_windows``; None: its default, 4x ``windows``' count up to a cap).
     Returns:
         (the pruned LoadedModel, fingerprinted as stored; surgery's PruneResult, whose
         ``plan`` carries the parameter counts recounted from the model's geometry).
