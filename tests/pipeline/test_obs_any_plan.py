@@ -132,3 +132,20 @@ def _plan_of(run):
     from gap_engine.model.rateplan import RatePlan
 
     return RatePlan.from_dict(dict(run.plan))
+
+
+def test_the_api_prunes_by_obs_on_the_windows_it_is_given(make_tiny):
+    from gap_engine import api
+
+    dense = make_tiny("llama", **WIDE)
+    plan = pruned_by(make_plan(dense, [0.5, 0.0], [0.5, 0.25], "wanda", allocator="dp"), "obs")
+    ids = calibration_windows(dense.tokenizer, CALIB)
+
+    def logits(pruned):
+        with torch.no_grad():
+            return pruned.model(input_ids=ids).logits
+
+    by_api = api.prune(dense, plan, calibration=CALIB, obs_samples=CALIB.n_samples, save_dtype="float32")
+    by_stage, _ = pruned_as_saved(dense, plan, CALIB, save_dtype="float32", obs_samples=CALIB.n_samples)
+    torch.testing.assert_close(logits(by_api.model), logits(by_stage), rtol=0, atol=0)
+    assert not torch.allclose(logits(by_api.model), logits(api.prune(dense, plan, calibration=CALIB, save_dtype="float32").model))
