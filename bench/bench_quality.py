@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--obs-samples",
         type=int,
         help="calibration windows of the same text every plan pruned by OBS reads (slimgpt, a dp whose step is OBS, X:obs); "
-        "default: --samples",
+        "default: the tool's (config.obs_window_count: 4x --samples, at most 128)",
     )
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in CLI_TABLE.rate_grid), help="the table's rate grid")
     p.add_argument("--criterion", default="wanda", help="the table's criterion (dp and uniform prune by it)")
@@ -169,8 +169,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if 0 < args.task_limit < MIN_TASK_EXAMPLES:
         p.error(f"--task-limit {args.task_limit}: a task claim needs at least {MIN_TASK_EXAMPLES} examples (0: no task)")
-    if args.obs_samples is None:
-        args.obs_samples = args.samples
+    if args.obs_samples is None:  # what the tool ships, so a default run measures it
+        from gap_engine.core.config import obs_window_count
+
+        args.obs_samples = obs_window_count(args.samples, None)
     if args.obs_samples < 1:
         p.error(f"--obs-samples {args.obs_samples}: OBS needs at least one window")
     if args.report_windows < MIN_REPORT_WINDOWS:

@@ -134,7 +134,7 @@ def test_rows_pruned_by_obs_are_of_their_window_count(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_quality, "RESULTS", tmp_path)
     path = tmp_path / "unit.jsonl"
     args = parse_args(["--name", "unit", "--samples", "16"])
-    assert args.obs_samples == 16  # OBS reads the calibration's windows unless told otherwise
+    assert args.obs_samples == 64  # OBS reads what the tool ships unless told otherwise: 4x the calibration's
     results = Results(path, args)
     results.append(_row(0.2, "slimgpt", "none", 0.5, 0.5))  # measured before rows said their OBS windows: 16
     results.append(_row(0.2, "slimgpt", "none", 0.4, 0.4) | {"obs_samples": 64})
@@ -149,8 +149,8 @@ def test_rows_pruned_by_obs_are_of_their_window_count(tmp_path, monkeypatch):
     def resumed_args(*argv):
         return parse_args(["--name", "unit", *argv])
 
-    assert kept() == [("flap", None), ("slimgpt", None)]
-    assert kept("--obs-samples", "64") == [("flap", None), ("slimgpt", 64)]  # the others' rows are kept: same measurements
+    assert kept("--obs-samples", "16") == [("flap", None), ("slimgpt", None)]
+    assert kept() == [("flap", None), ("slimgpt", 64)]  # the others' rows are kept: same measurements
     assert kept("--obs-samples", "128") == [("flap", None)]
     assert "--obs-samples" in command_argv(args)
 
