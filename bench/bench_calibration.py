@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,7 +41,14 @@ from bench_quality import read_records
 from quality_report import SELECTION, set_name, split_list
 from report import RESULTS, machine_line, write_report
 
-from gap_engine.core.config import CLI_TABLE, DEFAULT_COMPENSATION, DEFAULT_CRITERION, DEFAULT_SAVE_DTYPE, HELDOUT_TEXT_NAMES
+from gap_engine.core.config import (
+    CLI_TABLE,
+    DEFAULT_COMPENSATION,
+    DEFAULT_CRITERION,
+    DEFAULT_MAX_RATE,
+    DEFAULT_SAVE_DTYPE,
+    HELDOUT_TEXT_NAMES,
+)
 from gap_engine.evaluate.intervals import Interval, perplexity_ratio, ratio_of_means
 
 log = logging.getLogger("bench_calibration")
@@ -85,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--configs",
         default=DEFAULT_CONFIGS,
         help="calibration configurations, comma-separated, each SOURCE[+SOURCE...]:WINDOWS (+ joins the sources a table "
-        "mixes); every ratio is against the first",
+        "mixes), then :obsN to prune by OBS on N windows and :capR to plan with no rate above R; every ratio is against the first",
     )
     p.add_argument("--seq-len", type=int, default=CLI_TABLE.windows.seq_len, help="tokens per calibration window")
     p.add_argument("--estimator", default=CLI_TABLE.estimator)
@@ -106,32 +113,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-Config = tuple[str, int, "int | None"]
+class Config(NamedTuple):
+    """One configuration: the calibration text as ``--data`` spells it, its windows, OBS's windows (None: the
+    table's criterion prunes) and the highest rate DP may give a component (None: the planner's default)."""
+
+    data: str
+    samples: int
+    obs: int | None = None
+    cap: float | None = None
 
 
 def parse_configs(text: str) -> list[Config]:
-    """(calibration text as ``--data`` spells it, windows, OBS's windows or None) of every configuration, in
-    order: ``SOURCE[+SOURCE...]:WINDOWS`` prunes DP's plan by the table's criterion with ``--compensation``;
-    ``...:WINDOWS:obsN`` by OBS on N windows of the same text (no compensation: its update is one)."""
+    """Every configuration, in order: ``SOURCE[+SOURCE...]:WINDOWS`` prunes DP's plan by the table's criterion
+    with ``--compensation``; ``:obsN`` after it, by OBS on N windows of the same text (no compensation: its
+    update is one); ``:capR``, DP plans with no component's rate above R (a constraint of the planner)."""
     configs: list[Config] = []
     for item in split_list(text):
-        head, _, last = item.rpartition(":")
-        obs = None
-        if last.startswith("obs") and last[3:].isdigit() and int(last[3:]) >= 1:
-            obs, item = int(last[3:]), head
+        obs, cap, spelled = None, None, item
+        while True:
+            head, _, last = item.rpartition(":")
+            if obs is None and last.startswith("obs") and last[3:].isdigit() and int(last[3:]) >= 1:
+                obs, item = int(last[3:]), head
+            elif cap is None and last.startswith("cap") and _rate(last[3:]) is not None:
+                cap, item = _rate(last[3:]), head
+            else:
+                break
         sources, _, count = item.rpartition(":")
         if not sources or not count.isdigit() or int(count) < 1:
-            raise ValueError(f"--configs: {item!r} is not SOURCE[+SOURCE...]:WINDOWS[:obsN]")
-        configs.append((sources.replace("+", ","), int(count), obs))
+            raise ValueError(f"--configs: {spelled!r} is not SOURCE[+SOURCE...]:WINDOWS[:obsN][:capR] (R a rate in (0, 1))")
+        configs.append(Config(sources.replace("+", ","), int(count), obs, cap))
     if len(configs) < 2:
         raise ValueError("--configs needs at least two configurations: every ratio is against the first")
     return configs
 
 
+def _rate(text: str) -> float | None:
+    """``text`` as a rate strictly between 0 and 1, or None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 < value < 1.0 else None
+
+
 def config_label(config: Config, seq_len: int) -> str:
-    data, count, obs = config
-    step = "" if obs is None else f"; OBS on {obs} x {seq_len}"
-    return f"{data.replace(',', ' + ')}, {count} x {seq_len}{step}"
+    step = "" if config.obs is None else f"; OBS on {config.obs} x {seq_len}"
+    cap = "" if config.cap is None else f"; rates at most {config.cap:g}"
+    return f"{config.data.replace(',', ' + ')}, {config.samples} x {seq_len}{step}{cap}"
 
 
 def command_argv(args: argparse.Namespace) -> list[str]:
@@ -152,6 +180,7 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     from gap_engine.model.storage import parse_dtype
     from gap_engine.pipeline.stages import loss_table, pruned_as_saved, pruned_by
     from gap_engine.plan.allocators import plan_from_table
+    from gap_engine.plan.problem import Constraints
     from gap_engine.prune.compensations import CompensationSettings
     from gap_engine.prune.importance import compute_importance
     from gap_engine.tables.artefact import TableSpec, parse_rate_grid
@@ -192,7 +221,7 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
         append({"kind": "dense", "windows": {name: {"nll": nll} for name, nll in numbers.items()}})
     done = {row_key(r) for r in records if r.get("kind") == "row"}
     for config in parse_configs(args.configs):
-        data, count, obs = config
+        data, count, obs, cap = config
         budgets = [round(float(b), 4) for b in split_list(args.budgets)]
         if all((*config, budget) in done for budget in budgets):
             continue
@@ -214,7 +243,8 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                 continue
             started = time.perf_counter()
             compensation = args.compensation if obs is None else "none"  # OBS's update is its compensation
-            plan = plan_from_table(dense, table, budget, "dp", scores=scores, compensation=compensation)
+            limits = Constraints() if cap is None else Constraints(max_rate=cap)
+            plan = plan_from_table(dense, table, budget, "dp", limits, scores=scores, compensation=compensation)
             if obs is not None:
                 plan = pruned_by(plan, "obs")
             pruned, result = pruned_as_saved(
@@ -227,6 +257,7 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                     "data": data,
                     "samples": count,
                     **({} if obs is None else {"obs_samples": obs}),
+                    **({} if cap is None else {"max_rate": cap}),
                     "budget": budget,
                     "table_key": table.key,
                     "table_s": round(table_s, 1),
@@ -242,15 +273,17 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def row_key(row: dict[str, Any]) -> tuple[str, int, int | None, float]:
-    """What a measured row is of: its calibration text, window count, OBS's window count and budget."""
-    return row["data"], int(row["samples"]), row.get("obs_samples"), round(float(row["budget"]), 4)
+def row_key(row: dict[str, Any]) -> tuple[str, int, int | None, float | None, float]:
+    """What a measured row is of: its configuration (calibration text, window count, OBS's window count, rate cap)
+    and budget."""
+    return row["data"], int(row["samples"]), row.get("obs_samples"), row.get("max_rate"), round(float(row["budget"]), 4)
 
 
 def row_place(row: dict[str, Any], configs: Sequence[Config]) -> tuple[int, float]:
     """(index of the row's configuration in ``configs``, or -1 where it is not one of them; its budget)."""
-    data, count, obs, budget = row_key(row)
-    return (configs.index((data, count, obs)) if (data, count, obs) in configs else -1), budget
+    *config, budget = row_key(row)
+    found = Config(*config)
+    return (configs.index(found) if found in configs else -1), budget
 
 
 # ---- the report --------------------------------------------------------------------------------
@@ -288,8 +321,10 @@ def report_lines(
 
     command = shlex.join(["python", SCRIPT, *command_argv(args)])
     dense_ppl = {s: _ppl([dense["windows"][set_name(SELECTION, s)]["nll"]]) for s in sources}
-    obs_step = any(obs is not None for _, _, obs in configs)
+    obs_step = any(c.obs is not None for c in configs)
+    capped = any(c.cap is not None for c in configs)
     subject = "the table's text and windows, and OBS's windows" if obs_step else "one source or several"
+    subject += ", and a cap on every rate" if capped else ""
     lines = [
         f"# Calibration text for DP's plan on {args.model}: {subject}, judged on the selection part of every held-out source",
         "",
@@ -310,6 +345,12 @@ def report_lines(
             " Where a configuration names OBS, DP's plan (counted for no biases) is pruned by OBS instead (SlimGPT's selection "
             "and update, block by block) on that many windows of the same text (the first of them the table's), with no other compensation."
             if obs_step
+            else ""
+        )
+        + (
+            " Where a configuration gives a cap, DP plans with no unlocked component's rate above it (`--max-rate`);"
+            f" the others with the planner's default ({DEFAULT_MAX_RATE:g})."
+            if capped
             else ""
         ),
         f"- Measured on the **selection** part of every held-out source ({', '.join(sources)}): {args.selection_windows} windows x "

@@ -12,16 +12,23 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_calibration import build_parser, command_argv, parse_configs, report_lines
+from bench_calibration import Config, build_parser, command_argv, parse_configs, report_lines, row_place
 
 SOURCES = ("wiki-sample", "news-sample")
 
 
 def test_configurations_name_mixed_sources_with_plus():
-    assert parse_configs("wiki-sample:16,wiki-sample+news-sample:32") == [("wiki-sample", 16, None), ("wiki-sample,news-sample", 32, None)]
-    # A configuration may prune DP's plan by OBS on its own window count.
-    assert parse_configs("wiki-sample:16:obs16,wiki-sample:16:obs64") == [("wiki-sample", 16, 16), ("wiki-sample", 16, 64)]
-    for bad in ("wiki-sample", "wiki-sample:0,news-sample:4", "wiki-sample:16", "wiki-sample:16,news-sample:4:obs0", "a:4,b:obs4"):
+    assert parse_configs("wiki-sample:16,wiki-sample+news-sample:32") == [Config("wiki-sample", 16), Config("wiki-sample,news-sample", 32)]
+    # A configuration may prune DP's plan by OBS on its own window count, and cap every rate, in either order.
+    assert parse_configs("wiki-sample:16:obs16,wiki-sample:16:obs64") == [Config("wiki-sample", 16, 16), Config("wiki-sample", 16, 64)]
+    assert parse_configs("wiki-sample:16,wiki-sample:16:cap0.75,wiki-sample:16:obs64:cap0.5,wiki-sample:16:cap0.5:obs64") == [
+        Config("wiki-sample", 16),
+        Config("wiki-sample", 16, None, 0.75),
+        Config("wiki-sample", 16, 64, 0.5),
+        Config("wiki-sample", 16, 64, 0.5),
+    ]
+    bad_ones = ("wiki-sample", "wiki-sample:0,news-sample:4", "wiki-sample:16", "wiki-sample:16,news-sample:4:obs0", "a:4,b:obs4")
+    for bad in (*bad_ones, "a:4,a:4:cap1", "a:4,a:4:cap0", "a:4,a:4:capx", "a:4,a:4:cap0.5:cap0.6"):
         with pytest.raises(ValueError, match="--configs"):
             parse_configs(bad)
 
@@ -51,7 +58,24 @@ def test_ratios_are_against_the_first_configuration_with_verdicts():
         _row("news-sample", 16, 0.2, {"wiki-sample": 0.5, "news-sample": 0.5}, 0),  # the same windows as (a)
     ]
     lines = report_lines(args, records, (0.0, 0.0, 0.0), time.perf_counter())
+    assert [row_place(r, parse_configs(args.configs)) for r in records[1:]] == [(0, 0.2), (1, 0.2), (2, 0.2)]
     mean = [line for line in lines if line.startswith("| 0.2 | (")][:2]
     assert mean[0].startswith("| 0.2 | (b) wiki-sample + news-sample, 16 x 256 | 1.25") and mean[0].count(" met ") == 2
     assert mean[1].startswith("| 0.2 | (c) news-sample, 16 x 256 | 1.000 [1.000, 1.000] tie")
     assert f"`python bench/bench_calibration.py {' '.join(command_argv(args))}`" in lines
+
+
+def test_a_capped_configuration_is_its_own_row():
+    """A row planned under a rate cap records it and is placed only where the cap is asked for (older rows say none)."""
+    configs = parse_configs("wiki-sample:16,wiki-sample:16:cap0.75")
+    plain = _row("wiki-sample", 16, 0.4, {"wiki-sample": 0.5, "news-sample": 0.5}, 0)
+    capped = plain | {"max_rate": 0.75}
+    assert row_place(plain, configs) == (0, 0.4)
+    assert row_place(capped, configs) == (1, 0.4)
+    assert row_place(capped | {"max_rate": 0.5}, configs) == (-1, 0.4)
+    args = build_parser().parse_args(
+        ["--configs", "wiki-sample:16,wiki-sample:16:cap0.75", "--budgets", "0.4", "--eval-data", ",".join(SOURCES)]
+    )
+    dense = {"kind": "dense", "windows": {f"selection/{s}": {"nll": [3.0] * 16} for s in SOURCES}}
+    lines = report_lines(args, [dense, plain, capped], (0.0, 0.0, 0.0), time.perf_counter())
+    assert any(line.startswith("| 0.4 | (b) wiki-sample, 16 x 256; rates at most 0.75 | 1.000") for line in lines)
