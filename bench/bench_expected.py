@@ -180,7 +180,7 @@ def prune_eval_runs(lm, table, work: Path) -> list:
 
     settings = EvalSettings(windows=APP_EVAL_WINDOWS)
     step = plan_criterion("dp", table)  # the DP's default step on this model (OBS on SmolLM2), its own compensation
-    compensation = default_for(step)
+    compensation = default_for(step, lm.model_type)
     stages = prune_eval_stages(settings, checkpoint=True, compensated=compensation.active)
     run = dict(
         table=table, budget=0.2, checkpoint_dir=work / "run-checkpoint", history_path=work / "history.sqlite", compensation=compensation

@@ -224,11 +224,12 @@ def compensations_for(sequential: bool, menu: Sequence[str]) -> list[str]:
     return [c for c in menu if not sequential or c in OBS_COMPENSATIONS]
 
 
-def default_compensation(sequential: bool) -> str:
-    """What the method ships with when nobody tunes it (``prune.compensations.default_for``)."""
-    from gap_engine.core.config import DEFAULT_COMPENSATION
+def default_compensation(criterion: str, model_type: object) -> str:
+    """What the method ships with when nobody tunes it (``prune.compensations.default_for``: the
+    model family's default, none after OBS)."""
+    from gap_engine.prune.compensations import default_for
 
-    return "none" if sequential else DEFAULT_COMPENSATION
+    return default_for(criterion, model_type).mode
 
 
 # ---- the results file: one JSON object a line ---------------------------------------------------
@@ -416,9 +417,10 @@ class Run:
     def group(self, budget: float, allocator: str) -> Group:
         from gap_engine.prune.criteria import is_sequential
 
-        sequential = is_sequential(self.plan(budget, allocator).criterion)
-        menu = tuple(compensations_for(sequential, split_list(self.args.compensations)))
-        return Group(budget, allocator, menu, default_compensation(sequential), self.plan(budget, allocator).criterion)
+        criterion = self.plan(budget, allocator).criterion
+        menu = tuple(compensations_for(is_sequential(criterion), split_list(self.args.compensations)))
+        default = default_compensation(criterion, self.dense.model_type)
+        return Group(budget, allocator, menu, default, criterion)
 
     def pruned(self, budget: float, allocator: str, compensation: str):
         """A copy of the model pruned by the plan with the compensation, as a checkpoint stores it."""

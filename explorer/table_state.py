@@ -7,7 +7,10 @@ import streamlit as st
 from explorer.messages import TABLE_LINK_SLOT, clear_message, show_message
 from explorer.page_paths import SETUP_PAGE
 from explorer.session_keys import SHARED_DEFAULTS, init_page, init_shared
+from gap_engine.core.config import DEFAULT_COMPENSATION
 from gap_engine.pipeline.jobs import shared_model
+from gap_engine.plan.step import table_model_type
+from gap_engine.prune.compensations import family_default
 
 
 def reference_model(name: str):
@@ -24,10 +27,19 @@ def current_table():
     return st.session_state.get("app_table")
 
 
+def default_compensation(table) -> str:
+    """The compensation a run on ``table``'s model gets unless one is picked: its family's default
+    (``bias``; ``bias+refit`` on Gemma 3), or the general one before any table."""
+    return family_default(table_model_type(table)) if table is not None else DEFAULT_COMPENSATION
+
+
 def set_table(table) -> None:
-    """Make ``table`` the current one; plans and constraints made for another table are dropped."""
+    """Make ``table`` the current one; plans and constraints made for another table are dropped. A
+    compensation left at the previous model's default follows to this model's (one picked stays)."""
     previous = st.session_state.get("app_table")
     clear_message(TABLE_LINK_SLOT)
+    if st.session_state.get("app_compensation") in (None, default_compensation(previous)):
+        st.session_state["app_compensation"] = default_compensation(table)
     st.session_state["app_table"] = table
     st.session_state["app_model"] = table.model
     if previous is None or previous.key != table.key:

@@ -41,10 +41,9 @@ import streamlit as st
 
 from explorer.messages import TABLE_LINK_SLOT, set_message
 from explorer.session_jobs import remember_job
-from explorer.table_state import current_table, set_table
+from explorer.table_state import current_table, default_compensation, set_table
 from explorer.task_picker import task_defaults
 from gap_engine.core.cachepaths import KEY_PATTERN
-from gap_engine.core.config import DEFAULT_COMPENSATION
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.data.windows import BUILTIN_SOURCES
 from gap_engine.evaluate import history
@@ -399,7 +398,7 @@ def view() -> dict:
             want["plan"] = ss["app_plan_hash"]
     if ss.get("eval_allocator") in ALLOCATORS:
         want["allocator"] = ss["eval_allocator"]
-    if ss.get("app_compensation") not in (None, DEFAULT_COMPENSATION):
+    if ss.get("app_compensation") not in (None, default_compensation(table)):  # the model's default goes unsaid
         want["compensation"] = str(ss["app_compensation"])
     if ss.get("app_last_run"):
         want["run"] = str(ss["app_last_run"].run_id)

@@ -50,7 +50,7 @@ from gap_engine.pipeline.stages import plan_for, pruned_as_saved
 from gap_engine.plan.allocators import counted_compensation
 from gap_engine.plan.front import front_rows
 from gap_engine.plan.problem import Constraints, charged_counts, planning_problem
-from gap_engine.plan.step import plan_criterion
+from gap_engine.plan.step import plan_criterion, table_model_type
 from gap_engine.prune.compensations import CompensationSettings, default_for
 from gap_engine.prune.surgery import PruneResult
 from gap_engine.tables.artefact import LossTable, TableSpec, parse_rate_grid
@@ -129,7 +129,7 @@ def front(
     """GAP's exact multiple-choice knapsack solved for every budget at once (the explorer's slider).
 
     ``compensate``: the compensation the prune will apply (None: the default after the DP's step,
-    ``bias``, or none after OBS); one that adds biases has them paid from each budget, as `plan`
+    ``bias`` (``bias+refit`` on Gemma 3), or none after OBS); one that adds biases has them paid from each budget, as `plan`
     and `prune` count them.
     """
     table.check_model(model)
@@ -154,7 +154,7 @@ def plan(
     (``uniform``, ``flap``, ``slimgpt``, ``owl``, ``evo``) under the same budget.
 
     ``compensate``/``constraints``: default to the front's when ``table`` is a `Front`, else to
-    the default compensation after the plan's step (``bias``; none after OBS, SlimGPT's update
+    the default compensation after the plan's step (``bias``, ``bias+refit`` on Gemma 3; none after OBS, SlimGPT's update
     and the DP's step on Llama models: ``plan.step``) and no constraints.
     """
     if isinstance(table, Front):
@@ -167,9 +167,10 @@ def plan(
 
 
 def _default_compensation(allocator: str, table: LossTable) -> str:
-    """The compensation a prune applies when none is asked for: ``bias``, or none after a criterion
-    that updates the kept columns itself (OBS: the DP's step on Llama, SlimGPT's)."""
-    return default_for(plan_criterion(allocator, table)).mode
+    """The compensation a prune applies when none is asked for: the model family's (``bias``;
+    ``bias+refit`` on Gemma 3), or none after a criterion that updates the kept columns itself
+    (OBS: the DP's step on Llama, SlimGPT's)."""
+    return default_for(plan_criterion(allocator, table), table_model_type(table)).mode
 
 
 @dataclass
@@ -198,15 +199,15 @@ def prune(
     save_dtype: str = DEFAULT_SAVE_DTYPE,
 ) -> PrunedModel:
     """A copy of ``model`` with the heads and channels ``plan`` removes sliced out, then the cut
-    compensated block by block on calibration text (``compensate``: the plan's own, else ``bias``, or
-    none after OBS; ``refit``, ``bias+refit``, ``none``). ``model`` is left as it was.
+    compensated block by block on calibration text (``compensate``: the plan's own, else the model
+    family's default, ``bias`` (``bias+refit`` on Gemma 3), or none after OBS; ``refit``, ``bias+refit``, ``none``). ``model`` is left as it was.
 
     The units are chosen and the compensation fitted on ``calibration`` windows: the table's own
     when ``table`` is given, else 16 x 256 tokens of wiki-sample. A plan pruned by OBS (the DP's step
     on Llama) reads ``obs_samples`` windows of that text (None: 4x their count, at most 128).
     """
     windows = calibration or (table.spec.windows if table is not None else CLI_TABLE.windows)
-    mode = compensate or plan.compensation or default_for(plan.criterion).mode
+    mode = compensate or plan.compensation or default_for(plan.criterion, model.model_type).mode
     compensation = CompensationSettings(mode=mode).validate()
     pruned, result = pruned_as_saved(model, plan, windows, save_dtype=save_dtype, compensation=compensation, obs_samples=obs_samples)
     return PrunedModel(pruned, result.plan, result, save_dtype)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from gap_engine.core.config import BUILTIN_TEXT_NAMES, DEFAULT_COMPENSATION, WindowSpec
+from gap_engine.core.config import BUILTIN_TEXT_NAMES, WindowSpec
 from gap_engine.core.deprecation import deprecation_text
 from gap_engine.core.device import DeviceError, DeviceSpec, canonical_dtype
 from gap_engine.core.errors import BudgetError
@@ -163,19 +163,22 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def compensation_from(args: argparse.Namespace, criterion: str | None = None, planned: str | None = None) -> CompensationSettings:
+def compensation_from(
+    args: argparse.Namespace, criterion: str | None = None, planned: str | None = None, model_type: str | None = None
+) -> CompensationSettings:
     """What ``--compensate`` asks the kept units to get after the cut; when not given, the one a
     plan was counted for (``planned``: ``RatePlan.compensation``), else the default for
-    ``criterion`` (``prune.compensations.default_for``: none for one that updates the kept
-    columns itself) or, with no criterion (``gap compare``: each plan's own), the default."""
-    from gap_engine.prune.compensations import CompensationSettings, default_for
+    ``criterion`` on ``model_type``'s family (``prune.compensations.default_for``: none for one that
+    updates the kept columns itself) or, with no criterion (``gap compare``: each plan's own), the
+    family's default."""
+    from gap_engine.prune.compensations import CompensationSettings, default_for, family_default
     from gap_engine.prune.criteria import is_sequential
 
     if args.compensate:
         return CompensationSettings(mode=args.compensate).validate()
     if planned is not None and not (criterion and is_sequential(criterion)):
         return CompensationSettings(mode=planned).validate()
-    return default_for(criterion) if criterion else CompensationSettings(mode=DEFAULT_COMPENSATION).validate()
+    return default_for(criterion, model_type) if criterion else CompensationSettings(mode=family_default(model_type)).validate()
 
 
 def spec_from_args(args: argparse.Namespace, follows: CompensationSettings | None = None, criterion: str | None = None) -> TableSpec:

@@ -83,7 +83,7 @@ def run_prune(args: argparse.Namespace) -> int:
 def _prune_compensation(args: argparse.Namespace, criterion: str, planned: str | None = None) -> CompensationSettings:
     """``compensation_from`` for a prune by ``criterion``; CompensationError now, before anything
     loads, for a refit after ``obs``'s update (which is one)."""
-    compensation = compensation_from(args, criterion, planned)
+    compensation = compensation_from(args, criterion, planned, model_type_of(args.model))
     if is_sequential(criterion):
         check_follows_obs(compensation)
     return compensation

@@ -185,7 +185,7 @@ def _add_table_spec_args(p: argparse.ArgumentParser, estimator_default: str, cri
     p.add_argument(
         "--compensate",
         choices=COMPENSATIONS.names,
-        help=f"what the kept units get after the cut ({COMPENSATIONS.help()}; default: {DEFAULT_COMPENSATION}, none after obs (the DP's step on Llama) and for --rounds above 1, "
+        help=f"what the kept units get after the cut ({COMPENSATIONS.help()}; default: {DEFAULT_COMPENSATION}, bias+refit on Gemma 3, none after obs (the DP's step on Llama) and for --rounds above 1, "
         "and for --plan the plan's own); an exact or refine table measures its cells with it (gap table: only when given); "
         "a budget pays for the biases it adds",
     )
@@ -273,7 +273,7 @@ def _add_plan(sub) -> None:
     p.add_argument(
         "--compensate",
         choices=COMPENSATIONS.names,
-        help=f"the compensation gap prune will apply after the cut (default: {DEFAULT_COMPENSATION}; none after OBS: slimgpt, and dp on Llama models, whose plans OBS prunes): the biases it "
+        help=f"the compensation gap prune will apply after the cut (default: {DEFAULT_COMPENSATION}, bias+refit on Gemma 3; none after OBS: slimgpt, and dp on Llama models, whose plans OBS prunes): the biases it "
         "adds are paid from the budget (or --keep-params); recorded in the plan, which gap prune --plan then applies",
     )
     p.add_argument("--model", help="the model (default: the one the table names); its fingerprint must match the table")

@@ -23,6 +23,7 @@ from gap_engine.core.fsutil import atomic_write_text
 from gap_engine.core.limits import LIMITS
 from gap_engine.core.progress import Hooks
 from gap_engine.core.validate import decode_text, read_bounded
+from gap_engine.model.identity import model_type_of
 from gap_engine.model.loading import load_model, recorded_identity
 from gap_engine.model.names import resolve_recorded
 from gap_engine.pipeline import compare
@@ -32,7 +33,7 @@ from gap_engine.plan.allocators import check_reach
 from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.front import dp_front, front_csv, front_rows
 from gap_engine.plan.problem import Constraints, planning_problem
-from gap_engine.plan.step import plan_criterion
+from gap_engine.plan.step import plan_criterion, table_model_type
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
 from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.criteria import is_sequential
@@ -129,7 +130,7 @@ def planned_compensation(args: argparse.Namespace, table: LossTable) -> Compensa
         CompensationError: a refit for a plan of ``obs``, whose update is one (gap prune refuses it too).
     """
     criterion = plan_criterion(args.allocator, table, args.compensate)
-    compensation = compensation_from(args, criterion)
+    compensation = compensation_from(args, criterion, model_type=table_model_type(table))
     if is_sequential(criterion) and compensation.mode not in OBS_COMPENSATIONS:
         raise CompensationError(
             f"a {args.allocator} plan prunes with criterion '{criterion}', which updates the kept columns itself (a refit); "
@@ -156,7 +157,7 @@ def run_compare(args: argparse.Namespace) -> int:
         allocator_spec(given)
     constraints = constraints_from(args)
     prepared = _prepared_tasks(args)  # before the text is read and the model loads
-    compensation = compensation_from(args)
+    compensation = compensation_from(args, model_type=model_type_of(args.model))
     asked = compensation if args.compensate else None  # not asked: each row its step's default
     table = read_table(args.table) if args.table else None
     if table is not None:

@@ -57,6 +57,9 @@ class ModelTypeFacts:
     # the criterion that prunes GAP's DP plans when none is asked for (``plan.step``); empty: the table's own.
     # Chosen per family on the selection part of held-out text (bench/results/quality.md), never on what reports it.
     default_step: str = ""
+    # the compensation after a step that leaves the kept columns as they were (not OBS) when none is asked for
+    # (``prune.compensations.default_for``); empty: ``config.DEFAULT_COMPENSATION``. Chosen per family the same way.
+    default_compensation: str = ""
 
     @property
     def gguf_supported(self) -> bool:
@@ -174,6 +177,9 @@ GEMMA3 = ArchitectureAdapter(
             "Gemma 3",
             ("GapPrunedGemma3TextConfig", "GapPrunedGemma3TextForCausalLM"),
             gguf_refusal="Gemma 3's extra norms, scaled embeddings and logit soft-capping",
+            # Gemma 3 270M, DP's plans (bench/results/quality_gemma.md, selection part): bias+refit below bias in mean KL
+            # at every budget 10-50% and lowest of the four at 20-50% (at 10% refit and none are 3% lower)
+            default_compensation="bias+refit",
         ),
     ),
 )

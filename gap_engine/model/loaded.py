@@ -43,6 +43,12 @@ class LoadedModel:
     def num_layers(self) -> int:
         return len(self.adapter.layers(self.model))
 
+    @property
+    def model_type(self) -> str | None:
+        """Its ``config.model_type`` (the family facts are keyed by it: ``adapters.model_type_facts``)."""
+        found = getattr(getattr(self.model, "config", None), "model_type", None)
+        return found if isinstance(found, str) else None
+
     def param_count(self) -> int:
         """Unique parameters (tied embeddings counted once)."""
         return sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())

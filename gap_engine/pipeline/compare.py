@@ -26,7 +26,7 @@ from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.plan.allocators import ReachableBudget, check_reach, plan_from_table
 from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.problem import Constraints
-from gap_engine.plan.step import plan_criterion, takes
+from gap_engine.plan.step import plan_criterion, table_model_type, takes
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, default_for
 from gap_engine.prune.criteria import CRITERIA, is_sequential
@@ -212,12 +212,13 @@ def shipped_compensation(
     """What the kept units of a `compare` row get: ``compensation`` where the row's step takes it, else the
     step's own default (``prune.compensations.default_for``). None (not asked for): every row its own
     default, so a row pruned by a sequential criterion (OBS, whose update is its compensation) gets none
-    and the others ``config.DEFAULT_COMPENSATION``; a refit asked for gives OBS rows none (OBS takes no refit)."""
+    and the others their model family's default (``prune.compensations.family_default``); a refit asked
+    for gives OBS rows none (OBS takes no refit)."""
     mode = None if compensation is None else compensation.mode
     step = criterion or plan_criterion(allocator, table, mode)
     if compensation is not None and takes(step, mode):
         return compensation
-    return default_for(step)
+    return default_for(step, table_model_type(table))
 
 
 def check_rows(

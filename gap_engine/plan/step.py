@@ -11,7 +11,8 @@ part"): on SmolLM2 (Llama) DP's plan pruned by OBS ties the table's criterion wi
 10-30% and beats it at 40-50%; a family without such evidence keeps the table's criterion.
 
 What the step updates decides the compensation that follows by default
-(``prune.compensations.default_for``: none after OBS), and so which biases a budget pays for.
+(``prune.compensations.default_for``: none after OBS, else the family's default, ``bias`` or
+``bias+refit`` on Gemma 3), and so which biases a budget pays for.
 
 A table records the model type it was measured on (``extras["model_type"]``); a table written
 before that is read for its model's ``config.json`` where the model's folder is here.

@@ -73,7 +73,8 @@ def check_calibration(lm: LoadedModel, tokens: int, settings: CompensationSettin
             if tokens < linear.in_features:
                 raise CompensationError(
                     f"the {settings.mode} compensation fits block {i}'s {name} ({linear.in_features} inputs) from {tokens} "
-                    f"calibration tokens; give at least {linear.in_features} (more or longer calibration windows)"
+                    f"calibration tokens; give at least {linear.in_features} (more or longer calibration windows), or choose a "
+                    "compensation that refits nothing (bias)"
                 )
 
 

@@ -111,8 +111,19 @@ class CompensationSettings:
 NO_COMPENSATION = CompensationSettings(mode="none")  # surgery alone
 
 
-def default_for(criterion: str) -> CompensationSettings:
-    """The compensation a command applies when none is asked for: ``config.DEFAULT_COMPENSATION``,
-    or none for a criterion that updates the kept columns itself (``obs``: SlimGPT's OBS update
-    is its compensation, and it takes no second one)."""
-    return NO_COMPENSATION if is_sequential(criterion) else CompensationSettings(mode=config.DEFAULT_COMPENSATION)
+def family_default(model_type: object) -> str:
+    """The compensation a model type's prunes get by default after a criterion that leaves the kept
+    columns as they were: its family's measured choice (``ModelTypeFacts.default_compensation``:
+    ``bias+refit`` on Gemma 3), else ``config.DEFAULT_COMPENSATION``. ``model_type``: a
+    ``config.model_type`` (None: not known, the general default)."""
+    from gap_engine.model.adapters import model_type_facts  # torch: imported when a prune is set up, not by gap --help
+
+    facts = model_type_facts(model_type)
+    return facts.default_compensation if facts is not None and facts.default_compensation else config.DEFAULT_COMPENSATION
+
+
+def default_for(criterion: str, model_type: object = None) -> CompensationSettings:
+    """The compensation a command applies when none is asked for: the model family's default
+    (`family_default`), or none for a criterion that updates the kept columns itself (``obs``:
+    SlimGPT's OBS update is its compensation, and it takes no second one)."""
+    return NO_COMPENSATION if is_sequential(criterion) else CompensationSettings(mode=family_default(model_type))

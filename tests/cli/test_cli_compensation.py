@@ -110,6 +110,22 @@ def test_the_default_compensation_is_none_only_for_a_criterion_that_updates_itse
     )
 
 
+@pytest.mark.parametrize(
+    "model_type, argv, criterion, mode",
+    [
+        ("gemma3_text", [], "wanda", "bias+refit"),  # Gemma 3's measured default
+        ("gemma3_text", [], None, "bias+refit"),  # gap compare: each row its own, the family's where no OBS
+        ("gemma3_text", [], "obs", "none"),
+        ("gemma3_text", ["--compensate", "bias"], "wanda", "bias"),
+        ("llama", [], "wanda", "bias"),
+        (None, [], "wanda", "bias"),  # a family not known here
+    ],
+)
+def test_the_default_compensation_is_the_model_familys(model_type, argv, criterion, mode):
+    args = build_parser().parse_args(["prune", "--model", "m", "--out", "o", "--uniform", "0.2", *argv])
+    assert compensation_from(args, criterion, model_type=model_type).mode == mode
+
+
 @pytest.mark.slow
 def test_compare_prunes_every_plan_with_the_compensation(make_tiny, tmp_path, capsys):
     folder = _folder(make_tiny, tmp_path, "llama")

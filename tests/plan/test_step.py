@@ -40,7 +40,9 @@ def test_a_dp_plan_records_its_step_and_is_counted_for_no_biases(make_tiny):
     assert "bias_params" not in plan.params or plan.params["bias_params"] == 0
     gemma = make_tiny("gemma3_text")
     gemma_table = _with(synthetic_table(gemma), "gemma3_text")
-    assert api._default_compensation("dp", gemma_table) == "bias"
+    assert api._default_compensation("dp", gemma_table) == "bias+refit"  # Gemma 3's measured default after its step
+    gemma_plan = plan_from_table(gemma, gemma_table, 0.2, "dp", compensation=api._default_compensation("dp", gemma_table))
+    assert gemma_plan.criterion == "wanda" and gemma_plan.compensation == "bias+refit" and gemma_plan.params["bias_params"] > 0
 
 
 def test_the_model_type_of_a_table_without_one_is_read_from_its_model(tmp_path, make_tiny):
