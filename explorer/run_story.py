@@ -14,17 +14,18 @@ from explorer import ownership
 from explorer.glossary import GLOSSARY
 from explorer.messages import clear_message, set_message
 from explorer.session_jobs import remember_job, session_job
-from gap_engine.core.config import DEFAULT_COMPENSATION, WindowSpec
+from gap_engine.core.config import WindowSpec
 from gap_engine.core.errors import GapError, one_line
 from gap_engine.evaluate import history
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.evaluate.takeaway import DEFAULT_OPPONENT, GAP_ALLOCATOR, RunStory, compensation_words, run_story
+from gap_engine.model.identity import model_type_of
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.cost_model import run_prediction
 from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.problem import Constraints
-from gap_engine.prune.compensations import CompensationSettings
+from gap_engine.prune.compensations import CompensationSettings, family_default
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.views import figures
 
@@ -48,8 +49,8 @@ def show_takeaway(story: RunStory | None) -> None:
 
 def other_compensation(record: history.RunRecord) -> str:
     """The compensation a run's plan is measured with for the comparison: none after a compensated
-    run, the default one after a run without."""
-    return "none" if history.compensation_of(record) != "none" else DEFAULT_COMPENSATION
+    run, its model family's default after a run without."""
+    return "none" if history.compensation_of(record) != "none" else family_default(model_type_of(record.model))
 
 
 def run_settings(record: history.RunRecord) -> EvalSettings:
