@@ -602,6 +602,8 @@ class Progress:
 
     def step(self, seconds: float) -> str:
         self.done, self.measured, self.seconds = self.done + 1, self.measured + 1, self.seconds + seconds
+        # Records read back may include reports a menu no longer plans (another default): never fewer planned than done.
+        self.total = max(self.total, self.done)
         left = (self.total - self.done) * self.seconds / self.measured
         return f"[{self.done}/{self.total}, about {left / 60:.0f} min left]"
 

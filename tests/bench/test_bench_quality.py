@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import bench_quality
 import quality_report
-from bench_quality import Results, command_argv, compensations_for, default_compensation, parse_args
+from bench_quality import Progress, Results, command_argv, compensations_for, default_compensation, parse_args
 from quality_report import Group, best_on_selection, report_text
 
 SOURCES = ("wiki-sample", "news-sample")
@@ -286,3 +286,9 @@ def test_a_resumed_run_says_how_much_was_read_back_and_what_every_measurement_to
     assert bench_quality.resumed_text(records, 0) == ""  # a run that measured everything itself: its own time is the file's
     text = bench_quality.resumed_text(records, 2)
     assert "2 of the 3 measurements were made by earlier runs" in text and "took 165 s" in text
+
+
+def test_progress_never_counts_more_done_than_planned():
+    """Reports read back for another default than today's can pass the planned count: the estimate stays at zero left."""
+    progress = Progress(2, 2)
+    assert progress.step(10.0) == "[3/3, about 0 min left]"
