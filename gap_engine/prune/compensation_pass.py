@@ -65,17 +65,20 @@ def check_calibration(lm: LoadedModel, tokens: int, settings: CompensationSettin
     widest o_proj or down_proj of the model; 1,536 for SmolLM2-135M)."""
     if not settings.refits:
         return
-    for i, layer in enumerate(lm.adapter.layers(lm.model)):
+    # The widest projection names the minimum (naming the first too narrow would send a user back twice).
+    width, i, name = max(
+        (linear.in_features, i, name)
+        for i, layer in enumerate(lm.adapter.layers(lm.model))
         for name, linear in (
             (lm.adapter.output_name, lm.adapter.attention_projections(layer)[3]),
             (lm.adapter.down_name, lm.adapter.mlp_projections(layer)[2]),
-        ):
-            if tokens < linear.in_features:
-                raise CompensationError(
-                    f"the {settings.mode} compensation fits block {i}'s {name} ({linear.in_features} inputs) from {tokens} "
-                    f"calibration tokens; give at least {linear.in_features} (more or longer calibration windows), or choose a "
-                    "compensation that refits nothing (bias)"
-                )
+        )
+    )
+    if tokens < width:
+        raise CompensationError(
+            f"the {settings.mode} compensation fits block {i}'s {name} ({width} inputs) from {tokens} calibration tokens; "
+            f"give at least {width} (more or longer calibration windows), or choose a compensation that refits nothing (bias)"
+        )
 
 
 def calibration_tokens(windows: WindowSpec) -> int:

@@ -23,7 +23,7 @@ from gap_engine.model.loading import place_model
 from gap_engine.model.rateplan import make_plan, uniform_plan
 from gap_engine.model.slicing import output_bias_layout
 from gap_engine.prune.compensate import NO_FIT, BlockFit, BlockInputs, Moments, applied, fit_block, kept_columns, refit_fit
-from gap_engine.prune.compensation_pass import prune_compensated, removed_per_block
+from gap_engine.prune.compensation_pass import check_calibration, prune_compensated, removed_per_block
 from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
 from gap_engine.prune.importance import compute_importance
 
@@ -272,3 +272,18 @@ def test_the_bias_is_the_removed_weights_times_the_removed_inputs_mean(make_tiny
             torch.testing.assert_close(linear.bias.double(), want, rtol=1e-5, atol=1e-6, msg=f"block {i} {name}")
     with torch.no_grad():  # and the shipped model computes what the emulation (zeroed columns + those biases) computes
         torch.testing.assert_close(lm.model(input_ids=ids).logits, reference.model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_refusal_names_the_widest_projection_a_refit_needs(make_tiny, family):
+    """Too few tokens for a refit: the line names the minimum that fits every projection, not the first too narrow."""
+    lm = make_tiny(family, intermediate_size=160)
+    widths = [
+        (lm.adapter.attention_projections(b)[3].in_features, lm.adapter.mlp_projections(b)[2].in_features)
+        for b in lm.adapter.layers(lm.model)
+    ]
+    widest = max(max(pair) for pair in widths)
+    assert widest > min(min(pair) for pair in widths)  # a narrower projection exists, so the first named could be wrong
+    with pytest.raises(CompensationError, match=rf"down_proj \({widest} inputs\) from 8 calibration tokens; give at least {widest} "):
+        check_calibration(lm, 8, CompensationSettings(mode="bias+refit"))
+    check_calibration(lm, widest, CompensationSettings(mode="bias+refit"))
