@@ -74,6 +74,10 @@ GENERATION_FACTOR = 1.3
 # 49,152 values). Priced for every row: an untrained model's flat distribution sorts all of them (1.5 s a step of
 # 64 rows for a 3M-parameter one), SmolLM2-135M about a third (the price is then up to twice its time).
 NUCLEUS_TOP_S_PER_VALUE, NUCLEUS_SORT_S_PER_VALUE = 8e-9, 1.4e-7
+# Choosing every cell's units in Python (``tables.cells.unit_cuts``), whatever the estimator and the text: 0.57 ms a
+# cell measured on a quiet 2-core machine (SmolLM2's 960 cells, 0.55 s), priced 2x as the nominal FLOP rates are.
+# Without it a small build's time taught the learned factor 1.5-1.9x too much for a larger one (bench_expected).
+CELL_BOOKKEEPING_S = 1.2e-3
 REFINE_CELLS = 4  # measured cells per component assumed for refine: 3.8 on SmolLM2 (bench/results/refine.md)
 CALIBRATION_HIDDEN_CAP = 1024  # the measured one-layer model is at most this wide
 PREDICTED = "predicted by the cost model"  # how every basis starts (the pages label the time a prediction)
@@ -376,6 +380,7 @@ def estimate_build(shape: ModelShape, spec: TableSpec, profile: DeviceProfile, d
     costs = {i: per_layer * tokens * ((L - i) * block_t + head_t) for i in range(L)} if per_layer else {}
     n_workers = min(workers, sum(1 for c in costs.values() if c)) if workers > 1 and costs else 1
     parts[main] += sum(costs.values()) / n_workers  # Ray workers share the cells evenly
+    parts[main] += L * len(spec.rate_grid) * (2 if spec.mode == "split" else 1) * CELL_BOOKKEEPING_S
     state, in_flight = tokens * shape.hidden * dtype_bytes, 0.0  # one (N, T, d) hidden state
     if stream and per_layer:  # streamed cells go in groups whose states fill half the free device memory
         free = profile.memory - (shape.total_params - (L - 1) * shape.block_params) * dtype_bytes

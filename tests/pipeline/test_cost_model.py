@@ -71,6 +71,22 @@ def test_estimates_move_the_right_way():
     assert any("does not fit" in line for line in estimate_lines(one))
 
 
+@pytest.mark.parametrize("mode, components", [("split", 2), ("block", 1)])
+def test_a_builds_price_has_a_part_no_token_buys(mode, components):
+    """Choosing each cell's units costs the same for 2 x 64 tokens as for 4 x 128 (bench_expected: SmolLM2's small
+    build once taught the learned factor 1.5-1.9x too much for the larger): a build's price is one part per token and
+    one per cell of the grid, every cell of every layer, whatever the estimator."""
+    shape, profile = SHAPES["smollm2-135m"], cost_model.nominal_profile(2)
+
+    def seconds(n_samples: int, seq_len: int) -> float:
+        return estimate_build(shape, spec_of(n_samples=n_samples, seq_len=seq_len, estimator="fisher", mode=mode), profile, 4).seconds
+
+    small, large = seconds(2, 32), seconds(8, 32)  # the same windows' length: the token part is exactly 4x
+    fixed = (4 * small - large) / 3
+    assert fixed == pytest.approx(shape.layers * len(GRID) * components * cost_model.CELL_BOOKKEEPING_S)
+    assert large / small < 3.5  # a build's time is not its tokens' alone
+
+
 @pytest.mark.parametrize("estimator", list(ESTIMATORS))
 def test_a_table_jobs_predicted_stages_are_the_jobs_own(estimator, tmp_path, monkeypatch):
     """Every stage a table job declares gets a time (refine's cells once fell outside its stages and
