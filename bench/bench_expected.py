@@ -23,7 +23,7 @@ learning, on the runs that had an earlier one of their kind). Target: after one 
 the learned prediction within 1.5x of the wall time. These are measurements, not tests: the tests check the
 learning's arithmetic and what the pages show, never a clock.
 
-    python bench/bench_expected.py [--repeats 2] [--budgets 0.2,0.4] [--task-limits 4,16]
+    python bench/bench_expected.py [--repeats 2] [--busy 0] [--budgets 0.2,0.4] [--task-limits 4,16]
         [--workdir runs/bench_expected]
 """
 
@@ -74,7 +74,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budgets", default="0.2,0.4", help="uniform pruning budgets of the GGUF checkpoints")
     parser.add_argument("--task-limits", default="4,16", help="examples of the offline task scored")
     parser.add_argument("--workdir", default="runs/bench_expected")
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="processes spinning on one core each for the whole run: load added, to check the target under load 4+",
+    )
     return parser
+
+
+def spin() -> None:
+    while True:
+        pass
+
+
+def start_busy(n: int) -> list:
+    """``n`` processes that each keep one core busy until the run ends (daemons: they die with it)."""
+    import multiprocessing
+
+    spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(n)]
+    for p in spinners:
+        p.start()
+    return spinners
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -262,6 +283,7 @@ def main(argv=None) -> int:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     load_start, started, commands = os.getloadavg(), time.perf_counter(), []
+    spinners = start_busy(args.busy)
     import torch
 
     from gap_engine.model.loading import load_model
@@ -285,6 +307,8 @@ def main(argv=None) -> int:
     sections["4. Recovery"] = recoveries(work / "run-checkpoint", work)
     sections["5. Baseline plans"] = baseline_plans(lm, kept["table"])
     sections["6. Export's GGUF file"] = gguf_builds(work, [float(b) for b in args.budgets.split(",")], args.repeats, commands)
+    for p in spinners:
+        p.terminate()
     lines = [
         "# Times before Start: predicted against measured, before and after learning this machine",
         "",
@@ -300,6 +324,15 @@ def main(argv=None) -> int:
         "",
         machine_line(load_start, started),
         "",
+        *(
+            [
+                f"Load added by this run: {args.busy} process{'es' if args.busy != 1 else ''} spinning on one core each "
+                "(``--busy``), beside whatever else the machine ran.",
+                "",
+            ]
+            if args.busy
+            else []
+        ),
         "A fresh cache: no profile of this machine and no finished job, so the first job of each kind is predicted on "
         "nominal prices, and each later one also with what the earlier ones of its kind taught (``pipeline.learned``). "
         "*Nominal* is the cost model's prediction before learning, *learned* the one the pages show after it (in brackets: "
