@@ -44,7 +44,7 @@ from gap_engine.prune.obs import channel_greedy_bytes
 from gap_engine.recover.methods import RECOVERY_METHODS
 from gap_engine.recover.teacher_text import BATCH, TeacherTextSpec, uncached_tokens
 from gap_engine.recover.train import PROBE_FACTORS, PROBE_STEPS
-from gap_engine.tables.artefact import TableSpec
+from gap_engine.tables.artefact import TableSpec, table_components
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.exact import MAX_STORED_LOGPROB_BYTES
 from gap_engine.tables.streaming import STREAM_GROUP_BYTES
@@ -380,7 +380,7 @@ def estimate_build(shape: ModelShape, spec: TableSpec, profile: DeviceProfile, d
     costs = {i: per_layer * tokens * ((L - i) * block_t + head_t) for i in range(L)} if per_layer else {}
     n_workers = min(workers, sum(1 for c in costs.values() if c)) if workers > 1 and costs else 1
     parts[main] += sum(costs.values()) / n_workers  # Ray workers share the cells evenly
-    parts[main] += L * len(spec.rate_grid) * (2 if spec.mode == "split" else 1) * CELL_BOOKKEEPING_S
+    parts[main] += len(table_components(L, spec.mode)) * len(spec.rate_grid) * CELL_BOOKKEEPING_S  # every cell's units chosen
     state, in_flight = tokens * shape.hidden * dtype_bytes, 0.0  # one (N, T, d) hidden state
     if stream and per_layer:  # streamed cells go in groups whose states fill half the free device memory
         free = profile.memory - (shape.total_params - (L - 1) * shape.block_params) * dtype_bytes
