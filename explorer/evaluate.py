@@ -42,6 +42,7 @@ DEFAULTS = {
     "eval_allocator": "dp",
     "eval_criterion": PLAN_OWN,
     "eval_obs_samples": None,  # None: the default count (stages.obs_windows)
+    "eval_fit_samples": None,  # None: the compensation is fitted on the table's windows
     "eval_sources": [APP_EVAL_WINDOWS.data],
     "eval_samples": APP_EVAL_WINDOWS.n_samples,
     "eval_seq_len": APP_EVAL_WINDOWS.seq_len,
@@ -102,6 +103,7 @@ def expected_run(settings: EvalSettings) -> Prediction | None:
         return run_prediction(
             table.model, table.spec.windows, settings, stages, allocator, examples,
             loaded=model_loaded(table.model), sequential=is_sequential(run_criterion()), obs_samples=asked_obs_samples(),
+            fit_samples=asked_fit_samples(),
         )  # fmt: skip
     except Exception:  # an unreadable config: the run itself says what is wrong
         return None
@@ -152,7 +154,7 @@ def start_run(shown_plan: dict | None = None) -> None:
     if ss["eval_save_checkpoint"]:
         checkpoint_dir = history.new_checkpoint_dir(plan.allocator if plan else allocator, plan.budget if plan else run_budget)
     criterion = None if ss["eval_criterion"] == PLAN_OWN else ss["eval_criterion"]
-    obs_samples = asked_obs_samples()
+    obs_samples, fit_samples = asked_obs_samples(), asked_fit_samples()
     task = prune_eval_task(
         table.model,
         settings,
@@ -164,16 +166,16 @@ def start_run(shown_plan: dict | None = None) -> None:
         constraints=constraints_from_state(),
         plan=plan,
         checkpoint_dir=checkpoint_dir,
-        compensation=CompensationSettings(mode=run_compensation()),
+        compensation=CompensationSettings(mode=run_compensation(), samples=fit_samples),
         maker=ownership.owner(),
         criterion=criterion,
         obs_samples=obs_samples,
     )
     plan_id = plan.content_hash() if plan is not None else ""
     compensation = run_compensation()
-    key = f"{table.key}|{allocator}|{run_budget:.4f}|{plan_id}|{compensation}|{criterion}|{obs_samples}|{constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
+    key = f"{table.key}|{allocator}|{run_budget:.4f}|{plan_id}|{compensation}|{criterion}|{obs_samples}|{fit_samples}|{constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
     params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": run_budget, "plan_hash": plan_id or None}
-    params |= {"compensation": compensation, "criterion": run_criterion(), "obs_samples": obs_samples}
+    params |= {"compensation": compensation, "criterion": run_criterion(), "obs_samples": obs_samples, "fit_samples": fit_samples}
     label = f"{allocator} at {run_budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
     label += f", criterion {criterion}" if criterion else ""
     label += f", compensation {compensation}" if compensation != "none" else ""
@@ -237,6 +239,11 @@ def run_criterion() -> str:
 def asked_obs_samples() -> int | None:
     """The calibration windows a sequential criterion (``obs``) reads; None: the default count (or no such criterion)."""
     return int(ss["eval_obs_samples"]) if is_sequential(run_criterion()) and ss["eval_obs_samples"] else None
+
+
+def asked_fit_samples() -> int | None:
+    """The calibration windows the run's compensation is fitted on; None: the table's (or nothing is fitted)."""
+    return int(ss["eval_fit_samples"]) if run_compensation() != "none" and ss["eval_fit_samples"] else None
 
 
 def run_compensation() -> str:
@@ -415,6 +422,18 @@ with left:
             help="Windows of the table's calibration text and length that OBS chooses units and updates weights on "
             "(one Gram matrix per projection per block, so more than the table's are affordable); empty: the default, "
             f"{OBS_WINDOW_FACTOR}x the table's, at most {OBS_WINDOW_CAP} (chosen on held-out selection text).",
+        )
+    elif run_compensation() != "none":
+        st.number_input(
+            "Compensation calibration windows",
+            min_value=1,
+            max_value=LIMITS.samples,
+            step=1,
+            key="eval_fit_samples",
+            placeholder=f"{table.spec.windows.n_samples} (the table's)",
+            help="Windows of the table's calibration text and length that the compensation after the cut is fitted on "
+            "(the units are still chosen on the table's); a refit solves for every kept input of a projection, so more "
+            "tokens steady it. Empty: the table's own windows.",
         )
 with right:
     st.subheader("Evaluation")

@@ -26,7 +26,7 @@ from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.problem import Constraints
 from gap_engine.prune.compensations import CompensationSettings, family_default
-from gap_engine.prune.criteria import is_sequential
+from gap_engine.prune.criteria import CRITERIA, is_sequential
 from gap_engine.views import figures
 
 SAME_PLAN = "same plan"  # measure the run's plan with the other compensation
@@ -91,17 +91,21 @@ def start_beside(run_id: int, what: str, table) -> None:
         label = f"{DEFAULT_OPPONENT} at {(record.budget or 0):.2%} of {table.model} beside run {run_id}, criterion {criterion}"
     stages = prune_eval_stages(settings, False, False, mode != "none")
     obs_samples = (params.get("obs_windows") or {}).get("n_samples")  # the run's own, so both read as many
+    recorded = params.get("compensation") if isinstance(params.get("compensation"), dict) else {}
+    step = chosen.criterion if chosen is not None else criterion
+    fits_after = mode != "none" and step in CRITERIA and not is_sequential(step)
+    fit_samples = recorded.get("samples") if fits_after else None  # the run's compensation windows, so both fit on as many
     try:
         sequential = is_sequential(chosen.criterion if chosen is not None else criterion)
         expected = run_prediction(
             table.model, table.spec.windows, settings, stages, allocator, 0, loaded=model_loaded(table.model),
-            sequential=sequential, obs_samples=obs_samples,
+            sequential=sequential, obs_samples=obs_samples, fit_samples=fit_samples,
         )  # fmt: skip
     except Exception:  # an unreadable config: the run itself says what is wrong
         expected = None
     task = prune_eval_task(
         table.model, settings, expected, None, table=table, budget=record.budget, allocator=allocator, plan=chosen,
-        constraints=Constraints.from_dict(params.get("constraints")), compensation=CompensationSettings(mode=mode),
+        constraints=Constraints.from_dict(params.get("constraints")), compensation=CompensationSettings(mode=mode, samples=fit_samples),
         maker=ownership.owner(), obs_samples=obs_samples, criterion=criterion,
     )  # fmt: skip
     job_params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": record.budget, "compensation": mode}

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gap_engine.core.config import BUILTIN_TEXT_NAMES, WindowSpec
 from gap_engine.core.deprecation import deprecation_text
 from gap_engine.core.device import DeviceError, DeviceSpec, canonical_dtype
-from gap_engine.core.errors import BudgetError
+from gap_engine.core.errors import BudgetError, OptionError
 
 if TYPE_CHECKING:
     from gap_engine.prune.compensations import CompensationSettings
@@ -170,15 +171,27 @@ def compensation_from(
     plan was counted for (``planned``: ``RatePlan.compensation``), else the default for
     ``criterion`` on ``model_type``'s family (``prune.compensations.default_for``: none for one that
     updates the kept columns itself) or, with no criterion (``gap compare``: each plan's own), the
-    family's default."""
+    family's default. ``--fit-samples`` sizes the compensation's windows (OptionError where nothing is fitted
+    after the cut)."""
     from gap_engine.prune.compensations import CompensationSettings, default_for, family_default
     from gap_engine.prune.criteria import is_sequential
 
     if args.compensate:
-        return CompensationSettings(mode=args.compensate).validate()
-    if planned is not None and not (criterion and is_sequential(criterion)):
-        return CompensationSettings(mode=planned).validate()
-    return default_for(criterion, model_type) if criterion else CompensationSettings(mode=family_default(model_type)).validate()
+        settings = CompensationSettings(mode=args.compensate)
+    elif planned is not None and not (criterion and is_sequential(criterion)):
+        settings = CompensationSettings(mode=planned)
+    else:
+        settings = default_for(criterion, model_type) if criterion else CompensationSettings(mode=family_default(model_type))
+    samples = getattr(args, "fit_samples", None)
+    if samples is None:
+        return settings.validate()
+    if criterion and is_sequential(criterion):
+        raise OptionError(
+            f"--fit-samples cannot apply: the units are chosen and updated by {criterion}, which fits on its own windows (--obs-samples)"
+        )
+    if not settings.active:
+        raise OptionError("--fit-samples cannot apply: nothing is compensated after the cut (--compensate none)")
+    return replace(settings, samples=samples).validate()
 
 
 def spec_from_args(args: argparse.Namespace, follows: CompensationSettings | None = None, criterion: str | None = None) -> TableSpec:

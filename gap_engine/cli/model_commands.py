@@ -24,7 +24,7 @@ from gap_engine.model.rateplan import RatePlan, uniform_plan
 from gap_engine.pipeline.checkpoints import evaluate_model, prune_rounds_to_checkpoint, prune_to_checkpoint
 from gap_engine.pipeline.stages import dense_reference, obs_windows, pruned_by
 from gap_engine.plan.step import family_step, takes
-from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
+from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration, fit_windows
 from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, adds_biases
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.sequential import check_follows_obs
@@ -60,10 +60,10 @@ def run_prune(args: argparse.Namespace) -> int:
     compensation = _prune_compensation(args, criterion, plan.compensation if plan else None)
     obs_needs = _obs_windows_needed(args, criterion)
     if criterion != "magnitude" or compensation.active:
-        check_windows_fit(args.model, (windows_from(args), "calibration"), *obs_needs)
+        check_windows_fit(args.model, (windows_from(args), "calibration"), *obs_needs, *_fit_windows_needed(args, compensation))
         read_sources(args.data)
     lm = load_model(args.model, device_from(args))
-    check_calibration(lm, calibration_tokens(windows_from(args)), compensation)  # before the units are scored
+    check_calibration(lm, calibration_tokens(windows_from(args), compensation), compensation)  # before the units are scored
     if plan is None:
         plan = uniform_plan(lm, args.uniform, criterion, args.channel_multiple, compensation.mode, compensation.adds_bias)
     label = "OBS blocks" if obs_needs else "importance" if not compensation.active else "importance, then compensated blocks"
@@ -100,6 +100,13 @@ def _obs_windows_needed(args: argparse.Namespace, criterion: str) -> tuple[tuple
     return ((obs_windows(windows_from(args), args.obs_samples), "calibration"),)
 
 
+def _fit_windows_needed(args: argparse.Namespace, compensation: CompensationSettings) -> tuple[tuple[WindowSpec, str], ...]:
+    """The calibration windows the compensation is fitted on, where ``--fit-samples`` sized them (for ``check_windows_fit``)."""
+    if compensation.samples is None:
+        return ()
+    return ((fit_windows(windows_from(args), compensation.samples), "calibration"),)
+
+
 def run_prune_rounds(args: argparse.Namespace) -> int:
     """``gap prune --budget B --rounds K``: GAP's DP in rounds, each on a table of the model as it is."""
     if args.rounds < 1:
@@ -111,11 +118,15 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     compensation = NO_COMPENSATION if args.rounds > 1 and not args.compensate else _prune_compensation(args, args.criterion)
     if compensation.active and args.rounds > 1:
         raise CompensationError(f"--compensate {compensation.mode} follows a one-shot cut; use --rounds 1 (or --compensate none)")
+    if args.fit_samples is not None and not compensation.active:
+        raise OptionError("--fit-samples cannot apply: nothing is compensated after the cut (rounds above 1 compensate nothing)")
     # obs scores no table: the tables score units by the default criterion, and obs prunes their DP's rates.
     table_criterion = DEFAULT_CRITERION if is_sequential(args.criterion) else args.criterion
     spec = spec_from_args(args, follows=compensation, criterion=table_criterion)
     first_table = find_table(args.model, spec, device_from(args))  # round 1's table, looked up before anything loads
-    check_windows_fit(args.model, (spec.windows, "calibration"), *_obs_windows_needed(args, args.criterion))
+    check_windows_fit(
+        args.model, (spec.windows, "calibration"), *_obs_windows_needed(args, args.criterion), *_fit_windows_needed(args, compensation)
+    )
     read_sources(args.data)  # a bad text source fails before the model loads
     lm = load_model(args.model, device_from(args))
     progress = StderrProgress("round table")
@@ -145,6 +156,8 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
     }
     if is_sequential(args.criterion):
         summary["obs_windows"] = obs_windows(spec.windows, args.obs_samples).n_samples
+    if compensation.samples is not None:
+        summary["fit_windows"] = compensation.samples
     if args.json:
         print(json.dumps(summary))
         return 0

@@ -88,6 +88,7 @@ def _add_prune(sub) -> None:
     # score units by the default criterion, and obs prunes their DP's rates.
     _add_table_spec_args(p, CLI_TABLE.estimator, criteria=CRITERIA)
     _add_obs_args(p)
+    _add_fit_args(p)
     add_device_args(p)
     p.set_defaults(handler="model_commands:run_prune")
 
@@ -124,6 +125,16 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--limit", type=int, help="examples per task (default: all)")
     group.add_argument("--num-fewshot", type=int, help="in-context examples (default: the task's own, else 0)")
     group.add_argument("--include-path", help="a folder of lm-eval task YAMLs (dataset_path: json with local data_files)")
+
+
+def _add_fit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--fit-samples",
+        type=int,
+        help="calibration windows the compensation after the cut (bias, refit) is fitted on: the calibration text's source, "
+        "length and seed, this many windows, the first of them the table's (default: the table's own; the units are still "
+        "chosen on those); a refit solves for every kept input of a projection, so more tokens steady it",
+    )
 
 
 def _add_obs_args(p: argparse.ArgumentParser) -> None:
@@ -322,6 +333,7 @@ def _add_compare(sub) -> None:
     )
     p.add_argument("--out", required=True, help="results CSV")
     _add_obs_args(p)
+    _add_fit_args(p)
     _add_task_args(p)
     _add_constraint_args(p)
     _add_evo_args(p)

@@ -34,7 +34,7 @@ from gap_engine.plan.evo import EvoSettings
 from gap_engine.plan.front import dp_front, front_csv, front_rows
 from gap_engine.plan.problem import Constraints, planning_problem
 from gap_engine.plan.step import plan_criterion, table_model_type
-from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
+from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration, fit_windows
 from gap_engine.prune.compensations import CompensationSettings
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.sequential import OBS_COMPENSATIONS
@@ -167,16 +167,19 @@ def run_compare(args: argparse.Namespace) -> int:
     eval_windows = WindowSpec(data=args.eval_data, n_samples=args.eval_samples, seq_len=args.eval_seq_len, seed=args.seed)
     # The table's text is read only to build the table.
     calibration = [] if spec is None or cached is not None else [(spec.windows, "calibration")]
+    table_spec = table.spec if table is not None else spec
+    if args.fit_samples is not None and table_spec is not None:  # the compensation reads more of the text than the table did
+        calibration.append((fit_windows(table_spec.windows, args.fit_samples), "calibration"))
     splits = HELDOUT_SPLITS if args.split == "both" else (args.split,)
     check_windows_fit(args.model, *((eval_windows, split) for split in splits), *calibration)
     read_sources(args.eval_data, *((args.data,) if calibration else ()))  # before the model loads
     if table is not None:
         lm = _load_for_table(args.model, table, device_from(args))
-        check_calibration(lm, calibration_tokens(table.spec.windows), compensation)
+        check_calibration(lm, calibration_tokens(table.spec.windows, compensation), compensation)
     else:
         build_spec = spec if spec is not None else spec_from_args(args, follows=compensation)
         lm = load_model(args.model, device_from(args))
-        check_calibration(lm, calibration_tokens(build_spec.windows), compensation)  # before the table is built
+        check_calibration(lm, calibration_tokens(build_spec.windows, compensation), compensation)  # before the table is built
         if cached is not None and cached.model_fingerprint == lm.fingerprint:
             table = cached
         else:
@@ -200,6 +203,7 @@ def run_compare(args: argparse.Namespace) -> int:
         compensation=asked,
         obs_samples=args.obs_samples,
         checked=checked,
+        fit_samples=args.fit_samples,
     )
     for outcome in outcomes:
         outcome.extras = outcome.extras | dense_columns

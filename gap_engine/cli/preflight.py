@@ -64,6 +64,7 @@ SIZE_OPTIONS: dict[str, tuple[str, int, str | None, str]] = {
     "seed": ("--seed", 0, "seed", ""),
     "keep_params": ("--keep-params", 1, None, "parameters"),
     "obs_samples": ("--obs-samples", 1, "samples", "windows"),
+    "fit_samples": ("--fit-samples", 1, "samples", "windows"),
 }
 # Commands whose --out is a folder (and `export --format hf`); every other --out is a file.
 FOLDER_OUTPUTS = ("prune", "recover")
@@ -120,9 +121,10 @@ def check_sizes(args: argparse.Namespace) -> None:
         flag = "--" + prefix.replace("_", "-")
         names = (f"{flag}samples", f"{flag}seq-len", "--batch-size")
         check_windows(samples, seq_len, getattr(args, "batch_size", None) or 1, names, force)
-    if getattr(args, "obs_samples", None) is not None and getattr(args, "seq_len", None) is not None:
-        names = ("--obs-samples", "--seq-len", "--batch-size")
-        check_windows(args.obs_samples, args.seq_len, getattr(args, "batch_size", None) or 1, names, force)
+    for dest in ("obs_samples", "fit_samples"):
+        if getattr(args, dest, None) is not None and getattr(args, "seq_len", None) is not None:
+            names = ("--" + dest.replace("_", "-"), "--seq-len", "--batch-size")
+            check_windows(getattr(args, dest), args.seq_len, getattr(args, "batch_size", None) or 1, names, force)
     if getattr(args, "rates", None) is not None:
         check_at_most(_count(args.rates), LIMITS.rates, f"--rates lists {_count(args.rates):,} rates, which", force)
     for dest, flag in (("budgets", "--budgets"), ("refine_budgets", "--refine-budgets")):
@@ -385,7 +387,11 @@ def check_calibration_mix(args: argparse.Namespace) -> None:
     if args.command in HELDOUT_DATA_COMMANDS or args.command == "recover" or getattr(args, "samples", None) is None:
         return  # recover's --data lists tasks, each its own windows
     sources = [part.strip() for part in str(getattr(args, "data", None) or "").split(",") if part.strip()]
-    for flag, samples in (("--samples", args.samples), ("--obs-samples", getattr(args, "obs_samples", None))):
+    for flag, samples in (
+        ("--samples", args.samples),
+        ("--obs-samples", getattr(args, "obs_samples", None)),
+        ("--fit-samples", getattr(args, "fit_samples", None)),
+    ):
         refusal = None if samples is None else mix_refusal(sources, samples)
         if refusal is not None:
             raise DataError(f"--data: {refusal}" + (f" ({flag} {samples})" if flag != "--samples" else ""))

@@ -44,6 +44,7 @@ class PrunedCheckpoint:
     dense_prunable: int = 1  # the dense model's prunable parameters
     criterion: str = "wanda"  # what chose the units (the saved plan's criterion)
     obs_windows: int | None = None  # calibration windows a sequential criterion (obs) read; None: none did
+    fit_windows: int | None = None  # calibration windows the compensation after the cut was fitted on; None: none was
 
     @property
     def net_removed(self) -> int:
@@ -63,7 +64,7 @@ class PrunedCheckpoint:
             "removed_fraction_of_total": self.removed_fraction_of_total,
             "compensation": self.compensation,
             "criterion": self.criterion,
-        } | ({} if self.obs_windows is None else {"obs_windows": self.obs_windows})
+        } | {name: n for name, n in (("obs_windows", self.obs_windows), ("fit_windows", self.fit_windows)) if n is not None}
 
 
 def prune_to_checkpoint(
@@ -103,6 +104,7 @@ def prune_to_checkpoint(
         dense_prunable=int(result.plan.params["dense_prunable"]),
         criterion=result.plan.criterion,
         obs_windows=obs_windows(windows, obs_samples).n_samples if is_sequential(result.plan.criterion) else None,
+        fit_windows=((result.compensation or {}).get("windows") or {}).get("n_samples"),
     )
 
 

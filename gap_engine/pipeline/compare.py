@@ -7,6 +7,7 @@ same calibration and held-out windows, so differences between allocators are pai
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -66,6 +67,7 @@ class Outcome:
     bias_params: int = 0  # parameters the compensation's biases added (params_after counts them; removed does not)
     criterion: str = ""  # what chose the units: the plan's own, or the one its allocator spec named (dp:obs)
     obs_windows: int | None = None  # calibration windows a sequential criterion (obs) read; None: none did
+    fit_windows: int | None = None  # calibration windows a compensation after the cut was fitted on; None: none was
 
     def row(self) -> dict:
         """Flat dict for CSV output."""
@@ -185,6 +187,7 @@ def measure_plan(
         bias_params=int((result.compensation or {}).get("bias_params", 0)),
         criterion=plan.criterion,
         obs_windows=obs_windows(calib_spec, obs_samples).n_samples if is_sequential(plan.criterion) else None,
+        fit_windows=((result.compensation or {}).get("windows") or {}).get("n_samples"),
     )
 
 
@@ -207,18 +210,21 @@ def allocator_spec(spec: str) -> tuple[str, str | None]:
 
 
 def shipped_compensation(
-    table: LossTable, allocator: str, criterion: str | None, compensation: CompensationSettings | None
+    table: LossTable, allocator: str, criterion: str | None, compensation: CompensationSettings | None, samples: int | None = None
 ) -> CompensationSettings:
     """What the kept units of a `compare` row get: ``compensation`` where the row's step takes it, else the
     step's own default (``prune.compensations.default_for``). None (not asked for): every row its own
     default, so a row pruned by a sequential criterion (OBS, whose update is its compensation) gets none
     and the others their model family's default (``prune.compensations.family_default``); a refit asked
-    for gives OBS rows none (OBS takes no refit)."""
+    for gives OBS rows none (OBS takes no refit). Every row that fits a compensation after the cut fits it on
+    ``samples`` windows (None: ``compensation``'s own count, else the table's); OBS fits its update and any bias
+    on its own windows."""
     mode = None if compensation is None else compensation.mode
     step = criterion or plan_criterion(allocator, table, mode)
-    if compensation is not None and takes(step, mode):
-        return compensation
-    return default_for(step, table_model_type(table))
+    shipped = compensation if compensation is not None and takes(step, mode) else default_for(step, table_model_type(table))
+    if is_sequential(step) or not shipped.active:
+        return dataclasses.replace(shipped, samples=None)
+    return dataclasses.replace(shipped, samples=samples if samples is not None else shipped.samples)
 
 
 def check_rows(
@@ -258,6 +264,7 @@ def compare(
     compensation: CompensationSettings | None = NO_COMPENSATION,
     obs_samples: int | None = None,
     checked: Mapping[tuple[float, str], ReachableBudget] | None = None,
+    fit_samples: int | None = None,
 ) -> list[Outcome]:
     """Every allocator at every budget, pruned for real and measured on the same windows.
 
@@ -275,12 +282,14 @@ def compare(
             table's windows, its biases paid from each budget (None: each its step's default; ``shipped_compensation``).
         obs_samples: calibration windows a sequential criterion (``obs``) reads (None: ``stages.obs_windows``' default).
         checked: `check_rows` of these arguments, when the caller checked them first (None: checked here).
+        fit_samples: calibration windows every compensation after the cut is fitted on (None: the table's).
     """
     specs = [allocator_spec(a) for a in allocators]
     table.check_model(lm)
     calib_spec = table.spec.windows
     for allocator, criterion in specs:  # before anything slow
-        check_calibration(lm, calibration_tokens(calib_spec), shipped_compensation(table, allocator, criterion, compensation))
+        shipped = shipped_compensation(table, allocator, criterion, compensation, fit_samples)
+        check_calibration(lm, calibration_tokens(calib_spec, shipped), shipped)
     windows = calibration_windows(lm.tokenizer, calib_spec)
     scores = compute_importance(lm, windows, table.spec.criterion, calib_spec.batch_size)
     by_criterion = {scores.criterion: scores}
@@ -300,7 +309,7 @@ def compare(
     for budget in budgets:
         for spec, (allocator, criterion) in zip(allocators, specs):
             started = time.perf_counter()
-            own = shipped_compensation(table, allocator, criterion, compensation)
+            own = shipped_compensation(table, allocator, criterion, compensation, fit_samples)
             reachable = checked[budget, spec]
             extras = {}
             if allocator == "evo":

@@ -454,12 +454,12 @@ def plan_seconds(allocator: str, calib: float, without_model: float) -> float:
 def run_prediction(
     model: str, calibration: WindowSpec, settings: EvalSettings, stages: tuple[str, ...], allocator: str = "dp",
     task_examples: int = 0, device: DeviceSpec | None = None, loaded: bool = False, sequential: bool = False,
-    obs_samples: int | None = None,
+    obs_samples: int | None = None, fit_samples: int | None = None,
 ) -> Prediction | None:  # fmt: skip
     """The stages of a prune-and-evaluate run (``runs.prune_eval_stages``) in forward passes of the dense model (the pruned
     copy priced as dense: an upper bound): planning (the calibration passes its allocator's entry prices it at), scores
     (``sequential``: OBS's 3 block passes over its ``obs_samples`` windows, ``config.obs_window_count``, and its channel
-    greedy), compensation (2.5 calibration passes), the measured
+    greedy), compensation (2.5 passes over its ``fit_samples`` windows, None: the calibration's), the measured
     increase, held-out text, throughput, generations and lm-eval tasks of both models, the checkpoint write."""
     if (priced := _prices(model, resolve(device), settings.windows.seq_len, settings.windows.batch_size)) is None:
         return None
@@ -472,11 +472,13 @@ def run_prediction(
     calib = forward(c.n_samples * c.seq_len, c.seq_len, c.n_samples / c.batch_size)
     obs = obs_window_count(c.n_samples, obs_samples)
     obs_pass = forward(obs * c.seq_len, c.seq_len, obs / c.batch_size)
+    fit = c.n_samples if fit_samples is None else fit_samples
+    fit_pass = forward(fit * c.seq_len, c.seq_len, fit / c.batch_size)
     by_stage = {
         stage.LOAD_MODEL: 0.0 if loaded else load_seconds(model, params),
         stage.PLAN: plan_seconds(allocator, calib, 0.5),
         stage.PRUNE: (3 * obs_pass + _obs_greedy_seconds(shape) if sequential else calib) + 4 * params / NOMINAL_BANDWIDTH,
-        stage.COMPENSATE: 2.5 * calib,  # per block: to o_proj's input, to down_proj's input, the whole block
+        stage.COMPENSATE: 2.5 * fit_pass,  # per block: to o_proj's input, to down_proj's input, the whole block
         stage.MEASURE: 2 * calib,
         stage.HELD_OUT: 2 * max(len(w.sources()), 1) * forward(w.n_samples * w.seq_len, w.seq_len, w.n_samples / w.batch_size),
         stage.THROUGHPUT: THROUGHPUT_REPEATS * 2 * (forward(4 * 128, 128) + 16 * forward(4, 1)),

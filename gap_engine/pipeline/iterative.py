@@ -124,7 +124,7 @@ def _check_rounds(dense: LoadedModel, spec: TableSpec, rounds: int, compensation
         raise CompensationError(f"compensation '{compensation.mode}' follows a one-shot cut; prune in one round (--rounds 1) to compensate")
     if criterion is not None and is_sequential(criterion):
         check_follows_obs(compensation)
-    check_calibration(dense, calibration_tokens(spec.windows), compensation)
+    check_calibration(dense, calibration_tokens(spec.windows, compensation), compensation)
 
 
 def iterative_prune(

@@ -16,7 +16,7 @@ import torch
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS, DEFAULT_SAVE_DTYPE, WindowSpec, obs_window_count
 from gap_engine.core.device import DeviceSpec
-from gap_engine.core.errors import ModelLoadError, TableError
+from gap_engine.core.errors import CompensationError, ModelLoadError, TableError
 from gap_engine.core.interrupt import cancel_checks, run_unless_cancelled
 from gap_engine.core.progress import (
     CELLS,
@@ -219,6 +219,11 @@ def prune_with_plan(
     plan.check_model(lm)
     pruning = any(plan.attention_rates) or any(plan.mlp_rates)
     if pruning and is_sequential(plan.criterion):
+        if compensation.samples is not None:
+            raise CompensationError(
+                f"criterion '{plan.criterion}' fits its update and any bias on its own windows: size them with its "
+                "window count (obs_samples), not the compensation's"
+            )
         read = obs_windows(windows, obs_samples)
         prune: Callable[..., PruneResult] = CRITERIA.function(plan.criterion)
         result = prune(lm, plan, calibration_windows(lm.tokenizer, read), windows.batch_size, hooks, compensation=compensation)

@@ -81,9 +81,11 @@ def check_calibration(lm: LoadedModel, tokens: int, settings: CompensationSettin
         )
 
 
-def calibration_tokens(windows: WindowSpec) -> int:
-    """The tokens a compensation is fitted on: every window's text positions."""
-    return windows.n_samples * windows.seq_len
+def calibration_tokens(windows: WindowSpec, settings: CompensationSettings | None = None) -> int:
+    """The tokens a compensation is fitted on: every position of its windows (``fit_windows``: ``settings.samples``
+    of ``windows``' text; None: ``windows``)."""
+    fitted = fit_windows(windows, None if settings is None else settings.samples)
+    return fitted.n_samples * fitted.seq_len
 
 
 def _dense_targets(
@@ -179,6 +181,14 @@ def install_biases(lm: LoadedModel, fits: Sequence[BlockFit]) -> None:
             replace_linear_(lm.adapter.mlp(layer), lm.adapter.down_name, bias=fit.mlp.bias, add_bias=True)
 
 
+def fit_windows(windows: WindowSpec, samples: int | None) -> WindowSpec:
+    """The windows a compensation is fitted on: ``windows``' source, length and seed, ``samples`` of them (None:
+    ``windows`` themselves). The units it compensates are still those the plan's criterion chose."""
+    if samples is None or samples == windows.n_samples:
+        return windows
+    return dataclasses.replace(windows, n_samples=samples).validate()
+
+
 def prune_compensated(
     lm: LoadedModel,
     plan: RatePlan,
@@ -193,7 +203,8 @@ def prune_compensated(
         lm: a LoadedModel (modified; its fingerprint is refreshed).
         plan: a RatePlan for it.
         scores: its importance scores (None only for an all-zero plan).
-        windows: the calibration windows the blocks are fitted on (the table's).
+        windows: the calibration windows (the table's); the blocks are fitted on ``settings.samples`` of the same
+            text (``fit_windows``; None: these).
         settings: the compensation; ``none`` is surgery alone.
         hooks: the ``compensate`` stage entered, progress over blocks, cancel between blocks.
     Returns:
@@ -206,6 +217,7 @@ def prune_compensated(
     settings.validate()
     if not settings.active:
         return apply_plan(lm, plan, scores)
+    windows = fit_windows(windows, settings.samples)
     lm.refuse_shared("compensation")
     plan = dataclasses.replace(plan).validate()  # validate() normalises the rates: on our copy, not the caller's
     plan.check_model(lm)

@@ -78,10 +78,19 @@ class CompensationSettings:
     # fixes its own cut); "dense": match the dense model's outputs on its own inputs (each block
     # also chases the errors of the blocks before it).
     target: str = "pruned"
+    # Calibration windows the fit reads: the calibration text's source, length and seed, this many (the first of
+    # them the calibration's own); None: the calibration windows themselves. A fit costs one Gram matrix per
+    # projection, so it can read more windows than a table's cells do, and a refit solves for as many unknowns per
+    # output as the projection has kept inputs: more tokens than the table's 4,096 steady it.
+    samples: int | None = None
 
     def validate(self) -> CompensationSettings:
         """CompensationError (one line) for a value the pass cannot use."""
         COMPENSATIONS.check(self.mode)
+        if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1):
+            raise CompensationError(f"compensation windows {self.samples!r}: give a whole number of windows, at least 1")
+        if self.samples is not None and self.mode == "none":
+            raise CompensationError("compensation none fits nothing: it reads no windows to size")
         if self.target not in TARGETS:
             raise CompensationError(f"unknown compensation target '{self.target}'; choose one of {', '.join(TARGETS)}")
         if isinstance(self.damping, bool) or not isinstance(self.damping, (int, float)) or not (0.0 < float(self.damping) <= 10.0):
@@ -105,7 +114,8 @@ class CompensationSettings:
 
     def to_dict(self) -> dict[str, object]:
         """What a checkpoint, a run and a table record."""
-        return {"mode": self.mode, "damping": float(self.damping), "target": self.target}
+        recorded: dict[str, object] = {"mode": self.mode, "damping": float(self.damping), "target": self.target}
+        return recorded if self.samples is None else recorded | {"samples": self.samples}
 
 
 NO_COMPENSATION = CompensationSettings(mode="none")  # surgery alone

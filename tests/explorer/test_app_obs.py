@@ -29,6 +29,7 @@ def test_prune_and_evaluate_prunes_a_plan_by_obs(cached_table, smol):
     assert criterion.options[0] == "the plan's own (obs)"  # the planner's DP plan: SmolLM2's step
     assert at.selectbox(key="app_compensation").disabled  # OBS's update is its compensation
     assert any(n.key == "eval_obs_samples" for n in at.number_input)  # asked for obs, the DP plan's step
+    assert not any(n.key == "eval_fit_samples" for n in at.number_input)  # OBS fits on its own windows
     first_mlp = [0.05] + [0.0] * (smol.num_layers - 1)
     at.session_state["app_uploaded_plan"] = make_plan(smol, [0.0] * smol.num_layers, first_mlp, "wanda", allocator="uniform").to_dict()
     at.run()
@@ -36,7 +37,9 @@ def test_prune_and_evaluate_prunes_a_plan_by_obs(cached_table, smol):
     at.selectbox(key="eval_allocator").set_value("uploaded plan").run()
     assert at.selectbox(key="eval_criterion").options[0] == "the plan's own (wanda)"
     assert not at.selectbox(key="app_compensation").disabled
+    at.number_input(key="eval_fit_samples").set_value(5).run()  # wanda's plan: its bias may read more windows
     at.selectbox(key="eval_criterion").set_value("obs").run()
+    assert not any(n.key == "eval_fit_samples" for n in at.number_input)
     assert at.selectbox(key="app_compensation").disabled  # OBS's update is its compensation
     at.number_input(key="eval_obs_samples").set_value(3).run()
     at.button(key="eval_run").click().run()
@@ -49,5 +52,6 @@ def test_prune_and_evaluate_prunes_a_plan_by_obs(cached_table, smol):
     assert (result.plan["allocator"], result.plan["criterion"]) == ("uniform", "obs") and result.compensation is None
     [record] = history.runs()
     assert record.plan["criterion"] == "obs" and record.params["obs_windows"]["n_samples"] == 3
+    assert record.params.get("compensation") is None  # the windows asked for the bias went with it: OBS fits on its own
     assert json.loads((Path(result.checkpoint) / "plan.json").read_text())["criterion"] == "obs"
     assert any("criterion obs" in str(h.value) for h in at.subheader)

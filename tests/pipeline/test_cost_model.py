@@ -251,3 +251,25 @@ def test_the_shape_read_from_config_json_knows_each_familys_qkv_biases(make_tiny
     q_proj = lm.adapter.attention_projections(lm.adapter.layers(lm.model)[0])[0]
     shape = ModelShape.from_config(json.loads(lm.model.config.to_json_string()))
     assert shape.qkv_bias == (q_proj.bias is not None)
+
+
+def test_a_compensation_fitted_on_more_windows_is_priced_by_them(tmp_path, monkeypatch):
+    """The compensate stage reads its own windows (``--fit-samples``): 4x the windows, 4x its passes; nothing else moves."""
+    from gap_engine.core.config import WindowSpec
+    from gap_engine.core.progress import COMPENSATE
+    from gap_engine.evaluate.metrics import EvalSettings
+    from gap_engine.pipeline.runs import prune_eval_stages
+
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    calibration, settings = WindowSpec(n_samples=8, seq_len=64, batch_size=8), EvalSettings()
+    stages = prune_eval_stages(settings, False, False, True)
+
+    def seconds(fit_samples: int | None) -> dict[str, float]:
+        predicted = cost_model.run_prediction("smollm2-135m", calibration, settings, stages, loaded=True, fit_samples=fit_samples)
+        assert predicted is not None
+        return predicted.seconds
+
+    own, wider = seconds(None), seconds(32)
+    assert seconds(8) == own  # the table's own count, said out loud
+    assert wider[COMPENSATE] == pytest.approx(4 * own[COMPENSATE], rel=0.05)
+    assert {k: v for k, v in wider.items() if k != COMPENSATE} == {k: v for k, v in own.items() if k != COMPENSATE}

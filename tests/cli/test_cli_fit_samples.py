@@ -1,0 +1,108 @@
+"""``--fit-samples``: the compensation after the cut fitted on more calibration windows than the table's, on
+``gap prune`` and ``gap compare``; the units stay those the table's windows chose; every refusal one line, exit 2.
+
+Tiny random two-layer Llama folders (8 query heads in 2 KV groups, MLP 128) with the real SmolLM2 tokenizer;
+4 x 64 calibration tokens (a refit of the widest projection needs 128).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from inprocess_cli import run_gap
+from safetensors.torch import load_file
+
+from gap_engine.core.errors import CompensationError
+from gap_engine.prune.compensations import CompensationSettings
+
+WIDE = dict(num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
+CALIB = ["--samples", "4", "--seq-len", "64", "--batch-size", "2"]
+
+
+@pytest.fixture
+def gap(capsys, tmp_path, monkeypatch):
+    """Run ``gap`` in-process with a cache of its own: (exit status, stderr lines, stdout)."""
+    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("GAP_FORCE_SIZE", raising=False)
+    return lambda *argv: run_gap(capsys, *argv)
+
+
+@pytest.fixture
+def tiny(make_tiny, tmp_path):
+    lm = make_tiny("llama", **WIDE)
+    folder = tmp_path / "tiny"
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _refused(result, message: str) -> str:
+    code, err, _ = result
+    assert code == 2 and err and err[-1].startswith(("gap: error: ", "gap prune: error: ")), (code, err)
+    assert message.lower() in err[-1].lower(), err[-1]
+    return err[-1]
+
+
+def test_the_windows_are_part_of_the_settings_and_recorded_only_when_asked():
+    """A compensation that does not size its windows records what it did before (table and cache keys unchanged)."""
+    assert CompensationSettings(mode="bias").to_dict() == {"mode": "bias", "damping": 0.01, "target": "pruned"}
+    assert CompensationSettings(mode="refit", samples=64).to_dict()["samples"] == 64
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(CompensationError, match="whole number of windows"):
+            CompensationSettings(mode="bias", samples=bad).validate()  # type: ignore[arg-type]
+    with pytest.raises(CompensationError, match="none fits nothing"):
+        CompensationSettings(mode="none", samples=8).validate()
+
+
+@pytest.mark.slow
+def test_prune_fits_the_refit_on_the_windows_asked_and_keeps_the_same_units(gap, tiny, tmp_path):
+    common = ["prune", "--model", tiny, "--uniform", "0.25", "--criterion", "wanda", "--compensate", "bias+refit"]
+    common += ["--save-dtype", "float32", *CALIB, "--json"]
+    code, err, out = gap(*common, "--fit-samples", "12", "--out", tmp_path / "wide")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert (summary["compensation"], summary["fit_windows"]) == ("bias+refit", 12)
+    code, err, out = gap(*common, "--out", tmp_path / "own")
+    assert code == 0, err
+    assert json.loads(out)["fit_windows"] == 4  # the table's own windows
+
+    marker = json.loads((tmp_path / "wide" / "gap_pruned.json").read_text())
+    assert marker["compensation"]["samples"] == 12 and marker["compensation"]["windows"]["n_samples"] == 12
+    kept = {name: json.loads((tmp_path / name / "kept_indices.json").read_text()) for name in ("wide", "own")}
+    assert kept["wide"] == kept["own"]  # the units are chosen on the table's 4 windows either way
+    wide, own = (load_file(tmp_path / name / "model.safetensors") for name in ("wide", "own"))
+    assert wide.keys() == own.keys() and any(name.endswith("down_proj.bias") for name in wide)
+    assert all(wide[name].shape == own[name].shape for name in wide)
+    assert not all(torch.equal(wide[name], own[name]) for name in wide if name.endswith(("down_proj.weight", "down_proj.bias")))
+
+
+@pytest.mark.slow
+def test_compare_fits_every_compensated_row_on_the_windows_asked_and_obs_on_its_own(gap, tiny, tmp_path):
+    out = tmp_path / "c.csv"
+    argv = ["compare", "--model", tiny, "--budgets", "0.3", "--allocators", "uniform,slimgpt", "--rates", "0,0.25,0.5,0.75"]
+    argv += ["--estimator", "fisher", *CALIB, "--fit-samples", "8", "--eval-samples", "2", "--eval-seq-len", "32", "--out", out]
+    code, err, _ = gap(*argv)
+    assert code == 0, err
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["allocator"], r["compensation"], r["fit_windows"], r["obs_windows"]) for r in rows] == [
+        ("uniform", "bias", "8", ""),
+        ("slimgpt", "none", "", "16"),  # OBS's update is its compensation, on its own default windows
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--criterion", "obs", "--fit-samples", "8"], "--fit-samples cannot apply: the units are chosen and updated by obs"),
+        (["--compensate", "none", "--fit-samples", "8"], "--fit-samples cannot apply: nothing is compensated"),
+        (["--fit-samples", "0"], "--fit-samples must be at least 1"),
+    ],
+)
+@pytest.mark.slow
+def test_a_fit_window_count_that_cannot_apply_is_one_line(gap, tiny, tmp_path, extra, message):
+    argv = ["prune", "--model", tiny, "--uniform", "0.25", *CALIB, *extra, "--out", tmp_path / "ck"]
+    _refused(gap(*argv), message)
+    assert not (tmp_path / "ck").exists()
