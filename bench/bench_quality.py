@@ -80,6 +80,7 @@ SETTINGS = (
     "samples",
     "seq_len",
     "obs_samples",
+    "fit_samples",
     "rates",
     "criterion",
     "budgets",
@@ -104,6 +105,7 @@ MEASUREMENT = (
     "objective",
     "samples",
     "seq_len",
+    "fit_samples",
     "rates",
     "criterion",
     "eval_data",
@@ -128,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="calibration windows of the same text every plan pruned by OBS reads (slimgpt, a dp whose step is OBS, X:obs); "
         "default: the tool's (config.obs_window_count: 4x --samples, at most 128)",
+    )
+    p.add_argument(
+        "--fit-samples",
+        type=int,
+        help="calibration windows of the same text every compensation after a cut is fitted on (bias, refit; OBS's own "
+        "bias reads --obs-samples); default: the tool's, the calibration windows themselves",
     )
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in CLI_TABLE.rate_grid), help="the table's rate grid")
     p.add_argument("--criterion", default="wanda", help="the table's criterion (dp and uniform prune by it)")
@@ -175,6 +183,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.obs_samples = obs_window_count(args.samples, None)
     if args.obs_samples < 1:
         p.error(f"--obs-samples {args.obs_samples}: OBS needs at least one window")
+    if args.fit_samples is not None and args.fit_samples < 1:
+        p.error(f"--fit-samples {args.fit_samples}: a fit needs at least one window")
     if args.report_windows < MIN_REPORT_WINDOWS:
         p.error(f"--report-windows {args.report_windows}: the paired bootstrap needs at least {MIN_REPORT_WINDOWS} per source")
     for name in ("budgets", "allocators", "compensations", "eval_data"):
@@ -207,7 +217,7 @@ def command_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, key)
         if isinstance(value, bool):
             argv += [f"--{key.replace('_', '-')}"] if value else []
-        else:
+        elif value is not None:  # an option left to the tool's default (--fit-samples) is not spelled
             argv += [f"--{key.replace('_', '-')}", str(value)]
     return argv
 
@@ -423,17 +433,20 @@ class Run:
         return Group(budget, allocator, menu, default, criterion)
 
     def pruned(self, budget: float, allocator: str, compensation: str):
-        """A copy of the model pruned by the plan with the compensation, as a checkpoint stores it."""
+        """A copy of the model pruned by the plan with the compensation, as a checkpoint stores it: a compensation
+        after the cut fitted on ``--fit-samples`` windows (OBS fits its own bias on its windows)."""
         from gap_engine.pipeline.stages import pruned_as_saved
         from gap_engine.prune.compensations import CompensationSettings
+        from gap_engine.prune.criteria import is_sequential
 
         plan = self.plan(budget, allocator, compensation)
+        fitted = compensation != "none" and not is_sequential(plan.criterion)
         return pruned_as_saved(
             self.dense,
             plan,
             self.calib,
             scores=self.scores_for(plan.criterion),
-            compensation=CompensationSettings(mode=compensation),
+            compensation=CompensationSettings(mode=compensation, samples=self.args.fit_samples if fitted else None),
             obs_samples=self.args.obs_samples,
         )
 

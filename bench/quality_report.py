@@ -381,6 +381,7 @@ def settings_lines(args: Any, groups: Sequence[Group], sources: Sequence[str], d
         steps.setdefault(group.allocator, group.criterion)
     step_text = ", ".join(f"{a} by {c}" for a, c in steps.items())
     obs_samples = getattr(args, "obs_samples", None) or args.samples
+    fit_samples = getattr(args, "fit_samples", None) or args.samples
     dense_text = ", ".join(
         f"{s} {_dense_ppl(dense, REPORT, s):.2f} (selection {_dense_ppl(dense, SELECTION, s):.2f})" for s in sources if dense is not None
     )
@@ -390,9 +391,13 @@ def settings_lines(args: Any, groups: Sequence[Group], sources: Sequence[str], d
         f"- Model {args.model}. Calibration: {args.samples} windows x {args.seq_len} tokens of {args.data} (the loss table's; "
         + (
             "compensation is fitted and FLAP's fluctuation and SlimGPT's Hessians are measured on them). "
-            if obs_samples == args.samples
+            if obs_samples == args.samples == fit_samples
             else f"compensation is fitted and FLAP's fluctuation is measured on them; every plan pruned by OBS, SlimGPT's and "
             f"any other, reads {obs_samples} windows of the same text for its Hessians, and fits a bias there). "
+            if fit_samples == args.samples
+            else f"FLAP's fluctuation is measured on them; every compensation after a cut is fitted on {fit_samples} windows of "
+            "the same text, the first of them these, and every plan pruned by OBS, SlimGPT's and any other, reads "
+            f"{obs_samples} windows of it for its Hessians and fits a bias there). "
         )
         + "DP's table: estimator "
         f"{args.estimator}, objective {args.objective}, criterion {args.criterion}. The plans prune: {step_text} (a bare dp "

@@ -292,3 +292,23 @@ def test_progress_never_counts_more_done_than_planned():
     """Reports read back for another default than today's can pass the planned count: the estimate stays at zero left."""
     progress = Progress(2, 2)
     assert progress.step(10.0) == "[3/3, about 0 min left]"
+
+
+def test_rows_fitted_on_other_windows_are_not_resumed_and_the_report_says_what_the_fit_read(tmp_path, monkeypatch):
+    """--fit-samples changes every compensated measurement: a file made without it is not resumed with it (and
+    one made before the option existed, whose settings do not name it, is resumed without it); the settings say it."""
+    monkeypatch.setattr(bench_quality, "RESULTS", tmp_path)
+    path = tmp_path / "unit.jsonl"
+    Results(path, parse_args(["--name", "unit"])).append(_row(0.2, "dp", "bias", 0.5, 0.5))
+    with pytest.raises(SystemExit, match="other settings \\(fit_samples\\)"):
+        Results(path, parse_args(["--name", "unit", "--fit-samples", "64"]))
+    older = [json.loads(line) for line in path.read_text().splitlines()]
+    del older[0]["settings"]["fit_samples"]
+    path.write_text("".join(json.dumps(record) + "\n" for record in older))
+    assert len(Results(path, parse_args(["--name", "unit"])).rows()) == 1
+    with pytest.raises(SystemExit):
+        parse_args(["--fit-samples", "0"])
+    args = parse_args(["--fit-samples", "64", "--obs-samples", "64"])
+    settings = "\n".join(quality_report.settings_lines(args, [], list(SOURCES), None))
+    assert "every compensation after a cut is fitted on 64 windows of the same text" in settings
+    assert "--fit-samples" in command_argv(args)
