@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--configs",
         default=DEFAULT_CONFIGS,
         help="calibration configurations, comma-separated, each SOURCE[+SOURCE...]:WINDOWS (+ joins the sources a table "
-        "mixes), then :obsN to prune by OBS on N windows and :capR to plan with no rate above R; every ratio is against the first",
+        "mixes), then :obsN to prune by OBS on N windows, :fitN to fit the compensation on N windows and :capR to plan with no "
+        "rate above R; every ratio is against the first",
     )
     p.add_argument("--seq-len", type=int, default=CLI_TABLE.windows.seq_len, help="tokens per calibration window")
     p.add_argument("--estimator", default=CLI_TABLE.estimator)
@@ -115,33 +116,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 class Config(NamedTuple):
     """One configuration: the calibration text as ``--data`` spells it, its windows, OBS's windows (None: the
-    table's criterion prunes) and the highest rate DP may give a component (None: the planner's default)."""
+    table's criterion prunes), the highest rate DP may give a component (None: the planner's default) and the
+    windows the compensation is fitted on (None: the table's)."""
 
     data: str
     samples: int
     obs: int | None = None
     cap: float | None = None
+    fit: int | None = None
 
 
 def parse_configs(text: str) -> list[Config]:
     """Every configuration, in order: ``SOURCE[+SOURCE...]:WINDOWS`` prunes DP's plan by the table's criterion
     with ``--compensation``; ``:obsN`` after it, by OBS on N windows of the same text (no compensation: its
-    update is one); ``:capR``, DP plans with no component's rate above R (a constraint of the planner)."""
+    update is one); ``:fitN``, the compensation fitted on N windows of the same text (the units still chosen on
+    the table's); ``:capR``, DP plans with no component's rate above R (a constraint of the planner)."""
     configs: list[Config] = []
     for item in split_list(text):
-        obs, cap, spelled = None, None, item
+        obs, cap, fit, spelled = None, None, None, item
         while True:
             head, _, last = item.rpartition(":")
             if obs is None and last.startswith("obs") and last[3:].isdigit() and int(last[3:]) >= 1:
                 obs, item = int(last[3:]), head
+            elif fit is None and last.startswith("fit") and last[3:].isdigit() and int(last[3:]) >= 1:
+                fit, item = int(last[3:]), head
             elif cap is None and last.startswith("cap") and _rate(last[3:]) is not None:
                 cap, item = _rate(last[3:]), head
             else:
                 break
         sources, _, count = item.rpartition(":")
         if not sources or not count.isdigit() or int(count) < 1:
-            raise ValueError(f"--configs: {spelled!r} is not SOURCE[+SOURCE...]:WINDOWS[:obsN][:capR] (R a rate in (0, 1))")
-        configs.append(Config(sources.replace("+", ","), int(count), obs, cap))
+            raise ValueError(f"--configs: {spelled!r} is not SOURCE[+SOURCE...]:WINDOWS[:obsN][:fitN][:capR] (R a rate in (0, 1))")
+        if obs is not None and fit is not None:
+            raise ValueError(f"--configs: {spelled!r} names both :obsN and :fitN; OBS's update is its own compensation")
+        configs.append(Config(sources.replace("+", ","), int(count), obs, cap, fit))
     if len(configs) < 2:
         raise ValueError("--configs needs at least two configurations: every ratio is against the first")
     return configs
@@ -158,6 +166,7 @@ def _rate(text: str) -> float | None:
 
 def config_label(config: Config, seq_len: int) -> str:
     step = "" if config.obs is None else f"; OBS on {config.obs} x {seq_len}"
+    step += "" if config.fit is None else f"; compensation fitted on {config.fit} x {seq_len}"
     cap = "" if config.cap is None else f"; rates at most {config.cap:g}"
     return f"{config.data.replace(',', ' + ')}, {config.samples} x {seq_len}{step}{cap}"
 
@@ -221,7 +230,7 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
         append({"kind": "dense", "windows": {name: {"nll": nll} for name, nll in numbers.items()}})
     done = {row_key(r) for r in records if r.get("kind") == "row"}
     for config in parse_configs(args.configs):
-        data, count, obs, cap = config
+        data, count, obs, cap, fit = config
         budgets = [round(float(b), 4) for b in split_list(args.budgets)]
         if all((*config, budget) in done for budget in budgets):
             continue
@@ -248,7 +257,12 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
             if obs is not None:
                 plan = pruned_by(plan, "obs")
             pruned, result = pruned_as_saved(
-                dense, plan, calib, scores=scores, compensation=CompensationSettings(mode=compensation), obs_samples=obs
+                dense,
+                plan,
+                calib,
+                scores=scores,
+                compensation=CompensationSettings(mode=compensation, samples=fit),
+                obs_samples=obs,
             )
             numbers = window_numbers(pruned, dense, sets, args.eval_batch_size)
             append(
@@ -258,6 +272,7 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                     "samples": count,
                     **({} if obs is None else {"obs_samples": obs}),
                     **({} if cap is None else {"max_rate": cap}),
+                    **({} if fit is None else {"fit_samples": fit}),
                     "budget": budget,
                     "table_key": table.key,
                     "table_s": round(table_s, 1),
@@ -273,10 +288,17 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def row_key(row: dict[str, Any]) -> tuple[str, int, int | None, float | None, float]:
-    """What a measured row is of: its configuration (calibration text, window count, OBS's window count, rate cap)
-    and budget."""
-    return row["data"], int(row["samples"]), row.get("obs_samples"), row.get("max_rate"), round(float(row["budget"]), 4)
+def row_key(row: dict[str, Any]) -> tuple[str, int, int | None, float | None, int | None, float]:
+    """What a measured row is of: its configuration (calibration text, window count, OBS's window count, rate cap,
+    the compensation's window count) and budget."""
+    return (
+        row["data"],
+        int(row["samples"]),
+        row.get("obs_samples"),
+        row.get("max_rate"),
+        row.get("fit_samples"),
+        round(float(row["budget"]), 4),
+    )
 
 
 def row_place(row: dict[str, Any], configs: Sequence[Config]) -> tuple[int, float]:
@@ -323,7 +345,9 @@ def report_lines(
     dense_ppl = {s: _ppl([dense["windows"][set_name(SELECTION, s)]["nll"]]) for s in sources}
     obs_step = any(c.obs is not None for c in configs)
     capped = any(c.cap is not None for c in configs)
+    fitted = any(c.fit is not None for c in configs)
     subject = "the table's text and windows, and OBS's windows" if obs_step else "one source or several"
+    subject += ", and the compensation's windows" if fitted else ""
     subject += ", and a cap on every rate" if capped else ""
     lines = [
         f"# Calibration text for DP's plan on {args.model}: {subject}, judged on the selection part of every held-out source",
@@ -345,6 +369,13 @@ def report_lines(
             " Where a configuration names OBS, DP's plan (counted for no biases) is pruned by OBS instead (SlimGPT's selection "
             "and update, block by block) on that many windows of the same text (the first of them the table's), with no other compensation."
             if obs_step
+            else ""
+        )
+        + (
+            " Where a configuration names the compensation's windows, DP's plan is pruned as the table's windows choose "
+            "(its criterion scored on them), and only the compensation's fit reads that many windows of the same text "
+            "(the first of them the table's)."
+            if fitted
             else ""
         )
         + (

@@ -79,3 +79,23 @@ def test_a_capped_configuration_is_its_own_row():
     dense = {"kind": "dense", "windows": {f"selection/{s}": {"nll": [3.0] * 16} for s in SOURCES}}
     lines = report_lines(args, [dense, plain, capped], (0.0, 0.0, 0.0), time.perf_counter())
     assert any(line.startswith("| 0.4 | (b) wiki-sample, 16 x 256; rates at most 0.75 | 1.000") for line in lines)
+
+
+def test_a_configuration_may_fit_its_compensation_on_more_windows():
+    """``:fitN``: the table and its units the configuration's own, the compensation fitted on N windows; a row
+    records it and is placed only there (older rows fitted on the table's); beside ``:obsN`` it is refused."""
+    configs = parse_configs("wiki-sample:16,wiki-sample:16:fit64,wiki-sample:16:cap0.5:fit64")
+    assert configs == [Config("wiki-sample", 16), Config("wiki-sample", 16, fit=64), Config("wiki-sample", 16, None, 0.5, 64)]
+    for bad in ("a:4,a:4:fit0", "a:4,a:4:fitx", "a:4,a:4:obs16:fit64"):
+        with pytest.raises(ValueError, match="--configs"):
+            parse_configs(bad)
+    plain = _row("wiki-sample", 16, 0.2, {"wiki-sample": 0.5, "news-sample": 0.5}, 0)
+    fitted = _row("wiki-sample", 16, 0.2, {"wiki-sample": 0.4, "news-sample": 0.4}, 1) | {"fit_samples": 64}
+    assert [row_place(r, configs) for r in (plain, fitted, fitted | {"fit_samples": 32})] == [(0, 0.2), (1, 0.2), (-1, 0.2)]
+    args = build_parser().parse_args(
+        ["--configs", "wiki-sample:16,wiki-sample:16:fit64", "--budgets", "0.2", "--eval-data", ",".join(SOURCES)]
+    )
+    dense = {"kind": "dense", "windows": {f"selection/{s}": {"nll": [3.0] * 16} for s in SOURCES}}
+    lines = report_lines(args, [dense, plain, fitted], (0.0, 0.0, 0.0), time.perf_counter())
+    assert any(line.startswith("| 0.2 | (b) wiki-sample, 16 x 256; compensation fitted on 64 x 256 | 1.25") for line in lines)
+    assert any("only the compensation's fit reads that many windows" in line for line in lines)
