@@ -153,8 +153,8 @@ def test_the_preflight_knows_the_shapes_the_dry_run_prices():
 
 
 def test_the_scoring_price_uses_the_offline_tasks_real_requests(smol_tokenizer):
-    """Issue 22: Recover predicted 7 min 03 s of task scoring for a run that took 127 s in all. The
-    tokens per request are the offline task's own (passage and choice under the model's tokenizer)."""
+    """Task scoring is priced by the offline task's own tokens per request (passage and choice under the
+    model's tokenizer), not a guess: a guess once predicted 7 minutes for a run that took about 2."""
     docs = [json.loads(line) for line in next(offline_task_dir().glob("*.jsonl")).read_text().splitlines()[:100]]
     lengths = [len(smol_tokenizer(d["passage"] + " " + c)["input_ids"]) for d in docs for c in d["choices"]]
     assert len(lengths) == cost_model.TASK_CHOICES * len(docs)
@@ -173,8 +173,8 @@ def _checkpoint_config(tmp_path, dense: ModelShape):
 
 
 def test_the_recovery_prediction_prices_task_scoring_as_prune_and_evaluate_does(tmp_path, monkeypatch):
-    """Issue 22: Recover said "about 21 s" for a run that took 116 s scoring tasks before and after
-    training. With tasks on, the prediction grows by lm-eval's import plus three scoring passes (the
+    """Task scoring before and after training is priced, not left out (a recovery priced without it was
+    predicted at a fifth of its time). With tasks on, the prediction grows by lm-eval's import plus three scoring passes (the
     checkpoint and dense before, the recovered model after), each priced as Prune & evaluate prices one."""
     monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delitem(sys.modules, "lm_eval", raising=False)  # a process that has not imported it yet
