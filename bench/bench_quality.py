@@ -436,11 +436,10 @@ class Run:
         """A copy of the model pruned by the plan with the compensation, as a checkpoint stores it: a compensation
         after the cut fitted on ``--fit-samples`` windows (OBS fits its own bias on its windows)."""
         from gap_engine.pipeline.stages import pruned_as_saved
-        from gap_engine.prune.compensations import CompensationSettings
-        from gap_engine.prune.criteria import is_sequential
+        from gap_engine.prune.compensations import CompensationSettings, fitted_after_cut
 
         plan = self.plan(budget, allocator, compensation)
-        fitted = compensation != "none" and not is_sequential(plan.criterion)
+        fitted = fitted_after_cut(plan.criterion, compensation)
         return pruned_as_saved(
             self.dense,
             plan,

@@ -32,7 +32,7 @@ from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.plan.step import plan_criterion as allocator_step
-from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
+from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings, fitted_after_cut
 from gap_engine.prune.criteria import CRITERIA, is_sequential
 from gap_engine.views import figures
 
@@ -243,7 +243,12 @@ def asked_obs_samples() -> int | None:
 
 def asked_fit_samples() -> int | None:
     """The calibration windows the run's compensation is fitted on; None: the table's (or nothing is fitted)."""
-    return int(ss["eval_fit_samples"]) if run_compensation() != "none" and ss["eval_fit_samples"] else None
+    return int(ss["eval_fit_samples"]) if fitted_after_cut(run_criterion(), run_compensation()) and ss["eval_fit_samples"] else None
+
+
+def window_count_input(label: str, key: str, placeholder: str, help: str) -> None:
+    """A number of calibration windows a step reads, empty for its default."""
+    st.number_input(label, min_value=1, max_value=LIMITS.samples, step=1, key=key, placeholder=placeholder, help=help)
 
 
 def run_compensation() -> str:
@@ -412,26 +417,20 @@ with left:
         "the kept columns of o_proj/down_proj updated (its own compensation).",
     )
     if is_sequential(run_criterion()):
-        st.number_input(
+        window_count_input(
             "OBS calibration windows",
-            min_value=1,
-            max_value=LIMITS.samples,
-            step=1,
-            key="eval_obs_samples",
-            placeholder=f"{obs_window_count(table.spec.windows.n_samples, None)} (the default)",
-            help="Windows of the table's calibration text and length that OBS chooses units and updates weights on "
+            "eval_obs_samples",
+            f"{obs_window_count(table.spec.windows.n_samples, None)} (the default)",
+            "Windows of the table's calibration text and length that OBS chooses units and updates weights on "
             "(one Gram matrix per projection per block, so more than the table's are affordable); empty: the default, "
             f"{OBS_WINDOW_FACTOR}x the table's, at most {OBS_WINDOW_CAP} (chosen on held-out selection text).",
         )
-    elif run_compensation() != "none":
-        st.number_input(
+    elif fitted_after_cut(run_criterion(), run_compensation()):
+        window_count_input(
             "Compensation calibration windows",
-            min_value=1,
-            max_value=LIMITS.samples,
-            step=1,
-            key="eval_fit_samples",
-            placeholder=f"{table.spec.windows.n_samples} (the table's)",
-            help="Windows of the table's calibration text and length that the compensation after the cut is fitted on "
+            "eval_fit_samples",
+            f"{table.spec.windows.n_samples} (the table's)",
+            "Windows of the table's calibration text and length that the compensation after the cut is fitted on "
             "(the units are still chosen on the table's); a refit solves for every kept input of a projection, so more "
             "tokens steady it. Empty: the table's own windows.",
         )

@@ -25,7 +25,7 @@ from gap_engine.pipeline.cost_model import run_prediction
 from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
 from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.problem import Constraints
-from gap_engine.prune.compensations import CompensationSettings, family_default
+from gap_engine.prune.compensations import CompensationSettings, family_default, fitted_after_cut
 from gap_engine.prune.criteria import CRITERIA, is_sequential
 from gap_engine.views import figures
 
@@ -93,10 +93,10 @@ def start_beside(run_id: int, what: str, table) -> None:
     obs_samples = (params.get("obs_windows") or {}).get("n_samples")  # the run's own, so both read as many
     recorded = params.get("compensation") if isinstance(params.get("compensation"), dict) else {}
     step = chosen.criterion if chosen is not None else criterion
-    fits_after = mode != "none" and step in CRITERIA and not is_sequential(step)
-    fit_samples = recorded.get("samples") if fits_after else None  # the run's compensation windows, so both fit on as many
+    fitted = step in CRITERIA and fitted_after_cut(step, mode)
+    fit_samples = recorded.get("samples") if fitted else None  # the run's compensation windows, so both fit on as many
     try:
-        sequential = is_sequential(chosen.criterion if chosen is not None else criterion)
+        sequential = is_sequential(step)
         expected = run_prediction(
             table.model, table.spec.windows, settings, stages, allocator, 0, loaded=model_loaded(table.model),
             sequential=sequential, obs_samples=obs_samples, fit_samples=fit_samples,

@@ -29,7 +29,7 @@ from gap_engine.plan.evo import EvoSettings, evolve
 from gap_engine.plan.problem import Constraints
 from gap_engine.plan.step import plan_criterion, table_model_type, takes
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration
-from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, default_for
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, default_for, fitted_after_cut
 from gap_engine.prune.criteria import CRITERIA, is_sequential
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.tables.artefact import LossTable
@@ -222,7 +222,7 @@ def shipped_compensation(
     mode = None if compensation is None else compensation.mode
     step = criterion or plan_criterion(allocator, table, mode)
     shipped = compensation if compensation is not None and takes(step, mode) else default_for(step, table_model_type(table))
-    if is_sequential(step) or not shipped.active:
+    if not fitted_after_cut(step, shipped.mode):
         return dataclasses.replace(shipped, samples=None)
     return dataclasses.replace(shipped, samples=samples if samples is not None else shipped.samples)
 

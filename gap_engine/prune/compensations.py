@@ -59,6 +59,13 @@ COMPENSATIONS: Registry[Compensation] = Registry(
 )  # fmt: skip
 
 
+def fitted_after_cut(criterion: str, mode: str) -> bool:
+    """Whether compensation ``mode`` is fitted after a prune by ``criterion`` on windows that can be sized on their
+    own (``CompensationSettings.samples``): any mode but none, after a criterion that scores units; OBS fits its
+    update and any bias on its own windows."""
+    return mode != "none" and not is_sequential(criterion)
+
+
 def adds_biases(compensation: str | None) -> bool:
     """Whether a plan counted for ``compensation`` (None: for none) pays for the biases it adds."""
     return compensation is not None and COMPENSATIONS[compensation].adds_bias

@@ -12,38 +12,11 @@ import json
 
 import pytest
 import torch
-from inprocess_cli import run_gap
+from cli_fixtures import CALIB, gap, refused, tiny  # noqa: F401
 from safetensors.torch import load_file
 
 from gap_engine.core.errors import CompensationError
 from gap_engine.prune.compensations import CompensationSettings
-
-WIDE = dict(num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
-CALIB = ["--samples", "4", "--seq-len", "64", "--batch-size", "2"]
-
-
-@pytest.fixture
-def gap(capsys, tmp_path, monkeypatch):
-    """Run ``gap`` in-process with a cache of its own: (exit status, stderr lines, stdout)."""
-    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("GAP_FORCE_SIZE", raising=False)
-    return lambda *argv: run_gap(capsys, *argv)
-
-
-@pytest.fixture
-def tiny(make_tiny, tmp_path):
-    lm = make_tiny("llama", **WIDE)
-    folder = tmp_path / "tiny"
-    lm.model.save_pretrained(folder)
-    lm.tokenizer.save_pretrained(folder)
-    return folder
-
-
-def _refused(result, message: str) -> str:
-    code, err, _ = result
-    assert code == 2 and err and err[-1].startswith(("gap: error: ", "gap prune: error: ")), (code, err)
-    assert message.lower() in err[-1].lower(), err[-1]
-    return err[-1]
 
 
 def test_the_windows_are_part_of_the_settings_and_recorded_only_when_asked():
@@ -104,5 +77,5 @@ def test_compare_fits_every_compensated_row_on_the_windows_asked_and_obs_on_its_
 @pytest.mark.slow
 def test_a_fit_window_count_that_cannot_apply_is_one_line(gap, tiny, tmp_path, extra, message):
     argv = ["prune", "--model", tiny, "--uniform", "0.25", *CALIB, *extra, "--out", tmp_path / "ck"]
-    _refused(gap(*argv), message)
+    refused(gap(*argv), message)
     assert not (tmp_path / "ck").exists()

@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from inprocess_cli import run_gap
+from cli_fixtures import CALIB, gap, refused, tiny  # noqa: F401
 
 from gap_engine.cli.parser import build_parser, explicit_options
 from gap_engine.cli.preflight import check_option_rules
@@ -22,30 +22,7 @@ from gap_engine.data.windows import calibration_windows
 from gap_engine.model.loading import load_model
 from gap_engine.model.rateplan import RatePlan
 
-WIDE = dict(num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
-CALIB = ["--samples", "4", "--seq-len", "64", "--batch-size", "2"]
 RATES = ["--rates", "0,0.25,0.5,0.75", "--estimator", "fisher"]
-
-
-@pytest.fixture
-def gap(capsys, tmp_path, monkeypatch):
-    """Run ``gap`` in-process with a cache of its own: (exit status, stderr lines, stdout)."""
-    monkeypatch.setenv("GAP_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("GAP_FORCE_SIZE", raising=False)
-
-    def run(*argv) -> tuple[int, list[str], str]:
-        return run_gap(capsys, *argv)
-
-    return run
-
-
-@pytest.fixture
-def tiny(make_tiny, tmp_path):
-    lm = make_tiny("llama", **WIDE)
-    folder = tmp_path / "tiny"
-    lm.model.save_pretrained(folder)
-    lm.tokenizer.save_pretrained(folder)
-    return folder
 
 
 def _dp_plan(gap, folder, tmp_path, *table_options):
@@ -57,13 +34,6 @@ def _dp_plan(gap, folder, tmp_path, *table_options):
         code, err, _ = gap(*argv)
         assert code == 0, err
     return plan
-
-
-def _refused(result, message: str) -> str:
-    code, err, _ = result
-    assert code == 2 and err and err[-1].startswith(("gap: error: ", "gap prune: error: ")), (code, err)
-    assert message.lower() in err[-1].lower(), err[-1]
-    return err[-1]
 
 
 def _logits(folder, ids):
@@ -133,7 +103,7 @@ def test_compare_dp_at_its_step_beside_dp_pruned_by_the_tables_criterion(gap, ti
 @pytest.mark.slow
 def test_an_unknown_criterion_in_an_allocator_spec_is_one_line(gap, tiny, tmp_path):
     argv = ["compare", "--model", tiny, "--budgets", "0.3", "--allocators", "dp:best", *RATES, *CALIB, "--out", tmp_path / "c.csv"]
-    _refused(gap(*argv), "unknown criterion 'best' in 'dp:best'")
+    refused(gap(*argv), "unknown criterion 'best' in 'dp:best'")
     assert not (tmp_path / "c.csv").exists()
 
 
@@ -180,7 +150,7 @@ def test_options_that_apply_to_obs_pass_the_option_rules(argv):
         (["prune", "--plan", "p.json", "--channel-multiple", "16"], "--channel-multiple cannot apply with --plan"),
     ],
 )
-def test_what_is_still_moot_is_refused(argv, message):
+def test_what_is_still_moot_isrefused(argv, message):
     with pytest.raises(OptionError, match=message):
         _rules(*argv, "--model", "m", "--out", "o")
 
@@ -189,8 +159,8 @@ def test_what_is_still_moot_is_refused(argv, message):
 def test_obs_samples_beside_a_plan_another_criterion_prunes_is_one_line(gap, tiny, tmp_path):
     plan = _dp_plan(gap, tiny, tmp_path, "--criterion", "magnitude")  # a table's own criterion is its DP plan's
     argv = ["prune", "--model", tiny, "--plan", plan, "--obs-samples", "8", *CALIB, "--out", tmp_path / "ck"]
-    _refused(gap(*argv), "--obs-samples cannot apply: this plan is pruned by criterion magnitude, not obs")
-    _refused(gap(*argv[:-2], "--criterion", "obs", "--compensate", "refit", "--out", tmp_path / "ck"), "takes --compensate none or bias")
+    refused(gap(*argv), "--obs-samples cannot apply: this plan is pruned by criterion magnitude, not obs")
+    refused(gap(*argv[:-2], "--criterion", "obs", "--compensate", "refit", "--out", tmp_path / "ck"), "takes --compensate none or bias")
     assert not (tmp_path / "ck").exists()
 
 
@@ -205,9 +175,7 @@ def test_budget_prunes_by_the_family_step_and_refuses_obs_options_where_it_is_no
     folder = tmp_path / "gemma"
     gemma.model.save_pretrained(folder)
     gemma.tokenizer.save_pretrained(folder)
-    _refused(
-        gap(*argv, "--model", folder, "--obs-samples", "3", "--out", tmp_path / "g"), "this plan is pruned by criterion wanda, not obs"
-    )
+    refused(gap(*argv, "--model", folder, "--obs-samples", "3", "--out", tmp_path / "g"), "this plan is pruned by criterion wanda, not obs")
     assert not (tmp_path / "g").exists()
 
 
@@ -223,5 +191,5 @@ def test_budget_prunes_by_the_family_step_and_refuses_obs_options_where_it_is_no
 @pytest.mark.slow
 def test_a_bad_obs_window_count_is_one_line(gap, tiny, tmp_path, value, message):
     argv = ["prune", "--model", tiny, "--uniform", "0.2", "--criterion", "obs", "--obs-samples", value, "--out", tmp_path / "ck"]
-    _refused(gap(*argv), message)
+    refused(gap(*argv), message)
     assert not (tmp_path / "ck").exists()
