@@ -134,12 +134,38 @@ REAL_WEIGHT_FIXTURES = {"smol"}  # fixtures that load a built-in model's weights
 _fast_cache: Path | None = None
 
 
+# ---- every tier: the user's cache is read for converted weights, never written with tables ----------
+# A test's tables, plans, dense numbers and run history go to a cache of this session's own: in the
+# user's cache, a table of a temporary tiny model outlives its folder, and `make run` would open it.
+# The converted built-in weights are shared (a minute per model to convert, the same bytes for all).
+USER_CACHE = Path(os.environ.get("GAP_CACHE_DIR") or Path(__file__).resolve().parents[1] / "cache")
+GUARDED = ("tables", "plans", "runs", "dense", "dense_windows", "tasks", "costmodel")
+_session_cache: Path | None = None
+_guarded_before: set[str] = set()
+
+
+def guarded_entries() -> set[str]:
+    """What the user's cache holds in the folders a test must never write to."""
+    return {f"{name}/{entry.name}" for name in GUARDED if (USER_CACHE / name).is_dir() for entry in (USER_CACHE / name).iterdir()}
+
+
 def pytest_configure(config):
-    """The fast tier: a cache of its own (no converted built-in model in it), and a loader that
-    fails the test which loads one in this process."""
-    global _fast_cache
-    if not FAST_TIER:
+    """Every tier: the session's own cache (GAP_CACHE_DIR, inherited by the CLI and app
+    subprocesses). The fast tier: no converted built-in model in it, and a loader that fails the
+    test which loads one in this process; the full tier: the user's converted models shared."""
+    global _fast_cache, _session_cache, _guarded_before
+    if FAST_TIER:
+        _setup_fast_tier()
         return
+    _session_cache = Path(tempfile.mkdtemp(prefix="gap-test-cache-"))
+    (USER_CACHE / "models").mkdir(parents=True, exist_ok=True)
+    (_session_cache / "models").symlink_to(USER_CACHE / "models", target_is_directory=True)
+    os.environ["GAP_CACHE_DIR"] = str(_session_cache)
+    _guarded_before = guarded_entries()
+
+
+def _setup_fast_tier():
+    global _fast_cache
     _fast_cache = Path(tempfile.mkdtemp(prefix="gap-test-fast-"))
     os.environ["GAP_CACHE_DIR"] = str(_fast_cache)
     from gap_engine.model import loading
@@ -151,8 +177,9 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    if _fast_cache is not None:
-        shutil.rmtree(_fast_cache, ignore_errors=True)
+    for folder in (_fast_cache, _session_cache):
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)  # a symlink inside is removed, not followed
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -161,6 +188,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if REAL_WEIGHT_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _user_cache_untouched():
+    """A test that wrote tables, plans, dense numbers or run history into the user's cache fails
+    (one that unset GAP_CACHE_DIR and ran a command): the next `make run` would read them."""
+    yield
+    if _session_cache is None:
+        return
+    written = sorted(guarded_entries() - _guarded_before)
+    if written:
+        _guarded_before.update(written)  # reported once, by the test that wrote them
+        pytest.fail(f"wrote into the user's cache {USER_CACHE}: {', '.join(written[:5])}: set GAP_CACHE_DIR to a temporary folder", pytrace=False)
 
 
 @pytest.fixture(autouse=True)
