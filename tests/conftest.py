@@ -200,7 +200,9 @@ def _user_cache_untouched():
     written = sorted(guarded_entries() - _guarded_before)
     if written:
         _guarded_before.update(written)  # reported once, by the test that wrote them
-        pytest.fail(f"wrote into the user's cache {USER_CACHE}: {', '.join(written[:5])}: set GAP_CACHE_DIR to a temporary folder", pytrace=False)
+        pytest.fail(
+            f"wrote into the user's cache {USER_CACHE}: {', '.join(written[:5])}: set GAP_CACHE_DIR to a temporary folder", pytrace=False
+        )
 
 
 @pytest.fixture(autouse=True)
