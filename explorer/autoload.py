@@ -8,6 +8,7 @@ from explorer.messages import set_message
 from explorer.session_jobs import session_job
 from explorer.table_state import current_table, set_table
 from gap_engine.core.errors import GapError
+from gap_engine.model.identity import model_may_load
 
 
 def autoload_latest():
@@ -26,7 +27,9 @@ def autoload_latest():
 
     try:
         rows = sorted(cache.list_tables(), key=lambda r: r.get("created") or "", reverse=True)
-        table = cache.get_table(rows[0]["key"]) if rows else None
+        # A table of a model folder since deleted can be browsed, never pruned: not opened unasked.
+        openable = [row for row in rows if model_may_load(str(row.get("model")))]
+        table = cache.get_table(openable[0]["key"]) if openable else None
     except GapError:
         return None
     if table is None:
@@ -36,7 +39,7 @@ def autoload_latest():
     set_message(
         "setup",
         "info",
-        f"The link names no table, so the most recent cached table was opened: `{table.key}` ({_table_summary(rows[0])}). "
+        f"The link names no table, so the most recent cached table of a model that is still there was opened: `{table.key}` ({_table_summary(openable[0])}). "
         f"The cache holds {len(rows)}: {listed}. Pick another under Cached tables below, or build one.",
     )
     return table

@@ -51,6 +51,16 @@ class ModelIdentity:
         }
 
 
+def model_may_load(name_or_path: str) -> bool:
+    """False for a local model (a path) that is gone, a table's model of a deleted folder; a
+    built-in or a hub id may load (whether the hub is reachable is the loader's to say)."""
+    if name_or_path in BUILTIN_MODEL_NAMES:
+        return True
+    path = Path(name_or_path).expanduser()
+    looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or name_or_path.count("/") != 1
+    return path.exists() or not looks_local
+
+
 def builtin_folder(name: str) -> Path:
     """Where a built-in model's converted copy lives."""
     return cache_root() / "models" / name

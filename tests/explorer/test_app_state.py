@@ -61,6 +61,27 @@ def test_the_url_keeps_the_table_and_budget_the_user_had(cached_table, smol):
     assert any(said in t for t in texts(elsewhere.warning)), texts(elsewhere.warning)
 
 
+def test_a_newer_table_of_a_deleted_model_folder_is_not_opened_unasked(cached_table, tmp_path, smol_tokenizer):
+    # What a test suite or a scratch experiment leaves behind: the newest table names a folder
+    # that is gone; `make run` opens the built-in model's table instead and lists both.
+    import shutil
+
+    from conftest import tiny_lm
+
+    from gap_engine.model.loading import load_model
+
+    folder = tmp_path / "scratch" / "tiny"
+    made = tiny_lm("llama", smol_tokenizer)
+    made.model.save_pretrained(folder)
+    made.tokenizer.save_pretrained(folder)
+    gone = loss_table(load_model(str(folder)), OTHER_SPEC)
+    shutil.rmtree(folder)
+    at = start()
+    assert at.session_state["app_table"].key == cached_table.key
+    said = next(t for t in texts(at.info) if "most recent cached table of a model that is still there" in t)
+    assert f"`{gone.key}`" in said and "The cache holds 2" in said
+
+
 def test_a_reload_and_a_second_tab_see_the_running_build_and_can_cancel_it(fresh_cache):
     at = start()
     job = start_exact_build(at)

@@ -39,3 +39,12 @@ def test_what_has_no_files_here_has_no_record(tmp_path, monkeypatch):
     assert model_files("HuggingFaceTB/SmolLM2-135M") is None
     assert model_files(str(tmp_path / "missing")) is None
     assert recorded_model("smollm2-135m") is None
+
+
+def test_a_model_may_load_unless_it_is_a_local_path_that_is_gone(tmp_path):
+    from gap_engine.model.identity import model_may_load
+
+    assert model_may_load("smollm2-135m") and model_may_load("HuggingFaceTB/SmolLM2-135M")  # built-in, hub id
+    assert model_may_load(str(tmp_path))
+    for gone in (str(tmp_path / "deleted"), "./deleted", "~/no-such-model-here", "no-such-name", "a/b/c"):
+        assert not model_may_load(gone), gone
