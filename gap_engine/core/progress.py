@@ -15,18 +15,22 @@ benchmarks drive it alike. A `Hooks` holds four optional parts, each a no-op whe
 - ``cancel``: any object with ``is_set()`` (a ``threading.Event``), polled between steps;
   when set, the work stops with ``CancelledError``.
 
-Engine code calls the helpers (``hooks.report``, ``hooks.enter``, ``hooks.say``,
-``hooks.check_cancelled``) and passes ``hooks`` on, or a variant made with
-``dataclasses.replace`` / `Hooks.replaced`; `StageTimer` records how long each stage took, and
-`JobProgress` turns a background job's reports into its time left.
+A stage's function takes ``hooks`` and calls the helpers (``hooks.report``, ``hooks.enter``,
+``hooks.say``, ``hooks.check_cancelled``). The maths under a stage (scoring units, passes block by
+block, pruning and compensating blocks) takes no ``hooks``: the stage opens `reporting(hooks)`
+once, and its loops walk their batches or blocks through `steps`, which polls the cancel before
+each and reports after each. `StageTimer` records how long each stage took, and `JobProgress`
+turns a background job's reports into its time left.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gap_engine.core.errors import CancelledError
 
@@ -83,6 +87,47 @@ class Hooks:
 
 
 NO_HOOKS = Hooks()  # nothing reported, never cancelled
+
+# ---- the stage boundary: the maths below it reports without a hooks argument ----------------------
+# A context variable, so that each thread (a background job, a test) has its own: a new thread
+# starts with NO_HOOKS, whatever the thread that made it is reporting to.
+_ACTIVE: ContextVar[Hooks] = ContextVar("gap_active_hooks", default=NO_HOOKS)
+T = TypeVar("T", covariant=True)
+
+
+class Counted(Protocol[T]):
+    """What `steps` walks: a list of batches, a model's blocks (an ``nn.ModuleList``)."""
+
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[T]: ...
+
+
+@contextmanager
+def reporting(hooks: Hooks) -> Iterator[Hooks]:
+    """Within the block, the maths a stage calls reports to ``hooks`` and polls its cancel
+    (`steps`, `active`); the enclosing stage's hooks come back after it."""
+    token = _ACTIVE.set(hooks)
+    try:
+        yield hooks
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active() -> Hooks:
+    """The hooks of the stage this code runs under (NO_HOOKS outside any `reporting` block)."""
+    return _ACTIVE.get()
+
+
+def steps(items: Counted[T], what: str, unit: str, timed: bool = False) -> Iterator[T]:
+    """``items`` one by one, the active stage's cancel polled before each (CancelledError:
+    "<what> cancelled after <i> of <n> <unit>") and (done, total, eta) reported after each;
+    ``timed``: an eta from the pace so far (equal steps), else None."""
+    hooks = _ACTIVE.get()
+    clock = EtaClock(total_steps=len(items)) if timed else None
+    for i, item in enumerate(items):
+        hooks.check_cancelled(f"{what} cancelled after {i} of {len(items)} {unit}")
+        yield item
+        hooks.report(i + 1, len(items), clock.step() if clock is not None else None)
 
 
 class EtaClock:

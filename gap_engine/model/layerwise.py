@@ -30,7 +30,7 @@ from torch import nn
 
 from gap_engine.core.device import input_device, is_streamed, placement_of, synchronize
 from gap_engine.core.errors import InvariantError
-from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.core.progress import active, reporting, steps
 from gap_engine.data.windows import batches
 from gap_engine.model.adapters import ArchitectureAdapter
 from gap_engine.model.loaded import LoadedModel
@@ -163,7 +163,6 @@ def forward_blocks(
     windows: torch.Tensor,
     batch_size: int,
     on_input: Callable[[int, list[torch.Tensor]], None] | None = None,
-    hooks: Hooks = NO_HOOKS,
     for_backward: bool = False,
 ) -> LayerwisePass:
     """Every window through every block, one block at a time on the device.
@@ -175,8 +174,8 @@ def forward_blocks(
         windows: (N, T) token ids.
         batch_size: windows per block call.
         on_input: told (block index, [b] (B, T, d) host hidden states entering that block).
-        hooks: cancel polled before every block; progress told (blocks done, blocks, None)
-            after every block.
+        The active stage's cancel is polled before every block and (blocks done, blocks, None)
+        reported after each (``core.progress.steps``).
         for_backward: keep states and calls usable by autograd (``backward_blocks``).
     """
     device = placement_of(lm).device
@@ -192,8 +191,7 @@ def forward_blocks(
             result.batches.append(batch)
             result.calls.append(calls)
             hidden.append(to_host(first))
-        for i, layer in enumerate(layers):
-            hooks.check_cancelled(f"block-by-block pass cancelled at block {i} of {len(layers)}")
+        for i, layer in enumerate(steps(layers, "block-by-block pass", "blocks")):
             if on_input is not None:
                 on_input(i, hidden)
             with block_on(layer, device):
@@ -202,7 +200,6 @@ def forward_blocks(
                     args, kwargs = result.calls[b][i]
                     outputs.append(to_host(layer_output(layer(states.to(device), *args, **kwargs))))
             hidden = outputs
-            hooks.report(i + 1, len(layers))
     synchronize(device)
     result.final_hidden = hidden
     return result
@@ -240,7 +237,6 @@ def backward_blocks(
     head_losses: HeadLosses,
     block_leaves: BlockLeaves,
     on_leaf_grads: LeafGrads,
-    hooks: Hooks = NO_HOOKS,
 ) -> None:
     """Gradients of per-batch losses with respect to tensors inside the blocks, with the
     blocks visiting the device one at a time (a streamed model's backward pass).
@@ -263,14 +259,15 @@ def backward_blocks(
             batch) -> the leaf tensors whose gradients are wanted for that block and batch
             (the caller's hooks or the block's own weights make the block read them).
         on_leaf_grads: told (stream, block index, batch index, gradients of the leaves).
-        hooks: its cancel is polled before every block (nothing else is reported).
+        The active stage's cancel is polled before every block; nothing is reported (its
+        caller counts what it measures in ``on_leaf_grads``).
     """
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)
     inputs: list[list[torch.Tensor]] = []
-    done = forward_blocks(
-        lm, windows, batch_size, on_input=lambda i, hidden: inputs.append(hidden), hooks=hooks.replaced(progress=None), for_backward=True
-    )
+    cancel = active()
+    with reporting(cancel.replaced(progress=None)):
+        done = forward_blocks(lm, windows, batch_size, on_input=lambda i, hidden: inputs.append(hidden), for_backward=True)
     arriving: list[list[torch.Tensor]] = []  # [stream][b] gradient at the current block's output, host
     for b, (batch, final) in enumerate(zip(done.batches, done.final_hidden)):
         final = final.to(device).detach().requires_grad_(True)
@@ -281,7 +278,7 @@ def backward_blocks(
                     arriving.append([])
                 arriving[s].append(to_host(torch.autograd.grad(loss, final, retain_graph=s + 1 < len(losses))[0]))
     for i in range(len(layers) - 1, -1, -1):
-        hooks.check_cancelled(f"block-by-block backward pass cancelled at block {i} of {len(layers)}")
+        cancel.check_cancelled(f"block-by-block backward pass cancelled at block {i} of {len(layers)}")
         with block_on(layers[i], device) as layer:
             for b, states in enumerate(inputs[i]):
                 args, kwargs = done.calls[b][i]

@@ -28,6 +28,7 @@ from gap_engine.core.progress import (
     SCORE_UNITS,
     Hooks,
     StageTimer,
+    reporting,
 )
 from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches, calibration_fingerprint, calibration_windows
@@ -226,7 +227,8 @@ def prune_with_plan(
             )
         read = obs_windows(windows, obs_samples)
         prune: Callable[..., PruneResult] = CRITERIA.function(plan.criterion)
-        result = prune(lm, plan, calibration_windows(lm.tokenizer, read), windows.batch_size, hooks, compensation=compensation)
+        with reporting(hooks):
+            result = prune(lm, plan, calibration_windows(lm.tokenizer, read), windows.batch_size, compensation=compensation)
         if result.compensation is not None:  # a bias on top of the update, fitted on the same windows: recorded as compensation_pass does
             result.compensation = result.compensation | {"windows": dataclasses.asdict(read)}
             if lm.pruned_from is not None:

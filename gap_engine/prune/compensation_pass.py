@@ -35,7 +35,7 @@ from torch import nn
 from gap_engine.core.config import WindowSpec
 from gap_engine.core.device import input_device, placement_of
 from gap_engine.core.errors import CompensationError, InvariantError
-from gap_engine.core.progress import COMPENSATE, NO_HOOKS, EtaClock, Hooks
+from gap_engine.core.progress import COMPENSATE, NO_HOOKS, Hooks, reporting, steps
 from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches, calibration_windows
 from gap_engine.model.layerwise import block_on, capture_calls, layer_output, to_host
@@ -129,7 +129,7 @@ def _commit(lm: LoadedModel, layer: nn.Module, heads: Sequence[int], channels: S
 
 @torch.no_grad()
 def compensate_blocks(
-    lm: LoadedModel, removed: Removed, windows: torch.Tensor, batch_size: int, settings: CompensationSettings, hooks: Hooks = NO_HOOKS
+    lm: LoadedModel, removed: Removed, windows: torch.Tensor, batch_size: int, settings: CompensationSettings
 ) -> list[BlockFit]:
     """Fit every block in turn on the pruned stream and rewrite its kept columns in place.
 
@@ -139,7 +139,8 @@ def compensate_blocks(
         windows: (N, T) calibration token ids.
         batch_size: windows per block call.
         settings: the compensation (validated).
-        hooks: progress (blocks done, blocks, eta) after every block; cancel polled before each.
+        The active stage is told (blocks done, blocks, eta) after every block and its cancel
+        polled before each (``core.progress.steps``).
     Returns:
         Per block its BlockFit: the biases are not installed yet (``install_biases``).
     """
@@ -152,9 +153,8 @@ def compensate_blocks(
         calls.append(block_calls)
         states.append(to_host(first))
     dense_states = list(states) if settings.target == "dense" else None
-    clock, fits = EtaClock(total_steps=len(layers)), []
-    for i, layer in enumerate(layers):
-        hooks.check_cancelled(f"compensation cancelled at block {i} of {len(layers)}")
+    fits: list[BlockFit] = []
+    for i, layer in enumerate(steps(layers, "compensation", "blocks", timed=True)):
         heads, channels = removed[i]
         block_calls = [c[i] for c in calls]
         with block_on(layer, device):
@@ -167,7 +167,6 @@ def compensate_blocks(
                 states = [to_host(layer_output(layer(s.to(device), *args, **kwargs))) for s, (args, kwargs) in zip(states, block_calls)]
         _commit(lm, layer, heads, channels, fit)  # on the host: the block is back there
         fits.append(fit)
-        hooks.report(i + 1, len(layers), clock.step())
     return fits
 
 
@@ -231,7 +230,8 @@ def prune_compensated(
     identity = (lm.fingerprint, lm.pruned_from)
     try:
         with restored_on_failure(lm.adapter, lm.adapter.layers(lm.model)):
-            fits = compensate_blocks(lm, removed, ids, windows.batch_size, settings, hooks)
+            with reporting(hooks):
+                fits = compensate_blocks(lm, removed, ids, windows.batch_size, settings)
             result = apply_plan(lm, plan, scores)
             install_biases(lm, fits)
             bias_params = lm.param_count() - result.params_after

@@ -1,10 +1,12 @@
 """The criteria: which heads and channels of a layer a rate removes (the registry).
 
-A scoring criterion's function takes ``(lm, windows, batch_size, hooks)`` and returns one
+A scoring criterion's function takes ``(lm, windows, batch_size)`` and returns one
 ``LayerScores`` per block (higher = keep); ``prune.importance.compute_importance`` calls it.
 A ``sequential`` criterion has no scores of the dense model: it chooses units while pruning,
 block by block on the pruned model (``obs``: SlimGPT), and its function prunes
-``(lm, plan, windows, batch_size, hooks) -> PruneResult`` (``pipeline.stages`` calls it).
+``(lm, plan, windows, batch_size, compensation=) -> PruneResult`` (``pipeline.stages`` calls it).
+Neither takes progress hooks: its caller opens ``core.progress.reporting`` and its loops walk
+``core.progress.steps``.
 Tables and the allocators that read scores take only the scoring ones (`SCORING_CRITERIA`).
 """
 

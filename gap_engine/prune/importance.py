@@ -29,7 +29,7 @@ from torch import nn
 from gap_engine.core.config import DEFAULT_CRITERION
 from gap_engine.core.device import cpu_float64, input_device, is_streamed, wide
 from gap_engine.core.errors import GapError
-from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.core.progress import NO_HOOKS, Hooks, reporting, steps
 from gap_engine.data.bos import next_token_nll, text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.adapters import ArchitectureAdapter
@@ -107,7 +107,6 @@ def input_statistics(
     windows: torch.Tensor,
     linears: dict[Hashable, nn.Linear],
     batch_size: int = 4,
-    hooks: Hooks = NO_HOOKS,
 ) -> dict[Hashable, InputStats]:
     """Per-feature statistics of the inputs of the given linear layers over the windows.
 
@@ -115,9 +114,8 @@ def input_statistics(
         lm: the model (run forward only; hooks are removed afterwards).
         windows: (N, T) token ids.
         linears: key -> a linear layer of ``lm.model``.
-        batch_size: windows per forward pass.
-        hooks: progress told (batches done, batches total, None) (blocks when streamed);
-            cancel polled before every batch.
+        batch_size: windows per forward pass (the active stage is told batches done, blocks
+            when streamed, and its cancel polled before each: ``core.progress.steps``).
     Returns:
         key -> InputStats of that layer's input.
     """
@@ -129,12 +127,10 @@ def input_statistics(
     try:
         with torch.no_grad():
             if is_streamed(lm):  # the hooks fire as each block visits the device
-                forward_blocks(lm, windows, batch_size, hooks=hooks)
+                forward_blocks(lm, windows, batch_size)
             else:
-                for i, batch in enumerate(parts):
-                    hooks.check_cancelled(f"activation statistics cancelled after {i} of {len(parts)} batches")
+                for batch in steps(parts, "activation statistics", "batches"):
                     lm.model(input_ids=batch.to(input_device(lm.model)), use_cache=False)
-                    hooks.report(i + 1, len(parts))
     finally:
         for h in handles:
             h.remove()
@@ -155,9 +151,9 @@ def _fluctuation(stats: InputStats, linear: nn.Linear) -> torch.Tensor:
     return stats.variance() * cpu_float64(wide(linear.weight.detach()).pow(2).sum(0))
 
 
-def _activation_scores(lm: LoadedModel, windows: torch.Tensor, criterion: str, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+def _activation_scores(lm: LoadedModel, windows: torch.Tensor, criterion: str, batch_size: int) -> list[LayerScores]:
     linears = _output_inputs(lm)
-    stats = input_statistics(lm, windows, linears, batch_size, hooks)
+    stats = input_statistics(lm, windows, linears, batch_size)
     out: list[LayerScores] = []
     for i, layer in enumerate(lm.adapter.layers(lm.model)):
         head_dim = lm.adapter.geometry(layer).head_dim
@@ -179,7 +175,7 @@ def _standardise(values: torch.Tensor) -> torch.Tensor:
     return (values - values.mean()) / (std if std > 0 else 1.0)
 
 
-def flap_standardised(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4, hooks: Hooks = NO_HOOKS) -> list[LayerScores]:
+def flap_standardised(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 4) -> list[LayerScores]:
     """FLAP's standardised unit scores, comparable across layers (its adaptive structure search).
 
     Per layer, the attention metric (squared, per o_proj input column) is standardised over
@@ -193,7 +189,7 @@ def flap_standardised(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 
         One LayerScores per block: head (n_heads,) and channel (intermediate_size,) z-scores, float64.
     """
     linears = _output_inputs(lm)
-    stats = input_statistics(lm, windows, linears, batch_size, hooks)
+    stats = input_statistics(lm, windows, linears, batch_size)
     out: list[LayerScores] = []
     for i, layer in enumerate(lm.adapter.layers(lm.model)):
         head_dim = lm.adapter.geometry(layer).head_dim
@@ -203,24 +199,24 @@ def flap_standardised(lm: LoadedModel, windows: torch.Tensor, batch_size: int = 
     return out
 
 
-def magnitude_scores(lm: LoadedModel, windows: torch.Tensor | None, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+def magnitude_scores(lm: LoadedModel, windows: torch.Tensor | None, batch_size: int) -> list[LayerScores]:
     """``magnitude``: weight magnitudes alone (``windows`` are not read)."""
     return _magnitude(lm)
 
 
-def wanda_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+def wanda_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int) -> list[LayerScores]:
     """``wanda``: weight magnitude times the input's L2 norm, per head and channel."""
-    return _activation_scores(lm, windows, "wanda", batch_size, hooks)
+    return _activation_scores(lm, windows, "wanda", batch_size)
 
 
-def flap_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+def flap_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int) -> list[LayerScores]:
     """``flap``: the input's fluctuation times the squared column norm (heads: the sum of its square)."""
-    return _activation_scores(lm, windows, "flap", batch_size, hooks)
+    return _activation_scores(lm, windows, "flap", batch_size)
 
 
-def taylor_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+def taylor_scores(lm: LoadedModel, windows: torch.Tensor, batch_size: int) -> list[LayerScores]:
     """``taylor``: vector-wise first-order saliency from the calibration loss's gradient."""
-    return _taylor(lm, windows, batch_size, hooks)
+    return _taylor(lm, windows, batch_size)
 
 
 def _taylor_weights(layer: nn.Module, adapter: ArchitectureAdapter) -> list[torch.Tensor]:
@@ -230,7 +226,7 @@ def _taylor_weights(layer: nn.Module, adapter: ArchitectureAdapter) -> list[torc
     return [q.weight, o.weight, gate.weight, up.weight, down.weight]
 
 
-def _taylor(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hooks) -> list[LayerScores]:
+def _taylor(lm: LoadedModel, windows: torch.Tensor, batch_size: int) -> list[LayerScores]:
     layers = list(lm.adapter.layers(lm.model))
     weights = [_taylor_weights(layer, lm.adapter) for layer in layers]
     params = [w for group in weights for w in group]
@@ -241,18 +237,15 @@ def _taylor(lm: LoadedModel, windows: torch.Tensor, batch_size: int, hooks: Hook
     start = text_start(lm.tokenizer, windows)
     try:
         if is_streamed(lm):
-            _taylor_streamed(lm, windows, batch_size, start, saliency, hooks)
+            _taylor_streamed(lm, windows, batch_size, start, saliency)
         else:
-            parts = batches(windows, batch_size)
             accumulators = [acc for group in saliency for acc in group]  # in the order of params
-            for i, batch in enumerate(parts):
-                hooks.check_cancelled(f"taylor importance scores cancelled after {i} of {len(parts)} batches")
+            for batch in steps(batches(windows, batch_size), "taylor importance scores", "batches"):
                 batch = batch.to(input_device(lm.model))
                 loss = _taylor_loss(lm.model(input_ids=batch, use_cache=False).logits, batch, start)
                 grads = torch.autograd.grad(loss, params)
                 for acc, w, g in zip(accumulators, params, grads):
                     acc += wide(w.detach() * g)
-                hooks.report(i + 1, len(parts))
     finally:
         for w in params:
             w.requires_grad_(False)
@@ -275,9 +268,7 @@ def _taylor_loss(logits: torch.Tensor, batch: torch.Tensor, start: int) -> torch
     return next_token_nll(logits.float(), batch, start).mean()
 
 
-def _taylor_streamed(
-    lm: LoadedModel, windows: torch.Tensor, batch_size: int, start: int, saliency: list[list[torch.Tensor]], hooks: Hooks
-) -> None:
+def _taylor_streamed(lm: LoadedModel, windows: torch.Tensor, batch_size: int, start: int, saliency: list[list[torch.Tensor]]) -> None:
     """W * grad accumulated block by block (``layerwise.backward_blocks``), on the host."""
     on_device: dict[int, list[torch.Tensor]] = {}
 
@@ -289,7 +280,7 @@ def _taylor_streamed(
         for acc, w, g in zip(saliency[i], on_device[i], grads):
             acc += wide(w.detach() * g).to(acc.device)
 
-    backward_blocks(lm, windows, batch_size, lambda b, batch, logits: [_taylor_loss(logits, batch, start)], leaves, collect, hooks)
+    backward_blocks(lm, windows, batch_size, lambda b, batch, logits: [_taylor_loss(logits, batch, start)], leaves, collect)
 
 
 def compute_importance(
@@ -306,8 +297,8 @@ def compute_importance(
         windows: (N, T) calibration token ids; unused by ``magnitude``.
         criterion: one of SCORING_CRITERIA (``prune.criteria``; a sequential one raises GapError).
         batch_size: windows per forward pass.
-        hooks: progress told (batches done, batches total, None); cancel polled before
-            every batch (CancelledError when set).
+        hooks: the stage the scores are part of: progress told (batches done, batches total,
+            None); cancel polled before every batch (CancelledError when set).
     Returns:
         ImportanceScores with one LayerScores per block.
     """
@@ -318,4 +309,5 @@ def compute_importance(
         raise GapError(f"criterion '{criterion}' needs calibration windows")
     if reads_windows(criterion):
         lm = lm.private()  # the criteria hook the model or take its gradients: never one that other threads run
-    return ImportanceScores(criterion=criterion, layers=SCORING_CRITERIA.function(criterion)(lm, windows, batch_size, hooks))
+    with reporting(hooks):
+        return ImportanceScores(criterion=criterion, layers=SCORING_CRITERIA.function(criterion)(lm, windows, batch_size))

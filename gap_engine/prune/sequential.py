@@ -36,7 +36,7 @@ from torch import nn
 
 from gap_engine.core.device import input_device, placement_of
 from gap_engine.core.errors import CompensationError, InvariantError
-from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.core.progress import steps
 from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.layerwise import BlockCall, block_on, capture_calls, layer_output, to_host, tree_to
@@ -140,7 +140,6 @@ def obs_prune(
     plan: RatePlan,
     windows: torch.Tensor,
     batch_size: int = 4,
-    hooks: Hooks = NO_HOOKS,
     compensation: CompensationSettings = NO_COMPENSATION,
 ) -> PruneResult:
     """Prune ``lm`` in place as ``plan`` says, SlimGPT's way: block by block on the pruned stream.
@@ -150,8 +149,9 @@ def obs_prune(
         plan: a RatePlan for this model (any criterion; its rates say how many units go).
         windows: (N, T) calibration token ids.
         batch_size: windows per block call.
-        hooks: cancel polled before every block; progress told (blocks done, blocks, None).
         compensation: ``none`` (the OBS update alone) or ``bias`` on top of it.
+        The active stage is told (blocks done, blocks, None) after every block and its cancel
+        polled before each (``core.progress.steps``).
     Returns:
         surgery's PruneResult; with ``bias``, ``params_after`` counts the biases and
         ``compensation`` records them (``bias_params``), as ``compensation_pass`` does.
@@ -181,8 +181,7 @@ def obs_prune(
             calls.append([tree_to(call, device) for call in block_calls])
         stream = _Stream(hidden, calls, device, text_start(lm.tokenizer, windows), compensation.adds_bias)
         try:
-            for i, layer in enumerate(layers):
-                hooks.check_cancelled(f"OBS pruning cancelled at block {i} of {len(layers)}")
+            for i, layer in enumerate(steps(layers, "OBS pruning", "blocks")):
                 # counted as surgery counts them: a recorded attention shape wins over its rate
                 shape, kept = kept_counts(
                     lm.adapter, layer, plan.attention_rates[i], plan.mlp_rates[i], plan.channel_multiple, plan.attention_shape(i)
@@ -194,7 +193,6 @@ def obs_prune(
                 result.kept_kv_heads.append(kept_kv)
                 result.kept_heads.append(kept_heads)
                 result.kept_channels.append(kept_channels)
-                hooks.report(i + 1, len(layers))
         finally:
             for handle in stream.added:
                 handle.remove()

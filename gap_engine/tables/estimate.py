@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gap_engine.core.device import cpu_float64, input_device, is_streamed, placement_of
-from gap_engine.core.progress import GRADIENT_PASS, EtaClock, Hooks
+from gap_engine.core.progress import GRADIENT_PASS, EtaClock, active, reporting, steps
 from gap_engine.data.bos import next_token_nll, text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.adapters import ArchitectureAdapter, LayerGeometry
@@ -134,7 +134,7 @@ class _GradientSums:
 
 
 def _mask_gradients(
-    lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, hooks: Hooks
+    lm: LoadedModel, spec: TableSpec, windows: torch.Tensor
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], float]:
     """Per-unit mean gradients G and diagonal Fisher F of the mean objective wrt unit masks.
 
@@ -158,9 +158,9 @@ def _mask_gradients(
     handles = _install_gates(lm.adapter, layers, geoms, masks)
     try:
         if is_streamed(lm):
-            _streamed_pass(lm, spec, windows, sums, masks, geoms, start, generator, hooks)
+            _streamed_pass(lm, spec, windows, sums, masks, geoms, start, generator)
         else:
-            _resident_pass(lm, spec, windows, sums, masks, geoms, start, generator, hooks)
+            _resident_pass(lm, spec, windows, sums, masks, geoms, start, generator)
     finally:
         for handle in handles:
             handle.remove()
@@ -183,14 +183,10 @@ def _resident_pass(
     geoms: list[LayerGeometry],
     start: int,
     generator: torch.Generator,
-    hooks: Hooks,
 ) -> None:
     """One forward and backward pass per batch through the whole model on its device."""
     device = input_device(lm.model)
-    parts = batches(windows, spec.windows.batch_size)
-    clock = EtaClock(total_steps=len(parts))
-    for b, batch in enumerate(parts):
-        hooks.check_cancelled(f"loss table estimate cancelled after {b} of {len(parts)} batches")
+    for batch in steps(batches(windows, spec.windows.batch_size), "loss table estimate", "batches", timed=True):
         n, batch = batch.shape[0], batch.to(device)
         heads = [torch.ones(n, g.n_heads, device=device, requires_grad=True) for g in geoms]
         channels = [torch.ones(n, g.intermediate_size, device=device, requires_grad=True) for g in geoms]
@@ -204,7 +200,6 @@ def _resident_pass(
                 for layer in range(len(geoms)):
                     sums.add(s, layer, grads[layer], grads[len(geoms) + layer])
         del logits
-        hooks.report(b + 1, len(parts), clock.step())
 
 
 def _streamed_pass(
@@ -216,12 +211,11 @@ def _streamed_pass(
     geoms: list[LayerGeometry],
     start: int,
     generator: torch.Generator,
-    hooks: Hooks,
 ) -> None:
     """The blocks visit the device one at a time, forward and then backward (``backward_blocks``);
     progress counts blocks of the backward pass."""
     device = placement_of(lm).device
-    clock = EtaClock(total_steps=len(geoms))
+    clock, hooks = EtaClock(total_steps=len(geoms)), active()
     seen: set[int] = set()
 
     def leaves(i: int, layer: nn.Module, b: int, n: int) -> list[torch.Tensor]:
@@ -243,16 +237,15 @@ def _streamed_pass(
         lambda b, batch, logits: sums.head_losses(logits, batch, start, spec.objective, generator),
         leaves,
         collect,
-        hooks,
     )
 
 
 def estimate_cells(
-    lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, scores: ImportanceScores, components: list[tuple[int, str]], hooks: Hooks
+    lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, scores: ImportanceScores, components: list[tuple[int, str]]
 ) -> tuple[np.ndarray, float, BuildStats]:
-    """(C, R) estimated objectives, the dense objective and build statistics (``hooks``:
-    progress over calibration batches, or blocks of a streamed backward pass; cancel)."""
-    grad_h, grad_c, fisher_h, fisher_c, dense = _mask_gradients(lm, spec, windows, hooks)
+    """(C, R) estimated objectives, the dense objective and build statistics (the active stage
+    is told calibration batches done, or blocks of a streamed backward pass, and its cancel polled)."""
+    grad_h, grad_c, fisher_h, fisher_c, dense = _mask_gradients(lm, spec, windows)
     cuts = unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple)
     objective = np.empty((len(components), len(spec.rate_grid)), dtype=np.float64)
     for c, row in enumerate(cuts):
@@ -268,5 +261,6 @@ def fill_estimated(request: CellRequest, cells: CellFiller | None = None) -> Cel
     """The ``fisher`` and ``taylor`` estimators' table filler (``ledger.TableFiller``): the
     gradient pass, every cell estimated (``cells`` is not used: nothing is measured)."""
     request.hooks.enter(GRADIENT_PASS)
-    objective, dense, stats = estimate_cells(request.lm, request.spec, request.windows, request.scores, request.components, request.hooks)
+    with reporting(request.hooks):
+        objective, dense, stats = estimate_cells(request.lm, request.spec, request.windows, request.scores, request.components)
     return CellObjectives(objective, dense, stats, np.zeros(objective.shape, dtype=bool), None)

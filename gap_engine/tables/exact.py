@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gap_engine.core.device import input_device, is_streamed
-from gap_engine.core.progress import CELLS, DENSE_PASS, NO_HOOKS, EtaClock, Hooks
+from gap_engine.core.progress import CELLS, DENSE_PASS, Hooks, reporting, steps
 from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.layerwise import layer_output
@@ -114,13 +114,11 @@ def dense_pass(lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectiv
     return state
 
 
-def dense_state(
-    lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS
-) -> DenseState:
+def dense_state(lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...]) -> DenseState:
     """The dense pass as the model is placed: block by block, its states on the host, for a
-    streamed model (``hooks``: its cancel polled before every block); else resident."""
+    streamed model (the active stage's cancel polled before every block); else resident."""
     if is_streamed(lm):
-        return streamed_dense_state(lm, windows, batch_size, objectives, hooks)
+        return streamed_dense_state(lm, windows, batch_size, objectives)
     return dense_pass(lm, windows, batch_size, objectives)
 
 
@@ -159,7 +157,8 @@ def exact_cells(request: CellRequest, schedule: CellSchedule) -> CellObjectives:
     """
     lm, spec, windows = request.lm, request.spec, request.windows
     jobs, owner = distinct_cuts(unit_cuts(lm, request.scores, request.components, spec.rate_grid, spec.channel_multiple))
-    state = dense_state(lm, windows, spec.windows.batch_size, (spec.objective,), request.hooks)
+    with reporting(request.hooks.replaced(progress=None)):  # the cells stage starts with the ledger's first report
+        state = dense_state(lm, windows, spec.windows.batch_size, (spec.objective,))
     positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
     ledger = CellLedger(lm, jobs, request.partial, request.hooks)
@@ -228,13 +227,13 @@ class WindowCells:
     dense_nll: np.ndarray  # (N,) per-window mean dense NLL
 
 
-def window_cells(lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, hooks: Hooks = NO_HOOKS) -> WindowCells:
+def window_cells(lm: LoadedModel, spec: TableSpec, windows: torch.Tensor) -> WindowCells:
     """Measure every distinct cell of an exact table per window, NLL and KL together.
 
     Args:
         lm, spec: as for ``measure_table`` (spec.objective and spec.estimator are ignored).
         windows: (N, T) token ids.
-        hooks: progress over distinct cells (nothing is polled for a cancel).
+        The active stage is told distinct cells done and its cancel polled before each.
     Returns:
         WindowCells; cells sharing a cut share values, as in the table.
     """
@@ -250,14 +249,12 @@ def window_cells(lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, hooks:
     nll = np.zeros((len(components), len(spec.rate_grid), n))
     kl = np.zeros_like(nll)
     distinct = np.zeros((len(components), len(spec.rate_grid)), dtype=bool)
-    clock = EtaClock(total_steps=len(jobs))
-    for k, (c, r, cut) in enumerate(jobs):
+    for c, r, cut in steps(jobs, "per-window cells", "cells", timed=True):
         sums = cell_per_window(lm, state, cut, ("nll", "kl"), cell_compensation(spec))
         distinct[c, r] = True
         for cell, source in owner.items():
             if source == (c, r):
                 nll[cell] = sums["nll"].cpu().numpy() / nll_positions - dense_nll
                 kl[cell] = sums["kl"].cpu().numpy() / kl_positions
-        hooks.report(k + 1, len(jobs), clock.step())
     removed, _ = removed_table(lm, components, spec.rate_grid, spec.channel_multiple)
     return WindowCells(components, np.asarray(spec.rate_grid), removed, distinct, nll, kl, dense_nll)

@@ -38,7 +38,7 @@ from gap_engine.core.config import DEFAULT_MAX_RATE, DEFAULT_N_BUCKETS
 from gap_engine.core.device import is_streamed
 from gap_engine.core.errors import BudgetError
 from gap_engine.core.knapsack import constraint_mask, solve_budget
-from gap_engine.core.progress import GRADIENT_PASS
+from gap_engine.core.progress import GRADIENT_PASS, reporting
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
 from gap_engine.tables.cells import cell_compensation, distinct_cuts, objective_positions, unit_cuts
 from gap_engine.tables.estimate import estimate_cells
@@ -174,9 +174,10 @@ def refine_cells(request: CellRequest) -> CellObjectives:
     partial = request.partial
     started = time.perf_counter()
     # the estimate knows nothing of compensation: only the measured cells include it
-    est_objective, est_dense, _ = estimate_cells(
-        lm, replace(spec, estimator="fisher", compensation="none"), windows, scores, components, hooks
-    )
+    with reporting(hooks):
+        est_objective, est_dense, _ = estimate_cells(
+            lm, replace(spec, estimator="fisher", compensation="none"), windows, scores, components
+        )
     estimate = est_objective - est_dense
     estimate[:, 0] = 0.0
     estimate_seconds = time.perf_counter() - started

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gap_engine.core.device import placement_of
-from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.core.progress import Hooks, active, reporting
 from gap_engine.data.bos import text_start
 from gap_engine.model.layerwise import block_on, forward_blocks, layer_output, to_host
 from gap_engine.model.loaded import LoadedModel
@@ -42,18 +42,16 @@ from gap_engine.tables.ledger import CellLedger, Job
 STREAM_GROUP_BYTES = 4 << 30
 
 
-def streamed_dense_state(
-    lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...], hooks: Hooks = NO_HOOKS
-) -> DenseState:
+def streamed_dense_state(lm: LoadedModel, windows: torch.Tensor, batch_size: int, objectives: tuple[str, ...]) -> DenseState:
     """The dense pass of ``tables.exact`` done block by block, its states kept on the host
-    (``hooks``: only its cancel is polled, before every block).
+    (the active stage told blocks done, its cancel polled before every block).
 
     Returns:
         a DenseState whose block inputs, final states and stored log-probabilities are host
         tensors (pinned on CUDA) and whose token ids and block calls are on the device.
     """
     by_block: list[list[torch.Tensor]] = []
-    done = forward_blocks(lm, windows, batch_size, on_input=lambda i, hidden: by_block.append(hidden), hooks=Hooks(cancel=hooks.cancel))
+    done = forward_blocks(lm, windows, batch_size, on_input=lambda i, hidden: by_block.append(hidden))
     n_batches = len(done.batches)
     block_inputs = [[by_block[i][b] for i in range(len(by_block))] for b in range(n_batches)]  # [b][i]
     state = DenseState(done.batches, block_inputs, done.calls, done.final_hidden, None, [], text_start(lm.tokenizer, windows))
@@ -75,7 +73,6 @@ def streamed_cells(
     state: DenseState,
     cuts: list[Cut],
     objectives: tuple[str, ...],
-    hooks: Hooks = NO_HOOKS,
     compensation: CompensationSettings | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Per-window objective sums of several cuts, the blocks streamed once for all of them.
@@ -85,7 +82,8 @@ def streamed_cells(
         state: its dense state (``streamed_dense_state``).
         cuts: the cells to measure, in any order.
         objectives: names of the objectives to sum.
-        hooks: its cancel is polled before every block (nothing is reported).
+        The active stage's cancel is polled before every block (nothing is reported: the
+        ledger counts cells).
         compensation: what each cut block is compensated with (``cells.cut_applied``).
     Returns:
         per cut, {objective: (N,) float64 sums over each window's positions}, as
@@ -94,9 +92,10 @@ def streamed_cells(
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)
     in_flight: dict[int, list[torch.Tensor]] = {}  # cut index -> [b] (B, T, d) states on the device
+    cancel = active()
     with torch.inference_mode():
         for j in range(min(cut.layer for cut in cuts), len(layers)):
-            hooks.check_cancelled(f"streamed cells cancelled at block {j} of {len(layers)}")
+            cancel.check_cancelled(f"streamed cells cancelled at block {j} of {len(layers)}")
             for k, cut in enumerate(cuts):
                 if cut.layer == j:
                     in_flight[k] = [inputs[j].to(device) for inputs in state.block_inputs]
@@ -156,7 +155,8 @@ def measure_ledger_streamed(
     try:
         for group in cell_groups(ledger.jobs, ledger.missing(), per_group):
             hooks.check_cancelled(f"loss table build cancelled after {ledger.done_message()}")
-            sums = streamed_cells(lm, state, [ledger.jobs[k][2] for k in group], (objective,), hooks, compensation)
+            with reporting(Hooks(cancel=hooks.cancel)):
+                sums = streamed_cells(lm, state, [ledger.jobs[k][2] for k in group], (objective,), compensation)
             for k, values in zip(group, sums):
                 ledger.record(k, float(values[objective].sum()) / positions)
     finally:

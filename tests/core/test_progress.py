@@ -12,7 +12,7 @@ from conftest import stop_jobs, wait_for
 from gap_engine.cli.output import StderrProgress
 from gap_engine.cli.recover_commands import _StageProgress
 from gap_engine.core.errors import CancelledError
-from gap_engine.core.progress import CELLS, HELD_OUT, LOAD_MODEL, NO_HOOKS, PACE_PRIOR_S, SAVE, Hooks, JobProgress
+from gap_engine.core.progress import CELLS, HELD_OUT, LOAD_MODEL, NO_HOOKS, PACE_PRIOR_S, SAVE, Hooks, JobProgress, active, reporting, steps
 from gap_engine.pipeline.jobs import DONE, JobManager
 
 
@@ -45,6 +45,38 @@ def test_hooks_forward_each_part_and_raise_once_cancelled():
     quiet = hooks.replaced(progress=None)
     quiet.report(4, 4)
     assert len(seen) == 3 and quiet.cancel is event and hooks.progress is not None
+
+
+def test_steps_poll_the_stage_cancel_before_each_item_and_report_after_it():
+    told: list[tuple] = []
+    event = threading.Event()
+    hooks = Hooks(progress=lambda done, total, eta: told.append((done, total, eta)), cancel=event)
+    walked = []
+    with pytest.raises(CancelledError, match="toy pass cancelled after 2 of 3 blocks"):
+        with reporting(hooks):
+            for item in steps(["a", "b", "c"], "toy pass", "blocks"):
+                walked.append(item)
+                if item == "b":
+                    event.set()  # asked while block "b" runs: "c" never starts
+    assert walked == ["a", "b"] and told == [(1, 3, None), (2, 3, None)]
+    timed: list[float | None] = []
+    with reporting(Hooks(progress=lambda done, total, eta: timed.append(eta))):
+        assert list(steps(range(4), "timed pass", "batches", timed=True)) == [0, 1, 2, 3]
+    assert len(timed) == 4 and all(isinstance(eta, float) for eta in timed) and timed[-1] == 0.0
+
+
+def test_reporting_is_per_stage_and_per_thread():
+    outer, inner = Hooks(message=lambda text: None), Hooks(message=lambda text: None)
+    assert active() is NO_HOOKS  # outside any stage: nothing reported, never cancelled
+    seen_in_thread = []
+    with reporting(outer):
+        with reporting(inner):
+            assert active() is inner
+            worker = threading.Thread(target=lambda: seen_in_thread.append(active()))
+            worker.start()
+            worker.join()
+        assert active() is outer  # the enclosing stage's hooks come back
+    assert active() is NO_HOOKS and seen_in_thread == [NO_HOOKS]  # a new thread reports to no one
 
 
 def test_a_job_context_gives_hooks_that_show_in_the_job():

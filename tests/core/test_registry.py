@@ -134,9 +134,9 @@ from gap_engine.prune.importance import LayerScores, magnitude_scores
 CALLS = []
 
 
-def reverse_magnitude_scores(lm, windows, batch_size, hooks):
+def reverse_magnitude_scores(lm, windows, batch_size):
     CALLS.append(lm.name)
-    return [LayerScores(head=-layer.head, channel=-layer.channel) for layer in magnitude_scores(lm, windows, batch_size, hooks)]
+    return [LayerScores(head=-layer.head, channel=-layer.channel) for layer in magnitude_scores(lm, windows, batch_size)]
 
 
 STRATEGIES = [Criterion("reverse", "magnitude, reversed", f"{__name__}:reverse_magnitude_scores", score_passes=0.0)]

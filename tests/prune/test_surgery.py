@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from conftest import as_loaded
 
-from gap_engine.core.errors import UnsupportedArchitectureError
+from gap_engine.core.errors import CancelledError, UnsupportedArchitectureError
+from gap_engine.core.progress import Hooks
 from gap_engine.model.adapters import adapter_for, supported_model_types
 from gap_engine.model.checkpoint import save_pruned
 from gap_engine.model.loading import load_model
@@ -126,6 +129,17 @@ def test_attention_rounding_is_gqa_valid_and_nearest():
     assert channels_for_rate(1536, 0.2) == 1232  # 0.8 * 1536 = 1228.8 -> nearest multiple of 8
     assert channels_for_rate(1536, 0.999) == 8  # never below one multiple
     assert channels_for_rate(100, 0.0) == 100  # rate 0 keeps a width that is not a multiple
+
+
+@pytest.mark.parametrize("criterion, what", [("wanda", "activation statistics"), ("taylor", "taylor importance scores")])
+def test_scoring_reports_its_batches_to_the_hooks_it_is_given_and_stops_when_cancelled(make_tiny, criterion, what):
+    # The criteria take no hooks: compute_importance is their stage boundary.
+    lm, told, cancel = make_tiny("llama"), [], threading.Event()
+    compute_importance(lm, _ids(n=6), criterion, batch_size=2, hooks=Hooks(progress=lambda done, total, eta: told.append((done, total))))
+    assert told == [(1, 3), (2, 3), (3, 3)]
+    hooks = Hooks(progress=lambda done, total, eta: cancel.set(), cancel=cancel)  # cancelled once the first batch is in
+    with pytest.raises(CancelledError, match=f"{what} cancelled after 1 of 3 batches"):
+        compute_importance(lm, _ids(n=6), criterion, batch_size=2, hooks=hooks)
 
 
 @pytest.mark.parametrize("criterion", SCORING_CRITERIA)

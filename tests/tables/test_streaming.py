@@ -18,7 +18,7 @@ import torch
 
 from gap_engine.core.device import Placement
 from gap_engine.core.errors import CancelledError
-from gap_engine.core.progress import Hooks
+from gap_engine.core.progress import Hooks, reporting
 from gap_engine.evaluate.metrics import compare_logits, mean_nll
 from gap_engine.model.layerwise import block_on, capture_calls, forward_blocks
 from gap_engine.model.loading import place_model
@@ -220,6 +220,7 @@ def test_capture_records_every_block_call_without_running_blocks(make_tiny):
     cos0, cos1 = calls[0][1]["position_embeddings"][0], calls[1][1]["position_embeddings"][0]
     assert not torch.equal(cos0, cos1)
     assert all("forward" not in vars(layer) for layer in lm.adapter.layers(lm.model))
-    seen = []
-    out = forward_blocks(lm, ids, 1, on_input=lambda i, hidden: seen.append(i), hooks=Hooks(progress=lambda d, t, eta: None))
-    assert seen == [0, 1] and len(out.final_hidden) == 2
+    seen, told = [], []
+    with reporting(Hooks(progress=lambda done, total, eta: told.append((done, total)))):  # the stage it runs under
+        out = forward_blocks(lm, ids, 1, on_input=lambda i, hidden: seen.append(i))
+    assert seen == [0, 1] and len(out.final_hidden) == 2 and told == [(1, 2), (2, 2)]
