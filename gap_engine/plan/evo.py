@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from gap_engine.core.config import DEFAULT_N_BUCKETS
-from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.core.progress import NO_HOOKS, Hooks, reporting, steps
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
@@ -131,7 +131,8 @@ def evolve(
         windows: (N, T) calibration token ids that score a candidate.
         scores: importance scores of the table's criterion (which units a rate removes).
         settings: search length and seed.
-        hooks: progress told (generations done, generations total, None).
+        hooks: progress told (generations done, generations total, None); cancel polled
+            before every generation.
         compensation: what the prune that follows applies; one that adds biases has them
             charged to the budget (``problem.bias_charges``), as for the DP.
         problem: the planning problem `allocators.check_reach` built and checked ``budget`` on
@@ -160,7 +161,8 @@ def evolve(
                 seen[key] = mean_nll(lm, windows, batch_size) - dense_loss
         return seen[key]
 
-    best, history = _search(problem, seed_choice, target, true_increase, settings, hooks)
+    with reporting(hooks):
+        best, history = _search(problem, seed_choice, target, true_increase, settings)
     result = EvoResult(
         plan=grid_plan(lm, table, problem, best, budget, "evo", compensation),
         seed_plan=grid_plan(lm, table, problem, seed_choice, budget, "dp", compensation),
@@ -188,13 +190,13 @@ def _search(
     target: float,
     true_increase: Callable[[np.ndarray], float],
     settings: EvoSettings,
-    hooks: Hooks,
 ) -> tuple[np.ndarray, list[float]]:
-    """The (1 + offspring) search: the best choice found and the best loss after each generation."""
+    """The (1 + offspring) search: the best choice found and the best loss after each generation
+    (the active stage is told generations done and its cancel polled before each)."""
     rng = np.random.default_rng(settings.seed)
     best, best_loss = seed_choice.copy(), true_increase(seed_choice)
     history = []
-    for generation in range(settings.generations):
+    for generation in steps(range(settings.generations), "evolutionary search", "generations"):
         candidates = [c for c in (_mutate(problem, best, target, rng) for _ in range(settings.offspring)) if c is not None]
         scored = [(true_increase(c), i) for i, c in enumerate(candidates)]
         if scored:
@@ -203,5 +205,4 @@ def _search(
                 best, best_loss = candidates[i], loss
         history.append(best_loss)
         log.info("evo generation %d/%d: best calibration loss increase %.5f", generation + 1, settings.generations, best_loss)
-        hooks.report(generation + 1, settings.generations)
     return best, history

@@ -23,7 +23,7 @@ from torch import nn
 
 from gap_engine.core.config import RECOVERY_PROJECTIONS, WindowSpec
 from gap_engine.core.errors import DataError
-from gap_engine.core.progress import Hooks
+from gap_engine.core.progress import Hooks, reporting
 from gap_engine.data.bos import Tokenizer
 from gap_engine.data.windows import calibration_windows, load_corpus
 from gap_engine.model.loaded import LoadedModel
@@ -180,11 +180,12 @@ class ZORun:
         norms: list[list[torch.Tensor]] = []  # per task: per target
         for spec, pool in zip(self.settings.tasks, data.pools):
             hooks.say(f"weight importance on {spec}")
-            norms.append(
-                recover_zo.input_feature_norms(
-                    self.lm.model, linears, pool[: self.settings.importance_windows], self.settings.batch_size, hooks
+            with reporting(hooks.replaced(progress=None)):  # the recovery's steps are its progress
+                norms.append(
+                    recover_zo.input_feature_norms(
+                        self.lm.model, linears, pool[: self.settings.importance_windows], self.settings.batch_size
+                    )
                 )
-            )
         for j, target in enumerate(self.targets):
             target.columns = recover_zo.mask_columns(
                 target.linear.weight, [n[j] for n in norms], self.settings.mask_fraction, self.settings.magnitude_weight

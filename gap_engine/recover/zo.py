@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gap_engine.core.progress import NO_HOOKS, Hooks
+from gap_engine.core.progress import active
 
 log = logging.getLogger(__name__)
 
@@ -340,23 +340,21 @@ class _InputNorms:
 
 
 @torch.no_grad()
-def input_feature_norms(
-    model: nn.Module, linears: list[nn.Linear], windows: torch.Tensor, batch_size: int, hooks: Hooks = NO_HOOKS
-) -> list[torch.Tensor]:
+def input_feature_norms(model: nn.Module, linears: list[nn.Linear], windows: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
     """``||X_j||`` (L2 over all tokens of ``windows``) of every input feature of every linear.
 
     Args:
-        windows: (N, T) token ids of one task.
-        hooks: its cancel is polled before every batch.
+        windows: (N, T) token ids of one task (the active stage's cancel polled before every batch).
     Returns:
         One (in_features,) float64 tensor per linear, in the order given.
     """
     device = linears[0].weight.device
     stats = [_InputNorms(lin.in_features, device) for lin in linears]
     handles = [lin.register_forward_pre_hook(stat) for lin, stat in zip(linears, stats)]
+    cancel = active()
     try:
         for start in range(0, windows.shape[0], batch_size):
-            hooks.check_cancelled("recovery cancelled while measuring weight importance")
+            cancel.check_cancelled("recovery cancelled while measuring weight importance")
             model(input_ids=windows[start : start + batch_size].to(device), use_cache=False)
     finally:
         for handle in handles:

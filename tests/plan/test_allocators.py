@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -19,8 +20,9 @@ from synthetic_tables import SMOL_GRID, TINY_GRID, WORDS, mlp_unit, synthetic_ta
 from gap_engine import cli
 from gap_engine.cli.output import csv_text
 from gap_engine.core.config import WindowSpec
-from gap_engine.core.errors import BudgetError, PlanError, TableError
+from gap_engine.core.errors import BudgetError, CancelledError, PlanError, TableError
 from gap_engine.core.knapsack import solve_budget
+from gap_engine.core.progress import Hooks
 from gap_engine.data.windows import calibration_windows
 from gap_engine.evaluate.metrics import mean_nll
 from gap_engine.model.rateplan import RatePlan
@@ -288,6 +290,12 @@ def test_evo_never_worse_than_its_dp_seed(tiny, calib):
     assert result.plan.allocator == "evo" and result.seed_plan.allocator == "dp"
     assert len(result.history) == 3 and result.evaluations >= 1
     assert result.gain >= 0
+    # its generations are its progress, and a cancel stops it between two of them
+    told, cancel = [], threading.Event()
+    hooks = Hooks(progress=lambda done, total, eta: (told.append((done, total)), cancel.set()), cancel=cancel)
+    with pytest.raises(CancelledError, match="evolutionary search cancelled after 1 of 3 generations"):
+        evolve(tiny, table, 0.35, windows, scores, settings=EvoSettings(generations=3, offspring=3, seed=1), hooks=hooks)
+    assert told == [(1, 3)]
 
 
 @pytest.mark.slow
