@@ -118,16 +118,18 @@ def active() -> Hooks:
     return _ACTIVE.get()
 
 
-def steps(items: Counted[T], what: str, unit: str, timed: bool = False) -> Iterator[T]:
+def steps(items: Counted[T], what: str, unit: str, timed: bool = False, quiet: bool = False) -> Iterator[T]:
     """``items`` one by one, the active stage's cancel polled before each (CancelledError:
     "<what> cancelled after <i> of <n> <unit>") and (done, total, eta) reported after each;
-    ``timed``: an eta from the pace so far (equal steps), else None."""
+    ``timed``: an eta from the pace so far (equal steps), else None; ``quiet``: nothing
+    reported, for a loop whose caller counts its own progress (cells, blocks of another pass)."""
     hooks = _ACTIVE.get()
     clock = EtaClock(total_steps=len(items)) if timed else None
     for i, item in enumerate(items):
         hooks.check_cancelled(f"{what} cancelled after {i} of {len(items)} {unit}")
         yield item
-        hooks.report(i + 1, len(items), clock.step() if clock is not None else None)
+        if not quiet:
+            hooks.report(i + 1, len(items), clock.step() if clock is not None else None)
 
 
 class EtaClock:

@@ -265,8 +265,7 @@ def backward_blocks(
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)
     inputs: list[list[torch.Tensor]] = []
-    cancel = active()
-    with reporting(cancel.replaced(progress=None)):
+    with reporting(active().replaced(progress=None)):
         done = forward_blocks(lm, windows, batch_size, on_input=lambda i, hidden: inputs.append(hidden), for_backward=True)
     arriving: list[list[torch.Tensor]] = []  # [stream][b] gradient at the current block's output, host
     for b, (batch, final) in enumerate(zip(done.batches, done.final_hidden)):
@@ -277,8 +276,7 @@ def backward_blocks(
                 if len(arriving) <= s:
                     arriving.append([])
                 arriving[s].append(to_host(torch.autograd.grad(loss, final, retain_graph=s + 1 < len(losses))[0]))
-    for i in range(len(layers) - 1, -1, -1):
-        cancel.check_cancelled(f"block-by-block backward pass cancelled at block {i} of {len(layers)}")
+    for i in steps(range(len(layers) - 1, -1, -1), "block-by-block backward pass", "blocks", quiet=True):
         with block_on(layers[i], device) as layer:
             for b, states in enumerate(inputs[i]):
                 args, kwargs = done.calls[b][i]

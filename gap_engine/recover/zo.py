@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gap_engine.core.progress import active
+from gap_engine.core.progress import steps
 
 log = logging.getLogger(__name__)
 
@@ -351,10 +351,8 @@ def input_feature_norms(model: nn.Module, linears: list[nn.Linear], windows: tor
     device = linears[0].weight.device
     stats = [_InputNorms(lin.in_features, device) for lin in linears]
     handles = [lin.register_forward_pre_hook(stat) for lin, stat in zip(linears, stats)]
-    cancel = active()
     try:
-        for start in range(0, windows.shape[0], batch_size):
-            cancel.check_cancelled("recovery cancelled while measuring weight importance")
+        for start in steps(range(0, windows.shape[0], batch_size), "weight importance", "batches", quiet=True):
             model(input_ids=windows[start : start + batch_size].to(device), use_cache=False)
     finally:
         for handle in handles:

@@ -19,7 +19,7 @@ import torch
 
 from gap_engine.core.device import CPU_FP32, placement_of, resolve
 from gap_engine.core.errors import TableError
-from gap_engine.core.progress import NO_HOOKS, SCORE_UNITS, Hooks
+from gap_engine.core.progress import NO_HOOKS, SCORE_UNITS, Hooks, reporting
 from gap_engine.data.bos import text_start
 from gap_engine.model.finite import NonFiniteMeasurement, check_finite, non_finite_cause
 from gap_engine.model.loaded import LoadedModel
@@ -159,7 +159,8 @@ def measure_table(
     window_start = "bos" if start else "text"
     fill: TableFiller = ESTIMATORS.function(spec.estimator)  # the estimator's own filler enters its stages
     try:
-        objective, dense, stats, measured, estimate = fill(CellRequest(lm, spec, windows, scores, components, hooks, partial), cells)
+        with reporting(hooks):
+            objective, dense, stats, measured, estimate = fill(CellRequest(lm, spec, windows, scores, components, partial), cells)
     except NonFiniteMeasurement as exc:
         raise TableError(f"{exc}: {non_finite_cause(lm.model)}") from None
     check_finite_cells(lm, spec, components, objective, dense)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gap_engine.core.device import cpu_float64, input_device, is_streamed, placement_of
-from gap_engine.core.progress import GRADIENT_PASS, EtaClock, active, reporting, steps
+from gap_engine.core.progress import GRADIENT_PASS, EtaClock, active, steps
 from gap_engine.data.bos import next_token_nll, text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.adapters import ArchitectureAdapter, LayerGeometry
@@ -260,7 +260,6 @@ def estimate_cells(
 def fill_estimated(request: CellRequest, cells: CellFiller | None = None) -> CellObjectives:
     """The ``fisher`` and ``taylor`` estimators' table filler (``ledger.TableFiller``): the
     gradient pass, every cell estimated (``cells`` is not used: nothing is measured)."""
-    request.hooks.enter(GRADIENT_PASS)
-    with reporting(request.hooks):
-        objective, dense, stats = estimate_cells(request.lm, request.spec, request.windows, request.scores, request.components)
+    active().enter(GRADIENT_PASS)
+    objective, dense, stats = estimate_cells(request.lm, request.spec, request.windows, request.scores, request.components)
     return CellObjectives(objective, dense, stats, np.zeros(objective.shape, dtype=bool), None)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gap_engine.core.device import input_device, is_streamed
-from gap_engine.core.progress import CELLS, DENSE_PASS, Hooks, reporting, steps
+from gap_engine.core.progress import CELLS, DENSE_PASS, Hooks, active, reporting, steps
 from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches
 from gap_engine.model.layerwise import layer_output
@@ -157,11 +157,11 @@ def exact_cells(request: CellRequest, schedule: CellSchedule) -> CellObjectives:
     """
     lm, spec, windows = request.lm, request.spec, request.windows
     jobs, owner = distinct_cuts(unit_cuts(lm, request.scores, request.components, spec.rate_grid, spec.channel_multiple))
-    with reporting(request.hooks.replaced(progress=None)):  # the cells stage starts with the ledger's first report
+    with reporting(active().replaced(progress=None)):  # the cells stage starts with the ledger's first report
         state = dense_state(lm, windows, spec.windows.batch_size, (spec.objective,))
     positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
-    ledger = CellLedger(lm, jobs, request.partial, request.hooks)
+    ledger = CellLedger(lm, jobs, request.partial)
     extra = schedule(state, ledger, positions)
     shape = (len(request.components), len(spec.rate_grid))
     objective, stats = ledger.table(owner, shape, dense_objective)
@@ -191,8 +191,10 @@ def fill_exact(request: CellRequest, cells: CellFiller | None = None) -> CellObj
     """The ``exact`` estimator's table filler (``ledger.TableFiller``): every cell measured, by
     ``cells`` (e.g. Ray workers) or else in this process. The dense pass is entered as a
     stage, and the cells stage starts with the filler's first progress report."""
-    request.hooks.enter(DENSE_PASS)
-    return (cells or measure_exact)(replace(request, hooks=cells_start(request.hooks)))
+    hooks = active()
+    hooks.enter(DENSE_PASS)
+    with reporting(cells_start(hooks)):
+        return (cells or measure_exact)(request)
 
 
 def cells_start(hooks: Hooks) -> Hooks:

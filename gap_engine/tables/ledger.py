@@ -1,8 +1,8 @@
 """What a table filler is given and returns, and the bookkeeping every way of measuring cells shares.
 
 Every estimator's filler (`TableFiller`) takes a `CellRequest` (the model, the spec, the
-calibration windows, the unit scores, the table's components, the hooks and the partial
-store) and returns `CellObjectives`: (C, R) objectives, the dense objective, build statistics
+calibration windows, the unit scores, the table's components and the partial store) and
+returns `CellObjectives`: (C, R) objectives, the dense objective, build statistics
 and which cells were measured. The exact estimator's cells are measured by a `CellFiller`,
 a function of the request alone: in this process (``exact.measure_exact``, resident or
 streamed) or on Ray workers (``distributed.RayCells``); ``refine.refine_cells`` measures its
@@ -11,7 +11,8 @@ rounds through the same ledger.
 ``CellLedger`` knows which distinct cells a build needs, which ones a killed or cancelled
 build already saved (``PartialStore``, i.e. ``cache.PartialCells``), and records new ones as
 they arrive in any order: saved every few cells or seconds, progress with an ETA weighted
-by what each cell costs (the blocks it runs). Every path writes the same partial file, so a
+by what each cell costs (the blocks it runs) told to the stage the build runs under
+(``core.progress.active``: ``build.measure_table`` opens it). Every path writes the same partial file, so a
 build started one way resumes another way. A saved cell carries the key of the units it
 removed (``cells.Cut.units_key``) and is reused only where the build removes the same units
 now: the importance scores are computed again on resume, and a near-tie in their ranking
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gap_engine.core.progress import NO_HOOKS, EtaClock, Hooks
+from gap_engine.core.progress import EtaClock, active
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.tables.artefact import TableSpec
@@ -70,14 +71,14 @@ def resumable(saved: dict[Cell, SavedCell], units: dict[Cell, str]) -> dict[Cell
 
 @dataclass(frozen=True)
 class CellRequest:
-    """What a cell filler measures, and how it reports and saves as it goes."""
+    """What a cell filler measures, and where it saves as it goes (progress and cancel: the
+    active stage's)."""
 
     lm: LoadedModel  # the dense model (its weights are masked cell by cell and restored)
     spec: TableSpec  # the table's settings (objective, rate grid, channel multiple)
     windows: torch.Tensor  # (N, T) calibration token ids
     scores: ImportanceScores  # which units each rate removes
     components: list[tuple[int, str]]  # (layer, kind) per table row
-    hooks: Hooks = NO_HOOKS  # progress over cells, cancel polled between cells
     partial: PartialStore | None = None  # measured cells saved here and read back on resume
 
 
@@ -96,7 +97,7 @@ class CellObjectives(NamedTuple):
 # Measures the exact cells of a table (``exact.measure_exact``, ``distributed.RayCells``).
 CellFiller = Callable[[CellRequest], CellObjectives]
 # How one estimator fills a table (the function ``estimators.ESTIMATORS`` names for it): enters
-# its stages on ``request.hooks`` and returns every cell; the ``CellFiller`` (None: this process)
+# its stages on the active stage's hooks and returns every cell; the ``CellFiller`` (None: this process)
 # is who measures exact cells, ignored by estimators that measure none of their own.
 TableFiller = Callable[[CellRequest, CellFiller | None], CellObjectives]
 
@@ -116,7 +117,8 @@ class CellLedger:
     Args:
         jobs: the distinct cells wanted.
         partial: read back now (unless ``measured`` is given) and saved as cells arrive.
-        hooks: told (cells measured, cells, eta) now and after every new cell.
+        The active stage (``core.progress.active``) is told (cells measured, cells, eta) now
+        and after every new cell; its cancel is what the schedules poll.
         measured: the dict to record into, holding cells measured before (a refined table's
             earlier rounds: they count as done, and every save writes them too); None: a new
             one holding the wanted cells that ``partial`` already has, measured on the same units.
@@ -129,13 +131,12 @@ class CellLedger:
         lm: LoadedModel,
         jobs: list[Job],
         partial: PartialStore | None,
-        hooks: Hooks,
         measured: dict[Cell, float] | None = None,
         units: dict[Cell, str] | None = None,
     ):
         self.jobs = jobs
         self.partial = partial
-        self.hooks = hooks
+        self.hooks = active()
         self.units = units if units is not None else {(c, r): cut.units_key for c, r, cut in jobs}
         wanted = {(c, r) for c, r, _ in jobs}
         if measured is None:
@@ -153,7 +154,7 @@ class CellLedger:
         self.todo = [k for k, (c, r, _) in enumerate(jobs) if (c, r) not in self.measured]
         self.clock = EtaClock([self.costs[k] for k in self.todo])
         self.last_save, self.unsaved = time.perf_counter(), 0
-        hooks.report(len(self.measured), self.total, None)
+        self.hooks.report(len(self.measured), self.total, None)
 
     def record(self, k: int, value: float) -> None:
         """Cell ``jobs[k]`` measured ``value``: saved when enough is unsaved, progress told."""

@@ -38,7 +38,7 @@ from gap_engine.core.config import DEFAULT_MAX_RATE, DEFAULT_N_BUCKETS
 from gap_engine.core.device import is_streamed
 from gap_engine.core.errors import BudgetError
 from gap_engine.core.knapsack import constraint_mask, solve_budget
-from gap_engine.core.progress import GRADIENT_PASS, reporting
+from gap_engine.core.progress import GRADIENT_PASS, active
 from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
 from gap_engine.tables.cells import cell_compensation, distinct_cuts, objective_positions, unit_cuts
 from gap_engine.tables.estimate import estimate_cells
@@ -155,7 +155,7 @@ def refine_cells(request: CellRequest) -> CellObjectives:
     """Estimate, then measure exactly where the DP's plans go, until they rest on measured cells.
 
     Args:
-        request: as for a cell filler (``ledger.CellRequest``); its hooks get progress
+        request: as for a cell filler (``ledger.CellRequest``); the active stage gets progress
             (done, total, eta): the estimate's batches first, then cells measured and planned
             so far (the total grows when a round adds cells). Each round's cells are
             measured through a ``ledger.CellLedger`` that holds every round's cells.
@@ -163,21 +163,11 @@ def refine_cells(request: CellRequest) -> CellObjectives:
         every cell's objective, ``measured`` where measured and ``estimate`` the estimate of
         delta the build started from.
     """
-    lm, spec, windows, scores, components, hooks = (
-        request.lm,
-        request.spec,
-        request.windows,
-        request.scores,
-        request.components,
-        request.hooks,
-    )
+    lm, spec, windows, scores, components = request.lm, request.spec, request.windows, request.scores, request.components
     partial = request.partial
     started = time.perf_counter()
     # the estimate knows nothing of compensation: only the measured cells include it
-    with reporting(hooks):
-        est_objective, est_dense, _ = estimate_cells(
-            lm, replace(spec, estimator="fisher", compensation="none"), windows, scores, components
-        )
+    est_objective, est_dense, _ = estimate_cells(lm, replace(spec, estimator="fisher", compensation="none"), windows, scores, components)
     estimate = est_objective - est_dense
     estimate[:, 0] = 0.0
     estimate_seconds = time.perf_counter() - started
@@ -200,7 +190,7 @@ def refine_cells(request: CellRequest) -> CellObjectives:
         measured.update(reused)
         resumed += len(reused)
         jobs_left = [job_of[cell] for cell in todo if cell not in reused]
-        ledger = CellLedger(lm, jobs_left, partial, hooks, measured, units)
+        ledger = CellLedger(lm, jobs_left, partial, measured, units)
         measure_ledger(lm, state, ledger, spec.objective, positions, cell_compensation(spec), per_group)
 
     problem = RefineProblem(estimate, owner, removed, dense_prunable, tuple(kind for _, kind in components), dense)
@@ -225,5 +215,5 @@ def fill_refined(request: CellRequest, cells: CellFiller | None = None) -> CellO
     """The ``refine`` estimator's table filler (``ledger.TableFiller``): its estimate's batches,
     then the cells it measures, in this process (``cells`` is not used), as one stage whose
     total grows as rounds add cells."""
-    request.hooks.enter(GRADIENT_PASS)
+    active().enter(GRADIENT_PASS)
     return refine_cells(request)

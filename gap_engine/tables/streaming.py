@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gap_engine.core.device import placement_of
-from gap_engine.core.progress import Hooks, active, reporting
+from gap_engine.core.progress import Hooks, reporting, steps
 from gap_engine.data.bos import text_start
 from gap_engine.model.layerwise import block_on, forward_blocks, layer_output, to_host
 from gap_engine.model.loaded import LoadedModel
@@ -92,10 +92,8 @@ def streamed_cells(
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)
     in_flight: dict[int, list[torch.Tensor]] = {}  # cut index -> [b] (B, T, d) states on the device
-    cancel = active()
     with torch.inference_mode():
-        for j in range(min(cut.layer for cut in cuts), len(layers)):
-            cancel.check_cancelled(f"streamed cells cancelled at block {j} of {len(layers)}")
+        for j in steps(range(min(cut.layer for cut in cuts), len(layers)), "streamed cells", "blocks", quiet=True):
             for k, cut in enumerate(cuts):
                 if cut.layer == j:
                     in_flight[k] = [inputs[j].to(device) for inputs in state.block_inputs]
@@ -151,7 +149,7 @@ def measure_ledger_streamed(
 ) -> None:
     """The cells ``ledger`` still lacks on a streamed model (``exact.measure_ledger`` calls it),
     in groups of ``per_group`` sorted by layer, the blocks streamed once per group."""
-    hooks = ledger.hooks
+    hooks = ledger.hooks  # the build's stage: its cancel polled per group, progress from the ledger alone
     try:
         for group in cell_groups(ledger.jobs, ledger.missing(), per_group):
             hooks.check_cancelled(f"loss table build cancelled after {ledger.done_message()}")
