@@ -28,6 +28,7 @@ from gap_engine.prune.surgery import layer_selection
 from gap_engine.tables.artefact import LossTable, TableSpec, table_components, table_key
 from gap_engine.tables.build import assemble_table
 from gap_engine.tables.cells import objective_positions, objective_sum
+from gap_engine.tables.ledger import CellObjectives
 
 
 def brute_force(costs: np.ndarray, losses: np.ndarray, allowed: np.ndarray | None, min_removed: float) -> tuple[float, np.ndarray]:
@@ -198,7 +199,8 @@ def naive_build_table(lm, spec: TableSpec, progress: ProgressFn | None = None, w
                 progress(done, total, elapsed / done * (total - done))
     key = table_key(lm, spec, data_fingerprint)
     seconds = time.perf_counter() - started
-    return assemble_table(lm, spec, key, data_fingerprint, components, objective, dense, seconds, {"cells_measured": total})
+    cells = CellObjectives(objective, dense, {"cells_measured": total}, np.full(objective.shape, spec.estimator == "exact"), None)
+    return assemble_table(lm, spec, key, data_fingerprint, components, cells, seconds)
 
 
 def make_windows(tokenizer, texts: Sequence[str], n_samples: int, seq_len: int, seed: int = 0) -> torch.LongTensor:

@@ -45,7 +45,7 @@ from gap_engine.prune.criteria import CRITERIA, is_sequential, reads_windows
 from gap_engine.prune.importance import ImportanceScores, compute_importance
 from gap_engine.prune.surgery import PruneResult, apply_plan
 from gap_engine.tables.artefact import LossTable, TableSpec, table_key
-from gap_engine.tables.build import measure_table
+from gap_engine.tables.build import check_cells_filler, measure_table
 from gap_engine.tables.cache import PartialCells, get_table, lock, put_table
 from gap_engine.tables.cells import objective_positions, objective_sum
 from gap_engine.tables.estimators import ESTIMATORS
@@ -97,10 +97,7 @@ def loss_table(
     """
     spec.validate()
     check_calibration(lm, calibration_tokens(spec.windows), CompensationSettings(mode=spec.compensation))
-    if cells is not None and spec.estimator != "exact":
-        raise TableError(f"Ray workers measure exact cells; the {spec.estimator} estimate is one gradient pass in one process")
-    if cells is not None and spec.compensation != "none":
-        raise TableError(f"Ray workers measure cells without compensation; measure a '{spec.compensation}' table in one process")
+    check_cells_filler(spec, cells)  # before the text is read; measure_table asks again for its direct callers
     timer = StageTimer(hooks.stage)
     hooks = hooks.replaced(stage=timer)
     hooks.enter(READ_TEXT)

@@ -191,17 +191,6 @@ def parse_rate_grid(text: str, what: str = "rates") -> tuple[float, ...]:
 
 # ---- the artefact ----------------------------------------------------------------------
 @dataclass
-class Filled:
-    """How a table's cells were filled, as the LossTable records it: a filler's ``measured`` and
-    ``estimate`` (``ledger.CellObjectives``) with the positions and window start of the build."""
-
-    measured: np.ndarray  # (C, R) bool: measured (True) or estimated (False)
-    tokens: np.ndarray | None  # (C, R) int64 token positions each value rests on; None: unknown
-    estimate: np.ndarray | None  # (C, R) the gradient estimate of delta a refined table started from
-    window_start: str  # "bos" or "text": how the calibration windows started
-
-
-@dataclass
 class LossTable:
     """Measured (or estimated) objective increase per component and rate."""
 

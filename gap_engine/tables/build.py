@@ -26,7 +26,6 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import compute_importance
 from gap_engine.tables.artefact import (
     TABLE_FORMAT_VERSION,
-    Filled,
     LossTable,
     TableSpec,
     isotonic_smooth,
@@ -38,7 +37,7 @@ from gap_engine.tables.artefact import (
 from gap_engine.tables.cells import objective_positions
 from gap_engine.tables.estimators import ESTIMATORS
 from gap_engine.tables.exact import WindowCells, window_cells
-from gap_engine.tables.ledger import BuildStats, CellFiller, CellRequest, PartialStore, TableFiller
+from gap_engine.tables.ledger import CellFiller, CellObjectives, CellRequest, PartialStore
 
 log = logging.getLogger(__name__)
 
@@ -63,24 +62,25 @@ def assemble_table(
     key: str,
     data_fingerprint: str,
     components: list[tuple[int, str]],
-    objective: np.ndarray,
-    dense: float,
+    cells: CellObjectives,
     seconds: float,
-    stats: BuildStats,
-    filled: Filled | None = None,
+    tokens: np.ndarray | None = None,
+    window_start: str = "text",
 ) -> LossTable:
-    """A LossTable from (C, R) cell objectives: deltas over dense, smoothed rows, removed parameters.
+    """A LossTable from what a filler returned: deltas over dense, smoothed rows, removed parameters.
 
-    ``filled`` says which cells were measured and on how many positions (None: every cell
-    as the spec's estimator fills it, positions unknown).
+    Args:
+        cells: the (C, R) objectives, the dense objective, the build statistics, which cells
+            were measured and the estimate a refined table started from.
+        tokens: (C, R) token positions each value rests on (None: unknown).
+        window_start: "bos" or "text", how the calibration windows started.
     """
+    objective, dense = cells.objective, cells.dense
     removed, dense_prunable = removed_table(lm, components, spec.rate_grid, spec.channel_multiple)
     delta = objective - dense
     delta[:, 0] = 0.0
     objective[:, 0] = dense
-    if filled is None:
-        filled = Filled(np.full(delta.shape, spec.estimator == "exact"), None, None, "text")
-    measured = filled.measured | (removed == 0)
+    measured = cells.measured | (removed == 0)
     return LossTable(
         model=lm.name,
         model_fingerprint=lm.fingerprint,
@@ -97,11 +97,11 @@ def assemble_table(
         dense_prunable=dense_prunable,
         build_seconds=seconds,
         key=key,
-        extras=stats,
-        window_start=filled.window_start,
+        extras=cells.stats,
+        window_start=window_start,
         measured=measured,
-        cell_tokens=filled.tokens,
-        estimate=filled.estimate,
+        cell_tokens=tokens,
+        estimate=cells.estimate,
     )
 
 
@@ -116,6 +116,14 @@ def check_finite_cells(lm: LoadedModel, spec: TableSpec, components: list[tuple[
         check_finite(
             float(objective[c, r]), f"the {spec.objective} of layer {layer} {kind} at rate {spec.rate_grid[r]:g}", lm.model, TableError
         )
+
+
+def check_cells_filler(spec: TableSpec, cells: CellFiller | None) -> None:
+    """TableError unless a given filler (Ray workers) can fill this table: exact cells, uncompensated."""
+    if cells is not None and spec.estimator != "exact":
+        raise TableError(f"Ray workers measure exact cells; the {spec.estimator} estimate is one gradient pass in one process")
+    if cells is not None and spec.compensation != "none":
+        raise TableError(f"Ray workers measure cells without compensation; measure a '{spec.compensation}' table in one process")
 
 
 def measure_table(
@@ -144,11 +152,12 @@ def measure_table(
         partial: where measured cells are saved every few cells and read back on resume
             (exact and refine).
         key, data_fingerprint: recorded in the table.
-        cells: who measures exact cells, a ``ledger.CellFiller`` (e.g.
-            ``tables.distributed.RayCells``); default: this process, resident or streamed
-            as the model is placed.
+        cells: who measures an exact table's cells instead of the estimator's own filler, a
+            ``ledger.CellFiller`` (``tables.distributed.RayCells``); default: the estimator's
+            (exact: this process, resident or streamed as the model is placed).
     """
     spec.validate()
+    check_cells_filler(spec, cells)
     lm = lm.private()  # cells mask the weights: never those of a model other threads run
     started, cpu_started = time.perf_counter(), time.process_time()
     components = table_components(lm.num_layers, spec.mode)
@@ -157,25 +166,26 @@ def measure_table(
     start = text_start(lm.tokenizer, windows)
     tokens = np.full((len(components), len(spec.rate_grid)), objective_positions(windows, spec.objective, start), dtype=np.int64)
     window_start = "bos" if start else "text"
-    fill: TableFiller = ESTIMATORS.function(spec.estimator)  # the estimator's own filler enters its stages
+    fill: CellFiller = cells or ESTIMATORS.function(spec.estimator)  # the filler enters its own stages
     try:
         with reporting(hooks):
-            objective, dense, stats, measured, estimate = fill(CellRequest(lm, spec, windows, scores, components, partial), cells)
+            filled = fill(CellRequest(lm, spec, windows, scores, components, partial))
     except NonFiniteMeasurement as exc:
         raise TableError(f"{exc}: {non_finite_cause(lm.model)}") from None
-    check_finite_cells(lm, spec, components, objective, dense)
+    check_finite_cells(lm, spec, components, filled.objective, filled.dense)
+    stats = dict(filled.stats)
     if placement_of(lm) != resolve(CPU_FP32):  # a CPU float32 table records no placement, so its extras match the cached ones'
-        stats = stats | {"placement": placement_of(lm).describe()}
+        stats["placement"] = placement_of(lm).describe()
     stats["model_type"] = getattr(getattr(lm.model, "config", None), "model_type", None)  # plan.step: the family's default step
     if spec.compensation != "none":
         stats["compensation"] = spec.compensation  # what the measured cells include
     if ESTIMATORS[spec.estimator].reads_gradients:
         # the metadata says it: a gradient estimate is of the uncompensated model, whatever surgery does later
         stats["estimated_cells_compensation"] = "none"
-    filled = Filled(measured, tokens, estimate, window_start)
     stats["cpu_seconds"] = round(
         time.process_time() - cpu_started, 3
     )  # this process, all threads: fairer than wall time on a shared machine
-    table = assemble_table(lm, spec, key, data_fingerprint, components, objective, dense, time.perf_counter() - started, stats, filled)
+    seconds = time.perf_counter() - started
+    table = assemble_table(lm, spec, key, data_fingerprint, components, filled._replace(stats=stats), seconds, tokens, window_start)
     log.info("loss table %s: %d x %d cells in %.1f s", key or "(uncached)", *table.delta.shape, table.build_seconds)
     return table

@@ -39,7 +39,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.tables.artefact import TableSpec
 from gap_engine.tables.cells import objective_positions, unit_cuts
-from gap_engine.tables.ledger import BuildStats, CellFiller, CellObjectives, CellRequest
+from gap_engine.tables.ledger import BuildStats, CellObjectives, CellRequest
 
 GateHook = Callable[[nn.Module, tuple[Any, ...]], "tuple[Any, ...] | None"]  # a forward pre-hook on a projection
 
@@ -257,9 +257,9 @@ def estimate_cells(
     return objective, dense, {"batches": len(batches(windows, spec.windows.batch_size))}
 
 
-def fill_estimated(request: CellRequest, cells: CellFiller | None = None) -> CellObjectives:
-    """The ``fisher`` and ``taylor`` estimators' table filler (``ledger.TableFiller``): the
-    gradient pass, every cell estimated (``cells`` is not used: nothing is measured)."""
+def fill_estimated(request: CellRequest) -> CellObjectives:
+    """The ``fisher`` and ``taylor`` estimators' filler (``ledger.CellFiller``): the gradient
+    pass, every cell estimated."""
     active().enter(GRADIENT_PASS)
     objective, dense, stats = estimate_cells(request.lm, request.spec, request.windows, request.scores, request.components)
     return CellObjectives(objective, dense, stats, np.zeros(objective.shape, dtype=bool), None)

@@ -10,7 +10,8 @@ slicing them away; the weights are restored exactly): ``cells.cell_per_window``.
 round to the same kept units are measured once, and every cell sees the same windows, so
 differences between cells are paired.
 
-``exact_cells`` is what every way of measuring shares: the cuts, the dense pass, a
+``exact_cells`` is what every way of measuring shares: the stages (the dense pass, then the
+cells from the ledger's first report), the cuts, the dense pass, a
 ``ledger.CellLedger`` (measured cells saved as the build goes, so a cancelled or killed
 build resumes), the table; a schedule measures the cells the ledger lacks. In this process
 (``measure_exact``) a resident model's cells go one at a time, a streamed model's in groups
@@ -55,7 +56,7 @@ from gap_engine.tables.cells import (
     run_cell,
     unit_cuts,
 )
-from gap_engine.tables.ledger import BuildStats, CellFiller, CellLedger, CellObjectives, CellRequest
+from gap_engine.tables.ledger import BuildStats, CellLedger, CellObjectives, CellRequest
 from gap_engine.tables.streaming import group_size, measure_ledger_streamed, streamed_dense_state
 
 log = logging.getLogger(__name__)
@@ -152,26 +153,30 @@ def measure_ledger(
 def exact_cells(request: CellRequest, schedule: CellSchedule) -> CellObjectives:
     """Every distinct cell of ``request``'s table, measured by ``schedule`` after the dense pass.
 
-    The ledger reports (cells already measured, cells, None) once, as the dense pass ends, and
-    then after every cell ``schedule`` records; cells sharing a cut read its value.
+    The active stage enters the dense pass, then the cells stage with the ledger's first report
+    (cells already measured, cells, None), and is told after every cell ``schedule`` records;
+    cells sharing a cut read its value.
     """
     lm, spec, windows = request.lm, request.spec, request.windows
     jobs, owner = distinct_cuts(unit_cuts(lm, request.scores, request.components, spec.rate_grid, spec.channel_multiple))
-    with reporting(active().replaced(progress=None)):  # the cells stage starts with the ledger's first report
+    hooks = active()
+    hooks.enter(DENSE_PASS)
+    with reporting(hooks.replaced(progress=None)):
         state = dense_state(lm, windows, spec.windows.batch_size, (spec.objective,))
     positions = objective_positions(windows, spec.objective, state.start)
     dense_objective = state.objective_sum / positions if spec.objective == "nll" else 0.0
-    ledger = CellLedger(lm, jobs, request.partial)
-    extra = schedule(state, ledger, positions)
+    with reporting(cells_start(hooks)):
+        ledger = CellLedger(lm, jobs, request.partial)
+        extra = schedule(state, ledger, positions)
     shape = (len(request.components), len(spec.rate_grid))
     objective, stats = ledger.table(owner, shape, dense_objective)
     return CellObjectives(objective, dense_objective, stats | extra, np.ones(shape, dtype=bool), None)
 
 
 def measure_exact(request: CellRequest, per_group: int | None = None) -> CellObjectives:
-    """The cell filler (``ledger.CellFiller``) of this process: a resident model's cells one at
-    a time, a streamed model's in groups of ``per_group`` (default: as many as
-    ``streaming.group_size`` allows) that share each block's visit to the device."""
+    """The ``exact`` estimator's filler (``ledger.CellFiller``), in this process: a resident
+    model's cells one at a time, a streamed model's in groups of ``per_group`` (default: as
+    many as ``streaming.group_size`` allows) that share each block's visit to the device."""
     lm, spec = request.lm, request.spec
     compensation = cell_compensation(spec)
 
@@ -187,19 +192,9 @@ def measure_exact(request: CellRequest, per_group: int | None = None) -> CellObj
     return exact_cells(request, schedule)
 
 
-def fill_exact(request: CellRequest, cells: CellFiller | None = None) -> CellObjectives:
-    """The ``exact`` estimator's table filler (``ledger.TableFiller``): every cell measured, by
-    ``cells`` (e.g. Ray workers) or else in this process. The dense pass is entered as a
-    stage, and the cells stage starts with the filler's first progress report."""
-    hooks = active()
-    hooks.enter(DENSE_PASS)
-    with reporting(cells_start(hooks)):
-        return (cells or measure_exact)(request)
-
-
 def cells_start(hooks: Hooks) -> Hooks:
-    """``hooks`` whose progress announces the cells stage at its first call: ``exact_cells``
-    reports (cells already measured, cells, None) once, as its dense pass ends."""
+    """``hooks`` whose progress announces the cells stage at its first call: the ledger
+    reports (cells already measured, cells, None) once, as the dense pass ends."""
     started: list[bool] = []
 
     def report(done: int, total: int, eta: float | None = None) -> None:

@@ -1,12 +1,12 @@
 """What a table filler is given and returns, and the bookkeeping every way of measuring cells shares.
 
-Every estimator's filler (`TableFiller`) takes a `CellRequest` (the model, the spec, the
-calibration windows, the unit scores, the table's components and the partial store) and
-returns `CellObjectives`: (C, R) objectives, the dense objective, build statistics
-and which cells were measured. The exact estimator's cells are measured by a `CellFiller`,
-a function of the request alone: in this process (``exact.measure_exact``, resident or
-streamed) or on Ray workers (``distributed.RayCells``); ``refine.refine_cells`` measures its
-rounds through the same ledger.
+A filler (`CellFiller`) takes a `CellRequest` (the model, the spec, the calibration windows,
+the unit scores, the table's components and the partial store) and returns `CellObjectives`:
+(C, R) objectives, the dense objective, build statistics and which cells were measured.
+Each estimator registers its own (``estimators.ESTIMATORS``); the exact one's cells may
+instead be measured on Ray workers (``distributed.RayCells``), a filler of the same kind.
+``exact.measure_exact``, ``distributed.RayCells`` and ``refine.refine_cells`` measure
+through the same ledger.
 
 ``CellLedger`` knows which distinct cells a build needs, which ones a killed or cancelled
 build already saved (``PartialStore``, i.e. ``cache.PartialCells``), and records new ones as
@@ -85,7 +85,7 @@ class CellRequest:
 class CellObjectives(NamedTuple):
     """What every filler returns: the objective of each cell, the dense objective, and which
     cells were measured. A filler that measures every cell returns ``measured`` all True and
-    ``estimate`` None; ``build.measure_table`` records the last two in the table (``artefact.Filled``)."""
+    ``estimate`` None; ``build.assemble_table`` records the last two in the table."""
 
     objective: np.ndarray  # (C, R) float64 objective per cell (cells sharing a cut share it)
     dense: float  # the dense model's objective (0 for kl)
@@ -94,12 +94,9 @@ class CellObjectives(NamedTuple):
     estimate: np.ndarray | None  # (C, R) the gradient estimate of delta a refined table started from
 
 
-# Measures the exact cells of a table (``exact.measure_exact``, ``distributed.RayCells``).
+# Fills every cell of a request's table, entering its stages on the active stage's hooks: each
+# estimator's function (``estimators.ESTIMATORS``), or Ray workers measuring exact cells.
 CellFiller = Callable[[CellRequest], CellObjectives]
-# How one estimator fills a table (the function ``estimators.ESTIMATORS`` names for it): enters
-# its stages on the active stage's hooks and returns every cell; the ``CellFiller`` (None: this process)
-# is who measures exact cells, ignored by estimators that measure none of their own.
-TableFiller = Callable[[CellRequest, CellFiller | None], CellObjectives]
 
 
 def block_costs(lm: LoadedModel) -> tuple[int, float]:

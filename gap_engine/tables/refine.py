@@ -43,7 +43,7 @@ from gap_engine.tables.artefact import TableSpec, isotonic_smooth, removed_table
 from gap_engine.tables.cells import cell_compensation, distinct_cuts, objective_positions, unit_cuts
 from gap_engine.tables.estimate import estimate_cells
 from gap_engine.tables.exact import dense_state, measure_ledger
-from gap_engine.tables.ledger import BuildStats, Cell, CellFiller, CellLedger, CellObjectives, CellRequest, Owner, resumable
+from gap_engine.tables.ledger import BuildStats, Cell, CellLedger, CellObjectives, CellRequest, Owner, resumable
 from gap_engine.tables.streaming import group_size
 
 log = logging.getLogger(__name__)
@@ -152,12 +152,13 @@ def refinement_rounds(
 
 
 def refine_cells(request: CellRequest) -> CellObjectives:
-    """Estimate, then measure exactly where the DP's plans go, until they rest on measured cells.
+    """The ``refine`` estimator's filler (``ledger.CellFiller``): estimate, then measure exactly
+    where the DP's plans go, until they rest on measured cells.
 
     Args:
-        request: as for a cell filler (``ledger.CellRequest``); the active stage gets progress
-            (done, total, eta): the estimate's batches first, then cells measured and planned
-            so far (the total grows when a round adds cells). Each round's cells are
+        request: what to fill; the active stage enters the gradient pass and gets progress
+            (done, total, eta) in it: the estimate's batches first, then cells measured and
+            planned so far (the total grows when a round adds cells; one stage throughout). Each round's cells are
             measured through a ``ledger.CellLedger`` that holds every round's cells.
     Returns:
         every cell's objective, ``measured`` where measured and ``estimate`` the estimate of
@@ -165,6 +166,7 @@ def refine_cells(request: CellRequest) -> CellObjectives:
     """
     lm, spec, windows, scores, components = request.lm, request.spec, request.windows, request.scores, request.components
     partial = request.partial
+    active().enter(GRADIENT_PASS)
     started = time.perf_counter()
     # the estimate knows nothing of compensation: only the measured cells include it
     est_objective, est_dense, _ = estimate_cells(lm, replace(spec, estimator="fisher", compensation="none"), windows, scores, components)
@@ -209,11 +211,3 @@ def refine_cells(request: CellRequest) -> CellObjectives:
     }
     log.info("refined table: %d of %d distinct cells measured in %d rounds", len(measured), len(jobs), rounds)
     return CellObjectives(objective, dense, stats, is_measured, estimate)
-
-
-def fill_refined(request: CellRequest, cells: CellFiller | None = None) -> CellObjectives:
-    """The ``refine`` estimator's table filler (``ledger.TableFiller``): its estimate's batches,
-    then the cells it measures, in this process (``cells`` is not used), as one stage whose
-    total grows as rounds add cells."""
-    active().enter(GRADIENT_PASS)
-    return refine_cells(request)

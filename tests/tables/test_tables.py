@@ -197,22 +197,22 @@ def test_a_cell_filler_gets_one_request_and_its_values_make_the_table(make_tiny)
 
 
 def test_measure_table_runs_the_filler_the_estimator_registers(make_tiny, monkeypatch, tmp_path):
-    """An estimator is one declared filler: measure_table calls it, with the request and the cell
-    filler, and builds the table from what the filler returns."""
+    """An estimator is one declared filler: measure_table calls it with the request and builds
+    the table from what it returns; a filler given in its place (Ray's) fills only exact tables."""
     import importlib
 
     from gap_engine.core.registry import Registry
     from gap_engine.tables import build
     from gap_engine.tables.estimators import Estimator
 
-    (tmp_path / "fake_fillers.py").write_text("def registered_filler(request, cells=None):\n    raise NotImplementedError\n")
+    (tmp_path / "fake_fillers.py").write_text("def registered_filler(request):\n    raise NotImplementedError\n")
     monkeypatch.syspath_prepend(str(tmp_path))
 
     lm, spec, windows = make_tiny("llama"), tiny_spec(criterion="magnitude", estimator="fisher"), random_windows(3, 24)
-    calls: list[tuple[CellRequest, object]] = []
+    calls: list[CellRequest] = []
 
-    def filler(request: CellRequest, cells=None) -> CellObjectives:
-        calls.append((request, cells))
+    def filler(request: CellRequest) -> CellObjectives:
+        calls.append(request)
         shape = (len(request.components), len(request.spec.rate_grid))
         objective = 2.0 + np.tile(np.arange(shape[1], dtype=np.float64), (shape[0], 1))  # delta = the rate index
         measured = np.zeros(shape, dtype=bool)
@@ -224,12 +224,14 @@ def test_measure_table_runs_the_filler_the_estimator_registers(make_tiny, monkey
         "table estimator", Estimator, [Estimator("fisher", "a test filler", "fake_fillers:registered_filler", gradient_passes=5.0)]
     )
     monkeypatch.setattr(build, "ESTIMATORS", registry)
-    sentinel = object()
-    table = measure_table(lm, spec, windows, cells=sentinel)
-    assert len(calls) == 1 and calls[0][1] is sentinel and calls[0][0].windows is windows
+    table = measure_table(lm, spec, windows)
+    assert len(calls) == 1 and calls[0].windows is windows and calls[0].spec == spec
     assert table.extras["filler"] == "registered" and table.dense_objective == 2.0
     np.testing.assert_array_equal(table.delta[0], np.arange(len(spec.rate_grid), dtype=np.float64))
     assert table.measured[:, -1].all() and not table.measured[table.removed[:, 1] > 0, 1].any()
+    with pytest.raises(TableError, match="Ray workers measure exact cells; the fisher estimate"):
+        measure_table(lm, spec, windows, cells=filler)
+    assert len(calls) == 1  # refused before anything is scored or filled
 
 
 @pytest.mark.slow
