@@ -10,9 +10,8 @@ slicing them away; the weights are restored exactly): ``cells.cell_per_window``.
 round to the same kept units are measured once, and every cell sees the same windows, so
 differences between cells are paired.
 
-``exact_cells`` is what every way of measuring shares: the stages (the dense pass, then the
-cells from the ledger's first report), the cuts, the dense pass, a
-``ledger.CellLedger`` (measured cells saved as the build goes, so a cancelled or killed
+``exact_cells`` is what every way of measuring shares: the cuts, the dense pass and the cells
+as two stages, a ``ledger.CellLedger`` (measured cells saved as the build goes, so a cancelled or killed
 build resumes), the table; a schedule measures the cells the ledger lacks. In this process
 (``measure_exact``) a resident model's cells go one at a time, a streamed model's in groups
 that share each block's visit to the device (``tables.streaming``); Ray workers
