@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gap_engine.core.device import placement_of
-from gap_engine.core.progress import Hooks, reporting, steps
+from gap_engine.core.progress import steps
 from gap_engine.data.bos import text_start
 from gap_engine.model.layerwise import block_on, forward_blocks, layer_output, to_host
 from gap_engine.model.loaded import LoadedModel
@@ -149,12 +149,10 @@ def measure_ledger_streamed(
 ) -> None:
     """The cells ``ledger`` still lacks on a streamed model (``exact.measure_ledger`` calls it),
     in groups of ``per_group`` sorted by layer, the blocks streamed once per group."""
-    hooks = ledger.hooks  # the build's stage: its cancel polled per group, progress from the ledger alone
     try:
         for group in cell_groups(ledger.jobs, ledger.missing(), per_group):
-            hooks.check_cancelled(f"loss table build cancelled after {ledger.done_message()}")
-            with reporting(Hooks(cancel=hooks.cancel)):
-                sums = streamed_cells(lm, state, [ledger.jobs[k][2] for k in group], (objective,), compensation)
+            ledger.hooks.check_cancelled(f"loss table build cancelled after {ledger.done_message()}")
+            sums = streamed_cells(lm, state, [ledger.jobs[k][2] for k in group], (objective,), compensation)
             for k, values in zip(group, sums):
                 ledger.record(k, float(values[objective].sum()) / positions)
     finally:
