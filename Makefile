@@ -90,13 +90,18 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# `make test` is CI's command (under 30 min on 2 cores, llama.cpp's first compile and a cold
+# `make test` is CI's command (under 25 min on 2 cores, llama.cpp's first compile and a cold
 # mypy run included); `make test-all` adds the tests marked heavy. Both lint first.
+# TEST_WORKERS pytest-xdist processes share the cores (tests/conftest.py gives each its share of
+# threads): while one waits on a browser, a subprocess or the disk, the other computes. A file's
+# tests stay in one process (--dist loadfile): its module fixtures (an app server, a table) are built once.
+# TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
 test: setup browser-deps lint
-	$(PY) -m pytest -q -m "not heavy" --durations=30
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not heavy" --durations=30
 
 test-all: setup browser-deps lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The check before a commit: the unit tests, about a minute on 2 cores, never a real model's
 # weights (tests/conftest.py checks it: GAP_TEST_TIER=fast); tests marked slow are left to `make test`.

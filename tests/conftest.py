@@ -151,11 +151,26 @@ def guarded_entries() -> set[str]:
     return {f"{name}/{entry.name}" for name in GUARDED if (USER_CACHE / name).is_dir() for entry in (USER_CACHE / name).iterdir()}
 
 
+def share_cores_between_workers() -> None:
+    """Under pytest-xdist (``make test`` runs two workers), give each worker, and the CLI, app and Ray
+    processes its tests start, an equal share of the cores. torch's default of one thread per core in
+    every process puts two workers' OpenMP threads on the same cores, where they wait on each other."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // int(workers))
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by the subprocesses' torch at import
+    torch.set_num_threads(threads)
+
+
 def pytest_configure(config):
     """Every tier: the session's own cache (GAP_CACHE_DIR, inherited by the CLI and app
     subprocesses). The fast tier: no converted built-in model in it, and a loader that fails the
-    test which loads one in this process; the full tier: the user's converted models shared."""
+    test which loads one in this process; the full tier: the user's converted models shared.
+    Under pytest-xdist, each worker's share of the cores (`share_cores_between_workers`)."""
     global _fast_cache, _session_cache, _guarded_before
+    share_cores_between_workers()
     if FAST_TIER:
         _setup_fast_tier()
         return

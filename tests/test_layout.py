@@ -352,13 +352,13 @@ BENCH_TEST_FOLDERS = ("bench",)
 
 
 def test_tests_mirror_the_packages():
-    # A change to gap_engine/plan/ has its tests in tests/plan/; only shared helpers and this
-    # whole-package check sit at the top of tests/.
+    # A change to gap_engine/plan/ has its tests in tests/plan/; only shared helpers, this
+    # whole-package check and the check of the suite's own workers (conftest.py) sit at the top of tests/.
     tests = PACKAGE.parent / "tests"
     folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
     assert set(folders) <= set(LAYERS + APP_TEST_FOLDERS + BENCH_TEST_FOLDERS), folders
     top_level_tests = sorted(p.name for p in tests.glob("test_*.py"))
-    assert top_level_tests == ["test_layout.py"], top_level_tests
+    assert top_level_tests == ["test_layout.py", "test_workers.py"], top_level_tests
     # Test module names stay unique: the folders are not packages, so two equal names would collide.
     names = [p.name for p in tests.rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
