@@ -34,7 +34,10 @@ def slice_linear(linear: nn.Linear, rows: torch.Tensor | None = None, cols: torc
     bias = linear.bias.detach() if linear.bias is not None else None
     if bias is not None and rows is not None:
         bias = bias.index_select(0, rows)
-    out = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    # skip_init: the new layer's weights are overwritten below, so a random init would be work thrown away.
+    out: nn.Linear = nn.utils.skip_init(
+        nn.Linear, weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype
+    )
     with torch.no_grad():
         out.weight.copy_(weight)
         if bias is not None:
