@@ -14,6 +14,9 @@ from gap_engine.cli import main
 from gap_engine.model.loading import load_model
 
 SMALL = ["--samples", "4", "--seq-len", "64"]
+# A prune's calibration windows per model: Gemma 3's default compensation, bias+refit, refits down_proj's
+# 2,048 inputs, so it needs at least as many calibration tokens.
+CALIBRATION = {"smollm2-135m": (4, 64), "gemma3-270m": (8, 288)}
 EVAL_SMALL = ["--samples", "2", "--seq-len", "64", "--generations", "1"]
 
 
@@ -32,8 +35,10 @@ def test_gap_models_lists_both_builtins():
 @pytest.mark.parametrize("model_name", ["smollm2-135m", pytest.param("gemma3-270m", marks=pytest.mark.heavy)])
 def test_prune_uniform_then_eval_and_reload(model_name, tmp_path, capsys):
     out_dir = tmp_path / "pruned"
+    samples, seq_len = CALIBRATION[model_name]
+    windows = ["--samples", str(samples), "--seq-len", str(seq_len)]
     summary = _run_json(
-        capsys, ["prune", "--model", model_name, "--uniform", "0.2", "--out", str(out_dir), "--save-dtype", "float32", "--json", *SMALL]
+        capsys, ["prune", "--model", model_name, "--uniform", "0.2", "--out", str(out_dir), "--save-dtype", "float32", "--json", *windows]
     )
     removed = summary["removed_fraction_of_prunable"]
     assert 0.17 < removed < 0.25, removed
@@ -54,17 +59,20 @@ def test_prune_uniform_then_eval_and_reload(model_name, tmp_path, capsys):
     assert report["generations"][0]["model"] and report["generations"][0]["dense"]
 
     # The reloaded checkpoint gives exactly the in-memory pruned model's logits, compensated as the
-    # checkpoint says (the default, bias: every o_proj and down_proj carries one).
-    from gap_engine.core.config import DEFAULT_COMPENSATION, WindowSpec
+    # checkpoint says (the family's default, bias or bias+refit: every o_proj and down_proj carries a bias).
+    from gap_engine.core.config import WindowSpec
     from gap_engine.model.rateplan import RatePlan
     from gap_engine.pipeline.stages import prune_with_plan
-    from gap_engine.prune.compensations import CompensationSettings
+    from gap_engine.prune.compensations import CompensationSettings, family_default
 
     reloaded = load_model(str(out_dir))
     recorded = reloaded.pruned_from["compensation"]
-    assert recorded["mode"] == summary["compensation"] == DEFAULT_COMPENSATION and config["gap_output_bias"] is True
+    expected = family_default(in_memory.model.config.model_type)
+    assert recorded["mode"] == summary["compensation"] == expected and config["gap_output_bias"] is True
     compensation = CompensationSettings(mode=recorded["mode"], damping=recorded["damping"], target=recorded["target"])
-    prune_with_plan(in_memory, RatePlan.load(out_dir / "plan.json"), WindowSpec(n_samples=4, seq_len=64), compensation=compensation)
+    prune_with_plan(
+        in_memory, RatePlan.load(out_dir / "plan.json"), WindowSpec(n_samples=samples, seq_len=seq_len), compensation=compensation
+    )
     ids = in_memory.tokenizer("Structured pruning keeps the model dense but smaller.", return_tensors="pt").input_ids
     with torch.no_grad():
         torch.testing.assert_close(reloaded.model(ids).logits, in_memory.model(ids).logits, rtol=0, atol=0)
