@@ -151,6 +151,11 @@ def guarded_entries() -> set[str]:
     return {f"{name}/{entry.name}" for name in GUARDED if (USER_CACHE / name).is_dir() for entry in (USER_CACHE / name).iterdir()}
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform says it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def share_cores_between_workers() -> None:
     """Under pytest-xdist (``make test`` runs two workers), give each worker, and the CLI, app and Ray
     processes its tests start, an equal share of the cores. torch's default of one thread per core in
@@ -158,8 +163,7 @@ def share_cores_between_workers() -> None:
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not workers:
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = max(1, cores // int(workers))
+    threads = max(1, usable_cores() // int(workers))
     os.environ["OMP_NUM_THREADS"] = str(threads)  # read by the subprocesses' torch at import
     torch.set_num_threads(threads)
 

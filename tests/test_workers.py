@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 
 import torch
-from conftest import share_cores_between_workers
+from conftest import share_cores_between_workers, usable_cores
 
 
 def test_each_worker_and_its_subprocesses_get_their_share_of_the_cores(monkeypatch):
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     before = torch.get_num_threads()
     try:
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
