@@ -23,6 +23,7 @@ its first line the command that regenerates it with every setting spelled out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -92,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--configs",
         default=DEFAULT_CONFIGS,
         help="calibration configurations, comma-separated, each SOURCE[+SOURCE...]:WINDOWS (+ joins the sources a table "
-        "mixes), then :obsN to prune by OBS on N windows, :fitN to fit the compensation on N windows and :capR to plan with no "
-        "rate above R; every ratio is against the first",
+        "mixes), then :obsN to prune by OBS on N windows, :fitN to fit the compensation on N windows, :capR to plan with no "
+        "rate above R and :ucbK to plan on every cell's estimate plus K standard errors over the calibration windows; every "
+        "ratio is against the first",
     )
     p.add_argument("--seq-len", type=int, default=CLI_TABLE.windows.seq_len, help="tokens per calibration window")
     p.add_argument("--estimator", default=CLI_TABLE.estimator)
@@ -116,24 +118,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 class Config(NamedTuple):
     """One configuration: the calibration text as ``--data`` spells it, its windows, OBS's windows (None: the
-    table's criterion prunes), the highest rate DP may give a component (None: the planner's default) and the
-    windows the compensation is fitted on (None: the table's)."""
+    table's criterion prunes), the highest rate DP may give a component (None: the planner's default), the
+    windows the compensation is fitted on (None: the table's) and how many standard errors DP adds to every cell
+    (None: it plans on the cells as they are)."""
 
     data: str
     samples: int
     obs: int | None = None
     cap: float | None = None
     fit: int | None = None
+    ucb: float | None = None
 
 
 def parse_configs(text: str) -> list[Config]:
     """Every configuration, in order: ``SOURCE[+SOURCE...]:WINDOWS`` prunes DP's plan by the table's criterion
     with ``--compensation``; ``:obsN`` after it, by OBS on N windows of the same text (no compensation: its
     update is one); ``:fitN``, the compensation fitted on N windows of the same text (the units still chosen on
-    the table's); ``:capR``, DP plans with no component's rate above R (a constraint of the planner)."""
+    the table's); ``:capR``, DP plans with no component's rate above R (a constraint of the planner); ``:ucbK``,
+    DP plans on every cell's estimate plus K of its standard errors over the calibration windows (the spread of
+    each window's own estimate, ``estimate.estimated_increase_per_window``, over the square root of their count):
+    a cell whose estimate rests on a few windows costs more."""
     configs: list[Config] = []
     for item in split_list(text):
-        obs, cap, fit, spelled = None, None, None, item
+        obs, cap, fit, ucb, spelled = None, None, None, None, item
         while True:
             head, _, last = item.rpartition(":")
             if obs is None and last.startswith("obs") and last[3:].isdigit() and int(last[3:]) >= 1:
@@ -142,14 +149,18 @@ def parse_configs(text: str) -> list[Config]:
                 fit, item = int(last[3:]), head
             elif cap is None and last.startswith("cap") and _rate(last[3:]) is not None:
                 cap, item = _rate(last[3:]), head
+            elif ucb is None and last.startswith("ucb") and _count(last[3:]) is not None:
+                ucb, item = _count(last[3:]), head
             else:
                 break
         sources, _, count = item.rpartition(":")
         if not sources or not count.isdigit() or int(count) < 1:
-            raise ValueError(f"--configs: {spelled!r} is not SOURCE[+SOURCE...]:WINDOWS[:obsN][:fitN][:capR] (R a rate in (0, 1))")
+            raise ValueError(
+                f"--configs: {spelled!r} is not SOURCE[+SOURCE...]:WINDOWS[:obsN][:fitN][:capR][:ucbK] (R a rate in (0, 1), K >= 0)"
+            )
         if obs is not None and fit is not None:
             raise ValueError(f"--configs: {spelled!r} names both :obsN and :fitN; OBS's update is its own compensation")
-        configs.append(Config(sources.replace("+", ","), int(count), obs, cap, fit))
+        configs.append(Config(sources.replace("+", ","), int(count), obs, cap, fit, ucb))
     if len(configs) < 2:
         raise ValueError("--configs needs at least two configurations: every ratio is against the first")
     return configs
@@ -164,10 +175,20 @@ def _rate(text: str) -> float | None:
     return value if 0.0 < value < 1.0 else None
 
 
+def _count(text: str) -> float | None:
+    """``text`` as a finite number of standard errors, at least 0, or None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
 def config_label(config: Config, seq_len: int) -> str:
     step = "" if config.obs is None else f"; OBS on {config.obs} x {seq_len}"
     step += "" if config.fit is None else f"; compensation fitted on {config.fit} x {seq_len}"
     cap = "" if config.cap is None else f"; rates at most {config.cap:g}"
+    cap += "" if config.ucb is None else f"; cells + {config.ucb:g} standard errors"
     return f"{config.data.replace(',', ' + ')}, {config.samples} x {seq_len}{step}{cap}"
 
 
@@ -192,7 +213,8 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     from gap_engine.plan.problem import Constraints
     from gap_engine.prune.compensations import CompensationSettings
     from gap_engine.prune.importance import compute_importance
-    from gap_engine.tables.artefact import TableSpec, parse_rate_grid
+    from gap_engine.tables.artefact import TableSpec, isotonic_smooth, parse_rate_grid
+    from gap_engine.tables.estimate import estimated_increase_per_window
 
     wanted = {key: str(getattr(args, key)) for key in MEASUREMENT}
     records = [] if args.fresh or not path.exists() else read_records(path)
@@ -230,7 +252,7 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
         append({"kind": "dense", "windows": {name: {"nll": nll} for name, nll in numbers.items()}})
     done = {row_key(r) for r in records if r.get("kind") == "row"}
     for config in parse_configs(args.configs):
-        data, count, obs, cap, fit = config
+        data, count, obs, cap, fit, ucb = config
         budgets = [round(float(b), 4) for b in split_list(args.budgets)]
         if all((*config, budget) in done for budget in budgets):
             continue
@@ -247,6 +269,11 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
         table_s = time.perf_counter() - started
         log.info("%s: table ready in %.0f s", config_label(config, args.seq_len), table_s)
         scores = compute_importance(dense, calibration_windows(dense.tokenizer, calib), args.criterion, calib.batch_size)
+        if ucb is not None:  # every cell made dearer by K standard errors of its estimate over the calibration windows
+            ids = calibration_windows(dense.tokenizer, calib)
+            per_window = estimated_increase_per_window(dense, spec, ids, scores, table.components)
+            delta = table.delta + ucb * per_window.std(0, ddof=1) / math.sqrt(per_window.shape[0])
+            table = dataclasses.replace(table, delta=delta, smoothed=isotonic_smooth(delta), key=f"{table.key}+ucb{ucb:g}")
         for budget in budgets:
             if (*config, budget) in done:
                 continue
@@ -273,6 +300,7 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                     **({} if obs is None else {"obs_samples": obs}),
                     **({} if cap is None else {"max_rate": cap}),
                     **({} if fit is None else {"fit_samples": fit}),
+                    **({} if ucb is None else {"ucb": ucb}),
                     "budget": budget,
                     "table_key": table.key,
                     "table_s": round(table_s, 1),
@@ -288,15 +316,16 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def row_key(row: dict[str, Any]) -> tuple[str, int, int | None, float | None, int | None, float]:
+def row_key(row: dict[str, Any]) -> tuple[str, int, int | None, float | None, int | None, float | None, float]:
     """What a measured row is of: its configuration (calibration text, window count, OBS's window count, rate cap,
-    the compensation's window count) and budget."""
+    the compensation's window count, the standard errors added to every cell) and budget."""
     return (
         row["data"],
         int(row["samples"]),
         row.get("obs_samples"),
         row.get("max_rate"),
         row.get("fit_samples"),
+        row.get("ucb"),
         round(float(row["budget"]), 4),
     )
 
@@ -345,10 +374,12 @@ def report_lines(
     dense_ppl = {s: _ppl([dense["windows"][set_name(SELECTION, s)]["nll"]]) for s in sources}
     obs_step = any(c.obs is not None for c in configs)
     capped = any(c.cap is not None for c in configs)
+    hedged = any(c.ucb is not None for c in configs)
     fitted = any(c.fit is not None for c in configs)
     subject = "the table's text and windows, and OBS's windows" if obs_step else "one source or several"
     subject += ", and the compensation's windows" if fitted else ""
     subject += ", and a cap on every rate" if capped else ""
+    subject += ", and cells made dearer by their standard errors" if hedged else ""
     lines = [
         f"# Calibration text for DP's plan on {args.model}: {subject}, judged on the selection part of every held-out source",
         "",
@@ -382,6 +413,14 @@ def report_lines(
             " Where a configuration gives a cap, DP plans with no unlocked component's rate above it (`--max-rate`);"
             f" the others with the planner's default ({DEFAULT_MAX_RATE:g})."
             if capped
+            else ""
+        )
+        + (
+            " Where a configuration adds K standard errors, DP plans on every cell's estimate plus K times its standard error "
+            "over the calibration windows: each window's own estimate of the cell (the same gradient pass, its gradients "
+            "kept window by window), their standard deviation over the square root of the window count; the rows are then "
+            "smoothed as every table is (non-decreasing in the rate)."
+            if hedged
             else ""
         ),
         f"- Measured on the **selection** part of every held-out source ({', '.join(sources)}): {args.selection_windows} windows x "

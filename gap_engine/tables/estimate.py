@@ -88,8 +88,12 @@ class _GradientSums:
     """What the gradient pass accumulates: per block, float64 sums over windows of the mask
     gradients (stream "grad": first order) and of their squares (stream "fisher")."""
 
-    def __init__(self, geoms: list[LayerGeometry], streams: list[str]):
+    def __init__(self, geoms: list[LayerGeometry], streams: list[str], per_window: bool = False):
         self.streams = streams
+        # per block, stream by stream, every batch's (B, H) and (B, I) gradients (squared for "fisher"), kept when asked
+        self.windows: list[dict[str, list[tuple[torch.Tensor, torch.Tensor]]]] | None = (
+            [{stream: [] for stream in streams} for _ in geoms] if per_window else None
+        )
         self.grad_heads = [torch.zeros(g.n_heads, dtype=torch.float64) for g in geoms]
         self.grad_channels = [torch.zeros(g.intermediate_size, dtype=torch.float64) for g in geoms]
         self.fisher_heads = [torch.zeros(g.n_heads, dtype=torch.float64) for g in geoms]
@@ -98,12 +102,16 @@ class _GradientSums:
 
     def add(self, stream: int, layer: int, heads: torch.Tensor, channels: torch.Tensor) -> None:
         """One batch's (B, H) and (B, I) mask gradients of block ``layer``, stream index ``stream``."""
+        heads, channels = cpu_float64(heads), cpu_float64(channels)
         if self.streams[stream] == "grad":
-            self.grad_heads[layer] += cpu_float64(heads).sum(0)
-            self.grad_channels[layer] += cpu_float64(channels).sum(0)
+            self.grad_heads[layer] += heads.sum(0)
+            self.grad_channels[layer] += channels.sum(0)
         else:
-            self.fisher_heads[layer] += (cpu_float64(heads) ** 2).sum(0)
-            self.fisher_channels[layer] += (cpu_float64(channels) ** 2).sum(0)
+            heads, channels = heads**2, channels**2
+            self.fisher_heads[layer] += heads.sum(0)
+            self.fisher_channels[layer] += channels.sum(0)
+        if self.windows is not None:
+            self.windows[layer][self.streams[stream]].append((heads, channels))
 
     def head_losses(
         self, logits: torch.Tensor, batch: torch.Tensor, start: int, objective: str, generator: torch.Generator
@@ -146,10 +154,23 @@ def _mask_gradients(
         float64 tensors (n_heads,) and (intermediate_size,). G is zero for the kl objective
         and F is zero for the taylor method.
     """
+    sums, start = _gradient_pass(lm, spec, windows), text_start(lm.tokenizer, windows)
+    n_windows = windows.shape[0]
+    t_fisher = objective_positions(windows, spec.objective, start) // n_windows
+    for acc in sums.grad_heads + sums.grad_channels:
+        acc /= n_windows
+    for acc in sums.fisher_heads + sums.fisher_channels:
+        acc *= t_fisher / n_windows
+    dense = sums.dense_sum / objective_positions(windows, "nll", start) if spec.objective == "nll" else 0.0
+    return sums.grad_heads, sums.grad_channels, sums.fisher_heads, sums.fisher_channels, dense
+
+
+def _gradient_pass(lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, per_window: bool = False) -> _GradientSums:
+    """The mask gradients' sums over ``windows`` (and each window's own, with ``per_window``)."""
     layers = list(lm.adapter.layers(lm.model))
     geoms = [lm.adapter.geometry(layer) for layer in layers]
     streams = (["grad"] if spec.objective == "nll" else []) + (["fisher"] if spec.estimator == "fisher" else [])
-    sums = _GradientSums(geoms, streams)
+    sums = _GradientSums(geoms, streams, per_window)
     device = input_device(lm.model)
     # Labels are sampled on the model's device: another device draws other labels (same distribution).
     generator = torch.Generator(device=device).manual_seed(spec.windows.seed)
@@ -164,14 +185,7 @@ def _mask_gradients(
     finally:
         for handle in handles:
             handle.remove()
-    n_windows = windows.shape[0]
-    t_fisher = objective_positions(windows, spec.objective, start) // n_windows
-    for acc in sums.grad_heads + sums.grad_channels:
-        acc /= n_windows
-    for acc in sums.fisher_heads + sums.fisher_channels:
-        acc *= t_fisher / n_windows
-    dense = sums.dense_sum / objective_positions(windows, "nll", start) if spec.objective == "nll" else 0.0
-    return sums.grad_heads, sums.grad_channels, sums.fisher_heads, sums.fisher_channels, dense
+    return sums
 
 
 def _resident_pass(
@@ -255,6 +269,34 @@ def estimate_cells(
             second = 0.5 * (float(fisher_h[cut.layer][heads].sum()) + float(fisher_c[cut.layer][channels].sum()))
             objective[c, r] = dense + first + (second if spec.estimator == "fisher" else 0.0)
     return objective, dense, {"batches": len(batches(windows, spec.windows.batch_size))}
+
+
+def estimated_increase_per_window(
+    lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, scores: ImportanceScores, components: list[tuple[int, str]]
+) -> np.ndarray:
+    """(N, C, R) every cell's estimated objective increase on each calibration window alone: their mean over the
+    windows is ``estimate_cells``' objective less the dense one (the same labels sampled, so to rounding), and their
+    spread says how much a cell's estimate rests on which windows calibrated it (its standard error: the spread over
+    the square root of N). One more gradient pass, with every window's gradients kept (N x units floats)."""
+    sums = _gradient_pass(lm, spec, windows, per_window=True)
+    n_windows = windows.shape[0]
+    t_fisher = objective_positions(windows, spec.objective, text_start(lm.tokenizer, windows)) // n_windows
+    per_block: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = [
+        {stream: (torch.cat([h for h, _ in parts]), torch.cat([c for _, c in parts])) for stream, parts in block.items()}
+        for block in sums.windows or []
+    ]  # per block and stream: (N, H) and (N, I)
+    cuts = unit_cuts(lm, scores, components, spec.rate_grid, spec.channel_multiple)
+    increase = np.zeros((n_windows, len(components), len(spec.rate_grid)), dtype=np.float64)
+    for c, row in enumerate(cuts):
+        for r, cut in enumerate(row):
+            heads, channels, block = list(cut.heads), list(cut.channels), per_block[cut.layer]
+            if "grad" in block:  # -sum of the cut's first-order terms, window by window
+                g_heads, g_channels = block["grad"]
+                increase[:, c, r] -= (g_heads[:, heads].sum(1) + g_channels[:, channels].sum(1)).numpy()
+            if "fisher" in block:  # 0.5 T sum of the squared gradients: each window's own Fisher diagonal
+                f_heads, f_channels = block["fisher"]
+                increase[:, c, r] += 0.5 * t_fisher * (f_heads[:, heads].sum(1) + f_channels[:, channels].sum(1)).numpy()
+    return increase
 
 
 def fill_estimated(request: CellRequest) -> CellObjectives:

@@ -99,3 +99,23 @@ def test_a_configuration_may_fit_its_compensation_on_more_windows():
     lines = report_lines(args, [dense, plain, fitted], (0.0, 0.0, 0.0), time.perf_counter())
     assert any(line.startswith("| 0.2 | (b) wiki-sample, 16 x 256; compensation fitted on 64 x 256 | 1.25") for line in lines)
     assert any("only the compensation's fit reads that many windows" in line for line in lines)
+
+
+def test_a_configuration_may_plan_on_cells_plus_their_standard_errors():
+    """``:ucbK``: DP plans on every cell plus K standard errors; a row records K and is placed only there (older rows
+    planned on the cells as they are); a negative or unreadable K is refused."""
+    configs = parse_configs("wiki-sample:16:obs64,wiki-sample:16:obs64:ucb1,wiki-sample:16:ucb0.5:obs64")
+    assert configs == [Config("wiki-sample", 16, 64), Config("wiki-sample", 16, 64, ucb=1.0), Config("wiki-sample", 16, 64, ucb=0.5)]
+    for bad in ("a:4,a:4:ucb-1", "a:4,a:4:ucbx", "a:4,a:4:ucbnan"):
+        with pytest.raises(ValueError, match="--configs"):
+            parse_configs(bad)
+    plain = _row("wiki-sample", 16, 0.2, {"wiki-sample": 0.5, "news-sample": 0.5}, 0) | {"obs_samples": 64}
+    hedged = _row("wiki-sample", 16, 0.2, {"wiki-sample": 0.4, "news-sample": 0.4}, 1) | {"obs_samples": 64, "ucb": 1.0}
+    assert [row_place(r, configs) for r in (plain, hedged, hedged | {"ucb": 2.0})] == [(0, 0.2), (1, 0.2), (-1, 0.2)]
+    args = build_parser().parse_args(
+        ["--configs", "wiki-sample:16:obs64,wiki-sample:16:obs64:ucb1", "--budgets", "0.2", "--eval-data", ",".join(SOURCES)]
+    )
+    dense = {"kind": "dense", "windows": {f"selection/{s}": {"nll": [3.0] * 16} for s in SOURCES}}
+    lines = report_lines(args, [dense, plain, hedged], (0.0, 0.0, 0.0), time.perf_counter())
+    assert any(line.startswith("| 0.2 | (b) wiki-sample, 16 x 256; OBS on 64 x 256; cells + 1 standard errors | 1.25") for line in lines)
+    assert any("plus K times its standard error" in line for line in lines)

@@ -388,3 +388,21 @@ def test_gradient_estimates_rank_cells_like_the_exact_table(real_tables, estimat
     assert approx.dense_objective == pytest.approx(exact.dense_objective, rel=1e-4)
     rho = spearmanr(exact.delta[:, 1:].ravel(), approx.delta[:, 1:].ravel())[0]
     assert rho > 0.3, f"{estimator} ranks cells unlike the exact table (Spearman {rho:.2f})"
+
+
+@pytest.mark.parametrize("objective", ["kl", "nll"])
+def test_each_windows_estimate_averages_to_the_tables_cells(make_tiny, objective):
+    """The per-window estimates (their spread is a cell's standard error) are the table's cells taken apart: their
+    mean over the windows is each cell's estimated increase, and the windows do not all agree."""
+    from gap_engine.prune.importance import compute_importance
+    from gap_engine.tables.artefact import table_components
+    from gap_engine.tables.estimate import estimate_cells, estimated_increase_per_window
+
+    lm, spec, windows = make_tiny("llama"), tiny_spec(criterion="wanda", estimator="fisher", objective=objective), random_windows(3, 24)
+    scores = compute_importance(lm, windows, "wanda")
+    components = table_components(lm.num_layers, "split")
+    objective_cells, dense, _ = estimate_cells(lm, spec, windows, scores, components)
+    per_window = estimated_increase_per_window(lm, spec, windows, scores, components)
+    assert per_window.shape == (3, len(components), len(GRID4))
+    np.testing.assert_allclose(per_window.mean(0), objective_cells - dense, rtol=1e-9, atol=1e-12)
+    assert np.all(per_window[:, :, 0] == 0) and np.all(per_window.std(0)[:, 1:] > 0)
