@@ -249,6 +249,7 @@ class Results:
     def __init__(self, path: Path, args: argparse.Namespace):
         self.path = path
         self.records: list[dict[str, Any]] = []
+        self.appended = 0  # measurements this run made (the rest of ``records`` was read back)
         wanted = {key: getattr(args, key) for key in MEASUREMENT}
         if path.exists() and not args.fresh:
             self.records = read_records(path)
@@ -292,6 +293,7 @@ class Results:
         self.records = kept
 
     def append(self, record: dict[str, Any]) -> None:
+        self.appended += record.get("kind") in ("row", "report")
         with self.path.open("a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
             f.flush()
@@ -668,7 +670,8 @@ def csv_rows(rows: Sequence[dict[str, Any]], dense: dict[str, Any] | None) -> li
 
     out = []
     for row in rows:
-        for name, numbers in row["windows"].items():
+        # selection before report, sources by name: the same file whether the rows were measured now or read back
+        for name, numbers in sorted(row["windows"].items(), key=lambda item: (item[0].startswith("report/"), item[0])):
             split, source = name.split("/", 1)
             nll = sum(numbers["nll"]) / len(numbers["nll"])
             out.append(
@@ -724,10 +727,11 @@ def measurements(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r.get("kind") in ("row", "report")]
 
 
-def resumed_text(records: Sequence[dict[str, Any]], earlier: int) -> str:
-    """What the machine line adds when ``earlier`` measurements were read back rather than made by this run: the
-    run's own time is then not the file's, so the seconds every measurement recorded are summed."""
+def resumed_text(records: Sequence[dict[str, Any]], made_now: int) -> str:
+    """What the machine line adds when measurements of ``records`` were read back rather than made by this run (it
+    made ``made_now``): the run's own time is then not the file's, so the seconds every measurement recorded are summed."""
     made = measurements(records)
+    earlier = len(made) - made_now
     if not earlier:
         return ""
     seconds = sum(r.get("prune_s", 0.0) + r.get("eval_s", 0.0) + r.get("report_s", 0.0) for r in made)
@@ -741,10 +745,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     load_start, started = os.getloadavg(), time.perf_counter()
-    path = RESULTS / f"{args.name}.jsonl"
-    earlier = 0 if args.fresh or not path.exists() else len(measurements(read_records(path)))
     results, groups = run(args)
-    path = write_outputs(args, results, groups, machine_line(load_start, started) + resumed_text(results.records, earlier))
+    path = write_outputs(args, results, groups, machine_line(load_start, started) + resumed_text(results.records, results.appended))
     log.info("wrote %s (and .csv, .jsonl, .commands.json)", path)
     return 0
 

@@ -20,6 +20,9 @@ SELECTION = "selection"
 TASK = "gap_wiki_next"
 MIN_TASK_EXAMPLES = 500  # a task claim rests on at least this many examples
 BASELINES = ("uniform", "flap", "slimgpt", "owl", "evo")
+# How close to dense DP's default plan is held: (budget, the most its perplexity may be over dense's, where: on the
+# mean of sources or on every source).
+DENSE_TARGETS = ((0.2, 1.6, "the mean of sources"), (0.4, 4.0, "every source"))
 
 
 def split_list(text: str) -> list[str]:
@@ -205,6 +208,59 @@ def target_lines(
                 "",
             ]
     return lines, counts
+
+
+def _within(interval: Interval, limit: float) -> str:
+    """Whether a ratio to dense is within ``limit``: its whole interval below it, tie where the interval holds it."""
+    return "met" if interval.high < limit else "missed" if interval.low > limit else "tie"
+
+
+def dense_lines(
+    groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources: Sequence[str], dense: dict[str, Any] | None, boot: Bootstrap
+) -> list[str]:
+    """Each DP variant's default plan against the dense model on the same report windows: its perplexity over dense's,
+    per source and on the mean of sources, with the paired interval (the windows resampled with the dense model's
+    numbers beside them, as every other margin), and the verdict on ``DENSE_TARGETS``."""
+    if dense is None:
+        return []
+    chosen = chosen_rows(groups, rows, sources)
+    dense_row = {"windows": dense["windows"]}
+    columns = [*sources, "mean"]
+    lines = [
+        "Ratio = DP's perplexity / dense perplexity on the same report windows (exp of the mean NLL difference; on the "
+        "mean of sources, of the geometric means), 95% paired bootstrap interval. A bound is met when the whole interval "
+        "lies below it, a tie when the interval holds it.",
+        "",
+        "| budget | DP | " + " | ".join(f"ppl / dense {c}" for c in columns) + " |",
+        "|---:|---|" + "---|" * len(columns),
+    ]
+    ratios: dict[tuple[float, str], dict[str, Interval]] = {}
+    for budget in sorted({g.budget for g in groups}):
+        for variant in dp_variants(groups):
+            dp = chosen.get((budget, variant))
+            if dp is None:
+                continue
+            found = {c: boot.margin(dp["default"], dense_row, "nll", sources if c == "mean" else [c]) for c in columns}
+            ratios[(budget, variant)] = found
+            lines.append(
+                f"| {budget:.0%} | {dp_label(variant)} ({dp['default']['compensation']}) | "
+                + " | ".join(_cell(found[c], 2) for c in columns)
+                + " |"
+            )
+    lines.append("")
+    for budget, limit, where in DENSE_TARGETS:
+        for variant in dp_variants(groups):
+            found = ratios.get((budget, variant))
+            if found is None:
+                continue
+            judged = ["mean"] if where == "the mean of sources" else list(sources)
+            verdicts = {c: _within(found[c], limit) for c in judged}
+            overall = "missed" if "missed" in verdicts.values() else "tie" if "tie" in verdicts.values() else "met"
+            detail = ", ".join(f"{c} {found[c].estimate:.2f}x [{found[c].low:.2f}, {found[c].high:.2f}]" for c in judged)
+            lines.append(
+                f"- {dp_label(variant)} at its default, {budget:.0%}, within {limit:g}x of dense on {where}: **{overall}** ({detail})."
+            )
+    return lines + [""]
 
 
 def summary_lines(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources: Sequence[str], boot: Bootstrap) -> list[str]:
@@ -480,6 +536,9 @@ def report_text(
         *summary_lines(groups, rows, sources, boot),
         "",
         *targets,
+        "## Against dense: DP's default plan over the dense model, on the same report windows",
+        "",
+        *dense_lines(groups, rows, sources, dense, boot),
         "## Each method on the report part: its default and its best on selection",
         "",
         *method_lines(groups, rows, sources, boot, tasks),

@@ -283,9 +283,10 @@ def test_a_resumed_run_says_how_much_was_read_back_and_what_every_measurement_to
         {"kind": "report", "report_s": 30.0},
         {"kind": "row", "prune_s": 5.0, "eval_s": 10.0},
     ]
-    assert bench_quality.resumed_text(records, 0) == ""  # a run that measured everything itself: its own time is the file's
-    text = bench_quality.resumed_text(records, 2)
+    assert bench_quality.resumed_text(records, 3) == ""  # a run that measured everything itself: its own time is the file's
+    text = bench_quality.resumed_text(records, 1)  # read back counts what the report holds, never records set aside
     assert "2 of the 3 measurements were made by earlier runs" in text and "took 165 s" in text
+    assert "3 of the 3 measurements" in bench_quality.resumed_text(records, 0)
 
 
 def test_progress_never_counts_more_done_than_planned():
@@ -312,3 +313,20 @@ def test_rows_fitted_on_other_windows_are_not_resumed_and_the_report_says_what_t
     settings = "\n".join(quality_report.settings_lines(args, [], list(SOURCES), None))
     assert "every compensation after a cut is fitted on 64 windows of the same text" in settings
     assert "--fit-samples" in command_argv(args)
+
+
+def test_dp_against_dense_pairs_each_window_with_the_dense_models_and_judges_the_bounds():
+    """DP's default over dense on the same windows: NLL = 3 + KL and dense NLL = 3, so the ratio is exp(mean KL); a
+    mean of 0.40 is 1.49x, met against 1.6 at 20%, and 1.45 at 40% is 4.26x on every source, missed against 4x."""
+    groups = [Group(b, "dp", ("bias",), "bias") for b in (0.2, 0.4)]
+    rows = [_row(0.2, "dp", "bias", 0.4, 0.4, seed=1), _row(0.4, "dp", "bias", 1.45, 1.45, seed=2)]
+    dense = {
+        "kind": "dense",
+        "windows": {f"{split}/{s}": {"nll": [3.0] * n} for split, n in (("selection", 16), ("report", 24)) for s in SOURCES},
+    }
+    args = parse_args(["--budgets", "0.2,0.4", "--compensations", "bias", "--allocators", "dp", "--resamples", "500"])
+    text = report_text(args, "cmd", "m", rows, groups, dense, [])
+    assert "| 20% | DP (bias) | 1.49 [" in text and "| 40% | DP (bias) | 4.26 [" in text
+    assert "- DP at its default, 20%, within 1.6x of dense on the mean of sources: **met** (mean 1.49x [" in text
+    assert "- DP at its default, 40%, within 4x of dense on every source: **missed** (wiki-sample 4.26x [" in text
+    assert "within" not in report_text(args, "cmd", "m", rows, groups, None, []).split("## Each method")[0].split("## Against dense")[1]
