@@ -424,12 +424,23 @@ class Run:
             scores = self.scores_for(self.table.spec.criterion)
             plan = plan_from_table(self.dense, self.table, budget, base, windows=windows, scores=scores, compensation=counted)
             self.plans[key] = pruned_by(plan, criterion)
+            if self.plans[key].criterion != self.step(allocator):
+                raise SystemExit(f"{allocator}'s plan is pruned by {self.plans[key].criterion}, its records say {self.step(allocator)}")
         return self.plans[key]
+
+    def step(self, allocator: str) -> str:
+        """What the allocator's plans are pruned by (``plan.step``), known before any is made: a resumed run plans
+        only what it still has to prune."""
+        from gap_engine.pipeline.compare import allocator_spec
+        from gap_engine.plan.step import plan_criterion
+
+        base, criterion = allocator_spec(allocator)
+        return criterion or plan_criterion(base, self.table)
 
     def group(self, budget: float, allocator: str) -> Group:
         from gap_engine.prune.criteria import is_sequential
 
-        criterion = self.plan(budget, allocator).criterion
+        criterion = self.step(allocator)
         menu = tuple(compensations_for(is_sequential(criterion), split_list(self.args.compensations)))
         default = default_compensation(criterion, self.dense.model_type)
         return Group(budget, allocator, menu, default, criterion)
@@ -455,7 +466,7 @@ class Run:
         """What every record of a plan says of its step: its criterion and, pruned by OBS, the windows OBS read."""
         from gap_engine.prune.criteria import is_sequential
 
-        criterion = self.plan(budget, allocator).criterion
+        criterion = self.step(allocator)
         return {"criterion": criterion} | ({"obs_samples": self.args.obs_samples} if is_sequential(criterion) else {})
 
     def measure_selection(self, budget: float, allocator: str, compensation: str) -> tuple[Any, dict[str, Any]]:
@@ -627,7 +638,7 @@ def run(args: argparse.Namespace) -> tuple[Results, list[Group]]:
     results = Results(RESULTS / f"{args.name}.jsonl", args)
     bench = Run(args, results)
     budgets, allocators = budgets_of(args), split_list(args.allocators)
-    groups = [bench.group(budget, allocator) for budget in budgets for allocator in allocators]  # every plan before any pruning
+    groups = [bench.group(budget, allocator) for budget in budgets for allocator in allocators]  # plans come when pruned
     labels: dict[tuple[float, str, str], str] = {}
     for group in groups:
         identity = (group.budget, group.allocator.partition(":")[0], group.criterion)
