@@ -38,7 +38,7 @@ from gap_engine.model.layerwise import backward_blocks
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.tables.artefact import TableSpec
-from gap_engine.tables.cells import objective_positions, unit_cuts
+from gap_engine.tables.cells import Cut, objective_positions, unit_cuts
 from gap_engine.tables.ledger import BuildStats, CellObjectives, CellRequest
 
 GateHook = Callable[[nn.Module, tuple[Any, ...]], "tuple[Any, ...] | None"]  # a forward pre-hook on a projection
@@ -254,6 +254,11 @@ def _streamed_pass(
     )
 
 
+def _over_cut(heads: torch.Tensor, channels: torch.Tensor, cut: Cut) -> torch.Tensor:
+    """A per-unit quantity (..., H) and (..., I) summed over the heads and channels ``cut`` removes: (...)."""
+    return heads[..., list(cut.heads)].sum(-1) + channels[..., list(cut.channels)].sum(-1)
+
+
 def estimate_cells(
     lm: LoadedModel, spec: TableSpec, windows: torch.Tensor, scores: ImportanceScores, components: list[tuple[int, str]]
 ) -> tuple[np.ndarray, float, BuildStats]:
@@ -264,9 +269,8 @@ def estimate_cells(
     objective = np.empty((len(components), len(spec.rate_grid)), dtype=np.float64)
     for c, row in enumerate(cuts):
         for r, cut in enumerate(row):
-            heads, channels = list(cut.heads), list(cut.channels)
-            first = -(float(grad_h[cut.layer][heads].sum()) + float(grad_c[cut.layer][channels].sum()))
-            second = 0.5 * (float(fisher_h[cut.layer][heads].sum()) + float(fisher_c[cut.layer][channels].sum()))
+            first = -float(_over_cut(grad_h[cut.layer], grad_c[cut.layer], cut))
+            second = 0.5 * float(_over_cut(fisher_h[cut.layer], fisher_c[cut.layer], cut))
             objective[c, r] = dense + first + (second if spec.estimator == "fisher" else 0.0)
     return objective, dense, {"batches": len(batches(windows, spec.windows.batch_size))}
 
@@ -289,13 +293,11 @@ def estimated_increase_per_window(
     increase = np.zeros((n_windows, len(components), len(spec.rate_grid)), dtype=np.float64)
     for c, row in enumerate(cuts):
         for r, cut in enumerate(row):
-            heads, channels, block = list(cut.heads), list(cut.channels), per_block[cut.layer]
+            block = per_block[cut.layer]
             if "grad" in block:  # -sum of the cut's first-order terms, window by window
-                g_heads, g_channels = block["grad"]
-                increase[:, c, r] -= (g_heads[:, heads].sum(1) + g_channels[:, channels].sum(1)).numpy()
+                increase[:, c, r] -= _over_cut(*block["grad"], cut).numpy()
             if "fisher" in block:  # 0.5 T sum of the squared gradients: each window's own Fisher diagonal
-                f_heads, f_channels = block["fisher"]
-                increase[:, c, r] += 0.5 * t_fisher * (f_heads[:, heads].sum(1) + f_channels[:, channels].sum(1)).numpy()
+                increase[:, c, r] += 0.5 * t_fisher * _over_cut(*block["fisher"], cut).numpy()
     return increase
 
 
