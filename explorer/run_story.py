@@ -94,7 +94,8 @@ def start_beside(run_id: int, what: str, table) -> None:
     recorded = params.get("compensation") if isinstance(params.get("compensation"), dict) else {}
     step = chosen.criterion if chosen is not None else criterion
     fitted = step in CRITERIA and fitted_after_cut(step, mode)
-    fit_samples = recorded.get("samples") if fitted else None  # the run's compensation windows, so both fit on as many
+    # the run's compensation windows, so both fit on as many (a run recorded before a family's floor: its windows)
+    fit_samples = (recorded.get("samples") or (recorded.get("windows") or {}).get("n_samples")) if fitted else None
     try:
         sequential = is_sequential(step)
         expected = run_prediction(

@@ -132,8 +132,8 @@ def _add_fit_args(p: argparse.ArgumentParser) -> None:
         "--fit-samples",
         type=int,
         help="calibration windows the compensation after the cut (bias, refit) is fitted on: the calibration text's source, "
-        "length and seed, this many windows, the first of them the table's (default: the table's own; the units are still "
-        "chosen on those); a refit solves for every kept input of a projection, so more tokens steady it",
+        "length and seed, this many windows, the first of them the table's (default: the table's own, at least 64 on "
+        "Gemma 3; the units are still chosen on the table's); a refit solves for every kept input of a projection, so more tokens steady it",
     )
 
 

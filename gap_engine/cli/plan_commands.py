@@ -35,7 +35,7 @@ from gap_engine.plan.front import dp_front, front_csv, front_rows
 from gap_engine.plan.problem import Constraints, planning_problem
 from gap_engine.plan.step import plan_criterion, table_model_type
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration, fit_windows
-from gap_engine.prune.compensations import CompensationSettings
+from gap_engine.prune.compensations import CompensationSettings, fit_window_count
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.sequential import OBS_COMPENSATIONS
 from gap_engine.tables.artefact import LossTable
@@ -168,8 +168,9 @@ def run_compare(args: argparse.Namespace) -> int:
     # The table's text is read only to build the table.
     calibration = [] if spec is None or cached is not None else [(spec.windows, "calibration")]
     table_spec = table.spec if table is not None else spec
-    if args.fit_samples is not None and table_spec is not None:  # the compensation reads more of the text than the table did
-        calibration.append((fit_windows(table_spec.windows, args.fit_samples), "calibration"))
+    if table_spec is not None and (compensation.active or args.fit_samples is not None):  # the fit may read more text than the table did
+        fitted = fit_window_count(model_type_of(args.model), table_spec.windows.n_samples, args.fit_samples)
+        calibration.append((fit_windows(table_spec.windows, fitted), "calibration"))
     splits = HELDOUT_SPLITS if args.split == "both" else (args.split,)
     check_windows_fit(args.model, *((eval_windows, split) for split in splits), *calibration)
     read_sources(args.eval_data, *((args.data,) if calibration else ()))  # before the model loads

@@ -60,6 +60,9 @@ class ModelTypeFacts:
     # the compensation after a step that leaves the kept columns as they were (not OBS) when none is asked for
     # (``prune.compensations.default_for``); empty: ``config.DEFAULT_COMPENSATION``. Chosen per family the same way.
     default_compensation: str = ""
+    # the fewest calibration windows that compensation is fitted on when no count is asked (``--fit-samples``) and the
+    # calibration has fewer (``prune.compensations.fit_window_count``); 0: the calibration's own. Chosen the same way.
+    default_fit_windows: int = 0
 
     @property
     def gguf_supported(self) -> bool:
@@ -180,6 +183,9 @@ GEMMA3 = ArchitectureAdapter(
             # Gemma 3 270M, DP's plans (bench/results/quality_gemma.md, selection part): bias+refit below bias in mean KL
             # at every budget 10-50% and lowest of the four at 20-50% (at 10% refit and none are 3% lower)
             default_compensation="bias+refit",
+            # fitted on 64 windows of the table's text, not its 16: DP's selection KL 13% lower at 20% and 7% at 40% on
+            # every source, 128 no better than 64 (bench/results/refit_windows_gemma.md, selection part)
+            default_fit_windows=64,
         ),
     ),
 )

@@ -44,7 +44,7 @@ from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.slicing import replace_linear_, restored_on_failure
 from gap_engine.model.units import added_bias_params, block_geometries
 from gap_engine.prune.compensate import BlockFit, BlockInputs, applied, fit_block, kept_columns
-from gap_engine.prune.compensations import CompensationSettings
+from gap_engine.prune.compensations import CompensationSettings, fit_window_count
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.prune.surgery import PruneResult, apply_plan, plan_units
 
@@ -203,7 +203,7 @@ def prune_compensated(
         plan: a RatePlan for it.
         scores: its importance scores (None only for an all-zero plan).
         windows: the calibration windows (the table's); the blocks are fitted on ``settings.samples`` of the same
-            text (``fit_windows``; None: these).
+            text (``fit_windows``; None: ``fit_window_count``, the model family's floor where these are fewer, else these).
         settings: the compensation; ``none`` is surgery alone.
         hooks: the ``compensate`` stage entered, progress over blocks, cancel between blocks.
     Returns:
@@ -216,6 +216,8 @@ def prune_compensated(
     settings.validate()
     if not settings.active:
         return apply_plan(lm, plan, scores)
+    if settings.samples is None and (floor := fit_window_count(lm.model_type, windows.n_samples)) != windows.n_samples:
+        settings = dataclasses.replace(settings, samples=floor)  # the family's floor, recorded as if asked for
     windows = fit_windows(windows, settings.samples)
     lm.refuse_shared("compensation")
     plan = dataclasses.replace(plan).validate()  # validate() normalises the rates: on our copy, not the caller's

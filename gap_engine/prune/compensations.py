@@ -139,6 +139,18 @@ def family_default(model_type: object) -> str:
     return facts.default_compensation if facts is not None and facts.default_compensation else config.DEFAULT_COMPENSATION
 
 
+def fit_window_count(model_type: object, calibration: int, asked: int | None = None) -> int:
+    """How many calibration windows a compensation fitted after the cut reads: ``asked``, else the model family's
+    floor (``ModelTypeFacts.default_fit_windows``: 64 on Gemma 3) where the calibration's ``calibration`` windows are
+    fewer, else the calibration's own."""
+    from gap_engine.model.adapters import model_type_facts  # torch: imported when a prune is set up, not by gap --help
+
+    if asked is not None:
+        return asked
+    facts = model_type_facts(model_type)
+    return max(calibration, facts.default_fit_windows if facts is not None else 0)
+
+
 def default_for(criterion: str, model_type: object = None) -> CompensationSettings:
     """The compensation a command applies when none is asked for: the model family's default
     (`family_default`), or none for a criterion that updates the kept columns itself (``obs``:

@@ -50,7 +50,8 @@ def test_prune_with_compensation_records_it_in_the_checkpoint(make_tiny, tmp_pat
     summary = json.loads(capsys.readouterr().out)
     assert summary["compensation"] == "bias"
     marker = json.loads((out / "gap_pruned.json").read_text())
-    assert marker["compensation"]["mode"] == "bias" and marker["compensation"]["windows"]["n_samples"] == 4
+    fitted = 64 if family == "gemma3_text" else 4  # Gemma 3 fits on at least 64 windows when none are asked
+    assert marker["compensation"]["mode"] == "bias" and marker["compensation"]["windows"]["n_samples"] == fitted
     assert json.loads((out / "config.json").read_text())["gap_output_bias"] is True
     assert marker["param_count"] == summary["params_after"] == load_model(str(out)).param_count()
 

@@ -16,7 +16,7 @@ from cli_fixtures import CALIB, gap, refused, tiny  # noqa: F401
 from safetensors.torch import load_file
 
 from gap_engine.core.errors import CompensationError
-from gap_engine.prune.compensations import CompensationSettings
+from gap_engine.prune.compensations import CompensationSettings, fit_window_count
 
 
 def test_the_windows_are_part_of_the_settings_and_recorded_only_when_asked():
@@ -28,6 +28,35 @@ def test_the_windows_are_part_of_the_settings_and_recorded_only_when_asked():
             CompensationSettings(mode="bias", samples=bad).validate()  # type: ignore[arg-type]
     with pytest.raises(CompensationError, match="none fits nothing"):
         CompensationSettings(mode="none", samples=8).validate()
+
+
+def test_a_family_sets_the_fewest_windows_a_fit_reads_when_none_are_asked():
+    """Gemma 3 fits on at least 64 windows (its evidence: bench/results/refit_windows_gemma.md), every other family on
+    the calibration's own; a count asked for is taken as it is."""
+    assert [fit_window_count("gemma3_text", n) for n in (4, 16, 64, 128)] == [64, 64, 64, 128]
+    assert [fit_window_count(t, 16) for t in ("llama", "qwen2", "qwen3", None, "unknown-type")] == [16] * 5
+    assert fit_window_count("gemma3_text", 16, 8) == 8
+
+
+@pytest.mark.slow
+def test_a_gemma_prune_fits_on_its_family_windows_and_says_so(gap, make_tiny, tmp_path):
+    """Nothing asked: the family's compensation (bias+refit) is fitted on 64 windows, not the table's 4, and the
+    summary and the checkpoint's record say 64, as if --fit-samples 64 had been given (the same weights)."""
+    folder = tmp_path / "tiny-gemma"
+    lm = make_tiny("gemma3_text", num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    common = ["prune", "--model", folder, "--uniform", "0.25", "--criterion", "wanda", "--save-dtype", "float32", *CALIB, "--json"]
+    code, err, out = gap(*common, "--out", tmp_path / "default")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert (summary["compensation"], summary["fit_windows"]) == ("bias+refit", 64)
+    marker = json.loads((tmp_path / "default" / "gap_pruned.json").read_text())
+    assert marker["compensation"]["samples"] == 64 and marker["compensation"]["windows"]["n_samples"] == 64
+    code, err, out = gap(*common, "--fit-samples", "64", "--out", tmp_path / "asked")
+    assert code == 0, err
+    default, asked = (load_file(tmp_path / name / "model.safetensors") for name in ("default", "asked"))
+    assert default.keys() == asked.keys() and all(torch.equal(default[name], asked[name]) for name in default)
 
 
 @pytest.mark.slow
