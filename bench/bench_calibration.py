@@ -288,7 +288,9 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                 plan,
                 calib,
                 scores=scores,
-                compensation=CompensationSettings(mode=compensation, samples=fit),
+                # fitted on the table's own windows unless :fitN says otherwise, not on a family's default floor: a
+                # configuration spells its calibration whole, so its file reads the same whatever the default becomes
+                compensation=CompensationSettings(mode=compensation, samples=fit if fit is not None or compensation == "none" else count),
                 obs_samples=obs,
             )
             numbers = window_numbers(pruned, dense, sets, args.eval_batch_size)

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fit-samples",
         type=int,
         help="calibration windows of the same text every compensation after a cut is fitted on (bias, refit; OBS's own "
-        "bias reads --obs-samples); default: the tool's, the calibration windows themselves",
+        "bias reads --obs-samples); default: the calibration windows themselves (--samples), whatever the model family's default",
     )
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in CLI_TABLE.rate_grid), help="the table's rate grid")
     p.add_argument("--criterion", default="wanda", help="the table's criterion (dp and uniform prune by it)")
@@ -458,7 +458,9 @@ class Run:
             plan,
             self.calib,
             scores=self.scores_for(plan.criterion),
-            compensation=CompensationSettings(mode=compensation, samples=self.args.fit_samples if fitted else None),
+            # none asked: the calibration's own windows, spelled out, not a model family's default floor (64 on Gemma 3),
+            # so a file's command measures what its settings say whatever the default becomes
+            compensation=CompensationSettings(mode=compensation, samples=(self.args.fit_samples or self.args.samples) if fitted else None),
             obs_samples=self.args.obs_samples,
         )
 
