@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 
 from gap_engine.cli.arguments import compensation_from, device_from, spec_from_args, windows_from
 from gap_engine.cli.output import StderrProgress, table_compensation_text
@@ -26,7 +25,7 @@ from gap_engine.pipeline.checkpoints import evaluate_model, prune_rounds_to_chec
 from gap_engine.pipeline.stages import dense_reference, obs_windows, pruned_by
 from gap_engine.plan.step import family_step, takes
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration, fit_windows
-from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, adds_biases, fit_window_count
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, adds_biases, with_family_fit_windows
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.sequential import check_follows_obs
 from gap_engine.tables.lookup import find_table
@@ -83,15 +82,12 @@ def run_prune(args: argparse.Namespace) -> int:
 
 def _prune_compensation(args: argparse.Namespace, criterion: str, planned: str | None = None) -> CompensationSettings:
     """``compensation_from`` for a prune by ``criterion``, fitted on the model family's windows where none are asked
-    (``fit_window_count``); CompensationError now, before anything loads, for a refit after ``obs``'s update (which is one)."""
+    (``with_family_fit_windows``); CompensationError now, before anything loads, for a refit after ``obs``'s update (which is one)."""
     compensation = compensation_from(args, criterion, planned, model_type_of(args.model))
     if is_sequential(criterion):
         check_follows_obs(compensation)
-    elif compensation.active and compensation.samples is None:  # the family's fit windows, checked and printed as if asked for
-        calibration = windows_from(args).n_samples
-        if (count := fit_window_count(model_type_of(args.model), calibration)) != calibration:
-            compensation = replace(compensation, samples=count)
-    return compensation
+        return compensation
+    return with_family_fit_windows(compensation, model_type_of(args.model), windows_from(args).n_samples)
 
 
 def _obs_windows_needed(args: argparse.Namespace, criterion: str) -> tuple[tuple[WindowSpec, str], ...]:

@@ -44,7 +44,7 @@ from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.slicing import replace_linear_, restored_on_failure
 from gap_engine.model.units import added_bias_params, block_geometries
 from gap_engine.prune.compensate import BlockFit, BlockInputs, applied, fit_block, kept_columns
-from gap_engine.prune.compensations import CompensationSettings, fit_window_count
+from gap_engine.prune.compensations import CompensationSettings, with_family_fit_windows
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.prune.surgery import PruneResult, apply_plan, plan_units
 
@@ -216,8 +216,7 @@ def prune_compensated(
     settings.validate()
     if not settings.active:
         return apply_plan(lm, plan, scores)
-    if settings.samples is None and (floor := fit_window_count(lm.model_type, windows.n_samples)) != windows.n_samples:
-        settings = dataclasses.replace(settings, samples=floor)  # the family's floor, recorded as if asked for
+    settings = with_family_fit_windows(settings, lm.model_type, windows.n_samples)
     windows = fit_windows(windows, settings.samples)
     lm.refuse_shared("compensation")
     plan = dataclasses.replace(plan).validate()  # validate() normalises the rates: on our copy, not the caller's

@@ -21,7 +21,7 @@ widest kept input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gap_engine.core import config
 from gap_engine.core.errors import CompensationError
@@ -149,6 +149,16 @@ def fit_window_count(model_type: object, calibration: int, asked: int | None = N
         return asked
     facts = model_type_facts(model_type)
     return max(calibration, facts.default_fit_windows if facts is not None else 0)
+
+
+def with_family_fit_windows(settings: CompensationSettings, model_type: object, calibration: int) -> CompensationSettings:
+    """``settings`` with the windows its fit reads spelled out where the model family's floor (``fit_window_count``)
+    makes them more than the calibration's ``calibration``, so they are checked, printed and recorded as if asked for;
+    ``settings`` as they are where nothing is fitted, a count is asked, or the calibration has enough."""
+    if not settings.active or settings.samples is not None:
+        return settings
+    count = fit_window_count(model_type, calibration)
+    return settings if count == calibration else replace(settings, samples=count)
 
 
 def default_for(criterion: str, model_type: object = None) -> CompensationSettings:

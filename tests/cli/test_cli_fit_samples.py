@@ -16,7 +16,7 @@ from cli_fixtures import CALIB, gap, refused, tiny  # noqa: F401
 from safetensors.torch import load_file
 
 from gap_engine.core.errors import CompensationError
-from gap_engine.prune.compensations import CompensationSettings, fit_window_count
+from gap_engine.prune.compensations import CompensationSettings, fit_window_count, with_family_fit_windows
 
 
 def test_the_windows_are_part_of_the_settings_and_recorded_only_when_asked():
@@ -36,6 +36,13 @@ def test_a_family_sets_the_fewest_windows_a_fit_reads_when_none_are_asked():
     assert [fit_window_count("gemma3_text", n) for n in (4, 16, 64, 128)] == [64, 64, 64, 128]
     assert [fit_window_count(t, 16) for t in ("llama", "qwen2", "qwen3", None, "unknown-type")] == [16] * 5
     assert fit_window_count("gemma3_text", 16, 8) == 8
+    # spelled out on the settings only where the floor reads more; nothing fitted or a count asked stays as it is
+    fitted = CompensationSettings(mode="bias+refit")
+    assert with_family_fit_windows(fitted, "gemma3_text", 16).samples == 64
+    assert with_family_fit_windows(fitted, "gemma3_text", 128).samples is None
+    assert with_family_fit_windows(fitted, "llama", 16).samples is None
+    assert with_family_fit_windows(CompensationSettings(mode="bias", samples=8), "gemma3_text", 16).samples == 8
+    assert with_family_fit_windows(CompensationSettings(mode="none"), "gemma3_text", 16).samples is None
 
 
 @pytest.mark.slow
