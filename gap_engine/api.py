@@ -197,6 +197,7 @@ def prune(
     calibration: WindowSpec | None = None,
     obs_samples: int | None = None,
     fit_samples: int | None = None,
+    weighting: str = "tokens",
     save_dtype: str = DEFAULT_SAVE_DTYPE,
 ) -> PrunedModel:
     """A copy of ``model`` with the heads and channels ``plan`` removes sliced out, then the cut
@@ -207,10 +208,12 @@ def prune(
     when ``table`` is given, else 16 x 256 tokens of wiki-sample. A plan pruned by OBS (the DP's step
     on Llama) reads ``obs_samples`` windows of that text (None: 4x their count, at most 128); any other
     plan's compensation is fitted on ``fit_samples`` windows of it (None: the calibration windows).
+    ``weighting="output-norm"`` (Gemma 3) fits through the norms after o_proj and down_proj, each token counted by
+    the inverse mean square of its dense output there (``CompensationSettings.weighting``); ``"tokens"``: alike.
     """
     windows = calibration or (table.spec.windows if table is not None else CLI_TABLE.windows)
     mode = compensate or plan.compensation or default_for(plan.criterion, model.model_type).mode
-    compensation = CompensationSettings(mode=mode, samples=fit_samples).validate()
+    compensation = CompensationSettings(mode=mode, samples=fit_samples, weighting=weighting).validate()
     pruned, result = pruned_as_saved(model, plan, windows, save_dtype=save_dtype, compensation=compensation, obs_samples=obs_samples)
     return PrunedModel(pruned, result.plan, result, save_dtype)
 

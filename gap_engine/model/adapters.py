@@ -84,6 +84,10 @@ class ArchitectureAdapter:
     gate_name: str = "gate_proj"
     up_name: str = "up_proj"
     down_name: str = "down_proj"
+    # the norms a block applies to o_proj's and down_proj's outputs before adding them to the residual stream (Gemma's
+    # post-norms); empty where the outputs are added as they are. A norm rescales each token's output to a fixed size,
+    # so an error there weighs by the inverse of the token's own output size (``CompensationSettings.weighting``).
+    output_norm_names: tuple[str, str] = ("", "")
 
     @property
     def model_types(self) -> tuple[str, ...]:
@@ -115,6 +119,11 @@ class ArchitectureAdapter:
         """(gate, up, down) linear layers of a block."""
         mlp = self.mlp(layer)
         return getattr(mlp, self.gate_name), getattr(mlp, self.up_name), getattr(mlp, self.down_name)
+
+    def output_norm(self, layer: nn.Module, attention: bool) -> nn.Module | None:
+        """The norm applied to the output of o_proj (``attention``) or down_proj before the residual, or None."""
+        name = self.output_norm_names[0 if attention else 1]
+        return cast(nn.Module, getattr(layer, name)) if name else None
 
     def final_norm(self, model: nn.Module) -> nn.Module:
         return cast(nn.Module, self.decoder(model).norm)
@@ -188,6 +197,7 @@ GEMMA3 = ArchitectureAdapter(
             default_fit_windows=64,
         ),
     ),
+    output_norm_names=("post_attention_layernorm", "post_feedforward_layernorm"),
 )
 
 ADAPTERS: dict[str, ArchitectureAdapter] = {t: a for a in (LLAMA, QWEN, GEMMA3) for t in a.model_types}

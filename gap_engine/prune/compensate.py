@@ -36,7 +36,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from gap_engine.core.errors import CompensationError
+from gap_engine.core.errors import CompensationError, InvariantError
 from gap_engine.model.adapters import ArchitectureAdapter
 from gap_engine.model.layerwise import BlockCall
 from gap_engine.model.slicing import unit_rows, zeroed_units
@@ -48,8 +48,9 @@ from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings
 class Moments:
     """First (and, for a refit, second) moments of one projection's input over the calibration tokens."""
 
-    total: torch.Tensor  # (n,) sum of x
+    total: torch.Tensor  # (n,) sum of x (each token times its weight, as every sum here)
     count: int = 0  # tokens added
+    weight_sum: float = 0.0  # their weights summed (the token count when every token weighs 1)
     gram: torch.Tensor | None = None  # (n, n) sum of x x^T; None: first moments only (a bias needs no more)
     target_total: torch.Tensor | None = None  # (n,) sum of x_t; None: the target reads x itself
     cross: torch.Tensor | None = None  # (n, n) sum of x x_t^T, with both a target stream and second moments
@@ -70,20 +71,24 @@ class Moments:
             cross=zeros(width, width) if with_target and second else None,
         )
 
-    def add(self, x: torch.Tensor, target: torch.Tensor | None = None) -> None:
-        """Add tokens: ``x`` (tokens, n) and, with a target stream, its inputs ``target`` (tokens, n)."""
+    def add(self, x: torch.Tensor, target: torch.Tensor | None = None, weights: torch.Tensor | None = None) -> None:
+        """Add tokens: ``x`` (tokens, n) and, with a target stream, its inputs ``target`` (tokens, n); each token
+        counted ``weights`` (tokens,) times (None: once)."""
         x32 = x.float()  # the products in float32, summed in float64: each batch's sum stays accurate
-        self.total += x32.sum(0).to(self.total.dtype)
+        w = None if weights is None else weights.float().to(x32.device)[:, None]  # (tokens, 1)
+        wx = x32 if w is None else x32 * w  # (tokens, n)
+        self.total += wx.sum(0).to(self.total.dtype)
         self.count += x.shape[0]
+        self.weight_sum += float(x.shape[0]) if w is None else float(w.sum())
         if self.gram is not None:
-            self.gram += (x32.T @ x32).to(self.gram.dtype)
+            self.gram += (wx.T @ x32).to(self.gram.dtype)
         if self.target_total is not None:
             if target is None:
                 raise ValueError("moments with a target stream need the target's inputs")
             t32 = target.float()
-            self.target_total += t32.sum(0).to(self.target_total.dtype)
+            self.target_total += (t32 if w is None else t32 * w).sum(0).to(self.target_total.dtype)
             if self.cross is not None:
-                self.cross += (x32.T @ t32).to(self.cross.dtype)
+                self.cross += (wx.T @ t32).to(self.cross.dtype)
 
 
 @dataclass(frozen=True)
@@ -130,18 +135,21 @@ class _System:
         mask = torch.ones(n, dtype=torch.bool, device=device)
         mask[kept] = False
         count = moments.count
+        total_weight = moments.weight_sum
+        if not total_weight > 0:
+            raise CompensationError(f"{what}: the calibration tokens' weights sum to {total_weight:g}, so there is nothing to fit")
 
         def scaled(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            return None if tensor is None else tensor.to(device, torch.float64) / count
+            return None if tensor is None else tensor.to(device, torch.float64) / total_weight
 
-        mean = moments.total.to(device, torch.float64) / count
+        mean = moments.total.to(device, torch.float64) / total_weight
         return cls(
             weight.detach().to(device, torch.float64),
             kept,
             torch.nonzero(mask).flatten(),
             count,
             mean,
-            mean if moments.target_total is None else moments.target_total.to(device, torch.float64) / count,
+            mean if moments.target_total is None else moments.target_total.to(device, torch.float64) / total_weight,
             moments.target_total is not None,
             scaled(moments.gram),
             scaled(moments.cross),
@@ -373,9 +381,45 @@ def fit_block(
         attention = linear is o_proj
         target = None if inputs.targets is None else [t[0 if attention else 1] for t in inputs.targets]
         moments = Moments.zeros(linear.in_features, inputs.device, with_target=target is not None, second=settings.refits)
+        weigh = _output_norm_weights(adapter, layer, linear, attention, index) if settings.weighting == "output-norm" else None
         with applied(adapter, layer, heads, (), fit):  # the MLP sees the compensated attention
             for b, x in enumerate(_capture_inputs(layer, linear, inputs.states, inputs.calls, inputs.device, inputs.skip)):
-                moments.add(x, None if target is None else target[b].to(x.device))
+                aimed = None if target is None else target[b].to(x.device)
+                moments.add(x, aimed, None if weigh is None else weigh(x if aimed is None else aimed))
         solved = solve(moments, linear.weight, kept_columns(n_units, width, removed), float(settings.damping), f"block {index} {part}")
         fit = BlockFit(solved, fit.mlp) if attention else BlockFit(fit.attn, solved)
     return fit
+
+
+def check_weighting(adapter: ArchitectureAdapter, settings: CompensationSettings) -> None:
+    """CompensationError (one line) for the output-norm weighting on a family that adds its projections' outputs to
+    the residual stream as they are: there the error before the norm is the error, and plain token counts are right."""
+    if settings.weighting == "output-norm" and not any(adapter.output_norm_names):
+        raise CompensationError(
+            f"the output-norm weighting fits through the norms after o_proj and down_proj, and {adapter.family} "
+            "blocks have none (Gemma 3's post-norms); weigh tokens alike (weighting tokens)"
+        )
+
+
+def _output_norm_weights(
+    adapter: ArchitectureAdapter, layer: nn.Module, linear: nn.Linear, attention: bool, index: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Per-token weights for a projection whose output a norm rescales (``weighting="output-norm"``).
+
+    An RMS norm maps a token's output ``y`` to ``g * y / rms(y)``, so an error ``e`` in ``y`` reaches the
+    residual as about ``g * e / rms(y)``: a token weighs ``1 / (mean(y^2) + eps)``, ``y`` the dense weights'
+    output on the token's target input. The norm's gain ``g`` scales each output row alike for every token,
+    and each row of a fit is solved apart, so it drops out. The weights are read from the dense weights
+    now, before ``applied`` zeroes any column.
+    """
+    norm = adapter.output_norm(layer, attention)
+    if norm is None:
+        raise InvariantError(f"block {index}: no norm follows the output projection ({check_weighting.__name__} lets none through)")
+    eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
+    dense = linear.weight.detach().float().clone()  # (d, n)
+
+    def weights(inputs: torch.Tensor) -> torch.Tensor:
+        y = inputs.float() @ dense.to(inputs.device).T  # (tokens, d)
+        return 1.0 / (y.square().mean(-1) + eps)  # (tokens,)
+
+    return weights

@@ -43,7 +43,7 @@ from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.slicing import replace_linear_, restored_on_failure
 from gap_engine.model.units import added_bias_params, block_geometries
-from gap_engine.prune.compensate import BlockFit, BlockInputs, applied, fit_block, kept_columns
+from gap_engine.prune.compensate import BlockFit, BlockInputs, applied, check_weighting, fit_block, kept_columns
 from gap_engine.prune.compensations import CompensationSettings, with_family_fit_windows
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.prune.surgery import PruneResult, apply_plan, plan_units
@@ -146,7 +146,10 @@ def compensate_blocks(
     """
     device = placement_of(lm).device
     layers = lm.adapter.layers(lm.model)
-    skip = text_start(lm.tokenizer, windows)
+    # A leading BOS is context, never a prediction, and a plain fit leaves it out; but every later token attends to
+    # it, and where a norm follows the projections its output is rescaled like any other: the output-norm fit counts
+    # it, at the weight its own (often tiny) output gives it.
+    skip = 0 if settings.weighting == "output-norm" else text_start(lm.tokenizer, windows)
     calls, states = [], []
     for batch in batches(windows, batch_size):
         first, block_calls = capture_calls(lm, batch.to(input_device(lm.model)))
@@ -222,6 +225,7 @@ def prune_compensated(
     plan = dataclasses.replace(plan).validate()  # validate() normalises the rates: on our copy, not the caller's
     plan.check_model(lm)
     check_calibration(lm, calibration_tokens(windows), settings)
+    check_weighting(lm.adapter, settings)
     removed = removed_per_block(lm, plan, scores)
     counts = block_geometries(lm)
     expected_biases = added_bias_params(counts, plan.attention_rates, plan.mlp_rates, plan.channel_multiple) if settings.adds_bias else 0

@@ -72,6 +72,7 @@ def adds_biases(compensation: str | None) -> bool:
 
 
 TARGETS = ("pruned", "dense")  # what a refit matches: see CompensationSettings.target
+WEIGHTINGS = ("tokens", "output-norm")  # how calibration tokens count in a fit: see CompensationSettings.weighting
 DEFAULT_DAMPING = 0.01
 
 
@@ -90,6 +91,12 @@ class CompensationSettings:
     # projection, so it can read more windows than a table's cells do, and a refit solves for as many unknowns per
     # output as the projection has kept inputs: more tokens than the table's 4,096 steady it.
     samples: int | None = None
+    # "tokens": every calibration token counts the same (the mean output and the least-squares fit of the projection's
+    # output). "output-norm", for families that normalise a projection's output before the residual (Gemma 3's
+    # post-norms): each token counts by the inverse mean square of the projection's dense output on it, so the fit
+    # minimises the error after the norm (to first order, leaving aside the part along the output) rather than
+    # before it, where a few tokens with large outputs would otherwise set a bias every other token receives.
+    weighting: str = "tokens"
 
     def validate(self) -> CompensationSettings:
         """CompensationError (one line) for a value the pass cannot use."""
@@ -98,6 +105,8 @@ class CompensationSettings:
             raise CompensationError(f"compensation windows {self.samples!r}: give a whole number of windows, at least 1")
         if self.samples is not None and self.mode == "none":
             raise CompensationError("compensation none fits nothing: it reads no windows to size")
+        if self.weighting not in WEIGHTINGS:
+            raise CompensationError(f"unknown compensation weighting '{self.weighting}'; choose one of {', '.join(WEIGHTINGS)}")
         if self.target not in TARGETS:
             raise CompensationError(f"unknown compensation target '{self.target}'; choose one of {', '.join(TARGETS)}")
         if isinstance(self.damping, bool) or not isinstance(self.damping, (int, float)) or not (0.0 < float(self.damping) <= 10.0):
@@ -122,6 +131,8 @@ class CompensationSettings:
     def to_dict(self) -> dict[str, object]:
         """What a checkpoint, a run and a table record."""
         recorded: dict[str, object] = {"mode": self.mode, "damping": float(self.damping), "target": self.target}
+        if self.weighting != "tokens":  # records made before the weighting existed weighed tokens alike
+            recorded["weighting"] = self.weighting
         return recorded if self.samples is None else recorded | {"samples": self.samples}
 
 

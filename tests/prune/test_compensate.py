@@ -289,3 +289,91 @@ def test_a_refusal_names_the_widest_projection_a_refit_needs(make_tiny, family):
     with pytest.raises(CompensationError, match=rf"down_proj \({widest} inputs\) from 8 calibration tokens; give at least {widest} "):
         check_calibration(lm, 8, CompensationSettings(mode="bias+refit"))
     check_calibration(lm, widest, CompensationSettings(mode="bias+refit"))
+
+
+def test_weighted_moments_are_the_weighted_sums_and_unit_weights_change_nothing():
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 10, generator=generator) @ torch.randn(10, 10, generator=generator)
+    weights = torch.rand(300, generator=generator) * 5
+    weight = torch.randn(4, 10, generator=generator)
+    kept = torch.tensor([0, 1, 4, 6, 7, 9])
+    weighted = Moments.zeros(10, torch.device("cpu"))
+    weighted.add(x[:100], weights=weights[:100])
+    weighted.add(x[100:], weights=weights[100:])
+    x64, w64 = x.double(), weights.double()[:, None]
+    # the products are taken in float32 and summed in float64 (``Moments.add``)
+    torch.testing.assert_close(weighted.total / weighted.weight_sum, (w64 * x64).sum(0) / w64.sum(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weighted.gram / weighted.weight_sum, (w64 * x64).T @ x64 / w64.sum(), rtol=1e-5, atol=1e-6)
+    # the weighted refit is the weighted least-squares solution (ridge on the change, as unweighted)
+    fit = refit_fit(weighted, weight, kept, 0.01, "test")
+    gram = (w64 * x64[:, kept]).T @ x64[:, kept] / w64.sum()
+    lam = 0.01 * torch.diagonal(gram).mean()
+    rhs = (w64 * x64[:, kept]).T @ (x64 @ weight.double().T - x64[:, kept] @ weight.double()[:, kept].T) / w64.sum()
+    change = torch.linalg.solve(gram + lam * torch.eye(6, dtype=torch.float64), rhs)
+    torch.testing.assert_close(fit.weight.double(), weight.double()[:, kept] + change.T, rtol=1e-5, atol=1e-6)
+    plain, ones = Moments.zeros(10, torch.device("cpu")), Moments.zeros(10, torch.device("cpu"))
+    plain.add(x)
+    ones.add(x, weights=torch.ones(300))
+    assert plain.weight_sum == ones.weight_sum == 300
+    torch.testing.assert_close(ones.total, plain.total, rtol=0, atol=0)
+    torch.testing.assert_close(ones.gram, plain.gram, rtol=0, atol=0)
+
+
+def test_the_output_norm_weighting_is_refused_where_no_norm_follows(make_tiny):
+    lm, _, scores, plan = _setup(make_tiny, "llama")
+    before = {name: tensor.clone() for name, tensor in lm.model.state_dict().items()}
+    with pytest.raises(CompensationError, match="output-norm weighting .* none"):
+        prune_compensated(lm, plan, scores, CALIB, CompensationSettings(mode="bias", weighting="output-norm"))
+    assert all(torch.equal(lm.model.state_dict()[name], tensor) for name, tensor in before.items())
+    with pytest.raises(CompensationError, match="unknown compensation weighting 'norm'"):
+        CompensationSettings(mode="bias", weighting="norm").validate()
+    assert "weighting" not in CompensationSettings(mode="bias").to_dict()  # records made before it read the same
+    assert CompensationSettings(mode="bias", weighting="output-norm").to_dict()["weighting"] == "output-norm"
+
+
+@pytest.mark.slow
+def test_the_output_norm_bias_is_the_mean_weighted_by_the_inverse_output_size(make_tiny):
+    """On Gemma 3, whose post-norm rescales o_proj's output token by token, the output-norm bias is the removed
+    heads' contribution averaged with each token weighted by ``1 / (mean(y^2) + eps)`` of the dense output ``y``: the
+    least-squares bias after the norm, to first order. It differs from the plain mean, and each bias is the lower
+    error by its own measure."""
+    lm = make_tiny("gemma3_text", initializer_range=0.2, **WIDE)
+    ids = calibration_windows(lm.tokenizer, CALIB)
+    scores = compute_importance(lm, ids, "wanda")
+    plan = make_plan(lm, [0.5, 0.25], [0.5, 0.25], "wanda")
+    heads, channels = removed_per_block(lm, plan, scores)[0]
+    layer = lm.adapter.layers(lm.model)[0]
+    skip = text_start(lm.tokenizer, ids)
+    hidden, calls, inputs = [], [], []
+    o_proj = lm.adapter.attention_projections(layer)[3]
+    handle = o_proj.register_forward_pre_hook(lambda m, a: inputs.append(a[0][:, skip:].reshape(-1, a[0].shape[-1]).double()))
+    with torch.no_grad():
+        for start in range(0, ids.shape[0], 2):
+            first, block_calls = capture_calls(lm, ids[start : start + 2])
+            hidden.append(first)
+            calls.append(block_calls[0])
+            lm.model(input_ids=ids[start : start + 2])
+    handle.remove()
+    x = torch.cat(inputs)  # (tokens, n) block 0's o_proj inputs: the pruned stream is the dense one there
+    weight = o_proj.weight.detach().double()
+    head_dim = lm.adapter.geometry(layer).head_dim
+    removed = [h * head_dim + j for h in heads for j in range(head_dim)]
+    y = x @ weight.T  # (tokens, d)
+    w = 1.0 / (y.square().mean(-1, keepdim=True) + lm.adapter.output_norm(layer, True).eps)  # (tokens, 1)
+    contribution = x[:, removed] @ weight[:, removed].T  # (tokens, d) what the cut takes from every token
+    expected = (w * contribution).sum(0) / w.sum()
+    block = BlockInputs(hidden, calls, torch.device("cpu"), skip)
+    fits = {
+        weighting: fit_block(lm.adapter, layer, 0, block, heads, channels, CompensationSettings(mode="bias", weighting=weighting)).attn
+        for weighting in ("tokens", "output-norm")
+    }
+    torch.testing.assert_close(fits["output-norm"].bias.double(), expected, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(fits["tokens"].bias.double(), contribution.mean(0), rtol=1e-4, atol=1e-6)
+    assert float((expected - contribution.mean(0)).norm()) > 1e-3 * float(expected.norm())
+
+    def error(bias: torch.Tensor, by: torch.Tensor) -> float:
+        return float((by * (contribution - bias).square().sum(-1, keepdim=True)).sum())
+
+    assert error(fits["output-norm"].bias.double(), w) < error(fits["tokens"].bias.double(), w)
+    ones = torch.ones_like(w)
+    assert error(fits["tokens"].bias.double(), ones) < error(fits["output-norm"].bias.double(), ones)
