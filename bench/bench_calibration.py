@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_CONFIGS,
         help="calibration configurations, comma-separated, each SOURCE[+SOURCE...]:WINDOWS (+ joins the sources a table "
         "mixes), then :obsN to prune by OBS on N windows, :fitN to fit the compensation on N windows, :capR to plan with no "
-        "rate above R and :ucbK to plan on every cell's estimate plus K standard errors over the calibration windows; every "
+        "rate above R, :ucbK to plan on every cell's estimate plus K standard errors over the calibration windows and :norm to "
+        "fit the compensation through the norms after the projections (Gemma 3); every "
         "ratio is against the first",
     )
     p.add_argument("--seq-len", type=int, default=CLI_TABLE.windows.seq_len, help="tokens per calibration window")
@@ -119,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
 class Config(NamedTuple):
     """One configuration: the calibration text as ``--data`` spells it, its windows, OBS's windows (None: the
     table's criterion prunes), the highest rate DP may give a component (None: the planner's default), the
-    windows the compensation is fitted on (None: the table's) and how many standard errors DP adds to every cell
-    (None: it plans on the cells as they are)."""
+    windows the compensation is fitted on (None: the table's), how many standard errors DP adds to every cell
+    (None: it plans on the cells as they are) and how the compensation weighs its tokens (None: alike; "output-norm":
+    through the norms after the projections, ``CompensationSettings.weighting``)."""
 
     data: str
     samples: int
@@ -128,6 +130,7 @@ class Config(NamedTuple):
     cap: float | None = None
     fit: int | None = None
     ucb: float | None = None
+    weighting: str | None = None
 
 
 def parse_configs(text: str) -> list[Config]:
@@ -137,13 +140,16 @@ def parse_configs(text: str) -> list[Config]:
     the table's); ``:capR``, DP plans with no component's rate above R (a constraint of the planner); ``:ucbK``,
     DP plans on every cell's estimate plus K of its standard errors over the calibration windows (the spread of
     each window's own estimate, ``estimate.estimated_increase_per_window``, over the square root of their count):
-    a cell whose estimate rests on a few windows costs more."""
+    a cell whose estimate rests on a few windows costs more; ``:norm``, the compensation fitted through the norms
+    after o_proj and down_proj (``weighting="output-norm"``: Gemma 3's post-norms)."""
     configs: list[Config] = []
     for item in split_list(text):
-        obs, cap, fit, ucb, spelled = None, None, None, None, item
+        obs, cap, fit, ucb, weighting, spelled = None, None, None, None, None, item
         while True:
             head, _, last = item.rpartition(":")
-            if obs is None and last.startswith("obs") and last[3:].isdigit() and int(last[3:]) >= 1:
+            if weighting is None and last == "norm":
+                weighting, item = "output-norm", head
+            elif obs is None and last.startswith("obs") and last[3:].isdigit() and int(last[3:]) >= 1:
                 obs, item = int(last[3:]), head
             elif fit is None and last.startswith("fit") and last[3:].isdigit() and int(last[3:]) >= 1:
                 fit, item = int(last[3:]), head
@@ -156,11 +162,13 @@ def parse_configs(text: str) -> list[Config]:
         sources, _, count = item.rpartition(":")
         if not sources or not count.isdigit() or int(count) < 1:
             raise ValueError(
-                f"--configs: {spelled!r} is not SOURCE[+SOURCE...]:WINDOWS[:obsN][:fitN][:capR][:ucbK] (R a rate in (0, 1), K >= 0)"
+                f"--configs: {spelled!r} is not SOURCE[+SOURCE...]:WINDOWS[:obsN][:fitN][:capR][:ucbK][:norm] (R a rate in (0, 1), K >= 0)"
             )
         if obs is not None and fit is not None:
             raise ValueError(f"--configs: {spelled!r} names both :obsN and :fitN; OBS's update is its own compensation")
-        configs.append(Config(sources.replace("+", ","), int(count), obs, cap, fit, ucb))
+        if obs is not None and weighting is not None:
+            raise ValueError(f"--configs: {spelled!r} names both :obsN and :norm; OBS's update is its own compensation")
+        configs.append(Config(sources.replace("+", ","), int(count), obs, cap, fit, ucb, weighting))
     if len(configs) < 2:
         raise ValueError("--configs needs at least two configurations: every ratio is against the first")
     return configs
@@ -189,6 +197,7 @@ def config_label(config: Config, seq_len: int) -> str:
     step += "" if config.fit is None else f"; compensation fitted on {config.fit} x {seq_len}"
     cap = "" if config.cap is None else f"; rates at most {config.cap:g}"
     cap += "" if config.ucb is None else f"; cells + {config.ucb:g} standard errors"
+    cap += "" if config.weighting is None else f"; compensation weighted by {config.weighting}"
     return f"{config.data.replace(',', ' + ')}, {config.samples} x {seq_len}{step}{cap}"
 
 
@@ -252,7 +261,7 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
         append({"kind": "dense", "windows": {name: {"nll": nll} for name, nll in numbers.items()}})
     done = {row_key(r) for r in records if r.get("kind") == "row"}
     for config in parse_configs(args.configs):
-        data, count, obs, cap, fit, ucb = config
+        data, count, obs, cap, fit, ucb, weighting = config
         budgets = [round(float(b), 4) for b in split_list(args.budgets)]
         if all((*config, budget) in done for budget in budgets):
             continue
@@ -290,7 +299,11 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                 scores=scores,
                 # fitted on the table's own windows unless :fitN says otherwise, not on a family's default floor: a
                 # configuration spells its calibration whole, so its file reads the same whatever the default becomes
-                compensation=CompensationSettings(mode=compensation, samples=fit if fit is not None or compensation == "none" else count),
+                compensation=CompensationSettings(
+                    mode=compensation,
+                    samples=fit if fit is not None or compensation == "none" else count,
+                    weighting=weighting or "tokens",
+                ),
                 obs_samples=obs,
             )
             numbers = window_numbers(pruned, dense, sets, args.eval_batch_size)
@@ -303,6 +316,7 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
                     **({} if cap is None else {"max_rate": cap}),
                     **({} if fit is None else {"fit_samples": fit}),
                     **({} if ucb is None else {"ucb": ucb}),
+                    **({} if weighting is None else {"weighting": weighting}),
                     "budget": budget,
                     "table_key": table.key,
                     "table_s": round(table_s, 1),
@@ -318,9 +332,9 @@ def measure(args: argparse.Namespace, path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def row_key(row: dict[str, Any]) -> tuple[str, int, int | None, float | None, int | None, float | None, float]:
+def row_key(row: dict[str, Any]) -> tuple[str, int, int | None, float | None, int | None, float | None, str | None, float]:
     """What a measured row is of: its configuration (calibration text, window count, OBS's window count, rate cap,
-    the compensation's window count, the standard errors added to every cell) and budget."""
+    the compensation's window count, the standard errors added to every cell, its weighting) and budget."""
     return (
         row["data"],
         int(row["samples"]),
@@ -328,6 +342,7 @@ def row_key(row: dict[str, Any]) -> tuple[str, int, int | None, float | None, in
         row.get("max_rate"),
         row.get("fit_samples"),
         row.get("ucb"),
+        row.get("weighting"),
         round(float(row["budget"]), 4),
     )
 

@@ -27,6 +27,15 @@ def test_configurations_name_mixed_sources_with_plus():
         Config("wiki-sample", 16, 64, 0.5),
         Config("wiki-sample", 16, 64, 0.5),
     ]
+    # ... and fit the compensation through the norms after the projections (Gemma 3), on its own window count or not
+    assert parse_configs("wiki-sample:16:fit64,wiki-sample:16:fit64:norm,wiki-sample:16:norm:fit64") == [
+        Config("wiki-sample", 16, fit=64),
+        Config("wiki-sample", 16, fit=64, weighting="output-norm"),
+        Config("wiki-sample", 16, fit=64, weighting="output-norm"),
+    ]
+    for bad in ("a:4,a:4:obs8:norm", "a:4,a:4:norm:norm"):
+        with pytest.raises(ValueError, match="--configs"):
+            parse_configs(bad)
     bad_ones = ("wiki-sample", "wiki-sample:0,news-sample:4", "wiki-sample:16", "wiki-sample:16,news-sample:4:obs0", "a:4,b:obs4")
     for bad in (*bad_ones, "a:4,a:4:cap1", "a:4,a:4:cap0", "a:4,a:4:capx", "a:4,a:4:cap0.5:cap0.6"):
         with pytest.raises(ValueError, match="--configs"):
