@@ -222,6 +222,8 @@ def compensation_text(record: object) -> str:
         )
     if record.get("target") == "dense":
         details.append("matching the dense model's own activations")
+    if record.get("weighting") == "output-norm":
+        details.append("each token, BOS included, weighted through the norms after o_proj and down_proj")
     return text + (f" ({', '.join(details)})" if details else "")
 
 

@@ -451,3 +451,14 @@ def test_dense_and_pruned_gguf_from_the_cli(make_tiny, tmp_path, capsys):
     ids = _ids(1, 16)[0].tolist()
     dense_logits = _llama_cpp_logits(tmp_path / "d.gguf", ids)
     assert np.isfinite(dense_logits).all()
+
+
+def test_the_card_says_when_a_compensation_was_fitted_through_the_output_norms():
+    from gap_engine.model.model_card import compensation_text
+    from gap_engine.prune.compensations import CompensationSettings
+
+    weighted = CompensationSettings(mode="bias+refit", weighting="output-norm").to_dict()
+    assert compensation_text(weighted) == (
+        "bias\\+refit (damping 0.01, each token, BOS included, weighted through the norms after o_proj and down_proj)"
+    )
+    assert "weighted" not in compensation_text(CompensationSettings(mode="bias+refit").to_dict())
