@@ -219,6 +219,13 @@ def qkv_bias_by_default(model_type: object) -> bool:
     return facts is not None and facts.qkv_bias_by_default
 
 
+def has_output_norms(model_type: object) -> bool:
+    """Whether a model type's blocks normalise the outputs of o_proj and down_proj before the residual (Gemma 3's
+    post-norms), so a compensation may be fitted through them (False for one no adapter serves)."""
+    adapter = ADAPTERS.get(model_type) if isinstance(model_type, str) else None
+    return adapter is not None and any(adapter.output_norm_names)
+
+
 def adapter_for(model_or_config: object) -> ArchitectureAdapter:
     """The adapter for a model (or its config), or UnsupportedArchitectureError naming the supported ones."""
     config = getattr(model_or_config, "config", model_or_config)

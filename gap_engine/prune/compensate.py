@@ -381,7 +381,7 @@ def fit_block(
         attention = linear is o_proj
         target = None if inputs.targets is None else [t[0 if attention else 1] for t in inputs.targets]
         moments = Moments.zeros(linear.in_features, inputs.device, with_target=target is not None, second=settings.refits)
-        weigh = _output_norm_weights(adapter, layer, linear, attention, index) if settings.weighting == "output-norm" else None
+        weigh = output_norm_weights(adapter, layer, linear, attention, index) if settings.weighting == "output-norm" else None
         with applied(adapter, layer, heads, (), fit):  # the MLP sees the compensated attention
             for b, x in enumerate(_capture_inputs(layer, linear, inputs.states, inputs.calls, inputs.device, inputs.skip)):
                 aimed = None if target is None else target[b].to(x.device)
@@ -401,7 +401,7 @@ def check_weighting(adapter: ArchitectureAdapter, settings: CompensationSettings
         )
 
 
-def _output_norm_weights(
+def output_norm_weights(
     adapter: ArchitectureAdapter, layer: nn.Module, linear: nn.Linear, attention: bool, index: int
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """Per-token weights for a projection whose output a norm rescales (``weighting="output-norm"``).

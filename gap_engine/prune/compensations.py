@@ -105,6 +105,8 @@ class CompensationSettings:
             raise CompensationError(f"compensation windows {self.samples!r}: give a whole number of windows, at least 1")
         if self.samples is not None and self.mode == "none":
             raise CompensationError("compensation none fits nothing: it reads no windows to size")
+        if self.weighting != "tokens" and self.mode == "none":
+            raise CompensationError(f"compensation none fits nothing: it has no tokens to weigh ({self.weighting})")
         if self.weighting not in WEIGHTINGS:
             raise CompensationError(f"unknown compensation weighting '{self.weighting}'; choose one of {', '.join(WEIGHTINGS)}")
         if self.target not in TARGETS:

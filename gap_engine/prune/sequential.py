@@ -16,7 +16,10 @@ intercept, so its residual has a mean that a bias removes. The bias acts on the 
 passes at once (the MLP is chosen on the inputs of the compensated attention, the next block on
 the compensated stream), and is installed in every block's ``o_proj`` and ``down_proj`` after
 the count check, as ``compensation_pass`` does. A refit on top would solve the problem OBS's
-update already solved, so ``bias`` is the only compensation this criterion takes.
+update already solved, so ``bias`` is the only compensation this criterion takes. With the output-norm
+weighting (``CompensationSettings.weighting``, Gemma 3's post-norms) ``mu`` is the mean over every
+position, BOS included, each token weighted as ``prune.compensate.output_norm_weights`` weighs it, so
+the bias is the one ``bias`` fits through the norms; the units and the update are chosen as before.
 
 Works on resident and streamed models: a block visits the device for its passes
 (``layerwise.block_on``) and is updated and sliced on the host.
@@ -39,12 +42,13 @@ from gap_engine.core.errors import CompensationError, InvariantError
 from gap_engine.core.progress import steps
 from gap_engine.data.bos import text_start
 from gap_engine.data.windows import batches
+from gap_engine.model.adapters import ArchitectureAdapter
 from gap_engine.model.layerwise import BlockCall, block_on, capture_calls, layer_output, to_host, tree_to
 from gap_engine.model.loaded import LoadedModel
 from gap_engine.model.rateplan import RatePlan, plan_params
 from gap_engine.model.slicing import slice_attention_, slice_mlp_
 from gap_engine.model.units import AttentionShape, added_bias_params, block_geometries
-from gap_engine.prune.compensate import BlockFit, Fit
+from gap_engine.prune.compensate import BlockFit, Fit, check_weighting, output_norm_weights
 from gap_engine.prune.compensation_pass import install_biases
 from gap_engine.prune.compensations import COMPENSATIONS, NO_COMPENSATION, CompensationSettings, adds_biases
 from gap_engine.prune.obs import OBS_DAMPING, damped_inverse, obs_channels, obs_heads
@@ -58,25 +62,33 @@ OBS_COMPENSATIONS = COMPENSATIONS.subset(lambda compensation: not compensation.r
 
 
 class _Gram:
-    """Accumulates X^T X and the sum of X of a linear layer's input (float64, on the host), text positions only."""
+    """Accumulates X^T X and the sum of X of a linear layer's input (float64, on the host), text positions only;
+    with ``weigh`` (per-token weights of the output-norm bias) the weighted sum of X over every position instead."""
 
-    def __init__(self, width: int, skip: int) -> None:
+    def __init__(self, width: int, skip: int, weigh: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.gram = torch.zeros(width, width, dtype=torch.float64)
         self.total = torch.zeros(width, dtype=torch.float64)
-        self.count = 0
+        self.count = 0.0
         self.skip = skip
+        self.weigh = weigh
 
     def __call__(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
         x = args[0].detach()[:, self.skip :]  # (B, T-skip, n)
         x = x.reshape(-1, x.shape[-1]).double()  # (B*(T-skip), n)
         self.gram += (x.T @ x).cpu()
-        self.total += x.sum(0).cpu()
-        self.count += x.shape[0]
+        if self.weigh is None:
+            self.total += x.sum(0).cpu()
+            self.count += x.shape[0]
+            return
+        every = args[0].detach().reshape(-1, x.shape[-1])  # BOS counts in a fit through the norms (compensation_pass)
+        weights = self.weigh(every).double()
+        self.total += (weights[:, None] * every.double()).sum(0).cpu()
+        self.count += float(weights.sum())
 
     @property
     def mean(self) -> torch.Tensor:
-        """(n,) the mean input."""
-        return self.total / max(self.count, 1)
+        """(n,) the mean input (weighted, with ``weigh``)."""
+        return self.total / self.count if self.count > 0 else self.total
 
 
 def _run_block(
@@ -99,8 +111,9 @@ def _input_gram(
     index: int,
     device: torch.device,
     skip: int,
+    weigh: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> _Gram:
-    gram = _Gram(linear.in_features, skip)
+    gram = _Gram(linear.in_features, skip, weigh)
     handle = linear.register_forward_pre_hook(gram)
     try:
         _run_block(layer, hidden, calls, index, device)
@@ -163,6 +176,7 @@ def obs_prune(
     """
     lm.refuse_shared("OBS pruning")
     check_follows_obs(compensation)
+    check_weighting(lm.adapter, compensation)
     plan = dataclasses.replace(plan).validate()  # normalised on our copy, not the caller's
     plan.check_model(lm)
     plan.params = plan_params(lm, plan, adds_biases(plan.compensation))
@@ -179,7 +193,8 @@ def obs_prune(
             first, block_calls = capture_calls(lm, batch.to(input_device(lm.model)))
             hidden.append(to_host(first))
             calls.append([tree_to(call, device) for call in block_calls])
-        stream = _Stream(hidden, calls, device, text_start(lm.tokenizer, windows), compensation.adds_bias)
+        norms = lm.adapter if compensation.adds_bias and compensation.weighting == "output-norm" else None
+        stream = _Stream(hidden, calls, device, text_start(lm.tokenizer, windows), compensation.adds_bias, norms)
         try:
             for i, layer in enumerate(steps(layers, "OBS pruning", "blocks")):
                 # counted as surgery counts them: a recorded attention shape wins over its rate
@@ -211,6 +226,7 @@ class _Stream:
     device: torch.device  # where a block runs
     skip: int  # leading positions no statistic counts (a BOS token)
     with_bias: bool  # bias compensation on top of the OBS update
+    norms: ArchitectureAdapter | None = None  # the family whose output norms weigh each token of the bias (output-norm)
     added: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)  # the biases acting before they are installed
 
 
@@ -221,7 +237,11 @@ def _obs_update(
     ``weight`` in place), write the updated columns, and return (the choice, its bias or None)."""
     weight = linear.weight.detach().double().cpu()  # (d, n)
     dense_weight = weight.clone()
-    gram = _input_gram(linear, layer, stream.hidden, stream.calls, index, stream.device, stream.skip)
+    weigh = None
+    if stream.norms is not None:
+        attention = linear is stream.norms.attention_projections(layer)[3]
+        weigh = output_norm_weights(stream.norms, layer, linear, attention, index)
+    gram = _input_gram(linear, layer, stream.hidden, stream.calls, index, stream.device, stream.skip, weigh)
     chosen = choose(weight, damped_inverse(gram.gram, OBS_DAMPING))
     _write_columns(linear, weight)
     # The removed columns are zero in the update: (W - W') mu is the dense output's mean minus the pruned one's.

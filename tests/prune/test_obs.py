@@ -214,6 +214,45 @@ def test_bias_after_obs_removes_the_mean_of_what_the_update_leaves(make_tiny):
     assert residual["bias"].pow(2).sum() == pytest.approx(float(residual["none"].pow(2).sum() - drop), rel=1e-4)
 
 
+@pytest.mark.slow
+def test_bias_after_obs_through_the_output_norm_is_the_residual_mean_each_token_weighted(make_tiny):
+    """Gemma 3, one block, MLP channels only: down_proj sees the dense inputs, OBS chooses and updates the same
+    columns whatever the bias's weighting, and the output-norm bias is the mean of what the update leaves with each
+    token weighted by ``1 / (mean(y^2) + eps)`` of the dense output ``y`` (the norm after down_proj rescales the
+    error by it), where the plain bias is the plain mean."""
+    dense = make_tiny("gemma3_text", num_hidden_layers=1, intermediate_size=128, initializer_range=0.2)
+    ids = _ids(8, 32)
+    plan = make_plan(dense, [0.0], [0.5], "obs")
+    _, dense_out = _down_inputs_and_outputs(dense, ids)
+    dense_out = dense_out.double()
+    eps = dense.adapter.output_norm(dense.adapter.layers(dense.model)[0], False).eps
+    weights = 1.0 / (dense_out.square().mean(-1, keepdim=True) + eps)  # (tokens, 1)
+    bias, residual = {}, {}
+    for weighting in ("tokens", "output-norm"):
+        pruned = dense.copy()
+        result = obs_prune(pruned, plan, ids, 4, compensation=CompensationSettings(mode="bias", weighting=weighting))
+        assert result.compensation.get("weighting", "tokens") == weighting
+        down = pruned.adapter.mlp_projections(pruned.adapter.layers(pruned.model)[0])[2]
+        bias[weighting] = down.bias.detach().double()
+        _, out = _down_inputs_and_outputs(pruned, ids)
+        residual[weighting] = dense_out - (out.double() - bias[weighting])  # what the OBS update leaves, bias aside
+    torch.testing.assert_close(residual["output-norm"], residual["tokens"], rtol=1e-4, atol=1e-5)  # the same units and update
+    torch.testing.assert_close(bias["tokens"], residual["tokens"].mean(0), rtol=1e-4, atol=1e-6)
+    expected = (weights * residual["tokens"]).sum(0) / weights.sum()
+    torch.testing.assert_close(bias["output-norm"], expected, rtol=1e-4, atol=1e-6)
+    assert float((expected - bias["tokens"]).norm()) > 1e-3 * float(expected.norm())
+
+
+def test_obs_refuses_the_output_norm_bias_where_no_norm_follows(make_tiny):
+    lm = make_tiny("llama")
+    before = {name: tensor.clone() for name, tensor in lm.model.state_dict().items()}
+    with pytest.raises(CompensationError, match="output-norm weighting .* none"):
+        obs_prune(lm, make_plan(lm, [0.5, 0.0], [0.25, 0.5], "obs"), _ids(), 2, CompensationSettings(mode="bias", weighting="output-norm"))
+    assert all(torch.equal(lm.model.state_dict()[name], tensor) for name, tensor in before.items())
+    with pytest.raises(CompensationError, match="none fits nothing"):
+        CompensationSettings(mode="none", weighting="output-norm").validate()
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
 @pytest.mark.slow
 def test_bias_after_obs_is_counted_recorded_and_saved(make_tiny, tmp_path, family):
