@@ -171,8 +171,8 @@ def compensation_from(
     plan was counted for (``planned``: ``RatePlan.compensation``), else the default for
     ``criterion`` on ``model_type``'s family (``prune.compensations.default_for``: none for one that
     updates the kept columns itself) or, with no criterion (``gap compare``: each plan's own), the
-    family's default. ``--fit-samples`` sizes the compensation's windows (OptionError where nothing is fitted
-    after the cut)."""
+    family's default. ``--fit-samples`` sizes the compensation's windows and ``--fit-weighting`` says how its tokens
+    count (OptionError where nothing is fitted after the cut)."""
     from gap_engine.prune.compensations import CompensationSettings, default_for, family_default
     from gap_engine.prune.criteria import is_sequential
 
@@ -182,6 +182,7 @@ def compensation_from(
         settings = CompensationSettings(mode=planned)
     else:
         settings = default_for(criterion, model_type) if criterion else CompensationSettings(mode=family_default(model_type))
+    settings = _weighted(settings, getattr(args, "fit_weighting", None), model_type)
     samples = getattr(args, "fit_samples", None)
     if samples is None:
         return settings.validate()
@@ -192,6 +193,23 @@ def compensation_from(
     if not settings.active:
         raise OptionError("--fit-samples cannot apply: nothing is compensated after the cut (--compensate none)")
     return replace(settings, samples=samples).validate()
+
+
+def _weighted(settings: CompensationSettings, weighting: str | None, model_type: str | None) -> CompensationSettings:
+    """``settings`` weighed as ``--fit-weighting`` asks (None: as they are); OptionError, before anything loads, where
+    nothing is fitted or the family has no norm after its output projections to fit through."""
+    from gap_engine.model.adapters import has_output_norms
+
+    if weighting is None:
+        return settings
+    if not settings.active:
+        raise OptionError("--fit-weighting cannot apply: nothing is compensated after the cut (--compensate none)")
+    if weighting == "output-norm" and model_type is not None and not has_output_norms(model_type):
+        raise OptionError(
+            f"--fit-weighting output-norm fits through the norms after o_proj and down_proj, and {model_type} blocks have "
+            "none (Gemma 3's post-norms); leave it out or give --fit-weighting tokens"
+        )
+    return replace(settings, weighting=weighting)
 
 
 def spec_from_args(args: argparse.Namespace, follows: CompensationSettings | None = None, criterion: str | None = None) -> TableSpec:

@@ -159,6 +159,8 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
         summary["obs_windows"] = obs_windows(spec.windows, args.obs_samples).n_samples
     if compensation.samples is not None:
         summary["fit_windows"] = compensation.samples
+    if compensation.weighting != "tokens":
+        summary["fit_weighting"] = compensation.weighting
     if args.json:
         print(json.dumps(summary))
         return 0

@@ -119,6 +119,9 @@ def table_compensation_text(spec: Any, compensation: Any) -> str:
     """One line on whether the table's cells saw the compensation that follows the cut."""
     if not compensation.active:
         return "compensation: none (the kept weights are the dense model's)"
-    if spec.compensation == compensation.mode:
-        return f"compensation: {compensation.mode}; the table's measured cells include it"
-    return f"compensation: {compensation.mode}; the {spec.estimator} table estimates the uncompensated model (exact and refine cells include it)"
+    named = compensation.mode + (" fitted through the output norms" if compensation.weighting == "output-norm" else "")
+    if spec.compensation == compensation.mode and compensation.weighting == "tokens":
+        return f"compensation: {named}; the table's measured cells include it"
+    if spec.compensation == compensation.mode:  # a table's compensated cells weigh tokens alike
+        return f"compensation: {named}; the table's measured cells include {compensation.mode} with tokens weighed alike"
+    return f"compensation: {named}; the {spec.estimator} table estimates the uncompensated model (exact and refine cells include it)"

@@ -43,7 +43,7 @@ from gap_engine.core.config import (
 from gap_engine.core.deprecation import REMOVED_IN
 from gap_engine.core.registry import Registry
 from gap_engine.plan.allocator_registry import ALLOCATORS
-from gap_engine.prune.compensations import COMPENSATIONS
+from gap_engine.prune.compensations import COMPENSATIONS, WEIGHTINGS
 from gap_engine.prune.criteria import CRITERIA, SCORING_CRITERIA, Criterion
 from gap_engine.recover.methods import RECOVERY_METHODS, RECOVERY_OBJECTIVES
 from gap_engine.tables.estimators import ESTIMATORS
@@ -134,6 +134,13 @@ def _add_fit_args(p: argparse.ArgumentParser) -> None:
         help="calibration windows the compensation after the cut (bias, refit) is fitted on: the calibration text's source, "
         "length and seed, this many windows, the first of them the table's (default: the table's own, at least 64 on "
         "Gemma 3; the units are still chosen on the table's); a refit solves for every kept input of a projection, so more tokens steady it",
+    )
+    p.add_argument(
+        "--fit-weighting",
+        choices=WEIGHTINGS,
+        help="how the compensation after the cut (bias, refit, and OBS's bias) counts calibration tokens: tokens, alike "
+        "(the default), or output-norm, through the norms after o_proj and down_proj (Gemma 3's post-norms): each token, "
+        "BOS included, by the inverse mean square of the projection's dense output on it",
     )
 
 

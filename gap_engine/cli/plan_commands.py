@@ -205,6 +205,7 @@ def run_compare(args: argparse.Namespace) -> int:
         obs_samples=args.obs_samples,
         checked=checked,
         fit_samples=args.fit_samples,
+        fit_weighting=args.fit_weighting,
     )
     for outcome in outcomes:
         outcome.extras = outcome.extras | dense_columns

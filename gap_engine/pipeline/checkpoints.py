@@ -45,6 +45,7 @@ class PrunedCheckpoint:
     criterion: str = "wanda"  # what chose the units (the saved plan's criterion)
     obs_windows: int | None = None  # calibration windows a sequential criterion (obs) read; None: none did
     fit_windows: int | None = None  # calibration windows the compensation after the cut was fitted on; None: none was
+    fit_weighting: str = "tokens"  # how that fit counted its tokens (CompensationSettings.weighting)
 
     @property
     def net_removed(self) -> int:
@@ -64,7 +65,15 @@ class PrunedCheckpoint:
             "removed_fraction_of_total": self.removed_fraction_of_total,
             "compensation": self.compensation,
             "criterion": self.criterion,
-        } | {name: n for name, n in (("obs_windows", self.obs_windows), ("fit_windows", self.fit_windows)) if n is not None}
+        } | {
+            name: n
+            for name, n in (
+                ("obs_windows", self.obs_windows),
+                ("fit_windows", self.fit_windows),
+                ("fit_weighting", None if self.fit_weighting == "tokens" else self.fit_weighting),
+            )
+            if n is not None
+        }
 
 
 def prune_to_checkpoint(
@@ -105,6 +114,7 @@ def prune_to_checkpoint(
         criterion=result.plan.criterion,
         obs_windows=obs_windows(windows, obs_samples).n_samples if is_sequential(result.plan.criterion) else None,
         fit_windows=((result.compensation or {}).get("windows") or {}).get("n_samples"),
+        fit_weighting=str((result.compensation or {}).get("weighting", "tokens")),
     )
 
 

@@ -68,6 +68,7 @@ class Outcome:
     criterion: str = ""  # what chose the units: the plan's own, or the one its allocator spec named (dp:obs)
     obs_windows: int | None = None  # calibration windows a sequential criterion (obs) read; None: none did
     fit_windows: int | None = None  # calibration windows a compensation after the cut was fitted on; None: none was
+    fit_weighting: str = "tokens"  # how that fit counted its tokens (CompensationSettings.weighting)
 
     def row(self) -> dict:
         """Flat dict for CSV output."""
@@ -188,6 +189,7 @@ def measure_plan(
         criterion=plan.criterion,
         obs_windows=obs_windows(calib_spec, obs_samples).n_samples if is_sequential(plan.criterion) else None,
         fit_windows=((result.compensation or {}).get("windows") or {}).get("n_samples"),
+        fit_weighting=str((result.compensation or {}).get("weighting", "tokens")),
     )
 
 
@@ -210,7 +212,12 @@ def allocator_spec(spec: str) -> tuple[str, str | None]:
 
 
 def shipped_compensation(
-    table: LossTable, allocator: str, criterion: str | None, compensation: CompensationSettings | None, samples: int | None = None
+    table: LossTable,
+    allocator: str,
+    criterion: str | None,
+    compensation: CompensationSettings | None,
+    samples: int | None = None,
+    weighting: str | None = None,
 ) -> CompensationSettings:
     """What the kept units of a `compare` row get: ``compensation`` where the row's step takes it, else the
     step's own default (``prune.compensations.default_for``). None (not asked for): every row its own
@@ -218,10 +225,13 @@ def shipped_compensation(
     and the others their model family's default (``prune.compensations.family_default``); a refit asked
     for gives OBS rows none (OBS takes no refit). Every row that fits a compensation after the cut fits it on
     ``samples`` windows (None: ``compensation``'s own count, else the table's); OBS fits its update and any bias
-    on its own windows."""
+    on its own windows. Every row that fits anything weighs its tokens as ``weighting`` says (None: as
+    ``compensation`` or the default does; ``CompensationSettings.weighting``), OBS's bias included."""
     mode = None if compensation is None else compensation.mode
     step = criterion or plan_criterion(allocator, table, mode)
     shipped = compensation if compensation is not None and takes(step, mode) else default_for(step, table_model_type(table))
+    if weighting is not None and shipped.active:
+        shipped = dataclasses.replace(shipped, weighting=weighting)
     if not fitted_after_cut(step, shipped.mode):
         return dataclasses.replace(shipped, samples=None)
     return dataclasses.replace(shipped, samples=samples if samples is not None else shipped.samples)
@@ -265,6 +275,7 @@ def compare(
     obs_samples: int | None = None,
     checked: Mapping[tuple[float, str], ReachableBudget] | None = None,
     fit_samples: int | None = None,
+    fit_weighting: str | None = None,
 ) -> list[Outcome]:
     """Every allocator at every budget, pruned for real and measured on the same windows.
 
@@ -278,16 +289,17 @@ def compare(
         constraints, evo: as for `allocators.plan_from_table`.
         hooks: its message is told one line per finished plan.
         extra: more numbers of each pruned model (task accuracy), as extra columns.
-        compensation, fit_samples: what every plan's kept units get after the cut where its step takes it, its biases
-            paid from each budget (None: each its step's default; ``shipped_compensation``), fitted on ``fit_samples``
-            windows of the table's text (None: the table's windows).
+        compensation, fit_samples, fit_weighting: what every plan's kept units get after the cut where its step takes
+            it, its biases paid from each budget (None: each its step's default; ``shipped_compensation``), fitted on
+            ``fit_samples`` windows of the table's text (None: the table's windows), its tokens weighed as
+            ``fit_weighting`` says (None: as the compensation does).
         obs_samples: calibration windows a sequential criterion (``obs``) reads (None: ``stages.obs_windows``' default).
         checked: `check_rows` of these arguments, when the caller checked them first (None: checked here).
     """
     specs = [allocator_spec(a) for a in allocators]
     table.check_model(lm)
     calib_spec = table.spec.windows
-    for shipped in (shipped_compensation(table, a, c, compensation, fit_samples) for a, c in specs):  # before anything slow
+    for shipped in (shipped_compensation(table, a, c, compensation, fit_samples, fit_weighting) for a, c in specs):  # before anything slow
         check_calibration(lm, calibration_tokens(calib_spec, shipped), shipped)
     windows = calibration_windows(lm.tokenizer, calib_spec)
     scores = compute_importance(lm, windows, table.spec.criterion, calib_spec.batch_size)
@@ -308,7 +320,11 @@ def compare(
     for budget in budgets:
         for spec, (allocator, criterion) in zip(allocators, specs):
             started = time.perf_counter()
-            own, reachable, extras = shipped_compensation(table, allocator, criterion, compensation, fit_samples), checked[budget, spec], {}
+            own, reachable, extras = (
+                shipped_compensation(table, allocator, criterion, compensation, fit_samples, fit_weighting),
+                checked[budget, spec],
+                {},
+            )
             if allocator == "evo":
                 result = evolve(lm, table, budget, windows, scores, constraints, evo, compensation=own.mode, problem=reachable.problem)
                 plan = result.plan

@@ -1,5 +1,6 @@
 """``--fit-samples``: the compensation after the cut fitted on more calibration windows than the table's, on
-``gap prune`` and ``gap compare``; the units stay those the table's windows chose; every refusal one line, exit 2.
+``gap prune`` and ``gap compare``; the units stay those the table's windows chose; ``--fit-weighting``: its tokens
+counted through the norms after the output projections (Gemma 3); every refusal one line, exit 2.
 
 Tiny random two-layer Llama folders (8 query heads in 2 KV groups, MLP 128) with the real SmolLM2 tokenizer;
 4 x 64 calibration tokens (a refit of the widest projection needs 128).
@@ -108,6 +109,8 @@ def test_compare_fits_every_compensated_row_on_the_windows_asked_and_obs_on_its_
         (["--criterion", "obs", "--fit-samples", "8"], "--fit-samples cannot apply: the units are chosen and updated by obs"),
         (["--compensate", "none", "--fit-samples", "8"], "--fit-samples cannot apply: nothing is compensated"),
         (["--fit-samples", "0"], "--fit-samples must be at least 1"),
+        (["--compensate", "none", "--fit-weighting", "tokens"], "--fit-weighting cannot apply: nothing is compensated"),
+        (["--compensate", "bias", "--fit-weighting", "output-norm"], "--fit-weighting output-norm fits through the norms"),
     ],
 )
 @pytest.mark.slow
@@ -115,3 +118,28 @@ def test_a_fit_window_count_that_cannot_apply_is_one_line(gap, tiny, tmp_path, e
     argv = ["prune", "--model", tiny, "--uniform", "0.25", *CALIB, *extra, "--out", tmp_path / "ck"]
     refused(gap(*argv), message)
     assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.slow
+def test_a_gemma_prune_fitted_through_the_output_norms_says_so_everywhere(gap, make_tiny, tmp_path):
+    """--fit-weighting output-norm: the summary, the checkpoint's record and its card say how the fit counted tokens,
+    and the weights differ from the fit that counts them alike (the same units)."""
+    folder = tmp_path / "tiny-gemma"
+    lm = make_tiny("gemma3_text", num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    common = ["prune", "--model", folder, "--uniform", "0.25", "--criterion", "wanda", "--compensate", "bias"]
+    common += ["--save-dtype", "float32", *CALIB, "--fit-samples", "4", "--json"]
+    code, err, out = gap(*common, "--fit-weighting", "output-norm", "--out", tmp_path / "norm")
+    assert code == 0, err
+    assert json.loads(out)["fit_weighting"] == "output-norm"
+    marker = json.loads((tmp_path / "norm" / "gap_pruned.json").read_text())
+    assert marker["compensation"]["weighting"] == "output-norm"
+    assert "weighted through the norms after o_proj and down_proj" in (tmp_path / "norm" / "README.md").read_text()
+    code, err, out = gap(*common, "--out", tmp_path / "tokens")
+    assert code == 0, err
+    assert "fit_weighting" not in json.loads(out)
+    kept = {name: json.loads((tmp_path / name / "kept_indices.json").read_text()) for name in ("norm", "tokens")}
+    assert kept["norm"] == kept["tokens"]
+    norm, tokens = (load_file(tmp_path / name / "model.safetensors") for name in ("norm", "tokens"))
+    assert not all(torch.equal(norm[name], tokens[name]) for name in norm if name.endswith("down_proj.bias"))

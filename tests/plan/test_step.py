@@ -83,3 +83,8 @@ def test_compare_ships_a_compensation_asked_for_where_the_step_takes_it(make_tin
     assert [shipped(s, bias) for s in ("dp", "slimgpt", "dp:obs", "uniform")] == ["bias"] * 4
     # A refit asked for: DP plans by the table's criterion to take it; OBS rows that cannot take it get none.
     assert [shipped(s, refit) for s in ("dp", "slimgpt", "dp:obs")] == ["refit", "none", "none"]
+    # A weighting asked for goes to every row that fits anything, OBS's bias included; a row that fits nothing weighs nothing.
+    assert shipped_compensation(table, "dp", "wanda", bias, weighting="output-norm").weighting == "output-norm"
+    assert shipped_compensation(table, "slimgpt", None, bias, weighting="output-norm").weighting == "output-norm"
+    assert shipped_compensation(table, "slimgpt", None, None, weighting="output-norm").weighting == "tokens"
+    assert shipped_compensation(table, "flap", None, None).weighting == "tokens"
