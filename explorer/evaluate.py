@@ -26,6 +26,7 @@ from gap_engine.data.windows import HELDOUT_SOURCES
 from gap_engine.evaluate import history, runcompare
 from gap_engine.evaluate.metrics import EvalSettings
 from gap_engine.evaluate.tasks import score_text, task_table_rows
+from gap_engine.model.adapters import has_output_norms
 from gap_engine.model.rateplan import RatePlan
 from gap_engine.pipeline.cost_model import Prediction, run_prediction
 from gap_engine.pipeline.jobs import manager, model_loaded, prune_eval_task
@@ -44,6 +45,7 @@ DEFAULTS = {
     "eval_criterion": PLAN_OWN,
     "eval_obs_samples": None,  # None: the default count (stages.obs_windows)
     "eval_fit_samples": None,  # None: the compensation is fitted on the table's windows
+    "eval_fit_through_norms": False,  # True: fitted through the norms after o_proj/down_proj (weighting output-norm)
     "eval_sources": [APP_EVAL_WINDOWS.data],
     "eval_samples": APP_EVAL_WINDOWS.n_samples,
     "eval_seq_len": APP_EVAL_WINDOWS.seq_len,
@@ -155,7 +157,7 @@ def start_run(shown_plan: dict | None = None) -> None:
     if ss["eval_save_checkpoint"]:
         checkpoint_dir = history.new_checkpoint_dir(plan.allocator if plan else allocator, plan.budget if plan else run_budget)
     criterion = None if ss["eval_criterion"] == PLAN_OWN else ss["eval_criterion"]
-    obs_samples, fit_samples = asked_obs_samples(), asked_fit_samples()
+    obs_samples, fit_samples, weighting = asked_obs_samples(), asked_fit_samples(), asked_fit_weighting()
     task = prune_eval_task(
         table.model,
         settings,
@@ -167,19 +169,21 @@ def start_run(shown_plan: dict | None = None) -> None:
         constraints=constraints_from_state(),
         plan=plan,
         checkpoint_dir=checkpoint_dir,
-        compensation=CompensationSettings(mode=run_compensation(), samples=fit_samples),
+        compensation=CompensationSettings(mode=run_compensation(), samples=fit_samples, weighting=weighting),
         maker=ownership.owner(),
         criterion=criterion,
         obs_samples=obs_samples,
     )
     plan_id = plan.content_hash() if plan is not None else ""
     compensation = run_compensation()
-    key = f"{table.key}|{allocator}|{run_budget:.4f}|{plan_id}|{compensation}|{criterion}|{obs_samples}|{fit_samples}|{constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
+    key = f"{table.key}|{allocator}|{run_budget:.4f}|{plan_id}|{compensation}|{criterion}|{obs_samples}|{fit_samples}|{weighting}|{constraints_json(ss['app_constraints'])}|{settings}|{task_settings}"
     params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": run_budget, "plan_hash": plan_id or None}
     params |= {"compensation": compensation, "criterion": run_criterion(), "obs_samples": obs_samples, "fit_samples": fit_samples}
+    params |= {"fit_weighting": weighting} if weighting != "tokens" else {}
     label = f"{allocator} at {run_budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
     label += f", criterion {criterion}" if criterion else ""
     label += f", compensation {compensation}" if compensation != "none" else ""
+    label += " through the output norms" if weighting != "tokens" else ""
     job = manager().submit("prune_eval", task, key=key, label=label, params=params, owner=ownership.owner())
     remember_job("prune_eval", job)
 
@@ -245,6 +249,13 @@ def asked_obs_samples() -> int | None:
 def asked_fit_samples() -> int | None:
     """The calibration windows the run's compensation is fitted on; None: the table's (or nothing is fitted)."""
     return int(ss["eval_fit_samples"]) if fitted_after_cut(run_criterion(), run_compensation()) and ss["eval_fit_samples"] else None
+
+
+def asked_fit_weighting() -> str:
+    """How the run's compensation counts its tokens: through the norms after o_proj and down_proj where asked and the
+    model's family has them (``CompensationSettings.weighting``), else alike."""
+    fitted = fitted_after_cut(run_criterion(), run_compensation())
+    return "output-norm" if fitted and ss["eval_fit_through_norms"] and has_output_norms(table_model_type(table)) else "tokens"
 
 
 def window_count_input(label: str, key: str, placeholder: str, help: str) -> None:
@@ -436,6 +447,15 @@ with left:
             "tokens steady it. Empty: the default, the table's own windows (on Gemma 3 at least 64, chosen on "
             "held-out selection text).",
         )
+        if has_output_norms(table_model_type(table)):
+            st.toggle(
+                "Fit through the output norms",
+                key="eval_fit_through_norms",
+                help="This model normalises the outputs of o_proj and down_proj again before the residual (Gemma 3's "
+                "post-norms), so an error there reaches the model divided by the size of the token's own output. On: the "
+                "fit counts each token, BOS included, by the inverse mean square of its dense output there; off: every "
+                "token alike. The run, its checkpoint and its model card say which.",
+            )
 with right:
     st.subheader("Evaluation")
     extra_sources = [source for source in table.spec.windows.sources() if source not in HELDOUT_SOURCES]

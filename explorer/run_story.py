@@ -96,6 +96,8 @@ def start_beside(run_id: int, what: str, table) -> None:
     fitted = step in CRITERIA and fitted_after_cut(step, mode)
     # the run's compensation windows, so both fit on as many (a run recorded before a family's floor: its windows)
     fit_samples = (recorded.get("samples") or (recorded.get("windows") or {}).get("n_samples")) if fitted else None
+    # the run's own weighting where the same compensation is fitted again (a run recorded without one weighed tokens alike)
+    weighting = str(recorded.get("weighting") or "tokens") if mode != "none" and mode == recorded.get("mode") else "tokens"
     try:
         sequential = is_sequential(step)
         expected = run_prediction(
@@ -106,12 +108,12 @@ def start_beside(run_id: int, what: str, table) -> None:
         expected = None
     task = prune_eval_task(
         table.model, settings, expected, None, table=table, budget=record.budget, allocator=allocator, plan=chosen,
-        constraints=Constraints.from_dict(params.get("constraints")), compensation=CompensationSettings(mode=mode, samples=fit_samples),
+        constraints=Constraints.from_dict(params.get("constraints")), compensation=CompensationSettings(mode=mode, samples=fit_samples, weighting=weighting),
         maker=ownership.owner(), obs_samples=obs_samples, criterion=criterion,
     )  # fmt: skip
     job_params = {"model": table.model, "table": table.key, "allocator": allocator, "budget": record.budget, "compensation": mode}
     job_params |= {"plan_hash": plan.content_hash() if chosen is not None else None, "beside_run": run_id}
-    key = f"{table.key}|beside|{run_id}|{what}|{mode}|{settings}"
+    key = f"{table.key}|beside|{run_id}|{what}|{mode}|{weighting}|{settings}"
     job = manager().submit("prune_eval", task, key=key, label=label, params=job_params, owner=ownership.owner())
     remember_job("prune_eval", job)
 
