@@ -3,7 +3,9 @@
 For every budget and allocator the plan is made once; then a copy of the model is pruned for
 real with every compensation the plan's criterion can take (``dp``, ``uniform``, ``flap``: none,
 bias, refit, bias+refit; ``slimgpt``, whose OBS update is its own compensation: none, and bias on
-top) and measured, window by window, on the two parts of the held-out text of every source:
+top) and measured, window by window, on the two parts of the held-out text of every source. A menu entry
+``NAME:norm`` is compensation NAME fitted through the norms after o_proj and down_proj (the
+output-norm weighting, Gemma 3's post-norms; OBS's bias too):
 
 - the **selection** part (``--selection-windows`` per source) measures every compensation and
   chooses each method's best at each budget: the lowest mean KL to dense over the sources;
@@ -190,9 +192,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("budgets", "allocators", "compensations", "eval_data"):
         if not split_list(getattr(args, name)):
             p.error(f"--{name.replace('_', '-')} is empty")
-    unknown = [c for c in split_list(args.compensations) if c not in COMPENSATIONS]
+    unknown = [c for c in split_list(args.compensations) if not is_menu_entry(c)]
     if unknown:
-        p.error(f"--compensations: unknown {unknown[0]!r}; choose from {', '.join(COMPENSATIONS)}")
+        p.error(
+            f"--compensations: unknown {unknown[0]!r}; choose from {', '.join(COMPENSATIONS)}, "
+            f"each but none also as NAME{NORM} (fitted through the output norms)"
+        )
     if split_list(args.allocators)[0] != "dp":
         p.error("--allocators must start with dp: the report's margins are DP's")
     from gap_engine.core.errors import GapError
@@ -226,20 +231,42 @@ def command_line(args: argparse.Namespace) -> str:
     return " ".join([SCRIPT, *(shlex.quote(part) for part in command_argv(args))])
 
 
+NORM = ":norm"  # a menu entry's mark: its compensation fitted through the output norms (weighting "output-norm")
+
+
+def is_menu_entry(entry: str) -> bool:
+    """Whether ``entry`` names a compensation (``bias``) or one fitted through the output norms (``bias:norm``)."""
+    mode, mark, tag = entry.partition(":")
+    return mode in COMPENSATIONS and (not mark or (tag == NORM[1:] and mode != "none"))
+
+
+def menu_settings(entry: str, samples: int | None):
+    """The CompensationSettings a menu entry prunes with, fitted on ``samples`` windows (None: the calibration's)."""
+    from gap_engine.prune.compensations import CompensationSettings
+
+    mode = entry.partition(":")[0]
+    return CompensationSettings(mode=mode, samples=samples, weighting="output-norm" if entry.endswith(NORM) else "tokens")
+
+
+def menu_name(settings) -> str:
+    """The menu entry of a CompensationSettings (``menu_settings``' inverse, windows aside)."""
+    return settings.mode + (NORM if settings.weighting == "output-norm" else "")
+
+
 def compensations_for(sequential: bool, menu: Sequence[str]) -> list[str]:
     """The compensations of ``menu`` a plan can take: all of them, or for a criterion that chooses
-    while pruning (``obs``) those that may follow its own update (none, bias)."""
+    while pruning (``obs``) those that may follow its own update (none, bias, bias:norm)."""
     from gap_engine.prune.sequential import OBS_COMPENSATIONS
 
-    return [c for c in menu if not sequential or c in OBS_COMPENSATIONS]
+    return [c for c in menu if not sequential or c.partition(":")[0] in OBS_COMPENSATIONS]
 
 
 def default_compensation(criterion: str, model_type: object) -> str:
     """What the method ships with when nobody tunes it (``prune.compensations.default_for``: the
-    model family's default, none after OBS)."""
+    model family's default, none after OBS), as a menu entry."""
     from gap_engine.prune.compensations import default_for
 
-    return default_for(criterion, model_type).mode
+    return menu_name(default_for(criterion, model_type))
 
 
 # ---- the results file: one JSON object a line ---------------------------------------------------
@@ -357,6 +384,11 @@ class Run:
         self.args, self.results = args, results
         self.sources = sources_of(args)
         self.dense = load_model(args.model)
+        from gap_engine.model.adapters import has_output_norms
+
+        weighted = [c for c in split_list(args.compensations) if c.endswith(NORM)]
+        if weighted and not has_output_norms(self.dense.model_type):
+            raise SystemExit(f"--compensations {weighted[0]}: {args.model}'s blocks have no norm after o_proj and down_proj to fit through")
         self.calib = WindowSpec(data=args.data, n_samples=args.samples, seq_len=args.seq_len, batch_size=8)
         spec = TableSpec(
             windows=self.calib,
@@ -416,7 +448,7 @@ class Run:
         from gap_engine.plan.allocator_registry import needs_windows
         from gap_engine.plan.allocators import plan_from_table
 
-        counted = "bias" if adds_biases(compensation) else "none"
+        counted = "bias" if adds_biases(compensation.partition(":")[0]) else "none"
         key = (budget, allocator, counted)
         if key not in self.plans:
             base, criterion = allocator_spec(allocator)  # dp:obs: DP's rates, pruned by OBS
@@ -449,10 +481,10 @@ class Run:
         """A copy of the model pruned by the plan with the compensation, as a checkpoint stores it: a compensation
         after the cut fitted on ``--fit-samples`` windows (OBS fits its own bias on its windows)."""
         from gap_engine.pipeline.stages import pruned_as_saved
-        from gap_engine.prune.compensations import CompensationSettings, fitted_after_cut
+        from gap_engine.prune.compensations import fitted_after_cut
 
         plan = self.plan(budget, allocator, compensation)
-        fitted = fitted_after_cut(plan.criterion, compensation)
+        fitted = fitted_after_cut(plan.criterion, compensation.partition(":")[0])
         return pruned_as_saved(
             self.dense,
             plan,
@@ -460,7 +492,7 @@ class Run:
             scores=self.scores_for(plan.criterion),
             # none asked: the calibration's own windows, spelled out, not a model family's default floor (64 on Gemma 3),
             # so a file's command measures what its settings say whatever the default becomes
-            compensation=CompensationSettings(mode=compensation, samples=(self.args.fit_samples or self.args.samples) if fitted else None),
+            compensation=menu_settings(compensation, (self.args.fit_samples or self.args.samples) if fitted else None),
             obs_samples=self.args.obs_samples,
         )
 

@@ -401,8 +401,9 @@ def step_lines(groups: Sequence[Group], rows: Sequence[dict[str, Any]], sources:
 
 
 def row_lines(rows: Sequence[dict[str, Any]], sources: Sequence[str], groups: Sequence[Group]) -> list[str]:
-    """Every row measured on the report part: window means, parameters, times (pruning, the selection
-    windows) and the load while it was pruned."""
+    """Every row of the menu measured on the report part: window means, parameters, times (pruning, the
+    selection windows) and the load while it was pruned. A results file may hold rows of entries this
+    command's menu leaves out (a longer menu resumed it): they are not this report's."""
     lines = [
         "| budget | allocator | compensation | removed | net of biases | params after | "
         + " | ".join(f"ppl {s}" for s in sources)
@@ -413,7 +414,7 @@ def row_lines(rows: Sequence[dict[str, Any]], sources: Sequence[str], groups: Se
     ]
     keys = [(g.budget, g.allocator, c) for g in groups for c in g.menu]
     order = {key: i for i, key in enumerate(keys)}
-    for r in sorted((r for r in rows if on_report(r, sources)), key=lambda r: (order.get(row_key(r), len(order)), row_key(r)[2])):
+    for r in sorted((r for r in rows if on_report(r, sources) and row_key(r) in order), key=lambda r: order[row_key(r)]):
         ppl = [math.exp(sum(w) / len(w)) for w in (r["windows"][set_name(REPORT, s)]["nll"] for s in sources)]
         kl = [mean_kl(r, REPORT, [s]) for s in sources]
         lines.append(
@@ -432,6 +433,11 @@ def settings_lines(args: Any, groups: Sequence[Group], sources: Sequence[str], d
     for group in groups:
         menus.setdefault(group.allocator, (group.menu, group.default))
     menu_text = "; ".join(f"{a}: {', '.join(m)} (default {d})" for a, (m, d) in menus.items())
+    if any(c.endswith(":norm") for group in groups for c in group.menu):
+        menu_text += (
+            " (NAME:norm: NAME fitted through the norms after o_proj and down_proj, each token, BOS included, by the inverse "
+            "mean square of the projection's dense output on it; after OBS, its bias so)"
+        )
     steps = {}
     for group in groups:
         steps.setdefault(group.allocator, group.criterion)

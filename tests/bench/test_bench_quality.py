@@ -60,10 +60,34 @@ def test_defaults_give_every_method_the_whole_menu():
     ]
 
 
+def test_a_menu_entry_may_be_fitted_through_the_output_norms():
+    menu = ["none", "bias", "refit", "bias+refit", "bias:norm", "refit:norm", "bias+refit:norm"]
+    assert parse_args(["--compensations", ",".join(menu)]).compensations == ",".join(menu)
+    assert compensations_for(True, menu) == ["none", "bias", "bias:norm"]  # OBS's bias may be weighted; no refit follows OBS
+    settings = bench_quality.menu_settings("bias+refit:norm", 64)
+    assert (settings.mode, settings.samples, settings.weighting) == ("bias+refit", 64, "output-norm")
+    assert bench_quality.menu_settings("bias", None).weighting == "tokens"
+    assert [bench_quality.menu_name(bench_quality.menu_settings(c, None)) for c in menu] == menu
+
+
+def test_report_lists_only_the_rows_of_its_own_menu():
+    # A results file resumed with a longer menu holds rows the shorter command never asked for.
+    groups = [Group(0.2, "dp", ("bias",), "bias"), Group(0.2, "uniform", ("bias",), "bias")]
+    rows = [_row(0.2, "dp", "bias", 0.5, 0.5, seed=1), _row(0.2, "uniform", "bias", 0.7, 0.7, seed=2)]
+    longer = rows + [_row(0.2, "dp", "bias:norm", 0.4, 0.4, seed=3)]
+    args = parse_args(["--budgets", "0.2", "--compensations", "bias", "--allocators", "dp,uniform", "--resamples", "200"])
+    assert report_text(args, "cmd", "m", longer, groups, None, []) == report_text(args, "cmd", "m", rows, groups, None, [])
+    weighted = [Group(0.2, "dp", ("bias", "bias:norm"), "bias"), Group(0.2, "uniform", ("bias",), "bias")]
+    text = report_text(args, "cmd", "m", longer, weighted, None, [])
+    assert "| 20% | dp | bias:norm |" in text and "NAME:norm: NAME fitted through the norms after o_proj and down_proj" in text
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--task-limit", "100"], "at least 500"),
+        (["--compensations", "bias,none:norm"], "unknown 'none:norm'"),
+        (["--compensations", "bias,bias:scaled"], "unknown 'bias:scaled'"),
         (["--report-windows", "16"], "at least 24"),
         (["--allocators", "uniform,dp"], "start with dp"),
         (["--compensations", "bias,stretch"], "unknown 'stretch'"),
