@@ -38,6 +38,7 @@ def test_prune_and_evaluate_prunes_a_plan_by_obs(cached_table, smol):
     assert at.selectbox(key="eval_criterion").options[0] == "the plan's own (wanda)"
     assert not at.selectbox(key="app_compensation").disabled
     at.number_input(key="eval_fit_samples").set_value(5).run()  # wanda's plan: its bias may read more windows
+    assert not any(t.key == "eval_fit_through_norms" for t in at.toggle)  # SmolLM2's blocks have no post-norms to fit through
     at.selectbox(key="eval_criterion").set_value("obs").run()
     assert not any(n.key == "eval_fit_samples" for n in at.number_input)
     assert at.selectbox(key="app_compensation").disabled  # OBS's update is its compensation
