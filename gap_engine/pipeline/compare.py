@@ -289,17 +289,16 @@ def compare(
         constraints, evo: as for `allocators.plan_from_table`.
         hooks: its message is told one line per finished plan.
         extra: more numbers of each pruned model (task accuracy), as extra columns.
-        compensation, fit_samples, fit_weighting: what every plan's kept units get after the cut where its step takes
-            it, its biases paid from each budget (None: each its step's default; ``shipped_compensation``), fitted on
-            ``fit_samples`` windows of the table's text (None: the table's windows), its tokens weighed as
-            ``fit_weighting`` says (None: as the compensation does).
+        compensation, fit_samples, fit_weighting: what each row's kept units get after the cut, its biases paid from
+            each budget, fitted on ``fit_samples`` windows weighed as ``fit_weighting`` says (``shipped_compensation``).
         obs_samples: calibration windows a sequential criterion (``obs``) reads (None: ``stages.obs_windows``' default).
         checked: `check_rows` of these arguments, when the caller checked them first (None: checked here).
     """
     specs = [allocator_spec(a) for a in allocators]
     table.check_model(lm)
     calib_spec = table.spec.windows
-    for shipped in (shipped_compensation(table, a, c, compensation, fit_samples, fit_weighting) for a, c in specs):  # before anything slow
+    ships = {spec: shipped_compensation(table, a, c, compensation, fit_samples, fit_weighting) for spec, (a, c) in zip(allocators, specs)}
+    for shipped in ships.values():  # before anything slow
         check_calibration(lm, calibration_tokens(calib_spec, shipped), shipped)
     windows = calibration_windows(lm.tokenizer, calib_spec)
     scores = compute_importance(lm, windows, table.spec.criterion, calib_spec.batch_size)
@@ -320,11 +319,7 @@ def compare(
     for budget in budgets:
         for spec, (allocator, criterion) in zip(allocators, specs):
             started = time.perf_counter()
-            own, reachable, extras = (
-                shipped_compensation(table, allocator, criterion, compensation, fit_samples, fit_weighting),
-                checked[budget, spec],
-                {},
-            )
+            own, reachable, extras = ships[spec], checked[budget, spec], {}
             if allocator == "evo":
                 result = evolve(lm, table, budget, windows, scores, constraints, evo, compensation=own.mode, problem=reachable.problem)
                 plan = result.plan

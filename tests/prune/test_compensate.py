@@ -310,7 +310,7 @@ def test_weighted_moments_are_the_weighted_sums_and_unit_weights_change_nothing(
     lam = 0.01 * torch.diagonal(gram).mean()
     rhs = (w64 * x64[:, kept]).T @ (x64 @ weight.double().T - x64[:, kept] @ weight.double()[:, kept].T) / w64.sum()
     change = torch.linalg.solve(gram + lam * torch.eye(6, dtype=torch.float64), rhs)
-    torch.testing.assert_close(fit.weight.double(), weight.double()[:, kept] + change.T, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fit.weight.double(), weight.double()[:, kept] + change.T, rtol=1e-4, atol=1e-5)  # the fit is float32
     plain, ones = Moments.zeros(10, torch.device("cpu")), Moments.zeros(10, torch.device("cpu"))
     plain.add(x)
     ones.add(x, weights=torch.ones(300))
