@@ -61,12 +61,17 @@ DEFAULT_VARIANTS = "none,bias,bias/dense,refit,refit/dense,bias+refit,refit@0.00
 
 def parse_variant(text: str) -> CompensationSettings:
     """``mode[/target][@damping][#samples]`` -> the settings; ``#samples`` is the count of the table's text's windows
-    the blocks are fitted on (none: the engine's default, the table's own or the model family's floor)."""
+    the blocks are fitted on (none: the engine's default, the table's own or the model family's floor). Every token
+    counts alike, whatever the model family's default weighting, so a file's variants read the same after it changes."""
     rest, _, samples = text.partition("#")
     rest, _, damping = rest.partition("@")
     mode, _, target = rest.partition("/")
     return CompensationSettings(
-        mode=mode, damping=float(damping or DEFAULT_DAMPING), target=target or "pruned", samples=int(samples) if samples else None
+        mode=mode,
+        damping=float(damping or DEFAULT_DAMPING),
+        target=target or "pruned",
+        samples=int(samples) if samples else None,
+        weighting="tokens" if mode != "none" else None,
     ).validate()
 
 

@@ -250,7 +250,7 @@ def menu_settings(entry: str, samples: int | None):
 
 def menu_name(settings) -> str:
     """The menu entry of a CompensationSettings (``menu_settings``' inverse, windows aside)."""
-    return settings.mode + (NORM if settings.weighting == "output-norm" else "")
+    return settings.mode + (NORM if settings.weighted else "")
 
 
 def compensations_for(sequential: bool, menu: Sequence[str]) -> list[str]:

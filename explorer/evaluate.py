@@ -34,7 +34,7 @@ from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.plan.step import plan_criterion as allocator_step
 from gap_engine.plan.step import table_model_type
-from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings, fit_window_count, fitted_after_cut
+from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings, family_weighting, fit_window_count, fitted_after_cut
 from gap_engine.prune.criteria import CRITERIA, is_sequential
 from gap_engine.views import figures
 
@@ -45,7 +45,8 @@ DEFAULTS = {
     "eval_criterion": PLAN_OWN,
     "eval_obs_samples": None,  # None: the default count (stages.obs_windows)
     "eval_fit_samples": None,  # None: the compensation is fitted on the table's windows
-    "eval_fit_through_norms": False,  # True: fitted through the norms after o_proj/down_proj (weighting output-norm)
+    # True: fitted through the norms after o_proj/down_proj (weighting output-norm); None: as the model family's fits are
+    "eval_fit_through_norms": None,
     "eval_sources": [APP_EVAL_WINDOWS.data],
     "eval_samples": APP_EVAL_WINDOWS.n_samples,
     "eval_seq_len": APP_EVAL_WINDOWS.seq_len,
@@ -255,7 +256,14 @@ def asked_fit_weighting() -> str:
     """How the run's compensation counts its tokens: through the norms after o_proj and down_proj where asked and the
     model's family has them (``CompensationSettings.weighting``), else alike."""
     fitted = fitted_after_cut(run_criterion(), run_compensation())
-    return "output-norm" if fitted and ss["eval_fit_through_norms"] and has_output_norms(table_model_type(table)) else "tokens"
+    on = ss["eval_fit_through_norms"]
+    on = fits_through_norms_by_default() if on is None else on
+    return "output-norm" if fitted and on and has_output_norms(table_model_type(table)) else "tokens"
+
+
+def fits_through_norms_by_default() -> bool:
+    """Whether the table's model family fits through its output norms when nobody says (``family_weighting``)."""
+    return family_weighting(table_model_type(table)) == "output-norm"
 
 
 def window_count_input(label: str, key: str, placeholder: str, help: str) -> None:
@@ -448,13 +456,16 @@ with left:
             "held-out selection text).",
         )
         if has_output_norms(table_model_type(table)):
+            if ss["eval_fit_through_norms"] is None:  # shown the family's default until the user sets it
+                ss["eval_fit_through_norms"] = fits_through_norms_by_default()
             st.toggle(
                 "Fit through the output norms",
                 key="eval_fit_through_norms",
                 help="This model normalises the outputs of o_proj and down_proj again before the residual (Gemma 3's "
                 "post-norms), so an error there reaches the model divided by the size of the token's own output. On: the "
                 "fit counts each token, BOS included, by the inverse mean square of its dense output there; off: every "
-                "token alike. The run, its checkpoint and its model card say which.",
+                "token alike. On by default for Gemma 3 (chosen on held-out selection text). The run, its checkpoint "
+                "and its model card say which.",
             )
 with right:
     st.subheader("Evaluation")

@@ -197,7 +197,7 @@ def prune(
     calibration: WindowSpec | None = None,
     obs_samples: int | None = None,
     fit_samples: int | None = None,
-    weighting: str = "tokens",
+    weighting: str | None = None,
     save_dtype: str = DEFAULT_SAVE_DTYPE,
 ) -> PrunedModel:
     """A copy of ``model`` with the heads and channels ``plan`` removes sliced out, then the cut
@@ -207,9 +207,10 @@ def prune(
     The units are chosen and the compensation fitted on ``calibration`` windows: the table's own
     when ``table`` is given, else 16 x 256 tokens of wiki-sample. A plan pruned by OBS (the DP's step
     on Llama) reads ``obs_samples`` windows of that text (None: 4x their count, at most 128); any other
-    plan's compensation is fitted on ``fit_samples`` windows of it (None: the calibration windows).
-    ``weighting="output-norm"`` (Gemma 3) fits through the norms after o_proj and down_proj, each token counted by
-    the inverse mean square of its dense output there (``CompensationSettings.weighting``); ``"tokens"``: alike.
+    plan's compensation is fitted on ``fit_samples`` windows of it (None: the calibration windows, at least 64 on
+    Gemma 3). ``weighting="output-norm"`` fits through the norms after o_proj and down_proj, each token counted by
+    the inverse mean square of its dense output there (``CompensationSettings.weighting``); ``"tokens"``: alike;
+    None: the model family's (output-norm on Gemma 3, tokens elsewhere).
     """
     windows = calibration or (table.spec.windows if table is not None else CLI_TABLE.windows)
     mode = compensate or plan.compensation or default_for(plan.criterion, model.model_type).mode

@@ -196,12 +196,14 @@ def compensation_from(
 
 
 def _weighted(settings: CompensationSettings, weighting: str | None, model_type: str | None) -> CompensationSettings:
-    """``settings`` weighed as ``--fit-weighting`` asks (None: as they are); OptionError, before anything loads, where
-    nothing is fitted or the family has no norm after its output projections to fit through."""
+    """``settings`` weighed as ``--fit-weighting`` asks (None: as the model family's fits are, where its type is known,
+    ``with_family_weighting``); OptionError, before anything loads, where nothing is fitted or the family has no norm
+    after its output projections to fit through."""
     from gap_engine.model.adapters import has_output_norms
+    from gap_engine.prune.compensations import with_family_weighting
 
     if weighting is None:
-        return settings
+        return settings if model_type is None else with_family_weighting(settings, model_type)
     if not settings.active:
         raise OptionError("--fit-weighting cannot apply: nothing is compensated after the cut (--compensate none)")
     if weighting == "output-norm" and model_type is not None and not has_output_norms(model_type):

@@ -25,7 +25,7 @@ from gap_engine.pipeline.checkpoints import evaluate_model, prune_rounds_to_chec
 from gap_engine.pipeline.stages import dense_reference, obs_windows, pruned_by
 from gap_engine.plan.step import family_step, takes
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration, fit_windows
-from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, adds_biases, with_family_fit_windows
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, adds_biases, with_family_fit, with_family_weighting
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.sequential import check_follows_obs
 from gap_engine.tables.lookup import find_table
@@ -81,13 +81,13 @@ def run_prune(args: argparse.Namespace) -> int:
 
 
 def _prune_compensation(args: argparse.Namespace, criterion: str, planned: str | None = None) -> CompensationSettings:
-    """``compensation_from`` for a prune by ``criterion``, fitted on the model family's windows where none are asked
-    (``with_family_fit_windows``); CompensationError now, before anything loads, for a refit after ``obs``'s update (which is one)."""
+    """``compensation_from`` for a prune by ``criterion``, fitted on the model family's windows and weighed as its
+    family weighs tokens where neither is asked (``with_family_fit``; after OBS, the weighting of its bias); CompensationError now, before anything loads, for a refit after ``obs``'s update (which is one)."""
     compensation = compensation_from(args, criterion, planned, model_type_of(args.model))
     if is_sequential(criterion):
         check_follows_obs(compensation)
-        return compensation
-    return with_family_fit_windows(compensation, model_type_of(args.model), windows_from(args).n_samples)
+        return with_family_weighting(compensation, model_type_of(args.model))
+    return with_family_fit(compensation, model_type_of(args.model), windows_from(args).n_samples)
 
 
 def _obs_windows_needed(args: argparse.Namespace, criterion: str) -> tuple[tuple[WindowSpec, str], ...]:
@@ -159,7 +159,7 @@ def run_prune_rounds(args: argparse.Namespace) -> int:
         summary["obs_windows"] = obs_windows(spec.windows, args.obs_samples).n_samples
     if compensation.samples is not None:
         summary["fit_windows"] = compensation.samples
-    if compensation.weighting != "tokens":
+    if compensation.weighted:
         summary["fit_weighting"] = compensation.weighting
     if args.json:
         print(json.dumps(summary))

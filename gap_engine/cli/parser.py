@@ -138,9 +138,9 @@ def _add_fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fit-weighting",
         choices=WEIGHTINGS,
-        help="how the compensation after the cut (bias, refit, and OBS's bias) counts calibration tokens: tokens, alike "
-        "(the default), or output-norm, through the norms after o_proj and down_proj (Gemma 3's post-norms): each token, "
-        "BOS included, by the inverse mean square of the projection's dense output on it",
+        help="how the compensation after the cut (bias, refit, and OBS's bias) counts calibration tokens: tokens, alike, "
+        "or output-norm, through the norms after o_proj and down_proj (Gemma 3's post-norms): each token, BOS included, "
+        "by the inverse mean square of the projection's dense output on it (default: output-norm on Gemma 3, tokens elsewhere)",
     )
 
 

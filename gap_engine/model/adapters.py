@@ -63,6 +63,9 @@ class ModelTypeFacts:
     # the fewest calibration windows that compensation is fitted on when no count is asked (``--fit-samples``) and the
     # calibration has fewer (``prune.compensations.fit_window_count``); 0: the calibration's own. Chosen the same way.
     default_fit_windows: int = 0
+    # how that fit counts its tokens when no weighting is asked (``CompensationSettings.weighting``,
+    # ``prune.compensations.family_weighting``): "output-norm" only where ``output_norm_names`` name norms. Chosen the same way.
+    default_fit_weighting: str = "tokens"
 
     @property
     def gguf_supported(self) -> bool:
@@ -195,6 +198,10 @@ GEMMA3 = ArchitectureAdapter(
             # fitted on 64 windows of the table's text, not its 16: DP's selection KL 13% lower at 20% and 7% at 40% on
             # every source, 128 no better than 64 (bench/results/refit_windows_gemma.md, selection part)
             default_fit_windows=64,
+            # fitted through the post-norms: at 20% every method's every fit has a lower selection KL weighted than
+            # not (DP's bias+refit 0.57 against 0.82; bench/results/quality_gemma_norm.md), at 20% and 40% DP's is lower
+            # on every source (bench/results/output_norm_gemma.md); both selection parts
+            default_fit_weighting="output-norm",
         ),
     ),
     output_norm_names=("post_attention_layernorm", "post_feedforward_layernorm"),

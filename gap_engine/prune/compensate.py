@@ -381,7 +381,7 @@ def fit_block(
         attention = linear is o_proj
         target = None if inputs.targets is None else [t[0 if attention else 1] for t in inputs.targets]
         moments = Moments.zeros(linear.in_features, inputs.device, with_target=target is not None, second=settings.refits)
-        weigh = output_norm_weights(adapter, layer, linear, attention, index) if settings.weighting == "output-norm" else None
+        weigh = output_norm_weights(adapter, layer, linear, attention, index) if settings.weighted else None
         with applied(adapter, layer, heads, (), fit):  # the MLP sees the compensated attention
             for b, x in enumerate(_capture_inputs(layer, linear, inputs.states, inputs.calls, inputs.device, inputs.skip)):
                 aimed = None if target is None else target[b].to(x.device)
@@ -394,7 +394,7 @@ def fit_block(
 def check_weighting(adapter: ArchitectureAdapter, settings: CompensationSettings) -> None:
     """CompensationError (one line) for the output-norm weighting on a family that adds its projections' outputs to
     the residual stream as they are: there the error before the norm is the error, and plain token counts are right."""
-    if settings.weighting == "output-norm" and not any(adapter.output_norm_names):
+    if settings.weighted and not any(adapter.output_norm_names):
         raise CompensationError(
             f"the output-norm weighting fits through the norms after o_proj and down_proj, and {adapter.family} "
             "blocks have none (Gemma 3's post-norms); weigh tokens alike (weighting tokens)"

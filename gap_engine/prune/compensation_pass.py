@@ -44,7 +44,7 @@ from gap_engine.model.rateplan import RatePlan
 from gap_engine.model.slicing import replace_linear_, restored_on_failure
 from gap_engine.model.units import added_bias_params, block_geometries
 from gap_engine.prune.compensate import BlockFit, BlockInputs, applied, check_weighting, fit_block, kept_columns
-from gap_engine.prune.compensations import CompensationSettings, with_family_fit_windows
+from gap_engine.prune.compensations import CompensationSettings, with_family_fit
 from gap_engine.prune.importance import ImportanceScores
 from gap_engine.prune.surgery import PruneResult, apply_plan, plan_units
 
@@ -149,7 +149,7 @@ def compensate_blocks(
     # A leading BOS is context, never a prediction, and a plain fit leaves it out; but every later token attends to
     # it, and where a norm follows the projections its output is rescaled like any other: the output-norm fit counts
     # it, at the weight its own (often tiny) output gives it.
-    skip = 0 if settings.weighting == "output-norm" else text_start(lm.tokenizer, windows)
+    skip = 0 if settings.weighted else text_start(lm.tokenizer, windows)
     calls, states = [], []
     for batch in batches(windows, batch_size):
         first, block_calls = capture_calls(lm, batch.to(input_device(lm.model)))
@@ -219,7 +219,7 @@ def prune_compensated(
     settings.validate()
     if not settings.active:
         return apply_plan(lm, plan, scores)
-    settings = with_family_fit_windows(settings, lm.model_type, windows.n_samples)
+    settings = with_family_fit(settings, lm.model_type, windows.n_samples)
     windows = fit_windows(windows, settings.samples)
     lm.refuse_shared("compensation")
     plan = dataclasses.replace(plan).validate()  # validate() normalises the rates: on our copy, not the caller's

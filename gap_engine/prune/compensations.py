@@ -96,7 +96,8 @@ class CompensationSettings:
     # post-norms): each token counts by the inverse mean square of the projection's dense output on it, so the fit
     # minimises the error after the norm (to first order, leaving aside the part along the output) rather than
     # before it, where a few tokens with large outputs would otherwise set a bias every other token receives.
-    weighting: str = "tokens"
+    # None: the model family's (``family_weighting``), settled where the fit meets the model (``with_family_fit``).
+    weighting: str | None = None
 
     def validate(self) -> CompensationSettings:
         """CompensationError (one line) for a value the pass cannot use."""
@@ -105,9 +106,9 @@ class CompensationSettings:
             raise CompensationError(f"compensation windows {self.samples!r}: give a whole number of windows, at least 1")
         if self.samples is not None and self.mode == "none":
             raise CompensationError("compensation none fits nothing: it reads no windows to size")
-        if self.weighting != "tokens" and self.mode == "none":
+        if self.weighting not in (None, "tokens") and self.mode == "none":
             raise CompensationError(f"compensation none fits nothing: it has no tokens to weigh ({self.weighting})")
-        if self.weighting not in WEIGHTINGS:
+        if self.weighting is not None and self.weighting not in WEIGHTINGS:
             raise CompensationError(f"unknown compensation weighting '{self.weighting}'; choose one of {', '.join(WEIGHTINGS)}")
         if self.target not in TARGETS:
             raise CompensationError(f"unknown compensation target '{self.target}'; choose one of {', '.join(TARGETS)}")
@@ -126,6 +127,12 @@ class CompensationSettings:
         return COMPENSATIONS[self.mode].adds_bias
 
     @property
+    def weighted(self) -> bool:
+        """Whether the fit counts each token through the norms after o_proj and down_proj (``output-norm``); False
+        for tokens alike and for a weighting not yet settled (``with_family_fit`` settles it)."""
+        return self.active and self.weighting == "output-norm"
+
+    @property
     def refits(self) -> bool:
         """Whether the mode solves for the kept columns."""
         return COMPENSATIONS[self.mode].refits
@@ -133,7 +140,7 @@ class CompensationSettings:
     def to_dict(self) -> dict[str, object]:
         """What a checkpoint, a run and a table record."""
         recorded: dict[str, object] = {"mode": self.mode, "damping": float(self.damping), "target": self.target}
-        if self.weighting != "tokens":  # records made before the weighting existed weighed tokens alike
+        if self.weighted:  # a record without a weighting weighed tokens alike (as every record before it existed did)
             recorded["weighting"] = self.weighting
         return recorded if self.samples is None else recorded | {"samples": self.samples}
 
@@ -164,11 +171,32 @@ def fit_window_count(model_type: object, calibration: int, asked: int | None = N
     return max(calibration, facts.default_fit_windows if facts is not None else 0)
 
 
-def with_family_fit_windows(settings: CompensationSettings, model_type: object, calibration: int) -> CompensationSettings:
-    """``settings`` with the windows its fit reads spelled out where the model family's floor (``fit_window_count``)
-    makes them more than the calibration's ``calibration``, so they are checked, printed and recorded as if asked for;
-    ``settings`` as they are where nothing is fitted, a count is asked, or the calibration has enough."""
-    if not settings.active or settings.samples is not None:
+def family_weighting(model_type: object) -> str:
+    """How a model type's fits count their tokens when no weighting is asked: its family's measured choice
+    (``ModelTypeFacts.default_fit_weighting``: ``output-norm`` on Gemma 3), else every token alike."""
+    from gap_engine.model.adapters import model_type_facts  # torch: imported when a prune is set up, not by gap --help
+
+    facts = model_type_facts(model_type)
+    return facts.default_fit_weighting if facts is not None else "tokens"
+
+
+def with_family_weighting(settings: CompensationSettings, model_type: object) -> CompensationSettings:
+    """``settings`` with the model family's weighting (``family_weighting``) where none was asked and something is
+    fitted, so it is checked, printed and recorded as if asked for; ``settings`` as they are otherwise."""
+    if not settings.active or settings.weighting is not None:
+        return settings
+    return replace(settings, weighting=family_weighting(model_type))
+
+
+def with_family_fit(settings: CompensationSettings, model_type: object, calibration: int) -> CompensationSettings:
+    """``settings`` with what the model family decides for a fit after the cut spelled out, so it is checked, printed
+    and recorded as if asked for: the weighting where none was asked (``with_family_weighting``), and the windows where
+    the family's floor (``fit_window_count``) makes them more than the calibration's ``calibration`` and no count was
+    asked. ``settings`` as they are where nothing is fitted."""
+    if not settings.active:
+        return settings
+    settings = with_family_weighting(settings, model_type)
+    if settings.samples is not None:
         return settings
     count = fit_window_count(model_type, calibration)
     return settings if count == calibration else replace(settings, samples=count)
@@ -176,6 +204,9 @@ def with_family_fit_windows(settings: CompensationSettings, model_type: object, 
 
 def default_for(criterion: str, model_type: object = None) -> CompensationSettings:
     """The compensation a command applies when none is asked for: the model family's default
-    (`family_default`), or none for a criterion that updates the kept columns itself (``obs``:
+    (`family_default`, its tokens weighed as `family_weighting` says), or none for a criterion that updates the kept columns itself (``obs``:
     SlimGPT's OBS update is its compensation, and it takes no second one)."""
-    return NO_COMPENSATION if is_sequential(criterion) else CompensationSettings(mode=family_default(model_type))
+    if is_sequential(criterion):
+        return NO_COMPENSATION
+    mode = family_default(model_type)
+    return CompensationSettings(mode=mode, weighting=family_weighting(model_type) if mode != "none" else None)

@@ -50,7 +50,7 @@ from gap_engine.model.slicing import slice_attention_, slice_mlp_
 from gap_engine.model.units import AttentionShape, added_bias_params, block_geometries
 from gap_engine.prune.compensate import BlockFit, Fit, check_weighting, output_norm_weights
 from gap_engine.prune.compensation_pass import install_biases
-from gap_engine.prune.compensations import COMPENSATIONS, NO_COMPENSATION, CompensationSettings, adds_biases
+from gap_engine.prune.compensations import COMPENSATIONS, NO_COMPENSATION, CompensationSettings, adds_biases, with_family_weighting
 from gap_engine.prune.obs import OBS_DAMPING, damped_inverse, obs_channels, obs_heads
 from gap_engine.prune.surgery import PruneResult, finish_surgery, kept_counts
 
@@ -176,6 +176,7 @@ def obs_prune(
     """
     lm.refuse_shared("OBS pruning")
     check_follows_obs(compensation)
+    compensation = with_family_weighting(compensation, lm.model_type)
     check_weighting(lm.adapter, compensation)
     plan = dataclasses.replace(plan).validate()  # normalised on our copy, not the caller's
     plan.check_model(lm)
@@ -193,7 +194,7 @@ def obs_prune(
             first, block_calls = capture_calls(lm, batch.to(input_device(lm.model)))
             hidden.append(to_host(first))
             calls.append([tree_to(call, device) for call in block_calls])
-        norms = lm.adapter if compensation.adds_bias and compensation.weighting == "output-norm" else None
+        norms = lm.adapter if compensation.adds_bias and compensation.weighted else None
         stream = _Stream(hidden, calls, device, text_start(lm.tokenizer, windows), compensation.adds_bias, norms)
         try:
             for i, layer in enumerate(steps(layers, "OBS pruning", "blocks")):

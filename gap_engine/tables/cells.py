@@ -190,7 +190,7 @@ def dense_logprobs(lm: LoadedModel, state: DenseState, b: int) -> torch.Tensor:
 
 def cell_compensation(spec: TableSpec) -> CompensationSettings | None:
     """What the cells of ``spec`` are compensated with (None: nothing)."""
-    return CompensationSettings(mode=spec.compensation) if spec.compensation != "none" else None
+    return CompensationSettings(mode=spec.compensation, weighting="tokens") if spec.compensation != "none" else None
 
 
 def cut_applied(

@@ -52,10 +52,11 @@ def test_defaults_give_every_method_the_whole_menu():
     assert args.report_windows >= 24 and args.selection_windows >= 16 and args.task_limit == 0
     assert compensations_for(False, ["none", "bias", "refit", "bias+refit"]) == ["none", "bias", "refit", "bias+refit"]
     assert compensations_for(True, ["none", "bias", "refit", "bias+refit"]) == ["none", "bias"]  # obs: its update, bias on top
-    # each family's default after a step that leaves the kept columns as they were; none after OBS
+    # each family's default after a step that leaves the kept columns as they were (Gemma 3's fitted through its
+    # output norms); none after OBS
     assert [default_compensation(c, t) for c, t in [("wanda", "llama"), ("wanda", "gemma3_text"), ("obs", "gemma3_text")]] == [
         "bias",
-        "bias+refit",
+        "bias+refit:norm",
         "none",
     ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,7 +18,14 @@ from cli_fixtures import CALIB, gap, refused, tiny  # noqa: F401
 from safetensors.torch import load_file
 
 from gap_engine.core.errors import CompensationError
-from gap_engine.prune.compensations import CompensationSettings, fit_window_count, with_family_fit_windows
+from gap_engine.prune.compensations import (
+    NO_COMPENSATION,
+    CompensationSettings,
+    default_for,
+    family_weighting,
+    fit_window_count,
+    with_family_fit,
+)
 
 
 def test_the_windows_are_part_of_the_settings_and_recorded_only_when_asked():
@@ -39,17 +47,32 @@ def test_a_family_sets_the_fewest_windows_a_fit_reads_when_none_are_asked():
     assert fit_window_count("gemma3_text", 16, 8) == 8
     # spelled out on the settings only where the floor reads more; nothing fitted or a count asked stays as it is
     fitted = CompensationSettings(mode="bias+refit")
-    assert with_family_fit_windows(fitted, "gemma3_text", 16).samples == 64
-    assert with_family_fit_windows(fitted, "gemma3_text", 128).samples is None
-    assert with_family_fit_windows(fitted, "llama", 16).samples is None
-    assert with_family_fit_windows(CompensationSettings(mode="bias", samples=8), "gemma3_text", 16).samples == 8
-    assert with_family_fit_windows(CompensationSettings(mode="none"), "gemma3_text", 16).samples is None
+    assert with_family_fit(fitted, "gemma3_text", 16).samples == 64
+    assert with_family_fit(fitted, "gemma3_text", 128).samples is None
+    assert with_family_fit(fitted, "llama", 16).samples is None
+    assert with_family_fit(CompensationSettings(mode="bias", samples=8), "gemma3_text", 16).samples == 8
+    assert with_family_fit(CompensationSettings(mode="none"), "gemma3_text", 16).samples is None
+
+
+def test_a_family_sets_how_a_fit_counts_its_tokens_when_none_is_asked():
+    """Gemma 3 fits through its post-norms (its evidence: bench/results/quality_gemma_norm.md, selection part), every
+    other family counts tokens alike; a weighting asked for is taken as it is, and nothing fitted weighs nothing."""
+    assert [family_weighting(t) for t in ("gemma3_text", "llama", "qwen2", "qwen3", None)] == ["output-norm"] + ["tokens"] * 4
+    unsettled = CompensationSettings(mode="bias+refit")
+    assert unsettled.weighting is None and not unsettled.weighted and "weighting" not in unsettled.to_dict()
+    assert with_family_fit(unsettled, "gemma3_text", 64).weighting == "output-norm"
+    assert with_family_fit(unsettled, "gemma3_text", 64).weighted
+    assert with_family_fit(unsettled, "llama", 64).weighting == "tokens"
+    assert with_family_fit(replace(unsettled, weighting="tokens"), "gemma3_text", 64).weighting == "tokens"
+    assert with_family_fit(NO_COMPENSATION, "gemma3_text", 64) == NO_COMPENSATION
+    assert default_for("wanda", "gemma3_text") == CompensationSettings(mode="bias+refit", weighting="output-norm")
+    assert default_for("wanda", "llama").weighting == "tokens" and default_for("obs", "gemma3_text") == NO_COMPENSATION
 
 
 @pytest.mark.slow
 def test_a_gemma_prune_fits_on_its_family_windows_and_says_so(gap, make_tiny, tmp_path):
-    """Nothing asked: the family's compensation (bias+refit) is fitted on 64 windows, not the table's 4, and the
-    summary and the checkpoint's record say 64, as if --fit-samples 64 had been given (the same weights)."""
+    """Nothing asked: the family's compensation (bias+refit) is fitted through its output norms on 64 windows, not the
+    table's 4, and the summary and the checkpoint's record say so, as if --fit-samples 64 had been given (the same weights)."""
     folder = tmp_path / "tiny-gemma"
     lm = make_tiny("gemma3_text", num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
     lm.model.save_pretrained(folder)
@@ -58,9 +81,10 @@ def test_a_gemma_prune_fits_on_its_family_windows_and_says_so(gap, make_tiny, tm
     code, err, out = gap(*common, "--out", tmp_path / "default")
     assert code == 0, err
     summary = json.loads(out)
-    assert (summary["compensation"], summary["fit_windows"]) == ("bias+refit", 64)
+    assert (summary["compensation"], summary["fit_windows"], summary["fit_weighting"]) == ("bias+refit", 64, "output-norm")
     marker = json.loads((tmp_path / "default" / "gap_pruned.json").read_text())
     assert marker["compensation"]["samples"] == 64 and marker["compensation"]["windows"]["n_samples"] == 64
+    assert marker["compensation"]["weighting"] == "output-norm"
     code, err, out = gap(*common, "--fit-samples", "64", "--out", tmp_path / "asked")
     assert code == 0, err
     default, asked = (load_file(tmp_path / name / "model.safetensors") for name in ("default", "asked"))
@@ -122,24 +146,28 @@ def test_a_fit_window_count_that_cannot_apply_is_one_line(gap, tiny, tmp_path, e
 
 @pytest.mark.slow
 def test_a_gemma_prune_fitted_through_the_output_norms_says_so_everywhere(gap, make_tiny, tmp_path):
-    """--fit-weighting output-norm: the summary, the checkpoint's record and its card say how the fit counted tokens,
-    and the weights differ from the fit that counts them alike (the same units)."""
+    """Gemma 3 fits through its output norms unless told otherwise: nothing asked gives the weights
+    --fit-weighting output-norm gives, and the summary, the checkpoint's record and its card say how the fit counted
+    tokens; --fit-weighting tokens counts them alike, on the same units, into other weights."""
     folder = tmp_path / "tiny-gemma"
     lm = make_tiny("gemma3_text", num_attention_heads=8, num_key_value_heads=2, intermediate_size=128)
     lm.model.save_pretrained(folder)
     lm.tokenizer.save_pretrained(folder)
     common = ["prune", "--model", folder, "--uniform", "0.25", "--criterion", "wanda", "--compensate", "bias"]
     common += ["--save-dtype", "float32", *CALIB, "--fit-samples", "4", "--json"]
-    code, err, out = gap(*common, "--fit-weighting", "output-norm", "--out", tmp_path / "norm")
-    assert code == 0, err
-    assert json.loads(out)["fit_weighting"] == "output-norm"
-    marker = json.loads((tmp_path / "norm" / "gap_pruned.json").read_text())
-    assert marker["compensation"]["weighting"] == "output-norm"
-    assert "weighted through the norms after o_proj and down_proj" in (tmp_path / "norm" / "README.md").read_text()
-    code, err, out = gap(*common, "--out", tmp_path / "tokens")
+    for name, extra in (("norm", ["--fit-weighting", "output-norm"]), ("default", [])):
+        code, err, out = gap(*common, *extra, "--out", tmp_path / name)
+        assert code == 0, err
+        assert json.loads(out)["fit_weighting"] == "output-norm"
+        marker = json.loads((tmp_path / name / "gap_pruned.json").read_text())
+        assert marker["compensation"]["weighting"] == "output-norm"
+        assert "weighted through the norms after o_proj and down_proj" in (tmp_path / name / "README.md").read_text()
+    code, err, out = gap(*common, "--fit-weighting", "tokens", "--out", tmp_path / "tokens")
     assert code == 0, err
     assert "fit_weighting" not in json.loads(out)
-    kept = {name: json.loads((tmp_path / name / "kept_indices.json").read_text()) for name in ("norm", "tokens")}
-    assert kept["norm"] == kept["tokens"]
-    norm, tokens = (load_file(tmp_path / name / "model.safetensors") for name in ("norm", "tokens"))
+    assert "weighting" not in json.loads((tmp_path / "tokens" / "gap_pruned.json").read_text())["compensation"]
+    kept = {name: json.loads((tmp_path / name / "kept_indices.json").read_text()) for name in ("norm", "default", "tokens")}
+    assert kept["norm"] == kept["default"] == kept["tokens"]
+    norm, default, tokens = (load_file(tmp_path / name / "model.safetensors") for name in ("norm", "default", "tokens"))
+    assert norm.keys() == default.keys() and all(torch.equal(norm[name], default[name]) for name in norm)
     assert not all(torch.equal(norm[name], tokens[name]) for name in norm if name.endswith("down_proj.bias"))
