@@ -305,6 +305,17 @@ def compensation_of(record: RunRecord) -> str:
     return str(recorded.get("mode") or "none") if isinstance(recorded, dict) else "none"
 
 
+THROUGH_NORMS = " fitted through the output norms"  # how ``fitted_as`` names a fit weighted by output norms
+
+
+def fitted_as(record: RunRecord) -> str:
+    """The run's compensation as two compared runs must share it: its mode (``compensation_of``), and ``THROUGH_NORMS``
+    after it where its fit counted tokens through the output norms (Gemma 3's default) rather than alike."""
+    recorded = (record.params or {}).get("compensation")
+    weighted = isinstance(recorded, dict) and recorded.get("weighting") == "output-norm"
+    return compensation_of(record) + (THROUGH_NORMS if weighted else "")
+
+
 def bias_params_of(record: RunRecord) -> int:
     """The parameters the run's compensation added as biases (0 for runs without, and for runs recorded before they were counted)."""
     recorded = (record.params or {}).get("compensation")
@@ -333,7 +344,7 @@ def list_runs(path: Path | None = None) -> pd.DataFrame:
     for record in records:
         row = {name: getattr(record, name) for name in BASE_COLUMNS}
         row["plan_hash"] = (record.params or {}).get("plan_hash")  # RatePlan.content_hash of the pruned plan
-        row["compensation"] = compensation_of(record)
+        row["compensation"] = fitted_as(record)
         row["bias_params"] = bias_params_of(record)
         row["net_removed"] = net_removed_of(record)
         for prefix, values in (

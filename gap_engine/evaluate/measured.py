@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gap_engine.evaluate.history import RunRecord, compensation_of
+from gap_engine.evaluate.history import RunRecord, fitted_as
 from gap_engine.evaluate.intervals import Interval, mean_interval, perplexity_interval
 
 # Budgets are equal when they agree as every page shows them: to two decimals of a percent.
@@ -98,7 +98,7 @@ def measured_point(record: RunRecord, source: str) -> MeasuredPoint | None:
     return MeasuredPoint(
         run_id=int(record.id or 0),
         allocator=record.allocator,
-        compensation=compensation_of(record),
+        compensation=fitted_as(record),
         budget=float(record.budget),
         source=source,
         perplexity=float(record.perplexity[source]),

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from gap_engine.evaluate.history import RunRecord, compensation_of
+from gap_engine.evaluate.history import RunRecord, fitted_as
 from gap_engine.evaluate.tasks import score_text
 
 
@@ -181,7 +181,7 @@ def comparison_frame(records: list[RunRecord]) -> pd.DataFrame:
     columns = {"measure": ["allocator", "budget (of prunable)", "compensation after the cut"], "dense": ["—", "0%", "—"]}
     for record in records:
         budget = "—" if record.budget is None else f"{record.budget:.2%}"
-        columns[run_label(record).split(":")[0]] = [record.allocator, budget, compensation_of(record)]
+        columns[run_label(record).split(":")[0]] = [record.allocator, budget, fitted_as(record)]
     for label, value_of, dense_of, how, dense_text in _measures(records):
         dense = next((v for v in (dense_of(r) for r in records) if _finite(v)), None) if dense_of else None
         columns["measure"].append(label)

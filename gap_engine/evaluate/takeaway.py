@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gap_engine.core.errors import HistoryError
-from gap_engine.evaluate.history import RunRecord, compensation_of
+from gap_engine.evaluate.history import THROUGH_NORMS, RunRecord, fitted_as
 from gap_engine.evaluate.intervals import Interval, perplexity_interval, perplexity_ratio
 from gap_engine.evaluate.measured import (
     MeasuredPoint,
@@ -67,11 +67,12 @@ def _with_interval(value: float, interval: Interval | None) -> str:
 
 
 def _latest(records: Sequence[RunRecord], allocator: str, budget: float | None, compensation: str, criterion: object) -> RunRecord | None:
-    """The latest run of ``allocator`` at ``budget`` pruned the same way (criterion and compensation): only the allocator differs."""
+    """The latest run of ``allocator`` at ``budget`` pruned the same way (criterion and compensation, its weighting
+    included: ``fitted_as``): only the allocator differs."""
     found = [
         r
         for r in records
-        if r.allocator == allocator and same_budget(r.budget, budget) and compensation_of(r) == compensation and _criterion(r) == criterion
+        if r.allocator == allocator and same_budget(r.budget, budget) and fitted_as(r) == compensation and _criterion(r) == criterion
     ]
     return max(found, key=lambda r: r.id or 0) if found else None
 
@@ -96,7 +97,7 @@ def takeaway(records: Sequence[RunRecord], run_id: int) -> Takeaway:
     source = next(iter(focus.perplexity), None)
     if focus.budget is None or source is None:
         return Takeaway(f"Run {run_id} has no budget or no held-out perplexity: there is nothing to compare.", run_id, None, None, None)
-    compensation = compensation_of(focus)
+    compensation = fitted_as(focus)
     peers = [r for r in comparable_runs(records, focus) if r.id != focus.id]
     method: RunRecord | None
     other: RunRecord | None
@@ -107,7 +108,7 @@ def takeaway(records: Sequence[RunRecord], run_id: int) -> Takeaway:
         method, other = _latest(peers, GAP_ALLOCATOR, focus.budget, compensation, _criterion(focus)), focus
         missing = GAP_ALLOCATOR
     lead = f"At {focus.budget:.2%} of prunable parameters removed" + (
-        f" (with {compensation} compensation)" if compensation != "none" else ""
+        f" ({compensation_words(compensation)})" if compensation != "none" else ""
     )
     shared = _first_shared_source(method, other) if method is not None and other is not None else None
     if method is None or other is None or shared is None:
@@ -168,9 +169,11 @@ def _margin_text(
     return f"{head}: {tail}", interval
 
 
-def compensation_words(mode: str) -> str:
-    """'without compensation', 'with bias compensation'."""
-    return "without compensation" if mode == "none" else f"with {mode} compensation"
+def compensation_words(fitted: str) -> str:
+    """'without compensation', 'with bias compensation', 'with bias compensation fitted through the output norms'
+    (``fitted``: a ``fitted_as``)."""
+    mode, _, _ = fitted.partition(THROUGH_NORMS)
+    return "without compensation" if mode == "none" else f"with {mode} compensation{fitted[len(mode) :]}"
 
 
 def compensation_twin(records: Sequence[RunRecord], run_id: int) -> RunRecord | None:
@@ -182,7 +185,7 @@ def compensation_twin(records: Sequence[RunRecord], run_id: int) -> RunRecord | 
     rates = _rates_of(focus)
     twins = [
         r for r in comparable_runs(records, focus)
-        if r.id != focus.id and _rates_of(r) == rates and compensation_of(r) != compensation_of(focus)
+        if r.id != focus.id and _rates_of(r) == rates and fitted_as(r) != fitted_as(focus)
     ]  # fmt: skip
     return max(twins, key=lambda r: r.id or 0) if twins else None
 
@@ -200,13 +203,13 @@ def compensation_takeaway(records: Sequence[RunRecord], run_id: int) -> Takeaway
     if twin is None:
         return None
     focus = next(r for r in records if r.id == run_id)
-    first, second = (twin, focus) if compensation_of(focus) == "none" else (focus, twin)
+    first, second = (twin, focus) if fitted_as(focus) == "none" else (focus, twin)
     source = _first_shared_source(first, second)
     if source is None:
         return None
     text, interval = _margin_text(
-        first, second, source, f"The same plan {compensation_words(compensation_of(first))}",
-        compensation_words(compensation_of(second)), f"{compensation_of(first)} compensation",
+        first, second, source, f"The same plan {compensation_words(fitted_as(first))}",
+        compensation_words(fitted_as(second)), compensation_words(fitted_as(first)).removeprefix("with "),
     )  # fmt: skip
     return Takeaway(text, run_id, twin.id, interval, interval.verdict() if interval else None)
 
@@ -231,11 +234,11 @@ def _alone(records: Sequence[RunRecord], focus: RunRecord, source: str, lead: st
     wanted = [r for r in records if r.allocator == missing and r.id != focus.id and r.model == focus.model]
     key = windows_key(focus)
     here = [r for r in wanted if same_budget(r.budget, focus.budget)]
-    same_windows = [r for r in wanted if key is not None and windows_key(r) == key and compensation_of(r) == compensation]
+    same_windows = [r for r in wanted if key is not None and windows_key(r) == key and fitted_as(r) == compensation]
     note = ""
     if here:
         other = max(here, key=lambda r: r.id or 0)
-        why = "other held-out windows" if windows_key(other) != key else f"compensation {compensation_of(other)}"
+        why = "other held-out windows" if windows_key(other) != key else f"compensation {fitted_as(other)}"
         note = f" Run {other.id} ({missing} at this budget) was measured with {why}, so it is not compared."
     elif same_windows:
         nearest = min(same_windows, key=lambda r: (abs((r.budget or 0) - (focus.budget or 0)), -(r.id or 0)))

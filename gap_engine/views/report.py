@@ -107,7 +107,7 @@ def evaluation_from_run(record) -> dict:
         ],
         "tasks": dict((record.tasks or {}).get("model") or {}),
         "dense_tasks": dict((record.tasks or {}).get("dense") or {}),
-        "compensation": history.compensation_of(record),
+        "compensation": history.fitted_as(record),
         "bias_params": history.bias_params_of(record),
         "recovery": (record.params or {}).get("recovery"),
     }

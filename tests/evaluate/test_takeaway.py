@@ -26,8 +26,11 @@ UNIFORM_NLL = [v + 0.76 for v in DP_NLL]  # exp(0.76) = 2.14x the perplexity on 
 TIE_NLL = [v + d for v, d in zip(DP_NLL, (0.05, -0.05, 0.04, -0.04, 0.03, -0.03, 0.02, -0.02))]  # mean difference 0
 
 
-def record(allocator: str, nll: list[float] | None, budget: float = 0.2, compensation: str = "none", windows: dict = WINDOWS) -> RunRecord:
-    """A run as prune_and_evaluate records it (``nll`` None: recorded before per-window numbers were kept)."""
+def record(
+    allocator: str, nll: list[float] | None, budget: float = 0.2, compensation: str = "none", windows: dict = WINDOWS, weighting: str = ""
+) -> RunRecord:
+    """A run as prune_and_evaluate records it (``nll`` None: recorded before per-window numbers were kept; ``weighting``:
+    how its fit counted tokens where not alike, as ``CompensationSettings.to_dict`` records it)."""
     numbers = nll if nll is not None else DP_NLL
     report = {
         "model": "smollm2-135m",
@@ -42,6 +45,8 @@ def record(allocator: str, nll: list[float] | None, budget: float = 0.2, compens
         report["per_window"] = {SOURCE: {"nll": nll, "dense_nll": DENSE_NLL, "kl": kl, "top1": [0.6] * len(nll)}}
     plan = {"model": "smollm2-135m", "num_layers": 2, "attention_rates": [0.0, 0.25], "mlp_rates": [0.125, 0.5], "allocator": allocator}
     params = {"eval": {"windows": windows, "heldout_split": "report"}, "compensation": {"mode": compensation, "bias_params": 0}}
+    if weighting:
+        params["compensation"]["weighting"] = weighting
     return RunRecord.from_report(plan, report, allocator=allocator, budget=budget, params=params)
 
 
@@ -165,3 +170,26 @@ def test_the_same_plan_with_and_without_compensation_is_compared_once_both_were_
         assert said.text.startswith("The same plan with bias compensation (run 2) keeps perplexity 38.5 [")
         assert "where without compensation (run 1) gives 42.5 [" in said.text and said.text.endswith(": 1.11x lower [1.11, 1.11].")
     assert run_story(runs, 1).compensation == compensation_takeaway(runs, 1)
+
+
+def test_a_fit_through_the_output_norms_is_another_compensation_to_compare(tmp_path):
+    """Gemma 3's default fit counts tokens through its output norms: a run so fitted is compared only with runs fitted
+    the same way, and set beside the same plan fitted with tokens alike as its compensation twin."""
+    weighted = [v - 0.1 for v in DP_NLL]
+    runs = stored(
+        tmp_path,
+        record("dp", weighted, compensation="bias", weighting="output-norm"),
+        record("uniform", UNIFORM_NLL, compensation="bias"),  # tokens alike: not the same compensation
+        record("dp", DP_NLL, compensation="bias"),
+    )
+    said = takeaway(runs, 1)
+    assert said.other_id is None and said.text.startswith(
+        "At 20.00% of prunable parameters removed (with bias compensation fitted through the output norms), GAP's plan (run 1)"
+    )
+    assert said.text.endswith("Run 2 (uniform at this budget) was measured with compensation bias, so it is not compared.")
+    twin = compensation_takeaway(runs, 1)
+    assert twin is not None and twin.other_id == 3 and twin.verdict == "met"
+    assert twin.text.startswith("The same plan with bias compensation fitted through the output norms (run 1) keeps perplexity")
+    assert "where with bias compensation (run 3) gives" in twin.text
+    runs = stored(tmp_path / "b", *runs, record("uniform", UNIFORM_NLL, compensation="bias", weighting="output-norm"))
+    assert takeaway(runs, 1).other_id == 4
