@@ -501,6 +501,7 @@ def run_title(result) -> str:
         + (f" · plan `{result.plan_hash}`" if result.plan_hash else "")
         + f" · criterion {result.plan.get('criterion')}"
         + f" · compensation {(result.compensation or {}).get('mode', 'none')}"
+        + (history.THROUGH_NORMS if (result.compensation or {}).get("weighting") == "output-norm" else "")
     )
 
 
