@@ -198,9 +198,9 @@ GEMMA3 = ArchitectureAdapter(
             # fitted on 64 windows of the table's text, not its 16: DP's selection KL 13% lower at 20% and 7% at 40% on
             # every source, 128 no better than 64 (bench/results/refit_windows_gemma.md, selection part)
             default_fit_windows=64,
-            # fitted through the post-norms: at 20% every method's every fit has a lower selection KL weighted than
-            # not (DP's bias+refit 0.57 against 0.82; bench/results/quality_gemma_norm.md), at 20% and 40% DP's is lower
-            # on every source (bench/results/output_norm_gemma.md); both selection parts
+            # fitted through the post-norms: at 20% and 40% every method's every fit has a lower selection KL weighted
+            # than not (DP's bias+refit 0.57 against 0.82 and 1.28 against 1.50; bench/results/quality_gemma_norm.md),
+            # DP's on every source (bench/results/output_norm_gemma.md); both selection parts
             default_fit_weighting="output-norm",
         ),
     ),
