@@ -71,7 +71,7 @@ def parse_variant(text: str) -> CompensationSettings:
         damping=float(damping or DEFAULT_DAMPING),
         target=target or "pruned",
         samples=int(samples) if samples else None,
-        weighting="tokens" if mode != "none" else None,
+        weighting="tokens",
     ).validate()
 
 

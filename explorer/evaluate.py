@@ -34,7 +34,14 @@ from gap_engine.pipeline.runs import prune_eval_stages
 from gap_engine.plan.allocator_registry import ALLOCATORS
 from gap_engine.plan.step import plan_criterion as allocator_step
 from gap_engine.plan.step import table_model_type
-from gap_engine.prune.compensations import COMPENSATIONS, CompensationSettings, family_weighting, fit_window_count, fitted_after_cut
+from gap_engine.prune.compensations import (
+    COMPENSATIONS,
+    CompensationSettings,
+    family_weighting,
+    fit_name,
+    fit_window_count,
+    fitted_after_cut,
+)
 from gap_engine.prune.criteria import CRITERIA, is_sequential
 from gap_engine.views import figures
 
@@ -183,8 +190,7 @@ def start_run(shown_plan: dict | None = None) -> None:
     params |= {"fit_weighting": weighting} if weighting != "tokens" else {}
     label = f"{allocator} at {run_budget:.2%} of {table.model}" + (f", plan {plan_id}" if plan_id else "")
     label += f", criterion {criterion}" if criterion else ""
-    label += f", compensation {compensation}" if compensation != "none" else ""
-    label += " through the output norms" if weighting != "tokens" else ""
+    label += f", compensation {fit_name(compensation, weighting)}" if compensation != "none" else ""
     job = manager().submit("prune_eval", task, key=key, label=label, params=params, owner=ownership.owner())
     remember_job("prune_eval", job)
 
@@ -500,8 +506,7 @@ def run_title(result) -> str:
         f"Run {result.run_id}: {result.plan['allocator']} at {(result.plan.get('budget') or 0):.2%}"
         + (f" · plan `{result.plan_hash}`" if result.plan_hash else "")
         + f" · criterion {result.plan.get('criterion')}"
-        + f" · compensation {(result.compensation or {}).get('mode', 'none')}"
-        + (history.THROUGH_NORMS if (result.compensation or {}).get("weighting") == "output-norm" else "")
+        + f" · compensation {fit_name((result.compensation or {}).get('mode', 'none'), (result.compensation or {}).get('weighting'))}"
     )
 
 

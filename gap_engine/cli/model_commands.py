@@ -25,7 +25,7 @@ from gap_engine.pipeline.checkpoints import evaluate_model, prune_rounds_to_chec
 from gap_engine.pipeline.stages import dense_reference, obs_windows, pruned_by
 from gap_engine.plan.step import family_step, takes
 from gap_engine.prune.compensation_pass import calibration_tokens, check_calibration, fit_windows
-from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, adds_biases, with_family_fit, with_family_weighting
+from gap_engine.prune.compensations import NO_COMPENSATION, CompensationSettings, adds_biases, with_family_fit
 from gap_engine.prune.criteria import is_sequential
 from gap_engine.prune.sequential import check_follows_obs
 from gap_engine.tables.lookup import find_table
@@ -86,7 +86,7 @@ def _prune_compensation(args: argparse.Namespace, criterion: str, planned: str |
     compensation = compensation_from(args, criterion, planned, model_type_of(args.model))
     if is_sequential(criterion):
         check_follows_obs(compensation)
-        return with_family_weighting(compensation, model_type_of(args.model))
+        return compensation  # its bias weighed as the family weighs tokens already (compensation_from)
     return with_family_fit(compensation, model_type_of(args.model), windows_from(args).n_samples)
 
 

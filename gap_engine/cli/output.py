@@ -119,7 +119,7 @@ def table_compensation_text(spec: Any, compensation: Any) -> str:
     """One line on whether the table's cells saw the compensation that follows the cut."""
     if not compensation.active:
         return "compensation: none (the kept weights are the dense model's)"
-    named = compensation.mode + (" fitted through the output norms" if compensation.weighted else "")
+    named = compensation.name
     if spec.compensation == compensation.mode and not compensation.weighted:
         return f"compensation: {named}; the table's measured cells include it"
     if spec.compensation == compensation.mode:  # a table's compensated cells weigh tokens alike

@@ -32,6 +32,7 @@ from gap_engine.core.errors import HistoryError, InvariantError
 from gap_engine.core.fsutil import cache_root
 from gap_engine.core.jsontext import json_text
 from gap_engine.core.validate import MAX_PARAMS, check_int, check_number, parse_json
+from gap_engine.prune.compensations import fit_name
 
 HISTORY_FILE = "history.sqlite"
 # Version 2 renamed the column "method" to "allocator" (migrated in place on open).
@@ -305,15 +306,11 @@ def compensation_of(record: RunRecord) -> str:
     return str(recorded.get("mode") or "none") if isinstance(recorded, dict) else "none"
 
 
-THROUGH_NORMS = " fitted through the output norms"  # how ``fitted_as`` names a fit weighted by output norms
-
-
 def fitted_as(record: RunRecord) -> str:
-    """The run's compensation as two compared runs must share it: its mode (``compensation_of``), and ``THROUGH_NORMS``
-    after it where its fit counted tokens through the output norms (Gemma 3's default) rather than alike."""
+    """The run's compensation as two compared runs must share it: its mode (``compensation_of``), named as fitted
+    through the output norms where its fit counted tokens so (Gemma 3's default) rather than alike (``fit_name``)."""
     recorded = (record.params or {}).get("compensation")
-    weighted = isinstance(recorded, dict) and recorded.get("weighting") == "output-norm"
-    return compensation_of(record) + (THROUGH_NORMS if weighted else "")
+    return fit_name(compensation_of(record), recorded.get("weighting") if isinstance(recorded, dict) else None)
 
 
 def bias_params_of(record: RunRecord) -> int:

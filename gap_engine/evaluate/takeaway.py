@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gap_engine.core.errors import HistoryError
-from gap_engine.evaluate.history import THROUGH_NORMS, RunRecord, fitted_as
+from gap_engine.evaluate.history import RunRecord, fitted_as
 from gap_engine.evaluate.intervals import Interval, perplexity_interval, perplexity_ratio
 from gap_engine.evaluate.measured import (
     MeasuredPoint,
@@ -29,6 +29,7 @@ from gap_engine.evaluate.measured import (
     window_series,
     windows_key,
 )
+from gap_engine.prune.compensations import THROUGH_NORMS
 
 GAP_ALLOCATOR = "dp"
 DEFAULT_OPPONENT = "uniform"

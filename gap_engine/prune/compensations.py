@@ -73,6 +73,15 @@ def adds_biases(compensation: str | None) -> bool:
 
 TARGETS = ("pruned", "dense")  # what a refit matches: see CompensationSettings.target
 WEIGHTINGS = ("tokens", "output-norm")  # how calibration tokens count in a fit: see CompensationSettings.weighting
+THROUGH_NORMS = " fitted through the output norms"  # how a fit weighted by output norms is named (``fit_name``)
+
+
+def fit_name(mode: str, weighting: object) -> str:
+    """'bias+refit', or 'bias+refit fitted through the output norms' where a fit after the cut counted its tokens
+    through the output norms: what runs, records and printed lines call one compensation."""
+    return mode + (THROUGH_NORMS if mode != "none" and weighting == "output-norm" else "")
+
+
 DEFAULT_DAMPING = 0.01
 
 
@@ -131,6 +140,11 @@ class CompensationSettings:
         """Whether the fit counts each token through the norms after o_proj and down_proj (``output-norm``); False
         for tokens alike and for a weighting not yet settled (``with_family_fit`` settles it)."""
         return self.active and self.weighting == "output-norm"
+
+    @property
+    def name(self) -> str:
+        """The compensation as it is printed and compared (``fit_name``)."""
+        return fit_name(self.mode, self.weighting)
 
     @property
     def refits(self) -> bool:
@@ -208,5 +222,4 @@ def default_for(criterion: str, model_type: object = None) -> CompensationSettin
     SlimGPT's OBS update is its compensation, and it takes no second one)."""
     if is_sequential(criterion):
         return NO_COMPENSATION
-    mode = family_default(model_type)
-    return CompensationSettings(mode=mode, weighting=family_weighting(model_type) if mode != "none" else None)
+    return with_family_weighting(CompensationSettings(mode=family_default(model_type)), model_type)
